@@ -1,0 +1,27 @@
+# make run  : create .venv (CPU stack), then shard the default task (prints a plan, writes plan.json)
+# make test : create .venv, then run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SEARCHER ?= size_lookup_greedy
+ARGS ?=
+
+.PHONY: run test lint clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[cpu,dev]'
+	touch $@
+
+run: $(VENV)/.installed
+	$(PY) -m neuroshard_jax searcher=$(SEARCHER) $(ARGS)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest $(ARGS)
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check neuroshard_jax searchers tests tools
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache

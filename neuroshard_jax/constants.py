@@ -1,0 +1,20 @@
+"""Units and default constants, in one place. Names carry their units."""
+
+GIB_BYTES = 2**30
+
+# Bytes per stored weight element, by precision name.
+BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
+OUTPUT_BYTES_PER_ELEMENT = 4  # pooled outputs and their gradients are fp32
+
+# Column-wise sharding: every shard's dim is a multiple of this.
+DIM_ALIGNMENT = 4
+TASK_DIMS = (4, 8, 16, 32, 64, 128)
+
+# Analytic (roofline) cost model defaults, for one CPU core running FBGEMM's TBE with one thread
+# and gloo all-to-all over loopback; conf/cost_model/analytic.yaml repeats them (a test keeps the two equal).
+ANALYTIC_MEM_BW_GBPS = 8.0  # effective bandwidth of row gathers and updates, GB/s (1e9 bytes)
+ANALYTIC_BWD_FWD_RATIO = 2.0  # backward (gradient + SGD row update) over forward bytes, as TorchRec assumes
+ANALYTIC_KERNEL_OVERHEAD_MS = 0.05  # fixed cost of one fused TBE call (fwd + bwd), ms
+ANALYTIC_TABLE_OVERHEAD_MS = 0.01  # per table in the fused kernel, ms
+ANALYTIC_COMM_BW_GBPS = 3.0  # all-to-all bandwidth per device, GB/s
+ANALYTIC_COMM_LATENCY_MS = 0.05  # fixed cost of one all-to-all, ms

@@ -1,0 +1,9 @@
+"""Errors that speak to the user: the CLI prints them on one line and exits with code 2."""
+
+
+class UserError(Exception):
+    """A bad input or an impossible request: names the field, the value and what was expected."""
+
+
+class InfeasibleError(UserError):
+    """The task cannot be placed within the devices' memory."""

@@ -1,0 +1,69 @@
+"""Table features: the one source of truth for their names and order.
+
+A table is described to every cost model by 21 numbers, in this order:
+``rows, dim, pooling_factor, bin_0 .. bin_16, size`` where ``bin_k`` is the share of the
+rows accessed in one batch whose access count falls in bin k (see ``BIN_EDGES``) and
+``size = rows * dim`` (elements, not bytes). NumPy only: the profiling worker imports it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+NUM_BINS = 17
+BIN_LABELS = tuple(
+    ["(0,1]"] + [f"({2 ** (k - 1)},{2 ** k}]" for k in range(1, NUM_BINS - 1)] + [f"({2 ** (NUM_BINS - 2)},inf)"]
+)
+FEATURE_NAMES = ("rows", "dim", "pooling_factor") + tuple(f"bin_{k}" for k in range(NUM_BINS)) + ("size",)
+NUM_FEATURES = len(FEATURE_NAMES)
+FEATURE_INDEX = {name: i for i, name in enumerate(FEATURE_NAMES)}
+
+
+def count_bins(counts: np.ndarray) -> np.ndarray:
+    """Bin index of each positive access count: (0,1] -> 0, (2^(k-1), 2^k] -> k, > 32768 -> 16.
+
+    counts: int[...] with every entry >= 1. Returns int[...] in [0, 16].
+    """
+    counts = np.asarray(counts)
+    # ceil(log2(c)) exactly for integers: bit length of (c - 1).
+    k = np.zeros(counts.shape, dtype=np.int64)
+    c = counts.astype(np.int64) - 1
+    while np.any(c > 0):
+        k += c > 0
+        c >>= 1
+    return np.minimum(k, NUM_BINS - 1)
+
+
+def access_histogram(indices: np.ndarray, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-bin unique-row counts and access counts of one table's index stream in one batch.
+
+    indices: int[L] local row ids. Returns (unique_rows int[17], accesses int[17]).
+    """
+    counts = np.bincount(np.asarray(indices, dtype=np.int64), minlength=num_rows)
+    return count_histogram(counts[counts > 0])
+
+
+def count_histogram(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-bin (unique rows int[17], accesses int[17]) from the positive access counts of rows."""
+    bins = count_bins(counts)
+    unique_rows = np.bincount(bins, minlength=NUM_BINS)
+    accesses = np.bincount(bins, weights=counts, minlength=NUM_BINS).astype(np.int64)
+    return unique_rows, accesses
+
+
+def bin_shares(unique_rows: np.ndarray) -> np.ndarray:
+    """Normalise per-bin unique-row counts to shares (all zeros for a table unused in the batch)."""
+    total = unique_rows.sum()
+    return unique_rows / total if total > 0 else np.zeros(NUM_BINS)
+
+
+def feature_matrix(rows, dims, pooling_factors, bins) -> np.ndarray:
+    """Stack raw table features in ``FEATURE_NAMES`` order.
+
+    rows, dims, pooling_factors: [T]; bins: [T, 17]. Returns f64[T, 21].
+    """
+    rows = np.asarray(rows, dtype=np.float64)
+    dims = np.asarray(dims, dtype=np.float64)
+    pooling = np.asarray(pooling_factors, dtype=np.float64)
+    bins = np.asarray(bins, dtype=np.float64).reshape(len(rows), NUM_BINS)
+    return np.concatenate([rows[:, None], dims[:, None], pooling[:, None], bins, (rows * dims)[:, None]], axis=1)

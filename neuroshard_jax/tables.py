@@ -1,0 +1,365 @@
+"""Table pools: where tables, their features and their index streams come from.
+
+Two sources, one interface (``TablePool``):
+
+* ``synthetic``: a DLRM-like pool generated from a seed. Each table has a row count, a mean
+  pooling factor and a power-law access skew; its index stream for a batch (indices + offsets,
+  the layout FBGEMM consumes) is regenerated on demand from ``(seed, table id, batch size)``,
+  so nothing but the seed is stored. Calibrated against the published 2021 DLRM statistics
+  (``tools/calibrate_pool.py`` prints the distances, ``tests/test_tables.py`` checks them).
+* ``dlrm``: the public DLRM benchmark file format (``torch.load`` gives indices, offsets,
+  lengths). torch is never imported here: the file is converted to ``.npz`` once by the
+  torch worker subprocess (``neuroshard_jax.worker``).
+
+Features (rows, pooling factor, 17-bin access histogram) are measured from the streams at the
+pool's batch size and cached on disk (``NEUROSHARD_CACHE_DIR``, default ``~/.cache/neuroshard_jax``).
+NumPy only: the profiling worker imports this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.features import NUM_BINS, access_histogram, bin_shares, count_histogram
+
+GENERATOR_VERSION = 1
+MIN_ROWS = 100  # DLRM rule: rows = max(100, largest index + 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticPoolConfig:
+    """Distributions of the synthetic generator; the defaults are the calibrated ones.
+
+    log10(rows) = log10_rows_min + span * Kumaraswamy(rows_shape_a, rows_shape_b);
+    mean pooling factor ~ LogNormal(log(pooling_mean) - sigma^2/2, sigma), clipped;
+    per-sample bag length ~ Poisson(pooling factor);
+    row ranks ~ truncated continuous power law with exponent ~ Uniform(skew_min, skew_max),
+    scattered over the table by an affine bijection (hot rows are not contiguous).
+    """
+
+    log10_rows_min: float = 2.0
+    log10_rows_max: float = 7.0
+    rows_shape_a: float = 1.6
+    rows_shape_b: float = 1.3
+    pooling_mean: float = 15.8
+    pooling_sigma: float = 1.45
+    pooling_min: float = 0.05
+    pooling_max: float = 400.0
+    skew_min: float = 0.6
+    skew_max: float = 1.6
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolSpec:
+    """How to obtain a pool; stored in task files so that streams can be regenerated."""
+
+    source: str = "synthetic"
+    seed: int = 0
+    num_tables: int = 856
+    path: str | None = None
+
+    def __post_init__(self):
+        if self.source not in ("synthetic", "dlrm"):
+            raise UserError(f"pool.source: got {self.source!r}, expected 'synthetic' or 'dlrm'")
+        if self.source == "synthetic" and self.num_tables < 1:
+            raise UserError(f"pool.num_tables: got {self.num_tables}, expected a positive integer")
+        if self.source == "dlrm" and not self.path:
+            raise UserError("pool.path: missing, expected the path of a DLRM benchmark file for source 'dlrm'")
+
+    @property
+    def pool_id(self) -> str:
+        if self.source == "synthetic":
+            return f"synthetic-v{GENERATOR_VERSION}-s{self.seed}-n{self.num_tables}"
+        return f"dlrm-{_file_digest(Path(self.path))}"
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "PoolSpec":
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in obj.items() if k in known})
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TablePool:
+    """A pool of tables at one batch size.
+
+    rows: i64[P]; pooling_factor: f64[P] (measured mean bag length); bins: f64[P, 17].
+    """
+
+    spec: PoolSpec
+    batch_size: int
+    rows: np.ndarray
+    pooling_factor: np.ndarray
+    bins: np.ndarray
+    _streams: "StreamSource" = dataclasses.field(repr=False, default=None)
+
+    @property
+    def num_tables(self) -> int:
+        return len(self.rows)
+
+    def index_stream(self, table_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """The table's indices i64[L] and offsets i64[B + 1] for one batch."""
+        if not 0 <= table_id < self.num_tables:
+            raise UserError(f"table id: got {table_id}, expected 0..{self.num_tables - 1} in pool {self.spec.pool_id}")
+        return self._streams.stream(table_id, self.batch_size)
+
+
+class StreamSource:
+    """Produces index streams; subclasses for synthetic and file-backed pools."""
+
+    def stream(self, table_id: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic pools
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticTableParams:
+    """Per-table generator parameters. rows i64[P], pooling f64[P], skew f64[P], scatter i64[P, 2]."""
+
+    rows: np.ndarray
+    pooling: np.ndarray
+    skew: np.ndarray
+    scatter: np.ndarray
+
+
+def synthetic_table_params(seed: int, num_tables: int, config: SyntheticPoolConfig = SyntheticPoolConfig()):
+    """Draw every table's parameters; table t depends only on (seed, t), so pools nest."""
+    rows = np.empty(num_tables, dtype=np.int64)
+    pooling = np.empty(num_tables)
+    skew = np.empty(num_tables)
+    scatter = np.empty((num_tables, 2), dtype=np.int64)
+    sigma = config.pooling_sigma
+    mu = math.log(config.pooling_mean) - sigma**2 / 2
+    for t in range(num_tables):
+        rng = np.random.default_rng([seed, GENERATOR_VERSION, t])
+        u_rows, z_pooling, u_skew = rng.random(), rng.standard_normal(), rng.random()
+        # Kumaraswamy quantile: a Beta-like shape with a closed-form inverse CDF (smooth in the config).
+        q = (1.0 - (1.0 - u_rows) ** (1.0 / config.rows_shape_b)) ** (1.0 / config.rows_shape_a)
+        log_rows = config.log10_rows_min + (config.log10_rows_max - config.log10_rows_min) * q
+        rows[t] = max(MIN_ROWS, int(round(10**log_rows)))
+        pooling[t] = float(np.clip(math.exp(mu + sigma * z_pooling), config.pooling_min, config.pooling_max))
+        skew[t] = config.skew_min + (config.skew_max - config.skew_min) * u_skew
+        multiplier = int(rng.integers(1, rows[t]))
+        while math.gcd(multiplier, int(rows[t])) != 1:
+            multiplier += 1
+        scatter[t] = (multiplier % rows[t], rng.integers(0, rows[t]))
+    return SyntheticTableParams(rows, pooling, skew, scatter)
+
+
+def power_law_ranks(rng: np.random.Generator, num_rows: int, exponent: float, size: int) -> np.ndarray:
+    """Ranks in [0, num_rows) with density ~ (rank + 1)^-exponent (inverse-CDF sampling)."""
+    u = rng.random(size)
+    top = float(num_rows + 1)
+    if abs(exponent - 1.0) < 1e-9:
+        x = np.power(top, u)
+    else:
+        e = 1.0 - exponent
+        x = np.power(1.0 + u * (top**e - 1.0), 1.0 / e)
+    return np.minimum(np.floor(x).astype(np.int64) - 1, num_rows - 1)
+
+
+class SyntheticStreams(StreamSource):
+    def __init__(self, seed: int, params: SyntheticTableParams):
+        self.seed = seed
+        self.params = params
+
+    def lengths(self, table_id: int, batch_size: int) -> tuple[np.random.Generator, np.ndarray]:
+        rng = np.random.default_rng([self.seed, GENERATOR_VERSION, table_id, batch_size])
+        return rng, rng.poisson(self.params.pooling[table_id], size=batch_size)
+
+    def stream(self, table_id: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        rng, lengths = self.lengths(table_id, batch_size)
+        num_rows = int(self.params.rows[table_id])
+        ranks = power_law_ranks(rng, num_rows, float(self.params.skew[table_id]), int(lengths.sum()))
+        multiplier, shift = self.params.scatter[table_id]
+        indices = (ranks * multiplier + shift) % num_rows
+        offsets = np.zeros(batch_size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return indices, offsets
+
+
+def stream_histogram(indices: np.ndarray, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """access_histogram, with np.unique for sparse streams (no row-sized buffer)."""
+    if len(indices) * 8 < num_rows:
+        return count_histogram(np.unique(indices, return_counts=True)[1])
+    return access_histogram(indices, num_rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# DLRM benchmark files
+
+
+class ArrayStreams(StreamSource):
+    """Streams held as arrays: lengths i64[T, B_file], offsets i64[T*B_file + 1], indices i64[L]."""
+
+    def __init__(self, indices: np.ndarray, offsets: np.ndarray, lengths: np.ndarray):
+        self.indices = indices
+        self.offsets = offsets
+        self.file_batch = lengths.shape[1]
+
+    def stream(self, table_id: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        if batch_size > self.file_batch:
+            raise UserError(f"batch_size: got {batch_size}, expected at most {self.file_batch} (the file's batch size)")
+        start = table_id * self.file_batch
+        offsets = self.offsets[start : start + batch_size + 1].astype(np.int64)
+        indices = self.indices[offsets[0] : offsets[-1]].astype(np.int64)
+        return indices, offsets - offsets[0]
+
+
+def _file_digest(path: Path) -> str:
+    if not path.is_file():
+        raise UserError(f"pool.path: {str(path)!r} does not exist or is not a file, expected a DLRM benchmark file")
+    stat = path.stat()
+    return hashlib.sha1(f"{path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:12]
+
+
+def load_dlrm_arrays(path: Path) -> ArrayStreams:
+    """Read a DLRM benchmark file (converted to .npz by the torch worker on first use)."""
+    npz = cache_dir() / "dlrm" / f"{_file_digest(path)}.npz"
+    if not npz.exists():
+        npz.parent.mkdir(parents=True, exist_ok=True)
+        tmp = npz.with_suffix(".tmp.npz")
+        cmd = [sys.executable, "-m", "neuroshard_jax.worker", "dlrm-to-npz", str(path), str(tmp)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            reason = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            raise UserError(f"pool.path: cannot read {str(path)!r} as a DLRM benchmark file: {reason}")
+        os.replace(tmp, npz)
+    with np.load(npz) as data:
+        indices, offsets, lengths = data["indices"], data["offsets"], data["lengths"]
+    if lengths.ndim != 2 or len(offsets) != lengths.size + 1:
+        raise UserError(
+            f"pool.path: {str(path)!r} has lengths of shape {lengths.shape} and {len(offsets)} offsets, "
+            "expected lengths [T, B] and T*B + 1 offsets"
+        )
+    return ArrayStreams(indices, offsets, lengths)
+
+
+# ---------------------------------------------------------------------------------------------
+# Features and caching
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("NEUROSHARD_CACHE_DIR", Path.home() / ".cache" / "neuroshard_jax"))
+
+
+def measure_features(streams: StreamSource, rows: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Measured mean pooling factor f64[P] and bin shares f64[P, 17] of every table."""
+    pooling = np.empty(len(rows))
+    bins = np.empty((len(rows), NUM_BINS))
+    for t in range(len(rows)):
+        indices, _ = streams.stream(t, batch_size)
+        pooling[t] = len(indices) / batch_size
+        bins[t] = bin_shares(stream_histogram(indices, int(rows[t]))[0])
+    return pooling, bins
+
+
+def load_pool(spec: PoolSpec, batch_size: int) -> TablePool:
+    """Build (or read from the cache) the pool of ``spec`` at ``batch_size``."""
+    if batch_size < 1:
+        raise UserError(f"batch_size: got {batch_size}, expected a positive integer")
+    if spec.source == "synthetic":
+        params = synthetic_table_params(spec.seed, spec.num_tables)
+        streams: StreamSource = SyntheticStreams(spec.seed, params)
+        rows = params.rows
+    else:
+        streams = load_dlrm_arrays(Path(spec.path))
+        rows = np.maximum(MIN_ROWS, _max_index_per_table(streams) + 1)
+    cache = cache_dir() / "pools" / f"{spec.pool_id}-b{batch_size}.npz"
+    if cache.exists():
+        with np.load(cache) as data:
+            pooling, bins = data["pooling_factor"], data["bins"]
+    else:
+        pooling, bins = measure_features(streams, rows, batch_size)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp.npz")
+        np.savez(tmp, pooling_factor=pooling, bins=bins)
+        os.replace(tmp, cache)
+    return TablePool(spec, batch_size, rows, pooling, bins, streams)
+
+
+def _max_index_per_table(streams: ArrayStreams) -> np.ndarray:
+    num_tables = len(streams.offsets[:-1]) // streams.file_batch
+    bounds = streams.offsets[:: streams.file_batch]
+    out = np.full(num_tables, -1, dtype=np.int64)
+    for t in range(num_tables):
+        chunk = streams.indices[bounds[t] : bounds[t + 1]]
+        if len(chunk):
+            out[t] = int(chunk.max())
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration statistics (pooled over tables, as published)
+
+
+def pooled_statistics(streams: StreamSource, rows: np.ndarray, batch_size: int, table_ids=None) -> dict:
+    """Pooled unique_row_share[17], access_share[17] and mean pooling factor over tables."""
+    table_ids = range(len(rows)) if table_ids is None else table_ids
+    unique = np.zeros(NUM_BINS)
+    accesses = np.zeros(NUM_BINS)
+    total_indices = 0
+    for t in table_ids:
+        indices, _ = streams.stream(t, batch_size)
+        u, a = stream_histogram(indices, int(rows[t]))
+        unique += u
+        accesses += a
+        total_indices += len(indices)
+    return {
+        "unique_row_share": unique / unique.sum(),
+        "access_share": accesses / accesses.sum(),
+        "mean_pooling_factor": total_indices / (len(table_ids) * batch_size),
+        "unique_table_rows": int(unique.sum()),
+        "total_indices": total_indices,
+    }
+
+
+PUBLISHED_FILE = "2021/fbgemm_t856_bs65536"
+
+
+def published_statistics(name: str = PUBLISHED_FILE) -> dict:
+    """Published pooled statistics of a DLRM benchmark file (neuroshard_jax/data/dlrm_datasets_stats.json)."""
+    import json
+    from importlib import resources
+
+    data = json.loads((resources.files("neuroshard_jax") / "data" / "dlrm_datasets_stats.json").read_text())
+    return data["files"][name]
+
+
+def calibration_report(spec: PoolSpec = PoolSpec(), name: str = PUBLISHED_FILE) -> dict:
+    """Generate the synthetic pool at the published batch size and compare it with the published statistics.
+
+    Returns L1 distances of the pooled unique_row_share and access_share vectors, the mean pooling
+    factor, and the spread of row counts and pooling factors.
+    """
+    ref = published_statistics(name)
+    params = synthetic_table_params(spec.seed, spec.num_tables)
+    stats = pooled_statistics(SyntheticStreams(spec.seed, params), params.rows, ref["batch_size"])
+    return {
+        "unique_row_share_l1": float(np.abs(stats["unique_row_share"] - ref["unique_row_share"]).sum()),
+        "access_share_l1": float(np.abs(stats["access_share"] - ref["access_share"]).sum()),
+        "mean_pooling_factor": stats["mean_pooling_factor"],
+        "published_mean_pooling_factor": ref["mean_pooling_factor"],
+        "unique_row_share": stats["unique_row_share"].round(4).tolist(),
+        "access_share": stats["access_share"].round(4).tolist(),
+        "rows_min": int(params.rows.min()),
+        "rows_max": int(params.rows.max()),
+        "rows_decades": np.histogram(np.log10(params.rows), bins=np.arange(2, 8.5))[0].tolist(),
+        "pooling_p50_p90_p99_max": np.percentile(params.pooling, [50, 90, 99, 100]).round(2).tolist(),
+        "total_indices": stats["total_indices"],
+        "unique_table_rows": stats["unique_table_rows"],
+    }

@@ -1,0 +1,143 @@
+"""Tasks: generate them from a pool (NeuroShard or DreamShard style), load, save, check feasibility."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+from neuroshard_jax.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, TASK_DIMS
+from neuroshard_jax.errors import InfeasibleError, UserError
+from neuroshard_jax.tables import PoolSpec, TablePool, load_pool
+from neuroshard_jax.types import Table, Task
+
+SPLITS = ("all", "train", "test")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    """What ``conf/task/*.yaml`` holds. ``num_tables=None`` draws it from [min_tables, max_tables]."""
+
+    num_tables: int | None = 50
+    min_tables: int = 10
+    max_tables: int = 59
+    num_devices: int = 4
+    mem_cap_gb: float = 4.0
+    batch_size: int = 4096
+    dims: tuple[int, ...] = TASK_DIMS
+    precision: str = "fp32"
+    max_fill: float = 0.9
+    split: str = "all"
+    pool: PoolSpec = PoolSpec()
+
+
+def split_table_ids(pool: TablePool, split: str) -> np.ndarray:
+    """Disjoint train/test halves of the pool (DreamShard style), fixed by the pool's seed."""
+    if split not in SPLITS:
+        raise UserError(f"task.split: got {split!r}, expected one of {', '.join(SPLITS)}")
+    ids = np.arange(pool.num_tables)
+    if split == "all":
+        return ids
+    perm = np.random.default_rng([pool.spec.seed, 7919]).permutation(ids)
+    half = pool.num_tables // 2
+    return np.sort(perm[:half] if split == "train" else perm[half:])
+
+
+def generate_task(pool: TablePool, config: TaskConfig, seed: int, max_attempts: int = 1000) -> Task:
+    """Draw a task: tables without replacement, a dim per table, total within max_fill of all memory.
+
+    Every table fits one device at its dim (drawn uniformly among the task dims that fit);
+    draws whose total breaks the budget are redrawn.
+    """
+    _check_config(config, pool)
+    rng = np.random.default_rng([seed, 104729])
+    cap_bytes = config.mem_cap_gb * 2**30
+    budget_bytes = config.max_fill * config.num_devices * cap_bytes
+    bpe = BYTES_PER_ELEMENT[config.precision]
+    dims = np.sort(np.asarray(config.dims))
+    # Only tables that fit one device at the smallest dim are eligible; each gets a dim that fits.
+    candidates = split_table_ids(pool, config.split)
+    candidates = candidates[pool.rows[candidates] * dims[0] * bpe <= cap_bytes]
+    for _ in range(max_attempts):
+        num_tables = config.num_tables or int(rng.integers(config.min_tables, config.max_tables + 1))
+        if num_tables > len(candidates):
+            raise UserError(
+                f"task.num_tables: got {num_tables}, expected at most {len(candidates)} "
+                f"(tables of split {config.split!r} that fit {config.mem_cap_gb} GiB)"
+            )
+        ids = rng.choice(candidates, size=num_tables, replace=False)
+        fitting = (pool.rows[ids, None] * dims[None, :] * bpe) <= cap_bytes  # [T, D]
+        choice = (rng.random(num_tables) * fitting.sum(1)).astype(int)
+        table_dims = dims[choice]  # dims that fit are a prefix of the sorted dims
+        if (pool.rows[ids] * table_dims * bpe).sum() <= budget_bytes:
+            tables = tuple(
+                Table(int(i), int(pool.rows[i]), int(d), float(pool.pooling_factor[i]), tuple(map(float, pool.bins[i])))
+                for i, d in zip(ids, table_dims)
+            )
+            return Task(config.num_devices, float(config.mem_cap_gb), pool.batch_size, tables, config.precision, pool.spec)
+    raise UserError(
+        f"task: no draw of {config.num_tables or 'random'} tables fit {config.num_devices} x {config.mem_cap_gb} GiB "
+        f"(max_fill {config.max_fill}) in {max_attempts} attempts; expected fewer tables or more memory"
+    )
+
+
+def make_task(config: TaskConfig, seed: int, path: str | None = None) -> Task:
+    """The task of a run: loaded from ``path`` if given, else generated from the configured pool."""
+    if path:
+        return load_task(path)
+    return generate_task(load_pool(config.pool, config.batch_size), config, seed)
+
+
+def load_task(path: str | Path) -> Task:
+    """Read a task file (the object under "task" in plan.json; a whole plan.json is accepted too)."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"task.path: {str(path)!r} does not exist, expected a task JSON file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"task.path: cannot read {str(path)!r} as JSON ({err}), expected a task JSON file") from None
+    if isinstance(obj, dict) and "task" in obj and "tables" not in obj:
+        obj = obj["task"]
+    return Task.from_json(obj, where=f"task file {path.name}")
+
+
+def save_task(task: Task, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(task.to_json(), indent=1) + "\n")
+
+
+def check_feasible(task: Task) -> None:
+    """Raise InfeasibleError if no plan can exist: a table that fits nowhere even split, or too much in total."""
+    cap = task.mem_cap_bytes
+    for i, table in enumerate(task.tables):
+        narrowest = task.table_mem_bytes(i, DIM_ALIGNMENT if table.dim % (2 * DIM_ALIGNMENT) == 0 else table.dim)
+        whole = task.table_mem_bytes(i)
+        if narrowest > cap or (whole > cap and whole > cap * task.num_devices):
+            raise InfeasibleError(
+                f"task infeasible: table {table.id} needs {whole / 2**30:.2f} GiB, which no split fits in "
+                f"devices of {task.mem_cap_gb} GiB"
+            )
+    total = sum(task.table_mem_bytes(i) for i in range(task.num_tables))
+    if total > cap * task.num_devices:
+        raise InfeasibleError(
+            f"task infeasible: tables need {total / 2**30:.2f} GiB in total, expected at most "
+            f"{task.num_devices} x {task.mem_cap_gb} = {task.num_devices * task.mem_cap_gb:.2f} GiB"
+        )
+
+
+def _check_config(config: TaskConfig, pool: TablePool) -> None:
+    if config.num_devices < 1:
+        raise UserError(f"task.num_devices: got {config.num_devices}, expected an integer >= 1")
+    if not config.mem_cap_gb > 0:
+        raise UserError(f"task.mem_cap_gb: got {config.mem_cap_gb}, expected a number > 0")
+    if config.num_tables is not None and config.num_tables < 1:
+        raise UserError(f"task.num_tables: got {config.num_tables}, expected an integer >= 1 or null")
+    if not 1 <= config.min_tables <= config.max_tables:
+        raise UserError(f"task.min_tables/max_tables: got {config.min_tables}/{config.max_tables}, expected 1 <= min <= max")
+    bad = [d for d in config.dims if d < DIM_ALIGNMENT or d % DIM_ALIGNMENT]
+    if bad or not config.dims:
+        raise UserError(f"task.dims: got {list(config.dims)}, expected positive multiples of {DIM_ALIGNMENT}")
+    if not 0 < config.max_fill <= 1:
+        raise UserError(f"task.max_fill: got {config.max_fill}, expected a number in (0, 1]")

@@ -1,0 +1,9 @@
+"""Searchers: registered by name, selected with ``searcher=<name>``.
+
+Importing this package registers every built-in searcher.
+"""
+
+from searchers import baselines  # noqa: F401  (registers the baselines)
+from searchers.registry import Searcher, make_searcher, register, searcher_names
+
+__all__ = ["Searcher", "make_searcher", "register", "searcher_names"]

@@ -1,0 +1,138 @@
+"""Classic baselines: greedy by a per-table key, and random search.
+
+Greedy (as in the NeuroShard reference): sort tables by the key, descending; put each on the device
+with the smallest sum of keys among devices where it still fits. Unlike the reference, a table that
+fits on no device raises InfeasibleError instead of landing on the last device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from neuroshard_jax.constants import DIM_ALIGNMENT, GIB_BYTES
+from neuroshard_jax.cost_models import CostModel, score_plans
+from neuroshard_jax.errors import InfeasibleError, UserError
+from neuroshard_jax.types import Plan, Task
+from searchers.registry import register
+
+GREEDY_KEYS = {
+    "dim": lambda t: float(t.dim),
+    "size": lambda t: float(t.rows * t.dim),
+    "lookup": lambda t: t.dim * t.pooling_factor,
+    "size_lookup": lambda t: t.dim * t.pooling_factor * math.log10(t.rows),
+}
+
+
+def no_room(task: Task, table_index: int, free_bytes: np.ndarray, searcher: str) -> InfeasibleError:
+    table = task.tables[table_index]
+    return InfeasibleError(
+        f"{searcher}: table {table.id} ({task.table_mem_bytes(table_index) / GIB_BYTES:.3f} GiB) fits on no device "
+        f"(largest free memory {free_bytes.max() / GIB_BYTES:.3f} GiB of {task.mem_cap_gb} GiB per device)"
+    )
+
+
+def greedy_plan(task: Task, key: str, searcher: str) -> Plan:
+    """Table-wise greedy placement by ``GREEDY_KEYS[key]``."""
+    keys = np.array([GREEDY_KEYS[key](t) for t in task.tables])
+    order = sorted(range(task.num_tables), key=lambda i: -keys[i])  # stable: ties keep task order
+    free = np.full(task.num_devices, task.mem_cap_bytes, dtype=np.int64)
+    load = np.zeros(task.num_devices)
+    devices = [0] * task.num_tables
+    for i in order:
+        need = task.table_mem_bytes(i)
+        fits = free >= need
+        if not fits.any():
+            raise no_room(task, i, free, searcher)
+        d = int(np.argmin(np.where(fits, load, np.inf)))
+        devices[i] = d
+        free[d] -= need
+        load[d] += keys[i]
+    return Plan.from_assignment(task, [1] * task.num_tables, [[d] for d in devices])
+
+
+def _make_greedy(key: str):
+    name = f"{key}_greedy"
+
+    @register(name)
+    @dataclasses.dataclass(frozen=True)
+    class Greedy:
+        __doc__ = f"Greedy table-wise placement by {key} (see GREEDY_KEYS)."
+
+        def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan:
+            return greedy_plan(task, key, name)
+
+    Greedy.__name__ = Greedy.__qualname__ = f"{key.title().replace('_', '')}Greedy"
+    return Greedy
+
+
+DimGreedy, SizeGreedy, LookupGreedy, SizeLookupGreedy = (_make_greedy(k) for k in GREEDY_KEYS)
+
+
+def max_halvings(dim: int) -> int:
+    """How many times a table of width ``dim`` can be halved keeping shards multiples of DIM_ALIGNMENT."""
+    k = 0
+    while dim % (2 ** (k + 1) * DIM_ALIGNMENT) == 0:
+        k += 1
+    return k
+
+
+@register("random")
+@dataclasses.dataclass(frozen=True)
+class RandomSearch:
+    """Best of ``num_samples`` random plans by the cost model.
+
+    Each sample halves every table a random number of times (0..max_halvings, when
+    ``column_wise``), then puts the shards, in random order, on random devices that still have
+    room. Samples that run out of room are redrawn (up to ``max_attempts_per_sample`` each).
+    """
+
+    num_samples: int = 64
+    column_wise: bool = True
+    max_halvings: int = 2
+    max_attempts_per_sample: int = 20
+
+    def __post_init__(self):
+        if self.num_samples < 1:
+            raise UserError(f"searcher.num_samples: got {self.num_samples}, expected an integer >= 1")
+        if self.max_halvings < 0:
+            raise UserError(f"searcher.max_halvings: got {self.max_halvings}, expected an integer >= 0")
+
+    def sample(self, task: Task, rng: np.random.Generator) -> Plan | None:
+        splits = [
+            2 ** int(rng.integers(0, min(self.max_halvings, max_halvings(t.dim)) + 1)) if self.column_wise else 1
+            for t in task.tables
+        ]
+        shards = [(t, j) for t, count in enumerate(splits) for j in range(count)]
+        free = np.full(task.num_devices, task.mem_cap_bytes, dtype=np.int64)
+        devices = [[0] * count for count in splits]
+        for k in rng.permutation(len(shards)):
+            t, j = shards[k]
+            need = task.table_mem_bytes(t, task.tables[t].dim // splits[t])
+            room = np.flatnonzero(free >= need)
+            if len(room) == 0:
+                return None
+            d = int(rng.choice(room))
+            devices[t][j] = d
+            free[d] -= need
+        return Plan.from_assignment(task, splits, devices)
+
+    def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan:
+        rng = np.random.default_rng([seed, 17])
+        plans = []
+        for _ in range(self.num_samples):
+            for _ in range(self.max_attempts_per_sample):
+                plan = self.sample(task, rng)
+                if plan is not None:
+                    plans.append(plan)
+                    break
+        if not plans:
+            raise InfeasibleError(
+                f"random: no memory-feasible random placement found in {self.num_samples * self.max_attempts_per_sample} "
+                f"attempts (tables need {sum(task.table_mem_bytes(i) for i in range(task.num_tables)) / GIB_BYTES:.2f} GiB "
+                f"of {task.num_devices} x {task.mem_cap_gb} GiB)"
+            )
+        costs = score_plans(cost_model, plans)
+        return plans[int(np.argmin(costs))]

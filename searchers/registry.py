@@ -1,0 +1,51 @@
+"""The searcher interface and the name registry (a duplicate name is a programming error)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Protocol
+
+from neuroshard_jax.cost_models import CostModel
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.types import Plan, Task
+
+
+class Searcher(Protocol):
+    """Turns a task into a plan; the same seed gives the same plan."""
+
+    def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan: ...
+
+
+_REGISTRY: dict[str, Callable[..., Searcher]] = {}
+
+
+def register(name: str):
+    """Class decorator: make a searcher constructible by ``name`` (its conf/searcher/<name>.yaml)."""
+
+    def wrap(cls):
+        if name in _REGISTRY:
+            raise ValueError(f"searcher {name!r} is registered twice ({_REGISTRY[name]} and {cls})")
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def searcher_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_searcher(name: str, options: dict | None = None) -> Searcher:
+    """Construct a registered searcher with ``options`` (its config fields); unknown names or options raise."""
+    if name not in _REGISTRY:
+        raise UserError(f"searcher: got {name!r}, expected one of {', '.join(searcher_names())}")
+    cls = _REGISTRY[name]
+    options = dict(options or {})
+    if dataclasses.is_dataclass(cls):
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise UserError(
+                f"searcher.{unknown[0]}: unknown option for {name!r}, expected one of {', '.join(sorted(known)) or 'none'}"
+            )
+    return cls(**options)

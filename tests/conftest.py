@@ -1,0 +1,53 @@
+"""Tiny factories for tables, pools and tasks; a private feature cache for the whole session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cache_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cache")
+    os.environ["NEUROSHARD_CACHE_DIR"] = str(path)
+    yield path
+
+
+@pytest.fixture(scope="session")
+def small_pool(_cache_dir):
+    from neuroshard_jax.tables import PoolSpec, load_pool
+
+    return load_pool(PoolSpec(num_tables=120), batch_size=512)
+
+
+def make_table(table_id=0, rows=1000, dim=16, pooling=2.0):
+    from neuroshard_jax.types import Table
+
+    bins = np.zeros(17)
+    bins[0] = 1.0
+    return Table(table_id, rows, dim, pooling, tuple(bins))
+
+
+def make_task(tables, num_devices=2, mem_cap_gb=1.0, batch_size=512, precision="fp32"):
+    from neuroshard_jax.types import Task
+
+    return Task(num_devices, mem_cap_gb, batch_size, tuple(tables), precision)
+
+
+def run_cli(*args, cwd=None, module="neuroshard_jax", timeout=300):
+    """Run an entry point as a user would; returns the CompletedProcess."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )

@@ -1,0 +1,114 @@
+"""The CLI as a user runs it: real subprocesses, real Hydra, real files."""
+
+import json
+
+import pytest
+
+from neuroshard_jax.constants import GIB_BYTES
+
+from .conftest import make_table, make_task, run_cli
+
+SMALL = ["task.num_tables=20", "task.pool.num_tables=120", "task.batch_size=512", "task.mem_cap_gb=0.2"]
+
+
+def _check_contract(plan):
+    assert {"searcher", "cost_model", "seed", "task", "shards", "devices", "cost_ms", "search_time_s"} <= set(plan)
+    task = plan["task"]
+    dims = {t["id"]: t["dim"] for t in task["tables"]}
+    covered = {i: 0 for i in dims}
+    for s in plan["shards"]:
+        covered[s["table"]] += s["dim"]
+        assert s["col_offset"] % s["dim"] == 0 and 0 <= s["device"] < task["num_devices"]
+    assert covered == dims
+    assert len(plan["devices"]) == task["num_devices"]
+    assert plan["cost_ms"] == pytest.approx(max(d["cost_ms"]["total"] for d in plan["devices"]))
+    for d in plan["devices"]:
+        c = d["cost_ms"]
+        assert c["total"] == pytest.approx(c["compute"] + c["fwd_comm"] + c["bwd_comm"])
+        assert d["mem_gb"] <= task["mem_cap_gb"]
+
+
+def test_default_run_prints_and_writes_a_plan(tmp_path):
+    done = run_cli(f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr
+    assert "predicted cost" in done.stdout and "mem_GB" in done.stdout
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    _check_contract(plan)
+    assert plan["searcher"] == "size_lookup_greedy" and len(plan["task"]["tables"]) == 50
+
+
+@pytest.mark.parametrize("searcher", ["random", "dim_greedy"])
+def test_overrides_and_same_seed_same_plan(tmp_path, searcher):
+    args = [f"searcher={searcher}", "task.num_devices=8", "seed=3", *SMALL]
+    first = run_cli(*args, f"hydra.run.dir={tmp_path / 'a'}")
+    second = run_cli(*args, f"hydra.run.dir={tmp_path / 'b'}")
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    a, b = (json.loads((tmp_path / x / "plan.json").read_text()) for x in "ab")
+    _check_contract(a)
+    assert a["task"]["num_devices"] == 8 and a["seed"] == 3
+    assert a["shards"] == b["shards"] and a["cost_ms"] == b["cost_ms"]
+
+
+def test_task_file_input(tmp_path):
+    task = make_task([make_table(i, rows=1000 + i, dim=16) for i in range(6)], num_devices=3)
+    (tmp_path / "task.json").write_text(json.dumps(task.to_json()))
+    done = run_cli("searcher=lookup_greedy", f"task.path={tmp_path / 'task.json'}", f"hydra.run.dir={tmp_path / 'out'}")
+    assert done.returncode == 0, done.stderr
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert plan["task"] == task.to_json()
+
+
+def _one_line_error(done, *fragments):
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert "Traceback" not in done.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+def test_unknown_searcher(tmp_path):
+    _one_line_error(run_cli("searcher=nope", f"hydra.run.dir={tmp_path}"), "searcher: got 'nope'", "size_lookup_greedy")
+
+
+def test_malformed_task_file(tmp_path):
+    obj = make_task([make_table(0), make_table(1)]).to_json()
+    obj["tables"][1]["dim"] = 10
+    (tmp_path / "task.json").write_text(json.dumps(obj))
+    _one_line_error(run_cli(f"task.path={tmp_path / 'task.json'}", f"hydra.run.dir={tmp_path}"), "tables[1].dim: got 10")
+
+
+@pytest.mark.parametrize(
+    "tables, cap_gb, fragment",
+    [
+        ([(10**6, 16)], 4 * 10**6 * 4 / GIB_BYTES * 0.9, "no split fits"),  # even a 4-wide shard is too big
+        ([(10**5, 16)] * 3, 10**5 * 16 * 4 * 1.2 / GIB_BYTES, "in total"),
+    ],
+)
+def test_infeasible_task(tmp_path, tables, cap_gb, fragment):
+    task = make_task([make_table(i, rows=r, dim=d) for i, (r, d) in enumerate(tables)], num_devices=2, mem_cap_gb=cap_gb)
+    (tmp_path / "task.json").write_text(json.dumps(task.to_json()))
+    _one_line_error(run_cli(f"task.path={tmp_path / 'task.json'}", f"hydra.run.dir={tmp_path}"), fragment)
+
+
+def test_table_too_big_for_table_wise_greedy(tmp_path):
+    task = make_task([make_table(0, rows=10**5, dim=64), make_table(1, rows=10, dim=4)], num_devices=2,
+                     mem_cap_gb=10**5 * 64 * 4 * 0.6 / GIB_BYTES)
+    (tmp_path / "task.json").write_text(json.dumps(task.to_json()))
+    _one_line_error(run_cli(f"task.path={tmp_path / 'task.json'}", f"hydra.run.dir={tmp_path}"), "fits on no device")
+    # column-wise random search can split it
+    ok = run_cli("searcher=random", f"task.path={tmp_path / 'task.json'}", f"hydra.run.dir={tmp_path / 'r'}")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_bad_override_value(tmp_path):
+    _one_line_error(run_cli("task.num_devices=0", *SMALL, f"hydra.run.dir={tmp_path}"), "task.num_devices: got 0")
+
+
+def test_multirun(tmp_path):
+    done = run_cli("-m", "searcher=random,size_lookup_greedy", *SMALL, f"hydra.sweep.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr
+    plans = sorted(tmp_path.glob("*/plan.json"))
+    assert len(plans) == 2
+    names = {json.loads(p.read_text())["searcher"] for p in plans}
+    assert names == {"random", "size_lookup_greedy"}

@@ -1,0 +1,99 @@
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from neuroshard_jax.cost_models import (
+    analytic_model,
+    bucket,
+    device_costs,
+    plan_arrays,
+    plan_cost_ms,
+    score_plan,
+    score_plans,
+)
+from neuroshard_jax.types import Plan
+
+from .conftest import make_table, make_task
+
+
+def numpy_oracle(plan: Plan, p) -> np.ndarray:
+    """Plain-Python analytic plan cost, straight from the formulas in the docs."""
+    task = plan.task
+    n = task.num_devices
+    compute = np.zeros(n)
+    for d in range(n):
+        shards = plan.device_shards(d)
+        if shards:
+            total_bytes = sum(
+                p.batch_size * s.dim * (task.tables[s.table].pooling_factor * p.bytes_per_element + 4) * (1 + p.bwd_fwd_ratio)
+                for s in shards
+            )
+            compute[d] = total_bytes / (p.mem_bw_gbps * 1e9) * 1e3 + p.table_overhead_ms * len(shards) + p.kernel_overhead_ms
+    dims = plan.dim_sums().astype(float)
+    sent = p.batch_size * dims * (n - 1) / n
+    received = p.batch_size / n * (dims.sum() - dims)
+    comm = np.maximum(sent, received) * 4 / (p.comm_bw_gbps * 1e9) * 1e3 + p.comm_latency_ms * (n > 1)
+    ready = compute + comm
+    delays = ready - ready.min()
+    fwd = comm + delays.max() - delays
+    return np.max(compute + fwd + comm)
+
+
+def _plan():
+    tables = [make_table(i, rows=1000 * (i + 1), dim=16 * (1 + i % 3), pooling=1.0 + i) for i in range(6)]
+    task = make_task(tables, num_devices=3)
+    return Plan.from_assignment(task, [1, 2, 1, 1, 2, 1], [[0], [1, 2], [2], [0], [0, 1], [1]])
+
+
+def test_analytic_matches_numpy_oracle():
+    plan = _plan()
+    model = analytic_model(plan.task)
+    costs = score_plan(model, plan)
+    assert plan_cost_ms(costs) == pytest.approx(numpy_oracle(plan, model.params), rel=1e-5)
+
+
+def test_eager_equals_jit_and_padding_is_inert():
+    plan = _plan()
+    model = analytic_model(plan.task)
+    arrays = plan_arrays(plan)
+    eager = device_costs(model.fns, model.params, *map(jnp.asarray, arrays))
+    padded = plan_arrays(plan, max_tables=16)
+    jitted = jax.jit(device_costs, static_argnums=0)(model.fns, model.params, *padded)
+    np.testing.assert_allclose(np.asarray(eager.total_ms), np.asarray(jitted.total_ms), rtol=1e-6)
+
+
+def test_padded_devices_do_not_change_the_cost():
+    plan = _plan()
+    model = analytic_model(plan.task)
+    feats, mask, dims, dev_mask = plan_arrays(plan)
+    pad = lambda a, v: np.concatenate([a, np.full((1,) + a.shape[1:], v, dtype=a.dtype)])
+    costs = device_costs(model.fns, model.params, pad(feats, 0), pad(mask, False), pad(dims, 0), pad(dev_mask, False))
+    assert float(plan_cost_ms(costs)) == pytest.approx(float(plan_cost_ms(score_plan(model, plan))), rel=1e-6)
+    assert float(costs.total_ms[-1]) == 0.0
+
+
+def test_batched_scoring_equals_one_by_one_without_retracing():
+    plan = _plan()
+    model = analytic_model(plan.task)
+    other = Plan.from_assignment(plan.task, [1] * 6, [[d % 3] for d in range(6)])
+    batch = score_plans(model, [plan, other, plan])
+    np.testing.assert_allclose(batch, [plan_cost_ms(score_plan(model, p)) for p in (plan, other, plan)], rtol=1e-6)
+
+    fn = jax.jit(chex.assert_max_traces(lambda *a: plan_cost_ms(device_costs(model.fns, *a)), n=1))
+    arrays = [np.stack(a) for a in zip(plan_arrays(plan, 8), plan_arrays(other, 8))]
+    fn(model.params, *arrays)
+    fn(model.params, *[a[::-1].copy() for a in arrays])  # same padded shape: no recompilation
+
+
+def test_costs_are_differentiable_in_the_features():
+    plan = _plan()
+    model = analytic_model(plan.task)
+    feats, mask, dims, dev_mask = plan_arrays(plan)
+    grad = jax.grad(lambda f: plan_cost_ms(device_costs(model.fns, model.params, f, mask, dims, dev_mask)))(feats)
+    assert np.isfinite(np.asarray(grad)).all() and np.abs(np.asarray(grad)).sum() > 0
+
+
+def test_bucket():
+    assert [bucket(n) for n in (0, 1, 4, 5, 9, 16, 17)] == [4, 4, 4, 8, 16, 16, 32]

@@ -1,0 +1,98 @@
+import json
+
+import numpy as np
+import pytest
+
+from neuroshard_jax.constants import GIB_BYTES
+from neuroshard_jax.errors import InfeasibleError, UserError
+from neuroshard_jax.tasks import TaskConfig, check_feasible, generate_task, load_task, save_task, split_table_ids
+from neuroshard_jax.types import Task
+
+from .conftest import make_table, make_task
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_neuroshard_style_tasks(small_pool, seed):
+    config = TaskConfig(num_tables=None, num_devices=4, mem_cap_gb=0.05, pool=small_pool.spec, batch_size=512)
+    task = generate_task(small_pool, config, seed)
+    ids = [t.id for t in task.tables]
+    assert 10 <= len(ids) <= 59 and len(set(ids)) == len(ids)  # drawn without replacement
+    assert all(t.dim in (4, 8, 16, 32, 64, 128) for t in task.tables)
+    sizes = [task.table_mem_bytes(i) for i in range(task.num_tables)]
+    assert max(sizes) <= task.mem_cap_bytes and sum(sizes) <= 0.9 * 4 * task.mem_cap_bytes
+    for t in task.tables:  # features come from the pool
+        assert t.rows == small_pool.rows[t.id] and t.pooling_factor == small_pool.pooling_factor[t.id]
+
+
+def test_same_seed_same_task(small_pool):
+    config = TaskConfig(num_tables=20, pool=small_pool.spec, batch_size=512)
+    assert generate_task(small_pool, config, 3) == generate_task(small_pool, config, 3)
+    assert generate_task(small_pool, config, 3) != generate_task(small_pool, config, 4)
+
+
+def test_dreamshard_splits_are_disjoint(small_pool):
+    train, test = split_table_ids(small_pool, "train"), split_table_ids(small_pool, "test")
+    assert not set(train) & set(test) and len(train) + len(test) == small_pool.num_tables
+    config = TaskConfig(num_tables=30, split="test", pool=small_pool.spec, batch_size=512)
+    assert {t.id for t in generate_task(small_pool, config, 0).tables} <= set(test.tolist())
+
+
+def test_task_file_roundtrip(small_pool, tmp_path):
+    task = generate_task(small_pool, TaskConfig(num_tables=12, pool=small_pool.spec, batch_size=512), 0)
+    save_task(task, tmp_path / "task.json")
+    assert load_task(tmp_path / "task.json") == task
+
+
+def _task_json():
+    return make_task([make_table(0), make_table(1, rows=5000, dim=32)]).to_json()
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda o: o.pop("num_devices"), "num_devices: missing"),
+        (lambda o: o["tables"][1].pop("rows"), r"tables\[1\].rows: missing"),
+        (lambda o: o["tables"][0].update(rows=-5), r"tables\[0\].rows: got -5, expected an integer >= 1"),
+        (lambda o: o["tables"][0].update(dim=10), r"tables\[0\].dim: got 10, expected a multiple of 4"),
+        (lambda o: o["tables"][0].update(pooling_factor=float("nan")), r"pooling_factor: got nan"),
+        (lambda o: o["tables"][1].update(id=0), "ids unique"),
+        (lambda o: o.update(mem_cap_gb=0), "mem_cap_gb: got 0"),
+        (lambda o: o.update(precision="fp8"), "precision: got 'fp8'"),
+        (lambda o: o["tables"][0].update(bins=[0.5]), "bins"),
+        (lambda o: o.update(tables=[]), "non-empty list"),
+    ],
+)
+def test_malformed_task_files(tmp_path, mutate, message):
+    obj = _task_json()
+    mutate(obj)
+    path = tmp_path / "task.json"
+    path.write_text(json.dumps(obj))  # json writes NaN as NaN, as a careless tool would
+    with pytest.raises(UserError, match=message):
+        load_task(path)
+
+
+def test_unreadable_task_files(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        load_task(tmp_path / "nope.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(UserError, match="cannot read"):
+        load_task(tmp_path / "bad.json")
+
+
+def test_infeasible_tasks():
+    cap = 0.001  # GiB
+    rows = int(cap * GIB_BYTES / 4 / 4) + 1  # a 4-wide shard is already over the cap
+    with pytest.raises(InfeasibleError, match="no split fits"):
+        check_feasible(make_task([make_table(0, rows=rows, dim=16)], mem_cap_gb=cap))
+    fits_one = int(cap * GIB_BYTES / 4 / 16)
+    many = [make_table(i, rows=fits_one, dim=16) for i in range(3)]
+    with pytest.raises(InfeasibleError, match="in total"):
+        check_feasible(make_task(many, num_devices=2, mem_cap_gb=cap))
+    check_feasible(make_task(many[:2], num_devices=2, mem_cap_gb=cap))
+
+
+def test_precision_changes_memory():
+    t32 = make_task([make_table(0, rows=1000, dim=16)])
+    t16 = Task(t32.num_devices, t32.mem_cap_gb, t32.batch_size, t32.tables, "fp16")
+    assert t32.table_mem_bytes(0) == 2 * t16.table_mem_bytes(0) == 64000
+    assert np.isclose(t32.mem_cap_bytes, GIB_BYTES)
