@@ -42,8 +42,9 @@ class SyntheticPoolConfig:
     log10(rows) = log10_rows_min + span * Kumaraswamy(rows_shape_a, rows_shape_b);
     mean pooling factor ~ LogNormal(log(pooling_mean) - sigma^2/2, sigma), clipped;
     per-sample bag length ~ Poisson(pooling factor);
-    row ranks ~ truncated continuous power law with exponent ~ Uniform(skew_min, skew_max),
-    scattered over the table by an affine bijection (hot rows are not contiguous).
+    row popularity log-normal across rows with sigma = skew_min + (skew_max - skew_min) * U^skew_power
+    (most tables mildly skewed, a few very skewed); popular rows are scattered over the table by an
+    affine bijection (hot rows are not contiguous).
     """
 
     log10_rows_min: float = 2.0
@@ -56,6 +57,10 @@ class SyntheticPoolConfig:
     pooling_max: float = 400.0
     skew_min: float = 0.6
     skew_max: float = 1.6
+    skew_power: float = 1.0
+    skew_low_share: float = 0.0
+    skew_low: float = 0.4
+    pooling_rows_corr: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,8 +156,16 @@ def synthetic_table_params(seed: int, num_tables: int, config: SyntheticPoolConf
         q = (1.0 - (1.0 - u_rows) ** (1.0 / config.rows_shape_b)) ** (1.0 / config.rows_shape_a)
         log_rows = config.log10_rows_min + (config.log10_rows_max - config.log10_rows_min) * q
         rows[t] = max(MIN_ROWS, int(round(10**log_rows)))
-        pooling[t] = float(np.clip(math.exp(mu + sigma * z_pooling), config.pooling_min, config.pooling_max))
-        skew[t] = config.skew_min + (config.skew_max - config.skew_min) * u_skew
+        # Pooling is correlated with size (rho < 0: big id-like tables are looked up less per sample).
+        z_rows = math.sqrt(2.0) * _erfinv(2.0 * q - 1.0)
+        rho = config.pooling_rows_corr
+        z = rho * z_rows + math.sqrt(1.0 - rho * rho) * z_pooling
+        pooling[t] = float(np.clip(math.exp(mu + sigma * z), config.pooling_min, config.pooling_max))
+        if u_skew < config.skew_low_share:  # a mildly skewed group (near-uniform access) ...
+            skew[t] = config.skew_low
+        else:  # ... and a strongly skewed one
+            u = (u_skew - config.skew_low_share) / (1.0 - config.skew_low_share)
+            skew[t] = config.skew_min + (config.skew_max - config.skew_min) * u**config.skew_power
         multiplier = int(rng.integers(1, rows[t]))
         while math.gcd(multiplier, int(rows[t])) != 1:
             multiplier += 1
@@ -160,16 +173,40 @@ def synthetic_table_params(seed: int, num_tables: int, config: SyntheticPoolConf
     return SyntheticTableParams(rows, pooling, skew, scatter)
 
 
-def power_law_ranks(rng: np.random.Generator, num_rows: int, exponent: float, size: int) -> np.ndarray:
-    """Ranks in [0, num_rows) with density ~ (rank + 1)^-exponent (inverse-CDF sampling)."""
-    u = rng.random(size)
-    top = float(num_rows + 1)
-    if abs(exponent - 1.0) < 1e-9:
-        x = np.power(top, u)
-    else:
-        e = 1.0 - exponent
-        x = np.power(1.0 + u * (top**e - 1.0), 1.0 / e)
-    return np.minimum(np.floor(x).astype(np.int64) - 1, num_rows - 1)
+def _erfinv(y: float) -> float:
+    """Inverse error function by Newton steps on math.erf (scalar; used once per table)."""
+    y = min(max(y, -1 + 1e-12), 1 - 1e-12)
+    x = 0.0
+    for _ in range(60):
+        step = (math.erf(x) - y) / (2.0 / math.sqrt(math.pi) * math.exp(-x * x))
+        x -= step
+        if abs(step) < 1e-12:
+            break
+    return x
+
+
+def normal_sf(z: np.ndarray) -> np.ndarray:
+    """P(Z > z) for a standard normal, with relative error < 1.2e-7 even deep in the tail.
+
+    Chebyshev fit of erfc (Numerical Recipes' erfcc); numpy has no erfc.
+    """
+    x = np.abs(z) / math.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.5 * x)
+    poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (
+        0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))))
+    erfc = t * np.exp(-x * x + poly)
+    return np.where(z >= 0, 0.5 * erfc, 1.0 - 0.5 * erfc)
+
+
+def lognormal_popularity_ranks(rng: np.random.Generator, num_rows: int, sigma: float, size: int) -> np.ndarray:
+    """Ranks in [0, num_rows) where rank r has popularity exp(sigma * z_r), z_r the normal quantile of r.
+
+    Row r sits at upper-tail quantile (r + 1/2) / num_rows. Sampling a row with probability
+    proportional to exp(sigma * z) is sampling z from the tilted law N(sigma, 1), then mapping
+    z back to its quantile: exact, vectorised, no table of probabilities.
+    """
+    z = rng.normal(sigma, 1.0, size)
+    return np.minimum((normal_sf(z) * num_rows).astype(np.int64), num_rows - 1)
 
 
 class SyntheticStreams(StreamSource):
@@ -184,7 +221,7 @@ class SyntheticStreams(StreamSource):
     def stream(self, table_id: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
         rng, lengths = self.lengths(table_id, batch_size)
         num_rows = int(self.params.rows[table_id])
-        ranks = power_law_ranks(rng, num_rows, float(self.params.skew[table_id]), int(lengths.sum()))
+        ranks = lognormal_popularity_ranks(rng, num_rows, float(self.params.skew[table_id]), int(lengths.sum()))
         multiplier, shift = self.params.scatter[table_id]
         indices = (ranks * multiplier + shift) % num_rows
         offsets = np.zeros(batch_size + 1, dtype=np.int64)
@@ -268,17 +305,20 @@ def measure_features(streams: StreamSource, rows: np.ndarray, batch_size: int) -
     return pooling, bins
 
 
+def pool_streams(spec: PoolSpec) -> tuple[np.ndarray, StreamSource]:
+    """Row counts i64[P] and the stream source of a pool, without measuring features."""
+    if spec.source == "synthetic":
+        params = synthetic_table_params(spec.seed, spec.num_tables)
+        return params.rows, SyntheticStreams(spec.seed, params)
+    streams = load_dlrm_arrays(Path(spec.path))
+    return np.maximum(MIN_ROWS, _max_index_per_table(streams) + 1), streams
+
+
 def load_pool(spec: PoolSpec, batch_size: int) -> TablePool:
     """Build (or read from the cache) the pool of ``spec`` at ``batch_size``."""
     if batch_size < 1:
         raise UserError(f"batch_size: got {batch_size}, expected a positive integer")
-    if spec.source == "synthetic":
-        params = synthetic_table_params(spec.seed, spec.num_tables)
-        streams: StreamSource = SyntheticStreams(spec.seed, params)
-        rows = params.rows
-    else:
-        streams = load_dlrm_arrays(Path(spec.path))
-        rows = np.maximum(MIN_ROWS, _max_index_per_table(streams) + 1)
+    rows, streams = pool_streams(spec)
     cache = cache_dir() / "pools" / f"{spec.pool_id}-b{batch_size}.npz"
     if cache.exists():
         with np.load(cache) as data:

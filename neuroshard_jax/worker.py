@@ -1,17 +1,272 @@
-"""The torch side of the wall: the only module that imports torch (and, for profiling, fbgemm_gpu).
+"""The torch side of the wall: the only module that imports torch and fbgemm_gpu.
 
-Always run as a subprocess (``python -m neuroshard_jax.worker <command> ...``), never imported by
-JAX code and never forked from a process that imported JAX.
+Always run as a subprocess (``python -m neuroshard_jax.worker <command>``), never imported by JAX code
+and never forked from a process that imported JAX. One torch thread per process.
 
 Commands:
-  dlrm-to-npz IN OUT   convert a DLRM benchmark file (torch.load -> indices, offsets, lengths) to .npz
+  serve                 read profiling requests (JSON lines) on stdin, answer each on stdout
+  comm RANK WORLD INIT REQUESTS OUT
+                        one rank of an all-to-all benchmark (gloo on CPU, NCCL on CUDA)
+  dlrm-to-npz IN OUT    convert a DLRM benchmark file (torch.load -> indices, offsets, lengths) to .npz
+
+A compute request: {"id", "device": "cpu"|"cuda", "pool": {...PoolSpec}, "batch_size",
+"tables": [[pool table id, dim], ...], "optimizer", "precision", "warmup", "iters"}.
+The answer: {"id", "ok": true, "fwd_ms", "bwd_ms", "total_ms", "fwd_runs_ms", "bwd_runs_ms"} (medians
+over the timed iterations), or {"id", "ok": false, "error"} for a request it refuses.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import statistics
 import sys
+import time
 
 import numpy as np
+
+OPTIMIZERS = ("exact_sgd", "exact_row_wise_adagrad", "exact_adagrad", "sgd")
+PRECISIONS = ("fp32", "fp16", "bf16")
+LEARNING_RATE = 0.01
+INIT_SCALE = 0.01  # weights start at zero on CPU; zeros would make the SGD updates denormal-heavy
+
+
+class RequestError(Exception):
+    """A request the worker refuses (answered, the worker keeps serving)."""
+
+
+def _setup_torch(device: str):
+    import torch
+
+    torch.set_num_threads(1)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RequestError("device 'cuda' requested but torch sees no CUDA device")
+    return torch
+
+
+_STREAMS: dict = {}
+
+
+def _pool_streams(pool: dict):
+    """(rows i64[P], StreamSource) of a pool, cached for the life of the worker."""
+    from neuroshard_jax.tables import PoolSpec, pool_streams
+
+    key = json.dumps(pool, sort_keys=True)
+    if key not in _STREAMS:
+        _STREAMS[key] = pool_streams(PoolSpec.from_json(pool))
+    return _STREAMS[key]
+
+
+def shard_inputs(request: dict) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
+    """The shard's (rows, dim) specs and its tables' real index streams, concatenated table-major."""
+    rows, streams = _pool_streams(request["pool"])
+    batch = int(request["batch_size"])
+    specs, all_indices, all_offsets, base = [], [], [np.zeros(1, dtype=np.int64)], 0
+    for table_id, dim in request["tables"]:
+        if not 0 <= table_id < len(rows):
+            raise RequestError(f"table id {table_id} is not in the pool (0..{len(rows) - 1})")
+        if dim < 4 or dim % 4:
+            raise RequestError(f"table {table_id}: dim {dim} is not a positive multiple of 4")
+        indices, offsets = streams.stream(int(table_id), batch)
+        specs.append((int(rows[table_id]), int(dim)))
+        all_indices.append(indices)
+        all_offsets.append(offsets[1:] + base)
+        base += len(indices)
+    return specs, np.concatenate(all_indices), np.concatenate(all_offsets)
+
+
+def profile_compute(request: dict) -> dict:
+    """Time forward and backward of one fused TBE over the shard's tables (median of ``iters``)."""
+    device = request.get("device", "cpu")
+    torch = _setup_torch(device)
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
+    from fbgemm_gpu.tbe.config.embedding_config import ComputeDevice
+
+    optimizer = request.get("optimizer", "exact_sgd")
+    precision = request.get("precision", "fp32")
+    if optimizer not in OPTIMIZERS:
+        raise RequestError(f"optimizer {optimizer!r}, expected one of {', '.join(OPTIMIZERS)}")
+    if precision not in PRECISIONS:
+        raise RequestError(f"precision {precision!r}, expected one of {', '.join(PRECISIONS)}")
+    specs, indices, offsets = shard_inputs(request)
+    on_gpu = device == "cuda"
+    location, compute = (
+        (EmbeddingLocation.DEVICE, ComputeDevice.CUDA) if on_gpu else (EmbeddingLocation.HOST, ComputeDevice.CPU)
+    )
+    tbe = SplitTableBatchedEmbeddingBagsCodegen(
+        embedding_specs=[(rows, dim, location, compute) for rows, dim in specs],
+        optimizer=EmbOptimType(optimizer),
+        learning_rate=LEARNING_RATE,
+        weights_precision=SparseType(precision),
+        pooling_mode=PoolingMode.SUM,
+        device=torch.device("cuda" if on_gpu else "cpu"),
+    )
+    with torch.no_grad():
+        for weights in tbe.split_embedding_weights():
+            weights.uniform_(-INIT_SCALE, INIT_SCALE)
+    target = torch.device("cuda" if on_gpu else "cpu")
+    indices_t = torch.from_numpy(indices).to(target)
+    offsets_t = torch.from_numpy(offsets).to(target)
+    grad = None
+    timer = _CudaTimer(torch) if on_gpu else _CpuTimer()
+    fwd_runs, bwd_runs = [], []
+    for step in range(int(request.get("warmup", 5)) + int(request.get("iters", 10))):
+        timer.flush()
+        timer.start()
+        out = tbe(indices_t, offsets_t)
+        timer.mark()
+        if grad is None:
+            grad = torch.full_like(out, 1e-3)
+        out.backward(grad)
+        fwd_ms, bwd_ms = timer.stop()
+        if step >= int(request.get("warmup", 5)):
+            fwd_runs.append(fwd_ms)
+            bwd_runs.append(bwd_ms)
+    totals = [f + b for f, b in zip(fwd_runs, bwd_runs)]
+    return {
+        "ok": True,
+        "fwd_ms": statistics.median(fwd_runs),
+        "bwd_ms": statistics.median(bwd_runs),
+        "total_ms": statistics.median(totals),
+        "fwd_runs_ms": [round(x, 4) for x in fwd_runs],
+        "bwd_runs_ms": [round(x, 4) for x in bwd_runs],
+        "num_indices": int(len(indices)),
+    }
+
+
+class _CpuTimer:
+    def flush(self):
+        pass
+
+    def start(self):
+        self.t0 = time.perf_counter()
+
+    def mark(self):
+        self.t1 = time.perf_counter()
+
+    def stop(self):
+        t2 = time.perf_counter()
+        return (self.t1 - self.t0) * 1e3, (t2 - self.t1) * 1e3
+
+
+class _CudaTimer:
+    """CUDA events around fwd and bwd, with the L2 cache flushed by writing a buffer on the GPU itself."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        l2_bytes = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 * 2**20)
+        self.flush_buffer = torch.empty(2 * l2_bytes // 4, dtype=torch.float32, device="cuda")
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+
+    def flush(self):
+        self.flush_buffer.zero_()
+
+    def start(self):
+        self.events[0].record()
+
+    def mark(self):
+        self.events[1].record()
+
+    def stop(self):
+        self.events[2].record()
+        self.torch.cuda.synchronize()
+        return self.events[0].elapsed_time(self.events[1]), self.events[1].elapsed_time(self.events[2])
+
+
+def _inject_fault(request_id) -> None:
+    """Deliberate failures, for testing crash isolation only.
+
+    NEUROSHARD_WORKER_FAULTS="3:segfault,5:hang,7:exit" makes the request with id 3 crash the worker
+    with SIGSEGV, id 5 hang, id 7 exit with code 3. Unset in normal use.
+    """
+    spec = os.environ.get("NEUROSHARD_WORKER_FAULTS")
+    if not spec:
+        return
+    faults = dict(item.split(":") for item in spec.split(","))
+    fault = faults.get(str(request_id))
+    if fault == "segfault":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    elif fault == "hang":
+        time.sleep(3600)
+    elif fault == "exit":
+        os._exit(3)
+
+
+def serve() -> None:
+    """Answer compute requests, one JSON line in, one JSON line out, until stdin closes."""
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        _inject_fault(request.get("id"))
+        try:
+            answer = profile_compute(request)
+        except RequestError as err:
+            answer = {"ok": False, "error": str(err)}
+        except Exception as err:  # e.g. an allocation failure in torch: report it, keep serving
+            answer = {"ok": False, "error": f"{type(err).__name__}: {err}"[:500]}
+        answer["id"] = request.get("id")
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+
+
+def batch_splits(batch_size: int, world: int) -> list[int]:
+    """Rows of the batch each rank owns after the forward all-to-all (the batch split evenly)."""
+    return [batch_size // world + (r < batch_size % world) for r in range(world)]
+
+
+def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str) -> None:
+    """One rank of the comm benchmark; writes one JSON line per request to ``out_path``.
+
+    Forward: sleep this rank's straggler delay, then all_to_all_single of the pooled outputs
+    [B, dim_sum_rank] split along the batch; the time includes waiting for the slowest peer.
+    Backward: the gradients go the other way, no delay. Raw collectives on preallocated buffers.
+    """
+    requests = [json.loads(line) for line in open(requests_path) if line.strip()]
+    device = requests[0].get("device", "cpu") if requests else "cpu"
+    torch = _setup_torch(device)
+    import torch.distributed as dist
+
+    backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
+    target = torch.device(f"cuda:{rank}" if device == "cuda" else "cpu")
+    largest = max((r["batch_size"] * max(r["dim_sums"]) for r in requests), default=1)
+    send_buf = torch.full((largest,), 1e-3, device=target)
+    recv_buf = torch.zeros(largest, device=target)
+    sync = (lambda: torch.cuda.synchronize(target)) if device == "cuda" else (lambda: None)
+    with open(out_path, "w") as out:
+        for request in requests:
+            dims = [int(d) for d in request["dim_sums"]]
+            rows = batch_splits(int(request["batch_size"]), world)
+            mine = dims[rank]
+            fwd_in = [rows[j] * mine for j in range(world)]  # my pooled outputs, one batch slice per peer
+            fwd_out = [rows[rank] * dims[j] for j in range(world)]  # my batch slice of every peer's outputs
+            delay_s = float(request["delays_ms"][rank]) / 1e3
+            fwd_runs, bwd_runs = [], []
+            for step in range(int(request.get("warmup", 3)) + int(request.get("iters", 10))):
+                dist.barrier()
+                time.sleep(delay_s)
+                t0 = time.perf_counter()
+                dist.all_to_all_single(recv_buf[: sum(fwd_out)], send_buf[: sum(fwd_in)], fwd_out, fwd_in)
+                sync()
+                t1 = time.perf_counter()
+                dist.barrier()
+                t2 = time.perf_counter()
+                dist.all_to_all_single(send_buf[: sum(fwd_in)], recv_buf[: sum(fwd_out)], fwd_in, fwd_out)
+                sync()
+                t3 = time.perf_counter()
+                if step >= int(request.get("warmup", 3)):
+                    fwd_runs.append((t1 - t0) * 1e3)
+                    bwd_runs.append((t3 - t2) * 1e3)
+            out.write(json.dumps({"id": request["id"], "rank": rank, "fwd_ms": statistics.median(fwd_runs),
+                                  "bwd_ms": statistics.median(bwd_runs)}) + "\n")
+            out.flush()
+    dist.destroy_process_group()
 
 
 def dlrm_to_npz(src: str, dst: str) -> None:
@@ -25,13 +280,19 @@ def dlrm_to_npz(src: str, dst: str) -> None:
 
 
 def main(argv: list[str]) -> None:
+    if argv == ["serve"]:
+        serve()
+        return
+    if len(argv) == 6 and argv[0] == "comm":
+        run_rank(int(argv[1]), int(argv[2]), argv[3], argv[4], argv[5])
+        return
     if len(argv) == 3 and argv[0] == "dlrm-to-npz":
         try:
             dlrm_to_npz(argv[1], argv[2])
         except (OSError, RuntimeError, ValueError) as err:
             raise SystemExit(f"{type(err).__name__}: {err}") from None
         return
-    raise SystemExit(f"usage: python -m neuroshard_jax.worker dlrm-to-npz IN OUT (got {argv})")
+    raise SystemExit(f"usage: python -m neuroshard_jax.worker serve | comm ... | dlrm-to-npz IN OUT (got {argv})")
 
 
 if __name__ == "__main__":

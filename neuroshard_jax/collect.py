@@ -1,0 +1,200 @@
+"""Collect cost labels on real kernels.
+
+    python -m neuroshard_jax.collect kind=compute num_samples=5000 workers=2
+    python -m neuroshard_jax.collect kind=comm num_samples=1000
+
+Resumable: rerun the same command after a stop (even kill -9) and it continues where it was; samples
+are drawn per (seed, index), written one fsynced JSONL line each, and skipped once present.
+A sample whose worker crashes, runs out of memory or times out is recorded with the reason and the
+worker is restarted. Settings live in conf/collect.yaml.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import sys
+import threading
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from neuroshard_jax.cli import fail
+from neuroshard_jax.datasets import JsonlLog, git_commit, hardware, write_manifest
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.profiling import (
+    CommSamplerConfig,
+    ComputeSamplerConfig,
+    ComputeWorker,
+    WorkerFailure,
+    run_comm,
+    sample_comm,
+    sample_shard,
+    worker_versions,
+)
+from neuroshard_jax.tables import PoolSpec, pool_streams
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectConfig:
+    kind: str = "compute"
+    num_samples: int = 100
+    seed: int = 0
+    device: str = "cpu"
+    workers: int = 1
+    timeout_s: float = 300.0
+    out_dir: str = "datasets/cpu-b4096"
+    batch_size: int = 4096
+    pool: PoolSpec = PoolSpec()
+    optimizer: str = "exact_sgd"
+    precision: str = "fp32"
+    warmup: int = 5
+    iters: int = 10
+    sampler: ComputeSamplerConfig = ComputeSamplerConfig()
+    comm: CommSamplerConfig = CommSamplerConfig()
+    comm_chunk: int = 20
+    progress: bool = True
+
+
+def _settings(config: CollectConfig) -> dict:
+    """What must not change within one dataset (checked on resume)."""
+    common = {"kind": config.kind, "seed": config.seed, "device": config.device, "batch_size": config.batch_size,
+              "pool": config.pool.to_json(), "pool_id": config.pool.pool_id, "warmup": config.warmup, "iters": config.iters}
+    if config.kind == "compute":
+        return {**common, "optimizer": config.optimizer, "precision": config.precision,
+                "sampler": dataclasses.asdict(config.sampler)}
+    return {**common, "comm": dataclasses.asdict(config.comm)}
+
+
+def collect(config: CollectConfig) -> dict:
+    """Collect up to ``num_samples`` records of ``kind`` into ``out_dir``; returns a summary."""
+    if config.kind not in ("compute", "comm"):
+        raise UserError(f"kind: got {config.kind!r}, expected 'compute' or 'comm'")
+    if config.workers < 1:
+        raise UserError(f"workers: got {config.workers}, expected an integer >= 1")
+    if config.device not in ("cpu", "cuda"):
+        raise UserError(f"device: got {config.device!r}, expected 'cpu' or 'cuda'")
+    out = Path(config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    versions = worker_versions()
+    log = JsonlLog(out / f"{config.kind}.jsonl")
+    manifest_extra = {"hardware": hardware(), "versions": versions, "git_commit": git_commit(),
+                      "how": f"python -m neuroshard_jax.collect kind={config.kind} (conf/collect.yaml)"}
+    write_manifest(out / f"manifest-{config.kind}.json", _settings(config), manifest_extra)
+    todo = [i for i in range(config.num_samples) if i not in log.ids]
+    bar = tqdm(total=config.num_samples, initial=config.num_samples - len(todo), desc=config.kind,
+               disable=not config.progress, smoothing=0.05)
+    run = _collect_compute if config.kind == "compute" else _collect_comm
+    try:
+        run(config, log, todo, bar)
+    finally:
+        bar.close()
+    records = list(log.records())
+    failed = sum(1 for r in records if not r.get("ok", True))
+    summary = {"records": len(records), "failed": failed, "path": str(log.path)}
+    write_manifest(out / f"manifest-{config.kind}.json", _settings(config), {**manifest_extra, "num_records": len(records),
+                                                                           "num_failed": failed})
+    return summary
+
+
+def compute_request(config: CollectConfig, tables: list, request_id) -> dict:
+    return {"id": request_id, "device": config.device, "pool": config.pool.to_json(), "batch_size": config.batch_size,
+            "tables": tables, "optimizer": config.optimizer, "precision": config.precision,
+            "warmup": config.warmup, "iters": config.iters}
+
+
+def _collect_compute(config: CollectConfig, log: JsonlLog, todo: list[int], bar) -> None:
+    rows, _ = pool_streams(config.pool)
+    jobs: queue.Queue = queue.Queue()
+    for i in todo:
+        jobs.put(i)
+    errors: list[BaseException] = []
+
+    def work(worker_index: int) -> None:
+        worker = ComputeWorker(config.device, Path(config.out_dir) / f"worker-{worker_index}.log")
+        try:
+            while not errors:
+                try:
+                    i = jobs.get_nowait()
+                except queue.Empty:
+                    return
+                tables = sample_shard(rows, config.sampler, config.seed, i)
+                try:
+                    answer = worker.request(compute_request(config, tables, i), config.timeout_s)
+                    record = {"id": i, "tables": tables, **{k: v for k, v in answer.items() if k != "id"}}
+                except WorkerFailure as failure:
+                    record = {"id": i, "tables": tables, "ok": False, "error": failure.reason}
+                log.append(record)
+                bar.update(1)
+        except BaseException as err:  # surfaced by the main thread
+            errors.append(err)
+        finally:
+            worker.close()
+
+    threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in range(config.workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def _collect_comm(config: CollectConfig, log: JsonlLog, todo: list[int], bar) -> None:
+    samples = {i: sample_comm(config.comm, config.seed, i) for i in todo}
+    by_world: dict[int, list[int]] = {}
+    for i, s in samples.items():
+        by_world.setdefault(s["world"], []).append(i)
+    for world, ids in sorted(by_world.items()):
+        for start in range(0, len(ids), config.comm_chunk):
+            chunk = ids[start : start + config.comm_chunk]
+            try:
+                _run_comm_chunk(config, log, samples, chunk, world)
+            except WorkerFailure:
+                for i in chunk:  # isolate the culprit: one request per launch
+                    try:
+                        _run_comm_chunk(config, log, samples, [i], world)
+                    except WorkerFailure as failure:
+                        log.append({"id": i, **samples[i], "batch_size": config.batch_size, "ok": False,
+                                    "error": failure.reason})
+            bar.update(len(chunk))
+
+
+def _run_comm_chunk(config: CollectConfig, log: JsonlLog, samples: dict, chunk: list[int], world: int) -> None:
+    requests = [{"id": i, "dim_sums": samples[i]["dim_sums"], "delays_ms": samples[i]["delays_ms"],
+                 "batch_size": config.batch_size, "warmup": config.warmup, "iters": config.iters} for i in chunk]
+    results = run_comm(requests, world, config.timeout_s * max(1, len(chunk)) / 4, config.device)
+    for i in chunk:
+        per_rank = results[i]
+        log.append({"id": i, **samples[i], "batch_size": config.batch_size, "ok": True,
+                    "fwd_ms": [r["fwd_ms"] for r in per_rank], "bwd_ms": [r["bwd_ms"] for r in per_rank]})
+
+
+def config_from(cfg: DictConfig) -> CollectConfig:
+    options = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        sampler = ComputeSamplerConfig(**_tuples(options.pop("sampler", {})))
+        comm = CommSamplerConfig(**_tuples(options.pop("comm", {})))
+        pool = PoolSpec(**(options.pop("pool", {}) or {}))
+        return CollectConfig(**options, sampler=sampler, comm=comm, pool=pool)
+    except TypeError as err:
+        raise UserError(f"collect config: {err}") from None
+
+
+def _tuples(d: dict) -> dict:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+
+
+@hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="collect")
+def main(cfg: DictConfig) -> None:
+    try:
+        summary = collect(config_from(cfg))
+    except UserError as err:
+        fail(err)
+    print(f"{summary['records']} records ({summary['failed']} failed) in {summary['path']}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

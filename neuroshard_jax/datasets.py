@@ -1,0 +1,111 @@
+"""Measured datasets: append-only JSONL files that survive kill -9, plus their manifest.
+
+A record is one line. Appends are flushed and fsynced one by one; on open, a torn last line (a
+write cut by a kill) is cut off, so a file holds only whole records. Each record has a unique
+``id``; a resumed collection skips the ids it finds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+from neuroshard_jax.errors import UserError
+
+
+class JsonlLog:
+    """Append-only record log keyed by ``id`` (thread-safe appends)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._repair()
+        self.ids = {record["id"] for record in self.records()}
+        self._lock = threading.Lock()
+
+    def _repair(self) -> None:
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            keep = data.rfind(b"\n") + 1
+            with open(self.path, "r+b") as f:
+                f.truncate(keep)
+
+    def records(self) -> Iterator[dict]:
+        if not self.path.exists():
+            return
+        with open(self.path) as f:
+            for line in f:
+                if line.strip():
+                    yield json.loads(line)
+
+    def append(self, record: dict) -> None:
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        with self._lock:
+            if record["id"] in self.ids:
+                return
+            with open(self.path, "a") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+            self.ids.add(record["id"])
+
+
+def read_records(path: str | Path, ok_only: bool = True) -> list[dict]:
+    log = JsonlLog(path) if Path(path).exists() else None
+    if log is None:
+        raise UserError(f"dataset: {str(path)!r} does not exist")
+    return [r for r in log.records() if r.get("ok", True) or not ok_only]
+
+
+def hardware() -> dict[str, Any]:
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "machine": platform.machine(), "system": platform.system()}
+
+
+def git_commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+        return done.stdout.strip() or None
+    except OSError:
+        return None
+
+
+def write_manifest(path: Path, settings: dict, extra: dict) -> dict:
+    """Create the manifest, or check that a resumed run uses the same settings; then update it."""
+    path = Path(path)
+    settings = json.loads(json.dumps(settings))  # tuples -> lists, as they read back
+    if path.exists():
+        manifest = json.loads(path.read_text())
+        for key, value in settings.items():
+            if manifest["settings"].get(key) != value:
+                raise UserError(
+                    f"{key}: got {value!r}, but the dataset in {str(path.parent)!r} was collected with "
+                    f"{manifest['settings'].get(key)!r}; expected the same settings or another out_dir"
+                )
+    else:
+        manifest = {"settings": settings, "created": _now()}
+    manifest.update(extra)
+    manifest["updated"] = _now()
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    tmp.replace(path)
+    return manifest
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,152 @@
+"""Measure a plan on the real kernels.
+
+    python -m neuroshard_jax.evaluate plan=outputs/.../plan.json [device=cpu workers=1]
+
+Each device's shards run as one fused TBE (fwd+bwd, the collection protocol) replaying the tables'
+index streams from the task's pool; the plan's dim sums go through the all-to-all benchmark, backward
+first, then forward with each device's straggler delay = (compute + bwd comm) - min over devices, so
+the forward time includes waiting for the slowest peer, exactly as the simulator's formula does.
+Writes evaluation.json beside the plan: measured and predicted costs per device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import threading
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from neuroshard_jax.cli import fail
+from neuroshard_jax.datasets import hardware
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.plans import load_plan
+from neuroshard_jax.profiling import ComputeWorker, WorkerFailure, run_comm, worker_versions
+from neuroshard_jax.search import write_json
+from neuroshard_jax.types import Plan
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateConfig:
+    plan: str = ""
+    device: str = "cpu"
+    workers: int = 1
+    timeout_s: float = 600.0
+    optimizer: str = "exact_sgd"
+    warmup: int = 5
+    iters: int = 10
+    comm_warmup: int = 3
+    comm_iters: int = 10
+
+
+def measure_plan(plan: Plan, config: EvaluateConfig) -> dict:
+    """Measured per-device costs (ms) of a plan: compute, fwd_comm, bwd_comm, total; and their max."""
+    task = plan.task
+    if task.pool is None:
+        raise UserError("plan task has no 'pool': the evaluator replays the tables' index streams from their pool")
+    n = task.num_devices
+    compute = [0.0] * n
+    details: list[dict | None] = [None] * n
+    pending = [d for d in range(n) if plan.device_shards(d)]
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def work(index: int) -> None:
+        worker = ComputeWorker(config.device)
+        try:
+            while True:
+                with lock:
+                    if not pending or errors:
+                        return
+                    d = pending.pop(0)
+                tables = [[task.tables[s.table].id, s.dim] for s in plan.device_shards(d)]
+                request = {"id": d, "device": config.device, "pool": task.pool.to_json(), "batch_size": task.batch_size,
+                           "tables": tables, "optimizer": config.optimizer, "precision": task.precision,
+                           "warmup": config.warmup, "iters": config.iters}
+                try:
+                    answer = worker.request(request, config.timeout_s)
+                except WorkerFailure as failure:
+                    answer = {"ok": False, "error": failure.reason}
+                if not answer.get("ok"):
+                    errors.append(f"device {d}: {answer.get('error')}")
+                    return
+                compute[d] = answer["total_ms"]
+                details[d] = {"fwd_ms": answer["fwd_ms"], "bwd_ms": answer["bwd_ms"]}
+        finally:
+            worker.close()
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(max(1, config.workers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise UserError(f"evaluation failed on {errors[0]}")
+
+    dim_sums = [int(x) for x in plan.dim_sums()]
+    if n == 1:
+        fwd, bwd = [0.0], [0.0]
+    else:
+        base = {"dim_sums": dim_sums, "batch_size": task.batch_size, "warmup": config.comm_warmup, "iters": config.comm_iters}
+        try:
+            first = run_comm([{**base, "id": 0, "delays_ms": [0.0] * n}], n, config.timeout_s, config.device)[0]
+            bwd = [r["bwd_ms"] for r in first]
+            ready = [c + b for c, b in zip(compute, bwd)]
+            delays = [r - min(ready) for r in ready]
+            second = run_comm([{**base, "id": 1, "delays_ms": delays}], n, config.timeout_s, config.device)[1]
+        except WorkerFailure as failure:
+            raise UserError(f"evaluation failed in the all-to-all benchmark: {failure.reason}") from None
+        fwd = [r["fwd_ms"] for r in second]
+    devices = [
+        {"device": d, "compute": compute[d], "fwd_comm": fwd[d], "bwd_comm": bwd[d],
+         "total": compute[d] + fwd[d] + bwd[d], "kernel": details[d]}
+        for d in range(n)
+    ]
+    return {"devices": devices, "cost_ms": max(d["total"] for d in devices)}
+
+
+def evaluate_file(path: str | Path, config: EvaluateConfig) -> dict:
+    """Measure the plan at ``path`` and write evaluation.json beside it."""
+    path = Path(path)
+    plan = load_plan(path)
+    predicted = json.loads(path.read_text())
+    measured = measure_plan(plan, config)
+    by_device = {d["device"]: d["cost_ms"] for d in predicted.get("devices", [])}
+    result = {
+        "plan": str(path),
+        "searcher": predicted.get("searcher"),
+        "cost_model": predicted.get("cost_model"),
+        "cost_ms": measured["cost_ms"],
+        "predicted_cost_ms": predicted.get("cost_ms"),
+        "devices": [{**d, "predicted": by_device.get(d["device"])} for d in measured["devices"]],
+        "measurement": {**dataclasses.asdict(config), "batch_size": plan.task.batch_size, "hardware": hardware(),
+                        "versions": worker_versions()},
+    }
+    write_json(result, path.with_name("evaluation.json"))
+    return result
+
+
+@hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="evaluate")
+def main(cfg: DictConfig) -> None:
+    options = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        if not options.get("plan"):
+            raise UserError("plan: missing, expected plan=PATH of a plan.json")
+        result = evaluate_file(options["plan"], EvaluateConfig(**options))
+    except UserError as err:
+        fail(err)
+    except TypeError as err:
+        fail(UserError(f"evaluate config: {err}"))
+    print(f"{'device':>6} {'compute':>9} {'fwd_comm':>9} {'bwd_comm':>9} {'total':>9} {'predicted':>9}")
+    for d in result["devices"]:
+        pred = d["predicted"]["total"] if d["predicted"] else float("nan")
+        print(f"{d['device']:>6} {d['compute']:>9.3f} {d['fwd_comm']:>9.3f} {d['bwd_comm']:>9.3f} {d['total']:>9.3f} {pred:>9.3f}")
+    print(f"measured cost: {result['cost_ms']:.3f} ms (predicted {result['predicted_cost_ms']:.3f} ms by "
+          f"{result['cost_model']}); written to {Path(result['plan']).with_name('evaluation.json')}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

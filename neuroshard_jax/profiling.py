@@ -1,0 +1,249 @@
+"""Profiling, host side: run the torch worker subprocesses, isolate their crashes, sample what to measure.
+
+No torch here. ``ComputeWorker`` keeps one ``python -m neuroshard_jax.worker serve`` process and
+restarts it after a crash or a timeout; ``run_comm`` launches one process per rank for a batch of
+all-to-all requests. Samplers are deterministic per (seed, sample index), so a resumed collection
+draws exactly the samples it would have drawn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from neuroshard_jax.constants import BYTES_PER_ELEMENT, GIB_BYTES
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.tables import PoolSpec
+
+# One thread per process everywhere below torch (FBGEMM, OpenMP, MKL).
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+class WorkerFailure(Exception):
+    """The worker died or timed out on a request; ``reason`` says how."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _exit_reason(returncode: int | None) -> str:
+    if returncode is None:
+        return "worker stopped answering"
+    if returncode < 0:
+        sig = signal.Signals(-returncode).name
+        hint = " (likely out of memory)" if sig == "SIGKILL" else ""
+        return f"worker killed by {sig}{hint}"
+    return f"worker exited with code {returncode}"
+
+
+class ComputeWorker:
+    """A persistent profiling worker. ``request`` returns the answer or raises WorkerFailure."""
+
+    def __init__(self, device: str = "cpu", log_path: str | Path | None = None, extra_env: dict | None = None):
+        self.device = device
+        self.log_path = Path(log_path) if log_path else None
+        self.extra_env = extra_env or {}
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+
+    def _start(self) -> None:
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "neuroshard_jax.worker", "serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env={**os.environ, **WORKER_ENV, **self.extra_env},
+        )
+        if log is not subprocess.DEVNULL:
+            log.close()
+
+    def request(self, request: dict, timeout_s: float) -> dict:
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        try:
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise self._fail(_exit_reason(self.proc.wait())) from None
+        line = self._readline(timeout_s)
+        if line is None:
+            self._kill()
+            raise self._fail(f"timeout after {timeout_s:.0f} s")
+        if not line:
+            raise self._fail(_exit_reason(self.proc.wait()))
+        return json.loads(line)
+
+    def _readline(self, timeout_s: float) -> bytes | None:
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            if not sel.select(timeout_s):
+                return None
+        return self.proc.stdout.readline()
+
+    def _fail(self, reason: str) -> WorkerFailure:
+        self.proc = None
+        self.restarts += 1
+        return WorkerFailure(reason)
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._kill()
+        self.proc = None
+
+
+def worker_versions() -> dict:
+    """Library versions the worker sees (torch, fbgemm_gpu), asked of a subprocess."""
+    code = (
+        "import json, torch, fbgemm_gpu; print(json.dumps({'torch': torch.__version__, "
+        "'fbgemm_gpu': getattr(fbgemm_gpu, '__version__', 'unknown'), 'cuda': torch.cuda.is_available()}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **WORKER_ENV})
+    if done.returncode != 0:
+        raise UserError("profiling needs torch and fbgemm_gpu: install the 'cpu' (or 'gpu') extra, e.g. pip install -e '.[cpu]'")
+    return json.loads(done.stdout)
+
+
+# ---------------------------------------------------------------------------------------------
+# All-to-all benchmark
+
+
+def run_comm(requests: list[dict], world: int, timeout_s: float, device: str = "cpu") -> dict[int, list[dict]]:
+    """Run comm requests on ``world`` rank processes; returns request id -> per-rank results.
+
+    Raises WorkerFailure if any rank crashes or the batch exceeds ``timeout_s`` (all ranks are killed).
+    """
+    with tempfile.TemporaryDirectory(prefix="neuroshard-comm-") as tmp:
+        tmp = Path(tmp)
+        (tmp / "requests.jsonl").write_text("".join(json.dumps({**r, "device": device}) + "\n" for r in requests))
+        init = f"file://{tmp / 'rendezvous'}"
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "neuroshard_jax.worker", "comm", str(rank), str(world), init,
+                 str(tmp / "requests.jsonl"), str(tmp / f"out.{rank}")],
+                stdout=subprocess.DEVNULL,
+                stderr=open(tmp / f"err.{rank}", "wb"),
+                env={**os.environ, **WORKER_ENV},
+            )
+            for rank in range(world)
+        ]
+        deadline = time.monotonic() + timeout_s
+        failure = None
+        for rank, proc in enumerate(procs):
+            try:
+                code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                failure = f"comm timeout after {timeout_s:.0f} s"
+                break
+            if code != 0:
+                tail = (tmp / f"err.{rank}").read_text(errors="replace").strip().splitlines()[-1:] or [""]
+                failure = f"rank {rank}: {_exit_reason(code)} {tail[0]}".strip()
+                break
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if failure:
+            raise WorkerFailure(failure)
+        results: dict[int, list[dict]] = {r["id"]: [None] * world for r in requests}
+        for rank in range(world):
+            for line in (tmp / f"out.{rank}").read_text().splitlines():
+                row = json.loads(line)
+                results[row["id"]][rank] = row
+        return results
+
+
+# ---------------------------------------------------------------------------------------------
+# Samplers
+
+
+@dataclasses.dataclass(frozen=True)
+class ComputeSamplerConfig:
+    """Shards as in the NeuroShard reference: 1..max_tables table configs, dims augmented, within memory."""
+
+    min_tables: int = 1
+    max_tables: int = 15
+    dims: tuple[int, ...] = (4, 8, 16, 32, 64, 128)
+    mem_cap_gb: float = 4.0
+    precision: str = "fp32"
+
+
+def sample_shard(pool_rows: np.ndarray, config: ComputeSamplerConfig, seed: int, index: int) -> list[list[int]]:
+    """Sample ``index``: distinct pool tables with a dim each, total memory within the cap."""
+    rng = np.random.default_rng([seed, 31337, index])
+    bpe = BYTES_PER_ELEMENT[config.precision]
+    cap = config.mem_cap_gb * GIB_BYTES
+    count = int(rng.integers(config.min_tables, config.max_tables + 1))
+    shard, used = [], 0.0
+    for table in rng.permutation(len(pool_rows)):
+        dims = [d for d in config.dims if used + pool_rows[table] * d * bpe <= cap]
+        if not dims:
+            continue
+        dim = int(rng.choice(dims))
+        shard.append([int(table), dim])
+        used += pool_rows[table] * dim * bpe
+        if len(shard) == count:
+            break
+    return shard
+
+
+@dataclasses.dataclass(frozen=True)
+class CommSamplerConfig:
+    """Dim sums of 10..60 tables spread over N devices at varied balance, with straggler delays."""
+
+    world_sizes: tuple[int, ...] = (2, 4, 8)
+    min_tables: int = 10
+    max_tables: int = 60
+    dims: tuple[int, ...] = (4, 8, 16, 32, 64, 128)
+    max_delay_ms: float = 20.0
+
+
+def sample_comm(config: CommSamplerConfig, seed: int, index: int) -> dict:
+    """Sample ``index``: world size, per-device dim sums and delays (min delay 0)."""
+    rng = np.random.default_rng([seed, 4099, index])
+    world = int(config.world_sizes[index % len(config.world_sizes)])
+    dims = rng.choice(np.asarray(config.dims), size=int(rng.integers(config.min_tables, config.max_tables + 1)))
+    # balance: a Dirichlet concentration from very skewed (0.1) to near uniform (100)
+    weights = rng.dirichlet(np.full(world, 10 ** rng.uniform(-1, 2)))
+    owners = rng.choice(world, size=len(dims), p=weights)
+    dim_sums = np.bincount(owners, weights=dims, minlength=world).astype(int)
+    delays = rng.uniform(0, config.max_delay_ms, size=world)
+    delays -= delays.min()
+    return {"world": world, "dim_sums": dim_sums.tolist(), "delays_ms": np.round(delays, 3).tolist()}
+
+
+def check_shard_request(tables: list, pool_rows: np.ndarray, mem_cap_gb: float, precision: str) -> None:
+    """Clear errors for bad shard specs before anything reaches the worker."""
+    used = 0
+    for table, dim in tables:
+        if not 0 <= table < len(pool_rows):
+            raise UserError(f"shard table: got id {table}, expected 0..{len(pool_rows) - 1}")
+        if dim < 4 or dim % 4:
+            raise UserError(f"shard table {table}: dim {dim}, expected a positive multiple of 4")
+        used += int(pool_rows[table]) * dim * BYTES_PER_ELEMENT[precision]
+    if used > mem_cap_gb * GIB_BYTES:
+        raise UserError(f"shard: needs {used / GIB_BYTES:.3f} GiB, expected at most {mem_cap_gb} GiB (the device memory)")
+
+
+def pool_json(spec: PoolSpec) -> dict:
+    return spec.to_json()

@@ -1,0 +1,170 @@
+"""Real FBGEMM workers on tiny shards, real gloo collectives, real crashes."""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from neuroshard_jax.collect import CollectConfig, collect
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.evaluate import EvaluateConfig, evaluate_file
+from neuroshard_jax.profiling import (
+    ComputeSamplerConfig,
+    ComputeWorker,
+    WorkerFailure,
+    check_shard_request,
+    run_comm,
+    sample_comm,
+    sample_shard,
+    CommSamplerConfig,
+)
+from neuroshard_jax.tables import PoolSpec, pool_streams
+
+POOL = PoolSpec(num_tables=120)
+TINY = dict(batch_size=256, warmup=1, iters=3)
+
+
+def _request(tables, request_id=0, **extra):
+    return {"id": request_id, "device": "cpu", "pool": POOL.to_json(), "tables": tables, **TINY, **extra}
+
+
+@pytest.fixture
+def worker():
+    w = ComputeWorker("cpu")
+    yield w
+    w.close()
+
+
+def test_worker_times_a_two_table_shard(worker):
+    answer = worker.request(_request([[3, 16], [7, 8]]), timeout_s=120)
+    assert answer["ok"] and answer["id"] == 0
+    assert answer["fwd_ms"] > 0 and answer["bwd_ms"] > 0
+    assert answer["total_ms"] == pytest.approx(np.median(np.add(answer["fwd_runs_ms"], answer["bwd_runs_ms"])), rel=1e-3)
+    _, streams = pool_streams(POOL)
+    assert answer["num_indices"] == sum(len(streams.stream(t, 256)[0]) for t in (3, 7))
+
+
+def test_worker_refuses_bad_shards_and_keeps_serving(worker):
+    bad_id = worker.request(_request([[999, 16]]), timeout_s=60)
+    assert not bad_id["ok"] and "table id 999" in bad_id["error"]
+    bad_dim = worker.request(_request([[1, 10]]), timeout_s=60)
+    assert not bad_dim["ok"] and "multiple of 4" in bad_dim["error"]
+    assert worker.request(_request([[1, 8]]), timeout_s=60)["ok"]
+
+
+def test_host_side_shard_checks():
+    rows, _ = pool_streams(POOL)
+    with pytest.raises(UserError, match="got id 999"):
+        check_shard_request([[999, 4]], rows, 1.0, "fp32")
+    with pytest.raises(UserError, match="dim 6"):
+        check_shard_request([[0, 6]], rows, 1.0, "fp32")
+    big = int(np.argmax(rows))
+    with pytest.raises(UserError, match="expected at most"):
+        check_shard_request([[big, 128]], rows, rows[big] * 128 * 4 / 2 / 2**30, "fp32")
+
+
+@pytest.mark.parametrize("fault, reason", [("segfault", "SIGSEGV"), ("exit", "code 3"), ("hang", "timeout")])
+def test_a_crashing_request_costs_only_itself(monkeypatch, fault, reason):
+    monkeypatch.setenv("NEUROSHARD_WORKER_FAULTS", f"1:{fault}")
+    w = ComputeWorker("cpu")
+    try:
+        assert w.request(_request([[2, 8]], 0), timeout_s=60)["ok"]
+        with pytest.raises(WorkerFailure, match=reason):
+            w.request(_request([[2, 8]], 1), timeout_s=5 if fault == "hang" else 60)
+        assert w.request(_request([[2, 8]], 2), timeout_s=60)["ok"]  # restarted
+        assert w.restarts == 1
+    finally:
+        w.close()
+
+
+def _collect_config(out_dir, num_samples, **extra):
+    sampler = ComputeSamplerConfig(max_tables=3, dims=(4, 8), mem_cap_gb=0.05)
+    return CollectConfig(kind="compute", num_samples=num_samples, out_dir=str(out_dir), pool=POOL, sampler=sampler,
+                         timeout_s=60, progress=False, **TINY, **extra)
+
+
+def test_collection_records_failures_and_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEUROSHARD_WORKER_FAULTS", "2:segfault")
+    summary = collect(_collect_config(tmp_path, 5))
+    records = [json.loads(line) for line in (tmp_path / "compute.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in records) == [0, 1, 2, 3, 4] and summary["failed"] == 1
+    failed = [r for r in records if not r["ok"]]
+    assert failed[0]["id"] == 2 and "SIGSEGV" in failed[0]["error"]
+    manifest = json.loads((tmp_path / "manifest-compute.json").read_text())
+    assert manifest["settings"]["batch_size"] == 256 and manifest["versions"]["fbgemm_gpu"] == "1.8.0"
+    assert manifest["num_records"] == 5 and manifest["num_failed"] == 1
+
+
+def test_kill_9_then_resume_loses_and_duplicates_nothing(tmp_path):
+    args = [f"out_dir={tmp_path}", "num_samples=10", "progress=false", "pool.num_tables=120", "batch_size=256",
+            "warmup=1", "iters=3", "sampler.max_tables=3", "sampler.mem_cap_gb=0.05"]
+    cmd = [sys.executable, "-m", "neuroshard_jax.collect", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log = tmp_path / "compute.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not log.exists() or log.read_text().count("\n") < 3):
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)  # collector and its workers, mid-run
+    proc.wait()
+    with open(log, "a") as f:
+        f.write('{"id": 9, "tables": [[1')  # and a torn line, as a kill during a write leaves
+    before = log.read_text().count("\n")
+    assert 3 <= before < 10
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = log.read_text().splitlines()
+    records = [json.loads(line) for line in lines]  # every line whole
+    assert sorted(r["id"] for r in records) == list(range(10))
+    assert all(r["ok"] for r in records)
+
+
+def test_resume_with_other_settings_is_refused(tmp_path):
+    collect(_collect_config(tmp_path, 1))
+    with pytest.raises(UserError, match="batch_size: got 512"):
+        collect(dataclasses.replace(_collect_config(tmp_path, 2), batch_size=512))
+
+
+def test_samplers_are_deterministic_and_within_memory():
+    rows, _ = pool_streams(POOL)
+    config = ComputeSamplerConfig(mem_cap_gb=0.05)
+    for i in range(20):
+        shard = sample_shard(rows, config, 0, i)
+        assert shard == sample_shard(rows, config, 0, i)
+        assert 1 <= len(shard) <= 15 and len({t for t, _ in shard}) == len(shard)
+        assert sum(rows[t] * d * 4 for t, d in shard) <= 0.05 * 2**30
+        comm = sample_comm(CommSamplerConfig(), 0, i)
+        assert min(comm["delays_ms"]) == 0 and len(comm["dim_sums"]) == comm["world"]
+
+
+def test_gloo_all_to_all_waits_for_the_straggler():
+    requests = [{"id": 0, "dim_sums": [64, 128], "delays_ms": [0.0, 30.0], "batch_size": 256, "warmup": 1, "iters": 3}]
+    ranks = run_comm(requests, world=2, timeout_s=120)[0]
+    fwd = [r["fwd_ms"] for r in ranks]
+    assert fwd[0] >= 25 and fwd[1] < fwd[0]  # rank 0 waits for rank 1's 30 ms delay
+    assert all(r["bwd_ms"] > 0 for r in ranks)
+
+
+def test_evaluator_measures_a_two_device_plan(tmp_path):
+    from neuroshard_jax.search import shard_task, write_json
+    from neuroshard_jax.tables import load_pool
+    from neuroshard_jax.tasks import TaskConfig, generate_task
+
+    pool = load_pool(POOL, 256)
+    task = generate_task(pool, TaskConfig(num_tables=4, num_devices=2, mem_cap_gb=0.05, dims=(4, 8, 16), pool=POOL,
+                                          batch_size=256), 0)
+    plan = shard_task(task, "size_greedy", "analytic", 0)
+    write_json(plan, tmp_path / "plan.json")
+    result = evaluate_file(tmp_path / "plan.json", EvaluateConfig(warmup=1, iters=3, comm_warmup=1, comm_iters=3))
+    assert len(result["devices"]) == 2
+    for d in result["devices"]:
+        for key in ("compute", "fwd_comm", "bwd_comm", "total"):
+            assert np.isfinite(d[key]) and d[key] > 0
+        assert d["predicted"]["total"] > 0
+    assert result["cost_ms"] == max(d["total"] for d in result["devices"])
+    assert json.loads((tmp_path / "evaluation.json").read_text())["cost_ms"] == result["cost_ms"]
