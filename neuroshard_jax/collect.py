@@ -12,9 +12,7 @@ worker is restarted. Settings live in conf/collect.yaml.
 from __future__ import annotations
 
 import dataclasses
-import queue
 import sys
-import threading
 from pathlib import Path
 
 import hydra
@@ -27,8 +25,9 @@ from neuroshard_jax.errors import UserError
 from neuroshard_jax.profiling import (
     CommSamplerConfig,
     ComputeSamplerConfig,
-    ComputeWorker,
     WorkerFailure,
+    compute_request,
+    map_requests,
     run_comm,
     sample_comm,
     sample_shard,
@@ -60,11 +59,23 @@ class CollectConfig:
 
 def _settings(config: CollectConfig) -> dict:
     """What must not change within one dataset (checked on resume)."""
-    common = {"kind": config.kind, "seed": config.seed, "device": config.device, "batch_size": config.batch_size,
-              "pool": config.pool.to_json(), "pool_id": config.pool.pool_id, "warmup": config.warmup, "iters": config.iters}
+    common = {
+        "kind": config.kind,
+        "seed": config.seed,
+        "device": config.device,
+        "batch_size": config.batch_size,
+        "pool": config.pool.to_json(),
+        "pool_id": config.pool.pool_id,
+        "warmup": config.warmup,
+        "iters": config.iters,
+    }
     if config.kind == "compute":
-        return {**common, "optimizer": config.optimizer, "precision": config.precision,
-                "sampler": dataclasses.asdict(config.sampler)}
+        return {
+            **common,
+            "optimizer": config.optimizer,
+            "precision": config.precision,
+            "sampler": dataclasses.asdict(config.sampler),
+        }
     return {**common, "comm": dataclasses.asdict(config.comm)}
 
 
@@ -80,12 +91,21 @@ def collect(config: CollectConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     versions = worker_versions()
     log = JsonlLog(out / f"{config.kind}.jsonl")
-    manifest_extra = {"hardware": hardware(), "versions": versions, "git_commit": git_commit(),
-                      "how": f"python -m neuroshard_jax.collect kind={config.kind} (conf/collect.yaml)"}
+    manifest_extra = {
+        "hardware": hardware(),
+        "versions": versions,
+        "git_commit": git_commit(),
+        "how": f"python -m neuroshard_jax.collect kind={config.kind} (conf/collect.yaml)",
+    }
     write_manifest(out / f"manifest-{config.kind}.json", _settings(config), manifest_extra)
     todo = [i for i in range(config.num_samples) if i not in log.ids]
-    bar = tqdm(total=config.num_samples, initial=config.num_samples - len(todo), desc=config.kind,
-               disable=not config.progress, smoothing=0.05)
+    bar = tqdm(
+        total=config.num_samples,
+        initial=config.num_samples - len(todo),
+        desc=config.kind,
+        disable=not config.progress,
+        smoothing=0.05,
+    )
     run = _collect_compute if config.kind == "compute" else _collect_comm
     try:
         run(config, log, todo, bar)
@@ -94,52 +114,36 @@ def collect(config: CollectConfig) -> dict:
     records = list(log.records())
     failed = sum(1 for r in records if not r.get("ok", True))
     summary = {"records": len(records), "failed": failed, "path": str(log.path)}
-    write_manifest(out / f"manifest-{config.kind}.json", _settings(config), {**manifest_extra, "num_records": len(records),
-                                                                           "num_failed": failed})
+    write_manifest(
+        out / f"manifest-{config.kind}.json",
+        _settings(config),
+        {**manifest_extra, "num_records": len(records), "num_failed": failed},
+    )
     return summary
-
-
-def compute_request(config: CollectConfig, tables: list, request_id) -> dict:
-    return {"id": request_id, "device": config.device, "pool": config.pool.to_json(), "batch_size": config.batch_size,
-            "tables": tables, "optimizer": config.optimizer, "precision": config.precision,
-            "warmup": config.warmup, "iters": config.iters}
 
 
 def _collect_compute(config: CollectConfig, log: JsonlLog, todo: list[int], bar) -> None:
     rows, _ = pool_streams(config.pool)
-    jobs: queue.Queue = queue.Queue()
-    for i in todo:
-        jobs.put(i)
-    errors: list[BaseException] = []
+    requests = (
+        compute_request(
+            i,
+            sample_shard(rows, config.sampler, config.seed, i),
+            config.pool,
+            config.batch_size,
+            config.device,
+            config.optimizer,
+            config.precision,
+            config.warmup,
+            config.iters,
+        )
+        for i in todo
+    )
 
-    def work(worker_index: int) -> None:
-        worker = ComputeWorker(config.device, Path(config.out_dir) / f"worker-{worker_index}.log")
-        try:
-            while not errors:
-                try:
-                    i = jobs.get_nowait()
-                except queue.Empty:
-                    return
-                tables = sample_shard(rows, config.sampler, config.seed, i)
-                try:
-                    answer = worker.request(compute_request(config, tables, i), config.timeout_s)
-                    record = {"id": i, "tables": tables, **{k: v for k, v in answer.items() if k != "id"}}
-                except WorkerFailure as failure:
-                    record = {"id": i, "tables": tables, "ok": False, "error": failure.reason}
-                log.append(record)
-                bar.update(1)
-        except BaseException as err:  # surfaced by the main thread
-            errors.append(err)
-        finally:
-            worker.close()
+    def record(request: dict, answer: dict) -> None:
+        log.append({"id": request["id"], "tables": request["tables"], **{k: v for k, v in answer.items() if k != "id"}})
+        bar.update(1)
 
-    threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in range(config.workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    map_requests(requests, record, config.workers, config.device, config.timeout_s, Path(config.out_dir))
 
 
 def _collect_comm(config: CollectConfig, log: JsonlLog, todo: list[int], bar) -> None:
@@ -157,19 +161,43 @@ def _collect_comm(config: CollectConfig, log: JsonlLog, todo: list[int], bar) ->
                     try:
                         _run_comm_chunk(config, log, samples, [i], world)
                     except WorkerFailure as failure:
-                        log.append({"id": i, **samples[i], "batch_size": config.batch_size, "ok": False,
-                                    "error": failure.reason})
+                        log.append(
+                            {
+                                "id": i,
+                                **samples[i],
+                                "batch_size": config.batch_size,
+                                "ok": False,
+                                "error": failure.reason,
+                            }
+                        )
             bar.update(len(chunk))
 
 
 def _run_comm_chunk(config: CollectConfig, log: JsonlLog, samples: dict, chunk: list[int], world: int) -> None:
-    requests = [{"id": i, "dim_sums": samples[i]["dim_sums"], "delays_ms": samples[i]["delays_ms"],
-                 "batch_size": config.batch_size, "warmup": config.warmup, "iters": config.iters} for i in chunk]
+    requests = [
+        {
+            "id": i,
+            "dim_sums": samples[i]["dim_sums"],
+            "delays_ms": samples[i]["delays_ms"],
+            "batch_size": config.batch_size,
+            "warmup": config.warmup,
+            "iters": config.iters,
+        }
+        for i in chunk
+    ]
     results = run_comm(requests, world, config.timeout_s * max(1, len(chunk)) / 4, config.device)
     for i in chunk:
         per_rank = results[i]
-        log.append({"id": i, **samples[i], "batch_size": config.batch_size, "ok": True,
-                    "fwd_ms": [r["fwd_ms"] for r in per_rank], "bwd_ms": [r["bwd_ms"] for r in per_rank]})
+        log.append(
+            {
+                "id": i,
+                **samples[i],
+                "batch_size": config.batch_size,
+                "ok": True,
+                "fwd_ms": [r["fwd_ms"] for r in per_rank],
+                "bwd_ms": [r["bwd_ms"] for r in per_rank],
+            }
+        )
 
 
 def config_from(cfg: DictConfig) -> CollectConfig:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -219,5 +220,7 @@ def make_cost_model(name: str, task: Task, options: dict | None = None) -> CostM
     known = {f.name for f in dataclasses.fields(config_cls)}
     unknown = sorted(set(options or {}) - known)
     if unknown:
-        raise UserError(f"cost_model.{unknown[0]}: unknown option for {name!r}, expected one of {', '.join(sorted(known))}")
+        raise UserError(
+            f"cost_model.{unknown[0]}: unknown option for {name!r}, expected one of {', '.join(sorted(known))}"
+        )
     return factory(task, config_cls(**(options or {})))

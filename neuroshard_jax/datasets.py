@@ -13,8 +13,9 @@ import os
 import platform
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from neuroshard_jax.errors import UserError
 
@@ -108,4 +109,4 @@ def write_manifest(path: Path, settings: dict, extra: dict) -> dict:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import threading
 from pathlib import Path
 
 import hydra
@@ -24,7 +23,7 @@ from neuroshard_jax.cli import fail
 from neuroshard_jax.datasets import hardware
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.plans import load_plan
-from neuroshard_jax.profiling import ComputeWorker, WorkerFailure, run_comm, worker_versions
+from neuroshard_jax.profiling import WorkerFailure, compute_request, map_requests, run_comm, worker_versions
 from neuroshard_jax.search import write_json
 from neuroshard_jax.types import Plan
 
@@ -49,48 +48,41 @@ def measure_plan(plan: Plan, config: EvaluateConfig) -> dict:
         raise UserError("plan task has no 'pool': the evaluator replays the tables' index streams from their pool")
     n = task.num_devices
     compute = [0.0] * n
-    details: list[dict | None] = [None] * n
-    pending = [d for d in range(n) if plan.device_shards(d)]
-    errors: list[str] = []
-    lock = threading.Lock()
+    kernels: list[dict | None] = [None] * n
+    requests = [
+        compute_request(
+            d,
+            [[task.tables[s.table].id, s.dim] for s in plan.device_shards(d)],
+            task.pool,
+            task.batch_size,
+            config.device,
+            config.optimizer,
+            task.precision,
+            config.warmup,
+            config.iters,
+        )
+        for d in range(n)
+        if plan.device_shards(d)
+    ]
 
-    def work(index: int) -> None:
-        worker = ComputeWorker(config.device)
-        try:
-            while True:
-                with lock:
-                    if not pending or errors:
-                        return
-                    d = pending.pop(0)
-                tables = [[task.tables[s.table].id, s.dim] for s in plan.device_shards(d)]
-                request = {"id": d, "device": config.device, "pool": task.pool.to_json(), "batch_size": task.batch_size,
-                           "tables": tables, "optimizer": config.optimizer, "precision": task.precision,
-                           "warmup": config.warmup, "iters": config.iters}
-                try:
-                    answer = worker.request(request, config.timeout_s)
-                except WorkerFailure as failure:
-                    answer = {"ok": False, "error": failure.reason}
-                if not answer.get("ok"):
-                    errors.append(f"device {d}: {answer.get('error')}")
-                    return
-                compute[d] = answer["total_ms"]
-                details[d] = {"fwd_ms": answer["fwd_ms"], "bwd_ms": answer["bwd_ms"]}
-        finally:
-            worker.close()
+    def record(request: dict, answer: dict) -> None:
+        if not answer.get("ok"):
+            raise UserError(f"evaluation failed on device {request['id']}: {answer.get('error')}")
+        compute[request["id"]] = answer["total_ms"]
+        kernels[request["id"]] = {"fwd_ms": answer["fwd_ms"], "bwd_ms": answer["bwd_ms"]}
 
-    threads = [threading.Thread(target=work, args=(w,)) for w in range(max(1, config.workers))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise UserError(f"evaluation failed on {errors[0]}")
+    map_requests(requests, record, config.workers, config.device, config.timeout_s)
 
     dim_sums = [int(x) for x in plan.dim_sums()]
     if n == 1:
         fwd, bwd = [0.0], [0.0]
     else:
-        base = {"dim_sums": dim_sums, "batch_size": task.batch_size, "warmup": config.comm_warmup, "iters": config.comm_iters}
+        base = {
+            "dim_sums": dim_sums,
+            "batch_size": task.batch_size,
+            "warmup": config.comm_warmup,
+            "iters": config.comm_iters,
+        }
         try:
             first = run_comm([{**base, "id": 0, "delays_ms": [0.0] * n}], n, config.timeout_s, config.device)[0]
             bwd = [r["bwd_ms"] for r in first]
@@ -101,8 +93,14 @@ def measure_plan(plan: Plan, config: EvaluateConfig) -> dict:
             raise UserError(f"evaluation failed in the all-to-all benchmark: {failure.reason}") from None
         fwd = [r["fwd_ms"] for r in second]
     devices = [
-        {"device": d, "compute": compute[d], "fwd_comm": fwd[d], "bwd_comm": bwd[d],
-         "total": compute[d] + fwd[d] + bwd[d], "kernel": details[d]}
+        {
+            "device": d,
+            "compute": compute[d],
+            "fwd_comm": fwd[d],
+            "bwd_comm": bwd[d],
+            "total": compute[d] + fwd[d] + bwd[d],
+            "kernel": kernels[d],
+        }
         for d in range(n)
     ]
     return {"devices": devices, "cost_ms": max(d["total"] for d in devices)}
@@ -122,8 +120,12 @@ def evaluate_file(path: str | Path, config: EvaluateConfig) -> dict:
         "cost_ms": measured["cost_ms"],
         "predicted_cost_ms": predicted.get("cost_ms"),
         "devices": [{**d, "predicted": by_device.get(d["device"])} for d in measured["devices"]],
-        "measurement": {**dataclasses.asdict(config), "batch_size": plan.task.batch_size, "hardware": hardware(),
-                        "versions": worker_versions()},
+        "measurement": {
+            **dataclasses.asdict(config),
+            "batch_size": plan.task.batch_size,
+            "hardware": hardware(),
+            "versions": worker_versions(),
+        },
     }
     write_json(result, path.with_name("evaluation.json"))
     return result
@@ -143,9 +145,15 @@ def main(cfg: DictConfig) -> None:
     print(f"{'device':>6} {'compute':>9} {'fwd_comm':>9} {'bwd_comm':>9} {'total':>9} {'predicted':>9}")
     for d in result["devices"]:
         pred = d["predicted"]["total"] if d["predicted"] else float("nan")
-        print(f"{d['device']:>6} {d['compute']:>9.3f} {d['fwd_comm']:>9.3f} {d['bwd_comm']:>9.3f} {d['total']:>9.3f} {pred:>9.3f}")
-    print(f"measured cost: {result['cost_ms']:.3f} ms (predicted {result['predicted_cost_ms']:.3f} ms by "
-          f"{result['cost_model']}); written to {Path(result['plan']).with_name('evaluation.json')}", file=sys.stderr)
+        print(
+            f"{d['device']:>6} {d['compute']:>9.3f} {d['fwd_comm']:>9.3f} {d['bwd_comm']:>9.3f} "
+            f"{d['total']:>9.3f} {pred:>9.3f}"
+        )
+    print(
+        f"measured cost: {result['cost_ms']:.3f} ms (predicted {result['predicted_cost_ms']:.3f} ms by "
+        f"{result['cost_model']}); written to {Path(result['plan']).with_name('evaluation.json')}",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,9 @@ def validate_plan(plan: Plan) -> None:
         if s.table not in by_table:
             raise PlanError(f"plan shard: table index {s.table} is not in the task (0..{task.num_tables - 1})")
         if not 0 <= s.device < task.num_devices:
-            raise PlanError(f"plan shard of table {task.tables[s.table].id}: device {s.device}, expected 0..{task.num_devices - 1}")
+            raise PlanError(
+                f"plan shard of table {task.tables[s.table].id}: device {s.device}, expected 0..{task.num_devices - 1}"
+            )
         by_table[s.table].append(s)
     for t, shards in by_table.items():
         table = task.tables[t]
@@ -99,7 +101,9 @@ def plan_from_json(obj: Any, where: str = "plan") -> Plan:
         try:
             table, col_offset, dim, device = (int(s[k]) for k in ("table", "col_offset", "dim", "device"))
         except (KeyError, TypeError, ValueError):
-            raise UserError(f"{where}.shards[{i}]: got {s!r:.80}, expected table, col_offset, dim, device integers") from None
+            raise UserError(
+                f"{where}.shards[{i}]: got {s!r:.80}, expected table, col_offset, dim, device integers"
+            ) from None
         if table not in index:
             raise UserError(f"{where}.shards[{i}].table: got {table}, expected a table id of the task")
         shards.append(Shard(index[table], col_offset, dim, device))
@@ -135,5 +139,7 @@ def format_plan(plan_json: dict[str, Any]) -> str:
             f"{d['device']:>6} {d['num_shards']:>6} {d['dim_sum']:>7} {d['mem_gb']:>7.3f} {c['compute']:>9.3f} "
             f"{c['fwd_comm']:>9.3f} {c['bwd_comm']:>9.3f} {c['total']:>9.3f}"
         )
-    lines.append(f"predicted cost: {plan_json['cost_ms']:.3f} ms (max over devices); search {plan_json['search_time_s']:.2f} s")
+    lines.append(
+        f"predicted cost: {plan_json['cost_ms']:.3f} ms (max over devices); search {plan_json['search_time_s']:.2f} s"
+    )
     return "\n".join(lines)

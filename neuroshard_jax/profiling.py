@@ -11,12 +11,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import queue
 import selectors
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -112,15 +115,89 @@ class ComputeWorker:
         self.proc = None
 
 
+def compute_request(
+    request_id,
+    tables: list,
+    pool: PoolSpec,
+    batch_size: int,
+    device: str = "cpu",
+    optimizer: str = "exact_sgd",
+    precision: str = "fp32",
+    warmup: int = 5,
+    iters: int = 10,
+) -> dict:
+    """A worker request: time one fused TBE over ``tables`` ([[pool table id, dim], ...])."""
+    return {
+        "id": request_id,
+        "device": device,
+        "pool": pool.to_json(),
+        "batch_size": batch_size,
+        "tables": tables,
+        "optimizer": optimizer,
+        "precision": precision,
+        "warmup": warmup,
+        "iters": iters,
+    }
+
+
+def map_requests(
+    requests: Iterable[dict],
+    on_answer: Callable[[dict, dict], None],
+    workers: int,
+    device: str,
+    timeout_s: float,
+    log_dir: Path | None = None,
+) -> None:
+    """Send requests to ``workers`` parallel workers; ``on_answer(request, answer)`` gets each answer.
+
+    A crash or timeout becomes the answer {"ok": False, "error": reason} and the worker restarts;
+    an exception raised by ``on_answer`` stops every worker and is re-raised here.
+    """
+    jobs: queue.Queue = queue.Queue()
+    for request in requests:
+        jobs.put(request)
+    errors: list[BaseException] = []
+
+    def work(index: int) -> None:
+        worker = ComputeWorker(device, log_dir / f"worker-{index}.log" if log_dir else None)
+        try:
+            while not errors:
+                try:
+                    request = jobs.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    answer = worker.request(request, timeout_s)
+                except WorkerFailure as failure:
+                    answer = {"id": request["id"], "ok": False, "error": failure.reason}
+                on_answer(request, answer)
+        except BaseException as err:
+            errors.append(err)
+        finally:
+            worker.close()
+
+    threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in range(max(1, workers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def worker_versions() -> dict:
     """Library versions the worker sees (torch, fbgemm_gpu), asked of a subprocess."""
     code = (
         "import json, torch, fbgemm_gpu; print(json.dumps({'torch': torch.__version__, "
         "'fbgemm_gpu': getattr(fbgemm_gpu, '__version__', 'unknown'), 'cuda': torch.cuda.is_available()}))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **WORKER_ENV})
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **WORKER_ENV}
+    )
     if done.returncode != 0:
-        raise UserError("profiling needs torch and fbgemm_gpu: install the 'cpu' (or 'gpu') extra, e.g. pip install -e '.[cpu]'")
+        raise UserError(
+            "profiling needs torch and fbgemm_gpu: install the 'cpu' (or 'gpu') extra, e.g. pip install -e '.[cpu]'"
+        )
     return json.loads(done.stdout)
 
 
@@ -139,8 +216,17 @@ def run_comm(requests: list[dict], world: int, timeout_s: float, device: str = "
         init = f"file://{tmp / 'rendezvous'}"
         procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "neuroshard_jax.worker", "comm", str(rank), str(world), init,
-                 str(tmp / "requests.jsonl"), str(tmp / f"out.{rank}")],
+                [
+                    sys.executable,
+                    "-m",
+                    "neuroshard_jax.worker",
+                    "comm",
+                    str(rank),
+                    str(world),
+                    init,
+                    str(tmp / "requests.jsonl"),
+                    str(tmp / f"out.{rank}"),
+                ],
                 stdout=subprocess.DEVNULL,
                 stderr=open(tmp / f"err.{rank}", "wb"),
                 env={**os.environ, **WORKER_ENV},
@@ -242,8 +328,6 @@ def check_shard_request(tables: list, pool_rows: np.ndarray, mem_cap_gb: float, 
             raise UserError(f"shard table {table}: dim {dim}, expected a positive multiple of 4")
         used += int(pool_rows[table]) * dim * BYTES_PER_ELEMENT[precision]
     if used > mem_cap_gb * GIB_BYTES:
-        raise UserError(f"shard: needs {used / GIB_BYTES:.3f} GiB, expected at most {mem_cap_gb} GiB (the device memory)")
-
-
-def pool_json(spec: PoolSpec) -> dict:
-    return spec.to_json()
+        raise UserError(
+            f"shard: needs {used / GIB_BYTES:.3f} GiB, expected at most {mem_cap_gb} GiB (the device memory)"
+        )

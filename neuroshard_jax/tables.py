@@ -90,7 +90,7 @@ class PoolSpec:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
     @classmethod
-    def from_json(cls, obj: dict) -> "PoolSpec":
+    def from_json(cls, obj: dict) -> PoolSpec:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in obj.items() if k in known})
 
@@ -107,7 +107,7 @@ class TablePool:
     rows: np.ndarray
     pooling_factor: np.ndarray
     bins: np.ndarray
-    _streams: "StreamSource" = dataclasses.field(repr=False, default=None)
+    _streams: StreamSource = dataclasses.field(repr=False, default=None)
 
     @property
     def num_tables(self) -> int:
@@ -192,8 +192,22 @@ def normal_sf(z: np.ndarray) -> np.ndarray:
     """
     x = np.abs(z) / math.sqrt(2.0)
     t = 1.0 / (1.0 + 0.5 * x)
-    poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (
-        0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))))
+    poly = -1.26551223 + t * (
+        1.00002368
+        + t
+        * (
+            0.37409196
+            + t
+            * (
+                0.09678418
+                + t
+                * (
+                    -0.18628806
+                    + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))
+                )
+            )
+        )
+    )
     erfc = t * np.exp(-x * x + poly)
     return np.where(z >= 0, 0.5 * erfc, 1.0 - 0.5 * erfc)
 

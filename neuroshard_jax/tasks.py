@@ -76,7 +76,9 @@ def generate_task(pool: TablePool, config: TaskConfig, seed: int, max_attempts: 
                 Table(int(i), int(pool.rows[i]), int(d), float(pool.pooling_factor[i]), tuple(map(float, pool.bins[i])))
                 for i, d in zip(ids, table_dims)
             )
-            return Task(config.num_devices, float(config.mem_cap_gb), pool.batch_size, tables, config.precision, pool.spec)
+            return Task(
+                config.num_devices, float(config.mem_cap_gb), pool.batch_size, tables, config.precision, pool.spec
+            )
     raise UserError(
         f"task: no draw of {config.num_tables or 'random'} tables fit {config.num_devices} x {config.mem_cap_gb} GiB "
         f"(max_fill {config.max_fill}) in {max_attempts} attempts; expected fewer tables or more memory"
@@ -135,7 +137,9 @@ def _check_config(config: TaskConfig, pool: TablePool) -> None:
     if config.num_tables is not None and config.num_tables < 1:
         raise UserError(f"task.num_tables: got {config.num_tables}, expected an integer >= 1 or null")
     if not 1 <= config.min_tables <= config.max_tables:
-        raise UserError(f"task.min_tables/max_tables: got {config.min_tables}/{config.max_tables}, expected 1 <= min <= max")
+        raise UserError(
+            f"task.min_tables/max_tables: got {config.min_tables}/{config.max_tables}, expected 1 <= min <= max"
+        )
     bad = [d for d in config.dims if d < DIM_ALIGNMENT or d % DIM_ALIGNMENT]
     if bad or not config.dims:
         raise UserError(f"task.dims: got {list(config.dims)}, expected positive multiples of {DIM_ALIGNMENT}")

@@ -95,7 +95,7 @@ class Task:
         return out
 
     @classmethod
-    def from_json(cls, obj: Any, where: str = "task") -> "Task":
+    def from_json(cls, obj: Any, where: str = "task") -> Task:
         """Parse and validate a task object; errors name ``where.field``."""
         if not isinstance(obj, dict):
             raise UserError(f"{where}: got {type(obj).__name__}, expected a JSON object")
@@ -116,7 +116,9 @@ class Task:
             seen.add(t.id)
         pool = obj.get("pool")
         if pool is not None and not isinstance(pool, dict):
-            raise UserError(f"{where}.pool: got {pool!r:.60}, expected an object like {{'source': 'synthetic', 'seed': 0}}")
+            raise UserError(
+                f"{where}.pool: got {pool!r:.60}, expected an object like {{'source': 'synthetic', 'seed': 0}}"
+            )
         return cls(num_devices, mem_cap_gb, batch_size, tables, precision, PoolSpec.from_json(pool) if pool else None)
 
 
@@ -138,7 +140,7 @@ class Plan:
     shards: tuple[Shard, ...]
 
     @classmethod
-    def from_assignment(cls, task: Task, num_splits: list[int], devices: list[list[int]]) -> "Plan":
+    def from_assignment(cls, task: Task, num_splits: list[int], devices: list[list[int]]) -> Plan:
         """Plan from per-table shard counts (powers of two) and per-table lists of shard devices."""
         shards = []
         for t, (count, devs) in enumerate(zip(num_splits, devices)):

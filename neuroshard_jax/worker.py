@@ -263,8 +263,17 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
                 if step >= int(request.get("warmup", 3)):
                     fwd_runs.append((t1 - t0) * 1e3)
                     bwd_runs.append((t3 - t2) * 1e3)
-            out.write(json.dumps({"id": request["id"], "rank": rank, "fwd_ms": statistics.median(fwd_runs),
-                                  "bwd_ms": statistics.median(bwd_runs)}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "id": request["id"],
+                        "rank": rank,
+                        "fwd_ms": statistics.median(fwd_runs),
+                        "bwd_ms": statistics.median(bwd_runs),
+                    }
+                )
+                + "\n"
+            )
             out.flush()
     dist.destroy_process_group()
 

@@ -129,10 +129,11 @@ class RandomSearch:
                     plans.append(plan)
                     break
         if not plans:
+            attempts = self.num_samples * self.max_attempts_per_sample
+            need_gb = sum(task.table_mem_bytes(i) for i in range(task.num_tables)) / GIB_BYTES
             raise InfeasibleError(
-                f"random: no memory-feasible random placement found in {self.num_samples * self.max_attempts_per_sample} "
-                f"attempts (tables need {sum(task.table_mem_bytes(i) for i in range(task.num_tables)) / GIB_BYTES:.2f} GiB "
-                f"of {task.num_devices} x {task.mem_cap_gb} GiB)"
+                f"random: no memory-feasible random placement found in {attempts} attempts "
+                f"(tables need {need_gb:.2f} GiB of {task.num_devices} x {task.mem_cap_gb} GiB)"
             )
         costs = score_plans(cost_model, plans)
         return plans[int(np.argmin(costs))]

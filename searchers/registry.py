@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from neuroshard_jax.cost_models import CostModel
 from neuroshard_jax.errors import UserError
@@ -45,7 +46,6 @@ def make_searcher(name: str, options: dict | None = None) -> Searcher:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(options) - known)
         if unknown:
-            raise UserError(
-                f"searcher.{unknown[0]}: unknown option for {name!r}, expected one of {', '.join(sorted(known)) or 'none'}"
-            )
+            expected = ", ".join(sorted(known)) or "none"
+            raise UserError(f"searcher.{unknown[0]}: unknown option for {name!r}, expected one of {expected}")
     return cls(**options)

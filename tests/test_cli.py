@@ -75,7 +75,9 @@ def test_malformed_task_file(tmp_path):
     obj = make_task([make_table(0), make_table(1)]).to_json()
     obj["tables"][1]["dim"] = 10
     (tmp_path / "task.json").write_text(json.dumps(obj))
-    _one_line_error(run_cli(f"task.path={tmp_path / 'task.json'}", f"hydra.run.dir={tmp_path}"), "tables[1].dim: got 10")
+    _one_line_error(
+        run_cli(f"task.path={tmp_path / 'task.json'}", f"hydra.run.dir={tmp_path}"), "tables[1].dim: got 10"
+    )
 
 
 @pytest.mark.parametrize(
@@ -86,14 +88,19 @@ def test_malformed_task_file(tmp_path):
     ],
 )
 def test_infeasible_task(tmp_path, tables, cap_gb, fragment):
-    task = make_task([make_table(i, rows=r, dim=d) for i, (r, d) in enumerate(tables)], num_devices=2, mem_cap_gb=cap_gb)
+    task = make_task(
+        [make_table(i, rows=r, dim=d) for i, (r, d) in enumerate(tables)], num_devices=2, mem_cap_gb=cap_gb
+    )
     (tmp_path / "task.json").write_text(json.dumps(task.to_json()))
     _one_line_error(run_cli(f"task.path={tmp_path / 'task.json'}", f"hydra.run.dir={tmp_path}"), fragment)
 
 
 def test_table_too_big_for_table_wise_greedy(tmp_path):
-    task = make_task([make_table(0, rows=10**5, dim=64), make_table(1, rows=10, dim=4)], num_devices=2,
-                     mem_cap_gb=10**5 * 64 * 4 * 0.6 / GIB_BYTES)
+    task = make_task(
+        [make_table(0, rows=10**5, dim=64), make_table(1, rows=10, dim=4)],
+        num_devices=2,
+        mem_cap_gb=10**5 * 64 * 4 * 0.6 / GIB_BYTES,
+    )
     (tmp_path / "task.json").write_text(json.dumps(task.to_json()))
     _one_line_error(run_cli(f"task.path={tmp_path / 'task.json'}", f"hydra.run.dir={tmp_path}"), "fits on no device")
     # column-wise random search can split it

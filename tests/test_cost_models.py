@@ -27,10 +27,15 @@ def numpy_oracle(plan: Plan, p) -> np.ndarray:
         shards = plan.device_shards(d)
         if shards:
             total_bytes = sum(
-                p.batch_size * s.dim * (task.tables[s.table].pooling_factor * p.bytes_per_element + 4) * (1 + p.bwd_fwd_ratio)
+                p.batch_size
+                * s.dim
+                * (task.tables[s.table].pooling_factor * p.bytes_per_element + 4)
+                * (1 + p.bwd_fwd_ratio)
                 for s in shards
             )
-            compute[d] = total_bytes / (p.mem_bw_gbps * 1e9) * 1e3 + p.table_overhead_ms * len(shards) + p.kernel_overhead_ms
+            compute[d] = (
+                total_bytes / (p.mem_bw_gbps * 1e9) * 1e3 + p.table_overhead_ms * len(shards) + p.kernel_overhead_ms
+            )
     dims = plan.dim_sums().astype(float)
     sent = p.batch_size * dims * (n - 1) / n
     received = p.batch_size / n * (dims.sum() - dims)

@@ -15,6 +15,7 @@ from neuroshard_jax.collect import CollectConfig, collect
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.evaluate import EvaluateConfig, evaluate_file
 from neuroshard_jax.profiling import (
+    CommSamplerConfig,
     ComputeSamplerConfig,
     ComputeWorker,
     WorkerFailure,
@@ -22,7 +23,6 @@ from neuroshard_jax.profiling import (
     run_comm,
     sample_comm,
     sample_shard,
-    CommSamplerConfig,
 )
 from neuroshard_jax.tables import PoolSpec, pool_streams
 
@@ -45,7 +45,9 @@ def test_worker_times_a_two_table_shard(worker):
     answer = worker.request(_request([[3, 16], [7, 8]]), timeout_s=120)
     assert answer["ok"] and answer["id"] == 0
     assert answer["fwd_ms"] > 0 and answer["bwd_ms"] > 0
-    assert answer["total_ms"] == pytest.approx(np.median(np.add(answer["fwd_runs_ms"], answer["bwd_runs_ms"])), rel=1e-3)
+    assert answer["total_ms"] == pytest.approx(
+        np.median(np.add(answer["fwd_runs_ms"], answer["bwd_runs_ms"])), rel=1e-3
+    )
     _, streams = pool_streams(POOL)
     assert answer["num_indices"] == sum(len(streams.stream(t, 256)[0]) for t in (3, 7))
 
@@ -85,8 +87,17 @@ def test_a_crashing_request_costs_only_itself(monkeypatch, fault, reason):
 
 def _collect_config(out_dir, num_samples, **extra):
     sampler = ComputeSamplerConfig(max_tables=3, dims=(4, 8), mem_cap_gb=0.05)
-    return CollectConfig(kind="compute", num_samples=num_samples, out_dir=str(out_dir), pool=POOL, sampler=sampler,
-                         timeout_s=60, progress=False, **TINY, **extra)
+    return CollectConfig(
+        kind="compute",
+        num_samples=num_samples,
+        out_dir=str(out_dir),
+        pool=POOL,
+        sampler=sampler,
+        timeout_s=60,
+        progress=False,
+        **TINY,
+        **extra,
+    )
 
 
 def test_collection_records_failures_and_goes_on(tmp_path, monkeypatch):
@@ -102,8 +113,17 @@ def test_collection_records_failures_and_goes_on(tmp_path, monkeypatch):
 
 
 def test_kill_9_then_resume_loses_and_duplicates_nothing(tmp_path):
-    args = [f"out_dir={tmp_path}", "num_samples=10", "progress=false", "pool.num_tables=120", "batch_size=256",
-            "warmup=1", "iters=3", "sampler.max_tables=3", "sampler.mem_cap_gb=0.05"]
+    args = [
+        f"out_dir={tmp_path}",
+        "num_samples=10",
+        "progress=false",
+        "pool.num_tables=120",
+        "batch_size=256",
+        "warmup=1",
+        "iters=3",
+        "sampler.max_tables=3",
+        "sampler.mem_cap_gb=0.05",
+    ]
     cmd = [sys.executable, "-m", "neuroshard_jax.collect", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     log = tmp_path / "compute.jsonl"
@@ -156,8 +176,9 @@ def test_evaluator_measures_a_two_device_plan(tmp_path):
     from neuroshard_jax.tasks import TaskConfig, generate_task
 
     pool = load_pool(POOL, 256)
-    task = generate_task(pool, TaskConfig(num_tables=4, num_devices=2, mem_cap_gb=0.05, dims=(4, 8, 16), pool=POOL,
-                                          batch_size=256), 0)
+    task = generate_task(
+        pool, TaskConfig(num_tables=4, num_devices=2, mem_cap_gb=0.05, dims=(4, 8, 16), pool=POOL, batch_size=256), 0
+    )
     plan = shard_task(task, "size_greedy", "analytic", 0)
     write_json(plan, tmp_path / "plan.json")
     result = evaluate_file(tmp_path / "plan.json", EvaluateConfig(warmup=1, iters=3, comm_warmup=1, comm_iters=3))

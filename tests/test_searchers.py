@@ -58,14 +58,21 @@ def test_every_searcher_returns_valid_plans(name, tables, num_devices, fill, see
 def test_same_seed_same_plan(name, small_pool):
     from neuroshard_jax.tasks import TaskConfig, generate_task
 
-    task = generate_task(small_pool, TaskConfig(num_tables=30, mem_cap_gb=0.05, pool=small_pool.spec, batch_size=512), 1)
+    task = generate_task(
+        small_pool, TaskConfig(num_tables=30, mem_cap_gb=0.05, pool=small_pool.spec, batch_size=512), 1
+    )
     model = analytic_model(task)
     assert make_searcher(name).search(task, model, 7) == make_searcher(name).search(task, model, 7)
 
 
 def test_greedy_follows_the_key_and_memory():
     # By dim: table 0 (64) goes to device 0, which is then full, so the rest must go to device 1.
-    tables = [make_table(0, rows=1000, dim=64), make_table(1, rows=10, dim=32), make_table(2, rows=10, dim=32), make_table(3, rows=10, dim=16)]
+    tables = [
+        make_table(0, rows=1000, dim=64),
+        make_table(1, rows=10, dim=32),
+        make_table(2, rows=10, dim=32),
+        make_table(3, rows=10, dim=16),
+    ]
     task = make_task(tables, num_devices=2, mem_cap_gb=(1000 * 64 * 4 + 100) / 2**30)
     plan = make_searcher("dim_greedy").search(task, analytic_model(task), 0)
     devices = {s.table: s.device for s in plan.shards}
