@@ -39,28 +39,33 @@ MIN_ROWS = 100  # DLRM rule: rows = max(100, largest index + 1)
 class SyntheticPoolConfig:
     """Distributions of the synthetic generator; the defaults are the calibrated ones.
 
-    log10(rows) = log10_rows_min + span * Kumaraswamy(rows_shape_a, rows_shape_b);
-    mean pooling factor ~ LogNormal(log(pooling_mean) - sigma^2/2, sigma), clipped;
-    per-sample bag length ~ Poisson(pooling factor);
-    row popularity log-normal across rows with sigma = skew_min + (skew_max - skew_min) * U^skew_power
-    (most tables mildly skewed, a few very skewed); popular rows are scattered over the table by an
-    affine bijection (hot rows are not contiguous).
+    Two kinds of table. A share ``small_share`` are small categorical tables: log10(rows) uniform
+    on [log10_rows_min, small_log10_rows_max], near-uniform access (popularity sigma ``skew_low``).
+    The others: log10(rows) = log10_rows_min + span * Kumaraswamy(rows_shape_a, rows_shape_b), and
+    a popularity sigma of ``skew_low`` for a share ``skew_low_share`` of them, else
+    skew_min + (skew_max - skew_min) * U^skew_power (a few very skewed tables).
+    Mean pooling factor ~ LogNormal(log(pooling_mean) - sigma^2/2, sigma), correlated with log rows
+    by ``pooling_rows_corr``, clipped; per-sample bag length ~ Poisson(pooling factor).
+    Row popularity is log-normal across a table's rows; popular rows are scattered over the table by
+    an affine bijection (hot rows are not contiguous). ``tools/fit_pool.py`` fits these numbers.
     """
 
     log10_rows_min: float = 2.0
     log10_rows_max: float = 7.0
-    rows_shape_a: float = 1.6
-    rows_shape_b: float = 1.3
+    rows_shape_a: float = 3.083
+    rows_shape_b: float = 2.914
     pooling_mean: float = 15.8
-    pooling_sigma: float = 1.45
+    pooling_sigma: float = 0.789
     pooling_min: float = 0.05
     pooling_max: float = 400.0
-    skew_min: float = 0.6
-    skew_max: float = 1.6
-    skew_power: float = 1.0
-    skew_low_share: float = 0.0
-    skew_low: float = 0.4
+    skew_min: float = 0.945
+    skew_max: float = 2.673
+    skew_power: float = 0.831
+    skew_low_share: float = 0.636
+    skew_low: float = 0.544
     pooling_rows_corr: float = 0.0
+    small_share: float = 0.109
+    small_log10_rows_max: float = 2.774
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,17 +156,19 @@ def synthetic_table_params(seed: int, num_tables: int, config: SyntheticPoolConf
     mu = math.log(config.pooling_mean) - sigma**2 / 2
     for t in range(num_tables):
         rng = np.random.default_rng([seed, GENERATOR_VERSION, t])
-        u_rows, z_pooling, u_skew = rng.random(), rng.standard_normal(), rng.random()
+        u_rows, z_pooling, u_skew, u_kind = rng.random(), rng.standard_normal(), rng.random(), rng.random()
+        small = u_kind < config.small_share  # small categorical tables, accessed near-uniformly
         # Kumaraswamy quantile: a Beta-like shape with a closed-form inverse CDF (smooth in the config).
         q = (1.0 - (1.0 - u_rows) ** (1.0 / config.rows_shape_b)) ** (1.0 / config.rows_shape_a)
-        log_rows = config.log10_rows_min + (config.log10_rows_max - config.log10_rows_min) * q
+        top = config.small_log10_rows_max if small else config.log10_rows_max
+        log_rows = config.log10_rows_min + (top - config.log10_rows_min) * (u_rows if small else q)
         rows[t] = max(MIN_ROWS, int(round(10**log_rows)))
         # Pooling is correlated with size (rho < 0: big id-like tables are looked up less per sample).
         z_rows = math.sqrt(2.0) * _erfinv(2.0 * q - 1.0)
         rho = config.pooling_rows_corr
         z = rho * z_rows + math.sqrt(1.0 - rho * rho) * z_pooling
         pooling[t] = float(np.clip(math.exp(mu + sigma * z), config.pooling_min, config.pooling_max))
-        if u_skew < config.skew_low_share:  # a mildly skewed group (near-uniform access) ...
+        if small or u_skew < config.skew_low_share:  # a mildly skewed group (near-uniform access) ...
             skew[t] = config.skew_low
         else:  # ... and a strongly skewed one
             u = (u_skew - config.skew_low_share) / (1.0 - config.skew_low_share)
