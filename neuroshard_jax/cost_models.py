@@ -209,7 +209,44 @@ def analytic_model(task: Task, config: AnalyticConfig = AnalyticConfig()) -> Cos
     return CostModel("analytic", ANALYTIC_FNS, params)
 
 
-COST_MODELS = {"analytic": (analytic_model, AnalyticConfig)}
+@dataclasses.dataclass(frozen=True)
+class NeuralConfig:
+    checkpoint: str | None = None  # None: the checkpoint shipped in the package
+
+
+SHIPPED_CHECKPOINT = "data/models/cpu-b4096"
+
+
+@functools.lru_cache(maxsize=4)
+def _load_neural(path: str):
+    from neuroshard_jax.checkpoints import load_checkpoint
+    from neuroshard_jax.neural import neural_cost_model
+
+    _, nets, params, meta = load_checkpoint(path)
+    return neural_cost_model(nets, params), meta
+
+
+def neural_model(task: Task, config: NeuralConfig = NeuralConfig()) -> CostModel:
+    """The trained Flax cost model; its batch size and precision must be the task's."""
+    from importlib import resources
+    from pathlib import Path
+
+    path = config.checkpoint or str(resources.files("neuroshard_jax") / SHIPPED_CHECKPOINT)
+    if not (Path(path) / "meta.json").exists():
+        raise UserError(
+            f"cost_model.checkpoint: no neural cost model at {path!r}; expected a checkpoint written by "
+            "python -m neuroshard_jax.train (or use cost_model=analytic)"
+        )
+    model, meta = _load_neural(str(Path(path).resolve()))
+    if meta["batch_size"] != task.batch_size:
+        raise UserError(
+            f"task.batch_size: got {task.batch_size}, but the neural cost model at {path!r} was trained at batch "
+            f"{meta['batch_size']}; expected the same batch size (or cost_model=analytic)"
+        )
+    return model
+
+
+COST_MODELS = {"analytic": (analytic_model, AnalyticConfig), "neural": (neural_model, NeuralConfig)}
 
 
 def make_cost_model(name: str, task: Task, options: dict | None = None) -> CostModel:

@@ -51,3 +51,29 @@ def run_cli(*args, cwd=None, module="neuroshard_jax", timeout=300):
         timeout=timeout,
         env={**os.environ, "JAX_PLATFORMS": "cpu"},
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """A real (tiny) measured dataset and a neural cost model trained on it: (dataset dir, checkpoint dir)."""
+    from neuroshard_jax.collect import CollectConfig, collect
+    from neuroshard_jax.neural import NetConfig
+    from neuroshard_jax.profiling import CommSamplerConfig, ComputeSamplerConfig
+    from neuroshard_jax.tables import PoolSpec
+    from neuroshard_jax.training import TrainConfig, train_models
+
+    root = tmp_path_factory.mktemp("tiny")
+    pool = PoolSpec(num_tables=120)
+    common = dict(
+        out_dir=str(root / "data"), pool=pool, batch_size=256, warmup=1, iters=3, progress=False, timeout_s=120
+    )
+    sampler = ComputeSamplerConfig(max_tables=4, mem_cap_gb=0.05)
+    collect(CollectConfig(kind="compute", num_samples=40, sampler=sampler, **common))
+    collect(
+        CollectConfig(kind="comm", num_samples=8, comm=CommSamplerConfig(world_sizes=(2, 3)), comm_chunk=4, **common)
+    )
+    net = NetConfig(
+        table_hidden=(16,), latent=8, head_hidden=(8,), comm_hidden=(8,), comm_latent=8, comm_head_hidden=(8,)
+    )
+    report = train_models(root / "data", net, TrainConfig(epochs=30, batch_size=16, progress=False), root / "ckpt")
+    return root / "data", root / "ckpt", net, report

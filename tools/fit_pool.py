@@ -93,7 +93,9 @@ def main() -> None:
     print(json.dumps({"start": distances(start)}), flush=True)
     result = minimize(objective, x0, args=(base,), method="Nelder-Mead", options={"maxfev": args.evals})
     fitted = dataclasses.replace(base, **dict(zip(FITTED, result.x)))
-    print(json.dumps({"fitted": {k: round(float(getattr(fitted, k)), 4) for k in FITTED}, **distances(fitted)}, indent=1))
+    print(
+        json.dumps({"fitted": {k: round(float(getattr(fitted, k)), 4) for k in FITTED}, **distances(fitted)}, indent=1)
+    )
 
 
 if __name__ == "__main__":

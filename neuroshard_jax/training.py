@@ -1,0 +1,294 @@
+"""Training the neural cost models on measured datasets (library; ``train.py`` is the Hydra entry point).
+
+Targets are learned in log space (log ms), so the loss is a relative error: a 10% miss on a 2 ms
+shard costs as much as on a 200 ms one. Splits are 80/10/10 by a seeded permutation; the weights with
+the best validation loss are kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from tqdm import tqdm
+
+from neuroshard_jax.cost_models import bucket
+from neuroshard_jax.datasets import read_records
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.features import NUM_FEATURES, feature_matrix
+from neuroshard_jax.neural import FeatureStats, comm_inputs, normalize
+from neuroshard_jax.tables import PoolSpec, load_pool
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 200
+    batch_size: int = 512
+    learning_rate: float = 1e-3
+    seed: int = 0
+    split: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    progress: bool = True
+
+
+def split_indices(count: int, fractions, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Train / validation / test indices from a seeded permutation."""
+    perm = np.random.default_rng([seed, 2718]).permutation(count)
+    n_train = int(round(fractions[0] * count))
+    n_val = int(round(fractions[1] * count))
+    return perm[:n_train], perm[n_train : n_train + n_val], perm[n_train + n_val :]
+
+
+# ---------------------------------------------------------------------------------------------
+# Datasets as arrays
+
+
+def load_manifest(dataset_dir: Path, kind: str) -> dict:
+    path = Path(dataset_dir) / f"manifest-{kind}.json"
+    if not path.exists():
+        raise UserError(
+            f"dataset: {str(path)!r} does not exist, expected a {kind} dataset collected by neuroshard_jax.collect"
+        )
+    return json.loads(path.read_text())
+
+
+def compute_arrays(dataset_dir: Path):
+    """Shards of a compute dataset: feats f32[S, T, F], mask bool[S, T], total_ms f32[S], manifest."""
+    manifest = load_manifest(dataset_dir, "compute")
+    records = read_records(Path(dataset_dir) / "compute.jsonl")
+    if not records:
+        raise UserError(f"dataset: no successful records in {str(dataset_dir)!r}")
+    settings = manifest["settings"]
+    pool = load_pool(PoolSpec.from_json(settings["pool"]), settings["batch_size"])
+    width = bucket(max(len(r["tables"]) for r in records))
+    feats = np.zeros((len(records), width, NUM_FEATURES), dtype=np.float32)
+    mask = np.zeros((len(records), width), dtype=bool)
+    for i, r in enumerate(records):
+        ids = np.array([t for t, _ in r["tables"]])
+        dims = np.array([d for _, d in r["tables"]])
+        feats[i, : len(ids)] = feature_matrix(pool.rows[ids], dims, pool.pooling_factor[ids], pool.bins[ids])
+        mask[i, : len(ids)] = True
+    target = np.array([r["total_ms"] for r in records], dtype=np.float32)
+    return feats, mask, target, manifest
+
+
+def comm_arrays(dataset_dir: Path):
+    """Comm samples padded to the largest world: dim_sums, delays_ms, mask, fwd_ms, bwd_ms (f32[S, N]), manifest."""
+    manifest = load_manifest(dataset_dir, "comm")
+    records = read_records(Path(dataset_dir) / "comm.jsonl")
+    if not records:
+        raise UserError(f"dataset: no successful records in {str(dataset_dir)!r}")
+    n = max(r["world"] for r in records)
+    out = {k: np.zeros((len(records), n), dtype=np.float32) for k in ("dim_sums", "delays_ms", "fwd_ms", "bwd_ms")}
+    mask = np.zeros((len(records), n), dtype=bool)
+    for i, r in enumerate(records):
+        w = r["world"]
+        for k in out:
+            out[k][i, :w] = r[k]
+        mask[i, :w] = True
+    return out["dim_sums"], out["delays_ms"], mask, out["fwd_ms"], out["bwd_ms"], manifest
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics
+
+
+def mape(pred, true) -> float:
+    pred, true = np.asarray(pred, float), np.asarray(true, float)
+    return float(np.mean(np.abs(pred - true) / np.maximum(true, 1e-9)))
+
+
+def rmse(pred, true) -> float:
+    return float(np.sqrt(np.mean((np.asarray(pred, float) - np.asarray(true, float)) ** 2)))
+
+
+def kendall_tau(pred, true) -> float:
+    """Kendall's tau-b over all pairs (O(n^2) memory in blocks; fine for test sets of thousands)."""
+    pred, true = np.asarray(pred, float), np.asarray(true, float)
+    concordant = discordant = ties_p = ties_t = 0
+    for start in range(0, len(pred), 512):
+        dp = np.sign(pred[start : start + 512, None] - pred[None, :])
+        dt = np.sign(true[start : start + 512, None] - true[None, :])
+        upper = np.arange(start, start + len(dp))[:, None] < np.arange(len(pred))[None, :]
+        prod = (dp * dt)[upper]
+        concordant += int((prod > 0).sum())
+        discordant += int((prod < 0).sum())
+        ties_p += int(((dp == 0) & (dt != 0))[upper].sum())
+        ties_t += int(((dt == 0) & (dp != 0))[upper].sum())
+    denom = np.sqrt(float(concordant + discordant + ties_p) * float(concordant + discordant + ties_t))
+    return float((concordant - discordant) / denom) if denom else 0.0
+
+
+def metrics(pred, true) -> dict:
+    return {
+        "mape": mape(pred, true),
+        "rmse_ms": rmse(pred, true),
+        "kendall_tau": kendall_tau(pred, true),
+        "count": len(true),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# A generic supervised loop over (graphdef, state)
+
+
+def fit(
+    graphdef: nnx.GraphDef,
+    state: nnx.State,
+    loss_fn: Callable,
+    arrays: tuple[np.ndarray, ...],
+    train_idx: np.ndarray,
+    val_idx: np.ndarray,
+    config: TrainConfig,
+    desc: str,
+) -> tuple[nnx.State, list[dict]]:
+    """Adam on ``loss_fn(model, *batch)``; returns the best-validation state and the history."""
+    tx = optax.adam(config.learning_rate)
+    opt_state = tx.init(state)
+
+    @jax.jit
+    def step(state, opt_state, batch):
+        loss, grads = jax.value_and_grad(lambda s: loss_fn(nnx.merge(graphdef, s), *batch))(state)
+        updates, opt_state = tx.update(grads, opt_state, state)
+        return optax.apply_updates(state, updates), opt_state, loss
+
+    @jax.jit
+    def evaluate(state, batch):
+        return loss_fn(nnx.merge(graphdef, state), *batch)
+
+    val = tuple(jnp.asarray(a[val_idx]) for a in arrays)
+    rng = np.random.default_rng([config.seed, 99])
+    best_state, best_loss, history = state, np.inf, []
+    batch_size = min(config.batch_size, len(train_idx))
+    bar = tqdm(range(config.epochs), desc=desc, disable=not config.progress)
+    for epoch in bar:
+        order = rng.permutation(train_idx)
+        losses = []
+        for start in range(0, len(order) - batch_size + 1, batch_size):  # full batches: one compiled shape
+            idx = order[start : start + batch_size]
+            state, opt_state, loss = step(state, opt_state, tuple(jnp.asarray(a[idx]) for a in arrays))
+            losses.append(float(loss))
+        val_loss = float(evaluate(state, val)) if len(val_idx) else float(np.mean(losses))
+        if val_loss < best_loss:
+            best_state, best_loss = state, val_loss
+        history.append({"epoch": epoch, "train_loss": float(np.mean(losses)), "val_loss": val_loss})
+        bar.set_postfix(train=f"{np.mean(losses):.4f}", val=f"{val_loss:.4f}", best=f"{best_loss:.4f}")
+    return best_state, history
+
+
+def compute_loss(stats: FeatureStats):
+    def loss(model, feats, mask, target_ms):
+        pred = model(normalize(feats, stats), mask)
+        return jnp.mean((pred - jnp.log(target_ms)) ** 2)
+
+    return loss
+
+
+def comm_loss(use_delays: bool):
+    def loss(model, dim_sums, delays_ms, mask, target_ms):
+        inputs = comm_inputs(dim_sums, delays_ms if use_delays else jnp.zeros_like(delays_ms), mask)
+        err = (model(inputs, mask) - jnp.log(jnp.maximum(target_ms, 1e-3))) ** 2
+        return jnp.sum(jnp.where(mask, err, 0.0)) / jnp.maximum(mask.sum(), 1)
+
+    return loss
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole run
+
+
+def analytic_shard_ms(feats, mask, batch_size: int, precision: str = "fp32") -> np.ndarray:
+    """The analytic model's compute ms of padded shards (for side-by-side metrics)."""
+    from neuroshard_jax.constants import BYTES_PER_ELEMENT
+    from neuroshard_jax.cost_models import ANALYTIC_FNS, AnalyticConfig, AnalyticParams, device_compute_ms
+
+    params = AnalyticParams(
+        float(batch_size), float(BYTES_PER_ELEMENT[precision]), **dataclasses.asdict(AnalyticConfig())
+    )
+    return np.asarray(device_compute_ms(ANALYTIC_FNS, params, jnp.asarray(feats), jnp.asarray(mask)))
+
+
+def train_models(dataset_dir: str | Path, net_config, config: TrainConfig, out: str | Path) -> dict:
+    """Train the compute net (and the comm nets if the dataset has comm samples); save a checkpoint."""
+    from flax import nnx as _nnx
+
+    from neuroshard_jax.checkpoints import save_checkpoint
+    from neuroshard_jax.neural import fit_stats, init_nets
+
+    dataset_dir = Path(dataset_dir)
+    feats, mask, target, manifest = compute_arrays(dataset_dir)
+    train, val, test = split_indices(len(target), config.split, config.seed)
+    nets, params = init_nets(net_config, config.seed)
+    stats = fit_stats(feats[train], mask[train])
+    compute_state, compute_history = fit(
+        nets.compute, params.compute, compute_loss(stats), (feats, mask, target), train, val, config, "compute"
+    )
+    model = _nnx.merge(nets.compute, compute_state)
+    pred = np.exp(np.asarray(jax.jit(lambda f, m: model(normalize(f, stats), m))(feats[test], mask[test])))
+    settings = manifest["settings"]
+    analytic = analytic_shard_ms(feats[test], mask[test], settings["batch_size"], settings.get("precision", "fp32"))
+    report = {
+        "compute": {
+            "neural": metrics(pred, target[test]),
+            "analytic": metrics(analytic, target[test]),
+            "samples": {"train": len(train), "val": len(val), "test": len(test)},
+            "epochs": len(compute_history),
+            "best_val_loss": min(h["val_loss"] for h in compute_history),
+        }
+    }
+    fwd_state, bwd_state = params.fwd, params.bwd
+    datasets = {
+        "compute": {"pool_id": settings["pool_id"], "created": manifest["created"], "records": int(len(target))}
+    }
+    if (dataset_dir / "manifest-comm.json").exists():
+        dims, delays, cmask, fwd_ms, bwd_ms, comm_manifest = comm_arrays(dataset_dir)
+        ctrain, cval, ctest = split_indices(len(dims), config.split, config.seed)
+        arrays_fwd = (dims, delays, cmask, fwd_ms)
+        arrays_bwd = (dims, delays, cmask, bwd_ms)
+        fwd_state, _ = fit(nets.fwd, params.fwd, comm_loss(True), arrays_fwd, ctrain, cval, config, "fwd comm")
+        bwd_state, _ = fit(nets.bwd, params.bwd, comm_loss(False), arrays_bwd, ctrain, cval, config, "bwd comm")
+        for name, graph, state, use_delays, truth in (
+            ("fwd_comm", nets.fwd, fwd_state, True, fwd_ms),
+            ("bwd_comm", nets.bwd, bwd_state, False, bwd_ms),
+        ):
+            net = _nnx.merge(graph, state)
+            d = delays[ctest] if use_delays else np.zeros_like(delays[ctest])
+            out_ms = np.exp(
+                np.asarray(
+                    net(
+                        comm_inputs(jnp.asarray(dims[ctest]), jnp.asarray(d), jnp.asarray(cmask[ctest])),
+                        jnp.asarray(cmask[ctest]),
+                    )
+                )
+            )
+            report[name] = metrics(out_ms[cmask[ctest]], truth[ctest][cmask[ctest]])
+        datasets["comm"] = {"created": comm_manifest["created"], "records": int(len(dims))}
+    from neuroshard_jax.neural import NeuralParams
+
+    trained = NeuralParams(compute_state, fwd_state, bwd_state, stats)
+    meta = {
+        "batch_size": settings["batch_size"],
+        "precision": settings.get("precision", "fp32"),
+        "optimizer": settings.get("optimizer"),
+        "device": settings.get("device"),
+        "datasets": datasets,
+        "hardware": manifest.get("hardware"),
+        "train_config": dataclasses.asdict(config),
+        "metrics": report,
+        "how": f"python -m neuroshard_jax.train dataset={dataset_dir}",
+        "trained": _now(),
+    }
+    save_checkpoint(out, net_config, trained, meta)
+    return report
+
+
+def _now() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")

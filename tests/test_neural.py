@@ -1,0 +1,109 @@
+"""Neural cost models: real training on a tiny measured dataset, orbax checkpoints, the scoring API."""
+
+import json
+import shutil
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from neuroshard_jax.checkpoints import load_checkpoint, save_checkpoint
+from neuroshard_jax.cost_models import NeuralConfig, device_costs, make_cost_model, plan_arrays, plan_cost_ms
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.neural import NetConfig, init_nets
+from neuroshard_jax.training import kendall_tau, mape
+from neuroshard_jax.types import Plan
+
+from .conftest import make_table, make_task, run_cli
+
+
+def _task(batch_size=256, num_devices=3):
+    tables = [make_table(i, rows=1000 * (i + 1), dim=16, pooling=1.0 + i) for i in range(6)]
+    return make_task(tables, num_devices=num_devices, batch_size=batch_size)
+
+
+def test_training_learns_and_reports(tiny_checkpoint):
+    _, ckpt, _, report = tiny_checkpoint
+    compute = report["compute"]
+    assert compute["samples"]["train"] == 32 and compute["samples"]["test"] == 4
+    assert np.isfinite(compute["neural"]["mape"]) and np.isfinite(compute["analytic"]["mape"])
+    assert "fwd_comm" in report and "bwd_comm" in report
+    meta = json.loads((ckpt / "meta.json").read_text())
+    assert meta["batch_size"] == 256 and meta["datasets"]["compute"]["records"] == 40
+    assert meta["feature_names"][0] == "rows"
+
+
+def test_checkpoint_roundtrip_and_clear_errors(tiny_checkpoint, tmp_path):
+    _, ckpt, net, _ = tiny_checkpoint
+    config, _, params, _ = load_checkpoint(ckpt)
+    assert config == net
+    save_checkpoint(tmp_path / "again", config, params, {"note": "copy"})
+    _, _, again, meta = load_checkpoint(tmp_path / "again")
+    assert meta["note"] == "copy"
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(lambda a, b: bool(jnp.array_equal(a, b)), params, again))
+    with pytest.raises(UserError, match="does not match the checkpoint"):
+        load_checkpoint(ckpt, NetConfig())
+    other = tmp_path / "schema"
+    shutil.copytree(ckpt, other)
+    meta = json.loads((other / "meta.json").read_text())
+    meta["feature_names"] = meta["feature_names"][:-1]
+    (other / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="expected the schema"):
+        load_checkpoint(other)
+    with pytest.raises(UserError, match="no meta.json"):
+        load_checkpoint(tmp_path)
+
+
+def test_neural_model_scores_plans_jitted_without_retracing(tiny_checkpoint):
+    _, ckpt, _, _ = tiny_checkpoint
+    task = _task()
+    model = make_cost_model("neural", task, {"checkpoint": str(ckpt)})
+    one = Plan.from_assignment(task, [1] * 6, [[d % 3] for d in range(6)])
+    two = Plan.from_assignment(task, [2, 1, 1, 1, 1, 1], [[0, 1], [1], [2], [2], [0], [1]])
+    arrays = [np.stack(a) for a in zip(plan_arrays(one, 8), plan_arrays(two, 8))]
+    score = jax.jit(chex.assert_max_traces(lambda p, *a: plan_cost_ms(device_costs(model.fns, p, *a)), n=1))
+    first = np.asarray(score(model.params, *arrays))
+    second = np.asarray(score(model.params, *[a[::-1].copy() for a in arrays]))  # same shapes: no retrace
+    np.testing.assert_allclose(first, second[::-1], rtol=1e-5)
+    assert np.all(first > 0) and np.all(np.isfinite(first))
+    grad = jax.grad(lambda f: plan_cost_ms(device_costs(model.fns, model.params, f, *arrays[1:])).sum())(arrays[0])
+    assert np.isfinite(np.asarray(grad)).all()
+
+
+def test_neural_model_refuses_another_batch_size(tiny_checkpoint):
+    _, ckpt, _, _ = tiny_checkpoint
+    with pytest.raises(UserError, match="trained at batch 256"):
+        make_cost_model("neural", _task(batch_size=4096), {"checkpoint": str(ckpt)})
+    with pytest.raises(UserError, match="no neural cost model"):
+        make_cost_model("neural", _task(), {"checkpoint": "/nonexistent"})
+
+
+def test_cli_with_the_neural_model(tiny_checkpoint, tmp_path):
+    _, ckpt, _, _ = tiny_checkpoint
+    task = _task()
+    (tmp_path / "task.json").write_text(json.dumps(task.to_json()))
+    done = run_cli(
+        "cost_model=neural",
+        f"cost_model.checkpoint={ckpt}",
+        f"task.path={tmp_path / 'task.json'}",
+        f"hydra.run.dir={tmp_path / 'out'}",
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "out" / "plan.json").read_text())["cost_model"] == "neural"
+
+
+def test_metrics_against_plain_python():
+    pred, true = [1.0, 2.0, 3.0, 4.0], [1.0, 3.0, 2.0, 4.0]
+    assert mape(pred, true) == pytest.approx((0 + 1 / 3 + 1 / 2 + 0) / 4)
+    # 6 pairs, one discordant (2,3): tau = (5 - 1) / 6
+    assert kendall_tau(pred, true) == pytest.approx(4 / 6)
+
+
+def test_untrained_nets_have_the_paper_shapes():
+    nets, params = init_nets(NetConfig())
+    shapes = jax.tree_util.tree_map(jnp.shape, params.compute)
+    assert shapes["table_mlp"]["layers"][0]["kernel"].get_value() == (21, 128)
+    assert shapes["head_mlp"]["layers"][1]["kernel"].get_value() == (64, 1)
+    assert NeuralConfig().checkpoint is None
