@@ -12,6 +12,7 @@ worker is restarted. Settings live in conf/collect.yaml.
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
 from pathlib import Path
 
@@ -109,17 +110,13 @@ def collect(config: CollectConfig) -> dict:
     run = _collect_compute if config.kind == "compute" else _collect_comm
     try:
         run(config, log, todo, bar)
-    finally:
+    finally:  # also on Ctrl-C / SIGTERM: the manifest counts what the file holds
         bar.close()
-    records = list(log.records())
-    failed = sum(1 for r in records if not r.get("ok", True))
-    summary = {"records": len(records), "failed": failed, "path": str(log.path)}
-    write_manifest(
-        out / f"manifest-{config.kind}.json",
-        _settings(config),
-        {**manifest_extra, "num_records": len(records), "num_failed": failed},
-    )
-    return summary
+        records = list(log.records())
+        failed = sum(1 for r in records if not r.get("ok", True))
+        counts = {"num_records": len(records), "num_failed": failed}
+        write_manifest(out / f"manifest-{config.kind}.json", _settings(config), {**manifest_extra, **counts})
+    return {"records": len(records), "failed": failed, "path": str(log.path)}
 
 
 def _collect_compute(config: CollectConfig, log: JsonlLog, todo: list[int], bar) -> None:
@@ -215,12 +212,20 @@ def _tuples(d: dict) -> dict:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="collect")
 def main(cfg: DictConfig) -> None:
+    signal.signal(signal.SIGTERM, _interrupt)  # a polite stop still updates the manifest
     try:
         summary = collect(config_from(cfg))
     except UserError as err:
         fail(err)
+    except KeyboardInterrupt:
+        print("stopped; rerun the same command to continue", file=sys.stderr)
+        sys.exit(130)
     print(f"{summary['records']} records ({summary['failed']} failed) in {summary['path']}", file=sys.stderr)
 
 
