@@ -95,10 +95,12 @@ class FeatureStats(NamedTuple):
     std: jax.Array
 
 
+LOG_MASK = tuple(i in LOG_FEATURES for i in range(NUM_FEATURES))
+
+
 def transform_features(feats):
     """log1p of the size-like features (rows, dim, pooling, size); shares unchanged. f32[..., F]."""
-    idx = jnp.asarray(LOG_FEATURES)
-    return feats.at[..., idx].set(jnp.log1p(jnp.maximum(feats[..., idx], 0.0)))
+    return jnp.where(jnp.asarray(LOG_MASK), jnp.log1p(jnp.maximum(feats, 0.0)), feats)  # elementwise, no scatter
 
 
 def fit_stats(feats, mask) -> FeatureStats:

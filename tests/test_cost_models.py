@@ -102,3 +102,27 @@ def test_costs_are_differentiable_in_the_features():
 
 def test_bucket():
     assert [bucket(n) for n in (0, 1, 4, 5, 9, 16, 17)] == [4, 4, 4, 8, 16, 16, 32]
+
+
+def test_scoring_api_incremental_path_equals_full_path():
+    from neuroshard_jax import scoring
+
+    plan = _plan()
+    model = analytic_model(plan.task)
+    feats, mask, dims, dev_mask = plan_arrays(plan, 8)
+    z = scoring.table_latents(model.fns, model.params, feats)
+    sums = jnp.where(mask[..., None], z, 0.0).sum(-2)
+    incremental = scoring.costs_from_latents(model.fns, model.params, sums, mask.any(-1), dims, dev_mask)
+    full = scoring.plan_costs(model.fns, model.params, feats, mask, dims, dev_mask)
+    assert float(plan_cost_ms(incremental)) == pytest.approx(float(full), rel=1e-6)
+    # adding one table to a device = adding its latent and rerunning the head
+    extra = z[0, 0]
+    head_only = scoring.compute_from_latents(model.fns, model.params, sums[1] + extra, jnp.array(True))
+    feats2, mask2 = feats.copy(), mask.copy()
+    free = int(mask[1].sum())
+    feats2[1, free], mask2[1, free] = feats[0, 0], True
+    from neuroshard_jax.cost_models import device_compute_ms
+
+    assert float(head_only) == pytest.approx(
+        float(device_compute_ms(model.fns, model.params, feats2, mask2)[1]), rel=1e-6
+    )
