@@ -19,11 +19,13 @@ import optax
 from flax import nnx
 from tqdm import tqdm
 
-from neuroshard_jax.cost_models import bucket
+from neuroshard_jax.checkpoints import save_checkpoint
+from neuroshard_jax.constants import BYTES_PER_ELEMENT
+from neuroshard_jax.cost_models import ANALYTIC_FNS, AnalyticConfig, AnalyticParams, bucket, device_compute_ms
 from neuroshard_jax.datasets import read_records
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.features import NUM_FEATURES, feature_matrix
-from neuroshard_jax.neural import FeatureStats, comm_inputs, normalize
+from neuroshard_jax.neural import FeatureStats, NeuralParams, comm_inputs, fit_stats, init_nets, normalize
 from neuroshard_jax.tables import PoolSpec, load_pool
 
 
@@ -205,9 +207,6 @@ def comm_loss(use_delays: bool):
 
 def analytic_shard_ms(feats, mask, batch_size: int, precision: str = "fp32") -> np.ndarray:
     """The analytic model's compute ms of padded shards (for side-by-side metrics)."""
-    from neuroshard_jax.constants import BYTES_PER_ELEMENT
-    from neuroshard_jax.cost_models import ANALYTIC_FNS, AnalyticConfig, AnalyticParams, device_compute_ms
-
     params = AnalyticParams(
         float(batch_size), float(BYTES_PER_ELEMENT[precision]), **dataclasses.asdict(AnalyticConfig())
     )
@@ -216,11 +215,6 @@ def analytic_shard_ms(feats, mask, batch_size: int, precision: str = "fp32") -> 
 
 def train_models(dataset_dir: str | Path, net_config, config: TrainConfig, out: str | Path) -> dict:
     """Train the compute net (and the comm nets if the dataset has comm samples); save a checkpoint."""
-    from flax import nnx as _nnx
-
-    from neuroshard_jax.checkpoints import save_checkpoint
-    from neuroshard_jax.neural import fit_stats, init_nets
-
     dataset_dir = Path(dataset_dir)
     feats, mask, target, manifest = compute_arrays(dataset_dir)
     train, val, test = split_indices(len(target), config.split, config.seed)
@@ -229,7 +223,7 @@ def train_models(dataset_dir: str | Path, net_config, config: TrainConfig, out: 
     compute_state, compute_history = fit(
         nets.compute, params.compute, compute_loss(stats), (feats, mask, target), train, val, config, "compute"
     )
-    model = _nnx.merge(nets.compute, compute_state)
+    model = nnx.merge(nets.compute, compute_state)
     pred = np.exp(np.asarray(jax.jit(lambda f, m: model(normalize(f, stats), m))(feats[test], mask[test])))
     settings = manifest["settings"]
     analytic = analytic_shard_ms(feats[test], mask[test], settings["batch_size"], settings.get("precision", "fp32"))
@@ -257,7 +251,7 @@ def train_models(dataset_dir: str | Path, net_config, config: TrainConfig, out: 
             ("fwd_comm", nets.fwd, fwd_state, True, fwd_ms),
             ("bwd_comm", nets.bwd, bwd_state, False, bwd_ms),
         ):
-            net = _nnx.merge(graph, state)
+            net = nnx.merge(graph, state)
             d = delays[ctest] if use_delays else np.zeros_like(delays[ctest])
             out_ms = np.exp(
                 np.asarray(
@@ -269,8 +263,6 @@ def train_models(dataset_dir: str | Path, net_config, config: TrainConfig, out: 
             )
             report[name] = metrics(out_ms[cmask[ctest]], truth[ctest][cmask[ctest]])
         datasets["comm"] = {"created": comm_manifest["created"], "records": int(len(dims))}
-    from neuroshard_jax.neural import NeuralParams
-
     trained = NeuralParams(compute_state, fwd_state, bwd_state, stats)
     meta = {
         "batch_size": settings["batch_size"],
