@@ -238,11 +238,12 @@ def neural_model(task: Task, config: NeuralConfig = NeuralConfig()) -> CostModel
             "python -m neuroshard_jax.train (or use cost_model=analytic)"
         )
     model, meta = _load_neural(str(Path(path).resolve()))
-    if meta["batch_size"] != task.batch_size:
-        raise UserError(
-            f"task.batch_size: got {task.batch_size}, but the neural cost model at {path!r} was trained at batch "
-            f"{meta['batch_size']}; expected the same batch size (or cost_model=analytic)"
-        )
+    for field, trained in (("batch_size", meta["batch_size"]), ("precision", meta.get("precision", "fp32"))):
+        if getattr(task, field) != trained:
+            raise UserError(
+                f"task.{field}: got {getattr(task, field)!r}, but the neural cost model at {path!r} was trained at "
+                f"{field} {trained!r}; expected the same (or cost_model=analytic)"
+            )
     return model
 
 

@@ -131,6 +131,10 @@ class StreamSource:
     def stream(self, table_id: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
 
+    def fingerprint(self) -> str:
+        """A digest of what determines the streams beyond the pool id (for cache keys)."""
+        return ""
+
 
 # ---------------------------------------------------------------------------------------------
 # Synthetic pools
@@ -234,6 +238,12 @@ class SyntheticStreams(StreamSource):
     def __init__(self, seed: int, params: SyntheticTableParams):
         self.seed = seed
         self.params = params
+
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256()
+        for array in (self.params.rows, self.params.pooling, self.params.skew, self.params.scatter):
+            digest.update(np.ascontiguousarray(array).tobytes())
+        return digest.hexdigest()[:12]
 
     def lengths(self, table_id: int, batch_size: int) -> tuple[np.random.Generator, np.ndarray]:
         rng = np.random.default_rng([self.seed, GENERATOR_VERSION, table_id, batch_size])
@@ -340,7 +350,9 @@ def load_pool(spec: PoolSpec, batch_size: int) -> TablePool:
     if batch_size < 1:
         raise UserError(f"batch_size: got {batch_size}, expected a positive integer")
     rows, streams = pool_streams(spec)
-    cache = cache_dir() / "pools" / f"{spec.pool_id}-b{batch_size}.npz"
+    # The generator's parameters are in the key: features cached before a recalibration are never reused.
+    key = "-".join(filter(None, (spec.pool_id, streams.fingerprint(), f"b{batch_size}")))
+    cache = cache_dir() / "pools" / f"{key}.npz"
     if cache.exists():
         with np.load(cache) as data:
             pooling, bins = data["pooling_factor"], data["bins"]

@@ -54,4 +54,4 @@ def test_analytic_yaml_equals_constants():
 
 def test_dreamshard_task_overlay():
     task = _compose("task=dreamshard").task
-    assert task.split == "train" and task.precision == "fp16" and task.num_devices == 4
+    assert task.split == "train" and task.precision == "fp32" and task.num_devices == 4

@@ -19,9 +19,9 @@ from neuroshard_jax.types import Plan
 from .conftest import make_table, make_task, run_cli
 
 
-def _task(batch_size=256, num_devices=3):
+def _task(batch_size=256, num_devices=3, precision="fp32"):
     tables = [make_table(i, rows=1000 * (i + 1), dim=16, pooling=1.0 + i) for i in range(6)]
-    return make_task(tables, num_devices=num_devices, batch_size=batch_size)
+    return make_task(tables, num_devices=num_devices, batch_size=batch_size, precision=precision)
 
 
 def test_training_learns_and_reports(tiny_checkpoint):
@@ -72,10 +72,12 @@ def test_neural_model_scores_plans_jitted_without_retracing(tiny_checkpoint):
     assert np.isfinite(np.asarray(grad)).all()
 
 
-def test_neural_model_refuses_another_batch_size(tiny_checkpoint):
+def test_neural_model_refuses_another_batch_size_or_precision(tiny_checkpoint):
     _, ckpt, _, _ = tiny_checkpoint
-    with pytest.raises(UserError, match="trained at batch 256"):
+    with pytest.raises(UserError, match="trained at batch_size 256"):
         make_cost_model("neural", _task(batch_size=4096), {"checkpoint": str(ckpt)})
+    with pytest.raises(UserError, match="trained at precision 'fp32'"):
+        make_cost_model("neural", _task(precision="fp16"), {"checkpoint": str(ckpt)})
     with pytest.raises(UserError, match="no neural cost model"):
         make_cost_model("neural", _task(), {"checkpoint": "/nonexistent"})
 

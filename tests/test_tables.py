@@ -102,3 +102,13 @@ def test_bad_dlrm_file_is_a_clear_error(tmp_path):
         load_pool(PoolSpec(source="dlrm", path=str(bad)), batch_size=4)
     with pytest.raises(UserError, match="does not exist"):
         load_pool(PoolSpec(source="dlrm", path=str(tmp_path / "missing.pt")), batch_size=4)
+
+
+def test_a_recalibrated_generator_never_reuses_cached_features(small_pool):
+    """The cache key holds the generator's parameters: other settings, other streams, other features."""
+    from neuroshard_jax.tables import SyntheticPoolConfig
+
+    base = synthetic_table_params(0, 120)
+    other = synthetic_table_params(0, 120, SyntheticPoolConfig(pooling_sigma=0.3))
+    assert SyntheticStreams(0, base).fingerprint() != SyntheticStreams(0, other).fingerprint()
+    assert SyntheticStreams(0, base).fingerprint() == SyntheticStreams(0, synthetic_table_params(0, 120)).fingerprint()

@@ -1,0 +1,127 @@
+"""NeuroShard's table-wise greedy grid search, batched: one ``lax.scan`` over shards, vmapped over
+(candidate column split, alpha).
+
+The greedy (paper, section "search"): shards go in descending order of their predicted
+single-shard compute cost; each goes to the device with the lowest *current* predicted compute cost
+among devices where it still fits in memory and whose dim sum stays <= alpha x (total dim / N). A
+device's cost is cached and only its head is rerun when a shard joins it (its latent sum grows by
+the shard's embedding). The plan cost of every (candidate, alpha) is the simulator's formula.
+
+Exact integer rules, shared with the plain-Python oracle in the tests:
+* memory in ``MEM_UNIT_BYTES`` units, each shard rounded *up* and the cap rounded *down*, so a
+  placement accepted here never exceeds the cap in bytes (int32 holds caps up to 2 TiB);
+* the dim bound of alpha is ``floor(alpha * total_dim / N)`` (``dim_bounds``);
+* ties go to the lowest device index, equal shard costs keep their slot order.
+If no device is eligible for a shard, that (candidate, alpha) is infeasible (cost +inf). A last,
+memory-only bound (``MEMORY_ONLY``) can be appended to the alpha grid as a fallback.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from neuroshard_jax.cost_models import CostFns, combine_costs
+
+MEM_UNIT_BYTES = 1024
+MEMORY_ONLY = np.iinfo(np.int32).max  # a dim bound that never binds
+
+
+def mem_units(nbytes) -> np.ndarray:
+    """Shard memory in units, rounded up (i64 -> i32 safe for shards up to 2 TiB)."""
+    return -(-np.asarray(nbytes, dtype=np.int64) // MEM_UNIT_BYTES)
+
+
+def cap_units(cap_bytes: int) -> int:
+    return int(cap_bytes // MEM_UNIT_BYTES)
+
+
+def dim_bounds(alphas, total_dim: int, num_devices: int, memory_only_fallback: bool) -> np.ndarray:
+    """i32[A]: floor(alpha * total_dim / N) per alpha (plus MEMORY_ONLY as the fallback)."""
+    bounds = [min(math.floor(a * total_dim / num_devices + 1e-9), MEMORY_ONLY) for a in alphas]
+    return np.array(bounds + ([MEMORY_ONLY] if memory_only_fallback else []), dtype=np.int32)
+
+
+class ShardBatch(NamedTuple):
+    """Candidate shard lists, padded: C candidates x S shard slots.
+
+    feats f32[C, S, F] raw shard features; mem i32[C, S] memory units; dims i32[C, S]; valid bool[C, S].
+    """
+
+    feats: np.ndarray
+    mem: np.ndarray
+    dims: np.ndarray
+    valid: np.ndarray
+
+
+class GridResult(NamedTuple):
+    """cost_ms f32[C, A] (+inf where infeasible); devices i32[C, A, S] per shard slot (-1: padding);
+    single_ms f32[C, S] the predicted compute of each shard alone."""
+
+    cost_ms: jax.Array
+    devices: jax.Array
+    single_ms: jax.Array
+
+
+def _place(fns: CostFns, params, z, mem, dims, valid, bound, cap, device_mask):
+    """Greedy placement of shards already in placement order (one candidate, one alpha).
+
+    z f32[S, D], mem/dims i32[S], valid bool[S]; returns (compute f32[N], dim sums i32[N], ok, devices i32[S]).
+    """
+    n = device_mask.shape[0]
+
+    def step(carry, shard):
+        latents, used, dim_sums, compute, ok = carry
+        z_s, m, d, v = shard
+        eligible = device_mask & (used + m <= cap) & (dim_sums + d <= bound)
+        found = eligible.any()
+        choice = jnp.argmin(jnp.where(eligible, compute, jnp.inf))
+        take = v & found
+        row = latents[choice] + z_s
+        latents = latents.at[choice].set(jnp.where(take, row, latents[choice]))
+        onehot = (jnp.arange(n) == choice) & take
+        used = used + onehot * m
+        dim_sums = dim_sums + onehot * d
+        compute = jnp.where(onehot, fns.head(params, row), compute)
+        return (latents, used, dim_sums, compute, ok & (found | ~v)), jnp.where(take, choice, -1)
+
+    init = (
+        jnp.zeros((n, z.shape[-1]), z.dtype),
+        jnp.zeros(n, jnp.int32),
+        jnp.zeros(n, jnp.int32),
+        jnp.zeros(n, jnp.float32),
+        jnp.array(True),
+    )
+    (_, _, dim_sums, compute, ok), devices = jax.lax.scan(step, init, (z, mem, dims, valid))
+    return compute, dim_sums, ok, devices
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def grid_search(fns: CostFns, params, batch: ShardBatch, bounds, cap, device_mask) -> GridResult:
+    """Run the greedy for every candidate of ``batch`` and every dim bound of ``bounds`` (i32[A]).
+
+    ``cap``: memory units per device (i32); ``device_mask`` bool[N]. Costs by the cost model ``fns``.
+    """
+    z = fns.embed(params, batch.feats)  # [C, S, D]
+    single = jnp.where(batch.valid, fns.head(params, z), 0.0)  # [C, S]
+    order = jnp.argsort(jnp.where(batch.valid, -single, jnp.inf), axis=-1, stable=True)
+    take = functools.partial(jnp.take_along_axis, axis=1)
+    z_sorted = jnp.take_along_axis(z, order[..., None], axis=1)
+    sorted_ = (z_sorted, take(batch.mem, order), take(batch.dims, order), take(batch.valid, order))
+
+    def one(z_c, mem_c, dims_c, valid_c, bound):
+        return _place(fns, params, z_c, mem_c, dims_c, valid_c, bound, cap, device_mask)
+
+    over_alphas = jax.vmap(one, in_axes=(None, None, None, None, 0))
+    compute, dim_sums, ok, placed = jax.vmap(over_alphas, in_axes=(0, 0, 0, 0, None))(*sorted_, bounds)
+    costs = combine_costs(fns, params, compute, dim_sums.astype(jnp.float32), device_mask)
+    cost_ms = jnp.where(ok, costs.total_ms.max(-1), jnp.inf)
+    # back from placement order to slot order: devices[c, a, order[c, s]] = placed[c, a, s]
+    inverse = jnp.argsort(order, axis=-1)
+    devices = jnp.take_along_axis(placed, inverse[:, None, :], axis=-1)
+    return GridResult(cost_ms, devices, single)

@@ -1,0 +1,201 @@
+"""NeuroShard's searchers: greedy grid search (table-wise) and beam search over column-wise splits.
+
+Both run the batched greedy of ``neuroshard_jax.grid`` (one ``lax.scan`` over shards, vmapped over
+candidates and alphas); beam search scores a whole beam level in one call. Neither draws random
+numbers: the seed is accepted for the interface and the plan is a function of the task and the
+cost model alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import numpy as np
+
+from neuroshard_jax.constants import GIB_BYTES
+from neuroshard_jax.cost_models import CostFns, CostModel, bucket, shard_features
+from neuroshard_jax.errors import InfeasibleError, UserError
+from neuroshard_jax.features import NUM_FEATURES
+from neuroshard_jax.grid import ShardBatch, cap_units, dim_bounds, grid_search, mem_units
+from neuroshard_jax.types import Plan, Task
+from searchers.baselines import max_halvings
+from searchers.registry import register
+
+DEFAULT_ALPHAS = tuple(round(1.0 + 0.05 * i, 2) for i in range(11))  # 1.0, 1.05, ..., 1.5
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _single_ms(fns: CostFns, params, feats):
+    """Predicted compute ms of shards alone: feats f32[..., F] -> f32[...]."""
+    return fns.head(params, fns.embed(params, feats))
+
+
+class SplitSpace:
+    """Column splits of a task: table t halved k_t times (0 <= k_t <= max_halvings(dim_t)).
+
+    Precomputes, per (table, level), the shard's features, memory units and predicted compute.
+    """
+
+    def __init__(self, task: Task, model: CostModel):
+        self.task = task
+        self.max_level = np.array([max_halvings(t.dim) for t in task.tables])
+        levels = int(self.max_level.max()) + 1
+        task_feats = task.features()
+        self.shard_dim = np.array([[max(t.dim >> k, 1) for k in range(levels)] for t in task.tables])
+        self.feats = np.zeros((task.num_tables, levels, NUM_FEATURES), dtype=np.float32)
+        for t in range(task.num_tables):
+            for k in range(levels):
+                self.feats[t, k] = shard_features(task_feats, t, int(self.shard_dim[t, k]))
+        self.mem = mem_units([[task.table_mem_bytes(t, int(d)) for d in row] for t, row in enumerate(self.shard_dim)])
+        self.shard_size = np.array([[t.rows] for t in task.tables]) * self.shard_dim
+        self.single_ms = np.asarray(_single_ms(model.fns, model.params, self.feats), dtype=np.float64)
+
+    def batch(self, candidates: list[tuple[int, ...]]) -> ShardBatch:
+        """The shard slots of each candidate (table-major, column order), padded to power-of-two buckets."""
+        counts = [sum(1 << k for k in c) for c in candidates]
+        num_c, num_s = bucket(len(candidates), 1), bucket(max(counts), 8)
+        feats = np.zeros((num_c, num_s, NUM_FEATURES), dtype=np.float32)
+        mem = np.zeros((num_c, num_s), dtype=np.int32)
+        dims = np.zeros((num_c, num_s), dtype=np.int32)
+        valid = np.zeros((num_c, num_s), dtype=bool)
+        for c, levels in enumerate(candidates):
+            tables = np.repeat(np.arange(len(levels)), [1 << k for k in levels])
+            ks = np.asarray(levels)[tables]
+            s = len(tables)
+            feats[c, :s] = self.feats[tables, ks]
+            mem[c, :s] = self.mem[tables, ks]
+            dims[c, :s] = self.shard_dim[tables, ks]
+            valid[c, :s] = True
+        return ShardBatch(feats, mem, dims, valid)
+
+    def plan(self, levels: tuple[int, ...], slot_devices: np.ndarray) -> Plan:
+        splits = [1 << k for k in levels]
+        bounds = np.cumsum([0, *splits])
+        devices = [[int(d) for d in slot_devices[bounds[t] : bounds[t + 1]]] for t in range(len(splits))]
+        return Plan.from_assignment(self.task, splits, devices)
+
+
+@dataclasses.dataclass(frozen=True)
+class GridConfig:
+    alphas: tuple[float, ...] = DEFAULT_ALPHAS
+    memory_only_fallback: bool = True  # also run the greedy with no dim bound, so a feasible plan is found if any
+
+    def check(self) -> None:
+        if not self.alphas or any(not isinstance(a, int | float) or not a >= 1.0 for a in self.alphas):
+            raise UserError(f"searcher.alphas: got {list(self.alphas)}, expected a non-empty list of numbers >= 1.0")
+
+
+class Scorer:
+    """Scores lists of candidate splits by the batched grid search; remembers the best plan seen."""
+
+    def __init__(self, space: SplitSpace, model: CostModel, config: GridConfig):
+        task = space.task
+        self.space, self.model = space, model
+        total_dim = sum(t.dim for t in task.tables)
+        self.bounds = dim_bounds(config.alphas, total_dim, task.num_devices, config.memory_only_fallback)
+        self.cap = np.int32(cap_units(task.mem_cap_bytes))
+        self.device_mask = np.ones(task.num_devices, dtype=bool)
+        self.best: tuple[float, tuple[int, ...], np.ndarray] | None = None
+        self.candidates_scored = 0
+
+    def score(self, candidates: list[tuple[int, ...]]) -> np.ndarray:
+        """Best plan cost f64[C] of each candidate over the alpha grid (+inf: infeasible)."""
+        out = grid_search(
+            self.model.fns, self.model.params, self.space.batch(candidates), self.bounds, self.cap, self.device_mask
+        )
+        cost = np.asarray(out.cost_ms, dtype=np.float64)[: len(candidates)]
+        alpha = np.argmin(cost, axis=1)  # first minimum: the smallest alpha among equals
+        best = cost[np.arange(len(candidates)), alpha]
+        self.candidates_scored += len(candidates)
+        c = int(np.argmin(best))
+        if np.isfinite(best[c]) and (self.best is None or best[c] < self.best[0]):
+            self.best = (float(best[c]), candidates[c], np.asarray(out.devices[c, alpha[c]]))
+        return best
+
+    def best_plan(self, searcher: str) -> Plan:
+        if self.best is None:
+            task = self.task_summary()
+            raise InfeasibleError(
+                f"{searcher}: no memory-feasible plan among {self.candidates_scored} candidate splits ({task})"
+            )
+        _, levels, devices = self.best
+        return self.space.plan(levels, devices)
+
+    def task_summary(self) -> str:
+        task = self.space.task
+        need_gb = sum(task.table_mem_bytes(i) for i in range(task.num_tables)) / GIB_BYTES
+        return f"tables need {need_gb:.2f} GiB of {task.num_devices} x {task.mem_cap_gb} GiB"
+
+
+@register("grid")
+@dataclasses.dataclass(frozen=True)
+class GridSearch(GridConfig):
+    """Table-wise greedy over the alpha grid; the plan with the lowest predicted cost."""
+
+    def __post_init__(self):
+        self.check()
+
+    def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan:
+        scorer = Scorer(SplitSpace(task, cost_model), cost_model, self)
+        scorer.score([(0,) * task.num_tables])
+        return scorer.best_plan("grid")
+
+
+def proposals(space: SplitSpace, levels: tuple[int, ...], n: int) -> list[int]:
+    """Tables to halve next: the union of the top-n by shard size and by predicted shard compute,
+    among tables whose shard can still be halved; ascending table index."""
+    t = np.arange(len(levels))
+    k = np.asarray(levels)
+    can = np.flatnonzero(k < space.max_level)
+    size = space.shard_size[t, k][can]
+    cost = space.single_ms[t, k][can]
+    by_size = can[np.lexsort((can, -size))][:n]
+    by_cost = can[np.lexsort((can, -cost))][:n]
+    return sorted(set(by_size.tolist()) | set(by_cost.tolist()))
+
+
+@register("beam")
+@dataclasses.dataclass(frozen=True)
+class BeamSearch(GridConfig):
+    """Beam search over column-wise splits; every candidate scored by the grid search.
+
+    A step halves one table's shards (two of half the width, each a multiple of 4); candidates are
+    the union of the top-``n`` tables by shard size and by predicted compute, for each of the ``k``
+    plans of the beam; a whole level is scored in one batched call; ``max_length`` steps at most.
+    Returns the best plan seen (the unsplit table-wise plan included).
+    """
+
+    k: int = 3
+    n: int = 10
+    max_length: int = 10
+
+    def __post_init__(self):
+        self.check()
+        for name in ("k", "n"):
+            if getattr(self, name) < 1:
+                raise UserError(f"searcher.{name}: got {getattr(self, name)}, expected an integer >= 1")
+        if self.max_length < 0:
+            raise UserError(f"searcher.max_length: got {self.max_length}, expected an integer >= 0")
+
+    def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan:
+        space = SplitSpace(task, cost_model)
+        scorer = Scorer(space, cost_model, self)
+        root = (0,) * task.num_tables
+        beam = [root]
+        scorer.score(beam)
+        for _ in range(self.max_length):
+            candidates, seen = [], set()
+            for levels in beam:
+                for t in proposals(space, levels, self.n):
+                    child = levels[:t] + (levels[t] + 1,) + levels[t + 1 :]
+                    if child not in seen:
+                        seen.add(child)
+                        candidates.append(child)
+            if not candidates:
+                break
+            costs = scorer.score(candidates)
+            keep = sorted(range(len(candidates)), key=lambda i: costs[i])[: self.k]  # stable: generation order
+            beam = [candidates[i] for i in keep]
+        return scorer.best_plan("beam")

@@ -1,0 +1,99 @@
+"""Plain-Python NeuroShard search, one shard at a time, as the paper describes it: the oracle the
+vectorised searchers must agree with. Deliberately loop-based and independent of neuroshard_jax.grid
+except for the integer rules (memory units, dim bounds) it shares by definition."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from neuroshard_jax.cost_models import score_plan, shard_features
+from neuroshard_jax.grid import cap_units, dim_bounds, mem_units
+from neuroshard_jax.types import Plan
+
+
+class Oracle:
+    def __init__(self, task, model, alphas, memory_only_fallback=True):
+        self.task, self.model = task, model
+        self._embed = jax.jit(lambda f: model.fns.embed(model.params, f))
+        self._head = jax.jit(lambda z: model.fns.head(model.params, z))
+        self.feats = task.features()
+        total_dim = sum(t.dim for t in task.tables)
+        self.bounds = [int(b) for b in dim_bounds(alphas, total_dim, task.num_devices, memory_only_fallback)]
+        self.cap = cap_units(task.mem_cap_bytes)
+
+    def shard(self, t, dim):
+        z = np.asarray(self._embed(shard_features(self.feats, t, dim).astype(np.float32)))
+        return z, float(self._head(z))
+
+    def greedy(self, levels, bound):
+        """One table-wise greedy run; returns a Plan or None when a shard fits nowhere."""
+        task, n = self.task, self.task.num_devices
+        slots = [(t, task.tables[t].dim >> levels[t]) for t in range(task.num_tables) for _ in range(1 << levels[t])]
+        shards = [self.shard(t, d) for t, d in slots]
+        order = sorted(range(len(slots)), key=lambda i: -shards[i][1])
+        latents = [None] * n
+        used, dim_sums, compute = [0] * n, [0] * n, [0.0] * n
+        devices = [None] * len(slots)
+        for i in order:
+            t, d = slots[i]
+            need = int(mem_units(task.table_mem_bytes(t, d)))
+            eligible = [j for j in range(n) if used[j] + need <= self.cap and dim_sums[j] + d <= bound]
+            if not eligible:
+                return None
+            j = min(eligible, key=lambda j: compute[j])  # the first of equals: the lowest index
+            latents[j] = shards[i][0] if latents[j] is None else latents[j] + shards[i][0]
+            used[j] += need
+            dim_sums[j] += d
+            compute[j] = float(self._head(latents[j]))
+            devices[i] = j
+        splits = [1 << k for k in levels]
+        per_table, start = [], 0
+        for count in splits:
+            per_table.append(devices[start : start + count])
+            start += count
+        return Plan.from_assignment(task, splits, per_table)
+
+    def grid(self, levels=None):
+        """Best (cost, plan) over the alpha grid; (inf, None) if no alpha gives a plan."""
+        levels = levels or (0,) * self.task.num_tables
+        best = (float("inf"), None)
+        for bound in self.bounds:
+            plan = self.greedy(levels, bound)
+            if plan is not None:
+                cost = float(score_plan(self.model, plan).total_ms.max())
+                if cost < best[0]:
+                    best = (cost, plan)
+        return best
+
+    def beam(self, k, n, max_length):
+        task = self.task
+        max_level = [0] * task.num_tables
+        for t, table in enumerate(task.tables):
+            while table.dim % (4 << (max_level[t] + 1)) == 0:
+                max_level[t] += 1
+        root = (0,) * task.num_tables
+        best = self.grid(root)
+        beam = [root]
+        for _ in range(max_length):
+            candidates = []
+            for levels in beam:
+                can = [t for t in range(task.num_tables) if levels[t] < max_level[t]]
+                size = {t: task.tables[t].rows * (task.tables[t].dim >> levels[t]) for t in can}
+                cost = {t: self.shard(t, task.tables[t].dim >> levels[t])[1] for t in can}
+                top = set(sorted(can, key=lambda t: (-size[t], t))[:n]) | set(
+                    sorted(can, key=lambda t: (-cost[t], t))[:n]
+                )
+                for t in sorted(top):
+                    child = levels[:t] + (levels[t] + 1,) + levels[t + 1 :]
+                    if child not in candidates:
+                        candidates.append(child)
+            if not candidates:
+                break
+            scored = [(self.grid(c), c) for c in candidates]
+            for (cost, plan), _ in scored:
+                if cost < best[0]:
+                    best = (cost, plan)
+            order = sorted(range(len(scored)), key=lambda i: scored[i][0][0])
+            beam = [scored[i][1] for i in order[:k]]
+        return best

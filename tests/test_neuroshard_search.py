@@ -1,0 +1,107 @@
+"""The vectorised NeuroShard searchers against the plain-Python oracle of the paper's algorithms."""
+
+import numpy as np
+import pytest
+
+from neuroshard_jax.cost_models import analytic_model, make_cost_model, score_plan
+from neuroshard_jax.errors import InfeasibleError, UserError
+from neuroshard_jax.grid import MEM_UNIT_BYTES, cap_units, dim_bounds, mem_units
+from neuroshard_jax.tables import PoolSpec
+from neuroshard_jax.tasks import TaskConfig, generate_task
+from searchers import make_searcher
+from searchers.neuroshard import DEFAULT_ALPHAS
+
+from .conftest import make_table, make_task
+from .oracle import Oracle
+
+
+def _tasks(pool, count, num_tables=12, mem_cap_gb=0.3):
+    for seed in range(count):
+        for n in (3, 4):
+            config = TaskConfig(
+                num_tables=num_tables, num_devices=n, batch_size=512, mem_cap_gb=mem_cap_gb, pool=pool.spec
+            )
+            yield generate_task(pool, config, seed)
+
+
+def _cost(model, plan):
+    return float(score_plan(model, plan).total_ms.max())
+
+
+@pytest.mark.parametrize("model_name", ["analytic", "neural"])
+def test_grid_and_beam_match_the_oracle(small_pool, tiny_checkpoint, model_name):
+    for task in _tasks(small_pool, 3):
+        if model_name == "neural":  # the tiny checkpoint is trained at batch 256
+            task = make_task(task.tables, task.num_devices, task.mem_cap_gb, batch_size=256)
+            model = make_cost_model("neural", task, {"checkpoint": str(tiny_checkpoint[1])})
+        else:
+            model = analytic_model(task)
+        oracle = Oracle(task, model, DEFAULT_ALPHAS)
+        cost, plan = oracle.grid()
+        grid = make_searcher("grid").search(task, model, 0)
+        assert grid.shards == plan.shards
+        assert _cost(model, grid) == pytest.approx(cost, rel=1e-5)
+        cost, plan = oracle.beam(k=3, n=10, max_length=3)
+        beam = make_searcher("beam", {"max_length": 3}).search(task, model, 0)
+        assert beam.shards == plan.shards
+        assert _cost(model, beam) == pytest.approx(cost, rel=1e-5)
+        assert _cost(model, beam) <= _cost(model, grid) + 1e-6  # the unsplit plan is a beam candidate
+
+
+def test_beam_splits_when_splitting_pays():
+    # One wide, hot table and 2 devices: table-wise, one device gets all of it; halving it balances.
+    tables = [make_table(0, rows=5000, dim=128, pooling=40.0), make_table(1, rows=100, dim=4, pooling=1.0)]
+    task = make_task(tables, num_devices=2, mem_cap_gb=1.0, batch_size=4096)
+    model = analytic_model(task)
+    grid = make_searcher("grid").search(task, model, 0)
+    beam = make_searcher("beam").search(task, model, 0)
+    assert len(beam.shards) > len(grid.shards)
+    assert _cost(model, beam) < 0.8 * _cost(model, grid)
+    assert set(np.unique([s.device for s in beam.shards if s.table == 0])) == {0, 1}
+
+
+def test_tight_memory_uses_the_fallback_or_reports_infeasible(small_pool):
+    task = next(_tasks(small_pool, 1, num_tables=10))
+    total = sum(task.table_mem_bytes(i) for i in range(task.num_tables))
+    biggest = max(task.table_mem_bytes(i) for i in range(task.num_tables))
+    roomy = make_task(task.tables, 3, max(total / 3 * 1.05, biggest * 1.01) / 2**30, batch_size=512)
+    plan = make_searcher("grid").search(roomy, analytic_model(roomy), 0)
+    assert (plan.mem_bytes() <= roomy.mem_cap_bytes).all()
+    cramped = make_task(task.tables, 3, total / 3 * 0.9 / 2**30, batch_size=512)
+    for name in ("grid", "beam"):
+        with pytest.raises(InfeasibleError, match=f"{name}: no memory-feasible plan"):
+            make_searcher(name).search(cramped, analytic_model(cramped), 0)
+
+
+def test_integer_rules():
+    assert mem_units(1) == 1 and mem_units(MEM_UNIT_BYTES) == 1 and mem_units(MEM_UNIT_BYTES + 1) == 2
+    assert cap_units(2 * MEM_UNIT_BYTES - 1) == 1
+    assert list(dim_bounds([1.0, 1.05, 1.5], 400, 4, True)) == [100, 105, 150, np.iinfo(np.int32).max]
+    assert list(dim_bounds([1.1], 30, 4, False)) == [8]  # floor(8.25)
+
+
+@pytest.mark.parametrize(
+    "name, options, fragment",
+    [
+        ("grid", {"alphas": []}, "searcher.alphas: got []"),
+        ("grid", {"alphas": [0.9, 1.2]}, "searcher.alphas: got [0.9, 1.2]"),
+        ("beam", {"k": 0}, "searcher.k: got 0"),
+        ("beam", {"max_length": -1}, "searcher.max_length: got -1"),
+        ("beam", {"width": 3}, "searcher.width: unknown option"),
+    ],
+)
+def test_bad_options_are_clear_errors(name, options, fragment):
+    with pytest.raises(UserError, match=fragment.replace("[", "\\[").replace("]", "\\]")):
+        make_searcher(name, options)
+
+
+def test_beam_scales_to_a_large_pool_quickly(_cache_dir):
+    """856 tables on 64 devices (the benchmark case, shortened): a valid plan, no table left out."""
+    from neuroshard_jax.tables import load_pool
+
+    pool = load_pool(PoolSpec(), 512)
+    config = TaskConfig(num_tables=856, num_devices=64, batch_size=512, mem_cap_gb=4.0, pool=pool.spec)
+    task = generate_task(pool, config, 0)
+    plan = make_searcher("beam", {"max_length": 1, "alphas": [1.0, 1.2]}).search(task, analytic_model(task), 0)
+    assert {s.table for s in plan.shards} == set(range(856))
+    assert (plan.mem_bytes() <= task.mem_cap_bytes).all()
