@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-SEARCHER ?= size_lookup_greedy
+SEARCHER ?= beam
 ARGS ?=
 
 .PHONY: run test lint clean

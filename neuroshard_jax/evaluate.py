@@ -41,69 +41,93 @@ class EvaluateConfig:
     comm_iters: int = 10
 
 
-def measure_plan(plan: Plan, config: EvaluateConfig) -> dict:
-    """Measured per-device costs (ms) of a plan: compute, fwd_comm, bwd_comm, total; and their max."""
-    task = plan.task
-    if task.pool is None:
-        raise UserError("plan task has no 'pool': the evaluator replays the tables' index streams from their pool")
-    n = task.num_devices
-    compute = [0.0] * n
-    kernels: list[dict | None] = [None] * n
-    requests = [
-        compute_request(
-            d,
-            [[task.tables[s.table].id, s.dim] for s in plan.device_shards(d)],
-            task.pool,
-            task.batch_size,
-            config.device,
-            config.optimizer,
-            task.precision,
-            config.warmup,
-            config.iters,
-        )
-        for d in range(n)
-        if plan.device_shards(d)
-    ]
+def measure_plans(plans: list[Plan], config: EvaluateConfig) -> list[dict]:
+    """Measured per-device costs (ms) of many plans: compute, fwd_comm, bwd_comm, total; and their max.
+
+    Every device's compute of every plan goes through one pool of ``config.workers`` kernel workers;
+    the all-to-alls of all plans with the same number of devices share one set of rank processes
+    (backward for all of them first, then forward with each plan's straggler delays).
+    """
+    for i, plan in enumerate(plans):
+        if plan.task.pool is None:
+            raise UserError(f"plan {i}: its task has no 'pool'; the evaluator replays the tables' index streams")
+    compute = [[0.0] * p.task.num_devices for p in plans]
+    kernels: list[list[dict | None]] = [[None] * p.task.num_devices for p in plans]
+    requests = []
+    for i, plan in enumerate(plans):
+        task = plan.task
+        for d in range(task.num_devices):
+            shards = plan.device_shards(d)
+            if shards:
+                request = compute_request(
+                    len(requests),
+                    [[task.tables[s.table].id, s.dim] for s in shards],
+                    task.pool,
+                    task.batch_size,
+                    config.device,
+                    config.optimizer,
+                    task.precision,
+                    config.warmup,
+                    config.iters,
+                )
+                requests.append({**request, "plan": i, "device_index": d})
 
     def record(request: dict, answer: dict) -> None:
+        i, d = request["plan"], request["device_index"]
         if not answer.get("ok"):
-            raise UserError(f"evaluation failed on device {request['id']}: {answer.get('error')}")
-        compute[request["id"]] = answer["total_ms"]
-        kernels[request["id"]] = {"fwd_ms": answer["fwd_ms"], "bwd_ms": answer["bwd_ms"]}
+            raise UserError(f"evaluation failed on plan {i} device {d}: {answer.get('error')}")
+        compute[i][d] = answer["total_ms"]
+        kernels[i][d] = {"fwd_ms": answer["fwd_ms"], "bwd_ms": answer["bwd_ms"]}
 
     map_requests(requests, record, config.workers, config.device, config.timeout_s)
 
-    dim_sums = [int(x) for x in plan.dim_sums()]
-    if n == 1:
-        fwd, bwd = [0.0], [0.0]
-    else:
+    fwd = [[0.0] * p.task.num_devices for p in plans]
+    bwd = [[0.0] * p.task.num_devices for p in plans]
+    for n in sorted({p.task.num_devices for p in plans} - {1}):
+        group = [i for i, p in enumerate(plans) if p.task.num_devices == n]
         base = {
-            "dim_sums": dim_sums,
-            "batch_size": task.batch_size,
-            "warmup": config.comm_warmup,
-            "iters": config.comm_iters,
+            i: {
+                "dim_sums": [int(x) for x in plans[i].dim_sums()],
+                "batch_size": plans[i].task.batch_size,
+                "warmup": config.comm_warmup,
+                "iters": config.comm_iters,
+            }
+            for i in group
         }
         try:
-            first = run_comm([{**base, "id": 0, "delays_ms": [0.0] * n}], n, config.timeout_s, config.device)[0]
-            bwd = [r["bwd_ms"] for r in first]
-            ready = [c + b for c, b in zip(compute, bwd)]
-            delays = [r - min(ready) for r in ready]
-            second = run_comm([{**base, "id": 1, "delays_ms": delays}], n, config.timeout_s, config.device)[1]
+            first = run_comm(
+                [{**base[i], "id": i, "delays_ms": [0.0] * n} for i in group], n, config.timeout_s, config.device
+            )
+            second_requests = []
+            for i in group:
+                bwd[i] = [r["bwd_ms"] for r in first[i]]
+                ready = [c + b for c, b in zip(compute[i], bwd[i])]
+                second_requests.append({**base[i], "id": i, "delays_ms": [r - min(ready) for r in ready]})
+            second = run_comm(second_requests, n, config.timeout_s, config.device)
         except WorkerFailure as failure:
             raise UserError(f"evaluation failed in the all-to-all benchmark: {failure.reason}") from None
-        fwd = [r["fwd_ms"] for r in second]
-    devices = [
-        {
-            "device": d,
-            "compute": compute[d],
-            "fwd_comm": fwd[d],
-            "bwd_comm": bwd[d],
-            "total": compute[d] + fwd[d] + bwd[d],
-            "kernel": kernels[d],
-        }
-        for d in range(n)
-    ]
-    return {"devices": devices, "cost_ms": max(d["total"] for d in devices)}
+        for i in group:
+            fwd[i] = [r["fwd_ms"] for r in second[i]]
+    results = []
+    for i, plan in enumerate(plans):
+        devices = [
+            {
+                "device": d,
+                "compute": compute[i][d],
+                "fwd_comm": fwd[i][d],
+                "bwd_comm": bwd[i][d],
+                "total": compute[i][d] + fwd[i][d] + bwd[i][d],
+                "kernel": kernels[i][d],
+            }
+            for d in range(plan.task.num_devices)
+        ]
+        results.append({"devices": devices, "cost_ms": max(d["total"] for d in devices)})
+    return results
+
+
+def measure_plan(plan: Plan, config: EvaluateConfig) -> dict:
+    """``measure_plans`` of one plan."""
+    return measure_plans([plan], config)[0]
 
 
 def evaluate_file(path: str | Path, config: EvaluateConfig) -> dict:

@@ -41,7 +41,7 @@ def test_default_run_prints_and_writes_a_plan(tmp_path):
     assert "predicted cost" in done.stdout and "mem_GB" in done.stdout
     plan = json.loads((tmp_path / "plan.json").read_text())
     _check_contract(plan)
-    assert plan["searcher"] == "size_lookup_greedy" and len(plan["task"]["tables"]) == 50
+    assert plan["searcher"] == "beam" and plan["cost_model"] == "neural" and len(plan["task"]["tables"]) == 50
 
 
 @pytest.mark.parametrize("searcher", ["random", "dim_greedy"])

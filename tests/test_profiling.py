@@ -189,3 +189,25 @@ def test_evaluator_measures_a_two_device_plan(tmp_path):
         assert d["predicted"]["total"] > 0
     assert result["cost_ms"] == max(d["total"] for d in result["devices"])
     assert json.loads((tmp_path / "evaluation.json").read_text())["cost_ms"] == result["cost_ms"]
+
+
+def test_evaluator_measures_many_plans_in_one_batch():
+    """Plans of 2 and 3 devices measured together: every device of every plan gets its own costs."""
+    from neuroshard_jax.evaluate import measure_plans
+    from neuroshard_jax.plans import plan_from_json
+    from neuroshard_jax.search import shard_task
+    from neuroshard_jax.tables import load_pool
+    from neuroshard_jax.tasks import TaskConfig, generate_task
+
+    pool = load_pool(POOL, 256)
+    plans = []
+    for seed, n in ((0, 2), (1, 3), (2, 2)):
+        config = TaskConfig(num_tables=5, num_devices=n, mem_cap_gb=0.05, dims=(4, 8), pool=POOL, batch_size=256)
+        plans.append(plan_from_json(shard_task(generate_task(pool, config, seed), "size_greedy", "analytic", 0)))
+    results = measure_plans(plans, EvaluateConfig(warmup=1, iters=3, comm_warmup=1, comm_iters=3))
+    assert [len(r["devices"]) for r in results] == [2, 3, 2]
+    for plan, result in zip(plans, results):
+        for d in result["devices"]:
+            assert d["bwd_comm"] > 0 and d["fwd_comm"] > 0
+            assert (d["compute"] > 0) == bool(plan.device_shards(d["device"]))
+        assert result["cost_ms"] == max(d["total"] for d in result["devices"])

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ import numpy as np
 from neuroshard_jax.checkpoints import read_meta
 from neuroshard_jax.cost_models import SHIPPED_CHECKPOINT, make_cost_model, score_plan
 from neuroshard_jax.datasets import JsonlLog
-from neuroshard_jax.evaluate import EvaluateConfig, measure_plan
+from neuroshard_jax.evaluate import EvaluateConfig, measure_plans
 from neuroshard_jax.plans import plan_from_json
 from neuroshard_jax.search import shard_task, write_json
 from neuroshard_jax.tasks import TaskConfig, make_task
@@ -73,33 +72,33 @@ def plan_metrics(args, checkpoint: str) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     log = JsonlLog(out / "plans.jsonl")
     done = {(r["task_seed"], r["searcher"]): r for r in log.records()}
-    task_config = TaskConfig(batch_size=args.batch_size)
+    task_config = TaskConfig(num_tables=None, batch_size=args.batch_size)  # 10..59 tables: costs vary
     evaluate = EvaluateConfig(workers=args.workers)
-    for i in range(args.tasks):
-        seed = args.first_seed + i
-        task = make_task(task_config, seed)
-        for searcher in args.searchers:
-            if (seed, searcher) in done:
-                continue
+    todo = [(args.first_seed + i, s) for i in range(args.tasks) for s in args.searchers]
+    todo = [key for key in todo if key not in done]
+    for start in range(0, len(todo), args.chunk):  # measured in chunks, appended: a stopped run resumes
+        chunk, plans, records = todo[start : start + args.chunk], [], []
+        for seed, searcher in chunk:
+            task = make_task(task_config, seed)
             plan_json = shard_task(task, searcher, "neural", seed, cost_model_options={"checkpoint": checkpoint})
-            plan = plan_from_json(plan_json)
-            start = time.perf_counter()
-            measured = measure_plan(plan, evaluate)
-            record = {
-                "task_seed": seed,
-                "searcher": searcher,
-                "num_tables": len(task.tables),
-                "measured_ms": measured["cost_ms"],
-                "neural_ms": plan_json["cost_ms"],
-                "analytic_ms": float(score_plan(make_cost_model("analytic", task), plan).total_ms.max()),
-                "measured_devices": measured["devices"],
-                "evaluate_s": round(time.perf_counter() - start, 2),
-            }
+            plans.append(plan_from_json(plan_json))
+            analytic = float(score_plan(make_cost_model("analytic", task), plans[-1]).total_ms.max())
+            records.append(
+                {
+                    "task_seed": seed,
+                    "searcher": searcher,
+                    "num_tables": len(task.tables),
+                    "neural_ms": plan_json["cost_ms"],
+                    "analytic_ms": analytic,
+                }
+            )
+        for record, measured in zip(records, measure_plans(plans, evaluate)):
+            record.update(measured_ms=measured["cost_ms"], measured_devices=measured["devices"])
             log.append(record)
-            done[(seed, searcher)] = record
+            done[(record["task_seed"], record["searcher"])] = record
             print(
-                f"task {seed} {searcher}: measured {record['measured_ms']:.2f} ms, neural {record['neural_ms']:.2f}, "
-                f"analytic {record['analytic_ms']:.2f}",
+                f"task {record['task_seed']} {record['searcher']}: measured {record['measured_ms']:.2f} ms, "
+                f"neural {record['neural_ms']:.2f}, analytic {record['analytic_ms']:.2f}",
                 flush=True,
             )
     rows = [done[(args.first_seed + i, s)] for i in range(args.tasks) for s in args.searchers]
@@ -124,6 +123,7 @@ def main() -> None:
     parser.add_argument("--searchers", type=lambda s: s.split(","), default=["size_lookup_greedy"])
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--chunk", type=int, default=10, help="plans measured per batch (and appended)")
     parser.add_argument("--out", default="bench/cost_model")
     args = parser.parse_args()
     checkpoint = os.path.abspath(args.checkpoint or shipped_checkpoint())
