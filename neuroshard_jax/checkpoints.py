@@ -22,7 +22,20 @@ from neuroshard_jax.errors import UserError
 from neuroshard_jax.features import FEATURE_NAMES
 from neuroshard_jax.neural import FeatureStats, NetConfig, NeuralNets, NeuralParams, init_nets
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: compute latents carry a count channel, the head sees mean + log count
+
+
+def save_tree(path: Path, tree) -> None:
+    """Save a pytree of arrays with orbax (``path`` must not exist)."""
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(Path(path).resolve(), tree)
+
+
+def restore_tree(path: Path, template):
+    """Restore a pytree saved by ``save_tree`` into the structure, shapes and dtypes of ``template``."""
+    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, template)
+    with ocp.StandardCheckpointer() as checkpointer:
+        return checkpointer.restore(Path(path).resolve(), abstract)
 
 
 def save_checkpoint(path: str | Path, config: NetConfig, params: NeuralParams, meta: dict) -> Path:
@@ -37,8 +50,7 @@ def save_checkpoint(path: str | Path, config: NetConfig, params: NeuralParams, m
         "bwd": nnx.to_pure_dict(params.bwd),
         "stats": {"mean": params.stats.mean, "std": params.stats.std},
     }
-    with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(path / "state", tree)
+    save_tree(path / "state", tree)
     full_meta = {
         "format": FORMAT_VERSION,
         "net_config": dataclasses.asdict(config),
@@ -64,6 +76,11 @@ def load_checkpoint(
     """Restore a checkpoint. ``config``, if given, must equal the saved net config."""
     path = Path(path).resolve()
     meta = read_meta(path)
+    if meta.get("format") != FORMAT_VERSION:
+        raise UserError(
+            f"cost_model.checkpoint: {str(path)!r} has checkpoint format {meta.get('format')}, expected "
+            f"{FORMAT_VERSION}; retrain it with python -m neuroshard_jax.train"
+        )
     if meta.get("feature_names") != list(FEATURE_NAMES):
         raise UserError(
             f"cost_model.checkpoint: {str(path)!r} scores features {meta.get('feature_names')}, expected the schema "
@@ -82,9 +99,7 @@ def load_checkpoint(
         "bwd": nnx.to_pure_dict(template.bwd),
         "stats": {"mean": template.stats.mean, "std": template.stats.std},
     }
-    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, target)
-    with ocp.StandardCheckpointer() as checkpointer:
-        tree = checkpointer.restore(path / "state", abstract)
+    tree = restore_tree(path / "state", target)
     states = []
     for name, state in (("compute", template.compute), ("fwd", template.fwd), ("bwd", template.bwd)):
         nnx.replace_by_pure_dict(state, tree[name])

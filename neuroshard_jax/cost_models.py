@@ -38,6 +38,9 @@ class CostFns(NamedTuple):
     head: Callable
     bwd_comm: Callable
     fwd_comm: Callable
+    # Optional fast path: embed_sum(params, feats f32[..., T, F], mask bool[..., T]) -> f32[..., D], equal to
+    # the masked sum of embed (a model whose last embedding layer is linear sums before it: fewer FLOPs).
+    embed_sum: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +74,11 @@ def combine_costs(fns: CostFns, params, compute_ms, dim_sums, device_mask) -> De
 
 def device_compute_ms(fns: CostFns, params, feats, table_mask):
     """Compute ms f32[..., N] of devices holding feats f32[..., N, T, F] (table_mask bool[..., N, T])."""
-    latents = jnp.where(table_mask[..., None], fns.embed(params, feats), 0.0)
-    return jnp.where(table_mask.any(-1), fns.head(params, latents.sum(-2)), 0.0)
+    if fns.embed_sum is not None:
+        latent_sums = fns.embed_sum(params, feats, table_mask)
+    else:
+        latent_sums = jnp.where(table_mask[..., None], fns.embed(params, feats), 0.0).sum(-2)
+    return jnp.where(table_mask.any(-1), fns.head(params, latent_sums), 0.0)
 
 
 def device_costs(fns: CostFns, params, feats, table_mask, dim_sums, device_mask) -> DeviceCosts:

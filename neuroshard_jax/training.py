@@ -53,6 +53,17 @@ def split_indices(count: int, fractions, seed: int) -> tuple[np.ndarray, np.ndar
 # Datasets as arrays
 
 
+def resolve_dataset(path: str | Path) -> Path:
+    """A dataset directory as given, or, if relative and absent here, relative to the package's parent
+    (so the shipped ``neuroshard_jax/data/profiles/...`` recorded in checkpoints resolves from anywhere)."""
+    path = Path(path)
+    if path.exists() or path.is_absolute():
+        return path
+    from importlib import resources
+
+    return Path(str(resources.files("neuroshard_jax"))).parent / path
+
+
 def load_manifest(dataset_dir: Path, kind: str) -> dict:
     path = Path(dataset_dir) / f"manifest-{kind}.json"
     if not path.exists():
@@ -62,10 +73,11 @@ def load_manifest(dataset_dir: Path, kind: str) -> dict:
     return json.loads(path.read_text())
 
 
-def compute_arrays(dataset_dir: Path):
-    """Shards of a compute dataset: feats f32[S, T, F], mask bool[S, T], total_ms f32[S], manifest."""
+def compute_arrays(dataset_dir: Path, extra_records: list[dict] = ()):
+    """Shards of a compute dataset (then ``extra_records`` of the same form, e.g. devices of measured plans):
+    feats f32[S, T, F], mask bool[S, T], total_ms f32[S], manifest."""
     manifest = load_manifest(dataset_dir, "compute")
-    records = read_records(Path(dataset_dir) / "compute.jsonl")
+    records = read_records(Path(dataset_dir) / "compute.jsonl") + list(extra_records)
     if not records:
         raise UserError(f"dataset: no successful records in {str(dataset_dir)!r}")
     settings = manifest["settings"]
@@ -82,10 +94,11 @@ def compute_arrays(dataset_dir: Path):
     return feats, mask, target, manifest
 
 
-def comm_arrays(dataset_dir: Path):
-    """Comm samples padded to the largest world: dim_sums, delays_ms, mask, fwd_ms, bwd_ms (f32[S, N]), manifest."""
+def comm_arrays(dataset_dir: Path, extra_records: list[dict] = ()):
+    """Comm samples (then ``extra_records``) padded to the largest world: dim_sums, delays_ms, mask, fwd_ms,
+    bwd_ms (f32[S, N]), manifest."""
     manifest = load_manifest(dataset_dir, "comm")
-    records = read_records(Path(dataset_dir) / "comm.jsonl")
+    records = read_records(Path(dataset_dir) / "comm.jsonl") + list(extra_records)
     if not records:
         raise UserError(f"dataset: no successful records in {str(dataset_dir)!r}")
     n = max(r["world"] for r in records)
@@ -228,17 +241,33 @@ def predict_shard_ms(checkpoint: str | Path, feats, mask) -> np.ndarray:
     return shard_ms(nets, params, feats, mask)
 
 
-def train_models(dataset_dir: str | Path, net_config, config: TrainConfig, out: str | Path) -> dict:
-    """Train the compute net (and the comm nets if the dataset has comm samples); save a checkpoint."""
-    dataset_dir = Path(dataset_dir)
-    feats, mask, target, manifest = compute_arrays(dataset_dir)
-    train, val, test = split_indices(len(target), config.split, config.seed)
-    nets, params = init_nets(net_config, config.seed)
-    stats = fit_stats(feats[train], mask[train])
-    compute_state, compute_history = fit(
+def comm_ms(graph, state, dims, delays, mask) -> np.ndarray:
+    """A comm net's ms f64[S, N] of padded samples."""
+    net = nnx.merge(graph, state)
+    inputs = comm_inputs(jnp.asarray(dims), jnp.asarray(delays), jnp.asarray(mask))
+    return np.exp(np.asarray(net(inputs, jnp.asarray(mask)), float))
+
+
+def fit_nets(
+    nets,
+    params: NeuralParams,
+    dataset_dir: Path,
+    config: TrainConfig,
+    extra_compute: list[dict] = (),
+    extra_comm: list[dict] = (),
+) -> tuple[NeuralParams, dict, dict]:
+    """Fit the compute net (and the comm nets if the dataset has comm samples) from ``params`` with its
+    feature statistics; extra records (measured plans) join the training split. Returns the best-validation
+    params, the test-split report and the dataset provenance."""
+    feats, mask, target, manifest = compute_arrays(dataset_dir, extra_compute)
+    base = len(target) - len(extra_compute)
+    train, val, test = split_indices(base, config.split, config.seed)
+    train = np.concatenate([train, np.arange(base, len(target))])
+    stats = params.stats
+    compute_state, history = fit(
         nets.compute, params.compute, compute_loss(stats), (feats, mask, target), train, val, config, "compute"
     )
-    pred = shard_ms(nets, NeuralParams(compute_state, params.fwd, params.bwd, stats), feats[test], mask[test])
+    pred = shard_ms(nets, params._replace(compute=compute_state), feats[test], mask[test])
     settings = manifest["settings"]
     analytic = analytic_shard_ms(feats[test], mask[test], settings["batch_size"], settings.get("precision", "fp32"))
     report = {
@@ -246,39 +275,37 @@ def train_models(dataset_dir: str | Path, net_config, config: TrainConfig, out: 
             "neural": metrics(pred, target[test]),
             "analytic": metrics(analytic, target[test]),
             "samples": {"train": len(train), "val": len(val), "test": len(test)},
-            "epochs": len(compute_history),
-            "best_val_loss": min(h["val_loss"] for h in compute_history),
+            "epochs": len(history),
+            "best_val_loss": min(h["val_loss"] for h in history),
         }
     }
-    fwd_state, bwd_state = params.fwd, params.bwd
-    datasets = {
-        "compute": {"pool_id": settings["pool_id"], "created": manifest["created"], "records": int(len(target))}
-    }
+    datasets = {"compute": {"pool_id": settings["pool_id"], "created": manifest["created"], "records": base}}
+    fitted = params._replace(compute=compute_state)
     if (dataset_dir / "manifest-comm.json").exists():
-        dims, delays, cmask, fwd_ms, bwd_ms, comm_manifest = comm_arrays(dataset_dir)
-        ctrain, cval, ctest = split_indices(len(dims), config.split, config.seed)
-        arrays_fwd = (dims, delays, cmask, fwd_ms)
-        arrays_bwd = (dims, delays, cmask, bwd_ms)
-        fwd_state, _ = fit(nets.fwd, params.fwd, comm_loss(True), arrays_fwd, ctrain, cval, config, "fwd comm")
-        bwd_state, _ = fit(nets.bwd, params.bwd, comm_loss(False), arrays_bwd, ctrain, cval, config, "bwd comm")
+        dims, delays, cmask, fwd_ms, bwd_ms, comm_manifest = comm_arrays(dataset_dir, extra_comm)
+        cbase = len(dims) - len(extra_comm)
+        ctrain, cval, ctest = split_indices(cbase, config.split, config.seed)
+        ctrain = np.concatenate([ctrain, np.arange(cbase, len(dims))])
+        states = {}
         for name, graph, state, use_delays, truth in (
-            ("fwd_comm", nets.fwd, fwd_state, True, fwd_ms),
-            ("bwd_comm", nets.bwd, bwd_state, False, bwd_ms),
+            ("fwd_comm", nets.fwd, params.fwd, True, fwd_ms),
+            ("bwd_comm", nets.bwd, params.bwd, False, bwd_ms),
         ):
-            net = nnx.merge(graph, state)
+            arrays = (dims, delays, cmask, truth)
+            states[name], _ = fit(graph, state, comm_loss(use_delays), arrays, ctrain, cval, config, name)
             d = delays[ctest] if use_delays else np.zeros_like(delays[ctest])
-            out_ms = np.exp(
-                np.asarray(
-                    net(
-                        comm_inputs(jnp.asarray(dims[ctest]), jnp.asarray(d), jnp.asarray(cmask[ctest])),
-                        jnp.asarray(cmask[ctest]),
-                    )
-                )
-            )
+            out_ms = comm_ms(graph, states[name], dims[ctest], d, cmask[ctest])
             report[name] = metrics(out_ms[cmask[ctest]], truth[ctest][cmask[ctest]])
-        datasets["comm"] = {"created": comm_manifest["created"], "records": int(len(dims))}
-    trained = NeuralParams(compute_state, fwd_state, bwd_state, stats)
-    meta = {
+        fitted = fitted._replace(fwd=states["fwd_comm"], bwd=states["bwd_comm"])
+        datasets["comm"] = {"created": comm_manifest["created"], "records": cbase}
+    return fitted, report, datasets
+
+
+def checkpoint_meta(dataset_dir: Path, config: TrainConfig, report: dict, datasets: dict, how: str) -> dict:
+    """Provenance written beside the weights (checkpoint meta.json)."""
+    manifest = load_manifest(dataset_dir, "compute")
+    settings = manifest["settings"]
+    return {
         "batch_size": settings["batch_size"],
         "precision": settings.get("precision", "fp32"),
         "optimizer": settings.get("optimizer"),
@@ -288,10 +315,21 @@ def train_models(dataset_dir: str | Path, net_config, config: TrainConfig, out: 
         "hardware": manifest.get("hardware"),
         "train_config": dataclasses.asdict(config),
         "metrics": report,
-        "how": f"python -m neuroshard_jax.train dataset={dataset_dir}",
+        "how": how,
         "trained": _now(),
     }
-    save_checkpoint(out, net_config, trained, meta)
+
+
+def train_models(dataset_dir: str | Path, net_config, config: TrainConfig, out: str | Path) -> dict:
+    """Train the compute net (and the comm nets if the dataset has comm samples); save a checkpoint."""
+    dataset_dir = Path(dataset_dir)
+    feats, mask, target, _ = compute_arrays(dataset_dir)
+    train, _, _ = split_indices(len(target), config.split, config.seed)
+    nets, params = init_nets(net_config, config.seed)
+    params = params._replace(stats=fit_stats(feats[train], mask[train]))
+    trained, report, datasets = fit_nets(nets, params, dataset_dir, config)
+    how = f"python -m neuroshard_jax.train dataset={dataset_dir}"
+    save_checkpoint(out, net_config, trained, checkpoint_meta(dataset_dir, config, report, datasets, how))
     return report
 
 

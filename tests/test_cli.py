@@ -114,15 +114,12 @@ def test_table_too_big_for_table_wise_greedy(tmp_path):
         mem_cap_gb=10**5 * 64 * 4 * 0.6 / GIB_BYTES,
     )
     (tmp_path / "task.json").write_text(json.dumps(task.to_json()))
-    _one_line_error(run_cli(f"task.path={tmp_path / 'task.json'}", f"hydra.run.dir={tmp_path}"), "fits on no device")
-    # column-wise random search can split it
-    ok = run_cli(
-        "searcher=random",
-        "cost_model=analytic",
-        f"task.path={tmp_path / 'task.json'}",
-        f"hydra.run.dir={tmp_path / 'r'}",
-    )
-    assert ok.returncode == 0, ok.stderr
+    args = ["cost_model=analytic", f"task.path={tmp_path / 'task.json'}"]
+    _one_line_error(run_cli("searcher=size_lookup_greedy", *args, f"hydra.run.dir={tmp_path}"), "fits on no device")
+    for searcher in ("random", "beam"):  # column-wise searchers split it
+        ok = run_cli(f"searcher={searcher}", *args, f"hydra.run.dir={tmp_path / searcher}")
+        assert ok.returncode == 0, ok.stderr
+        assert len(json.loads((tmp_path / searcher / "plan.json").read_text())["shards"]) > 2
 
 
 def test_bad_override_value(tmp_path):

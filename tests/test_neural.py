@@ -12,7 +12,7 @@ import pytest
 from neuroshard_jax.checkpoints import load_checkpoint, save_checkpoint
 from neuroshard_jax.cost_models import NeuralConfig, device_costs, make_cost_model, plan_arrays, plan_cost_ms
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.neural import NetConfig, init_nets
+from neuroshard_jax.neural import NetConfig, init_nets, neural_fns
 from neuroshard_jax.training import kendall_tau, mape
 from neuroshard_jax.types import Plan
 
@@ -107,5 +107,17 @@ def test_untrained_nets_have_the_paper_shapes():
     nets, params = init_nets(NetConfig())
     shapes = jax.tree_util.tree_map(jnp.shape, params.compute)
     assert shapes["table_mlp"]["layers"][0]["kernel"].get_value() == (21, 128)
+    assert shapes["head_mlp"]["layers"][0]["kernel"].get_value() == (33, 64)  # mean latent + log count
     assert shapes["head_mlp"]["layers"][1]["kernel"].get_value() == (64, 1)
     assert NeuralConfig().checkpoint is None
+
+
+def test_summing_before_the_last_layer_equals_summing_latents():
+    nets, params = init_nets(NetConfig(), seed=3)
+    fns = neural_fns(nets)
+    rng = np.random.default_rng(0)
+    feats = rng.lognormal(size=(5, 7, 21)).astype(np.float32)
+    mask = rng.random((5, 7)) < 0.6
+    fast = fns.embed_sum(params, feats, mask)
+    slow = jnp.where(mask[..., None], fns.embed(params, feats), 0.0).sum(-2)
+    np.testing.assert_allclose(np.asarray(fast), np.asarray(slow), rtol=1e-4, atol=1e-4)

@@ -35,6 +35,7 @@ from neuroshard_jax.training import (
     kendall_tau,
     metrics,
     predict_shard_ms,
+    resolve_dataset,
     split_indices,
 )
 
@@ -48,14 +49,14 @@ def shipped_checkpoint() -> str:
 def shard_metrics(checkpoint: str, dataset: str | None) -> dict:
     meta = read_meta(checkpoint)
     train = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in meta["train_config"].items()})
-    dataset = dataset or meta["dataset_dir"]
-    feats, mask, target, manifest = compute_arrays(Path(dataset))
+    dataset = resolve_dataset(dataset or meta["dataset_dir"])
+    feats, mask, target, manifest = compute_arrays(dataset)
     _, _, test = split_indices(len(target), train.split, train.seed)
     settings = manifest["settings"]
     neural = predict_shard_ms(checkpoint, feats[test], mask[test])
     analytic = analytic_shard_ms(feats[test], mask[test], settings["batch_size"], settings.get("precision", "fp32"))
     return {
-        "dataset": dataset,
+        "dataset": str(dataset),
         "test_shards": int(len(test)),
         "neural": metrics(neural, target[test]),
         "analytic": metrics(analytic, target[test]),
@@ -85,6 +86,7 @@ def plan_metrics(args, checkpoint: str) -> dict:
             analytic = float(score_plan(make_cost_model("analytic", task), plans[-1]).total_ms.max())
             records.append(
                 {
+                    "id": f"{seed}/{searcher}",
                     "task_seed": seed,
                     "searcher": searcher,
                     "num_tables": len(task.tables),

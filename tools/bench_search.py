@@ -120,7 +120,8 @@ def quality(args) -> dict:
         for n, seed, searcher in todo[start : start + args.chunk]:
             task = make_task(TaskConfig(num_tables=None, num_devices=n), seed)
             model = make_cost_model(args.cost_model, task)
-            record = {"devices": n, "task_seed": seed, "searcher": searcher, "tables": task.num_tables}
+            record = {"id": f"{n}/{seed}/{searcher}", "devices": n, "task_seed": seed, "searcher": searcher}
+            record["tables"] = task.num_tables
             try:
                 plan, search_s = timed(make_searcher(searcher).search, task, model, seed)
             except InfeasibleError as err:
@@ -193,6 +194,7 @@ def main() -> None:
     args.devices = args.devices or ([64, 128] if args.what == "scale" else [4, 8])
     result = {"speed": speed, "scale": scale, "quality": quality}[args.what](args)
     print(json.dumps(result, indent=1))
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     write_json(result, Path(args.out) / f"{args.what}.json")
 
 

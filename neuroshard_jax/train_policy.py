@@ -1,0 +1,366 @@
+"""``python -m neuroshard_jax.train_policy [out=DIR train.rounds=8 refine.plans_per_round=2]``: train the
+DreamShard-style placement policy (conf/train_policy.yaml).
+
+Rounds of: REINFORCE updates on batches of training tasks in the estimated MDP (``rl.py``), then
+hardware in the loop: the policy's greedy plans of a few training tasks are measured by the evaluator,
+their devices become compute and comm samples, and the cost model is fine-tuned on the shipped
+dataset plus all measured plans so far. After every round the policy, its optimizer state, the refined
+cost model and the history are checkpointed (written to a temporary directory, then swapped in), so a
+stopped run continues from its last finished round with the same command.
+
+Layout of ``out``: ``refine.jsonl`` (measured plans), ``round-NNNN/`` (one finished round: ``policy/``,
+orbax net + feature statistics + optimizer state; ``cost_model/``, a neural cost model checkpoint;
+``meta.json``) and ``LATEST`` (the name of the newest round, replaced atomically once that round is
+complete; older rounds are then removed). A policy path may be ``out`` or a round directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from pathlib import Path
+
+import hydra
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from neuroshard_jax.checkpoints import load_checkpoint, read_meta, restore_tree, save_checkpoint, save_tree
+from neuroshard_jax.cli import fail
+from neuroshard_jax.cost_models import SHIPPED_CHECKPOINT, bucket
+from neuroshard_jax.datasets import JsonlLog, hardware
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.features import NUM_FEATURES
+from neuroshard_jax.neural import FeatureStats, fit_stats, neural_cost_model
+from neuroshard_jax.rl import (
+    Policy,
+    PolicyConfig,
+    PolicyParams,
+    TaskArrays,
+    decode,
+    reinforce_loss,
+    stack_tasks,
+    task_arrays,
+)
+from neuroshard_jax.tables import PoolSpec, load_pool
+from neuroshard_jax.tasks import TaskConfig, generate_task
+from neuroshard_jax.training import TrainConfig, fit_nets, resolve_dataset
+
+FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyTrainConfig:
+    rounds: int = 8
+    iterations_per_round: int = 40
+    tasks_per_batch: int = 8
+    episodes_per_task: int = 16
+    learning_rate: float = 1e-3
+    entropy_weight: float = 0.01
+    infeasible_penalty: float = 2.0  # an infeasible episode costs this x the sum of its tables' predicted costs
+    seed: int = 0
+    progress: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSetConfig:
+    """Training tasks: ``num_train_tasks`` draws from the ``split`` half of the pool."""
+
+    num_train_tasks: int = 256
+    min_tables: int = 20
+    max_tables: int = 40
+    num_devices: tuple[int, ...] = (2, 4)
+    mem_cap_gb: float = 4.0
+    batch_size: int = 4096
+    split: str = "train"
+    pool: PoolSpec = PoolSpec()
+
+
+@dataclasses.dataclass(frozen=True)
+class RefineConfig:
+    plans_per_round: int = 2  # plans measured by the evaluator per round (0: no hardware in the loop)
+    epochs: int = 2
+    learning_rate: float = 3e-4
+    workers: int = 1
+
+
+def default_cost_model() -> str:
+    from importlib import resources
+
+    return str(resources.files("neuroshard_jax") / SHIPPED_CHECKPOINT)
+
+
+def training_tasks(config: TaskSetConfig):
+    pool = load_pool(config.pool, config.batch_size)
+    tasks = []
+    for i in range(config.num_train_tasks):
+        n = config.num_devices[i % len(config.num_devices)]
+        task_config = TaskConfig(
+            num_tables=None,
+            min_tables=config.min_tables,
+            max_tables=config.max_tables,
+            num_devices=n,
+            mem_cap_gb=config.mem_cap_gb,
+            batch_size=config.batch_size,
+            split=config.split,
+            pool=config.pool,
+        )
+        tasks.append(generate_task(pool, task_config, seed=1_000_000 + i))
+    return tasks
+
+
+def save_policy(path: Path, config: PolicyConfig, params: PolicyParams, opt_state, meta: dict) -> None:
+    """Write a policy checkpoint directory (``path`` is replaced)."""
+    tree = {
+        "net": nnx.to_pure_dict(params.net),
+        "stats": {"mean": params.stats.mean, "std": params.stats.std},
+        "opt": jax.tree_util.tree_leaves(opt_state) if opt_state is not None else [],
+    }
+    save_tree(path / "policy", tree)
+    full = {"format": FORMAT_VERSION, "policy_config": dataclasses.asdict(config), **meta}
+    (path / "meta.json").write_text(json.dumps(full, indent=1) + "\n")
+
+
+def policy_dir(path: str | Path) -> Path:
+    """The newest finished round of a training output directory, or ``path`` itself."""
+    path = Path(path).resolve()
+    latest = path / "LATEST"
+    return path / latest.read_text().strip() if latest.exists() else path
+
+
+def load_policy(path: str | Path, tx: optax.GradientTransformation | None = None):
+    """Restore (graph, params, optimizer state or None, meta) from a policy checkpoint directory."""
+    path = policy_dir(path)
+    meta = read_meta(path)
+    if meta.get("format") != FORMAT_VERSION or "policy_config" not in meta:
+        raise UserError(f"searcher.policy: {str(path)!r} is not a policy checkpoint (no policy_config in meta.json)")
+    config = PolicyConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in meta["policy_config"].items()})
+    graph, state = nnx.split(Policy(config, nnx.Rngs(0)))
+    stats = FeatureStats(jnp.zeros(NUM_FEATURES), jnp.ones(NUM_FEATURES))
+    template = {"net": nnx.to_pure_dict(state), "stats": {"mean": stats.mean, "std": stats.std}, "opt": []}
+    opt_template = tx.init(state) if tx is not None else None
+    if opt_template is not None:
+        template["opt"] = jax.tree_util.tree_leaves(opt_template)
+    tree = restore_tree(path / "policy", template)
+    nnx.replace_by_pure_dict(state, tree["net"])
+    params = PolicyParams(state, FeatureStats(jnp.asarray(tree["stats"]["mean"]), jnp.asarray(tree["stats"]["std"])))
+    opt_state = None
+    if opt_template is not None:
+        opt_state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(opt_template), tree["opt"])
+    return graph, params, opt_state, meta
+
+
+def measure_greedy_plans(graph, params, model, tasks, seeds, config: RefineConfig, log: JsonlLog, round_: int):
+    """Hardware in the loop: measure the policy's greedy plans of ``tasks[seeds]``; append their devices."""
+    from neuroshard_jax.evaluate import EvaluateConfig, measure_plans
+    from neuroshard_jax.rl import plan_from_actions
+
+    plans = []
+    for i in seeds:
+        arrays, order = task_arrays(tasks[i], model)
+        out = decode(
+            graph, params, model.fns, model.params, stack_tasks([arrays]), jnp.zeros((1, 1, 2), jnp.uint32), True
+        )
+        if bool(out.feasible[0, 0]):
+            plans.append(plan_from_actions(tasks[i], order, np.asarray(out.actions[0, 0])))
+    for k, (plan, measured) in enumerate(zip(plans, measure_plans(plans, EvaluateConfig(workers=config.workers)))):
+        task = plan.task
+        devices = measured["devices"]
+        compute = [
+            {
+                "tables": [[task.tables[s.table].id, s.dim] for s in plan.device_shards(d["device"])],
+                "total_ms": d["compute"],
+            }
+            for d in devices
+            if plan.device_shards(d["device"])
+        ]
+        dim_sums = [int(x) for x in plan.dim_sums()]
+        ready = [d["compute"] + d["bwd_comm"] for d in devices]
+        comm = {
+            "world": task.num_devices,
+            "dim_sums": dim_sums,
+            "delays_ms": [r - min(ready) for r in ready],
+            "fwd_ms": [d["fwd_comm"] for d in devices],
+            "bwd_ms": [d["bwd_comm"] for d in devices],
+        }
+        log.append(
+            {"id": f"{round_}/{k}", "round": round_, "compute": compute, "comm": comm, "cost_ms": measured["cost_ms"]}
+        )
+
+
+def train_policy(
+    out: str | Path,
+    policy_config: PolicyConfig,
+    config: PolicyTrainConfig,
+    task_config: TaskSetConfig,
+    refine: RefineConfig,
+    cost_model_path: str | None = None,
+) -> dict:
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {
+        "policy_config": dataclasses.asdict(policy_config),
+        "train": dataclasses.asdict(config),
+        "tasks": dataclasses.asdict(task_config),
+        "refine": dataclasses.asdict(refine),
+    }
+    tx = optax.adam(config.learning_rate)
+    if (out / "LATEST").exists():  # resume after the last finished round
+        graph, params, opt_state, meta = load_policy(out, tx)
+        saved = {k: meta.get(k) for k in settings}
+        if json.loads(json.dumps(settings)) != saved:
+            raise UserError(
+                f"train_policy: {str(out)!r} holds a run with other settings; expected the same settings or a new out"
+            )
+        net_config, nets, cost_params, cost_meta = load_checkpoint(policy_dir(out) / "cost_model")
+        history, start_round = meta["history"], meta["rounds_done"]
+    else:
+        source = cost_model_path or default_cost_model()
+        net_config, nets, cost_params, cost_meta = load_checkpoint(source)
+        graph, state = nnx.split(Policy(policy_config, nnx.Rngs(config.seed)))
+        params, opt_state, history, start_round = PolicyParams(state, None), tx.init(state), [], 0
+    if cost_meta["batch_size"] != task_config.batch_size:
+        raise UserError(
+            f"tasks.batch_size: got {task_config.batch_size}, but the cost model was trained at batch "
+            f"{cost_meta['batch_size']}; expected the same"
+        )
+    model = neural_cost_model(nets, cost_params)
+    tasks = training_tasks(task_config)
+    width, n_max = bucket(max(t.num_tables for t in tasks)), max(task_config.num_devices)
+
+    def build_arrays():
+        return stack_tasks([task_arrays(t, model, width, n_max, config.infeasible_penalty)[0] for t in tasks])
+
+    arrays = build_arrays()
+    if params.stats is None:
+        params = params._replace(stats=fit_stats(arrays.feats, arrays.valid))
+
+    fns = model.fns
+
+    @jax.jit
+    def update(params, opt_state, cost_params, batch, keys):
+        (loss, rollout), grads = jax.value_and_grad(
+            lambda net: reinforce_loss(
+                graph, params._replace(net=net), fns, cost_params, batch, keys, config.entropy_weight
+            ),
+            has_aux=True,
+        )(params.net)
+        updates, opt_state = tx.update(grads, opt_state, params.net)
+        return params._replace(net=optax.apply_updates(params.net, updates)), opt_state, loss, rollout
+
+    log = JsonlLog(out / "refine.jsonl")
+    dataset_dir = resolve_dataset(cost_meta["dataset_dir"])
+    base = jax.random.PRNGKey(config.seed)
+    for round_ in range(start_round, config.rounds):
+        started = time.perf_counter()
+        stats = []
+        bar = tqdm(
+            range(config.iterations_per_round), desc=f"round {round_ + 1}/{config.rounds}", disable=not config.progress
+        )
+        for it in bar:
+            rng = np.random.default_rng([config.seed, round_, it])
+            idx = rng.choice(len(tasks), size=min(config.tasks_per_batch, len(tasks)), replace=False)
+            batch = TaskArrays(*(a[idx] for a in arrays))
+            keys = jax.random.split(
+                jax.random.fold_in(jax.random.fold_in(base, round_), it), (len(idx), config.episodes_per_task)
+            )
+            params, opt_state, loss, rollout = update(params, opt_state, model.params, batch, keys)
+            feasible = np.asarray(rollout.feasible)
+            stats.append(
+                {
+                    "loss": float(loss),
+                    "cost_ms": float(np.asarray(rollout.cost_ms)[feasible].mean()) if feasible.any() else None,
+                    "feasible": float(feasible.mean()),
+                    "entropy": float(rollout.entropy.mean()),
+                }
+            )
+            bar.set_postfix(cost=f"{stats[-1]['cost_ms'] or float('nan'):.2f}", feasible=f"{stats[-1]['feasible']:.2f}")
+        entry = {
+            "round": round_ + 1,
+            "policy_s": round(time.perf_counter() - started, 2),
+            "last": stats[-1],
+            "mean_cost_ms": float(np.mean([s["cost_ms"] for s in stats if s["cost_ms"] is not None])),
+        }
+        if refine.plans_per_round > 0:
+            started = time.perf_counter()
+            rng = np.random.default_rng([config.seed, round_, 7])
+            seeds = rng.choice(len(tasks), size=min(refine.plans_per_round, len(tasks)), replace=False)
+            measure_greedy_plans(graph, params, model, tasks, seeds, refine, log, round_)
+            records = list(log.records())
+            extra_compute = [c for r in records for c in r["compute"]]
+            extra_comm = [r["comm"] for r in records]
+            refine_config = TrainConfig(epochs=refine.epochs, learning_rate=refine.learning_rate, progress=False)
+            cost_params, report, _ = fit_nets(nets, cost_params, dataset_dir, refine_config, extra_compute, extra_comm)
+            model = neural_cost_model(nets, cost_params)
+            arrays = build_arrays()  # cost-model latents and penalties change with the cost model
+            entry.update(
+                refine_s=round(time.perf_counter() - started, 2),
+                measured_plans=len(records),
+                compute_test_mape=report["compute"]["neural"]["mape"],
+            )
+        history.append(entry)
+        meta = {
+            **settings,
+            "rounds_done": round_ + 1,
+            "history": history,
+            "feature_names": cost_meta["feature_names"],
+            "batch_size": task_config.batch_size,
+            "precision": cost_meta.get("precision", "fp32"),
+            "cost_model_source": cost_meta.get("how"),
+            "hardware": hardware(),
+            "how": "python -m neuroshard_jax.train_policy (conf/train_policy.yaml)",
+            "trained": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        name = f"round-{round_ + 1:04d}"
+        shutil.rmtree(out / name, ignore_errors=True)  # a round left half-written by a stop
+        (out / name).mkdir()
+        save_policy(out / name, policy_config, params, opt_state, meta)
+        cost_meta_out = {k: v for k, v in cost_meta.items() if k not in ("format", "net_config", "feature_names")}
+        cost_meta_out["refined_on_measured_plans"] = len(list(log.records()))
+        save_checkpoint(out / name / "cost_model", net_config, cost_params, cost_meta_out)
+        pointer = out / "LATEST.tmp"
+        pointer.write_text(name + "\n")
+        pointer.replace(out / "LATEST")  # the round counts only once it is complete
+        for old in out.glob("round-*"):
+            if old.name != name:
+                shutil.rmtree(old)
+    return {"rounds_done": config.rounds, "history": history}
+
+
+def _config(cls, options: dict, where: str):
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise UserError(f"{where}.{unknown[0]}: unknown option, expected one of {', '.join(sorted(known))}")
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
+    if cls is TaskSetConfig and "pool" in values:
+        values["pool"] = PoolSpec.from_json(values["pool"])
+    return cls(**values)
+
+
+@hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="train_policy")
+def main(cfg: DictConfig) -> None:
+    options = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        result = train_policy(
+            options["out"],
+            _config(PolicyConfig, options["policy"], "policy"),
+            _config(PolicyTrainConfig, options["train"], "train"),
+            _config(TaskSetConfig, options["tasks"], "tasks"),
+            _config(RefineConfig, options["refine"], "refine"),
+            options.get("cost_model"),
+        )
+    except UserError as err:
+        fail(err)
+    print(json.dumps(result["history"][-1:], indent=1))
+    print(f"policy written to {options['out']} (rounds done: {result['rounds_done']})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Fit the analytic (roofline) model's constants to a measured dataset, so it is a fair baseline.
+
+    python tools/fit_analytic.py [--dataset neuroshard_jax/data/profiles/cpu-b4096] [--steps 3000]
+
+Fits memory bandwidth, kernel and per-table overheads (compute labels) and all-to-all bandwidth and
+latency (comm labels) by minimising the squared log error on the training split (the same seeded
+80/10/10 split as the neural model), then prints the test-split metrics and the constants to put in
+neuroshard_jax/constants.py and conf/cost_model/analytic.yaml. The backward/forward byte ratio stays
+at TorchRec's 2 (it is not identifiable from fwd+bwd totals apart from the bandwidth).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from neuroshard_jax.constants import BYTES_PER_ELEMENT
+from neuroshard_jax.cost_models import ANALYTIC_FNS, AnalyticConfig, AnalyticParams, device_compute_ms
+from neuroshard_jax.training import TrainConfig, comm_arrays, compute_arrays, metrics, split_indices
+
+FITTED = ("mem_bw_gbps", "kernel_overhead_ms", "table_overhead_ms", "comm_bw_gbps", "comm_latency_ms")
+
+
+def params_of(log_values, base: AnalyticParams) -> AnalyticParams:
+    return base._replace(**{name: jnp.exp(log_values[i]) for i, name in enumerate(FITTED)})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="neuroshard_jax/data/profiles/cpu-b4096")
+    parser.add_argument("--steps", type=int, default=3000)
+    args = parser.parse_args()
+    split = TrainConfig().split
+    feats, mask, target, manifest = compute_arrays(args.dataset)
+    dims, delays, cmask, fwd_ms, bwd_ms, _ = comm_arrays(args.dataset)
+    train, _, test = split_indices(len(target), split, 0)
+    ctrain, _, ctest = split_indices(len(dims), split, 0)
+    settings = manifest["settings"]
+    start = AnalyticConfig()
+    base = AnalyticParams(
+        float(settings["batch_size"]),
+        float(BYTES_PER_ELEMENT[settings.get("precision", "fp32")]),
+        **dataclasses.asdict(start),
+    )
+
+    def predict(p, idx, cidx):
+        compute = device_compute_ms(ANALYTIC_FNS, p, feats[idx], mask[idx])
+        bwd = ANALYTIC_FNS.bwd_comm(p, dims[cidx], cmask[cidx])
+        fwd = ANALYTIC_FNS.fwd_comm(p, dims[cidx], delays[cidx], cmask[cidx])
+        return compute, fwd, bwd
+
+    def loss(log_values):
+        compute, fwd, bwd = predict(params_of(log_values, base), train, ctrain)
+        m = cmask[ctrain]
+
+        def comm_err(pred, true):
+            err = (jnp.log(jnp.maximum(pred, 1e-4)) - jnp.log(jnp.maximum(true, 1e-3))) ** 2
+            return jnp.sum(jnp.where(m, err, 0.0)) / m.sum()
+
+        compute_err = jnp.mean((jnp.log(compute) - jnp.log(target[train])) ** 2)
+        return compute_err + comm_err(fwd, fwd_ms[ctrain]) + comm_err(bwd, bwd_ms[ctrain])
+
+    log_values = jnp.log(jnp.array([getattr(start, name) for name in FITTED]))
+    tx = optax.adam(0.02)
+    state = tx.init(log_values)
+    value_and_grad = jax.jit(jax.value_and_grad(loss))
+    for _ in range(args.steps):
+        value, grad = value_and_grad(log_values)
+        updates, state = tx.update(grad, state)
+        log_values = optax.apply_updates(log_values, updates)
+    fitted = params_of(log_values, base)
+    compute, fwd, bwd = predict(fitted, test, ctest)
+    m = cmask[ctest]
+    report = {
+        "constants": {name: round(float(getattr(fitted, name)), 4) for name in FITTED},
+        "train_loss": float(value),
+        "test": {
+            "compute": metrics(np.asarray(compute), target[test]),
+            "fwd_comm": metrics(np.asarray(fwd)[m], fwd_ms[ctest][m]),
+            "bwd_comm": metrics(np.asarray(bwd)[m], bwd_ms[ctest][m]),
+        },
+    }
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
