@@ -22,7 +22,7 @@ from neuroshard_jax.errors import UserError
 from neuroshard_jax.features import FEATURE_NAMES
 from neuroshard_jax.neural import FeatureStats, NetConfig, NeuralNets, NeuralParams, init_nets
 
-FORMAT_VERSION = 2  # 2: compute latents carry a count channel, the head sees mean + log count
+FORMAT_VERSION = 3  # 2: compute head on mean latent + log count; 3: comm nets learn the transfer, not the wait
 
 
 def save_tree(path: Path, tree) -> None:

@@ -187,10 +187,15 @@ def _analytic_bwd_comm(p: AnalyticParams, dim_sums, device_mask):
     return bytes_ / (p.comm_bw_gbps * 1e9) * 1e3 + p.comm_latency_ms * (n > 1)
 
 
+def straggler_wait(delays_ms, device_mask):
+    """ms f32[..., N] a device waits in the forward all-to-all for the slowest peer: max delay - own delay."""
+    latest = jnp.where(device_mask, delays_ms, -jnp.inf).max(-1, keepdims=True)
+    return jnp.where(device_mask, latest - delays_ms, 0.0)
+
+
 def _analytic_fwd_comm(p: AnalyticParams, dim_sums, delays_ms, device_mask):
     """Same transfer as backward, plus waiting for the slowest peer to arrive."""
-    wait = jnp.where(device_mask, delays_ms, -jnp.inf).max(-1, keepdims=True) - delays_ms
-    return _analytic_bwd_comm(p, dim_sums, device_mask) + wait
+    return _analytic_bwd_comm(p, dim_sums, device_mask) + straggler_wait(delays_ms, device_mask)
 
 
 ANALYTIC_FNS = CostFns(_analytic_embed, _analytic_head, _analytic_bwd_comm, _analytic_fwd_comm)

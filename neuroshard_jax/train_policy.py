@@ -127,6 +127,14 @@ def save_policy(path: Path, config: PolicyConfig, params: PolicyParams, opt_stat
     (path / "meta.json").write_text(json.dumps(full, indent=1) + "\n")
 
 
+def _comparable(settings: dict) -> dict:
+    """Settings a resumed run must share (more rounds, or another progress display, are fine)."""
+    out = json.loads(json.dumps(settings))
+    for key in ("rounds", "progress"):
+        (out.get("train") or {}).pop(key, None)
+    return out
+
+
 def policy_dir(path: str | Path) -> Path:
     """The newest finished round of a training output directory, or ``path`` itself."""
     path = Path(path).resolve()
@@ -213,8 +221,7 @@ def train_policy(
     tx = optax.adam(config.learning_rate)
     if (out / "LATEST").exists():  # resume after the last finished round
         graph, params, opt_state, meta = load_policy(out, tx)
-        saved = {k: meta.get(k) for k in settings}
-        if json.loads(json.dumps(settings)) != saved:
+        if _comparable(settings) != _comparable({k: meta.get(k) for k in settings}):
             raise UserError(
                 f"train_policy: {str(out)!r} holds a run with other settings; expected the same settings or a new out"
             )

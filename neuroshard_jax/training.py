@@ -25,7 +25,7 @@ from neuroshard_jax.cost_models import ANALYTIC_FNS, AnalyticConfig, AnalyticPar
 from neuroshard_jax.datasets import read_records
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.features import NUM_FEATURES, feature_matrix
-from neuroshard_jax.neural import FeatureStats, NeuralParams, comm_inputs, fit_stats, init_nets, neural_fns, normalize
+from neuroshard_jax.neural import FeatureStats, NeuralParams, comm_time, fit_stats, init_nets, neural_fns, normalize
 from neuroshard_jax.tables import PoolSpec, load_pool
 
 
@@ -211,8 +211,8 @@ def compute_loss(stats: FeatureStats):
 
 def comm_loss(use_delays: bool):
     def loss(model, dim_sums, delays_ms, mask, target_ms):
-        inputs = comm_inputs(dim_sums, delays_ms if use_delays else jnp.zeros_like(delays_ms), mask)
-        err = (model(inputs, mask) - jnp.log(jnp.maximum(target_ms, 1e-3))) ** 2
+        pred = comm_time(model, dim_sums, delays_ms if use_delays else jnp.zeros_like(delays_ms), mask)
+        err = (jnp.log(jnp.maximum(pred, 1e-3)) - jnp.log(jnp.maximum(target_ms, 1e-3))) ** 2
         return jnp.sum(jnp.where(mask, err, 0.0)) / jnp.maximum(mask.sum(), 1)
 
     return loss
@@ -244,8 +244,7 @@ def predict_shard_ms(checkpoint: str | Path, feats, mask) -> np.ndarray:
 def comm_ms(graph, state, dims, delays, mask) -> np.ndarray:
     """A comm net's ms f64[S, N] of padded samples."""
     net = nnx.merge(graph, state)
-    inputs = comm_inputs(jnp.asarray(dims), jnp.asarray(delays), jnp.asarray(mask))
-    return np.exp(np.asarray(net(inputs, jnp.asarray(mask)), float))
+    return np.asarray(comm_time(net, jnp.asarray(dims), jnp.asarray(delays), jnp.asarray(mask)), float)
 
 
 def fit_nets(

@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.checkpoints import load_checkpoint, save_checkpoint
-from neuroshard_jax.cost_models import NeuralConfig, device_costs, make_cost_model, plan_arrays, plan_cost_ms
+from neuroshard_jax.cost_models import (
+    NeuralConfig,
+    device_compute_ms,
+    device_costs,
+    make_cost_model,
+    plan_arrays,
+    plan_cost_ms,
+)
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.neural import NetConfig, init_nets, neural_fns
 from neuroshard_jax.training import kendall_tau, mape
@@ -121,3 +128,17 @@ def test_summing_before_the_last_layer_equals_summing_latents():
     fast = fns.embed_sum(params, feats, mask)
     slow = jnp.where(mask[..., None], fns.embed(params, feats), 0.0).sum(-2)
     np.testing.assert_allclose(np.asarray(fast), np.asarray(slow), rtol=1e-4, atol=1e-4)
+
+
+def test_chunked_scoring_equals_one_pass():
+    from neuroshard_jax import scoring
+
+    nets, params = init_nets(NetConfig(), seed=1)
+    fns = neural_fns(nets)
+    rng = np.random.default_rng(2)
+    feats = rng.lognormal(size=(3, 1000, 4, 21)).astype(np.float32)  # 3000 shards: chunks of 1024, padded
+    mask = rng.random((3, 1000, 4)) < 0.7
+    chunked = np.asarray(scoring.shard_costs(fns, params, feats, mask))
+    one_pass = np.asarray(device_compute_ms(fns, params, feats, mask))
+    assert chunked.shape == (3, 1000)
+    np.testing.assert_allclose(chunked, one_pass, rtol=1e-4, atol=1e-5)

@@ -3,11 +3,13 @@
     python tools/bench_scoring.py [--checkpoint DIR] [--batch 16384] [--tables 15] [--repeats 20]
 
 Full path: 15-table shards (padded to 16) -> per-table embeddings -> masked sum -> head, one jitted
-call per batch. Incremental path: the head alone on ready latent sums (what a search runs when it
-adds a table to a device). Prints shard costs per second after compilation, and the compile time.
+call per batch (``scoring.shard_costs``: chunks of 1024 shards in a ``lax.map``). Incremental path:
+the head alone on ready latent sums (what a search runs when it adds a table to a device).
+Prints shard costs per second after compilation, and the compile time.
 """
 
 import argparse
+import functools
 import json
 import time
 
@@ -15,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from neuroshard_jax.cost_models import device_compute_ms
 from neuroshard_jax.features import NUM_FEATURES
 from neuroshard_jax.neural import NetConfig, init_nets, neural_fns
+from neuroshard_jax.scoring import shard_costs
 
 
 def timed(fn, *args, repeats: int) -> tuple[float, float]:
@@ -50,7 +52,7 @@ def main() -> None:
     width = 16
     feats = jnp.asarray(rng.lognormal(size=(args.batch, width, NUM_FEATURES)).astype(np.float32))
     mask = jnp.asarray(np.arange(width)[None, :] < args.tables).repeat(args.batch, 0)
-    full = jax.jit(jax.vmap(lambda f, m: device_compute_ms(fns, params, f, m)))
+    full = functools.partial(shard_costs, fns, params)  # jitted, chunked
     latent = jnp.asarray(
         rng.normal(size=(args.batch, params.compute["head_mlp"]["layers"][0]["kernel"].shape[0])), dtype=jnp.float32
     )
