@@ -9,7 +9,7 @@ cost model and the history are checkpointed (written to a temporary directory, t
 stopped run continues from its last finished round with the same command.
 
 Layout of ``out``: ``refine.jsonl`` (measured plans), ``round-NNNN/`` (one finished round: ``policy/``,
-orbax net + feature statistics + optimizer state; ``cost_model/``, a neural cost model checkpoint;
+orbax net + feature statistics; ``optimizer/``, the optimizer state; ``cost_model/``, a neural cost model checkpoint;
 ``meta.json``) and ``LATEST`` (the name of the newest round, replaced atomically once that round is
 complete; older rounds are then removed). A policy path may be ``out`` or a round directory.
 """
@@ -117,12 +117,9 @@ def training_tasks(config: TaskSetConfig):
 
 def save_policy(path: Path, config: PolicyConfig, params: PolicyParams, opt_state, meta: dict) -> None:
     """Write a policy checkpoint directory (``path`` is replaced)."""
-    tree = {
-        "net": nnx.to_pure_dict(params.net),
-        "stats": {"mean": params.stats.mean, "std": params.stats.std},
-        "opt": jax.tree_util.tree_leaves(opt_state) if opt_state is not None else [],
-    }
-    save_tree(path / "policy", tree)
+    save_tree(path / "policy", {"net": nnx.to_pure_dict(params.net), "stats": params.stats._asdict()})
+    if opt_state is not None:
+        save_tree(path / "optimizer", {"leaves": jax.tree_util.tree_leaves(opt_state)})
     full = {"format": FORMAT_VERSION, "policy_config": dataclasses.asdict(config), **meta}
     (path / "meta.json").write_text(json.dumps(full, indent=1) + "\n")
 
@@ -151,16 +148,14 @@ def load_policy(path: str | Path, tx: optax.GradientTransformation | None = None
     config = PolicyConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in meta["policy_config"].items()})
     graph, state = nnx.split(Policy(config, nnx.Rngs(0)))
     stats = FeatureStats(jnp.zeros(NUM_FEATURES), jnp.ones(NUM_FEATURES))
-    template = {"net": nnx.to_pure_dict(state), "stats": {"mean": stats.mean, "std": stats.std}, "opt": []}
-    opt_template = tx.init(state) if tx is not None else None
-    if opt_template is not None:
-        template["opt"] = jax.tree_util.tree_leaves(opt_template)
-    tree = restore_tree(path / "policy", template)
+    tree = restore_tree(path / "policy", {"net": nnx.to_pure_dict(state), "stats": stats._asdict()})
     nnx.replace_by_pure_dict(state, tree["net"])
     params = PolicyParams(state, FeatureStats(jnp.asarray(tree["stats"]["mean"]), jnp.asarray(tree["stats"]["std"])))
     opt_state = None
-    if opt_template is not None:
-        opt_state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(opt_template), tree["opt"])
+    if tx is not None:
+        template = tx.init(state)
+        leaves = restore_tree(path / "optimizer", {"leaves": jax.tree_util.tree_leaves(template)})["leaves"]
+        opt_state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template), leaves)
     return graph, params, opt_state, meta
 
 

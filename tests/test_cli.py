@@ -133,3 +133,11 @@ def test_multirun(tmp_path):
     assert len(plans) == 2
     names = {json.loads(p.read_text())["searcher"] for p in plans}
     assert names == {"random", "size_lookup_greedy"}
+
+
+def test_rl_with_the_shipped_policy(tmp_path):
+    done = run_cli("searcher=rl", "task.num_devices=8", f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    _check_contract(plan)
+    assert plan["searcher"] == "rl" and len(plan["shards"]) == len(plan["task"]["tables"])

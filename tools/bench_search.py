@@ -8,10 +8,11 @@ speed: for T = 10, 30, 60 tables and N = 4, 8 devices, beam search (defaults k=3
   max_length=10) in JAX, after compilation (compile time reported separately), against the oracle of
   tests/oracle.py (the paper's loops, one shard at a time); both return the same plan.
 scale: one subprocess per device count, so each reports its own peak resident memory.
-quality: held-out tasks (conf/task/neuroshard.yaml, 10..59 tables, seeds from --first-seed), every
-  searcher's plan measured by the evaluator; plans and measurements are appended to OUT/quality.jsonl
-  (a stopped run resumes). Infeasible plans are counted per searcher, never dropped: means are over
-  the tasks every searcher solved, and each searcher's solved count is reported beside them.
+quality: held-out tasks (conf/task/neuroshard.yaml, 10..59 tables from the test half of the pool, which
+  the rl policy never saw, seeds from --first-seed), every searcher's plan measured by the evaluator;
+  plans and measurements are appended to OUT/quality.jsonl (a stopped run resumes). Infeasible plans
+  are counted per searcher, never dropped: means are over the tasks every searcher solved, and each
+  searcher's solved count is reported beside them.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from neuroshard_jax.tasks import TaskConfig, make_task  # noqa: E402
 from searchers import make_searcher  # noqa: E402
 
 GREEDY = ["dim_greedy", "size_greedy", "lookup_greedy", "size_lookup_greedy"]
-SEARCHERS = ["beam", "grid", "random", *GREEDY]
+SEARCHERS = ["beam", "grid", "rl", "random", *GREEDY]
 
 
 def _ints(text: str) -> list[int]:
@@ -118,7 +119,7 @@ def quality(args) -> dict:
     for start in range(0, len(todo), args.chunk):
         plans, records = [], []
         for n, seed, searcher in todo[start : start + args.chunk]:
-            task = make_task(TaskConfig(num_tables=None, num_devices=n), seed)
+            task = make_task(TaskConfig(num_tables=None, num_devices=n, split="test"), seed)
             model = make_cost_model(args.cost_model, task)
             record = {"id": f"{n}/{seed}/{searcher}", "devices": n, "task_seed": seed, "searcher": searcher}
             record["tables"] = task.num_tables
@@ -185,7 +186,7 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=20_000, help="quality: held-out task seeds")
     parser.add_argument("--searchers", type=lambda s: s.split(","), default=SEARCHERS)
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--chunk", type=int, default=21, help="quality: plans measured per batch (and appended)")
+    parser.add_argument("--chunk", type=int, default=24, help="quality: plans measured per batch (and appended)")
     parser.add_argument("--out", default="bench/search")
     args = parser.parse_args()
     if args.what == "scale-one":
