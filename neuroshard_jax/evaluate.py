@@ -53,33 +53,41 @@ def measure_plans(plans: list[Plan], config: EvaluateConfig) -> list[dict]:
             raise UserError(f"plan {i}: its task has no 'pool'; the evaluator replays the tables' index streams")
     compute = [[0.0] * p.task.num_devices for p in plans]
     kernels: list[list[dict | None]] = [[None] * p.task.num_devices for p in plans]
-    requests = []
+    # A device's kernel depends only on its (table, dim) set and the task's pool and batch: a set that
+    # recurs in the batch (the same device in plans of several searchers) is measured once.
+    requests: dict[tuple, dict] = {}
+    users: dict[int, list[tuple[int, int]]] = {}  # request key -> the (plan, device) pairs it measures
     for i, plan in enumerate(plans):
         task = plan.task
         for d in range(task.num_devices):
-            shards = plan.device_shards(d)
-            if shards:
-                request = compute_request(
-                    len(requests),
-                    [[task.tables[s.table].id, s.dim] for s in shards],
-                    task.pool,
-                    task.batch_size,
-                    config.device,
-                    config.optimizer,
-                    task.precision,
-                    config.warmup,
-                    config.iters,
-                )
-                requests.append({**request, "plan": i, "device_index": d})
+            tables = sorted((task.tables[s.table].id, s.dim) for s in plan.device_shards(d))
+            if tables:
+                key = (json.dumps(task.pool.to_json(), sort_keys=True), task.batch_size, task.precision, tuple(tables))
+                if key not in requests:
+                    requests[key] = compute_request(
+                        len(requests),
+                        [list(t) for t in tables],
+                        task.pool,
+                        task.batch_size,
+                        config.device,
+                        config.optimizer,
+                        task.precision,
+                        config.warmup,
+                        config.iters,
+                    )
+                    requests[key]["key"] = len(users)
+                    users[len(users)] = []
+                users[requests[key]["key"]].append((i, d))
 
     def record(request: dict, answer: dict) -> None:
-        i, d = request["plan"], request["device_index"]
+        i, d = users[request["key"]][0]
         if not answer.get("ok"):
             raise UserError(f"evaluation failed on plan {i} device {d}: {answer.get('error')}")
-        compute[i][d] = answer["total_ms"]
-        kernels[i][d] = {"fwd_ms": answer["fwd_ms"], "bwd_ms": answer["bwd_ms"]}
+        for i, d in users[request["key"]]:
+            compute[i][d] = answer["total_ms"]
+            kernels[i][d] = {"fwd_ms": answer["fwd_ms"], "bwd_ms": answer["bwd_ms"]}
 
-    map_requests(requests, record, config.workers, config.device, config.timeout_s)
+    map_requests(list(requests.values()), record, config.workers, config.device, config.timeout_s)
 
     fwd = [[0.0] * p.task.num_devices for p in plans]
     bwd = [[0.0] * p.task.num_devices for p in plans]
