@@ -39,6 +39,7 @@ def test_default_run_prints_and_writes_a_plan(tmp_path):
     done = run_cli(f"hydra.run.dir={tmp_path}")
     assert done.returncode == 0, done.stderr
     assert "predicted cost" in done.stdout and "mem_GB" in done.stdout
+    assert "INFO" not in done.stdout + done.stderr  # no library log lines (orbax, JAX) around the plan
     plan = json.loads((tmp_path / "plan.json").read_text())
     _check_contract(plan)
     assert plan["searcher"] == "beam" and plan["cost_model"] == "neural" and len(plan["task"]["tables"]) == 50
