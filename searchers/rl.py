@@ -58,11 +58,12 @@ class RLSearch:
         from neuroshard_jax.rl import decode, plan_from_actions, stack_tasks, task_arrays
 
         graph, params, policy_model, meta = _load(self.path())
-        if meta["batch_size"] != task.batch_size:
-            raise UserError(
-                f"task.batch_size: got {task.batch_size}, but the rl policy was trained at batch {meta['batch_size']}; "
-                "expected the same"
-            )
+        for field in ("batch_size", "precision"):
+            if getattr(task, field) != meta[field]:
+                raise UserError(
+                    f"task.{field}: got {getattr(task, field)!r}, but the rl policy was trained at {field} "
+                    f"{meta[field]!r}; expected the same (or another searcher)"
+                )
         arrays, order = task_arrays(task, policy_model)
         batch = stack_tasks([arrays])
         fns, cost_params = policy_model.fns, policy_model.params

@@ -139,3 +139,10 @@ def test_bad_policy_path_is_a_clear_error(tmp_path):
         make_searcher("rl", {"policy": str(tmp_path / "none")}).search(task, make_cost_model("analytic", task), 0)
     with pytest.raises(UserError, match="searcher.samples: got -1"):
         make_searcher("rl", {"samples": -1})
+
+
+def test_policy_of_another_batch_size_is_a_clear_error(tiny_policy):
+    out, _ = tiny_policy
+    task = make_task([make_table(i) for i in range(3)], num_devices=2, batch_size=512)
+    with pytest.raises(UserError, match="task.batch_size: got 512, but the rl policy was trained at batch_size 256"):
+        make_searcher("rl", {"policy": str(out)}).search(task, make_cost_model("analytic", task), 0)
