@@ -8,6 +8,7 @@ Commands:
   comm RANK WORLD INIT REQUESTS OUT
                         one rank of an all-to-all benchmark (gloo on CPU, NCCL on CUDA)
   dlrm-to-npz IN OUT    convert a DLRM benchmark file (torch.load -> indices, offsets, lengths) to .npz
+  torchrec-plan IN OUT  run TorchRec's EmbeddingShardingPlanner on a task (searchers/torchrec.py)
 
 A compute request: {"id", "device": "cpu"|"cuda", "pool": {...PoolSpec}, "batch_size",
 "tables": [[pool table id, dim], ...], "optimizer", "precision", "warmup", "iters"}.
@@ -23,6 +24,7 @@ import signal
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -288,6 +290,64 @@ def dlrm_to_npz(src: str, dst: str) -> None:
     np.savez(dst, indices=indices.astype(np.int64), offsets=offsets.astype(np.int64), lengths=lengths.astype(np.int64))
 
 
+TORCHREC_MISSING = "torchrec is not installed"
+
+
+def torchrec_plan(request: dict) -> dict:
+    """TorchRec's EmbeddingShardingPlanner on a task: tables on the meta device, N ranks with the task's
+    memory cap, pooling factors as constraints, the allowed sharding types, the fused kernel.
+    Returns per table its shards [{col_offset, dim, rank}] or {"error": ...}."""
+    try:
+        import torch
+        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+        from torchrec.distributed.planner.types import PlannerError
+        from torchrec.modules.embedding_configs import DataType
+    except ImportError as err:
+        return {"error": f"{TORCHREC_MISSING} ({err})"}
+    data_type = {"fp32": DataType.FP32, "fp16": DataType.FP16, "bf16": DataType.BF16, "int8": DataType.INT8}
+    tables = request["tables"]
+    configs = [
+        EmbeddingBagConfig(
+            name=f"t{i}",
+            embedding_dim=int(t["dim"]),
+            num_embeddings=int(t["rows"]),
+            feature_names=[f"f{i}"],
+            data_type=data_type[request["precision"]],
+        )
+        for i, t in enumerate(tables)
+    ]
+    constraints = {
+        f"t{i}": ParameterConstraints(
+            sharding_types=list(request["sharding_types"]),
+            compute_kernels=["fused"],
+            pooling_factors=[float(t["pooling_factor"])],
+        )
+        for i, t in enumerate(tables)
+    }
+    topology = Topology(
+        world_size=int(request["num_devices"]), compute_device="cuda", hbm_cap=int(request["mem_cap_bytes"])
+    )
+    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints, batch_size=request["batch_size"])
+    model = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    start = time.perf_counter()
+    try:
+        plan = planner.plan(model, [EmbeddingBagCollectionSharder()])
+    except PlannerError as err:
+        return {"error": f"torchrec planner: {str(err).splitlines()[0]}", "infeasible": True}
+    planner_s = time.perf_counter() - start
+    shards = [[] for _ in tables]
+    for module_plan in plan.plan.values():
+        for name, sharding in module_plan.items():
+            for shard in sharding.sharding_spec.shards:
+                rank = int(str(shard.placement).split("rank:")[1].split("/")[0])
+                shards[int(name[1:])].append(
+                    {"col_offset": int(shard.shard_offsets[1]), "dim": int(shard.shard_sizes[1]), "rank": rank}
+                )
+    return {"shards": shards, "planner_s": planner_s}
+
+
 def main(argv: list[str]) -> None:
     if argv == ["serve"]:
         serve()
@@ -301,7 +361,14 @@ def main(argv: list[str]) -> None:
         except (OSError, RuntimeError, ValueError) as err:
             raise SystemExit(f"{type(err).__name__}: {err}") from None
         return
-    raise SystemExit(f"usage: python -m neuroshard_jax.worker serve | comm ... | dlrm-to-npz IN OUT (got {argv})")
+    if len(argv) == 3 and argv[0] == "torchrec-plan":
+        result = torchrec_plan(json.loads(Path(argv[1]).read_text()))
+        Path(argv[2]).write_text(json.dumps(result))
+        return
+    raise SystemExit(
+        "usage: python -m neuroshard_jax.worker serve | comm ... | dlrm-to-npz IN OUT | torchrec-plan IN OUT "
+        f"(got {argv})"
+    )
 
 
 if __name__ == "__main__":

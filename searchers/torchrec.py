@@ -1,0 +1,83 @@
+"""``searcher=torchrec``: TorchRec's EmbeddingShardingPlanner as the outside baseline.
+
+The planner runs in the torch worker subprocess (``python -m neuroshard_jax.worker torchrec-plan``),
+the only place torch is imported: tables as EmbeddingBagConfigs on the meta device, a Topology of N
+ranks with the task's memory cap, pooling factors as constraints, sharding types table_wise and
+column_wise, the fused kernel. Its plan is converted to ours (a table's column shards must be 2^k
+equal widths) and then scored and measured like any other. Needs the ``torchrec`` install (README).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from neuroshard_jax.cost_models import CostModel
+from neuroshard_jax.errors import InfeasibleError, UserError
+from neuroshard_jax.types import Plan, Shard, Task
+from searchers.registry import register
+
+SHARDING_TYPES = ("table_wise", "column_wise")
+INSTALL = "pip install --no-deps torchrec==1.8.0 && pip install -e '.[torchrec]' (see README, TorchRec)"
+
+
+def plan_from_torchrec(task: Task, shards: list[list[dict]]) -> Plan:
+    """Our plan from TorchRec's per-table shards; a table's shards must be 2^k equal column slices."""
+    out = []
+    for t, table_shards in enumerate(shards):
+        table_shards = sorted(table_shards, key=lambda s: s["col_offset"])
+        widths = {s["dim"] for s in table_shards}
+        count = len(table_shards)
+        if len(widths) != 1 or count & (count - 1) or sum(s["dim"] for s in table_shards) != task.tables[t].dim:
+            raise UserError(
+                f"torchrec: table {task.tables[t].id} was split into widths {[s['dim'] for s in table_shards]}, "
+                "expected 2^k equal column shards (the plan format of this project)"
+            )
+        out.extend(Shard(t, s["col_offset"], s["dim"], s["rank"]) for s in table_shards)
+    return Plan(task, tuple(out))
+
+
+@register("torchrec")
+@dataclasses.dataclass(frozen=True)
+class TorchRecSearch:
+    sharding_types: tuple[str, ...] = SHARDING_TYPES
+    timeout_s: float = 600.0
+
+    def __post_init__(self):
+        unknown = sorted(set(self.sharding_types) - set(SHARDING_TYPES))
+        if unknown or not self.sharding_types:
+            raise UserError(
+                f"searcher.sharding_types: got {list(self.sharding_types)}, expected a non-empty subset of "
+                f"{list(SHARDING_TYPES)}"
+            )
+
+    def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan:
+        request = {
+            "tables": [{"rows": t.rows, "dim": t.dim, "pooling_factor": t.pooling_factor} for t in task.tables],
+            "num_devices": task.num_devices,
+            "mem_cap_bytes": task.mem_cap_bytes,
+            "batch_size": task.batch_size,
+            "precision": task.precision,
+            "sharding_types": list(self.sharding_types),
+        }
+        with tempfile.TemporaryDirectory(prefix="neuroshard-torchrec-") as tmp:
+            src, dst = Path(tmp) / "request.json", Path(tmp) / "plan.json"
+            src.write_text(json.dumps(request))
+            cmd = [sys.executable, "-m", "neuroshard_jax.worker", "torchrec-plan", str(src), str(dst)]
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s)
+            except subprocess.TimeoutExpired:
+                raise UserError(f"torchrec: the planner ran past searcher.timeout_s={self.timeout_s}") from None
+            if done.returncode != 0 or not dst.exists():
+                tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                raise UserError(f"torchrec: the planner subprocess failed (exit {done.returncode}): {tail}")
+            result = json.loads(dst.read_text())
+        if "error" in result:
+            if result.get("infeasible"):
+                raise InfeasibleError(result["error"])
+            raise UserError(f"searcher=torchrec: {result['error']}; install it with {INSTALL}")
+        return plan_from_torchrec(task, result["shards"])

@@ -1,0 +1,44 @@
+"""searcher=torchrec: TorchRec's real planner in the worker subprocess, converted to our plans."""
+
+import subprocess
+import sys
+
+import pytest
+
+from neuroshard_jax.cost_models import analytic_model
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.plans import validate_plan
+from neuroshard_jax.types import Shard
+from searchers import make_searcher
+from searchers.torchrec import plan_from_torchrec
+
+from .conftest import make_table, make_task
+
+
+def test_torchrec_planner_gives_a_valid_plan_of_ours():
+    tables = [make_table(i, rows=10_000 * (i + 1), dim=(16, 64, 128)[i % 3], pooling=2.0 + i) for i in range(6)]
+    task = make_task(tables, num_devices=2, mem_cap_gb=0.5, batch_size=512)
+    plan = make_searcher("torchrec").search(task, analytic_model(task), 0)
+    validate_plan(plan)
+    assert {s.device for s in plan.shards} <= {0, 1}
+    table_wise = make_searcher("torchrec", {"sharding_types": ["table_wise"]}).search(task, analytic_model(task), 0)
+    assert len(table_wise.shards) == len(tables)
+
+
+def test_unequal_torchrec_splits_are_refused_clearly():
+    task = make_task([make_table(0, dim=64)])
+    ok = plan_from_torchrec(task, [[{"col_offset": 32, "dim": 32, "rank": 1}, {"col_offset": 0, "dim": 32, "rank": 0}]])
+    assert ok.shards == (Shard(0, 0, 32, 0), Shard(0, 32, 32, 1))
+    with pytest.raises(UserError, match=r"widths \[16, 48\], expected 2\^k equal"):
+        plan_from_torchrec(task, [[{"col_offset": 0, "dim": 16, "rank": 0}, {"col_offset": 16, "dim": 48, "rank": 1}]])
+
+
+def test_missing_torchrec_is_a_clear_message(tmp_path):
+    code = (
+        "import sys, json; sys.modules['torchrec'] = None; from neuroshard_jax.worker import torchrec_plan; "
+        "print(json.dumps(torchrec_plan({})))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "torchrec is not installed" in done.stdout
+    with pytest.raises(UserError, match="sharding_types: got"):
+        make_searcher("torchrec", {"sharding_types": ["row_wise"]})
