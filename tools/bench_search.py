@@ -31,14 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/oracle.py
 
 from neuroshard_jax.cost_models import make_cost_model, score_plan  # noqa: E402
 from neuroshard_jax.datasets import JsonlLog  # noqa: E402
-from neuroshard_jax.errors import InfeasibleError  # noqa: E402
+from neuroshard_jax.errors import InfeasibleError, UserError  # noqa: E402
 from neuroshard_jax.evaluate import EvaluateConfig, measure_plans  # noqa: E402
 from neuroshard_jax.search import write_json  # noqa: E402
 from neuroshard_jax.tasks import TaskConfig, make_task  # noqa: E402
 from searchers import make_searcher  # noqa: E402
 
 GREEDY = ["dim_greedy", "size_greedy", "lookup_greedy", "size_lookup_greedy"]
-SEARCHERS = ["beam", "grid", "rl", "random", *GREEDY]
+SEARCHERS = ["beam", "grid", "rl", "torchrec", "random", *GREEDY]
 
 
 def _ints(text: str) -> list[int]:
@@ -125,7 +125,7 @@ def quality(args) -> dict:
             record["tables"] = task.num_tables
             try:
                 plan, search_s = timed(make_searcher(searcher).search, task, model, seed)
-            except InfeasibleError as err:
+            except (InfeasibleError, UserError) as err:  # no plan (or one our format cannot hold): counted
                 records.append({**record, "infeasible": str(err)})
                 continue
             costs = score_plan(model, plan)
