@@ -18,7 +18,6 @@ Rollouts are one ``lax.scan`` over tables, ``vmap``ped over episodes and tasks.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import NamedTuple
 
 import jax
@@ -30,6 +29,7 @@ from neuroshard_jax.cost_models import CostFns, CostModel, bucket, combine_costs
 from neuroshard_jax.features import NUM_FEATURES
 from neuroshard_jax.grid import cap_units, mem_units
 from neuroshard_jax.neural import MLP, FeatureStats, normalize
+from neuroshard_jax.scoring import single_shard_costs
 from neuroshard_jax.types import Plan, Task
 
 COST_FEATURES = 5
@@ -89,12 +89,6 @@ class TaskArrays(NamedTuple):
     penalty_ms: np.ndarray
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _embed_and_cost(fns: CostFns, params, feats):
-    z = fns.embed(params, feats)
-    return z, fns.head(params, z)
-
-
 def task_arrays(
     task: Task, model: CostModel, num_tables: int | None = None, num_devices: int | None = None, penalty: float = 2.0
 ) -> tuple[TaskArrays, np.ndarray]:
@@ -103,7 +97,7 @@ def task_arrays(
     t_pad = num_tables or bucket(task.num_tables)
     n_pad = num_devices or task.num_devices
     feats = task.features().astype(np.float32)
-    z, single = (np.asarray(a) for a in _embed_and_cost(model.fns, model.params, feats))
+    z, single = (np.asarray(a) for a in single_shard_costs(model.fns, model.params, feats))
     order = np.argsort(-single, kind="stable")
     t = task.num_tables
 

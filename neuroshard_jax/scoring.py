@@ -71,6 +71,14 @@ def table_latents(fns: CostFns, params, feats: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnums=0)
+def single_shard_costs(fns: CostFns, params, feats: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Latents f32[..., D] and compute ms f32[...] of shards on their own (raw features f32[..., F]):
+    the ordering key of the greedy searchers and the RL MDP."""
+    z = fns.embed(params, feats)
+    return z, fns.head(params, z)
+
+
+@functools.partial(jax.jit, static_argnums=0)
 def compute_from_latents(fns: CostFns, params, latent_sums: jax.Array, has_tables: jax.Array) -> jax.Array:
     """Fused-kernel compute ms f32[...] of devices from their summed latents f32[..., D] (head only)."""
     return jnp.where(has_tables, fns.head(params, latent_sums), 0.0)

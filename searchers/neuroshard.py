@@ -9,27 +9,20 @@ cost model alone.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
-import jax
 import numpy as np
 
 from neuroshard_jax.constants import GIB_BYTES
-from neuroshard_jax.cost_models import CostFns, CostModel, bucket, shard_features
+from neuroshard_jax.cost_models import CostModel, bucket, shard_features
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.features import NUM_FEATURES
 from neuroshard_jax.grid import ShardBatch, cap_units, dim_bounds, grid_search, mem_units
+from neuroshard_jax.scoring import single_shard_costs
 from neuroshard_jax.types import Plan, Task
 from searchers.baselines import max_halvings
 from searchers.registry import register
 
 DEFAULT_ALPHAS = tuple(round(1.0 + 0.05 * i, 2) for i in range(11))  # 1.0, 1.05, ..., 1.5
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _single_ms(fns: CostFns, params, feats):
-    """Predicted compute ms of shards alone: feats f32[..., F] -> f32[...]."""
-    return fns.head(params, fns.embed(params, feats))
 
 
 class SplitSpace:
@@ -50,7 +43,7 @@ class SplitSpace:
                 self.feats[t, k] = shard_features(task_feats, t, int(self.shard_dim[t, k]))
         self.mem = mem_units([[task.table_mem_bytes(t, int(d)) for d in row] for t, row in enumerate(self.shard_dim)])
         self.shard_size = np.array([[t.rows] for t in task.tables]) * self.shard_dim
-        self.single_ms = np.asarray(_single_ms(model.fns, model.params, self.feats), dtype=np.float64)
+        self.single_ms = np.asarray(single_shard_costs(model.fns, model.params, self.feats)[1], dtype=np.float64)
 
     def batch(self, candidates: list[tuple[int, ...]]) -> ShardBatch:
         """The shard slots of each candidate (table-major, column order), padded to power-of-two buckets."""
