@@ -11,7 +11,7 @@ ARGS ?=
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[cpu,dev,torchrec]'
+	$(PY) -m pip install -q -e '.[cpu,dev,torchrec,report]'
 	$(PY) -m pip install -q --no-deps torchrec==1.8.0
 	touch $@
 

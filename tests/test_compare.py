@@ -1,0 +1,28 @@
+"""tools/compare.py on a real (small) Hydra multirun of the CLI."""
+
+import subprocess
+import sys
+
+from .conftest import REPO, run_cli
+
+SMALL = ["cost_model=analytic", "task.num_tables=12", "task.pool.num_tables=120", "task.batch_size=512"]
+
+
+def test_compare_a_multirun(tmp_path):
+    sweep = tmp_path / "sweep"
+    done = run_cli("-m", "searcher=grid,size_lookup_greedy,random", "seed=0,1", *SMALL, f"hydra.sweep.dir={sweep}")
+    assert done.returncode == 0, done.stderr
+    out = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "compare.py"), str(sweep)], capture_output=True, text=True, check=True
+    )
+    assert "predicted ms over the 2 tasks every searcher solved" in out.stdout
+    assert "`grid`" in out.stdout and "`size_lookup_greedy`" in out.stdout
+    assert (sweep / "compare.md").exists()
+    assert (sweep / "cost_by_searcher.png").stat().st_size > 1000 and (sweep / "search_time.png").exists()
+
+
+def test_compare_refuses_a_directory_without_plans(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "compare.py"), str(tmp_path)], capture_output=True, text=True
+    )
+    assert out.returncode == 2 and out.stdout.startswith("error: ")
