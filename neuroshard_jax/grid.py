@@ -60,12 +60,10 @@ class ShardBatch(NamedTuple):
 
 
 class GridResult(NamedTuple):
-    """cost_ms f32[C, A] (+inf where infeasible); devices i32[C, A, S] per shard slot (-1: padding);
-    single_ms f32[C, S] the predicted compute of each shard alone."""
+    """cost_ms f32[C, A] (+inf where infeasible); devices i32[C, A, S] per shard slot (-1: padding)."""
 
     cost_ms: jax.Array
     devices: jax.Array
-    single_ms: jax.Array
 
 
 def _place(fns: CostFns, params, z, mem, dims, valid, bound, cap, device_mask):
@@ -124,4 +122,4 @@ def grid_search(fns: CostFns, params, batch: ShardBatch, bounds, cap, device_mas
     # back from placement order to slot order: devices[c, a, order[c, s]] = placed[c, a, s]
     inverse = jnp.argsort(order, axis=-1)
     devices = jnp.take_along_axis(placed, inverse[:, None, :], axis=-1)
-    return GridResult(cost_ms, devices, single)
+    return GridResult(cost_ms, devices)
