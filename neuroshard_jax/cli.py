@@ -8,7 +8,7 @@ from typing import NoReturn
 
 from neuroshard_jax.errors import UserError
 
-CONFIG_GROUPS = ("searcher", "task", "cost_model")
+CONFIG_GROUPS = ("searcher", "task", "cost_model", "experiment")
 
 
 def fail(err: Exception) -> NoReturn:

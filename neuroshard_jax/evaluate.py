@@ -1,6 +1,7 @@
 """Measure a plan on the real kernels.
 
     python -m neuroshard_jax.evaluate plan=outputs/.../plan.json [device=cpu workers=1]
+    python -m neuroshard_jax.evaluate sweep=multirun/compare/...   # every unmeasured plan of a suite sweep
 
 Each device's shards run as one fused TBE (fwd+bwd, the collection protocol) replaying the tables'
 index streams from the task's pool; the plan's dim sums go through the all-to-all benchmark, backward
@@ -166,9 +167,16 @@ def evaluate_file(path: str | Path, config: EvaluateConfig) -> dict:
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
     options = OmegaConf.to_container(cfg, resolve=True)
+    sweep = options.pop("sweep", None)
     try:
+        if sweep:
+            from neuroshard_jax.suite import measure_sweep
+
+            count = measure_sweep(sweep, EvaluateConfig(**options))
+            print(f"{count} plans measured; measured.jsonl in each run of {sweep}", file=sys.stderr)
+            return
         if not options.get("plan"):
-            raise UserError("plan: missing, expected plan=PATH of a plan.json")
+            raise UserError("plan: missing, expected plan=PATH of a plan.json (or sweep=DIR of a suite sweep)")
         result = evaluate_file(options["plan"], EvaluateConfig(**options))
     except UserError as err:
         fail(err)

@@ -157,12 +157,14 @@ class BeamSearch(GridConfig):
     A step halves one table's shards (two of half the width, each a multiple of 4); candidates are
     the union of the top-``n`` tables by shard size and by predicted compute, for each of the ``k``
     plans of the beam; a whole level is scored in one batched call; ``max_length`` steps at most.
-    Returns the best plan seen (the unsplit table-wise plan included).
+    Returns the best plan seen (the unsplit table-wise plan included). ``column_wise=false`` (an
+    ablation) splits nothing: the plan of the grid search.
     """
 
     k: int = 3
     n: int = 10
     max_length: int = 10
+    column_wise: bool = True
 
     def __post_init__(self):
         self.check()
@@ -171,6 +173,8 @@ class BeamSearch(GridConfig):
                 raise UserError(f"searcher.{name}: got {getattr(self, name)}, expected an integer >= 1")
         if self.max_length < 0:
             raise UserError(f"searcher.max_length: got {self.max_length}, expected an integer >= 0")
+        if not isinstance(self.column_wise, bool):
+            raise UserError(f"searcher.column_wise: got {self.column_wise!r}, expected true or false")
 
     def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan:
         space = SplitSpace(task, cost_model)
@@ -178,7 +182,7 @@ class BeamSearch(GridConfig):
         root = (0,) * task.num_tables
         beam = [root]
         scorer.score(beam)
-        for _ in range(self.max_length):
+        for _ in range(self.max_length if self.column_wise else 0):
             candidates, seen = [], set()
             for levels in beam:
                 for t in proposals(space, levels, self.n):

@@ -2,17 +2,24 @@
 
     python tools/compare.py MULTIRUN_DIR [--out DIR]
 
-Reads every ``plan.json`` under the directory (and the ``evaluation.json`` beside it when the plan was
-measured with ``python -m neuroshard_jax.evaluate``). Per searcher: runs, infeasible runs, mean and
-median predicted and measured cost, mean cost relative to the best greedy baseline on the same tasks,
-wins (lowest cost of a task among the searchers), mean search time. Costs are compared only on tasks
-every searcher solved; infeasible runs are counted, never dropped silently. Writes ``compare.md``,
-``cost_by_searcher.png`` (cost distribution) and ``search_time.png`` (search time vs number of tables).
+Reads suite runs (``-m experiment=compare``: suite.json, results.jsonl and measured.jsonl in each job
+directory) and single-task runs (``plan.json``, with ``evaluation.json`` beside it when measured). A run
+is named by its searcher plus the overrides that differ between the runs (``beam searcher.k=5``,
+``grid cost_model=analytic``); task and seed overrides name tasks, not runs.
+
+One table per device count, then all tasks together. Per run: tasks, infeasible tasks, mean and median
+predicted and measured cost, mean cost relative to the best greedy baseline on the same task, wins
+(lowest cost of a task among the runs, ties to each), mean search time. Costs are compared on the tasks
+every run solved; infeasible tasks are counted, never dropped silently. The ranking cost is the measured
+one when every compared plan was measured, else the predicted one (the table says which).
+Writes ``compare.md``, ``cost_by_searcher.png`` (cost distribution per device count) and
+``search_time.png`` (search time vs number of tables).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import sys
@@ -20,110 +27,193 @@ from collections import defaultdict
 from pathlib import Path
 
 GREEDY = ("dim_greedy", "size_greedy", "lookup_greedy", "size_lookup_greedy")
+TASK_OVERRIDES = ("task.", "task=", "seed=", "output=")  # these choose tasks, not searchers
 
 
-def task_key(plan: dict) -> str:
-    return json.dumps(plan["task"], sort_keys=True)
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _jsonl(path: Path) -> dict[str, dict]:
+    if not path.exists():
+        return {}
+    return {r["id"]: r for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip())}
+
+
+def _hydra_overrides(run_dir: Path) -> list[str]:
+    path = run_dir / ".hydra" / "overrides.yaml"
+    if not path.exists():
+        return []
+    from omegaconf import OmegaConf
+
+    skip = ("searcher=", "experiment=", "hydra.", "hydra/")
+    return [o for o in OmegaConf.load(path) if not o.lstrip("+~").startswith(skip)]
+
+
+def suite_entries(run_dir: Path) -> list[dict]:
+    settings = json.loads((run_dir / "suite.json").read_text())
+    tasks = _digest(settings["task"])
+    measured = _jsonl(run_dir / "measured.jsonl")
+    base = {"run": str(run_dir), "searcher": settings["searcher"], "overrides": settings["overrides"]}
+    out = []
+    for r in _jsonl(run_dir / "results.jsonl").values():
+        entry = {**base, "task": f"{tasks}/{r['id']}", "devices": r["devices"], "tables": r["tables"]}
+        if "infeasible" in r:
+            out.append({**entry, "infeasible": r["infeasible"]})
+            continue
+        m = measured.get(r["id"])
+        out.append(
+            {
+                **entry,
+                "predicted": r["predicted_ms"],
+                "measured": m["measured_ms"] if m else None,
+                "search_s": r["search_s"],
+            }
+        )
+    return out
+
+
+def plan_entry(path: Path) -> dict:
+    plan = json.loads(path.read_text())
+    base = {"run": str(path.parent), "searcher": plan.get("searcher"), "overrides": _hydra_overrides(path.parent)}
+    if "infeasible" in plan:  # counted, never compared
+        task = plan.get("task") or {}
+        devices, tables = task.get("num_devices"), len(task.get("tables", [])) or None
+        return {**base, "task": _digest(task), "devices": devices, "tables": tables, "infeasible": plan["infeasible"]}
+    evaluation = path.with_name("evaluation.json")
+    return {
+        **base,
+        "task": _digest(plan["task"]),
+        "devices": plan["task"]["num_devices"],
+        "tables": len(plan["task"]["tables"]),
+        "predicted": plan["cost_ms"],
+        "measured": json.loads(evaluation.read_text())["cost_ms"] if evaluation.exists() else None,
+        "search_s": plan["search_time_s"],
+    }
 
 
 def load_runs(root: Path) -> list[dict]:
-    runs = []
-    for path in sorted(root.rglob("plan.json")):
-        plan = json.loads(path.read_text())
-        evaluation = path.with_name("evaluation.json")
-        measured = json.loads(evaluation.read_text())["cost_ms"] if evaluation.exists() else None
-        if "infeasible" in plan:
-            runs.append({"searcher": plan.get("searcher"), "infeasible": plan["infeasible"], "task": plan.get("task")})
-            continue
-        runs.append(
-            {
-                "searcher": plan["searcher"],
-                "task": task_key(plan),
-                "tables": len(plan["task"]["tables"]),
-                "predicted": plan["cost_ms"],
-                "measured": measured,
-                "search_s": plan["search_time_s"],
-            }
-        )
-    return runs
+    """One entry per (run, task), each with its run's ``label``."""
+    suite_dirs = sorted(p.parent for p in root.rglob("suite.json"))
+    entries = [e for d in suite_dirs for e in suite_entries(d)]
+    entries += [plan_entry(p) for p in sorted(root.rglob("plan.json")) if p.parent not in suite_dirs]
+    by_run = defaultdict(list)
+    for e in entries:
+        by_run[e["run"]].append([o for o in e["overrides"] if not o.startswith(TASK_OVERRIDES)])
+    options = {run: set(v[0]) for run, v in by_run.items()}
+    common = set.intersection(*options.values()) if options else set()
+    for e in entries:
+        e["label"] = " ".join([e["searcher"], *sorted(options[e["run"]] - common)])
+    return entries
 
 
-def summarize(runs: list[dict]) -> tuple[list[dict], str, int, str | None]:
-    """Per-searcher rows; the cost used (measured when every solved plan was measured, else predicted);
-    the number of tasks every searcher solved; the best greedy baseline."""
-    by_searcher: dict[str, list[dict]] = defaultdict(list)
-    for r in runs:
-        by_searcher[r["searcher"]].append(r)
-    solved = [r for r in runs if "infeasible" not in r]
-    kind = "measured" if solved and all(r["measured"] is not None for r in solved) else "predicted"
-    tasks = {r["task"] for r in solved}
-    cost = {(r["searcher"], r["task"]): r[kind] for r in solved}
-    common = [t for t in tasks if all((s, t) in cost for s in by_searcher)]
-    greedy = [s for s in by_searcher if s in GREEDY]
-    best_greedy = min(greedy, key=lambda s: statistics.mean(cost[s, t] for t in common)) if greedy and common else None
-    winners = [min(by_searcher, key=lambda s: cost[s, t]) for t in common]
+def summarize(entries: list[dict]) -> dict:
+    """Rows per label over the tasks every label solved, the cost kind used, the best greedy baseline."""
+    labels = sorted({e["label"] for e in entries})
+    solved = [e for e in entries if "infeasible" not in e]
+    cost_of = {(e["label"], e["task"]): e for e in solved}
+    tasks = sorted({e["task"] for e in solved})
+    common = [t for t in tasks if all((name, t) in cost_of for name in labels)]
+    compared = [cost_of[name, t] for name in labels for t in common]
+    kind = "measured" if compared and all(e["measured"] is not None for e in compared) else "predicted"
+    cost = {key: e[kind] for key, e in cost_of.items()}
+    greedy = [name for name in labels if name.split()[0] in GREEDY]
+    mean = lambda xs: statistics.mean(xs) if xs else float("nan")  # noqa: E731
+    median = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
+    best_greedy = min(greedy, key=lambda g: mean([cost[g, t] for t in common])) if greedy and common else None
+    best = {t: min(cost[name, t] for name in labels) for t in common}
     rows = []
-    for name, items in sorted(by_searcher.items()):
-        ok = [r for r in items if "infeasible" not in r]
-        values = [cost[name, t] for t in common]
+    for name in labels:
+        mine = [e for e in entries if e["label"] == name]
+        ok = [e for e in mine if "infeasible" not in e]
+        on_common = [cost_of[name, t] for t in common]
+        measured = [e["measured"] for e in on_common if e["measured"] is not None]
         row = {
-            "searcher": name,
-            "runs": len(items),
-            "infeasible": len(items) - len(ok),
-            "mean": statistics.mean(values) if values else float("nan"),
-            "median": statistics.median(values) if values else float("nan"),
-            "mean_predicted": statistics.mean(r["predicted"] for r in ok) if ok else float("nan"),
-            "wins": winners.count(name),
-            "search_s": statistics.mean(r["search_s"] for r in ok) if ok else float("nan"),
+            "label": name,
+            "tasks": len(mine),
+            "infeasible": len(mine) - len(ok),
+            "mean_predicted": mean([e["predicted"] for e in on_common]),
+            "median_predicted": median([e["predicted"] for e in on_common]),
+            "mean_measured": mean(measured) if len(measured) == len(on_common) else float("nan"),
+            "median_measured": median(measured) if len(measured) == len(on_common) else float("nan"),
+            "wins": sum(cost[name, t] <= best[t] for t in common),
+            "search_s": mean([e["search_s"] for e in ok]),
+            "mean": mean([cost[name, t] for t in common]),
         }
         if best_greedy:
-            row["vs_best_greedy"] = statistics.mean(1 - cost[name, t] / cost[best_greedy, t] for t in common)
+            row["vs_best_greedy"] = mean([1 - cost[name, t] / cost[best_greedy, t] for t in common])
         rows.append(row)
-    return rows, kind, len(common), best_greedy
+    return {"rows": rows, "kind": kind, "common": len(common), "tasks": len(tasks), "best_greedy": best_greedy}
 
 
-def markdown(rows, kind: str, common: int, best_greedy: str | None) -> str:
+def _ms(x: float) -> str:
+    return "" if x != x else f"{x:.2f}"
+
+
+def markdown_table(summary: dict, title: str) -> str:
     lines = [
-        f"Costs: {kind} ms over the {common} tasks every searcher solved; relative to {best_greedy or 'n/a'}.",
+        f"### {title}",
         "",
-        f"| searcher | runs | infeasible | mean {kind} | median {kind} | mean predicted (solved) | vs best greedy "
-        "| wins | search s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"Ranked by {summary['kind']} cost over the {summary['common']} of {summary['tasks']} tasks every run "
+        f"solved; relative to `{summary['best_greedy'] or 'n/a'}` (positive: faster than it).",
+        "",
+        "| run | tasks | infeasible | mean measured ms | median measured ms | mean predicted ms "
+        "| median predicted ms | vs best greedy | wins | search s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for r in sorted(rows, key=lambda r: r["mean"]):
+    for r in sorted(summary["rows"], key=lambda r: (r["mean"] != r["mean"], r["mean"])):
         rel = f"{100 * r['vs_best_greedy']:+.1f}%" if "vs_best_greedy" in r else ""
         lines.append(
-            f"| `{r['searcher']}` | {r['runs']} | {r['infeasible']} | {r['mean']:.2f} | {r['median']:.2f} | "
-            f"{r['mean_predicted']:.2f} | {rel} | {r['wins']} | {r['search_s']:.3f} |"
+            f"| `{r['label']}` | {r['tasks']} | {r['infeasible']} | {_ms(r['mean_measured'])} | "
+            f"{_ms(r['median_measured'])} | {_ms(r['mean_predicted'])} | {_ms(r['median_predicted'])} | {rel} | "
+            f"{r['wins']} | {r['search_s']:.3f} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def plots(runs: list[dict], kind: str, out: Path) -> None:
+def report(entries: list[dict]) -> tuple[str, dict]:
+    """The markdown (a table per device count, then all tasks) and the summaries by group."""
+    groups = {f"{n} devices": [e for e in entries if e["devices"] == n] for n in sorted({e["devices"] for e in entries if e["devices"]})}
+    if len(groups) != 1:
+        groups["all tasks"] = entries
+    summaries = {name: summarize(group) for name, group in groups.items()}
+    return "\n".join(markdown_table(s, name) for name, s in summaries.items()), summaries
+
+
+def plots(entries: list[dict], summaries: dict, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    solved = [r for r in runs if "infeasible" not in r]
-    names = sorted({r["searcher"] for r in solved})
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(names)), 4))
-    ax.boxplot([[r[kind] for r in solved if r["searcher"] == n] for n in names])
-    ax.set_xticks(range(1, len(names) + 1), names, rotation=30, ha="right")
-    ax.set_ylabel(f"{kind} plan cost (ms)")
+    solved = [e for e in entries if "infeasible" not in e]
+    groups = [name for name in summaries if name != "all tasks"] or list(summaries)
+    labels = sorted({e["label"] for e in solved})
+    fig, axes = plt.subplots(1, len(groups), figsize=(max(6, 0.9 * len(labels)) * len(groups), 4.5), squeeze=False)
+    for ax, name in zip(axes[0], groups):
+        kind = summaries[name]["kind"]
+        members = [e for e in solved if name == "all tasks" or f"{e['devices']} devices" == name]
+        ax.boxplot([[e[kind] for e in members if e["label"] == lab] for lab in labels])
+        ax.set_xticks(range(1, len(labels) + 1), labels, rotation=35, ha="right", fontsize=8)
+        ax.set_ylabel(f"{kind} plan cost (ms)")
+        ax.set_title(name)
     fig.tight_layout()
-    fig.savefig(out / "cost_by_searcher.png", dpi=120)
+    fig.savefig(out / "cost_by_searcher.png", dpi=110)
     plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for n in names:
-        points = sorted((r["tables"], r["search_s"]) for r in solved if r["searcher"] == n)
-        ax.plot([p[0] for p in points], [p[1] for p in points], "o-", label=n, markersize=3)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for lab in labels:
+        by_tables = defaultdict(list)
+        for e in solved:
+            if e["label"] == lab:
+                by_tables[e["tables"]].append(e["search_s"])
+        xs = sorted(by_tables)
+        ax.plot(xs, [statistics.median(by_tables[x]) for x in xs], "o-", label=lab, markersize=3)
     ax.set_xlabel("tables")
-    ax.set_ylabel("search time (s)")
+    ax.set_ylabel("search time (s, median)")
     ax.set_yscale("log")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "search_time.png", dpi=120)
+    fig.savefig(out / "search_time.png", dpi=110)
     plt.close(fig)
 
 
@@ -133,17 +223,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="default: the multirun directory")
     args = parser.parse_args(argv)
     root = Path(args.multirun_dir)
-    runs = load_runs(root) if root.is_dir() else []
-    if not runs:
-        print(f"error: {str(root)!r} holds no plan.json, expected a multirun directory of python -m neuroshard_jax -m")
+    entries = load_runs(root) if root.is_dir() else []
+    if not entries:
+        print(
+            f"error: {str(root)!r} holds no suite run or plan.json, expected a multirun directory of "
+            "python -m neuroshard_jax -m",
+            file=sys.stderr,
+        )
         return 2
     out = Path(args.out or root)
     out.mkdir(parents=True, exist_ok=True)
-    rows, kind, common, best_greedy = summarize(runs)
-    table = markdown(rows, kind, common, best_greedy)
-    (out / "compare.md").write_text(table)
-    plots(runs, kind, out)
-    print(table, end="")
+    text, summaries = report(entries)
+    (out / "compare.md").write_text(text)
+    (out / "compare.json").write_text(json.dumps(summaries, indent=1) + "\n")
+    plots(entries, summaries, out)
+    print(text, end="")
     return 0
 
 

@@ -1,0 +1,199 @@
+"""The comparison suite: one searcher over a fixed set of tasks, every plan optionally measured.
+
+    python -m neuroshard_jax -m experiment=compare 'searcher=glob(*)' [evaluate=true] [suite.tasks=10]
+    python -m neuroshard_jax.evaluate sweep=MULTIRUN_DIR      # measure a finished sweep's plans later
+    python tools/compare.py MULTIRUN_DIR                      # the table and the plots
+
+A run (one searcher with its options) writes into its Hydra job directory:
+  suite.json       what it ran: searcher, cost model, their options, the task options, the job's overrides
+  results.jsonl    one record per task (devices, task seed, predicted cost, search time, shards, or
+                   "infeasible" with the reason); a stopped run resumes where it stopped
+  measured.jsonl   the evaluator's measurements of those plans (same ids), appended chunk by chunk
+
+Tasks are regenerated from the task options and their seeds (``suite.first_seed + i`` for i < tasks,
+for each device count), so every searcher of a sweep sees the same tasks. The searcher's seed is the
+task's seed. Measurements of concurrent jobs (``hydra/launcher=joblib``) never overlap each other or a
+search: searching holds a shared lock on ``<sweep dir>/.measure.lock``, measuring an exclusive one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from neuroshard_jax.datasets import JsonlLog
+from neuroshard_jax.errors import InfeasibleError, UserError
+
+RESULTS = "results.jsonl"
+MEASURED = "measured.jsonl"
+SETTINGS = "suite.json"
+LOCK = ".measure.lock"
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteConfig:
+    tasks: int = 50  # tasks per device count
+    devices: tuple[int, ...] = (4, 8)
+    first_seed: int = 20_000  # task seeds first_seed .. first_seed + tasks - 1
+    chunk: int = 25  # plans searched (and measured, with evaluate=true) per batch
+
+    def __post_init__(self):
+        object.__setattr__(self, "devices", tuple(self.devices))
+        for name in ("tasks", "chunk"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise UserError(f"suite.{name}: got {value!r}, expected an integer >= 1")
+        if not self.devices or any(not isinstance(n, int) or n < 1 for n in self.devices):
+            raise UserError(f"suite.devices: got {list(self.devices)}, expected a non-empty list of integers >= 1")
+
+    def keys(self) -> list[tuple[int, int]]:
+        """(devices, task seed) of every task, in run order."""
+        return [(n, self.first_seed + i) for n in self.devices for i in range(self.tasks)]
+
+
+def record_id(devices: int, task_seed: int) -> str:
+    return f"{devices}/{task_seed}"
+
+
+@contextlib.contextmanager
+def sweep_lock(folder: Path, exclusive: bool) -> Iterator[None]:
+    """Shared (search) or exclusive (measure) lock on the sweep directory's lock file."""
+    with open(folder / LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def suite_task(task_options: dict, devices: int, task_seed: int):
+    from neuroshard_jax.cli import task_config
+    from neuroshard_jax.tasks import make_task
+
+    return make_task(task_config({**task_options, "num_devices": devices}), task_seed)
+
+
+def write_settings(run_dir: Path, settings: dict) -> None:
+    """suite.json of a run; resuming a run with other settings is refused (its records would mix)."""
+    path = run_dir / SETTINGS
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old != settings:
+            changed = sorted(k for k in settings if old.get(k) != settings[k])
+            raise UserError(
+                f"{path}: this run directory holds a suite run with other {', '.join(changed)}; "
+                "expected the same settings to resume, or another hydra.sweep.dir"
+            )
+        return
+    from neuroshard_jax.search import write_json
+
+    write_json(settings, path)
+
+
+def run_suite(
+    run_dir: str | Path,
+    suite: SuiteConfig,
+    settings: dict,
+    evaluate=None,
+    sweep_dir: str | Path | None = None,
+) -> dict:
+    """Search every task of ``suite`` with the run's searcher; measure the plans when ``evaluate`` (an
+    EvaluateConfig) is given. ``settings``: searcher, searcher_options, cost_model, cost_model_options,
+    task (options), overrides. Returns counts: {"tasks", "infeasible", "measured"}."""
+    from neuroshard_jax.search import shard_task
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock_dir = Path(sweep_dir or run_dir)
+    write_settings(run_dir, settings)
+    results = JsonlLog(run_dir / RESULTS)
+    todo = [key for key in suite.keys() if record_id(*key) not in results.ids]
+    for start in range(0, len(todo), suite.chunk):
+        with sweep_lock(lock_dir, exclusive=False):
+            for devices, task_seed in todo[start : start + suite.chunk]:
+                task = suite_task(settings["task"], devices, task_seed)
+                record = {"id": record_id(devices, task_seed), "devices": devices, "task_seed": task_seed}
+                record["tables"] = task.num_tables
+                try:
+                    plan = shard_task(
+                        task,
+                        settings["searcher"],
+                        settings["cost_model"],
+                        task_seed,
+                        settings["searcher_options"],
+                        settings["cost_model_options"],
+                    )
+                except InfeasibleError as err:  # counted, never dropped
+                    results.append({**record, "infeasible": str(err)})
+                    continue
+                record.update(predicted_ms=plan["cost_ms"], search_s=plan["search_time_s"], shards=plan["shards"])
+                results.append(record)
+        if evaluate is not None:
+            measure_run(run_dir, evaluate, lock_dir)
+    return counts(run_dir)
+
+
+def counts(run_dir: Path) -> dict:
+    records = list(JsonlLog(run_dir / RESULTS).records())
+    return {
+        "tasks": len(records),
+        "infeasible": sum("infeasible" in r for r in records),
+        "measured": len(JsonlLog(run_dir / MEASURED).ids),
+    }
+
+
+def find_runs(root: str | Path) -> list[Path]:
+    """Run directories of a sweep (those holding suite.json), sorted."""
+    return sorted(p.parent for p in Path(root).rglob(SETTINGS))
+
+
+def unmeasured(run_dir: Path) -> list[tuple[Path, dict, dict]]:
+    """(run dir, settings, record) of the run's solved plans not measured yet."""
+    settings = json.loads((run_dir / SETTINGS).read_text())
+    done = JsonlLog(run_dir / MEASURED).ids
+    return [(run_dir, settings, r) for r in JsonlLog(run_dir / RESULTS).records() if "shards" in r and r["id"] not in done]
+
+
+def measure_pending(pending: list[tuple[Path, dict, dict]], config, chunk: int = 50) -> int:
+    """Measure plans (of one or many runs) in batches; each batch is appended to its runs' measured.jsonl.
+    Identical device shard sets within a batch (e.g. the same device in two searchers' plans) are measured
+    once. Returns the number measured."""
+    from neuroshard_jax.evaluate import measure_plans
+    from neuroshard_jax.plans import plan_from_json
+
+    for start in range(0, len(pending), chunk):
+        batch = pending[start : start + chunk]
+        plans = [
+            plan_from_json(
+                {"task": suite_task(s["task"], r["devices"], r["task_seed"]).to_json(), "shards": r["shards"]},
+                where=f"{run}/{RESULTS} {r['id']}",
+            )
+            for run, s, r in batch
+        ]
+        for (run, _, record), result in zip(batch, measure_plans(plans, config)):
+            JsonlLog(run / MEASURED).append(
+                {"id": record["id"], "measured_ms": result["cost_ms"], "devices": result["devices"]}
+            )
+    return len(pending)
+
+
+def measure_run(run_dir: Path, config, lock_dir: Path) -> int:
+    with sweep_lock(lock_dir, exclusive=True):
+        return measure_pending(unmeasured(run_dir), config)
+
+
+def measure_sweep(root: str | Path, config) -> int:
+    """Measure every unmeasured plan of every run under ``root`` (``python -m neuroshard_jax.evaluate
+    sweep=DIR``); all runs' plans share batches, so devices common to several searchers are measured once."""
+    runs = find_runs(root)
+    if not runs:
+        raise UserError(f"sweep: {str(root)!r} holds no suite run (suite.json), expected a directory of "
+                        "python -m neuroshard_jax -m experiment=compare")
+    pending = [item for run in runs for item in unmeasured(run)]
+    pending.sort(key=lambda item: (item[2]["devices"], item[2]["task_seed"]))  # a task's plans share a batch
+    with sweep_lock(Path(root), exclusive=True):
+        return measure_pending(pending, config)
