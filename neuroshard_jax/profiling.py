@@ -205,6 +205,49 @@ def worker_versions() -> dict:
 # All-to-all benchmark
 
 
+def run_ranks(command: list[str], world: int, tmp: Path, timeout_s: float) -> None:
+    """Run ``python -m neuroshard_jax.worker COMMAND RANK WORLD INIT ...`` for every rank and wait for all;
+    ``{rank}`` in an argument is replaced by the rank. Raises WorkerFailure if a rank crashes or the ranks
+    run past ``timeout_s`` (all ranks are killed)."""
+    init = f"file://{tmp / 'rendezvous'}"
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "neuroshard_jax.worker",
+                command[0],
+                str(rank),
+                str(world),
+                init,
+                *(arg.replace("{rank}", str(rank)) for arg in command[1:]),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp / f"err.{rank}", "wb"),
+            env={**os.environ, **WORKER_ENV},
+        )
+        for rank in range(world)
+    ]
+    deadline = time.monotonic() + timeout_s
+    failure = None
+    for rank, proc in enumerate(procs):
+        try:
+            code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            failure = f"{command[0]} timeout after {timeout_s:.0f} s"
+            break
+        if code != 0:
+            tail = (tmp / f"err.{rank}").read_text(errors="replace").strip().splitlines()[-1:] or [""]
+            failure = f"rank {rank}: {_exit_reason(code)} {tail[0]}".strip()
+            break
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if failure:
+        raise WorkerFailure(failure)
+
+
 def run_comm(requests: list[dict], world: int, timeout_s: float, device: str = "cpu") -> dict[int, list[dict]]:
     """Run comm requests on ``world`` rank processes; returns request id -> per-rank results.
 
@@ -213,44 +256,7 @@ def run_comm(requests: list[dict], world: int, timeout_s: float, device: str = "
     with tempfile.TemporaryDirectory(prefix="neuroshard-comm-") as tmp:
         tmp = Path(tmp)
         (tmp / "requests.jsonl").write_text("".join(json.dumps({**r, "device": device}) + "\n" for r in requests))
-        init = f"file://{tmp / 'rendezvous'}"
-        procs = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "neuroshard_jax.worker",
-                    "comm",
-                    str(rank),
-                    str(world),
-                    init,
-                    str(tmp / "requests.jsonl"),
-                    str(tmp / f"out.{rank}"),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=open(tmp / f"err.{rank}", "wb"),
-                env={**os.environ, **WORKER_ENV},
-            )
-            for rank in range(world)
-        ]
-        deadline = time.monotonic() + timeout_s
-        failure = None
-        for rank, proc in enumerate(procs):
-            try:
-                code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                failure = f"comm timeout after {timeout_s:.0f} s"
-                break
-            if code != 0:
-                tail = (tmp / f"err.{rank}").read_text(errors="replace").strip().splitlines()[-1:] or [""]
-                failure = f"rank {rank}: {_exit_reason(code)} {tail[0]}".strip()
-                break
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        if failure:
-            raise WorkerFailure(failure)
+        run_ranks(["comm", str(tmp / "requests.jsonl"), str(tmp / "out.{rank}")], world, tmp, timeout_s)
         results: dict[int, list[dict]] = {r["id"]: [None] * world for r in requests}
         for rank in range(world):
             for line in (tmp / f"out.{rank}").read_text().splitlines():

@@ -194,6 +194,7 @@ def measure_sweep(root: str | Path, config) -> int:
         raise UserError(f"sweep: {str(root)!r} holds no suite run (suite.json), expected a directory of "
                         "python -m neuroshard_jax -m experiment=compare")
     pending = [item for run in runs for item in unmeasured(run)]
-    pending.sort(key=lambda item: (item[2]["devices"], item[2]["task_seed"]))  # a task's plans share a batch
+    # A task's plans share a batch; seeds interleave the device counts, so a stopped run covers both.
+    pending.sort(key=lambda item: (item[2]["task_seed"], item[2]["devices"]))
     with sweep_lock(Path(root), exclusive=True):
         return measure_pending(pending, config)

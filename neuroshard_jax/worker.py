@@ -9,6 +9,10 @@ Commands:
                         one rank of an all-to-all benchmark (gloo on CPU, NCCL on CUDA)
   dlrm-to-npz IN OUT    convert a DLRM benchmark file (torch.load -> indices, offsets, lengths) to .npz
   torchrec-plan IN OUT  run TorchRec's EmbeddingShardingPlanner on a task (searchers/torchrec.py)
+  torchrec-export IN OUT
+                        write our plan as a TorchRec ShardingPlan (torch.save) (neuroshard_jax/export.py)
+  torchrec-run RANK WORLD INIT IN OUT
+                        one rank of DistributedModelParallel with an exported plan: forward + backward
 
 A compute request: {"id", "device": "cpu"|"cuda", "pool": {...PoolSpec}, "batch_size",
 "tables": [[pool table id, dim], ...], "optimizer", "precision", "warmup", "iters"}.
@@ -337,15 +341,146 @@ def torchrec_plan(request: dict) -> dict:
     except PlannerError as err:
         return {"error": f"torchrec planner: {str(err).splitlines()[0]}", "infeasible": True}
     planner_s = time.perf_counter() - start
-    shards = [[] for _ in tables]
+    by_name = plan_shards(plan)
+    return {"shards": [by_name[f"t{i}"] for i in range(len(tables))], "planner_s": planner_s}
+
+
+def plan_shards(plan) -> dict[str, list[dict]]:
+    """Per table name of a TorchRec ShardingPlan: its shards [{col_offset, dim, rank}], by column offset."""
+    out: dict[str, list[dict]] = {}
     for module_plan in plan.plan.values():
         for name, sharding in module_plan.items():
-            for shard in sharding.sharding_spec.shards:
-                rank = int(str(shard.placement).split("rank:")[1].split("/")[0])
-                shards[int(name[1:])].append(
-                    {"col_offset": int(shard.shard_offsets[1]), "dim": int(shard.shard_sizes[1]), "rank": rank}
-                )
-    return {"shards": shards, "planner_s": planner_s}
+            out[name] = sorted(
+                (
+                    {
+                        "col_offset": int(shard.shard_offsets[1]),
+                        "dim": int(shard.shard_sizes[1]),
+                        "rank": int(str(shard.placement).split("rank:")[1].split("/")[0]),
+                    }
+                    for shard in sharding.sharding_spec.shards
+                ),
+                key=lambda s: s["col_offset"],
+            )
+    return out
+
+
+def _embedding_bag_collection(tables: list[dict], device: str):
+    """An EmbeddingBagCollection of the tables ({name, rows, dim}), one feature per table named like it."""
+    import torch
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+
+    configs = [
+        EmbeddingBagConfig(
+            name=t["name"], embedding_dim=int(t["dim"]), num_embeddings=int(t["rows"]), feature_names=[t["name"]]
+        )
+        for t in tables
+    ]
+    return EmbeddingBagCollection(tables=configs, device=torch.device(device))
+
+
+def torchrec_export(request: dict, out_path: str) -> dict:
+    """Our plan as a TorchRec ShardingPlan, written with torch.save; the plan is read back and its shards
+    checked against the request. request: {tables: [{name, rows, dim}], shards: per table [{col_offset,
+    dim, rank}], world_size, device, compute_kernel, module_path}."""
+    try:
+        import torch
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan, table_wise
+        from torchrec.distributed.types import ShardingPlan
+    except ImportError as err:
+        return {"error": f"{TORCHREC_MISSING} ({err})"}
+    world, device, kernel = int(request["world_size"]), request["device"], request["compute_kernel"]
+    per_table = {}
+    for table, shards in zip(request["tables"], request["shards"]):
+        ranks = [s["rank"] for s in sorted(shards, key=lambda s: s["col_offset"])]
+        if len(ranks) == 1:
+            per_table[table["name"]] = table_wise(rank=ranks[0], compute_kernel=kernel)
+        else:
+            per_table[table["name"]] = column_wise(ranks=ranks, compute_kernel=kernel)
+    module = _embedding_bag_collection(request["tables"], "meta")
+    module_plan = construct_module_sharding_plan(
+        module,
+        per_param_sharding=per_table,
+        sharder=EmbeddingBagCollectionSharder(),
+        local_size=world,
+        world_size=world,
+        device_type=device,
+    )
+    plan = ShardingPlan({request["module_path"]: module_plan})
+    torch.save(plan, out_path)
+    written = plan_shards(torch.load(out_path, weights_only=False))
+    for table, shards in zip(request["tables"], request["shards"]):
+        want = sorted(({k: int(s[k]) for k in ("col_offset", "dim", "rank")} for s in shards), key=lambda s: s["col_offset"])
+        if written.get(table["name"]) != want:
+            return {"error": f"table {table['name']}: TorchRec made shards {written.get(table['name'])}, expected {want}"}
+    return {"ok": True, "plan": str(plan)}
+
+
+def _pattern(rows, cols):
+    """The weights the DMP check writes: w[r, c] = ((r % 97) + 1) * 1e-3 + c * 1e-5 (exact in fp32 sums)."""
+    return ((rows % 97) + 1)[:, None] * 1e-3 + cols[None, :] * 1e-5
+
+
+def torchrec_run(rank: int, world: int, init: str, request_path: str, out_path: str) -> None:
+    """One rank of DistributedModelParallel (gloo, CPU) over an exported ShardingPlan.
+
+    Every rank builds the request's EmbeddingBagCollection on the meta device and wraps it with the plan;
+    the weights of its local shards are set to a known pattern (``_pattern`` of the global row and
+    column), then a forward pass on this rank's batch (random bags) is checked against the pooled sums
+    computed from the pattern, and a backward pass runs. Writes {rank, local_shards, output_shape,
+    max_abs_error} to ``out_path``.
+    """
+    request = json.loads(Path(request_path).read_text())
+    torch = _setup_torch("cpu")
+    import torch.distributed as dist
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    tables = request["tables"]
+    plan = torch.load(request["plan"], weights_only=False)
+    model = DistributedModelParallel(
+        module=_embedding_bag_collection(tables, "meta"),
+        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        device=torch.device("cpu"),
+        plan=plan,
+        sharders=[EmbeddingBagCollectionSharder()],
+    )
+    local = []
+    with torch.no_grad():
+        for key, value in model.state_dict().items():
+            for shard in getattr(value, "local_shards", lambda: [])():
+                r0, c0 = shard.metadata.shard_offsets
+                n_rows, n_cols = shard.metadata.shard_sizes
+                weights = _pattern(np.arange(r0, r0 + n_rows), np.arange(c0, c0 + n_cols))
+                shard.tensor.copy_(torch.from_numpy(weights.astype(np.float32)))
+                local.append([key.split(".")[-2], int(c0), int(n_cols)])
+    rng = np.random.default_rng(1000 + rank)
+    batch = int(request["batch_size"])
+    lengths = rng.integers(0, 4, size=(len(tables), batch))
+    values = [rng.integers(0, t["rows"], size=int(lengths[i].sum())) for i, t in enumerate(tables)]
+    features = KeyedJaggedTensor.from_lengths_sync(
+        keys=[t["name"] for t in tables],
+        values=torch.from_numpy(np.concatenate(values)).long(),
+        lengths=torch.from_numpy(lengths.reshape(-1)).int(),
+    )
+    pooled = model(features)  # a KeyedTensor; its column order groups tables by sharding type
+    out = torch.cat([pooled[t["name"]] for t in tables], dim=1)
+    expected = []
+    for i, t in enumerate(tables):
+        bags = np.split(values[i], np.cumsum(lengths[i])[:-1])
+        cols = np.arange(t["dim"])
+        expected.append(np.stack([_pattern(b, cols).sum(0) if len(b) else np.zeros(t["dim"]) for b in bags]))
+    error = float(np.abs(out.detach().numpy() - np.concatenate(expected, axis=1)).max())
+    out.sum().backward()
+    Path(out_path).write_text(
+        json.dumps(
+            {"rank": rank, "local_shards": sorted(local), "output_shape": list(out.shape), "max_abs_error": error}
+        )
+    )
+    dist.destroy_process_group()
 
 
 def main(argv: list[str]) -> None:
@@ -361,12 +496,20 @@ def main(argv: list[str]) -> None:
         except (OSError, RuntimeError, ValueError) as err:
             raise SystemExit(f"{type(err).__name__}: {err}") from None
         return
+    if len(argv) == 3 and argv[0] == "torchrec-export":
+        result = torchrec_export(json.loads(Path(argv[1]).read_text()), argv[2])
+        print(json.dumps(result))
+        return
+    if len(argv) == 6 and argv[0] == "torchrec-run":
+        torchrec_run(int(argv[1]), int(argv[2]), argv[3], argv[4], argv[5])
+        return
     if len(argv) == 3 and argv[0] == "torchrec-plan":
         result = torchrec_plan(json.loads(Path(argv[1]).read_text()))
         Path(argv[2]).write_text(json.dumps(result))
         return
     raise SystemExit(
-        "usage: python -m neuroshard_jax.worker serve | comm ... | dlrm-to-npz IN OUT | torchrec-plan IN OUT "
+        "usage: python -m neuroshard_jax.worker serve | comm ... | dlrm-to-npz IN OUT | torchrec-plan IN OUT | "
+        "torchrec-export IN OUT | torchrec-run RANK WORLD INIT IN OUT "
         f"(got {argv})"
     )
 

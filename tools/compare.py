@@ -10,8 +10,8 @@ is named by its searcher plus the overrides that differ between the runs (``beam
 One table per device count, then all tasks together. Per run: tasks, infeasible tasks, mean and median
 predicted and measured cost, mean cost relative to the best greedy baseline on the same task, wins
 (lowest cost of a task among the runs, ties to each), mean search time. Costs are compared on the tasks
-every run solved; infeasible tasks are counted, never dropped silently. The ranking cost is the measured
-one when every compared plan was measured, else the predicted one (the table says which).
+every run solved (measured costs: on those of them every run's plan was measured); infeasible tasks are
+counted, never dropped silently. The ranking uses measured costs when there are any, else predicted.
 Writes ``compare.md``, ``cost_by_searcher.png`` (cost distribution per device count) and
 ``search_time.png`` (search time vs number of tables).
 """
@@ -108,42 +108,49 @@ def load_runs(root: Path) -> list[dict]:
 
 
 def summarize(entries: list[dict]) -> dict:
-    """Rows per label over the tasks every label solved, the cost kind used, the best greedy baseline."""
+    """Rows per label; predicted costs over the tasks every label solved, measured costs over those of
+    them where every label's plan was measured (all of them once a sweep is fully measured). The ranking
+    (vs best greedy, wins) uses measured costs when any task has them all, else predicted."""
     labels = sorted({e["label"] for e in entries})
     solved = [e for e in entries if "infeasible" not in e]
-    cost_of = {(e["label"], e["task"]): e for e in solved}
+    by_key = {(e["label"], e["task"]): e for e in solved}
     tasks = sorted({e["task"] for e in solved})
-    common = [t for t in tasks if all((name, t) in cost_of for name in labels)]
-    compared = [cost_of[name, t] for name in labels for t in common]
-    kind = "measured" if compared and all(e["measured"] is not None for e in compared) else "predicted"
-    cost = {key: e[kind] for key, e in cost_of.items()}
+    common = [t for t in tasks if all((name, t) in by_key for name in labels)]
+    measured = [t for t in common if all(by_key[name, t]["measured"] is not None for name in labels)]
+    kind, ranked = ("measured", measured) if measured else ("predicted", common)
+    cost = {key: e[kind] for key, e in by_key.items()}
     greedy = [name for name in labels if name.split()[0] in GREEDY]
     mean = lambda xs: statistics.mean(xs) if xs else float("nan")  # noqa: E731
     median = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
-    best_greedy = min(greedy, key=lambda g: mean([cost[g, t] for t in common])) if greedy and common else None
-    best = {t: min(cost[name, t] for name in labels) for t in common}
+    best_greedy = min(greedy, key=lambda g: mean([cost[g, t] for t in ranked])) if greedy and ranked else None
+    best = {t: min(cost[name, t] for name in labels) for t in ranked}
     rows = []
     for name in labels:
         mine = [e for e in entries if e["label"] == name]
         ok = [e for e in mine if "infeasible" not in e]
-        on_common = [cost_of[name, t] for t in common]
-        measured = [e["measured"] for e in on_common if e["measured"] is not None]
         row = {
             "label": name,
             "tasks": len(mine),
             "infeasible": len(mine) - len(ok),
-            "mean_predicted": mean([e["predicted"] for e in on_common]),
-            "median_predicted": median([e["predicted"] for e in on_common]),
-            "mean_measured": mean(measured) if len(measured) == len(on_common) else float("nan"),
-            "median_measured": median(measured) if len(measured) == len(on_common) else float("nan"),
-            "wins": sum(cost[name, t] <= best[t] for t in common),
+            "mean_predicted": mean([by_key[name, t]["predicted"] for t in common]),
+            "median_predicted": median([by_key[name, t]["predicted"] for t in common]),
+            "mean_measured": mean([by_key[name, t]["measured"] for t in measured]),
+            "median_measured": median([by_key[name, t]["measured"] for t in measured]),
+            "wins": sum(cost[name, t] <= best[t] for t in ranked),
             "search_s": mean([e["search_s"] for e in ok]),
-            "mean": mean([cost[name, t] for t in common]),
+            "mean": mean([cost[name, t] for t in ranked]),
         }
         if best_greedy:
-            row["vs_best_greedy"] = mean([1 - cost[name, t] / cost[best_greedy, t] for t in common])
+            row["vs_best_greedy"] = mean([1 - cost[name, t] / cost[best_greedy, t] for t in ranked])
         rows.append(row)
-    return {"rows": rows, "kind": kind, "common": len(common), "tasks": len(tasks), "best_greedy": best_greedy}
+    return {
+        "rows": rows,
+        "kind": kind,
+        "tasks": len(tasks),
+        "common": len(common),
+        "measured": len(measured),
+        "best_greedy": best_greedy,
+    }
 
 
 def _ms(x: float) -> str:
@@ -154,8 +161,11 @@ def markdown_table(summary: dict, title: str) -> str:
     lines = [
         f"### {title}",
         "",
-        f"Ranked by {summary['kind']} cost over the {summary['common']} of {summary['tasks']} tasks every run "
-        f"solved; relative to `{summary['best_greedy'] or 'n/a'}` (positive: faster than it).",
+        f"{summary['tasks']} tasks, {summary['common']} solved by every run, {summary['measured']} of them measured "
+        f"for every run. Ranked by {summary['kind']} cost over the "
+        f"{summary['measured'] if summary['kind'] == 'measured' else summary['common']} tasks; predicted means over "
+        f"the {summary['common']}; vs best greedy: mean per-task gain over `{summary['best_greedy'] or 'n/a'}` "
+        "(positive: faster).",
         "",
         "| run | tasks | infeasible | mean measured ms | median measured ms | mean predicted ms "
         "| median predicted ms | vs best greedy | wins | search s |",

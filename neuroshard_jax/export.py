@@ -1,0 +1,174 @@
+"""Export a plan to TorchRec.
+
+    python -m neuroshard_jax.export plan=PATH/plan.json format=torchrec [output=FILE device=cuda
+        module_path=sparse_arch.embedding_bag_collection table_names='t{index}' check=false]
+
+Writes a TorchRec ``ShardingPlan`` (``torch.save``; load it with ``torch.load(path, weights_only=False)``
+and pass it as ``DistributedModelParallel(..., plan=plan)``) for an EmbeddingBagCollection whose tables
+are the task's tables, named by ``table_names`` ({index}: position in the task, {id}: pool id). A
+table-wise shard becomes ``table_wise(rank)``, a table split into 2^k equal column shards
+``column_wise(ranks)`` in column order. The plan is built in the torch worker subprocess (torch is never
+imported here) and read back there: its shards must equal ours.
+
+``check=true`` (with ``device=cpu``) then loads the plan into DistributedModelParallel on this machine,
+one gloo process per device, and runs a forward pass checked against the expected pooled sums, and a
+backward pass; it allocates the task's full tables, so it is meant for small tasks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from neuroshard_jax.cli import fail
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.plans import load_plan
+from neuroshard_jax.types import Plan
+
+FORMATS = ("torchrec",)
+DEVICES = ("cuda", "cpu")
+KERNELS = ("fused", "dense")
+INSTALL = "pip install --no-deps torchrec==1.8.0 && pip install -e '.[torchrec]' (see README, TorchRec)"
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportConfig:
+    plan: str = ""
+    format: str = "torchrec"
+    output: str | None = None
+    device: str = "cuda"
+    compute_kernel: str = "fused"
+    module_path: str = ""
+    table_names: str = "t{index}"
+    check: bool = False
+    check_batch_size: int = 8
+    timeout_s: float = 600.0
+
+    def __post_init__(self):
+        for name, allowed in (("format", FORMATS), ("device", DEVICES), ("compute_kernel", KERNELS)):
+            if getattr(self, name) not in allowed:
+                raise UserError(f"{name}: got {getattr(self, name)!r}, expected one of {', '.join(allowed)}")
+        if self.check and self.device != "cpu":
+            raise UserError(f"check: true needs device=cpu (DistributedModelParallel on this CPU), got {self.device!r}")
+        try:
+            names = [self.table_names.format(index=i, id=i) for i in range(2)]
+        except (KeyError, IndexError, ValueError) as err:
+            raise UserError(f"table_names: got {self.table_names!r} ({err}), expected a pattern of {{index}} and {{id}}")
+        if names[0] == names[1]:
+            raise UserError(f"table_names: got {self.table_names!r}, expected a pattern with {{index}} or {{id}}")
+
+
+def torchrec_request(plan: Plan, config: ExportConfig) -> dict:
+    """The worker's request: tables {name, rows, dim}, their shards in column order, the world size."""
+    task = plan.task
+    shards: list[list[dict]] = [[] for _ in task.tables]
+    for s in plan.shards:
+        shards[s.table].append({"col_offset": s.col_offset, "dim": s.dim, "rank": s.device})
+    return {
+        "tables": [
+            {"name": config.table_names.format(index=i, id=t.id), "rows": t.rows, "dim": t.dim}
+            for i, t in enumerate(task.tables)
+        ],
+        "shards": [sorted(x, key=lambda s: s["col_offset"]) for x in shards],
+        "world_size": task.num_devices,
+        "device": config.device,
+        "compute_kernel": config.compute_kernel,
+        "module_path": config.module_path,
+    }
+
+
+def _worker(args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "neuroshard_jax.worker", *args], capture_output=True, text=True, timeout=timeout_s
+        )
+    except subprocess.TimeoutExpired:
+        raise UserError(f"export: the torch worker ran past timeout_s={timeout_s}") from None
+
+
+def export_torchrec(plan: Plan, output: str | Path, config: ExportConfig) -> dict:
+    """Write ``plan`` as a TorchRec ShardingPlan to ``output``; returns the request (tables and shards)."""
+    request = torchrec_request(plan, config)
+    names = [t["name"] for t in request["tables"]]
+    if len(set(names)) != len(names):
+        raise UserError(f"table_names: {config.table_names!r} gives duplicate table names, expected one per table")
+    with tempfile.TemporaryDirectory(prefix="neuroshard-export-") as tmp:
+        src = Path(tmp) / "request.json"
+        src.write_text(json.dumps(request))
+        done = _worker(["torchrec-export", str(src), str(output)], config.timeout_s)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UserError(f"export: the torch worker failed (exit {done.returncode}): {tail}")
+    result = json.loads(lines[-1])
+    if "error" in result:
+        hint = f"; install it with {INSTALL}" if "not installed" in result["error"] else ""
+        raise UserError(f"export: {result['error']}{hint}")
+    return request
+
+
+def check_torchrec(exported: str | Path, request: dict, batch_size: int, timeout_s: float) -> list[dict]:
+    """Load an exported (device=cpu) plan into DistributedModelParallel, one gloo process per rank, and
+    run forward + backward; returns each rank's report (local shards, output shape, max abs error)."""
+    from neuroshard_jax.profiling import WorkerFailure, run_ranks
+
+    world = request["world_size"]
+    with tempfile.TemporaryDirectory(prefix="neuroshard-dmp-") as tmp:
+        tmp = Path(tmp)
+        (tmp / "request.json").write_text(
+            json.dumps({"plan": str(Path(exported).resolve()), "tables": request["tables"], "batch_size": batch_size})
+        )
+        try:
+            run_ranks(["torchrec-run", str(tmp / "request.json"), str(tmp / "out.{rank}")], world, tmp, timeout_s)
+        except WorkerFailure as failure:
+            raise UserError(f"check: DistributedModelParallel failed: {failure.reason}") from None
+        return [json.loads((tmp / f"out.{rank}").read_text()) for rank in range(world)]
+
+
+def expected_local_shards(request: dict, rank: int) -> list[list]:
+    """[table name, col_offset, dim] of the shards the plan puts on ``rank``, sorted."""
+    return sorted(
+        [t["name"], s["col_offset"], s["dim"]]
+        for t, shards in zip(request["tables"], request["shards"])
+        for s in shards
+        if s["rank"] == rank
+    )
+
+
+@hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="export")
+def main(cfg: DictConfig) -> None:
+    options = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        config = ExportConfig(**options)
+        if not config.plan:
+            raise UserError("plan: missing, expected plan=PATH of a plan.json")
+        plan = load_plan(config.plan)
+        output = Path(config.output or Path(config.plan).with_suffix(".torchrec.pt"))
+        request = export_torchrec(plan, output, config)
+        print(f"TorchRec ShardingPlan of {len(request['tables'])} tables on {request['world_size']} ranks written to {output}")
+        if config.check:
+            for report in check_torchrec(output, request, config.check_batch_size, config.timeout_s):
+                rank = report["rank"]
+                if report["local_shards"] != expected_local_shards(request, rank):
+                    raise UserError(f"check: rank {rank} holds {report['local_shards']}, expected the plan's shards")
+                if report["max_abs_error"] > 1e-4:
+                    raise UserError(f"check: rank {rank} pooled outputs differ by {report['max_abs_error']:.2e}")
+                print(
+                    f"rank {rank}: {len(report['local_shards'])} shards, forward {report['output_shape']} "
+                    f"(max abs error {report['max_abs_error']:.1e}), backward ok"
+                )
+    except TypeError as err:
+        fail(UserError(f"export config: {err}"))
+    except UserError as err:
+        fail(err)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""python -m neuroshard_jax.export: our plan as a TorchRec ShardingPlan, loaded into DistributedModelParallel."""
+
+import json
+
+import pytest
+
+from neuroshard_jax.cost_models import analytic_model, score_plan
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.export import ExportConfig, check_torchrec, expected_local_shards, export_torchrec
+from neuroshard_jax.plans import plan_to_json
+from neuroshard_jax.search import write_json
+from neuroshard_jax.types import Plan, Shard
+
+from .conftest import make_table, make_task, run_cli
+
+
+@pytest.fixture()
+def split_plan(tmp_path):
+    """Two devices; table 1 split in two, table 3 in four (two shards of it on each rank)."""
+    tables = [make_table(10 + i, rows=50 + 30 * i, dim=d) for i, d in enumerate((16, 32, 8, 64))]
+    task = make_task(tables, num_devices=2)
+    shards = (
+        Shard(0, 0, 16, 0),
+        Shard(1, 0, 16, 1),
+        Shard(1, 16, 16, 0),
+        Shard(2, 0, 8, 1),
+        *(Shard(3, 16 * k, 16, k % 2) for k in range(4)),
+    )
+    plan = Plan(task, shards)
+    path = write_json(plan_to_json(plan, score_plan(analytic_model(task), plan), "test", "analytic", 0, 0.0), tmp_path / "plan.json")
+    return plan, path
+
+
+def test_exported_plan_runs_in_distributed_model_parallel(split_plan, tmp_path):
+    plan, path = split_plan
+    config = ExportConfig(device="cpu", table_names="emb_{id}")
+    request = export_torchrec(plan, tmp_path / "plan.pt", config)
+    assert [t["name"] for t in request["tables"]] == ["emb_10", "emb_11", "emb_12", "emb_13"]
+    reports = check_torchrec(tmp_path / "plan.pt", request, batch_size=6, timeout_s=300)
+    for rank, report in enumerate(reports):
+        assert report["local_shards"] == expected_local_shards(request, rank)
+        assert report["output_shape"] == [6, 16 + 32 + 8 + 64]  # this rank's bags, every table's columns
+        assert report["max_abs_error"] < 1e-4  # pooled sums of the known weight pattern, through the all-to-alls
+    assert expected_local_shards(request, 1) == [["emb_11", 0, 16], ["emb_12", 0, 8], ["emb_13", 16, 16], ["emb_13", 48, 16]]
+
+
+def test_export_cli_writes_a_cuda_plan_and_refuses_bad_options(split_plan):
+    _, path = split_plan
+    done = run_cli(f"plan={path}", "format=torchrec", "module_path=sparse_arch.ebc", module="neuroshard_jax.export")
+    assert done.returncode == 0, done.stderr
+    assert path.with_suffix(".torchrec.pt").stat().st_size > 0
+    assert "4 tables on 2 ranks" in done.stdout
+    for args, message in (
+        (["format=onnx"], "format: got 'onnx', expected one of torchrec"),
+        (["check=true"], "check: true needs device=cpu"),
+        (["table_names=same"], "table_names: got 'same', expected a pattern"),
+    ):
+        bad = run_cli(f"plan={path}", *args, module="neuroshard_jax.export")
+        assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [f"error: {bad.stderr.split('error: ')[1].strip()}"]
+        assert message in bad.stderr
+    missing = run_cli(module="neuroshard_jax.export")
+    assert missing.returncode == 2 and "plan: missing" in missing.stderr
+
+
+def test_export_cli_check_on_cpu(split_plan):
+    _, path = split_plan
+    done = run_cli(f"plan={path}", "device=cpu", "check=true", module="neuroshard_jax.export")
+    assert done.returncode == 0, done.stderr
+    assert "rank 0: 4 shards" in done.stdout and "rank 1: 4 shards" in done.stdout
+
+
+def test_table_names_must_be_a_pattern():
+    with pytest.raises(UserError, match="table_names"):
+        ExportConfig(table_names="{nope}")
+    assert json.loads(json.dumps(ExportConfig().__dict__))["device"] == "cuda"
