@@ -1,12 +1,14 @@
 # make run  : create .venv (CPU stack), then shard the default task (prints a plan, writes plan.json)
 # make test : create .venv, then run the test suite
+# make compare : every searcher over the suite (experiment=compare), every plan measured, compare.md + plots
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SEARCHER ?= beam
 ARGS ?=
+SWEEP ?= multirun/compare/default
 
-.PHONY: run test lint clean
+.PHONY: run test compare lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +22,11 @@ run: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest $(ARGS)
+
+compare: $(VENV)/.installed
+	$(PY) -m neuroshard_jax -m experiment=compare hydra.sweep.dir=$(SWEEP) $(ARGS)
+	$(PY) -m neuroshard_jax.evaluate sweep=$(SWEEP) workers=2
+	$(PY) tools/compare.py $(SWEEP)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check neuroshard_jax searchers tests tools

@@ -33,8 +33,12 @@ def main(cfg: DictConfig) -> None:
         run_suite_job(options, searcher_options, cost_options, out_dir, multirun)
         return
     if options.get("evaluate"):
-        fail(UserError("evaluate: true needs a suite (-m experiment=compare); measure one plan with "
-                       "python -m neuroshard_jax.evaluate plan=PATH"))
+        fail(
+            UserError(
+                "evaluate: true needs a suite (-m experiment=compare); measure one plan with "
+                "python -m neuroshard_jax.evaluate plan=PATH"
+            )
+        )
     task = None
     try:
         task = make_task(task_config(options["task"]), options["task"]["seed"], options["task"]["path"])
@@ -84,8 +88,9 @@ def run_suite_job(options: dict, searcher_options: dict, cost_options: dict, out
         fail(UserError(f"suite/evaluator config: {err}"))
     except UserError as err:
         fail(err)
+    name = " ".join([settings["searcher"], *settings["overrides"]])
     print(
-        f"{' '.join([settings['searcher'], *settings['overrides']])}: {done['tasks']} tasks, {done['infeasible']} infeasible, {done['measured']} measured; "
+        f"{name}: {done['tasks']} tasks, {done['infeasible']} infeasible, {done['measured']} measured; "
         f"results in {out_dir}"
     )
 

@@ -60,7 +60,9 @@ class ExportConfig:
         try:
             names = [self.table_names.format(index=i, id=i) for i in range(2)]
         except (KeyError, IndexError, ValueError) as err:
-            raise UserError(f"table_names: got {self.table_names!r} ({err}), expected a pattern of {{index}} and {{id}}")
+            raise UserError(
+                f"table_names: got {self.table_names!r} ({err}), expected a pattern of {{index}} and {{id}}"
+            ) from None
         if names[0] == names[1]:
             raise UserError(f"table_names: got {self.table_names!r}, expected a pattern with {{index}} or {{id}}")
 
@@ -152,7 +154,8 @@ def main(cfg: DictConfig) -> None:
         plan = load_plan(config.plan)
         output = Path(config.output or Path(config.plan).with_suffix(".torchrec.pt"))
         request = export_torchrec(plan, output, config)
-        print(f"TorchRec ShardingPlan of {len(request['tables'])} tables on {request['world_size']} ranks written to {output}")
+        tables, ranks = len(request["tables"]), request["world_size"]
+        print(f"TorchRec ShardingPlan of {tables} tables on {ranks} ranks written to {output}")
         if config.check:
             for report in check_torchrec(output, request, config.check_batch_size, config.timeout_s):
                 rank = report["rank"]

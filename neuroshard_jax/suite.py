@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import fcntl
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -155,7 +156,9 @@ def unmeasured(run_dir: Path) -> list[tuple[Path, dict, dict]]:
     """(run dir, settings, record) of the run's solved plans not measured yet."""
     settings = json.loads((run_dir / SETTINGS).read_text())
     done = JsonlLog(run_dir / MEASURED).ids
-    return [(run_dir, settings, r) for r in JsonlLog(run_dir / RESULTS).records() if "shards" in r and r["id"] not in done]
+    return [
+        (run_dir, settings, r) for r in JsonlLog(run_dir / RESULTS).records() if "shards" in r and r["id"] not in done
+    ]
 
 
 def measure_pending(pending: list[tuple[Path, dict, dict]], config, chunk: int = 50) -> int:
@@ -178,6 +181,7 @@ def measure_pending(pending: list[tuple[Path, dict, dict]], config, chunk: int =
             JsonlLog(run / MEASURED).append(
                 {"id": record["id"], "measured_ms": result["cost_ms"], "devices": result["devices"]}
             )
+        print(f"{start + len(batch)} / {len(pending)} plans measured", file=sys.stderr, flush=True)
     return len(pending)
 
 
@@ -191,8 +195,10 @@ def measure_sweep(root: str | Path, config) -> int:
     sweep=DIR``); all runs' plans share batches, so devices common to several searchers are measured once."""
     runs = find_runs(root)
     if not runs:
-        raise UserError(f"sweep: {str(root)!r} holds no suite run (suite.json), expected a directory of "
-                        "python -m neuroshard_jax -m experiment=compare")
+        raise UserError(
+            f"sweep: {str(root)!r} holds no suite run (suite.json), expected a directory of "
+            "python -m neuroshard_jax -m experiment=compare"
+        )
     pending = [item for run in runs for item in unmeasured(run)]
     # A task's plans share a batch; seeds interleave the device counts, so a stopped run covers both.
     pending.sort(key=lambda item: (item[2]["task_seed"], item[2]["devices"]))

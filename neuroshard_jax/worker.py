@@ -410,9 +410,13 @@ def torchrec_export(request: dict, out_path: str) -> dict:
     torch.save(plan, out_path)
     written = plan_shards(torch.load(out_path, weights_only=False))
     for table, shards in zip(request["tables"], request["shards"]):
-        want = sorted(({k: int(s[k]) for k in ("col_offset", "dim", "rank")} for s in shards), key=lambda s: s["col_offset"])
+        want = sorted(
+            ({k: int(s[k]) for k in ("col_offset", "dim", "rank")} for s in shards), key=lambda s: s["col_offset"]
+        )
         if written.get(table["name"]) != want:
-            return {"error": f"table {table['name']}: TorchRec made shards {written.get(table['name'])}, expected {want}"}
+            return {
+                "error": f"table {table['name']}: TorchRec made shards {written.get(table['name'])}, expected {want}"
+            }
     return {"ok": True, "plan": str(plan)}
 
 

@@ -27,7 +27,9 @@ def split_plan(tmp_path):
         *(Shard(3, 16 * k, 16, k % 2) for k in range(4)),
     )
     plan = Plan(task, shards)
-    path = write_json(plan_to_json(plan, score_plan(analytic_model(task), plan), "test", "analytic", 0, 0.0), tmp_path / "plan.json")
+    path = write_json(
+        plan_to_json(plan, score_plan(analytic_model(task), plan), "test", "analytic", 0, 0.0), tmp_path / "plan.json"
+    )
     return plan, path
 
 
@@ -41,7 +43,12 @@ def test_exported_plan_runs_in_distributed_model_parallel(split_plan, tmp_path):
         assert report["local_shards"] == expected_local_shards(request, rank)
         assert report["output_shape"] == [6, 16 + 32 + 8 + 64]  # this rank's bags, every table's columns
         assert report["max_abs_error"] < 1e-4  # pooled sums of the known weight pattern, through the all-to-alls
-    assert expected_local_shards(request, 1) == [["emb_11", 0, 16], ["emb_12", 0, 8], ["emb_13", 16, 16], ["emb_13", 48, 16]]
+    assert expected_local_shards(request, 1) == [
+        ["emb_11", 0, 16],
+        ["emb_12", 0, 8],
+        ["emb_13", 16, 16],
+        ["emb_13", 48, 16],
+    ]
 
 
 def test_export_cli_writes_a_cuda_plan_and_refuses_bad_options(split_plan):
@@ -56,7 +63,9 @@ def test_export_cli_writes_a_cuda_plan_and_refuses_bad_options(split_plan):
         (["table_names=same"], "table_names: got 'same', expected a pattern"),
     ):
         bad = run_cli(f"plan={path}", *args, module="neuroshard_jax.export")
-        assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [f"error: {bad.stderr.split('error: ')[1].strip()}"]
+        assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+            f"error: {bad.stderr.split('error: ')[1].strip()}"
+        ]
         assert message in bad.stderr
     missing = run_cli(module="neuroshard_jax.export")
     assert missing.returncode == 2 and "plan: missing" in missing.stderr

@@ -64,7 +64,12 @@ def test_suite_sweep_measures_resumes_and_compares(tmp_path):
 def test_ablation_labels_and_later_measurement(tmp_path):
     sweep = tmp_path / "sweep"
     done = run_cli(
-        "-m", "experiment=compare", "searcher=beam", "searcher.k=1,2", *SMALL, "suite.devices=[2]",
+        "-m",
+        "experiment=compare",
+        "searcher=beam",
+        "searcher.k=1,2",
+        *SMALL,
+        "suite.devices=[2]",
         f"hydra.sweep.dir={sweep}",
     )
     assert done.returncode == 0, done.stderr

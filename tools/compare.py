@@ -183,7 +183,10 @@ def markdown_table(summary: dict, title: str) -> str:
 
 def report(entries: list[dict]) -> tuple[str, dict]:
     """The markdown (a table per device count, then all tasks) and the summaries by group."""
-    groups = {f"{n} devices": [e for e in entries if e["devices"] == n] for n in sorted({e["devices"] for e in entries if e["devices"]})}
+    groups = {
+        f"{n} devices": [e for e in entries if e["devices"] == n]
+        for n in sorted({e["devices"] for e in entries if e["devices"]})
+    }
     if len(groups) != 1:
         groups["all tasks"] = entries
     summaries = {name: summarize(group) for name, group in groups.items()}
