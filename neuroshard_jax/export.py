@@ -95,8 +95,9 @@ def _worker(args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
         raise UserError(f"export: the torch worker ran past timeout_s={timeout_s}") from None
 
 
-def export_torchrec(plan: Plan, output: str | Path, config: ExportConfig) -> dict:
-    """Write ``plan`` as a TorchRec ShardingPlan to ``output``; returns the request (tables and shards)."""
+def export_torchrec(plan: Plan, output: str | Path, config: ExportConfig) -> tuple[dict, str]:
+    """Write ``plan`` as a TorchRec ShardingPlan to ``output``; returns the worker's request (tables and
+    shards) and TorchRec's own printout of the plan as written."""
     request = torchrec_request(plan, config)
     names = [t["name"] for t in request["tables"]]
     if len(set(names)) != len(names):
@@ -113,7 +114,7 @@ def export_torchrec(plan: Plan, output: str | Path, config: ExportConfig) -> dic
     if "error" in result:
         hint = f"; install it with {INSTALL}" if "not installed" in result["error"] else ""
         raise UserError(f"export: {result['error']}{hint}")
-    return request
+    return request, result["plan"]
 
 
 def check_torchrec(exported: str | Path, request: dict, batch_size: int, timeout_s: float) -> list[dict]:
@@ -125,7 +126,14 @@ def check_torchrec(exported: str | Path, request: dict, batch_size: int, timeout
     with tempfile.TemporaryDirectory(prefix="neuroshard-dmp-") as tmp:
         tmp = Path(tmp)
         (tmp / "request.json").write_text(
-            json.dumps({"plan": str(Path(exported).resolve()), "tables": request["tables"], "batch_size": batch_size})
+            json.dumps(
+                {
+                    "plan": str(Path(exported).resolve()),
+                    "tables": request["tables"],
+                    "module_path": request["module_path"],
+                    "batch_size": batch_size,
+                }
+            )
         )
         try:
             run_ranks(["torchrec-run", str(tmp / "request.json"), str(tmp / "out.{rank}")], world, tmp, timeout_s)
@@ -153,7 +161,7 @@ def main(cfg: DictConfig) -> None:
             raise UserError("plan: missing, expected plan=PATH of a plan.json")
         plan = load_plan(config.plan)
         output = Path(config.output or Path(config.plan).with_suffix(".torchrec.pt"))
-        request = export_torchrec(plan, output, config)
+        request, _ = export_torchrec(plan, output, config)
         tables, ranks = len(request["tables"]), request["world_size"]
         print(f"TorchRec ShardingPlan of {tables} tables on {ranks} ranks written to {output}")
         if config.check:

@@ -9,6 +9,8 @@ A run (one searcher with its options) writes into its Hydra job directory:
   results.jsonl    one record per task (devices, task seed, predicted cost, search time, shards, or
                    "infeasible" with the reason); a stopped run resumes where it stopped
   measured.jsonl   the evaluator's measurements of those plans (same ids), appended chunk by chunk
+and the sweep directory holds plan_measurements.jsonl: each distinct plan's measurement, reused by every
+run whose plan is identical (same task, shards and evaluator settings).
 
 Tasks are regenerated from the task options and their seeds (``suite.first_seed + i`` for i < tasks,
 for each device count), so every searcher of a sweep sees the same tasks. The searcher's seed is the
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import json
 import sys
 from collections.abc import Iterator
@@ -33,6 +36,7 @@ RESULTS = "results.jsonl"
 MEASURED = "measured.jsonl"
 SETTINGS = "suite.json"
 LOCK = ".measure.lock"
+PLAN_CACHE = "plan_measurements.jsonl"  # in the sweep directory: measurements by plan identity
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,33 +165,57 @@ def unmeasured(run_dir: Path) -> list[tuple[Path, dict, dict]]:
     ]
 
 
-def measure_pending(pending: list[tuple[Path, dict, dict]], config, chunk: int = 50) -> int:
-    """Measure plans (of one or many runs) in batches; each batch is appended to its runs' measured.jsonl.
-    Identical device shard sets within a batch (e.g. the same device in two searchers' plans) are measured
-    once. Returns the number measured."""
+def plan_key(settings: dict, record: dict, config) -> str:
+    """Identity of a measurement: the task (options, devices, seed), the plan's shards and the evaluator
+    settings that change timings."""
+    evaluator = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("plan", "timeout_s")}
+    task = {"options": settings["task"], "devices": record["devices"], "seed": record["task_seed"]}
+    blob = json.dumps({"task": task, "shards": record["shards"], "evaluator": evaluator}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def measure_pending(pending: list[tuple[Path, dict, dict]], config, cache_dir: Path, chunk: int = 50) -> int:
+    """Measure plans (of one or many runs) in batches and append each to its run's measured.jsonl.
+
+    A plan identical to one already measured in this sweep (``cache_dir``/plan_measurements.jsonl: the
+    same task, shards and evaluator settings, e.g. beam with k=3 and k=5 often agree) reuses that
+    measurement, so identical plans never differ by timing noise; identical device shard sets within a
+    batch are measured once. Returns the number of plans handled."""
     from neuroshard_jax.evaluate import measure_plans
     from neuroshard_jax.plans import plan_from_json
 
+    cache = JsonlLog(cache_dir / PLAN_CACHE)
+    known = {r["id"]: r for r in cache.records()}
     for start in range(0, len(pending), chunk):
         batch = pending[start : start + chunk]
+        keys = [plan_key(s, r, config) for _, s, r in batch]
+        new = {key: item for key, item in zip(keys, batch) if key not in known}
         plans = [
             plan_from_json(
                 {"task": suite_task(s["task"], r["devices"], r["task_seed"]).to_json(), "shards": r["shards"]},
                 where=f"{run}/{RESULTS} {r['id']}",
             )
-            for run, s, r in batch
+            for run, s, r in new.values()
         ]
-        for (run, _, record), result in zip(batch, measure_plans(plans, config)):
+        for key, result in zip(new, measure_plans(plans, config) if plans else []):
+            known[key] = {"id": key, "measured_ms": result["cost_ms"], "devices": result["devices"]}
+            cache.append(known[key])
+        for (run, _, record), key in zip(batch, keys):
+            m = known[key]
             JsonlLog(run / MEASURED).append(
-                {"id": record["id"], "measured_ms": result["cost_ms"], "devices": result["devices"]}
+                {"id": record["id"], "measured_ms": m["measured_ms"], "devices": m["devices"], "plan_key": key}
             )
-        print(f"{start + len(batch)} / {len(pending)} plans measured", file=sys.stderr, flush=True)
+        print(
+            f"{start + len(batch)} / {len(pending)} plans measured ({len(new)} new in this batch)",
+            file=sys.stderr,
+            flush=True,
+        )
     return len(pending)
 
 
 def measure_run(run_dir: Path, config, lock_dir: Path) -> int:
     with sweep_lock(lock_dir, exclusive=True):
-        return measure_pending(unmeasured(run_dir), config)
+        return measure_pending(unmeasured(run_dir), config, lock_dir)
 
 
 def measure_sweep(root: str | Path, config) -> int:
@@ -203,4 +231,4 @@ def measure_sweep(root: str | Path, config) -> int:
     # A task's plans share a batch; seeds interleave the device counts, so a stopped run covers both.
     pending.sort(key=lambda item: (item[2]["task_seed"], item[2]["devices"]))
     with sweep_lock(Path(root), exclusive=True):
-        return measure_pending(pending, config)
+        return measure_pending(pending, config, Path(root))

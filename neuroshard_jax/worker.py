@@ -445,13 +445,23 @@ def torchrec_run(rank: int, world: int, init: str, request_path: str, out_path: 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     tables = request["tables"]
     plan = torch.load(request["plan"], weights_only=False)
+    # The collection sits at the plan's module path (e.g. sparse_arch.embedding_bag_collection).
+    path = [p for p in request.get("module_path", "").split(".") if p]
+    root = _embedding_bag_collection(tables, "meta")
+    for name in reversed(path):
+        parent = torch.nn.Module()
+        parent.add_module(name, root)
+        root = parent
     model = DistributedModelParallel(
-        module=_embedding_bag_collection(tables, "meta"),
+        module=root,
         env=ShardingEnv.from_process_group(dist.group.WORLD),
         device=torch.device("cpu"),
         plan=plan,
         sharders=[EmbeddingBagCollectionSharder()],
     )
+    collection = model.module
+    for name in path:
+        collection = getattr(collection, name)
     local = []
     with torch.no_grad():
         for key, value in model.state_dict().items():
@@ -470,7 +480,7 @@ def torchrec_run(rank: int, world: int, init: str, request_path: str, out_path: 
         values=torch.from_numpy(np.concatenate(values)).long(),
         lengths=torch.from_numpy(lengths.reshape(-1)).int(),
     )
-    pooled = model(features)  # a KeyedTensor; its column order groups tables by sharding type
+    pooled = collection(features)  # a KeyedTensor; its column order groups tables by sharding type
     out = torch.cat([pooled[t["name"]] for t in tables], dim=1)
     expected = []
     for i, t in enumerate(tables):

@@ -36,7 +36,7 @@ def split_plan(tmp_path):
 def test_exported_plan_runs_in_distributed_model_parallel(split_plan, tmp_path):
     plan, path = split_plan
     config = ExportConfig(device="cpu", table_names="emb_{id}")
-    request = export_torchrec(plan, tmp_path / "plan.pt", config)
+    request, _ = export_torchrec(plan, tmp_path / "plan.pt", config)
     assert [t["name"] for t in request["tables"]] == ["emb_10", "emb_11", "emb_12", "emb_13"]
     reports = check_torchrec(tmp_path / "plan.pt", request, batch_size=6, timeout_s=300)
     for rank, report in enumerate(reports):
@@ -51,31 +51,32 @@ def test_exported_plan_runs_in_distributed_model_parallel(split_plan, tmp_path):
     ]
 
 
-def test_export_cli_writes_a_cuda_plan_and_refuses_bad_options(split_plan):
+def test_export_cli_checks_in_dmp_and_refuses_bad_options(split_plan):
     _, path = split_plan
-    done = run_cli(f"plan={path}", "format=torchrec", "module_path=sparse_arch.ebc", module="neuroshard_jax.export")
+    done = run_cli(
+        f"plan={path}", "device=cpu", "check=true", "module_path=sparse_arch.ebc", module="neuroshard_jax.export"
+    )
     assert done.returncode == 0, done.stderr
     assert path.with_suffix(".torchrec.pt").stat().st_size > 0
     assert "4 tables on 2 ranks" in done.stdout
+    assert "rank 0: 4 shards" in done.stdout and "rank 1: 4 shards" in done.stdout
     for args, message in (
         (["format=onnx"], "format: got 'onnx', expected one of torchrec"),
         (["check=true"], "check: true needs device=cpu"),
         (["table_names=same"], "table_names: got 'same', expected a pattern"),
     ):
         bad = run_cli(f"plan={path}", *args, module="neuroshard_jax.export")
-        assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-            f"error: {bad.stderr.split('error: ')[1].strip()}"
-        ]
-        assert message in bad.stderr
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        assert bad.stderr.startswith("error: ") and message in bad.stderr
     missing = run_cli(module="neuroshard_jax.export")
     assert missing.returncode == 2 and "plan: missing" in missing.stderr
 
 
-def test_export_cli_check_on_cpu(split_plan):
-    _, path = split_plan
-    done = run_cli(f"plan={path}", "device=cpu", "check=true", module="neuroshard_jax.export")
-    assert done.returncode == 0, done.stderr
-    assert "rank 0: 4 shards" in done.stdout and "rank 1: 4 shards" in done.stdout
+def test_default_export_places_shards_on_cuda(split_plan, tmp_path):
+    plan, _ = split_plan
+    _, text = export_torchrec(plan, tmp_path / "plan.pt", ExportConfig(module_path="sparse_arch.ebc"))
+    assert "module: sparse_arch.ebc" in text and "rank:1/cuda:1" in text and "column_wise" in text
+    assert "/cpu" not in text
 
 
 def test_table_names_must_be_a_pattern():

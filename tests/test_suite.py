@@ -63,21 +63,20 @@ def test_suite_sweep_measures_resumes_and_compares(tmp_path):
 
 def test_ablation_labels_and_later_measurement(tmp_path):
     sweep = tmp_path / "sweep"
+    # max_length=0: both beam widths return the grid plan, so the two runs' plans are identical.
     done = run_cli(
-        "-m",
-        "experiment=compare",
-        "searcher=beam",
-        "searcher.k=1,2",
-        *SMALL,
-        "suite.devices=[2]",
-        f"hydra.sweep.dir={sweep}",
-    )
+        "-m", "experiment=compare", "searcher=beam", "searcher.k=1,2", "searcher.max_length=0", *SMALL,
+        "suite.devices=[2]", f"hydra.sweep.dir={sweep}",
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert not (sweep / "0" / "measured.jsonl").exists()
     assert "predicted cost" in compare(sweep) and "`beam searcher.k=1`" in compare(sweep)
     measure = run_cli(f"sweep={sweep}", "warmup=1", "iters=2", "comm_iters=2", module="neuroshard_jax.evaluate")
     assert measure.returncode == 0, measure.stderr
-    assert "4 plans measured" in measure.stderr
+    assert "4 / 4 plans measured (2 new in this batch)" in measure.stderr
+    first, second = (lines(sweep / run / "measured.jsonl") for run in ("0", "1"))
+    assert [m["measured_ms"] for m in first] == [m["measured_ms"] for m in second]  # measured once, not twice
+    assert len(lines(sweep / "plan_measurements.jsonl")) == 2
     table = compare(sweep)
     assert "Ranked by measured cost over the 2 tasks" in table and "`beam searcher.k=2`" in table
 
