@@ -139,6 +139,8 @@ def run_suite(
                 results.append(record)
         if evaluate is not None:
             measure_run(run_dir, evaluate, lock_dir)
+    if evaluate is not None and not todo:  # resumed after its searches: measure what was left
+        measure_run(run_dir, evaluate, lock_dir)
     return counts(run_dir)
 
 
