@@ -19,3 +19,6 @@ ANALYTIC_KERNEL_OVERHEAD_MS = 0.001  # fixed cost of one fused TBE call (fwd + b
 ANALYTIC_TABLE_OVERHEAD_MS = 1.07  # per table in the fused kernel, ms
 ANALYTIC_COMM_BW_GBPS = 2.73  # all-to-all bandwidth per device, GB/s
 ANALYTIC_COMM_LATENCY_MS = 3.48  # fixed cost of one all-to-all, ms
+
+# How to install TorchRec on top of this project (its metadata asks for the CUDA fbgemm-gpu, hence --no-deps).
+TORCHREC_INSTALL = "pip install --no-deps torchrec==1.8.0 && pip install -e '.[torchrec]' (see README, TorchRec)"

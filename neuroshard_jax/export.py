@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -28,14 +26,15 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from neuroshard_jax.cli import fail
+from neuroshard_jax.constants import TORCHREC_INSTALL
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.plans import load_plan
+from neuroshard_jax.profiling import WorkerFailure, run_ranks, run_worker
 from neuroshard_jax.types import Plan
 
 FORMATS = ("torchrec",)
 DEVICES = ("cuda", "cpu")
 KERNELS = ("fused", "dense")
-INSTALL = "pip install --no-deps torchrec==1.8.0 && pip install -e '.[torchrec]' (see README, TorchRec)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,15 +85,6 @@ def torchrec_request(plan: Plan, config: ExportConfig) -> dict:
     }
 
 
-def _worker(args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(
-            [sys.executable, "-m", "neuroshard_jax.worker", *args], capture_output=True, text=True, timeout=timeout_s
-        )
-    except subprocess.TimeoutExpired:
-        raise UserError(f"export: the torch worker ran past timeout_s={timeout_s}") from None
-
-
 def export_torchrec(plan: Plan, output: str | Path, config: ExportConfig) -> tuple[dict, str]:
     """Write ``plan`` as a TorchRec ShardingPlan to ``output``; returns the worker's request (tables and
     shards) and TorchRec's own printout of the plan as written."""
@@ -105,14 +95,10 @@ def export_torchrec(plan: Plan, output: str | Path, config: ExportConfig) -> tup
     with tempfile.TemporaryDirectory(prefix="neuroshard-export-") as tmp:
         src = Path(tmp) / "request.json"
         src.write_text(json.dumps(request))
-        done = _worker(["torchrec-export", str(src), str(output)], config.timeout_s)
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UserError(f"export: the torch worker failed (exit {done.returncode}): {tail}")
-    result = json.loads(lines[-1])
+        done = run_worker(["torchrec-export", str(src), str(output)], config.timeout_s, "export")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
     if "error" in result:
-        hint = f"; install it with {INSTALL}" if "not installed" in result["error"] else ""
+        hint = f"; install it with {TORCHREC_INSTALL}" if "not installed" in result["error"] else ""
         raise UserError(f"export: {result['error']}{hint}")
     return request, result["plan"]
 
@@ -120,8 +106,6 @@ def export_torchrec(plan: Plan, output: str | Path, config: ExportConfig) -> tup
 def check_torchrec(exported: str | Path, request: dict, batch_size: int, timeout_s: float) -> list[dict]:
     """Load an exported (device=cpu) plan into DistributedModelParallel, one gloo process per rank, and
     run forward + backward; returns each rank's report (local shards, output shape, max abs error)."""
-    from neuroshard_jax.profiling import WorkerFailure, run_ranks
-
     world = request["world_size"]
     with tempfile.TemporaryDirectory(prefix="neuroshard-dmp-") as tmp:
         tmp = Path(tmp)

@@ -205,6 +205,21 @@ def worker_versions() -> dict:
 # All-to-all benchmark
 
 
+def run_worker(args: list[str], timeout_s: float, what: str) -> subprocess.CompletedProcess:
+    """Run one ``python -m neuroshard_jax.worker ARGS`` command to completion; a timeout or a failed exit
+    is a one-line UserError naming ``what`` ran."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "neuroshard_jax.worker", *args], capture_output=True, text=True, timeout=timeout_s
+        )
+    except subprocess.TimeoutExpired:
+        raise UserError(f"{what}: the torch worker ran past its timeout of {timeout_s} s") from None
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UserError(f"{what}: the torch worker failed (exit {done.returncode}): {tail}")
+    return done
+
+
 def run_ranks(command: list[str], world: int, tmp: Path, timeout_s: float) -> None:
     """Run ``python -m neuroshard_jax.worker COMMAND RANK WORLD INIT ...`` for every rank and wait for all;
     ``{rank}`` in an argument is replaced by the rank. Raises WorkerFailure if a rank crashes or the ranks

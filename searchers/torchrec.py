@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from neuroshard_jax.constants import TORCHREC_INSTALL
 from neuroshard_jax.cost_models import CostModel
 from neuroshard_jax.errors import InfeasibleError, UserError
+from neuroshard_jax.profiling import run_worker
 from neuroshard_jax.types import Plan, Shard, Task
 from searchers.registry import register
 
 SHARDING_TYPES = ("table_wise", "column_wise")
-INSTALL = "pip install --no-deps torchrec==1.8.0 && pip install -e '.[torchrec]' (see README, TorchRec)"
 
 
 def plan_from_torchrec(task: Task, shards: list[list[dict]]) -> Plan:
@@ -67,17 +66,10 @@ class TorchRecSearch:
         with tempfile.TemporaryDirectory(prefix="neuroshard-torchrec-") as tmp:
             src, dst = Path(tmp) / "request.json", Path(tmp) / "plan.json"
             src.write_text(json.dumps(request))
-            cmd = [sys.executable, "-m", "neuroshard_jax.worker", "torchrec-plan", str(src), str(dst)]
-            try:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s)
-            except subprocess.TimeoutExpired:
-                raise UserError(f"torchrec: the planner ran past searcher.timeout_s={self.timeout_s}") from None
-            if done.returncode != 0 or not dst.exists():
-                tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-                raise UserError(f"torchrec: the planner subprocess failed (exit {done.returncode}): {tail}")
+            run_worker(["torchrec-plan", str(src), str(dst)], self.timeout_s, "searcher=torchrec")
             result = json.loads(dst.read_text())
         if "error" in result:
             if result.get("infeasible"):
                 raise InfeasibleError(result["error"])
-            raise UserError(f"searcher=torchrec: {result['error']}; install it with {INSTALL}")
+            raise UserError(f"searcher=torchrec: {result['error']}; install it with {TORCHREC_INSTALL}")
         return plan_from_torchrec(task, result["shards"])
