@@ -494,7 +494,13 @@ def torchrec_run(rank: int, world: int, init: str, request_path: str, out_path: 
             {"rank": rank, "local_shards": sorted(local), "output_shape": list(out.shape), "max_abs_error": error}
         )
     )
-    dist.destroy_process_group()
+    # Every rank is done; leave without the interpreter's teardown, where a still-joinable C++ thread of
+    # the distributed stack occasionally aborts the process (SIGABRT, "terminate called without an active
+    # exception") after the work succeeded.
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: list[str]) -> None:
