@@ -7,6 +7,8 @@ from importlib import resources
 from typing import NoReturn
 
 from neuroshard_jax.errors import UserError
+from neuroshard_jax.tables import PoolSpec
+from neuroshard_jax.tasks import TaskConfig
 
 CONFIG_GROUPS = ("searcher", "task", "cost_model", "experiment")
 
@@ -37,9 +39,6 @@ def check_group_overrides(argv: list[str]) -> None:
 
 def task_config(options: dict):
     """TaskConfig from the resolved ``task`` group (path and seed are handled by the caller)."""
-    from neuroshard_jax.tables import PoolSpec
-    from neuroshard_jax.tasks import TaskConfig
-
     fields = {k: v for k, v in options.items() if k not in ("path", "seed", "style")}
     pool = fields.pop("pool", None) or {}
     dims = tuple(fields.pop("dims", ()) or ())

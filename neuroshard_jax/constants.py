@@ -22,3 +22,7 @@ ANALYTIC_COMM_LATENCY_MS = 3.48  # fixed cost of one all-to-all, ms
 
 # How to install TorchRec on top of this project (its metadata asks for the CUDA fbgemm-gpu, hence --no-deps).
 TORCHREC_INSTALL = "pip install --no-deps torchrec==1.8.0 && pip install -e '.[torchrec]' (see README, TorchRec)"
+
+# What ships inside the package (paths relative to the neuroshard_jax package directory).
+SHIPPED_CHECKPOINT = "data/models/cpu-b4096"  # the neural cost model (python -m neuroshard_jax.train)
+SHIPPED_POLICY = "data/policies/cpu-b4096"  # the rl searcher's policy (python -m neuroshard_jax.train_policy)

@@ -1,4 +1,5 @@
-"""Measured datasets: append-only JSONL files that survive kill -9, plus their manifest.
+"""Files: measured datasets (append-only JSONL files that survive kill -9, plus their manifest), atomic JSON
+writes, and the paths of what ships inside the package.
 
 A record is one line. Appends are flushed and fsynced one by one; on open, a torn last line (a
 write cut by a kill) is cut off, so a file holds only whole records. Each record has a unique
@@ -14,6 +15,7 @@ import platform
 import subprocess
 import threading
 from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +112,17 @@ def write_manifest(path: Path, settings: dict, extra: dict) -> dict:
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def write_json(obj: dict[str, Any], path: str | Path) -> Path:
+    """Write atomically (a reader never sees half a file)."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def package_path(relative: str) -> Path:
+    """A path inside the installed neuroshard_jax package (its shipped data)."""
+    return Path(str(resources.files("neuroshard_jax"))) / relative

@@ -7,3 +7,7 @@ class UserError(Exception):
 
 class InfeasibleError(UserError):
     """The task cannot be placed within the devices' memory."""
+
+
+class PlanError(UserError):
+    """A plan that breaks the rules (columns not tiled, memory exceeded, unknown device)."""

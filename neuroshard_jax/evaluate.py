@@ -3,17 +3,12 @@
     python -m neuroshard_jax.evaluate plan=outputs/.../plan.json [device=cpu workers=1]
     python -m neuroshard_jax.evaluate sweep=multirun/compare/...   # every unmeasured plan of a suite sweep
 
-Each device's shards run as one fused TBE (fwd+bwd, the collection protocol) replaying the tables'
-index streams from the task's pool; the plan's dim sums go through the all-to-all benchmark, backward
-first, then forward with each device's straggler delay = (compute + bwd comm) - min over devices, so
-the forward time includes waiting for the slowest peer, exactly as the simulator's formula does.
-Writes evaluation.json beside the plan: measured and predicted costs per device.
+Writes evaluation.json beside the plan: measured and predicted costs per device (neuroshard_jax/evaluation.py
+says how a plan is measured).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -21,147 +16,9 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from neuroshard_jax.cli import fail
-from neuroshard_jax.datasets import hardware
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.plans import load_plan
-from neuroshard_jax.profiling import WorkerFailure, compute_request, map_requests, run_comm, worker_versions
-from neuroshard_jax.search import write_json
-from neuroshard_jax.types import Plan
-
-
-@dataclasses.dataclass(frozen=True)
-class EvaluateConfig:
-    plan: str = ""
-    device: str = "cpu"
-    workers: int = 1
-    timeout_s: float = 600.0
-    optimizer: str = "exact_sgd"
-    warmup: int = 5
-    iters: int = 10
-    comm_warmup: int = 3
-    comm_iters: int = 10
-
-
-def measure_plans(plans: list[Plan], config: EvaluateConfig) -> list[dict]:
-    """Measured per-device costs (ms) of many plans: compute, fwd_comm, bwd_comm, total; and their max.
-
-    Every device's compute of every plan goes through one pool of ``config.workers`` kernel workers;
-    the all-to-alls of all plans with the same number of devices share one set of rank processes
-    (backward for all of them first, then forward with each plan's straggler delays).
-    """
-    for i, plan in enumerate(plans):
-        if plan.task.pool is None:
-            raise UserError(f"plan {i}: its task has no 'pool'; the evaluator replays the tables' index streams")
-    compute = [[0.0] * p.task.num_devices for p in plans]
-    kernels: list[list[dict | None]] = [[None] * p.task.num_devices for p in plans]
-    # A device's kernel depends only on its (table, dim) set and the task's pool and batch: a set that
-    # recurs in the batch (the same device in plans of several searchers) is measured once.
-    requests: dict[tuple, dict] = {}
-    users: dict[int, list[tuple[int, int]]] = {}  # request key -> the (plan, device) pairs it measures
-    for i, plan in enumerate(plans):
-        task = plan.task
-        for d in range(task.num_devices):
-            tables = sorted((task.tables[s.table].id, s.dim) for s in plan.device_shards(d))
-            if tables:
-                key = (json.dumps(task.pool.to_json(), sort_keys=True), task.batch_size, task.precision, tuple(tables))
-                if key not in requests:
-                    requests[key] = compute_request(
-                        len(requests),
-                        [list(t) for t in tables],
-                        task.pool,
-                        task.batch_size,
-                        config.device,
-                        config.optimizer,
-                        task.precision,
-                        config.warmup,
-                        config.iters,
-                    )
-                    requests[key]["key"] = len(users)
-                    users[len(users)] = []
-                users[requests[key]["key"]].append((i, d))
-
-    def record(request: dict, answer: dict) -> None:
-        i, d = users[request["key"]][0]
-        if not answer.get("ok"):
-            raise UserError(f"evaluation failed on plan {i} device {d}: {answer.get('error')}")
-        for i, d in users[request["key"]]:
-            compute[i][d] = answer["total_ms"]
-            kernels[i][d] = {"fwd_ms": answer["fwd_ms"], "bwd_ms": answer["bwd_ms"]}
-
-    map_requests(list(requests.values()), record, config.workers, config.device, config.timeout_s)
-
-    fwd = [[0.0] * p.task.num_devices for p in plans]
-    bwd = [[0.0] * p.task.num_devices for p in plans]
-    for n in sorted({p.task.num_devices for p in plans} - {1}):
-        group = [i for i, p in enumerate(plans) if p.task.num_devices == n]
-        base = {
-            i: {
-                "dim_sums": [int(x) for x in plans[i].dim_sums()],
-                "batch_size": plans[i].task.batch_size,
-                "warmup": config.comm_warmup,
-                "iters": config.comm_iters,
-            }
-            for i in group
-        }
-        try:
-            first = run_comm(
-                [{**base[i], "id": i, "delays_ms": [0.0] * n} for i in group], n, config.timeout_s, config.device
-            )
-            second_requests = []
-            for i in group:
-                bwd[i] = [r["bwd_ms"] for r in first[i]]
-                ready = [c + b for c, b in zip(compute[i], bwd[i])]
-                second_requests.append({**base[i], "id": i, "delays_ms": [r - min(ready) for r in ready]})
-            second = run_comm(second_requests, n, config.timeout_s, config.device)
-        except WorkerFailure as failure:
-            raise UserError(f"evaluation failed in the all-to-all benchmark: {failure.reason}") from None
-        for i in group:
-            fwd[i] = [r["fwd_ms"] for r in second[i]]
-    results = []
-    for i, plan in enumerate(plans):
-        devices = [
-            {
-                "device": d,
-                "compute": compute[i][d],
-                "fwd_comm": fwd[i][d],
-                "bwd_comm": bwd[i][d],
-                "total": compute[i][d] + fwd[i][d] + bwd[i][d],
-                "kernel": kernels[i][d],
-            }
-            for d in range(plan.task.num_devices)
-        ]
-        results.append({"devices": devices, "cost_ms": max(d["total"] for d in devices)})
-    return results
-
-
-def measure_plan(plan: Plan, config: EvaluateConfig) -> dict:
-    """``measure_plans`` of one plan."""
-    return measure_plans([plan], config)[0]
-
-
-def evaluate_file(path: str | Path, config: EvaluateConfig) -> dict:
-    """Measure the plan at ``path`` and write evaluation.json beside it."""
-    path = Path(path)
-    plan = load_plan(path)
-    predicted = json.loads(path.read_text())
-    measured = measure_plan(plan, config)
-    by_device = {d["device"]: d["cost_ms"] for d in predicted.get("devices", [])}
-    result = {
-        "plan": str(path),
-        "searcher": predicted.get("searcher"),
-        "cost_model": predicted.get("cost_model"),
-        "cost_ms": measured["cost_ms"],
-        "predicted_cost_ms": predicted.get("cost_ms"),
-        "devices": [{**d, "predicted": by_device.get(d["device"])} for d in measured["devices"]],
-        "measurement": {
-            **dataclasses.asdict(config),
-            "batch_size": plan.task.batch_size,
-            "hardware": hardware(),
-            "versions": worker_versions(),
-        },
-    }
-    write_json(result, path.with_name("evaluation.json"))
-    return result
+from neuroshard_jax.evaluation import EvaluateConfig, evaluate_file
+from neuroshard_jax.suite import measure_sweep
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="evaluate")
@@ -170,8 +27,6 @@ def main(cfg: DictConfig) -> None:
     sweep = options.pop("sweep", None)
     try:
         if sweep:
-            from neuroshard_jax.suite import measure_sweep
-
             count = measure_sweep(sweep, EvaluateConfig(**options))
             print(f"{count} plans measured; measured.jsonl in each run of {sweep}", file=sys.stderr)
             return

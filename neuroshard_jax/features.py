@@ -11,9 +11,6 @@ from __future__ import annotations
 import numpy as np
 
 NUM_BINS = 17
-BIN_LABELS = tuple(
-    ["(0,1]"] + [f"({2 ** (k - 1)},{2**k}]" for k in range(1, NUM_BINS - 1)] + [f"({2 ** (NUM_BINS - 2)},inf)"]
-)
 FEATURE_NAMES = ("rows", "dim", "pooling_factor") + tuple(f"bin_{k}" for k in range(NUM_BINS)) + ("size",)
 NUM_FEATURES = len(FEATURE_NAMES)
 FEATURE_INDEX = {name: i for i, name in enumerate(FEATURE_NAMES)}

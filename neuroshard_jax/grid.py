@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from neuroshard_jax.cost_models import CostFns, combine_costs
+from neuroshard_jax.cost_models import CostFns, combine_costs, plan_cost_ms
 
 MEM_UNIT_BYTES = 1024
 MEMORY_ONLY = np.iinfo(np.int32).max  # a dim bound that never binds
@@ -118,7 +118,7 @@ def grid_search(fns: CostFns, params, batch: ShardBatch, bounds, cap, device_mas
     over_alphas = jax.vmap(one, in_axes=(None, None, None, None, 0))
     compute, dim_sums, ok, placed = jax.vmap(over_alphas, in_axes=(0, 0, 0, 0, None))(*sorted_, bounds)
     costs = combine_costs(fns, params, compute, dim_sums.astype(jnp.float32), device_mask)
-    cost_ms = jnp.where(ok, costs.total_ms.max(-1), jnp.inf)
+    cost_ms = jnp.where(ok, plan_cost_ms(costs), jnp.inf)
     # back from placement order to slot order: devices[c, a, order[c, s]] = placed[c, a, s]
     inverse = jnp.argsort(order, axis=-1)
     devices = jnp.take_along_axis(placed, inverse[:, None, :], axis=-1)

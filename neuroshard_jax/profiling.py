@@ -24,8 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.constants import BYTES_PER_ELEMENT, GIB_BYTES
+from neuroshard_jax.constants import GIB_BYTES
 from neuroshard_jax.errors import UserError
+from neuroshard_jax.sharding import mem_bytes
 from neuroshard_jax.tables import PoolSpec
 
 # One thread per process everywhere below torch (FBGEMM, OpenMP, MKL).
@@ -298,17 +299,16 @@ class ComputeSamplerConfig:
 def sample_shard(pool_rows: np.ndarray, config: ComputeSamplerConfig, seed: int, index: int) -> list[list[int]]:
     """Sample ``index``: distinct pool tables with a dim each, total memory within the cap."""
     rng = np.random.default_rng([seed, 31337, index])
-    bpe = BYTES_PER_ELEMENT[config.precision]
     cap = config.mem_cap_gb * GIB_BYTES
     count = int(rng.integers(config.min_tables, config.max_tables + 1))
     shard, used = [], 0.0
     for table in rng.permutation(len(pool_rows)):
-        dims = [d for d in config.dims if used + pool_rows[table] * d * bpe <= cap]
+        dims = [d for d in config.dims if used + mem_bytes(pool_rows[table], d, config.precision) <= cap]
         if not dims:
             continue
         dim = int(rng.choice(dims))
         shard.append([int(table), dim])
-        used += pool_rows[table] * dim * bpe
+        used += mem_bytes(pool_rows[table], dim, config.precision)
         if len(shard) == count:
             break
     return shard
@@ -337,18 +337,3 @@ def sample_comm(config: CommSamplerConfig, seed: int, index: int) -> dict:
     delays = rng.uniform(0, config.max_delay_ms, size=world)
     delays -= delays.min()
     return {"world": world, "dim_sums": dim_sums.tolist(), "delays_ms": np.round(delays, 3).tolist()}
-
-
-def check_shard_request(tables: list, pool_rows: np.ndarray, mem_cap_gb: float, precision: str) -> None:
-    """Clear errors for bad shard specs before anything reaches the worker."""
-    used = 0
-    for table, dim in tables:
-        if not 0 <= table < len(pool_rows):
-            raise UserError(f"shard table: got id {table}, expected 0..{len(pool_rows) - 1}")
-        if dim < 4 or dim % 4:
-            raise UserError(f"shard table {table}: dim {dim}, expected a positive multiple of 4")
-        used += int(pool_rows[table]) * dim * BYTES_PER_ELEMENT[precision]
-    if used > mem_cap_gb * GIB_BYTES:
-        raise UserError(
-            f"shard: needs {used / GIB_BYTES:.3f} GiB, expected at most {mem_cap_gb} GiB (the device memory)"
-        )

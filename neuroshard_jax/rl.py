@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from neuroshard_jax.cost_models import CostFns, CostModel, bucket, combine_costs
+from neuroshard_jax.cost_models import CostFns, CostModel, bucket, combine_costs, plan_cost_ms
 from neuroshard_jax.features import NUM_FEATURES
 from neuroshard_jax.grid import cap_units, mem_units
 from neuroshard_jax.neural import MLP, FeatureStats, normalize
@@ -191,7 +191,7 @@ def rollout(graph: nnx.GraphDef, params: PolicyParams, fns: CostFns, cost_params
     xs = (table_latents, task.z, task.mem, task.dims, task.valid, keys)
     (_, _, _, dim_sums, compute, ok, log_prob, entropy), actions = jax.lax.scan(step, init, xs)
     costs = combine_costs(fns, cost_params, compute, dim_sums.astype(jnp.float32), task.device_mask)
-    cost = jnp.where(ok, costs.total_ms.max(-1), task.penalty_ms)
+    cost = jnp.where(ok, plan_cost_ms(costs), task.penalty_ms)
     steps = jnp.maximum(task.valid.sum(), 1)
     return Rollout(cost, ok, log_prob, entropy / steps, actions)
 

@@ -1,13 +1,14 @@
-"""The scoring API: pure, jitted functions over padded arrays, for searchers and for other JAX code.
+"""The scoring API: pure, jitted functions over padded arrays, for searchers and for other JAX code;
+and host-side scoring of ``Plan`` objects (``score_plan``, ``score_plans``, ``with_costs``).
 
 Every function takes ``fns`` (a ``CostFns``, static: pass ``model.fns``) and ``params`` (a pytree:
 ``model.params``), then arrays; any leading batch dimensions broadcast, so a whole batch of
 candidate plans is scored in one call. Padded tables/devices are masked out. Same padded shapes never
 recompile. Everything is differentiable with respect to the float inputs.
 
-    from neuroshard_jax.cost_models import make_cost_model
+    import neuroshard_jax as nsj
     from neuroshard_jax import scoring
-    model = make_cost_model("neural", task)                   # or "analytic"
+    model = nsj.load_cost_model("neural")                     # or "analytic", or a checkpoint directory
     z = scoring.table_latents(model.fns, model.params, feats)  # f32[B, N, T, F] -> f32[B, N, T, D]
     costs = scoring.costs_from_latents(model.fns, model.params, (z * mask[..., None]).sum(-2),
                                        mask.any(-1), dim_sums, device_mask)   # DeviceCosts of f32[B, N]
@@ -17,19 +18,26 @@ recompile. Everything is differentiable with respect to the float inputs.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from neuroshard_jax.cost_models import (
     CostFns,
+    CostModel,
     DeviceCosts,
+    bucket,
     combine_costs,
     device_compute_ms,
     device_costs,
     plan_cost_ms,
 )
+from neuroshard_jax.features import NUM_FEATURES
+from neuroshard_jax.sharding import shard_features
+from neuroshard_jax.types import Plan, PlanCosts
 
 CHUNK = 1024  # items per step of the big-batch paths: activations stay in cache (4x faster than one pass on CPU)
 
@@ -79,12 +87,6 @@ def single_shard_costs(fns: CostFns, params, feats: jax.Array) -> tuple[jax.Arra
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def compute_from_latents(fns: CostFns, params, latent_sums: jax.Array, has_tables: jax.Array) -> jax.Array:
-    """Fused-kernel compute ms f32[...] of devices from their summed latents f32[..., D] (head only)."""
-    return jnp.where(has_tables, fns.head(params, latent_sums), 0.0)
-
-
-@functools.partial(jax.jit, static_argnums=0)
 def costs_from_latents(
     fns: CostFns, params, latent_sums: jax.Array, has_tables: jax.Array, dim_sums: jax.Array, device_mask: jax.Array
 ) -> DeviceCosts:
@@ -104,3 +106,52 @@ def plan_costs(
         return plan_cost_ms(device_costs(fns, params, f, m, d, dm))
 
     return map_chunks(one_chunk, (feats, table_mask, dim_sums, device_mask), (3, 2, 1, 1), max(1, CHUNK // 8))
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side: Plan objects to padded arrays, scored in one call
+
+
+def plan_arrays(plan: Plan, max_tables: int | None = None):
+    """Padded arrays of one plan: feats f32[N, T, F], table_mask bool[N, T], dim_sums f32[N], device_mask bool[N]."""
+    task = plan.task
+    n = task.num_devices
+    per_device = [plan.device_shards(d) for d in range(n)]
+    width = max_tables or bucket(max(len(s) for s in per_device))
+    feats = np.zeros((n, width, NUM_FEATURES), dtype=np.float32)
+    mask = np.zeros((n, width), dtype=bool)
+    task_feats = task.features()
+    for d, shards in enumerate(per_device):
+        for j, s in enumerate(shards):
+            feats[d, j] = shard_features(task_feats[s.table], s.dim)
+            mask[d, j] = True
+    return feats, mask, plan.dim_sums().astype(np.float32), np.ones(n, dtype=bool)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _device_costs_jit(fns, params, feats, table_mask, dim_sums, device_mask):
+    return device_costs(fns, params, feats, table_mask, dim_sums, device_mask)
+
+
+def score_plan(model: CostModel, plan: Plan) -> DeviceCosts:
+    """Predicted per-device costs of one plan, as numpy arrays f64[N]."""
+    costs = _device_costs_jit(model.fns, model.params, *plan_arrays(plan))
+    return DeviceCosts(*(np.asarray(c, dtype=np.float64) for c in costs))
+
+
+def score_plans(model: CostModel, plans: list[Plan]) -> np.ndarray:
+    """Predicted plan costs f64[K] of many plans of one task, in one batched call."""
+    width = bucket(max(max(len(p.device_shards(d)) for d in range(p.task.num_devices)) for p in plans))
+    arrays = [plan_arrays(p, width) for p in plans]
+    stacked = [np.stack(a) for a in zip(*arrays)]
+    pad = bucket(len(plans), 8) - len(plans)
+    stacked = [np.concatenate([a, np.repeat(a[:1], pad, axis=0)]) for a in stacked]
+    costs = _device_costs_jit(model.fns, model.params, *stacked)
+    return np.asarray(plan_cost_ms(costs), dtype=np.float64)[: len(plans)]
+
+
+def with_costs(model: CostModel, plan: Plan) -> Plan:
+    """``plan`` with its predicted per-device costs (``Plan.costs``) by ``model``."""
+    costs = score_plan(model, plan)
+    columns = [tuple(float(x) for x in c) for c in costs]
+    return dataclasses.replace(plan, costs=PlanCosts(*columns, float(plan_cost_ms(costs)), model.name))

@@ -29,8 +29,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from neuroshard_jax.datasets import JsonlLog
+from neuroshard_jax.cli import task_config
+from neuroshard_jax.datasets import JsonlLog, write_json
 from neuroshard_jax.errors import InfeasibleError, UserError
+from neuroshard_jax.evaluation import EvaluateConfig, measure_plans
+from neuroshard_jax.search import shard_task
+from neuroshard_jax.tasks import make_task
+from neuroshard_jax.types import Plan
 
 RESULTS = "results.jsonl"
 MEASURED = "measured.jsonl"
@@ -76,9 +81,6 @@ def sweep_lock(folder: Path, exclusive: bool) -> Iterator[None]:
 
 
 def suite_task(task_options: dict, devices: int, task_seed: int):
-    from neuroshard_jax.cli import task_config
-    from neuroshard_jax.tasks import make_task
-
     return make_task(task_config({**task_options, "num_devices": devices}), task_seed)
 
 
@@ -94,8 +96,6 @@ def write_settings(run_dir: Path, settings: dict) -> None:
                 "expected the same settings to resume, or another hydra.sweep.dir"
             )
         return
-    from neuroshard_jax.search import write_json
-
     write_json(settings, path)
 
 
@@ -103,14 +103,12 @@ def run_suite(
     run_dir: str | Path,
     suite: SuiteConfig,
     settings: dict,
-    evaluate=None,
+    evaluate: EvaluateConfig | None = None,
     sweep_dir: str | Path | None = None,
 ) -> dict:
     """Search every task of ``suite`` with the run's searcher; measure the plans when ``evaluate`` (an
     EvaluateConfig) is given. ``settings``: searcher, searcher_options, cost_model, cost_model_options,
     task (options), overrides. Returns counts: {"tasks", "infeasible", "measured"}."""
-    from neuroshard_jax.search import shard_task
-
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     lock_dir = Path(sweep_dir or run_dir)
@@ -167,7 +165,7 @@ def unmeasured(run_dir: Path) -> list[tuple[Path, dict, dict]]:
     ]
 
 
-def plan_key(settings: dict, record: dict, config) -> str:
+def plan_key(settings: dict, record: dict, config: EvaluateConfig) -> str:
     """Identity of a measurement: the task (options, devices, seed), the plan's shards and the evaluator
     settings that change timings."""
     evaluator = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("plan", "timeout_s")}
@@ -176,16 +174,15 @@ def plan_key(settings: dict, record: dict, config) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def measure_pending(pending: list[tuple[Path, dict, dict]], config, cache_dir: Path, chunk: int = 50) -> int:
+def measure_pending(
+    pending: list[tuple[Path, dict, dict]], config: EvaluateConfig, cache_dir: Path, chunk: int = 50
+) -> int:
     """Measure plans (of one or many runs) in batches and append each to its run's measured.jsonl.
 
     A plan identical to one already measured in this sweep (``cache_dir``/plan_measurements.jsonl: the
     same task, shards and evaluator settings, e.g. beam with k=3 and k=5 often agree) reuses that
     measurement, so identical plans never differ by timing noise; identical device shard sets within a
     batch are measured once. Returns the number of plans handled."""
-    from neuroshard_jax.evaluate import measure_plans
-    from neuroshard_jax.plans import plan_from_json
-
     cache = JsonlLog(cache_dir / PLAN_CACHE)
     known = {r["id"]: r for r in cache.records()}
     for start in range(0, len(pending), chunk):
@@ -193,7 +190,7 @@ def measure_pending(pending: list[tuple[Path, dict, dict]], config, cache_dir: P
         keys = [plan_key(s, r, config) for _, s, r in batch]
         new = {key: item for key, item in zip(keys, batch) if key not in known}
         plans = [
-            plan_from_json(
+            Plan.from_json(
                 {"task": suite_task(s["task"], r["devices"], r["task_seed"]).to_json(), "shards": r["shards"]},
                 where=f"{run}/{RESULTS} {r['id']}",
             )
@@ -215,12 +212,12 @@ def measure_pending(pending: list[tuple[Path, dict, dict]], config, cache_dir: P
     return len(pending)
 
 
-def measure_run(run_dir: Path, config, lock_dir: Path) -> int:
+def measure_run(run_dir: Path, config: EvaluateConfig, lock_dir: Path) -> int:
     with sweep_lock(lock_dir, exclusive=True):
         return measure_pending(unmeasured(run_dir), config, lock_dir)
 
 
-def measure_sweep(root: str | Path, config) -> int:
+def measure_sweep(root: str | Path, config: EvaluateConfig) -> int:
     """Measure every unmeasured plan of every run under ``root`` (``python -m neuroshard_jax.evaluate
     sweep=DIR``); all runs' plans share batches, so devices common to several searchers are measured once."""
     runs = find_runs(root)

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import os
 import subprocess
 import sys
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -406,9 +408,6 @@ PUBLISHED_FILE = "2021/fbgemm_t856_bs65536"
 
 def published_statistics(name: str = PUBLISHED_FILE) -> dict:
     """Published pooled statistics of a DLRM benchmark file (neuroshard_jax/data/dlrm_datasets_stats.json)."""
-    import json
-    from importlib import resources
-
     data = json.loads((resources.files("neuroshard_jax") / "data" / "dlrm_datasets_stats.json").read_text())
     return data["files"][name]
 

@@ -1,4 +1,4 @@
-"""Tasks: generate them from a pool (NeuroShard or DreamShard style), load, save, check feasibility."""
+"""Tasks: generate them from a pool (NeuroShard or DreamShard style), load them, check feasibility."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, TASK_DIMS
+from neuroshard_jax.constants import DIM_ALIGNMENT, GIB_BYTES, TASK_DIMS
 from neuroshard_jax.errors import InfeasibleError, UserError
+from neuroshard_jax.sharding import is_legal_dim, mem_bytes, narrowest_dim
 from neuroshard_jax.tables import PoolSpec, TablePool, load_pool
 from neuroshard_jax.types import Table, Task
 
@@ -53,13 +54,12 @@ def generate_task(pool: TablePool, config: TaskConfig, seed: int, max_attempts: 
     """
     _check_config(config, pool)
     rng = np.random.default_rng([seed, 104729])
-    cap_bytes = config.mem_cap_gb * 2**30
+    cap_bytes = config.mem_cap_gb * GIB_BYTES
     budget_bytes = config.max_fill * config.num_devices * cap_bytes
-    bpe = BYTES_PER_ELEMENT[config.precision]
     dims = np.sort(np.asarray(config.dims))
     # Only tables that fit one device at the smallest dim are eligible; each gets a dim that fits.
     candidates = split_table_ids(pool, config.split)
-    candidates = candidates[pool.rows[candidates] * dims[0] * bpe <= cap_bytes]
+    candidates = candidates[mem_bytes(pool.rows[candidates], dims[0], config.precision) <= cap_bytes]
     for _ in range(max_attempts):
         num_tables = config.num_tables or int(rng.integers(config.min_tables, config.max_tables + 1))
         if num_tables > len(candidates):
@@ -68,10 +68,10 @@ def generate_task(pool: TablePool, config: TaskConfig, seed: int, max_attempts: 
                 f"(tables of split {config.split!r} that fit {config.mem_cap_gb} GiB)"
             )
         ids = rng.choice(candidates, size=num_tables, replace=False)
-        fitting = (pool.rows[ids, None] * dims[None, :] * bpe) <= cap_bytes  # [T, D]
+        fitting = mem_bytes(pool.rows[ids, None], dims[None, :], config.precision) <= cap_bytes  # [T, D]
         choice = (rng.random(num_tables) * fitting.sum(1)).astype(int)
         table_dims = dims[choice]  # dims that fit are a prefix of the sorted dims
-        if (pool.rows[ids] * table_dims * bpe).sum() <= budget_bytes:
+        if mem_bytes(pool.rows[ids], table_dims, config.precision).sum() <= budget_bytes:
             tables = tuple(
                 Table(int(i), int(pool.rows[i]), int(d), float(pool.pooling_factor[i]), tuple(map(float, pool.bins[i])))
                 for i, d in zip(ids, table_dims)
@@ -106,25 +106,21 @@ def load_task(path: str | Path) -> Task:
     return Task.from_json(obj, where=f"task file {path.name}")
 
 
-def save_task(task: Task, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(task.to_json(), indent=1) + "\n")
-
-
 def check_feasible(task: Task) -> None:
     """Raise InfeasibleError if no plan can exist: a table that fits nowhere even split, or too much in total."""
     cap = task.mem_cap_bytes
     for i, table in enumerate(task.tables):
-        narrowest = task.table_mem_bytes(i, DIM_ALIGNMENT if table.dim % (2 * DIM_ALIGNMENT) == 0 else table.dim)
+        narrowest = task.table_mem_bytes(i, narrowest_dim(table.dim))
         whole = task.table_mem_bytes(i)
         if narrowest > cap or (whole > cap and whole > cap * task.num_devices):
             raise InfeasibleError(
-                f"task infeasible: table {table.id} needs {whole / 2**30:.2f} GiB, which no split fits in "
+                f"task infeasible: table {table.id} needs {whole / GIB_BYTES:.2f} GiB, which no split fits in "
                 f"devices of {task.mem_cap_gb} GiB"
             )
     total = sum(task.table_mem_bytes(i) for i in range(task.num_tables))
     if total > cap * task.num_devices:
         raise InfeasibleError(
-            f"task infeasible: tables need {total / 2**30:.2f} GiB in total, expected at most "
+            f"task infeasible: tables need {total / GIB_BYTES:.2f} GiB in total, expected at most "
             f"{task.num_devices} x {task.mem_cap_gb} = {task.num_devices * task.mem_cap_gb:.2f} GiB"
         )
 
@@ -140,7 +136,7 @@ def _check_config(config: TaskConfig, pool: TablePool) -> None:
         raise UserError(
             f"task.min_tables/max_tables: got {config.min_tables}/{config.max_tables}, expected 1 <= min <= max"
         )
-    bad = [d for d in config.dims if d < DIM_ALIGNMENT or d % DIM_ALIGNMENT]
+    bad = [d for d in config.dims if not is_legal_dim(d)]
     if bad or not config.dims:
         raise UserError(f"task.dims: got {list(config.dims)}, expected positive multiples of {DIM_ALIGNMENT}")
     if not 0 < config.max_fill <= 1:

@@ -31,19 +31,22 @@ from flax import nnx
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from neuroshard_jax.checkpoints import load_checkpoint, read_meta, restore_tree, save_checkpoint, save_tree
+from neuroshard_jax.checkpoints import load_checkpoint, save_checkpoint
 from neuroshard_jax.cli import fail
-from neuroshard_jax.cost_models import SHIPPED_CHECKPOINT, bucket
-from neuroshard_jax.datasets import JsonlLog, hardware
+from neuroshard_jax.constants import SHIPPED_CHECKPOINT
+from neuroshard_jax.cost_models import bucket
+from neuroshard_jax.datasets import JsonlLog, hardware, package_path
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.features import NUM_FEATURES
-from neuroshard_jax.neural import FeatureStats, fit_stats, neural_cost_model
+from neuroshard_jax.evaluation import EvaluateConfig, measure_plans
+from neuroshard_jax.neural import fit_stats, neural_cost_model
+from neuroshard_jax.policies import load_policy, policy_dir, save_policy
 from neuroshard_jax.rl import (
     Policy,
     PolicyConfig,
     PolicyParams,
     TaskArrays,
     decode,
+    plan_from_actions,
     reinforce_loss,
     stack_tasks,
     task_arrays,
@@ -51,8 +54,6 @@ from neuroshard_jax.rl import (
 from neuroshard_jax.tables import PoolSpec, load_pool
 from neuroshard_jax.tasks import TaskConfig, generate_task
 from neuroshard_jax.training import TrainConfig, fit_nets, resolve_dataset
-
-FORMAT_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,12 +91,6 @@ class RefineConfig:
     workers: int = 1
 
 
-def default_cost_model() -> str:
-    from importlib import resources
-
-    return str(resources.files("neuroshard_jax") / SHIPPED_CHECKPOINT)
-
-
 def training_tasks(config: TaskSetConfig):
     pool = load_pool(config.pool, config.batch_size)
     tasks = []
@@ -115,15 +110,6 @@ def training_tasks(config: TaskSetConfig):
     return tasks
 
 
-def save_policy(path: Path, config: PolicyConfig, params: PolicyParams, opt_state, meta: dict) -> None:
-    """Write a policy checkpoint directory (``path`` is replaced)."""
-    save_tree(path / "policy", {"net": nnx.to_pure_dict(params.net), "stats": params.stats._asdict()})
-    if opt_state is not None:
-        save_tree(path / "optimizer", {"leaves": jax.tree_util.tree_leaves(opt_state)})
-    full = {"format": FORMAT_VERSION, "policy_config": dataclasses.asdict(config), **meta}
-    (path / "meta.json").write_text(json.dumps(full, indent=1) + "\n")
-
-
 def _comparable(settings: dict) -> dict:
     """Settings a resumed run must share (more rounds, or another progress display, are fine)."""
     out = json.loads(json.dumps(settings))
@@ -132,38 +118,8 @@ def _comparable(settings: dict) -> dict:
     return out
 
 
-def policy_dir(path: str | Path) -> Path:
-    """The newest finished round of a training output directory, or ``path`` itself."""
-    path = Path(path).resolve()
-    latest = path / "LATEST"
-    return path / latest.read_text().strip() if latest.exists() else path
-
-
-def load_policy(path: str | Path, tx: optax.GradientTransformation | None = None):
-    """Restore (graph, params, optimizer state or None, meta) from a policy checkpoint directory."""
-    path = policy_dir(path)
-    meta = read_meta(path)
-    if meta.get("format") != FORMAT_VERSION or "policy_config" not in meta:
-        raise UserError(f"searcher.policy: {str(path)!r} is not a policy checkpoint (no policy_config in meta.json)")
-    config = PolicyConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in meta["policy_config"].items()})
-    graph, state = nnx.split(Policy(config, nnx.Rngs(0)))
-    stats = FeatureStats(jnp.zeros(NUM_FEATURES), jnp.ones(NUM_FEATURES))
-    tree = restore_tree(path / "policy", {"net": nnx.to_pure_dict(state), "stats": stats._asdict()})
-    nnx.replace_by_pure_dict(state, tree["net"])
-    params = PolicyParams(state, FeatureStats(jnp.asarray(tree["stats"]["mean"]), jnp.asarray(tree["stats"]["std"])))
-    opt_state = None
-    if tx is not None:
-        template = tx.init(state)
-        leaves = restore_tree(path / "optimizer", {"leaves": jax.tree_util.tree_leaves(template)})["leaves"]
-        opt_state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template), leaves)
-    return graph, params, opt_state, meta
-
-
 def measure_greedy_plans(graph, params, model, tasks, seeds, config: RefineConfig, log: JsonlLog, round_: int):
     """Hardware in the loop: measure the policy's greedy plans of ``tasks[seeds]``; append their devices."""
-    from neuroshard_jax.evaluate import EvaluateConfig, measure_plans
-    from neuroshard_jax.rl import plan_from_actions
-
     plans = []
     for i in seeds:
         arrays, order = task_arrays(tasks[i], model)
@@ -223,7 +179,7 @@ def train_policy(
         net_config, nets, cost_params, cost_meta = load_checkpoint(policy_dir(out) / "cost_model")
         history, start_round = meta["history"], meta["rounds_done"]
     else:
-        source = cost_model_path or default_cost_model()
+        source = cost_model_path or str(package_path(SHIPPED_CHECKPOINT))
         net_config, nets, cost_params, cost_meta = load_checkpoint(source)
         graph, state = nnx.split(Policy(policy_config, nnx.Rngs(config.seed)))
         params, opt_state, history, start_round = PolicyParams(state, None), tx.init(state), [], 0

@@ -8,6 +8,7 @@ the best validation loss are kept.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -19,10 +20,10 @@ import optax
 from flax import nnx
 from tqdm import tqdm
 
+from neuroshard_jax.analytic import ANALYTIC_FNS, analytic_params
 from neuroshard_jax.checkpoints import load_checkpoint, save_checkpoint
-from neuroshard_jax.constants import BYTES_PER_ELEMENT
-from neuroshard_jax.cost_models import ANALYTIC_FNS, AnalyticConfig, AnalyticParams, bucket, device_compute_ms
-from neuroshard_jax.datasets import read_records
+from neuroshard_jax.cost_models import bucket, device_compute_ms
+from neuroshard_jax.datasets import package_path, read_records
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.features import NUM_FEATURES, feature_matrix
 from neuroshard_jax.neural import FeatureStats, NeuralParams, comm_time, fit_stats, init_nets, neural_fns, normalize
@@ -59,9 +60,7 @@ def resolve_dataset(path: str | Path) -> Path:
     path = Path(path)
     if path.exists() or path.is_absolute():
         return path
-    from importlib import resources
-
-    return Path(str(resources.files("neuroshard_jax"))).parent / path
+    return package_path("").parent / path
 
 
 def load_manifest(dataset_dir: Path, kind: str) -> dict:
@@ -224,9 +223,7 @@ def comm_loss(use_delays: bool):
 
 def analytic_shard_ms(feats, mask, batch_size: int, precision: str = "fp32") -> np.ndarray:
     """The analytic model's compute ms of padded shards (for side-by-side metrics)."""
-    params = AnalyticParams(
-        float(batch_size), float(BYTES_PER_ELEMENT[precision]), **dataclasses.asdict(AnalyticConfig())
-    )
+    params = analytic_params(batch_size, precision)
     return np.asarray(device_compute_ms(ANALYTIC_FNS, params, jnp.asarray(feats), jnp.asarray(mask)))
 
 
@@ -333,6 +330,4 @@ def train_models(dataset_dir: str | Path, net_config, config: TrainConfig, out: 
 
 
 def _now() -> str:
-    import datetime
-
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")

@@ -1,8 +1,9 @@
 """Shared host-side types: tables, tasks, shards and plans (frozen; nothing is mutated in place).
 
-JSON (de)serialisation lives with the types so that a task file is exactly the object found
-under ``"task"`` in plan.json. Validation of untrusted input raises ``UserError`` naming the field,
-the value and what was expected.
+JSON (de)serialisation lives with the types so that a task file is exactly the object found under
+``"task"`` in plan.json, and plan.json is ``Plan.to_json()``. Validation of untrusted input raises
+``UserError`` naming the field, the value and what was expected. The rules of shard geometry (splits,
+memory, tiling) are ``neuroshard_jax.sharding``'s; the types only call them.
 """
 
 from __future__ import annotations
@@ -14,20 +15,33 @@ from typing import Any
 import numpy as np
 
 from neuroshard_jax.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GIB_BYTES
-from neuroshard_jax.errors import UserError
+from neuroshard_jax.errors import PlanError, UserError
 from neuroshard_jax.features import NUM_BINS, feature_matrix
+from neuroshard_jax.sharding import (
+    Shard,
+    column_shards,
+    device_dim_sums,
+    device_mem_bytes,
+    is_legal_dim,
+    mem_bytes,
+    tiling_error,
+)
 from neuroshard_jax.tables import PoolSpec
+
+__all__ = ["Plan", "PlanCosts", "Shard", "Table", "Task"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Table:
-    """One embedding table of a task. ``id`` is its id in the pool it was drawn from."""
+    """One embedding table of a task. ``id`` is its id in the pool it was drawn from (or its position, for
+    tables given by the user); ``name`` is the user's name for it, if any."""
 
     id: int
     rows: int
     dim: int
     pooling_factor: float
     bins: tuple[float, ...]
+    name: str | None = None
 
     @property
     def size(self) -> int:
@@ -59,9 +73,12 @@ class Task:
         return int(self.mem_cap_gb * GIB_BYTES)
 
     def table_mem_bytes(self, index: int, dim: int | None = None) -> int:
-        """Memory of table ``index`` (of a column shard of it when ``dim`` is given). The one memory rule."""
+        """Memory of table ``index`` (of a column shard of it when ``dim`` is given), by ``sharding.mem_bytes``."""
         table = self.tables[index]
-        return table.rows * (table.dim if dim is None else dim) * self.bytes_per_element
+        return mem_bytes(table.rows, table.dim if dim is None else dim, self.precision)
+
+    def table_rows(self) -> list[int]:
+        return [t.rows for t in self.tables]
 
     def features(self) -> np.ndarray:
         """Raw features f64[T, 21] in FEATURE_NAMES order."""
@@ -81,6 +98,7 @@ class Task:
             "tables": [
                 {
                     "id": t.id,
+                    **({"name": t.name} if t.name is not None else {}),
                     "rows": t.rows,
                     "dim": t.dim,
                     "pooling_factor": t.pooling_factor,
@@ -110,10 +128,14 @@ class Task:
             raise UserError(f"{where}.tables: got {raw_tables!r:.60}, expected a non-empty list of tables")
         tables = tuple(_table_from_json(t, f"{where}.tables[{i}]") for i, t in enumerate(raw_tables))
         seen: set[int] = set()
+        names: set[str] = set()
         for i, t in enumerate(tables):
             if t.id in seen:
                 raise UserError(f"{where}.tables[{i}].id: got {t.id}, expected ids unique within a task")
+            if t.name is not None and t.name in names:
+                raise UserError(f"{where}.tables[{i}].name: got {t.name!r}, expected names unique within a task")
             seen.add(t.id)
+            names.add(t.name)
         pool = obj.get("pool")
         if pool is not None and not isinstance(pool, dict):
             raise UserError(
@@ -123,47 +145,168 @@ class Task:
 
 
 @dataclasses.dataclass(frozen=True)
-class Shard:
-    """Columns [col_offset, col_offset + dim) of task table ``table`` (an index into task.tables) on ``device``."""
+class PlanCosts:
+    """A plan's predicted costs in ms by the cost model ``cost_model``: per device (tuples of N floats) and the
+    plan cost (``cost_models.plan_cost_ms``: the slowest device)."""
 
-    table: int
-    col_offset: int
-    dim: int
-    device: int
+    compute_ms: tuple[float, ...]
+    fwd_comm_ms: tuple[float, ...]
+    bwd_comm_ms: tuple[float, ...]
+    total_ms: tuple[float, ...]
+    cost_ms: float
+    cost_model: str
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """A sharding plan: every column of every table of ``task`` on exactly one device."""
+    """A sharding plan: every column of every table of ``task`` on exactly one device.
+
+    ``costs`` (predicted, when the plan was scored), ``searcher``, ``seed`` and ``search_time_s`` say where it
+    came from; they do not take part in equality. ``to_json`` / ``from_json`` are the plan.json contract.
+    """
 
     task: Task
     shards: tuple[Shard, ...]
+    costs: PlanCosts | None = dataclasses.field(default=None, compare=False)
+    searcher: str | None = dataclasses.field(default=None, compare=False)
+    seed: int | None = dataclasses.field(default=None, compare=False)
+    search_time_s: float | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
     def from_assignment(cls, task: Task, num_splits: list[int], devices: list[list[int]]) -> Plan:
-        """Plan from per-table shard counts (powers of two) and per-table lists of shard devices."""
+        """Plan from per-table shard counts (legal splits) and per-table lists of shard devices."""
         shards = []
         for t, (count, devs) in enumerate(zip(num_splits, devices)):
-            dim = task.tables[t].dim // count
-            shards.extend(Shard(t, i * dim, dim, int(d)) for i, d in enumerate(devs))
+            if len(devs) != count:
+                raise ValueError(f"table {t}: {len(devs)} devices for {count} shards")
+            shards.extend(column_shards(t, task.tables[t].dim, devs))
         return cls(task, tuple(shards))
 
     def device_shards(self, device: int) -> list[Shard]:
         return [s for s in self.shards if s.device == device]
 
+    def placement(self) -> dict[str | int, list[tuple[int, int, int]]]:
+        """Per table (its name, else its id): its shards as (col_offset, dim, device), in column order."""
+        out: dict[str | int, list[tuple[int, int, int]]] = {}
+        for s in sorted(self.shards, key=lambda s: (s.table, s.col_offset)):
+            table = self.task.tables[s.table]
+            out.setdefault(table.id if table.name is None else table.name, []).append((s.col_offset, s.dim, s.device))
+        return out
+
     def dim_sums(self) -> np.ndarray:
         """i64[N]: pooled output width of each device."""
-        out = np.zeros(self.task.num_devices, dtype=np.int64)
-        for s in self.shards:
-            out[s.device] += s.dim
-        return out
+        return device_dim_sums(self.shards, self.task.num_devices)
 
     def mem_bytes(self) -> np.ndarray:
         """i64[N]: weight memory of each device."""
-        out = np.zeros(self.task.num_devices, dtype=np.int64)
+        return device_mem_bytes(self.shards, self.task.table_rows(), self.task.precision, self.task.num_devices)
+
+    def validate(self) -> Plan:
+        """Raise PlanError unless every table is tiled exactly once (``sharding.tiling_error``) by shards on
+        known devices, within every device's memory. Returns the plan."""
+        task = self.task
+        by_table: dict[int, list[Shard]] = {t: [] for t in range(task.num_tables)}
         for s in self.shards:
-            out[s.device] += self.task.table_mem_bytes(s.table, s.dim)
+            if s.table not in by_table:
+                raise PlanError(f"plan shard: table index {s.table} is not in the task (0..{task.num_tables - 1})")
+            if not 0 <= s.device < task.num_devices:
+                raise PlanError(
+                    f"plan shard of table {task.tables[s.table].id}: device {s.device}, "
+                    f"expected 0..{task.num_devices - 1}"
+                )
+            by_table[s.table].append(s)
+        for t, shards in by_table.items():
+            table = task.tables[t]
+            error = tiling_error(table.dim, table.rows, shards)
+            if error:
+                raise PlanError(f"plan: table {table.id} {error}")
+        for d, used in enumerate(self.mem_bytes()):
+            if used > task.mem_cap_bytes:
+                raise PlanError(
+                    f"plan: device {d} holds {used / GIB_BYTES:.3f} GiB, expected at most {task.mem_cap_gb} GiB"
+                )
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan.json object (see README: the contract read by the evaluator and outside tools)."""
+        task = self.task
+        mem = self.mem_bytes()
+        dim_sums = self.dim_sums()
+        out: dict[str, Any] = {}
+        if self.searcher is not None:
+            out["searcher"] = self.searcher
+        if self.costs is not None:
+            out["cost_model"] = self.costs.cost_model
+        if self.seed is not None:
+            out["seed"] = self.seed
+        out["task"] = task.to_json()
+        out["shards"] = [
+            {"table": task.tables[s.table].id, "col_offset": s.col_offset, "dim": s.dim, "device": s.device}
+            for s in sorted(self.shards, key=lambda s: (s.table, s.col_offset))
+        ]
+        devices = []
+        for d in range(task.num_devices):
+            device = {
+                "device": d,
+                "num_shards": len(self.device_shards(d)),
+                "mem_gb": float(mem[d] / GIB_BYTES),
+                "dim_sum": int(dim_sums[d]),
+            }
+            if self.costs is not None:
+                c = self.costs
+                device["cost_ms"] = {
+                    "compute": c.compute_ms[d],
+                    "fwd_comm": c.fwd_comm_ms[d],
+                    "bwd_comm": c.bwd_comm_ms[d],
+                    "total": c.total_ms[d],
+                }
+            devices.append(device)
+        out["devices"] = devices
+        if self.costs is not None:
+            out["cost_ms"] = self.costs.cost_ms
+        if self.search_time_s is not None:
+            out["search_time_s"] = float(self.search_time_s)
         return out
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "plan") -> Plan:
+        """Parse and validate a plan.json object (costs and provenance are kept when present)."""
+        if not isinstance(obj, dict) or "task" not in obj or "shards" not in obj:
+            raise UserError(f"{where}: expected a plan.json object with 'task' and 'shards'")
+        task = Task.from_json(obj["task"], where=f"{where}.task")
+        index = {t.id: i for i, t in enumerate(task.tables)}
+        if not isinstance(obj["shards"], list):
+            raise UserError(f"{where}.shards: got {obj['shards']!r:.60}, expected a list of shards")
+        shards = []
+        for i, s in enumerate(obj["shards"]):
+            try:
+                table, col_offset, dim, device = (int(s[k]) for k in ("table", "col_offset", "dim", "device"))
+            except (KeyError, TypeError, ValueError):
+                raise UserError(
+                    f"{where}.shards[{i}]: got {s!r:.80}, expected table, col_offset, dim, device integers"
+                ) from None
+            if table not in index:
+                raise UserError(f"{where}.shards[{i}].table: got {table}, expected a table id of the task")
+            shards.append(Shard(index[table], col_offset, dim, device))
+        return cls(
+            task,
+            tuple(shards),
+            _costs_from_json(obj, task.num_devices),
+            obj.get("searcher"),
+            obj.get("seed"),
+            obj.get("search_time_s"),
+        ).validate()
+
+
+def _costs_from_json(obj: dict, num_devices: int) -> PlanCosts | None:
+    """The predicted costs of a plan.json object, or None when it has none (or not all of them)."""
+    devices = obj.get("devices")
+    try:
+        per_device = [devices[d]["cost_ms"] for d in range(num_devices)]
+        columns = [tuple(float(c[k]) for c in per_device) for k in ("compute", "fwd_comm", "bwd_comm", "total")]
+        return PlanCosts(*columns, float(obj["cost_ms"]), str(obj["cost_model"]))
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
 
 
 def _field(obj: dict, name: str, where: str) -> Any:
@@ -194,7 +337,7 @@ def _table_from_json(obj: Any, where: str) -> Table:
     table_id = _int_field(obj, "id", where, minimum=0)
     rows = _int_field(obj, "rows", where, minimum=1)
     dim = _int_field(obj, "dim", where, minimum=DIM_ALIGNMENT)
-    if dim % DIM_ALIGNMENT:
+    if not is_legal_dim(dim):
         raise UserError(f"{where}.dim: got {dim}, expected a multiple of {DIM_ALIGNMENT}")
     pooling = _float_field(obj, "pooling_factor", where)
     bins = _field(obj, "bins", where)
@@ -204,4 +347,7 @@ def _table_from_json(obj: Any, where: str) -> Table:
         or not all(isinstance(b, (int, float)) and math.isfinite(b) and 0 <= b <= 1 for b in bins)
     ):
         raise UserError(f"{where}.bins: got {bins!r:.60}, expected {NUM_BINS} shares in [0, 1]")
-    return Table(table_id, rows, dim, pooling, tuple(float(b) for b in bins))
+    name = obj.get("name")
+    if name is not None and not (isinstance(name, str) and name):
+        raise UserError(f"{where}.name: got {name!r:.60}, expected a non-empty string")
+    return Table(table_id, rows, dim, pooling, tuple(float(b) for b in bins), name)

@@ -32,6 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
+from neuroshard_jax.sharding import is_legal_dim
+from neuroshard_jax.tables import PoolSpec, pool_streams
+
 OPTIMIZERS = ("exact_sgd", "exact_row_wise_adagrad", "exact_adagrad", "sgd")
 PRECISIONS = ("fp32", "fp16", "bf16")
 LEARNING_RATE = 0.01
@@ -56,8 +59,6 @@ _STREAMS: dict = {}
 
 def _pool_streams(pool: dict):
     """(rows i64[P], StreamSource) of a pool, cached for the life of the worker."""
-    from neuroshard_jax.tables import PoolSpec, pool_streams
-
     key = json.dumps(pool, sort_keys=True)
     if key not in _STREAMS:
         _STREAMS[key] = pool_streams(PoolSpec.from_json(pool))
@@ -72,8 +73,8 @@ def shard_inputs(request: dict) -> tuple[list[tuple[int, int]], np.ndarray, np.n
     for table_id, dim in request["tables"]:
         if not 0 <= table_id < len(rows):
             raise RequestError(f"table id {table_id} is not in the pool (0..{len(rows) - 1})")
-        if dim < 4 or dim % 4:
-            raise RequestError(f"table {table_id}: dim {dim} is not a positive multiple of 4")
+        if not is_legal_dim(dim):
+            raise RequestError(f"table {table_id}: dim {dim} is not a legal width (a positive multiple of 4)")
         indices, offsets = streams.stream(int(table_id), batch)
         specs.append((int(rows[table_id]), int(dim)))
         all_indices.append(indices)

@@ -12,9 +12,11 @@ import math
 
 import numpy as np
 
-from neuroshard_jax.constants import DIM_ALIGNMENT, GIB_BYTES
-from neuroshard_jax.cost_models import CostModel, score_plans
+from neuroshard_jax.constants import GIB_BYTES
+from neuroshard_jax.cost_models import CostModel
 from neuroshard_jax.errors import InfeasibleError, UserError
+from neuroshard_jax.scoring import score_plans
+from neuroshard_jax.sharding import max_halvings
 from neuroshard_jax.types import Plan, Task
 from searchers.registry import register
 
@@ -69,14 +71,6 @@ def _make_greedy(key: str):
 
 
 DimGreedy, SizeGreedy, LookupGreedy, SizeLookupGreedy = (_make_greedy(k) for k in GREEDY_KEYS)
-
-
-def max_halvings(dim: int) -> int:
-    """How many times a table of width ``dim`` can be halved keeping shards multiples of DIM_ALIGNMENT."""
-    k = 0
-    while dim % (2 ** (k + 1) * DIM_ALIGNMENT) == 0:
-        k += 1
-    return k
 
 
 @register("random")

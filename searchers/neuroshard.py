@@ -13,13 +13,13 @@ import dataclasses
 import numpy as np
 
 from neuroshard_jax.constants import GIB_BYTES
-from neuroshard_jax.cost_models import CostModel, bucket, shard_features
+from neuroshard_jax.cost_models import CostModel, bucket
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.features import NUM_FEATURES
 from neuroshard_jax.grid import ShardBatch, cap_units, dim_bounds, grid_search, mem_units
 from neuroshard_jax.scoring import single_shard_costs
+from neuroshard_jax.sharding import max_halvings, shard_features
 from neuroshard_jax.types import Plan, Task
-from searchers.baselines import max_halvings
 from searchers.registry import register
 
 DEFAULT_ALPHAS = tuple(round(1.0 + 0.05 * i, 2) for i in range(11))  # 1.0, 1.05, ..., 1.5
@@ -40,7 +40,7 @@ class SplitSpace:
         self.feats = np.zeros((task.num_tables, levels, NUM_FEATURES), dtype=np.float32)
         for t in range(task.num_tables):
             for k in range(levels):
-                self.feats[t, k] = shard_features(task_feats, t, int(self.shard_dim[t, k]))
+                self.feats[t, k] = shard_features(task_feats[t], int(self.shard_dim[t, k]))
         self.mem = mem_units([[task.table_mem_bytes(t, int(d)) for d in row] for t, row in enumerate(self.shard_dim)])
         self.shard_size = np.array([[t.rows] for t in task.tables]) * self.shard_dim
         self.single_ms = np.asarray(single_shard_costs(model.fns, model.params, self.feats)[1], dtype=np.float64)

@@ -8,28 +8,17 @@ latents and predicted kernel costs) come from the cost model it was trained with
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import numpy as np
 
-from neuroshard_jax.cost_models import CostModel, score_plans
+from neuroshard_jax.cost_models import CostModel
 from neuroshard_jax.errors import InfeasibleError, UserError
+from neuroshard_jax.policies import load_search_policy, resolve_policy
+from neuroshard_jax.rl import decode, plan_from_actions, stack_tasks, task_arrays
+from neuroshard_jax.scoring import score_plans
 from neuroshard_jax.types import Plan, Task
 from searchers.registry import register
-
-SHIPPED_POLICY = "data/policies/cpu-b4096"
-
-
-@functools.lru_cache(maxsize=4)
-def _load(path: str):
-    from neuroshard_jax.checkpoints import load_checkpoint
-    from neuroshard_jax.neural import neural_cost_model
-    from neuroshard_jax.train_policy import load_policy, policy_dir
-
-    graph, params, _, meta = load_policy(path)
-    _, nets, cost_params, _ = load_checkpoint(policy_dir(path) / "cost_model")
-    return graph, params, neural_cost_model(nets, cost_params), meta
 
 
 @register("rl")
@@ -42,22 +31,8 @@ class RLSearch:
         if self.samples < 0:
             raise UserError(f"searcher.samples: got {self.samples}, expected an integer >= 0")
 
-    def path(self) -> str:
-        from importlib import resources
-        from pathlib import Path
-
-        path = self.policy or str(resources.files("neuroshard_jax") / SHIPPED_POLICY)
-        if not Path(path).exists():
-            raise UserError(
-                f"searcher.policy: no policy at {path!r}; expected a directory written by "
-                "python -m neuroshard_jax.train_policy"
-            )
-        return str(Path(path).resolve())
-
     def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan:
-        from neuroshard_jax.rl import decode, plan_from_actions, stack_tasks, task_arrays
-
-        graph, params, policy_model, meta = _load(self.path())
+        graph, params, policy_model, meta = load_search_policy(resolve_policy(self.policy))
         for field in ("batch_size", "precision"):
             if getattr(task, field) != meta[field]:
                 raise UserError(

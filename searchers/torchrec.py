@@ -18,25 +18,27 @@ from neuroshard_jax.constants import TORCHREC_INSTALL
 from neuroshard_jax.cost_models import CostModel
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.profiling import run_worker
-from neuroshard_jax.types import Plan, Shard, Task
+from neuroshard_jax.sharding import Shard, tiling_error
+from neuroshard_jax.types import Plan, Task
 from searchers.registry import register
 
 SHARDING_TYPES = ("table_wise", "column_wise")
 
 
 def plan_from_torchrec(task: Task, shards: list[list[dict]]) -> Plan:
-    """Our plan from TorchRec's per-table shards; a table's shards must be 2^k equal column slices."""
+    """Our plan from TorchRec's per-table shards; a table's shards must tile it by our split rule
+    (``sharding.tiling_error``: 2^k equal column slices)."""
     out = []
     for t, table_shards in enumerate(shards):
-        table_shards = sorted(table_shards, key=lambda s: s["col_offset"])
-        widths = {s["dim"] for s in table_shards}
-        count = len(table_shards)
-        if len(widths) != 1 or count & (count - 1) or sum(s["dim"] for s in table_shards) != task.tables[t].dim:
+        table = task.tables[t]
+        ours = [Shard(t, s["col_offset"], s["dim"], s["rank"]) for s in table_shards]
+        error = tiling_error(table.dim, table.rows, ours)
+        if error:
+            widths = [s["dim"] for s in sorted(table_shards, key=lambda s: s["col_offset"])]
             raise UserError(
-                f"torchrec: table {task.tables[t].id} was split into widths {[s['dim'] for s in table_shards]}, "
-                "expected 2^k equal column shards (the plan format of this project)"
+                f"torchrec: table {table.id} was split into widths {widths}: {error} (the plan format of this project)"
             )
-        out.extend(Shard(t, s["col_offset"], s["dim"], s["rank"]) for s in table_shards)
+        out.extend(sorted(ours, key=lambda s: s.col_offset))
     return Plan(task, tuple(out))
 
 

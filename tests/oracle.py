@@ -7,8 +7,10 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from neuroshard_jax.cost_models import score_plan, shard_features
+from neuroshard_jax.cost_models import plan_cost_ms
 from neuroshard_jax.grid import cap_units, dim_bounds, mem_units
+from neuroshard_jax.scoring import score_plan
+from neuroshard_jax.sharding import shard_features
 from neuroshard_jax.types import Plan
 
 
@@ -23,7 +25,7 @@ class Oracle:
         self.cap = cap_units(task.mem_cap_bytes)
 
     def shard(self, t, dim):
-        z = np.asarray(self._embed(shard_features(self.feats, t, dim).astype(np.float32)))
+        z = np.asarray(self._embed(shard_features(self.feats[t], dim).astype(np.float32)))
         return z, float(self._head(z))
 
     def greedy(self, levels, bound):
@@ -61,7 +63,7 @@ class Oracle:
         for bound in self.bounds:
             plan = self.greedy(levels, bound)
             if plan is not None:
-                cost = float(score_plan(self.model, plan).total_ms.max())
+                cost = float(plan_cost_ms(score_plan(self.model, plan)))
                 if cost < best[0]:
                     best = (cost, plan)
         return best

@@ -7,8 +7,9 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from neuroshard_jax import constants as C
+from neuroshard_jax.analytic import AnalyticConfig
 from neuroshard_jax.cli import group_options, task_config
-from neuroshard_jax.cost_models import AnalyticConfig, make_cost_model
+from neuroshard_jax.models import make_cost_model
 from searchers import make_searcher, searcher_names
 
 from .conftest import make_table, make_task

@@ -4,15 +4,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from neuroshard_jax.cost_models import (
-    analytic_model,
-    bucket,
-    device_costs,
-    plan_arrays,
-    plan_cost_ms,
-    score_plan,
-    score_plans,
-)
+from neuroshard_jax.analytic import analytic_model
+from neuroshard_jax.cost_models import bucket, device_compute_ms, device_costs, plan_cost_ms
+from neuroshard_jax.scoring import plan_arrays, score_plan, score_plans
 from neuroshard_jax.types import Plan
 
 from .conftest import make_table, make_task
@@ -117,12 +111,10 @@ def test_scoring_api_incremental_path_equals_full_path():
     assert float(plan_cost_ms(incremental)) == pytest.approx(float(full), rel=1e-6)
     # adding one table to a device = adding its latent and rerunning the head
     extra = z[0, 0]
-    head_only = scoring.compute_from_latents(model.fns, model.params, sums[1] + extra, jnp.array(True))
+    head_only = model.fns.head(model.params, sums[1] + extra)
     feats2, mask2 = feats.copy(), mask.copy()
     free = int(mask[1].sum())
     feats2[1, free], mask2[1, free] = feats[0, 0], True
-    from neuroshard_jax.cost_models import device_compute_ms
-
     assert float(head_only) == pytest.approx(
         float(device_compute_ms(model.fns, model.params, feats2, mask2)[1]), rel=1e-6
     )

@@ -1,15 +1,17 @@
 """python -m neuroshard_jax.export: our plan as a TorchRec ShardingPlan, loaded into DistributedModelParallel."""
 
+import dataclasses
 import json
 
 import pytest
 
-from neuroshard_jax.cost_models import analytic_model, score_plan
+from neuroshard_jax.analytic import analytic_model
+from neuroshard_jax.datasets import write_json
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.export import ExportConfig, check_torchrec, expected_local_shards, export_torchrec
-from neuroshard_jax.plans import plan_to_json
-from neuroshard_jax.search import write_json
-from neuroshard_jax.types import Plan, Shard
+from neuroshard_jax.scoring import with_costs
+from neuroshard_jax.sharding import Shard
+from neuroshard_jax.types import Plan
 
 from .conftest import make_table, make_task, run_cli
 
@@ -27,9 +29,8 @@ def split_plan(tmp_path):
         *(Shard(3, 16 * k, 16, k % 2) for k in range(4)),
     )
     plan = Plan(task, shards)
-    path = write_json(
-        plan_to_json(plan, score_plan(analytic_model(task), plan), "test", "analytic", 0, 0.0), tmp_path / "plan.json"
-    )
+    scored = dataclasses.replace(with_costs(analytic_model(task), plan), searcher="test", seed=0, search_time_s=0.0)
+    path = write_json(scored.to_json(), tmp_path / "plan.json")
     return plan, path
 
 

@@ -10,16 +10,11 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.checkpoints import load_checkpoint, save_checkpoint
-from neuroshard_jax.cost_models import (
-    NeuralConfig,
-    device_compute_ms,
-    device_costs,
-    make_cost_model,
-    plan_arrays,
-    plan_cost_ms,
-)
+from neuroshard_jax.cost_models import device_compute_ms, device_costs, plan_cost_ms
 from neuroshard_jax.errors import UserError
+from neuroshard_jax.models import NeuralConfig, make_cost_model
 from neuroshard_jax.neural import NetConfig, init_nets, neural_fns
+from neuroshard_jax.scoring import plan_arrays
 from neuroshard_jax.training import kendall_tau, mape
 from neuroshard_jax.types import Plan
 

@@ -3,9 +3,12 @@
 import numpy as np
 import pytest
 
-from neuroshard_jax.cost_models import analytic_model, make_cost_model, score_plan
+from neuroshard_jax.analytic import analytic_model
+from neuroshard_jax.cost_models import plan_cost_ms
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.grid import MEM_UNIT_BYTES, cap_units, dim_bounds, mem_units
+from neuroshard_jax.models import make_cost_model
+from neuroshard_jax.scoring import score_plan
 from neuroshard_jax.tables import PoolSpec
 from neuroshard_jax.tasks import TaskConfig, generate_task
 from searchers import make_searcher
@@ -25,7 +28,7 @@ def _tasks(pool, count, num_tables=12, mem_cap_gb=0.3):
 
 
 def _cost(model, plan):
-    return float(score_plan(model, plan).total_ms.max())
+    return float(plan_cost_ms(score_plan(model, plan)))
 
 
 @pytest.mark.parametrize("model_name", ["analytic", "neural"])

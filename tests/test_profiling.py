@@ -12,19 +12,21 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.collect import CollectConfig, collect
+from neuroshard_jax.datasets import write_json
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.evaluate import EvaluateConfig, evaluate_file
+from neuroshard_jax.evaluation import EvaluateConfig, evaluate_file, measure_plans
 from neuroshard_jax.profiling import (
     CommSamplerConfig,
     ComputeSamplerConfig,
     ComputeWorker,
     WorkerFailure,
-    check_shard_request,
     run_comm,
     sample_comm,
     sample_shard,
 )
-from neuroshard_jax.tables import PoolSpec, pool_streams
+from neuroshard_jax.search import search_plan, shard_task
+from neuroshard_jax.tables import PoolSpec, load_pool, pool_streams
+from neuroshard_jax.tasks import TaskConfig, generate_task
 
 POOL = PoolSpec(num_tables=120)
 TINY = dict(batch_size=256, warmup=1, iters=3)
@@ -58,17 +60,6 @@ def test_worker_refuses_bad_shards_and_keeps_serving(worker):
     bad_dim = worker.request(_request([[1, 10]]), timeout_s=60)
     assert not bad_dim["ok"] and "multiple of 4" in bad_dim["error"]
     assert worker.request(_request([[1, 8]]), timeout_s=60)["ok"]
-
-
-def test_host_side_shard_checks():
-    rows, _ = pool_streams(POOL)
-    with pytest.raises(UserError, match="got id 999"):
-        check_shard_request([[999, 4]], rows, 1.0, "fp32")
-    with pytest.raises(UserError, match="dim 6"):
-        check_shard_request([[0, 6]], rows, 1.0, "fp32")
-    big = int(np.argmax(rows))
-    with pytest.raises(UserError, match="expected at most"):
-        check_shard_request([[big, 128]], rows, rows[big] * 128 * 4 / 2 / 2**30, "fp32")
 
 
 @pytest.mark.parametrize("fault, reason", [("segfault", "SIGSEGV"), ("exit", "code 3"), ("hang", "timeout")])
@@ -171,10 +162,6 @@ def test_gloo_all_to_all_waits_for_the_straggler():
 
 
 def test_evaluator_measures_a_two_device_plan(tmp_path):
-    from neuroshard_jax.search import shard_task, write_json
-    from neuroshard_jax.tables import load_pool
-    from neuroshard_jax.tasks import TaskConfig, generate_task
-
     pool = load_pool(POOL, 256)
     task = generate_task(
         pool, TaskConfig(num_tables=4, num_devices=2, mem_cap_gb=0.05, dims=(4, 8, 16), pool=POOL, batch_size=256), 0
@@ -193,17 +180,11 @@ def test_evaluator_measures_a_two_device_plan(tmp_path):
 
 def test_evaluator_measures_many_plans_in_one_batch():
     """Plans of 2 and 3 devices measured together: every device of every plan gets its own costs."""
-    from neuroshard_jax.evaluate import measure_plans
-    from neuroshard_jax.plans import plan_from_json
-    from neuroshard_jax.search import shard_task
-    from neuroshard_jax.tables import load_pool
-    from neuroshard_jax.tasks import TaskConfig, generate_task
-
     pool = load_pool(POOL, 256)
     plans = []
     for seed, n in ((0, 2), (1, 3), (2, 2)):
         config = TaskConfig(num_tables=5, num_devices=n, mem_cap_gb=0.05, dims=(4, 8), pool=POOL, batch_size=256)
-        plans.append(plan_from_json(shard_task(generate_task(pool, config, seed), "size_greedy", "analytic", 0)))
+        plans.append(search_plan(generate_task(pool, config, seed), "size_greedy", "analytic", 0))
     results = measure_plans(plans, EvaluateConfig(warmup=1, iters=3, comm_warmup=1, comm_iters=3))
     assert [len(r["devices"]) for r in results] == [2, 3, 2]
     for plan, result in zip(plans, results):

@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from neuroshard_jax.cost_models import make_cost_model
 from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.plans import validate_plan
+from neuroshard_jax.models import make_cost_model
+from neuroshard_jax.policies import load_policy, policy_dir
 from neuroshard_jax.rl import PolicyConfig, batch_rollouts, stack_tasks, task_arrays
 from neuroshard_jax.tables import PoolSpec, load_pool
 from neuroshard_jax.tasks import TaskConfig, generate_task
@@ -18,8 +18,6 @@ from neuroshard_jax.train_policy import (
     PolicyTrainConfig,
     RefineConfig,
     TaskSetConfig,
-    load_policy,
-    policy_dir,
     train_policy,
 )
 from searchers import make_searcher
@@ -88,11 +86,11 @@ def test_rl_searcher_places_unseen_tasks(tiny_policy, tiny_checkpoint, num_devic
     model = make_cost_model("neural", task, {"checkpoint": str(tiny_checkpoint[1])})
     searcher = make_searcher("rl", {"policy": str(out), "samples": 8})
     plan = searcher.search(task, model, seed=5)
-    validate_plan(plan)
+    plan.validate()
     assert plan == searcher.search(task, model, seed=5)  # same seed, same plan
     assert len(plan.shards) == task.num_tables  # table-wise
     greedy = make_searcher("rl", {"policy": str(out), "samples": 0}).search(task, model, seed=5)
-    validate_plan(greedy)
+    greedy.validate()
 
 
 def test_no_legal_device_ends_the_episode_with_the_penalty(tiny_policy):

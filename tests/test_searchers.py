@@ -5,10 +5,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from neuroshard_jax.cost_models import analytic_model
-from neuroshard_jax.errors import InfeasibleError
-from neuroshard_jax.plans import PlanError, validate_plan
-from neuroshard_jax.types import Plan, Shard
+from neuroshard_jax.analytic import analytic_model
+from neuroshard_jax.errors import InfeasibleError, PlanError
+from neuroshard_jax.sharding import Shard
+from neuroshard_jax.types import Plan
 from searchers import make_searcher, searcher_names
 from searchers.registry import register
 
@@ -52,7 +52,7 @@ def test_every_searcher_returns_valid_plans(name, tables, num_devices, fill, see
         assert "fits on no device" in str(err) or "no memory-feasible" in str(err)
         return
     assert_every_column_once_within_memory(plan)
-    validate_plan(plan)
+    plan.validate()
 
 
 @pytest.mark.parametrize("name", SEARCHERS)
@@ -94,28 +94,28 @@ def test_random_respects_memory_and_splits_columns():
     assert_every_column_once_within_memory(plan)
 
 
-def test_validate_plan_rejects_broken_plans():
+def test_plan_validate_rejects_broken_plans():
     task = make_task([make_table(0, dim=16), make_table(1, dim=8)], num_devices=2)
     good = Plan.from_assignment(task, [2, 1], [[0, 1], [1]])
-    validate_plan(good)
+    good.validate()
     missing = Plan(task, good.shards[:2])
     with pytest.raises(PlanError, match="table 1 has no shard"):
-        validate_plan(missing)
+        missing.validate()
     overlap = Plan(task, good.shards + (Shard(1, 0, 8, 0),))
     with pytest.raises(PlanError, match="do not tile"):
-        validate_plan(overlap)
+        overlap.validate()
     three = Plan(task, good.shards + (Shard(1, 0, 8, 0), Shard(1, 0, 8, 1)))
     with pytest.raises(PlanError, match="2\\^k shards"):
-        validate_plan(three)
+        three.validate()
     bad_device = Plan(task, (dataclasses.replace(good.shards[0], device=5),) + good.shards[1:])
     with pytest.raises(PlanError, match="device 5"):
-        validate_plan(bad_device)
+        bad_device.validate()
     odd = Plan(task, (Shard(0, 0, 8, 0), Shard(0, 4, 8, 1), Shard(1, 0, 8, 0)))
     with pytest.raises(PlanError, match="tile"):
-        validate_plan(odd)
+        odd.validate()
     small = make_task([make_table(0, rows=1000, dim=16)], mem_cap_gb=1000 * 16 * 4 / 2 / 2**30)
     with pytest.raises(PlanError, match="device 0 holds"):
-        validate_plan(Plan.from_assignment(small, [1], [[0]]))
+        Plan.from_assignment(small, [1], [[0]]).validate()
 
 
 def test_duplicate_registration_raises():

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.constants import GIB_BYTES
+from neuroshard_jax.datasets import write_json
 from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.tasks import TaskConfig, check_feasible, generate_task, load_task, save_task, split_table_ids
+from neuroshard_jax.tasks import TaskConfig, check_feasible, generate_task, load_task, split_table_ids
 from neuroshard_jax.types import Task
 
 from .conftest import make_table, make_task
@@ -39,7 +40,7 @@ def test_dreamshard_splits_are_disjoint(small_pool):
 
 def test_task_file_roundtrip(small_pool, tmp_path):
     task = generate_task(small_pool, TaskConfig(num_tables=12, pool=small_pool.spec, batch_size=512), 0)
-    save_task(task, tmp_path / "task.json")
+    write_json(task.to_json(), tmp_path / "task.json")
     assert load_task(tmp_path / "task.json") == task
 
 
@@ -89,6 +90,10 @@ def test_infeasible_tasks():
     with pytest.raises(InfeasibleError, match="in total"):
         check_feasible(make_task(many, num_devices=2, mem_cap_gb=cap))
     check_feasible(make_task(many[:2], num_devices=2, mem_cap_gb=cap))
+    # dim 24 halves once, into 12-wide shards (not 4-wide): a table whose 12-wide half is over the cap is infeasible
+    rows24 = int(cap * GIB_BYTES / 4 / 12) + 1
+    with pytest.raises(InfeasibleError, match="no split fits"):
+        check_feasible(make_task([make_table(0, rows=rows24, dim=24)], num_devices=4, mem_cap_gb=cap))
 
 
 def test_precision_changes_memory():

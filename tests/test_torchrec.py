@@ -5,10 +5,9 @@ import sys
 
 import pytest
 
-from neuroshard_jax.cost_models import analytic_model
+from neuroshard_jax.analytic import analytic_model
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.plans import validate_plan
-from neuroshard_jax.types import Shard
+from neuroshard_jax.sharding import Shard
 from searchers import make_searcher
 from searchers.torchrec import plan_from_torchrec
 
@@ -19,7 +18,7 @@ def test_torchrec_planner_gives_a_valid_plan_of_ours():
     tables = [make_table(i, rows=10_000 * (i + 1), dim=(16, 64, 128)[i % 3], pooling=2.0 + i) for i in range(6)]
     task = make_task(tables, num_devices=2, mem_cap_gb=0.5, batch_size=512)
     plan = make_searcher("torchrec").search(task, analytic_model(task), 0)
-    validate_plan(plan)
+    plan.validate()
     assert {s.device for s in plan.shards} <= {0, 1}
     table_wise = make_searcher("torchrec", {"sharding_types": ["table_wise"]}).search(task, analytic_model(task), 0)
     assert len(table_wise.shards) == len(tables)

@@ -21,10 +21,11 @@ from pathlib import Path
 import numpy as np
 
 from neuroshard_jax.checkpoints import read_meta
-from neuroshard_jax.cost_models import SHIPPED_CHECKPOINT, make_cost_model, score_plan
-from neuroshard_jax.datasets import JsonlLog
-from neuroshard_jax.plans import plan_from_json
-from neuroshard_jax.search import write_json
+from neuroshard_jax.constants import SHIPPED_CHECKPOINT
+from neuroshard_jax.cost_models import plan_cost_ms
+from neuroshard_jax.datasets import JsonlLog, write_json
+from neuroshard_jax.models import make_cost_model
+from neuroshard_jax.scoring import score_plan
 from neuroshard_jax.training import (
     TrainConfig,
     analytic_shard_ms,
@@ -35,6 +36,7 @@ from neuroshard_jax.training import (
     resolve_dataset,
     split_indices,
 )
+from neuroshard_jax.types import Plan
 
 
 def shipped_checkpoint() -> str:
@@ -76,10 +78,10 @@ def plan_metrics(sweep: str, checkpoint: str) -> dict:
             if record["id"] not in measured:
                 continue
             task = suite_task(settings["task"], record["devices"], record["task_seed"])
-            plan = plan_from_json({"task": task.to_json(), "shards": record["shards"]})
+            plan = Plan.from_json({"task": task.to_json(), "shards": record["shards"]})
             row = {"task": record["id"], "measured": measured[record["id"]]}
             for name, options in (("neural", {"checkpoint": checkpoint}), ("analytic", None)):
-                row[name] = float(score_plan(make_cost_model(name, task, options), plan).total_ms.max())
+                row[name] = float(plan_cost_ms(score_plan(make_cost_model(name, task, options), plan)))
             rows.append(row)
     if not rows:
         raise SystemExit(f"error: {sweep!r} holds no measured suite plans, expected a measured sweep directory")

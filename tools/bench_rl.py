@@ -12,7 +12,7 @@ import json
 import statistics
 import time
 
-from neuroshard_jax.cost_models import make_cost_model
+from neuroshard_jax.models import make_cost_model
 from neuroshard_jax.tasks import TaskConfig, make_task
 from searchers import make_searcher
 

@@ -20,8 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from neuroshard_jax.analytic import ANALYTIC_FNS, AnalyticConfig, AnalyticParams
 from neuroshard_jax.constants import BYTES_PER_ELEMENT
-from neuroshard_jax.cost_models import ANALYTIC_FNS, AnalyticConfig, AnalyticParams, device_compute_ms
+from neuroshard_jax.cost_models import device_compute_ms
 from neuroshard_jax.training import TrainConfig, comm_arrays, compute_arrays, metrics, split_indices
 
 FITTED = ("mem_bw_gbps", "kernel_overhead_ms", "table_overhead_ms", "comm_bw_gbps", "comm_latency_ms")

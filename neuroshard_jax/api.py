@@ -1,0 +1,67 @@
+"""The one-call entry of the library: tables in, a validated and scored ``Plan`` out.
+
+    import neuroshard_jax as nsj
+    plan = nsj.plan(
+        {"user_id": {"rows": 1_000_000, "dim": 64, "pooling_factor": 1.0, "bins": [1.0] + [0.0] * 16},
+         "item_id": {"rows": 200_000, "dim": 128, "pooling_factor": 20.0, "bins": [0.6, 0.3, 0.1] + [0.0] * 14}},
+        num_devices=2, mem_cap_gb=4.0)
+    plan.costs.cost_ms, plan.placement()["item_id"], plan.to_json()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.search import search_plan
+from neuroshard_jax.types import Plan, Task
+
+TableSpecs = Mapping[str, Mapping[str, Any]] | Sequence[Mapping[str, Any]]
+
+
+def task_from_tables(
+    tables: TableSpecs, num_devices: int, mem_cap_gb: float, batch_size: int = 4096, precision: str = "fp32"
+) -> Task:
+    """A task of the user's tables: ``{name: {rows, dim, pooling_factor, bins}}`` or a list of such objects
+    each with a ``name``. ``bins``: 17 shares of the rows accessed in a batch by access count (README,
+    "Tables and features"). Table ids are the positions in the given order."""
+    if isinstance(tables, Mapping):
+        items = [{"name": name, **dict(spec)} for name, spec in tables.items()]
+    elif isinstance(tables, Sequence) and not isinstance(tables, str):
+        items = [dict(spec) if isinstance(spec, Mapping) else spec for spec in tables]
+    else:
+        raise UserError(f"tables: got {type(tables).__name__}, expected a mapping of name -> table spec or a list")
+    obj = {
+        "num_devices": num_devices,
+        "mem_cap_gb": mem_cap_gb,
+        "batch_size": batch_size,
+        "precision": precision,
+        "tables": [{**spec, "id": i} if isinstance(spec, dict) else spec for i, spec in enumerate(items)],
+    }
+    return Task.from_json(obj, where="plan")
+
+
+def plan(
+    tables: TableSpecs,
+    num_devices: int = 4,
+    mem_cap_gb: float = 4.0,
+    searcher: str = "beam",
+    cost_model: str = "neural",
+    *,
+    batch_size: int = 4096,
+    precision: str = "fp32",
+    seed: int = 0,
+    cost_model_options: dict | None = None,
+    **options,
+) -> Plan:
+    """Shard ``tables`` over ``num_devices`` devices of ``mem_cap_gb`` GiB each.
+
+    ``searcher``: a registered name (``searcher_names()``), with its options as keyword arguments (``k=5`` for
+    beam); ``cost_model``: ``"neural"`` (the shipped checkpoint, trained at batch 4096, fp32) or ``"analytic"``,
+    with ``cost_model_options`` (``{"checkpoint": DIR}``). The same seed gives the same plan. Raises
+    ``UserError`` (bad input) or ``InfeasibleError`` (the tables fit no placement). The returned plan carries
+    its predicted per-device costs (``plan.costs``).
+    """
+    task = task_from_tables(tables, num_devices, mem_cap_gb, batch_size, precision)
+    return search_plan(task, searcher, cost_model, seed, options, cost_model_options)
