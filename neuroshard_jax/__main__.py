@@ -7,53 +7,103 @@ With a ``suite`` (``-m experiment=compare``) a run searches a whole task suite i
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from neuroshard_jax.cli import check_group_overrides, fail, task_config
+from neuroshard_jax.cli import fail, resolved, run_app
+from neuroshard_jax.config import typed
+from neuroshard_jax.datasets import write_json
 from neuroshard_jax.errors import InfeasibleError, UserError
+from neuroshard_jax.evaluation import EvaluateConfig
+from neuroshard_jax.models import cost_model_config
+from neuroshard_jax.plans import format_plan
+from neuroshard_jax.search import shard_task
+from neuroshard_jax.suite import SuiteConfig, run_suite
+from neuroshard_jax.tasks import TaskGroupConfig, make_task
+from searchers import make_searcher
+
+
+@dataclasses.dataclass(frozen=True)
+class MainConfig:
+    """conf/config.yaml. ``searcher`` and ``cost_model`` hold ``name`` plus that option's own fields."""
+
+    seed: int = 0
+    output: str = "plan.json"
+    searcher: dict = dataclasses.field(default_factory=lambda: {"name": "beam"})
+    task: TaskGroupConfig = TaskGroupConfig()
+    cost_model: dict = dataclasses.field(default_factory=lambda: {"name": "neural"})
+    evaluator: EvaluateConfig = EvaluateConfig()
+    suite: SuiteConfig | None = None
+    evaluate: bool = False
+
+    def __post_init__(self):
+        if self.seed < 0:
+            raise UserError(f"seed: got {self.seed}, expected an integer >= 0")
+        if not self.output:
+            raise UserError("output: got '', expected a file name")
+        if self.evaluate and self.suite is None:
+            raise UserError(
+                "evaluate: true needs a suite (-m experiment=compare); measure one plan with "
+                "python -m neuroshard_jax.evaluate plan=PATH"
+            )
+        if self.suite is not None and self.task.path:
+            raise UserError("task.path: a suite generates its tasks from seeds, expected task.path=null")
+
+    def options(self, group: str) -> dict:
+        """The options of the searcher or cost model (its group's fields less ``name``)."""
+        return {k: v for k, v in getattr(self, group).items() if k != "name"}
+
+
+def main_config(cfg: DictConfig) -> MainConfig:
+    """The typed config of a run; the searcher and the cost model are built once to check their options."""
+    options = resolved(cfg)
+    seed = options.get("seed")
+    if isinstance(seed, int) and not isinstance(seed, bool) and seed < 0:  # before task.seed (= seed) says it
+        raise UserError(f"seed: got {seed}, expected an integer >= 0")
+    config = typed(MainConfig, options)
+    make_searcher(config.searcher["name"], config.options("searcher"))
+    cost_model_config(config.cost_model["name"], config.options("cost_model"))
+    return config
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from neuroshard_jax.plans import format_plan
-    from neuroshard_jax.search import shard_task, write_json
-    from neuroshard_jax.tasks import make_task
-
     out_dir = HydraConfig.get().runtime.output_dir
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-    options = OmegaConf.to_container(cfg, resolve=True)
-    searcher_options = {k: v for k, v in options["searcher"].items() if k != "name"}
-    cost_options = {k: v for k, v in options["cost_model"].items() if k != "name"}
-    if options.get("suite"):
-        run_suite_job(options, searcher_options, cost_options, out_dir, multirun)
+    try:
+        config = main_config(cfg)
+    except UserError as err:
+        fail(err)
+    if config.suite is not None:
+        run_suite_job(config, out_dir, multirun)
         return
-    if options.get("evaluate"):
-        fail(
-            UserError(
-                "evaluate: true needs a suite (-m experiment=compare); measure one plan with "
-                "python -m neuroshard_jax.evaluate plan=PATH"
-            )
-        )
     task = None
     try:
-        task = make_task(task_config(options["task"]), options["task"]["seed"], options["task"]["path"])
-        result = shard_task(task, cfg.searcher.name, cfg.cost_model.name, cfg.seed, searcher_options, cost_options)
+        task = make_task(config.task, config.task.seed, config.task.path)
+        result = shard_task(
+            task,
+            config.searcher["name"],
+            config.cost_model["name"],
+            config.seed,
+            config.options("searcher"),
+            config.options("cost_model"),
+        )
     except InfeasibleError as err:
         if not multirun:
             fail(err)
         # A sweep goes on: the infeasible run is recorded, to be counted, never dropped.
-        record = {"searcher": cfg.searcher.name, "seed": cfg.seed, "infeasible": str(err)}
+        record = {"searcher": config.searcher["name"], "seed": config.seed, "infeasible": str(err)}
         write_json({**record, "task": task.to_json() if task else None}, f"{out_dir}/plan.json")
         print(f"infeasible: {err}", file=sys.stderr)
         return
     except UserError as err:
         fail(err)
-    path = write_json(result, f"{out_dir}/{cfg.output}")
+    path = write_json(result, f"{out_dir}/{config.output}")
     print(format_plan(result))
     print(f"plan written to {path}")
 
@@ -65,27 +115,19 @@ def job_overrides() -> list[str]:
     return [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith(skip)]
 
 
-def run_suite_job(options: dict, searcher_options: dict, cost_options: dict, out_dir: str, multirun: bool) -> None:
-    from neuroshard_jax.evaluate import EvaluateConfig
-    from neuroshard_jax.suite import SuiteConfig, run_suite
-
+def run_suite_job(config: MainConfig, out_dir: str, multirun: bool) -> None:
+    task_options = {k: v for k, v in dataclasses.asdict(config.task).items() if k not in ("seed", "num_devices")}
     settings = {
         "overrides": job_overrides(),
-        "searcher": options["searcher"]["name"],
-        "searcher_options": searcher_options,
-        "cost_model": options["cost_model"]["name"],
-        "cost_model_options": cost_options,
-        "task": {k: v for k, v in options["task"].items() if k not in ("seed", "num_devices")},
+        "searcher": config.searcher["name"],
+        "searcher_options": config.options("searcher"),
+        "cost_model": config.cost_model["name"],
+        "cost_model_options": config.options("cost_model"),
+        "task": task_options,
     }
     try:
-        if options["task"].get("path"):
-            raise UserError("task.path: a suite generates its tasks from seeds, expected task.path=null")
-        suite = SuiteConfig(**options["suite"])
-        evaluate = EvaluateConfig(**options["evaluator"]) if options.get("evaluate") else None
         sweep_dir = HydraConfig.get().sweep.dir if multirun else out_dir
-        done = run_suite(out_dir, suite, settings, evaluate, sweep_dir)
-    except TypeError as err:
-        fail(UserError(f"suite/evaluator config: {err}"))
+        done = run_suite(out_dir, config.suite, settings, config.evaluator if config.evaluate else None, sweep_dir)
     except UserError as err:
         fail(err)
     name = " ".join([settings["searcher"], *settings["overrides"]])
@@ -97,8 +139,7 @@ def run_suite_job(options: dict, searcher_options: dict, cost_options: dict, out
 
 def run() -> None:
     """Console-script entry point (also ``python -m neuroshard_jax``)."""
-    check_group_overrides(sys.argv[1:])
-    main()
+    run_app(main, "config", main_config)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,30 @@
-"""Helpers shared by the Hydra entry points: config translation and user-facing failures."""
+"""What the Hydra entry points share: checking a command line before any work, and user-facing failures.
+
+Every entry point runs as ``run_app(main, config_name, validate)``: the command line's group choices are
+checked against ``conf/``, then the config is composed once per value of every override (each value of a
+sweep too) and turned into the app's typed dataclasses by ``validate``, so a bad override (``seed=abc``,
+``searcher.k=2.5``, ``searcher.nope=1``) is one ``error:`` line and exit 2 before anything runs. Hydra's own
+multi-line messages (exit 1) never reach the user.
+"""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from importlib import resources
-from typing import NoReturn
+from typing import Any, NoReturn
 
+from hydra import compose, initialize_config_module
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Glob, Override
+from omegaconf import DictConfig, OmegaConf
+
+from neuroshard_jax.config import typed
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.tables import PoolSpec
-from neuroshard_jax.tasks import TaskConfig
+from neuroshard_jax.tasks import TaskGroupConfig
 
 CONFIG_GROUPS = ("searcher", "task", "cost_model", "experiment")
+CONFIG_MODULE = "neuroshard_jax.conf"
 
 
 def fail(err: Exception) -> NoReturn:
@@ -21,7 +35,7 @@ def fail(err: Exception) -> NoReturn:
 
 def group_options(group: str) -> list[str]:
     """Names of the options of a config group (the YAML stems under conf/<group>/)."""
-    folder = resources.files("neuroshard_jax.conf") / group
+    folder = resources.files(CONFIG_MODULE) / group
     return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
@@ -37,12 +51,84 @@ def check_group_overrides(argv: list[str]) -> None:
                 fail(UserError(f"{key.lstrip('+~')}: got {name!r}, expected one of {', '.join(known)}"))
 
 
-def task_config(options: dict):
-    """TaskConfig from the resolved ``task`` group (path and seed are handled by the caller)."""
-    fields = {k: v for k, v in options.items() if k not in ("path", "seed", "style")}
-    pool = fields.pop("pool", None) or {}
-    dims = tuple(fields.pop("dims", ()) or ())
+def task_config(options: dict) -> TaskGroupConfig:
+    """The typed ``task`` group (a TaskConfig plus the file path and the draw's seed)."""
+    return typed(TaskGroupConfig, options, "task")
+
+
+def resolved(cfg: DictConfig) -> dict:
+    """A composed config as plain, resolved containers (the input of ``typed``)."""
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def _values(override: Override) -> list[str]:
+    """The values a (sweep) override stands for, as override strings."""
+    if isinstance(override.value(), Glob):
+        group = override.get_key_element().lstrip("+~")
+        return [f"{group}={name}" for name in override.value().filter(group_options(group))]
+    if override.is_sweep_override():
+        return [f"{override.get_key_element()}={value}" for value in override.sweep_string_iterator()]
+    return [override.input_line]
+
+
+def _one_line(err: Exception) -> str:
+    """Hydra's and OmegaConf's multi-line messages, cut to their first line and their cause's."""
+    lines = [str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__]
+    if err.__cause__ is not None and str(err.__cause__).strip():
+        lines.append(str(err.__cause__).strip().splitlines()[0])
+    return "; ".join(lines)
+
+
+def check_command_line(config_name: str, argv: list[str], validate: Callable[[DictConfig], Any]) -> None:
+    """Compose the config for every value of every override and ``validate`` it; fail in one line if any is bad.
+
+    Flags other than -m / --multirun (``--help``, ``--cfg``, ...) are left to Hydra.
+    """
+    flags = [a for a in argv if a.startswith("-")]
+    if any(f not in ("-m", "--multirun") for f in flags):
+        return
     try:
-        return TaskConfig(**fields, dims=dims, pool=PoolSpec(**pool))
-    except TypeError as err:
-        raise UserError(f"task: {err}") from None
+        overrides = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
+    except Exception as err:  # Hydra's OverrideParseException and friends
+        fail(UserError(f"command line: {_one_line(err)}"))
+    fixed = [o.input_line for o in overrides if not o.is_sweep_override() and not _is_hydra(o)]
+    variants = [fixed]
+    for o in overrides:
+        if o.is_sweep_override() and not _is_hydra(o):
+            variants.extend([*fixed, value] for value in _values(o))
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+        for variant in variants:
+            try:
+                cfg = compose(config_name=config_name, overrides=variant)
+            except Exception as err:  # a key that does not exist, a value Hydra cannot parse
+                fail(UserError(_composition_error(config_name, variant, err)))
+            try:
+                validate(cfg)
+            except UserError as err:
+                fail(err)
+
+
+def _composition_error(config_name: str, overrides: list[str], err: Exception) -> str:
+    """One line for a failed composition; an unknown key names the keys its parent has."""
+    for line in overrides:
+        key = line.partition("=")[0]
+        if f"'{key}'" in str(err) and "not in struct" in str(err.__cause__ or err):
+            parent, _, leaf = key.rpartition(".")
+            rest = [o for o in overrides if o != line]
+            node = compose(config_name=config_name, overrides=rest)
+            known = OmegaConf.select(node, parent) if parent else node
+            expected = ", ".join(sorted(known)) if isinstance(known, DictConfig) else "none"
+            return f"{key}: unknown key {leaf!r}, expected one of {expected}"
+    return f"{' '.join(overrides) or config_name}: {_one_line(err)}"
+
+
+def _is_hydra(override: Override) -> bool:
+    return override.get_key_element().lstrip("+~").startswith(("hydra.", "hydra/"))
+
+
+def run_app(main: Callable[[], None], config_name: str, validate: Callable[[DictConfig], Any]) -> None:
+    """Check the command line (``check_group_overrides``, ``check_command_line``), then run the Hydra ``main``."""
+    argv = sys.argv[1:]
+    check_group_overrides(argv)
+    check_command_line(config_name, argv, validate)
+    main()

@@ -17,10 +17,11 @@ import sys
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm import tqdm
 
-from neuroshard_jax.cli import fail
+from neuroshard_jax.cli import fail, resolved, run_app
+from neuroshard_jax.config import typed
 from neuroshard_jax.datasets import JsonlLog, git_commit, hardware, write_manifest
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.profiling import (
@@ -198,18 +199,7 @@ def _run_comm_chunk(config: CollectConfig, log: JsonlLog, samples: dict, chunk: 
 
 
 def config_from(cfg: DictConfig) -> CollectConfig:
-    options = OmegaConf.to_container(cfg, resolve=True)
-    try:
-        sampler = ComputeSamplerConfig(**_tuples(options.pop("sampler", {})))
-        comm = CommSamplerConfig(**_tuples(options.pop("comm", {})))
-        pool = PoolSpec(**(options.pop("pool", {}) or {}))
-        return CollectConfig(**options, sampler=sampler, comm=comm, pool=pool)
-    except TypeError as err:
-        raise UserError(f"collect config: {err}") from None
-
-
-def _tuples(d: dict) -> dict:
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    return typed(CollectConfig, resolved(cfg))
 
 
 def _interrupt(signum, frame):
@@ -230,4 +220,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_app(main, "collect", config_from)

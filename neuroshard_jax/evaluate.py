@@ -13,30 +13,38 @@ import sys
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from neuroshard_jax.cli import fail
+from neuroshard_jax.cli import fail, resolved, run_app
+from neuroshard_jax.config import typed
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.evaluation import EvaluateConfig, evaluate_file
 from neuroshard_jax.suite import measure_sweep
 
 
+def app_config(cfg: DictConfig) -> tuple[EvaluateConfig, str | None]:
+    """The evaluator's settings and the sweep to measure (None: measure ``plan``)."""
+    options = resolved(cfg)
+    sweep = options.get("sweep")
+    if sweep is not None and not isinstance(sweep, str):
+        raise UserError(f"sweep: got {sweep!r}, expected the path of a suite sweep directory")
+    config = typed(EvaluateConfig, options, ignore=("sweep",))
+    if not sweep and not config.plan:
+        raise UserError("plan: missing, expected plan=PATH of a plan.json (or sweep=DIR of a suite sweep)")
+    return config, sweep
+
+
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
-    options = OmegaConf.to_container(cfg, resolve=True)
-    sweep = options.pop("sweep", None)
     try:
+        config, sweep = app_config(cfg)
         if sweep:
-            count = measure_sweep(sweep, EvaluateConfig(**options))
+            count = measure_sweep(sweep, config)
             print(f"{count} plans measured; measured.jsonl in each run of {sweep}", file=sys.stderr)
             return
-        if not options.get("plan"):
-            raise UserError("plan: missing, expected plan=PATH of a plan.json (or sweep=DIR of a suite sweep)")
-        result = evaluate_file(options["plan"], EvaluateConfig(**options))
+        result = evaluate_file(config.plan, config)
     except UserError as err:
         fail(err)
-    except TypeError as err:
-        fail(UserError(f"evaluate config: {err}"))
     print(f"{'device':>6} {'compute':>9} {'fwd_comm':>9} {'bwd_comm':>9} {'total':>9} {'predicted':>9}")
     for d in result["devices"]:
         pred = d["predicted"]["total"] if d["predicted"] else float("nan")
@@ -52,4 +60,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_app(main, "evaluate", app_config)

@@ -21,10 +21,14 @@ from neuroshard_jax.plans import load_plan
 from neuroshard_jax.profiling import WorkerFailure, compute_request, map_requests, run_comm, worker_versions
 from neuroshard_jax.types import Plan
 
+DEVICES = ("cpu", "cuda")
+
 
 @dataclasses.dataclass(frozen=True)
 class EvaluateConfig:
-    plan: str = ""
+    """conf/evaluator/default.yaml (``plan``: the plan.json that ``python -m neuroshard_jax.evaluate`` measures)."""
+
+    plan: str | None = None
     device: str = "cpu"
     workers: int = 1
     timeout_s: float = 600.0
@@ -33,6 +37,18 @@ class EvaluateConfig:
     iters: int = 10
     comm_warmup: int = 3
     comm_iters: int = 10
+
+    def __post_init__(self):
+        if self.device not in DEVICES:
+            raise UserError(f"device: got {self.device!r}, expected one of {', '.join(DEVICES)}")
+        for name in ("workers", "iters", "comm_iters"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name}: got {getattr(self, name)}, expected an integer >= 1")
+        for name in ("warmup", "comm_warmup"):
+            if getattr(self, name) < 0:
+                raise UserError(f"{name}: got {getattr(self, name)}, expected an integer >= 0")
+        if not self.timeout_s > 0:
+            raise UserError(f"timeout_s: got {self.timeout_s}, expected a number > 0")
 
 
 def measure_plans(plans: list[Plan], config: EvaluateConfig) -> list[dict]:

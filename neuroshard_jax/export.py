@@ -23,9 +23,10 @@ import tempfile
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from neuroshard_jax.cli import fail
+from neuroshard_jax.cli import fail, resolved, run_app
+from neuroshard_jax.config import typed
 from neuroshard_jax.constants import TORCHREC_INSTALL
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.plans import load_plan
@@ -39,7 +40,9 @@ KERNELS = ("fused", "dense")
 
 @dataclasses.dataclass(frozen=True)
 class ExportConfig:
-    plan: str = ""
+    """conf/export.yaml."""
+
+    plan: str | None = None
     format: str = "torchrec"
     output: str | None = None
     device: str = "cuda"
@@ -136,11 +139,14 @@ def expected_local_shards(request: dict, rank: int) -> list[list]:
     )
 
 
+def app_config(cfg: DictConfig) -> ExportConfig:
+    return typed(ExportConfig, resolved(cfg))
+
+
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="export")
 def main(cfg: DictConfig) -> None:
-    options = OmegaConf.to_container(cfg, resolve=True)
     try:
-        config = ExportConfig(**options)
+        config = app_config(cfg)
         if not config.plan:
             raise UserError("plan: missing, expected plan=PATH of a plan.json")
         plan = load_plan(config.plan)
@@ -159,11 +165,9 @@ def main(cfg: DictConfig) -> None:
                     f"rank {rank}: {len(report['local_shards'])} shards, forward {report['output_shape']} "
                     f"(max abs error {report['max_abs_error']:.1e}), backward ok"
                 )
-    except TypeError as err:
-        fail(UserError(f"export config: {err}"))
     except UserError as err:
         fail(err)
 
 
 if __name__ == "__main__":
-    main()
+    run_app(main, "export", app_config)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from neuroshard_jax.analytic import ANALYTIC_FNS, AnalyticConfig, analytic_model, analytic_params
 from neuroshard_jax.checkpoints import load_checkpoint
+from neuroshard_jax.config import typed
 from neuroshard_jax.constants import SHIPPED_CHECKPOINT
 from neuroshard_jax.cost_models import CostModel
 from neuroshard_jax.datasets import package_path
@@ -64,14 +65,7 @@ def cost_model_config(name: str, options: dict | None = None):
     """The typed config of cost model ``name`` from ``options`` (unknown names or options raise UserError)."""
     if name not in COST_MODELS:
         raise UserError(f"cost_model: got {name!r}, expected one of {', '.join(sorted(COST_MODELS))}")
-    config_cls = COST_MODELS[name][1]
-    known = {f.name for f in dataclasses.fields(config_cls)}
-    unknown = sorted(set(options or {}) - known)
-    if unknown:
-        raise UserError(
-            f"cost_model.{unknown[0]}: unknown option for {name!r}, expected one of {', '.join(sorted(known))}"
-        )
-    return config_cls(**(options or {}))
+    return typed(COST_MODELS[name][1], options, "cost_model")
 
 
 def make_cost_model(name: str, task: Task, options: dict | None = None) -> CostModel:
@@ -89,7 +83,8 @@ def load_cost_model(
     the checkpoint's meta.json); ``batch_size`` and ``precision`` are ignored for it.
     """
     if name_or_path == "analytic":
-        return CostModel("analytic", ANALYTIC_FNS, analytic_params(batch_size, precision, AnalyticConfig(**options)))
+        config = typed(AnalyticConfig, options, "load_cost_model")
+        return CostModel("analytic", ANALYTIC_FNS, analytic_params(batch_size, precision, config))
     checkpoint = None if name_or_path == "neural" else name_or_path
     if options:
         raise UserError(f"load_cost_model: options {sorted(options)} apply to 'analytic' only")

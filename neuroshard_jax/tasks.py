@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.constants import DIM_ALIGNMENT, GIB_BYTES, TASK_DIMS
+from neuroshard_jax.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GIB_BYTES, TASK_DIMS
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.sharding import is_legal_dim, mem_bytes, narrowest_dim
 from neuroshard_jax.tables import PoolSpec, TablePool, load_pool
@@ -33,6 +33,44 @@ class TaskConfig:
     split: str = "all"
     pool: PoolSpec = PoolSpec()
 
+    def __post_init__(self):
+        if self.num_devices < 1:
+            raise UserError(f"task.num_devices: got {self.num_devices}, expected an integer >= 1")
+        if not self.mem_cap_gb > 0:
+            raise UserError(f"task.mem_cap_gb: got {self.mem_cap_gb}, expected a number > 0")
+        if self.num_tables is not None and self.num_tables < 1:
+            raise UserError(f"task.num_tables: got {self.num_tables}, expected an integer >= 1 or null")
+        if not 1 <= self.min_tables <= self.max_tables:
+            raise UserError(
+                f"task.min_tables/max_tables: got {self.min_tables}/{self.max_tables}, expected 1 <= min <= max"
+            )
+        bad = [d for d in self.dims if not is_legal_dim(d)]
+        if bad or not self.dims:
+            raise UserError(f"task.dims: got {list(self.dims)}, expected positive multiples of {DIM_ALIGNMENT}")
+        if not 0 < self.max_fill <= 1:
+            raise UserError(f"task.max_fill: got {self.max_fill}, expected a number in (0, 1]")
+        if self.batch_size < 1:
+            raise UserError(f"task.batch_size: got {self.batch_size}, expected an integer >= 1")
+        if self.split not in SPLITS:
+            raise UserError(f"task.split: got {self.split!r}, expected one of {', '.join(SPLITS)}")
+        if self.precision not in BYTES_PER_ELEMENT:
+            raise UserError(f"task.precision: got {self.precision!r}, expected one of {', '.join(BYTES_PER_ELEMENT)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskGroupConfig(TaskConfig):
+    """``conf/task/*.yaml``: how to draw the task (TaskConfig) and the draw's ``seed``, or ``path``: a task file.
+    ``style`` names the paper whose task setup the file follows."""
+
+    path: str | None = None
+    seed: int = 0
+    style: str = "neuroshard"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.seed < 0:
+            raise UserError(f"task.seed: got {self.seed}, expected an integer >= 0")
+
 
 def split_table_ids(pool: TablePool, split: str) -> np.ndarray:
     """Disjoint train/test halves of the pool (DreamShard style), fixed by the pool's seed."""
@@ -52,7 +90,6 @@ def generate_task(pool: TablePool, config: TaskConfig, seed: int, max_attempts: 
     Every table fits one device at its dim (drawn uniformly among the task dims that fit);
     draws whose total breaks the budget are redrawn.
     """
-    _check_config(config, pool)
     rng = np.random.default_rng([seed, 104729])
     cap_bytes = config.mem_cap_gb * GIB_BYTES
     budget_bytes = config.max_fill * config.num_devices * cap_bytes
@@ -123,21 +160,3 @@ def check_feasible(task: Task) -> None:
             f"task infeasible: tables need {total / GIB_BYTES:.2f} GiB in total, expected at most "
             f"{task.num_devices} x {task.mem_cap_gb} = {task.num_devices * task.mem_cap_gb:.2f} GiB"
         )
-
-
-def _check_config(config: TaskConfig, pool: TablePool) -> None:
-    if config.num_devices < 1:
-        raise UserError(f"task.num_devices: got {config.num_devices}, expected an integer >= 1")
-    if not config.mem_cap_gb > 0:
-        raise UserError(f"task.mem_cap_gb: got {config.mem_cap_gb}, expected a number > 0")
-    if config.num_tables is not None and config.num_tables < 1:
-        raise UserError(f"task.num_tables: got {config.num_tables}, expected an integer >= 1 or null")
-    if not 1 <= config.min_tables <= config.max_tables:
-        raise UserError(
-            f"task.min_tables/max_tables: got {config.min_tables}/{config.max_tables}, expected 1 <= min <= max"
-        )
-    bad = [d for d in config.dims if not is_legal_dim(d)]
-    if bad or not config.dims:
-        raise UserError(f"task.dims: got {list(config.dims)}, expected positive multiples of {DIM_ALIGNMENT}")
-    if not 0 < config.max_fill <= 1:
-        raise UserError(f"task.max_fill: got {config.max_fill}, expected a number in (0, 1]")

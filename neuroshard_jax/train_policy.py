@@ -28,11 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm import tqdm
 
 from neuroshard_jax.checkpoints import load_checkpoint, save_checkpoint
-from neuroshard_jax.cli import fail
+from neuroshard_jax.cli import fail, resolved, run_app
+from neuroshard_jax.config import typed
 from neuroshard_jax.constants import SHIPPED_CHECKPOINT
 from neuroshard_jax.cost_models import bucket
 from neuroshard_jax.datasets import JsonlLog, hardware, package_path
@@ -291,34 +292,32 @@ def train_policy(
     return {"rounds_done": config.rounds, "history": history}
 
 
-def _config(cls, options: dict, where: str):
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise UserError(f"{where}.{unknown[0]}: unknown option, expected one of {', '.join(sorted(known))}")
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
-    if cls is TaskSetConfig and "pool" in values:
-        values["pool"] = PoolSpec.from_json(values["pool"])
-    return cls(**values)
+@dataclasses.dataclass(frozen=True)
+class TrainPolicyAppConfig:
+    """conf/train_policy.yaml. ``cost_model``: the neural checkpoint to start from (None: the shipped one)."""
+
+    out: str = "checkpoints/policy"
+    cost_model: str | None = None
+    policy: PolicyConfig = PolicyConfig()
+    train: PolicyTrainConfig = PolicyTrainConfig()
+    tasks: TaskSetConfig = TaskSetConfig()
+    refine: RefineConfig = RefineConfig()
+
+
+def app_config(cfg: DictConfig) -> TrainPolicyAppConfig:
+    return typed(TrainPolicyAppConfig, resolved(cfg))
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="train_policy")
 def main(cfg: DictConfig) -> None:
-    options = OmegaConf.to_container(cfg, resolve=True)
     try:
-        result = train_policy(
-            options["out"],
-            _config(PolicyConfig, options["policy"], "policy"),
-            _config(PolicyTrainConfig, options["train"], "train"),
-            _config(TaskSetConfig, options["tasks"], "tasks"),
-            _config(RefineConfig, options["refine"], "refine"),
-            options.get("cost_model"),
-        )
+        config = app_config(cfg)
+        result = train_policy(config.out, config.policy, config.train, config.tasks, config.refine, config.cost_model)
     except UserError as err:
         fail(err)
     print(json.dumps(result["history"][-1:], indent=1))
-    print(f"policy written to {options['out']} (rounds done: {result['rounds_done']})")
+    print(f"policy written to {config.out} (rounds done: {result['rounds_done']})")
 
 
 if __name__ == "__main__":
-    main()
+    run_app(main, "train_policy", app_config)

@@ -65,10 +65,6 @@ class Task:
         return len(self.tables)
 
     @property
-    def bytes_per_element(self) -> int:
-        return BYTES_PER_ELEMENT[self.precision]
-
-    @property
     def mem_cap_bytes(self) -> int:
         return int(self.mem_cap_gb * GIB_BYTES)
 

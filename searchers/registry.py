@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Protocol
 
+from neuroshard_jax.config import typed
 from neuroshard_jax.cost_models import CostModel
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.types import Plan, Task
@@ -41,11 +42,6 @@ def make_searcher(name: str, options: dict | None = None) -> Searcher:
     if name not in _REGISTRY:
         raise UserError(f"searcher: got {name!r}, expected one of {', '.join(searcher_names())}")
     cls = _REGISTRY[name]
-    options = dict(options or {})
     if dataclasses.is_dataclass(cls):
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            expected = ", ".join(sorted(known)) or "none"
-            raise UserError(f"searcher.{unknown[0]}: unknown option for {name!r}, expected one of {expected}")
-    return cls(**options)
+        return typed(cls, options, "searcher")  # every option type-checked, one-line errors
+    return cls(**(options or {}))

@@ -6,13 +6,13 @@ import pytest
 from neuroshard_jax.analytic import analytic_model
 from neuroshard_jax.cost_models import plan_cost_ms
 from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.grid import MEM_UNIT_BYTES, cap_units, dim_bounds, mem_units
+from neuroshard_jax.grid import MEM_UNIT_BYTES, cap_units, dim_bounds, grid_search, mem_units
 from neuroshard_jax.models import make_cost_model
 from neuroshard_jax.scoring import score_plan
 from neuroshard_jax.tables import PoolSpec
 from neuroshard_jax.tasks import TaskConfig, generate_task
 from searchers import make_searcher
-from searchers.neuroshard import DEFAULT_ALPHAS
+from searchers.neuroshard import DEFAULT_ALPHAS, GridConfig, Scorer, SplitSpace
 
 from .conftest import make_table, make_task
 from .oracle import Oracle
@@ -108,3 +108,22 @@ def test_beam_scales_to_a_large_pool_quickly(_cache_dir):
     plan = make_searcher("beam", {"max_length": 1, "alphas": [1.0, 1.2]}).search(task, analytic_model(task), 0)
     assert {s.table for s in plan.shards} == set(range(856))
     assert (plan.mem_bytes() <= task.mem_cap_bytes).all()
+
+
+def test_grid_and_a_beam_level_do_not_retrace_within_a_bucket(small_pool):
+    """Candidate batches and shard lists are padded to power-of-two buckets: a second task, or a second beam
+    level, of the same buckets reuses the compiled grid search."""
+    tasks = [
+        generate_task(small_pool, TaskConfig(num_tables=n, num_devices=4, pool=small_pool.spec, batch_size=512), s)
+        for n, s in ((10, 0), (12, 1))
+    ]
+    model = analytic_model(tasks[0])
+    scorers = [Scorer(SplitSpace(t, model), model, GridConfig()) for t in tasks]
+    scorers[0].score([(0,) * 10])
+    compiled = grid_search._cache_size()
+    scorers[1].score([(0,) * 12])  # the grid search of another task (16 shard slots either way)
+    assert grid_search._cache_size() == compiled
+    scorers[1].score([tuple(int(i == t) for i in range(12)) for t in range(3)])  # a beam level: 3 candidates
+    compiled = grid_search._cache_size()
+    scorers[1].score([tuple(int(i in (t, t + 1)) for i in range(12)) for t in range(4)])  # the next level: 4
+    assert grid_search._cache_size() == compiled  # both levels in the 4-candidate, 16-slot bucket

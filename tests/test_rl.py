@@ -10,8 +10,8 @@ import pytest
 
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.models import make_cost_model
-from neuroshard_jax.policies import load_policy, policy_dir
-from neuroshard_jax.rl import PolicyConfig, batch_rollouts, stack_tasks, task_arrays
+from neuroshard_jax.policies import load_policy, load_search_policy, resolve_policy
+from neuroshard_jax.rl import PolicyConfig, batch_rollouts, decode, stack_tasks, task_arrays
 from neuroshard_jax.tables import PoolSpec, load_pool
 from neuroshard_jax.tasks import TaskConfig, generate_task
 from neuroshard_jax.train_policy import (
@@ -96,9 +96,7 @@ def test_rl_searcher_places_unseen_tasks(tiny_policy, tiny_checkpoint, num_devic
 def test_no_legal_device_ends_the_episode_with_the_penalty(tiny_policy):
     out, _ = tiny_policy
     graph, params, _, _ = load_policy(out)
-    from searchers.rl import _load
-
-    _, _, model, _ = _load(str(policy_dir(out)))
+    _, _, model, _ = load_search_policy(resolve_policy(str(out)))
     tables = [make_table(i, rows=2000, dim=16) for i in range(4)]
     cramped = make_task(tables, num_devices=2, mem_cap_gb=2000 * 16 * 4 * 1.5 / 2**30, batch_size=256)
     arrays, _ = task_arrays(cramped, model)
@@ -115,9 +113,7 @@ def test_the_mask_is_in_the_loss(tiny_policy):
     """With one device every decision is forced: zero log-probability and zero entropy, so no gradient."""
     out, _ = tiny_policy
     graph, params, _, _ = load_policy(out)
-    from searchers.rl import _load
-
-    _, _, model, _ = _load(str(policy_dir(out)))
+    _, _, model, _ = load_search_policy(resolve_policy(str(out)))
     task = make_task([make_table(i, rows=100, dim=8) for i in range(3)], num_devices=1, batch_size=256)
     arrays = stack_tasks([task_arrays(task, model)[0]])
     keys = jax.random.split(jax.random.PRNGKey(1), 3)[None]
@@ -144,3 +140,18 @@ def test_policy_of_another_batch_size_is_a_clear_error(tiny_policy):
     task = make_task([make_table(i) for i in range(3)], num_devices=2, batch_size=512)
     with pytest.raises(UserError, match="task.batch_size: got 512, but the rl policy was trained at batch_size 256"):
         make_searcher("rl", {"policy": str(out)}).search(task, make_cost_model("analytic", task), 0)
+
+
+def test_rl_decode_does_not_retrace_for_tasks_of_the_same_padded_shape(tiny_policy):
+    out, _ = tiny_policy
+    graph, params, model, _ = load_search_policy(resolve_policy(str(out)))
+    keys = np.zeros((1, 1, 2), np.uint32)
+
+    def run(task):
+        arrays = stack_tasks([task_arrays(task, model, num_tables=16, num_devices=4)[0]])
+        return decode(graph, params, model.fns, model.params, arrays, keys, True)
+
+    run(_unseen_task(11, num_devices=4, num_tables=9))
+    compiled = decode._cache_size()
+    run(_unseen_task(12, num_devices=3, num_tables=14))  # other tables and devices, same padded shapes
+    assert decode._cache_size() == compiled

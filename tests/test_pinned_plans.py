@@ -1,0 +1,46 @@
+"""Plans pinned for a few (searcher, seed) pairs: a refactor must not change them. A change of the cost model,
+a searcher or the task generator that changes them on purpose re-pins them (``python -m tests.test_pinned_plans``
+rewrites tests/data/pinned_plans.json) and says so in its commit."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from neuroshard_jax.__main__ import main_config
+from neuroshard_jax.search import shard_task
+from neuroshard_jax.tasks import make_task
+
+PINS = Path(__file__).parent / "data" / "pinned_plans.json"
+
+
+def plan_of(searcher: str, seed: int, overrides: list[str]) -> dict:
+    with initialize_config_module(config_module="neuroshard_jax.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"searcher={searcher}", f"seed={seed}", *overrides])
+    config = main_config(cfg)
+    task = make_task(config.task, config.task.seed)
+    result = shard_task(
+        task, searcher, config.cost_model["name"], seed, config.options("searcher"), config.options("cost_model")
+    )
+    return {
+        "searcher": searcher,
+        "seed": seed,
+        "overrides": overrides,
+        "shards": [[s["table"], s["col_offset"], s["dim"], s["device"]] for s in result["shards"]],
+        "cost_ms": round(result["cost_ms"], 4),
+    }
+
+
+@pytest.mark.parametrize("pin", json.loads(PINS.read_text()), ids=lambda p: f"{p['searcher']}-{p['seed']}")
+def test_plan_is_pinned(pin):
+    got = plan_of(pin["searcher"], pin["seed"], pin["overrides"])
+    assert got["shards"] == pin["shards"]
+    assert got["cost_ms"] == pytest.approx(pin["cost_ms"], rel=1e-4)
+
+
+if __name__ == "__main__":  # re-pin on purpose
+    pins = [plan_of(p["searcher"], p["seed"], p["overrides"]) for p in json.loads(PINS.read_text())]
+    PINS.write_text("[\n" + ",\n".join(json.dumps(p, separators=(",", ":")) for p in pins) + "\n]\n")
+    print(f"re-pinned {len(pins)} plans in {PINS}", file=sys.stderr)
