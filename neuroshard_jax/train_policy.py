@@ -154,6 +154,33 @@ def measure_greedy_plans(graph, params, model, tasks, seeds, config: RefineConfi
         )
 
 
+def refine_cost_model(nets, cost_params, dataset_dir: Path, refine: RefineConfig, log: JsonlLog):
+    """Fine-tune the cost model on the shipped dataset plus every plan measured so far (``log``); returns the
+    new params and a report for the round's history."""
+    records = list(log.records())
+    extra_compute = [c for r in records for c in r["compute"]]
+    extra_comm = [r["comm"] for r in records]
+    refine_config = TrainConfig(epochs=refine.epochs, learning_rate=refine.learning_rate, progress=False)
+    cost_params, report, _ = fit_nets(nets, cost_params, dataset_dir, refine_config, extra_compute, extra_comm)
+    return cost_params, {"measured_plans": len(records), "compute_test_mape": report["compute"]["neural"]["mape"]}
+
+
+def save_round(out: Path, number: int, policy: tuple, cost_model: tuple) -> None:
+    """Write finished round ``number`` (policy: config, params, optimizer state, meta; cost_model: net config,
+    params, meta) to ``out/round-NNNN``, point LATEST at it once complete, and remove older rounds."""
+    name = f"round-{number:04d}"
+    shutil.rmtree(out / name, ignore_errors=True)  # a round left half-written by a stop
+    (out / name).mkdir()
+    save_policy(out / name, *policy)
+    save_checkpoint(out / name / "cost_model", *cost_model)
+    pointer = out / "LATEST.tmp"
+    pointer.write_text(name + "\n")
+    pointer.replace(out / "LATEST")  # the round counts only once it is complete
+    for old in out.glob("round-*"):
+        if old.name != name:
+            shutil.rmtree(old)
+
+
 def train_policy(
     out: str | Path,
     policy_config: PolicyConfig,
@@ -251,18 +278,10 @@ def train_policy(
             rng = np.random.default_rng([config.seed, round_, 7])
             seeds = rng.choice(len(tasks), size=min(refine.plans_per_round, len(tasks)), replace=False)
             measure_greedy_plans(graph, params, model, tasks, seeds, refine, log, round_)
-            records = list(log.records())
-            extra_compute = [c for r in records for c in r["compute"]]
-            extra_comm = [r["comm"] for r in records]
-            refine_config = TrainConfig(epochs=refine.epochs, learning_rate=refine.learning_rate, progress=False)
-            cost_params, report, _ = fit_nets(nets, cost_params, dataset_dir, refine_config, extra_compute, extra_comm)
+            cost_params, report = refine_cost_model(nets, cost_params, dataset_dir, refine, log)
             model = neural_cost_model(nets, cost_params)
             arrays = build_arrays()  # cost-model latents and penalties change with the cost model
-            entry.update(
-                refine_s=round(time.perf_counter() - started, 2),
-                measured_plans=len(records),
-                compute_test_mape=report["compute"]["neural"]["mape"],
-            )
+            entry.update(refine_s=round(time.perf_counter() - started, 2), **report)
         history.append(entry)
         meta = {
             **settings,
@@ -276,19 +295,9 @@ def train_policy(
             "how": "python -m neuroshard_jax.train_policy (conf/train_policy.yaml)",
             "trained": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-        name = f"round-{round_ + 1:04d}"
-        shutil.rmtree(out / name, ignore_errors=True)  # a round left half-written by a stop
-        (out / name).mkdir()
-        save_policy(out / name, policy_config, params, opt_state, meta)
         cost_meta_out = {k: v for k, v in cost_meta.items() if k not in ("format", "net_config", "feature_names")}
         cost_meta_out["refined_on_measured_plans"] = len(list(log.records()))
-        save_checkpoint(out / name / "cost_model", net_config, cost_params, cost_meta_out)
-        pointer = out / "LATEST.tmp"
-        pointer.write_text(name + "\n")
-        pointer.replace(out / "LATEST")  # the round counts only once it is complete
-        for old in out.glob("round-*"):
-            if old.name != name:
-                shutil.rmtree(old)
+        save_round(out, round_ + 1, (policy_config, params, opt_state, meta), (net_config, cost_params, cost_meta_out))
     return {"rounds_done": config.rounds, "history": history}
 
 
