@@ -139,11 +139,20 @@ def comm_inputs(dim_sums, delays_ms, mask):
     return jnp.stack([jnp.log1p(dims), dims / total, delay, n], -1)
 
 
+MAX_LOG_MS = 13.8  # log(~1e6 ms): a net far outside its training data never predicts inf (exp overflows f32 past 88)
+
+
+def bounded_exp(log_ms):
+    """ms from the nets' log-ms outputs, capped at exp(MAX_LOG_MS): finite costs keep argmin/min decisions
+    well defined (an inf, or the NaN of inf - inf, made the vectorised and the oracle greedy disagree)."""
+    return jnp.exp(jnp.minimum(log_ms, MAX_LOG_MS))
+
+
 def comm_time(net: CommNet, dim_sums, delays_ms, mask):
     """ms f32[..., N] of an all-to-all: the wait for the slowest peer (known exactly from the delays) plus
     the net's transfer time. Learning only the transfer keeps the model linear in the delays: a net on
     the whole time, trained on delays up to 20 ms, predicted 10x too much at the ~60 ms of real plans."""
-    return straggler_wait(delays_ms, mask) + jnp.exp(net(comm_inputs(dim_sums, delays_ms, mask), mask))
+    return straggler_wait(delays_ms, mask) + bounded_exp(net(comm_inputs(dim_sums, delays_ms, mask), mask))
 
 
 class NeuralParams(NamedTuple):
@@ -181,7 +190,7 @@ def neural_fns(nets: NeuralNets) -> CostFns:
         return nnx.merge(nets.compute, p.compute).embed_sum(normalize(feats, p.stats), mask)
 
     def head(p: NeuralParams, latent_sum):
-        return jnp.exp(nnx.merge(nets.compute, p.compute).head(latent_sum))
+        return bounded_exp(nnx.merge(nets.compute, p.compute).head(latent_sum))
 
     def bwd_comm(p: NeuralParams, dim_sums, device_mask):
         return comm_time(nnx.merge(nets.bwd, p.bwd), dim_sums, jnp.zeros_like(dim_sums), device_mask)
