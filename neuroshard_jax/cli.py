@@ -87,10 +87,13 @@ def check_command_line(config_name: str, argv: list[str], validate: Callable[[Di
     flags = [a for a in argv if a.startswith("-")]
     if any(f not in ("-m", "--multirun") for f in flags):
         return
-    try:
-        overrides = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
-    except Exception as err:  # Hydra's OverrideParseException and friends
-        fail(UserError(f"command line: {_one_line(err)}"))
+    parser = OverridesParser.create()
+    overrides = []
+    for arg in (a for a in argv if not a.startswith("-")):
+        try:
+            overrides.extend(parser.parse_overrides([arg]))
+        except Exception as err:  # Hydra's OverrideParseException and friends
+            fail(UserError(f"{arg}: {_one_line(err)}, expected key=value"))
     fixed = [o.input_line for o in overrides if not o.is_sweep_override() and not _is_hydra(o)]
     variants = [fixed]
     for o in overrides:

@@ -123,3 +123,19 @@ def typed(cls, options: dict | None, where: str = "", ignore: tuple[str, ...] = 
         return cls(**values)
     except TypeError as err:  # a required field left out
         raise UserError(f"{where or cls.__name__}: {err}") from None
+    except UserError as err:
+        raise UserError(_located(str(err), where, fields)) from None
+
+
+def _located(message: str, where: str, fields) -> str:
+    """A class's own error message with the key's full path: ``pool.source`` under ``task.pool`` becomes
+    ``task.pool.source``, ``workers`` under ``evaluator`` becomes ``evaluator.workers``."""
+    if not where:
+        return message
+    first = message.split(":", 1)[0].split(".")[0]
+    parent, _, leaf = where.rpartition(".")
+    if first == leaf:
+        return f"{parent}.{message}" if parent else message
+    if first in fields:
+        return f"{where}.{message}"
+    return message

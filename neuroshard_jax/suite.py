@@ -87,6 +87,7 @@ def suite_task(task_options: dict, devices: int, task_seed: int):
 def write_settings(run_dir: Path, settings: dict) -> None:
     """suite.json of a run; resuming a run with other settings is refused (its records would mix)."""
     path = run_dir / SETTINGS
+    settings = json.loads(json.dumps(settings))  # tuples -> lists, as the file reads back
     if path.exists():
         old = json.loads(path.read_text())
         if old != settings:

@@ -438,17 +438,38 @@ def torchrec_run(rank: int, world: int, init: str, request_path: str, out_path: 
     request = json.loads(Path(request_path).read_text())
     torch = _setup_torch("cpu")
     import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    model, collection = _distributed_model(request, torch.load(request["plan"], weights_only=False))
+    local = _write_pattern(model)
+    out, expected = _forward(collection, request["tables"], int(request["batch_size"]), rank)
+    error = float(np.abs(out.detach().numpy() - expected).max())
+    out.sum().backward()
+    Path(out_path).write_text(
+        json.dumps(
+            {"rank": rank, "local_shards": sorted(local), "output_shape": list(out.shape), "max_abs_error": error}
+        )
+    )
+    # Every rank is done; leave without the interpreter's teardown, where a still-joinable C++ thread of
+    # the distributed stack occasionally aborts the process (SIGABRT, "terminate called without an active
+    # exception") after the work succeeded.
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _distributed_model(request: dict, plan):
+    """(DistributedModelParallel, its EmbeddingBagCollection) of the request's tables, with the collection at
+    the plan's module path (e.g. sparse_arch.embedding_bag_collection)."""
+    import torch
+    import torch.distributed as dist
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    tables = request["tables"]
-    plan = torch.load(request["plan"], weights_only=False)
-    # The collection sits at the plan's module path (e.g. sparse_arch.embedding_bag_collection).
     path = [p for p in request.get("module_path", "").split(".") if p]
-    root = _embedding_bag_collection(tables, "meta")
+    root = _embedding_bag_collection(request["tables"], "meta")
     for name in reversed(path):
         parent = torch.nn.Module()
         parent.add_module(name, root)
@@ -463,6 +484,14 @@ def torchrec_run(rank: int, world: int, init: str, request_path: str, out_path: 
     collection = model.module
     for name in path:
         collection = getattr(collection, name)
+    return model, collection
+
+
+def _write_pattern(model) -> list[list]:
+    """Set every local shard's weights to ``_pattern`` of its global rows and columns; returns the local
+    shards as [table name, col_offset, dim]."""
+    import torch
+
     local = []
     with torch.no_grad():
         for key, value in model.state_dict().items():
@@ -472,8 +501,16 @@ def torchrec_run(rank: int, world: int, init: str, request_path: str, out_path: 
                 weights = _pattern(np.arange(r0, r0 + n_rows), np.arange(c0, c0 + n_cols))
                 shard.tensor.copy_(torch.from_numpy(weights.astype(np.float32)))
                 local.append([key.split(".")[-2], int(c0), int(n_cols)])
+    return local
+
+
+def _forward(collection, tables: list[dict], batch: int, rank: int):
+    """The pooled outputs f32[B, sum dims] of a random batch of bags (this rank's seed), in table order, and
+    the sums the pattern weights should give."""
+    import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
     rng = np.random.default_rng(1000 + rank)
-    batch = int(request["batch_size"])
     lengths = rng.integers(0, 4, size=(len(tables), batch))
     values = [rng.integers(0, t["rows"], size=int(lengths[i].sum())) for i, t in enumerate(tables)]
     features = KeyedJaggedTensor.from_lengths_sync(
@@ -488,20 +525,7 @@ def torchrec_run(rank: int, world: int, init: str, request_path: str, out_path: 
         bags = np.split(values[i], np.cumsum(lengths[i])[:-1])
         cols = np.arange(t["dim"])
         expected.append(np.stack([_pattern(b, cols).sum(0) if len(b) else np.zeros(t["dim"]) for b in bags]))
-    error = float(np.abs(out.detach().numpy() - np.concatenate(expected, axis=1)).max())
-    out.sum().backward()
-    Path(out_path).write_text(
-        json.dumps(
-            {"rank": rank, "local_shards": sorted(local), "output_shape": list(out.shape), "max_abs_error": error}
-        )
-    )
-    # Every rank is done; leave without the interpreter's teardown, where a still-joinable C++ thread of
-    # the distributed stack occasionally aborts the process (SIGABRT, "terminate called without an active
-    # exception") after the work succeeded.
-    dist.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    return out, np.concatenate(expected, axis=1)
 
 
 def main(argv: list[str]) -> None:

@@ -36,7 +36,8 @@ def plan_from_torchrec(task: Task, shards: list[list[dict]]) -> Plan:
         if error:
             widths = [s["dim"] for s in sorted(table_shards, key=lambda s: s["col_offset"])]
             raise UserError(
-                f"torchrec: table {table.id} was split into widths {widths}: {error} (the plan format of this project)"
+                f"torchrec: table {table.id} was split into widths {widths}, expected 2^k equal column shards (the "
+                f"plan format of this project): {error}"
             )
         out.extend(sorted(ours, key=lambda s: s.col_offset))
     return Plan(task, tuple(out))

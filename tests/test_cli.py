@@ -4,7 +4,14 @@ import json
 
 import pytest
 
+from neuroshard_jax.__main__ import main_config
+from neuroshard_jax.cli import check_command_line
+from neuroshard_jax.collect import config_from as collect_config
 from neuroshard_jax.constants import GIB_BYTES
+from neuroshard_jax.evaluate import app_config as evaluate_config
+from neuroshard_jax.export import app_config as export_config
+from neuroshard_jax.train import app_config as train_config
+from neuroshard_jax.train_policy import app_config as policy_config
 
 from .conftest import make_table, make_task, run_cli
 
@@ -125,6 +132,43 @@ def test_table_too_big_for_table_wise_greedy(tmp_path):
 
 def test_bad_override_value(tmp_path):
     _one_line_error(run_cli("task.num_devices=0", *SMALL, f"hydra.run.dir={tmp_path}"), "task.num_devices: got 0")
+    # a bad value inside a sweep is refused before any job runs: no run directory is made
+    done = run_cli("-m", "searcher=random", "searcher.num_samples=4,abc", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    _one_line_error(done, "searcher.num_samples: got 'abc', expected an integer")
+    assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.parametrize(
+    "config_name, validate, argv, fragment",
+    [
+        ("config", main_config, ["seed=abc"], "seed: got 'abc', expected an integer"),
+        ("config", main_config, ["seed=-1"], "seed: got -1, expected an integer >= 0"),
+        ("config", main_config, ["searcher.k=2.5"], "searcher.k: got 2.5, expected an integer"),
+        ("config", main_config, ["searcher.nope=1"], "searcher.nope: unknown key 'nope', expected one of alphas"),
+        ("config", main_config, ["+searcher.nope=1"], "searcher.nope: unknown key, expected one of alphas"),
+        ("config", main_config, ["task.mem_cap_gb=big"], "task.mem_cap_gb: got 'big', expected a number"),
+        ("config", main_config, ["task.pool.source=zzz"], "task.pool.source: got 'zzz'"),
+        ("config", main_config, ["searcher=grid", "searcher.alphas=[1,x]"], "searcher.alphas: got [1, 'x']"),
+        ("config", main_config, ["-m", "seed=0,1,x"], "seed: got 'x'"),
+        ("config", main_config, ["evaluator.workers=0"], "evaluator.workers: got 0, expected an integer >= 1"),
+        ("config", main_config, ["task.num_tables=[3"], "task.num_tables=[3"),
+        ("train", train_config, ["train.epochs=abc"], "train.epochs: got 'abc', expected an integer"),
+        ("train_policy", policy_config, ["refine.workers=1.5"], "refine.workers: got 1.5, expected an integer"),
+        ("collect", collect_config, ["pool.seed=x"], "pool.seed: got 'x', expected an integer"),
+        ("evaluate", evaluate_config, ["workers=0"], "workers: got 0, expected an integer >= 1"),
+        ("export", export_config, ["plan=p.json", "check=maybe"], "check: got 'maybe', expected true or false"),
+    ],
+)
+def test_every_override_is_checked_before_any_work(capsys, config_name, validate, argv, fragment):
+    with pytest.raises(SystemExit) as exit_:
+        check_command_line(config_name, argv, validate)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and fragment in err, err
+
+
+def test_a_good_command_line_passes_the_check():
+    check_command_line("config", ["-m", "searcher=grid,beam", "seed=0,1", "task.num_tables=12"], main_config)
 
 
 def test_multirun(tmp_path):

@@ -90,7 +90,7 @@ def test_integer_rules():
         ("grid", {"alphas": [0.9, 1.2]}, "searcher.alphas: got [0.9, 1.2]"),
         ("beam", {"k": 0}, "searcher.k: got 0"),
         ("beam", {"max_length": -1}, "searcher.max_length: got -1"),
-        ("beam", {"width": 3}, "searcher.width: unknown option"),
+        ("beam", {"width": 3}, "searcher.width: unknown key"),
     ],
 )
 def test_bad_options_are_clear_errors(name, options, fragment):

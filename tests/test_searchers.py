@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from neuroshard_jax.analytic import analytic_model
+from neuroshard_jax.constants import BYTES_PER_ELEMENT
 from neuroshard_jax.errors import InfeasibleError, PlanError
 from neuroshard_jax.sharding import Shard
 from neuroshard_jax.types import Plan
@@ -25,7 +26,7 @@ def assert_every_column_once_within_memory(plan: Plan):
     used = np.zeros(task.num_devices)
     for s in plan.shards:
         covered[s.table][s.col_offset : s.col_offset + s.dim] += 1
-        used[s.device] += task.tables[s.table].rows * s.dim * task.bytes_per_element
+        used[s.device] += task.tables[s.table].rows * s.dim * BYTES_PER_ELEMENT[task.precision]
     assert all((c == 1).all() for c in covered)
     assert (used <= task.mem_cap_bytes).all()
 
