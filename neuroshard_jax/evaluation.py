@@ -19,7 +19,8 @@ from neuroshard_jax.datasets import hardware, write_json
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.plans import load_plan
 from neuroshard_jax.profiling import WorkerFailure, compute_request, map_requests, run_comm, worker_versions
-from neuroshard_jax.types import Plan
+from neuroshard_jax.sharding import Shard
+from neuroshard_jax.types import Plan, Task
 
 DEVICES = ("cpu", "cuda")
 
@@ -58,9 +59,6 @@ def measure_plans(plans: list[Plan], config: EvaluateConfig) -> list[dict]:
     the all-to-alls of all plans with the same number of devices share one set of rank processes
     (backward for all of them first, then forward with each plan's straggler delays).
     """
-    for i, plan in enumerate(plans):
-        if plan.task.pool is None:
-            raise UserError(f"plan {i}: its task has no 'pool'; the evaluator replays the tables' index streams")
     compute, kernels = measure_compute(plans, config)
     fwd, bwd = measure_comm(plans, compute, config)
     results = []
@@ -94,13 +92,14 @@ def measure_compute(plans: list[Plan], config: EvaluateConfig) -> tuple[list[lis
     for i, plan in enumerate(plans):
         task = plan.task
         for d in range(task.num_devices):
-            tables = sorted((task.tables[s.table].id, s.dim) for s in plan.device_shards(d))
+            tables = device_tables(task, plan.device_shards(d))
             if tables:
-                key = (json.dumps(task.pool.to_json(), sort_keys=True), task.batch_size, task.precision, tuple(tables))
+                pool = json.dumps(task.pool.to_json(), sort_keys=True) if task.pool else None
+                key = (pool, task.batch_size, task.precision, json.dumps(tables, sort_keys=True))
                 if key not in requests:
                     requests[key] = compute_request(
                         len(requests),
-                        [list(t) for t in tables],
+                        tables,
                         task.pool,
                         task.batch_size,
                         config.device,
@@ -123,6 +122,20 @@ def measure_compute(plans: list[Plan], config: EvaluateConfig) -> tuple[list[lis
 
     map_requests(list(requests.values()), record, config.workers, config.device, config.timeout_s)
     return compute, kernels
+
+
+def device_tables(task: Task, shards: list[Shard]) -> list:
+    """A device's tables as the worker takes them, in a canonical order: [pool table id, dim] when the task
+    has a pool (its real streams), else table specs whose streams are synthesised (seeded by the table id)."""
+    if task.pool is not None:
+        return sorted([task.tables[s.table].id, s.dim] for s in shards)
+    specs = []
+    for s in shards:
+        t = task.tables[s.table]
+        specs.append(
+            {"rows": t.rows, "pooling_factor": t.pooling_factor, "bins": list(t.bins), "dim": s.dim, "seed": t.id}
+        )
+    return sorted(specs, key=lambda x: (x["seed"], x["dim"]))
 
 
 def measure_comm(
@@ -189,5 +202,3 @@ def evaluate_file(path: str | Path, config: EvaluateConfig) -> dict:
     }
     write_json(result, path.with_name("evaluation.json"))
     return result
-
-

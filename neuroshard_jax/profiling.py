@@ -119,7 +119,7 @@ class ComputeWorker:
 def compute_request(
     request_id,
     tables: list,
-    pool: PoolSpec,
+    pool: PoolSpec | None,
     batch_size: int,
     device: str = "cpu",
     optimizer: str = "exact_sgd",
@@ -127,11 +127,12 @@ def compute_request(
     warmup: int = 5,
     iters: int = 10,
 ) -> dict:
-    """A worker request: time one fused TBE over ``tables`` ([[pool table id, dim], ...])."""
+    """A worker request: time one fused TBE over ``tables`` ([[pool table id, dim], ...] with the ``pool``, or
+    table specs {rows, pooling_factor, bins, dim, seed} with pool None)."""
     return {
         "id": request_id,
         "device": device,
-        "pool": pool.to_json(),
+        "pool": pool.to_json() if pool is not None else None,
         "batch_size": batch_size,
         "tables": tables,
         "optimizer": optimizer,

@@ -38,7 +38,7 @@ from neuroshard_jax.constants import SHIPPED_CHECKPOINT
 from neuroshard_jax.cost_models import bucket
 from neuroshard_jax.datasets import JsonlLog, hardware, package_path
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.evaluation import EvaluateConfig, measure_plans
+from neuroshard_jax.evaluation import EvaluateConfig, device_tables, measure_plans
 from neuroshard_jax.neural import fit_stats, neural_cost_model
 from neuroshard_jax.policies import load_policy, policy_dir, save_policy
 from neuroshard_jax.rl import (
@@ -133,10 +133,7 @@ def measure_greedy_plans(graph, params, model, tasks, seeds, config: RefineConfi
         task = plan.task
         devices = measured["devices"]
         compute = [
-            {
-                "tables": [[task.tables[s.table].id, s.dim] for s in plan.device_shards(d["device"])],
-                "total_ms": d["compute"],
-            }
+            {"tables": device_tables(task, plan.device_shards(d["device"])), "total_ms": d["compute"]}
             for d in devices
             if plan.device_shards(d["device"])
         ]

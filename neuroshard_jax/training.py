@@ -85,12 +85,29 @@ def compute_arrays(dataset_dir: Path, extra_records: list[dict] = ()):
     feats = np.zeros((len(records), width, NUM_FEATURES), dtype=np.float32)
     mask = np.zeros((len(records), width), dtype=bool)
     for i, r in enumerate(records):
-        ids = np.array([t for t, _ in r["tables"]])
-        dims = np.array([d for _, d in r["tables"]])
-        feats[i, : len(ids)] = feature_matrix(pool.rows[ids], dims, pool.pooling_factor[ids], pool.bins[ids])
-        mask[i, : len(ids)] = True
+        feats[i, : len(r["tables"])] = shard_feature_matrix(r["tables"], pool)
+        mask[i, : len(r["tables"])] = True
     target = np.array([r["total_ms"] for r in records], dtype=np.float32)
     return feats, mask, target, manifest
+
+
+def shard_feature_matrix(tables: list, pool) -> np.ndarray:
+    """Features f64[T, F] of a measured shard's tables: [pool table id, dim] rows read the pool's features,
+    table specs {rows, pooling_factor, bins, dim} carry their own."""
+    rows, dims, pooling, bins = [], [], [], []
+    for table in tables:
+        if isinstance(table, dict):
+            rows.append(table["rows"])
+            pooling.append(table["pooling_factor"])
+            bins.append(table["bins"])
+            dims.append(table["dim"])
+        else:
+            table_id, dim = table
+            rows.append(pool.rows[table_id])
+            pooling.append(pool.pooling_factor[table_id])
+            bins.append(pool.bins[table_id])
+            dims.append(dim)
+    return feature_matrix(rows, dims, pooling, bins)
 
 
 def comm_arrays(dataset_dir: Path, extra_records: list[dict] = ()):

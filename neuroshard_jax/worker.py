@@ -14,8 +14,10 @@ Commands:
   torchrec-run RANK WORLD INIT IN OUT
                         one rank of DistributedModelParallel with an exported plan: forward + backward
 
-A compute request: {"id", "device": "cpu"|"cuda", "pool": {...PoolSpec}, "batch_size",
-"tables": [[pool table id, dim], ...], "optimizer", "precision", "warmup", "iters"}.
+A compute request: {"id", "device": "cpu"|"cuda", "pool": {...PoolSpec} (when tables name pool ids), "batch_size",
+"tables": [[pool table id, dim] | {"rows", "pooling_factor", "bins", "dim", "seed"}, ...], "optimizer",
+"precision", "warmup", "iters"}. A table given by its spec gets an index stream synthesised to match it
+(``neuroshard_jax.streams``), the same for the same seed.
 The answer: {"id", "ok": true, "fwd_ms", "bwd_ms", "total_ms", "fwd_runs_ms", "bwd_runs_ms"} (medians
 over the timed iterations), or {"id", "ok": false, "error"} for a request it refuses.
 """
@@ -32,7 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
+from neuroshard_jax.errors import UserError
 from neuroshard_jax.sharding import is_legal_dim
+from neuroshard_jax.streams import TableSpec, spec_stream
 from neuroshard_jax.tables import PoolSpec, pool_streams
 
 OPTIMIZERS = ("exact_sgd", "exact_row_wise_adagrad", "exact_adagrad", "sgd")
@@ -66,21 +70,36 @@ def _pool_streams(pool: dict):
 
 
 def shard_inputs(request: dict) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
-    """The shard's (rows, dim) specs and its tables' real index streams, concatenated table-major."""
-    rows, streams = _pool_streams(request["pool"])
+    """The shard's (rows, dim) specs and its tables' index streams (a pool's real ones, or synthesised from
+    a table spec), concatenated table-major."""
     batch = int(request["batch_size"])
     specs, all_indices, all_offsets, base = [], [], [np.zeros(1, dtype=np.int64)], 0
-    for table_id, dim in request["tables"]:
-        if not 0 <= table_id < len(rows):
-            raise RequestError(f"table id {table_id} is not in the pool (0..{len(rows) - 1})")
+    for i, table in enumerate(request["tables"]):
+        num_rows, dim, (indices, offsets) = _table_stream(table, request, batch, f"table {i}")
         if not is_legal_dim(dim):
-            raise RequestError(f"table {table_id}: dim {dim} is not a legal width (a positive multiple of 4)")
-        indices, offsets = streams.stream(int(table_id), batch)
-        specs.append((int(rows[table_id]), int(dim)))
+            raise RequestError(f"table {i}: dim {dim} is not a legal width (a positive multiple of 4)")
+        specs.append((num_rows, int(dim)))
         all_indices.append(indices)
         all_offsets.append(offsets[1:] + base)
         base += len(indices)
     return specs, np.concatenate(all_indices), np.concatenate(all_offsets)
+
+
+def _table_stream(table, request: dict, batch: int, where: str):
+    """(rows, dim, (indices, offsets)) of one table of a request: a pool table id or a table spec."""
+    if isinstance(table, dict):
+        try:
+            spec = TableSpec(int(table["rows"]), float(table["pooling_factor"]), tuple(table["bins"]), batch)
+            return spec.rows, int(table["dim"]), spec_stream(spec, int(table.get("seed", 0)), where)
+        except UserError as err:
+            raise RequestError(str(err)) from None
+        except (KeyError, TypeError, ValueError):
+            raise RequestError(f"{where}: got {table!r:.80}, expected rows, pooling_factor, bins, dim") from None
+    table_id, dim = table
+    rows, streams = _pool_streams(request["pool"])
+    if not 0 <= table_id < len(rows):
+        raise RequestError(f"table id {table_id} is not in the pool (0..{len(rows) - 1})")
+    return int(rows[table_id]), int(dim), streams.stream(int(table_id), batch)
 
 
 def profile_compute(request: dict) -> dict:

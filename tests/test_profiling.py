@@ -27,6 +27,7 @@ from neuroshard_jax.profiling import (
 from neuroshard_jax.search import search_plan, shard_task
 from neuroshard_jax.tables import PoolSpec, load_pool, pool_streams
 from neuroshard_jax.tasks import TaskConfig, generate_task
+from neuroshard_jax.types import Table, Task
 
 POOL = PoolSpec(num_tables=120)
 TINY = dict(batch_size=256, warmup=1, iters=3)
@@ -60,6 +61,12 @@ def test_worker_refuses_bad_shards_and_keeps_serving(worker):
     bad_dim = worker.request(_request([[1, 10]]), timeout_s=60)
     assert not bad_dim["ok"] and "multiple of 4" in bad_dim["error"]
     assert worker.request(_request([[1, 8]]), timeout_s=60)["ok"]
+    impossible = {"rows": 5, "pooling_factor": 10.0, "bins": [1.0] + [0.0] * 16, "dim": 8}
+    refused = worker.request(_request([impossible]), timeout_s=60)
+    assert not refused["ok"] and "table 0: its histogram cannot hold" in refused["error"]
+    spec = {"rows": 2000, "pooling_factor": 3.0, "bins": [0.6, 0.3, 0.1] + [0.0] * 14, "dim": 8, "seed": 1}
+    answer = worker.request(_request([spec, [1, 8]]), timeout_s=60)  # specs mix with pool ids
+    assert answer["ok"] and answer["num_indices"] > 0
 
 
 @pytest.mark.parametrize("fault, reason", [("segfault", "SIGSEGV"), ("exit", "code 3"), ("hang", "timeout")])
@@ -176,6 +183,17 @@ def test_evaluator_measures_a_two_device_plan(tmp_path):
         assert d["predicted"]["total"] > 0
     assert result["cost_ms"] == max(d["total"] for d in result["devices"])
     assert json.loads((tmp_path / "evaluation.json").read_text())["cost_ms"] == result["cost_ms"]
+
+
+def test_evaluator_measures_a_task_without_a_pool_from_its_table_specs():
+    """A user's task file names no pool: each table's stream is synthesised from its rows, pooling and bins."""
+    pool = load_pool(POOL, 256)
+    specs = [(int(pool.rows[t]), float(pool.pooling_factor[t]), tuple(pool.bins[t])) for t in (3, 5, 7)]
+    task = Task(2, 0.05, 256, tuple(Table(i, r, 8, p, b, name=f"t{i}") for i, (r, p, b) in enumerate(specs)))
+    plan = search_plan(task, "size_greedy", "analytic", 0)
+    [result] = measure_plans([plan], EvaluateConfig(warmup=1, iters=3, comm_warmup=1, comm_iters=3))
+    for d in result["devices"]:
+        assert (d["compute"] > 0) == bool(plan.device_shards(d["device"])) and d["bwd_comm"] > 0
 
 
 def test_evaluator_measures_many_plans_in_one_batch():

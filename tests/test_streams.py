@@ -1,0 +1,68 @@
+"""Index streams synthesised from table specs (neuroshard_jax/streams.py) match the spec they came from."""
+
+import numpy as np
+import pytest
+
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.features import NUM_BINS, bin_shares
+from neuroshard_jax.streams import TableSpec, spec_stream
+from neuroshard_jax.tables import stream_histogram
+
+
+def _one_bin(k):
+    bins = [0.0] * NUM_BINS
+    bins[k] = 1.0
+    return tuple(bins)
+
+
+def _check(spec: TableSpec, seed: int = 0) -> None:
+    indices, offsets = spec_stream(spec, seed)
+    assert offsets[0] == 0 and offsets[-1] == len(indices) and len(offsets) == spec.batch_size + 1
+    assert len(indices) == 0 or (indices.min() >= 0 and indices.max() < spec.rows)
+    pooling = len(indices) / spec.batch_size
+    assert abs(pooling - spec.pooling_factor) <= 5 * np.sqrt(spec.pooling_factor / spec.batch_size) + 1e-9
+    if len(indices):
+        shares = bin_shares(stream_histogram(indices, spec.rows)[0])
+        assert 0.5 * np.abs(shares - np.asarray(spec.bins)).sum() <= 0.05, (spec, shares)
+
+
+def test_pool_tables_respecified_match_their_histograms(small_pool):
+    for t in range(small_pool.num_tables):
+        spec = TableSpec(int(small_pool.rows[t]), float(small_pool.pooling_factor[t]), tuple(small_pool.bins[t]), 512)
+        _check(spec, seed=t)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        TableSpec(10, 100.0, _one_bin(16), 4096),  # tiny, very hot: every row looked up > 32768 times
+        TableSpec(10_000_000, 0.5, _one_bin(0), 4096),  # huge, cold, uniform
+        TableSpec(100_000, 150.0, (0.3, 0.2, 0.2, 0.1, 0.1, 0.05, 0.05) + (0.0,) * 10, 2048),  # pooling past 100
+        TableSpec(500, 3.0, (0.1,) * 10 + (0.0,) * 7, 1024),  # flat across ten bins
+        TableSpec(1000, 0.0, (0.0,) * NUM_BINS, 256),  # never looked up
+    ],
+)
+def test_corner_case_specs(spec):
+    _check(spec)
+
+
+def test_same_seed_same_stream_and_another_seed_another():
+    spec = TableSpec(5000, 4.0, (0.5, 0.3, 0.2) + (0.0,) * 14, 512)
+    first, second, other = spec_stream(spec, 3), spec_stream(spec, 3), spec_stream(spec, 4)
+    assert all(np.array_equal(a, b) for a, b in zip(first, second))
+    assert not np.array_equal(first[0], other[0])
+
+
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        (TableSpec(5, 10.0, _one_bin(0), 4096), "cannot hold"),  # 41k single lookups need 41k rows, not 5
+        (TableSpec(1000, 1.0, _one_bin(16), 64), "cannot hold"),  # 64 lookups cannot make a row hit > 32768 times
+        (TableSpec(100, 1.0, (0.5,) * NUM_BINS, 512), "sum to 8.5"),
+        (TableSpec(100, -1.0, _one_bin(0), 512), "pooling_factor"),
+    ],
+)
+def test_impossible_specs_are_refused_naming_the_table(spec, fragment):
+    with pytest.raises(UserError, match=fragment) as err:
+        spec_stream(spec, 0, where="task.tables[3]")
+    assert str(err.value).startswith("task.tables[3]")
