@@ -183,7 +183,7 @@ def evaluate_file(path: str | Path, config: EvaluateConfig) -> dict:
     """Measure the plan at ``path`` and write evaluation.json beside it."""
     path = Path(path)
     plan = load_plan(path)
-    predicted = json.loads(path.read_text())
+    predicted = plan.to_json()  # the file as parsed and validated (costs and provenance kept), not read twice
     measured = measure_plan(plan, config)
     by_device = {d["device"]: d["cost_ms"] for d in predicted.get("devices", [])}
     result = {
