@@ -1,9 +1,12 @@
 """Orbax checkpoints of the neural cost models: params + net config + feature statistics + provenance.
 
 Layout of a checkpoint directory:
-  state/         orbax StandardCheckpointer: {"compute", "fwd", "bwd"} nnx states and the feature stats
-  meta.json      net config, feature names (the schema), batch size, dataset manifest ids, metrics
-Restoring into nets of another config, or a checkpoint of another feature schema, is a clear error.
+  state/         orbax StandardCheckpointer: the nnx states as pure dicts, the input statistics (and scalars)
+  meta.json      format version, model family, net config, feature names (the schema), batch sizes, datasets,
+                 metrics
+Two formats load: 3, the per-table MLP of ``neural.py`` (the first shipped model, kept for the ablation), and
+4, the physics ensemble of ``ensemble.py``. Restoring into nets of another config, a checkpoint of another
+feature schema or of an unknown format is a one-line error saying why.
 """
 
 from __future__ import annotations
@@ -15,14 +18,26 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from neuroshard_jax.ensemble import (
+    INPUT_NAMES,
+    NUM_COEFS,
+    EnsembleConfig,
+    EnsembleNets,
+    EnsembleParams,
+    InputStats,
+    init_ensemble,
+)
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.features import FEATURE_NAMES
 from neuroshard_jax.neural import FeatureStats, NetConfig, NeuralNets, NeuralParams, init_nets
 
 FORMAT_VERSION = 3  # 2: compute head on mean latent + log count; 3: comm nets learn the transfer, not the wait
+ENSEMBLE_FORMAT = 4  # the physics ensemble: roofline x bounded correction, K members, batch size an input
+SCALARS = ("batch_size", "comm_batch_size", "trust_lo", "trust_hi", "risk")
 
 
 def save_tree(path: Path, tree) -> None:
@@ -76,6 +91,10 @@ def load_checkpoint(
     """Restore a checkpoint. ``config``, if given, must equal the saved net config."""
     path = Path(path).resolve()
     meta = read_meta(path)
+    if meta.get("format") == ENSEMBLE_FORMAT:
+        raise UserError(
+            f"cost_model.checkpoint: {str(path)!r} is a physics ensemble (format 4); load it with load_ensemble"
+        )
     if meta.get("format") != FORMAT_VERSION:
         raise UserError(
             f"cost_model.checkpoint: {str(path)!r} has checkpoint format {meta.get('format')}, expected "
@@ -106,3 +125,74 @@ def load_checkpoint(
         states.append(state)
     stats = FeatureStats(jnp.asarray(tree["stats"]["mean"]), jnp.asarray(tree["stats"]["std"]))
     return saved, nets, NeuralParams(*states, stats), meta
+
+
+def _net_config(obj: dict) -> NetConfig:
+    return NetConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in obj.items()})
+
+
+def ensemble_config_of(meta: dict) -> EnsembleConfig:
+    obj = dict(meta["net_config"])
+    return EnsembleConfig(
+        members=obj["members"],
+        hidden=tuple(obj["hidden"]),
+        max_correction=obj["max_correction"],
+        comm=_net_config(obj["comm"]),
+    )
+
+
+def _ensemble_tree(params: EnsembleParams) -> dict:
+    return {
+        "members": nnx.to_pure_dict(params.members),
+        "fwd": nnx.to_pure_dict(params.fwd),
+        "bwd": nnx.to_pure_dict(params.bwd),
+        "stats": {"mean": params.stats.mean, "std": params.stats.std},
+        "scalars": {name: getattr(params, name) for name in SCALARS},
+    }
+
+
+def save_ensemble(path: str | Path, config: EnsembleConfig, params: EnsembleParams, meta: dict) -> Path:
+    """Write a physics-ensemble checkpoint (replacing one at ``path``); ``risk`` is saved as 0."""
+    path = Path(path).resolve()
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    save_tree(path / "state", _ensemble_tree(params._replace(risk=jnp.float32(0.0))))
+    full_meta = {
+        "format": ENSEMBLE_FORMAT,
+        "family": "ensemble",
+        "net_config": dataclasses.asdict(config),
+        "feature_names": list(FEATURE_NAMES),
+        "inputs": list(INPUT_NAMES),
+        **meta,
+    }
+    (path / "meta.json").write_text(json.dumps(full_meta, indent=1) + "\n")
+    return path
+
+
+def load_ensemble(path: str | Path) -> tuple[EnsembleConfig, EnsembleNets, EnsembleParams, dict]:
+    """Restore a physics-ensemble checkpoint (format 4)."""
+    path = Path(path).resolve()
+    meta = read_meta(path)
+    if meta.get("format") != ENSEMBLE_FORMAT:
+        raise UserError(
+            f"cost_model.checkpoint: {str(path)!r} has checkpoint format {meta.get('format')}, expected "
+            f"{ENSEMBLE_FORMAT} (a physics ensemble)"
+        )
+    for key, expected in (("feature_names", list(FEATURE_NAMES)), ("inputs", list(INPUT_NAMES))):
+        if meta.get(key) != expected:
+            raise UserError(
+                f"cost_model.checkpoint: {str(path)!r} was trained on {key} {meta.get(key)}, expected {expected}; "
+                "retrain it with python -m neuroshard_jax.train"
+            )
+    config = ensemble_config_of(meta)
+    nets, template = init_ensemble(config, np.zeros(NUM_COEFS, np.float32))
+    tree = restore_tree(path / "state", _ensemble_tree(template))
+    states = []
+    for name in ("members", "fwd", "bwd"):
+        state = getattr(template, name)
+        nnx.replace_by_pure_dict(state, tree[name])
+        states.append(state)
+    stats = InputStats(jnp.asarray(tree["stats"]["mean"]), jnp.asarray(tree["stats"]["std"]))
+    scalars = {name: jnp.asarray(tree["scalars"][name], jnp.float32) for name in SCALARS}
+    return config, nets, EnsembleParams(*states, stats, **scalars), meta

@@ -2,6 +2,11 @@
 
     python -m neuroshard_jax.collect kind=compute num_samples=5000 workers=2
     python -m neuroshard_jax.collect kind=comm num_samples=1000
+    python -m neuroshard_jax.collect source=specs num_samples=3000 out_dir=datasets/cpu-specs
+
+``source=pool`` measures shards of the calibrated pool's tables at ``batch_size``; ``source=specs`` measures
+shards of table specs drawn over the whole range users bring (``SpecSamplerConfig``), each sample at a batch
+size of its own (recorded in its row).
 
 Resumable: rerun the same command after a stop (even kill -9) and it continues where it was; samples
 are drawn per (seed, index), written one fsynced JSONL line each, and skipped once present.
@@ -27,12 +32,14 @@ from neuroshard_jax.errors import UserError
 from neuroshard_jax.profiling import (
     CommSamplerConfig,
     ComputeSamplerConfig,
+    SpecSamplerConfig,
     WorkerFailure,
     compute_request,
     map_requests,
     run_comm,
     sample_comm,
     sample_shard,
+    sample_spec_shard,
     worker_versions,
 )
 from neuroshard_jax.tables import PoolSpec, pool_streams
@@ -41,6 +48,7 @@ from neuroshard_jax.tables import PoolSpec, pool_streams
 @dataclasses.dataclass(frozen=True)
 class CollectConfig:
     kind: str = "compute"
+    source: str = "pool"
     num_samples: int = 100
     seed: int = 0
     device: str = "cpu"
@@ -54,9 +62,20 @@ class CollectConfig:
     warmup: int = 5
     iters: int = 10
     sampler: ComputeSamplerConfig = ComputeSamplerConfig()
+    specs: SpecSamplerConfig = SpecSamplerConfig()
     comm: CommSamplerConfig = CommSamplerConfig()
     comm_chunk: int = 20
     progress: bool = True
+
+    def __post_init__(self):
+        if self.kind not in ("compute", "comm"):
+            raise UserError(f"kind: got {self.kind!r}, expected 'compute' or 'comm'")
+        if self.source not in ("pool", "specs"):
+            raise UserError(f"source: got {self.source!r}, expected 'pool' or 'specs'")
+        if self.workers < 1:
+            raise UserError(f"workers: got {self.workers}, expected an integer >= 1")
+        if self.device not in ("cpu", "cuda"):
+            raise UserError(f"device: got {self.device!r}, expected 'cpu' or 'cuda'")
 
 
 def _settings(config: CollectConfig) -> dict:
@@ -71,6 +90,14 @@ def _settings(config: CollectConfig) -> dict:
         "warmup": config.warmup,
         "iters": config.iters,
     }
+    if config.kind == "compute" and config.source == "specs":
+        return {
+            **common,
+            "source": "specs",
+            "optimizer": config.optimizer,
+            "precision": config.precision,
+            "specs": dataclasses.asdict(config.specs),
+        }
     if config.kind == "compute":
         return {
             **common,
@@ -83,12 +110,6 @@ def _settings(config: CollectConfig) -> dict:
 
 def collect(config: CollectConfig) -> dict:
     """Collect up to ``num_samples`` records of ``kind`` into ``out_dir``; returns a summary."""
-    if config.kind not in ("compute", "comm"):
-        raise UserError(f"kind: got {config.kind!r}, expected 'compute' or 'comm'")
-    if config.workers < 1:
-        raise UserError(f"workers: got {config.workers}, expected an integer >= 1")
-    if config.device not in ("cpu", "cuda"):
-        raise UserError(f"device: got {config.device!r}, expected 'cpu' or 'cuda'")
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     versions = worker_versions()
@@ -121,25 +142,27 @@ def collect(config: CollectConfig) -> dict:
 
 
 def _collect_compute(config: CollectConfig, log: JsonlLog, todo: list[int], bar) -> None:
-    rows, _ = pool_streams(config.pool)
-    requests = (
-        compute_request(
-            i,
-            sample_shard(rows, config.sampler, config.seed, i),
-            config.pool,
-            config.batch_size,
-            config.device,
-            config.optimizer,
-            config.precision,
-            config.warmup,
-            config.iters,
+    pool_rows = pool_streams(config.pool)[0] if config.source == "pool" else None
+
+    def request(i: int) -> dict:
+        if config.source == "specs":
+            batch_size, tables = sample_spec_shard(config.specs, config.seed, i)
+            pool = None
+        else:
+            batch_size, pool = config.batch_size, config.pool
+            tables = sample_shard(pool_rows, config.sampler, config.seed, i)
+        return compute_request(
+            i, tables, pool, batch_size, config.device, config.optimizer, config.precision, config.warmup, config.iters
         )
-        for i in todo
-    )
 
     def record(request: dict, answer: dict) -> None:
-        log.append({"id": request["id"], "tables": request["tables"], **{k: v for k, v in answer.items() if k != "id"}})
+        row = {"id": request["id"], "tables": request["tables"]}
+        if config.source == "specs":
+            row["batch_size"] = request["batch_size"]
+        log.append({**row, **{k: v for k, v in answer.items() if k != "id"}})
         bar.update(1)
+
+    requests = (request(i) for i in todo)
 
     map_requests(requests, record, config.workers, config.device, config.timeout_s, Path(config.out_dir))
 

@@ -24,5 +24,9 @@ ANALYTIC_COMM_LATENCY_MS = 3.48  # fixed cost of one all-to-all, ms
 TORCHREC_INSTALL = "pip install --no-deps torchrec==1.8.0 && pip install -e '.[torchrec]' (see README, TorchRec)"
 
 # What ships inside the package (paths relative to the neuroshard_jax package directory).
-SHIPPED_CHECKPOINT = "data/models/cpu-b4096"  # the neural cost model (python -m neuroshard_jax.train)
+SHIPPED_MODELS = "data/models"  # shipped cost-model checkpoints, one folder per name (cost_model.name=NAME)
+SHIPPED_MODEL_NAME = "cpu-b4096"  # the default neural cost model: the physics ensemble (format 4)
+SHIPPED_CHECKPOINT = f"{SHIPPED_MODELS}/{SHIPPED_MODEL_NAME}"
+# The first shipped model (format 3, per-table MLP at batch 4096): the RL trainer's cost model, and the ablation's.
+SHIPPED_MLP_CHECKPOINT = f"{SHIPPED_MODELS}/cpu-b4096"
 SHIPPED_POLICY = "data/policies/cpu-b4096"  # the rl searcher's policy (python -m neuroshard_jax.train_policy)

@@ -37,6 +37,10 @@ class CostFns(NamedTuple):
     # Optional fast path: embed_sum(params, feats f32[..., T, F], mask bool[..., T]) -> f32[..., D], equal to
     # the masked sum of embed (a model whose last embedding layer is linear sums before it: fewer FLOPs).
     embed_sum: Callable | None = None
+    # Optional: uncertainty(params, latent_sum f32[..., D]) -> (relative spread f32[...], trust f32[...]): how much
+    # an ensemble's members disagree on a device's compute, and the weight (0..1) its prediction kept against
+    # its fallback. Models without one are taken as certain.
+    uncertainty: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)

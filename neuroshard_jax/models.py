@@ -1,9 +1,14 @@
 """Cost models by name (``conf/cost_model/``): the analytic roofline, or a trained neural checkpoint.
 
     model = make_cost_model("neural", task)            # checked against the task's batch size and precision
-    model = load_cost_model("neural")                  # the shipped checkpoint, for use in your own JAX code
+    model = make_cost_model("cpu-b4096", task)         # a shipped checkpoint by name (data/models/NAME)
+    model = load_cost_model("neural")                  # the shipped default, for use in your own JAX code
     model = load_cost_model("path/to/checkpoint")      # a checkpoint of python -m neuroshard_jax.train
     model = load_cost_model("analytic", batch_size=4096)
+
+Two checkpoint formats load (``checkpoints.py``): the physics ensemble (4, the default ``cpu-ensemble``;
+batch size is an input, its spread makes searchers cautious: ``risk``) and the first per-table MLP (3,
+``cpu-b4096``, batch 4096 only).
 """
 
 from __future__ import annotations
@@ -13,11 +18,12 @@ import functools
 from pathlib import Path
 
 from neuroshard_jax.analytic import ANALYTIC_FNS, AnalyticConfig, analytic_model, analytic_params
-from neuroshard_jax.checkpoints import load_checkpoint
+from neuroshard_jax.checkpoints import ENSEMBLE_FORMAT, load_checkpoint, load_ensemble, read_meta
 from neuroshard_jax.config import typed
-from neuroshard_jax.constants import SHIPPED_CHECKPOINT
+from neuroshard_jax.constants import SHIPPED_CHECKPOINT, SHIPPED_MODELS
 from neuroshard_jax.cost_models import CostModel
 from neuroshard_jax.datasets import package_path
+from neuroshard_jax.ensemble import ensemble_cost_model
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.neural import neural_cost_model
 from neuroshard_jax.types import Task
@@ -25,67 +31,128 @@ from neuroshard_jax.types import Task
 
 @dataclasses.dataclass(frozen=True)
 class NeuralConfig:
-    checkpoint: str | None = None  # None: the checkpoint shipped in the package
+    checkpoint: str | None = None  # None: the model named by cost_model.name (``neural``: the shipped default)
+    risk: float = 1.0  # an ensemble's score = its prediction + risk x the members' spread (0: trust the mean)
+
+    def __post_init__(self):
+        if not (isinstance(self.risk, (int, float)) and 0 <= self.risk < float("inf")):
+            raise UserError(f"cost_model.risk: got {self.risk!r}, expected a finite number >= 0")
 
 
-@functools.lru_cache(maxsize=4)
+def shipped_names() -> list[str]:
+    """Names of the checkpoints shipped in the package (``cost_model.name=NAME``)."""
+    root = package_path(SHIPPED_MODELS)
+    return sorted(p.name for p in root.iterdir() if (p / "meta.json").exists()) if root.exists() else []
+
+
+@functools.lru_cache(maxsize=8)
 def _load_neural(path: str) -> tuple[CostModel, dict]:
+    if read_meta(path).get("format") == ENSEMBLE_FORMAT:
+        _, nets, params, meta = load_ensemble(path)
+        return ensemble_cost_model(nets, params, "neural"), meta
     _, nets, params, meta = load_checkpoint(path)
     return neural_cost_model(nets, params), meta
 
 
 def neural_checkpoint(config: NeuralConfig = NeuralConfig()) -> tuple[CostModel, dict, str]:
-    """(model, meta.json, path) of the configured checkpoint (the shipped one by default)."""
+    """(model, meta.json, path) of the configured checkpoint (the shipped default when none is given)."""
     path = config.checkpoint or str(package_path(SHIPPED_CHECKPOINT))
     if not (Path(path) / "meta.json").exists():
         raise UserError(
             f"cost_model.checkpoint: no neural cost model at {path!r}; expected a checkpoint written by "
-            "python -m neuroshard_jax.train (or use cost_model=analytic)"
+            f"python -m neuroshard_jax.train, or a shipped name ({', '.join(shipped_names())}), or cost_model=analytic"
         )
     model, meta = _load_neural(str(Path(path).resolve()))
     return model, meta, path
 
 
+def _check_trained(task: Task, meta: dict, path: str) -> None:
+    """The task's batch size and precision must be ones the checkpoint was trained at (a batch size within the
+    range of an ensemble's training batch sizes)."""
+    sizes = meta.get("batch_sizes") or [meta["batch_size"]]
+    if not min(sizes) <= task.batch_size <= max(sizes):
+        expected = f"{sizes[0]}" if len(sizes) == 1 else f"one in {min(sizes)}..{max(sizes)}"
+        raise UserError(
+            f"task.batch_size: got {task.batch_size}, but the neural cost model at {path!r} was trained at batch "
+            f"sizes {sizes}; expected {expected} (or cost_model=analytic)"
+        )
+    trained = meta.get("precision", "fp32")
+    if task.precision != trained:
+        raise UserError(
+            f"task.precision: got {task.precision!r}, but the neural cost model at {path!r} was trained at "
+            f"precision {trained!r}; expected the same (or cost_model=analytic)"
+        )
+
+
 def neural_model(task: Task, config: NeuralConfig = NeuralConfig()) -> CostModel:
-    """The trained Flax cost model; its batch size and precision must be the task's."""
+    """The trained Flax cost model at the task's batch size (an ensemble scores with ``config.risk``)."""
     model, meta, path = neural_checkpoint(config)
-    for field, trained in (("batch_size", meta["batch_size"]), ("precision", meta.get("precision", "fp32"))):
-        if getattr(task, field) != trained:
-            raise UserError(
-                f"task.{field}: got {getattr(task, field)!r}, but the neural cost model at {path!r} was trained at "
-                f"{field} {trained!r}; expected the same (or cost_model=analytic)"
-            )
+    _check_trained(task, meta, path)
+    if meta.get("format") == ENSEMBLE_FORMAT:
+        params = model.params._replace(batch_size=float(task.batch_size), risk=float(config.risk))
+        return dataclasses.replace(model, params=params)
+    return model
+
+
+def expected_cost_model(model: CostModel) -> CostModel:
+    """``model`` without its risk term: the costs a plan reports are expectations, not the search's score."""
+    if hasattr(model.params, "risk"):
+        return dataclasses.replace(model, params=model.params._replace(risk=0.0))
     return model
 
 
 COST_MODELS = {"analytic": (analytic_model, AnalyticConfig), "neural": (neural_model, NeuralConfig)}
 
 
+def _resolve(name: str, options: dict | None) -> tuple[str, dict | None]:
+    """A shipped checkpoint's name is the neural model with that checkpoint."""
+    if name in COST_MODELS:
+        return name, options
+    if name in shipped_names():
+        options = dict(options or {})
+        if options.get("checkpoint"):
+            raise UserError(
+                f"cost_model: name {name!r} and checkpoint {options['checkpoint']!r} both given; expected one"
+            )
+        return "neural", {**options, "checkpoint": str(package_path(f"{SHIPPED_MODELS}/{name}"))}
+    raise UserError(
+        f"cost_model: got {name!r}, expected one of {', '.join(sorted(COST_MODELS))} or a shipped model "
+        f"({', '.join(shipped_names())})"
+    )
+
+
 def cost_model_config(name: str, options: dict | None = None):
     """The typed config of cost model ``name`` from ``options`` (unknown names or options raise UserError)."""
-    if name not in COST_MODELS:
-        raise UserError(f"cost_model: got {name!r}, expected one of {', '.join(sorted(COST_MODELS))}")
+    name, options = _resolve(name, options)
     return typed(COST_MODELS[name][1], options, "cost_model")
 
 
 def make_cost_model(name: str, task: Task, options: dict | None = None) -> CostModel:
-    """Build a cost model by name with ``options`` (the fields of its config, from conf/cost_model/)."""
-    return COST_MODELS[name][0](task, cost_model_config(name, options))
+    """Build a cost model by name (``analytic``, ``neural`` or a shipped checkpoint's name) with ``options``
+    (the fields of its config, from conf/cost_model/)."""
+    family, _ = _resolve(name, options)
+    return COST_MODELS[family][0](task, cost_model_config(name, options))
 
 
 def load_cost_model(
     name_or_path: str = "neural", *, batch_size: int = 4096, precision: str = "fp32", **options
 ) -> CostModel:
-    """A cost model to call from your own code: ``"neural"`` (the shipped checkpoint), a checkpoint directory,
-    or ``"analytic"`` (at ``batch_size`` and ``precision``, with AnalyticConfig ``options``).
+    """A cost model to call from your own code: ``"neural"`` (the shipped default), a shipped name, a checkpoint
+    directory, or ``"analytic"`` (at ``batch_size`` and ``precision``, with AnalyticConfig ``options``).
 
-    A neural model scores at the batch size and precision it was trained at (``model.params`` holds them in
-    the checkpoint's meta.json); ``batch_size`` and ``precision`` are ignored for it.
+    A neural model scores at ``batch_size`` if it was trained there (the ensemble: any size in its trained
+    range; the format-3 MLP: its one size); ``options`` may set ``risk`` for an ensemble.
     """
     if name_or_path == "analytic":
         config = typed(AnalyticConfig, options, "load_cost_model")
         return CostModel("analytic", ANALYTIC_FNS, analytic_params(batch_size, precision, config))
-    checkpoint = None if name_or_path == "neural" else name_or_path
-    if options:
-        raise UserError(f"load_cost_model: options {sorted(options)} apply to 'analytic' only")
-    return neural_checkpoint(NeuralConfig(checkpoint))[0]
+    if name_or_path == "neural" or name_or_path in shipped_names():
+        name, resolved = _resolve(name_or_path, {})
+    else:
+        resolved = {"checkpoint": name_or_path}
+    unknown = sorted(set(options) - {"risk"})
+    if unknown:
+        raise UserError(f"load_cost_model: options {unknown} apply to 'analytic' only")
+    config = typed(NeuralConfig, {**(resolved or {}), **options}, "load_cost_model")
+    task = Task(1, 1.0, batch_size, (), precision)
+    return neural_model(task, config)

@@ -45,4 +45,10 @@ def format_plan(plan_json: dict[str, Any]) -> str:
     lines.append(
         f"predicted cost: {plan_json['cost_ms']:.3f} ms (max over devices); search {plan_json['search_time_s']:.2f} s"
     )
+    unsure = [d for d in plan_json["devices"] if d.get("model_trust", 1.0) < 1.0]
+    for d in unsure:
+        lines.append(
+            f"device {d['device']}: the model is unsure here (its members disagree by {100 * d['model_spread']:.0f}%); "
+            f"its compute leans on the roofline fallback (trust {d['model_trust']:.2f})"
+        )
     return "\n".join(lines)

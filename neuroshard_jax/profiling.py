@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import queue
 import selectors
 import signal
 import subprocess
@@ -26,6 +25,7 @@ import numpy as np
 
 from neuroshard_jax.constants import GIB_BYTES
 from neuroshard_jax.errors import UserError
+from neuroshard_jax.features import bin_shares, count_histogram
 from neuroshard_jax.sharding import mem_bytes
 from neuroshard_jax.tables import PoolSpec
 
@@ -155,18 +155,17 @@ def map_requests(
     A crash or timeout becomes the answer {"ok": False, "error": reason} and the worker restarts;
     an exception raised by ``on_answer`` stops every worker and is re-raised here.
     """
-    jobs: queue.Queue = queue.Queue()
-    for request in requests:
-        jobs.put(request)
+    jobs = iter(requests)  # drawn lazily: a sampler's requests are built as workers free up
+    lock = threading.Lock()
     errors: list[BaseException] = []
 
     def work(index: int) -> None:
         worker = ComputeWorker(device, log_dir / f"worker-{index}.log" if log_dir else None)
         try:
             while not errors:
-                try:
-                    request = jobs.get_nowait()
-                except queue.Empty:
+                with lock:
+                    request = next(jobs, None)
+                if request is None:
                     return
                 try:
                     answer = worker.request(request, timeout_s)
@@ -313,6 +312,80 @@ def sample_shard(pool_rows: np.ndarray, config: ComputeSamplerConfig, seed: int,
         if len(shard) == count:
             break
     return shard
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecSamplerConfig:
+    """Shards of table specs drawn over the whole range users bring, not a calibrated pool: rows log-uniform,
+    pooling factors log-uniform (a heavy tail past 100, some below 1), access from uniform to extreme skew
+    (Zipf exponents, or a hot set of rows taking most lookups), several batch sizes; ``split_share`` of the
+    shards hold column slices of a table (2, 4 or 8 slices of one table side by side, as a search cuts it)."""
+
+    min_tables: int = 1
+    max_tables: int = 16
+    log10_rows: tuple[float, float] = (2.0, 7.0)
+    log10_pooling: tuple[float, float] = (-0.5, 2.4)
+    dims: tuple[int, ...] = (8, 16, 32, 64, 128)
+    batch_sizes: tuple[int, ...] = (2048, 4096, 4096, 8192)
+    max_zipf: float = 1.6
+    hot_share: float = 0.25  # share of tables with a hot set instead of a Zipf law
+    split_share: float = 0.35
+    mem_cap_gb: float = 2.0
+    precision: str = "fp32"
+
+
+def _zipf_ranks(rng: np.random.Generator, rows: int, exponent: float, size: int) -> np.ndarray:
+    """``size`` ranks in [0, rows) with P(rank r) ~ (r + 1)^-exponent, by the inverse CDF of the continuous law."""
+    u = rng.random(size)
+    if abs(exponent - 1.0) < 1e-6:
+        x = np.exp(u * np.log(rows + 1.0))
+    else:
+        a = 1.0 - exponent
+        x = (1.0 + u * ((rows + 1.0) ** a - 1.0)) ** (1.0 / a)
+    return np.minimum(np.floor(x).astype(np.int64) - 1, rows - 1)
+
+
+def draw_table_spec(rng: np.random.Generator, config: SpecSamplerConfig, batch_size: int) -> dict:
+    """A table spec {rows, pooling_factor, bins} whose histogram is that of one batch drawn from an access law."""
+    rows = int(round(10 ** rng.uniform(*config.log10_rows)))
+    pooling = float(np.round(10 ** rng.uniform(*config.log10_pooling), 3))
+    lookups = max(1, int(round(pooling * batch_size)))
+    if rng.random() < config.hot_share:  # a hot set of rows takes most of the lookups
+        hot_rows = max(1, int(rows * 10 ** rng.uniform(-4, -1)))
+        hot = rng.random(lookups) < rng.uniform(0.5, 0.99)
+        ranks = np.where(hot, rng.integers(0, hot_rows, lookups), rng.integers(0, rows, lookups))
+    else:
+        ranks = _zipf_ranks(rng, rows, rng.uniform(0.0, config.max_zipf), lookups)
+    _, counts = np.unique(ranks, return_counts=True)
+    shares = bin_shares(count_histogram(counts)[0])
+    return {"rows": rows, "pooling_factor": pooling, "bins": [round(float(x), 5) for x in shares]}
+
+
+def sample_spec_shard(config: SpecSamplerConfig, seed: int, index: int) -> tuple[int, list[dict]]:
+    """Sample ``index``: (batch size, table specs {rows, pooling_factor, bins, dim, seed}) within the memory cap.
+    A column-split sample holds every slice of one to three tables (their slices share the table's stream seed)."""
+    rng = np.random.default_rng([seed, 60013, index])
+    batch_size = int(rng.choice(config.batch_sizes))
+    cap = config.mem_cap_gb * GIB_BYTES
+    count = int(rng.integers(config.min_tables, config.max_tables + 1))
+    split_tables = int(rng.integers(1, 4)) if rng.random() < config.split_share else 0
+    tables, used, attempts = [], 0.0, 0
+    while len(tables) < count and attempts < 4 * config.max_tables:
+        attempts += 1
+        spec = draw_table_spec(rng, config, batch_size)
+        dims = [d for d in config.dims if used + mem_bytes(spec["rows"], d, config.precision) <= cap]
+        if not dims:
+            continue
+        dim = int(rng.choice(dims))
+        stream_seed = int(rng.integers(0, 2**31))
+        slices = 1
+        if split_tables:
+            split_tables -= 1
+            slices = int(rng.choice([k for k in (2, 4, 8) if dim // k >= 4] or [1]))
+        for _ in range(slices):
+            tables.append({**spec, "dim": dim // slices, "seed": stream_seed})
+        used += mem_bytes(spec["rows"], dim, config.precision)
+    return batch_size, tables
 
 
 @dataclasses.dataclass(frozen=True)

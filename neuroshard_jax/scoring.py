@@ -150,8 +150,29 @@ def score_plans(model: CostModel, plans: list[Plan]) -> np.ndarray:
     return np.asarray(plan_cost_ms(costs), dtype=np.float64)[: len(plans)]
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _uncertainty_jit(fns, params, feats, table_mask):
+    latent_sums = jnp.where(table_mask[..., None], fns.embed(params, feats), 0.0).sum(-2)
+    spread, trust = fns.uncertainty(params, latent_sums)
+    has = table_mask.any(-1)
+    return jnp.where(has, spread, 0.0), jnp.where(has, trust, 1.0)
+
+
+def device_uncertainty(model: CostModel, plan: Plan) -> tuple[np.ndarray, np.ndarray] | None:
+    """(relative spread, trust) f64[N] of each device's predicted compute, or None for a model without an
+    ensemble (``CostFns.uncertainty``)."""
+    if model.fns.uncertainty is None:
+        return None
+    feats, mask, _, _ = plan_arrays(plan)
+    spread, trust = _uncertainty_jit(model.fns, model.params, feats, mask)
+    return np.asarray(spread, np.float64), np.asarray(trust, np.float64)
+
+
 def with_costs(model: CostModel, plan: Plan) -> Plan:
-    """``plan`` with its predicted per-device costs (``Plan.costs``) by ``model``."""
+    """``plan`` with its predicted per-device costs (``Plan.costs``) by ``model``, and where the model is an
+    ensemble, how sure it is of each device."""
     costs = score_plan(model, plan)
     columns = [tuple(float(x) for x in c) for c in costs]
-    return dataclasses.replace(plan, costs=PlanCosts(*columns, float(plan_cost_ms(costs)), model.name))
+    unsure = device_uncertainty(model, plan)
+    spread, trust = (tuple(float(x) for x in u) for u in unsure) if unsure else (None, None)
+    return dataclasses.replace(plan, costs=PlanCosts(*columns, float(plan_cost_ms(costs)), model.name, spread, trust))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from neuroshard_jax.models import make_cost_model
+from neuroshard_jax.models import expected_cost_model, make_cost_model
 from neuroshard_jax.scoring import with_costs
 from neuroshard_jax.tasks import check_feasible
 from neuroshard_jax.types import Plan, Task
@@ -28,7 +28,9 @@ def search_plan(
     plan = algorithm.search(task, model, seed)
     elapsed_s = time.perf_counter() - start
     plan.validate()
-    return dataclasses.replace(with_costs(model, plan), searcher=searcher, seed=seed, search_time_s=elapsed_s)
+    # the reported costs are expectations: the search's risk term (an ensemble's spread) is not part of them
+    scored = with_costs(expected_cost_model(model), plan)
+    return dataclasses.replace(scored, searcher=searcher, seed=seed, search_time_s=elapsed_s)
 
 
 def shard_task(

@@ -1,8 +1,10 @@
-"""``python -m neuroshard_jax.train [dataset=DIR out=DIR train.epochs=200]``: train the neural cost models.
+"""``python -m neuroshard_jax.train [datasets=[DIR,...] out=DIR train.epochs=200]``: train the neural cost models.
 
-Reads compute.jsonl (and comm.jsonl if present) from ``dataset``, trains in log space with optax,
-keeps the best-validation weights, prints test MAPE / RMSE / Kendall tau next to the analytic model's,
-and saves an orbax checkpoint to ``out``. Settings live in conf/train.yaml.
+``family=ensemble`` (the default): the physics ensemble (``ensemble.py``) on every dataset in ``datasets``
+(compute.jsonl of each; comm.jsonl of the first that has one). ``family=mlp``: the first shipped model, the
+per-table MLP of ``neural.py``, on ``datasets[0]`` (kept for the ablation). Trains in log space with optax,
+keeps the best-validation weights, prints test metrics per dataset, and saves an orbax checkpoint to ``out``.
+Settings live in conf/train.yaml.
 """
 
 from __future__ import annotations
@@ -15,19 +17,31 @@ from omegaconf import DictConfig
 
 from neuroshard_jax.cli import fail, resolved, run_app
 from neuroshard_jax.config import typed
+from neuroshard_jax.ensemble import EnsembleConfig
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.neural import NetConfig
-from neuroshard_jax.training import TrainConfig, train_models
+from neuroshard_jax.training import TrainConfig, train_ensemble, train_models
+
+FAMILIES = ("ensemble", "mlp")
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainAppConfig:
     """conf/train.yaml."""
 
-    dataset: str = "neuroshard_jax/data/profiles/cpu-b4096"
-    out: str = "checkpoints/cpu-b4096"
+    family: str = "ensemble"
+    datasets: tuple[str, ...] = ("neuroshard_jax/data/profiles/cpu-b4096", "neuroshard_jax/data/profiles/cpu-specs")
+    out: str = "checkpoints/cpu-ensemble"
+    name: str = "cpu-ensemble"
     net: NetConfig = NetConfig()
+    ensemble: EnsembleConfig = EnsembleConfig()
     train: TrainConfig = TrainConfig()
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise UserError(f"family: got {self.family!r}, expected one of {', '.join(FAMILIES)}")
+        if not self.datasets:
+            raise UserError("datasets: got [], expected at least one dataset directory")
 
 
 def app_config(cfg: DictConfig) -> TrainAppConfig:
@@ -38,7 +52,11 @@ def app_config(cfg: DictConfig) -> TrainAppConfig:
 def main(cfg: DictConfig) -> None:
     try:
         config = app_config(cfg)
-        report = train_models(config.dataset, config.net, config.train, config.out)
+        if config.family == "ensemble":
+            how = f"python -m neuroshard_jax.train datasets=[{','.join(config.datasets)}] name={config.name}"
+            report = train_ensemble(list(config.datasets), config.ensemble, config.train, config.out, config.name, how)
+        else:
+            report = train_models(config.datasets[0], config.net, config.train, config.out)
     except UserError as err:
         fail(err)
     print(json.dumps(report, indent=1))

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from neuroshard_jax.checkpoints import load_checkpoint, save_checkpoint
 from neuroshard_jax.cli import fail, resolved, run_app
 from neuroshard_jax.config import typed
-from neuroshard_jax.constants import SHIPPED_CHECKPOINT
+from neuroshard_jax.constants import SHIPPED_MLP_CHECKPOINT
 from neuroshard_jax.cost_models import bucket
 from neuroshard_jax.datasets import JsonlLog, hardware, package_path
 from neuroshard_jax.errors import UserError
@@ -204,7 +204,7 @@ def train_policy(
         net_config, nets, cost_params, cost_meta = load_checkpoint(policy_dir(out) / "cost_model")
         history, start_round = meta["history"], meta["rounds_done"]
     else:
-        source = cost_model_path or str(package_path(SHIPPED_CHECKPOINT))
+        source = cost_model_path or str(package_path(SHIPPED_MLP_CHECKPOINT))
         net_config, nets, cost_params, cost_meta = load_checkpoint(source)
         graph, state = nnx.split(Policy(policy_config, nnx.Rngs(config.seed)))
         params, opt_state, history, start_round = PolicyParams(state, None), tx.init(state), [], 0

@@ -18,12 +18,25 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from scipy.optimize import nnls
 from tqdm import tqdm
 
 from neuroshard_jax.analytic import ANALYTIC_FNS, analytic_params
-from neuroshard_jax.checkpoints import load_checkpoint, save_checkpoint
+from neuroshard_jax.checkpoints import load_checkpoint, save_checkpoint, save_ensemble
 from neuroshard_jax.cost_models import bucket, device_compute_ms
 from neuroshard_jax.datasets import package_path, read_records
+from neuroshard_jax.ensemble import (
+    EnsembleConfig,
+    EnsembleNets,
+    EnsembleParams,
+    InputStats,
+    ensemble_fns,
+    init_ensemble,
+    member_devices,
+    member_latents,
+    net_inputs,
+    roof_terms,
+)
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.features import NUM_FEATURES, feature_matrix
 from neuroshard_jax.neural import FeatureStats, NeuralParams, comm_time, fit_stats, init_nets, neural_fns, normalize
@@ -75,20 +88,29 @@ def load_manifest(dataset_dir: Path, kind: str) -> dict:
 def compute_arrays(dataset_dir: Path, extra_records: list[dict] = ()):
     """Shards of a compute dataset (then ``extra_records`` of the same form, e.g. devices of measured plans):
     feats f32[S, T, F], mask bool[S, T], total_ms f32[S], manifest."""
+    feats, mask, _, target, manifest = compute_batches(dataset_dir, extra_records)
+    return feats, mask, target, manifest
+
+
+def compute_batches(dataset_dir: Path, extra_records: list[dict] = (), width: int | None = None):
+    """``compute_arrays`` plus each record's batch size f32[S] (a spec dataset's rows carry their own):
+    feats, mask, batch_size, total_ms, manifest."""
     manifest = load_manifest(dataset_dir, "compute")
     records = read_records(Path(dataset_dir) / "compute.jsonl") + list(extra_records)
     if not records:
         raise UserError(f"dataset: no successful records in {str(dataset_dir)!r}")
     settings = manifest["settings"]
-    pool = load_pool(PoolSpec.from_json(settings["pool"]), settings["batch_size"])
-    width = bucket(max(len(r["tables"]) for r in records))
+    uses_pool = any(not isinstance(t, dict) for r in records for t in r["tables"])
+    pool = load_pool(PoolSpec.from_json(settings["pool"]), settings["batch_size"]) if uses_pool else None
+    width = width or bucket(max(len(r["tables"]) for r in records))
     feats = np.zeros((len(records), width, NUM_FEATURES), dtype=np.float32)
     mask = np.zeros((len(records), width), dtype=bool)
     for i, r in enumerate(records):
         feats[i, : len(r["tables"])] = shard_feature_matrix(r["tables"], pool)
         mask[i, : len(r["tables"])] = True
+    batch = np.array([r.get("batch_size", settings["batch_size"]) for r in records], dtype=np.float32)
     target = np.array([r["total_ms"] for r in records], dtype=np.float32)
-    return feats, mask, target, manifest
+    return feats, mask, batch, target, manifest
 
 
 def shard_feature_matrix(tables: list, pool) -> np.ndarray:
@@ -172,7 +194,7 @@ def metrics(pred, true) -> dict:
 
 
 def fit(
-    graphdef: nnx.GraphDef,
+    graphdef: nnx.GraphDef | None,
     state: nnx.State,
     loss_fn: Callable,
     arrays: tuple[np.ndarray, ...],
@@ -181,22 +203,25 @@ def fit(
     config: TrainConfig,
     desc: str,
 ) -> tuple[nnx.State, list[dict]]:
-    """AdamW with cosine decay on ``loss_fn(model, *batch)``; returns the best-validation state and the history."""
+    """AdamW with cosine decay on ``loss_fn(model, *batch)`` (``model``: the merged module, or the raw state when
+    ``graphdef`` is None); returns the best-validation state and the history."""
     batch_size = min(config.batch_size, len(train_idx))
     steps = config.epochs * max(1, len(train_idx) // batch_size)
     schedule = optax.cosine_decay_schedule(config.learning_rate, steps, alpha=config.final_lr_fraction)
     tx = optax.adamw(schedule, weight_decay=config.weight_decay)
     opt_state = tx.init(state)
 
+    model = (lambda s: s) if graphdef is None else (lambda s: nnx.merge(graphdef, s))
+
     @jax.jit
     def step(state, opt_state, batch):
-        loss, grads = jax.value_and_grad(lambda s: loss_fn(nnx.merge(graphdef, s), *batch))(state)
+        loss, grads = jax.value_and_grad(lambda s: loss_fn(model(s), *batch))(state)
         updates, opt_state = tx.update(grads, opt_state, state)
         return optax.apply_updates(state, updates), opt_state, loss
 
     @jax.jit
     def evaluate(state, batch):
-        return loss_fn(nnx.merge(graphdef, state), *batch)
+        return loss_fn(model(state), *batch)
 
     val = tuple(jnp.asarray(a[val_idx]) for a in arrays)
     rng = np.random.default_rng([config.seed, 99])
@@ -295,23 +320,33 @@ def fit_nets(
     datasets = {"compute": {"pool_id": settings["pool_id"], "created": manifest["created"], "records": base}}
     fitted = params._replace(compute=compute_state)
     if (dataset_dir / "manifest-comm.json").exists():
-        dims, delays, cmask, fwd_ms, bwd_ms, comm_manifest = comm_arrays(dataset_dir, extra_comm)
-        cbase = len(dims) - len(extra_comm)
-        ctrain, cval, ctest = split_indices(cbase, config.split, config.seed)
-        ctrain = np.concatenate([ctrain, np.arange(cbase, len(dims))])
-        states = {}
-        for name, graph, state, use_delays, truth in (
-            ("fwd_comm", nets.fwd, params.fwd, True, fwd_ms),
-            ("bwd_comm", nets.bwd, params.bwd, False, bwd_ms),
-        ):
-            arrays = (dims, delays, cmask, truth)
-            states[name], _ = fit(graph, state, comm_loss(use_delays), arrays, ctrain, cval, config, name)
-            d = delays[ctest] if use_delays else np.zeros_like(delays[ctest])
-            out_ms = comm_ms(graph, states[name], dims[ctest], d, cmask[ctest])
-            report[name] = metrics(out_ms[cmask[ctest]], truth[ctest][cmask[ctest]])
-        fitted = fitted._replace(fwd=states["fwd_comm"], bwd=states["bwd_comm"])
-        datasets["comm"] = {"created": comm_manifest["created"], "records": cbase}
+        fwd, bwd, comm_report, datasets["comm"] = fit_comm(
+            nets.fwd, params.fwd, nets.bwd, params.bwd, dataset_dir, config, extra_comm
+        )
+        report.update(comm_report)
+        fitted = fitted._replace(fwd=fwd, bwd=bwd)
     return fitted, report, datasets
+
+
+def fit_comm(fwd_graph, fwd_state, bwd_graph, bwd_state, dataset_dir: Path, config: TrainConfig, extra_comm=()):
+    """Fit the fwd and bwd comm nets on a dataset's comm samples (then ``extra_comm``); returns the fitted
+    states, the test-split report and the dataset provenance."""
+    dims, delays, cmask, fwd_ms, bwd_ms, comm_manifest = comm_arrays(dataset_dir, extra_comm)
+    cbase = len(dims) - len(extra_comm)
+    ctrain, cval, ctest = split_indices(cbase, config.split, config.seed)
+    ctrain = np.concatenate([ctrain, np.arange(cbase, len(dims))])
+    states, report = {}, {}
+    for name, graph, state, use_delays, truth in (
+        ("fwd_comm", fwd_graph, fwd_state, True, fwd_ms),
+        ("bwd_comm", bwd_graph, bwd_state, False, bwd_ms),
+    ):
+        arrays = (dims, delays, cmask, truth)
+        states[name], _ = fit(graph, state, comm_loss(use_delays), arrays, ctrain, cval, config, name)
+        d = delays[ctest] if use_delays else np.zeros_like(delays[ctest])
+        out_ms = comm_ms(graph, states[name], dims[ctest], d, cmask[ctest])
+        report[name] = metrics(out_ms[cmask[ctest]], truth[ctest][cmask[ctest]])
+    provenance = {"created": comm_manifest["created"], "records": cbase}
+    return states["fwd_comm"], states["bwd_comm"], report, provenance
 
 
 def checkpoint_meta(dataset_dir: Path, config: TrainConfig, report: dict, datasets: dict, how: str) -> dict:
@@ -348,3 +383,180 @@ def train_models(dataset_dir: str | Path, net_config, config: TrainConfig, out: 
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+# ---------------------------------------------------------------------------------------------
+# The physics ensemble (``ensemble.py``): several datasets, each record at its own batch size
+
+
+def ensemble_arrays(dataset_dirs: list[Path]):
+    """Every compute dataset's records at one padded width: feats f32[S, T, F], mask bool[S, T], batch f32[S],
+    target f32[S], source i32[S] (the dataset index of each record), manifests."""
+    loaded = [compute_batches(Path(d)) for d in dataset_dirs]
+    width = bucket(max(f.shape[1] for f, *_ in loaded))
+    parts = [
+        compute_batches(Path(d), width=width) if f.shape[1] != width else (f, m, b, t, man)
+        for d, (f, m, b, t, man) in zip(dataset_dirs, loaded)
+    ]
+    source = np.concatenate([np.full(len(p[3]), i, dtype=np.int32) for i, p in enumerate(parts)])
+    feats, mask, batch, target = (np.concatenate([p[j] for p in parts]) for j in range(4))
+    return feats, mask, batch, target, source, [p[4] for p in parts]
+
+
+def ensemble_splits(source: np.ndarray, config: TrainConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """80/10/10 within each dataset (seeded), so every dataset has its own held-out part."""
+    out = ([], [], [])
+    for i in np.unique(source):
+        idx = np.flatnonzero(source == i)
+        for part, chosen in zip(out, split_indices(len(idx), config.split, config.seed + int(i))):
+            part.append(idx[chosen])
+    return tuple(np.concatenate(p) for p in out)
+
+
+def roofline_design(feats, mask, batch) -> np.ndarray:
+    """Per-shard-set columns f64[S, 7] of the roofline: the summed ROOF_TERMS, the kernel (1 per non-empty set)
+    and the interaction lookups x shards (1e6 units)."""
+    terms = roof_terms(jnp.asarray(feats), jnp.asarray(batch)[:, None])
+    sums = np.asarray(jnp.where(jnp.asarray(mask)[..., None], terms, 0.0).sum(1), np.float64)
+    count = mask.sum(1).astype(np.float64)
+    return np.concatenate([sums, (count > 0)[:, None], (sums[:, 1] * count)[:, None]], 1)
+
+
+def dataset_weights(source: np.ndarray, max_weight: float = 4.0) -> np.ndarray:
+    """f32[S] loss weights that let a smaller dataset count as much as the largest, up to ``max_weight`` x (the
+    spec datasets, which cover what users bring, are smaller than the calibrated pool's)."""
+    counts = np.bincount(source)
+    return np.minimum(counts.max() / counts[source], max_weight).astype(np.float32)
+
+
+def fit_roofline(feats, mask, batch, target, weights=None) -> np.ndarray:
+    """Log coefficients f32[7] (ROOF_TERMS, the kernel overhead, the interaction) of the roofline that
+    minimises the (weighted) squared relative error over shard sets (non-negative least squares); a coefficient
+    the data does not need gets a tiny floor, so every term stays positive."""
+    root = np.sqrt(np.ones(len(target)) if weights is None else np.asarray(weights, np.float64))
+    design = roofline_design(feats, mask, batch) / target[:, None] * root[:, None]
+    coef, _ = nnls(design, root)
+    return np.log(np.maximum(coef, 1e-6 * max(coef.max(), 1e-9))).astype(np.float32)
+
+
+def ensemble_loss(nets: EnsembleNets, stats: InputStats):
+    """Bootstrap-weighted squared log error of every member: members (stacked state), feats f32[S, T, F],
+    mask bool[S, T], batch f32[S], target f32[S], weights f32[S, K]."""
+
+    def loss(members, feats, mask, batch, target, weights):
+        latents = member_latents(nets, members, stats, feats, batch[:, None])  # [K, S, T, W]
+        sums = jnp.where(mask[..., None], latents, 0.0).sum(-2)
+        device, _ = member_devices(nets, members, sums, mask.sum(-1).astype(jnp.float32))  # [K, S]
+        err = (jnp.log(device) - jnp.log(target)) ** 2
+        return jnp.sum(weights.T * err) / jnp.sum(weights)
+
+    return loss
+
+
+def ensemble_ms(nets: EnsembleNets, params: EnsembleParams, feats, mask, batch) -> tuple[np.ndarray, np.ndarray]:
+    """(prediction, relative spread) f64[S] of padded shards at their batch sizes f32[S], chunked."""
+    fns = ensemble_fns(nets)
+    preds, spreads = [], []
+
+    @jax.jit
+    def chunk(f, m, b):
+        p = params._replace(batch_size=b[:, None])
+        latent = jnp.where(m[..., None], fns.embed(p, f), 0.0).sum(-2)
+        p = params._replace(batch_size=b)
+        return fns.head(p, latent), fns.uncertainty(p, latent)[0]
+
+    for start in range(0, len(feats), 1024):
+        end = start + 1024
+        f, m, b = (np.asarray(x[start:end]) for x in (feats, mask, batch))
+        pad = 1024 - len(f)
+        if pad:
+            f, m, b = (
+                np.pad(f, ((0, pad), (0, 0), (0, 0))),
+                np.pad(m, ((0, pad), (0, 0))),
+                np.pad(b, (0, pad), constant_values=1),
+            )
+        p, s = chunk(f, m, b)
+        preds.append(np.asarray(p, float)[: 1024 - pad])
+        spreads.append(np.asarray(s, float)[: 1024 - pad])
+    return np.concatenate(preds), np.concatenate(spreads)
+
+
+def train_ensemble(
+    dataset_dirs: list[str | Path],
+    ens_config: EnsembleConfig,
+    config: TrainConfig,
+    out: str | Path,
+    name: str,
+    how: str,
+) -> dict:
+    """Train the physics ensemble on every compute dataset (and the comm nets on the first dataset with comm
+    samples); calibrate its trust thresholds on the validation split; save a checkpoint. Returns the report."""
+    dataset_dirs = [resolve_dataset(d) for d in dataset_dirs]
+    feats, mask, batch, target, source, manifests = ensemble_arrays(dataset_dirs)
+    train, val, test = ensemble_splits(source, config)
+    balance = dataset_weights(source)
+    log_coef = fit_roofline(feats[train], mask[train], batch[train], target[train], balance[train])
+    nets, params = init_ensemble(ens_config, log_coef, config.seed)
+    inputs = np.asarray(net_inputs(jnp.asarray(feats[train]), jnp.asarray(batch[train])[:, None]))[mask[train]]
+    stats = InputStats(jnp.asarray(inputs.mean(0)), jnp.asarray(np.maximum(inputs.std(0), 1e-3)))
+    weights = np.random.default_rng([config.seed, 5151]).poisson(1.0, size=(len(target), ens_config.members))
+    weights = weights.astype(np.float32) * balance[:, None]
+    members, history = fit(
+        None,
+        params.members,
+        ensemble_loss(nets, stats),
+        (feats, mask, batch, target, weights),
+        train,
+        val,
+        config,
+        "ensemble",
+    )
+    params = params._replace(members=members, stats=stats)
+    _, val_spread = ensemble_ms(nets, params, feats[val], mask[val], batch[val])
+    trust_lo = float(np.quantile(val_spread, 0.99))
+    params = params._replace(trust_lo=jnp.float32(trust_lo), trust_hi=jnp.float32(3 * trust_lo))
+    pred, spread = ensemble_ms(nets, params, feats[test], mask[test], batch[test])
+    roof = params._replace(trust_lo=jnp.float32(-2.0), trust_hi=jnp.float32(-1.0))  # weight 0: the roofline alone
+    roof_pred, _ = ensemble_ms(nets, roof, feats[test], mask[test], batch[test])
+    report = {"compute": {"fitted_roofline_log_coef": [round(float(x), 4) for x in log_coef]}}
+    for i, d in enumerate(dataset_dirs):
+        part = source[test] == i
+        report["compute"][Path(d).name] = {
+            "ensemble": metrics(pred[part], target[test][part]),
+            "roofline": metrics(roof_pred[part], target[test][part]),
+            "mean_rel_spread": float(spread[part].mean()),
+        }
+    report["compute"].update(
+        samples={"train": len(train), "val": len(val), "test": len(test)},
+        epochs=len(history),
+        best_val_loss=min(h["val_loss"] for h in history),
+        trust_lo=trust_lo,
+    )
+    datasets = {
+        "compute": [
+            {"dir": str(d), "created": m["created"], "records": int((source == i).sum())}
+            for i, (d, m) in enumerate(zip(dataset_dirs, manifests))
+        ]
+    }
+    comm_dir = next((d for d in dataset_dirs if (d / "manifest-comm.json").exists()), None)
+    if comm_dir is not None:
+        fwd, bwd, comm_report, datasets["comm"] = fit_comm(nets.fwd, params.fwd, nets.bwd, params.bwd, comm_dir, config)
+        report.update(comm_report)
+        comm_batch = load_manifest(comm_dir, "comm")["settings"]["batch_size"]
+        params = params._replace(fwd=fwd, bwd=bwd, comm_batch_size=jnp.float32(comm_batch))
+    settings = manifests[0]["settings"]
+    meta = {
+        "name": name,
+        "batch_sizes": sorted({int(b) for b in batch}),
+        "precision": settings.get("precision", "fp32"),
+        "optimizer": settings.get("optimizer"),
+        "device": settings.get("device"),
+        "datasets": datasets,
+        "hardware": manifests[0].get("hardware"),
+        "train_config": dataclasses.asdict(config),
+        "metrics": report,
+        "how": how,
+        "trained": _now(),
+    }
+    save_ensemble(out, ens_config, params, meta)
+    return report

@@ -151,6 +151,10 @@ class PlanCosts:
     total_ms: tuple[float, ...]
     cost_ms: float
     cost_model: str
+    # An ensemble's per-device relative spread of compute, and the weight its nets kept against the roofline
+    # fallback (1: trusted; below 1: the members disagree, the prediction leans on the roofline). None otherwise.
+    compute_spread: tuple[float, ...] | None = None
+    trust: tuple[float, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,6 +260,9 @@ class Plan:
                     "bwd_comm": c.bwd_comm_ms[d],
                     "total": c.total_ms[d],
                 }
+                if c.compute_spread is not None:
+                    device["model_spread"] = c.compute_spread[d]
+                    device["model_trust"] = c.trust[d]
             devices.append(device)
         out["devices"] = devices
         if self.costs is not None:
@@ -300,7 +307,10 @@ def _costs_from_json(obj: dict, num_devices: int) -> PlanCosts | None:
     try:
         per_device = [devices[d]["cost_ms"] for d in range(num_devices)]
         columns = [tuple(float(c[k]) for c in per_device) for k in ("compute", "fwd_comm", "bwd_comm", "total")]
-        return PlanCosts(*columns, float(obj["cost_ms"]), str(obj["cost_model"]))
+        unsure = [None, None]
+        if all("model_spread" in devices[d] for d in range(num_devices)):
+            unsure = [tuple(float(devices[d][k]) for d in range(num_devices)) for k in ("model_spread", "model_trust")]
+        return PlanCosts(*columns, float(obj["cost_ms"]), str(obj["cost_model"]), *unsure)
     except (KeyError, TypeError, ValueError, IndexError):
         return None
 

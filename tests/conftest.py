@@ -77,3 +77,43 @@ def tiny_checkpoint(tmp_path_factory):
     )
     report = train_models(root / "data", net, TrainConfig(epochs=30, batch_size=16, progress=False), root / "ckpt")
     return root / "data", root / "ckpt", net, report
+
+
+@pytest.fixture(scope="session")
+def tiny_ensemble(tiny_checkpoint, tmp_path_factory):
+    """A tiny physics ensemble trained on real measurements of both kinds: the tiny pool dataset (batch 256) and
+    a tiny spec dataset (batches 128 and 256): (spec dataset dir, checkpoint dir, report)."""
+    from neuroshard_jax.collect import CollectConfig, collect
+    from neuroshard_jax.ensemble import EnsembleConfig
+    from neuroshard_jax.neural import NetConfig
+    from neuroshard_jax.profiling import SpecSamplerConfig
+    from neuroshard_jax.training import TrainConfig, train_ensemble
+
+    root = tmp_path_factory.mktemp("tiny-ensemble")
+    specs = SpecSamplerConfig(
+        max_tables=3,
+        log10_rows=(2.0, 4.0),
+        log10_pooling=(-0.5, 1.0),
+        dims=(8, 16),
+        batch_sizes=(128, 256),
+        mem_cap_gb=0.05,
+    )
+    collect(
+        CollectConfig(
+            kind="compute",
+            source="specs",
+            num_samples=24,
+            specs=specs,
+            out_dir=str(root / "specs"),
+            warmup=1,
+            iters=3,
+            progress=False,
+            timeout_s=120,
+        )
+    )
+    config = EnsembleConfig(
+        members=3, hidden=(8,), comm=NetConfig(comm_hidden=(8,), comm_latent=8, comm_head_hidden=(8,))
+    )
+    train = TrainConfig(epochs=30, batch_size=16, progress=False)
+    report = train_ensemble([tiny_checkpoint[0], root / "specs"], config, train, root / "ckpt", "tiny", "test")
+    return root / "specs", root / "ckpt", report

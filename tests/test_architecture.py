@@ -89,6 +89,14 @@ def test_each_rule_lives_in_one_function():
     assert len(re.findall(r"\* BYTES_PER_ELEMENT\[", sources["neuroshard_jax/sharding.py"])) == 1  # mem_bytes
 
 
+def test_the_foreign_benchmark_shares_no_table_drawing_with_training():
+    """Its generators are written apart from the training sampler: no shared code for drawing specs, no shared seeds."""
+    text = (REPO / "tools" / "foreign_benchmark.py").read_text()
+    for name in ("sample_spec_shard", "draw_table_spec", "SpecSamplerConfig", "_zipf_ranks", "synthetic_table_params"):
+        assert name not in text
+    assert "60013" not in text  # the spec sampler's seed constant
+
+
 def test_public_api_resolves_and_importing_it_is_cheap():
     for name in nsj.__all__:
         assert getattr(nsj, name) is not None, name

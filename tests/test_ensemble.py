@@ -1,0 +1,223 @@
+"""The physics ensemble: properties that hold for any weights (positive, finite, growing, bounded by the
+roofline, batch size an input), real training on tiny measured data of both kinds, checkpoints and names."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from neuroshard_jax.checkpoints import load_checkpoint, load_ensemble
+from neuroshard_jax.cost_models import device_costs
+from neuroshard_jax.ensemble import (
+    EnsembleConfig,
+    ensemble_fns,
+    init_ensemble,
+    member_devices,
+    member_latents,
+    roof_terms,
+)
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.features import NUM_FEATURES, feature_matrix
+from neuroshard_jax.models import expected_cost_model, make_cost_model, shipped_names
+from neuroshard_jax.neural import NetConfig
+from neuroshard_jax.profiling import SpecSamplerConfig, sample_spec_shard
+from neuroshard_jax.scoring import score_plan
+from neuroshard_jax.search import search_plan
+from neuroshard_jax.types import Plan
+from tests.conftest import make_table, make_task
+
+SMALL = EnsembleConfig(
+    members=3,
+    hidden=(8,),
+    latent=4,
+    head_hidden=(4,),
+    comm=NetConfig(comm_hidden=(8,), comm_latent=8, comm_head_hidden=(8,)),
+)
+LOG_COEF = np.log(np.array([1e-3, 5.0, 0.1, 1.0, 0.05, 0.01, 0.02], np.float32))
+
+
+def _random_feats(rng, shape):
+    rows = 10 ** rng.uniform(2, 7, shape)
+    dims = rng.choice([4, 8, 16, 64, 128], shape)
+    pooling = 10 ** rng.uniform(-1, 2.4, shape)
+    bins = rng.dirichlet(np.ones(17) * 0.3, shape)
+    flat = feature_matrix(rows.ravel(), dims.ravel(), pooling.ravel(), bins.reshape(-1, 17))
+    return flat.reshape(*shape, NUM_FEATURES).astype(np.float32)
+
+
+def _untrained(seed=0, **scalars):
+    nets, params = init_ensemble(SMALL, LOG_COEF, seed)
+    return nets, params._replace(**{k: jnp.float32(v) for k, v in scalars.items()})
+
+
+def test_any_weights_give_positive_finite_costs_that_grow_with_every_shard():
+    rng = np.random.default_rng(0)
+    nets, params = _untrained()
+    fns = ensemble_fns(nets)
+    feats = _random_feats(rng, (64, 12))
+    fill = rng.integers(1, 12, size=64)
+    mask = np.arange(12)[None] < fill[:, None]
+    more = np.arange(12)[None] < (fill + 1)[:, None]  # one shard more on every device
+    latent = lambda m: jnp.where(m[..., None], fns.embed(params, feats), 0.0).sum(-2)  # noqa: E731
+    ms, ms_more = fns.head(params, latent(mask)), fns.head(params, latent(more))
+    assert np.all(np.isfinite(ms)) and np.all(np.asarray(ms) > 0)
+    # with trust 1 everywhere (no blending) the sum of positive terms grows strictly
+    sure = params._replace(trust_lo=jnp.float32(1e9), trust_hi=jnp.float32(2e9))
+    assert np.all(np.asarray(fns.head(sure, latent(more))) > np.asarray(fns.head(sure, latent(mask))))
+    assert np.all(np.asarray(ms_more) > 0.6 * np.asarray(ms))  # never the 454 ms -> 27 ms of the MLP
+
+
+def test_each_member_stays_within_its_bounds_of_the_roofline():
+    rng = np.random.default_rng(1)
+    nets, params = _untrained(seed=4)
+    feats = _random_feats(rng, (200,))
+    latents = member_latents(nets, params.members, params.stats, feats, params.batch_size)  # [K, 200, W]
+    ratio = np.asarray(latents[..., 0] / latents[..., 1])  # corrected / roofline per shard
+    bound = np.exp(SMALL.max_correction)
+    assert np.all(ratio <= bound * (1 + 1e-5)) and np.all(ratio >= (1 - 1e-5) / bound)
+    sums = latents.sum(1)[:, None]  # one device holding all 200 shards
+    device, roof = member_devices(nets, params.members, sums, jnp.full((1,), 200.0))
+    base = np.asarray(roof) - np.asarray(sums[..., 1])  # kernel + interaction
+    ratio = np.asarray(device) / (np.asarray(sums[..., 0]) + base)
+    bound = np.exp(SMALL.max_device_correction)
+    assert np.all(ratio <= bound * (1 + 1e-5)) and np.all(ratio >= (1 - 1e-5) / bound)
+
+
+def test_batch_size_is_an_input_and_lookups_drive_the_roofline():
+    rng = np.random.default_rng(2)
+    feats = _random_feats(rng, (50,))
+    small, large = roof_terms(feats, 2048.0), roof_terms(feats, 8192.0)
+    np.testing.assert_allclose(np.asarray(large[:, 1]), 4 * np.asarray(small[:, 1]), rtol=1e-5)  # lookups
+    nets, params = _untrained()
+    fns = ensemble_fns(nets)
+    cost = lambda b: fns.head(
+        params._replace(batch_size=jnp.float32(b)), fns.embed(params._replace(batch_size=jnp.float32(b)), feats)
+    )  # noqa: E731
+    assert np.all(np.asarray(cost(8192)) > np.asarray(cost(2048)))
+
+
+def test_comm_is_zero_on_one_device_and_jit_vmap_equal_eager():
+    rng = np.random.default_rng(3)
+    nets, params = _untrained()
+    fns = ensemble_fns(nets)
+    feats = _random_feats(rng, (1, 4))
+    one = device_costs(fns, params, feats, np.ones((1, 4), bool), np.array([64.0]), np.array([True]))
+    assert float(one.fwd_comm_ms[0]) == 0.0 and float(one.bwd_comm_ms[0]) == 0.0
+    plans = _random_feats(rng, (6, 4, 5))
+    mask = rng.random((6, 4, 5)) < 0.7
+    dims = rng.integers(8, 400, (6, 4)).astype(np.float32)
+    dmask = np.ones((6, 4), bool)
+    eager = device_costs(fns, params, plans, mask, dims, dmask).total_ms
+    jitted = jax.jit(jax.vmap(lambda f, m, d, dm: device_costs(fns, params, f, m, d, dm).total_ms))(
+        plans, mask, dims, dmask
+    )
+    np.testing.assert_allclose(np.asarray(eager), np.asarray(jitted), rtol=2e-5)
+
+
+def test_spec_sampler_is_deterministic_within_memory_and_keeps_slices_together():
+    config = SpecSamplerConfig(mem_cap_gb=0.5)
+    draws = [sample_spec_shard(config, 0, i) for i in range(30)]
+    assert draws == [sample_spec_shard(config, 0, i) for i in range(30)]
+    assert {b for b, _ in draws} <= set(config.batch_sizes)
+    for _, tables in draws:
+        by_seed = {}
+        for t in tables:
+            assert abs(sum(t["bins"]) - 1) < 1e-3
+            by_seed.setdefault(t["seed"], []).append(t)
+        used = sum(ts[0]["rows"] * sum(t["dim"] for t in ts) * 4 for ts in by_seed.values())
+        assert used <= config.mem_cap_gb * 2**30
+        for ts in by_seed.values():  # slices of one table: the same spec, equal widths, 1/2/4/8 of them
+            assert len({(t["rows"], t["pooling_factor"], t["dim"]) for t in ts}) == 1 and len(ts) in (1, 2, 4, 8)
+    assert any(len(ts) > 1 for _, tables in draws for ts in [[t for t in tables if t["seed"] == tables[0]["seed"]]])
+
+
+# ---------------------------------------------------------------------------------------------
+# Trained on tiny real measurements
+
+
+def test_training_beats_its_own_roofline_and_reports_per_dataset(tiny_ensemble):
+    _, ckpt, report = tiny_ensemble
+    for name in ("data", "specs"):
+        part = report["compute"][name]
+        assert part["ensemble"]["count"] > 0 and np.isfinite(part["ensemble"]["mape"])
+    pooled = report["compute"]["data"]
+    assert pooled["ensemble"]["mape"] < 1.5 * pooled["roofline"]["mape"] + 0.05
+    meta = json.loads((ckpt / "meta.json").read_text())
+    assert meta["format"] == 4 and meta["family"] == "ensemble" and meta["batch_sizes"] == [128, 256]
+
+
+def test_spec_collection_records_specs_at_their_batch_sizes(tiny_ensemble):
+    specs_dir, _, _ = tiny_ensemble
+    rows = [json.loads(line) for line in (specs_dir / "compute.jsonl").read_text().splitlines()]
+    assert len(rows) == 24 and all(r["ok"] for r in rows)
+    assert {r["batch_size"] for r in rows} == {128, 256}
+    assert all(
+        isinstance(t, dict) and {"rows", "pooling_factor", "bins", "dim", "seed"} <= set(t)
+        for r in rows
+        for t in r["tables"]
+    )
+    manifest = json.loads((specs_dir / "manifest-compute.json").read_text())
+    assert manifest["settings"]["source"] == "specs" and manifest["num_records"] == 24
+
+
+def test_checkpoint_roundtrip_and_format_errors(tiny_ensemble, tiny_checkpoint):
+    _, ckpt, _ = tiny_ensemble
+    _, _, params, _ = load_ensemble(ckpt)
+    again = load_ensemble(ckpt)[2]
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(UserError, match="expected 4"):
+        load_ensemble(tiny_checkpoint[1])  # a format-3 model is not an ensemble
+    with pytest.raises(UserError, match="physics ensemble"):
+        load_checkpoint(ckpt)
+    broken = ckpt.parent / "old-inputs"
+    broken.mkdir(exist_ok=True)
+    meta = json.loads((ckpt / "meta.json").read_text())
+    (broken / "meta.json").write_text(json.dumps({**meta, "inputs": meta["inputs"][:-1]}))
+    with pytest.raises(UserError, match="retrain"):
+        load_ensemble(broken)
+
+
+def test_the_model_serves_its_trained_batch_sizes_and_refuses_others(tiny_ensemble):
+    _, ckpt, _ = tiny_ensemble
+    tables = [make_table(i, rows=2000, dim=16, pooling=3.0) for i in range(4)]
+    costs = []
+    for batch in (128, 192, 256):
+        task = make_task(tables, num_devices=2, batch_size=batch)
+        model = make_cost_model("neural", task, {"checkpoint": str(ckpt)})
+        plan = Plan.from_assignment(task, [1] * 4, [[0], [0], [1], [1]])
+        costs.append(float(score_plan(model, plan).compute_ms.max()))
+    assert costs[0] < costs[2]
+    with pytest.raises(UserError, match="128..256"):
+        make_cost_model("neural", make_task(tables, batch_size=4096), {"checkpoint": str(ckpt)})
+
+
+def test_risk_makes_the_search_cautious_but_reported_costs_are_expectations(tiny_ensemble):
+    _, ckpt, _ = tiny_ensemble
+    tables = [make_table(i, rows=500 * (i + 1), dim=16, pooling=1.0 + i) for i in range(6)]
+    task = make_task(tables, num_devices=2, batch_size=256)
+    cautious = make_cost_model("neural", task, {"checkpoint": str(ckpt), "risk": 2.0})
+    plan = Plan.from_assignment(task, [1] * 6, [[0], [1], [0], [1], [0], [1]])
+    assert (
+        score_plan(cautious, plan).compute_ms.max() >= score_plan(expected_cost_model(cautious), plan).compute_ms.max()
+    )
+    found = search_plan(task, "beam", "neural", 0, None, {"checkpoint": str(ckpt), "risk": 2.0})
+    rescored = score_plan(expected_cost_model(cautious), found)
+    np.testing.assert_allclose(found.costs.compute_ms, rescored.compute_ms, rtol=1e-5)
+    assert found.costs.trust is not None and all(0 <= t <= 1 for t in found.costs.trust)
+    assert "model_trust" in found.to_json()["devices"][0]
+    with pytest.raises(UserError, match="risk"):
+        make_cost_model("neural", task, {"checkpoint": str(ckpt), "risk": -1})
+
+
+def test_shipped_models_by_name():
+    names = shipped_names()
+    assert "cpu-b4096" in names  # the first model stays loadable for the ablation
+    task = make_task([make_table(i) for i in range(3)], batch_size=4096)
+    assert make_cost_model("cpu-b4096", task).name == "neural"
+    with pytest.raises(UserError, match="shipped model"):
+        make_cost_model("no-such-model", task)
