@@ -22,7 +22,7 @@ from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.evaluation import EvaluateConfig
 from neuroshard_jax.models import cost_model_config
 from neuroshard_jax.plans import format_plan
-from neuroshard_jax.search import shard_task
+from neuroshard_jax.search import enable_compilation_cache, shard_task
 from neuroshard_jax.suite import SuiteConfig, run_suite
 from neuroshard_jax.tasks import TaskGroupConfig, make_task
 from searchers import make_searcher
@@ -83,6 +83,7 @@ def main(cfg: DictConfig) -> None:
         run_suite_job(config, out_dir, multirun)
         return
     task = None
+    enable_compilation_cache()
     try:
         task = make_task(config.task, config.task.seed, config.task.path)
         result = shard_task(

@@ -118,7 +118,9 @@ def collect(config: CollectConfig) -> dict:
         "hardware": hardware(),
         "versions": versions,
         "git_commit": git_commit(),
-        "how": f"python -m neuroshard_jax.collect kind={config.kind} (conf/collect.yaml)",
+        "how": f"python -m neuroshard_jax.collect kind={config.kind}"
+        + (" source=specs" if config.kind == "compute" and config.source == "specs" else "")
+        + " (conf/collect.yaml)",
     }
     write_manifest(out / f"manifest-{config.kind}.json", _settings(config), manifest_extra)
     todo = [i for i in range(config.num_samples) if i not in log.ids]

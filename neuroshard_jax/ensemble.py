@@ -51,9 +51,9 @@ INPUT_NAMES = (
     "log_gather_elems",
     "log_update_elems",
     "log_output_elems",
-    "touched_share",
     "log_reuse",
     "log_pooling",
+    "touched_share",
 ) + tuple(f"bin_{k}" for k in range(NUM_BINS))
 NUM_INPUTS = len(INPUT_NAMES)
 _lo, _hi = bin_bounds()
@@ -85,16 +85,31 @@ def physics(feats, batch_size):
     return lookups, distinct, dim, rows
 
 
+# The log-space inputs as one linear map of five logs (lookups, distinct rows, dim, rows, batch): log L, log U,
+# log d, log R, log B, log L*d, log U*d, log B*d, log L/U (reuse), log L/B (pooling). One dot instead of many
+# elementwise logs keeps XLA's compile of every search kernel short.
+_LOG_MAP = np.array(
+    [
+        [1, 0, 0, 0, 0, 1, 0, 0, 1, 1],
+        [0, 1, 0, 0, 0, 0, 1, 0, -1, 0],
+        [0, 0, 1, 0, 0, 1, 1, 1, 0, 0],
+        [0, 0, 0, 1, 0, 0, 0, 0, 0, 0],
+        [0, 0, 0, 0, 1, 0, 0, 1, 0, -1],
+    ],
+    np.float32,
+)
+
+
 def net_inputs(feats, batch_size):
-    """The correction net's inputs f32[..., NUM_INPUTS] (INPUT_NAMES order), before normalisation."""
+    """The correction net's inputs f32[..., NUM_INPUTS] (INPUT_NAMES order), before normalisation; logs are
+    log(max(x, 1))."""
     lookups, distinct, dim, rows = physics(feats, batch_size)
     batch = jnp.broadcast_to(jnp.asarray(batch_size, jnp.float32), lookups.shape)
     shares = feats[..., FEATURE_INDEX["bin_0"] : FEATURE_INDEX["bin_0"] + NUM_BINS]
-    logs = [jnp.log1p(x) for x in (lookups, distinct, dim, rows, batch, lookups * dim, distinct * dim, batch * dim)]
-    touched = distinct / rows
-    reuse = jnp.log1p(lookups / jnp.maximum(distinct, 1.0))
-    pooling = jnp.log1p(lookups / batch)
-    return jnp.concatenate([jnp.stack([*logs, touched, reuse, pooling], -1), shares], -1)
+    # stacked on a leading axis, then moved: XLA on CPU compiles a log over a last-axis stack ~10x slower
+    logs = jnp.log(jnp.maximum(jnp.stack([lookups, distinct, dim, rows, batch]), 1.0))
+    logs = jnp.moveaxis(logs, 0, -1) @ jnp.asarray(_LOG_MAP)
+    return jnp.concatenate([logs, (distinct / rows)[..., None], shares], -1)
 
 
 def roof_terms(feats, batch_size):
@@ -102,7 +117,14 @@ def roof_terms(feats, batch_size):
     element size). An unused table (no lookups) still pays its per-table cost."""
     lookups, distinct, dim, _ = physics(feats, batch_size)
     batch = jnp.broadcast_to(jnp.asarray(batch_size, jnp.float32), lookups.shape)
-    return jnp.stack([jnp.ones_like(lookups), lookups, lookups * dim, distinct * dim, batch * dim], -1) * 1e-6
+    terms = jnp.stack([jnp.ones_like(lookups), lookups, lookups * dim, distinct * dim, batch * dim]) * 1e-6
+    return jnp.moveaxis(terms, 0, -1)
+
+
+def _slot(x, index: int, width: int):
+    """x f32[...] placed in slot ``index`` of f32[..., width] (zeros elsewhere). Built by broadcasting, not by a
+    last-axis concatenation, which XLA on CPU compiles several times slower inside the search kernels."""
+    return x[..., None] * jnp.asarray(np.eye(width, dtype=np.float32)[index])
 
 
 class MemberNet(nnx.Module):
@@ -121,7 +143,13 @@ class MemberNet(nnx.Module):
         roof = terms @ jnp.exp(self.log_coef[...])
         out = self.mlp(normalized)
         corrected = roof * jnp.exp(max_correction * jnp.tanh(out[..., 0] / max_correction))
-        return jnp.concatenate([corrected[..., None], roof[..., None], terms[..., 1:2], out[..., 1:]], -1)
+        width = out.shape[-1] + 2
+        return (
+            out @ jnp.eye(out.shape[-1], width, 2)  # the latent into slots 3.. (slot 2 gets out[0], zeroed below)
+            + _slot(corrected, 0, width)
+            + _slot(roof, 1, width)
+            + _slot(terms[..., 1] - out[..., 0], 2, width)
+        )
 
     def device_ms(self, latent_sum, count, max_device_correction: float):
         """(ms, roofline ms) f32[...] of devices from their shards' summed latents f32[..., 3 + Z] and count."""
@@ -131,7 +159,12 @@ class MemberNet(nnx.Module):
         )
         roof = latent_sum[..., 1] + base
         n = jnp.maximum(count, 1.0)[..., None]
-        head_in = jnp.concatenate([latent_sum[..., 3:] / n, jnp.log(n), jnp.log1p(roof)[..., None] / 5.0], -1)
+        z = latent_sum.shape[-1] - 3
+        head_in = (
+            (latent_sum / n) @ jnp.eye(z + 3, z + 2, -3)  # the mean latent into slots 0..Z-1
+            + _slot(jnp.log(n[..., 0]), z, z + 2)
+            + _slot(jnp.log1p(roof) / 5.0, z + 1, z + 2)
+        )
         factor = jnp.exp(max_device_correction * jnp.tanh(self.head_mlp(head_in)[..., 0] / max_device_correction))
         return (latent_sum[..., 0] + base) * factor, roof
 
@@ -219,7 +252,8 @@ def ensemble_fns(nets: EnsembleNets) -> CostFns:
     def embed(p: EnsembleParams, feats):
         latents = jnp.moveaxis(member_latents(nets, p.members, p.stats, feats, p.batch_size), 0, -2)
         flat = latents.reshape(*latents.shape[:-2], -1)  # [..., K * (3 + Z)]
-        return jnp.concatenate([flat, jnp.ones_like(flat[..., :1])], -1)
+        width = flat.shape[-1] + 1
+        return flat @ jnp.eye(width - 1, width) + _slot(jnp.ones(flat.shape[:-1]), width - 1, width)
 
     def head(p: EnsembleParams, latent_sum):
         mean, spread, roof = device_stats(nets, p, latent_sum)

@@ -5,11 +5,21 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import jax
+
 from neuroshard_jax.models import expected_cost_model, make_cost_model
 from neuroshard_jax.scoring import with_costs
+from neuroshard_jax.tables import cache_dir
 from neuroshard_jax.tasks import check_feasible
 from neuroshard_jax.types import Plan, Task
 from searchers import make_searcher
+
+
+def enable_compilation_cache(min_compile_s: float = 0.2) -> None:
+    """Keep XLA's compiled search kernels on disk (``$NEUROSHARD_CACHE_DIR/jax``): a later run of the same shapes
+    skips compilation, most of a first search's time on a CPU."""
+    jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_s)
 
 
 def search_plan(

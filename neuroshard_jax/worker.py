@@ -326,6 +326,7 @@ def torchrec_plan(request: dict) -> dict:
         from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
         from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+        from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
         from torchrec.distributed.planner.types import PlannerError
         from torchrec.modules.embedding_configs import DataType
     except ImportError as err:
@@ -353,7 +354,12 @@ def torchrec_plan(request: dict) -> dict:
     topology = Topology(
         world_size=int(request["num_devices"]), compute_device="cuda", hbm_cap=int(request["mem_cap_bytes"])
     )
-    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints, batch_size=request["batch_size"])
+    reservation = None  # TorchRec's default: HeuristicalStorageReservation(0.15), inputs and dense parts included
+    if request.get("reservation", "heuristic") == "percent":
+        reservation = FixedPercentageStorageReservation(0.15)
+    planner = EmbeddingShardingPlanner(
+        topology=topology, constraints=constraints, batch_size=request["batch_size"], storage_reservation=reservation
+    )
     model = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
     start = time.perf_counter()
     try:

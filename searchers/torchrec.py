@@ -23,6 +23,7 @@ from neuroshard_jax.types import Plan, Task
 from searchers.registry import register
 
 SHARDING_TYPES = ("table_wise", "column_wise")
+RESERVATIONS = ("heuristic", "percent")
 
 
 def plan_from_torchrec(task: Task, shards: list[list[dict]]) -> Plan:
@@ -48,8 +49,15 @@ def plan_from_torchrec(task: Task, shards: list[list[dict]]) -> Plan:
 class TorchRecSearch:
     sharding_types: tuple[str, ...] = SHARDING_TYPES
     timeout_s: float = 600.0
+    # heuristic: TorchRec's default reservation (15% plus its estimate of input and dense storage);
+    # percent: a flat 15% (tiny, very hot tables make the heuristic reserve GBs for inputs and find no plan)
+    reservation: str = "heuristic"
 
     def __post_init__(self):
+        if self.reservation not in RESERVATIONS:
+            raise UserError(
+                f"searcher.reservation: got {self.reservation!r}, expected one of {', '.join(RESERVATIONS)}"
+            )
         unknown = sorted(set(self.sharding_types) - set(SHARDING_TYPES))
         if unknown or not self.sharding_types:
             raise UserError(
@@ -65,6 +73,7 @@ class TorchRecSearch:
             "batch_size": task.batch_size,
             "precision": task.precision,
             "sharding_types": list(self.sharding_types),
+            "reservation": self.reservation,
         }
         with tempfile.TemporaryDirectory(prefix="neuroshard-torchrec-") as tmp:
             src, dst = Path(tmp) / "request.json", Path(tmp) / "plan.json"

@@ -76,7 +76,7 @@ def test_neural_model_scores_plans_jitted_without_retracing(tiny_checkpoint):
 
 def test_neural_model_refuses_another_batch_size_or_precision(tiny_checkpoint):
     _, ckpt, _, _ = tiny_checkpoint
-    with pytest.raises(UserError, match="trained at batch_size 256"):
+    with pytest.raises(UserError, match="trained at batch sizes \\[256\\]"):
         make_cost_model("neural", _task(batch_size=4096), {"checkpoint": str(ckpt)})
     with pytest.raises(UserError, match="trained at precision 'fp32'"):
         make_cost_model("neural", _task(precision="fp16"), {"checkpoint": str(ckpt)})
