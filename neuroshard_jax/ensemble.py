@@ -70,6 +70,8 @@ class EnsembleConfig:
     head_hidden: tuple[int, ...] = (32,)
     max_correction: float = 1.1  # C: the net moves a shard's cost by at most exp(+-C) (3x) from its roofline
     max_device_correction: float = 0.7  # the device head moves the device's sum by at most exp(+-0.7) (2x)
+    max_label_spread: float = 0.25  # drop training records whose timed runs spread more (IQR / median)
+    max_dataset_weight: float = 1.0  # a smaller dataset may count up to this many times per record
     comm: NetConfig = NetConfig()
 
 

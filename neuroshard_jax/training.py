@@ -92,11 +92,27 @@ def compute_arrays(dataset_dir: Path, extra_records: list[dict] = ()):
     return feats, mask, target, manifest
 
 
-def compute_batches(dataset_dir: Path, extra_records: list[dict] = (), width: int | None = None):
+def run_spread(record: dict) -> float:
+    """Interquartile range over median of a record's timed fwd+bwd runs (0 when it has no runs): how much the
+    machine disturbed the measurement."""
+    runs = sorted(f + b for f, b in zip(record.get("fwd_runs_ms", []), record.get("bwd_runs_ms", [])))
+    if len(runs) < 4:
+        return 0.0
+    q1, q3 = np.quantile(runs, [0.25, 0.75])
+    return float((q3 - q1) / max(np.median(runs), 1e-9))
+
+
+def compute_batches(
+    dataset_dir: Path, extra_records: list[dict] = (), width: int | None = None, max_spread: float | None = None
+):
     """``compute_arrays`` plus each record's batch size f32[S] (a spec dataset's rows carry their own):
-    feats, mask, batch_size, total_ms, manifest."""
+    feats, mask, batch_size, total_ms, manifest. ``max_spread``: drop records whose runs spread more
+    (``run_spread``), labels taken while the machine was busy."""
     manifest = load_manifest(dataset_dir, "compute")
-    records = read_records(Path(dataset_dir) / "compute.jsonl") + list(extra_records)
+    records = read_records(Path(dataset_dir) / "compute.jsonl")
+    if max_spread is not None:
+        records = [r for r in records if run_spread(r) <= max_spread]
+    records += list(extra_records)
     if not records:
         raise UserError(f"dataset: no successful records in {str(dataset_dir)!r}")
     settings = manifest["settings"]
@@ -389,13 +405,13 @@ def _now() -> str:
 # The physics ensemble (``ensemble.py``): several datasets, each record at its own batch size
 
 
-def ensemble_arrays(dataset_dirs: list[Path]):
+def ensemble_arrays(dataset_dirs: list[Path], max_spread: float | None = None):
     """Every compute dataset's records at one padded width: feats f32[S, T, F], mask bool[S, T], batch f32[S],
     target f32[S], source i32[S] (the dataset index of each record), manifests."""
-    loaded = [compute_batches(Path(d)) for d in dataset_dirs]
+    loaded = [compute_batches(Path(d), max_spread=max_spread) for d in dataset_dirs]
     width = bucket(max(f.shape[1] for f, *_ in loaded))
     parts = [
-        compute_batches(Path(d), width=width) if f.shape[1] != width else (f, m, b, t, man)
+        compute_batches(Path(d), width=width, max_spread=max_spread) if f.shape[1] != width else (f, m, b, t, man)
         for d, (f, m, b, t, man) in zip(dataset_dirs, loaded)
     ]
     source = np.concatenate([np.full(len(p[3]), i, dtype=np.int32) for i, p in enumerate(parts)])
@@ -422,9 +438,9 @@ def roofline_design(feats, mask, batch) -> np.ndarray:
     return np.concatenate([sums, (count > 0)[:, None], (sums[:, 1] * count)[:, None]], 1)
 
 
-def dataset_weights(source: np.ndarray, max_weight: float = 4.0) -> np.ndarray:
-    """f32[S] loss weights that let a smaller dataset count as much as the largest, up to ``max_weight`` x (the
-    spec datasets, which cover what users bring, are smaller than the calibrated pool's)."""
+def dataset_weights(source: np.ndarray, max_weight: float) -> np.ndarray:
+    """f32[S] loss weights that let a smaller dataset count as much as the largest, up to ``max_weight`` x
+    (1: every record counts the same)."""
     counts = np.bincount(source)
     return np.minimum(counts.max() / counts[source], max_weight).astype(np.float32)
 
@@ -492,9 +508,9 @@ def train_ensemble(
     """Train the physics ensemble on every compute dataset (and the comm nets on the first dataset with comm
     samples); calibrate its trust thresholds on the validation split; save a checkpoint. Returns the report."""
     dataset_dirs = [resolve_dataset(d) for d in dataset_dirs]
-    feats, mask, batch, target, source, manifests = ensemble_arrays(dataset_dirs)
+    feats, mask, batch, target, source, manifests = ensemble_arrays(dataset_dirs, ens_config.max_label_spread)
     train, val, test = ensemble_splits(source, config)
-    balance = dataset_weights(source)
+    balance = dataset_weights(source, ens_config.max_dataset_weight)
     log_coef = fit_roofline(feats[train], mask[train], batch[train], target[train], balance[train])
     nets, params = init_ensemble(ens_config, log_coef, config.seed)
     inputs = np.asarray(net_inputs(jnp.asarray(feats[train]), jnp.asarray(batch[train])[:, None]))[mask[train]]
@@ -534,7 +550,7 @@ def train_ensemble(
     )
     datasets = {
         "compute": [
-            {"dir": str(d), "created": m["created"], "records": int((source == i).sum())}
+            {"dir": str(d), "created": m["created"], "records": int((source == i).sum())}  # after the spread filter
             for i, (d, m) in enumerate(zip(dataset_dirs, manifests))
         ]
     }

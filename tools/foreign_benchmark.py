@@ -41,6 +41,8 @@ from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.evaluation import EvaluateConfig, device_tables
 from neuroshard_jax.features import bin_shares, count_histogram
 from neuroshard_jax.profiling import compute_request, map_requests
+from neuroshard_jax.models import expected_cost_model, make_cost_model
+from neuroshard_jax.scoring import score_plan
 from neuroshard_jax.search import search_plan
 from neuroshard_jax.types import Plan, Task
 
@@ -243,8 +245,10 @@ def measure_all(out: Path, repeats: int, config: EvaluateConfig) -> None:
     tasks = {task_id: task for task_id, _, task in benchmark_tasks(out / TASKS_FILE)}
     rows = [r for r in JsonlLog(out / "plans.jsonl").records() if current(r)]
     log = JsonlLog(out / "measurements.jsonl")
+    order = [t for pair in zip(*[[t for t in tasks if t.startswith(f"d{n}-")] for n in (4, 8)]) for t in pair]
     for repeat in range(repeats):
-        for task_id, task in tasks.items():
+        for task_id in order:  # 4 and 8 devices alternating: a stopped run covers both
+            task = tasks[task_id]
             devices: dict[str, list] = {}
             for row in rows:
                 plan = plan_of(row, tasks) if row["task"] == task_id else None
@@ -299,6 +303,7 @@ def report(out: Path, model: str, model_options: dict, tie: float) -> dict:
         if m.get("ok"):
             measured.setdefault(m["key"], []).append(m["total_ms"])
     by_task: dict[str, dict[str, dict]] = {}
+    models: dict = {}
     for row in JsonlLog(out / "plans.jsonl").records():
         if row["model"] not in ("-", label) or not current(row):
             continue
@@ -308,7 +313,9 @@ def report(out: Path, model: str, model_options: dict, tie: float) -> dict:
             entry["infeasible" if "infeasible" in row else "error"] = row.get("infeasible") or row.get("error")
         else:
             plan = Plan.from_json(row["plan"])
-            predicted = [d["compute_ms"] for d in row["plan"]["devices"]]
+            # every plan (model-free searchers' too) re-scored by the model under test
+            scorer = models.setdefault(row["task"], expected_cost_model(make_cost_model(model, task, model_options)))
+            predicted = [float(x) for x in score_plan(scorer, plan).compute_ms]
             compute, spread = [], []
             for d in range(task.num_devices):
                 tables = device_tables(task, plan.device_shards(d))
@@ -357,7 +364,11 @@ def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
                     if m > 0:
                         stats["ape"].append(abs(p - m) / m)
                         stats["over2x"] += not (0.5 <= p / m <= 2.0)
+        pooled = [x for v in per_searcher.values() for x in v["ape"]]
         out[devices] = {
+            "model_device_mape": float(np.mean(pooled)) if pooled else None,
+            "model_devices_off_2x": sum(v["over2x"] for v in per_searcher.values()),
+            "model_devices": len(pooled),
             "tasks": len(ids),
             "measured_tasks": len(bound_ratio),
             "balance_bound_vs_torchrec": float(np.mean(bound_ratio)) if bound_ratio else None,
@@ -381,7 +392,8 @@ def print_summary(summary: dict) -> None:
     for devices, s in summary.items():
         print(
             f"\n{devices} devices: {s['measured_tasks']}/{s['tasks']} tasks measured; balance bound "
-            f"{_pct(s['balance_bound_vs_torchrec'])} of TorchRec's slowest device"
+            f"{_pct(s['balance_bound_vs_torchrec'])} of TorchRec's slowest device; the model's device compute MAPE "
+            f"{_pct(s['model_device_mape'])} over {s['model_devices']} devices, {s['model_devices_off_2x']} off by > 2x"
         )
         print(f"{'searcher':20s} {'slowest/torchrec':>16s} {'best':>5s} {'infeas':>6s} {'MAPE':>7s} {'>2x':>5s}")
         for name, v in sorted(s["searchers"].items(), key=lambda kv: kv[1]["slowest_vs_torchrec"] or 9):

@@ -1,0 +1,68 @@
+"""The foreign benchmark's generators (valid, deterministic, their own laws) and its report arithmetic."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from neuroshard_jax.types import Task
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "tools"))
+import foreign_benchmark as fb  # noqa: E402
+
+
+@pytest.mark.parametrize("family", fb.FAMILIES)
+def test_every_family_draws_valid_tables_deterministically(family):
+    draw = lambda: fb.family_tables(family, np.random.default_rng([fb.BASE_SEED, 99, fb.FAMILIES.index(family)]))  # noqa: E731
+    tables = draw()
+    assert tables == draw() and len(tables) >= 12
+    fb.fit_measurable(tables, 4)
+    task = Task.from_json(
+        {
+            "num_devices": 4,
+            "mem_cap_gb": fb.device_cap_gib(tables, 4),
+            "batch_size": fb.BATCH_SIZE,
+            "tables": [{**t, "id": i} for i, t in enumerate(tables)],
+        }
+    )
+    assert fb.device_cap_gib(tables, 4) <= fb.MAX_DEVICE_GIB
+    assert all(abs(sum(t.bins) - 1) < 1e-3 for t in task.tables if t.pooling_factor > 0)
+    if family == "tiny_hot":
+        assert sum(t.rows <= 2000 and t.pooling_factor >= 50 for t in task.tables) >= len(tables) - 4
+    if family == "extreme_pooling":
+        assert any(t.pooling_factor > 100 for t in task.tables) and any(t.pooling_factor < 1 for t in task.tables)
+
+
+def _entry(measured, predicted=None):
+    return {"family": "f", "measured": measured, "predicted": predicted or measured, "noise": 0.01}
+
+
+def test_report_ratios_wins_bounds_and_errors_by_hand():
+    tasks = {"d4-00": ("f", None), "d4-01": ("f", None)}
+
+    class _Task:
+        num_devices = 4
+
+    tasks = {k: ("f", _Task()) for k in tasks}
+    by_task = {
+        "d4-00": {
+            "torchrec": _entry([10, 10, 10, 10]),
+            "beam": _entry([8, 8, 7, 7], predicted=[8, 16, 7, 3.5]),  # one device 2x over, one 2x under
+            "grid": _entry([8.1, 6, 6, 6]),  # within 3% of beam's 8: tied
+            "rl": {"family": "f", "infeasible": "no room"},
+        },
+        "d4-01": {"torchrec": _entry([5, 5, 5, 5]), "beam": _entry([6, 4, 4, 4]), "grid": _entry([5, 5, 4, 4])},
+    }
+    summary = fb.summarise(by_task, tasks, tie=0.03)[4]
+    beam, grid, rl = (summary["searchers"][s] for s in ("beam", "grid", "rl"))
+    assert beam["slowest_vs_torchrec"] == pytest.approx((0.8 + 1.2) / 2)
+    assert grid["slowest_vs_torchrec"] == pytest.approx((8.1 / 10 + 1.0) / 2)
+    assert beam["best_or_tied"] == 1 and grid["best_or_tied"] == 2
+    assert rl["infeasible"] == 1 and rl["slowest_vs_torchrec"] is None
+    assert beam["devices_off_2x"] == 0  # exactly 2x is within the bound
+    assert beam["device_mape"] == pytest.approx((0 + 1 + 0 + 0.5) / 8)
+    # the balance bound: the lowest mean device compute of any plan, over TorchRec's slowest device
+    assert summary["balance_bound_vs_torchrec"] == pytest.approx((26.1 / 4 / 10 + 18 / 4 / 5) / 2)
