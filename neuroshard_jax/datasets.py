@@ -117,6 +117,7 @@ def _now() -> str:
 def write_json(obj: dict[str, Any], path: str | Path) -> Path:
     """Write atomically (a reader never sees half a file)."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1) + "\n")
     tmp.replace(path)

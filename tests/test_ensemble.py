@@ -3,6 +3,7 @@ roofline, batch size an input), real training on tiny measured data of both kind
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -24,8 +25,9 @@ from neuroshard_jax.errors import UserError
 from neuroshard_jax.features import NUM_FEATURES, feature_matrix
 from neuroshard_jax.models import expected_cost_model, make_cost_model, shipped_names
 from neuroshard_jax.neural import NetConfig
+from neuroshard_jax.plans import format_plan
 from neuroshard_jax.profiling import SpecSamplerConfig, sample_spec_shard
-from neuroshard_jax.scoring import score_plan
+from neuroshard_jax.scoring import score_plan, with_costs
 from neuroshard_jax.search import search_plan
 from neuroshard_jax.types import Plan
 from tests.conftest import make_table, make_task
@@ -221,3 +223,17 @@ def test_shipped_models_by_name():
     assert make_cost_model("cpu-b4096", task).name == "neural"
     with pytest.raises(UserError, match="shipped model"):
         make_cost_model("no-such-model", task)
+
+
+def test_a_plan_names_the_devices_where_the_model_is_unsure(tiny_ensemble):
+    _, ckpt, _ = tiny_ensemble
+    tables = [make_table(i, rows=800, dim=16, pooling=2.0) for i in range(4)]
+    task = make_task(tables, num_devices=2, batch_size=256)
+    model = make_cost_model("neural", task, {"checkpoint": str(ckpt)})
+    doubtful = dataclasses.replace(model, params=model.params._replace(trust_lo=0.0, trust_hi=1e-9))
+    plan = with_costs(doubtful, Plan.from_assignment(task, [1] * 4, [[0], [0], [1], [1]]))
+    assert plan.costs.trust == (0.0, 0.0)
+    text = format_plan({**plan.to_json(), "searcher": "beam", "seed": 0, "search_time_s": 0.1})
+    assert text.count("the model is unsure here") == 2
+    assert Plan.from_json(plan.to_json()).costs.trust == (0.0, 0.0)  # plan.json keeps it
+

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.checkpoints import read_meta
+from neuroshard_jax.checkpoints import ENSEMBLE_FORMAT, read_meta
 from neuroshard_jax.constants import SHIPPED_CHECKPOINT
 from neuroshard_jax.cost_models import plan_cost_ms
 from neuroshard_jax.datasets import JsonlLog, write_json
-from neuroshard_jax.models import make_cost_model
+from neuroshard_jax.models import expected_cost_model, make_cost_model
 from neuroshard_jax.scoring import score_plan
 from neuroshard_jax.training import (
     TrainConfig,
@@ -47,6 +47,8 @@ def shipped_checkpoint() -> str:
 
 def shard_metrics(checkpoint: str, dataset: str | None) -> dict:
     meta = read_meta(checkpoint)
+    if meta.get("format") == ENSEMBLE_FORMAT:  # held-out metrics per dataset, computed at training time
+        return {"datasets": meta["datasets"], "metrics": meta["metrics"]["compute"]}
     train = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in meta["train_config"].items()})
     dataset = resolve_dataset(dataset or meta["dataset_dir"])
     feats, mask, target, manifest = compute_arrays(dataset)
@@ -81,7 +83,8 @@ def plan_metrics(sweep: str, checkpoint: str) -> dict:
             plan = Plan.from_json({"task": task.to_json(), "shards": record["shards"]})
             row = {"task": record["id"], "measured": measured[record["id"]]}
             for name, options in (("neural", {"checkpoint": checkpoint}), ("analytic", None)):
-                row[name] = float(plan_cost_ms(score_plan(make_cost_model(name, task, options), plan)))
+                model = expected_cost_model(make_cost_model(name, task, options))  # no risk term: expectations
+                row[name] = float(plan_cost_ms(score_plan(model, plan)))
             rows.append(row)
     if not rows:
         raise SystemExit(f"error: {sweep!r} holds no measured suite plans, expected a measured sweep directory")
@@ -113,7 +116,8 @@ def main() -> None:
     parser.add_argument("--out", default="bench/cost_model")
     args = parser.parse_args()
     checkpoint = os.path.abspath(args.checkpoint or shipped_checkpoint())
-    summary = {"checkpoint": checkpoint, "shards": shard_metrics(checkpoint, args.dataset)}
+    name = args.checkpoint or f"neuroshard_jax/{SHIPPED_CHECKPOINT}"  # as given: no machine paths in the summary
+    summary = {"checkpoint": name, "shards": shard_metrics(checkpoint, args.dataset)}
     print(json.dumps(summary["shards"], indent=1), flush=True)
     if args.sweep:
         summary["plans"] = plan_metrics(args.sweep, checkpoint)

@@ -1,6 +1,6 @@
 """How much each roofline term of the physics ensemble explains, on measured shards.
 
-    python tools/fit_roofline.py [--datasets neuroshard_jax/data/profiles/cpu-b4096 neuroshard_jax/data/profiles/cpu-specs]
+    python tools/fit_roofline.py [--datasets DIR ...]   (default: the shipped cpu-b4096 and cpu-specs datasets)
 
 Fits the non-negative least-squares roofline of ``training.fit_roofline`` (relative error) per dataset, with all
 its columns and without the lookups x shards interaction, and prints the MAPE of each fit: the evidence for the
@@ -38,7 +38,10 @@ def main() -> None:
         design = roofline_design(feats, mask, batch)
         full, coef = fit_mape(design, target)
         without, _ = fit_mape(design[:, :-1], target)
-        print(f"{path}: {len(target)} shards; MAPE {100 * full:.1f}% with every term, {100 * without:.1f}% without the interaction")
+        print(
+            f"{path}: {len(target)} shards; MAPE {100 * full:.1f}% with every term, "
+            f"{100 * without:.1f}% without the interaction"
+        )
         print("  coefficients (ms per 1e6 units): " + ", ".join(f"{n} {c:.3g}" for n, c in zip(COLUMNS, coef)))
 
 

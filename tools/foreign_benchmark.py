@@ -5,7 +5,7 @@ searcher's plans (and TorchRec's) measured on the real kernels.
     python tools/foreign_benchmark.py measure --repeats 5         # every device, 5 interleaved repeats (resumable)
     python tools/foreign_benchmark.py report --model neural       # the table in the README (and report.json)
 
-The generators below are written apart from the training sampler (``profiling.SpecSamplerConfig``): their
+The generators below are written apart from the training sampler (``collect source=specs``): their
 own laws for rows, pooling factors and access, their own seeds, and tables described only by their specs
 (the evaluator synthesises index streams that match them). Never train or tune on these tasks.
 
@@ -40,8 +40,8 @@ from neuroshard_jax.datasets import JsonlLog, write_json
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.evaluation import EvaluateConfig, device_tables
 from neuroshard_jax.features import bin_shares, count_histogram
-from neuroshard_jax.profiling import compute_request, map_requests
 from neuroshard_jax.models import expected_cost_model, make_cost_model
+from neuroshard_jax.profiling import compute_request, map_requests
 from neuroshard_jax.scoring import score_plan
 from neuroshard_jax.search import search_plan
 from neuroshard_jax.types import Plan, Task
