@@ -236,4 +236,3 @@ def test_a_plan_names_the_devices_where_the_model_is_unsure(tiny_ensemble):
     text = format_plan({**plan.to_json(), "searcher": "beam", "seed": 0, "search_time_s": 0.1})
     assert text.count("the model is unsure here") == 2
     assert Plan.from_json(plan.to_json()).costs.trust == (0.0, 0.0)  # plan.json keeps it
-
