@@ -97,17 +97,7 @@ def measure_compute(plans: list[Plan], config: EvaluateConfig) -> tuple[list[lis
                 pool = json.dumps(task.pool.to_json(), sort_keys=True) if task.pool else None
                 key = (pool, task.batch_size, task.precision, json.dumps(tables, sort_keys=True))
                 if key not in requests:
-                    requests[key] = compute_request(
-                        len(requests),
-                        tables,
-                        task.pool,
-                        task.batch_size,
-                        config.device,
-                        config.optimizer,
-                        task.precision,
-                        config.warmup,
-                        config.iters,
-                    )
+                    requests[key] = device_request(len(requests), task, tables, config)
                     requests[key]["key"] = len(users)
                     users[len(users)] = []
                 users[requests[key]["key"]].append((i, d))
@@ -122,6 +112,21 @@ def measure_compute(plans: list[Plan], config: EvaluateConfig) -> tuple[list[lis
 
     map_requests(list(requests.values()), record, config.workers, config.device, config.timeout_s)
     return compute, kernels
+
+
+def device_request(request_id, task: Task, tables: list, config: EvaluateConfig) -> dict:
+    """The worker request that measures one device holding ``tables`` (``device_tables``) of ``task``."""
+    return compute_request(
+        request_id,
+        tables,
+        task.pool,
+        task.batch_size,
+        config.device,
+        config.optimizer,
+        task.precision,
+        config.warmup,
+        config.iters,
+    )
 
 
 def device_tables(task: Task, shards: list[Shard]) -> list:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -409,10 +410,10 @@ def ensemble_arrays(dataset_dirs: list[Path], max_spread: float | None = None):
     """Every compute dataset's records at one padded width: feats f32[S, T, F], mask bool[S, T], batch f32[S],
     target f32[S], source i32[S] (the dataset index of each record), manifests."""
     loaded = [compute_batches(Path(d), max_spread=max_spread) for d in dataset_dirs]
-    width = bucket(max(f.shape[1] for f, *_ in loaded))
+    width = max(f.shape[1] for f, *_ in loaded)  # each part is already a power of two
     parts = [
-        compute_batches(Path(d), width=width, max_spread=max_spread) if f.shape[1] != width else (f, m, b, t, man)
-        for d, (f, m, b, t, man) in zip(dataset_dirs, loaded)
+        (np.pad(f, ((0, 0), (0, width - f.shape[1]), (0, 0))), np.pad(m, ((0, 0), (0, width - m.shape[1]))), b, t, man)
+        for f, m, b, t, man in loaded
     ]
     source = np.concatenate([np.full(len(p[3]), i, dtype=np.int32) for i, p in enumerate(parts)])
     feats, mask, batch, target = (np.concatenate([p[j] for p in parts]) for j in range(4))
@@ -469,29 +470,23 @@ def ensemble_loss(nets: EnsembleNets, stats: InputStats):
     return loss
 
 
-def ensemble_ms(nets: EnsembleNets, params: EnsembleParams, feats, mask, batch) -> tuple[np.ndarray, np.ndarray]:
-    """(prediction, relative spread) f64[S] of padded shards at their batch sizes f32[S], chunked."""
+@functools.partial(jax.jit, static_argnums=0)
+def _ensemble_chunk(nets: EnsembleNets, params: EnsembleParams, feats, mask, batch):
     fns = ensemble_fns(nets)
+    latent = jnp.where(mask[..., None], fns.embed(params._replace(batch_size=batch[:, None]), feats), 0.0).sum(-2)
+    at_batch = params._replace(batch_size=batch)
+    return fns.head(at_batch, latent), fns.uncertainty(at_batch, latent)[0]
+
+
+def ensemble_ms(nets: EnsembleNets, params: EnsembleParams, feats, mask, batch) -> tuple[np.ndarray, np.ndarray]:
+    """(prediction, relative spread) f64[S] of padded shards at their batch sizes f32[S], in chunks of 1,024
+    (one compiled shape, whatever the params)."""
     preds, spreads = [], []
-
-    @jax.jit
-    def chunk(f, m, b):
-        p = params._replace(batch_size=b[:, None])
-        latent = jnp.where(m[..., None], fns.embed(p, f), 0.0).sum(-2)
-        p = params._replace(batch_size=b)
-        return fns.head(p, latent), fns.uncertainty(p, latent)[0]
-
     for start in range(0, len(feats), 1024):
-        end = start + 1024
-        f, m, b = (np.asarray(x[start:end]) for x in (feats, mask, batch))
+        f, m, b = (np.asarray(x[start : start + 1024]) for x in (feats, mask, batch))
         pad = 1024 - len(f)
-        if pad:
-            f, m, b = (
-                np.pad(f, ((0, pad), (0, 0), (0, 0))),
-                np.pad(m, ((0, pad), (0, 0))),
-                np.pad(b, (0, pad), constant_values=1),
-            )
-        p, s = chunk(f, m, b)
+        f, m = np.pad(f, ((0, pad), (0, 0), (0, 0))), np.pad(m, ((0, pad), (0, 0)))
+        p, s = _ensemble_chunk(nets, params, f, m, np.pad(b, (0, pad), constant_values=1))
         preds.append(np.asarray(p, float)[: 1024 - pad])
         spreads.append(np.asarray(s, float)[: 1024 - pad])
     return np.concatenate(preds), np.concatenate(spreads)

@@ -39,10 +39,10 @@ import numpy as np
 
 from neuroshard_jax.datasets import JsonlLog, write_json
 from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.evaluation import EvaluateConfig, device_tables
+from neuroshard_jax.evaluation import EvaluateConfig, device_request, device_tables
 from neuroshard_jax.features import bin_shares, count_histogram
 from neuroshard_jax.models import expected_cost_model, make_cost_model
-from neuroshard_jax.profiling import compute_request, map_requests
+from neuroshard_jax.profiling import map_requests
 from neuroshard_jax.scoring import score_plan
 from neuroshard_jax.search import search_plan
 from neuroshard_jax.types import Plan, Task
@@ -260,21 +260,7 @@ def measure_all(out: Path, repeats: int, config: EvaluateConfig) -> None:
             todo = [k for k in devices if f"{k}/{repeat}" not in log.ids]
             order = np.random.default_rng([BASE_SEED, repeat, len(todo)]).permutation(len(todo))
             requests = [
-                {
-                    **compute_request(
-                        f"{todo[i]}/{repeat}",
-                        devices[todo[i]],
-                        None,
-                        task.batch_size,
-                        config.device,
-                        config.optimizer,
-                        task.precision,
-                        config.warmup,
-                        config.iters,
-                    ),
-                    "key": todo[i],
-                }
-                for i in order
+                {**device_request(f"{todo[i]}/{repeat}", task, devices[todo[i]], config), "key": todo[i]} for i in order
             ]
 
             def record(request: dict, answer: dict) -> None:
