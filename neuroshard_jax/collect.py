@@ -3,10 +3,12 @@
     python -m neuroshard_jax.collect kind=compute num_samples=5000 workers=2
     python -m neuroshard_jax.collect kind=comm num_samples=1000
     python -m neuroshard_jax.collect source=specs num_samples=3000 out_dir=datasets/cpu-specs
+    python -m neuroshard_jax.collect kind=plans num_samples=30 plans.round=0 out_dir=datasets/cpu-plans
 
 ``source=pool`` measures shards of the calibrated pool's tables at ``batch_size``; ``source=specs`` measures
 shards of table specs drawn over the whole range users bring (``SpecSamplerConfig``), each sample at a batch
-size of its own (recorded in its row).
+size of its own (recorded in its row). ``kind=plans`` labels the devices of the plans searchers produce on
+tasks of the training side (``plan_labels.py``): ``num_samples`` tasks per round.
 
 Resumable: rerun the same command after a stop (even kill -9) and it continues where it was; samples
 are drawn per (seed, index), written one fsynced JSONL line each, and skipped once present.
@@ -29,6 +31,8 @@ from neuroshard_jax.cli import fail, resolved, run_app
 from neuroshard_jax.config import typed
 from neuroshard_jax.datasets import JsonlLog, git_commit, hardware, write_manifest
 from neuroshard_jax.errors import UserError
+from neuroshard_jax.evaluation import EvaluateConfig
+from neuroshard_jax.plan_labels import PlanLabelConfig, collect_plans
 from neuroshard_jax.profiling import (
     CommSamplerConfig,
     ComputeSamplerConfig,
@@ -43,6 +47,8 @@ from neuroshard_jax.profiling import (
     worker_versions,
 )
 from neuroshard_jax.tables import PoolSpec, pool_streams
+
+KINDS = ("compute", "comm", "plans")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,12 +70,13 @@ class CollectConfig:
     sampler: ComputeSamplerConfig = ComputeSamplerConfig()
     specs: SpecSamplerConfig = SpecSamplerConfig()
     comm: CommSamplerConfig = CommSamplerConfig()
+    plans: PlanLabelConfig = PlanLabelConfig()
     comm_chunk: int = 20
     progress: bool = True
 
     def __post_init__(self):
-        if self.kind not in ("compute", "comm"):
-            raise UserError(f"kind: got {self.kind!r}, expected 'compute' or 'comm'")
+        if self.kind not in KINDS:
+            raise UserError(f"kind: got {self.kind!r}, expected one of {', '.join(KINDS)}")
         if self.source not in ("pool", "specs"):
             raise UserError(f"source: got {self.source!r}, expected 'pool' or 'specs'")
         if self.workers < 1:
@@ -90,6 +97,14 @@ def _settings(config: CollectConfig) -> dict:
         "warmup": config.warmup,
         "iters": config.iters,
     }
+    if config.kind == "plans":  # its devices are a compute dataset (any round, any model)
+        return {
+            **common,
+            "kind": "compute",
+            "source": "plans",
+            "optimizer": config.optimizer,
+            "specs": dataclasses.asdict(config.specs),
+        }
     if config.kind == "compute" and config.source == "specs":
         return {
             **common,
@@ -110,6 +125,8 @@ def _settings(config: CollectConfig) -> dict:
 
 def collect(config: CollectConfig) -> dict:
     """Collect up to ``num_samples`` records of ``kind`` into ``out_dir``; returns a summary."""
+    if config.kind == "plans":
+        return _collect_plans(config)
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     versions = worker_versions()
@@ -141,6 +158,53 @@ def collect(config: CollectConfig) -> dict:
         counts = {"num_records": len(records), "num_failed": failed}
         write_manifest(out / f"manifest-{config.kind}.json", _settings(config), {**manifest_extra, **counts})
     return {"records": len(records), "failed": failed, "path": str(log.path)}
+
+
+def _collect_plans(config: CollectConfig) -> dict:
+    out = Path(config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "manifest-compute.json"
+    extra = {
+        "hardware": hardware(),
+        "versions": worker_versions(),
+        "git_commit": git_commit(),
+        "how": "python -m neuroshard_jax.collect kind=plans (conf/collect.yaml)",
+    }
+    manifest = write_manifest(path, _settings(config), extra)
+    evaluate = EvaluateConfig(
+        device=config.device,
+        workers=config.workers,
+        timeout_s=config.timeout_s,
+        optimizer=config.optimizer,
+        warmup=config.warmup,
+        iters=config.iters,
+    )
+
+    def progress(line: str) -> None:
+        if config.progress:
+            print(line, file=sys.stderr, flush=True)
+
+    summary = collect_plans(
+        config.plans,
+        config.specs,
+        config.pool,
+        config.batch_size,
+        config.seed,
+        config.num_samples,
+        out,
+        evaluate,
+        progress,
+    )
+    rounds = {
+        **manifest.get("rounds", {}),
+        str(config.plans.round): {**summary, "plans": dataclasses.asdict(config.plans)},
+    }
+    records = list(JsonlLog(out / "compute.jsonl").records())
+    failed = sum(1 for r in records if not r.get("ok", True))
+    write_manifest(
+        path, _settings(config), {**extra, "rounds": rounds, "num_records": len(records), "num_failed": failed}
+    )
+    return {"records": len(records), "failed": failed, "path": str(out / "compute.jsonl"), **summary}
 
 
 def _collect_compute(config: CollectConfig, log: JsonlLog, todo: list[int], bar) -> None:

@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from importlib import resources
@@ -61,11 +62,32 @@ class JsonlLog:
             self.ids.add(record["id"])
 
 
-def read_records(path: str | Path, ok_only: bool = True) -> list[dict]:
-    log = JsonlLog(path) if Path(path).exists() else None
-    if log is None:
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The whole records of a JSONL file, read without modifying it (a writer may still be appending): a torn
+    last line is left out and said on stderr; a corrupt line before it is an error naming the file and line."""
+    path = Path(path)
+    if not path.exists():
         raise UserError(f"dataset: {str(path)!r} does not exist")
-    return [r for r in log.records() if r.get("ok", True) or not ok_only]
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    torn = lines.pop()  # b"" when the file ends with a newline
+    if torn.strip():
+        print(f"warning: {path}: left out a torn last line ({len(torn)} bytes, no newline)", file=sys.stderr)
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise UserError(
+                f"dataset: {str(path)!r} line {number} is not a JSON record; expected one per line"
+            ) from None
+    return records
+
+
+def read_records(path: str | Path, ok_only: bool = True) -> list[dict]:
+    return [r for r in read_jsonl(path) if r.get("ok", True) or not ok_only]
 
 
 def hardware() -> dict[str, Any]:

@@ -9,6 +9,7 @@ the forward time includes waiting for the slowest peer, exactly as the simulator
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
@@ -141,6 +142,15 @@ def device_tables(task: Task, shards: list[Shard]) -> list:
             {"rows": t.rows, "pooling_factor": t.pooling_factor, "bins": list(t.bins), "dim": s.dim, "seed": t.id}
         )
     return sorted(specs, key=lambda x: (x["seed"], x["dim"]))
+
+
+def device_key(task: Task, tables: list) -> str:
+    """A device's content key (``device_tables``): what its kernel measures, the tables, the batch size, the
+    precision, and the pool whose streams a pool task replays."""
+    content = [task.batch_size, task.precision, tables]
+    if task.pool is not None:
+        content.insert(0, task.pool.pool_id)
+    return hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()[:20]
 
 
 def measure_comm(

@@ -141,13 +141,27 @@ def score_plan(model: CostModel, plan: Plan) -> DeviceCosts:
 
 def score_plans(model: CostModel, plans: list[Plan]) -> np.ndarray:
     """Predicted plan costs f64[K] of many plans of one task, in one batched call."""
+    costs, _ = score_plans_devices(model, plans, uncertainty=False)
+    return np.asarray(plan_cost_ms(costs), dtype=np.float64)
+
+
+def score_plans_devices(
+    model: CostModel, plans: list[Plan], uncertainty: bool = True
+) -> tuple[DeviceCosts, np.ndarray | None]:
+    """Predicted per-device costs of many plans of one task (DeviceCosts of f64[K, N]) and, for an ensemble
+    (and ``uncertainty``), each device's relative spread f64[K, N] (else None); batched calls of one padded
+    shape."""
     width = bucket(max(max(len(p.device_shards(d)) for d in range(p.task.num_devices)) for p in plans))
     arrays = [plan_arrays(p, width) for p in plans]
     stacked = [np.stack(a) for a in zip(*arrays)]
     pad = bucket(len(plans), 8) - len(plans)
     stacked = [np.concatenate([a, np.repeat(a[:1], pad, axis=0)]) for a in stacked]
     costs = _device_costs_jit(model.fns, model.params, *stacked)
-    return np.asarray(plan_cost_ms(costs), dtype=np.float64)[: len(plans)]
+    costs = DeviceCosts(*(np.asarray(c, dtype=np.float64)[: len(plans)] for c in costs))
+    if not uncertainty or model.fns.uncertainty is None:
+        return costs, None
+    spread, _ = _uncertainty_jit(model.fns, model.params, stacked[0], stacked[1])
+    return costs, np.asarray(spread, np.float64)[: len(plans)]
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -8,10 +8,10 @@ dataset plus all measured plans so far. After every round the policy, its optimi
 cost model and the history are checkpointed (written to a temporary directory, then swapped in), so a
 stopped run continues from its last finished round with the same command.
 
-Layout of ``out``: ``refine.jsonl`` (measured plans), ``round-NNNN/`` (one finished round: ``policy/``,
-orbax net + feature statistics; ``optimizer/``, the optimizer state; ``cost_model/``, a neural cost model checkpoint;
-``meta.json``) and ``LATEST`` (the name of the newest round, replaced atomically once that round is
-complete; older rounds are then removed). A policy path may be ``out`` or a round directory.
+Layout of ``out``: ``labels/`` (the measured plans as plan labels, ``plan_labels.py``), ``round-NNNN/`` (one
+finished round: ``policy/``, orbax net + feature statistics; ``optimizer/``, the optimizer state; ``cost_model/``,
+a neural cost model checkpoint; ``meta.json``) and ``LATEST`` (the name of the newest round, replaced atomically
+once that round is complete; older rounds are then removed). A policy path may be ``out`` or a round directory.
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ from neuroshard_jax.cli import fail, resolved, run_app
 from neuroshard_jax.config import typed
 from neuroshard_jax.constants import SHIPPED_MLP_CHECKPOINT
 from neuroshard_jax.cost_models import bucket
-from neuroshard_jax.datasets import JsonlLog, hardware, package_path
+from neuroshard_jax.datasets import JsonlLog, hardware, package_path, read_jsonl, read_records
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.evaluation import EvaluateConfig, device_tables, measure_plans
+from neuroshard_jax.evaluation import EvaluateConfig
 from neuroshard_jax.neural import fit_stats, neural_cost_model
+from neuroshard_jax.plan_labels import label_rows, plan_entry
 from neuroshard_jax.policies import load_policy, policy_dir, save_policy
 from neuroshard_jax.rl import (
     Policy,
@@ -52,6 +53,7 @@ from neuroshard_jax.rl import (
     stack_tasks,
     task_arrays,
 )
+from neuroshard_jax.scoring import score_plan
 from neuroshard_jax.tables import PoolSpec, load_pool
 from neuroshard_jax.tasks import TaskConfig, generate_task
 from neuroshard_jax.training import TrainConfig, fit_nets, resolve_dataset
@@ -119,47 +121,48 @@ def _comparable(settings: dict) -> dict:
     return out
 
 
-def measure_greedy_plans(graph, params, model, tasks, seeds, config: RefineConfig, log: JsonlLog, round_: int):
-    """Hardware in the loop: measure the policy's greedy plans of ``tasks[seeds]``; append their devices."""
-    plans = []
-    for i in seeds:
+def measure_greedy_plans(graph, params, model, tasks, seeds, config: RefineConfig, labels: Path, round_: int):
+    """Hardware in the loop: the policy's greedy plans of ``tasks[seeds]`` become plan labels in ``labels``
+    (``plan_labels``: plans.jsonl, one row per plan; every distinct device in compute.jsonl, the all-to-all in
+    comm.jsonl), measured as ``collect kind=plans`` measures searched plans."""
+    log = JsonlLog(labels / "plans.jsonl")
+    rows = []
+    for k, i in enumerate(seeds):
+        row_id = f"{round_}/{k}"
+        if row_id in log.ids:
+            rows.append(next(r for r in log.records() if r["id"] == row_id))
+            continue
         arrays, order = task_arrays(tasks[i], model)
         out = decode(
             graph, params, model.fns, model.params, stack_tasks([arrays]), jnp.zeros((1, 1, 2), jnp.uint32), True
         )
-        if bool(out.feasible[0, 0]):
-            plans.append(plan_from_actions(tasks[i], order, np.asarray(out.actions[0, 0])))
-    for k, (plan, measured) in enumerate(zip(plans, measure_plans(plans, EvaluateConfig(workers=config.workers)))):
-        task = plan.task
-        devices = measured["devices"]
-        compute = [
-            {"tables": device_tables(task, plan.device_shards(d["device"])), "total_ms": d["compute"]}
-            for d in devices
-            if plan.device_shards(d["device"])
-        ]
-        dim_sums = [int(x) for x in plan.dim_sums()]
-        ready = [d["compute"] + d["bwd_comm"] for d in devices]
-        comm = {
-            "world": task.num_devices,
-            "dim_sums": dim_sums,
-            "delays_ms": [r - min(ready) for r in ready],
-            "fwd_ms": [d["fwd_comm"] for d in devices],
-            "bwd_ms": [d["bwd_comm"] for d in devices],
+        if not bool(out.feasible[0, 0]):
+            continue
+        plan = plan_from_actions(tasks[i], order, np.asarray(out.actions[0, 0]))
+        entry = plan_entry("rl-greedy", "rl", "searched", plan, score_plan(model, plan))
+        row = {
+            "id": row_id,
+            "round": round_,
+            "index": int(i),
+            "source": "pool",
+            "model": "rl-refined",
+            "task": tasks[i].to_json(),
+            "plans": [entry],
         }
-        log.append(
-            {"id": f"{round_}/{k}", "round": round_, "compute": compute, "comm": comm, "cost_ms": measured["cost_ms"]}
-        )
+        log.append(row)
+        rows.append(row)
+    label_rows(rows, labels, EvaluateConfig(workers=config.workers), "rl-refined", True, lambda line: None)
 
 
-def refine_cost_model(nets, cost_params, dataset_dir: Path, refine: RefineConfig, log: JsonlLog):
-    """Fine-tune the cost model on the shipped dataset plus every plan measured so far (``log``); returns the
+def refine_cost_model(nets, cost_params, dataset_dir: Path, refine: RefineConfig, labels: Path):
+    """Fine-tune the cost model on the shipped dataset plus every plan label so far (``labels``); returns the
     new params and a report for the round's history."""
-    records = list(log.records())
-    extra_compute = [c for r in records for c in r["compute"]]
-    extra_comm = [r["comm"] for r in records]
+    paths = (labels / "compute.jsonl", labels / "comm.jsonl")
+    extra_compute, extra_comm = (read_records(p) if p.exists() else [] for p in paths)
     refine_config = TrainConfig(epochs=refine.epochs, learning_rate=refine.learning_rate, progress=False)
     cost_params, report, _ = fit_nets(nets, cost_params, dataset_dir, refine_config, extra_compute, extra_comm)
-    return cost_params, {"measured_plans": len(records), "compute_test_mape": report["compute"]["neural"]["mape"]}
+    plans = len(read_jsonl(labels / "plans.jsonl"))
+    return cost_params, {"measured_plans": plans, "compute_test_mape": report["compute"]["neural"]["mape"]}
 
 
 def save_round(out: Path, number: int, policy: tuple, cost_model: tuple) -> None:
@@ -237,7 +240,8 @@ def train_policy(
         updates, opt_state = tx.update(grads, opt_state, params.net)
         return params._replace(net=optax.apply_updates(params.net, updates)), opt_state, loss, rollout
 
-    log = JsonlLog(out / "refine.jsonl")
+    labels = out / "labels"
+    labels.mkdir(parents=True, exist_ok=True)
     dataset_dir = resolve_dataset(cost_meta["dataset_dir"])
     base = jax.random.PRNGKey(config.seed)
     for round_ in range(start_round, config.rounds):
@@ -274,8 +278,8 @@ def train_policy(
             started = time.perf_counter()
             rng = np.random.default_rng([config.seed, round_, 7])
             seeds = rng.choice(len(tasks), size=min(refine.plans_per_round, len(tasks)), replace=False)
-            measure_greedy_plans(graph, params, model, tasks, seeds, refine, log, round_)
-            cost_params, report = refine_cost_model(nets, cost_params, dataset_dir, refine, log)
+            measure_greedy_plans(graph, params, model, tasks, seeds, refine, labels, round_)
+            cost_params, report = refine_cost_model(nets, cost_params, dataset_dir, refine, labels)
             model = neural_cost_model(nets, cost_params)
             arrays = build_arrays()  # cost-model latents and penalties change with the cost model
             entry.update(refine_s=round(time.perf_counter() - started, 2), **report)
@@ -293,7 +297,8 @@ def train_policy(
             "trained": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         cost_meta_out = {k: v for k, v in cost_meta.items() if k not in ("format", "net_config", "feature_names")}
-        cost_meta_out["refined_on_measured_plans"] = len(list(log.records()))
+        refined = len(read_jsonl(labels / "plans.jsonl")) if refine.plans_per_round else 0
+        cost_meta_out["refined_on_measured_plans"] = refined
         save_round(out, round_ + 1, (policy_config, params, opt_state, meta), (net_config, cost_params, cost_meta_out))
     return {"rounds_done": config.rounds, "history": history}
 

@@ -23,7 +23,7 @@ from scipy.optimize import nnls
 from tqdm import tqdm
 
 from neuroshard_jax.analytic import ANALYTIC_FNS, analytic_params
-from neuroshard_jax.checkpoints import load_checkpoint, save_checkpoint, save_ensemble
+from neuroshard_jax.checkpoints import load_checkpoint, load_ensemble, read_meta, save_checkpoint, save_ensemble
 from neuroshard_jax.cost_models import bucket, device_compute_ms
 from neuroshard_jax.datasets import package_path, read_records
 from neuroshard_jax.ensemble import (
@@ -492,6 +492,9 @@ def ensemble_ms(nets: EnsembleNets, params: EnsembleParams, feats, mask, batch) 
     return np.concatenate(preds), np.concatenate(spreads)
 
 
+MEMBER_COEFS = ("log_coef", "log_kernel", "log_interaction")  # the roofline's fitted parameters of a member
+
+
 def train_ensemble(
     dataset_dirs: list[str | Path],
     ens_config: EnsembleConfig,
@@ -499,17 +502,31 @@ def train_ensemble(
     out: str | Path,
     name: str,
     how: str,
+    init: str | Path | None = None,
+    dataset_scale: tuple[float, ...] = (),
 ) -> dict:
     """Train the physics ensemble on every compute dataset (and the comm nets on the first dataset with comm
-    samples); calibrate its trust thresholds on the validation split; save a checkpoint. Returns the report."""
+    samples); calibrate its trust thresholds on the validation split; save a checkpoint. Returns the report.
+
+    ``init``: fine-tune the ensemble at that checkpoint (its members, input statistics and comm nets) instead
+    of fitting a roofline and starting fresh. ``dataset_scale``: a loss weight per dataset (default 1 each),
+    on top of ``max_dataset_weight``."""
     dataset_dirs = [resolve_dataset(d) for d in dataset_dirs]
     feats, mask, batch, target, source, manifests = ensemble_arrays(dataset_dirs, ens_config.max_label_spread)
     train, val, test = ensemble_splits(source, config)
     balance = dataset_weights(source, ens_config.max_dataset_weight)
-    log_coef = fit_roofline(feats[train], mask[train], batch[train], target[train], balance[train])
-    nets, params = init_ensemble(ens_config, log_coef, config.seed)
-    inputs = np.asarray(net_inputs(jnp.asarray(feats[train]), jnp.asarray(batch[train])[:, None]))[mask[train]]
-    stats = InputStats(jnp.asarray(inputs.mean(0)), jnp.asarray(np.maximum(inputs.std(0), 1e-3)))
+    if dataset_scale:
+        balance = balance * np.asarray(dataset_scale, np.float32)[source]
+    if init is None:
+        log_coef = fit_roofline(feats[train], mask[train], batch[train], target[train], balance[train])
+        nets, params = init_ensemble(ens_config, log_coef, config.seed)
+        inputs = np.asarray(net_inputs(jnp.asarray(feats[train]), jnp.asarray(batch[train])[:, None]))[mask[train]]
+        stats = InputStats(jnp.asarray(inputs.mean(0)), jnp.asarray(np.maximum(inputs.std(0), 1e-3)))
+    else:
+        ens_config, nets, params, _ = load_ensemble(init)
+        stats = params.stats
+        mean_coefs = [np.atleast_1d(np.asarray(params.members[k].get_value()).mean(0)) for k in MEMBER_COEFS]
+        log_coef = np.concatenate(mean_coefs).astype(np.float32)  # reported: the members' mean roofline
     weights = np.random.default_rng([config.seed, 5151]).poisson(1.0, size=(len(target), ens_config.members))
     weights = weights.astype(np.float32) * balance[:, None]
     members, history = fit(
@@ -550,7 +567,9 @@ def train_ensemble(
         ]
     }
     comm_dir = next((d for d in dataset_dirs if (d / "manifest-comm.json").exists()), None)
-    if comm_dir is not None:
+    if init is not None:  # the comm nets come with the fine-tuned checkpoint
+        datasets["comm"] = read_meta(init).get("datasets", {}).get("comm")
+    elif comm_dir is not None:
         fwd, bwd, comm_report, datasets["comm"] = fit_comm(nets.fwd, params.fwd, nets.bwd, params.bwd, comm_dir, config)
         report.update(comm_report)
         comm_batch = load_manifest(comm_dir, "comm")["settings"]["batch_size"]
@@ -568,6 +587,7 @@ def train_ensemble(
         "metrics": report,
         "how": how,
         "trained": _now(),
+        **({"fine_tuned_from": str(init)} if init is not None else {}),
     }
     save_ensemble(out, ens_config, params, meta)
     return report

@@ -60,13 +60,18 @@ def test_training_measures_plans_refines_the_cost_model_and_resumes(tiny_policy,
     out, result = tiny_policy
     assert [h["round"] for h in result["history"]] == [1, 2]
     assert all(h["measured_plans"] >= 1 and np.isfinite(h["mean_cost_ms"]) for h in result["history"])
-    refine = [json.loads(line) for line in (out / "refine.jsonl").read_text().splitlines()]
-    assert all(r["cost_ms"] > 0 and r["compute"] and len(r["comm"]["fwd_ms"]) == r["comm"]["world"] for r in refine)
+    labels = out / "labels"  # the plan-label dataset of collect kind=plans
+    refine = [json.loads(line) for line in (labels / "plans.jsonl").read_text().splitlines()]
+    assert all(r["plans"][0]["searcher"] == "rl" and max(r["plans"][0]["compute"]) > 0 for r in refine)
+    devices = [json.loads(line) for line in (labels / "compute.jsonl").read_text().splitlines()]
+    comm = [json.loads(line) for line in (labels / "comm.jsonl").read_text().splitlines()]
+    assert devices and all(d["ok"] and d["total_ms"] > 0 for d in devices)
+    assert len(comm) == len(refine) and all(len(c["fwd_ms"]) == c["world"] for c in comm)
     assert (out / "LATEST").read_text().strip() == "round-0002"
     # the same command with more rounds continues after round 2: nothing measured twice
     resumed = _train(out, tiny_checkpoint[1], rounds=3)
     assert [h["round"] for h in resumed["history"]] == [1, 2, 3]
-    ids = [json.loads(line)["id"] for line in (out / "refine.jsonl").read_text().splitlines()]
+    ids = [json.loads(line)["id"] for line in (labels / "plans.jsonl").read_text().splitlines()]
     assert len(ids) == len(set(ids)) and len(ids) > len(refine)
     assert sorted(p.name for p in out.glob("round-*")) == ["round-0003"]
     _, _, _, meta = load_policy(out)
