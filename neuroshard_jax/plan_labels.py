@@ -226,14 +226,15 @@ def variants_of(plan: Plan, count: int, rng: np.random.Generator) -> list[tuple[
 # Stage one: search, perturb, select
 
 
-def plan_task(config: PlanLabelConfig, task: Task, seed: int) -> list[dict]:
+def plan_task(config: PlanLabelConfig, task: Task, seed: int, progress: Callable[[str], None] = print) -> list[dict]:
     """Every searcher's plan of ``task`` and the selected variants, each with its predictions."""
     name, options = config.cost_model()
     searched: list[tuple[str, str, Plan]] = []
     for searcher in config.searchers:
         try:
             plan = search_plan(task, searcher, name, seed, None, options)
-        except InfeasibleError:
+        except (InfeasibleError, UserError) as err:  # e.g. rl's own model is trained at batch 4096 only
+            progress(f"  {searcher} skipped: {err}")
             continue
         searched.append((searcher, "searched", plan))
     rng = np.random.default_rng([seed, 31, config.round])
@@ -322,7 +323,7 @@ def collect_plans(
         if row_id in plans_log.ids:
             continue
         source, task = label_task(config, specs, pool, batch_size, seed, i)
-        plans = plan_task(config, task, seed + i)
+        plans = plan_task(config, task, seed + i, progress)
         plans_log.append(
             {
                 "id": row_id,
