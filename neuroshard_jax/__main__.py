@@ -20,9 +20,10 @@ from neuroshard_jax.config import typed
 from neuroshard_jax.datasets import write_json
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.evaluation import EvaluateConfig
-from neuroshard_jax.models import cost_model_config
+from neuroshard_jax.models import cost_model_config, make_cost_model
 from neuroshard_jax.plans import format_plan
-from neuroshard_jax.search import enable_compilation_cache, shard_task
+from neuroshard_jax.polish import PolishConfig, polish_plan
+from neuroshard_jax.search import enable_compilation_cache, search_plan
 from neuroshard_jax.suite import SuiteConfig, run_suite
 from neuroshard_jax.tasks import TaskGroupConfig, make_task
 from searchers import make_searcher
@@ -40,6 +41,7 @@ class MainConfig:
     evaluator: EvaluateConfig = EvaluateConfig()
     suite: SuiteConfig | None = None
     evaluate: bool = False
+    polish: PolishConfig = PolishConfig()
 
     def __post_init__(self):
         if self.seed < 0:
@@ -86,14 +88,13 @@ def main(cfg: DictConfig) -> None:
     enable_compilation_cache()
     try:
         task = make_task(config.task, config.task.seed, config.task.path)
-        result = shard_task(
-            task,
-            config.searcher["name"],
-            config.cost_model["name"],
-            config.seed,
-            config.options("searcher"),
-            config.options("cost_model"),
+        cost_model = (config.cost_model["name"], config.options("cost_model"))
+        plan = search_plan(
+            task, config.searcher["name"], cost_model[0], config.seed, config.options("searcher"), cost_model[1]
         )
+        if config.polish.name == "measured":
+            plan = polish_plan(plan, make_cost_model(cost_model[0], task, cost_model[1]), config.polish, config.seed)
+        result = plan.to_json()
     except InfeasibleError as err:
         if not multirun:
             fail(err)

@@ -36,15 +36,25 @@ def format_plan(plan_json: dict[str, Any]) -> str:
         f"{'device':>6} {'shards':>6} {'dim_sum':>7} {'mem_GB':>7} {'compute':>9} {'fwd_comm':>9} "
         f"{'bwd_comm':>9} {'total_ms':>9}",
     ]
+    polish = plan_json.get("polish")
+    if polish:
+        lines[1] += f" {'measured':>9}"
     for d in plan_json["devices"]:
         c = d["cost_ms"]
-        lines.append(
+        line = (
             f"{d['device']:>6} {d['num_shards']:>6} {d['dim_sum']:>7} {d['mem_gb']:>7.3f} {c['compute']:>9.3f} "
             f"{c['fwd_comm']:>9.3f} {c['bwd_comm']:>9.3f} {c['total']:>9.3f}"
         )
+        lines.append(line + (f" {polish['devices'][d['device']]['total']:>9.3f}" if polish else ""))
     lines.append(
         f"predicted cost: {plan_json['cost_ms']:.3f} ms (max over devices); search {plan_json['search_time_s']:.2f} s"
     )
+    if polish:
+        lines.append(
+            f"measured cost: {polish['measured_ms']:.3f} ms, unpolished {polish['unpolished_measured_ms']:.3f} ms "
+            f"({100 * polish['improvement']:+.1f}% better); polishing kept {polish['changes_kept']} changes, "
+            f"{polish['measurements']} device measurements, {polish['time_s']:.1f} s"
+        )
     unsure = [d for d in plan_json["devices"] if d.get("model_trust", 1.0) < 1.0]
     for d in unsure:
         lines.append(

@@ -142,6 +142,60 @@ def compute_request(
     }
 
 
+class KernelPool:
+    """``workers`` persistent kernel workers (one thread each feeds one): started on first use, kept across
+    ``map`` calls (a polishing loop measures a few devices at a time), closed by ``close`` or ``with``."""
+
+    def __init__(self, workers: int, device: str, timeout_s: float, log_dir: Path | None = None):
+        self.device, self.timeout_s = device, timeout_s
+        self.workers = [
+            ComputeWorker(device, log_dir / f"worker-{w}.log" if log_dir else None) for w in range(max(1, workers))
+        ]
+
+    def map(self, requests: Iterable[dict], on_answer: Callable[[dict, dict], None]) -> None:
+        """Send requests to the workers; ``on_answer(request, answer)`` gets each answer.
+
+        A crash or timeout becomes the answer {"ok": False, "error": reason} and the worker restarts;
+        an exception raised by ``on_answer`` stops every worker's feed and is re-raised here.
+        """
+        jobs = iter(requests)  # drawn lazily: a sampler's requests are built as workers free up
+        lock = threading.Lock()
+        errors: list[BaseException] = []
+
+        def work(worker: ComputeWorker) -> None:
+            try:
+                while not errors:
+                    with lock:
+                        request = next(jobs, None)
+                    if request is None:
+                        return
+                    try:
+                        answer = worker.request(request, self.timeout_s)
+                    except WorkerFailure as failure:
+                        answer = {"id": request["id"], "ok": False, "error": failure.reason}
+                    on_answer(request, answer)
+            except BaseException as err:
+                errors.append(err)
+
+        threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in self.workers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.close()
+
+    def __enter__(self) -> KernelPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def map_requests(
     requests: Iterable[dict],
     on_answer: Callable[[dict, dict], None],
@@ -150,40 +204,9 @@ def map_requests(
     timeout_s: float,
     log_dir: Path | None = None,
 ) -> None:
-    """Send requests to ``workers`` parallel workers; ``on_answer(request, answer)`` gets each answer.
-
-    A crash or timeout becomes the answer {"ok": False, "error": reason} and the worker restarts;
-    an exception raised by ``on_answer`` stops every worker and is re-raised here.
-    """
-    jobs = iter(requests)  # drawn lazily: a sampler's requests are built as workers free up
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-
-    def work(index: int) -> None:
-        worker = ComputeWorker(device, log_dir / f"worker-{index}.log" if log_dir else None)
-        try:
-            while not errors:
-                with lock:
-                    request = next(jobs, None)
-                if request is None:
-                    return
-                try:
-                    answer = worker.request(request, timeout_s)
-                except WorkerFailure as failure:
-                    answer = {"id": request["id"], "ok": False, "error": failure.reason}
-                on_answer(request, answer)
-        except BaseException as err:
-            errors.append(err)
-        finally:
-            worker.close()
-
-    threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in range(max(1, workers))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    """``KernelPool.map`` on a pool of ``workers`` started for these requests and closed after them."""
+    with KernelPool(workers, device, timeout_s, log_dir) as pool:
+        pool.map(requests, on_answer)
 
 
 def worker_versions() -> dict:

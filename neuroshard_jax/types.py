@@ -171,6 +171,8 @@ class Plan:
     searcher: str | None = dataclasses.field(default=None, compare=False)
     seed: int | None = dataclasses.field(default=None, compare=False)
     search_time_s: float | None = dataclasses.field(default=None, compare=False)
+    # measured polishing's record (``polish.py``): measured per-device costs, measurements, time, improvement
+    polish: dict | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
     def from_assignment(cls, task: Task, num_splits: list[int], devices: list[list[int]]) -> Plan:
@@ -269,6 +271,8 @@ class Plan:
             out["cost_ms"] = self.costs.cost_ms
         if self.search_time_s is not None:
             out["search_time_s"] = float(self.search_time_s)
+        if self.polish is not None:
+            out["polish"] = self.polish
         return out
 
     @classmethod
@@ -298,6 +302,7 @@ class Plan:
             obj.get("searcher"),
             obj.get("seed"),
             obj.get("search_time_s"),
+            obj.get("polish") if isinstance(obj.get("polish"), dict) else None,
         ).validate()
 
 

@@ -236,9 +236,15 @@ def plan_of(row: dict, tasks: dict[str, Task]) -> Plan | None:
 # Measurements
 
 
-def measure_all(out: Path, repeats: int, config: EvaluateConfig) -> None:
+def measure_all(out: Path, repeats: int, config: EvaluateConfig, label: str | None = None) -> None:
+    """Measure every device of the current plans (with ``label``: only the model-free searchers' and that
+    model's plans), ``repeats`` interleaved times."""
     tasks = {task_id: task for task_id, _, task in benchmark_tasks(out / TASKS_FILE)}
-    rows = [r for r in JsonlLog(out / "plans.jsonl").records() if current(r)]
+    rows = [
+        r
+        for r in JsonlLog(out / "plans.jsonl").records()
+        if current(r) and (label is None or r["model"] in ("-", label))
+    ]
     log = JsonlLog(out / "measurements.jsonl")
     order = [t for pair in zip(*[[t for t in tasks if t.startswith(f"d{n}-")] for n in (4, 8)]) for t in pair]
     for repeat in range(repeats):
@@ -401,6 +407,9 @@ def main() -> None:
     parser.add_argument("--searchers", default=",".join(SEARCHERS))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument(
+        "--only-model", action="store_true", help="measure: only the plans of --model/--checkpoint (and model-free)"
+    )
     parser.add_argument("--tie", type=float, default=0.03, help="relative margin within which plans tie")
     args = parser.parse_args()
     out = Path(args.out)
@@ -414,7 +423,8 @@ def main() -> None:
         elif args.stage == "plan":
             plan_all(out, args.model, options, args.searchers.split(","))
         elif args.stage == "measure":
-            measure_all(out, args.repeats, EvaluateConfig(workers=args.workers))
+            label = model_label(args.model, options) if args.only_model else None
+            measure_all(out, args.repeats, EvaluateConfig(workers=args.workers), label)
         else:
             print_summary(report(out, args.model, options, args.tie))
     except UserError as err:

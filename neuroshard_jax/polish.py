@@ -1,0 +1,295 @@
+"""Measured polishing: the returned plan improved on the real kernels until its devices are balanced.
+
+    python -m neuroshard_jax searcher=beam polish=measured [polish.max_measurements=60 polish.budget_s=300]
+
+After any searcher: every device's compute is measured with the evaluator's kernels (``repeats`` interleaved
+runs of a cheaper protocol, ``warmup`` + ``iters``; a device's figure is their median). Then, step by step,
+local changes that relieve the measured-slowest device are proposed (a shard moved off it, one of its shards
+swapped with another device's, a table with a slice on it halved once more with the new halves placed
+elsewhere, or a halving of such a table undone; equal 2^k slices and memory caps hold at every step) and
+ranked by the cost model corrected by each device's measured residual (measured / predicted of the device it
+changes). The best ones are measured, only on the devices they touch; a change is kept when the measured
+slowest device (measured compute + predicted comm) improves by more than the measured noise. It stops at
+``max_measurements`` (every repeat counts, the final re-measurement included), at ``budget_s``, or when no
+proposal improves. The final plan is then re-measured fresh (that figure is reported, not the best of noisy
+draws) and its all-to-all measured once; so is the unpolished plan's, for the improvement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from neuroshard_jax.cost_models import CostModel, DeviceCosts, combine_costs
+from neuroshard_jax.errors import PlanError, UserError
+from neuroshard_jax.evaluation import DEVICES, EvaluateConfig, device_key, device_request, device_tables, measure_comm
+from neuroshard_jax.models import expected_cost_model
+from neuroshard_jax.plan_labels import assignment, plan_of
+from neuroshard_jax.profiling import KernelPool
+from neuroshard_jax.scoring import score_plan, score_plans_devices, with_costs
+from neuroshard_jax.sharding import split_counts
+from neuroshard_jax.types import Plan
+
+MODES = ("off", "measured")
+
+
+@dataclasses.dataclass(frozen=True)
+class PolishConfig:
+    """conf/polish/*.yaml (``name``: off | measured)."""
+
+    name: str = "off"
+    max_measurements: int = 60  # device measurements, every repeat counted, the final re-measurement included
+    budget_s: float = 600.0
+    repeats: int = 2  # interleaved runs per device measurement; the figure is their median
+    warmup: int = 2
+    iters: int = 5
+    workers: int = 2
+    device: str = "cpu"
+    candidates: int = 64  # proposals ranked per step
+    tries: int = 8  # of which the best this many are measured (best first) before polishing stops
+    min_gain: float = 0.01  # a kept change improves the measured slowest device by more than this and the noise
+    timeout_s: float = 600.0
+
+    def __post_init__(self):
+        if self.name not in MODES:
+            raise UserError(f"polish: got {self.name!r}, expected one of {', '.join(MODES)}")
+        if self.device not in DEVICES:
+            raise UserError(f"polish.device: got {self.device!r}, expected one of {', '.join(DEVICES)}")
+        for field in ("max_measurements", "repeats", "iters", "workers", "candidates", "tries"):
+            if getattr(self, field) < 1:
+                raise UserError(f"polish.{field}: got {getattr(self, field)}, expected an integer >= 1")
+        if self.warmup < 0:
+            raise UserError(f"polish.warmup: got {self.warmup}, expected an integer >= 0")
+        if not self.budget_s > 0:
+            raise UserError(f"polish.budget_s: got {self.budget_s}, expected a number > 0")
+        if not 0 <= self.min_gain < 1:
+            raise UserError(f"polish.min_gain: got {self.min_gain}, expected a number in [0, 1)")
+
+    def evaluator(self) -> EvaluateConfig:
+        return EvaluateConfig(
+            device=self.device, workers=self.workers, timeout_s=self.timeout_s, warmup=self.warmup, iters=self.iters
+        )
+
+
+class Meter:
+    """Device measurements of one task: medians of interleaved repeats, cached by device content, counted."""
+
+    def __init__(self, pool: KernelPool, plan: Plan, config: PolishConfig):
+        self.pool, self.task, self.config = pool, plan.task, config
+        self.evaluator = config.evaluator()
+        self.cache: dict[str, tuple[float, float]] = {}  # key -> (median ms, relative noise)
+        self.count = 0
+
+    def _missing(self, plans: list[Plan], fresh: bool = False) -> dict[str, list]:
+        out = {}
+        for plan in plans:
+            for d in range(self.task.num_devices):
+                tables = device_tables(self.task, plan.device_shards(d))
+                key = device_key(self.task, tables) if tables else None
+                if key and (fresh or key not in self.cache):
+                    out[key] = tables
+        return out
+
+    def cost(self, plan: Plan) -> int:
+        """Measurements that ``measure([plan])`` would make (its devices not yet measured)."""
+        return len(self._missing([plan])) * self.config.repeats
+
+    def measure(self, plans: list[Plan], fresh: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(compute ms, relative noise) f64[N] of every plan's devices; ``fresh``: measure all their devices
+        again, in one interleaved batch (the same conditions for every plan)."""
+        missing = self._missing(plans, fresh)
+        runs: dict[str, list[float]] = {k: [] for k in missing}
+        requests = [
+            {**device_request(f"{k}/{r}", self.task, tables, self.evaluator), "key": k}
+            for r in range(self.config.repeats)  # interleaved: repeat r of every device before r + 1
+            for k, tables in missing.items()
+        ]
+
+        def record(request: dict, answer: dict) -> None:
+            if not answer.get("ok"):
+                raise UserError(f"polish: a device measurement failed: {answer.get('error')}")
+            runs[request["key"]].append(answer["total_ms"])
+
+        self.pool.map(requests, record)
+        self.count += len(requests)
+        for k, values in runs.items():
+            median = statistics.median(values)
+            noise = (max(values) - min(values)) / 2 / median if median > 0 else 0.0
+            self.cache[k] = (median, noise)
+        out = []
+        for plan in plans:
+            compute, noise = np.zeros(self.task.num_devices), np.zeros(self.task.num_devices)
+            for d in range(self.task.num_devices):
+                tables = device_tables(self.task, plan.device_shards(d))
+                if tables:
+                    compute[d], noise[d] = self.cache[device_key(self.task, tables)]
+            out.append((compute, noise))
+        return out
+
+
+def proposals(plan: Plan, slow: int, rng: np.random.Generator, count: int) -> list[tuple[str, Plan]]:
+    """Up to ``count`` distinct valid local changes of ``plan`` that take work off device ``slow``."""
+    task = plan.task
+    n = task.num_devices
+    _, devices = assignment(plan)
+    on_slow = [(t, i) for t, devs in enumerate(devices) for i, d in enumerate(devs) if d == slow]
+    others = [d for d in range(n) if d != slow]
+    moves: list[tuple[str, tuple]] = []
+    for t, i in on_slow:
+        for d in others:
+            moves.append(("move", _set(devices, t, i, d)))
+            for u, devs in enumerate(devices):
+                for j, e in enumerate(devs):
+                    if e == d and (u, j) != (t, i):
+                        moves.append(("swap", _set(_set(devices, t, i, d), u, j, slow)))
+        if 2 * len(devices[t]) in split_counts(task.tables[t].dim):
+            for d in others:  # halve every slice of t; the new half of each slice on ``slow`` goes to d
+                halves = [h for e in devices[t] for h in (e, d if e == slow else e)]
+                moves.append(("halve", _replace(devices, t, halves)))
+        if len(devices[t]) > 1:  # undo a halving: each merged pair goes where one of its halves is, off slow
+            pairs = [devices[t][2 * j : 2 * j + 2] for j in range(len(devices[t]) // 2)]
+            merged = [p[1] if p[0] == slow else p[0] for p in pairs]
+            moves.append(("merge", _replace(devices, t, merged)))
+    seen, out = {devices}, []
+    for k in rng.permutation(len(moves)):
+        kind, changed = moves[k]
+        if changed in seen:
+            continue
+        seen.add(changed)
+        try:
+            out.append((kind, plan_of(task, changed).validate()))
+        except PlanError:  # over a device's memory
+            continue
+        if len(out) == count:
+            break
+    return out
+
+
+def _set(devices: tuple, t: int, i: int, d: int) -> tuple:
+    return _replace(devices, t, [*devices[t][:i], d, *devices[t][i + 1 :]])
+
+
+def _replace(devices: tuple, t: int, new) -> tuple:
+    return (*devices[:t], tuple(int(x) for x in new), *devices[t + 1 :])
+
+
+def corrected(model: CostModel, base: Plan, measured: np.ndarray, candidates: list[Plan], meter: Meter) -> np.ndarray:
+    """Estimated compute f64[C, N] of candidate plans: per device, the measured compute where its content was
+    measured, else the model's prediction times the measured / predicted ratio of the device it replaces."""
+    base_pred = score_plan(model, base).compute_ms
+    ratio = np.where(base_pred > 0, measured / np.maximum(base_pred, 1e-9), 1.0)
+    costs, _ = score_plans_devices(model, candidates, uncertainty=False)
+    estimate = costs.compute_ms * ratio[None, :]
+    for c, plan in enumerate(candidates):
+        for d in range(plan.task.num_devices):
+            tables = device_tables(plan.task, plan.device_shards(d))
+            key = device_key(plan.task, tables) if tables else None
+            if key in meter.cache:
+                estimate[c, d] = meter.cache[key][0]
+            elif not tables:
+                estimate[c, d] = 0.0
+    return estimate
+
+
+def simulate(model: CostModel, plans: list[Plan], compute: np.ndarray) -> DeviceCosts:
+    """The simulator formula (``combine_costs``) on given compute f64[K, N]: predicted comm, each device's
+    straggler wait from the given compute. DeviceCosts of f64[K, N]."""
+    dim_sums = np.stack([p.dim_sums() for p in plans]).astype(np.float32)
+    costs = _combine(model.fns, model.params, jnp.asarray(compute, jnp.float32), dim_sums, np.ones_like(dim_sums, bool))
+    return DeviceCosts(*(np.asarray(c, np.float64) for c in costs))
+
+
+_combine = jax.jit(combine_costs, static_argnums=0)
+
+
+def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 0) -> Plan:
+    """``plan`` polished on the real kernels (``config``), its costs re-predicted by ``model`` and its
+    ``polish`` record set (measured per-device costs, measurements, time, the measured improvement)."""
+    model = expected_cost_model(model)
+    started = time.perf_counter()
+    rng = np.random.default_rng([seed, 4441])
+    n = plan.task.num_devices
+    steps = []
+    with KernelPool(config.workers, config.device, config.timeout_s) as pool:
+        meter = Meter(pool, plan, config)
+        reserve = 2 * n * config.repeats  # the final fresh re-measurement of both plans
+        [(measured, noise)] = meter.measure([plan])
+        current = plan
+        while time.perf_counter() - started < config.budget_s:
+            costs = simulate(model, [current], measured[None])
+            before = float(costs.total_ms.max())
+            slow = int(np.argmax(costs.compute_ms[0] + costs.bwd_comm_ms[0]))  # the straggler everyone waits for
+            candidates = proposals(current, slow, rng, config.candidates)
+            if not candidates:
+                break
+            plans = [p for _, p in candidates]
+            estimates = simulate(model, plans, corrected(model, current, measured, plans, meter)).total_ms.max(-1)
+            order = [c for c in np.argsort(estimates, kind="stable") if estimates[c] < before]
+            kept = False
+            for c in order[: config.tries]:
+                kind, candidate = candidates[c]
+                if meter.count + meter.cost(candidate) + reserve > config.max_measurements:
+                    break
+                [(new, new_noise)] = meter.measure([candidate])
+                new_costs = simulate(model, [candidate], new[None])
+                after = float(new_costs.total_ms.max())
+                new_slow = int(np.argmax(new_costs.compute_ms[0] + new_costs.bwd_comm_ms[0]))
+                margin = max(config.min_gain, float(noise[slow]), float(new_noise[new_slow]))
+                steps.append(
+                    {
+                        "change": kind,
+                        "estimated_ms": round(float(estimates[c]), 4),
+                        "measured_ms": round(after, 4),
+                        "before_ms": round(before, 4),
+                        "kept": after < before * (1 - margin),
+                    }
+                )
+                if steps[-1]["kept"]:
+                    current, measured, noise, kept = candidate, new, new_noise, True
+                    break
+            if not kept:
+                break
+        # both plans re-measured fresh, interleaved: no best-of-noisy-draws, the same conditions for both
+        changed = assignment(current) != assignment(plan)
+        fresh = meter.measure([plan, current] if changed else [plan], fresh=True)
+        (initial, _), (final, final_noise) = fresh[0], fresh[-1]
+        evaluator = config.evaluator()
+        fwd, bwd = measure_comm([plan, current] if changed else [plan], [list(initial), list(final)], evaluator)
+        fwd, bwd = (fwd[0], fwd[-1]), (bwd[0], bwd[-1])
+    compute_before, compute_after = float(initial.max()), float(final.max())
+    before_ms = float(max(c + f + b for c, f, b in zip(initial, fwd[0], bwd[0])))
+    after_ms = float(max(c + f + b for c, f, b in zip(final, fwd[1], bwd[1])))
+    record = {
+        "mode": "measured",
+        "measurements": meter.count,
+        "time_s": round(time.perf_counter() - started, 2),
+        "changes_kept": sum(s["kept"] for s in steps),
+        "steps": steps,
+        "protocol": {"warmup": config.warmup, "iters": config.iters, "repeats": config.repeats},
+        "unpolished_measured_ms": before_ms,
+        "measured_ms": after_ms,
+        "improvement": 1 - after_ms / before_ms if before_ms > 0 else 0.0,
+        "unpolished_measured_compute_ms": compute_before,  # the slowest device's compute, without the comm
+        "measured_compute_ms": compute_after,
+        "compute_improvement": 1 - compute_after / compute_before if compute_before > 0 else 0.0,
+        "devices": [
+            {
+                "device": d,
+                "compute": float(final[d]),
+                "noise": float(final_noise[d]),
+                "fwd_comm": float(fwd[1][d]),
+                "bwd_comm": float(bwd[1][d]),
+                "total": float(final[d] + fwd[1][d] + bwd[1][d]),
+            }
+            for d in range(n)
+        ],
+    }
+    scored = with_costs(model, current)
+    return dataclasses.replace(
+        scored, searcher=plan.searcher, seed=plan.seed, search_time_s=plan.search_time_s, polish=record
+    )
