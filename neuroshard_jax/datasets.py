@@ -116,6 +116,12 @@ def write_manifest(path: Path, settings: dict, extra: dict) -> dict:
     settings = json.loads(json.dumps(settings))  # tuples -> lists, as they read back
     if path.exists():
         manifest = json.loads(path.read_text())
+        was, now = (m.get("hardware", {}).get("cpu") for m in (manifest, extra))
+        if was and now and was != now:
+            raise UserError(
+                f"hardware: this machine is {now!r}, but the dataset in {str(path.parent)!r} was measured on {was!r}; "
+                "expected the same kind of hardware (labels differ 1.2-2.8x between them) or another out_dir"
+            )
         for key, value in settings.items():
             if manifest["settings"].get(key) != value:
                 raise UserError(

@@ -31,6 +31,7 @@ from neuroshard_jax.tables import PoolSpec
 
 # One thread per process everywhere below torch (FBGEMM, OpenMP, MKL).
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+PARENT_ENV = "NEUROSHARD_PARENT_PID"  # a worker dies with the process that started it (worker.die_with_parent)
 
 
 class WorkerFailure(Exception):
@@ -68,14 +69,19 @@ class ComputeWorker:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
-            env={**os.environ, **WORKER_ENV, **self.extra_env},
+            env={**os.environ, **WORKER_ENV, PARENT_ENV: str(os.getpid()), **self.extra_env},
         )
         if log is not subprocess.DEVNULL:
             log.close()
 
-    def request(self, request: dict, timeout_s: float) -> dict:
+    def ensure_started(self) -> None:
+        """Start the process unless it runs (from the thread that should own it: on Linux it dies with that
+        thread, ``worker.die_with_parent``)."""
         if self.proc is None or self.proc.poll() is not None:
             self._start()
+
+    def request(self, request: dict, timeout_s: float) -> dict:
+        self.ensure_started()
         try:
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
@@ -177,6 +183,8 @@ class KernelPool:
             except BaseException as err:
                 errors.append(err)
 
+        for worker in self.workers:  # started here, not in the feeding threads, so they outlive this call
+            worker.ensure_started()
         threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in self.workers]
         for t in threads:
             t.start()
@@ -263,7 +271,7 @@ def run_ranks(command: list[str], world: int, tmp: Path, timeout_s: float) -> No
             ],
             stdout=subprocess.DEVNULL,
             stderr=open(tmp / f"err.{rank}", "wb"),
-            env={**os.environ, **WORKER_ENV},
+            env={**os.environ, **WORKER_ENV, PARENT_ENV: str(os.getpid())},
         )
         for rank in range(world)
     ]

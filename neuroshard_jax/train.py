@@ -36,6 +36,7 @@ class TrainAppConfig:
     net: NetConfig = NetConfig()
     ensemble: EnsembleConfig = EnsembleConfig()
     train: TrainConfig = TrainConfig()
+    allow_mixed_hardware: bool = False  # datasets measured on different processors (refused by default)
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -54,7 +55,15 @@ def main(cfg: DictConfig) -> None:
         config = app_config(cfg)
         if config.family == "ensemble":
             how = f"python -m neuroshard_jax.train datasets=[{','.join(config.datasets)}] name={config.name}"
-            report = train_ensemble(list(config.datasets), config.ensemble, config.train, config.out, config.name, how)
+            report = train_ensemble(
+                list(config.datasets),
+                config.ensemble,
+                config.train,
+                config.out,
+                config.name,
+                how,
+                allow_mixed_hardware=config.allow_mixed_hardware,
+            )
         else:
             report = train_models(config.datasets[0], config.net, config.train, config.out)
     except UserError as err:

@@ -24,6 +24,7 @@ over the timed iterations), or {"id", "ok": false, "error"} for a request it ref
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -553,7 +554,20 @@ def _forward(collection, tables: list[dict], batch: int, rank: int):
     return out, np.concatenate(expected, axis=1)
 
 
+def die_with_parent() -> None:
+    """On Linux, ask to be killed when the process (strictly: the thread) that started this worker ends, so a
+    collection or evaluation killed with kill -9 leaves no kernel workers or rank processes behind; exit at once
+    if that parent is already gone."""
+    parent = os.environ.get("NEUROSHARD_PARENT_PID")
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(parent):
+        raise SystemExit("the process that started this worker is gone")
+
+
 def main(argv: list[str]) -> None:
+    die_with_parent()
     if argv == ["serve"]:
         serve()
         return

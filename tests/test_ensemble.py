@@ -245,3 +245,17 @@ def test_a_plan_names_the_devices_where_the_model_is_unsure(tiny_ensemble):
     text = format_plan({**plan.to_json(), "searcher": "beam", "seed": 0, "search_time_s": 0.1})
     assert text.count("the model is unsure here") == 2
     assert Plan.from_json(plan.to_json()).costs.trust == (0.0, 0.0)  # plan.json keeps it
+
+
+def test_datasets_from_different_hardware_are_refused():
+    """Cost labels belong to one kind of hardware: a dataset measured on another processor is a one-line error."""
+    from pathlib import Path
+
+    from neuroshard_jax.training import check_one_hardware
+
+    def manifest(cpu):
+        return {"hardware": {"cpu": cpu, "cores": 2}, "settings": {"device": "cpu"}}
+
+    check_one_hardware([Path("a"), Path("b")], [manifest("AMD EPYC"), manifest("AMD EPYC")])
+    with pytest.raises(UserError, match=r"datasets: 'a' was measured on AMD EPYC \(cpu\), 'b' on Intel"):
+        check_one_hardware([Path("a"), Path("b")], [manifest("AMD EPYC"), manifest("Intel(R) Xeon(R) Processor")])

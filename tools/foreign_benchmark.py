@@ -2,6 +2,7 @@
 searcher's plans (and TorchRec's) measured on the real kernels.
 
     python tools/foreign_benchmark.py plan --model neural        # plans of every searcher (resumable)
+    python tools/foreign_benchmark.py plan --searchers beam+polish,size_lookup_greedy+polish   # polished on the kernels
     python tools/foreign_benchmark.py measure --repeats 5         # every device, 5 interleaved repeats (resumable)
     python tools/foreign_benchmark.py report --model neural       # the table in the README (and report.json)
 
@@ -36,11 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.datasets import JsonlLog, write_json
+from neuroshard_jax.datasets import JsonlLog, hardware, write_json
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_request, device_tables
 from neuroshard_jax.features import bin_shares, count_histogram
 from neuroshard_jax.models import expected_cost_model, make_cost_model
+from neuroshard_jax.polish import PolishConfig, polish_plan
 from neuroshard_jax.profiling import map_requests
 from neuroshard_jax.scoring import score_plan
 from neuroshard_jax.search import search_plan
@@ -60,6 +62,9 @@ SEARCHERS = (
 # TorchRec's default storage reservation sets aside GBs for the input tensors of tiny, very hot tables (13 of the
 # 48 tasks found no plan at all, with devices whose tables take MBs); a flat 15% lets it plan every task.
 SEARCHER_OPTIONS = {"torchrec": {"reservation": "percent"}}
+LEGACY_CPU = "AMD EPYC"  # rows without "cpu" were all measured in one session, on an AMD EPYC machine
+POLISHED = "+polish"  # a searcher name with this suffix: its plan polished on the kernels (polish=measured)
+POLISH = PolishConfig(name="measured", workers=2)
 MODEL_FREE = {"size_greedy", "lookup_greedy", "dim_greedy", "size_lookup_greedy", "torchrec"}
 FAMILIES = (
     "zipf_hashed",
@@ -201,14 +206,18 @@ def plan_all(out: Path, model: str, model_options: dict, searchers: list[str]) -
     log = JsonlLog(out / "plans.jsonl")
     for task_id, family, task in benchmark_tasks(out / TASKS_FILE):
         for searcher in searchers:
-            label = "-" if searcher in MODEL_FREE else model_label(model, model_options)
-            options = SEARCHER_OPTIONS.get(searcher)
+            base, polish = searcher.removesuffix(POLISHED), searcher.endswith(POLISHED)
+            label = "-" if base in MODEL_FREE and not polish else model_label(model, model_options)
+            options = SEARCHER_OPTIONS.get(base)
             key = f"{task_id}/{searcher}/{label}" + "".join(f"/{k}={v}" for k, v in (options or {}).items())
             if key in log.ids:
                 continue
             row = {"id": key, "task": task_id, "family": family, "searcher": searcher, "model": label}
             try:
-                plan = search_plan(task, searcher, model, 0, options, model_options)
+                plan = search_plan(task, base, model, 0, options, model_options)
+                if polish:  # measured polishing on the real kernels, ranked with the model under test
+                    plan = polish_plan(plan, make_cost_model(model, task, model_options), POLISH, 0)
+                    row.update(polish={k: v for k, v in plan.polish.items() if k != "steps"})
                 row.update(plan=plan.to_json(), search_time_s=plan.search_time_s)
             except InfeasibleError as err:
                 row.update(infeasible=str(err))
@@ -246,6 +255,7 @@ def measure_all(out: Path, repeats: int, config: EvaluateConfig, label: str | No
         if current(r) and (label is None or r["model"] in ("-", label))
     ]
     log = JsonlLog(out / "measurements.jsonl")
+    cpu = hardware()["cpu"]
     order = [t for pair in zip(*[[t for t in tasks if t.startswith(f"d{n}-")] for n in (4, 8)]) for t in pair]
     for repeat in range(repeats):
         for task_id in order:  # 4 and 8 devices alternating: a stopped run covers both
@@ -270,6 +280,7 @@ def measure_all(out: Path, repeats: int, config: EvaluateConfig, label: str | No
                         "id": request["id"],
                         "key": request["key"],
                         "repeat": int(request["id"].rsplit("/", 1)[1]),
+                        "cpu": cpu,
                         **{k: answer.get(k) for k in ("ok", "total_ms", "fwd_ms", "bwd_ms", "error")},
                     }
                 )
@@ -287,8 +298,9 @@ def report(out: Path, model: str, model_options: dict, tie: float) -> dict:
     tasks = {task_id: (family, task) for task_id, family, task in benchmark_tasks(out / TASKS_FILE)}
     label = model_label(model, model_options)
     measured: dict[str, list[float]] = {}
+    cpu = hardware()["cpu"]  # labels belong to one kind of hardware: only this machine's kind's measurements
     for m in JsonlLog(out / "measurements.jsonl").records():
-        if m.get("ok"):
+        if m.get("ok") and m.get("cpu", LEGACY_CPU) == cpu:
             measured.setdefault(m["key"], []).append(m["total_ms"])
     by_task: dict[str, dict[str, dict]] = {}
     models: dict = {}
@@ -315,7 +327,7 @@ def report(out: Path, model: str, model_options: dict, tie: float) -> dict:
         by_task.setdefault(row["task"], {})[row["searcher"]] = entry
     summary = summarise(by_task, tasks, tie)
     write_json(
-        {"model": label, "tie": tie, "tasks": by_task, "summary": summary},
+        {"model": label, "tie": tie, "hardware": cpu, "tasks": by_task, "summary": summary},
         out / f"report-{label.replace(':', '_')}.json",
     )
     return summary
