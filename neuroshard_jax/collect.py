@@ -195,6 +195,9 @@ def _collect_plans(config: CollectConfig) -> dict:
         evaluate,
         progress,
     )
+    before = manifest.get("rounds", {}).get(str(config.plans.round), {})
+    added = ("search_s", "compute_s", "comm_s", "devices_measured", "comm_measured")  # a resumed round adds up
+    summary = {**summary, **{k: round(summary[k] + before.get(k, 0), 1) for k in added}}
     rounds = {
         **manifest.get("rounds", {}),
         str(config.plans.round): {**summary, "plans": dataclasses.asdict(config.plans)},

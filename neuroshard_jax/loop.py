@@ -39,7 +39,7 @@ class LoopConfig:
     tasks: int = 30  # tasks per round (each: every searcher's plan + ``plans.variants`` variants)
     start_model: str = "cpu-ensemble"
     base_datasets: tuple[str, ...] = (
-        "neuroshard_jax/data/profiles/cpu-b4096",
+        "neuroshard_jax/data/profiles/epyc-b4096",
         "neuroshard_jax/data/profiles/cpu-specs",
     )
     label_weight: float = 2.0  # loss weight of a plan label against a base record

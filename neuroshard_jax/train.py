@@ -30,7 +30,11 @@ class TrainAppConfig:
     """conf/train.yaml."""
 
     family: str = "ensemble"
-    datasets: tuple[str, ...] = ("neuroshard_jax/data/profiles/cpu-b4096", "neuroshard_jax/data/profiles/cpu-specs")
+    datasets: tuple[str, ...] = (
+        "neuroshard_jax/data/profiles/epyc-b4096",
+        "neuroshard_jax/data/profiles/cpu-specs",
+        "neuroshard_jax/data/profiles/epyc-plans",
+    )
     out: str = "checkpoints/cpu-ensemble"
     name: str = "cpu-ensemble"
     net: NetConfig = NetConfig()
