@@ -93,6 +93,11 @@ def compute_arrays(dataset_dir: Path, extra_records: list[dict] = ()):
     return feats, mask, target, manifest
 
 
+# A CPU label whose worker process got less of its core than this during the timed iterations was taken while
+# something else ran: sustained contention slows every run alike (a low spread) and inflated labels 2-4x here.
+MIN_CPU_SHARE = 0.9
+
+
 def run_spread(record: dict) -> float:
     """Interquartile range over median of a record's timed fwd+bwd runs (0 when it has no runs): how much the
     machine disturbed the measurement."""
@@ -111,8 +116,8 @@ def compute_batches(
     (``run_spread``), labels taken while the machine was busy."""
     manifest = load_manifest(dataset_dir, "compute")
     records = read_records(Path(dataset_dir) / "compute.jsonl")
-    if max_spread is not None:
-        records = [r for r in records if run_spread(r) <= max_spread]
+    if max_spread is not None:  # and labels whose worker got less than MIN_CPU_SHARE of its core
+        records = [r for r in records if run_spread(r) <= max_spread and r.get("cpu_share", 1.0) >= MIN_CPU_SHARE]
     records += list(extra_records)
     if not records:
         raise UserError(f"dataset: no successful records in {str(dataset_dir)!r}")

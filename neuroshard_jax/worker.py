@@ -18,7 +18,7 @@ A compute request: {"id", "device": "cpu"|"cuda", "pool": {...PoolSpec} (when ta
 "tables": [[pool table id, dim] | {"rows", "pooling_factor", "bins", "dim", "seed"}, ...], "optimizer",
 "precision", "warmup", "iters"}. A table given by its spec gets an index stream synthesised to match it
 (``neuroshard_jax.streams``), the same for the same seed.
-The answer: {"id", "ok": true, "fwd_ms", "bwd_ms", "total_ms", "fwd_runs_ms", "bwd_runs_ms"} (medians
+The answer: {"id", "ok": true, "fwd_ms", "bwd_ms", "total_ms", "fwd_runs_ms", "bwd_runs_ms", "cpu_share"} (medians
 over the timed iterations), or {"id", "ok": false, "error"} for a request it refuses.
 """
 
@@ -140,7 +140,10 @@ def profile_compute(request: dict) -> dict:
     grad = None
     timer = _CudaTimer(torch) if on_gpu else _CpuTimer()
     fwd_runs, bwd_runs = [], []
-    for step in range(int(request.get("warmup", 5)) + int(request.get("iters", 10))):
+    warmup = int(request.get("warmup", 5))
+    for step in range(warmup + int(request.get("iters", 10))):
+        if step == warmup:  # the CPU share of the timed iterations: below 1, something else took the core
+            cpu0, wall0 = time.process_time(), time.perf_counter()
         timer.flush()
         timer.start()
         out = tbe(indices_t, offsets_t)
@@ -149,9 +152,10 @@ def profile_compute(request: dict) -> dict:
             grad = torch.full_like(out, 1e-3)
         out.backward(grad)
         fwd_ms, bwd_ms = timer.stop()
-        if step >= int(request.get("warmup", 5)):
+        if step >= warmup:
             fwd_runs.append(fwd_ms)
             bwd_runs.append(bwd_ms)
+    cpu_share = (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
     totals = [f + b for f, b in zip(fwd_runs, bwd_runs)]
     return {
         "ok": True,
@@ -161,6 +165,7 @@ def profile_compute(request: dict) -> dict:
         "fwd_runs_ms": [round(x, 4) for x in fwd_runs],
         "bwd_runs_ms": [round(x, 4) for x in bwd_runs],
         "num_indices": int(len(indices)),
+        **({} if on_gpu else {"cpu_share": round(cpu_share, 3)}),
     }
 
 
