@@ -35,7 +35,7 @@ import numpy as np
 from neuroshard_jax.constants import GIB_BYTES
 from neuroshard_jax.cost_models import DeviceCosts, plan_cost_ms
 from neuroshard_jax.datasets import JsonlLog, read_jsonl, read_records
-from neuroshard_jax.errors import InfeasibleError, PlanError, UserError
+from neuroshard_jax.errors import PlanError, UserError
 from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_request, device_tables, measure_comm
 from neuroshard_jax.models import expected_cost_model, make_cost_model, shipped_names
 from neuroshard_jax.profiling import SpecSamplerConfig, draw_table_spec, map_requests
@@ -233,7 +233,7 @@ def plan_task(config: PlanLabelConfig, task: Task, seed: int, progress: Callable
     for searcher in config.searchers:
         try:
             plan = search_plan(task, searcher, name, seed, None, options)
-        except (InfeasibleError, UserError) as err:  # e.g. rl's own model is trained at batch 4096 only
+        except UserError as err:  # infeasible, or e.g. rl's own model is trained at batch 4096 only
             progress(f"  {searcher} skipped: {err}")
             continue
         searched.append((searcher, "searched", plan))

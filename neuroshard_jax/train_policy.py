@@ -126,11 +126,12 @@ def measure_greedy_plans(graph, params, model, tasks, seeds, config: RefineConfi
     (``plan_labels``: plans.jsonl, one row per plan; every distinct device in compute.jsonl, the all-to-all in
     comm.jsonl), measured as ``collect kind=plans`` measures searched plans."""
     log = JsonlLog(labels / "plans.jsonl")
+    done = {r["id"]: r for r in log.records()}  # read once: a resumed round keeps its measured plans
     rows = []
     for k, i in enumerate(seeds):
         row_id = f"{round_}/{k}"
-        if row_id in log.ids:
-            rows.append(next(r for r in log.records() if r["id"] == row_id))
+        if row_id in done:
+            rows.append(done[row_id])
             continue
         arrays, order = task_arrays(tasks[i], model)
         out = decode(
