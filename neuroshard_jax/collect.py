@@ -197,17 +197,15 @@ def _collect_plans(config: CollectConfig) -> dict:
     )
     before = manifest.get("rounds", {}).get(str(config.plans.round), {})
     added = ("search_s", "compute_s", "comm_s", "devices_measured", "comm_measured")  # a resumed round adds up
-    summary = {**summary, **{k: round(summary[k] + before.get(k, 0), 1) for k in added}}
-    rounds = {
-        **manifest.get("rounds", {}),
-        str(config.plans.round): {**summary, "plans": dataclasses.asdict(config.plans)},
-    }
+    total = {**summary, **{k: round(summary[k] + before.get(k, 0), 1) for k in added}}
+    this_round = {**total, "plans": dataclasses.asdict(config.plans)}
+    rounds = {**manifest.get("rounds", {}), str(config.plans.round): this_round}
     records = list(JsonlLog(out / "compute.jsonl").records())
     failed = sum(1 for r in records if not r.get("ok", True))
     write_manifest(
         path, _settings(config), {**extra, "rounds": rounds, "num_records": len(records), "num_failed": failed}
     )
-    return {"records": len(records), "failed": failed, "path": str(out / "compute.jsonl"), **summary}
+    return {"records": len(records), "failed": failed, "path": str(out / "compute.jsonl"), **summary}  # this call's
 
 
 def _collect_compute(config: CollectConfig, log: JsonlLog, todo: list[int], bar) -> None:

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from neuroshard_jax.cost_models import CostModel, DeviceCosts, combine_costs
+from neuroshard_jax.cost_models import CostModel, DeviceCosts, combine_costs, plan_cost_ms
 from neuroshard_jax.errors import PlanError, UserError
 from neuroshard_jax.evaluation import DEVICES, EvaluateConfig, device_key, device_request, device_tables, measure_comm
 from neuroshard_jax.models import expected_cost_model
@@ -155,12 +155,12 @@ def proposals(plan: Plan, slow: int, rng: np.random.Generator, count: int) -> li
             pairs = [devices[t][2 * j : 2 * j + 2] for j in range(len(devices[t]) // 2)]
             merged = [p[1] if p[0] == slow else p[0] for p in pairs]
             moves.append(("merge", _replace(devices, t, merged)))
-    seen, out = {devices}, []
+    seen, out = {_contents(devices, n)}, []
     for k in rng.permutation(len(moves)):
         kind, changed = moves[k]
-        if changed in seen:
+        if _contents(changed, n) in seen:  # the same devices up to their order: the same measured plan
             continue
-        seen.add(changed)
+        seen.add(_contents(changed, n))
         try:
             out.append((kind, plan_of(task, changed).validate()))
         except PlanError:  # over a device's memory
@@ -168,6 +168,15 @@ def proposals(plan: Plan, slow: int, rng: np.random.Generator, count: int) -> li
         if len(out) == count:
             break
     return out
+
+
+def _contents(devices: tuple, n: int) -> tuple:
+    """The plan's devices as an unordered collection of contents (table, its slice count, slices here): the
+    devices of a task are identical, so plans that differ only by device labels cost the same."""
+    per_device = [
+        tuple((t, len(devs), devs.count(d)) for t, devs in enumerate(devices) if d in devs) for d in range(n)
+    ]
+    return tuple(sorted(per_device))
 
 
 def _set(devices: tuple, t: int, i: int, d: int) -> tuple:
@@ -180,9 +189,12 @@ def _replace(devices: tuple, t: int, new) -> tuple:
 
 def corrected(model: CostModel, base: Plan, measured: np.ndarray, candidates: list[Plan], meter: Meter) -> np.ndarray:
     """Estimated compute f64[C, N] of candidate plans: per device, the measured compute where its content was
-    measured, else the model's prediction times the measured / predicted ratio of the device it replaces."""
+    measured, else the model's prediction times the measured / predicted ratio of the device it replaces (of the
+    whole plan where that device was empty)."""
     base_pred = score_plan(model, base).compute_ms
-    ratio = np.where(base_pred > 0, measured / np.maximum(base_pred, 1e-9), 1.0)
+    busy = base_pred > 0
+    overall = measured[busy].sum() / base_pred[busy].sum() if busy.any() else 1.0  # for a device empty in ``base``
+    ratio = np.where(busy, measured / np.maximum(base_pred, 1e-9), overall)
     costs, _ = score_plans_devices(model, candidates, uncertainty=False)
     estimate = costs.compute_ms * ratio[None, :]
     for c, plan in enumerate(candidates):
@@ -222,13 +234,13 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
         current = plan
         while time.perf_counter() - started < config.budget_s:
             costs = simulate(model, [current], measured[None])
-            before = float(costs.total_ms.max())
+            before = float(plan_cost_ms(costs)[0])
             slow = int(np.argmax(costs.compute_ms[0] + costs.bwd_comm_ms[0]))  # the straggler everyone waits for
             candidates = proposals(current, slow, rng, config.candidates)
             if not candidates:
                 break
             plans = [p for _, p in candidates]
-            estimates = simulate(model, plans, corrected(model, current, measured, plans, meter)).total_ms.max(-1)
+            estimates = plan_cost_ms(simulate(model, plans, corrected(model, current, measured, plans, meter)))
             order = [c for c in np.argsort(estimates, kind="stable") if estimates[c] < before]
             kept = False
             for c in order[: config.tries]:
@@ -237,16 +249,21 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
                     break
                 [(new, new_noise)] = meter.measure([candidate])
                 new_costs = simulate(model, [candidate], new[None])
-                after = float(new_costs.total_ms.max())
+                after = float(plan_cost_ms(new_costs)[0])
                 new_slow = int(np.argmax(new_costs.compute_ms[0] + new_costs.bwd_comm_ms[0]))
-                margin = max(config.min_gain, float(noise[slow]), float(new_noise[new_slow]))
+                # noise in ms of the two slowest devices' measured compute; the gain is in ms of the step
+                margin = max(
+                    config.min_gain * before,
+                    float(noise[slow] * measured[slow]),
+                    float(new_noise[new_slow] * new[new_slow]),
+                )
                 steps.append(
                     {
                         "change": kind,
                         "estimated_ms": round(float(estimates[c]), 4),
                         "measured_ms": round(after, 4),
                         "before_ms": round(before, 4),
-                        "kept": after < before * (1 - margin),
+                        "kept": before - after > margin,
                     }
                 )
                 if steps[-1]["kept"]:
