@@ -8,7 +8,10 @@ With a ``suite`` (``-m experiment=compare``) a run searches a whole task suite i
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
+import tempfile
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -105,9 +108,19 @@ def main(cfg: DictConfig) -> None:
         return
     except UserError as err:
         fail(err)
-    path = write_json(result, f"{out_dir}/{config.output}")
     print(format_plan(result))
-    print(f"plan written to {path}")
+    print(f"plan written to {keep_result(result, Path(out_dir) / config.output)}")
+
+
+def keep_result(result: dict, path: Path) -> Path:
+    """Write ``result`` to ``path``; if that fails, to a file in the temporary folder, and fail in one line
+    saying where it is (a finished search is never lost)."""
+    try:
+        return write_json(result, path)
+    except OSError as err:
+        spare = Path(tempfile.gettempdir()) / f"neuroshard-{path.stem}-{os.getpid()}{path.suffix}"
+        write_json(result, spare)
+        fail(UserError(f"output: could not write {str(path)!r} ({err.strerror or err}); the result is in {spare}"))
 
 
 def job_overrides() -> list[str]:

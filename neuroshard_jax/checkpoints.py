@@ -12,6 +12,7 @@ feature schema or of an unknown format is a one-line error saying why.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -40,17 +41,49 @@ ENSEMBLE_FORMAT = 4  # the physics ensemble: roofline x bounded correction, K me
 SCALARS = ("batch_size", "comm_batch_size", "trust_lo", "trust_hi", "risk")
 
 
-def save_tree(path: Path, tree) -> None:
-    """Save a pytree of arrays with orbax (``path`` must not exist)."""
+def tree_digest(tree) -> str:
+    """sha256 of a pytree's arrays (dtype, shape and bytes of every leaf, in tree order): recorded in meta.json
+    at save time, checked at load time (orbax's compressed chunks carry no checksum: a garbled byte in a tensor
+    file decodes silently into other weights)."""
+    digest = hashlib.sha256()
+    for leaf in jax.tree_util.tree_leaves(tree):
+        array = np.ascontiguousarray(np.asarray(leaf))
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def save_tree(path: Path, tree) -> str:
+    """Save a pytree of arrays with orbax (``path`` must not exist); returns its ``tree_digest``."""
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(Path(path).resolve(), tree)
+    return tree_digest(tree)
 
 
-def restore_tree(path: Path, template):
-    """Restore a pytree saved by ``save_tree`` into the structure, shapes and dtypes of ``template``."""
+def restore_tree(path: Path, template, key: str = "cost_model.checkpoint", digest: str | None = None):
+    """Restore a pytree saved by ``save_tree`` into the structure, shapes and dtypes of ``template``; a missing,
+    damaged or mismatched state (a truncated or garbled tensor file or _METADATA, other shapes, arrays whose
+    ``tree_digest`` is not ``digest`` when one is given) is one UserError."""
+    path = Path(path).resolve()
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, template)
-    with ocp.StandardCheckpointer() as checkpointer:
-        return checkpointer.restore(Path(path).resolve(), abstract)
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:
+            tree = checkpointer.restore(path, abstract)
+    except Exception as err:  # orbax, tensorstore and JSON errors of every kind: the files are not what we wrote
+        tree, reason = None, _first_line(err)
+    else:
+        reason = None if digest is None or tree_digest(tree) == digest else "its arrays differ from those saved"
+    if reason is not None:
+        raise UserError(
+            f"{key}: {str(path.parent)!r}: its {path.name}/ could not be restored ({reason}); expected "
+            "the folder written with its meta.json: retrain or copy the checkpoint again"
+        )
+    return tree
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return (text.splitlines()[0][:200] if text else type(err).__name__).rstrip(".")
 
 
 def save_checkpoint(path: str | Path, config: NetConfig, params: NeuralParams, meta: dict) -> Path:
@@ -65,24 +98,32 @@ def save_checkpoint(path: str | Path, config: NetConfig, params: NeuralParams, m
         "bwd": nnx.to_pure_dict(params.bwd),
         "stats": {"mean": params.stats.mean, "std": params.stats.std},
     }
-    save_tree(path / "state", tree)
+    digest = save_tree(path / "state", tree)
     full_meta = {
         "format": FORMAT_VERSION,
         "net_config": dataclasses.asdict(config),
         "feature_names": list(FEATURE_NAMES),
         **meta,
+        "digests": {"state": digest},
     }
     (path / "meta.json").write_text(json.dumps(full_meta, indent=1) + "\n")
     return path
 
 
-def read_meta(path: str | Path) -> dict:
+def read_meta(path: str | Path, key: str = "cost_model.checkpoint") -> dict:
+    """The meta.json of a checkpoint as a dict (a missing or unreadable one is a UserError naming ``key``)."""
     meta_path = Path(path) / "meta.json"
     if not meta_path.exists():
+        raise UserError(f"{key}: {str(path)!r} has no meta.json, expected a checkpoint directory")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise UserError(
-            f"cost_model.checkpoint: {str(path)!r} has no meta.json, expected a neural cost model checkpoint"
-        )
-    return json.loads(meta_path.read_text())
+            f"{key}: {str(meta_path)!r} could not be read ({_first_line(err)}); expected a JSON object"
+        ) from None
+    if not isinstance(meta, dict):
+        raise UserError(f"{key}: {str(meta_path)!r} holds {type(meta).__name__}, expected a JSON object")
+    return meta
 
 
 def load_checkpoint(
@@ -105,7 +146,7 @@ def load_checkpoint(
             f"cost_model.checkpoint: {str(path)!r} scores features {meta.get('feature_names')}, expected the schema "
             f"{list(FEATURE_NAMES)}"
         )
-    saved = NetConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in meta["net_config"].items()})
+    saved = _parsed(path, lambda: _net_config(meta["net_config"]))
     if config is not None and config != saved:
         raise UserError(
             f"cost_model: net config {dataclasses.asdict(config)} does not match the checkpoint's "
@@ -118,13 +159,30 @@ def load_checkpoint(
         "bwd": nnx.to_pure_dict(template.bwd),
         "stats": {"mean": template.stats.mean, "std": template.stats.std},
     }
-    tree = restore_tree(path / "state", target)
+    tree = restore_tree(path / "state", target, digest=_digest_of(meta, "state"))
     states = []
     for name, state in (("compute", template.compute), ("fwd", template.fwd), ("bwd", template.bwd)):
         nnx.replace_by_pure_dict(state, tree[name])
         states.append(state)
     stats = FeatureStats(jnp.asarray(tree["stats"]["mean"]), jnp.asarray(tree["stats"]["std"]))
     return saved, nets, NeuralParams(*states, stats), meta
+
+
+def _digest_of(meta: dict, name: str) -> str | None:
+    """The recorded digest of a checkpoint's ``name``/ folder (None for checkpoints written before digests)."""
+    digests = meta.get("digests")
+    return digests.get(name) if isinstance(digests, dict) else None
+
+
+def _parsed(path: Path, read):
+    """``read()`` of a meta.json's net config; a missing key or a wrong value is one UserError naming the file."""
+    try:
+        return read()
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise UserError(
+            f"cost_model.checkpoint: {str(Path(path) / 'meta.json')!r} has no valid net_config ({err!r:.120}); "
+            "expected the one training wrote"
+        ) from None
 
 
 def _net_config(obj: dict) -> NetConfig:
@@ -157,7 +215,7 @@ def save_ensemble(path: str | Path, config: EnsembleConfig, params: EnsemblePara
     if path.exists():
         shutil.rmtree(path)
     path.mkdir(parents=True)
-    save_tree(path / "state", _ensemble_tree(params._replace(risk=jnp.float32(0.0))))
+    digest = save_tree(path / "state", _ensemble_tree(params._replace(risk=jnp.float32(0.0))))
     full_meta = {
         "format": ENSEMBLE_FORMAT,
         "family": "ensemble",
@@ -165,6 +223,7 @@ def save_ensemble(path: str | Path, config: EnsembleConfig, params: EnsemblePara
         "feature_names": list(FEATURE_NAMES),
         "inputs": list(INPUT_NAMES),
         **meta,
+        "digests": {"state": digest},
     }
     (path / "meta.json").write_text(json.dumps(full_meta, indent=1) + "\n")
     return path
@@ -185,9 +244,9 @@ def load_ensemble(path: str | Path) -> tuple[EnsembleConfig, EnsembleNets, Ensem
                 f"cost_model.checkpoint: {str(path)!r} was trained on {key} {meta.get(key)}, expected {expected}; "
                 "retrain it with python -m neuroshard_jax.train"
             )
-    config = ensemble_config_of(meta)
+    config = _parsed(path, lambda: ensemble_config_of(meta))
     nets, template = init_ensemble(config, np.zeros(NUM_COEFS, np.float32))
-    tree = restore_tree(path / "state", _ensemble_tree(template))
+    tree = restore_tree(path / "state", _ensemble_tree(template), digest=_digest_of(meta, "state"))
     states = []
     for name in ("members", "fwd", "bwd"):
         state = getattr(template, name)

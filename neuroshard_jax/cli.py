@@ -9,9 +9,12 @@ multi-line messages (exit 1) never reach the user.
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 from collections.abc import Callable
 from importlib import resources
+from pathlib import Path
 from typing import Any, NoReturn
 
 from hydra import compose, initialize_config_module
@@ -28,8 +31,13 @@ CONFIG_MODULE = "neuroshard_jax.conf"
 
 
 def fail(err: Exception) -> NoReturn:
-    """Print a one-line error and exit with code 2 (no traceback: the input was wrong, not the code)."""
-    print(f"error: {err}", file=sys.stderr)
+    """Print a one-line error and exit with code 2 (no traceback: the input was wrong, not the code).
+
+    Background threads' late complaints while the process ends are not shown (after a damaged checkpoint,
+    orbax's pending read coroutines report a closed event loop at shutdown)."""
+    print(f"error: {err}", file=sys.stderr, flush=True)
+    sys.unraisablehook = lambda _: None
+    threading.excepthook = lambda _: None
     sys.exit(2)
 
 
@@ -129,9 +137,30 @@ def _is_hydra(override: Override) -> bool:
     return override.get_key_element().lstrip("+~").startswith(("hydra.", "hydra/"))
 
 
+def writable_folder(path: str | Path, key: str) -> None:
+    """Fail in one line unless ``path`` is, or can be made as, a folder we can write in (checked on its nearest
+    existing ancestor, so nothing is created here)."""
+    path = Path(path).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        fail(UserError(f"{key}: {str(path)!r} is under the file {str(existing)!r}, expected a folder"))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        fail(UserError(f"{key}: cannot write in {str(existing)!r} (permission denied), expected a writable folder"))
+
+
+def check_output_folder(argv: list[str]) -> None:
+    """The run's (or the sweep's) output folder, checked writable before any work (Hydra makes it later and
+    would fail with a traceback; a finished search would be lost)."""
+    key = "hydra.sweep.dir" if any(a in ("-m", "--multirun") for a in argv) else "hydra.run.dir"
+    given = [a.partition("=")[2] for a in argv if a.lstrip("+").startswith(f"{key}=")]
+    writable_folder(given[-1] if given else ".", key)
+
+
 def run_app(main: Callable[[], None], config_name: str, validate: Callable[[DictConfig], Any]) -> None:
-    """Check the command line (``check_group_overrides``, ``check_command_line``), then run the Hydra ``main``."""
+    """Check the command line (``check_group_overrides``, ``check_command_line``, ``check_output_folder``), then
+    run the Hydra ``main``."""
     argv = sys.argv[1:]
     check_group_overrides(argv)
     check_command_line(config_name, argv, validate)
+    check_output_folder(argv)
     main()

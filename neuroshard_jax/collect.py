@@ -79,8 +79,14 @@ class CollectConfig:
             raise UserError(f"kind: got {self.kind!r}, expected one of {', '.join(KINDS)}")
         if self.source not in ("pool", "specs"):
             raise UserError(f"source: got {self.source!r}, expected 'pool' or 'specs'")
-        if self.workers < 1:
-            raise UserError(f"workers: got {self.workers}, expected an integer >= 1")
+        for field in ("num_samples", "workers", "batch_size", "iters", "comm_chunk"):
+            if getattr(self, field) < 1:
+                raise UserError(f"{field}: got {getattr(self, field)}, expected an integer >= 1")
+        for field in ("seed", "warmup"):
+            if getattr(self, field) < 0:
+                raise UserError(f"{field}: got {getattr(self, field)}, expected an integer >= 0")
+        if not self.timeout_s > 0:
+            raise UserError(f"timeout_s: got {self.timeout_s}, expected a number > 0")
         if self.device not in ("cpu", "cuda"):
             raise UserError(f"device: got {self.device!r}, expected 'cpu' or 'cuda'")
 

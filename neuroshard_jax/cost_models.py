@@ -64,11 +64,12 @@ class DeviceCosts(NamedTuple):
 def combine_costs(fns: CostFns, params, compute_ms, dim_sums, device_mask) -> DeviceCosts:
     """The simulator formula: compute f32[..., N] and dim sums f32[..., N] -> DeviceCosts."""
     compute_ms = jnp.where(device_mask, compute_ms, 0.0)
-    bwd = jnp.where(device_mask, fns.bwd_comm(params, dim_sums, device_mask), 0.0)
+    exchanging = device_mask & (device_mask.sum(-1, keepdims=True) > 1)  # one device alone sends nothing
+    bwd = jnp.where(exchanging, fns.bwd_comm(params, dim_sums, device_mask), 0.0)
     ready = compute_ms + bwd
     earliest = jnp.min(jnp.where(device_mask, ready, jnp.inf), axis=-1, keepdims=True)
     delays = jnp.where(device_mask, ready - earliest, 0.0)
-    fwd = jnp.where(device_mask, fns.fwd_comm(params, dim_sums, delays, device_mask), 0.0)
+    fwd = jnp.where(exchanging, fns.fwd_comm(params, dim_sums, delays, device_mask), 0.0)
     return DeviceCosts(compute_ms, fwd, bwd, compute_ms + fwd + bwd)
 
 

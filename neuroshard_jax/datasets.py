@@ -34,11 +34,17 @@ class JsonlLog:
         self._lock = threading.Lock()
 
     def _repair(self) -> None:
+        """Cut a torn last line (an interrupted append) before appending again, and say what was dropped."""
         if not self.path.exists():
             return
         data = self.path.read_bytes()
         if data and not data.endswith(b"\n"):
             keep = data.rfind(b"\n") + 1
+            print(
+                f"warning: {self.path}: dropped a torn last line ({len(data) - keep} bytes, no newline) left by an "
+                "interrupted write; its record is made again",
+                file=sys.stderr,
+            )
             with open(self.path, "r+b") as f:
                 f.truncate(keep)
 
@@ -46,9 +52,9 @@ class JsonlLog:
         if not self.path.exists():
             return
         with open(self.path) as f:
-            for line in f:
+            for number, line in enumerate(f, 1):
                 if line.strip():
-                    yield json.loads(line)
+                    yield _record(line, self.path, number)
 
     def append(self, record: dict) -> None:
         line = json.dumps(record, separators=(",", ":")) + "\n"
@@ -60,6 +66,26 @@ class JsonlLog:
                 f.flush()
                 os.fsync(f.fileno())
             self.ids.add(record["id"])
+
+
+def read_json(path: str | Path, key: str, expected: str = "a JSON file") -> dict:
+    """The JSON object in ``path``; a missing, unreadable, torn or non-object file is one UserError naming
+    ``key`` (the setting or file kind), the file, the line and what was expected."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{key}: {str(path)!r} does not exist, expected {expected}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"{key}: cannot read {str(path)!r} ({err}), expected {expected}") from None
+    except json.JSONDecodeError as err:
+        raise UserError(
+            f"{key}: {str(path)!r} line {err.lineno} is not valid JSON ({err.msg}; torn by an interrupted write?), "
+            f"expected {expected}"
+        ) from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{key}: {str(path)!r} holds a JSON {type(obj).__name__}, expected {expected} with an object")
+    return obj
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -77,13 +103,19 @@ def read_jsonl(path: str | Path) -> list[dict]:
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            raise UserError(
-                f"dataset: {str(path)!r} line {number} is not a JSON record; expected one per line"
-            ) from None
+        records.append(_record(line, path, number))
     return records
+
+
+def _record(line: str | bytes, path: Path, number: int) -> dict:
+    """One JSONL line as a record (a JSON object with an ``id``); else a UserError naming the file and line."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        record = None
+    if not isinstance(record, dict) or "id" not in record:
+        raise UserError(f"dataset: {str(path)!r} line {number} is not a JSON record; expected one object per line")
+    return record
 
 
 def read_records(path: str | Path, ok_only: bool = True) -> list[dict]:
@@ -115,7 +147,7 @@ def write_manifest(path: Path, settings: dict, extra: dict) -> dict:
     path = Path(path)
     settings = json.loads(json.dumps(settings))  # tuples -> lists, as they read back
     if path.exists():
-        manifest = json.loads(path.read_text())
+        manifest = read_json(path, "dataset", "a manifest written by neuroshard_jax.collect")
         was, now = (m.get("hardware", {}).get("cpu") for m in (manifest, extra))
         if was and now and was != now:
             raise UserError(

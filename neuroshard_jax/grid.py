@@ -32,13 +32,26 @@ MEM_UNIT_BYTES = 1024
 MEMORY_ONLY = np.iinfo(np.int32).max  # a dim bound that never binds
 
 
-def mem_units(nbytes) -> np.ndarray:
-    """Shard memory in units, rounded up (i64 -> i32 safe for shards up to 2 TiB)."""
-    return -(-np.asarray(nbytes, dtype=np.int64) // MEM_UNIT_BYTES)
+MAX_UNITS = 2**29  # the cap and a whole task's tables stay below this: a device's i32 load + a shard cannot overflow
 
 
-def cap_units(cap_bytes: int) -> int:
-    return int(cap_bytes // MEM_UNIT_BYTES)
+def unit_bytes(task) -> int:
+    """Bytes per memory unit for ``task``: 1 KiB, or the smallest larger power of two that keeps its cap and its
+    tables' total memory below MAX_UNITS units (caps of 2 TiB and more: host memory, offloaded tables)."""
+    largest = max(task.mem_cap_bytes, sum(task.table_mem_bytes(i) for i in range(task.num_tables)))
+    unit = MEM_UNIT_BYTES
+    while largest // unit >= MAX_UNITS:
+        unit *= 2
+    return unit
+
+
+def mem_units(nbytes, unit: int = MEM_UNIT_BYTES) -> np.ndarray:
+    """Shard memory in units, rounded up (i64 values; i32 safe for the units of ``unit_bytes``)."""
+    return -(-np.asarray(nbytes, dtype=np.int64) // unit)
+
+
+def cap_units(cap_bytes: int, unit: int = MEM_UNIT_BYTES) -> int:
+    return int(cap_bytes // unit)
 
 
 def dim_bounds(alphas, total_dim: int, num_devices: int, memory_only_fallback: bool) -> np.ndarray:

@@ -63,6 +63,11 @@ def neural_checkpoint(config: NeuralConfig = NeuralConfig()) -> tuple[CostModel,
             f"python -m neuroshard_jax.train, or a shipped name ({', '.join(shipped_names())}), or cost_model=analytic"
         )
     model, meta = _load_neural(str(Path(path).resolve()))
+    if not (meta.get("datasets") or {}).get("comm"):
+        raise UserError(
+            f"cost_model.checkpoint: {path!r} has no trained comm nets (it was trained without a comm dataset); "
+            "expected a checkpoint trained with one (a dataset folder with comm.jsonl), or cost_model=analytic"
+        )
     return model, meta, path
 
 

@@ -6,23 +6,17 @@ The ``Plan`` type, its validity rules (``Plan.validate``, by ``sharding``) and t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from neuroshard_jax.errors import UserError
+from neuroshard_jax.datasets import read_json
 from neuroshard_jax.types import Plan
 
 
 def load_plan(path: str | Path) -> Plan:
     """Read and validate a plan.json file."""
     path = Path(path)
-    try:
-        obj = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"plan: {str(path)!r} does not exist, expected a plan.json file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"plan: cannot read {str(path)!r} as JSON ({err})") from None
+    obj = read_json(path, "plan", "a plan.json file")
     return Plan.from_json(obj, where=f"plan {path.name}")
 
 

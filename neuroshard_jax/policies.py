@@ -32,10 +32,11 @@ FORMAT_VERSION = 1
 
 def save_policy(path: Path, config: PolicyConfig, params: PolicyParams, opt_state, meta: dict) -> None:
     """Write a policy checkpoint into the directory ``path`` (its ``policy/`` and ``optimizer/`` must not exist)."""
-    save_tree(path / "policy", {"net": nnx.to_pure_dict(params.net), "stats": params.stats._asdict()})
+    net = {"net": nnx.to_pure_dict(params.net), "stats": params.stats._asdict()}
+    digests = {"policy": save_tree(path / "policy", net)}
     if opt_state is not None:
-        save_tree(path / "optimizer", {"leaves": jax.tree_util.tree_leaves(opt_state)})
-    full = {"format": FORMAT_VERSION, "policy_config": dataclasses.asdict(config), **meta}
+        digests["optimizer"] = save_tree(path / "optimizer", {"leaves": jax.tree_util.tree_leaves(opt_state)})
+    full = {"format": FORMAT_VERSION, "policy_config": dataclasses.asdict(config), **meta, "digests": digests}
     (path / "meta.json").write_text(json.dumps(full, indent=1) + "\n")
 
 
@@ -49,19 +50,22 @@ def policy_dir(path: str | Path) -> Path:
 def load_policy(path: str | Path, tx: optax.GradientTransformation | None = None):
     """Restore (graph, params, optimizer state or None, meta) from a policy checkpoint directory."""
     path = policy_dir(path)
-    meta = read_meta(path)
+    meta = read_meta(path, "searcher.policy")
     if meta.get("format") != FORMAT_VERSION or "policy_config" not in meta:
         raise UserError(f"searcher.policy: {str(path)!r} is not a policy checkpoint (no policy_config in meta.json)")
     config = PolicyConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in meta["policy_config"].items()})
     graph, state = nnx.split(Policy(config, nnx.Rngs(0)))
     stats = FeatureStats(jnp.zeros(NUM_FEATURES), jnp.ones(NUM_FEATURES))
-    tree = restore_tree(path / "policy", {"net": nnx.to_pure_dict(state), "stats": stats._asdict()})
+    digests = meta.get("digests") if isinstance(meta.get("digests"), dict) else {}
+    net = {"net": nnx.to_pure_dict(state), "stats": stats._asdict()}
+    tree = restore_tree(path / "policy", net, "searcher.policy", digests.get("policy"))
     nnx.replace_by_pure_dict(state, tree["net"])
     params = PolicyParams(state, FeatureStats(jnp.asarray(tree["stats"]["mean"]), jnp.asarray(tree["stats"]["std"])))
     opt_state = None
     if tx is not None:
         template = tx.init(state)
-        leaves = restore_tree(path / "optimizer", {"leaves": jax.tree_util.tree_leaves(template)})["leaves"]
+        optimizer = {"leaves": jax.tree_util.tree_leaves(template)}
+        leaves = restore_tree(path / "optimizer", optimizer, "searcher.policy", digests.get("optimizer"))["leaves"]
         opt_state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template), leaves)
     return graph, params, opt_state, meta
 

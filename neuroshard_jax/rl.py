@@ -27,7 +27,7 @@ from flax import nnx
 
 from neuroshard_jax.cost_models import CostFns, CostModel, bucket, combine_costs, plan_cost_ms
 from neuroshard_jax.features import NUM_FEATURES
-from neuroshard_jax.grid import cap_units, mem_units
+from neuroshard_jax.grid import cap_units, mem_units, unit_bytes
 from neuroshard_jax.neural import MLP, FeatureStats, normalize
 from neuroshard_jax.scoring import single_shard_costs
 from neuroshard_jax.types import Plan, Task
@@ -106,14 +106,15 @@ def task_arrays(
         out[:t] = a[order]
         return out
 
-    mem = mem_units([task.table_mem_bytes(i) for i in range(t)])
+    unit = unit_bytes(task)
+    mem = mem_units([task.table_mem_bytes(i) for i in range(t)], unit)
     arrays = TaskArrays(
         feats=pad(feats, np.float32),
         z=pad(z, np.float32),
         mem=pad(mem, np.int32),
         dims=pad(np.array([tb.dim for tb in task.tables]), np.int32),
         valid=np.arange(t_pad) < t,
-        cap=np.int32(cap_units(task.mem_cap_bytes)),
+        cap=np.int32(cap_units(task.mem_cap_bytes, unit)),
         device_mask=np.arange(n_pad) < task.num_devices,
         total_dim=np.float32(sum(tb.dim for tb in task.tables)),
         penalty_ms=np.float32(penalty * single.sum()),

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
 
 from neuroshard_jax.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GIB_BYTES, TASK_DIMS
+from neuroshard_jax.datasets import read_json
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.sharding import is_legal_dim, mem_bytes, narrowest_dim
 from neuroshard_jax.tables import PoolSpec, TablePool, load_pool
@@ -132,13 +132,8 @@ def make_task(config: TaskConfig, seed: int, path: str | None = None) -> Task:
 def load_task(path: str | Path) -> Task:
     """Read a task file (the object under "task" in plan.json; a whole plan.json is accepted too)."""
     path = Path(path)
-    try:
-        obj = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"task.path: {str(path)!r} does not exist, expected a task JSON file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"task.path: cannot read {str(path)!r} as JSON ({err}), expected a task JSON file") from None
-    if isinstance(obj, dict) and "task" in obj and "tables" not in obj:
+    obj = read_json(path, "task.path", "a task JSON file")
+    if "task" in obj and "tables" not in obj:
         obj = obj["task"]
     return Task.from_json(obj, where=f"task file {path.name}")
 

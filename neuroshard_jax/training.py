@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from tqdm import tqdm
 from neuroshard_jax.analytic import ANALYTIC_FNS, analytic_params
 from neuroshard_jax.checkpoints import load_checkpoint, load_ensemble, read_meta, save_checkpoint, save_ensemble
 from neuroshard_jax.cost_models import bucket, device_compute_ms
-from neuroshard_jax.datasets import package_path, read_records
+from neuroshard_jax.datasets import package_path, read_json, read_records
 from neuroshard_jax.ensemble import (
     EnsembleConfig,
     EnsembleNets,
@@ -55,6 +54,19 @@ class TrainConfig:
     split: tuple[float, float, float] = (0.8, 0.1, 0.1)
     progress: bool = True
 
+    def __post_init__(self):
+        for field in ("epochs", "batch_size"):
+            if getattr(self, field) < 1:
+                raise UserError(f"train.{field}: got {getattr(self, field)}, expected an integer >= 1")
+        for field in ("learning_rate", "weight_decay", "final_lr_fraction"):
+            if not getattr(self, field) >= 0 or (field == "learning_rate" and not self.learning_rate > 0):
+                bound = "> 0" if field == "learning_rate" else ">= 0"
+                raise UserError(f"train.{field}: got {getattr(self, field)}, expected a number {bound}")
+        if self.seed < 0:
+            raise UserError(f"train.seed: got {self.seed}, expected an integer >= 0")
+        if len(self.split) != 3 or min(self.split) < 0 or not self.split[0] > 0 or abs(sum(self.split) - 1) > 1e-6:
+            raise UserError(f"train.split: got {list(self.split)}, expected 3 shares >= 0 summing to 1, train > 0")
+
 
 def split_indices(count: int, fractions, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Train / validation / test indices from a seeded permutation."""
@@ -79,11 +91,7 @@ def resolve_dataset(path: str | Path) -> Path:
 
 def load_manifest(dataset_dir: Path, kind: str) -> dict:
     path = Path(dataset_dir) / f"manifest-{kind}.json"
-    if not path.exists():
-        raise UserError(
-            f"dataset: {str(path)!r} does not exist, expected a {kind} dataset collected by neuroshard_jax.collect"
-        )
-    return json.loads(path.read_text())
+    return read_json(path, "dataset", f"the manifest of a {kind} dataset collected by neuroshard_jax.collect")
 
 
 def compute_arrays(dataset_dir: Path, extra_records: list[dict] = ()):

@@ -9,6 +9,7 @@ memory, tiling) are ``neuroshard_jax.sharding``'s; the types only call them.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from typing import Any
 
@@ -113,6 +114,7 @@ class Task:
         """Parse and validate a task object; errors name ``where.field``."""
         if not isinstance(obj, dict):
             raise UserError(f"{where}: got {type(obj).__name__}, expected a JSON object")
+        _known_keys(obj, TASK_KEYS, where)
         num_devices = _int_field(obj, "num_devices", where, minimum=1)
         mem_cap_gb = _float_field(obj, "mem_cap_gb", where, positive=True)
         batch_size = _int_field(obj, "batch_size", where, minimum=1)
@@ -320,6 +322,21 @@ def _costs_from_json(obj: dict, num_devices: int) -> PlanCosts | None:
         return None
 
 
+# The task file schema, in one place: the keys a task object and its tables may have (``size`` is written by
+# ``to_json`` for readers and ignored on input: rows x dim). Anything else is refused, naming the nearest key.
+TASK_KEYS = ("num_devices", "mem_cap_gb", "batch_size", "precision", "tables", "pool")
+TABLE_KEYS = ("id", "name", "rows", "dim", "pooling_factor", "size", "bins")
+BINS_TOLERANCE = 0.01  # the access-histogram shares of a looked-up table sum to 1 within this
+
+
+def _known_keys(obj: dict, known: tuple[str, ...], where: str) -> None:
+    for key in obj:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise UserError(f"{where}.{key}: unknown key, {hint}expected one of {', '.join(known)}")
+
+
 def _field(obj: dict, name: str, where: str) -> Any:
     if name not in obj:
         raise UserError(f"{where}.{name}: missing, expected a value")
@@ -345,6 +362,7 @@ def _float_field(obj: dict, name: str, where: str, positive: bool = False) -> fl
 def _table_from_json(obj: Any, where: str) -> Table:
     if not isinstance(obj, dict):
         raise UserError(f"{where}: got {obj!r:.60}, expected a table object")
+    _known_keys(obj, TABLE_KEYS, where)
     table_id = _int_field(obj, "id", where, minimum=0)
     rows = _int_field(obj, "rows", where, minimum=1)
     dim = _int_field(obj, "dim", where, minimum=DIM_ALIGNMENT)
@@ -358,6 +376,14 @@ def _table_from_json(obj: Any, where: str) -> Table:
         or not all(isinstance(b, (int, float)) and math.isfinite(b) and 0 <= b <= 1 for b in bins)
     ):
         raise UserError(f"{where}.bins: got {bins!r:.60}, expected {NUM_BINS} shares in [0, 1]")
+    total = math.fsum(bins)
+    if pooling > 0 and abs(total - 1) > BINS_TOLERANCE:
+        raise UserError(
+            f"{where}.bins: the shares sum to {total:.4g}, expected 1 (within {BINS_TOLERANCE}) for a table with "
+            f"pooling_factor {pooling:g}"
+        )
+    if pooling == 0 and total > 0 and abs(total - 1) > BINS_TOLERANCE:
+        raise UserError(f"{where}.bins: the shares sum to {total:.4g}, expected 1 (within {BINS_TOLERANCE}) or all 0")
     name = obj.get("name")
     if name is not None and not (isinstance(name, str) and name):
         raise UserError(f"{where}.name: got {name!r:.60}, expected a non-empty string")

@@ -16,7 +16,7 @@ from neuroshard_jax.constants import GIB_BYTES
 from neuroshard_jax.cost_models import CostModel, bucket
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.features import NUM_FEATURES
-from neuroshard_jax.grid import ShardBatch, cap_units, dim_bounds, grid_search, mem_units
+from neuroshard_jax.grid import ShardBatch, cap_units, dim_bounds, grid_search, mem_units, unit_bytes
 from neuroshard_jax.scoring import single_shard_costs
 from neuroshard_jax.sharding import max_halvings, shard_features
 from neuroshard_jax.types import Plan, Task
@@ -41,7 +41,9 @@ class SplitSpace:
         for t in range(task.num_tables):
             for k in range(levels):
                 self.feats[t, k] = shard_features(task_feats[t], int(self.shard_dim[t, k]))
-        self.mem = mem_units([[task.table_mem_bytes(t, int(d)) for d in row] for t, row in enumerate(self.shard_dim)])
+        self.unit = unit_bytes(task)
+        shard_bytes = [[task.table_mem_bytes(t, int(d)) for d in row] for t, row in enumerate(self.shard_dim)]
+        self.mem = mem_units(shard_bytes, self.unit)
         self.shard_size = np.array([[t.rows] for t in task.tables]) * self.shard_dim
         self.single_ms = np.asarray(single_shard_costs(model.fns, model.params, self.feats)[1], dtype=np.float64)
 
@@ -88,7 +90,7 @@ class Scorer:
         self.space, self.model = space, model
         total_dim = sum(t.dim for t in task.tables)
         self.bounds = dim_bounds(config.alphas, total_dim, task.num_devices, config.memory_only_fallback)
-        self.cap = np.int32(cap_units(task.mem_cap_bytes))
+        self.cap = np.int32(cap_units(task.mem_cap_bytes, space.unit))
         self.device_mask = np.ones(task.num_devices, dtype=bool)
         self.best: tuple[float, tuple[int, ...], np.ndarray] | None = None
         self.candidates_scored = 0

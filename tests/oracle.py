@@ -8,7 +8,7 @@ import jax
 import numpy as np
 
 from neuroshard_jax.cost_models import plan_cost_ms
-from neuroshard_jax.grid import cap_units, dim_bounds, mem_units
+from neuroshard_jax.grid import cap_units, dim_bounds, mem_units, unit_bytes
 from neuroshard_jax.scoring import score_plan
 from neuroshard_jax.sharding import shard_features
 from neuroshard_jax.types import Plan
@@ -22,7 +22,8 @@ class Oracle:
         self.feats = task.features()
         total_dim = sum(t.dim for t in task.tables)
         self.bounds = [int(b) for b in dim_bounds(alphas, total_dim, task.num_devices, memory_only_fallback)]
-        self.cap = cap_units(task.mem_cap_bytes)
+        self.unit = unit_bytes(task)
+        self.cap = cap_units(task.mem_cap_bytes, self.unit)
 
     def shard(self, t, dim):
         z = np.asarray(self._embed(shard_features(self.feats[t], dim).astype(np.float32)))
@@ -39,7 +40,7 @@ class Oracle:
         devices = [None] * len(slots)
         for i in order:
             t, d = slots[i]
-            need = int(mem_units(task.table_mem_bytes(t, d)))
+            need = int(mem_units(task.table_mem_bytes(t, d), self.unit))
             eligible = [j for j in range(n) if used[j] + need <= self.cap and dim_sums[j] + d <= bound]
             if not eligible:
                 return None

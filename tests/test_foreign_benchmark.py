@@ -37,7 +37,8 @@ def test_every_family_draws_valid_tables_deterministically(family):
 
 
 def _entry(measured, predicted=None):
-    return {"family": "f", "measured": measured, "predicted": predicted or measured, "noise": 0.01}
+    entry = {"family": "f", "measured": measured, "predicted": predicted or measured, "noise": 0.01}
+    return {**entry, "time_s": 2.0, "measurements": 6}
 
 
 def test_report_ratios_wins_bounds_and_errors_by_hand():
@@ -66,3 +67,5 @@ def test_report_ratios_wins_bounds_and_errors_by_hand():
     assert beam["device_mape"] == pytest.approx((0 + 1 + 0 + 0.5) / 8)
     # the balance bound: the lowest mean device compute of any plan, over TorchRec's slowest device
     assert summary["balance_bound_vs_torchrec"] == pytest.approx((26.1 / 4 / 10 + 18 / 4 / 5) / 2)
+    assert beam["slowest_vs_bound"] == pytest.approx((8 / (26.1 / 4) + 6 / (18 / 4)) / 2)
+    assert beam["mean_time_s"] == 2.0 and beam["mean_measurements"] == 6

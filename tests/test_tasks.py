@@ -76,7 +76,7 @@ def test_unreadable_task_files(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
         load_task(tmp_path / "nope.json")
     (tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(UserError, match="cannot read"):
+    with pytest.raises(UserError, match="line 1 is not valid JSON"):
         load_task(tmp_path / "bad.json")
 
 

@@ -26,6 +26,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from neuroshard_jax.datasets import read_json, read_jsonl
+from neuroshard_jax.errors import UserError
+
 GREEDY = ("dim_greedy", "size_greedy", "lookup_greedy", "size_lookup_greedy")
 TASK_OVERRIDES = ("task.", "task=", "seed=", "output=")  # these choose tasks, not searchers
 
@@ -35,23 +38,26 @@ def _digest(obj) -> str:
 
 
 def _jsonl(path: Path) -> dict[str, dict]:
-    if not path.exists():
-        return {}
-    return {r["id"]: r for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip())}
+    """The records of a run's JSONL file by id (a torn last line, a run still being written, is left out)."""
+    return {r["id"]: r for r in read_jsonl(path)} if path.exists() else {}
 
 
-def _hydra_overrides(run_dir: Path) -> list[str]:
+def _raw_overrides(run_dir: Path) -> list[str]:
     path = run_dir / ".hydra" / "overrides.yaml"
     if not path.exists():
         return []
     from omegaconf import OmegaConf
 
+    return [str(o) for o in OmegaConf.load(path)]
+
+
+def _hydra_overrides(run_dir: Path) -> list[str]:
     skip = ("searcher=", "experiment=", "hydra.", "hydra/")
-    return [o for o in OmegaConf.load(path) if not o.lstrip("+~").startswith(skip)]
+    return [o for o in _raw_overrides(run_dir) if not o.lstrip("+~").startswith(skip)]
 
 
 def suite_entries(run_dir: Path) -> list[dict]:
-    settings = json.loads((run_dir / "suite.json").read_text())
+    settings = read_json(run_dir / "suite.json", "suite", "the suite.json of a suite run")
     tasks = _digest(settings["task"])
     measured = _jsonl(run_dir / "measured.jsonl")
     base = {"run": str(run_dir), "searcher": settings["searcher"], "overrides": settings["overrides"]}
@@ -74,22 +80,31 @@ def suite_entries(run_dir: Path) -> list[dict]:
 
 
 def plan_entry(path: Path) -> dict:
-    plan = json.loads(path.read_text())
-    base = {"run": str(path.parent), "searcher": plan.get("searcher"), "overrides": _hydra_overrides(path.parent)}
+    plan = read_json(path, "plan", "a plan.json written by python -m neuroshard_jax")
+    overrides = _hydra_overrides(path.parent)
+    named = [o.partition("=")[2] for o in _raw_overrides(path.parent) if o.startswith("searcher=")]
+    searcher = plan.get("searcher") or (named[-1] if named else None)
+    if not isinstance(searcher, str):
+        raise UserError(f"plan: {str(path)!r} names no searcher (nor its run's overrides), expected a plan.json")
+    base = {"run": str(path.parent), "searcher": searcher, "overrides": overrides}
+    task = plan.get("task") if isinstance(plan.get("task"), dict) else {}
+    devices, tables = task.get("num_devices"), task.get("tables")
     if "infeasible" in plan:  # counted, never compared
-        task = plan.get("task") or {}
-        devices, tables = task.get("num_devices"), len(task.get("tables", [])) or None
+        tables = len(tables) if isinstance(tables, list) else None
         return {**base, "task": _digest(task), "devices": devices, "tables": tables, "infeasible": plan["infeasible"]}
     evaluation = path.with_name("evaluation.json")
-    return {
-        **base,
-        "task": _digest(plan["task"]),
-        "devices": plan["task"]["num_devices"],
-        "tables": len(plan["task"]["tables"]),
-        "predicted": plan["cost_ms"],
-        "measured": json.loads(evaluation.read_text())["cost_ms"] if evaluation.exists() else None,
-        "search_s": plan["search_time_s"],
-    }
+    try:
+        return {
+            **base,
+            "task": _digest(task),
+            "devices": int(devices),
+            "tables": len(tables),
+            "predicted": float(plan["cost_ms"]),
+            "measured": float(read_json(evaluation, "evaluation")["cost_ms"]) if evaluation.exists() else None,
+            "search_s": float(plan["search_time_s"]),
+        }
+    except (KeyError, TypeError, ValueError) as err:
+        raise UserError(f"plan: {str(path)!r} lacks a valid {err}, expected a plan.json (or evaluation.json)") from None
 
 
 def load_runs(root: Path) -> list[dict]:
@@ -187,7 +202,7 @@ def report(entries: list[dict]) -> tuple[str, dict]:
         f"{n} devices": [e for e in entries if e["devices"] == n]
         for n in sorted({e["devices"] for e in entries if e["devices"]})
     }
-    if len(groups) != 1:
+    if len(groups) != 1 or any(not e["devices"] for e in entries):  # a bare infeasible record counts here
         groups["all tasks"] = entries
     summaries = {name: summarize(group) for name, group in groups.items()}
     return "\n".join(markdown_table(s, name) for name, s in summaries.items()), summaries
@@ -236,7 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="default: the multirun directory")
     args = parser.parse_args(argv)
     root = Path(args.multirun_dir)
-    entries = load_runs(root) if root.is_dir() else []
+    try:
+        entries = load_runs(root) if root.is_dir() else []
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if not entries:
         print(
             f"error: {str(root)!r} holds no suite run or plan.json, expected a multirun directory of "

@@ -202,9 +202,21 @@ def benchmark_tasks(cache: Path | None = None) -> list[tuple[str, str, Task]]:
 # Plans
 
 
-def plan_all(out: Path, model: str, model_options: dict, searchers: list[str]) -> None:
+def chosen(out: Path, count: int) -> set[str]:
+    """The ids of the first ``count`` / 2 tasks at 4 and at 8 devices (every task: 0); a subset for costly runs
+    (polishing) that every stage then uses alike, so searchers are compared on the same tasks."""
+    ids = [task_id for task_id, _, _ in benchmark_tasks(out / TASKS_FILE)]
+    if count <= 0:
+        return set(ids)
+    per_size = -(-count // 2)
+    return {t for n in (4, 8) for t in [i for i in ids if i.startswith(f"d{n}-")][:per_size]}
+
+
+def plan_all(out: Path, model: str, model_options: dict, searchers: list[str], only: set[str]) -> None:
     log = JsonlLog(out / "plans.jsonl")
     for task_id, family, task in benchmark_tasks(out / TASKS_FILE):
+        if task_id not in only:
+            continue
         for searcher in searchers:
             base, polish = searcher.removesuffix(POLISHED), searcher.endswith(POLISHED)
             label = "-" if base in MODEL_FREE and not polish else model_label(model, model_options)
@@ -245,10 +257,10 @@ def plan_of(row: dict, tasks: dict[str, Task]) -> Plan | None:
 # Measurements
 
 
-def measure_all(out: Path, repeats: int, config: EvaluateConfig, label: str | None = None) -> None:
-    """Measure every device of the current plans (with ``label``: only the model-free searchers' and that
-    model's plans), ``repeats`` interleaved times."""
-    tasks = {task_id: task for task_id, _, task in benchmark_tasks(out / TASKS_FILE)}
+def measure_all(out: Path, repeats: int, config: EvaluateConfig, label: str | None, only: set[str]) -> None:
+    """Measure every device of the current plans of the tasks ``only`` (with ``label``: only the model-free
+    searchers' and that model's plans), ``repeats`` interleaved times."""
+    tasks = {task_id: task for task_id, _, task in benchmark_tasks(out / TASKS_FILE) if task_id in only}
     rows = [
         r
         for r in JsonlLog(out / "plans.jsonl").records()
@@ -294,8 +306,8 @@ def measure_all(out: Path, repeats: int, config: EvaluateConfig, label: str | No
 # Report
 
 
-def report(out: Path, model: str, model_options: dict, tie: float) -> dict:
-    tasks = {task_id: (family, task) for task_id, family, task in benchmark_tasks(out / TASKS_FILE)}
+def report(out: Path, model: str, model_options: dict, tie: float, only: set[str]) -> dict:
+    tasks = {t: (family, task) for t, family, task in benchmark_tasks(out / TASKS_FILE) if t in only}
     label = model_label(model, model_options)
     measured: dict[str, list[float]] = {}
     cpu = hardware()["cpu"]  # labels belong to one kind of hardware: only this machine's kind's measurements
@@ -305,10 +317,15 @@ def report(out: Path, model: str, model_options: dict, tie: float) -> dict:
     by_task: dict[str, dict[str, dict]] = {}
     models: dict = {}
     for row in JsonlLog(out / "plans.jsonl").records():
-        if row["model"] not in ("-", label) or not current(row):
+        if row["model"] not in ("-", label) or not current(row) or row["task"] not in tasks:
             continue
         family, task = tasks[row["task"]]
-        entry = {"family": family}
+        polish = row.get("polish") or {}
+        entry = {
+            "family": family,
+            "time_s": (row.get("search_time_s") or 0.0) + polish.get("time_s", 0.0),
+            "measurements": polish.get("measurements", 0),
+        }
         if "plan" not in row:
             entry["infeasible" if "infeasible" in row else "error"] = row.get("infeasible") or row.get("error")
         else:
@@ -326,10 +343,10 @@ def report(out: Path, model: str, model_options: dict, tie: float) -> dict:
             entry.update(predicted=predicted, measured=compute, noise=max(spread) if spread else None)
         by_task.setdefault(row["task"], {})[row["searcher"]] = entry
     summary = summarise(by_task, tasks, tie)
-    write_json(
-        {"model": label, "tie": tie, "hardware": cpu, "tasks": by_task, "summary": summary},
-        out / f"report-{label.replace(':', '_')}.json",
-    )
+    subset = f"-{len(tasks)}tasks" if len(tasks) < 2 * TASKS_PER_SIZE else ""
+    name = f"report-{label.replace(':', '_')}{subset}"
+    result = {"model": label, "tie": tie, "hardware": cpu, "tasks": by_task, "summary": summary}
+    write_json(result, out / f"{name}.json")
     return summary
 
 
@@ -356,12 +373,17 @@ def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
             bound_ratio.append(bound / slow["torchrec"])
             for s, e in entries.items():
                 stats = per_searcher.setdefault(
-                    s, {"ratio": [], "wins": 0, "infeasible": 0, "failed": 0, "ape": [], "over2x": 0}
+                    s,
+                    {"ratio": [], "bound": [], "time": [], "measurements": [], "wins": 0, "infeasible": 0, "failed": 0}
+                    | {"ape": [], "over2x": 0},
                 )
                 if "measured" not in e:
                     stats["infeasible" if "infeasible" in e else "failed"] += 1
                     continue
                 stats["ratio"].append(slow[s] / slow["torchrec"])
+                stats["bound"].append(slow[s] / bound)
+                stats["time"].append(e["time_s"])
+                stats["measurements"].append(e["measurements"])
                 stats["wins"] += slow[s] <= best * (1 + tie)
                 for p, m in zip(e["predicted"], e["measured"]):
                     if m > 0:
@@ -378,6 +400,9 @@ def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
             "searchers": {
                 s: {
                     "slowest_vs_torchrec": float(np.mean(v["ratio"])) if v["ratio"] else None,
+                    "slowest_vs_bound": float(np.mean(v["bound"])) if v["bound"] else None,
+                    "mean_time_s": float(np.mean(v["time"])) if v["time"] else None,
+                    "mean_measurements": float(np.mean(v["measurements"])) if v["measurements"] else None,
                     "best_or_tied": v["wins"],
                     "infeasible": v["infeasible"],
                     "failed": v["failed"],
@@ -398,11 +423,15 @@ def print_summary(summary: dict) -> None:
             f"{_pct(s['balance_bound_vs_torchrec'])} of TorchRec's slowest device; the model's device compute MAPE "
             f"{_pct(s['model_device_mape'])} over {s['model_devices']} devices, {s['model_devices_off_2x']} off by > 2x"
         )
-        print(f"{'searcher':20s} {'slowest/torchrec':>16s} {'best':>5s} {'infeas':>6s} {'MAPE':>7s} {'>2x':>5s}")
+        print(
+            f"{'searcher':24s} {'slowest/torchrec':>16s} {'slowest/bound':>13s} {'best':>5s} {'infeas':>6s} "
+            f"{'MAPE':>7s} {'>2x':>5s} {'time_s':>7s} {'meas':>5s}"
+        )
         for name, v in sorted(s["searchers"].items(), key=lambda kv: kv[1]["slowest_vs_torchrec"] or 9):
             print(
-                f"{name:20s} {_pct(v['slowest_vs_torchrec']):>16s} {v['best_or_tied']:>5d} {v['infeasible']:>6d} "
-                f"{_pct(v['device_mape']):>7s} {v['devices_off_2x']:>5d}"
+                f"{name:24s} {_pct(v['slowest_vs_torchrec']):>16s} {_pct(v['slowest_vs_bound']):>13s} "
+                f"{v['best_or_tied']:>5d} {v['infeasible']:>6d} {_pct(v['device_mape']):>7s} {v['devices_off_2x']:>5d} "
+                f"{v['mean_time_s'] or 0:7.1f} {v['mean_measurements'] or 0:5.0f}"
             )
 
 
@@ -423,6 +452,7 @@ def main() -> None:
         "--only-model", action="store_true", help="measure: only the plans of --model/--checkpoint (and model-free)"
     )
     parser.add_argument("--tie", type=float, default=0.03, help="relative margin within which plans tie")
+    parser.add_argument("--tasks", type=int, default=0, help="the first N/2 tasks at 4 and at 8 devices (0: all)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -433,12 +463,12 @@ def main() -> None:
                 mem = sum(task.table_mem_bytes(i) for i in range(task.num_tables)) / 2**30
                 print(f"{task_id} {family:22s} {task.num_tables:3d} tables {mem:7.2f} GiB cap {task.mem_cap_gb} GiB")
         elif args.stage == "plan":
-            plan_all(out, args.model, options, args.searchers.split(","))
+            plan_all(out, args.model, options, args.searchers.split(","), chosen(out, args.tasks))
         elif args.stage == "measure":
             label = model_label(args.model, options) if args.only_model else None
-            measure_all(out, args.repeats, EvaluateConfig(workers=args.workers), label)
+            measure_all(out, args.repeats, EvaluateConfig(workers=args.workers), label, chosen(out, args.tasks))
         else:
-            print_summary(report(out, args.model, options, args.tie))
+            print_summary(report(out, args.model, options, args.tie, chosen(out, args.tasks)))
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -1,0 +1,323 @@
+"""Bad input and faults, class by class: each is one ``error:`` line (exit 2, no traceback) or is accepted for a
+stated reason; nothing already written is lost or modified. In-process where a subprocess start is not the point."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.types import Task
+from tests.conftest import REPO, make_table, make_task, run_cli
+
+SHIPPED = REPO / "neuroshard_jax" / "data" / "models" / "cpu-ensemble"
+
+
+def _one_line(message: str, *fragments: str) -> None:
+    assert "\n" not in message.strip() and "Traceback" not in message, message
+    for f in fragments:
+        assert f in message, message
+
+
+def _exit_2(capsys, call, *fragments: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        call()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: "), err
+    _one_line(err, *fragments)
+
+
+# --- 1. a valid task with a huge memory cap -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("searcher", ["beam", "grid", "rl"])
+def test_a_cap_of_terabytes_is_planned(searcher):
+    """Caps of 2 TiB and more (host memory, offloaded tables) overflowed the i32 memory units; the units now
+    grow with the task, so the plan is the one a 1 TiB cap gives (memory never binds in either)."""
+    from neuroshard_jax.search import search_plan
+
+    tables = [make_table(i, rows=1000 * (i + 1), dim=16 * (1 + i % 2), pooling=2.0 + i) for i in range(8)]
+    plans = []
+    for cap in (1024.0, 4096.0, 10.0**6):
+        task = make_task(tables, num_devices=3, mem_cap_gb=cap, batch_size=4096 if searcher == "rl" else 512)
+        model = "neural" if searcher == "rl" else "analytic"
+        plans.append(search_plan(task, searcher, model, 0).validate())
+    assert plans[0].shards == plans[1].shards == plans[2].shards
+
+
+def test_memory_units_stay_within_int32_and_round_safely():
+    from neuroshard_jax.grid import MAX_UNITS, cap_units, mem_units, unit_bytes
+
+    task = make_task([make_table(0, rows=10**9, dim=128)], num_devices=2, mem_cap_gb=2.0**20)  # 1 PiB per device
+    unit = unit_bytes(task)
+    assert unit > 1024 and cap_units(task.mem_cap_bytes, unit) < MAX_UNITS
+    assert mem_units(task.table_mem_bytes(0), unit) * unit >= task.table_mem_bytes(0)  # a shard rounds up
+    assert cap_units(task.mem_cap_bytes, unit) * unit <= task.mem_cap_bytes  # the cap rounds down
+    assert unit_bytes(make_task([make_table(0)], mem_cap_gb=4.0)) == 1024
+
+
+# --- 2. overrides: every one type-checked before any work (the rest are in test_cli) ---------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["task.path=some_task.json", "seed=abc"], "seed: got 'abc', expected an integer"),
+        (["task.num_devices=2.5"], "task.num_devices: got 2.5, expected an integer"),
+        (["task.num_tables=-3"], "task.num_tables"),
+        (["task.batch_size=abc"], "task.batch_size: got 'abc', expected an integer"),
+        (["searcher=grid", "searcher.alphas=[0.5]"], "searcher.alphas"),
+    ],
+)
+def test_overrides_are_checked_before_any_work(capsys, argv, fragment):
+    from neuroshard_jax.__main__ import main_config
+    from neuroshard_jax.cli import check_command_line
+
+    _exit_2(capsys, lambda: check_command_line("config", argv, main_config), fragment)
+
+
+@pytest.mark.parametrize(
+    "app, argv, fragment",
+    [
+        ("collect", ["num_samples=-1"], "num_samples: got -1, expected an integer >= 1"),
+        ("collect", ["warmup=-2"], "warmup: got -2"),
+        ("train", ["train.epochs=0"], "train.epochs: got 0, expected an integer >= 1"),
+        ("train", ["train.split=[0.5,0.5,0.5]"], "train.split"),
+        ("train", ["train.learning_rate=0"], "train.learning_rate: got 0.0, expected a number > 0"),
+    ],
+)
+def test_app_settings_are_checked(capsys, app, argv, fragment):
+    from neuroshard_jax.cli import check_command_line
+    from neuroshard_jax.collect import config_from as collect_config
+    from neuroshard_jax.train import app_config as train_config
+
+    validate = {"collect": collect_config, "train": train_config}[app]
+    _exit_2(capsys, lambda: check_command_line(app, argv, validate), fragment)
+
+
+# --- 3. damaged or mismatched checkpoints ------------------------------------------------------------------
+
+
+def _truncate_a_tensor_file(path):
+    blobs = sorted((path / "state" / "ocdbt.process_0" / "d").iterdir(), key=lambda p: -p.stat().st_size)
+    blobs[0].write_bytes(blobs[0].read_bytes()[:40])
+
+
+def _garble_a_tensor_file(path):
+    blobs = sorted((path / "state" / "ocdbt.process_0" / "d").iterdir(), key=lambda p: -p.stat().st_size)
+    data = bytearray(blobs[0].read_bytes())
+    data[len(data) // 3 : len(data) // 3 + 64] = b"\xff" * 64
+    blobs[0].write_bytes(bytes(data))
+
+
+def _truncate_meta(path):
+    text = (path / "meta.json").read_text()
+    (path / "meta.json").write_text(text[: len(text) // 2])
+
+
+def _truncate_metadata(path):
+    target = path / "state" / "_METADATA"
+    target.write_text(target.read_text()[:30])
+
+
+def _other_net_config(path):
+    meta = json.loads((path / "meta.json").read_text())
+    meta["net_config"]["hidden"] = [32, 32]
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
+def _no_net_config(path):
+    meta = json.loads((path / "meta.json").read_text())
+    del meta["net_config"]["members"]
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
+def _no_comm_nets(path):
+    meta = json.loads((path / "meta.json").read_text())
+    del meta["datasets"]["comm"]
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
+def _state_removed(path):
+    shutil.rmtree(path / "state")
+
+
+@pytest.mark.parametrize(
+    "damage, fragment",
+    [
+        (_truncate_a_tensor_file, "could not be restored"),
+        (_garble_a_tensor_file, "could not be restored"),
+        (_truncate_meta, "meta.json' could not be read"),
+        (_truncate_metadata, "could not be restored"),
+        (_other_net_config, "could not be restored"),
+        (_no_net_config, "has no valid net_config"),
+        (_no_comm_nets, "has no trained comm nets"),
+        (_state_removed, "could not be restored"),
+    ],
+)
+def test_a_damaged_checkpoint_is_one_line(tmp_path, damage, fragment):
+    from neuroshard_jax.models import make_cost_model
+
+    path = tmp_path / "ckpt"
+    shutil.copytree(SHIPPED, path)
+    damage(path)
+    task = make_task([make_table(0), make_table(1)], batch_size=4096)
+    with pytest.raises(UserError) as err:
+        make_cost_model("neural", task, {"checkpoint": str(path)})
+    _one_line(str(err.value), "cost_model.checkpoint", "ckpt", fragment)
+
+
+def test_a_damaged_checkpoint_on_the_command_line(tmp_path):
+    """End to end: exit 2, the one line, no traceback."""
+    path = tmp_path / "ckpt"
+    shutil.copytree(SHIPPED, path)
+    _truncate_a_tensor_file(path)
+    done = run_cli(f"cost_model.checkpoint={path}", "task.num_tables=8", f"hydra.run.dir={tmp_path / 'run'}")
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: cost_model.checkpoint"), done.stderr
+
+
+# --- 4. outputs that cannot be written ---------------------------------------------------------------------
+
+
+def test_an_output_folder_that_cannot_be_written_is_refused_before_work(tmp_path, capsys):
+    from neuroshard_jax.cli import check_output_folder
+
+    (tmp_path / "a_file").write_text("x")
+    _exit_2(capsys, lambda: check_output_folder([f"hydra.run.dir={tmp_path / 'a_file' / 'run'}"]), "a_file", "folder")
+    _exit_2(capsys, lambda: check_output_folder(["-m", f"hydra.sweep.dir={tmp_path / 'a_file'}"]), "hydra.sweep.dir")
+    check_output_folder([f"hydra.run.dir={tmp_path / 'new' / 'deeper'}"])  # made later by Hydra: fine
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_result_that_cannot_be_written_is_kept(tmp_path, capsys, monkeypatch):
+    import tempfile
+
+    from neuroshard_jax.__main__ import keep_result
+
+    (tmp_path / "spare").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "spare"))
+    (tmp_path / "a_file").write_text("x")
+    result = {"searcher": "beam", "shards": [1, 2, 3]}
+    _exit_2(capsys, lambda: keep_result(result, tmp_path / "a_file" / "plan.json"), "the result is in")
+    assert (tmp_path / "a_file").read_text() == "x"
+    [spare] = (tmp_path / "spare").glob("neuroshard-plan-*.json")
+    assert json.loads(spare.read_text()) == result
+
+
+# --- 5. readers of torn or corrupt files -------------------------------------------------------------------
+
+
+def test_jsonl_readers_name_the_file_and_line_and_never_modify_a_read_dataset(tmp_path, capsys):
+    from neuroshard_jax.datasets import JsonlLog, read_jsonl
+
+    path = tmp_path / "compute.jsonl"
+    good = b'{"id": 0, "ok": true}\n{"id": 1, "ok": true}\n'
+    path.write_bytes(good + b'{"id": 2, "o')
+    assert [r["id"] for r in read_jsonl(path)] == [0, 1]
+    assert path.read_bytes() == good + b'{"id": 2, "o'  # a read-only use leaves the file as it is
+    assert "torn last line" in capsys.readouterr().err
+    JsonlLog(path)  # a writer cuts the torn line before appending, and says so
+    assert path.read_bytes() == good and "dropped a torn last line" in capsys.readouterr().err
+    path.write_bytes(b'{"id": 0}\nnot json\n{"id": 2}\n')
+    with pytest.raises(UserError, match="line 2 is not a JSON record"):
+        read_jsonl(path)
+    with pytest.raises(UserError, match="line 2 is not a JSON record"):
+        list(JsonlLog(path).records())
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        ('{"searcher": "beam", "task": {"num_dev', "line 1 is not valid JSON"),
+        ("[1, 2]", "holds a JSON list"),
+        ("", "line 1 is not valid JSON"),
+    ],
+)
+def test_a_torn_plan_file_is_one_line(tmp_path, content, fragment):
+    from neuroshard_jax.plans import load_plan
+
+    (tmp_path / "plan.json").write_text(content)
+    with pytest.raises(UserError) as err:
+        load_plan(tmp_path / "plan.json")
+    _one_line(str(err.value), "plan.json", fragment)
+
+
+def test_compare_reports_a_torn_plan_and_counts_a_bare_infeasible_record(tmp_path, capsys):
+    from neuroshard_jax.search import search_plan
+    from tools.compare import main as compare
+
+    task = make_task([make_table(i, rows=1000 + i) for i in range(4)], num_devices=2)
+    for name, searcher in (("0", "random"), ("1", "size_greedy")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "plan.json").write_text(json.dumps(search_plan(task, searcher, "analytic", 0).to_json()))
+    (tmp_path / "2" / ".hydra").mkdir(parents=True)
+    (tmp_path / "2" / ".hydra" / "overrides.yaml").write_text("- searcher=beam\n")
+    (tmp_path / "2" / "plan.json").write_text(json.dumps({"infeasible": "no split fits"}))
+    assert compare([str(tmp_path), "--out", str(tmp_path / "report")]) == 0
+    assert "beam" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "report" / "compare.json").read_text())
+    rows = [r for table in summary.values() for r in table.get("rows", [])] if isinstance(summary, dict) else []
+    assert any(r["label"] == "beam" and r["infeasible"] == 1 for r in rows), summary
+    (tmp_path / "1" / "plan.json").write_text('{"searcher": "size_greedy", "task": {')
+    assert compare([str(tmp_path)]) == 2
+    _one_line(capsys.readouterr().err, "error: plan:", "1/plan.json", "not valid JSON")
+
+
+# --- 6. bad input that used to be accepted silently ----------------------------------------------------------
+
+
+def _task_json(**changes):
+    obj = make_task([make_table(0), make_table(1)]).to_json()
+    for key, value in changes.items():
+        if key.startswith("table_"):
+            obj["tables"][0][key.removeprefix("table_")] = value
+        else:
+            obj[key] = value
+    return obj
+
+
+@pytest.mark.parametrize(
+    "obj, fragment",
+    [
+        (_task_json(num_device=3), "task.num_device: unknown key, did you mean 'num_devices'?"),
+        (_task_json(table_pooling=3.0), "tables[0].pooling: unknown key, did you mean 'pooling_factor'?"),
+        (_task_json(table_bins=[1.0] * 5 + [0.0] * 12), "tables[0].bins: the shares sum to 5"),
+        (_task_json(table_bins=[0.0] * 17), "tables[0].bins: the shares sum to 0, expected 1"),
+        (_task_json(table_bins=[0.0] * 17, table_pooling_factor=0.0, num_devices="2"), "task.num_devices: got '2'"),
+    ],
+)
+def test_a_bad_task_file_is_one_line(obj, fragment):
+    with pytest.raises(UserError) as err:
+        Task.from_json(obj)
+    _one_line(str(err.value), fragment)
+
+
+def test_accepted_task_files():
+    """Shares summing to 1 within 0.01 (rounded by hand) are planned with; an unused table (pooling factor 0) may
+    have no histogram; a whole plan.json is a task file; ``size`` is written for readers and ignored."""
+    bins = [round(1 / 17, 3)] * 17  # 0.059 x 17 = 1.003
+    Task.from_json(_task_json(table_bins=bins))
+    Task.from_json(_task_json(table_bins=[0.0] * 17, table_pooling_factor=0.0))
+    assert Task.from_json(_task_json(table_size=123)).tables[0].rows == 1000
+
+
+# --- 7. one device sends nothing --------------------------------------------------------------------------
+
+
+def test_a_single_device_has_no_all_to_all():
+    from neuroshard_jax.models import make_cost_model
+    from neuroshard_jax.scoring import score_plan
+    from neuroshard_jax.search import search_plan
+
+    task = make_task([make_table(i, rows=2000, dim=32, pooling=4.0) for i in range(3)], num_devices=1, batch_size=4096)
+    model = make_cost_model("neural", task)
+    costs = score_plan(model, search_plan(task, "size_greedy", "neural", 0))
+    assert costs.compute_ms[0] > 0 and costs.fwd_comm_ms[0] == 0 and costs.bwd_comm_ms[0] == 0
+    two = make_task(task.tables, num_devices=2, batch_size=4096)
+    assert np.all(score_plan(model, search_plan(two, "size_greedy", "neural", 0)).bwd_comm_ms > 0)
