@@ -22,7 +22,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob, Override
 from omegaconf import DictConfig, OmegaConf
 
-from neuroshard_jax.config import typed
+from neuroshard_jax.config import nearest, typed
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.tasks import TaskGroupConfig
 
@@ -128,8 +128,8 @@ def _composition_error(config_name: str, overrides: list[str], err: Exception) -
             rest = [o for o in overrides if o != line]
             node = compose(config_name=config_name, overrides=rest)
             known = OmegaConf.select(node, parent) if parent else node
-            expected = ", ".join(sorted(known)) if isinstance(known, DictConfig) else "none"
-            return f"{key}: unknown key {leaf!r}, expected one of {expected}"
+            options = sorted(known) if isinstance(known, DictConfig) else []
+            return f"{key}: unknown key {leaf!r}, {nearest(leaf, options)}"
     return f"{' '.join(overrides) or config_name}: {_one_line(err)}"
 
 

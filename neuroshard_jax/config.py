@@ -9,6 +9,7 @@ dataclasses. Value checks beyond the type (ranges, choices) stay in each datacla
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import types
@@ -97,6 +98,13 @@ def _convert(value, tp, where: str):
     return value
 
 
+def nearest(key: str, known: list[str]) -> str:
+    """``did you mean 'x'? expected one of ...`` for an unknown ``key`` (the close match only if there is one)."""
+    near = difflib.get_close_matches(str(key), known, n=1)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    return f"{hint}expected one of {', '.join(known) or 'none'}"
+
+
 def typed(cls, options: dict | None, where: str = "", ignore: tuple[str, ...] = ()):
     """``cls(**options)`` with every field type-checked (and lists made tuples, objects made dataclasses).
 
@@ -108,7 +116,7 @@ def typed(cls, options: dict | None, where: str = "", ignore: tuple[str, ...] = 
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(k for k in options if k not in fields and k not in ignore)
     if unknown:
-        raise UserError(f"{prefix}{unknown[0]}: unknown key, expected one of {', '.join(sorted(fields)) or 'none'}")
+        raise UserError(f"{prefix}{unknown[0]}: unknown key, {nearest(unknown[0], sorted(fields))}")
     hints = _hints(cls)
     values = {}
     for name in fields:

@@ -99,6 +99,10 @@ class Meter:
         """Measurements that ``measure([plan])`` would make (its devices not yet measured)."""
         return len(self._missing([plan])) * self.config.repeats
 
+    def fresh_cost(self, plans: list[Plan]) -> int:
+        """Measurements that ``measure(plans, fresh=True)`` would make (their distinct devices, every repeat)."""
+        return len(self._missing(plans, fresh=True)) * self.config.repeats
+
     def measure(self, plans: list[Plan], fresh: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
         """(compute ms, relative noise) f64[N] of every plan's devices; ``fresh``: measure all their devices
         again, in one interleaved batch (the same conditions for every plan)."""
@@ -229,7 +233,6 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
     steps = []
     with KernelPool(config.workers, config.device, config.timeout_s) as pool:
         meter = Meter(pool, plan, config)
-        reserve = 2 * n * config.repeats  # the final fresh re-measurement of both plans
         [(measured, noise)] = meter.measure([plan])
         current = plan
         while time.perf_counter() - started < config.budget_s:
@@ -245,7 +248,8 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
             kept = False
             for c in order[: config.tries]:
                 kind, candidate = candidates[c]
-                if meter.count + meter.cost(candidate) + reserve > config.max_measurements:
+                # its own devices, then the final fresh re-measurement of the unpolished plan and this one
+                if meter.count + meter.cost(candidate) + meter.fresh_cost([plan, candidate]) > config.max_measurements:
                     break
                 [(new, new_noise)] = meter.measure([candidate])
                 new_costs = simulate(model, [candidate], new[None])

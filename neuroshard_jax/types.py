@@ -9,12 +9,12 @@ memory, tiling) are ``neuroshard_jax.sharding``'s; the types only call them.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from typing import Any
 
 import numpy as np
 
+from neuroshard_jax.config import nearest
 from neuroshard_jax.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GIB_BYTES
 from neuroshard_jax.errors import PlanError, UserError
 from neuroshard_jax.features import NUM_BINS, feature_matrix
@@ -332,9 +332,7 @@ BINS_TOLERANCE = 0.01  # the access-histogram shares of a looked-up table sum to
 def _known_keys(obj: dict, known: tuple[str, ...], where: str) -> None:
     for key in obj:
         if key not in known:
-            near = difflib.get_close_matches(str(key), known, n=1)
-            hint = f"did you mean {near[0]!r}? " if near else ""
-            raise UserError(f"{where}.{key}: unknown key, {hint}expected one of {', '.join(known)}")
+            raise UserError(f"{where}.{key}: unknown key, {nearest(key, list(known))}")
 
 
 def _field(obj: dict, name: str, where: str) -> Any:

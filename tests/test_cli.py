@@ -149,6 +149,8 @@ def test_bad_override_value(tmp_path):
         ("config", main_config, ["task.mem_cap_gb=big"], "task.mem_cap_gb: got 'big', expected a number"),
         ("config", main_config, ["task.pool.source=zzz"], "task.pool.source: got 'zzz'"),
         ("config", main_config, ["searcher=grid", "searcher.alphas=[1,x]"], "searcher.alphas: got [1, 'x']"),
+        ("config", main_config, ["task.num_device=3"], "unknown key 'num_device', did you mean 'num_devices'?"),
+        ("config", main_config, ["+task.num_device=3"], "task.num_device: unknown key, did you mean 'num_devices'?"),
         ("config", main_config, ["-m", "seed=0,1,x"], "seed: got 'x'"),
         ("config", main_config, ["evaluator.workers=0"], "evaluator.workers: got 0, expected an integer >= 1"),
         ("config", main_config, ["task.num_tables=[3"], "task.num_tables=[3"),
