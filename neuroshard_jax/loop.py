@@ -37,7 +37,7 @@ class LoopConfig:
     out: str = "runs/loop"
     rounds: int = 3
     tasks: int = 30  # tasks per round (each: every searcher's plan + ``plans.variants`` variants)
-    start_model: str = "cpu-ensemble"
+    start_model: str = "epyc-ensemble"
     base_datasets: tuple[str, ...] = (
         "neuroshard_jax/data/profiles/epyc-b4096",
         "neuroshard_jax/data/profiles/cpu-specs",

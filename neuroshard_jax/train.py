@@ -35,8 +35,8 @@ class TrainAppConfig:
         "neuroshard_jax/data/profiles/cpu-specs",
         "neuroshard_jax/data/profiles/epyc-plans",
     )
-    out: str = "checkpoints/cpu-ensemble"
-    name: str = "cpu-ensemble"
+    out: str = "checkpoints/epyc-ensemble"
+    name: str = "epyc-ensemble"
     net: NetConfig = NetConfig()
     ensemble: EnsembleConfig = EnsembleConfig()
     train: TrainConfig = TrainConfig()
