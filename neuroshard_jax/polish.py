@@ -278,18 +278,26 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
         # both plans re-measured fresh, interleaved: no best-of-noisy-draws, the same conditions for both
         changed = assignment(current) != assignment(plan)
         fresh = meter.measure([plan, current] if changed else [plan], fresh=True)
-        (initial, _), (final, final_noise) = fresh[0], fresh[-1]
+        (initial, initial_noise), (final, final_noise) = fresh[0], fresh[-1]
         evaluator = config.evaluator()
         fwd, bwd = measure_comm([plan, current] if changed else [plan], [list(initial), list(final)], evaluator)
         fwd, bwd = (fwd[0], fwd[-1]), (bwd[0], bwd[-1])
     compute_before, compute_after = float(initial.max()), float(final.max())
     before_ms = float(max(c + f + b for c, f, b in zip(initial, fwd[0], bwd[0])))
     after_ms = float(max(c + f + b for c, f, b in zip(final, fwd[1], bwd[1])))
+    # Never worse: when the fresh measurement puts the changed plan's slowest device above the plan as it came
+    # (the kept changes relieved a device that was slow only by noise), the plan as it came is returned.
+    rejected = compute_after if changed and compute_after > compute_before else None
+    if rejected is not None:
+        current, final, final_noise, fwd, bwd = plan, initial, initial_noise, (fwd[0],) * 2, (bwd[0],) * 2
+        compute_after, after_ms = compute_before, before_ms
     record = {
         "mode": "measured",
         "measurements": meter.count,
         "time_s": round(time.perf_counter() - started, 2),
         "changes_kept": sum(s["kept"] for s in steps),
+        "reverted": rejected is not None,  # the kept changes were undone after the fresh measurement
+        "rejected_measured_compute_ms": rejected,  # the changed plan's slowest device then (None: not reverted)
         "steps": steps,
         "protocol": {"warmup": config.warmup, "iters": config.iters, "repeats": config.repeats},
         "unpolished_measured_ms": before_ms,

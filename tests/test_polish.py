@@ -56,3 +56,18 @@ def test_polishing_an_unbalanced_plan_on_the_kernels():
     assert record["measurements"] <= config.max_measurements
     assert len(record["devices"]) == 3 and all(d["compute"] >= 0 for d in record["devices"])
     assert polished.costs is not None and polished.to_json()["polish"] == record
+
+
+def test_a_balanced_plan_is_never_made_worse():
+    """Real kernels: polishing a plan already spread by a greedy baseline returns a plan whose fresh measurement
+    is no slower than the plan as it came (changes the fresh measurement does not confirm are undone)."""
+    from neuroshard_jax.models import make_cost_model
+    from neuroshard_jax.search import search_plan
+
+    task = _task()
+    plan = search_plan(task, "size_lookup_greedy", "analytic", 0)
+    config = PolishConfig(name="measured", max_measurements=24, repeats=2, warmup=1, iters=3, workers=1)
+    record = polish_plan(plan, make_cost_model("analytic", task), config).polish
+    assert record["measured_compute_ms"] <= record["unpolished_measured_compute_ms"]
+    if record["reverted"]:
+        assert record["rejected_measured_compute_ms"] > record["unpolished_measured_compute_ms"]
