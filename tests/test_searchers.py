@@ -38,7 +38,7 @@ tables_strategy = st.lists(
 )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tables=tables_strategy, num_devices=st.integers(1, 6), fill=st.floats(0.2, 1.0), seed=st.integers(0, 10))
 @pytest.mark.parametrize("name", SEARCHERS)
 def test_every_searcher_returns_valid_plans(name, tables, num_devices, fill, seed):
