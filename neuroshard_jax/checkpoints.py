@@ -32,7 +32,7 @@ from neuroshard_jax.ensemble import (
     InputStats,
     init_ensemble,
 )
-from neuroshard_jax.errors import UserError
+from neuroshard_jax.errors import UserError, first_line
 from neuroshard_jax.features import FEATURE_NAMES
 from neuroshard_jax.neural import FeatureStats, NetConfig, NeuralNets, NeuralParams, init_nets
 
@@ -82,8 +82,7 @@ def restore_tree(path: Path, template, key: str = "cost_model.checkpoint", diges
 
 
 def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    return (text.splitlines()[0][:200] if text else type(err).__name__).rstrip(".")
+    return first_line(err)[:200].rstrip(".")
 
 
 def save_checkpoint(path: str | Path, config: NetConfig, params: NeuralParams, meta: dict) -> Path:

@@ -23,7 +23,7 @@ from hydra.core.override_parser.types import Glob, Override
 from omegaconf import DictConfig, OmegaConf
 
 from neuroshard_jax.config import nearest, typed
-from neuroshard_jax.errors import UserError
+from neuroshard_jax.errors import UserError, first_line
 from neuroshard_jax.tasks import TaskGroupConfig
 
 CONFIG_GROUPS = ("searcher", "task", "cost_model", "experiment")
@@ -81,9 +81,9 @@ def _values(override: Override) -> list[str]:
 
 def _one_line(err: Exception) -> str:
     """Hydra's and OmegaConf's multi-line messages, cut to their first line and their cause's."""
-    lines = [str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__]
+    lines = [first_line(err)]
     if err.__cause__ is not None and str(err.__cause__).strip():
-        lines.append(str(err.__cause__).strip().splitlines()[0])
+        lines.append(first_line(err.__cause__))
     return "; ".join(lines)
 
 

@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from neuroshard_jax.cli import fail, resolved, run_app
-from neuroshard_jax.config import typed
+from neuroshard_jax.config import above_zero, at_least, typed
 from neuroshard_jax.datasets import JsonlLog, git_commit, hardware, write_manifest
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.evaluation import EvaluateConfig
@@ -79,14 +79,9 @@ class CollectConfig:
             raise UserError(f"kind: got {self.kind!r}, expected one of {', '.join(KINDS)}")
         if self.source not in ("pool", "specs"):
             raise UserError(f"source: got {self.source!r}, expected 'pool' or 'specs'")
-        for field in ("num_samples", "workers", "batch_size", "iters", "comm_chunk"):
-            if getattr(self, field) < 1:
-                raise UserError(f"{field}: got {getattr(self, field)}, expected an integer >= 1")
-        for field in ("seed", "warmup"):
-            if getattr(self, field) < 0:
-                raise UserError(f"{field}: got {getattr(self, field)}, expected an integer >= 0")
-        if not self.timeout_s > 0:
-            raise UserError(f"timeout_s: got {self.timeout_s}, expected a number > 0")
+        at_least(self, 1, ("num_samples", "workers", "batch_size", "iters", "comm_chunk"))
+        at_least(self, 0, ("seed", "warmup"))
+        above_zero(self, ("timeout_s",))
         if self.device not in ("cpu", "cuda"):
             raise UserError(f"device: got {self.device!r}, expected 'cpu' or 'cuda'")
 

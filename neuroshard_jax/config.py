@@ -98,6 +98,21 @@ def _convert(value, tp, where: str):
     return value
 
 
+def at_least(obj, minimum: int, fields: tuple[str, ...], prefix: str = "") -> None:
+    """Every integer field of ``obj`` named in ``fields`` is >= ``minimum``; else the configs' one-line error."""
+    for name in fields:
+        if getattr(obj, name) < minimum:
+            raise UserError(f"{prefix}{name}: got {getattr(obj, name)}, expected an integer >= {minimum}")
+
+
+def above_zero(obj, fields: tuple[str, ...], prefix: str = "", strict: bool = True) -> None:
+    """Every number field of ``obj`` named in ``fields`` is > 0 (``strict``) or >= 0 (NaN fails either)."""
+    for name in fields:
+        value = getattr(obj, name)
+        if not (value > 0 if strict else value >= 0):
+            raise UserError(f"{prefix}{name}: got {value}, expected a number {'>' if strict else '>='} 0")
+
+
 def nearest(key: str, known: list[str]) -> str:
     """``did you mean 'x'? expected one of ...`` for an unknown ``key`` (the close match only if there is one)."""
     near = difflib.get_close_matches(str(key), known, n=1)

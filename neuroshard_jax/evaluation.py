@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from neuroshard_jax.config import above_zero, at_least
 from neuroshard_jax.cost_models import DeviceCosts, plan_cost_ms
 from neuroshard_jax.datasets import hardware, write_json
 from neuroshard_jax.errors import UserError
@@ -43,14 +44,9 @@ class EvaluateConfig:
     def __post_init__(self):
         if self.device not in DEVICES:
             raise UserError(f"device: got {self.device!r}, expected one of {', '.join(DEVICES)}")
-        for name in ("workers", "iters", "comm_iters"):
-            if getattr(self, name) < 1:
-                raise UserError(f"{name}: got {getattr(self, name)}, expected an integer >= 1")
-        for name in ("warmup", "comm_warmup"):
-            if getattr(self, name) < 0:
-                raise UserError(f"{name}: got {getattr(self, name)}, expected an integer >= 0")
-        if not self.timeout_s > 0:
-            raise UserError(f"timeout_s: got {self.timeout_s}, expected a number > 0")
+        at_least(self, 1, ("workers", "iters", "comm_iters"))
+        at_least(self, 0, ("warmup", "comm_warmup"))
+        above_zero(self, ("timeout_s",))
 
 
 def measure_plans(plans: list[Plan], config: EvaluateConfig) -> list[dict]:

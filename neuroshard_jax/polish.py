@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from neuroshard_jax.config import above_zero, at_least
 from neuroshard_jax.cost_models import CostModel, DeviceCosts, combine_costs, plan_cost_ms
 from neuroshard_jax.errors import PlanError, UserError
 from neuroshard_jax.evaluation import DEVICES, EvaluateConfig, device_key, device_request, device_tables, measure_comm
@@ -60,13 +61,9 @@ class PolishConfig:
             raise UserError(f"polish: got {self.name!r}, expected one of {', '.join(MODES)}")
         if self.device not in DEVICES:
             raise UserError(f"polish.device: got {self.device!r}, expected one of {', '.join(DEVICES)}")
-        for field in ("max_measurements", "repeats", "iters", "workers", "candidates", "tries"):
-            if getattr(self, field) < 1:
-                raise UserError(f"polish.{field}: got {getattr(self, field)}, expected an integer >= 1")
-        if self.warmup < 0:
-            raise UserError(f"polish.warmup: got {self.warmup}, expected an integer >= 0")
-        if not self.budget_s > 0:
-            raise UserError(f"polish.budget_s: got {self.budget_s}, expected a number > 0")
+        at_least(self, 1, ("max_measurements", "repeats", "iters", "workers", "candidates", "tries"), "polish.")
+        at_least(self, 0, ("warmup",), "polish.")
+        above_zero(self, ("budget_s",), "polish.")
         if not 0 <= self.min_gain < 1:
             raise UserError(f"polish.min_gain: got {self.min_gain}, expected a number in [0, 1)")
 

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from neuroshard_jax.analytic import ANALYTIC_FNS, analytic_params
 from neuroshard_jax.checkpoints import load_checkpoint, load_ensemble, read_meta, save_checkpoint, save_ensemble
+from neuroshard_jax.config import above_zero, at_least
 from neuroshard_jax.cost_models import bucket, device_compute_ms
 from neuroshard_jax.datasets import package_path, read_json, read_records
 from neuroshard_jax.ensemble import (
@@ -55,15 +56,10 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self):
-        for field in ("epochs", "batch_size"):
-            if getattr(self, field) < 1:
-                raise UserError(f"train.{field}: got {getattr(self, field)}, expected an integer >= 1")
-        for field in ("learning_rate", "weight_decay", "final_lr_fraction"):
-            if not getattr(self, field) >= 0 or (field == "learning_rate" and not self.learning_rate > 0):
-                bound = "> 0" if field == "learning_rate" else ">= 0"
-                raise UserError(f"train.{field}: got {getattr(self, field)}, expected a number {bound}")
-        if self.seed < 0:
-            raise UserError(f"train.seed: got {self.seed}, expected an integer >= 0")
+        at_least(self, 1, ("epochs", "batch_size"), "train.")
+        above_zero(self, ("learning_rate",), "train.")
+        above_zero(self, ("weight_decay", "final_lr_fraction"), "train.", strict=False)
+        at_least(self, 0, ("seed",), "train.")
         if len(self.split) != 3 or min(self.split) < 0 or not self.split[0] > 0 or abs(sum(self.split) - 1) > 1e-6:
             raise UserError(f"train.split: got {list(self.split)}, expected 3 shares >= 0 summing to 1, train > 0")
 
