@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.search import search_plan
+from neuroshard_jax.search import enable_compilation_cache, search_plan
 from neuroshard_jax.types import Plan, Task
 
 TableSpecs = Mapping[str, Mapping[str, Any]] | Sequence[Mapping[str, Any]]
@@ -61,7 +61,9 @@ def plan(
     beam); ``cost_model``: ``"neural"`` (the shipped checkpoint, trained at batch 4096, fp32) or ``"analytic"``,
     with ``cost_model_options`` (``{"checkpoint": DIR}``). The same seed gives the same plan. Raises
     ``UserError`` (bad input) or ``InfeasibleError`` (the tables fit no placement). The returned plan carries
-    its predicted per-device costs (``plan.costs``).
+    its predicted per-device costs (``plan.costs``). Compiled search kernels are kept on disk
+    (``search.enable_compilation_cache``), so a second call on the same shapes in a new process skips compiling.
     """
     task = task_from_tables(tables, num_devices, mem_cap_gb, batch_size, precision)
+    enable_compilation_cache()
     return search_plan(task, searcher, cost_model, seed, options, cost_model_options)

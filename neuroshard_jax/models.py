@@ -24,7 +24,7 @@ from neuroshard_jax.constants import SHIPPED_CHECKPOINT, SHIPPED_MODELS
 from neuroshard_jax.cost_models import CostModel
 from neuroshard_jax.datasets import package_path
 from neuroshard_jax.ensemble import ensemble_cost_model
-from neuroshard_jax.errors import UserError
+from neuroshard_jax.errors import UserError, first_line
 from neuroshard_jax.neural import neural_cost_model
 from neuroshard_jax.types import Task
 
@@ -71,22 +71,54 @@ def neural_checkpoint(config: NeuralConfig = NeuralConfig()) -> tuple[CostModel,
     return model, meta, path
 
 
+def _trains(meta: dict, batch_size: int, precision: str) -> bool:
+    """Whether a checkpoint (its meta) was trained at this precision and a batch size range holding ``batch_size``."""
+    sizes = meta.get("batch_sizes") or [meta["batch_size"]]
+    return min(sizes) <= batch_size <= max(sizes) and meta.get("precision", "fp32") == precision
+
+
+def fitting_models(batch_size: int, precision: str) -> list[str]:
+    """The shipped checkpoints trained where a task at ``batch_size`` and ``precision`` is."""
+    metas = {n: read_meta(package_path(f"{SHIPPED_MODELS}/{n}")) for n in shipped_names()}
+    return [n for n, meta in metas.items() if _trains(meta, batch_size, precision)]
+
+
+def _way_forward(task: Task) -> str:
+    fits = fitting_models(task.batch_size, task.precision)
+    return f"cost_model={fits[0]} or cost_model=analytic" if fits else "cost_model=analytic"
+
+
 def _check_trained(task: Task, meta: dict, path: str) -> None:
     """The task's batch size and precision must be ones the checkpoint was trained at (a batch size within the
-    range of an ensemble's training batch sizes)."""
+    range of an ensemble's training batch sizes); the error names a shipped model that fits, if any."""
     sizes = meta.get("batch_sizes") or [meta["batch_size"]]
     if not min(sizes) <= task.batch_size <= max(sizes):
         expected = f"{sizes[0]}" if len(sizes) == 1 else f"one in {min(sizes)}..{max(sizes)}"
         raise UserError(
             f"task.batch_size: got {task.batch_size}, but the neural cost model at {path!r} was trained at batch "
-            f"sizes {sizes}; expected {expected} (or cost_model=analytic)"
+            f"sizes {sizes}; expected {expected} (or {_way_forward(task)})"
         )
     trained = meta.get("precision", "fp32")
     if task.precision != trained:
         raise UserError(
             f"task.precision: got {task.precision!r}, but the neural cost model at {path!r} was trained at "
-            f"precision {trained!r}; expected the same (or cost_model=analytic)"
+            f"precision {trained!r}; expected the same (or {_way_forward(task)})"
         )
+
+
+def usable_cost_model(name: str, options: dict | None, task: Task) -> tuple[str, dict | None, str | None]:
+    """``(name, options)`` if that model can score ``task``; otherwise a shipped model trained at the task's batch
+    size and precision, else the analytic model, with a warning line saying why (for callers, like the TorchRec
+    planner, that must plan whatever the batch size)."""
+    try:
+        make_cost_model(name, task, options)
+        return name, options, None
+    except UserError as err:
+        if not str(err).startswith(("task.batch_size", "task.precision")):
+            raise
+        fits = fitting_models(task.batch_size, task.precision)
+        fallback = fits[0] if fits else "analytic"
+        return fallback, None, f"{first_line(err)}; planning with cost_model={fallback} instead"
 
 
 def neural_model(task: Task, config: NeuralConfig = NeuralConfig()) -> CostModel:

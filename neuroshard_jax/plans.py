@@ -55,4 +55,11 @@ def format_plan(plan_json: dict[str, Any]) -> str:
             f"device {d['device']}: the model is unsure here (its members disagree by {100 * d['model_spread']:.0f}%); "
             f"its compute leans on the roofline fallback (trust {d['model_trust']:.2f})"
         )
+    estimated = [t.get("name", t["id"]) for t in task["tables"] if t.get("estimated")]
+    if estimated:
+        names = ", ".join(str(n) for n in estimated[:5]) + (", ..." if len(estimated) > 5 else "")
+        lines.append(
+            f"warning: {len(estimated)} of {len(task['tables'])} tables have estimated access statistics ({names}): "
+            "no data was given for them; the costs assume a Zipf law (python -m neuroshard_jax.stats measures them)"
+        )
     return "\n".join(lines)

@@ -9,6 +9,7 @@ import jax
 
 from neuroshard_jax.models import expected_cost_model, make_cost_model
 from neuroshard_jax.scoring import with_costs
+from neuroshard_jax.sharding import merge_colocated
 from neuroshard_jax.tables import cache_dir
 from neuroshard_jax.tasks import check_feasible
 from neuroshard_jax.types import Plan, Task
@@ -16,8 +17,11 @@ from searchers import make_searcher
 
 
 def enable_compilation_cache(min_compile_s: float = 0.2) -> None:
-    """Keep XLA's compiled search kernels on disk (``$NEUROSHARD_CACHE_DIR/jax``): a later run of the same shapes
-    skips compilation, most of a first search's time on a CPU."""
+    """Keep XLA's compiled search kernels on disk (``$NEUROSHARD_CACHE_DIR/jax``, default
+    ``~/.cache/neuroshard_jax/jax``): a later run of the same shapes skips compilation, most of a first search's
+    time on a CPU. A cache directory the process already set (``jax_compilation_cache_dir``) is kept."""
+    if jax.config.jax_compilation_cache_dir:
+        return
     jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_s)
 
@@ -36,6 +40,8 @@ def search_plan(
     algorithm = make_searcher(searcher, searcher_options)
     start = time.perf_counter()
     plan = algorithm.search(task, model, seed)
+    # slices of one table left on one device are one shard's work done in pieces: undo those halvings
+    plan = dataclasses.replace(plan, shards=merge_colocated(plan.shards))
     elapsed_s = time.perf_counter() - start
     plan.validate()
     # the reported costs are expectations: the search's risk term (an ensemble's spread) is not part of them

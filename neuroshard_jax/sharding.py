@@ -9,6 +9,8 @@ the torch worker all call them. NumPy only (the worker imports it).
   range is the whole table until row-wise sharding gives it meaning.
 * **Memory.** A shard holds its weights only: rows x dim x bytes per element of the precision
   (``mem_bytes``); a device holds the sum over its shards (``device_mem_bytes``).
+* **Merging.** Sibling slices (the two halves of one halving) on the same device are one shard in all but cost:
+  the same memory and output, more work per lookup. ``merge_colocated`` undoes every such halving.
 * **Tiling.** A plan is valid only if the shards of every table tile its columns (and rows) exactly once
   (``tiling_error``).
 """
@@ -76,6 +78,26 @@ def column_shards(table: int, dim: int, devices: Sequence[int]) -> tuple[Shard, 
         raise ValueError(f"table {table}: {count} column shards of dim {dim}, expected one of {split_counts(dim)}")
     width = dim // count
     return tuple(Shard(table, i * width, width, int(d)) for i, d in enumerate(devices))
+
+
+def merge_colocated(shards: Iterable[Shard]) -> tuple[Shard, ...]:
+    """The shards with every halving undone whose halves share a device: a table of 2^k column slices in which
+    slices 2i and 2i+1 sit together for every i becomes 2^(k-1) slices, and so on down to one shard. Column
+    slices only (shards of whole rows); other shards pass unchanged. Order: by table, then column."""
+    by_table: dict[int, list[Shard]] = {}
+    for s in shards:
+        by_table.setdefault(s.table, []).append(s)
+    out: list[Shard] = []
+    for table in sorted(by_table):
+        slices = sorted(by_table[table], key=lambda s: s.col_offset)
+        columns_only = all(s.row_offset == 0 and s.num_rows is None for s in slices)
+        while columns_only and len(slices) > 1 and len(slices) % 2 == 0:
+            pairs = list(zip(slices[::2], slices[1::2]))
+            if any(a.device != b.device for a, b in pairs):
+                break
+            slices = [dataclasses.replace(a, dim=a.dim + b.dim) for a, b in pairs]
+        out.extend(slices)
+    return tuple(out)
 
 
 def mem_bytes(rows, dim, precision: str):

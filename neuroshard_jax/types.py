@@ -28,6 +28,7 @@ from neuroshard_jax.sharding import (
     tiling_error,
 )
 from neuroshard_jax.tables import PoolSpec
+from neuroshard_jax.torchrec_plans import embedding_bag_collection, sharding_plan
 
 __all__ = ["Plan", "PlanCosts", "Shard", "Table", "Task"]
 
@@ -43,6 +44,8 @@ class Table:
     pooling_factor: float
     bins: tuple[float, ...]
     name: str | None = None
+    # statistics assumed (``stats.estimated_stats``), not measured from the user's data: the plan warns
+    estimated: bool = False
 
     @property
     def size(self) -> int:
@@ -101,6 +104,7 @@ class Task:
                     "pooling_factor": t.pooling_factor,
                     "size": t.size,
                     "bins": list(t.bins),
+                    **({"estimated": True} if t.estimated else {}),
                 }
                 for t in self.tables
             ],
@@ -196,6 +200,24 @@ class Plan:
             table = self.task.tables[s.table]
             out.setdefault(table.id if table.name is None else table.name, []).append((s.col_offset, s.dim, s.device))
         return out
+
+    def to_torchrec(self, module_path: str = "", device: str = "cuda", compute_kernel: str = "fused", module=None):
+        """This plan as a TorchRec ``ShardingPlan`` for ``DistributedModelParallel`` (torch and torchrec are imported
+        by this call only). Tables are named by their names, else ``t{index}``. ``module``: your
+        EmbeddingBagCollection, found at ``module_path`` in your model (default: one built on the meta device
+        from the task's tables, one feature per table)."""
+        names = self.torchrec_names()
+        tables = [{"name": n, "rows": t.rows, "dim": t.dim} for n, t in zip(names, self.task.tables)]
+        shards: dict[str, list[dict]] = {n: [] for n in names}
+        for s in sorted(self.shards, key=lambda s: (s.table, s.col_offset)):
+            shards[names[s.table]].append({"col_offset": s.col_offset, "dim": s.dim, "rank": s.device})
+        if module is None:
+            module = embedding_bag_collection(tables)
+        return sharding_plan({module_path: (module, shards)}, self.task.num_devices, device, compute_kernel)
+
+    def torchrec_names(self) -> list[str]:
+        """The tables' names in TorchRec: their names, else ``t{index}``."""
+        return [t.name if t.name is not None else f"t{i}" for i, t in enumerate(self.task.tables)]
 
     def dim_sums(self) -> np.ndarray:
         """i64[N]: pooled output width of each device."""
@@ -323,9 +345,13 @@ def _costs_from_json(obj: dict, num_devices: int) -> PlanCosts | None:
 
 
 # The task file schema, in one place: the keys a task object and its tables may have (``size`` is written by
-# ``to_json`` for readers and ignored on input: rows x dim). Anything else is refused, naming the nearest key.
+# ``to_json`` for readers and ignored on input: rows x dim; ``samples`` and ``batches``, written by the statistics
+# tool, are provenance and ignored too). The histogram is ``bins`` (a list) or ``bin_0`` .. ``bin_16`` (the
+# feature names). Anything else is refused, naming the nearest key.
 TASK_KEYS = ("num_devices", "mem_cap_gb", "batch_size", "precision", "tables", "pool")
-TABLE_KEYS = ("id", "name", "rows", "dim", "pooling_factor", "size", "bins")
+BIN_KEYS = tuple(f"bin_{k}" for k in range(NUM_BINS))
+TABLE_KEYS = ("id", "name", "rows", "dim", "pooling_factor", "size", "bins", "estimated", "samples", "batches")
+TABLE_KEYS += BIN_KEYS
 BINS_TOLERANCE = 0.01  # the access-histogram shares of a looked-up table sum to 1 within this
 
 
@@ -367,7 +393,7 @@ def _table_from_json(obj: Any, where: str) -> Table:
     if not is_legal_dim(dim):
         raise UserError(f"{where}.dim: got {dim}, expected a multiple of {DIM_ALIGNMENT}")
     pooling = _float_field(obj, "pooling_factor", where)
-    bins = _field(obj, "bins", where)
+    bins = _bins_field(obj, where)
     if (
         not isinstance(bins, list)
         or len(bins) != NUM_BINS
@@ -385,4 +411,20 @@ def _table_from_json(obj: Any, where: str) -> Table:
     name = obj.get("name")
     if name is not None and not (isinstance(name, str) and name):
         raise UserError(f"{where}.name: got {name!r:.60}, expected a non-empty string")
-    return Table(table_id, rows, dim, pooling, tuple(float(b) for b in bins), name)
+    estimated = obj.get("estimated", False)
+    if not isinstance(estimated, bool):
+        raise UserError(f"{where}.estimated: got {estimated!r:.60}, expected true or false")
+    return Table(table_id, rows, dim, pooling, tuple(float(b) for b in bins), name, estimated)
+
+
+def _bins_field(obj: dict, where: str) -> Any:
+    """The histogram as ``bins`` or as ``bin_0`` .. ``bin_16`` (not both)."""
+    given = [k for k in BIN_KEYS if k in obj]
+    if not given:
+        return _field(obj, "bins", where)
+    if "bins" in obj:
+        raise UserError(f"{where}: both bins and {given[0]}.. given, expected one form of the histogram")
+    missing = [k for k in BIN_KEYS if k not in obj]
+    if missing:
+        raise UserError(f"{where}.{missing[0]}: missing, expected all of bin_0 .. bin_{NUM_BINS - 1} (or bins)")
+    return [obj[k] for k in BIN_KEYS]

@@ -39,6 +39,13 @@ from neuroshard_jax.errors import UserError
 from neuroshard_jax.sharding import is_legal_dim
 from neuroshard_jax.streams import TableSpec, spec_stream
 from neuroshard_jax.tables import PoolSpec, pool_streams
+from neuroshard_jax.torchrec_plans import (
+    TORCHREC_MISSING,
+    embedding_bag_collection,
+    mismatch,
+    plan_shards,
+    sharding_plan,
+)
 
 OPTIMIZERS = ("exact_sgd", "exact_row_wise_adagrad", "exact_adagrad", "sgd")
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -320,9 +327,6 @@ def dlrm_to_npz(src: str, dst: str) -> None:
     np.savez(dst, indices=indices.astype(np.int64), offsets=offsets.astype(np.int64), lengths=lengths.astype(np.int64))
 
 
-TORCHREC_MISSING = "torchrec is not installed"
-
-
 def torchrec_plan(request: dict) -> dict:
     """TorchRec's EmbeddingShardingPlanner on a task: tables on the meta device, N ranks with the task's
     memory cap, pooling factors as constraints, the allowed sharding types, the fused kernel.
@@ -377,79 +381,24 @@ def torchrec_plan(request: dict) -> dict:
     return {"shards": [by_name[f"t{i}"] for i in range(len(tables))], "planner_s": planner_s}
 
 
-def plan_shards(plan) -> dict[str, list[dict]]:
-    """Per table name of a TorchRec ShardingPlan: its shards [{col_offset, dim, rank}], by column offset."""
-    out: dict[str, list[dict]] = {}
-    for module_plan in plan.plan.values():
-        for name, sharding in module_plan.items():
-            out[name] = sorted(
-                (
-                    {
-                        "col_offset": int(shard.shard_offsets[1]),
-                        "dim": int(shard.shard_sizes[1]),
-                        "rank": int(str(shard.placement).split("rank:")[1].split("/")[0]),
-                    }
-                    for shard in sharding.sharding_spec.shards
-                ),
-                key=lambda s: s["col_offset"],
-            )
-    return out
-
-
-def _embedding_bag_collection(tables: list[dict], device: str):
-    """An EmbeddingBagCollection of the tables ({name, rows, dim}), one feature per table named like it."""
-    import torch
-    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
-
-    configs = [
-        EmbeddingBagConfig(
-            name=t["name"], embedding_dim=int(t["dim"]), num_embeddings=int(t["rows"]), feature_names=[t["name"]]
-        )
-        for t in tables
-    ]
-    return EmbeddingBagCollection(tables=configs, device=torch.device(device))
-
-
 def torchrec_export(request: dict, out_path: str) -> dict:
     """Our plan as a TorchRec ShardingPlan, written with torch.save; the plan is read back and its shards
     checked against the request. request: {tables: [{name, rows, dim}], shards: per table [{col_offset,
     dim, rank}], world_size, device, compute_kernel, module_path}."""
     try:
         import torch
-        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-        from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan, table_wise
-        from torchrec.distributed.types import ShardingPlan
+        import torchrec  # noqa: F401 (a missing torchrec is reported, not raised)
     except ImportError as err:
         return {"error": f"{TORCHREC_MISSING} ({err})"}
-    world, device, kernel = int(request["world_size"]), request["device"], request["compute_kernel"]
-    per_table = {}
-    for table, shards in zip(request["tables"], request["shards"]):
-        ranks = [s["rank"] for s in sorted(shards, key=lambda s: s["col_offset"])]
-        if len(ranks) == 1:
-            per_table[table["name"]] = table_wise(rank=ranks[0], compute_kernel=kernel)
-        else:
-            per_table[table["name"]] = column_wise(ranks=ranks, compute_kernel=kernel)
-    module = _embedding_bag_collection(request["tables"], "meta")
-    module_plan = construct_module_sharding_plan(
-        module,
-        per_param_sharding=per_table,
-        sharder=EmbeddingBagCollectionSharder(),
-        local_size=world,
-        world_size=world,
-        device_type=device,
+    shards = {t["name"]: s for t, s in zip(request["tables"], request["shards"])}
+    module = embedding_bag_collection(request["tables"], "meta")
+    world = int(request["world_size"])
+    plan = sharding_plan(
+        {request["module_path"]: (module, shards)}, world, request["device"], request["compute_kernel"]
     )
-    plan = ShardingPlan({request["module_path"]: module_plan})
     torch.save(plan, out_path)
-    written = plan_shards(torch.load(out_path, weights_only=False))
-    for table, shards in zip(request["tables"], request["shards"]):
-        want = sorted(
-            ({k: int(s[k]) for k in ("col_offset", "dim", "rank")} for s in shards), key=lambda s: s["col_offset"]
-        )
-        if written.get(table["name"]) != want:
-            return {
-                "error": f"table {table['name']}: TorchRec made shards {written.get(table['name'])}, expected {want}"
-            }
-    return {"ok": True, "plan": str(plan)}
+    error = mismatch(torch.load(out_path, weights_only=False), shards)
+    return {"error": error} if error else {"ok": True, "plan": str(plan)}
 
 
 def _pattern(rows, cols):
@@ -500,7 +449,7 @@ def _distributed_model(request: dict, plan):
     from torchrec.distributed.types import ShardingEnv
 
     path = [p for p in request.get("module_path", "").split(".") if p]
-    root = _embedding_bag_collection(request["tables"], "meta")
+    root = embedding_bag_collection(request["tables"], "meta")
     for name in reversed(path):
         parent = torch.nn.Module()
         parent.add_module(name, root)

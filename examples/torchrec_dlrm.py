@@ -1,0 +1,187 @@
+"""A small DLRM sharded two ways and trained on gloo processes: neuroshard_jax's planner against TorchRec's own.
+
+    python examples/torchrec_dlrm.py            # 12 tables, 2 ranks, per-rank batch 1024, 30 timed steps
+    python examples/torchrec_dlrm.py --tables 4 --rows 2000 --steps 3 --warmup 1 --batch-size 256   # quick
+
+1. Statistics: each table's pooling factor and access histogram from generated, skewed KeyedJaggedTensor batches
+   (``batch_statistics``, at the planning batch: per-rank batch x world size).
+2. For each planner (ours: ``NeuroShardPlanner``; TorchRec's: ``EmbeddingShardingPlanner``), one process per rank:
+   ``collective_plan`` on rank 0, broadcast, ``DistributedModelParallel`` on gloo, ``--warmup`` steps, then
+   ``--steps`` timed steps (SGD, the embedding optimizer fused into the backward pass). A step's time is the
+   slowest rank's; the line printed per planner gives the median step.
+
+Runs on this CPU (one torch thread per rank); on a GPU host, pass ``--device cuda`` with nccl (not tested here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from torchrec.datasets.utils import Batch
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.types import Topology
+from torchrec.models.dlrm import DLRM, DLRMTrain
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+from neuroshard_jax.stats import stats_file, zipf_ids
+from neuroshard_jax.torchrec_planner import NeuroShardPlanner, batch_statistics
+
+DENSE_FEATURES = 13
+PLANNERS = ("neuroshard", "torchrec")
+
+
+def table_configs(args) -> list[EmbeddingBagConfig]:
+    """``--tables`` tables of dim ``--dim``, rows log-spaced from 100 to ``--rows``, one feature each."""
+    rows = np.geomspace(100, args.rows, args.tables).astype(int)
+    return [
+        EmbeddingBagConfig(name=f"t{i}", embedding_dim=args.dim, num_embeddings=int(r), feature_names=[f"f{i}"])
+        for i, r in enumerate(rows)
+    ]
+
+
+def pooling_factors(args) -> np.ndarray:
+    """Skewed lookups per sample: a few tables looked up tens of times, most a few times."""
+    return np.geomspace(1, args.max_pooling, args.tables)[np.random.default_rng(7).permutation(args.tables)]
+
+
+def batches(configs, args, count: int, batch: int, seed: int):
+    """``count`` Batches of ``batch`` samples: Poisson bag lengths, Zipf(1.1) ids scattered over each table."""
+    rng = np.random.default_rng(seed)
+    pooling = pooling_factors(args)
+    scatter = [np.random.default_rng(100 + i).permutation(c.num_embeddings) for i, c in enumerate(configs)]
+    for _ in range(count):
+        lengths = rng.poisson(pooling[:, None], size=(len(configs), batch))
+        values = [
+            scatter[i][zipf_ids(rng, c.num_embeddings, 1.1, int(lengths[i].sum()))] for i, c in enumerate(configs)
+        ]
+        yield Batch(
+            dense_features=torch.from_numpy(rng.random((batch, DENSE_FEATURES), dtype=np.float32)),
+            sparse_features=KeyedJaggedTensor.from_lengths_sync(
+                keys=[c.feature_names[0] for c in configs],
+                values=torch.from_numpy(np.concatenate(values)),
+                lengths=torch.from_numpy(lengths.reshape(-1)),
+            ),
+            labels=torch.from_numpy(rng.integers(0, 2, size=batch)),
+        )
+
+
+def dlrm(configs, dim: int) -> DLRMTrain:
+    """TorchRec's DLRM over the tables (on the meta device until DistributedModelParallel places the shards)."""
+    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    return DLRMTrain(DLRM(ebc, DENSE_FEATURES, [64, dim], [64, 1], dense_device=torch.device("cpu")))
+
+
+def run_rank(rank: int, world: int, init: str, planner_name: str, args, stats_path: str, out: str) -> None:
+    """One rank: plan (rank 0, broadcast), DistributedModelParallel, train, report the step times."""
+    quiet()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    configs = table_configs(args)
+    model = dlrm(configs, args.dim)
+    apply_optimizer_in_backward(torch.optim.SGD, model.model.sparse_arch.parameters(), {"lr": 0.01})
+    sharders = [EmbeddingBagCollectionSharder()]
+    topology = Topology(world_size=world, compute_device="cpu")
+    if planner_name == "neuroshard":
+        planner = NeuroShardPlanner(topology, batch_size=args.batch_size, stats=stats_path, verbose=rank == 0)
+    else:
+        planner = EmbeddingShardingPlanner(topology=topology, batch_size=args.batch_size)
+    start = time.perf_counter()
+    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    plan_s = time.perf_counter() - start
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    dense = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(dmp.named_parameters())), lambda params: torch.optim.SGD(params, lr=0.01)
+    )
+    optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
+    step_s, losses = [], []
+    for i, batch in enumerate(batches(configs, args, args.warmup + args.steps, args.batch_size, seed=rank)):
+        dist.barrier()
+        t0 = time.perf_counter()
+        optimizer.zero_grad()
+        loss, _ = dmp(batch)
+        loss.backward()
+        optimizer.step()
+        if i >= args.warmup:
+            step_s.append(time.perf_counter() - t0)
+            losses.append(float(loss.detach()))
+    every = [None] * world
+    dist.all_gather_object(every, step_s)
+    if rank == 0:
+        slowest = [max(ranks) for ranks in zip(*every)]
+        result = {
+            "planner": planner_name,
+            "plan_s": plan_s,
+            "step_ms": 1e3 * statistics.median(slowest),
+            "loss": float(np.mean(losses)),
+            "plan": str(plan),
+        }
+        Path(out).write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def quiet() -> None:
+    """TorchRec's deprecation notices (its own defaults trigger them) would bury the two lines this prints."""
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+    logging.getLogger("torch").setLevel(logging.ERROR)
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tables", type=int, default=12)
+    parser.add_argument("--rows", type=int, default=200_000, help="rows of the largest table")
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--max-pooling", type=float, default=40.0)
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=1024, help="per rank, as in TorchRec")
+    parser.add_argument("--stats-batches", type=int, default=4, help="planning batches the statistics read")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--planners", default=",".join(PLANNERS))
+    args = parser.parse_args(argv)
+    quiet()
+    configs = table_configs(args)
+    planning_batch = args.batch_size * args.world_size
+    results = []
+    with tempfile.TemporaryDirectory(prefix="neuroshard-dlrm-") as tmp:
+        stats = batch_statistics(
+            dlrm(configs, args.dim),
+            batches(configs, args, args.stats_batches, planning_batch, seed=99),
+            planning_batch,
+            progress=False,
+        )
+        stats_path = Path(tmp) / "tables.json"
+        stats_path.write_text(json.dumps(stats_file(stats, planning_batch, "generated batches")))
+        for name in args.planners.split(","):
+            out = Path(tmp) / f"{name}.json"
+            init = f"file://{Path(tmp) / f'{name}.init'}"
+            mp.spawn(run_rank, (args.world_size, init, name, args, str(stats_path), str(out)), nprocs=args.world_size)
+            result = json.loads(out.read_text())
+            results.append(result)
+            print(
+                f"{name:>10}: median step {result['step_ms']:8.2f} ms (slowest of {args.world_size} ranks, "
+                f"{args.steps} steps), planned in {result['plan_s']:.1f} s, mean loss {result['loss']:.4f}"
+            )
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""Table statistics from the user's data (neuroshard_jax.stats): the profiler's definitions, exactly."""
+
+import json
+
+import numpy as np
+import pytest
+
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.plans import format_plan
+from neuroshard_jax.stats import StatsAccumulator, estimated_stats, file_stats, zipf_ids
+from neuroshard_jax.types import Task
+
+from .conftest import run_cli
+
+
+def test_one_batch_gives_the_profilers_features(small_pool):
+    """The statistics of one batch are the pool's features of that table (same stream, same batch size)."""
+    for table in (3, 17, 40):
+        indices, offsets = small_pool.index_stream(table)
+        acc = StatsAccumulator(small_pool.batch_size, rows={"t": int(small_pool.rows[table])})
+        acc.add({"t": (indices, np.diff(offsets))})
+        (stats,) = acc.result()
+        assert stats.pooling_factor == pytest.approx(small_pool.pooling_factor[table])
+        np.testing.assert_allclose(stats.bins, small_pool.bins[table], atol=1e-12)
+        assert stats.batches == 1 and stats.rows == small_pool.rows[table]
+
+
+def test_batches_are_regrouped_whatever_the_loaders_batches():
+    """The same samples give the same statistics whether they come in chunks of 100 or 1000 samples; bins are
+    the mean of the full batches' histograms; a trailing partial batch counts for the pooling factor only."""
+    rng = np.random.default_rng(0)
+    lengths = rng.poisson(6, size=2600)
+    values = zipf_ids(rng, 5000, 1.2, int(lengths.sum()))
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    results = []
+    for chunk in (100, 1000, 2600):
+        acc = StatsAccumulator(512)
+        for lo in range(0, 2600, chunk):
+            hi = min(2600, lo + chunk)
+            acc.add({"a": (values[starts[lo] : starts[hi]], lengths[lo:hi])})
+        results.append(acc.result()[0])
+    for r in results[1:]:
+        assert r == results[0]
+    expected = np.mean(
+        [
+            np.bincount(
+                np.minimum(
+                    np.ceil(
+                        np.log2(np.unique(values[starts[b * 512] : starts[(b + 1) * 512]], return_counts=True)[1])
+                    ).astype(int),
+                    16,
+                ),
+                minlength=17,
+            )
+            / len(np.unique(values[starts[b * 512] : starts[(b + 1) * 512]]))
+            for b in range(5)
+        ],
+        axis=0,
+    )
+    np.testing.assert_allclose(results[0].bins, expected / expected.sum(), atol=1e-12)
+    assert results[0].batches == 5 and results[0].pooling_factor == pytest.approx(lengths.mean())
+    assert results[0].rows == max(100, int(values.max()) + 1)
+
+
+def test_features_of_one_table_are_pooled_per_sample():
+    """Two features read by one table: one stream whose sample i holds both features' ids of sample i."""
+    a = (np.array([1, 2, 2, 3]), np.array([2, 0, 2]))
+    b = (np.array([2, 9]), np.array([1, 1, 0]))
+    acc = StatsAccumulator(3, feature_tables={"fa": "T", "fb": "T"}, rows={"T": 10})
+    acc.add({"fa": a, "fb": b})
+    (stats,) = acc.result()
+    assert stats.pooling_factor == pytest.approx(2.0)  # 6 lookups over 3 samples
+    # counts: row 2 x3 (bin 2), rows 1, 3, 9 x1 (bin 0)
+    assert stats.bins[0] == pytest.approx(0.75) and stats.bins[2] == pytest.approx(0.25)
+
+
+def test_bad_data_is_named():
+    acc = StatsAccumulator(100)
+    with pytest.raises(UserError, match="feature 'x': lengths sum to 3 for 2 values"):
+        acc.add({"x": (np.array([1, 2]), np.array([1, 2]))})
+    acc.add({"x": (np.array([1]), np.array([1]))})
+    with pytest.raises(UserError, match="table 'x': 1 samples, expected at least one batch of 100"):
+        acc.result()
+    with pytest.raises(UserError, match="index 7, expected indices below its 5 rows"):
+        StatsAccumulator(1, rows={"y": 5}).add({"y": (np.array([7]), np.array([1]))})
+    with pytest.raises(UserError, match="feature 'z': not a feature of any table"):
+        StatsAccumulator(1, feature_tables={"f": "T"}).add({"z": (np.array([1]), np.array([1]))})
+
+
+def test_estimates_follow_the_assumed_law_and_warn_in_the_plan():
+    uniform = estimated_stats("u", 1_000_000, 4.0, 4096, zipf=0.0)
+    skewed = estimated_stats("s", 1_000_000, 4.0, 4096, zipf=1.3)
+    assert uniform.estimated and uniform.samples == 0
+    assert uniform.bins[0] > 0.95  # 16k lookups over 1M rows: almost every touched row once
+    assert skewed.bins[0] < 0.9 and max(np.nonzero(skewed.bins)[0]) >= 8  # hot rows reach high bins
+    assert estimated_stats("u", 1_000_000, 4.0, 4096, zipf=0.0) == uniform  # deterministic
+    table = {
+        "id": 0,
+        "name": "u",
+        "rows": 1_000_000,
+        "dim": 16,
+        "pooling_factor": 4.0,
+        "bins": list(uniform.bins),
+        "estimated": True,
+    }
+    task = Task.from_json({"num_devices": 1, "mem_cap_gb": 1.0, "batch_size": 4096, "tables": [table]})
+    assert task.tables[0].estimated and task.to_json()["tables"][0]["estimated"] is True
+    plan_json = {
+        "searcher": "x",
+        "cost_model": "y",
+        "seed": 0,
+        "task": task.to_json(),
+        "cost_ms": 1.0,
+        "search_time_s": 0.0,
+        "devices": [
+            {
+                "device": 0,
+                "num_shards": 1,
+                "dim_sum": 16,
+                "mem_gb": 0.1,
+                "cost_ms": {"compute": 1.0, "fwd_comm": 0.0, "bwd_comm": 0.0, "total": 1.0},
+            }
+        ],
+    }
+    assert "warning: 1 of 1 tables have estimated access statistics (u)" in format_plan(plan_json)
+
+
+def test_task_tables_take_bin_k_keys():
+    bins = {f"bin_{k}": (1.0 if k == 0 else 0.0) for k in range(17)}
+    obj = {
+        "num_devices": 1,
+        "mem_cap_gb": 1.0,
+        "batch_size": 64,
+        "tables": [{"id": 0, "rows": 10, "dim": 8, "pooling_factor": 1.0, **bins}],
+    }
+    assert Task.from_json(obj).tables[0].bins[0] == 1.0
+    del obj["tables"][0]["bin_16"]
+    with pytest.raises(UserError, match=r"task.tables\[0\].bin_16: missing, expected all of bin_0 .. bin_16"):
+        Task.from_json(obj)
+
+
+def test_stats_command_on_an_npz(tmp_path):
+    """python -m neuroshard_jax.stats on a file of indices and offsets per feature, as a user runs it."""
+    rng = np.random.default_rng(1)
+    arrays = {}
+    for name, pooling in (("user", 1.0), ("item", 12.0)):
+        lengths = rng.poisson(pooling, size=1000)
+        arrays[f"{name}/indices"] = zipf_ids(rng, 3000, 1.1, int(lengths.sum()))
+        arrays[f"{name}/offsets"] = np.concatenate([[0], np.cumsum(lengths)])
+    arrays["item/rows"] = np.array(4000)
+    np.savez(tmp_path / "data.npz", **arrays)
+    done = run_cli(
+        f"data={tmp_path / 'data.npz'}",
+        f"out={tmp_path / 'tables.json'}",
+        "batch_size=256",
+        "progress=false",
+        module="neuroshard_jax.stats",
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads((tmp_path / "tables.json").read_text())
+    by_name = {t["name"]: t for t in out["tables"]}
+    assert out["batch_size"] == 256 and by_name["item"]["rows"] == 4000 and by_name["item"]["batches"] == 3
+    direct = {t.name: t for t in file_stats(tmp_path / "data.npz", 256, progress=False)}
+    assert by_name["user"]["bins"] == list(direct["user"].bins)
+    assert by_name["item"]["pooling_factor"] == pytest.approx(direct["item"].pooling_factor)
+    bad = run_cli(f"data={tmp_path / 'missing.npz'}", module="neuroshard_jax.stats")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: data:") and "Traceback" not in bad.stderr

@@ -1,0 +1,126 @@
+"""The TorchRec adapter: an EmbeddingBagCollection and batches in, a ShardingPlan out (torch in this process)."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+torchrec = pytest.importorskip("torchrec")
+
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor  # noqa: E402
+from torchrec.distributed.planner.types import Topology  # noqa: E402
+
+from neuroshard_jax.stats import zipf_ids  # noqa: E402
+from neuroshard_jax.torchrec_planner import NeuroShardPlanner, batch_statistics  # noqa: E402
+from neuroshard_jax.torchrec_plans import plan_shards  # noqa: E402
+
+from .conftest import REPO  # noqa: E402
+
+
+class TwoCollections(torch.nn.Module):
+    """A model with two collections whose table names clash (t0), one table read by two features."""
+
+    def __init__(self):
+        super().__init__()
+        meta = torch.device("meta")
+        self.users = EmbeddingBagCollection(
+            tables=[
+                EmbeddingBagConfig(name="t0", embedding_dim=32, num_embeddings=5000, feature_names=["u0", "u1"]),
+                EmbeddingBagConfig(name="t1", embedding_dim=64, num_embeddings=800, feature_names=["u2"]),
+            ],
+            device=meta,
+        )
+        self.items = EmbeddingBagCollection(
+            tables=[EmbeddingBagConfig(name="t0", embedding_dim=16, num_embeddings=20000, feature_names=["i0"])],
+            device=meta,
+        )
+
+
+def _batches(keys, rows, pooling, batch, count, seed=0):
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        lengths = rng.poisson(np.array(pooling)[:, None], size=(len(keys), batch))
+        values = [zipf_ids(rng, r, 1.1, int(n)) for r, n in zip(rows, lengths.sum(1))]
+        yield KeyedJaggedTensor.from_lengths_sync(
+            keys=keys, values=torch.from_numpy(np.concatenate(values)), lengths=torch.from_numpy(lengths.reshape(-1))
+        )
+
+
+def test_a_module_gets_a_sharding_plan_equal_to_ours():
+    model = TwoCollections()
+    keys, rows, pooling = ["u0", "u1", "u2", "i0"], [5000, 5000, 800, 20000], [2.0, 1.0, 30.0, 4.0]
+    # u* and i0 come from different loaders in real models; here one KJT carries all four features
+    stats = batch_statistics(model, _batches(keys, rows, pooling, 1024, 4), batch_size=2048, progress=False)
+    by_name = {s.name: s for s in stats}
+    assert set(by_name) == {"users/t0", "t1", "items/t0"}  # a clashing name is qualified by its collection
+    assert by_name["users/t0"].pooling_factor == pytest.approx(3.0, rel=0.05)  # two features pooled
+    planner = NeuroShardPlanner(
+        Topology(world_size=2, compute_device="cpu"), batch_size=1024, stats=stats[:2], verbose=False
+    )
+    plan = planner.plan(model, None)
+    ours = planner.last_plan
+    assert ours.task.batch_size == 2048 and ours.costs.cost_model.startswith("neural")
+    assert [t.estimated for t in ours.task.tables] == [False, False, True]  # items/t0 had no statistics
+    assert set(plan.plan) == {"users", "items"}
+    written = plan_shards(plan)  # per TorchRec table name; both collections' t0 collide here, so compare per module
+    assert len(written) == 2
+    for path, names in (("users", {"t0": "users/t0", "t1": "t1"}), ("items", {"t0": "items/t0"})):
+        for torchrec_name, our_name in names.items():
+            index = [t.name for t in ours.task.tables].index(our_name)
+            want = sorted((s.col_offset, s.dim, s.device) for s in ours.shards if s.table == index)
+            sharding = plan.plan[path][torchrec_name]
+            got = sorted(
+                (int(s.shard_offsets[1]), int(s.shard_sizes[1]), int(str(s.placement).split("rank:")[1][0]))
+                for s in sharding.sharding_spec.shards
+            )
+            assert got == want and sharding.sharding_type in ("table_wise", "column_wise")
+    # our plan converts on its own too (Plan.to_torchrec: a meta collection of the task's tables)
+    again = plan_shards(ours.to_torchrec(device="cpu"))
+    assert set(again) == {"users/t0", "t1", "items/t0"}
+
+
+def test_a_batch_size_outside_the_model_falls_back_with_a_warning(capsys):
+    model = EmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name="a", embedding_dim=16, num_embeddings=1000, feature_names=["a"])],
+        device=torch.device("meta"),
+    )
+    planner = NeuroShardPlanner(world_size=2, mem_cap_gb=1.0, batch_size=32, pooling_factors={"a": 3.0})
+    planner.plan(model)
+    err = capsys.readouterr().err
+    assert "task.batch_size: got 64" in err and "planning with cost_model=analytic instead" in err
+    assert "warning: 1 of 1 tables have estimated access statistics" in err
+    assert planner.last_plan.costs.cost_model == "analytic" and planner.last_plan.task.tables[0].pooling_factor == 3.0
+
+
+def test_the_dlrm_example_trains_with_both_planners(tmp_path):
+    """examples/torchrec_dlrm.py, small: statistics, our plan and TorchRec's, DistributedModelParallel on 2 gloo
+    processes each, a few SGD steps; one line per planner."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "examples" / "torchrec_dlrm.py"),
+            "--tables",
+            "3",
+            "--rows",
+            "1000",
+            "--batch-size",
+            "32",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--stats-batches",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if "median step" in line]
+    assert [line.split(":")[0].strip() for line in lines] == ["neuroshard", "torchrec"], done.stdout
