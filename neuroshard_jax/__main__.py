@@ -23,6 +23,7 @@ from neuroshard_jax.config import typed
 from neuroshard_jax.datasets import write_json
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.evaluation import EvaluateConfig
+from neuroshard_jax.explain import ExplainConfig, explain_file
 from neuroshard_jax.models import cost_model_config, make_cost_model
 from neuroshard_jax.plans import format_plan
 from neuroshard_jax.polish import PolishConfig, polish_plan
@@ -45,6 +46,7 @@ class MainConfig:
     suite: SuiteConfig | None = None
     evaluate: bool = False
     polish: PolishConfig = PolishConfig()
+    explain: bool = False
 
     def __post_init__(self):
         if self.seed < 0:
@@ -109,7 +111,10 @@ def main(cfg: DictConfig) -> None:
     except UserError as err:
         fail(err)
     print(format_plan(result))
-    print(f"plan written to {keep_result(result, Path(out_dir) / config.output)}")
+    written = keep_result(result, Path(out_dir) / config.output)
+    print(f"plan written to {written}")
+    if config.explain:
+        print(explain_file(ExplainConfig(plan=str(written)), make_cost_model(cost_model[0], task, cost_model[1])))
 
 
 def keep_result(result: dict, path: Path) -> Path:

@@ -89,6 +89,28 @@ def test_each_rule_lives_in_one_function():
     assert len(re.findall(r"\* BYTES_PER_ELEMENT\[", sources["neuroshard_jax/sharding.py"])) == 1  # mem_bytes
 
 
+def test_torch_stays_behind_its_walls():
+    """torch and torchrec are imported at module level only by the TorchRec adapter (for users already in a torch
+    process), inside functions only by the worker and the ShardingPlan conversion; nothing imports the adapter."""
+    top, inner = set(), set()
+    for m, f in _modules().items():
+        tree = ast.parse(f.read_text())
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                if any(n.split(".")[0] in ("torch", "torchrec", "fbgemm_gpu") for n in names):
+                    top.add(m)
+                if any("torchrec_planner" in n for n in names + [a.name for a in node.names]):
+                    raise AssertionError(f"{m} imports the TorchRec adapter")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and node not in tree.body:
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                if any(n.split(".")[0] in ("torch", "torchrec", "fbgemm_gpu") for n in names):
+                    inner.add(m)
+    assert top == {"neuroshard_jax.torchrec_planner"}
+    assert inner == {"neuroshard_jax.worker", "neuroshard_jax.torchrec_plans"}
+
+
 def test_the_foreign_benchmark_shares_no_table_drawing_with_training():
     """Its generators are written apart from the training sampler: no shared code for drawing specs, no shared seeds."""
     text = (REPO / "tools" / "foreign_benchmark.py").read_text()

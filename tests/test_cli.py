@@ -10,6 +10,7 @@ from neuroshard_jax.collect import config_from as collect_config
 from neuroshard_jax.constants import GIB_BYTES
 from neuroshard_jax.evaluate import app_config as evaluate_config
 from neuroshard_jax.export import app_config as export_config
+from neuroshard_jax.stats import app_config as stats_config
 from neuroshard_jax.train import app_config as train_config
 from neuroshard_jax.train_policy import app_config as policy_config
 
@@ -163,6 +164,8 @@ def test_bad_override_value(tmp_path):
         ("collect", collect_config, ["pool.seed=x"], "pool.seed: got 'x', expected an integer"),
         ("evaluate", evaluate_config, ["workers=0"], "workers: got 0, expected an integer >= 1"),
         ("export", export_config, ["plan=p.json", "check=maybe"], "check: got 'maybe', expected true or false"),
+        ("stats", stats_config, ["batch_size=0"], "batch_size: got 0, expected an integer >= 1"),
+        ("stats", stats_config, ["format=csv"], "format: got 'csv', expected one of auto, npz, dlrm"),
     ],
 )
 def test_every_override_is_checked_before_any_work(capsys, config_name, validate, argv, fragment):

@@ -13,6 +13,7 @@ from neuroshard_jax.sharding import (
     is_legal_dim,
     max_halvings,
     mem_bytes,
+    merge_colocated,
     narrowest_dim,
     shard_features,
     split_counts,
@@ -79,3 +80,16 @@ def test_tiling():
     task = make_task([make_table(0, rows=100, dim=24)])
     with pytest.raises(PlanError, match="2\\^k"):
         Plan(task, tuple(Shard(0, 6 * i, 6, 0) for i in range(4))).validate()
+
+
+def test_colocated_sibling_slices_merge():
+    """Halvings whose halves share a device are undone, level by level; a split across devices stays."""
+    together = column_shards(0, 64, [1, 1, 1, 1])
+    assert merge_colocated(together) == (Shard(0, 0, 64, 1),)
+    pairs = column_shards(1, 64, [0, 0, 1, 1])
+    assert merge_colocated(pairs) == (Shard(1, 0, 32, 0), Shard(1, 32, 32, 1))
+    apart = column_shards(2, 64, [0, 1, 0, 1])  # slices 0 and 1 on different devices: nothing to merge
+    assert merge_colocated(apart) == apart
+    mixed = merge_colocated(together + apart + pairs)
+    assert [s.table for s in mixed] == [0, 1, 1, 2, 2, 2, 2]
+    assert merge_colocated(mixed) == mixed  # a fixed point

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.errors import UserError
+from neuroshard_jax.stats import file_stats
 from neuroshard_jax.tables import (
     PoolSpec,
     SyntheticStreams,
@@ -94,6 +95,11 @@ def test_dlrm_file_loader(tmp_path):
     np.testing.assert_allclose(pool.bins[0][:2], [0.5, 0.5])
     with pytest.raises(UserError, match="at most 4"):
         load_pool(PoolSpec(source="dlrm", path=str(path)), batch_size=8)
+    # the statistics tool reads the same file: tables t0, t1 with the pool's features
+    stats = file_stats(path, batch_size=4, progress=False)
+    assert [t.name for t in stats] == ["t0", "t1"] and [t.rows for t in stats] == [151, 100]
+    np.testing.assert_allclose([t.bins for t in stats], pool.bins)
+    assert [t.pooling_factor for t in stats] == pool.pooling_factor.tolist()
 
 
 def test_bad_dlrm_file_is_a_clear_error(tmp_path):

@@ -124,3 +124,14 @@ def test_the_dlrm_example_trains_with_both_planners(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if "median step" in line]
     assert [line.split(":")[0].strip() for line in lines] == ["neuroshard", "torchrec"], done.stdout
+
+
+def test_readme_torchrec_example_runs(capsys):
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## From a TorchRec model") :]
+    start = section.index("```python\n") + len("```python\n")
+    code = section[start : section.index("```\n", start)]
+    exec(compile(code, "README.md (From a TorchRec model)", "exec"), {})
+    out = capsys.readouterr()
+    assert "column_wise" in out.out or "table_wise" in out.out
+    assert "predicted cost" in out.err and "estimated" not in out.err

@@ -46,6 +46,7 @@ from neuroshard_jax.polish import PolishConfig, polish_plan
 from neuroshard_jax.profiling import map_requests
 from neuroshard_jax.scoring import score_plan
 from neuroshard_jax.search import search_plan
+from neuroshard_jax.training import MIN_CPU_SHARE
 from neuroshard_jax.types import Plan, Task
 
 SEARCHERS = (
@@ -293,7 +294,7 @@ def measure_all(out: Path, repeats: int, config: EvaluateConfig, label: str | No
                         "key": request["key"],
                         "repeat": int(request["id"].rsplit("/", 1)[1]),
                         "cpu": cpu,
-                        **{k: answer.get(k) for k in ("ok", "total_ms", "fwd_ms", "bwd_ms", "error")},
+                        **{k: answer.get(k) for k in ("ok", "total_ms", "fwd_ms", "bwd_ms", "error", "cpu_share")},
                     }
                 )
 
@@ -309,11 +310,17 @@ def measure_all(out: Path, repeats: int, config: EvaluateConfig, label: str | No
 def report(out: Path, model: str, model_options: dict, tie: float, only: set[str]) -> dict:
     tasks = {t: (family, task) for t, family, task in benchmark_tasks(out / TASKS_FILE) if t in only}
     label = model_label(model, model_options)
-    measured: dict[str, list[float]] = {}
     cpu = hardware()["cpu"]  # labels belong to one kind of hardware: only this machine's kind's measurements
+    rows: dict[str, list[dict]] = {}
     for m in JsonlLog(out / "measurements.jsonl").records():
         if m.get("ok") and m.get("cpu", LEGACY_CPU) == cpu:
-            measured.setdefault(m["key"], []).append(m["total_ms"])
+            rows.setdefault(m["key"], []).append(m)
+    # a repeat whose worker got less than MIN_CPU_SHARE of its core ran beside other work: left out where the device
+    # has repeats that did not
+    measured = {}
+    for key, ms in rows.items():
+        quiet = [m for m in ms if m.get("cpu_share", 1.0) >= MIN_CPU_SHARE]
+        measured[key] = [m["total_ms"] for m in (quiet or ms)]
     by_task: dict[str, dict[str, dict]] = {}
     models: dict = {}
     for row in JsonlLog(out / "plans.jsonl").records():

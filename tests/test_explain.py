@@ -1,0 +1,75 @@
+"""Plans that explain themselves (neuroshard_jax.explain): shares that add up, split gains that are real score
+differences, a diff that names what moved, a chart on disk."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from neuroshard_jax.analytic import analytic_model
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.explain import ExplainConfig, explain_file, explanation, plan_diff, split_gains
+from neuroshard_jax.scoring import score_plan, score_plans
+from neuroshard_jax.sharding import Shard, column_shards
+from neuroshard_jax.types import Plan
+
+from .conftest import make_table, make_task
+
+
+@pytest.fixture(scope="module")
+def plan_and_model():
+    tables = [make_table(i, rows=2000 * (i + 1), dim=32, pooling=1.0 + 3 * i) for i in range(6)]
+    task = make_task(tables, num_devices=3, mem_cap_gb=1.0, batch_size=512)
+    shards = (
+        *column_shards(0, 32, [0, 1]),
+        Shard(1, 0, 32, 1),
+        Shard(2, 0, 32, 2),
+        *column_shards(3, 32, [2, 0, 1, 2]),
+        Shard(4, 0, 32, 0),
+        Shard(5, 0, 32, 1),
+    )
+    return Plan(task, shards).validate(), analytic_model(task)
+
+
+def test_table_shares_add_up_and_split_gains_are_score_differences(plan_and_model):
+    plan, model = plan_and_model
+    expl = explanation(plan, model, top=3)
+    costs = score_plan(model, plan)
+    np.testing.assert_allclose(np.sum(expl["table_compute_ms"], axis=1), costs.compute_ms, rtol=1e-5)
+    assert expl["critical_device"] == int(np.argmax(costs.total_ms)) and len(expl["top_tables"]) <= 3
+    gains = split_gains(model, plan)
+    assert set(gains) == {0, 3}  # the two split tables
+    whole = Shard(0, 0, 32, gains[0]["whole_on"])
+    variant = dataclasses.replace(plan, shards=(whole, *[s for s in plan.shards if s.table != 0]))
+    expected = score_plans(model, [variant])[0] - score_plans(model, [plan])[0]
+    assert gains[0]["gain_ms"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_explain_file_prints_measured_costs_and_writes_a_chart(plan_and_model, tmp_path):
+    plan, model = plan_and_model
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_json()))
+    devices = [{"device": d, "compute": 1.0 + d, "fwd_comm": 0.1, "bwd_comm": 0.1, "total": 1.2 + d} for d in range(3)]
+    (tmp_path / "evaluation.json").write_text(json.dumps({"plan": str(path), "devices": devices}))
+    text = explain_file(ExplainConfig(plan=str(path), cost_model="analytic"))
+    assert "measured: evaluation.json" in text and "3.200" in text  # device 2's measured total
+    assert "<- slowest" in text and "split tables" in text and "imbalance: max/mean" in text
+    assert (tmp_path / "plan.png").stat().st_size > 10_000
+
+
+def test_diff_names_moved_and_split_tables(plan_and_model):
+    plan, model = plan_and_model
+    base = dataclasses.replace(
+        plan,
+        shards=tuple(dataclasses.replace(s, device=0) if s.table == 5 else s for s in plan.shards if s.table != 0)
+        + (Shard(0, 0, 32, 2),),
+    )
+    diff = plan_diff(plan, base.validate(), model)
+    by_table = {c["table"]: c for c in diff["changes"]}
+    assert set(by_table) == {"0", "5"}
+    assert by_table["0"]["change"] == "split" and by_table["0"]["slices"] == [1, 2]
+    assert by_table["5"] == {"table": "5", "change": "moved", "base": [0], "plan": [1], "slices": [1, 1]}
+    other = Plan(make_task([make_table(0)], num_devices=3), (Shard(0, 0, 16, 0),))
+    with pytest.raises(UserError, match="base: its task differs"):
+        plan_diff(plan, other, model)
