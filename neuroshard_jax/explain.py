@@ -77,31 +77,28 @@ def table_compute_ms(model: CostModel, plan: Plan, compute_ms: np.ndarray) -> np
 
 def split_gains(model: CostModel, plan: Plan) -> dict[int, dict]:
     """Per split table: the predicted plan cost if it were whole on the best device holding one of its slices (that
-    has the memory), and the gain of the split (that cost minus the plan's); ``None`` if it fits nowhere whole."""
-    base_ms = float(score_plans(model, [plan])[0])
-    out = {}
+    has the memory), and the gain of the split (that cost minus the plan's; ``None`` if it fits nowhere whole). All
+    variants are scored in one batched call."""
+    out, variants = {}, []
     for table in sorted({s.table for s in plan.shards}):
         slices = [s for s in plan.shards if s.table == table]
         if len(slices) == 1:
             continue
+        devices = sorted({s.device for s in slices})
+        out[table] = {"slices": len(slices), "devices": devices, "whole_on": None, "gain_ms": None}
         others = [s for s in plan.shards if s.table != table]
-        variants = []
-        for device in sorted({s.device for s in slices}):
+        for device in devices:
             whole = Shard(table, 0, plan.task.tables[table].dim, device)
             variant = dataclasses.replace(plan, shards=merge_colocated([*others, whole]))
             if variant.mem_bytes()[device] <= plan.task.mem_cap_bytes:
-                variants.append((device, variant))
-        entry = {
-            "slices": len(slices),
-            "devices": sorted({s.device for s in slices}),
-            "whole_on": None,
-            "gain_ms": None,
-        }
-        if variants:
-            costs = score_plans(model, [v for _, v in variants])
-            best = int(np.argmin(costs))
-            entry.update(whole_on=variants[best][0], gain_ms=float(costs[best]) - base_ms)
-        out[table] = entry
+                variants.append((table, device, variant))
+    if not variants:
+        return out
+    costs = score_plans(model, [plan, *(v for _, _, v in variants)])
+    for (table, device, _), cost in zip(variants, costs[1:]):
+        gain = float(cost - costs[0])
+        if out[table]["gain_ms"] is None or gain < out[table]["gain_ms"]:
+            out[table].update(whole_on=device, gain_ms=gain)
     return out
 
 

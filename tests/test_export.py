@@ -8,7 +8,7 @@ import pytest
 from neuroshard_jax.analytic import analytic_model
 from neuroshard_jax.datasets import write_json
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.export import ExportConfig, check_torchrec, expected_local_shards, export_torchrec
+from neuroshard_jax.export import ExportConfig, expected_local_shards, export_torchrec
 from neuroshard_jax.scoring import with_costs
 from neuroshard_jax.sharding import Shard
 from neuroshard_jax.types import Plan
@@ -34,16 +34,11 @@ def split_plan(tmp_path):
     return plan, path
 
 
-def test_exported_plan_runs_in_distributed_model_parallel(split_plan, tmp_path):
+def test_exported_plan_names_and_places_every_shard(split_plan, tmp_path):
     plan, path = split_plan
     config = ExportConfig(device="cpu", table_names="emb_{id}")
     request, _ = export_torchrec(plan, tmp_path / "plan.pt", config)
     assert [t["name"] for t in request["tables"]] == ["emb_10", "emb_11", "emb_12", "emb_13"]
-    reports = check_torchrec(tmp_path / "plan.pt", request, batch_size=6, timeout_s=300)
-    for rank, report in enumerate(reports):
-        assert report["local_shards"] == expected_local_shards(request, rank)
-        assert report["output_shape"] == [6, 16 + 32 + 8 + 64]  # this rank's bags, every table's columns
-        assert report["max_abs_error"] < 1e-4  # pooled sums of the known weight pattern, through the all-to-alls
     assert expected_local_shards(request, 1) == [
         ["emb_11", 0, 16],
         ["emb_12", 0, 8],
@@ -54,13 +49,21 @@ def test_exported_plan_runs_in_distributed_model_parallel(split_plan, tmp_path):
 
 def test_export_cli_checks_in_dmp_and_refuses_bad_options(split_plan):
     _, path = split_plan
+    # check=true: DistributedModelParallel on 2 gloo processes; each rank's local shards must be the plan's and its
+    # pooled outputs the sums of a known weight pattern through the all-to-alls (max abs error < 1e-4), else exit 2
     done = run_cli(
-        f"plan={path}", "device=cpu", "check=true", "module_path=sparse_arch.ebc", module="neuroshard_jax.export"
+        f"plan={path}",
+        "device=cpu",
+        "check=true",
+        "check_batch_size=6",
+        "module_path=sparse_arch.ebc",
+        module="neuroshard_jax.export",
     )
     assert done.returncode == 0, done.stderr
     assert path.with_suffix(".torchrec.pt").stat().st_size > 0
     assert "4 tables on 2 ranks" in done.stdout
     assert "rank 0: 4 shards" in done.stdout and "rank 1: 4 shards" in done.stdout
+    assert "forward [6, 120]" in done.stdout  # this rank's bags, every table's columns (16 + 32 + 8 + 64)
     for args, message in (
         (["format=onnx"], "format: got 'onnx', expected one of torchrec"),
         (["check=true"], "check: true needs device=cpu"),

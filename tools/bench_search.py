@@ -2,6 +2,7 @@
 
     python tools/bench_search.py speed   [--cost-model neural]      # beam vs the plain-Python oracle
     python tools/bench_search.py scale   [--devices 64,128]          # 856 tables; time and peak memory
+    python tools/bench_search.py explain [--devices 64]              # explaining the 856-table plan
 
 speed: for T = 10, 30, 60 tables and N = 4, 8 devices, beam search (defaults k=3, n=10,
   max_length=10) in JAX, after compilation (compile time reported separately), against the oracle of
@@ -25,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/oracle.py
 
 from neuroshard_jax.cost_models import plan_cost_ms  # noqa: E402
 from neuroshard_jax.datasets import write_json  # noqa: E402
-from neuroshard_jax.models import make_cost_model  # noqa: E402
+from neuroshard_jax.explain import explanation  # noqa: E402
+from neuroshard_jax.models import expected_cost_model, make_cost_model  # noqa: E402
 from neuroshard_jax.scoring import score_plan  # noqa: E402
 from neuroshard_jax.tasks import TaskConfig, make_task  # noqa: E402
 from searchers import make_searcher  # noqa: E402
@@ -88,6 +90,25 @@ def scale_one(args) -> dict:
     }
 
 
+def explain(args) -> dict:
+    """Time ``explain.explanation`` of beam's 856-table plan: the first call (compiling) and a second one."""
+    n = args.devices[0]
+    task = make_task(TaskConfig(num_tables=856, num_devices=n), args.seed)
+    model = expected_cost_model(make_cost_model(args.cost_model, task))
+    plan = make_searcher("beam").search(task, model, 0)
+    _, first_s = timed(explanation, plan, model)
+    expl, second_s = timed(explanation, plan, model)
+    row = {
+        "tables": 856,
+        "devices": n,
+        "split_tables": len(expl["splits"]),
+        "first_s": round(first_s, 2),
+        "second_s": round(second_s, 2),
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def scale(args) -> dict:
     rows = []
     for n in args.devices:
@@ -100,7 +121,7 @@ def scale(args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["speed", "scale", "scale-one"])
+    parser.add_argument("what", choices=["speed", "scale", "scale-one", "explain"])
     parser.add_argument("--cost-model", default="neural")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--devices", type=_ints, default=None)
@@ -109,8 +130,8 @@ def main() -> None:
     if args.what == "scale-one":
         print(json.dumps(scale_one(args)))
         return
-    args.devices = args.devices or ([64, 128] if args.what == "scale" else [4, 8])
-    result = {"speed": speed, "scale": scale}[args.what](args)
+    args.devices = args.devices or {"scale": [64, 128], "explain": [64]}.get(args.what, [4, 8])
+    result = {"speed": speed, "scale": scale, "explain": explain}[args.what](args)
     print(json.dumps(result, indent=1))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     write_json(result, Path(args.out) / f"{args.what}.json")
