@@ -5,10 +5,11 @@
 
 1. Statistics: each table's pooling factor and access histogram from generated, skewed KeyedJaggedTensor batches
    (``batch_statistics``, at the planning batch: per-rank batch x world size).
-2. For each planner (ours: ``NeuroShardPlanner``; TorchRec's: ``EmbeddingShardingPlanner``), one process per rank:
-   ``collective_plan`` on rank 0, broadcast, ``DistributedModelParallel`` on gloo, ``--warmup`` steps, then
-   ``--steps`` timed steps (SGD, the embedding optimizer fused into the backward pass). A step's time is the
-   slowest rank's; the line printed per planner gives the median step.
+2. One process per rank (gloo): each planner (ours: ``NeuroShardPlanner``; TorchRec's: ``EmbeddingShardingPlanner``)
+   plans with ``collective_plan`` (rank 0 plans, every rank gets the plan); one ``DistributedModelParallel`` model
+   per plan; ``--warmup`` steps, then ``--steps`` timed steps (SGD, the embeddings' update fused into the backward
+   pass), the models' steps interleaved so that the machine's drifts hit both alike. A step's time is the slowest
+   rank's; the line printed per planner gives the median step.
 
 Runs on this CPU (one torch thread per rank); on a GPU host, pass ``--device cuda`` with nccl (not tested here).
 """
@@ -87,51 +88,65 @@ def dlrm(configs, dim: int) -> DLRMTrain:
     return DLRMTrain(DLRM(ebc, DENSE_FEATURES, [64, dim], [64, 1], dense_device=torch.device("cpu")))
 
 
-def run_rank(rank: int, world: int, init: str, planner_name: str, args, stats_path: str, out: str) -> None:
-    """One rank: plan (rank 0, broadcast), DistributedModelParallel, train, report the step times."""
-    quiet()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    configs = table_configs(args)
+def trainer(configs, args, plan, sharders):
+    """A DLRM wrapped in DistributedModelParallel with ``plan``, and its optimizer (SGD; the embeddings' update
+    fused into the backward pass)."""
     model = dlrm(configs, args.dim)
     apply_optimizer_in_backward(torch.optim.SGD, model.model.sparse_arch.parameters(), {"lr": 0.01})
-    sharders = [EmbeddingBagCollectionSharder()]
-    topology = Topology(world_size=world, compute_device="cpu")
-    if planner_name == "neuroshard":
-        planner = NeuroShardPlanner(topology, batch_size=args.batch_size, stats=stats_path, verbose=rank == 0)
-    else:
-        planner = EmbeddingShardingPlanner(topology=topology, batch_size=args.batch_size)
-    start = time.perf_counter()
-    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
-    plan_s = time.perf_counter() - start
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
     dense = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(dmp.named_parameters())), lambda params: torch.optim.SGD(params, lr=0.01)
     )
-    optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
-    step_s, losses = [], []
+    return dmp, CombinedOptimizer([dmp.fused_optimizer, dense])
+
+
+def run_rank(rank: int, world: int, init: str, planners: list[str], args, stats_path: str, out: str) -> None:
+    """One rank: every planner plans (on rank 0, broadcast); one DistributedModelParallel model per plan; their
+    training steps interleaved (step i of every model before step i + 1), so drifts of the machine hit all alike."""
+    quiet()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    configs = table_configs(args)
+    sharders = [EmbeddingBagCollectionSharder()]
+    topology = Topology(world_size=world, compute_device="cpu")
+    runs = {}
+    for name in planners:
+        if name == "neuroshard":
+            planner = NeuroShardPlanner(topology, batch_size=args.batch_size, stats=stats_path, verbose=rank == 0)
+        else:
+            planner = EmbeddingShardingPlanner(topology=topology, batch_size=args.batch_size)
+        start = time.perf_counter()
+        plan = planner.collective_plan(dlrm(configs, args.dim), sharders, dist.GroupMember.WORLD)
+        runs[name] = {"plan_s": time.perf_counter() - start, "plan": str(plan), "step_s": [], "losses": []}
+        runs[name]["model"] = trainer(configs, args, plan, sharders)
     for i, batch in enumerate(batches(configs, args, args.warmup + args.steps, args.batch_size, seed=rank)):
-        dist.barrier()
-        t0 = time.perf_counter()
-        optimizer.zero_grad()
-        loss, _ = dmp(batch)
-        loss.backward()
-        optimizer.step()
-        if i >= args.warmup:
-            step_s.append(time.perf_counter() - t0)
-            losses.append(float(loss.detach()))
-    every = [None] * world
-    dist.all_gather_object(every, step_s)
+        for run in runs.values():
+            dmp, optimizer = run["model"]
+            dist.barrier()
+            t0 = time.perf_counter()
+            optimizer.zero_grad()
+            loss, _ = dmp(batch)
+            loss.backward()
+            optimizer.step()
+            if i >= args.warmup:
+                run["step_s"].append(time.perf_counter() - t0)
+                run["losses"].append(float(loss.detach()))
+    results = []
+    for name, run in runs.items():
+        every = [None] * world
+        dist.all_gather_object(every, run["step_s"])
+        slowest = [max(ranks) for ranks in zip(*every)]  # a step waits for its slowest rank
+        results.append(
+            {
+                "planner": name,
+                "plan_s": run["plan_s"],
+                "step_ms": 1e3 * statistics.median(slowest),
+                "loss": float(np.mean(run["losses"])),
+                "plan": run["plan"],
+            }
+        )
     if rank == 0:
-        slowest = [max(ranks) for ranks in zip(*every)]
-        result = {
-            "planner": planner_name,
-            "plan_s": plan_s,
-            "step_ms": 1e3 * statistics.median(slowest),
-            "loss": float(np.mean(losses)),
-            "plan": str(plan),
-        }
-        Path(out).write_text(json.dumps(result))
+        Path(out).write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -160,7 +175,6 @@ def main(argv=None) -> list[dict]:
     quiet()
     configs = table_configs(args)
     planning_batch = args.batch_size * args.world_size
-    results = []
     with tempfile.TemporaryDirectory(prefix="neuroshard-dlrm-") as tmp:
         stats = batch_statistics(
             dlrm(configs, args.dim),
@@ -170,15 +184,16 @@ def main(argv=None) -> list[dict]:
         )
         stats_path = Path(tmp) / "tables.json"
         stats_path.write_text(json.dumps(stats_file(stats, planning_batch, "generated batches")))
-        for name in args.planners.split(","):
-            out = Path(tmp) / f"{name}.json"
-            init = f"file://{Path(tmp) / f'{name}.init'}"
-            mp.spawn(run_rank, (args.world_size, init, name, args, str(stats_path), str(out)), nprocs=args.world_size)
-            result = json.loads(out.read_text())
-            results.append(result)
+        out = Path(tmp) / "results.json"
+        init = f"file://{Path(tmp) / 'init'}"
+        planners = args.planners.split(",")
+        mp.spawn(run_rank, (args.world_size, init, planners, args, str(stats_path), str(out)), nprocs=args.world_size)
+        results = json.loads(out.read_text())
+        for result in results:
             print(
-                f"{name:>10}: median step {result['step_ms']:8.2f} ms (slowest of {args.world_size} ranks, "
-                f"{args.steps} steps), planned in {result['plan_s']:.1f} s, mean loss {result['loss']:.4f}"
+                f"{result['planner']:>10}: median step {result['step_ms']:8.2f} ms (slowest of {args.world_size} "
+                f"ranks, {args.steps} steps interleaved), planned in {result['plan_s']:.1f} s, "
+                f"mean loss {result['loss']:.4f}"
             )
     return results
 
