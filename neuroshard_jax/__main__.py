@@ -114,7 +114,10 @@ def main(cfg: DictConfig) -> None:
     written = keep_result(result, Path(out_dir) / config.output)
     print(f"plan written to {written}")
     if config.explain:
-        print(explain_file(ExplainConfig(plan=str(written)), make_cost_model(cost_model[0], task, cost_model[1])))
+        try:
+            print(explain_file(ExplainConfig(plan=str(written)), make_cost_model(cost_model[0], task, cost_model[1])))
+        except UserError as err:
+            fail(err)
 
 
 def keep_result(result: dict, path: Path) -> Path:

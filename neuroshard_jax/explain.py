@@ -4,7 +4,7 @@
     python -m neuroshard_jax.explain plan=A.json base=B.json   # which tables moved or were split, side by side
     python -m neuroshard_jax explain=true             # after a run, on its plan.json
 
-Predicted costs come from a cost model (``cost_model=``: the shipped default unless given; the plan's own
+Predicted costs come from a cost model (``model=``: the shipped default unless given; the plan's own
 predictions are printed as they are). Measured costs come from ``evaluation.json`` beside the plan or from the
 plan's polishing record, where present. A table's share of a device's compute is the cost of its shards on their
 own, scaled so that the shares add up to the device's predicted compute (the model is not additive: shards on one
@@ -34,7 +34,7 @@ from neuroshard_jax.errors import UserError
 from neuroshard_jax.models import expected_cost_model, make_cost_model, usable_cost_model
 from neuroshard_jax.plans import load_plan
 from neuroshard_jax.scoring import plan_arrays, score_plan, score_plans, shard_costs
-from neuroshard_jax.sharding import Shard, merge_colocated
+from neuroshard_jax.sharding import Shard
 from neuroshard_jax.types import Plan
 
 
@@ -44,7 +44,7 @@ class ExplainConfig:
 
     plan: str | None = None
     base: str | None = None
-    cost_model: str = "neural"
+    model: str = "neural"
     top: int = 5
     chart: bool = True
     other_share: float = 0.03
@@ -89,7 +89,7 @@ def split_gains(model: CostModel, plan: Plan) -> dict[int, dict]:
         others = [s for s in plan.shards if s.table != table]
         for device in devices:
             whole = Shard(table, 0, plan.task.tables[table].dim, device)
-            variant = dataclasses.replace(plan, shards=merge_colocated([*others, whole]))
+            variant = dataclasses.replace(plan, shards=(*others, whole))  # only this table changes
             if variant.mem_bytes()[device] <= plan.task.mem_cap_bytes:
                 variants.append((table, device, variant))
     if not variants:
@@ -109,10 +109,16 @@ def measured_devices(plan_path: Path, plan: Plan) -> tuple[list[dict] | None, st
     if evaluation.exists():
         try:
             obj = json.loads(evaluation.read_text())
-            if Path(obj.get("plan", "")).name == plan_path.name and len(obj["devices"]) == plan.task.num_devices:
-                return obj["devices"], "evaluation.json"
-        except (ValueError, KeyError, TypeError):
-            raise UserError(f"{evaluation}: not an evaluation.json of python -m neuroshard_jax.evaluate") from None
+            devices = obj["devices"]
+            ours = Path(obj["plan"]).resolve() == plan_path.resolve()
+            ours = ours and obj.get("predicted_cost_ms") == (plan.costs.cost_ms if plan.costs else None)
+            if ours and len(devices) == plan.task.num_devices:
+                return [{k: float(d[k]) for k in ("compute", "total")} for d in devices], "evaluation.json"
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise UserError(
+                f"{evaluation}: not an evaluation.json of python -m neuroshard_jax.evaluate (plan, devices with "
+                "compute and total)"
+            ) from None
     if plan.polish and "devices" in plan.polish:
         return plan.polish["devices"], "polishing record (compute measured, comm predicted until its final check)"
     return None, None
@@ -223,8 +229,10 @@ def format_explanation(expl: dict, measured_from: str | None = None) -> str:
 
 def plan_diff(plan: Plan, base: Plan, model: CostModel) -> dict:
     """Which tables moved or were split between ``base`` and ``plan`` (same tables), and both plans' device costs."""
-    if table_names(plan) != table_names(base) or plan.task.num_devices != base.task.num_devices:
-        raise UserError("base: its task differs from the plan's (tables or devices), expected two plans of one task")
+    ours, theirs = plan.task.to_json(), base.task.to_json()
+    for key in ("num_devices", "mem_cap_gb", "batch_size", "precision", "tables"):
+        if ours[key] != theirs[key]:
+            raise UserError(f"base: its task's {key} differs from the plan's, expected two plans of one task")
     names = table_names(plan)
 
     def layout(p: Plan) -> dict[int, list[tuple[int, int]]]:
@@ -306,12 +314,12 @@ def write_chart(expl: dict, path: Path, other_share: float) -> Path:
 
 def explain_file(config: ExplainConfig, model: CostModel | None = None) -> str:
     """The printout for ``config`` (and the chart beside the plan); ``model``: the cost model to explain with
-    (default: ``config.cost_model``, or a model trained at the plan's batch size, with a warning)."""
+    (default: ``config.model``, or a model trained at the plan's batch size, with a warning)."""
     path = Path(config.plan)
     plan = load_plan(path)
     warning = None
     if model is None:
-        name, options, warning = usable_cost_model(config.cost_model, None, plan.task)
+        name, options, warning = usable_cost_model(config.model, None, plan.task)
         model = make_cost_model(name, plan.task, options)
     model = expected_cost_model(model)
     if config.base:
@@ -321,8 +329,18 @@ def explain_file(config: ExplainConfig, model: CostModel | None = None) -> str:
         expl = explanation(plan, model, measured, config.top)
         text = format_explanation(expl, source)
         if config.chart:
-            text += f"\nchart written to {write_chart(expl, path.with_suffix('.png'), config.other_share)}"
+            text += "\n" + chart(expl, path.with_suffix(".png"), config.other_share)
     return (f"warning: {warning}\n" if warning else "") + text
+
+
+def chart(expl: dict, path: Path, other_share: float) -> str:
+    """``write_chart``; a failure is a warning line, so the explanation is never lost to it."""
+    try:
+        return f"chart written to {write_chart(expl, path, other_share)}"
+    except ImportError as err:
+        return f"warning: chart not written: matplotlib is missing ({err}); install the report extra"
+    except OSError as err:
+        return f"warning: chart not written: cannot write {str(path)!r} ({err.strerror or err})"
 
 
 def app_config(cfg: DictConfig) -> ExplainConfig:

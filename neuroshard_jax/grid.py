@@ -63,13 +63,17 @@ def dim_bounds(alphas, total_dim: int, num_devices: int, memory_only_fallback: b
 class ShardBatch(NamedTuple):
     """Candidate shard lists, padded: C candidates x S shard slots.
 
-    feats f32[C, S, F] raw shard features; mem i32[C, S] memory units; dims i32[C, S]; valid bool[C, S].
+    feats f32[C, S, F] raw shard features; mem i32[C, S] memory units; dims i32[C, S]; valid bool[C, S];
+    allowed bool[C, S, N] the devices a slot may go to (placement constraints); leader i32[C, S] the slot that
+    places it (its own index, or the first slot of its colocation group: the group goes to one device as one item).
     """
 
     feats: np.ndarray
     mem: np.ndarray
     dims: np.ndarray
     valid: np.ndarray
+    allowed: np.ndarray
+    leader: np.ndarray
 
 
 class GridResult(NamedTuple):
@@ -79,17 +83,18 @@ class GridResult(NamedTuple):
     devices: jax.Array
 
 
-def _place(fns: CostFns, params, z, mem, dims, valid, bound, cap, device_mask):
+def _place(fns: CostFns, params, z, mem, dims, valid, allowed, bound, cap, device_mask):
     """Greedy placement of shards already in placement order (one candidate, one alpha).
 
-    z f32[S, D], mem/dims i32[S], valid bool[S]; returns (compute f32[N], dim sums i32[N], ok, devices i32[S]).
+    z f32[S, D], mem/dims i32[S], valid bool[S], allowed bool[S, N]; returns (compute f32[N], dim sums i32[N], ok,
+    devices i32[S]).
     """
     n = device_mask.shape[0]
 
     def step(carry, shard):
         latents, used, dim_sums, compute, ok = carry
-        z_s, m, d, v = shard
-        eligible = device_mask & (used + m <= cap) & (dim_sums + d <= bound)
+        z_s, m, d, v, a = shard
+        eligible = device_mask & a & (used + m <= cap) & (dim_sums + d <= bound)
         found = eligible.any()
         choice = jnp.argmin(jnp.where(eligible, compute, jnp.inf))
         take = v & found
@@ -108,7 +113,7 @@ def _place(fns: CostFns, params, z, mem, dims, valid, bound, cap, device_mask):
         jnp.zeros(n, jnp.float32),
         jnp.array(True),
     )
-    (_, _, dim_sums, compute, ok), devices = jax.lax.scan(step, init, (z, mem, dims, valid))
+    (_, _, dim_sums, compute, ok), devices = jax.lax.scan(step, init, (z, mem, dims, valid, allowed))
     return compute, dim_sums, ok, devices
 
 
@@ -118,21 +123,33 @@ def grid_search(fns: CostFns, params, batch: ShardBatch, bounds, cap, device_mas
 
     ``cap``: memory units per device (i32); ``device_mask`` bool[N]. Costs by the cost model ``fns``.
     """
-    z = fns.embed(params, batch.feats)  # [C, S, D]
-    single = jnp.where(batch.valid, fns.head(params, z), 0.0)  # [C, S]
-    order = jnp.argsort(jnp.where(batch.valid, -single, jnp.inf), axis=-1, stable=True)
+    num_slots = batch.valid.shape[1]
+    z = fns.embed(params, batch.feats) * batch.valid[..., None]  # [C, S, D]
+    # a colocation group is one item: its leader slot carries the sum of its slots' latents (a device's latent is
+    # the sum of its shards'), memory and dims; the other slots are placed with it
+    items = jax.vmap(functools.partial(jax.ops.segment_sum, num_segments=num_slots))
+    z, mem, dims = (
+        items(z, batch.leader),
+        items(batch.mem * batch.valid, batch.leader),
+        items(batch.dims * batch.valid, batch.leader),
+    )
+    valid = batch.valid & (batch.leader == jnp.arange(num_slots))
+    single = jnp.where(valid, fns.head(params, z), 0.0)  # [C, S]
+    order = jnp.argsort(jnp.where(valid, -single, jnp.inf), axis=-1, stable=True)
     take = functools.partial(jnp.take_along_axis, axis=1)
     z_sorted = jnp.take_along_axis(z, order[..., None], axis=1)
-    sorted_ = (z_sorted, take(batch.mem, order), take(batch.dims, order), take(batch.valid, order))
+    allowed_sorted = jnp.take_along_axis(batch.allowed, order[..., None], axis=1)
+    sorted_ = (z_sorted, take(mem, order), take(dims, order), take(valid, order), allowed_sorted)
 
-    def one(z_c, mem_c, dims_c, valid_c, bound):
-        return _place(fns, params, z_c, mem_c, dims_c, valid_c, bound, cap, device_mask)
+    def one(z_c, mem_c, dims_c, valid_c, allowed_c, bound):
+        return _place(fns, params, z_c, mem_c, dims_c, valid_c, allowed_c, bound, cap, device_mask)
 
-    over_alphas = jax.vmap(one, in_axes=(None, None, None, None, 0))
-    compute, dim_sums, ok, placed = jax.vmap(over_alphas, in_axes=(0, 0, 0, 0, None))(*sorted_, bounds)
+    over_alphas = jax.vmap(one, in_axes=(None, None, None, None, None, 0))
+    compute, dim_sums, ok, placed = jax.vmap(over_alphas, in_axes=(0, 0, 0, 0, 0, None))(*sorted_, bounds)
     costs = combine_costs(fns, params, compute, dim_sums.astype(jnp.float32), device_mask)
     cost_ms = jnp.where(ok, plan_cost_ms(costs), jnp.inf)
     # back from placement order to slot order: devices[c, a, order[c, s]] = placed[c, a, s]
     inverse = jnp.argsort(order, axis=-1)
     devices = jnp.take_along_axis(placed, inverse[:, None, :], axis=-1)
-    return GridResult(cost_ms, devices)
+    devices = jnp.take_along_axis(devices, batch.leader[:, None, :], axis=-1)  # a group's slots: its leader's device
+    return GridResult(cost_ms, jnp.where(batch.valid[:, None, :], devices, -1))

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from neuroshard_jax.constraints import allowed_devices, groups
 from neuroshard_jax.cost_models import CostFns, CostModel, bucket, combine_costs, plan_cost_ms
 from neuroshard_jax.features import NUM_FEATURES
 from neuroshard_jax.grid import cap_units, mem_units, unit_bytes
@@ -75,7 +76,9 @@ class TaskArrays(NamedTuple):
     """One task in placement order, padded: T table slots, N device slots.
 
     feats f32[T, F]; z f32[T, D] cost-model latents; mem i32[T] memory units; dims i32[T]; valid bool[T];
-    cap i32[]; device_mask bool[N]; total_dim f32[]; penalty_ms f32[] (the cost of an infeasible episode).
+    cap i32[]; device_mask bool[N]; total_dim f32[]; penalty_ms f32[] (the cost of an infeasible episode);
+    allowed bool[T, N] the devices each table may go to (pin, exclude); group i32[T] its colocation group
+    (0..T-1; -1: none): a group's later tables go where its first went.
     """
 
     feats: np.ndarray
@@ -87,6 +90,8 @@ class TaskArrays(NamedTuple):
     device_mask: np.ndarray
     total_dim: np.ndarray
     penalty_ms: np.ndarray
+    allowed: np.ndarray
+    group: np.ndarray
 
 
 def task_arrays(
@@ -108,6 +113,9 @@ def task_arrays(
 
     unit = unit_bytes(task)
     mem = mem_units([task.table_mem_bytes(i) for i in range(t)], unit)
+    group_index = np.full(t, -1)
+    for g, members in enumerate(groups(task.tables).values()):
+        group_index[members] = g
     arrays = TaskArrays(
         feats=pad(feats, np.float32),
         z=pad(z, np.float32),
@@ -118,8 +126,18 @@ def task_arrays(
         device_mask=np.arange(n_pad) < task.num_devices,
         total_dim=np.float32(sum(tb.dim for tb in task.tables)),
         penalty_ms=np.float32(penalty * single.sum()),
+        allowed=_pad_devices(pad(allowed_devices(task.tables, task.num_devices), bool), n_pad, t),
+        group=np.where(np.arange(t_pad) < t, pad(group_index, np.int32), -1).astype(np.int32),
     )
     return arrays, order
+
+
+def _pad_devices(allowed: np.ndarray, n_pad: int, t: int) -> np.ndarray:
+    """bool[T, N_task] -> bool[T, n_pad]; padding tables may go anywhere (they are never placed)."""
+    out = np.zeros((allowed.shape[0], n_pad), dtype=bool)
+    out[:, : allowed.shape[1]] = allowed
+    out[t:] = True
+    return out
 
 
 def stack_tasks(arrays: list[TaskArrays]) -> TaskArrays:
@@ -142,9 +160,11 @@ def rollout(graph: nnx.GraphDef, params: PolicyParams, fns: CostFns, cost_params
     keys = jax.random.split(key, task.valid.shape[0])
 
     def step(carry, x):
-        cost_latents, policy_latents, used, dim_sums, compute, ok, log_prob, entropy = carry
-        table_latent, z, m, d, valid, k = x
-        legal = task.device_mask & (used + m <= task.cap)
+        cost_latents, policy_latents, used, dim_sums, compute, ok, log_prob, entropy, group_device = carry
+        table_latent, z, m, d, valid, k, allowed, g = x
+        slot = jnp.maximum(g, 0)
+        joined = jnp.where(g >= 0, group_device[slot], -1)  # the device of this table's group, if placed
+        legal = task.device_mask & allowed & (used + m <= task.cap) & ((joined < 0) | (jnp.arange(n) == joined))
         found = legal.any()
         if_added = jnp.where(task.device_mask, fns.head(cost_params, cost_latents + z), 0.0)
         cap = task.cap.astype(jnp.float32)
@@ -175,6 +195,7 @@ def rollout(graph: nnx.GraphDef, params: PolicyParams, fns: CostFns, cost_params
             ok & (found | ~valid),
             log_prob + jnp.where(take, log_p[action], 0.0),
             entropy + jnp.where(take, -jnp.sum(jnp.where(legal, p * log_p, 0.0)), 0.0),
+            group_device.at[slot].set(jnp.where(take & (g >= 0), action, group_device[slot])),
         )
         return carry, jnp.where(take, action, -1)
 
@@ -188,9 +209,10 @@ def rollout(graph: nnx.GraphDef, params: PolicyParams, fns: CostFns, cost_params
         jnp.array(True),
         jnp.array(0.0),
         jnp.array(0.0),
+        jnp.full(task.valid.shape[0], -1, jnp.int32),
     )
-    xs = (table_latents, task.z, task.mem, task.dims, task.valid, keys)
-    (_, _, _, dim_sums, compute, ok, log_prob, entropy), actions = jax.lax.scan(step, init, xs)
+    xs = (table_latents, task.z, task.mem, task.dims, task.valid, keys, task.allowed, task.group)
+    (_, _, _, dim_sums, compute, ok, log_prob, entropy, _), actions = jax.lax.scan(step, init, xs)
     costs = combine_costs(fns, cost_params, compute, dim_sums.astype(jnp.float32), task.device_mask)
     cost = jnp.where(ok, plan_cost_ms(costs), task.penalty_ms)
     steps = jnp.maximum(task.valid.sum(), 1)

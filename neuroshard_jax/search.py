@@ -7,13 +7,15 @@ import time
 
 import jax
 
+from neuroshard_jax.constraints import KEYS, conflicts, has_constraints
+from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.models import expected_cost_model, make_cost_model
 from neuroshard_jax.scoring import with_costs
 from neuroshard_jax.sharding import merge_colocated
 from neuroshard_jax.tables import cache_dir
 from neuroshard_jax.tasks import check_feasible
 from neuroshard_jax.types import Plan, Task
-from searchers import make_searcher
+from searchers import make_searcher, searcher_names
 
 
 def enable_compilation_cache(min_compile_s: float = 0.2) -> None:
@@ -38,6 +40,8 @@ def search_plan(
     check_feasible(task)
     model = make_cost_model(cost_model, task, cost_model_options)
     algorithm = make_searcher(searcher, searcher_options)
+    if has_constraints(task.tables):
+        check_constraints(task, searcher, algorithm)
     start = time.perf_counter()
     plan = algorithm.search(task, model, seed)
     # slices of one table left on one device are one shard's work done in pieces: undo those halvings
@@ -47,6 +51,23 @@ def search_plan(
     # the reported costs are expectations: the search's risk term (an ensemble's spread) is not part of them
     scored = with_costs(expected_cost_model(model), plan)
     return dataclasses.replace(scored, searcher=searcher, seed=seed, search_time_s=elapsed_s)
+
+
+def check_constraints(task: Task, searcher: str, algorithm) -> None:
+    """A constrained task: its constraints must leave a placement (else InfeasibleError naming the smallest
+    conflicting part found) and the searcher must honour them (else a UserError naming those that do)."""
+    mem = [task.table_mem_bytes(i) for i in range(task.num_tables)]
+    conflict = conflicts(task.tables, task.table_names(), mem, task.mem_cap_bytes, task.num_devices)
+    if conflict:
+        raise InfeasibleError(f"constraints cannot all hold: {conflict}")
+    used = [k for k in KEYS if any(getattr(t, k) not in (None, False, ()) for t in task.tables)]
+    missing = [k for k in used if k not in getattr(algorithm, "constraints", ())]
+    if missing:
+        able = [n for n in searcher_names() if set(used) <= set(getattr(make_searcher(n), "constraints", ()))]
+        raise UserError(
+            f"searcher {searcher}: does not take the constraint {missing[0]} (it takes "
+            f"{', '.join(getattr(algorithm, 'constraints', ())) or 'none'}); expected one of {', '.join(able)}"
+        )
 
 
 def shard_task(

@@ -81,9 +81,10 @@ def column_shards(table: int, dim: int, devices: Sequence[int]) -> tuple[Shard, 
 
 
 def merge_colocated(shards: Iterable[Shard]) -> tuple[Shard, ...]:
-    """The shards with every halving undone whose halves share a device: a table of 2^k column slices in which
-    slices 2i and 2i+1 sit together for every i becomes 2^(k-1) slices, and so on down to one shard. Column
-    slices only (shards of whole rows); other shards pass unchanged. Order: by table, then column."""
+    """The shards with the last halvings undone while both halves of every pair share a device: a table of 2^k
+    column slices in which slices 2i and 2i+1 sit together for every i becomes 2^(k-1) slices, and so on (the plan
+    format keeps equal slices, so one pair on two devices stops it: [0, 0, 1, 2] stays). Column slices only (shards
+    of whole rows); other shards pass unchanged. Order: by table, then column."""
     by_table: dict[int, list[Shard]] = {}
     for s in shards:
         by_table.setdefault(s.table, []).append(s)

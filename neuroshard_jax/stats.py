@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -123,18 +124,17 @@ class StatsAccumulator:
             if len(values) and values.min() < 0:
                 raise UserError(f"feature {feature!r}: index {int(values.min())}, expected indices >= 0")
             table = self._table_of(feature)
-            per_table.setdefault(table, []).append((values, lengths))
+            if table is not None:
+                per_table.setdefault(table, []).append((values, lengths))
         for table, parts in per_table.items():
             values, lengths = parts[0] if len(parts) == 1 else _pool_per_sample(parts)
             self._add_table(table, values, lengths)
 
-    def _table_of(self, feature: str) -> str:
+    def _table_of(self, feature: str) -> str | None:
+        """The table ``feature`` feeds, or None for a feature no table reads (an EmbeddingBagCollection ignores it)."""
         if self.feature_tables is None:
             return feature
-        if feature not in self.feature_tables:
-            known = ", ".join(sorted(self.feature_tables)[:8])
-            raise UserError(f"feature {feature!r}: not a feature of any table, expected one of {known}")
-        return self.feature_tables[feature]
+        return self.feature_tables.get(feature)
 
     def _add_table(self, name: str, values: np.ndarray, lengths: np.ndarray) -> None:
         state = self._tables.setdefault(name, _Table())
@@ -163,11 +163,9 @@ class StatsAccumulator:
         state.buffered -= self.batch_size
 
     def result(self) -> list[TableStats]:
-        """Every table seen (and every table named in ``feature_tables``), in first-seen order. A table needs at
-        least one full batch of samples."""
+        """Every table seen, in first-seen order (tables of ``feature_tables`` never seen are left out: a model whose
+        towers read separate loaders is measured loader by loader). A table needs at least one full batch."""
         names = list(self._tables)
-        if self.feature_tables is not None:
-            names += [t for t in dict.fromkeys(self.feature_tables.values()) if t not in self._tables]
         out = []
         for name in names:
             state = self._tables.get(name, _Table())
@@ -242,9 +240,11 @@ def read_npz(path: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict
     """Per feature (indices, lengths) and the given rows of an ``.npz`` with NAME/indices + NAME/offsets or
     NAME/lengths (+ NAME/rows)."""
     try:
-        data = np.load(path)
-    except (OSError, ValueError) as err:
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile) as err:
         raise UserError(f"data: cannot read {str(path)!r} as an .npz ({err})") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise UserError(f"data: {str(path)!r} holds one array, expected an .npz of NAME/indices, NAME/offsets arrays")
     with data:
         keys = set(data.files)
         names = sorted({k.rsplit("/", 1)[0] for k in keys if k.endswith("/indices")})
@@ -255,11 +255,16 @@ def read_npz(path: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict
             )
         features, rows = {}, {}
         for name in names:
-            indices = data[f"{name}/indices"]
+            indices = _int_array(data, f"{name}/indices", path)
             if f"{name}/lengths" in keys:
-                lengths = data[f"{name}/lengths"]
+                lengths = _int_array(data, f"{name}/lengths", path)
+                if lengths.min(initial=0) < 0 or lengths.sum() != len(indices):
+                    raise UserError(
+                        f"data: {name}/lengths of {str(path)!r} sum to {int(lengths.sum())} (min "
+                        f"{int(lengths.min(initial=0))}), expected non-negative lengths summing to {len(indices)}"
+                    )
             elif f"{name}/offsets" in keys:
-                offsets = data[f"{name}/offsets"].astype(np.int64)
+                offsets = _int_array(data, f"{name}/offsets", path)
                 if len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != len(indices) or np.any(np.diff(offsets) < 0):
                     raise UserError(
                         f"data: {name}/offsets of {str(path)!r} must start at 0, not decrease and end at "
@@ -270,11 +275,27 @@ def read_npz(path: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict
                 raise UserError(f"data: {str(path)!r} has {name}/indices but neither {name}/offsets nor {name}/lengths")
             features[name] = (indices, lengths)
             if f"{name}/rows" in keys:
-                rows[name] = int(data[f"{name}/rows"])
+                value = _int_array(data, f"{name}/rows", path, dims=0)
+                if value < 1:
+                    raise UserError(f"data: {name}/rows of {str(path)!r} is {int(value)}, expected a row count >= 1")
+                rows[name] = int(value)
     sizes = {len(v[1]) for v in features.values()}
     if len(sizes) != 1:
         raise UserError(f"data: the features of {str(path)!r} have different sample counts {sorted(sizes)}")
     return features, rows
+
+
+def _int_array(data, key: str, path: Path, dims: int = 1) -> np.ndarray:
+    """An integer array of ``dims`` dimensions from an npz, or a one-line error naming it."""
+    try:
+        value = data[key]
+    except ValueError as err:
+        raise UserError(f"data: {key} of {str(path)!r} cannot be read ({err})") from None
+    if value.ndim != dims or not np.issubdtype(value.dtype, np.integer):
+        raise UserError(
+            f"data: {key} of {str(path)!r} is {value.dtype}{list(value.shape)}, expected integers of {dims} dimensions"
+        )
+    return value.astype(np.int64)
 
 
 def file_batches(features: Mapping[str, tuple[np.ndarray, np.ndarray]], chunk: int) -> Iterable[dict]:
@@ -368,6 +389,8 @@ def main(cfg: DictConfig) -> None:
         config = app_config(cfg)
         if not config.data:
             raise UserError("data: missing, expected data=PATH of an .npz of features or a DLRM benchmark file")
+        if Path(config.out).is_dir():
+            raise UserError(f"out: {config.out!r} is a folder, expected a file name (e.g. tables.json)")
         writable_folder(Path(config.out).parent, "out")
         tables = file_stats(config.data, config.batch_size, config.format, config.max_batches, config.progress)
         write_json(stats_file(tables, config.batch_size, Path(config.data).name), config.out)

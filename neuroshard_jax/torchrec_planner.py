@@ -38,7 +38,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from neuroshard_jax.api import task_from_tables
 from neuroshard_jax.constants import GIB_BYTES
-from neuroshard_jax.errors import UserError
+from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.models import usable_cost_model
 from neuroshard_jax.plans import format_plan
 from neuroshard_jax.search import enable_compilation_cache, search_plan
@@ -189,9 +189,13 @@ class NeuroShardPlanner(ShardingPlanner):
     def tables(self, module: torch.nn.Module) -> tuple[list[dict], str]:
         """Our table specs of the module's tables (statistics measured or estimated) and their precision."""
         specs, precisions = [], set()
-        for _, name, config in table_configs(module):
+        configs = table_configs(module)
+        self._check_stats_names(configs)
+        for _, name, config in configs:
             precisions.add(PRECISIONS.get(config.data_type, str(config.data_type)))
-            stats = self.stats.get(name)
+            # statistics of a table: by its name, or by its feature's name (a file of the stats CLI names features)
+            single = config.feature_names[0] if len(config.feature_names) == 1 else None
+            stats = self.stats.get(name, self.stats.get(single))
             if stats is not None and stats.batch_size != self.planning_batch:
                 raise UserError(
                     f"stats: table {name!r} was measured at batch {stats.batch_size}, expected the planning batch "
@@ -216,9 +220,29 @@ class NeuroShardPlanner(ShardingPlanner):
                     "estimated": stats.estimated,
                 }
             )
+        multi = [name for _, name, c in configs if len(c.feature_names) > 1]
+        if multi and self.verbose:
+            print(
+                f"warning: {len(multi)} tables are read by several features ({', '.join(multi[:3])}): each feature "
+                "adds a pooled output of the table's dim, the plan's comm counts one",
+                file=sys.stderr,
+            )
         if len(precisions) != 1:
             raise UserError(f"module: tables of data types {sorted(precisions)}, expected one data type for all")
         return specs, precisions.pop()
+
+    def _check_stats_names(self, configs) -> None:
+        """Statistics must name a table, or the one feature of a single-feature table."""
+        known = {name for _, name, _ in configs}
+        known |= {c.feature_names[0] for _, _, c in configs if len(c.feature_names) == 1}
+        unknown = sorted(set(self.stats) - known)
+        if unknown:
+            multi = [name for _, name, c in configs if len(c.feature_names) > 1]
+            hint = f"; tables read by several features ({', '.join(multi[:3])}) need batch_statistics" if multi else ""
+            raise UserError(
+                f"stats: {', '.join(unknown[:5])} name no table of the module, expected a table name or the feature "
+                f"of a single-feature table ({', '.join(sorted(known)[:6])}){hint}"
+            )
 
     def _pooling(self, name: str, config) -> float:
         """A table's pooling factor without data: given for the table, or the sum over its features (TorchRec's
@@ -253,7 +277,13 @@ class NeuroShardPlanner(ShardingPlanner):
         for path, ebc in collections(module):
             shards = {config.name: per_table[index[name]] for p, name, config in table_configs(module) if p == path}
             modules[path] = module_plan(
-                ebc, shards, ours.task.num_devices, self.topology.compute_device, self.compute_kernel, sharder
+                ebc,
+                shards,
+                ours.task.num_devices,
+                self.topology.compute_device,
+                self.compute_kernel,
+                sharder,
+                local_size=self.topology.local_world_size,
             )
         return ShardingPlan(modules)
 
@@ -263,4 +293,13 @@ class NeuroShardPlanner(ShardingPlanner):
             if not dist.is_initialized():
                 raise UserError("collective_plan: torch.distributed is not initialised, expected a process group")
             pg = dist.GroupMember.WORLD
-        return invoke_on_rank_and_broadcast_result(pg, 0, self.plan, module, sharders)
+        result = invoke_on_rank_and_broadcast_result(pg, 0, self._plan_or_error, module, sharders)
+        if isinstance(result, Exception):  # rank 0 failed: every rank raises it, none waits forever
+            raise result
+        return result
+
+    def _plan_or_error(self, module: torch.nn.Module, sharders: list | None):
+        try:
+            return self.plan(module, sharders)
+        except (UserError, InfeasibleError) as err:
+            return err

@@ -15,10 +15,17 @@ TORCHREC_MISSING = "torchrec is not installed"
 
 
 def module_plan(
-    module, shards: Mapping[str, Sequence[Mapping]], world_size: int, device_type: str, kernel: str, sharder=None
+    module,
+    shards: Mapping[str, Sequence[Mapping]],
+    world_size: int,
+    device_type: str,
+    kernel: str,
+    sharder=None,
+    local_size: int | None = None,
 ):
     """The ``EmbeddingModuleShardingPlan`` of one EmbeddingBagCollection: ``shards`` per table name of the module.
-    ``sharder``: the module's sharder (default: TorchRec's default for its type)."""
+    ``sharder``: the module's sharder (default: TorchRec's default for its type); ``local_size``: ranks per host
+    (rank r's device is ``cuda:{r % local_size}``; default: one host)."""
     from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan, table_wise
 
     per_table = {}
@@ -32,19 +39,21 @@ def module_plan(
         module,
         per_param_sharding=per_table,
         sharder=sharder,
-        local_size=world_size,
+        local_size=local_size or world_size,
         world_size=world_size,
         device_type=device_type,
     )
 
 
-def sharding_plan(modules: Mapping[str, tuple], world_size: int, device_type: str, kernel: str):
+def sharding_plan(
+    modules: Mapping[str, tuple], world_size: int, device_type: str, kernel: str, local_size: int | None = None
+):
     """A ``ShardingPlan`` of several collections: per module path, (the module, its shards per table name)."""
     from torchrec.distributed.types import ShardingPlan
 
     return ShardingPlan(
         {
-            path: module_plan(module, shards, world_size, device_type, kernel)
+            path: module_plan(module, shards, world_size, device_type, kernel, local_size=local_size)
             for path, (module, shards) in modules.items()
         }
     )

@@ -16,6 +16,8 @@ import numpy as np
 
 from neuroshard_jax.config import nearest
 from neuroshard_jax.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GIB_BYTES
+from neuroshard_jax.constraints import KEYS as CONSTRAINT_KEYS
+from neuroshard_jax.constraints import violations
 from neuroshard_jax.errors import PlanError, UserError
 from neuroshard_jax.features import NUM_BINS, feature_matrix
 from neuroshard_jax.sharding import (
@@ -46,6 +48,13 @@ class Table:
     name: str | None = None
     # statistics assumed (``stats.estimated_stats``), not measured from the user's data: the plan warns
     estimated: bool = False
+    # placement constraints (``constraints.py``): a device for every shard, devices to avoid, no column split or at
+    # most K shards, a group of tables kept on one device
+    pin: int | None = None
+    exclude: tuple[int, ...] = ()
+    no_split: bool = False
+    max_shards: int | None = None
+    colocate: str | None = None
 
     @property
     def size(self) -> int:
@@ -77,6 +86,10 @@ class Task:
         table = self.tables[index]
         return mem_bytes(table.rows, table.dim if dim is None else dim, self.precision)
 
+    def table_names(self) -> list[str]:
+        """Each table's name, else its id, as text (for messages)."""
+        return [t.name if t.name is not None else str(t.id) for t in self.tables]
+
     def table_rows(self) -> list[int]:
         return [t.rows for t in self.tables]
 
@@ -105,6 +118,7 @@ class Task:
                     "size": t.size,
                     "bins": list(t.bins),
                     **({"estimated": True} if t.estimated else {}),
+                    **_constraints_json(t),
                 }
                 for t in self.tables
             ],
@@ -138,6 +152,11 @@ class Task:
                 raise UserError(f"{where}.tables[{i}].name: got {t.name!r}, expected names unique within a task")
             seen.add(t.id)
             names.add(t.name)
+        for i, t in enumerate(tables):
+            for d in ((t.pin,) if t.pin is not None else ()) + t.exclude:
+                if not 0 <= d < num_devices:
+                    key = "pin" if d == t.pin else "exclude"
+                    raise UserError(f"{where}.tables[{i}].{key}: got device {d}, expected 0..{num_devices - 1}")
         pool = obj.get("pool")
         if pool is not None and not isinstance(pool, dict):
             raise UserError(
@@ -201,11 +220,18 @@ class Plan:
             out.setdefault(table.id if table.name is None else table.name, []).append((s.col_offset, s.dim, s.device))
         return out
 
-    def to_torchrec(self, module_path: str = "", device: str = "cuda", compute_kernel: str = "fused", module=None):
+    def to_torchrec(
+        self,
+        module_path: str = "",
+        device: str = "cuda",
+        compute_kernel: str = "fused",
+        module=None,
+        local_size: int | None = None,
+    ):
         """This plan as a TorchRec ``ShardingPlan`` for ``DistributedModelParallel`` (torch and torchrec are imported
         by this call only). Tables are named by their names, else ``t{index}``. ``module``: your
         EmbeddingBagCollection, found at ``module_path`` in your model (default: one built on the meta device
-        from the task's tables, one feature per table)."""
+        from the task's tables, one feature per table); ``local_size``: ranks per host (default: one host)."""
         names = self.torchrec_names()
         tables = [{"name": n, "rows": t.rows, "dim": t.dim} for n, t in zip(names, self.task.tables)]
         shards: dict[str, list[dict]] = {n: [] for n in names}
@@ -213,7 +239,9 @@ class Plan:
             shards[names[s.table]].append({"col_offset": s.col_offset, "dim": s.dim, "rank": s.device})
         if module is None:
             module = embedding_bag_collection(tables)
-        return sharding_plan({module_path: (module, shards)}, self.task.num_devices, device, compute_kernel)
+        return sharding_plan(
+            {module_path: (module, shards)}, self.task.num_devices, device, compute_kernel, local_size
+        )
 
     def torchrec_names(self) -> list[str]:
         """The tables' names in TorchRec: their names, else ``t{index}``."""
@@ -251,6 +279,9 @@ class Plan:
                 raise PlanError(
                     f"plan: device {d} holds {used / GIB_BYTES:.3f} GiB, expected at most {task.mem_cap_gb} GiB"
                 )
+        broken = violations(task.tables, self.shards, task.table_names())
+        if broken:
+            raise PlanError(f"plan breaks {len(broken)} constraints: {broken[0]}")
         return self
 
     def to_json(self) -> dict[str, Any]:
@@ -351,7 +382,7 @@ def _costs_from_json(obj: dict, num_devices: int) -> PlanCosts | None:
 TASK_KEYS = ("num_devices", "mem_cap_gb", "batch_size", "precision", "tables", "pool")
 BIN_KEYS = tuple(f"bin_{k}" for k in range(NUM_BINS))
 TABLE_KEYS = ("id", "name", "rows", "dim", "pooling_factor", "size", "bins", "estimated", "samples", "batches")
-TABLE_KEYS += BIN_KEYS
+TABLE_KEYS += BIN_KEYS + CONSTRAINT_KEYS
 BINS_TOLERANCE = 0.01  # the access-histogram shares of a looked-up table sum to 1 within this
 
 
@@ -414,7 +445,46 @@ def _table_from_json(obj: Any, where: str) -> Table:
     estimated = obj.get("estimated", False)
     if not isinstance(estimated, bool):
         raise UserError(f"{where}.estimated: got {estimated!r:.60}, expected true or false")
-    return Table(table_id, rows, dim, pooling, tuple(float(b) for b in bins), name, estimated)
+    table = Table(table_id, rows, dim, pooling, tuple(float(b) for b in bins), name, estimated)
+    return dataclasses.replace(table, **_constraints_from_json(obj, where))
+
+
+def _constraints_from_json(obj: dict, where: str) -> dict:
+    """A table's constraint keys, checked (device ranges are checked by the task, which knows its devices)."""
+    out: dict[str, Any] = {}
+    if obj.get("pin") is not None:
+        out["pin"] = _int_field(obj, "pin", where, minimum=0)
+    exclude = obj.get("exclude", [])
+    if not isinstance(exclude, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in exclude):
+        raise UserError(f"{where}.exclude: got {exclude!r:.60}, expected a list of device indices")
+    out["exclude"] = tuple(sorted(set(exclude)))
+    for key in ("no_split",):
+        if not isinstance(obj.get(key, False), bool):
+            raise UserError(f"{where}.{key}: got {obj[key]!r:.60}, expected true or false")
+        out[key] = obj.get(key, False)
+    if obj.get("max_shards") is not None:
+        out["max_shards"] = _int_field(obj, "max_shards", where, minimum=1)
+    group = obj.get("colocate")
+    if group is not None and not (isinstance(group, str) and group):
+        raise UserError(f"{where}.colocate: got {group!r:.60}, expected a group name (a non-empty string)")
+    out["colocate"] = group
+    return out
+
+
+def _constraints_json(table: Table) -> dict:
+    """The table's constraints as task-file keys (only those set)."""
+    out: dict[str, Any] = {}
+    if table.pin is not None:
+        out["pin"] = table.pin
+    if table.exclude:
+        out["exclude"] = list(table.exclude)
+    if table.no_split:
+        out["no_split"] = True
+    if table.max_shards is not None:
+        out["max_shards"] = table.max_shards
+    if table.colocate is not None:
+        out["colocate"] = table.colocate
+    return out
 
 
 def _bins_field(obj: dict, where: str) -> Any:

@@ -355,9 +355,10 @@ def torchrec_plan(request: dict) -> dict:
     ]
     constraints = {
         f"t{i}": ParameterConstraints(
-            sharding_types=list(request["sharding_types"]),
+            sharding_types=list(t.get("sharding_types", request["sharding_types"])),
             compute_kernels=["fused"],
             pooling_factors=[float(t["pooling_factor"])],
+            **({"min_partition": int(t["min_partition"])} if "min_partition" in t else {}),
         )
         for i, t in enumerate(tables)
     }

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import numpy as np
 
 from neuroshard_jax.constants import GIB_BYTES
+from neuroshard_jax.constraints import KEYS as CONSTRAINT_KEYS
+from neuroshard_jax.constraints import allowed_devices, groups, max_levels
 from neuroshard_jax.cost_models import CostModel
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.scoring import score_plans
-from neuroshard_jax.sharding import max_halvings
 from neuroshard_jax.types import Plan, Task
 from searchers.registry import register
 
@@ -36,22 +38,40 @@ def no_room(task: Task, table_index: int, free_bytes: np.ndarray, searcher: str)
     )
 
 
+def placement_items(task: Task) -> list[list[int]]:
+    """The units a table-wise placement moves: each colocation group as one item, every other table alone; in
+    task order of their first table."""
+    leader = list(range(task.num_tables))
+    for members in groups(task.tables).values():
+        for m in members:
+            leader[m] = members[0]
+    items: dict[int, list[int]] = {}
+    for i, first in enumerate(leader):
+        items.setdefault(first, []).append(i)
+    return list(items.values())
+
+
 def greedy_plan(task: Task, key: str, searcher: str) -> Plan:
-    """Table-wise greedy placement by ``GREEDY_KEYS[key]``."""
+    """Table-wise greedy placement by ``GREEDY_KEYS[key]`` (a colocation group: one item, the sum of its keys),
+    on the devices each item is allowed on."""
     keys = np.array([GREEDY_KEYS[key](t) for t in task.tables])
-    order = sorted(range(task.num_tables), key=lambda i: -keys[i])  # stable: ties keep task order
+    allowed = allowed_devices(task.tables, task.num_devices)
+    items = placement_items(task)
+    order = sorted(range(len(items)), key=lambda k: -keys[items[k]].sum())  # stable: ties keep task order
     free = np.full(task.num_devices, task.mem_cap_bytes, dtype=np.int64)
     load = np.zeros(task.num_devices)
     devices = [0] * task.num_tables
-    for i in order:
-        need = task.table_mem_bytes(i)
-        fits = free >= need
+    for k in order:
+        item = items[k]
+        need = sum(task.table_mem_bytes(i) for i in item)
+        fits = (free >= need) & allowed[item[0]]
         if not fits.any():
-            raise no_room(task, i, free, searcher)
+            raise no_room(task, item[0], free, searcher)
         d = int(np.argmin(np.where(fits, load, np.inf)))
-        devices[i] = d
+        for i in item:
+            devices[i] = d
         free[d] -= need
-        load[d] += keys[i]
+        load[d] += keys[item].sum()
     return Plan.from_assignment(task, [1] * task.num_tables, [[d] for d in devices])
 
 
@@ -62,6 +82,7 @@ def _make_greedy(key: str):
     @dataclasses.dataclass(frozen=True)
     class Greedy:
         __doc__ = f"Greedy table-wise placement by {key} (see GREEDY_KEYS)."
+        constraints: ClassVar[tuple[str, ...]] = CONSTRAINT_KEYS
 
         def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan:
             return greedy_plan(task, key, name)
@@ -87,6 +108,7 @@ class RandomSearch:
     column_wise: bool = True
     max_halvings: int = 2
     max_attempts_per_sample: int = 20
+    constraints: ClassVar[tuple[str, ...]] = CONSTRAINT_KEYS
 
     def __post_init__(self):
         if self.num_samples < 1:
@@ -95,21 +117,26 @@ class RandomSearch:
             raise UserError(f"searcher.max_halvings: got {self.max_halvings}, expected an integer >= 0")
 
     def sample(self, task: Task, rng: np.random.Generator) -> Plan | None:
-        splits = [
-            2 ** int(rng.integers(0, min(self.max_halvings, max_halvings(t.dim)) + 1)) if self.column_wise else 1
-            for t in task.tables
-        ]
-        shards = [(t, j) for t, count in enumerate(splits) for j in range(count)]
+        levels = max_levels(task.tables)  # legal halvings within the constraints (a colocated table: none)
+        splits = [2 ** int(rng.integers(0, min(self.max_halvings, k) + 1)) if self.column_wise else 1 for k in levels]
+        allowed = allowed_devices(task.tables, task.num_devices)
+        # units placed at once: each shard alone, a colocation group's (whole) tables together
+        units = []
+        for item in placement_items(task):
+            if task.tables[item[0]].colocate is not None:
+                units.append([(t, 0) for t in item])
+            else:
+                units.extend([(item[0], j)] for j in range(splits[item[0]]))
         free = np.full(task.num_devices, task.mem_cap_bytes, dtype=np.int64)
         devices = [[0] * count for count in splits]
-        for k in rng.permutation(len(shards)):
-            t, j = shards[k]
-            need = task.table_mem_bytes(t, task.tables[t].dim // splits[t])
-            room = np.flatnonzero(free >= need)
+        for k in rng.permutation(len(units)):
+            need = sum(task.table_mem_bytes(t, task.tables[t].dim // splits[t]) for t, _ in units[k])
+            room = np.flatnonzero((free >= need) & allowed[units[k][0][0]])
             if len(room) == 0:
                 return None
             d = int(rng.choice(room))
-            devices[t][j] = d
+            for t, j in units[k]:
+                devices[t][j] = d
             free[d] -= need
         return Plan.from_assignment(task, splits, devices)
 

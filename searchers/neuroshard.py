@@ -9,16 +9,19 @@ cost model alone.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import numpy as np
 
 from neuroshard_jax.constants import GIB_BYTES
+from neuroshard_jax.constraints import KEYS as CONSTRAINT_KEYS
+from neuroshard_jax.constraints import allowed_devices, groups, max_levels
 from neuroshard_jax.cost_models import CostModel, bucket
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.features import NUM_FEATURES
 from neuroshard_jax.grid import ShardBatch, cap_units, dim_bounds, grid_search, mem_units, unit_bytes
 from neuroshard_jax.scoring import single_shard_costs
-from neuroshard_jax.sharding import max_halvings, shard_features
+from neuroshard_jax.sharding import shard_features
 from neuroshard_jax.types import Plan, Task
 from searchers.registry import register
 
@@ -33,7 +36,11 @@ class SplitSpace:
 
     def __init__(self, task: Task, model: CostModel):
         self.task = task
-        self.max_level = np.array([max_halvings(t.dim) for t in task.tables])
+        self.max_level = max_levels(task.tables)  # legal halvings, within the tables' constraints
+        self.allowed = allowed_devices(task.tables, task.num_devices)  # bool[T, N]
+        self.group_of = np.arange(task.num_tables)  # a colocated table's group leader: the group's first table
+        for members in groups(task.tables).values():
+            self.group_of[members] = members[0]
         levels = int(self.max_level.max()) + 1
         task_feats = task.features()
         self.shard_dim = np.array([[max(t.dim >> k, 1) for k in range(levels)] for t in task.tables])
@@ -55,15 +62,21 @@ class SplitSpace:
         mem = np.zeros((num_c, num_s), dtype=np.int32)
         dims = np.zeros((num_c, num_s), dtype=np.int32)
         valid = np.zeros((num_c, num_s), dtype=bool)
+        allowed = np.ones((num_c, num_s, self.task.num_devices), dtype=bool)
+        leader = np.tile(np.arange(num_s, dtype=np.int32), (num_c, 1))
         for c, levels in enumerate(candidates):
-            tables = np.repeat(np.arange(len(levels)), [1 << k for k in levels])
+            counts = [1 << k for k in levels]
+            tables = np.repeat(np.arange(len(levels)), counts)
             ks = np.asarray(levels)[tables]
             s = len(tables)
             feats[c, :s] = self.feats[tables, ks]
             mem[c, :s] = self.mem[tables, ks]
             dims[c, :s] = self.shard_dim[tables, ks]
             valid[c, :s] = True
-        return ShardBatch(feats, mem, dims, valid)
+            allowed[c, :s] = self.allowed[tables]
+            first_slot = np.cumsum([0, *counts])[:-1]  # colocated tables are whole: one slot each
+            leader[c, :s] = np.where(self.group_of[tables] == tables, np.arange(s), first_slot[self.group_of[tables]])
+        return ShardBatch(feats, mem, dims, valid, allowed, leader)
 
     def plan(self, levels: tuple[int, ...], slot_devices: np.ndarray) -> Plan:
         splits = [1 << k for k in levels]
@@ -129,6 +142,8 @@ class Scorer:
 class GridSearch(GridConfig):
     """Table-wise greedy over the alpha grid; the plan with the lowest predicted cost."""
 
+    constraints: ClassVar[tuple[str, ...]] = CONSTRAINT_KEYS
+
     def __post_init__(self):
         self.check()
 
@@ -167,6 +182,7 @@ class BeamSearch(GridConfig):
     n: int = 10
     max_length: int = 10
     column_wise: bool = True
+    constraints: ClassVar[tuple[str, ...]] = CONSTRAINT_KEYS
 
     def __post_init__(self):
         self.check()

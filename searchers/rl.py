@@ -8,10 +8,12 @@ latents and predicted kernel costs) come from the cost model it was trained with
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import numpy as np
 
+from neuroshard_jax.constraints import KEYS
 from neuroshard_jax.cost_models import CostModel
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.policies import load_search_policy, resolve_policy
@@ -26,6 +28,7 @@ from searchers.registry import register
 class RLSearch:
     policy: str | None = None  # a train_policy output or round directory; None: the policy shipped in the package
     samples: int = 16  # sampled episodes besides the greedy one (best-of-K); 0: greedy only
+    constraints: ClassVar[tuple[str, ...]] = KEYS  # table-wise; illegal devices are masked out of the policy's choice
 
     def __post_init__(self):
         if self.samples < 0:

@@ -13,8 +13,10 @@ import dataclasses
 import json
 import tempfile
 from pathlib import Path
+from typing import ClassVar
 
 from neuroshard_jax.constants import TORCHREC_INSTALL
+from neuroshard_jax.constraints import max_levels
 from neuroshard_jax.cost_models import CostModel
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.profiling import run_worker
@@ -52,6 +54,8 @@ class TorchRecSearch:
     # heuristic: TorchRec's default reservation (15% plus its estimate of input and dense storage);
     # percent: a flat 15% (tiny, very hot tables make the heuristic reserve GBs for inputs and find no plan)
     reservation: str = "heuristic"
+    # what TorchRec's ParameterConstraints can say; pin, exclude and colocate it cannot (refused in one line)
+    constraints: ClassVar[tuple[str, ...]] = ("no_split", "max_shards")
 
     def __post_init__(self):
         if self.reservation not in RESERVATIONS:
@@ -66,8 +70,17 @@ class TorchRecSearch:
             )
 
     def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan:
+        levels = max_levels(task.tables)
+        tables = []
+        for t, level in zip(task.tables, levels):
+            table = {"rows": t.rows, "dim": t.dim, "pooling_factor": t.pooling_factor}
+            if t.no_split:  # TorchRec's per-table sharding types
+                table["sharding_types"] = ["table_wise"]
+            elif t.max_shards is not None:  # column-wise shards no narrower than dim / 2^level: at most 2^level
+                table["min_partition"] = t.dim >> int(level)
+            tables.append(table)
         request = {
-            "tables": [{"rows": t.rows, "dim": t.dim, "pooling_factor": t.pooling_factor} for t in task.tables],
+            "tables": tables,
             "num_devices": task.num_devices,
             "mem_cap_bytes": task.mem_cap_bytes,
             "batch_size": task.batch_size,

@@ -51,8 +51,9 @@ def test_explain_file_prints_measured_costs_and_writes_a_chart(plan_and_model, t
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan.to_json()))
     devices = [{"device": d, "compute": 1.0 + d, "fwd_comm": 0.1, "bwd_comm": 0.1, "total": 1.2 + d} for d in range(3)]
-    (tmp_path / "evaluation.json").write_text(json.dumps({"plan": str(path), "devices": devices}))
-    text = explain_file(ExplainConfig(plan=str(path), cost_model="analytic"))
+    evaluation = {"plan": str(path), "predicted_cost_ms": None, "devices": devices}  # the plan has no costs
+    (tmp_path / "evaluation.json").write_text(json.dumps(evaluation))
+    text = explain_file(ExplainConfig(plan=str(path), model="analytic"))
     assert "measured: evaluation.json" in text and "3.200" in text  # device 2's measured total
     assert "<- slowest" in text and "split tables" in text and "imbalance: max/mean" in text
     assert (tmp_path / "plan.png").stat().st_size > 10_000
@@ -71,5 +72,24 @@ def test_diff_names_moved_and_split_tables(plan_and_model):
     assert by_table["0"]["change"] == "split" and by_table["0"]["slices"] == [1, 2]
     assert by_table["5"] == {"table": "5", "change": "moved", "base": [0], "plan": [1], "slices": [1, 1]}
     other = Plan(make_task([make_table(0)], num_devices=3), (Shard(0, 0, 16, 0),))
-    with pytest.raises(UserError, match="base: its task differs"):
+    with pytest.raises(UserError, match="base: its task's tables differs"):
         plan_diff(plan, other, model)
+
+
+def test_explain_command_takes_a_model_and_refuses_a_foreign_base(plan_and_model, tmp_path):
+    from .conftest import run_cli
+
+    plan, _ = plan_and_model
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_json()))
+    done = run_cli(f"plan={path}", "model=analytic", "chart=false", module="neuroshard_jax.explain")
+    assert done.returncode == 0, done.stderr
+    assert "predicted by cost_model=analytic" in done.stdout and not (tmp_path / "plan.png").exists()
+    other = tmp_path / "other.json"
+    obj = plan.to_json()
+    obj["task"]["batch_size"] = 1024
+    other.write_text(json.dumps(obj))
+    bad = run_cli(f"plan={path}", f"base={other}", "model=analytic", module="neuroshard_jax.explain")
+    assert bad.returncode == 2 and bad.stderr.strip() == (
+        "error: base: its task's batch_size differs from the plan's, expected two plans of one task"
+    )

@@ -83,8 +83,9 @@ def test_bad_data_is_named():
         acc.result()
     with pytest.raises(UserError, match="index 7, expected indices below its 5 rows"):
         StatsAccumulator(1, rows={"y": 5}).add({"y": (np.array([7]), np.array([1]))})
-    with pytest.raises(UserError, match="feature 'z': not a feature of any table"):
-        StatsAccumulator(1, feature_tables={"f": "T"}).add({"z": (np.array([1]), np.array([1]))})
+    ignored = StatsAccumulator(1, feature_tables={"f": "T"})  # a feature no table reads is left out, as TorchRec does
+    ignored.add({"z": (np.array([1]), np.array([1]))})
+    assert ignored.result() == []
 
 
 def test_estimates_follow_the_assumed_law_and_warn_in_the_plan():
@@ -163,5 +164,10 @@ def test_stats_command_on_an_npz(tmp_path):
     direct = {t.name: t for t in file_stats(tmp_path / "data.npz", 256, progress=False)}
     assert by_name["user"]["bins"] == list(direct["user"].bins)
     assert by_name["item"]["pooling_factor"] == pytest.approx(direct["item"].pooling_factor)
+    short = {**arrays, "user/lengths": np.diff(arrays["user/offsets"]) + (np.arange(1000) == 0)}  # one index over
+    del short["user/offsets"]
+    np.savez(tmp_path / "short.npz", **short)
+    with pytest.raises(UserError, match="user/lengths of .* sum to .* expected non-negative lengths summing to"):
+        file_stats(tmp_path / "short.npz", 256, progress=False)
     bad = run_cli(f"data={tmp_path / 'missing.npz'}", module="neuroshard_jax.stats")
     assert bad.returncode == 2 and bad.stderr.startswith("error: data:") and "Traceback" not in bad.stderr

@@ -1,5 +1,6 @@
 """The TorchRec adapter: an EmbeddingBagCollection and batches in, a ShardingPlan out (torch in this process)."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -135,3 +136,22 @@ def test_readme_torchrec_example_runs(capsys):
     out = capsys.readouterr()
     assert "column_wise" in out.out or "table_wise" in out.out
     assert "predicted cost" in out.err and "estimated" not in out.err
+
+
+def test_statistics_by_feature_name_are_used_and_unknown_names_refused():
+    """A statistics file of the stats CLI names features: a single-feature table takes its feature's entry."""
+    from neuroshard_jax.errors import UserError
+    from neuroshard_jax.stats import estimated_stats
+
+    model = EmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name="a", embedding_dim=16, num_embeddings=1000, feature_names=["a_id"])],
+        device=torch.device("meta"),
+    )
+    measured = dataclasses.replace(estimated_stats("a_id", 1000, 5.0, 64), estimated=False, samples=64, batches=1)
+    planner = NeuroShardPlanner(world_size=2, mem_cap_gb=1.0, batch_size=32, stats=[measured], verbose=False)
+    planner.plan(model)
+    table = planner.last_plan.task.tables[0]
+    assert not table.estimated and table.pooling_factor == 5.0 and table.bins == measured.bins
+    stray = dataclasses.replace(measured, name="b_id")
+    with pytest.raises(UserError, match="stats: b_id name no table of the module, expected a table name"):
+        NeuroShardPlanner(world_size=2, mem_cap_gb=1.0, batch_size=32, stats=[stray], verbose=False).plan(model)

@@ -1,0 +1,97 @@
+"""Placement constraints (pin, exclude, no_split, max_shards, colocate): every searcher that takes them keeps them
+on random constrained tasks that have a known feasible plan; conflicts are named; the others refuse in one line."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from neuroshard_jax.constants import GIB_BYTES
+from neuroshard_jax.constraints import violations
+from neuroshard_jax.errors import InfeasibleError, PlanError, UserError
+from neuroshard_jax.search import search_plan
+from neuroshard_jax.sharding import Shard
+from neuroshard_jax.types import Plan, Task
+
+from .conftest import make_table, make_task
+
+CONSTRAINED_SEARCHERS = (
+    "beam",
+    "grid",
+    "rl",
+    "random",
+    "size_greedy",
+    "lookup_greedy",
+    "dim_greedy",
+    "size_lookup_greedy",
+)
+
+
+def constrained_task(seed: int) -> Task:
+    """Tables with random constraints that a known table-wise placement keeps (memory is no obstacle)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 5))
+    count = int(rng.integers(6, 14))
+    known = rng.integers(0, n, count)  # the feasible placement the constraints are drawn from
+    tables = []
+    for t in range(count):
+        table = make_table(
+            t,
+            rows=int(rng.integers(1_000, 60_000)),
+            dim=int(rng.choice([16, 32, 64])),
+            pooling=float(rng.uniform(1, 30)),
+        )
+        kind = rng.integers(0, 6)
+        if kind == 0:
+            table = dataclasses.replace(table, pin=int(known[t]))
+        elif kind == 1:
+            table = dataclasses.replace(table, exclude=tuple(d for d in range(n) if d != known[t])[:1])
+        elif kind == 2:
+            table = dataclasses.replace(table, no_split=True)
+        elif kind == 3:
+            table = dataclasses.replace(table, max_shards=2)
+        elif kind == 4:
+            table = dataclasses.replace(table, colocate=f"g{known[t]}")  # tables known together share a group
+        tables.append(table)
+    task = make_task(tables, num_devices=n, batch_size=4096)  # the rl policy's batch
+    total = sum(task.table_mem_bytes(i) for i in range(task.num_tables))
+    return dataclasses.replace(task, mem_cap_gb=1.01 * total / GIB_BYTES)
+
+
+@pytest.mark.parametrize("searcher", CONSTRAINED_SEARCHERS)
+def test_searchers_keep_every_constraint_on_20_tasks(searcher):
+    for seed in range(20):
+        task = constrained_task(seed)
+        plan = search_plan(task, searcher, "analytic", seed)
+        assert violations(task.tables, plan.shards, task.table_names()) == [], (searcher, seed)
+        task_json = Task.from_json(task.to_json())  # the constraints survive the task file
+        assert task_json.tables == task.tables
+
+
+def test_violations_and_conflicts_are_named():
+    tables = [make_table(0, rows=1000, dim=32), make_table(1, rows=1000, dim=32)]
+    task = make_task(
+        [dataclasses.replace(tables[0], pin=1, no_split=True), dataclasses.replace(tables[1], colocate="a")],
+        num_devices=2,
+    )
+    bad = Plan(task, (Shard(0, 0, 16, 0), Shard(0, 16, 16, 0), Shard(1, 0, 32, 0)))
+    found = violations(task.tables, bad.shards, task.table_names())
+    assert found == ["table 0: pinned to device 1, has shards on [0]", "table 0: no_split, cut into 2 shards"]
+    with pytest.raises(PlanError, match="plan breaks 2 constraints: table 0: pinned to device 1"):
+        bad.validate()
+    heavy = make_table(2, rows=3_000_000, dim=64)  # 0.72 GiB each
+    pinned = make_task([dataclasses.replace(heavy, pin=0), dataclasses.replace(heavy, id=3, pin=0)], num_devices=2)
+    with pytest.raises(InfeasibleError, match=r"tables pinned to device 0 \(2, 3\) need 1.43 GiB, its cap is 1.00"):
+        search_plan(pinned, "beam", "analytic", 0)
+    apart = make_task(
+        [dataclasses.replace(tables[0], pin=0, colocate="g"), dataclasses.replace(tables[1], pin=1, colocate="g")],
+        num_devices=2,
+    )
+    with pytest.raises(InfeasibleError, match="colocate group 'g': its tables are pinned to devices \\[0, 1\\]"):
+        search_plan(apart, "grid", "analytic", 0)
+    with pytest.raises(UserError, match="searcher torchrec: does not take the constraint pin .* one of beam"):
+        search_plan(make_task([dataclasses.replace(tables[0], pin=1)], num_devices=2), "torchrec", "analytic", 0)
+    obj = make_task([tables[0]], num_devices=2).to_json()
+    obj["tables"][0]["pin"] = 5
+    with pytest.raises(UserError, match=r"task.tables\[0\].pin: got device 5, expected 0..1"):
+        Task.from_json(obj)
