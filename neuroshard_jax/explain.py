@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 from neuroshard_jax.cli import fail, resolved, run_app
 from neuroshard_jax.config import above_zero, at_least, typed
 from neuroshard_jax.constants import GIB_BYTES
+from neuroshard_jax.constraints import allowed_devices, groups, max_levels
 from neuroshard_jax.cost_models import CostModel
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.models import expected_cost_model, make_cost_model, usable_cost_model
@@ -124,6 +125,34 @@ def measured_devices(plan_path: Path, plan: Plan) -> tuple[list[dict] | None, st
     return None, None
 
 
+def constraint_binds(plan: Plan, critical: int, fastest: int) -> list[str]:
+    """The user's constraints that hold work on the critical device: tables pinned there, tables that may not go
+    to the least loaded device, colocation groups there, tables at their split limit."""
+    task, names = plan.task, table_names(plan)
+    here = sorted({s.table for s in plan.device_shards(critical)})
+    allowed = allowed_devices(task.tables, task.num_devices)
+    levels = max_levels(task.tables)
+    out = []
+    pinned = [names[t] for t in here if allowed[t].sum() == 1]
+    if pinned:
+        out.append(f"pin: tables {', '.join(pinned[:5])} may only be on device {critical}")
+    kept = [names[t] for t in here if allowed[t].sum() > 1 and not allowed[t, fastest]]
+    if kept:
+        out.append(f"exclude: tables {', '.join(kept[:5])} may not move to the least loaded device {fastest}")
+    for group, members in groups(task.tables).items():
+        if members[0] in here:
+            out.append(f"colocate: group {group!r} ({len(members)} tables) stays together on device {critical}")
+    capped = [
+        names[t]
+        for t in here
+        if len(plan.shards_of(t)) >= 1 << int(levels[t])
+        and (task.tables[t].no_split or task.tables[t].max_shards is not None)
+    ]
+    if capped:
+        out.append(f"no_split/max_shards: tables {', '.join(capped[:5])} may not be split further")
+    return out
+
+
 def explanation(plan: Plan, model: CostModel, measured: list[dict] | None = None, top: int = 5) -> dict:
     """Everything the printout and the chart say, as a JSON-able dict."""
     costs = score_plan(model, plan)
@@ -154,6 +183,7 @@ def explanation(plan: Plan, model: CostModel, measured: list[dict] | None = None
                 f"device {fastest} ({(mem[fastest] + moved) / GIB_BYTES:.3f} GiB > cap "
                 f"{plan.task.mem_cap_gb} GiB)"
             )
+    binds += constraint_binds(plan, critical, fastest)
     splits = {names[t]: g for t, g in split_gains(model, plan).items()}
     return {
         "cost_model": model.name,

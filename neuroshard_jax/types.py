@@ -212,6 +212,10 @@ class Plan:
     def device_shards(self, device: int) -> list[Shard]:
         return [s for s in self.shards if s.device == device]
 
+    def shards_of(self, table: int) -> list[Shard]:
+        """The shards of task table ``table`` (an index), in column order."""
+        return sorted((s for s in self.shards if s.table == table), key=lambda s: s.col_offset)
+
     def placement(self) -> dict[str | int, list[tuple[int, int, int]]]:
         """Per table (its name, else its id): its shards as (col_offset, dim, device), in column order."""
         out: dict[str | int, list[tuple[int, int, int]]] = {}
@@ -239,9 +243,7 @@ class Plan:
             shards[names[s.table]].append({"col_offset": s.col_offset, "dim": s.dim, "rank": s.device})
         if module is None:
             module = embedding_bag_collection(tables)
-        return sharding_plan(
-            {module_path: (module, shards)}, self.task.num_devices, device, compute_kernel, local_size
-        )
+        return sharding_plan({module_path: (module, shards)}, self.task.num_devices, device, compute_kernel, local_size)
 
     def torchrec_names(self) -> list[str]:
         """The tables' names in TorchRec: their names, else ``t{index}``."""

@@ -9,7 +9,14 @@ import pytest
 
 from neuroshard_jax.analytic import analytic_model
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.explain import ExplainConfig, explain_file, explanation, plan_diff, split_gains
+from neuroshard_jax.explain import (
+    ExplainConfig,
+    constraint_binds,
+    explain_file,
+    explanation,
+    plan_diff,
+    split_gains,
+)
 from neuroshard_jax.scoring import score_plan, score_plans
 from neuroshard_jax.sharding import Shard, column_shards
 from neuroshard_jax.types import Plan
@@ -92,4 +99,20 @@ def test_explain_command_takes_a_model_and_refuses_a_foreign_base(plan_and_model
     bad = run_cli(f"plan={path}", f"base={other}", "model=analytic", module="neuroshard_jax.explain")
     assert bad.returncode == 2 and bad.stderr.strip() == (
         "error: base: its task's batch_size differs from the plan's, expected two plans of one task"
+    )
+
+
+def test_constraints_that_bind_are_named(plan_and_model):
+    plan, _ = plan_and_model
+    tables = list(plan.task.tables)
+    tables[2] = dataclasses.replace(tables[2], pin=2)  # on device 2 in the plan
+    tables[4] = dataclasses.replace(tables[4], exclude=(1,))  # on device 0
+    tables[3] = dataclasses.replace(tables[3], max_shards=4)  # 4 slices already
+    constrained = dataclasses.replace(plan, task=dataclasses.replace(plan.task, tables=tuple(tables))).validate()
+    assert constraint_binds(constrained, critical=2, fastest=1) == [
+        "pin: tables 2 may only be on device 2",
+        "no_split/max_shards: tables 3 may not be split further",
+    ]
+    assert constraint_binds(constrained, critical=0, fastest=1)[0] == (
+        "exclude: tables 4 may not move to the least loaded device 1"
     )

@@ -1,11 +1,13 @@
 """searcher=torchrec: TorchRec's real planner in the worker subprocess, converted to our plans."""
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 
 from neuroshard_jax.analytic import analytic_model
+from neuroshard_jax.constraints import violations
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.sharding import Shard
 from searchers import make_searcher
@@ -20,8 +22,14 @@ def test_torchrec_planner_gives_a_valid_plan_of_ours():
     plan = make_searcher("torchrec").search(task, analytic_model(task), 0)
     plan.validate()
     assert {s.device for s in plan.shards} <= {0, 1}
-    table_wise = make_searcher("torchrec", {"sharding_types": ["table_wise"]}).search(task, analytic_model(task), 0)
-    assert len(table_wise.shards) == len(tables)
+    # constraints TorchRec can express: no_split (its table_wise sharding type), max_shards (its min_partition)
+    kept = [dataclasses.replace(t, no_split=True) for t in tables[:-1]] + [
+        dataclasses.replace(tables[-1], max_shards=2)
+    ]
+    constrained = dataclasses.replace(task, tables=tuple(kept))
+    plan = make_searcher("torchrec").search(constrained, analytic_model(constrained), 0).validate()
+    assert violations(constrained.tables, plan.shards, constrained.table_names()) == []
+    assert len(plan.shards) <= len(tables) + 1
 
 
 def test_unequal_torchrec_splits_are_refused_clearly():
