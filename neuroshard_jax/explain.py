@@ -353,7 +353,7 @@ def explain_file(config: ExplainConfig, model: CostModel | None = None) -> str:
         model = make_cost_model(name, plan.task, options)
     model = expected_cost_model(model)
     if config.base:
-        text = format_diff(plan_diff(plan, load_plan(config.base), model))
+        text = format_diff(plan_diff(plan, load_plan(config.base, key="base"), model))
     else:
         measured, source = measured_devices(path, plan)
         expl = explanation(plan, model, measured, config.top)

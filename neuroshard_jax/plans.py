@@ -13,11 +13,11 @@ from neuroshard_jax.datasets import read_json
 from neuroshard_jax.types import Plan
 
 
-def load_plan(path: str | Path) -> Plan:
-    """Read and validate a plan.json file."""
+def load_plan(path: str | Path, key: str = "plan") -> Plan:
+    """Read and validate a plan.json file (errors name ``key``, the setting that gave the path)."""
     path = Path(path)
-    obj = read_json(path, "plan", "a plan.json file")
-    return Plan.from_json(obj, where=f"plan {path.name}")
+    obj = read_json(path, key, "a plan.json file")
+    return Plan.from_json(obj, where=f"{key} {path.name}")
 
 
 def format_plan(plan_json: dict[str, Any]) -> str:

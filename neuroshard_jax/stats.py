@@ -148,19 +148,22 @@ class StatsAccumulator:
         state.lookups += len(values)
         if len(values):
             state.largest = max(state.largest, int(values.max()))
-        while state.buffered >= self.batch_size:
-            self._flush_batch(state)
+        if state.buffered >= self.batch_size:
+            self._flush_batches(state)
 
-    def _flush_batch(self, state: _Table) -> None:
-        """Histogram of the first ``batch_size`` buffered samples; the rest stays buffered."""
+    def _flush_batches(self, state: _Table) -> None:
+        """A histogram per full batch of ``batch_size`` buffered samples (one concatenation); the rest stays."""
         values, lengths = np.concatenate(state.values), np.concatenate(state.lengths)
-        cut = int(lengths[: self.batch_size].sum())
-        batch = values[:cut]
-        if len(batch):
-            state.share_sum += bin_shares(count_histogram(np.unique(batch, return_counts=True)[1])[0])
-        state.batches += 1
-        state.values, state.lengths = [values[cut:]], [lengths[self.batch_size :]]
-        state.buffered -= self.batch_size
+        starts = np.concatenate([[0], np.cumsum(lengths)])
+        full = state.buffered // self.batch_size
+        for b in range(full):
+            batch = values[starts[b * self.batch_size] : starts[(b + 1) * self.batch_size]]
+            if len(batch):
+                state.share_sum += bin_shares(count_histogram(np.unique(batch, return_counts=True)[1])[0])
+        state.batches += full
+        cut = full * self.batch_size
+        state.values, state.lengths = [values[starts[cut] :]], [lengths[cut:]]
+        state.buffered -= cut
 
     def result(self) -> list[TableStats]:
         """Every table seen, in first-seen order (tables of ``feature_tables`` never seen are left out: a model whose
@@ -319,7 +322,10 @@ def data_features(path: str | Path, fmt: str = "auto") -> tuple[dict[str, tuple[
         raise UserError(f"data: {str(path)!r} does not exist or is not a file, expected an .npz or a DLRM file")
     if fmt == "npz" or (fmt == "auto" and path.suffix == ".npz"):
         return read_npz(path)
-    arrays = load_dlrm_arrays(path)
+    try:
+        arrays = load_dlrm_arrays(path)
+    except UserError as err:  # the pool loader names its own setting
+        raise UserError(f"data: {str(err).removeprefix('pool.path: ')} (or an .npz of NAME/indices)") from None
     lengths = arrays.offsets[1:] - arrays.offsets[:-1]
     per_table = lengths.reshape(-1, arrays.file_batch)
     features = {}
