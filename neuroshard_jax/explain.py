@@ -57,10 +57,6 @@ class ExplainConfig:
             raise UserError(f"other_share: got {self.other_share}, expected a share below 1")
 
 
-def table_names(plan: Plan) -> list[str]:
-    return [t.name if t.name is not None else str(t.id) for t in plan.task.tables]
-
-
 def table_compute_ms(model: CostModel, plan: Plan, compute_ms: np.ndarray) -> np.ndarray:
     """f64[N, T]: each table's share of each device's predicted compute (its shards' cost alone, scaled to add up
     to the device's compute)."""
@@ -128,7 +124,7 @@ def measured_devices(plan_path: Path, plan: Plan) -> tuple[list[dict] | None, st
 def constraint_binds(plan: Plan, critical: int, fastest: int) -> list[str]:
     """The user's constraints that hold work on the critical device: tables pinned there, tables that may not go
     to the least loaded device, colocation groups there, tables at their split limit."""
-    task, names = plan.task, table_names(plan)
+    task, names = plan.task, plan.task.table_names()
     here = sorted({s.table for s in plan.device_shards(critical)})
     allowed = allowed_devices(task.tables, task.num_devices)
     levels = max_levels(task.tables)
@@ -158,7 +154,7 @@ def explanation(plan: Plan, model: CostModel, measured: list[dict] | None = None
     costs = score_plan(model, plan)
     compute, total = np.asarray(costs.compute_ms), np.asarray(costs.total_ms)
     per_table = table_compute_ms(model, plan, compute)
-    names = table_names(plan)
+    names = plan.task.table_names()
     mem = plan.mem_bytes()
     cap = plan.task.mem_cap_bytes
     critical = int(np.argmax(total))
@@ -263,7 +259,7 @@ def plan_diff(plan: Plan, base: Plan, model: CostModel) -> dict:
     for key in ("num_devices", "mem_cap_gb", "batch_size", "precision", "tables"):
         if ours[key] != theirs[key]:
             raise UserError(f"base: its task's {key} differs from the plan's, expected two plans of one task")
-    names = table_names(plan)
+    names = plan.task.table_names()
 
     def layout(p: Plan) -> dict[int, list[tuple[int, int]]]:
         out: dict[int, list[tuple[int, int]]] = {}

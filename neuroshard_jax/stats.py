@@ -32,8 +32,8 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from neuroshard_jax.cli import fail, resolved, run_app, writable_folder
-from neuroshard_jax.config import typed
-from neuroshard_jax.datasets import write_json
+from neuroshard_jax.config import at_least, typed
+from neuroshard_jax.datasets import read_json, write_json
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.features import NUM_BINS, bin_shares, count_histogram
 from neuroshard_jax.tables import load_dlrm_arrays
@@ -69,6 +69,30 @@ class TableStats:
         if self.estimated:
             out["estimated"] = True
         return out
+
+
+def read_stats_file(path: str | Path) -> list[TableStats]:
+    """The tables of a statistics file (``stats_file``, as the command writes it)."""
+    obj = read_json(path, "stats", "a statistics file of python -m neuroshard_jax.stats")
+    try:
+        batch = int(obj["batch_size"])
+        return [
+            TableStats(
+                t["name"],
+                int(t["rows"]),
+                float(t["pooling_factor"]),
+                tuple(float(b) for b in t["bins"]),
+                batch,
+                int(t.get("samples", 0)),
+                int(t.get("batches", 0)),
+                bool(t.get("estimated", False)),
+            )
+            for t in obj["tables"]
+        ]
+    except (ValueError, KeyError, TypeError) as err:
+        raise UserError(
+            f"stats: {str(path)!r} is not a statistics file ({err!r}), expected batch_size and tables"
+        ) from None
 
 
 @dataclasses.dataclass
@@ -373,10 +397,8 @@ class StatsConfig:
     def __post_init__(self):
         if self.format not in FORMATS:
             raise UserError(f"format: got {self.format!r}, expected one of {', '.join(FORMATS)}")
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise UserError(f"batch_size: got {self.batch_size!r}, expected an integer >= 1")
-        if self.max_batches < 0:
-            raise UserError(f"max_batches: got {self.max_batches}, expected >= 0 (0: every batch)")
+        at_least(self, 1, ("batch_size",))
+        at_least(self, 0, ("max_batches",))
 
 
 def stats_file(tables: list[TableStats], batch_size: int, source: str) -> dict:

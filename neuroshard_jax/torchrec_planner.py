@@ -21,7 +21,6 @@ This module and the worker are the only ones that import torch; nothing in the J
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -42,7 +41,7 @@ from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.models import usable_cost_model
 from neuroshard_jax.plans import format_plan
 from neuroshard_jax.search import enable_compilation_cache, search_plan
-from neuroshard_jax.stats import DEFAULT_ZIPF, StatsAccumulator, TableStats, estimated_stats
+from neuroshard_jax.stats import DEFAULT_ZIPF, StatsAccumulator, TableStats, estimated_stats, read_stats_file
 from neuroshard_jax.torchrec_plans import module_plan
 from neuroshard_jax.types import Plan
 
@@ -105,28 +104,6 @@ def batch_statistics(
     if progress:
         print(file=sys.stderr)
     return accumulator.result()
-
-
-def read_stats_file(path: str | Path) -> list[TableStats]:
-    """The tables of a statistics file (``python -m neuroshard_jax.stats``)."""
-    try:
-        obj = json.loads(Path(path).read_text())
-        batch = int(obj["batch_size"])
-        return [
-            TableStats(
-                t["name"],
-                int(t["rows"]),
-                float(t["pooling_factor"]),
-                tuple(t["bins"]),
-                batch,
-                int(t.get("samples", 0)),
-                int(t.get("batches", 0)),
-                bool(t.get("estimated", False)),
-            )
-            for t in obj["tables"]
-        ]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise UserError(f"stats: cannot read {str(path)!r} as a statistics file ({err})") from None
 
 
 class NeuroShardPlanner(ShardingPlanner):
