@@ -3,7 +3,9 @@
 The public API (everything else is internal and may move):
 
 * ``plan(tables, num_devices=..., mem_cap_gb=..., searcher="beam", cost_model="neural", **options) -> Plan``
-* ``Plan`` (``to_json`` / ``from_json``, ``costs``, ``placement()``), ``PlanCosts``, ``Task``, ``Table``, ``Shard``;
+  (``devices=[{"mem_cap_gb": ..., "speed": ...}, ...]`` for heterogeneous devices)
+* ``Plan`` (``to_json`` / ``from_json``, ``costs``, ``placement()``), ``PlanCosts``, ``Task``, ``Device``, ``Table``,
+  ``Shard``;
   ``load_plan(path)``
 * ``load_cost_model(name_or_path)`` -> ``CostModel`` (``.fns``, ``.params``), and the jitted scoring functions
   that take them: ``plan_costs``, ``shard_costs``, ``table_latents``, ``costs_from_latents``, ``device_costs``,
@@ -25,6 +27,7 @@ _EXPORTS = {
     "PlanCosts": "neuroshard_jax.types",
     "Task": "neuroshard_jax.types",
     "Table": "neuroshard_jax.types",
+    "Device": "neuroshard_jax.types",
     "Shard": "neuroshard_jax.sharding",
     "load_plan": "neuroshard_jax.plans",
     "load_cost_model": "neuroshard_jax.models",

@@ -21,20 +21,26 @@ TableSpecs = Mapping[str, Mapping[str, Any]] | Sequence[Mapping[str, Any]]
 
 
 def task_from_tables(
-    tables: TableSpecs, num_devices: int, mem_cap_gb: float, batch_size: int = 4096, precision: str = "fp32"
+    tables: TableSpecs,
+    num_devices: int,
+    mem_cap_gb: float,
+    batch_size: int = 4096,
+    precision: str = "fp32",
+    devices: Sequence[Mapping[str, float]] | None = None,
 ) -> Task:
     """A task of the user's tables: ``{name: {rows, dim, pooling_factor, bins}}`` or a list of such objects
     each with a ``name``. ``bins``: 17 shares of the rows accessed in a batch by access count (README,
-    "Tables and features"). Table ids are the positions in the given order."""
+    "Tables and features"). Table ids are the positions in the given order. ``devices``: heterogeneous devices,
+    ``[{"mem_cap_gb": 16, "speed": 1.0}, ...]``, in place of ``num_devices`` x ``mem_cap_gb``."""
     if isinstance(tables, Mapping):
         items = [{"name": name, **dict(spec)} for name, spec in tables.items()]
     elif isinstance(tables, Sequence) and not isinstance(tables, str):
         items = [dict(spec) if isinstance(spec, Mapping) else spec for spec in tables]
     else:
         raise UserError(f"tables: got {type(tables).__name__}, expected a mapping of name -> table spec or a list")
+    shape = {"num_devices": num_devices, "mem_cap_gb": mem_cap_gb} if devices is None else {"devices": list(devices)}
     obj = {
-        "num_devices": num_devices,
-        "mem_cap_gb": mem_cap_gb,
+        **shape,
         "batch_size": batch_size,
         "precision": precision,
         "tables": [{**spec, "id": i} if isinstance(spec, dict) else spec for i, spec in enumerate(items)],
@@ -53,9 +59,11 @@ def plan(
     precision: str = "fp32",
     seed: int = 0,
     cost_model_options: dict | None = None,
+    devices: Sequence[Mapping[str, float]] | None = None,
     **options,
 ) -> Plan:
-    """Shard ``tables`` over ``num_devices`` devices of ``mem_cap_gb`` GiB each.
+    """Shard ``tables`` over ``num_devices`` devices of ``mem_cap_gb`` GiB each (or over ``devices``:
+    ``[{"mem_cap_gb": 16, "speed": 1.0}, ...]``, heterogeneous memory caps and relative compute speeds).
 
     ``searcher``: a registered name (``searcher_names()``), with its options as keyword arguments (``k=5`` for
     beam); ``cost_model``: ``"neural"`` (the shipped checkpoint, trained at batch 4096, fp32) or ``"analytic"``,
@@ -64,6 +72,6 @@ def plan(
     its predicted per-device costs (``plan.costs``). Compiled search kernels are kept on disk
     (``search.enable_compilation_cache``), so a second call on the same shapes in a new process skips compiling.
     """
-    task = task_from_tables(tables, num_devices, mem_cap_gb, batch_size, precision)
+    task = task_from_tables(tables, num_devices, mem_cap_gb, batch_size, precision, devices)
     enable_compilation_cache()
     return search_plan(task, searcher, cost_model, seed, options, cost_model_options)

@@ -104,11 +104,13 @@ def violations(tables: Sequence[Constrained], shards: Sequence[Shard], names: Se
 
 
 def conflicts(
-    tables: Sequence[Constrained], names: Sequence[str], mem_bytes: Sequence[int], cap_bytes: int, num_devices: int
+    tables: Sequence[Constrained], names: Sequence[str], mem_bytes: Sequence[int], cap_bytes: Sequence[int]
 ) -> str | None:
     """The smallest conflicting part of the constraints found, or None: a table (or group) allowed on no device;
     a group whose tables are pinned apart; tables pinned to one device (with their groups) over its memory; a
-    group too large for any device. ``mem_bytes``: each table's whole memory."""
+    group too large for any device it may go to. ``mem_bytes``: each table's whole memory; ``cap_bytes``: each
+    device's cap."""
+    num_devices = len(cap_bytes)
     for i, t in enumerate(tables):
         if t.pin is not None and t.pin in t.exclude:
             return f"table {names[i]}: pinned to device {t.pin}, which it also excludes"
@@ -124,18 +126,19 @@ def conflicts(
     gib = GIB_BYTES
     for group, members in groups(tables).items():
         need = sum(mem_bytes[m] for m in members)
-        if need > cap_bytes:
+        room = max(cap_bytes[d] for d in np.flatnonzero(allowed[members[0]]))
+        if need > room:
             return (
-                f"colocate group {group!r}: its tables need {need / gib:.2f} GiB together, a device holds "
-                f"{cap_bytes / gib:.2f} GiB"
+                f"colocate group {group!r}: its tables need {need / gib:.2f} GiB together, the largest device it "
+                f"may go to holds {room / gib:.2f} GiB"
             )
     for d in range(num_devices):
         forced = [i for i in range(len(tables)) if allowed[i].sum() == 1 and allowed[i, d]]
         need = sum(mem_bytes[i] for i in forced)
-        if need > cap_bytes:
+        if need > cap_bytes[d]:
             listed = ", ".join(names[i] for i in forced[:6]) + (", ..." if len(forced) > 6 else "")
             return (
                 f"tables pinned to device {d} ({listed}) need {need / gib:.2f} GiB, its cap is "
-                f"{cap_bytes / gib:.2f} GiB"
+                f"{cap_bytes[d] / gib:.2f} GiB"
             )
     return None

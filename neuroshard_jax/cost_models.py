@@ -61,8 +61,11 @@ class DeviceCosts(NamedTuple):
     total_ms: jax.Array
 
 
-def combine_costs(fns: CostFns, params, compute_ms, dim_sums, device_mask) -> DeviceCosts:
-    """The simulator formula: compute f32[..., N] and dim sums f32[..., N] -> DeviceCosts."""
+def combine_costs(fns: CostFns, params, compute_ms, dim_sums, device_mask, speed=None) -> DeviceCosts:
+    """The simulator formula: compute f32[..., N] and dim sums f32[..., N] -> DeviceCosts. ``speed`` f32[..., N]
+    (optional): heterogeneous devices' relative compute speeds, which divide their compute (comm is not scaled)."""
+    if speed is not None:
+        compute_ms = compute_ms / speed
     compute_ms = jnp.where(device_mask, compute_ms, 0.0)
     exchanging = device_mask & (device_mask.sum(-1, keepdims=True) > 1)  # one device alone sends nothing
     bwd = jnp.where(exchanging, fns.bwd_comm(params, dim_sums, device_mask), 0.0)
@@ -82,12 +85,14 @@ def device_compute_ms(fns: CostFns, params, feats, table_mask):
     return jnp.where(table_mask.any(-1), fns.head(params, latent_sums), 0.0)
 
 
-def device_costs(fns: CostFns, params, feats, table_mask, dim_sums, device_mask) -> DeviceCosts:
+def device_costs(fns: CostFns, params, feats, table_mask, dim_sums, device_mask, speed=None) -> DeviceCosts:
     """Per-device costs of padded plans; any leading batch dims broadcast.
 
-    feats f32[..., N, T, F]; table_mask bool[..., N, T]; dim_sums f32[..., N]; device_mask bool[..., N].
+    feats f32[..., N, T, F]; table_mask bool[..., N, T]; dim_sums f32[..., N]; device_mask bool[..., N]; speed
+    f32[..., N] (optional, heterogeneous devices: divides each device's compute).
     """
-    return combine_costs(fns, params, device_compute_ms(fns, params, feats, table_mask), dim_sums, device_mask)
+    compute = device_compute_ms(fns, params, feats, table_mask)
+    return combine_costs(fns, params, compute, dim_sums, device_mask, speed)
 
 
 def plan_cost_ms(costs: DeviceCosts) -> jax.Array:

@@ -49,6 +49,12 @@ class EvaluateConfig:
         above_zero(self, ("timeout_s",))
 
 
+SPEED_NOTE = (
+    "the task's devices have relative speeds: each device's compute was measured on this machine's identical devices "
+    "and divided by its speed (the comm is measured as is)"
+)
+
+
 def measure_plans(plans: list[Plan], config: EvaluateConfig) -> list[dict]:
     """Measured per-device costs (ms) of many plans: compute, fwd_comm, bwd_comm, total; and their max.
 
@@ -73,13 +79,18 @@ def measure_plans(plans: list[Plan], config: EvaluateConfig) -> list[dict]:
             }
             for d in range(plan.task.num_devices)
         ]
-        results.append({"devices": devices, "cost_ms": cost_ms})
+        result = {"devices": devices, "cost_ms": cost_ms}
+        if plan.task.heterogeneous:
+            result["speed_note"] = SPEED_NOTE
+        results.append(result)
     return results
 
 
 def measure_compute(plans: list[Plan], config: EvaluateConfig) -> tuple[list[list[float]], list[list[dict | None]]]:
     """Measured fused-kernel ms of every device of every plan ([plan][device]; 0 for an empty device), and
-    the fwd / bwd split of each kernel. One pool of ``config.workers`` kernel workers serves all plans."""
+    the fwd / bwd split of each kernel. One pool of ``config.workers`` kernel workers serves all plans. The kernels
+    run on this machine's identical devices: a heterogeneous task's device gets the measured ms divided by its
+    speed (the plan's record says so)."""
     compute = [[0.0] * p.task.num_devices for p in plans]
     kernels: list[list[dict | None]] = [[None] * p.task.num_devices for p in plans]
     # A device's kernel depends only on its (table, dim) set and the task's pool and batch: a set that
@@ -104,8 +115,9 @@ def measure_compute(plans: list[Plan], config: EvaluateConfig) -> tuple[list[lis
         if not answer.get("ok"):
             raise UserError(f"evaluation failed on plan {i} device {d}: {answer.get('error')}")
         for i, d in users[request["key"]]:
-            compute[i][d] = answer["total_ms"]
-            kernels[i][d] = {"fwd_ms": answer["fwd_ms"], "bwd_ms": answer["bwd_ms"]}
+            speed = float(plans[i].task.speeds()[d])
+            compute[i][d] = answer["total_ms"] / speed
+            kernels[i][d] = {"fwd_ms": answer["fwd_ms"] / speed, "bwd_ms": answer["bwd_ms"] / speed}
 
     map_requests(list(requests.values()), record, config.workers, config.device, config.timeout_s)
     return compute, kernels
@@ -204,6 +216,7 @@ def evaluate_file(path: str | Path, config: EvaluateConfig) -> dict:
         "cost_ms": measured["cost_ms"],
         "predicted_cost_ms": predicted.get("cost_ms"),
         "devices": [{**d, "predicted": by_device.get(d["device"])} for d in measured["devices"]],
+        **({"speed_note": measured["speed_note"]} if "speed_note" in measured else {}),
         "measurement": {
             **dataclasses.asdict(config),
             "batch_size": plan.task.batch_size,

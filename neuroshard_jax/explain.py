@@ -87,7 +87,7 @@ def split_gains(model: CostModel, plan: Plan) -> dict[int, dict]:
         for device in devices:
             whole = Shard(table, 0, plan.task.tables[table].dim, device)
             variant = dataclasses.replace(plan, shards=(*others, whole))  # only this table changes
-            if variant.mem_bytes()[device] <= plan.task.mem_cap_bytes:
+            if variant.mem_bytes()[device] <= plan.task.cap_bytes()[device]:
                 variants.append((table, device, variant))
     if not variants:
         return out
@@ -156,7 +156,8 @@ def explanation(plan: Plan, model: CostModel, measured: list[dict] | None = None
     per_table = table_compute_ms(model, plan, compute)
     names = plan.task.table_names()
     mem = plan.mem_bytes()
-    cap = plan.task.mem_cap_bytes
+    caps = plan.task.cap_bytes()
+    speeds = plan.task.speeds()
     critical = int(np.argmax(total))
     fastest = int(np.argmin(total))
     order = np.argsort(-per_table[critical])
@@ -173,11 +174,11 @@ def explanation(plan: Plan, model: CostModel, measured: list[dict] | None = None
     for entry in top_tables:
         t = names.index(entry["table"])
         moved = sum(plan.task.table_mem_bytes(t, s.dim) for s in plan.device_shards(critical) if s.table == t)
-        if mem[fastest] + moved > cap:
+        if mem[fastest] + moved > caps[fastest]:
             binds.append(
                 f"memory: table {entry['table']} cannot move from device {critical} to the least loaded "
                 f"device {fastest} ({(mem[fastest] + moved) / GIB_BYTES:.3f} GiB > cap "
-                f"{plan.task.mem_cap_gb} GiB)"
+                f"{plan.task.caps_gb()[fastest]} GiB)"
             )
     binds += constraint_binds(plan, critical, fastest)
     splits = {names[t]: g for t, g in split_gains(model, plan).items()}
@@ -192,7 +193,8 @@ def explanation(plan: Plan, model: CostModel, measured: list[dict] | None = None
                 "bwd_comm_ms": float(costs.bwd_comm_ms[d]),
                 "total_ms": float(total[d]),
                 "mem_gb": float(mem[d] / GIB_BYTES),
-                "headroom_gb": float((cap - mem[d]) / GIB_BYTES),
+                "headroom_gb": float((caps[d] - mem[d]) / GIB_BYTES),
+                "speed": float(speeds[d]),
                 **(
                     {"measured_ms": float(measured[d]["total"]), "measured_compute_ms": float(measured[d]["compute"])}
                     if measured
@@ -201,6 +203,7 @@ def explanation(plan: Plan, model: CostModel, measured: list[dict] | None = None
             }
             for d in range(plan.task.num_devices)
         ],
+        "heterogeneous": plan.task.heterogeneous,
         "critical_device": critical,
         "max_over_mean": float(total.max() / max(total.mean(), 1e-12)),
         "spread_ms": float(total.max() - total.min()),
@@ -214,12 +217,19 @@ def explanation(plan: Plan, model: CostModel, measured: list[dict] | None = None
 
 def format_explanation(expl: dict, measured_from: str | None = None) -> str:
     has_measured = "measured_ms" in expl["devices"][0]
+    speeds = expl.get("heterogeneous", False)
     head = (
-        f"{'device':>6} {'shards':>6} {'compute':>9} {'fwd_comm':>9} {'bwd_comm':>9} {'total_ms':>9} "
-        f"{'mem_GB':>7} {'free_GB':>7}"
-    ) + (f" {'measured':>9}" if has_measured else "")
+        (
+            f"{'device':>6} {'shards':>6} {'compute':>9} {'fwd_comm':>9} {'bwd_comm':>9} {'total_ms':>9} "
+            f"{'mem_GB':>7} {'free_GB':>7}"
+        )
+        + (f" {'speed':>6}" if speeds else "")
+        + (f" {'measured':>9}" if has_measured else "")
+    )
     lines = [
-        f"predicted by cost_model={expl['cost_model']}" + (f"; measured: {measured_from}" if has_measured else ""),
+        f"predicted by cost_model={expl['cost_model']}"
+        + (f"; measured: {measured_from}" if has_measured else "")
+        + ("; compute divided by each device's relative speed" if speeds else ""),
         head,
     ]
     for d in expl["devices"]:
@@ -227,6 +237,7 @@ def format_explanation(expl: dict, measured_from: str | None = None) -> str:
         lines.append(
             f"{d['device']:>6} {d['shards']:>6} {d['compute_ms']:>9.3f} {d['fwd_comm_ms']:>9.3f} "
             f"{d['bwd_comm_ms']:>9.3f} {d['total_ms']:>9.3f} {d['mem_gb']:>7.3f} {d['headroom_gb']:>7.3f}"
+            + (f" {d['speed']:>6.2f}" if speeds else "")
             + (f" {d['measured_ms']:>9.3f}" if has_measured else "")
             + mark
         )
@@ -256,8 +267,8 @@ def format_explanation(expl: dict, measured_from: str | None = None) -> str:
 def plan_diff(plan: Plan, base: Plan, model: CostModel) -> dict:
     """Which tables moved or were split between ``base`` and ``plan`` (same tables), and both plans' device costs."""
     ours, theirs = plan.task.to_json(), base.task.to_json()
-    for key in ("num_devices", "mem_cap_gb", "batch_size", "precision", "tables"):
-        if ours[key] != theirs[key]:
+    for key in ("num_devices", "mem_cap_gb", "devices", "batch_size", "precision", "tables"):
+        if ours.get(key) != theirs.get(key):
             raise UserError(f"base: its task's {key} differs from the plan's, expected two plans of one task")
     names = plan.task.table_names()
 

@@ -3,12 +3,13 @@
 
 The greedy (paper, section "search"): shards go in descending order of their predicted
 single-shard compute cost; each goes to the device with the lowest *current* predicted compute cost
-among devices where it still fits in memory and whose dim sum stays <= alpha x (total dim / N). A
+(divided by the device's speed, for heterogeneous devices) among devices where it still fits in memory and
+whose dim sum stays <= alpha x (total dim / N). A
 device's cost is cached and only its head is rerun when a shard joins it (its latent sum grows by
 the shard's embedding). The plan cost of every (candidate, alpha) is the simulator's formula.
 
 Exact integer rules, shared with the plain-Python oracle in the tests:
-* memory in ``MEM_UNIT_BYTES`` units, each shard rounded *up* and the cap rounded *down*, so a
+* memory in ``MEM_UNIT_BYTES`` units, each shard rounded *up* and each device's cap rounded *down*, so a
   placement accepted here never exceeds the cap in bytes (int32 holds caps up to 2 TiB);
 * the dim bound of alpha is ``floor(alpha * total_dim / N)`` (``dim_bounds``);
 * ties go to the lowest device index, equal shard costs keep their slot order.
@@ -50,8 +51,9 @@ def mem_units(nbytes, unit: int = MEM_UNIT_BYTES) -> np.ndarray:
     return -(-np.asarray(nbytes, dtype=np.int64) // unit)
 
 
-def cap_units(cap_bytes: int, unit: int = MEM_UNIT_BYTES) -> int:
-    return int(cap_bytes // unit)
+def cap_units(cap_bytes, unit: int = MEM_UNIT_BYTES) -> np.ndarray:
+    """Caps in units, rounded down (i64 values of the shape of ``cap_bytes``: one cap, or one per device)."""
+    return np.asarray(cap_bytes, dtype=np.int64) // unit
 
 
 def dim_bounds(alphas, total_dim: int, num_devices: int, memory_only_fallback: bool) -> np.ndarray:
@@ -83,11 +85,11 @@ class GridResult(NamedTuple):
     devices: jax.Array
 
 
-def _place(fns: CostFns, params, z, mem, dims, valid, allowed, bound, cap, device_mask):
+def _place(fns: CostFns, params, z, mem, dims, valid, allowed, bound, cap, device_mask, speed):
     """Greedy placement of shards already in placement order (one candidate, one alpha).
 
-    z f32[S, D], mem/dims i32[S], valid bool[S], allowed bool[S, N]; returns (compute f32[N], dim sums i32[N], ok,
-    devices i32[S]).
+    z f32[S, D], mem/dims i32[S], valid bool[S], allowed bool[S, N]; cap i32[N]; speed f32[N]; returns (compute
+    f32[N] (divided by the devices' speeds), dim sums i32[N], ok, devices i32[S]).
     """
     n = device_mask.shape[0]
 
@@ -103,7 +105,7 @@ def _place(fns: CostFns, params, z, mem, dims, valid, allowed, bound, cap, devic
         onehot = (jnp.arange(n) == choice) & take
         used = used + onehot * m
         dim_sums = dim_sums + onehot * d
-        compute = jnp.where(onehot, fns.head(params, row), compute)
+        compute = jnp.where(onehot, fns.head(params, row) / speed, compute)
         return (latents, used, dim_sums, compute, ok & (found | ~v)), jnp.where(take, choice, -1)
 
     init = (
@@ -118,10 +120,11 @@ def _place(fns: CostFns, params, z, mem, dims, valid, allowed, bound, cap, devic
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def grid_search(fns: CostFns, params, batch: ShardBatch, bounds, cap, device_mask) -> GridResult:
+def grid_search(fns: CostFns, params, batch: ShardBatch, bounds, cap, device_mask, speed) -> GridResult:
     """Run the greedy for every candidate of ``batch`` and every dim bound of ``bounds`` (i32[A]).
 
-    ``cap``: memory units per device (i32); ``device_mask`` bool[N]. Costs by the cost model ``fns``.
+    ``cap``: memory units of each device (i32[N]); ``device_mask`` bool[N]; ``speed`` f32[N] each device's relative
+    compute speed (its predicted compute is divided by it). Costs by the cost model ``fns``.
     """
     num_slots = batch.valid.shape[1]
     z = fns.embed(params, batch.feats) * batch.valid[..., None]  # [C, S, D]
@@ -142,7 +145,7 @@ def grid_search(fns: CostFns, params, batch: ShardBatch, bounds, cap, device_mas
     sorted_ = (z_sorted, take(mem, order), take(dims, order), take(valid, order), allowed_sorted)
 
     def one(z_c, mem_c, dims_c, valid_c, allowed_c, bound):
-        return _place(fns, params, z_c, mem_c, dims_c, valid_c, allowed_c, bound, cap, device_mask)
+        return _place(fns, params, z_c, mem_c, dims_c, valid_c, allowed_c, bound, cap, device_mask, speed)
 
     over_alphas = jax.vmap(one, in_axes=(None, None, None, None, None, 0))
     compute, dim_sums, ok, placed = jax.vmap(over_alphas, in_axes=(0, 0, 0, 0, 0, None))(*sorted_, bounds)

@@ -23,21 +23,25 @@ def load_plan(path: str | Path, key: str = "plan") -> Plan:
 def format_plan(plan_json: dict[str, Any]) -> str:
     """A per-device summary table of a plan.json object."""
     task = plan_json["task"]
+    hetero = task.get("devices")  # heterogeneous devices: each one's cap and speed are columns
+    cap = "caps per device" if hetero else f"cap={task['mem_cap_gb']} GiB"
     lines = [
         f"searcher={plan_json['searcher']} cost_model={plan_json['cost_model']} seed={plan_json['seed']} "
-        f"tables={len(task['tables'])} devices={task['num_devices']} cap={task['mem_cap_gb']} GiB "
-        f"batch={task['batch_size']}",
-        f"{'device':>6} {'shards':>6} {'dim_sum':>7} {'mem_GB':>7} {'compute':>9} {'fwd_comm':>9} "
-        f"{'bwd_comm':>9} {'total_ms':>9}",
+        f"tables={len(task['tables'])} devices={task['num_devices']} {cap} batch={task['batch_size']}",
+        f"{'device':>6} {'shards':>6} {'dim_sum':>7} {'mem_GB':>7}"
+        + (f" {'cap_GB':>7} {'speed':>6}" if hetero else "")
+        + f" {'compute':>9} {'fwd_comm':>9} {'bwd_comm':>9} {'total_ms':>9}",
     ]
     polish = plan_json.get("polish")
     if polish:
         lines[1] += f" {'measured':>9}"
     for d in plan_json["devices"]:
         c = d["cost_ms"]
+        spec = hetero[d["device"]] if hetero else None
         line = (
-            f"{d['device']:>6} {d['num_shards']:>6} {d['dim_sum']:>7} {d['mem_gb']:>7.3f} {c['compute']:>9.3f} "
-            f"{c['fwd_comm']:>9.3f} {c['bwd_comm']:>9.3f} {c['total']:>9.3f}"
+            f"{d['device']:>6} {d['num_shards']:>6} {d['dim_sum']:>7} {d['mem_gb']:>7.3f}"
+            + (f" {spec['mem_cap_gb']:>7.3f} {spec['speed']:>6.2f}" if spec else "")
+            + f" {c['compute']:>9.3f} {c['fwd_comm']:>9.3f} {c['bwd_comm']:>9.3f} {c['total']:>9.3f}"
         )
         lines.append(line + (f" {polish['devices'][d['device']]['total']:>9.3f}" if polish else ""))
     lines.append(

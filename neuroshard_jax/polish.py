@@ -123,13 +123,14 @@ class Meter:
             noise = (max(values) - min(values)) / 2 / median if median > 0 else 0.0
             self.cache[k] = (median, noise)
         out = []
+        speed = self.task.speeds()  # heterogeneous devices: measured on identical ones, divided by their speeds
         for plan in plans:
             compute, noise = np.zeros(self.task.num_devices), np.zeros(self.task.num_devices)
             for d in range(self.task.num_devices):
                 tables = device_tables(self.task, plan.device_shards(d))
                 if tables:
                     compute[d], noise[d] = self.cache[device_key(self.task, tables)]
-            out.append((compute, noise))
+            out.append((compute / speed, noise))
         return out
 
 
@@ -156,12 +157,13 @@ def proposals(plan: Plan, slow: int, rng: np.random.Generator, count: int) -> li
             pairs = [devices[t][2 * j : 2 * j + 2] for j in range(len(devices[t]) // 2)]
             merged = [p[1] if p[0] == slow else p[0] for p in pairs]
             moves.append(("merge", _replace(devices, t, merged)))
-    seen, out = {_contents(devices, n)}, []
+    kinds = list(zip(task.caps_gb(), task.speeds().tolist()))
+    seen, out = {_contents(devices, kinds)}, []
     for k in rng.permutation(len(moves)):
         kind, changed = moves[k]
-        if _contents(changed, n) in seen:  # the same devices up to their order: the same measured plan
+        if _contents(changed, kinds) in seen:  # the same devices up to their order: the same measured plan
             continue
-        seen.add(_contents(changed, n))
+        seen.add(_contents(changed, kinds))
         try:
             out.append((kind, plan_of(task, changed).validate()))
         except PlanError:  # over a device's memory
@@ -171,11 +173,12 @@ def proposals(plan: Plan, slow: int, rng: np.random.Generator, count: int) -> li
     return out
 
 
-def _contents(devices: tuple, n: int) -> tuple:
-    """The plan's devices as an unordered collection of contents (table, its slice count, slices here): the
-    devices of a task are identical, so plans that differ only by device labels cost the same."""
+def _contents(devices: tuple, kinds: list) -> tuple:
+    """The plan's devices as an unordered collection of contents (each device's kind, its (cap, speed), then per
+    table: its slice count, slices here): plans that differ only by the labels of devices of one kind cost the same."""
     per_device = [
-        tuple((t, len(devs), devs.count(d)) for t, devs in enumerate(devices) if d in devs) for d in range(n)
+        (kind, *((t, len(devs), devs.count(d)) for t, devs in enumerate(devices) if d in devs))
+        for d, kind in enumerate(kinds)
     ]
     return tuple(sorted(per_device))
 

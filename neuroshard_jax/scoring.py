@@ -88,24 +88,40 @@ def single_shard_costs(fns: CostFns, params, feats: jax.Array) -> tuple[jax.Arra
 
 @functools.partial(jax.jit, static_argnums=0)
 def costs_from_latents(
-    fns: CostFns, params, latent_sums: jax.Array, has_tables: jax.Array, dim_sums: jax.Array, device_mask: jax.Array
+    fns: CostFns,
+    params,
+    latent_sums: jax.Array,
+    has_tables: jax.Array,
+    dim_sums: jax.Array,
+    device_mask: jax.Array,
+    speed: jax.Array | None = None,
 ) -> DeviceCosts:
-    """Per-device costs from summed latents f32[..., N, D], has_tables bool[..., N], dim_sums f32[..., N]."""
+    """Per-device costs from summed latents f32[..., N, D], has_tables bool[..., N], dim_sums f32[..., N]
+    (``speed`` f32[..., N]: heterogeneous devices' relative compute speeds, optional)."""
     compute = jnp.where(has_tables, fns.head(params, latent_sums), 0.0)
-    return combine_costs(fns, params, compute, dim_sums, device_mask)
+    return combine_costs(fns, params, compute, dim_sums, device_mask, speed)
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def plan_costs(
-    fns: CostFns, params, feats: jax.Array, table_mask: jax.Array, dim_sums: jax.Array, device_mask: jax.Array
+    fns: CostFns,
+    params,
+    feats: jax.Array,
+    table_mask: jax.Array,
+    dim_sums: jax.Array,
+    device_mask: jax.Array,
+    speed: jax.Array | None = None,
 ) -> jax.Array:
     """Plan costs f32[...] of padded plans: feats f32[..., N, T, F], table_mask bool[..., N, T],
-    dim_sums f32[..., N], device_mask bool[..., N] (chunked over plans)."""
+    dim_sums f32[..., N], device_mask bool[..., N], speed f32[..., N] (optional: heterogeneous devices' relative
+    compute speeds) (chunked over plans)."""
+    speed = jnp.broadcast_to(jnp.ones_like(dim_sums) if speed is None else speed, dim_sums.shape)
 
-    def one_chunk(f, m, d, dm):
-        return plan_cost_ms(device_costs(fns, params, f, m, d, dm))
+    def one_chunk(f, m, d, dm, sp):
+        return plan_cost_ms(device_costs(fns, params, f, m, d, dm, sp))
 
-    return map_chunks(one_chunk, (feats, table_mask, dim_sums, device_mask), (3, 2, 1, 1), max(1, CHUNK // 8))
+    arrays = (feats, table_mask, dim_sums, device_mask, speed)
+    return map_chunks(one_chunk, arrays, (3, 2, 1, 1, 1), max(1, CHUNK // 8))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,13 +145,13 @@ def plan_arrays(plan: Plan, max_tables: int | None = None):
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _device_costs_jit(fns, params, feats, table_mask, dim_sums, device_mask):
-    return device_costs(fns, params, feats, table_mask, dim_sums, device_mask)
+def _device_costs_jit(fns, params, feats, table_mask, dim_sums, device_mask, speed):
+    return device_costs(fns, params, feats, table_mask, dim_sums, device_mask, speed)
 
 
 def score_plan(model: CostModel, plan: Plan) -> DeviceCosts:
-    """Predicted per-device costs of one plan, as numpy arrays f64[N]."""
-    costs = _device_costs_jit(model.fns, model.params, *plan_arrays(plan))
+    """Predicted per-device costs of one plan, as numpy arrays f64[N] (compute divided by the devices' speeds)."""
+    costs = _device_costs_jit(model.fns, model.params, *plan_arrays(plan), plan.task.speeds().astype(np.float32))
     return DeviceCosts(*(np.asarray(c, dtype=np.float64) for c in costs))
 
 
@@ -156,7 +172,8 @@ def score_plans_devices(
     stacked = [np.stack(a) for a in zip(*arrays)]
     pad = bucket(len(plans), 8) - len(plans)
     stacked = [np.concatenate([a, np.repeat(a[:1], pad, axis=0)]) for a in stacked]
-    costs = _device_costs_jit(model.fns, model.params, *stacked)
+    speed = np.broadcast_to(plans[0].task.speeds().astype(np.float32), stacked[2].shape)
+    costs = _device_costs_jit(model.fns, model.params, *stacked, speed)
     costs = DeviceCosts(*(np.asarray(c, dtype=np.float64)[: len(plans)] for c in costs))
     if not uncertainty or model.fns.uncertainty is None:
         return costs, None

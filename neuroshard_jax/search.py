@@ -57,7 +57,7 @@ def check_constraints(task: Task, searcher: str, algorithm) -> None:
     """A constrained task: its constraints must leave a placement (else InfeasibleError naming the smallest
     conflicting part found) and the searcher must honour them (else a UserError naming those that do)."""
     mem = [task.table_mem_bytes(i) for i in range(task.num_tables)]
-    conflict = conflicts(task.tables, task.table_names(), mem, task.mem_cap_bytes, task.num_devices)
+    conflict = conflicts(task.tables, task.table_names(), mem, task.cap_bytes())
     if conflict:
         raise InfeasibleError(f"constraints cannot all hold: {conflict}")
     used = [k for k in KEYS if any(getattr(t, k) not in (None, False, ()) for t in task.tables)]

@@ -140,18 +140,20 @@ def load_task(path: str | Path) -> Task:
 
 def check_feasible(task: Task) -> None:
     """Raise InfeasibleError if no plan can exist: a table that fits nowhere even split, or too much in total."""
-    cap = task.mem_cap_bytes
+    caps = task.cap_bytes()
+    cap = int(caps.max())
     for i, table in enumerate(task.tables):
         narrowest = task.table_mem_bytes(i, narrowest_dim(table.dim))
         whole = task.table_mem_bytes(i)
-        if narrowest > cap or (whole > cap and whole > cap * task.num_devices):
+        if narrowest > cap or (whole > cap and whole > int(caps.sum())):
+            largest = "devices of" if task.devices is None else "a largest device of"
             raise InfeasibleError(
                 f"task infeasible: table {table.id} needs {whole / GIB_BYTES:.2f} GiB, which no split fits in "
-                f"devices of {task.mem_cap_gb} GiB"
+                f"{largest} {task.mem_cap_gb} GiB"
             )
     total = sum(task.table_mem_bytes(i) for i in range(task.num_tables))
-    if total > cap * task.num_devices:
+    if total > caps.sum():
         raise InfeasibleError(
             f"task infeasible: tables need {total / GIB_BYTES:.2f} GiB in total, expected at most "
-            f"{task.num_devices} x {task.mem_cap_gb} = {task.num_devices * task.mem_cap_gb:.2f} GiB"
+            f"{task.describe_devices()} = {sum(task.caps_gb()):.2f} GiB"
         )

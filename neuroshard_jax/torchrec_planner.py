@@ -156,12 +156,13 @@ class NeuroShardPlanner(ShardingPlanner):
         """Samples a device looks up per step for each of its tables: the per-rank batch x world size."""
         return self.batch_size * self.topology.world_size
 
-    def device_mem_gb(self) -> float:
-        """Memory per device for tables: ``mem_cap_gb``, else the topology's (the smallest device's)."""
+    def device_mem_gb(self) -> list[float]:
+        """Memory of each device for tables: ``mem_cap_gb``, else the topology's (per device: TorchRec's
+        ``CustomTopologyData`` may give devices of unequal memory, which the plan then keeps)."""
         if self.mem_cap_gb is not None:
-            return self.mem_cap_gb
+            return [self.mem_cap_gb] * self.topology.world_size
         kind = "hbm" if self.topology.compute_device in ("cuda", "mtia") else "ddr"
-        return min(getattr(d.storage, kind) for d in self.topology.devices) / GIB_BYTES
+        return [getattr(d.storage, kind) / GIB_BYTES for d in self.topology.devices]
 
     def tables(self, module: torch.nn.Module) -> tuple[list[dict], str]:
         """Our table specs of the module's tables (statistics measured or estimated) and their precision."""
@@ -232,7 +233,9 @@ class NeuroShardPlanner(ShardingPlanner):
         """Plan every EmbeddingBagCollection of ``module``; ``sharders``: TorchRec's (their EBC sharder, if any,
         builds the parameter shardings)."""
         specs, precision = self.tables(module)
-        task = task_from_tables(specs, self.topology.world_size, self.device_mem_gb(), self.planning_batch, precision)
+        caps = self.device_mem_gb()
+        devices = None if len(set(caps)) == 1 else [{"mem_cap_gb": c} for c in caps]
+        task = task_from_tables(specs, len(caps), max(caps), self.planning_batch, precision, devices)
         name, options, warning = usable_cost_model(self.cost_model, self.cost_model_options, task)
         enable_compilation_cache()
         if warning and self.verbose:

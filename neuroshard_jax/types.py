@@ -32,7 +32,7 @@ from neuroshard_jax.sharding import (
 from neuroshard_jax.tables import PoolSpec
 from neuroshard_jax.torchrec_plans import embedding_bag_collection, sharding_plan
 
-__all__ = ["Plan", "PlanCosts", "Shard", "Table", "Task"]
+__all__ = ["Device", "Plan", "PlanCosts", "Shard", "Table", "Task"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +63,18 @@ class Table:
 
 
 @dataclasses.dataclass(frozen=True)
+class Device:
+    """One device of a heterogeneous task: its memory cap for tables and its relative compute speed (a device's
+    predicted compute is divided by its speed: 2.0 computes twice as fast as 1.0)."""
+
+    mem_cap_gb: float
+    speed: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Task:
-    """Tables to shard over ``num_devices`` devices with ``mem_cap_gb`` GiB each."""
+    """Tables to shard over ``num_devices`` devices with ``mem_cap_gb`` GiB each; or, where ``devices`` is given,
+    over those devices (heterogeneous caps and speeds; ``mem_cap_gb`` is then the largest cap)."""
 
     num_devices: int
     mem_cap_gb: float
@@ -72,6 +82,23 @@ class Task:
     tables: tuple[Table, ...]
     precision: str = "fp32"
     pool: PoolSpec | None = None
+    devices: tuple[Device, ...] | None = None
+
+    def __post_init__(self):
+        if self.devices is not None:
+            if len(self.devices) != self.num_devices:
+                raise ValueError(f"task: {len(self.devices)} devices given for num_devices {self.num_devices}")
+            if self.mem_cap_gb != max(d.mem_cap_gb for d in self.devices):
+                raise ValueError(f"task: mem_cap_gb {self.mem_cap_gb} is not the largest device cap")
+
+    @classmethod
+    def on_devices(cls, devices, batch_size: int, tables, precision: str = "fp32", pool=None) -> Task:
+        """A task over the given devices (``Device`` objects); identical devices of speed 1 give a plain task."""
+        devices = tuple(devices)
+        caps = {d.mem_cap_gb for d in devices}
+        plain = len(caps) == 1 and all(d.speed == 1.0 for d in devices)
+        cap = max(caps)
+        return cls(len(devices), cap, batch_size, tuple(tables), precision, pool, None if plain else devices)
 
     @property
     def num_tables(self) -> int:
@@ -79,7 +106,35 @@ class Task:
 
     @property
     def mem_cap_bytes(self) -> int:
+        """The largest device's cap in bytes (every device's, for a task of identical devices)."""
         return int(self.mem_cap_gb * GIB_BYTES)
+
+    @property
+    def heterogeneous(self) -> bool:
+        return self.devices is not None
+
+    def cap_bytes(self) -> np.ndarray:
+        """i64[N]: each device's memory cap in bytes."""
+        if self.devices is None:
+            return np.full(self.num_devices, self.mem_cap_bytes, dtype=np.int64)
+        return np.array([int(d.mem_cap_gb * GIB_BYTES) for d in self.devices], dtype=np.int64)
+
+    def caps_gb(self) -> list[float]:
+        """Each device's memory cap in GiB."""
+        return [self.mem_cap_gb] * self.num_devices if self.devices is None else [d.mem_cap_gb for d in self.devices]
+
+    def speeds(self) -> np.ndarray:
+        """f64[N]: each device's relative compute speed (1 for a task of identical devices)."""
+        if self.devices is None:
+            return np.ones(self.num_devices)
+        return np.array([d.speed for d in self.devices], dtype=np.float64)
+
+    def describe_devices(self) -> str:
+        """The devices in a few words, for messages: ``4 x 2.0 GiB`` or ``4 devices of 1.0-8.0 GiB``."""
+        if self.devices is None:
+            return f"{self.num_devices} x {self.mem_cap_gb} GiB"
+        caps = self.caps_gb()
+        return f"{self.num_devices} devices of {min(caps)}-{max(caps)} GiB ({sum(caps):.2f} GiB in all)"
 
     def table_mem_bytes(self, index: int, dim: int | None = None) -> int:
         """Memory of table ``index`` (of a column shard of it when ``dim`` is given), by ``sharding.mem_bytes``."""
@@ -103,9 +158,10 @@ class Task:
         )
 
     def to_json(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "num_devices": self.num_devices,
             "mem_cap_gb": self.mem_cap_gb,
+            **({"devices": [dataclasses.asdict(d) for d in self.devices]} if self.devices is not None else {}),
             "batch_size": self.batch_size,
             "precision": self.precision,
             "tables": [
@@ -133,8 +189,12 @@ class Task:
         if not isinstance(obj, dict):
             raise UserError(f"{where}: got {type(obj).__name__}, expected a JSON object")
         _known_keys(obj, TASK_KEYS, where)
-        num_devices = _int_field(obj, "num_devices", where, minimum=1)
-        mem_cap_gb = _float_field(obj, "mem_cap_gb", where, positive=True)
+        devices = _devices_field(obj, where)
+        if devices is None:
+            num_devices = _int_field(obj, "num_devices", where, minimum=1)
+            mem_cap_gb = _float_field(obj, "mem_cap_gb", where, positive=True)
+        else:
+            num_devices, mem_cap_gb = len(devices), max(d.mem_cap_gb for d in devices)
         batch_size = _int_field(obj, "batch_size", where, minimum=1)
         precision = obj.get("precision", "fp32")
         if precision not in BYTES_PER_ELEMENT:
@@ -162,7 +222,10 @@ class Task:
             raise UserError(
                 f"{where}.pool: got {pool!r:.60}, expected an object like {{'source': 'synthetic', 'seed': 0}}"
             )
-        return cls(num_devices, mem_cap_gb, batch_size, tables, precision, PoolSpec.from_json(pool) if pool else None)
+        pool_spec = PoolSpec.from_json(pool) if pool else None
+        if devices is not None:
+            return cls.on_devices(devices, batch_size, tables, precision, pool_spec)
+        return cls(num_devices, mem_cap_gb, batch_size, tables, precision, pool_spec)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,10 +339,11 @@ class Plan:
             error = tiling_error(table.dim, table.rows, shards)
             if error:
                 raise PlanError(f"plan: table {table.id} {error}")
+        caps = task.cap_bytes()
         for d, used in enumerate(self.mem_bytes()):
-            if used > task.mem_cap_bytes:
+            if used > caps[d]:
                 raise PlanError(
-                    f"plan: device {d} holds {used / GIB_BYTES:.3f} GiB, expected at most {task.mem_cap_gb} GiB"
+                    f"plan: device {d} holds {used / GIB_BYTES:.3f} GiB, expected at most {task.caps_gb()[d]} GiB"
                 )
         broken = violations(task.tables, self.shards, task.table_names())
         if broken:
@@ -381,7 +445,8 @@ def _costs_from_json(obj: dict, num_devices: int) -> PlanCosts | None:
 # ``to_json`` for readers and ignored on input: rows x dim; ``samples`` and ``batches``, written by the statistics
 # tool, are provenance and ignored too). The histogram is ``bins`` (a list) or ``bin_0`` .. ``bin_16`` (the
 # feature names). Anything else is refused, naming the nearest key.
-TASK_KEYS = ("num_devices", "mem_cap_gb", "batch_size", "precision", "tables", "pool")
+TASK_KEYS = ("num_devices", "mem_cap_gb", "devices", "batch_size", "precision", "tables", "pool")
+DEVICE_KEYS = ("mem_cap_gb", "speed")
 BIN_KEYS = tuple(f"bin_{k}" for k in range(NUM_BINS))
 TABLE_KEYS = ("id", "name", "rows", "dim", "pooling_factor", "size", "bins", "estimated", "samples", "batches")
 TABLE_KEYS += BIN_KEYS + CONSTRAINT_KEYS
@@ -398,6 +463,35 @@ def _field(obj: dict, name: str, where: str) -> Any:
     if name not in obj:
         raise UserError(f"{where}.{name}: missing, expected a value")
     return obj[name]
+
+
+def _devices_field(obj: dict, where: str) -> list[Device] | None:
+    """The task's ``devices`` list (None when absent); ``num_devices`` and ``mem_cap_gb``, if given beside it,
+    must agree with it (the number of devices, the largest cap: what ``to_json`` writes)."""
+    raw = obj.get("devices")
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not raw:
+        raise UserError(
+            f"{where}.devices: got {raw!r:.60}, expected a non-empty list like [{{'mem_cap_gb': 16, 'speed': 1.0}}]"
+        )
+    devices = []
+    for i, d in enumerate(raw):
+        at = f"{where}.devices[{i}]"
+        if not isinstance(d, dict):
+            raise UserError(f"{at}: got {d!r:.60}, expected an object like {{'mem_cap_gb': 16, 'speed': 1.0}}")
+        _known_keys(d, DEVICE_KEYS, at)
+        speed = _float_field(d, "speed", at, positive=True) if "speed" in d else 1.0
+        devices.append(Device(_float_field(d, "mem_cap_gb", at, positive=True), speed))
+    if "num_devices" in obj and obj["num_devices"] != len(devices):
+        raise UserError(f"{where}.num_devices: got {obj['num_devices']!r}, expected {len(devices)} (the devices given)")
+    largest = max(d.mem_cap_gb for d in devices)
+    if "mem_cap_gb" in obj and obj["mem_cap_gb"] != largest:
+        raise UserError(
+            f"{where}.mem_cap_gb: got {obj['mem_cap_gb']!r}, expected {largest} (the largest of the devices' caps) "
+            f"or no mem_cap_gb beside devices"
+        )
+    return devices
 
 
 def _int_field(obj: dict, name: str, where: str, minimum: int) -> int:

@@ -329,7 +329,7 @@ def dlrm_to_npz(src: str, dst: str) -> None:
 
 def torchrec_plan(request: dict) -> dict:
     """TorchRec's EmbeddingShardingPlanner on a task: tables on the meta device, N ranks with the task's
-    memory cap, pooling factors as constraints, the allowed sharding types, the fused kernel.
+    memory caps (per device), pooling factors as constraints, the allowed sharding types, the fused kernel.
     Returns per table its shards [{col_offset, dim, rank}] or {"error": ...}."""
     try:
         import torch
@@ -337,7 +337,7 @@ def torchrec_plan(request: dict) -> dict:
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
         from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
         from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
-        from torchrec.distributed.planner.types import PlannerError
+        from torchrec.distributed.planner.types import CustomTopologyData, PlannerError
         from torchrec.modules.embedding_configs import DataType
     except ImportError as err:
         return {"error": f"{TORCHREC_MISSING} ({err})"}
@@ -362,8 +362,13 @@ def torchrec_plan(request: dict) -> dict:
         )
         for i, t in enumerate(tables)
     }
+    world_size = int(request["num_devices"])
+    caps = [int(c) for c in request["mem_caps_bytes"]]
     topology = Topology(
-        world_size=int(request["num_devices"]), compute_device="cuda", hbm_cap=int(request["mem_cap_bytes"])
+        world_size=world_size,
+        compute_device="cuda",
+        hbm_cap=max(caps),
+        custom_topology_data=CustomTopologyData(data={"hbm_cap": caps}, world_size=world_size),
     )
     reservation = None  # TorchRec's default: HeuristicalStorageReservation(0.15), inputs and dense parts included
     if request.get("reservation", "heuristic") == "percent":

@@ -34,7 +34,7 @@ def no_room(task: Task, table_index: int, free_bytes: np.ndarray, searcher: str)
     table = task.tables[table_index]
     return InfeasibleError(
         f"{searcher}: table {table.id} ({task.table_mem_bytes(table_index) / GIB_BYTES:.3f} GiB) fits on no device "
-        f"(largest free memory {free_bytes.max() / GIB_BYTES:.3f} GiB of {task.mem_cap_gb} GiB per device)"
+        f"(largest free memory {free_bytes.max() / GIB_BYTES:.3f} GiB of {task.describe_devices()})"
     )
 
 
@@ -53,12 +53,14 @@ def placement_items(task: Task) -> list[list[int]]:
 
 def greedy_plan(task: Task, key: str, searcher: str) -> Plan:
     """Table-wise greedy placement by ``GREEDY_KEYS[key]`` (a colocation group: one item, the sum of its keys),
-    on the devices each item is allowed on."""
+    on the devices each item is allowed on; each goes to the device of least load (its keys' sum divided by its
+    speed) where it fits."""
     keys = np.array([GREEDY_KEYS[key](t) for t in task.tables])
     allowed = allowed_devices(task.tables, task.num_devices)
     items = placement_items(task)
     order = sorted(range(len(items)), key=lambda k: -keys[items[k]].sum())  # stable: ties keep task order
-    free = np.full(task.num_devices, task.mem_cap_bytes, dtype=np.int64)
+    free = task.cap_bytes()
+    speed = task.speeds()
     load = np.zeros(task.num_devices)
     devices = [0] * task.num_tables
     for k in order:
@@ -71,7 +73,7 @@ def greedy_plan(task: Task, key: str, searcher: str) -> Plan:
         for i in item:
             devices[i] = d
         free[d] -= need
-        load[d] += keys[item].sum()
+        load[d] += keys[item].sum() / speed[d]
     return Plan.from_assignment(task, [1] * task.num_tables, [[d] for d in devices])
 
 
@@ -127,7 +129,7 @@ class RandomSearch:
                 units.append([(t, 0) for t in item])
             else:
                 units.extend([(item[0], j)] for j in range(splits[item[0]]))
-        free = np.full(task.num_devices, task.mem_cap_bytes, dtype=np.int64)
+        free = task.cap_bytes()
         devices = [[0] * count for count in splits]
         for k in rng.permutation(len(units)):
             need = sum(task.table_mem_bytes(t, task.tables[t].dim // splits[t]) for t, _ in units[k])
@@ -154,7 +156,7 @@ class RandomSearch:
             need_gb = sum(task.table_mem_bytes(i) for i in range(task.num_tables)) / GIB_BYTES
             raise InfeasibleError(
                 f"random: no memory-feasible random placement found in {attempts} attempts "
-                f"(tables need {need_gb:.2f} GiB of {task.num_devices} x {task.mem_cap_gb} GiB)"
+                f"(tables need {need_gb:.2f} GiB of {task.describe_devices()})"
             )
         costs = score_plans(cost_model, plans)
         return plans[int(np.argmin(costs))]

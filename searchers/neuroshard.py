@@ -54,10 +54,11 @@ class SplitSpace:
         self.shard_size = np.array([[t.rows] for t in task.tables]) * self.shard_dim
         self.single_ms = np.asarray(single_shard_costs(model.fns, model.params, self.feats)[1], dtype=np.float64)
 
-    def batch(self, candidates: list[tuple[int, ...]]) -> ShardBatch:
-        """The shard slots of each candidate (table-major, column order), padded to power-of-two buckets."""
+    def batch(self, candidates: list[tuple[int, ...]], min_candidates: int = 1) -> ShardBatch:
+        """The shard slots of each candidate (table-major, column order), padded to power-of-two buckets (of at
+        least ``min_candidates`` candidates)."""
         counts = [sum(1 << k for k in c) for c in candidates]
-        num_c, num_s = bucket(len(candidates), 1), bucket(max(counts), 8)
+        num_c, num_s = bucket(len(candidates), min_candidates), bucket(max(counts), 8)
         feats = np.zeros((num_c, num_s, NUM_FEATURES), dtype=np.float32)
         mem = np.zeros((num_c, num_s), dtype=np.int32)
         dims = np.zeros((num_c, num_s), dtype=np.int32)
@@ -85,6 +86,9 @@ class SplitSpace:
         return Plan.from_assignment(self.task, splits, devices)
 
 
+MIN_CANDIDATES = 8  # beam's smallest padded batch of candidate splits
+
+
 @dataclasses.dataclass(frozen=True)
 class GridConfig:
     alphas: tuple[float, ...] = DEFAULT_ALPHAS
@@ -103,15 +107,23 @@ class Scorer:
         self.space, self.model = space, model
         total_dim = sum(t.dim for t in task.tables)
         self.bounds = dim_bounds(config.alphas, total_dim, task.num_devices, config.memory_only_fallback)
-        self.cap = np.int32(cap_units(task.mem_cap_bytes, space.unit))
+        self.cap = cap_units(task.cap_bytes(), space.unit).astype(np.int32)
         self.device_mask = np.ones(task.num_devices, dtype=bool)
+        self.speed = task.speeds().astype(np.float32)
         self.best: tuple[float, tuple[int, ...], np.ndarray] | None = None
         self.candidates_scored = 0
 
-    def score(self, candidates: list[tuple[int, ...]]) -> np.ndarray:
-        """Best plan cost f64[C] of each candidate over the alpha grid (+inf: infeasible)."""
+    def score(self, candidates: list[tuple[int, ...]], min_candidates: int = 1) -> np.ndarray:
+        """Best plan cost f64[C] of each candidate over the alpha grid (+inf: infeasible); the batch is padded to at
+        least ``min_candidates`` (fewer shapes to compile where calls of several sizes follow)."""
         out = grid_search(
-            self.model.fns, self.model.params, self.space.batch(candidates), self.bounds, self.cap, self.device_mask
+            self.model.fns,
+            self.model.params,
+            self.space.batch(candidates, min_candidates),
+            self.bounds,
+            self.cap,
+            self.device_mask,
+            self.speed,
         )
         cost = np.asarray(out.cost_ms, dtype=np.float64)[: len(candidates)]
         alpha = np.argmin(cost, axis=1)  # first minimum: the smallest alpha among equals
@@ -134,7 +146,7 @@ class Scorer:
     def task_summary(self) -> str:
         task = self.space.task
         need_gb = sum(task.table_mem_bytes(i) for i in range(task.num_tables)) / GIB_BYTES
-        return f"tables need {need_gb:.2f} GiB of {task.num_devices} x {task.mem_cap_gb} GiB"
+        return f"tables need {need_gb:.2f} GiB of {task.describe_devices()}"
 
 
 @register("grid")
@@ -199,7 +211,8 @@ class BeamSearch(GridConfig):
         scorer = Scorer(space, cost_model, self)
         root = (0,) * task.num_tables
         beam = [root]
-        scorer.score(beam)
+        # every call padded to >= MIN_CANDIDATES: the root and small steps share one compiled shape with the rest
+        scorer.score(beam, MIN_CANDIDATES)
         for _ in range(self.max_length if self.column_wise else 0):
             candidates, seen = [], set()
             for levels in beam:
@@ -210,7 +223,7 @@ class BeamSearch(GridConfig):
                         candidates.append(child)
             if not candidates:
                 break
-            costs = scorer.score(candidates)
+            costs = scorer.score(candidates, MIN_CANDIDATES)
             keep = sorted(range(len(candidates)), key=lambda i: costs[i])[: self.k]  # stable: generation order
             beam = [candidates[i] for i in keep]
         return scorer.best_plan("beam")

@@ -55,6 +55,6 @@ class RLSearch:
         if not plans:
             raise InfeasibleError(
                 f"rl: every episode ({len(episodes)}) reached a table that fits on no device "
-                f"({task.num_devices} x {task.mem_cap_gb} GiB)"
+                f"({task.describe_devices()})"
             )
         return plans[int(np.argmin(score_plans(cost_model, plans)))]

@@ -70,6 +70,12 @@ class TorchRecSearch:
             )
 
     def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan:
+        speeds = task.speeds()
+        if (speeds != 1.0).any():
+            raise UserError(
+                f"searcher=torchrec: TorchRec's planner takes no per-device compute speed (the task's devices have "
+                f"speeds {', '.join(f'{v:g}' for v in speeds)}); expected devices of speed 1, or a project searcher"
+            )
         levels = max_levels(task.tables)
         tables = []
         for t, level in zip(task.tables, levels):
@@ -82,7 +88,7 @@ class TorchRecSearch:
         request = {
             "tables": tables,
             "num_devices": task.num_devices,
-            "mem_cap_bytes": task.mem_cap_bytes,
+            "mem_caps_bytes": [int(c) for c in task.cap_bytes()],  # per device (TorchRec's CustomTopologyData)
             "batch_size": task.batch_size,
             "precision": task.precision,
             "sharding_types": list(self.sharding_types),

@@ -9,9 +9,11 @@ import pytest
 from neuroshard_jax.constants import GIB_BYTES
 from neuroshard_jax.constraints import violations
 from neuroshard_jax.errors import InfeasibleError, PlanError, UserError
+from neuroshard_jax.models import make_cost_model
+from neuroshard_jax.scoring import score_plan
 from neuroshard_jax.search import search_plan
 from neuroshard_jax.sharding import Shard
-from neuroshard_jax.types import Plan, Task
+from neuroshard_jax.types import Device, Plan, Task
 
 from .conftest import make_table, make_task
 
@@ -94,3 +96,49 @@ def test_violations_and_conflicts_are_named():
     obj["tables"][0]["pin"] = 5
     with pytest.raises(UserError, match=r"task.tables\[0\].pin: got device 5, expected 0..1"):
         Task.from_json(obj)
+
+
+def heterogeneous_task(speeds=(1.0, 1.0, 0.5)) -> Task:
+    """3 devices: device 0 too small for the two large tables (only devices 1 and 2 hold them), device 2 slow."""
+    large = [make_table(t, rows=2_000_000, dim=64, pooling=8.0) for t in range(2)]  # 0.48 GiB each
+    small = [make_table(t, rows=20_000 * t, dim=32, pooling=float(t)) for t in range(2, 10)]
+    base = make_task(large + small, batch_size=4096)
+    devices = [Device(0.3, speeds[0]), Device(1.0, speeds[1]), Device(1.0, speeds[2])]
+    return Task.on_devices(devices, base.batch_size, base.tables)
+
+
+@pytest.mark.parametrize("searcher", CONSTRAINED_SEARCHERS)
+def test_heterogeneous_devices_every_searcher_keeps_each_cap_and_scales_by_speed(searcher):
+    task = heterogeneous_task()
+    analytic_model = make_cost_model("analytic", task)
+    plan = search_plan(task, searcher, "analytic", 0)  # validated: each device within its own cap
+    assert (plan.mem_bytes() <= task.cap_bytes()).all()
+    assert all(s.device != 0 for s in plan.shards if s.table < 2 and s.dim == 64)  # a large table whole: not on 0
+    same = Task(task.num_devices, task.mem_cap_gb, task.batch_size, task.tables)  # identical devices of speed 1
+    raw = score_plan(analytic_model, dataclasses.replace(plan, task=same)).compute_ms
+    np.testing.assert_allclose(plan.costs.compute_ms, raw / task.speeds(), rtol=1e-5)
+
+
+def test_faster_devices_get_more_work_and_the_schema_checks_devices():
+    task = Task.on_devices([Device(1.0, 1.0), Device(1.0, 3.0)], 4096, heterogeneous_task().tables[2:])
+    plan = search_plan(task, "grid", "analytic", 0)
+    raw = plan.costs.compute_ms * task.speeds()
+    assert raw[1] > 1.5 * raw[0], raw  # the 3x faster device carries more of the work
+    obj = task.to_json()
+    assert obj["num_devices"] == 2 and obj["devices"][1] == {"mem_cap_gb": 1.0, "speed": 3.0}
+    assert Task.from_json(obj) == task and Task.from_json({k: v for k, v in obj.items() if k != "num_devices"}) == task
+    assert Task.on_devices([Device(2.0)] * 3, 512, task.tables).devices is None  # identical devices: a plain task
+    for change, message in (
+        ({"devices": [{"mem_cap_gb": 1.0, "speed": 0}]}, r"task.devices\[0\].speed: got 0, expected a finite number"),
+        ({"devices": [{"mem_cap": 1.0}]}, r"task.devices\[0\].mem_cap: unknown key"),
+        ({"num_devices": 3}, r"task.num_devices: got 3, expected 2 \(the devices given\)"),
+        ({"mem_cap_gb": 4.0}, r"task.mem_cap_gb: got 4.0, expected 1.0 \(the largest of the devices' caps\)"),
+        ({"devices": []}, r"task.devices: got \[\], expected a non-empty list"),
+    ):
+        with pytest.raises(UserError, match=message):
+            Task.from_json({**obj, **change})
+    with pytest.raises(UserError, match="searcher=torchrec: TorchRec's planner takes no per-device compute speed"):
+        search_plan(task, "torchrec", "analytic", 0)
+    small = Task.on_devices([Device(0.001), Device(1.0)], 4096, task.tables)
+    with pytest.raises(InfeasibleError, match=r"tables need .* GiB in total, expected at most 2 devices of"):
+        search_plan(dataclasses.replace(small, tables=heterogeneous_task().tables), "beam", "analytic", 0)

@@ -27,7 +27,7 @@ from neuroshard_jax.profiling import (
 from neuroshard_jax.search import search_plan, shard_task
 from neuroshard_jax.tables import PoolSpec, load_pool, pool_streams
 from neuroshard_jax.tasks import TaskConfig, generate_task
-from neuroshard_jax.types import Table, Task
+from neuroshard_jax.types import Device, Table, Task
 
 POOL = PoolSpec(num_tables=120)
 TINY = dict(batch_size=256, warmup=1, iters=3)
@@ -186,14 +186,21 @@ def test_evaluator_measures_a_two_device_plan(tmp_path):
 
 
 def test_evaluator_measures_a_task_without_a_pool_from_its_table_specs():
-    """A user's task file names no pool: each table's stream is synthesised from its rows, pooling and bins."""
+    """A user's task file names no pool: each table's stream is synthesised from its rows, pooling and bins. The
+    same plan on devices of speeds 1 and 4 (measured in the same batch): device 1's compute is divided by 4."""
     pool = load_pool(POOL, 256)
     specs = [(int(pool.rows[t]), float(pool.pooling_factor[t]), tuple(pool.bins[t])) for t in (3, 5, 7)]
     task = Task(2, 0.05, 256, tuple(Table(i, r, 8, p, b, name=f"t{i}") for i, (r, p, b) in enumerate(specs)))
     plan = search_plan(task, "size_greedy", "analytic", 0)
-    [result] = measure_plans([plan], EvaluateConfig(warmup=1, iters=3, comm_warmup=1, comm_iters=3))
+    fast = dataclasses.replace(plan, task=Task.on_devices([Device(0.05, 1.0), Device(0.05, 4.0)], 256, task.tables))
+    result, scaled = measure_plans([plan, fast], EvaluateConfig(warmup=1, iters=3, comm_warmup=1, comm_iters=3))
     for d in result["devices"]:
         assert (d["compute"] > 0) == bool(plan.device_shards(d["device"])) and d["bwd_comm"] > 0
+    assert [d["compute"] for d in scaled["devices"]] == [
+        result["devices"][0]["compute"],
+        result["devices"][1]["compute"] / 4,
+    ]
+    assert "divided by its speed" in scaled["speed_note"] and "speed_note" not in result
 
 
 def test_evaluator_measures_many_plans_in_one_batch():

@@ -10,6 +10,7 @@ from neuroshard_jax.analytic import analytic_model
 from neuroshard_jax.constraints import violations
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.sharding import Shard
+from neuroshard_jax.types import Device, Task
 from searchers import make_searcher
 from searchers.torchrec import plan_from_torchrec
 
@@ -26,9 +27,11 @@ def test_torchrec_planner_gives_a_valid_plan_of_ours():
     kept = [dataclasses.replace(t, no_split=True) for t in tables[:-1]] + [
         dataclasses.replace(tables[-1], max_shards=2)
     ]
-    constrained = dataclasses.replace(task, tables=tuple(kept))
+    # and devices of unequal memory (TorchRec's per-device hbm caps): the small device 1 takes only what fits
+    constrained = Task.on_devices([Device(0.5), Device(0.01)], task.batch_size, kept)
     plan = make_searcher("torchrec").search(constrained, analytic_model(constrained), 0).validate()
     assert violations(constrained.tables, plan.shards, constrained.table_names()) == []
+    assert 0 < plan.mem_bytes()[1] <= constrained.cap_bytes()[1]
     assert len(plan.shards) <= len(tables) + 1
 
 

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 torchrec = pytest.importorskip("torchrec")
 
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor  # noqa: E402
-from torchrec.distributed.planner.types import Topology  # noqa: E402
+from torchrec.distributed.planner.types import CustomTopologyData, Topology  # noqa: E402
 
 from neuroshard_jax.stats import zipf_ids  # noqa: E402
 from neuroshard_jax.torchrec_planner import NeuroShardPlanner, batch_statistics  # noqa: E402
@@ -59,8 +59,10 @@ def test_a_module_gets_a_sharding_plan_equal_to_ours():
     assert set(by_name) == {"users/t0", "t1", "items/t0"}  # a clashing name is qualified by its collection
     assert by_name["users/t0"].pooling_factor == pytest.approx(3.0, rel=0.05)  # two features pooled
     # the analytic model: this test is about the conversion (the README's example runs the default neural model)
+    # devices of unequal memory (TorchRec's CustomTopologyData): the plan keeps each device's own cap
+    caps = CustomTopologyData(data={"ddr_cap": [2 * 1024**3, 1024**3]}, world_size=2)
     planner = NeuroShardPlanner(
-        Topology(world_size=2, compute_device="cpu"),
+        Topology(world_size=2, compute_device="cpu", custom_topology_data=caps),
         batch_size=1024,
         stats=stats[:2],
         cost_model="analytic",
@@ -69,6 +71,7 @@ def test_a_module_gets_a_sharding_plan_equal_to_ours():
     plan = planner.plan(model, None)
     ours = planner.last_plan
     assert ours.task.batch_size == 2048 and ours.costs.cost_model == "analytic"
+    assert ours.task.caps_gb() == [2.0, 1.0]
     assert [t.estimated for t in ours.task.tables] == [False, False, True]  # items/t0 had no statistics
     assert set(plan.plan) == {"users", "items"}
     written = plan_shards(plan)  # per TorchRec table name; both collections' t0 collide here, so compare per module
