@@ -55,10 +55,17 @@ def _exit_reason(returncode: int | None) -> str:
 class ComputeWorker:
     """A persistent profiling worker. ``request`` returns the answer or raises WorkerFailure."""
 
-    def __init__(self, device: str = "cpu", log_path: str | Path | None = None, extra_env: dict | None = None):
+    def __init__(
+        self,
+        device: str = "cpu",
+        log_path: str | Path | None = None,
+        extra_env: dict | None = None,
+        core: int | None = None,
+    ):
         self.device = device
         self.log_path = Path(log_path) if log_path else None
         self.extra_env = extra_env or {}
+        self.core = core  # pinned to this CPU core (Linux), else the scheduler moves it
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
 
@@ -73,6 +80,8 @@ class ComputeWorker:
         )
         if log is not subprocess.DEVNULL:
             log.close()
+        if self.core is not None and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(self.proc.pid, {self.core})
 
     def ensure_started(self) -> None:
         """Start the process unless it runs (from the thread that should own it: on Linux it dies with that
@@ -148,14 +157,28 @@ def compute_request(
     }
 
 
+def pinned_cores(count: int) -> list[int | None]:
+    """A distinct core of this process's allowed cores for each of ``count`` workers, the last cores first (the
+    driver tends to run on the first); no pinning (None each) where there are fewer cores than workers."""
+    if not hasattr(os, "sched_getaffinity"):
+        return [None] * count
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < count:
+        return [None] * count
+    return allowed[len(allowed) - count :]
+
+
 class KernelPool:
     """``workers`` persistent kernel workers (one thread each feeds one): started on first use, kept across
     ``map`` calls (a polishing loop measures a few devices at a time), closed by ``close`` or ``with``."""
 
-    def __init__(self, workers: int, device: str, timeout_s: float, log_dir: Path | None = None):
+    def __init__(self, workers: int, device: str, timeout_s: float, log_dir: Path | None = None, pin: bool = False):
+        """``pin``: each CPU worker on a core of its own (``pinned_cores``), where there are enough cores."""
         self.device, self.timeout_s = device, timeout_s
+        count = max(1, workers)
+        cores = pinned_cores(count) if pin and device == "cpu" else [None] * count
         self.workers = [
-            ComputeWorker(device, log_dir / f"worker-{w}.log" if log_dir else None) for w in range(max(1, workers))
+            ComputeWorker(device, log_dir / f"worker-{w}.log" if log_dir else None, core=cores[w]) for w in range(count)
         ]
 
     def map(self, requests: Iterable[dict], on_answer: Callable[[dict, dict], None]) -> None:

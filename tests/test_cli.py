@@ -10,6 +10,7 @@ from neuroshard_jax.collect import config_from as collect_config
 from neuroshard_jax.constants import GIB_BYTES
 from neuroshard_jax.evaluate import app_config as evaluate_config
 from neuroshard_jax.export import app_config as export_config
+from neuroshard_jax.search import search_plan
 from neuroshard_jax.stats import app_config as stats_config
 from neuroshard_jax.train import app_config as train_config
 from neuroshard_jax.train_policy import app_config as policy_config
@@ -53,9 +54,9 @@ def test_default_run_prints_and_writes_a_plan(tmp_path):
     assert plan["searcher"] == "beam" and plan["cost_model"] == "neural" and len(plan["task"]["tables"]) == 50
 
 
-@pytest.mark.parametrize("searcher", ["random", "dim_greedy"])
-def test_overrides_and_same_seed_same_plan(tmp_path, searcher):
-    args = [f"searcher={searcher}", "task.num_devices=8", "seed=3", *SMALL]
+def test_overrides_and_same_seed_same_plan(tmp_path):
+    # a seeded searcher in two processes (in-process determinism of every searcher: test_searchers)
+    args = ["searcher=random", "task.num_devices=8", "seed=3", *SMALL]
     first = run_cli(*args, f"hydra.run.dir={tmp_path / 'a'}")
     second = run_cli(*args, f"hydra.run.dir={tmp_path / 'b'}")
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
@@ -125,10 +126,8 @@ def test_table_too_big_for_table_wise_greedy(tmp_path):
     (tmp_path / "task.json").write_text(json.dumps(task.to_json()))
     args = ["cost_model=analytic", f"task.path={tmp_path / 'task.json'}"]
     _one_line_error(run_cli("searcher=size_lookup_greedy", *args, f"hydra.run.dir={tmp_path}"), "fits on no device")
-    for searcher in ("random", "beam"):  # column-wise searchers split it
-        ok = run_cli(f"searcher={searcher}", *args, f"hydra.run.dir={tmp_path / searcher}")
-        assert ok.returncode == 0, ok.stderr
-        assert len(json.loads((tmp_path / searcher / "plan.json").read_text())["shards"]) > 2
+    for searcher in ("random", "beam"):  # column-wise searchers split it (in-process: the CLI path is above)
+        assert len(search_plan(task, searcher, "analytic", 0).shards) > 2
 
 
 def test_bad_override_value(tmp_path):
