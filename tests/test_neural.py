@@ -8,17 +8,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hydra import compose, initialize_config_module
 
+from neuroshard_jax.__main__ import main_config
 from neuroshard_jax.checkpoints import load_checkpoint, save_checkpoint
 from neuroshard_jax.cost_models import device_compute_ms, device_costs, plan_cost_ms
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.models import NeuralConfig, make_cost_model
 from neuroshard_jax.neural import NetConfig, init_nets, neural_fns
 from neuroshard_jax.scoring import plan_arrays
+from neuroshard_jax.search import shard_task
+from neuroshard_jax.tasks import load_task
 from neuroshard_jax.training import kendall_tau, mape
 from neuroshard_jax.types import Plan
 
-from .conftest import make_table, make_task, run_cli
+from .conftest import make_table, make_task
 
 
 def _task(batch_size=256, num_devices=3, precision="fp32"):
@@ -84,18 +88,17 @@ def test_neural_model_refuses_another_batch_size_or_precision(tiny_checkpoint):
         make_cost_model("neural", _task(), {"checkpoint": "/nonexistent"})
 
 
-def test_cli_with_the_neural_model(tiny_checkpoint, tmp_path):
+def test_the_main_config_takes_a_neural_checkpoint(tiny_checkpoint, tmp_path):
+    """``cost_model=neural cost_model.checkpoint=DIR`` with a task file, through the main job's config (in-process:
+    the CLI itself is tested with the shipped model in test_cli)."""
     _, ckpt, _, _ = tiny_checkpoint
-    task = _task()
-    (tmp_path / "task.json").write_text(json.dumps(task.to_json()))
-    done = run_cli(
-        "cost_model=neural",
-        f"cost_model.checkpoint={ckpt}",
-        f"task.path={tmp_path / 'task.json'}",
-        f"hydra.run.dir={tmp_path / 'out'}",
-    )
-    assert done.returncode == 0, done.stderr
-    assert json.loads((tmp_path / "out" / "plan.json").read_text())["cost_model"] == "neural"
+    (tmp_path / "task.json").write_text(json.dumps(_task().to_json()))
+    overrides = ["cost_model=neural", f"cost_model.checkpoint={ckpt}", f"task.path={tmp_path / 'task.json'}"]
+    with initialize_config_module(config_module="neuroshard_jax.conf", version_base="1.3"):
+        config = main_config(compose(config_name="config", overrides=overrides))
+    task = load_task(tmp_path / "task.json")
+    plan = shard_task(task, "beam", "neural", 0, config.options("searcher"), config.options("cost_model"))
+    assert plan["cost_model"] == "neural" and plan["task"] == task.to_json()
 
 
 def test_metrics_against_plain_python():

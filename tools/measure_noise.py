@@ -52,7 +52,7 @@ def protocols(sets: int, repeats: int, batch_size: int, out: Path) -> dict:
                 order = np.random.default_rng([r, len(name)]).permutation(sets)
                 requests = [
                     {**compute_request(f"{r}/{i}", shard_sets[i], pool, batch_size, warmup=5, iters=iters), "set": i}
-                    for i in order
+                    for i in map(int, order)
                 ]
 
                 def record(request: dict, answer: dict, name=name) -> None:
