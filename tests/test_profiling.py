@@ -19,6 +19,7 @@ from neuroshard_jax.profiling import (
     CommSamplerConfig,
     ComputeSamplerConfig,
     ComputeWorker,
+    KernelPool,
     WorkerFailure,
     run_comm,
     sample_comm,
@@ -53,6 +54,20 @@ def test_worker_times_a_two_table_shard(worker):
     )
     _, streams = pool_streams(POOL)
     assert answer["num_indices"] == sum(len(streams.stream(t, 256)[0]) for t in (3, 7))
+
+
+def test_a_pinned_pool_puts_each_worker_on_a_core_of_its_own():
+    """KernelPool(pin=True): each worker process runs on one distinct allowed core (none pinned with too few)."""
+    count = 2
+    with KernelPool(count, "cpu", 120, pin=True) as pool:
+        answers = []
+        pool.map([_request([[3, 8]], i) for i in range(count)], lambda request, answer: answers.append(answer))
+        cores = [os.sched_getaffinity(w.proc.pid) for w in pool.workers]
+    assert all(a["ok"] for a in answers)
+    if len(os.sched_getaffinity(0)) >= count:
+        assert all(len(c) == 1 for c in cores) and len(set.union(*cores)) == count
+    else:
+        assert all(c == os.sched_getaffinity(0) for c in cores)
 
 
 def test_worker_refuses_bad_shards_and_keeps_serving(worker):
