@@ -80,7 +80,7 @@ def measure_plans(plans: list[Plan], config: EvaluateConfig) -> list[dict]:
             for d in range(plan.task.num_devices)
         ]
         result = {"devices": devices, "cost_ms": cost_ms}
-        if plan.task.heterogeneous:
+        if plan.task.has_speeds:
             result["speed_note"] = SPEED_NOTE
         results.append(result)
     return results

@@ -203,7 +203,7 @@ def explanation(plan: Plan, model: CostModel, measured: list[dict] | None = None
             }
             for d in range(plan.task.num_devices)
         ],
-        "heterogeneous": plan.task.heterogeneous,
+        "speeds_differ": plan.task.has_speeds,
         "critical_device": critical,
         "max_over_mean": float(total.max() / max(total.mean(), 1e-12)),
         "spread_ms": float(total.max() - total.min()),
@@ -217,7 +217,7 @@ def explanation(plan: Plan, model: CostModel, measured: list[dict] | None = None
 
 def format_explanation(expl: dict, measured_from: str | None = None) -> str:
     has_measured = "measured_ms" in expl["devices"][0]
-    speeds = expl.get("heterogeneous", False)
+    speeds = expl.get("speeds_differ", False)
     head = (
         (
             f"{'device':>6} {'shards':>6} {'compute':>9} {'fwd_comm':>9} {'bwd_comm':>9} {'total_ms':>9} "

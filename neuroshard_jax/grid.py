@@ -3,8 +3,9 @@
 
 The greedy (paper, section "search"): shards go in descending order of their predicted
 single-shard compute cost; each goes to the device with the lowest *current* predicted compute cost
-(divided by the device's speed, for heterogeneous devices) among devices where it still fits in memory and
-whose dim sum stays <= alpha x (total dim / N). A
+among devices where it still fits in memory and whose dim sum stays <= alpha x (total dim / N). Devices of
+unequal speed: the device where the shard would finish first (its load plus the shard's cost alone, both divided
+by the device's speed). A
 device's cost is cached and only its head is rerun when a shard joins it (its latent sum grows by
 the shard's embedding). The plan cost of every (candidate, alpha) is the simulator's formula.
 
@@ -85,20 +86,26 @@ class GridResult(NamedTuple):
     devices: jax.Array
 
 
-def _place(fns: CostFns, params, z, mem, dims, valid, allowed, bound, cap, device_mask, speed):
+def _place(fns: CostFns, params, z, mem, dims, valid, allowed, single, bound, cap, device_mask, speed):
     """Greedy placement of shards already in placement order (one candidate, one alpha).
 
-    z f32[S, D], mem/dims i32[S], valid bool[S], allowed bool[S, N]; cap i32[N]; speed f32[N]; returns (compute
-    f32[N] (divided by the devices' speeds), dim sums i32[N], ok, devices i32[S]).
+    z f32[S, D], mem/dims i32[S], valid bool[S], allowed bool[S, N], single f32[S] each shard's cost alone; cap
+    i32[N]; speed f32[N]; returns (compute f32[N] (divided by the devices' speeds), dim sums i32[N], ok,
+    devices i32[S]).
     """
     n = device_mask.shape[0]
 
+    uniform = jnp.all(speed == speed[0])
+
     def step(carry, shard):
         latents, used, dim_sums, compute, ok = carry
-        z_s, m, d, v, a = shard
+        z_s, m, d, v, a, alone = shard
         eligible = device_mask & a & (used + m <= cap) & (dim_sums + d <= bound)
         found = eligible.any()
-        choice = jnp.argmin(jnp.where(eligible, compute, jnp.inf))
+        # identical devices: the least loaded (the paper's rule); devices of unequal speed: where the shard would
+        # finish first (its cost alone, divided by the device's speed, on top of the device's load)
+        key = jnp.where(uniform, compute, compute + alone / speed)
+        choice = jnp.argmin(jnp.where(eligible, key, jnp.inf))
         take = v & found
         row = latents[choice] + z_s
         latents = latents.at[choice].set(jnp.where(take, row, latents[choice]))
@@ -115,7 +122,7 @@ def _place(fns: CostFns, params, z, mem, dims, valid, allowed, bound, cap, devic
         jnp.zeros(n, jnp.float32),
         jnp.array(True),
     )
-    (_, _, dim_sums, compute, ok), devices = jax.lax.scan(step, init, (z, mem, dims, valid, allowed))
+    (_, _, dim_sums, compute, ok), devices = jax.lax.scan(step, init, (z, mem, dims, valid, allowed, single))
     return compute, dim_sums, ok, devices
 
 
@@ -142,13 +149,13 @@ def grid_search(fns: CostFns, params, batch: ShardBatch, bounds, cap, device_mas
     take = functools.partial(jnp.take_along_axis, axis=1)
     z_sorted = jnp.take_along_axis(z, order[..., None], axis=1)
     allowed_sorted = jnp.take_along_axis(batch.allowed, order[..., None], axis=1)
-    sorted_ = (z_sorted, take(mem, order), take(dims, order), take(valid, order), allowed_sorted)
+    sorted_ = (z_sorted, take(mem, order), take(dims, order), take(valid, order), allowed_sorted, take(single, order))
 
-    def one(z_c, mem_c, dims_c, valid_c, allowed_c, bound):
-        return _place(fns, params, z_c, mem_c, dims_c, valid_c, allowed_c, bound, cap, device_mask, speed)
+    def one(z_c, mem_c, dims_c, valid_c, allowed_c, single_c, bound):
+        return _place(fns, params, z_c, mem_c, dims_c, valid_c, allowed_c, single_c, bound, cap, device_mask, speed)
 
-    over_alphas = jax.vmap(one, in_axes=(None, None, None, None, None, 0))
-    compute, dim_sums, ok, placed = jax.vmap(over_alphas, in_axes=(0, 0, 0, 0, 0, None))(*sorted_, bounds)
+    over_alphas = jax.vmap(one, in_axes=(None, None, None, None, None, None, 0))
+    compute, dim_sums, ok, placed = jax.vmap(over_alphas, in_axes=(0, 0, 0, 0, 0, 0, None))(*sorted_, bounds)
     costs = combine_costs(fns, params, compute, dim_sums.astype(jnp.float32), device_mask)
     cost_ms = jnp.where(ok, plan_cost_ms(costs), jnp.inf)
     # back from placement order to slot order: devices[c, a, order[c, s]] = placed[c, a, s]

@@ -157,25 +157,29 @@ def proposals(plan: Plan, slow: int, rng: np.random.Generator, count: int) -> li
             pairs = [devices[t][2 * j : 2 * j + 2] for j in range(len(devices[t]) // 2)]
             merged = [p[1] if p[0] == slow else p[0] for p in pairs]
             moves.append(("merge", _replace(devices, t, merged)))
-    kinds = list(zip(task.caps_gb(), task.speeds().tolist()))
+    # devices interchangeable for a plan's cost: of one cap and speed, and (where tables are pinned or exclude devices)
+    # only each device with itself
+    pinned = any(t.pin is not None or t.exclude for t in task.tables)
+    kinds = [(cap, speed, d if pinned else -1) for d, (cap, speed) in enumerate(zip(task.caps_gb(), task.speeds()))]
     seen, out = {_contents(devices, kinds)}, []
     for k in rng.permutation(len(moves)):
         kind, changed = moves[k]
         if _contents(changed, kinds) in seen:  # the same devices up to their order: the same measured plan
             continue
-        seen.add(_contents(changed, kinds))
         try:
             out.append((kind, plan_of(task, changed).validate()))
-        except PlanError:  # over a device's memory
+        except PlanError:  # over a device's memory, or a constraint
             continue
+        seen.add(_contents(changed, kinds))
         if len(out) == count:
             break
     return out
 
 
 def _contents(devices: tuple, kinds: list) -> tuple:
-    """The plan's devices as an unordered collection of contents (each device's kind, its (cap, speed), then per
-    table: its slice count, slices here): plans that differ only by the labels of devices of one kind cost the same."""
+    """The plan's devices as an unordered collection of contents (each device's kind: (cap, speed, index or -1),
+    then per table: its slice count, slices here): plans that differ only by the labels of devices of one kind cost
+    the same."""
     per_device = [
         (kind, *((t, len(devs), devs.count(d)) for t, devs in enumerate(devices) if d in devs))
         for d, kind in enumerate(kinds)
@@ -205,8 +209,8 @@ def corrected(model: CostModel, base: Plan, measured: np.ndarray, candidates: li
         for d in range(plan.task.num_devices):
             tables = device_tables(plan.task, plan.device_shards(d))
             key = device_key(plan.task, tables) if tables else None
-            if key in meter.cache:
-                estimate[c, d] = meter.cache[key][0]
+            if key in meter.cache:  # the cache holds raw kernel ms: divided by the device's speed like ``measure``
+                estimate[c, d] = meter.cache[key][0] / plan.task.speeds()[d]
             elif not tables:
                 estimate[c, d] = 0.0
     return estimate

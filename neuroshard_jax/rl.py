@@ -76,7 +76,7 @@ class TaskArrays(NamedTuple):
     """One task in placement order, padded: T table slots, N device slots.
 
     feats f32[T, F]; z f32[T, D] cost-model latents; mem i32[T] memory units; dims i32[T]; valid bool[T];
-    cap i32[N] each device's memory units (at least 1: padding devices); speed f32[N] each device's relative compute
+    cap i32[N] each device's memory units (1: padding devices); speed f32[N] each device's relative compute
     speed (1: padding); device_mask bool[N]; total_dim f32[]; penalty_ms f32[] (the cost of an infeasible episode);
     allowed bool[T, N] the devices each table may go to (pin, exclude); group i32[T] its colocation group
     (0..T-1; -1: none): a group's later tables go where its first went.
@@ -124,7 +124,7 @@ def task_arrays(
         mem=pad(mem, np.int32),
         dims=pad(np.array([tb.dim for tb in task.tables]), np.int32),
         valid=np.arange(t_pad) < t,
-        cap=_pad_values(np.maximum(cap_units(task.cap_bytes(), unit), 1), n_pad, 1, np.int32),
+        cap=_pad_values(cap_units(task.cap_bytes(), unit), n_pad, 1, np.int32),
         speed=_pad_values(task.speeds(), n_pad, 1.0, np.float32),
         device_mask=np.arange(n_pad) < task.num_devices,
         total_dim=np.float32(sum(tb.dim for tb in task.tables)),
@@ -177,7 +177,7 @@ def rollout(graph: nnx.GraphDef, params: PolicyParams, fns: CostFns, cost_params
         legal = task.device_mask & allowed & (used + m <= task.cap) & ((joined < 0) | (jnp.arange(n) == joined))
         found = legal.any()
         if_added = jnp.where(task.device_mask, fns.head(cost_params, cost_latents + z) / task.speed, 0.0)
-        cap = task.cap.astype(jnp.float32)
+        cap = jnp.maximum(task.cap, 1).astype(jnp.float32)  # a cap below one unit: features stay finite
         cost_features = jax.lax.stop_gradient(
             jnp.stack(
                 [

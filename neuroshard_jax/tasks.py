@@ -146,14 +146,17 @@ def check_feasible(task: Task) -> None:
         narrowest = task.table_mem_bytes(i, narrowest_dim(table.dim))
         whole = task.table_mem_bytes(i)
         if narrowest > cap or (whole > cap and whole > int(caps.sum())):
-            largest = "devices of" if task.devices is None else "a largest device of"
+            where = f"devices of {task.mem_cap_gb} GiB" if task.devices is None else task.describe_devices()
             raise InfeasibleError(
-                f"task infeasible: table {table.id} needs {whole / GIB_BYTES:.2f} GiB, which no split fits in "
-                f"{largest} {task.mem_cap_gb} GiB"
+                f"task infeasible: table {table.id} needs {whole / GIB_BYTES:.2f} GiB, which no split fits in {where}"
             )
     total = sum(task.table_mem_bytes(i) for i in range(task.num_tables))
     if total > caps.sum():
         raise InfeasibleError(
             f"task infeasible: tables need {total / GIB_BYTES:.2f} GiB in total, expected at most "
-            f"{task.describe_devices()} = {sum(task.caps_gb()):.2f} GiB"
+            + (
+                f"{task.describe_devices()} = {sum(task.caps_gb()):.2f} GiB"
+                if task.devices is None
+                else task.describe_devices()
+            )
         )

@@ -86,6 +86,11 @@ class Task:
 
     def __post_init__(self):
         if self.devices is not None:
+            if any(not (d.mem_cap_gb > 0 and d.speed > 0) for d in self.devices):
+                raise ValueError(f"task: device caps and speeds must be > 0, got {self.devices}")
+            if all(d == Device(self.mem_cap_gb) for d in self.devices):  # identical devices of speed 1: a plain task
+                object.__setattr__(self, "devices", None)
+        if self.devices is not None:
             if len(self.devices) != self.num_devices:
                 raise ValueError(f"task: {len(self.devices)} devices given for num_devices {self.num_devices}")
             if self.mem_cap_gb != max(d.mem_cap_gb for d in self.devices):
@@ -112,6 +117,11 @@ class Task:
     @property
     def heterogeneous(self) -> bool:
         return self.devices is not None
+
+    @property
+    def has_speeds(self) -> bool:
+        """Whether some device's speed is not 1 (its compute is scaled)."""
+        return self.devices is not None and any(d.speed != 1.0 for d in self.devices)
 
     def cap_bytes(self) -> np.ndarray:
         """i64[N]: each device's memory cap in bytes."""
@@ -478,6 +488,8 @@ def _devices_field(obj: dict, where: str) -> list[Device] | None:
     devices = []
     for i, d in enumerate(raw):
         at = f"{where}.devices[{i}]"
+        if isinstance(d, Device):
+            d = dataclasses.asdict(d)
         if not isinstance(d, dict):
             raise UserError(f"{at}: got {d!r:.60}, expected an object like {{'mem_cap_gb': 16, 'speed': 1.0}}")
         _known_keys(d, DEVICE_KEYS, at)

@@ -54,7 +54,7 @@ def placement_items(task: Task) -> list[list[int]]:
 def greedy_plan(task: Task, key: str, searcher: str) -> Plan:
     """Table-wise greedy placement by ``GREEDY_KEYS[key]`` (a colocation group: one item, the sum of its keys),
     on the devices each item is allowed on; each goes to the device of least load (its keys' sum divided by its
-    speed) where it fits."""
+    speed) where it fits, or for devices of unequal speed, where it would finish first."""
     keys = np.array([GREEDY_KEYS[key](t) for t in task.tables])
     allowed = allowed_devices(task.tables, task.num_devices)
     items = placement_items(task)
@@ -69,7 +69,9 @@ def greedy_plan(task: Task, key: str, searcher: str) -> Plan:
         fits = (free >= need) & allowed[item[0]]
         if not fits.any():
             raise no_room(task, item[0], free, searcher)
-        d = int(np.argmin(np.where(fits, load, np.inf)))
+        # identical devices: the least loaded; devices of unequal speed: where the item would finish first
+        finish = load if (speed == speed[0]).all() else load + keys[item].sum() / speed
+        d = int(np.argmin(np.where(fits, finish, np.inf)))
         for i in item:
             devices[i] = d
         free[d] -= need

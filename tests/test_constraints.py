@@ -120,12 +120,14 @@ def test_heterogeneous_devices_every_searcher_keeps_each_cap_and_scales_by_speed
 
 
 def test_faster_devices_get_more_work_and_the_schema_checks_devices():
-    task = Task.on_devices([Device(1.0, 1.0), Device(1.0, 3.0)], 4096, heterogeneous_task().tables[2:])
-    plan = search_plan(task, "grid", "analytic", 0)
-    raw = plan.costs.compute_ms * task.speeds()
-    assert raw[1] > 1.5 * raw[0], raw  # the 3x faster device carries more of the work
+    task = Task.on_devices([Device(1.0, 0.5), Device(1.0, 3.0)], 4096, heterogeneous_task().tables[2:])
+    for searcher in ("grid", "size_lookup_greedy"):  # the slow device first: empty devices are not all alike
+        plan = search_plan(task, searcher, "analytic", 0)
+        raw = plan.costs.compute_ms * task.speeds()
+        assert raw[1] > 1.5 * raw[0], (searcher, raw)  # the 6x faster device carries more of the work
     obj = task.to_json()
     assert obj["num_devices"] == 2 and obj["devices"][1] == {"mem_cap_gb": 1.0, "speed": 3.0}
+    assert Task.from_json({**obj, "devices": list(task.devices)}) == task  # Device objects are taken too
     assert Task.from_json(obj) == task and Task.from_json({k: v for k, v in obj.items() if k != "num_devices"}) == task
     assert Task.on_devices([Device(2.0)] * 3, 512, task.tables).devices is None  # identical devices: a plain task
     for change, message in (
