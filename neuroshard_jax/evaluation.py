@@ -110,12 +110,14 @@ def measure_compute(plans: list[Plan], config: EvaluateConfig) -> tuple[list[lis
                     users[len(users)] = []
                 users[requests[key]["key"]].append((i, d))
 
+    speeds = [p.task.speeds() for p in plans]
+
     def record(request: dict, answer: dict) -> None:
         i, d = users[request["key"]][0]
         if not answer.get("ok"):
             raise UserError(f"evaluation failed on plan {i} device {d}: {answer.get('error')}")
         for i, d in users[request["key"]]:
-            speed = float(plans[i].task.speeds()[d])
+            speed = speeds[i][d]
             compute[i][d] = answer["total_ms"] / speed
             kernels[i][d] = {"fwd_ms": answer["fwd_ms"] / speed, "bwd_ms": answer["bwd_ms"] / speed}
 

@@ -205,12 +205,13 @@ def corrected(model: CostModel, base: Plan, measured: np.ndarray, candidates: li
     ratio = np.where(busy, measured / np.maximum(base_pred, 1e-9), overall)
     costs, _ = score_plans_devices(model, candidates, uncertainty=False)
     estimate = costs.compute_ms * ratio[None, :]
+    speeds = base.task.speeds()
     for c, plan in enumerate(candidates):
         for d in range(plan.task.num_devices):
             tables = device_tables(plan.task, plan.device_shards(d))
             key = device_key(plan.task, tables) if tables else None
             if key in meter.cache:  # the cache holds raw kernel ms: divided by the device's speed like ``measure``
-                estimate[c, d] = meter.cache[key][0] / plan.task.speeds()[d]
+                estimate[c, d] = meter.cache[key][0] / speeds[d]
             elif not tables:
                 estimate[c, d] = 0.0
     return estimate

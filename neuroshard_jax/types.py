@@ -100,10 +100,8 @@ class Task:
     def on_devices(cls, devices, batch_size: int, tables, precision: str = "fp32", pool=None) -> Task:
         """A task over the given devices (``Device`` objects); identical devices of speed 1 give a plain task."""
         devices = tuple(devices)
-        caps = {d.mem_cap_gb for d in devices}
-        plain = len(caps) == 1 and all(d.speed == 1.0 for d in devices)
-        cap = max(caps)
-        return cls(len(devices), cap, batch_size, tuple(tables), precision, pool, None if plain else devices)
+        cap = max(d.mem_cap_gb for d in devices)
+        return cls(len(devices), cap, batch_size, tuple(tables), precision, pool, devices)
 
     @property
     def num_tables(self) -> int:
@@ -115,19 +113,13 @@ class Task:
         return int(self.mem_cap_gb * GIB_BYTES)
 
     @property
-    def heterogeneous(self) -> bool:
-        return self.devices is not None
-
-    @property
     def has_speeds(self) -> bool:
         """Whether some device's speed is not 1 (its compute is scaled)."""
         return self.devices is not None and any(d.speed != 1.0 for d in self.devices)
 
     def cap_bytes(self) -> np.ndarray:
         """i64[N]: each device's memory cap in bytes."""
-        if self.devices is None:
-            return np.full(self.num_devices, self.mem_cap_bytes, dtype=np.int64)
-        return np.array([int(d.mem_cap_gb * GIB_BYTES) for d in self.devices], dtype=np.int64)
+        return np.array([int(cap * GIB_BYTES) for cap in self.caps_gb()], dtype=np.int64)
 
     def caps_gb(self) -> list[float]:
         """Each device's memory cap in GiB."""

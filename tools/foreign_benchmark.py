@@ -317,11 +317,12 @@ def merge_check(out: Path, model: str, model_options: dict, repeats: int, config
     variants in the same batch), into merge.jsonl (resumable); print each task's slowest device both ways."""
     log = JsonlLog(out / "merge.jsonl")
     cpu = hardware()["cpu"]
+    rows = {r["id"]: r for r in log.records()}  # read once; new rows are added as they are written
     results = []
     for task_id, family, task in benchmark_tasks(out / TASKS_FILE):
         if task_id not in only:
             continue
-        plans = next((r for r in log.records() if r["id"] == f"{task_id}/plans"), None)
+        plans = rows.get(f"{task_id}/plans")
         if plans is None:
             cost_model = make_cost_model(model, task, model_options)
             raw = make_searcher("beam").search(task, cost_model, 0)
@@ -329,6 +330,7 @@ def merge_check(out: Path, model: str, model_options: dict, repeats: int, config
             changed = set(merged.shards) != set(raw.shards)
             plans = {"id": f"{task_id}/plans", "raw": raw.to_json(), "merged": merged.to_json() if changed else None}
             log.append(plans)
+            rows[plans["id"]] = plans
         if plans["merged"] is None:
             continue
         variants = {v: Plan.from_json(plans[v]) for v in ("raw", "merged")}
@@ -347,12 +349,14 @@ def merge_check(out: Path, model: str, model_options: dict, repeats: int, config
 
             def record(request: dict, answer: dict) -> None:
                 fields = {k: answer.get(k) for k in ("ok", "total_ms", "error", "cpu_share")}
-                log.append({"id": request["id"], "key": request["key"], "cpu": cpu, **fields})
+                row = {"id": request["id"], "key": request["key"], "cpu": cpu, **fields}
+                log.append(row)
+                rows[row["id"]] = row
 
             if requests:
                 map_requests(requests, record, config.workers, config.device, config.timeout_s)
         runs: dict[str, list[float]] = {}
-        for r in log.records():
+        for r in rows.values():
             if r["id"].startswith(f"{task_id}/") and r.get("ok") and r.get("cpu_share", 1.0) >= MIN_CPU_SHARE:
                 runs.setdefault(r["key"], []).append(r["total_ms"])
         slowest = {}
