@@ -40,6 +40,7 @@ class EvaluateConfig:
     iters: int = 10
     comm_warmup: int = 3
     comm_iters: int = 10
+    pin: bool = False  # each CPU kernel worker on a core of its own (collection pins; see conf/collect.yaml)
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -121,7 +122,9 @@ def measure_compute(plans: list[Plan], config: EvaluateConfig) -> tuple[list[lis
             compute[i][d] = answer["total_ms"] / speed
             kernels[i][d] = {"fwd_ms": answer["fwd_ms"] / speed, "bwd_ms": answer["bwd_ms"] / speed}
 
-    map_requests(list(requests.values()), record, config.workers, config.device, config.timeout_s)
+    map_requests(
+        list(requests.values()), record, config.workers, config.device, config.timeout_s, pin=config.pin
+    )
     return compute, kernels
 
 

@@ -41,6 +41,7 @@ class LoopConfig:
     base_datasets: tuple[str, ...] = (
         "neuroshard_jax/data/profiles/epyc-b4096",
         "neuroshard_jax/data/profiles/cpu-specs",
+        "neuroshard_jax/data/profiles/epyc-plans",
     )
     label_weight: float = 2.0  # loss weight of a plan label against a base record
     scratch: bool = False

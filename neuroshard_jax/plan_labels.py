@@ -394,7 +394,7 @@ def measure_devices(rows: list[dict], path: Path, evaluate: EvaluateConfig, mode
 
     if requests:
         progress(f"measuring {len(requests)} devices")
-        map_requests(requests, record, evaluate.workers, evaluate.device, evaluate.timeout_s)
+        map_requests(requests, record, evaluate.workers, evaluate.device, evaluate.timeout_s, pin=evaluate.pin)
     return len(requests)
 
 

@@ -68,6 +68,7 @@ class ComputeWorker:
         self.core = core  # pinned to this CPU core (Linux), else the scheduler moves it
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
+        self.served = 0  # requests answered by the running process (0: a cold process)
 
     def _start(self) -> None:
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
@@ -80,6 +81,7 @@ class ComputeWorker:
         )
         if log is not subprocess.DEVNULL:
             log.close()
+        self.served = 0
         if self.core is not None and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(self.proc.pid, {self.core})
 
@@ -102,6 +104,7 @@ class ComputeWorker:
             raise self._fail(f"timeout after {timeout_s:.0f} s")
         if not line:
             raise self._fail(_exit_reason(self.proc.wait()))
+        self.served += 1
         return json.loads(line)
 
     def _readline(self, timeout_s: float) -> bytes | None:
@@ -172,9 +175,20 @@ class KernelPool:
     """``workers`` persistent kernel workers (one thread each feeds one): started on first use, kept across
     ``map`` calls (a polishing loop measures a few devices at a time), closed by ``close`` or ``with``."""
 
-    def __init__(self, workers: int, device: str, timeout_s: float, log_dir: Path | None = None, pin: bool = False):
-        """``pin``: each CPU worker on a core of its own (``pinned_cores``), where there are enough cores."""
-        self.device, self.timeout_s = device, timeout_s
+    def __init__(
+        self,
+        workers: int,
+        device: str,
+        timeout_s: float,
+        log_dir: Path | None = None,
+        pin: bool = False,
+        warm: bool = True,
+    ):
+        """``pin``: each CPU worker on a core of its own (``pinned_cores``), where there are enough cores.
+        ``warm``: a cold worker process (new or restarted) first runs its first request once at one timed
+        iteration and throws the answer away: a cold process's first measurement reads 4-5% high
+        (``tools/measure_noise.py protocols``)."""
+        self.device, self.timeout_s, self.warm = device, timeout_s, warm
         count = max(1, workers)
         cores = pinned_cores(count) if pin and device == "cpu" else [None] * count
         self.workers = [
@@ -199,6 +213,8 @@ class KernelPool:
                     if request is None:
                         return
                     try:
+                        if self.warm and worker.served == 0 and "iters" in request:
+                            worker.request({**request, "id": "warm-up", "warmup": 1, "iters": 1}, self.timeout_s)
                         answer = worker.request(request, self.timeout_s)
                     except WorkerFailure as failure:
                         answer = {"id": request["id"], "ok": False, "error": failure.reason}
@@ -234,9 +250,10 @@ def map_requests(
     device: str,
     timeout_s: float,
     log_dir: Path | None = None,
+    pin: bool = False,
 ) -> None:
     """``KernelPool.map`` on a pool of ``workers`` started for these requests and closed after them."""
-    with KernelPool(workers, device, timeout_s, log_dir) as pool:
+    with KernelPool(workers, device, timeout_s, log_dir, pin=pin) as pool:
         pool.map(requests, on_answer)
 
 
