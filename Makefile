@@ -25,7 +25,7 @@ test: $(VENV)/.installed
 
 compare: $(VENV)/.installed
 	$(PY) -m neuroshard_jax -m experiment=compare hydra.sweep.dir=$(SWEEP) $(ARGS)
-	$(PY) -m neuroshard_jax.evaluate sweep=$(SWEEP) workers=2
+	$(PY) -m neuroshard_jax.evaluate sweep=$(SWEEP) executor.workers=2
 	$(PY) tools/compare.py $(SWEEP)
 
 lint: $(VENV)/.installed

@@ -23,6 +23,7 @@ from neuroshard_jax.config import typed
 from neuroshard_jax.datasets import write_json
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.evaluation import EvaluateConfig
+from neuroshard_jax.executors import ExecutorConfig
 from neuroshard_jax.explain import ExplainConfig, explain_file
 from neuroshard_jax.models import cost_model_config, make_cost_model
 from neuroshard_jax.plans import format_plan
@@ -43,6 +44,7 @@ class MainConfig:
     task: TaskGroupConfig = TaskGroupConfig()
     cost_model: dict = dataclasses.field(default_factory=lambda: {"name": "neural"})
     evaluator: EvaluateConfig = EvaluateConfig()
+    executor: ExecutorConfig = ExecutorConfig(workers=2)  # where the evaluator and polishing run kernels
     suite: SuiteConfig | None = None
     evaluate: bool = False
     polish: PolishConfig = PolishConfig()
@@ -73,6 +75,11 @@ def main_config(cfg: DictConfig) -> MainConfig:
     if isinstance(seed, int) and not isinstance(seed, bool) and seed < 0:  # before task.seed (= seed) says it
         raise UserError(f"seed: got {seed}, expected an integer >= 0")
     config = typed(MainConfig, options)
+    config = dataclasses.replace(
+        config,
+        evaluator=dataclasses.replace(config.evaluator, executor=config.executor),
+        polish=dataclasses.replace(config.polish, executor=config.executor),
+    )
     make_searcher(config.searcher["name"], config.options("searcher"))
     cost_model_config(config.cost_model["name"], config.options("cost_model"))
     return config
@@ -134,7 +141,7 @@ def keep_result(result: dict, path: Path) -> Path:
 def job_overrides() -> list[str]:
     """This job's command-line overrides, less the suite, evaluator and Hydra settings (tools/compare.py
     names a run by its searcher plus the overrides that differ between the runs of a sweep)."""
-    skip = ("searcher=", "experiment=", "suite.", "evaluate", "evaluator.", "hydra.", "hydra/")
+    skip = ("searcher=", "experiment=", "suite.", "evaluate", "evaluator.", "executor", "hydra.", "hydra/")
     return [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith(skip)]
 
 

@@ -1,6 +1,7 @@
 """Collect cost labels on real kernels.
 
-    python -m neuroshard_jax.collect kind=compute num_samples=5000 workers=2
+    python -m neuroshard_jax.collect kind=compute num_samples=5000 executor.workers=2
+    python -m neuroshard_jax.collect kind=compute num_samples=5000 executor=ray executor.address=auto pin=false
     python -m neuroshard_jax.collect kind=comm num_samples=1000
     python -m neuroshard_jax.collect source=specs num_samples=3000 out_dir=datasets/cpu-specs
     python -m neuroshard_jax.collect kind=plans num_samples=30 plans.round=0 out_dir=datasets/cpu-plans
@@ -9,6 +10,9 @@
 shards of table specs drawn over the whole range users bring (``SpecSamplerConfig``), each sample at a batch
 size of its own (recorded in its row). ``kind=plans`` labels the devices of the plans searchers produce on
 tasks of the training side (``plan_labels.py``): ``num_samples`` tasks per round.
+
+Where the kernels run is the executor (``executor=local``, processes on this host, or ``executor=ray``, actors
+on a Ray cluster: neuroshard_jax/executors.py); either way the driver alone writes the dataset.
 
 Resumable: rerun the same command after a stop (even kill -9) and it continues where it was; samples
 are drawn per (seed, index), written one fsynced JSONL line each, and skipped once present.
@@ -32,6 +36,7 @@ from neuroshard_jax.config import above_zero, at_least, typed
 from neuroshard_jax.datasets import JsonlLog, git_commit, hardware, write_manifest
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.evaluation import EvaluateConfig
+from neuroshard_jax.executors import Executor, ExecutorConfig, map_requests, open_executor, protocol
 from neuroshard_jax.plan_labels import PlanLabelConfig, collect_plans
 from neuroshard_jax.profiling import (
     CommSamplerConfig,
@@ -39,8 +44,6 @@ from neuroshard_jax.profiling import (
     SpecSamplerConfig,
     WorkerFailure,
     compute_request,
-    map_requests,
-    run_comm,
     sample_comm,
     sample_shard,
     sample_spec_shard,
@@ -58,7 +61,7 @@ class CollectConfig:
     num_samples: int = 100
     seed: int = 0
     device: str = "cpu"
-    workers: int = 1
+    executor: ExecutorConfig = ExecutorConfig()  # where the kernels run (conf/executor/): local or ray
     timeout_s: float = 300.0
     out_dir: str = "datasets/cpu-b4096"
     batch_size: int = 4096
@@ -73,18 +76,23 @@ class CollectConfig:
     plans: PlanLabelConfig = PlanLabelConfig()
     comm_chunk: int = 20
     progress: bool = True
-    pin: bool = True  # each CPU kernel worker on a core of its own: 13% less label noise at no cost
+    pin: bool = True  # each local CPU kernel worker on a core of its own: 13% less label noise at no cost
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise UserError(f"kind: got {self.kind!r}, expected one of {', '.join(KINDS)}")
         if self.source not in ("pool", "specs"):
             raise UserError(f"source: got {self.source!r}, expected 'pool' or 'specs'")
-        at_least(self, 1, ("num_samples", "workers", "batch_size", "iters", "comm_chunk"))
+        at_least(self, 1, ("num_samples", "batch_size", "iters", "comm_chunk"))
         at_least(self, 0, ("seed", "warmup"))
         above_zero(self, ("timeout_s",))
         if self.device not in ("cpu", "cuda"):
             raise UserError(f"device: got {self.device!r}, expected 'cpu' or 'cuda'")
+        if self.pin and self.device == "cpu" and self.executor.name == "ray":
+            raise UserError(
+                "pin: got true with executor=ray, expected pin=false (Ray places actors on logical CPUs, not cores;"
+                " a dataset keeps one protocol, so a Ray collection is an unpinned one)"
+            )
 
 
 def _settings(config: CollectConfig) -> dict:
@@ -98,7 +106,7 @@ def _settings(config: CollectConfig) -> dict:
         "pool_id": config.pool.pool_id,
         "warmup": config.warmup,
         "iters": config.iters,
-        **({"pin": True} if config.pin and config.device == "cpu" else {}),  # absent: the unpinned protocol
+        **protocol(config.executor, config.pin, config.device),  # no "pin": the unpinned protocol
     }
     if config.kind == "plans":  # its devices are a compute dataset (any round, any model)
         return {
@@ -176,7 +184,7 @@ def _collect_plans(config: CollectConfig) -> dict:
     manifest = write_manifest(path, _settings(config), extra)
     evaluate = EvaluateConfig(
         device=config.device,
-        workers=config.workers,
+        executor=config.executor,
         timeout_s=config.timeout_s,
         optimizer=config.optimizer,
         warmup=config.warmup,
@@ -236,7 +244,7 @@ def _collect_compute(config: CollectConfig, log: JsonlLog, todo: list[int], bar)
     requests = (request(i) for i in todo)
 
     map_requests(
-        requests, record, config.workers, config.device, config.timeout_s, Path(config.out_dir), pin=config.pin
+        requests, record, config.executor, config.device, config.timeout_s, Path(config.out_dir), pin=config.pin
     )
 
 
@@ -245,29 +253,32 @@ def _collect_comm(config: CollectConfig, log: JsonlLog, todo: list[int], bar) ->
     by_world: dict[int, list[int]] = {}
     for i, s in samples.items():
         by_world.setdefault(s["world"], []).append(i)
-    for world, ids in sorted(by_world.items()):
-        for start in range(0, len(ids), config.comm_chunk):
-            chunk = ids[start : start + config.comm_chunk]
+    with open_executor(config.executor, config.device, config.timeout_s) as executor:
+        for world, ids in sorted(by_world.items()):
+            for start in range(0, len(ids), config.comm_chunk):
+                _collect_comm_chunk(config, log, samples, ids[start : start + config.comm_chunk], world, executor)
+                bar.update(min(config.comm_chunk, len(ids) - start))
+
+
+def _collect_comm_chunk(
+    config: CollectConfig, log: JsonlLog, samples: dict, chunk: list[int], world: int, executor: Executor
+) -> None:
+    """One launch of ``world`` ranks for ``chunk``; after a failure, one launch per request to isolate the culprit."""
+    try:
+        _run_comm_chunk(config, log, samples, chunk, world, executor)
+    except WorkerFailure:
+        for i in chunk:  # isolate the culprit: one request per launch
             try:
-                _run_comm_chunk(config, log, samples, chunk, world)
-            except WorkerFailure:
-                for i in chunk:  # isolate the culprit: one request per launch
-                    try:
-                        _run_comm_chunk(config, log, samples, [i], world)
-                    except WorkerFailure as failure:
-                        log.append(
-                            {
-                                "id": i,
-                                **samples[i],
-                                "batch_size": config.batch_size,
-                                "ok": False,
-                                "error": failure.reason,
-                            }
-                        )
-            bar.update(len(chunk))
+                _run_comm_chunk(config, log, samples, [i], world, executor)
+            except WorkerFailure as failure:
+                log.append(
+                    {"id": i, **samples[i], "batch_size": config.batch_size, "ok": False, "error": failure.reason}
+                )
 
 
-def _run_comm_chunk(config: CollectConfig, log: JsonlLog, samples: dict, chunk: list[int], world: int) -> None:
+def _run_comm_chunk(
+    config: CollectConfig, log: JsonlLog, samples: dict, chunk: list[int], world: int, executor: Executor
+) -> None:
     requests = [
         {
             "id": i,
@@ -279,7 +290,7 @@ def _run_comm_chunk(config: CollectConfig, log: JsonlLog, samples: dict, chunk: 
         }
         for i in chunk
     ]
-    results = run_comm(requests, world, config.timeout_s * max(1, len(chunk)) / 4, config.device)
+    results = executor.comm(requests, world, config.timeout_s * max(1, len(chunk)) / 4)
     for i in chunk:
         per_rank = results[i]
         log.append(

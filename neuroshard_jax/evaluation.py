@@ -19,8 +19,9 @@ from neuroshard_jax.config import above_zero, at_least
 from neuroshard_jax.cost_models import DeviceCosts, plan_cost_ms
 from neuroshard_jax.datasets import hardware, write_json
 from neuroshard_jax.errors import UserError
+from neuroshard_jax.executors import Executor, ExecutorConfig, opened
 from neuroshard_jax.plans import load_plan
-from neuroshard_jax.profiling import WorkerFailure, compute_request, map_requests, run_comm, worker_versions
+from neuroshard_jax.profiling import WorkerFailure, compute_request, worker_versions
 from neuroshard_jax.sharding import Shard
 from neuroshard_jax.types import Plan, Task
 
@@ -33,7 +34,7 @@ class EvaluateConfig:
 
     plan: str | None = None
     device: str = "cpu"
-    workers: int = 1
+    executor: ExecutorConfig = ExecutorConfig()  # where the kernels run (conf/executor/): local processes or Ray
     timeout_s: float = 600.0
     optimizer: str = "exact_sgd"
     warmup: int = 5
@@ -45,7 +46,7 @@ class EvaluateConfig:
     def __post_init__(self):
         if self.device not in DEVICES:
             raise UserError(f"device: got {self.device!r}, expected one of {', '.join(DEVICES)}")
-        at_least(self, 1, ("workers", "iters", "comm_iters"))
+        at_least(self, 1, ("iters", "comm_iters"))
         at_least(self, 0, ("warmup", "comm_warmup"))
         above_zero(self, ("timeout_s",))
 
@@ -59,12 +60,13 @@ SPEED_NOTE = (
 def measure_plans(plans: list[Plan], config: EvaluateConfig) -> list[dict]:
     """Measured per-device costs (ms) of many plans: compute, fwd_comm, bwd_comm, total; and their max.
 
-    Every device's compute of every plan goes through one pool of ``config.workers`` kernel workers;
-    the all-to-alls of all plans with the same number of devices share one set of rank processes
+    Every device's compute of every plan goes through one executor of ``config.executor.workers`` kernel
+    workers; the all-to-alls of all plans with the same number of devices share one set of rank processes
     (backward for all of them first, then forward with each plan's straggler delays).
     """
-    compute, kernels = measure_compute(plans, config)
-    fwd, bwd = measure_comm(plans, compute, config)
+    with opened(None, config.executor, config.device, config.timeout_s, config.pin) as executor:
+        compute, kernels = measure_compute(plans, config, executor)
+        fwd, bwd = measure_comm(plans, compute, config, executor)
     results = []
     for i, plan in enumerate(plans):
         total = [c + f + b for c, f, b in zip(compute[i], fwd[i], bwd[i])]
@@ -87,9 +89,12 @@ def measure_plans(plans: list[Plan], config: EvaluateConfig) -> list[dict]:
     return results
 
 
-def measure_compute(plans: list[Plan], config: EvaluateConfig) -> tuple[list[list[float]], list[list[dict | None]]]:
+def measure_compute(
+    plans: list[Plan], config: EvaluateConfig, executor: Executor | None = None
+) -> tuple[list[list[float]], list[list[dict | None]]]:
     """Measured fused-kernel ms of every device of every plan ([plan][device]; 0 for an empty device), and
-    the fwd / bwd split of each kernel. One pool of ``config.workers`` kernel workers serves all plans. The kernels
+    the fwd / bwd split of each kernel. One executor (``executor``, or one opened as ``config.executor`` says)
+    serves all plans. The kernels
     run on this machine's identical devices: a heterogeneous task's device gets the measured ms divided by its
     speed (the plan's record says so)."""
     compute = [[0.0] * p.task.num_devices for p in plans]
@@ -122,9 +127,8 @@ def measure_compute(plans: list[Plan], config: EvaluateConfig) -> tuple[list[lis
             compute[i][d] = answer["total_ms"] / speed
             kernels[i][d] = {"fwd_ms": answer["fwd_ms"] / speed, "bwd_ms": answer["bwd_ms"] / speed}
 
-    map_requests(
-        list(requests.values()), record, config.workers, config.device, config.timeout_s, pin=config.pin
-    )
+    with opened(executor, config.executor, config.device, config.timeout_s, config.pin) as pool:
+        pool.map(list(requests.values()), record)
     return compute, kernels
 
 
@@ -167,39 +171,48 @@ def device_key(task: Task, tables: list) -> str:
 
 
 def measure_comm(
-    plans: list[Plan], compute: list[list[float]], config: EvaluateConfig
+    plans: list[Plan], compute: list[list[float]], config: EvaluateConfig, executor: Executor | None = None
 ) -> tuple[list[list[float]], list[list[float]]]:
     """Measured fwd and bwd all-to-all ms of every device of every plan ([plan][device]). The plans with the
-    same number of devices share one set of rank processes: backward for all of them first, then forward
-    with each plan's straggler delays ((compute + bwd comm) - min over devices, from ``compute``)."""
+    same number of devices share one set of rank processes (on one node of the executor): backward for all of
+    them first, then forward with each plan's straggler delays ((compute + bwd comm) - min over devices, from
+    ``compute``)."""
     fwd = [[0.0] * p.task.num_devices for p in plans]
     bwd = [[0.0] * p.task.num_devices for p in plans]
-    for n in sorted({p.task.num_devices for p in plans} - {1}):
-        group = [i for i, p in enumerate(plans) if p.task.num_devices == n]
-        base = {
-            i: {
-                "dim_sums": [int(x) for x in plans[i].dim_sums()],
-                "batch_size": plans[i].task.batch_size,
-                "warmup": config.comm_warmup,
-                "iters": config.comm_iters,
-            }
-            for i in group
-        }
-        try:
-            first = run_comm(
-                [{**base[i], "id": i, "delays_ms": [0.0] * n} for i in group], n, config.timeout_s, config.device
-            )
-            second_requests = []
-            for i in group:
-                bwd[i] = [r["bwd_ms"] for r in first[i]]
-                ready = [c + b for c, b in zip(compute[i], bwd[i])]
-                second_requests.append({**base[i], "id": i, "delays_ms": [r - min(ready) for r in ready]})
-            second = run_comm(second_requests, n, config.timeout_s, config.device)
-        except WorkerFailure as failure:
-            raise UserError(f"evaluation failed in the all-to-all benchmark: {failure.reason}") from None
-        for i in group:
-            fwd[i] = [r["fwd_ms"] for r in second[i]]
+    worlds = sorted({p.task.num_devices for p in plans} - {1})
+    if worlds:
+        with opened(executor, config.executor, config.device, config.timeout_s, config.pin) as pool:
+            for n in worlds:
+                _measure_comm_group(plans, compute, config, pool, n, fwd, bwd)
     return fwd, bwd
+
+
+def _measure_comm_group(
+    plans: list[Plan], compute: list[list[float]], config: EvaluateConfig, pool: Executor, n: int, fwd, bwd
+) -> None:
+    """``measure_comm`` for the plans of ``n`` devices (fills ``fwd`` and ``bwd`` in place)."""
+    group = [i for i, p in enumerate(plans) if p.task.num_devices == n]
+    base = {
+        i: {
+            "dim_sums": [int(x) for x in plans[i].dim_sums()],
+            "batch_size": plans[i].task.batch_size,
+            "warmup": config.comm_warmup,
+            "iters": config.comm_iters,
+        }
+        for i in group
+    }
+    try:
+        first = pool.comm([{**base[i], "id": i, "delays_ms": [0.0] * n} for i in group], n, config.timeout_s)
+        second_requests = []
+        for i in group:
+            bwd[i] = [r["bwd_ms"] for r in first[i]]
+            ready = [c + b for c, b in zip(compute[i], bwd[i])]
+            second_requests.append({**base[i], "id": i, "delays_ms": [r - min(ready) for r in ready]})
+        second = pool.comm(second_requests, n, config.timeout_s)
+    except WorkerFailure as failure:
+        raise UserError(f"evaluation failed in the all-to-all benchmark: {failure.reason}") from None
+    for i in group:
+        fwd[i] = [r["fwd_ms"] for r in second[i]]
 
 
 def measure_plan(plan: Plan, config: EvaluateConfig) -> dict:

@@ -25,6 +25,7 @@ from neuroshard_jax.constants import SHIPPED_MODELS
 from neuroshard_jax.datasets import package_path, write_json
 from neuroshard_jax.ensemble import EnsembleConfig
 from neuroshard_jax.errors import UserError
+from neuroshard_jax.executors import ExecutorConfig
 from neuroshard_jax.models import shipped_names
 from neuroshard_jax.plan_labels import plan_label_report
 from neuroshard_jax.training import TrainConfig, train_ensemble
@@ -46,6 +47,7 @@ class LoopConfig:
     label_weight: float = 2.0  # loss weight of a plan label against a base record
     scratch: bool = False
     collect: CollectConfig = CollectConfig(kind="plans")
+    executor: ExecutorConfig = ExecutorConfig(workers=2)  # where the plans are measured (conf/executor/)
     ensemble: EnsembleConfig = EnsembleConfig()
     finetune: TrainConfig = TrainConfig(epochs=60, learning_rate=1e-3)
 
@@ -74,7 +76,12 @@ def run_loop(config: LoopConfig, progress=print) -> dict:
         plans = dataclasses.replace(config.collect.plans, round=r, model=model)
         collected = collect(
             dataclasses.replace(
-                config.collect, kind="plans", num_samples=config.tasks, out_dir=str(labels), plans=plans
+                config.collect,
+                kind="plans",
+                num_samples=config.tasks,
+                out_dir=str(labels),
+                plans=plans,
+                executor=config.executor,
             )
         )
         entry = table.setdefault(str(r), {})

@@ -37,8 +37,9 @@ from neuroshard_jax.cost_models import DeviceCosts, plan_cost_ms
 from neuroshard_jax.datasets import JsonlLog, read_jsonl, read_records
 from neuroshard_jax.errors import PlanError, UserError
 from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_request, device_tables, measure_comm
+from neuroshard_jax.executors import Executor, open_executor
 from neuroshard_jax.models import expected_cost_model, make_cost_model, shipped_names
-from neuroshard_jax.profiling import SpecSamplerConfig, draw_table_spec, map_requests
+from neuroshard_jax.profiling import SpecSamplerConfig, draw_table_spec
 from neuroshard_jax.scoring import score_plans_devices
 from neuroshard_jax.search import search_plan
 from neuroshard_jax.sharding import Shard, column_shards, mem_bytes, split_counts
@@ -351,11 +352,12 @@ def collect_plans(
 def label_rows(rows: list[dict], out: Path, evaluate: EvaluateConfig, model: str, comm: bool, progress) -> dict:
     """Measure the devices (and with ``comm``, the all-to-alls) of the plans of plans.jsonl ``rows`` not yet in
     ``out``'s compute.jsonl (comm.jsonl); returns the counts and the wall time of each part."""
-    started = time.perf_counter()
-    devices = measure_devices(rows, out / "compute.jsonl", evaluate, model, progress)
-    compute_s = time.perf_counter() - started
-    started = time.perf_counter()
-    comms = measure_plan_comm(rows, out, evaluate, progress) if comm else 0
+    with open_executor(evaluate.executor, evaluate.device, evaluate.timeout_s, pin=evaluate.pin) as executor:
+        started = time.perf_counter()
+        devices = measure_devices(rows, out / "compute.jsonl", evaluate, model, progress, executor)
+        compute_s = time.perf_counter() - started
+        started = time.perf_counter()
+        comms = measure_plan_comm(rows, out, evaluate, progress, executor) if comm else 0
     return {
         "devices_measured": devices,
         "comm_measured": comms,
@@ -374,7 +376,9 @@ def plan_devices(row: dict) -> Iterator[tuple[str, str, Task, list]]:
                 yield device_key(task, tables), spec["name"], task, tables
 
 
-def measure_devices(rows: list[dict], path: Path, evaluate: EvaluateConfig, model: str, progress) -> int:
+def measure_devices(
+    rows: list[dict], path: Path, evaluate: EvaluateConfig, model: str, progress, executor: Executor
+) -> int:
     """Measure every distinct device of ``rows`` not yet in ``path``; returns how many were measured."""
     log = JsonlLog(path)
     todo: dict[str, dict] = {}
@@ -394,11 +398,13 @@ def measure_devices(rows: list[dict], path: Path, evaluate: EvaluateConfig, mode
 
     if requests:
         progress(f"measuring {len(requests)} devices")
-        map_requests(requests, record, evaluate.workers, evaluate.device, evaluate.timeout_s, pin=evaluate.pin)
+        executor.map(requests, record)
     return len(requests)
 
 
-def measure_plan_comm(rows: list[dict], out: Path, evaluate: EvaluateConfig, progress, chunk: int = 16) -> int:
+def measure_plan_comm(
+    rows: list[dict], out: Path, evaluate: EvaluateConfig, progress, executor: Executor, chunk: int = 16
+) -> int:
     """Each plan's all-to-all (backward, then forward with its straggler delays from the measured compute) into
     comm.jsonl, ``chunk`` plans per launch of the rank processes."""
     log = JsonlLog(out / "comm.jsonl")
@@ -419,7 +425,7 @@ def measure_plan_comm(rows: list[dict], out: Path, evaluate: EvaluateConfig, pro
                 pending.append((comm_id, spec, plan, per_device))
     for start in range(0, len(pending), chunk):
         part = pending[start : start + chunk]
-        fwd, bwd = measure_comm([p for _, _, p, _ in part], [c for *_, c in part], evaluate)
+        fwd, bwd = measure_comm([p for _, _, p, _ in part], [c for *_, c in part], evaluate, executor)
         for (comm_id, spec, plan, compute_ms), f, b in zip(part, fwd, bwd):
             ready = [c + x for c, x in zip(compute_ms, b)]
             log.append(

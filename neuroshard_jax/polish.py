@@ -29,9 +29,9 @@ from neuroshard_jax.config import above_zero, at_least
 from neuroshard_jax.cost_models import CostModel, DeviceCosts, combine_costs, plan_cost_ms
 from neuroshard_jax.errors import PlanError, UserError
 from neuroshard_jax.evaluation import DEVICES, EvaluateConfig, device_key, device_request, device_tables, measure_comm
+from neuroshard_jax.executors import Executor, ExecutorConfig, open_executor
 from neuroshard_jax.models import expected_cost_model
 from neuroshard_jax.plan_labels import assignment, plan_of
-from neuroshard_jax.profiling import KernelPool
 from neuroshard_jax.scoring import score_plan, score_plans_devices, with_costs
 from neuroshard_jax.sharding import split_counts
 from neuroshard_jax.types import Plan
@@ -49,7 +49,7 @@ class PolishConfig:
     repeats: int = 2  # interleaved runs per device measurement; the figure is their median
     warmup: int = 2
     iters: int = 5
-    workers: int = 2
+    executor: ExecutorConfig = ExecutorConfig(workers=2)  # the main job's executor (conf/executor/)
     device: str = "cpu"
     candidates: int = 64  # proposals ranked per step
     tries: int = 8  # of which the best this many are measured (best first) before polishing stops
@@ -61,7 +61,7 @@ class PolishConfig:
             raise UserError(f"polish: got {self.name!r}, expected one of {', '.join(MODES)}")
         if self.device not in DEVICES:
             raise UserError(f"polish.device: got {self.device!r}, expected one of {', '.join(DEVICES)}")
-        at_least(self, 1, ("max_measurements", "repeats", "iters", "workers", "candidates", "tries"), "polish.")
+        at_least(self, 1, ("max_measurements", "repeats", "iters", "candidates", "tries"), "polish.")
         at_least(self, 0, ("warmup",), "polish.")
         above_zero(self, ("budget_s",), "polish.")
         if not 0 <= self.min_gain < 1:
@@ -69,14 +69,14 @@ class PolishConfig:
 
     def evaluator(self) -> EvaluateConfig:
         return EvaluateConfig(
-            device=self.device, workers=self.workers, timeout_s=self.timeout_s, warmup=self.warmup, iters=self.iters
+            device=self.device, executor=self.executor, timeout_s=self.timeout_s, warmup=self.warmup, iters=self.iters
         )
 
 
 class Meter:
     """Device measurements of one task: medians of interleaved repeats, cached by device content, counted."""
 
-    def __init__(self, pool: KernelPool, plan: Plan, config: PolishConfig):
+    def __init__(self, pool: Executor, plan: Plan, config: PolishConfig):
         self.pool, self.task, self.config = pool, plan.task, config
         self.evaluator = config.evaluator()
         self.cache: dict[str, tuple[float, float]] = {}  # key -> (median ms, relative noise)
@@ -236,7 +236,7 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
     rng = np.random.default_rng([seed, 4441])
     n = plan.task.num_devices
     steps = []
-    with KernelPool(config.workers, config.device, config.timeout_s) as pool:
+    with open_executor(config.executor, config.device, config.timeout_s) as pool:
         meter = Meter(pool, plan, config)
         [(measured, noise)] = meter.measure([plan])
         current = plan
@@ -285,7 +285,7 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
         fresh = meter.measure([plan, current] if changed else [plan], fresh=True)
         (initial, initial_noise), (final, final_noise) = fresh[0], fresh[-1]
         evaluator = config.evaluator()
-        fwd, bwd = measure_comm([plan, current] if changed else [plan], [list(initial), list(final)], evaluator)
+        fwd, bwd = measure_comm([plan, current] if changed else [plan], [list(initial), list(final)], evaluator, pool)
         fwd, bwd = (fwd[0], fwd[-1]), (bwd[0], bwd[-1])
     compute_before, compute_after = float(initial.max()), float(final.max())
     before_ms = float(max(c + f + b for c, f, b in zip(initial, fwd[0], bwd[0])))

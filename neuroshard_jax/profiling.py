@@ -160,6 +160,19 @@ def compute_request(
     }
 
 
+def measure_on(worker: ComputeWorker, request: dict, timeout_s: float, warm: bool = True) -> dict:
+    """``worker``'s answer to ``request``; a crash or timeout becomes {"id", "ok": False, "error": reason} (the
+    worker restarts on its next request). ``warm``: a cold process (new or restarted) first runs a timed request
+    once at one iteration and throws the answer away: a cold process's first measurement reads 4-5% high
+    (``tools/measure_noise.py protocols``)."""
+    try:
+        if warm and worker.served == 0 and "iters" in request:
+            worker.request({**request, "id": "warm-up", "warmup": 1, "iters": 1}, timeout_s)
+        return worker.request(request, timeout_s)
+    except WorkerFailure as failure:
+        return {"id": request["id"], "ok": False, "error": failure.reason}
+
+
 def pinned_cores(count: int) -> list[int | None]:
     """A distinct core of this process's allowed cores for each of ``count`` workers, the last cores first (the
     driver tends to run on the first); no pinning (None each) where there are fewer cores than workers."""
@@ -185,9 +198,7 @@ class KernelPool:
         warm: bool = True,
     ):
         """``pin``: each CPU worker on a core of its own (``pinned_cores``), where there are enough cores.
-        ``warm``: a cold worker process (new or restarted) first runs its first request once at one timed
-        iteration and throws the answer away: a cold process's first measurement reads 4-5% high
-        (``tools/measure_noise.py protocols``)."""
+        ``warm``: warm up cold worker processes (``measure_on``)."""
         self.device, self.timeout_s, self.warm = device, timeout_s, warm
         count = max(1, workers)
         cores = pinned_cores(count) if pin and device == "cpu" else [None] * count
@@ -212,12 +223,7 @@ class KernelPool:
                         request = next(jobs, None)
                     if request is None:
                         return
-                    try:
-                        if self.warm and worker.served == 0 and "iters" in request:
-                            worker.request({**request, "id": "warm-up", "warmup": 1, "iters": 1}, self.timeout_s)
-                        answer = worker.request(request, self.timeout_s)
-                    except WorkerFailure as failure:
-                        answer = {"id": request["id"], "ok": False, "error": failure.reason}
+                    answer = measure_on(worker, request, self.timeout_s, self.warm)
                     on_answer(request, answer)
             except BaseException as err:
                 errors.append(err)
@@ -232,6 +238,10 @@ class KernelPool:
         if errors:
             raise errors[0]
 
+    def comm(self, requests: list[dict], world: int, timeout_s: float) -> dict[int, list[dict]]:
+        """A comm batch on ``world`` rank processes of this host (``run_comm``)."""
+        return run_comm(requests, world, timeout_s, self.device)
+
     def close(self) -> None:
         for worker in self.workers:
             worker.close()
@@ -241,20 +251,6 @@ class KernelPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def map_requests(
-    requests: Iterable[dict],
-    on_answer: Callable[[dict, dict], None],
-    workers: int,
-    device: str,
-    timeout_s: float,
-    log_dir: Path | None = None,
-    pin: bool = False,
-) -> None:
-    """``KernelPool.map`` on a pool of ``workers`` started for these requests and closed after them."""
-    with KernelPool(workers, device, timeout_s, log_dir, pin=pin) as pool:
-        pool.map(requests, on_answer)
 
 
 def worker_versions() -> dict:

@@ -169,7 +169,10 @@ def unmeasured(run_dir: Path) -> list[tuple[Path, dict, dict]]:
 def plan_key(settings: dict, record: dict, config: EvaluateConfig) -> str:
     """Identity of a measurement: the task (options, devices, seed), the plan's shards and the evaluator
     settings that change timings."""
-    evaluator = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("plan", "timeout_s")}
+    evaluator = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("plan", "timeout_s", "executor")}
+    evaluator["workers"] = config.executor.workers  # parallel workers contend: a timing setting (key as before)
+    if config.executor.name != "local":
+        evaluator["executor"] = config.executor.name
     task = {"options": settings["task"], "devices": record["devices"], "seed": record["task_seed"]}
     blob = json.dumps({"task": task, "shards": record["shards"], "evaluator": evaluator}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]

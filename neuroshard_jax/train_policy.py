@@ -39,6 +39,7 @@ from neuroshard_jax.cost_models import bucket
 from neuroshard_jax.datasets import JsonlLog, hardware, package_path, read_jsonl, read_records
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.evaluation import EvaluateConfig
+from neuroshard_jax.executors import ExecutorConfig
 from neuroshard_jax.neural import fit_stats, neural_cost_model
 from neuroshard_jax.plan_labels import label_rows, plan_entry
 from neuroshard_jax.policies import load_policy, policy_dir, save_policy
@@ -91,7 +92,7 @@ class RefineConfig:
     plans_per_round: int = 2  # plans measured by the evaluator per round (0: no hardware in the loop)
     epochs: int = 2
     learning_rate: float = 3e-4
-    workers: int = 1
+    executor: ExecutorConfig = ExecutorConfig()  # the app's executor (conf/executor/): where the plans are measured
 
 
 def training_tasks(config: TaskSetConfig):
@@ -118,6 +119,8 @@ def _comparable(settings: dict) -> dict:
     out = json.loads(json.dumps(settings))
     for key in ("rounds", "progress"):
         (out.get("train") or {}).pop(key, None)
+    (out.get("refine") or {}).pop("executor", None)  # where plans are measured may change between runs
+    (out.get("refine") or {}).pop("workers", None)  # (runs before the executor group recorded refine.workers)
     return out
 
 
@@ -152,7 +155,7 @@ def measure_greedy_plans(graph, params, model, tasks, seeds, config: RefineConfi
         }
         log.append(row)
         rows.append(row)
-    label_rows(rows, labels, EvaluateConfig(workers=config.workers), "rl-refined", True, lambda line: None)
+    label_rows(rows, labels, EvaluateConfig(executor=config.executor), "rl-refined", True, lambda line: None)
 
 
 def refine_cost_model(nets, cost_params, dataset_dir: Path, refine: RefineConfig, labels: Path):
@@ -314,10 +317,12 @@ class TrainPolicyAppConfig:
     train: PolicyTrainConfig = PolicyTrainConfig()
     tasks: TaskSetConfig = TaskSetConfig()
     refine: RefineConfig = RefineConfig()
+    executor: ExecutorConfig = ExecutorConfig()  # where refinement measures its plans (conf/executor/)
 
 
 def app_config(cfg: DictConfig) -> TrainPolicyAppConfig:
-    return typed(TrainPolicyAppConfig, resolved(cfg))
+    config = typed(TrainPolicyAppConfig, resolved(cfg))
+    return dataclasses.replace(config, refine=dataclasses.replace(config.refine, executor=config.executor))
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="train_policy")

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.errors import UserError
+from neuroshard_jax.executors import ExecutorConfig
 from neuroshard_jax.plan_labels import assignment, plan_of
 from neuroshard_jax.polish import PolishConfig, polish_plan, proposals
 from tests.conftest import make_table, make_task
@@ -47,7 +48,7 @@ def test_polishing_an_unbalanced_plan_on_the_kernels():
     task = _task()
     plan = plan_of(task, [(0,)] * 6).validate()
     model = make_cost_model("analytic", task)
-    config = PolishConfig(name="measured", max_measurements=40, repeats=2, warmup=1, iters=3, workers=1)
+    config = PolishConfig(name="measured", max_measurements=40, repeats=2, warmup=1, iters=3, executor=ExecutorConfig())
     polished = polish_plan(plan, model, config)
     record = polished.polish
     polished.validate()
@@ -66,7 +67,7 @@ def test_a_balanced_plan_is_never_made_worse():
 
     task = _task()
     plan = search_plan(task, "size_lookup_greedy", "analytic", 0)
-    config = PolishConfig(name="measured", max_measurements=24, repeats=2, warmup=1, iters=3, workers=1)
+    config = PolishConfig(name="measured", max_measurements=24, repeats=2, warmup=1, iters=3, executor=ExecutorConfig())
     record = polish_plan(plan, make_cost_model("analytic", task), config).polish
     assert record["measured_compute_ms"] <= record["unpolished_measured_compute_ms"]
     if record["reverted"]:

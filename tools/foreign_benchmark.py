@@ -42,10 +42,10 @@ import numpy as np
 from neuroshard_jax.datasets import JsonlLog, hardware, write_json
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_request, device_tables
+from neuroshard_jax.executors import ExecutorConfig, map_requests
 from neuroshard_jax.features import bin_shares, count_histogram
 from neuroshard_jax.models import expected_cost_model, make_cost_model
 from neuroshard_jax.polish import PolishConfig, polish_plan
-from neuroshard_jax.profiling import map_requests
 from neuroshard_jax.scoring import score_plan
 from neuroshard_jax.search import search_plan
 from neuroshard_jax.sharding import merge_colocated
@@ -69,7 +69,7 @@ SEARCHERS = (
 SEARCHER_OPTIONS = {"torchrec": {"reservation": "percent"}}
 LEGACY_CPU = "AMD EPYC"  # rows without "cpu" were all measured in one session, on an AMD EPYC machine
 POLISHED = "+polish"  # a searcher name with this suffix: its plan polished on the kernels (polish=measured)
-POLISH = PolishConfig(name="measured", workers=2)
+POLISH = PolishConfig(name="measured", executor=ExecutorConfig(workers=2))
 MODEL_FREE = {"size_greedy", "lookup_greedy", "dim_greedy", "size_lookup_greedy", "torchrec"}
 FAMILIES = (
     "zipf_hashed",
@@ -303,7 +303,7 @@ def measure_all(out: Path, repeats: int, config: EvaluateConfig, label: str | No
                 )
 
             if requests:
-                map_requests(requests, record, config.workers, config.device, config.timeout_s)
+                map_requests(requests, record, config.executor, config.device, config.timeout_s)
                 print(f"repeat {repeat} {task_id}: {len(requests)} devices measured", flush=True)
 
 
@@ -354,7 +354,7 @@ def merge_check(out: Path, model: str, model_options: dict, repeats: int, config
                 rows[row["id"]] = row
 
             if requests:
-                map_requests(requests, record, config.workers, config.device, config.timeout_s)
+                map_requests(requests, record, config.executor, config.device, config.timeout_s)
         runs: dict[str, list[float]] = {}
         for r in rows.values():
             if r["id"].startswith(f"{task_id}/") and r.get("ok") and r.get("cpu_share", 1.0) >= MIN_CPU_SHARE:
@@ -528,7 +528,7 @@ def main() -> None:
     parser.add_argument("--checkpoint", default=None, help="a neural checkpoint directory or shipped name")
     parser.add_argument("--searchers", default=",".join(SEARCHERS))
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=1, help="local kernel workers measuring in parallel")
     parser.add_argument(
         "--only-model", action="store_true", help="measure: only the plans of --model/--checkpoint (and model-free)"
     )
@@ -547,10 +547,21 @@ def main() -> None:
             plan_all(out, args.model, options, args.searchers.split(","), chosen(out, args.tasks))
         elif args.stage == "measure":
             label = model_label(args.model, options) if args.only_model else None
-            measure_all(out, args.repeats, EvaluateConfig(workers=args.workers), label, chosen(out, args.tasks))
+            measure_all(
+                out,
+                args.repeats,
+                EvaluateConfig(executor=ExecutorConfig(workers=args.workers)),
+                label,
+                chosen(out, args.tasks),
+            )
         elif args.stage == "merge":
             merge_check(
-                out, args.model, options, args.repeats, EvaluateConfig(workers=args.workers), chosen(out, args.tasks)
+                out,
+                args.model,
+                options,
+                args.repeats,
+                EvaluateConfig(executor=ExecutorConfig(workers=args.workers)),
+                chosen(out, args.tasks),
             )
         else:
             print_summary(report(out, args.model, options, args.tie, chosen(out, args.tasks)))
