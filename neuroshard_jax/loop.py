@@ -22,13 +22,13 @@ from neuroshard_jax.cli import fail, resolved, run_app
 from neuroshard_jax.collect import CollectConfig, collect
 from neuroshard_jax.config import typed
 from neuroshard_jax.constants import SHIPPED_MODELS
-from neuroshard_jax.datasets import package_path, write_json
+from neuroshard_jax.datasets import hardware, hardware_kind, package_path, write_json
 from neuroshard_jax.ensemble import EnsembleConfig
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.executors import ExecutorConfig
 from neuroshard_jax.models import shipped_names
 from neuroshard_jax.plan_labels import plan_label_report
-from neuroshard_jax.training import TrainConfig, train_ensemble
+from neuroshard_jax.training import TrainConfig, load_manifest, resolve_dataset, train_ensemble
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +46,7 @@ class LoopConfig:
     )
     label_weight: float = 2.0  # loss weight of a plan label against a base record
     scratch: bool = False
+    allow_mixed_hardware: bool = False  # train on base datasets measured on another kind of hardware than the labels
     collect: CollectConfig = CollectConfig(kind="plans")
     executor: ExecutorConfig = ExecutorConfig(workers=2)  # where the plans are measured (conf/executor/)
     ensemble: EnsembleConfig = EnsembleConfig()
@@ -68,6 +69,8 @@ def run_loop(config: LoopConfig, progress=print) -> dict:
     """Every round (resumable); returns the per-round table also written to ``out/loop.json``."""
     out = Path(config.out)
     labels = out / "labels"
+    if not config.allow_mixed_hardware:
+        check_base_hardware(config.base_datasets, config.collect.device)
     datasets = [*config.base_datasets, str(labels)]
     scale = (1.0,) * len(config.base_datasets) + (config.label_weight,)
     table = _read(out / "loop.json")
@@ -100,6 +103,7 @@ def run_loop(config: LoopConfig, progress=print) -> dict:
                 how,
                 init=_path(model),
                 dataset_scale=scale,
+                allow_mixed_hardware=config.allow_mixed_hardware,
             )
             entry["next_model_test"] = report["compute"]
             write_json(table, out / "loop.json")
@@ -114,10 +118,26 @@ def run_loop(config: LoopConfig, progress=print) -> dict:
             "loop-scratch",
             how,
             dataset_scale=scale,
+            allow_mixed_hardware=config.allow_mixed_hardware,
         )
         table["scratch"] = {"test": report["compute"]}
         write_json(table, out / "loop.json")
     return table
+
+
+def check_base_hardware(base_datasets: tuple[str, ...], device: str) -> None:
+    """Before any measuring: the labels this machine will add must be of the base datasets' kind of hardware, or
+    training would refuse them after the round's measurements (``training.check_one_hardware``)."""
+    here = hardware_kind(hardware(), device)
+    for base in base_datasets:
+        manifest = load_manifest(resolve_dataset(base), "compute")
+        there = hardware_kind(manifest.get("hardware"), manifest["settings"].get("device"))
+        if there != here:
+            raise UserError(
+                f"base_datasets: {base!r} was measured on {there}, this machine is {here}; expected base datasets "
+                "of this machine's kind (base_datasets=[] fine-tunes on this machine's labels only; "
+                "allow_mixed_hardware=true mixes them anyway)"
+            )
 
 
 def _path(model: str) -> str:

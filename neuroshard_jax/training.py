@@ -25,7 +25,7 @@ from neuroshard_jax.analytic import ANALYTIC_FNS, analytic_params
 from neuroshard_jax.checkpoints import load_checkpoint, load_ensemble, read_meta, save_checkpoint, save_ensemble
 from neuroshard_jax.config import above_zero, at_least
 from neuroshard_jax.cost_models import bucket, device_compute_ms
-from neuroshard_jax.datasets import package_path, read_json, read_records
+from neuroshard_jax.datasets import hardware_kind, package_path, read_json, read_records
 from neuroshard_jax.ensemble import (
     EnsembleConfig,
     EnsembleNets,
@@ -502,9 +502,12 @@ def ensemble_ms(nets: EnsembleNets, params: EnsembleParams, feats, mask, batch) 
 
 
 def check_one_hardware(dataset_dirs: list[Path], manifests: list[dict]) -> None:
-    """Raise UserError unless every dataset was measured on the same kind of processor and device: the same shard
-    takes 1.2-2.8x longer on this project's AMD EPYC machines than on its Intel Xeon ones (median 1.57x)."""
-    kinds = [((m.get("hardware") or {}).get("cpu"), m["settings"].get("device")) for m in manifests]
+    """Raise UserError unless every dataset was measured on the same kind of hardware (``hardware_kind``: the
+    processor's name and microarchitecture, the GPU on cuda) and device: the same shard takes 1.2-2.8x longer on
+    this project's AMD EPYC machines than on its Intel Xeon ones, and 1.75x longer on a Zen 3 EPYC than a Zen 4."""
+    kinds = [
+        (hardware_kind(m.get("hardware"), m["settings"].get("device")), m["settings"].get("device")) for m in manifests
+    ]
     for d, kind in zip(dataset_dirs, kinds):
         if kind != kinds[0]:
             raise UserError(

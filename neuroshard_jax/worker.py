@@ -274,7 +274,15 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
         torch.cuda.set_device(rank)
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
     target = torch.device(f"cuda:{rank}" if device == "cuda" else "cpu")
-    largest = max((r["batch_size"] * max(r["dim_sums"]) for r in requests), default=1)
+    # a rank sends B x its dim sum and receives its batch slice of every peer's outputs: ceil(B / world) x the sum
+    # of the dim sums, which is more than B x the largest dim sum when the batch does not split evenly
+    largest = max(
+        (
+            max(r["batch_size"] * max(r["dim_sums"]), batch_splits(r["batch_size"], world)[0] * sum(r["dim_sums"]))
+            for r in requests
+        ),
+        default=1,
+    )
     send_buf = torch.full((largest,), 1e-3, device=target)
     recv_buf = torch.zeros(largest, device=target)
     sync = (lambda: torch.cuda.synchronize(target)) if device == "cuda" else (lambda: None)

@@ -248,14 +248,30 @@ def test_a_plan_names_the_devices_where_the_model_is_unsure(tiny_ensemble):
 
 
 def test_datasets_from_different_hardware_are_refused():
-    """Cost labels belong to one kind of hardware: a dataset measured on another processor is a one-line error."""
+    """Cost labels belong to one kind of hardware: a dataset measured on another processor is a one-line error,
+    and one CPU name is not one kind (Zen 3 and Zen 4 EPYCs both print "AMD EPYC" and measure 1.75x apart)."""
     from pathlib import Path
 
+    from neuroshard_jax.datasets import hardware, hardware_kind
     from neuroshard_jax.training import check_one_hardware
 
-    def manifest(cpu):
-        return {"hardware": {"cpu": cpu, "cores": 2}, "settings": {"device": "cpu"}}
+    def manifest(cpu, cpu_id=None, device="cpu"):
+        found = {"cpu": cpu, "cores": 2, **({"cpu_id": cpu_id} if cpu_id else {}), "gpu": "NVIDIA H100"}
+        return {"hardware": found, "settings": {"device": device}}
 
     check_one_hardware([Path("a"), Path("b")], [manifest("AMD EPYC"), manifest("AMD EPYC")])
-    with pytest.raises(UserError, match=r"datasets: 'a' was measured on AMD EPYC \(cpu\), 'b' on Intel"):
+    with pytest.raises(
+        UserError, match=r"datasets: 'a' was measured on AMD EPYC \[model not recorded\] \(cpu\), 'b' on Intel"
+    ):
         check_one_hardware([Path("a"), Path("b")], [manifest("AMD EPYC"), manifest("Intel(R) Xeon(R) Processor")])
+    zen3, zen4 = (manifest("AMD EPYC", f"AuthenticAMD family 25 model {m}") for m in (1, 17))
+    check_one_hardware([Path("a"), Path("b")], [zen3, zen3])
+    for other in (zen4, manifest("AMD EPYC")):  # another model, or one not recorded: not the same kind
+        with pytest.raises(UserError, match=r"'b' on AMD EPYC \[(AuthenticAMD family 25 model 17|model not rec)"):
+            check_one_hardware([Path("a"), Path("b")], [zen3, other])
+    cuda = manifest("AMD EPYC", "AuthenticAMD family 25 model 1", "cuda")
+    assert hardware_kind(cuda["hardware"], "cuda").endswith("+ NVIDIA H100")  # the GPU counts on cuda only
+    assert "H100" not in hardware_kind(zen3["hardware"], "cpu")
+    here = hardware()
+    if Path("/proc/cpuinfo").exists():  # Linux: the microarchitecture is read, so two kinds can be told apart
+        assert here["cpu_id"].count("family") == 1 and "model" in here["cpu_id"]

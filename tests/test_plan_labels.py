@@ -145,3 +145,22 @@ def test_collect_plans_measures_searched_devices_once_and_fine_tunes(tiny_ensemb
     meta = read_meta(out)
     assert meta["fine_tuned_from"] == str(ckpt) and "labels" in result["compute"]
     assert json.loads((tmp_path / "labels" / "manifest-compute.json").read_text())["rounds"]["0"]["tasks"] == 2
+
+
+def test_loop_refuses_base_datasets_of_another_kind_of_hardware_before_measuring(tmp_path):
+    """The loop's labels join its base datasets in training, which refuses another kind of hardware: the loop says
+    so before its first measurement (a shipped dataset of this name but of another microarchitecture included)."""
+    from neuroshard_jax.datasets import hardware, write_json
+    from neuroshard_jax.loop import LoopConfig, check_base_hardware, run_loop
+
+    base = tmp_path / "base"
+    here = hardware()
+    write_json(
+        {"hardware": {**here, "cpu_id": "SomeVendor family 9 model 99"}, "settings": {"device": "cpu"}},
+        base / "manifest-compute.json",
+    )
+    with pytest.raises(UserError, match=r"base_datasets: '.*base' was measured on .*family 9 model 99\], this machine"):
+        run_loop(LoopConfig(out=str(tmp_path / "loop"), base_datasets=(str(base),)))
+    assert not (tmp_path / "loop").exists()  # nothing measured, nothing written
+    write_json({"hardware": here, "settings": {"device": "cpu"}}, base / "manifest-compute.json")
+    check_base_hardware((str(base),), "cpu")  # this machine's own kind passes

@@ -177,10 +177,15 @@ def test_samplers_are_deterministic_and_within_memory():
 
 def test_gloo_all_to_all_waits_for_the_straggler():
     requests = [{"id": 0, "dim_sums": [64, 128], "delays_ms": [0.0, 30.0], "batch_size": 256, "warmup": 1, "iters": 3}]
-    ranks = run_comm(requests, world=2, timeout_s=120)[0]
+    # a batch that does not split evenly: rank 0 receives 129 rows x 1024 columns, more than 257 x 512 (a buffer sized
+    # by the batch x the largest dim sum failed here: "Split sizes doesn't match total dim 0 size")
+    requests.append({"id": 1, "dim_sums": [512, 512], "delays_ms": [0, 0], "batch_size": 257, "warmup": 1, "iters": 2})
+    answers = run_comm(requests, world=2, timeout_s=120)
+    ranks = answers[0]
     fwd = [r["fwd_ms"] for r in ranks]
     assert fwd[0] >= 25 and fwd[1] < fwd[0]  # rank 0 waits for rank 1's 30 ms delay
     assert all(r["bwd_ms"] > 0 for r in ranks)
+    assert len(answers[1]) == 2 and all(r["fwd_ms"] > 0 and r["bwd_ms"] > 0 for r in answers[1])
 
 
 def test_evaluator_measures_a_two_device_plan(tmp_path):

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import statistics
 import sys
@@ -39,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.datasets import JsonlLog, hardware, write_json
+from neuroshard_jax.datasets import JsonlLog, hardware, hardware_kind, write_json
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_request, device_tables
 from neuroshard_jax.executors import ExecutorConfig, map_requests
@@ -68,6 +69,20 @@ SEARCHERS = (
 # 48 tasks found no plan at all, with devices whose tables take MBs); a flat 15% lets it plan every task.
 SEARCHER_OPTIONS = {"torchrec": {"reservation": "percent"}}
 LEGACY_CPU = "AMD EPYC"  # rows without "cpu" were all measured in one session, on an AMD EPYC machine
+
+
+def row_hardware(row: dict) -> str:
+    """The kind of hardware a measurement row was taken on (``hardware_kind``); rows written before rows recorded
+    it name the CPU only, or nothing (one AMD EPYC session), and are a kind of their own."""
+    return row.get("hardware") or hardware_kind({"cpu": row.get("cpu", LEGACY_CPU)})
+
+
+def measurement_id(base: str, kind: str) -> str:
+    """A measurement's id on this kind of hardware: another kind's measurement of the same device and repeat is
+    not this one's (``base`` alone was the id before rows recorded their hardware)."""
+    return f"{base}@{hashlib.sha1(kind.encode()).hexdigest()[:8]}"
+
+
 POLISHED = "+polish"  # a searcher name with this suffix: its plan polished on the kernels (polish=measured)
 POLISH = PolishConfig(name="measured", executor=ExecutorConfig(workers=2))
 MODEL_FREE = {"size_greedy", "lookup_greedy", "dim_greedy", "size_lookup_greedy", "torchrec"}
@@ -272,7 +287,7 @@ def measure_all(out: Path, repeats: int, config: EvaluateConfig, label: str | No
         if current(r) and (label is None or r["model"] in ("-", label))
     ]
     log = JsonlLog(out / "measurements.jsonl")
-    cpu = hardware()["cpu"]
+    kind = hardware_kind(hardware())
     order = [t for pair in zip(*[[t for t in tasks if t.startswith(f"d{n}-")] for n in (4, 8)]) for t in pair]
     for repeat in range(repeats):
         for task_id in order:  # 4 and 8 devices alternating: a stopped run covers both
@@ -284,10 +299,14 @@ def measure_all(out: Path, repeats: int, config: EvaluateConfig, label: str | No
                     tables = device_tables(task, plan.device_shards(d))
                     if tables:
                         devices.setdefault(device_key(task, tables), tables)
-            todo = [k for k in devices if f"{k}/{repeat}" not in log.ids]
+            todo = [k for k in devices if measurement_id(f"{k}/{repeat}", kind) not in log.ids]
             shuffled = np.random.default_rng([BASE_SEED, repeat, len(todo)]).permutation(len(todo))
             requests = [
-                {**device_request(f"{todo[i]}/{repeat}", task, devices[todo[i]], config), "key": todo[i]}
+                {
+                    **device_request(measurement_id(f"{todo[i]}/{repeat}", kind), task, devices[todo[i]], config),
+                    "key": todo[i],
+                    "repeat": repeat,
+                }
                 for i in shuffled
             ]
 
@@ -296,8 +315,8 @@ def measure_all(out: Path, repeats: int, config: EvaluateConfig, label: str | No
                     {
                         "id": request["id"],
                         "key": request["key"],
-                        "repeat": int(request["id"].rsplit("/", 1)[1]),
-                        "cpu": cpu,
+                        "repeat": request["repeat"],
+                        "hardware": kind,
                         **{k: answer.get(k) for k in ("ok", "total_ms", "fwd_ms", "bwd_ms", "error", "cpu_share")},
                     }
                 )
@@ -316,7 +335,7 @@ def merge_check(out: Path, model: str, model_options: dict, repeats: int, config
     table on one device: measure every device of the raw and the merged plan, ``repeats`` interleaved times (both
     variants in the same batch), into merge.jsonl (resumable); print each task's slowest device both ways."""
     log = JsonlLog(out / "merge.jsonl")
-    cpu = hardware()["cpu"]
+    kind = hardware_kind(hardware())
     rows = {r["id"]: r for r in log.records()}  # read once; new rows are added as they are written
     results = []
     for task_id, family, task in benchmark_tasks(out / TASKS_FILE):
@@ -341,15 +360,15 @@ def merge_check(out: Path, model: str, model_options: dict, repeats: int, config
             if (tables := device_tables(task, plan.device_shards(d)))
         }
         for repeat in range(repeats):
-            todo = [k for k in devices if f"{task_id}/{k}/{repeat}" not in log.ids]
+            todo = [k for k in devices if measurement_id(f"{task_id}/{k}/{repeat}", kind) not in log.ids]
             requests = [
-                {**device_request(f"{task_id}/{k}/{repeat}", task, devices[k], config), "key": k}
+                {**device_request(measurement_id(f"{task_id}/{k}/{repeat}", kind), task, devices[k], config), "key": k}
                 for k in (todo[i] for i in np.random.default_rng([BASE_SEED, repeat]).permutation(len(todo)))
             ]
 
             def record(request: dict, answer: dict) -> None:
                 fields = {k: answer.get(k) for k in ("ok", "total_ms", "error", "cpu_share")}
-                row = {"id": request["id"], "key": request["key"], "cpu": cpu, **fields}
+                row = {"id": request["id"], "key": request["key"], "hardware": kind, **fields}
                 log.append(row)
                 rows[row["id"]] = row
 
@@ -357,7 +376,8 @@ def merge_check(out: Path, model: str, model_options: dict, repeats: int, config
                 map_requests(requests, record, config.executor, config.device, config.timeout_s)
         runs: dict[str, list[float]] = {}
         for r in rows.values():
-            if r["id"].startswith(f"{task_id}/") and r.get("ok") and r.get("cpu_share", 1.0) >= MIN_CPU_SHARE:
+            same = r.get("ok") and row_hardware(r) == kind and r.get("cpu_share", 1.0) >= MIN_CPU_SHARE
+            if r["id"].startswith(f"{task_id}/") and "key" in r and same:
                 runs.setdefault(r["key"], []).append(r["total_ms"])
         slowest = {}
         for name, plan in variants.items():
@@ -384,10 +404,10 @@ def merge_check(out: Path, model: str, model_options: dict, repeats: int, config
 def report(out: Path, model: str, model_options: dict, tie: float, only: set[str]) -> dict:
     tasks = {t: (family, task) for t, family, task in benchmark_tasks(out / TASKS_FILE) if t in only}
     label = model_label(model, model_options)
-    cpu = hardware()["cpu"]  # labels belong to one kind of hardware: only this machine's kind's measurements
+    kind = hardware_kind(hardware())  # labels belong to one kind of hardware: only this machine's kind's measurements
     rows: dict[str, list[dict]] = {}
     for m in JsonlLog(out / "measurements.jsonl").records():
-        if m.get("ok") and m.get("cpu", LEGACY_CPU) == cpu:
+        if m.get("ok") and row_hardware(m) == kind:
             rows.setdefault(m["key"], []).append(m)
     # a repeat whose worker got less than MIN_CPU_SHARE of its core ran beside other work: left out where the device
     # has repeats that did not
@@ -426,7 +446,7 @@ def report(out: Path, model: str, model_options: dict, tie: float, only: set[str
     summary = summarise(by_task, tasks, tie)
     subset = f"-{len(tasks)}tasks" if len(tasks) < 2 * TASKS_PER_SIZE else ""
     name = f"report-{label.replace(':', '_')}{subset}"
-    result = {"model": label, "tie": tie, "hardware": cpu, "tasks": by_task, "summary": summary}
+    result = {"model": label, "tie": tie, "hardware": kind, "tasks": by_task, "summary": summary}
     write_json(result, out / f"{name}.json")
     return summary
 

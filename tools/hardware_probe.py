@@ -1,0 +1,138 @@
+"""Is this machine the kind of hardware a dataset was measured on? Re-measure some of its records here and compare.
+
+    python tools/hardware_probe.py DATASET_DIR [--samples 24] [--workers 2] [--seed 0] [--out FILE]
+
+Cost labels belong to one kind of hardware, and a CPU's name does not tell kinds apart: this project's machines
+all print "AMD EPYC", and a Zen 4 one measured the shipped pool shards at 0.57x the time the shipped labels give.
+This draws ``--samples`` quiet records of the dataset (``ok``, ``cpu_share`` >= 0.9 where recorded; seeded), measures
+them here with the dataset's own protocol (its manifest's pool, batch size, optimizer, precision, warm-ups,
+iterations and pinning), and reports the ratio here / there of each record's fwd+bwd time: median, p10, p90.
+A median within ``SAME`` of 1 says this machine measures like the dataset's (the repeat noise of one label is
+2-15%); anything else says its labels would not mix with this machine's. Run it with nothing else running.
+Writes the figures, both machines' hardware records and the verdict to ``--out``
+(default ``bench/hardware/<dataset name>.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from neuroshard_jax.datasets import hardware, hardware_kind, read_records, write_json
+from neuroshard_jax.executors import ExecutorConfig, map_requests
+from neuroshard_jax.profiling import compute_request
+from neuroshard_jax.tables import PoolSpec
+from neuroshard_jax.training import load_manifest, resolve_dataset
+
+SAME = 0.12  # |log ratio| of the median within this: the same kind (noise between sessions 2-15% per label)
+MIN_CPU_SHARE = 0.9
+
+
+def probe_requests(dataset: Path, samples: int, seed: int) -> tuple[list[dict], dict[str, float], dict]:
+    """Requests re-measuring ``samples`` quiet records of ``dataset`` with its own protocol, their recorded
+    fwd+bwd milliseconds by request id, and the dataset's manifest."""
+    manifest = load_manifest(dataset, "compute")
+    settings = manifest["settings"]
+    records = [
+        r
+        for r in read_records(dataset / "compute.jsonl")
+        if r.get("total_ms") and r.get("cpu_share", 1.0) >= MIN_CPU_SHARE
+    ]
+    if not records:
+        raise SystemExit(f"error: dataset: {str(dataset)!r} has no measured records, expected a collected dataset")
+    chosen = np.random.default_rng(seed).permutation(len(records))[:samples]
+    pool = PoolSpec(**settings["pool"]) if settings.get("pool") else None
+    requests, recorded = [], {}
+    for i in sorted(int(i) for i in chosen):
+        record = records[i]
+        request_id = f"probe-{i}"
+        specs = bool(record["tables"]) and isinstance(record["tables"][0], dict)
+        requests.append(
+            compute_request(
+                request_id,
+                record["tables"],
+                None if specs else pool,
+                int(record.get("batch_size", settings["batch_size"])),
+                settings.get("device", "cpu"),
+                settings.get("optimizer", "exact_sgd"),
+                settings.get("precision", "fp32"),
+                int(settings.get("warmup", 5)),
+                int(settings.get("iters", 10)),
+            )
+        )
+        recorded[request_id] = float(record["total_ms"])
+    return requests, recorded, manifest
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dataset", help="a dataset directory (compute.jsonl + manifest-compute.json)")
+    parser.add_argument("--samples", type=int, default=24)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if args.samples < 1 or args.workers < 1:
+        raise SystemExit(f"error: --samples {args.samples} / --workers {args.workers}: expected integers >= 1")
+    dataset = resolve_dataset(args.dataset)
+    if not (dataset / "manifest-compute.json").exists():
+        raise SystemExit(f"error: dataset: {args.dataset!r} has no manifest-compute.json, expected a compute dataset")
+    requests, recorded, manifest = probe_requests(dataset, args.samples, args.seed)
+    settings = manifest["settings"]
+    answers: dict[str, dict] = {}
+    map_requests(
+        requests,
+        lambda request, answer: answers.__setitem__(request["id"], answer),
+        ExecutorConfig(workers=args.workers),
+        settings.get("device", "cpu"),
+        600,
+        pin=bool(settings.get("pin", False)),
+    )
+    quiet = {
+        k: a["total_ms"] / recorded[k]
+        for k, a in answers.items()
+        if a.get("ok") and a.get("cpu_share", 1.0) >= MIN_CPU_SHARE
+    }
+    if not quiet:
+        raise SystemExit("error: no quiet measurement here (every answer failed or ran beside other work)")
+    ratios = np.array(sorted(quiet.values()))
+    median = float(np.median(ratios))
+    here, there = hardware(), manifest.get("hardware")
+    device = settings.get("device", "cpu")
+    same = abs(np.log(median)) <= SAME
+    result = {
+        "dataset": args.dataset,
+        "samples": len(requests),
+        "quiet": len(ratios),
+        "ratio_here_over_there": {
+            "median": round(median, 3),
+            "p10": round(float(np.quantile(ratios, 0.1)), 3),
+            "p90": round(float(np.quantile(ratios, 0.9)), 3),
+        },
+        "same_kind": bool(same),
+        "here": {"kind": hardware_kind(here, device), **here},
+        "there": {"kind": hardware_kind(there, device), **(there or {})},
+        "how": f"python tools/hardware_probe.py {args.dataset} --samples {args.samples} --workers {args.workers} "
+        f"--seed {args.seed}",
+        "when": datetime.date.today().isoformat(),
+    }
+    out = Path(args.out) if args.out else Path("bench/hardware") / f"{dataset.name}.json"
+    write_json(result, out)
+    verdict = "measures like" if same else "does NOT measure like"
+    stats = result["ratio_here_over_there"]
+    print(
+        f"this machine ({result['here']['kind']}) {verdict} {args.dataset} ({result['there']['kind']}): "
+        f"here/there median {stats['median']} (p10 {stats['p10']}, p90 {stats['p90']}) over {len(ratios)} records; "
+        f"{out}"
+    )
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit(130)
