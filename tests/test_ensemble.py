@@ -275,3 +275,25 @@ def test_datasets_from_different_hardware_are_refused():
     here = hardware()
     if Path("/proc/cpuinfo").exists():  # Linux: the microarchitecture is read, so two kinds can be told apart
         assert here["cpu_id"].count("family") == 1 and "model" in here["cpu_id"]
+
+
+def test_hardware_probe_remeasures_a_dataset_with_its_own_protocol(tiny_checkpoint, tiny_ensemble, tmp_path, capsys):
+    """Real kernels: ``tools/hardware_probe.py`` re-measures records of a pool dataset and of a spec dataset (each
+    at its recorded batch size) here and writes the ratio; this machine measured them, so it is of their kind."""
+    import json
+
+    from neuroshard_jax.datasets import hardware, hardware_kind
+    from tools.hardware_probe import main, probe_requests
+
+    spec_dir = tiny_ensemble[0]
+    requests, recorded, _ = probe_requests(spec_dir, 4, 0)
+    assert len(requests) == 4 and all(r["pool"] is None and r["batch_size"] in (128, 256) for r in requests)
+    assert set(recorded) == {r["id"] for r in requests} and all(ms > 0 for ms in recorded.values())
+    for name, dataset in (("pool", tiny_checkpoint[0]), ("specs", spec_dir)):
+        main([str(dataset), "--samples", "3", "--workers", "1", "--out", str(tmp_path / f"{name}.json")])
+        result = json.loads((tmp_path / f"{name}.json").read_text())
+        assert result["quiet"] >= 1 and 0 < result["ratio_here_over_there"]["median"] < 10
+        assert result["here"]["kind"] == result["there"]["kind"] == hardware_kind(hardware())
+        assert "measure" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no manifest-compute.json"):
+        main([str(tmp_path), "--samples", "3"])

@@ -10,13 +10,14 @@ iterations and pinning), and reports the ratio here / there of each record's fwd
 A median within ``SAME`` of 1 says this machine measures like the dataset's (the repeat noise of one label is
 2-15%); anything else says its labels would not mix with this machine's. Run it with nothing else running.
 Writes the figures, both machines' hardware records and the verdict to ``--out``
-(default ``bench/hardware/<dataset name>.json``).
+(default ``bench/hardware/<dataset name>--<this CPU's id>.json``).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import re
 import sys
 from pathlib import Path
 
@@ -120,7 +121,8 @@ def main(argv: list[str] | None = None) -> None:
         f"--seed {args.seed}",
         "when": datetime.date.today().isoformat(),
     }
-    out = Path(args.out) if args.out else Path("bench/hardware") / f"{dataset.name}.json"
+    here_slug = re.sub(r"[^a-z0-9]+", "-", here.get("cpu_id", "unknown").lower()).strip("-")
+    out = Path(args.out) if args.out else Path("bench/hardware") / f"{dataset.name}--{here_slug}.json"
     write_json(result, out)
     verdict = "measures like" if same else "does NOT measure like"
     stats = result["ratio_here_over_there"]
