@@ -159,6 +159,16 @@ def hardware_kind(found: dict | None, device: str | None = "cpu") -> str:
     return f"{kind} + {found.get('gpu', 'GPU not recorded')}" if device == "cuda" else kind
 
 
+def manifest_kinds(manifest: dict) -> list[str]:
+    """The kinds of hardware a dataset's labels hold for: the kind it was measured on, then every kind a
+    ``tools/hardware_probe.py --record`` run found to measure like it (``probes`` in the manifest, each with its
+    measured ratio): one CPU name spans several kinds, and one kind may be recorded under two names (a dataset
+    from before ``cpu_id`` was recorded)."""
+    device = manifest.get("settings", {}).get("device")
+    probed = [p["kind"] for p in manifest.get("probes", ()) if p.get("same_kind") and p.get("kind")]
+    return list(dict.fromkeys([hardware_kind(manifest.get("hardware"), device), *probed]))
+
+
 def _cpuinfo() -> dict[str, str]:
     """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
     info: dict[str, str] = {}
@@ -201,8 +211,8 @@ def write_manifest(path: Path, settings: dict, extra: dict) -> dict:
     if path.exists():
         manifest = read_json(path, "dataset", "a manifest written by neuroshard_jax.collect")
         device = settings.get("device", "cpu")
-        was, now = (hardware_kind(m.get("hardware"), device) for m in (manifest, extra))
-        if "hardware" in extra and "hardware" in manifest and was != now:
+        was, now = hardware_kind(manifest.get("hardware"), device), hardware_kind(extra.get("hardware"), device)
+        if "hardware" in extra and "hardware" in manifest and now not in manifest_kinds(manifest):
             raise UserError(
                 f"hardware: this machine is {now!r}, but the dataset in {str(path.parent)!r} was measured on {was!r}; "
                 "expected the same kind of hardware (labels differ 1.2-2.8x between them) or another out_dir"

@@ -22,7 +22,7 @@ from neuroshard_jax.cli import fail, resolved, run_app
 from neuroshard_jax.collect import CollectConfig, collect
 from neuroshard_jax.config import typed
 from neuroshard_jax.constants import SHIPPED_MODELS
-from neuroshard_jax.datasets import hardware, hardware_kind, package_path, write_json
+from neuroshard_jax.datasets import hardware, hardware_kind, manifest_kinds, package_path, write_json
 from neuroshard_jax.ensemble import EnsembleConfig
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.executors import ExecutorConfig
@@ -128,10 +128,11 @@ def check_base_hardware(base_datasets: tuple[str, ...], device: str) -> None:
     for base in base_datasets:
         manifest = load_manifest(resolve_dataset(base), "compute")
         there = hardware_kind(manifest.get("hardware"), manifest["settings"].get("device"))
-        if there != here:
+        if here not in manifest_kinds(manifest):
             raise UserError(
                 f"base_datasets: {base!r} was measured on {there}, this machine is {here}; expected base datasets "
                 "of this machine's kind (base_datasets=[] fine-tunes on this machine's labels only; "
+                "tools/hardware_probe.py --record BASE records that this machine measures like it; "
                 "allow_mixed_hardware=true mixes them anyway)"
             )
 

@@ -25,7 +25,7 @@ from neuroshard_jax.analytic import ANALYTIC_FNS, analytic_params
 from neuroshard_jax.checkpoints import load_checkpoint, load_ensemble, read_meta, save_checkpoint, save_ensemble
 from neuroshard_jax.config import above_zero, at_least
 from neuroshard_jax.cost_models import bucket, device_compute_ms
-from neuroshard_jax.datasets import hardware_kind, package_path, read_json, read_records
+from neuroshard_jax.datasets import hardware_kind, manifest_kinds, package_path, read_json, read_records
 from neuroshard_jax.ensemble import (
     EnsembleConfig,
     EnsembleNets,
@@ -502,17 +502,21 @@ def ensemble_ms(nets: EnsembleNets, params: EnsembleParams, feats, mask, batch) 
 
 
 def check_one_hardware(dataset_dirs: list[Path], manifests: list[dict]) -> None:
-    """Raise UserError unless every dataset was measured on the same kind of hardware (``hardware_kind``: the
-    processor's name and microarchitecture, the GPU on cuda) and device: the same shard takes 1.2-2.8x longer on
-    this project's AMD EPYC machines than on its Intel Xeon ones, and 1.75x longer on a Zen 3 EPYC than a Zen 4."""
-    kinds = [
-        (hardware_kind(m.get("hardware"), m["settings"].get("device")), m["settings"].get("device")) for m in manifests
-    ]
-    for d, kind in zip(dataset_dirs, kinds):
-        if kind != kinds[0]:
+    """Raise UserError unless every dataset holds for one kind of hardware (``manifest_kinds``: the processor's
+    name and microarchitecture, the GPU on cuda, or a kind a probe found to measure alike) and device: the same
+    shard takes 1.2-2.8x longer on this project's AMD EPYC machines than on its Intel Xeon ones, and 1.75x longer
+    on a Zen 3 EPYC than a Zen 4."""
+    common = set(manifest_kinds(manifests[0]))
+    device = manifests[0]["settings"].get("device")
+    for d, m in zip(dataset_dirs, manifests):
+        common &= set(manifest_kinds(m))
+        if not common or m["settings"].get("device") != device:
+            kind = hardware_kind(m.get("hardware"), m["settings"].get("device"))
+            first = hardware_kind(manifests[0].get("hardware"), device)
             raise UserError(
-                f"datasets: {str(dataset_dirs[0])!r} was measured on {kinds[0][0]} ({kinds[0][1]}), {str(d)!r} on "
-                f"{kind[0]} ({kind[1]}); expected datasets from one kind of hardware (or allow_mixed_hardware=true)"
+                f"datasets: {str(dataset_dirs[0])!r} was measured on {first} ({device}), {str(d)!r} on "
+                f"{kind} ({m['settings'].get('device')}); expected datasets from one kind of hardware (a "
+                "tools/hardware_probe.py --record verdict makes two kinds one, or allow_mixed_hardware=true)"
             )
 
 

@@ -269,6 +269,15 @@ def test_datasets_from_different_hardware_are_refused():
     for other in (zen4, manifest("AMD EPYC")):  # another model, or one not recorded: not the same kind
         with pytest.raises(UserError, match=r"'b' on AMD EPYC \[(AuthenticAMD family 25 model 17|model not rec)"):
             check_one_hardware([Path("a"), Path("b")], [zen3, other])
+    # a probe that measured a dataset here and found it alike makes its kind one with this machine's
+    probed = {**manifest("AMD EPYC"), "probes": [{"kind": hardware_kind(zen3["hardware"]), "same_kind": True}]}
+    check_one_hardware([Path("a"), Path("b")], [zen3, probed])
+    check_one_hardware([Path("a"), Path("b")], [probed, manifest("AMD EPYC")])
+    unlike = {**manifest("AMD EPYC"), "probes": [{"kind": hardware_kind(zen4["hardware"]), "same_kind": False}]}
+    with pytest.raises(UserError, match=r"'b' on AMD EPYC \[model not recorded\]"):
+        check_one_hardware([Path("a"), Path("b")], [zen4, unlike])
+    with pytest.raises(UserError, match=r"'b' on AMD EPYC \[AuthenticAMD family 25 model 17\]"):
+        check_one_hardware([Path("a"), Path("b")], [probed, zen4])
     cuda = manifest("AMD EPYC", "AuthenticAMD family 25 model 1", "cuda")
     assert hardware_kind(cuda["hardware"], "cuda").endswith("+ NVIDIA H100")  # the GPU counts on cuda only
     assert "H100" not in hardware_kind(zen3["hardware"], "cpu")
@@ -297,3 +306,16 @@ def test_hardware_probe_remeasures_a_dataset_with_its_own_protocol(tiny_checkpoi
         assert "measure" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no manifest-compute.json"):
         main([str(tmp_path), "--samples", "3"])
+    # --record: the verdict lands in a copy's manifest, beside its own kind, and a second probe replaces it
+    import shutil
+
+    from neuroshard_jax.datasets import manifest_kinds
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_checkpoint[0], copy)
+    for _ in range(2):
+        main([str(copy), "--samples", "2", "--workers", "1", "--out", str(tmp_path / "copy.json"), "--record"])
+    manifest = json.loads((copy / "manifest-compute.json").read_text())
+    [probe] = manifest["probes"]
+    assert probe["kind"] == hardware_kind(hardware()) and probe["ratio_here_over_there"]["median"] > 0
+    assert manifest_kinds(manifest)[0] == hardware_kind(hardware())

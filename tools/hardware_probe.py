@@ -1,6 +1,6 @@
 """Is this machine the kind of hardware a dataset was measured on? Re-measure some of its records here and compare.
 
-    python tools/hardware_probe.py DATASET_DIR [--samples 24] [--workers 2] [--seed 0] [--out FILE]
+    python tools/hardware_probe.py DATASET_DIR [--samples 24] [--workers 2] [--seed 0] [--out FILE] [--record]
 
 Cost labels belong to one kind of hardware, and a CPU's name does not tell kinds apart: this project's machines
 all print "AMD EPYC", and a Zen 4 one measured the shipped pool shards at 0.57x the time the shipped labels give.
@@ -10,7 +10,9 @@ iterations and pinning), and reports the ratio here / there of each record's fwd
 A median within ``SAME`` of 1 says this machine measures like the dataset's (the repeat noise of one label is
 2-15%); anything else says its labels would not mix with this machine's. Run it with nothing else running.
 Writes the figures, both machines' hardware records and the verdict to ``--out``
-(default ``bench/hardware/<dataset name>--<this CPU's id>.json``).
+(default ``bench/hardware/<dataset name>--<this CPU's id>.json``). ``--record`` also appends the verdict to the
+dataset's manifest (``probes``): where it says "same", training, the loop and resumed collections then take the
+dataset as of this machine's kind too (``datasets.manifest_kinds``), with the measured ratio kept as evidence.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.datasets import hardware, hardware_kind, read_records, write_json
+from neuroshard_jax.datasets import hardware, hardware_kind, read_json, read_records, write_json
+from neuroshard_jax.errors import UserError
 from neuroshard_jax.executors import ExecutorConfig, map_requests
 from neuroshard_jax.profiling import compute_request
 from neuroshard_jax.tables import PoolSpec
@@ -69,6 +72,16 @@ def probe_requests(dataset: Path, samples: int, seed: int) -> tuple[list[dict], 
     return requests, recorded, manifest
 
 
+def record_verdict(manifest_path: Path, result: dict) -> None:
+    """Append a probe's verdict to a dataset's manifest (``probes``: one entry per kind probed, the newest kept)."""
+    manifest = read_json(manifest_path, "dataset", "a manifest written by neuroshard_jax.collect")
+    kind = result["here"]["kind"]
+    entry = {"kind": kind, "same_kind": result["same_kind"], "cpu_id": result["here"].get("cpu_id")}
+    entry.update({k: result[k] for k in ("ratio_here_over_there", "quiet", "how", "when")})
+    manifest["probes"] = [p for p in manifest.get("probes", ()) if p.get("kind") != kind] + [entry]
+    write_json(manifest, manifest_path)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dataset", help="a dataset directory (compute.jsonl + manifest-compute.json)")
@@ -76,6 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--record", action="store_true", help="append the verdict to the dataset's manifest")
     args = parser.parse_args(argv)
     if args.samples < 1 or args.workers < 1:
         raise SystemExit(f"error: --samples {args.samples} / --workers {args.workers}: expected integers >= 1")
@@ -124,6 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     here_slug = re.sub(r"[^a-z0-9]+", "-", here.get("cpu_id", "unknown").lower()).strip("-")
     out = Path(args.out) if args.out else Path("bench/hardware") / f"{dataset.name}--{here_slug}.json"
     write_json(result, out)
+    if args.record:
+        record_verdict(dataset / "manifest-compute.json", result)
     verdict = "measures like" if same else "does NOT measure like"
     stats = result["ratio_here_over_there"]
     print(
@@ -136,5 +152,7 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     try:
         main()
+    except UserError as err:
+        sys.exit(f"error: {err}")
     except KeyboardInterrupt:
         sys.exit(130)
