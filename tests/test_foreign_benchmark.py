@@ -54,6 +54,7 @@ def test_report_ratios_wins_bounds_and_errors_by_hand():
             "beam": _entry([8, 8, 7, 7], predicted=[8, 16, 7, 3.5]),  # one device 2x over, one 2x under
             "grid": _entry([8.1, 6, 6, 6]),  # within 3% of beam's 8: tied
             "rl": {"family": "f", "infeasible": "no room"},
+            "size_greedy": _entry([9, 9, 9, 9]),
         },
         "d4-01": {"torchrec": _entry([5, 5, 5, 5]), "beam": _entry([6, 4, 4, 4]), "grid": _entry([5, 5, 4, 4])},
     }
@@ -62,6 +63,8 @@ def test_report_ratios_wins_bounds_and_errors_by_hand():
     assert beam["slowest_vs_torchrec"] == pytest.approx((0.8 + 1.2) / 2)
     assert grid["slowest_vs_torchrec"] == pytest.approx((8.1 / 10 + 1.0) / 2)
     assert beam["best_or_tied"] == 1 and grid["best_or_tied"] == 2
+    # against the best greedy baseline (a task without one counts as no worse)
+    assert beam["no_worse_than_best_greedy"] == 2 and summary["searchers"]["size_greedy"]["best_or_tied"] == 0
     assert rl["infeasible"] == 1 and rl["slowest_vs_torchrec"] is None
     assert beam["devices_off_2x"] == 0  # exactly 2x is within the bound
     assert beam["device_mape"] == pytest.approx((0 + 1 + 0 + 0.5) / 8)
