@@ -506,11 +506,9 @@ def check_one_hardware(dataset_dirs: list[Path], manifests: list[dict]) -> None:
     name and microarchitecture, the GPU on cuda, or a kind a probe found to measure alike) and device: the same
     shard takes 1.2-2.8x longer on this project's AMD EPYC machines than on its Intel Xeon ones, and 1.75x longer
     on a Zen 3 EPYC than a Zen 4."""
-    common = set(manifest_kinds(manifests[0]))
     device = manifests[0]["settings"].get("device")
-    for d, m in zip(dataset_dirs, manifests):
-        common &= set(manifest_kinds(m))
-        if not common or m["settings"].get("device") != device:
+    for i, (d, m) in enumerate(zip(dataset_dirs, manifests)):
+        if not common_kinds(manifests[: i + 1]) or m["settings"].get("device") != device:
             kind = hardware_kind(m.get("hardware"), m["settings"].get("device"))
             first = hardware_kind(manifests[0].get("hardware"), device)
             raise UserError(
@@ -518,6 +516,12 @@ def check_one_hardware(dataset_dirs: list[Path], manifests: list[dict]) -> None:
                 f"{kind} ({m['settings'].get('device')}); expected datasets from one kind of hardware (a "
                 "tools/hardware_probe.py --record verdict makes two kinds one, or allow_mixed_hardware=true)"
             )
+
+
+def common_kinds(manifests: list[dict]) -> list[str]:
+    """The kinds of hardware every dataset's labels hold for (``manifest_kinds``), in the first one's order."""
+    kinds = manifest_kinds(manifests[0])
+    return [k for k in kinds if all(k in manifest_kinds(m) for m in manifests[1:])]
 
 
 MEMBER_COEFS = ("log_coef", "log_kernel", "log_interaction")  # the roofline's fitted parameters of a member
@@ -615,6 +619,7 @@ def train_ensemble(
         "device": settings.get("device"),
         "datasets": datasets,
         "hardware": manifests[0].get("hardware"),
+        "hardware_kinds": common_kinds(manifests),  # the kinds every dataset holds for (probed ones included)
         "train_config": dataclasses.asdict(config),
         "metrics": report,
         "how": how,

@@ -40,12 +40,13 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.datasets import JsonlLog, hardware, hardware_kind, write_json
+from neuroshard_jax.constants import SHIPPED_MODELS
+from neuroshard_jax.datasets import JsonlLog, hardware, hardware_kind, package_path, write_json
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_request, device_tables
 from neuroshard_jax.executors import ExecutorConfig, map_requests
 from neuroshard_jax.features import bin_shares, count_histogram
-from neuroshard_jax.models import expected_cost_model, make_cost_model
+from neuroshard_jax.models import expected_cost_model, make_cost_model, shipped_names
 from neuroshard_jax.polish import PolishConfig, polish_plan
 from neuroshard_jax.scoring import score_plan
 from neuroshard_jax.search import search_plan
@@ -235,7 +236,9 @@ def chosen(out: Path, count: int) -> set[str]:
 
 def plan_all(out: Path, model: str, model_options: dict, searchers: list[str], only: set[str]) -> None:
     log = JsonlLog(out / "plans.jsonl")
-    for task_id, family, task in benchmark_tasks(out / TASKS_FILE):
+    tasks = benchmark_tasks(out / TASKS_FILE)
+    make_cost_model(model, tasks[0][2], model_options)  # a bad model is one error now, not a row per task
+    for task_id, family, task in tasks:
         if task_id not in only:
             continue
         for searcher in searchers:
@@ -562,7 +565,10 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    options = {"checkpoint": args.checkpoint} if args.checkpoint else {}
+    checkpoint = args.checkpoint
+    if checkpoint and checkpoint in shipped_names():
+        checkpoint = str(package_path(f"{SHIPPED_MODELS}/{checkpoint}"))  # the same label as its directory
+    options = {"checkpoint": checkpoint} if checkpoint else {}
     try:
         if args.stage == "tasks":
             for task_id, family, task in benchmark_tasks(out / TASKS_FILE):
