@@ -31,12 +31,11 @@ class TrainAppConfig:
 
     family: str = "ensemble"
     datasets: tuple[str, ...] = (
-        "neuroshard_jax/data/profiles/epyc-b4096",
-        "neuroshard_jax/data/profiles/cpu-specs",
-        "neuroshard_jax/data/profiles/epyc-plans",
+        "neuroshard_jax/data/profiles/cpu-b4096",
+        "neuroshard_jax/data/profiles/xeon-specs",
     )
-    out: str = "checkpoints/epyc-ensemble"
-    name: str = "epyc-ensemble"
+    out: str = "checkpoints/xeon-ensemble"
+    name: str = "xeon-ensemble"
     net: NetConfig = NetConfig()
     ensemble: EnsembleConfig = EnsembleConfig()
     train: TrainConfig = TrainConfig()
