@@ -169,6 +169,12 @@ def manifest_kinds(manifest: dict) -> list[str]:
     return list(dict.fromkeys([hardware_kind(manifest.get("hardware"), device), *probed]))
 
 
+def common_kinds(manifests: list[dict]) -> list[str]:
+    """The kinds of hardware every dataset's labels hold for (``manifest_kinds``), in the first one's order."""
+    kinds = manifest_kinds(manifests[0])
+    return [k for k in kinds if all(k in manifest_kinds(m) for m in manifests[1:])]
+
+
 def _cpuinfo() -> dict[str, str]:
     """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
     info: dict[str, str] = {}
@@ -215,8 +221,14 @@ def write_manifest(path: Path, settings: dict, extra: dict) -> dict:
         if "hardware" in extra and "hardware" in manifest and now not in manifest_kinds(manifest):
             raise UserError(
                 f"hardware: this machine is {now!r}, but the dataset in {str(path.parent)!r} was measured on {was!r}; "
-                "expected the same kind of hardware (labels differ 1.2-2.8x between them) or another out_dir"
+                "expected the same kind of hardware (labels differ 1.2-2.8x between them), another out_dir, or "
+                "a tools/hardware_probe.py --record verdict that this machine measures like it"
             )
+        if "hardware" in extra and "hardware" in manifest and now != was:
+            # a probed kind resumes the dataset: its own hardware stays, the resuming machine is noted beside it
+            resumed = [h for h in manifest.get("resumed_on", []) if h != extra["hardware"]]
+            extra = {**extra, "resumed_on": [*resumed, extra["hardware"]]}
+            extra.pop("hardware")
         for key, value in settings.items():
             if manifest["settings"].get(key) != value:
                 raise UserError(

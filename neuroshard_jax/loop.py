@@ -39,7 +39,7 @@ class LoopConfig:
     rounds: int = 3
     tasks: int = 30  # tasks per round (each: every searcher's plan + ``plans.variants`` variants)
     start_model: str = "xeon-ensemble"
-    base_datasets: tuple[str, ...] = ()  # datasets of this machine's kind (the shipped ones are of another kind)
+    base_datasets: tuple[str, ...] = ()  # datasets of this machine's kind (checked before measuring)
     label_weight: float = 2.0  # loss weight of a plan label against a base record
     scratch: bool = False
     allow_mixed_hardware: bool = False  # train on base datasets measured on another kind of hardware than the labels

@@ -25,7 +25,7 @@ from neuroshard_jax.analytic import ANALYTIC_FNS, analytic_params
 from neuroshard_jax.checkpoints import load_checkpoint, load_ensemble, read_meta, save_checkpoint, save_ensemble
 from neuroshard_jax.config import above_zero, at_least
 from neuroshard_jax.cost_models import bucket, device_compute_ms
-from neuroshard_jax.datasets import hardware_kind, manifest_kinds, package_path, read_json, read_records
+from neuroshard_jax.datasets import common_kinds, manifest_kinds, package_path, read_json, read_records
 from neuroshard_jax.ensemble import (
     EnsembleConfig,
     EnsembleNets,
@@ -507,21 +507,17 @@ def check_one_hardware(dataset_dirs: list[Path], manifests: list[dict]) -> None:
     shard takes 1.2-2.8x longer on this project's AMD EPYC machines than on its Intel Xeon ones, and 1.75x longer
     on a Zen 3 EPYC than a Zen 4."""
     device = manifests[0]["settings"].get("device")
-    for i, (d, m) in enumerate(zip(dataset_dirs, manifests)):
+    for i in range(1, len(manifests)):
+        d, m = dataset_dirs[i], manifests[i]
         if not common_kinds(manifests[: i + 1]) or m["settings"].get("device") != device:
-            kind = hardware_kind(m.get("hardware"), m["settings"].get("device"))
-            first = hardware_kind(manifests[0].get("hardware"), device)
+            earlier = ", ".join(repr(str(x)) for x in dataset_dirs[:i])
+            shared = common_kinds(manifests[:i])
             raise UserError(
-                f"datasets: {str(dataset_dirs[0])!r} was measured on {first} ({device}), {str(d)!r} on "
-                f"{kind} ({m['settings'].get('device')}); expected datasets from one kind of hardware (a "
-                "tools/hardware_probe.py --record verdict makes two kinds one, or allow_mixed_hardware=true)"
+                f"datasets: {earlier} hold for {' or '.join(shared)} ({device}), {str(d)!r} for "
+                f"{' or '.join(manifest_kinds(m))} ({m['settings'].get('device')}); expected datasets from one kind "
+                "of hardware (a tools/hardware_probe.py --record verdict makes two kinds one, or "
+                "allow_mixed_hardware=true)"
             )
-
-
-def common_kinds(manifests: list[dict]) -> list[str]:
-    """The kinds of hardware every dataset's labels hold for (``manifest_kinds``), in the first one's order."""
-    kinds = manifest_kinds(manifests[0])
-    return [k for k in kinds if all(k in manifest_kinds(m) for m in manifests[1:])]
 
 
 MEMBER_COEFS = ("log_coef", "log_kernel", "log_interaction")  # the roofline's fitted parameters of a member

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +14,7 @@ import pytest
 
 from neuroshard_jax.checkpoints import load_checkpoint, load_ensemble
 from neuroshard_jax.cost_models import device_costs
+from neuroshard_jax.datasets import hardware_kind, manifest_kinds, write_json, write_manifest
 from neuroshard_jax.ensemble import (
     EnsembleConfig,
     ensemble_fns,
@@ -261,29 +263,49 @@ def test_datasets_from_different_hardware_are_refused():
 
     check_one_hardware([Path("a"), Path("b")], [manifest("AMD EPYC"), manifest("AMD EPYC")])
     with pytest.raises(
-        UserError, match=r"datasets: 'a' was measured on AMD EPYC \[model not recorded\] \(cpu\), 'b' on Intel"
+        UserError, match=r"datasets: 'a' hold for AMD EPYC \[model not recorded\] \(cpu\), 'b' for Intel"
     ):
         check_one_hardware([Path("a"), Path("b")], [manifest("AMD EPYC"), manifest("Intel(R) Xeon(R) Processor")])
     zen3, zen4 = (manifest("AMD EPYC", f"AuthenticAMD family 25 model {m}") for m in (1, 17))
     check_one_hardware([Path("a"), Path("b")], [zen3, zen3])
     for other in (zen4, manifest("AMD EPYC")):  # another model, or one not recorded: not the same kind
-        with pytest.raises(UserError, match=r"'b' on AMD EPYC \[(AuthenticAMD family 25 model 17|model not rec)"):
+        with pytest.raises(UserError, match=r"'b' for AMD EPYC \[(AuthenticAMD family 25 model 17|model not rec)"):
             check_one_hardware([Path("a"), Path("b")], [zen3, other])
     # a probe that measured a dataset here and found it alike makes its kind one with this machine's
     probed = {**manifest("AMD EPYC"), "probes": [{"kind": hardware_kind(zen3["hardware"]), "same_kind": True}]}
     check_one_hardware([Path("a"), Path("b")], [zen3, probed])
     check_one_hardware([Path("a"), Path("b")], [probed, manifest("AMD EPYC")])
     unlike = {**manifest("AMD EPYC"), "probes": [{"kind": hardware_kind(zen4["hardware"]), "same_kind": False}]}
-    with pytest.raises(UserError, match=r"'b' on AMD EPYC \[model not recorded\]"):
+    with pytest.raises(UserError, match=r"'b' for AMD EPYC \[model not recorded\]"):
         check_one_hardware([Path("a"), Path("b")], [zen4, unlike])
-    with pytest.raises(UserError, match=r"'b' on AMD EPYC \[AuthenticAMD family 25 model 17\]"):
+    with pytest.raises(UserError, match=r"'b' for AMD EPYC \[AuthenticAMD family 25 model 17\]"):
         check_one_hardware([Path("a"), Path("b")], [probed, zen4])
+    # the message names what the earlier datasets share: 'a' and 'b' share only zen3, which 'c' lacks
+    with pytest.raises(UserError, match=r"'a', 'b' hold for AMD EPYC \[AuthenticAMD family 25 model 1\] \(cpu\)"):
+        check_one_hardware([Path("a"), Path("b"), Path("c")], [probed, zen3, manifest("AMD EPYC", "x")])
     cuda = manifest("AMD EPYC", "AuthenticAMD family 25 model 1", "cuda")
     assert hardware_kind(cuda["hardware"], "cuda").endswith("+ NVIDIA H100")  # the GPU counts on cuda only
     assert "H100" not in hardware_kind(zen3["hardware"], "cpu")
     here = hardware()
     if Path("/proc/cpuinfo").exists():  # Linux: the microarchitecture is read, so two kinds can be told apart
         assert here["cpu_id"].count("family") == 1 and "model" in here["cpu_id"]
+
+
+def test_a_probed_kind_resumes_a_dataset_and_keeps_its_provenance(tmp_path):
+    """A collection resumed on another kind is refused until a probe found that kind alike; then it resumes, the
+    dataset keeps the hardware that measured it and notes the resuming machine (once)."""
+    path = tmp_path / "manifest-compute.json"
+    old = {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2}
+    here = {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2, "cpu_id": "GenuineIntel family 6 model 167"}
+    write_manifest(path, {"device": "cpu"}, {"hardware": old})
+    with pytest.raises(UserError, match=r"was measured on .*model not recorded.*hardware_probe.py --record"):
+        write_manifest(path, {"device": "cpu"}, {"hardware": here})
+    manifest = json.loads(path.read_text())
+    write_json({**manifest, "probes": [{"kind": hardware_kind(here), "same_kind": True}]}, path)
+    for _ in range(2):
+        resumed = write_manifest(path, {"device": "cpu"}, {"hardware": here, "num_records": 3})
+    assert resumed["hardware"] == old and resumed["resumed_on"] == [here] and resumed["num_records"] == 3
+    assert manifest_kinds(resumed) == [hardware_kind(old), hardware_kind(here)]
 
 
 def test_hardware_probe_remeasures_a_dataset_with_its_own_protocol(tiny_checkpoint, tiny_ensemble, tmp_path, capsys):
@@ -307,10 +329,6 @@ def test_hardware_probe_remeasures_a_dataset_with_its_own_protocol(tiny_checkpoi
     with pytest.raises(SystemExit, match="no manifest-compute.json"):
         main([str(tmp_path), "--samples", "3"])
     # --record: the verdict lands in a copy's manifest, beside its own kind, and a second probe replaces it
-    import shutil
-
-    from neuroshard_jax.datasets import manifest_kinds
-
     copy = tmp_path / "copy"
     shutil.copytree(tiny_checkpoint[0], copy)
     for _ in range(2):

@@ -3,7 +3,7 @@
     python tools/hardware_probe.py DATASET_DIR [--samples 24] [--workers 2] [--seed 0] [--out FILE] [--record]
 
 Cost labels belong to one kind of hardware, and a CPU's name does not tell kinds apart: this project's machines
-all print "AMD EPYC", and a Zen 4 one measured the shipped pool shards at 0.57x the time the shipped labels give.
+all print "AMD EPYC", and a Zen 4 one measured the AMD pool shards (``epyc-b4096``) at 0.57x their labels.
 This draws ``--samples`` quiet records of the dataset (``ok``, ``cpu_share`` >= 0.9 where recorded; seeded), measures
 them here with the dataset's own protocol (its manifest's pool, batch size, optimizer, precision, warm-ups,
 iterations and pinning), and reports the ratio here / there of each record's fwd+bwd time: median, p10, p90.
