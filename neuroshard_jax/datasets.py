@@ -218,13 +218,14 @@ def write_manifest(path: Path, settings: dict, extra: dict) -> dict:
         manifest = read_json(path, "dataset", "a manifest written by neuroshard_jax.collect")
         device = settings.get("device", "cpu")
         was, now = hardware_kind(manifest.get("hardware"), device), hardware_kind(extra.get("hardware"), device)
-        if "hardware" in extra and "hardware" in manifest and now not in manifest_kinds(manifest):
+        both = "hardware" in extra and "hardware" in manifest
+        if both and now not in manifest_kinds(manifest):
             raise UserError(
                 f"hardware: this machine is {now!r}, but the dataset in {str(path.parent)!r} was measured on {was!r}; "
                 "expected the same kind of hardware (labels differ 1.2-2.8x between them), another out_dir, or "
                 "a tools/hardware_probe.py --record verdict that this machine measures like it"
             )
-        if "hardware" in extra and "hardware" in manifest and now != was:
+        if both and now != was:
             # a probed kind resumes the dataset: its own hardware stays, the resuming machine is noted beside it
             resumed = [h for h in manifest.get("resumed_on", []) if h != extra["hardware"]]
             extra = {**extra, "resumed_on": [*resumed, extra["hardware"]]}

@@ -21,12 +21,11 @@ from omegaconf import DictConfig
 from neuroshard_jax.cli import fail, resolved, run_app
 from neuroshard_jax.collect import CollectConfig, collect
 from neuroshard_jax.config import typed
-from neuroshard_jax.constants import SHIPPED_MODELS
-from neuroshard_jax.datasets import hardware, hardware_kind, manifest_kinds, package_path, write_json
+from neuroshard_jax.datasets import hardware, hardware_kind, manifest_kinds, write_json
 from neuroshard_jax.ensemble import EnsembleConfig
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.executors import ExecutorConfig
-from neuroshard_jax.models import shipped_names
+from neuroshard_jax.models import checkpoint_path
 from neuroshard_jax.plan_labels import plan_label_report
 from neuroshard_jax.training import TrainConfig, load_manifest, resolve_dataset, train_ensemble
 
@@ -97,7 +96,7 @@ def run_loop(config: LoopConfig, progress=print) -> dict:
                 nxt,
                 f"loop-round-{r + 1}",
                 how,
-                init=_path(model),
+                init=checkpoint_path(model),
                 dataset_scale=scale,
                 allow_mixed_hardware=config.allow_mixed_hardware,
             )
@@ -135,11 +134,6 @@ def check_base_hardware(base_datasets: tuple[str, ...], device: str) -> None:
                 "tools/hardware_probe.py --record BASE records that this machine measures like it; "
                 "allow_mixed_hardware=true mixes them anyway)"
             )
-
-
-def _path(model: str) -> str:
-    """A shipped model's checkpoint directory, else ``model`` (a directory)."""
-    return str(package_path(f"{SHIPPED_MODELS}/{model}")) if model in shipped_names() else model
 
 
 def _read(path: Path) -> dict:

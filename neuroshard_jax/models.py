@@ -45,6 +45,11 @@ def shipped_names() -> list[str]:
     return sorted(p.name for p in root.iterdir() if (p / "meta.json").exists()) if root.exists() else []
 
 
+def checkpoint_path(model: str) -> str:
+    """A shipped model's checkpoint directory, else ``model`` (a directory)."""
+    return str(package_path(f"{SHIPPED_MODELS}/{model}")) if model in shipped_names() else model
+
+
 @functools.lru_cache(maxsize=8)
 def _load_neural(path: str) -> tuple[CostModel, dict]:
     if read_meta(path).get("format") == ENSEMBLE_FORMAT:

@@ -507,17 +507,19 @@ def check_one_hardware(dataset_dirs: list[Path], manifests: list[dict]) -> None:
     shard takes 1.2-2.8x longer on this project's AMD EPYC machines than on its Intel Xeon ones, and 1.75x longer
     on a Zen 3 EPYC than a Zen 4."""
     device = manifests[0]["settings"].get("device")
+    shared = manifest_kinds(manifests[0])  # the kinds the datasets so far all hold for
     for i in range(1, len(manifests)):
         d, m = dataset_dirs[i], manifests[i]
-        if not common_kinds(manifests[: i + 1]) or m["settings"].get("device") != device:
+        kinds = manifest_kinds(m)
+        if not any(k in kinds for k in shared) or m["settings"].get("device") != device:
             earlier = ", ".join(repr(str(x)) for x in dataset_dirs[:i])
-            shared = common_kinds(manifests[:i])
             raise UserError(
                 f"datasets: {earlier} hold for {' or '.join(shared)} ({device}), {str(d)!r} for "
                 f"{' or '.join(manifest_kinds(m))} ({m['settings'].get('device')}); expected datasets from one kind "
                 "of hardware (a tools/hardware_probe.py --record verdict makes two kinds one, or "
                 "allow_mixed_hardware=true)"
             )
+        shared = [k for k in shared if k in kinds]
 
 
 MEMBER_COEFS = ("log_coef", "log_kernel", "log_interaction")  # the roofline's fitted parameters of a member

@@ -40,13 +40,12 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.constants import SHIPPED_MODELS
-from neuroshard_jax.datasets import JsonlLog, hardware, hardware_kind, package_path, write_json
+from neuroshard_jax.datasets import JsonlLog, hardware, hardware_kind, write_json
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_request, device_tables
 from neuroshard_jax.executors import ExecutorConfig, map_requests
 from neuroshard_jax.features import bin_shares, count_histogram
-from neuroshard_jax.models import expected_cost_model, make_cost_model, shipped_names
+from neuroshard_jax.models import checkpoint_path, expected_cost_model, make_cost_model
 from neuroshard_jax.polish import PolishConfig, polish_plan
 from neuroshard_jax.scoring import score_plan
 from neuroshard_jax.search import search_plan
@@ -571,10 +570,8 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    checkpoint = args.checkpoint
-    if checkpoint and checkpoint in shipped_names():
-        checkpoint = str(package_path(f"{SHIPPED_MODELS}/{checkpoint}"))  # the same label as its directory
-    options = {"checkpoint": checkpoint} if checkpoint else {}
+    # a shipped name as its directory: the same label either way
+    options = {"checkpoint": checkpoint_path(args.checkpoint)} if args.checkpoint else {}
     try:
         if args.stage == "tasks":
             for task_id, family, task in benchmark_tasks(out / TASKS_FILE):
