@@ -28,6 +28,7 @@ from neuroshard_jax.explain import ExplainConfig, explain_file
 from neuroshard_jax.models import cost_model_config, make_cost_model
 from neuroshard_jax.plans import format_plan
 from neuroshard_jax.polish import PolishConfig, polish_plan
+from neuroshard_jax.row_split import check_mode
 from neuroshard_jax.search import enable_compilation_cache, search_plan
 from neuroshard_jax.suite import SuiteConfig, run_suite
 from neuroshard_jax.tasks import TaskGroupConfig, make_task
@@ -49,8 +50,10 @@ class MainConfig:
     evaluate: bool = False
     polish: PolishConfig = PolishConfig()
     explain: bool = False
+    row_split: str = "fit"  # tables larger than every device: row blocks tried beside column slices (row_split.py)
 
     def __post_init__(self):
+        check_mode(self.row_split)
         if self.seed < 0:
             raise UserError(f"seed: got {self.seed}, expected an integer >= 0")
         if not self.output:
@@ -102,7 +105,13 @@ def main(cfg: DictConfig) -> None:
         task = make_task(config.task, config.task.seed, config.task.path)
         cost_model = (config.cost_model["name"], config.options("cost_model"))
         plan = search_plan(
-            task, config.searcher["name"], cost_model[0], config.seed, config.options("searcher"), cost_model[1]
+            task,
+            config.searcher["name"],
+            cost_model[0],
+            config.seed,
+            config.options("searcher"),
+            cost_model[1],
+            config.row_split,
         )
         if config.polish.name == "measured":
             plan = polish_plan(plan, make_cost_model(cost_model[0], task, cost_model[1]), config.polish, config.seed)

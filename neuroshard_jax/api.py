@@ -1,11 +1,11 @@
 """The one-call entry of the library: tables in, a validated and scored ``Plan`` out.
 
-    import neuroshard_jax as nsj
-    plan = nsj.plan(
-        {"user_id": {"rows": 1_000_000, "dim": 64, "pooling_factor": 1.0, "bins": [1.0] + [0.0] * 16},
-         "item_id": {"rows": 200_000, "dim": 128, "pooling_factor": 20.0, "bins": [0.6, 0.3, 0.1] + [0.0] * 14}},
-        num_devices=2, mem_cap_gb=4.0)
-    plan.costs.cost_ms, plan.placement()["item_id"], plan.to_json()
+import neuroshard_jax as nsj
+plan = nsj.plan(
+    {"user_id": {"rows": 1_000_000, "dim": 64, "pooling_factor": 1.0, "bins": [1.0] + [0.0] * 16},
+     "item_id": {"rows": 200_000, "dim": 128, "pooling_factor": 20.0, "bins": [0.6, 0.3, 0.1] + [0.0] * 14}},
+    num_devices=2, mem_cap_gb=4.0)
+plan.costs.cost_ms, plan.placement()["item_id"], plan.to_json()
 """
 
 from __future__ import annotations

@@ -149,16 +149,29 @@ def device_request(request_id, task: Task, tables: list, config: EvaluateConfig)
 
 def device_tables(task: Task, shards: list[Shard]) -> list:
     """A device's tables as the worker takes them, in a canonical order: [pool table id, dim] when the task
-    has a pool (its real streams), else table specs whose streams are synthesised (seeded by the table id)."""
-    if task.pool is not None:
-        return sorted([task.tables[s.table].id, s.dim] for s in shards)
-    specs = []
+    has a pool (its real streams), else table specs whose streams are synthesised (seeded by the table id). A row
+    block adds its row_offset and num_rows (the worker restricts the table's stream to it); an empty block (the
+    tail of TorchRec's row layout) holds nothing to measure."""
+    out = []
     for s in shards:
         t = task.tables[s.table]
-        specs.append(
-            {"rows": t.rows, "pooling_factor": t.pooling_factor, "bins": list(t.bins), "dim": s.dim, "seed": t.id}
-        )
-    return sorted(specs, key=lambda x: (x["seed"], x["dim"]))
+        block = () if s.whole_rows(t.rows) else (s.row_offset, s.rows(t.rows))
+        if block and block[1] == 0:
+            continue
+        if task.pool is not None:
+            out.append([t.id, s.dim, *block])
+        else:
+            spec = {
+                "rows": t.rows,
+                "pooling_factor": t.pooling_factor,
+                "bins": list(t.bins),
+                "dim": s.dim,
+                "seed": t.id,
+            }
+            out.append(spec | (dict(zip(("row_offset", "num_rows"), block))))
+    if task.pool is not None:
+        return sorted(out)
+    return sorted(out, key=lambda x: (x["seed"], x["dim"], x.get("row_offset", 0)))
 
 
 def device_key(task: Task, tables: list) -> str:

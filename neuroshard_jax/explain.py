@@ -82,7 +82,10 @@ def split_gains(model: CostModel, plan: Plan) -> dict[int, dict]:
         if len(slices) == 1:
             continue
         devices = sorted({s.device for s in slices})
+        rows = plan.task.tables[table].rows
         out[table] = {"slices": len(slices), "devices": devices, "whole_on": None, "gain_ms": None}
+        if any(not s.whole_rows(rows) for s in slices):
+            out[table]["row_blocks"] = sum(1 for s in slices if s.col_offset == 0)
         others = [s for s in plan.shards if s.table != table]
         for device in devices:
             whole = Shard(table, 0, plan.task.tables[table].dim, device)
@@ -255,7 +258,8 @@ def format_explanation(expl: dict, measured_from: str | None = None) -> str:
                 if s["gain_ms"] is None
                 else f"gain {s['gain_ms']:+.3f} ms (whole on device {s['whole_on']})"
             )
-            lines.append(f"  {name}: {s['slices']} slices on devices {s['devices']}, {gain}")
+            kind = f"{s['slices']} slices" if "row_blocks" not in s else f"{s['row_blocks']} row blocks (row-wise)"
+            lines.append(f"  {name}: {kind} on devices {s['devices']}, {gain}")
     else:
         lines.append("no table is split")
     lines.extend(f"binds: {b}" for b in expl["binds"]) if expl["binds"] else lines.append(

@@ -7,8 +7,9 @@ Writes a TorchRec ``ShardingPlan`` (``torch.save``; load it with ``torch.load(pa
 and pass it as ``DistributedModelParallel(..., plan=plan)``) for an EmbeddingBagCollection whose tables
 are the task's tables, named by ``table_names`` ({index}: position in the task, {id}: pool id). A
 table-wise shard becomes ``table_wise(rank)``, a table split into 2^k equal column shards
-``column_wise(ranks)`` in column order. The plan is built in the torch worker subprocess (torch is never
-imported here) and read back there: its shards must equal ours.
+``column_wise(ranks)`` in column order, a table's row blocks over every rank in order ``row_wise()``. The
+plan is built in the torch worker subprocess (torch is never imported here) and read back there: its shards
+must equal ours.
 
 ``check=true`` (with ``device=cpu``) then loads the plan into DistributedModelParallel on this machine,
 one gloo process per device, and runs a forward pass checked against the expected pooled sums, and a
@@ -31,6 +32,7 @@ from neuroshard_jax.constants import TORCHREC_INSTALL
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.plans import load_plan
 from neuroshard_jax.profiling import WorkerFailure, run_ranks, run_worker
+from neuroshard_jax.torchrec_plans import row_split_host
 from neuroshard_jax.types import Plan
 
 FORMATS = ("torchrec",)
@@ -72,15 +74,17 @@ class ExportConfig:
 def torchrec_request(plan: Plan, config: ExportConfig) -> dict:
     """The worker's request: tables {name, rows, dim}, their shards in column order, the world size."""
     task = plan.task
-    shards: list[list[dict]] = [[] for _ in task.tables]
-    for s in plan.shards:
-        shards[s.table].append({"col_offset": s.col_offset, "dim": s.dim, "rank": s.device})
+    names = [config.table_names.format(index=i, id=t.id) for i, t in enumerate(task.tables)]
+    shards = plan.torchrec_shards()
+    for name, table_shards in zip(names, shards):
+        if "num_rows" in table_shards[0]:
+            try:
+                row_split_host(name, table_shards, task.num_devices, task.num_devices)
+            except ValueError as err:
+                raise UserError(f"export: {err}") from None
     return {
-        "tables": [
-            {"name": config.table_names.format(index=i, id=t.id), "rows": t.rows, "dim": t.dim}
-            for i, t in enumerate(task.tables)
-        ],
-        "shards": [sorted(x, key=lambda s: s["col_offset"]) for x in shards],
+        "tables": [{"name": n, "rows": t.rows, "dim": t.dim} for n, t in zip(names, task.tables)],
+        "shards": shards,
         "world_size": task.num_devices,
         "device": config.device,
         "compute_kernel": config.compute_kernel,
@@ -130,9 +134,9 @@ def check_torchrec(exported: str | Path, request: dict, batch_size: int, timeout
 
 
 def expected_local_shards(request: dict, rank: int) -> list[list]:
-    """[table name, col_offset, dim] of the shards the plan puts on ``rank``, sorted."""
+    """[table name, col_offset, dim, row_offset, num_rows] of the shards the plan puts on ``rank``, sorted."""
     return sorted(
-        [t["name"], s["col_offset"], s["dim"]]
+        [t["name"], s["col_offset"], s["dim"], s.get("row_offset", 0), s.get("num_rows", t["rows"])]
         for t, shards in zip(request["tables"], request["shards"])
         for s in shards
         if s["rank"] == rank

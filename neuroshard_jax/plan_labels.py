@@ -163,12 +163,26 @@ def spec_task(config: PlanLabelConfig, specs: SpecSamplerConfig, devices: int, s
 
 
 def assignment(plan: Plan) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
-    """(slices per table, each table's slice devices in column order) of a column-wise plan."""
+    """(slices per table, each table's slice devices in column order) of a plan's column slices. A row-split table
+    has none: its row blocks stay where they are (``row_blocks_in``), perturbations move column slices only."""
     by_table: dict[int, list[Shard]] = {t: [] for t in range(plan.task.num_tables)}
     for s in plan.shards:
         by_table[s.table].append(s)
-    devices = tuple(tuple(s.device for s in sorted(by_table[t], key=lambda s: s.col_offset)) for t in by_table)
+    rows = plan.task.table_rows()
+    devices = tuple(
+        ()
+        if any(not s.whole_rows(rows[t]) for s in by_table[t])
+        else tuple(s.device for s in sorted(by_table[t], key=lambda s: s.col_offset))
+        for t in by_table
+    )
     return tuple(len(d) for d in devices), devices
+
+
+def row_blocks_in(plan: Plan) -> tuple[Shard, ...]:
+    """The shards of the plan's row-split tables."""
+    rows = plan.task.table_rows()
+    split = {s.table for s in plan.shards if not s.whole_rows(rows[s.table])}
+    return tuple(s for s in plan.shards if s.table in split)
 
 
 def perturb(task: Task, devices: tuple[tuple[int, ...], ...], kind: str, rng: np.random.Generator):
@@ -198,9 +212,10 @@ def perturb(task: Task, devices: tuple[tuple[int, ...], ...], kind: str, rng: np
     return tuple(tuple(d) for d in out)
 
 
-def plan_of(task: Task, devices) -> Plan:
-    shards = [s for t, devs in enumerate(devices) for s in column_shards(t, task.tables[t].dim, devs)]
-    return Plan(task, tuple(shards))
+def plan_of(task: Task, devices, row_blocks: tuple[Shard, ...] = ()) -> Plan:
+    """The plan of the tables' column slice devices (``assignment``) and the row-split tables' ``row_blocks``."""
+    shards = [s for t, devs in enumerate(devices) if devs for s in column_shards(t, task.tables[t].dim, devs)]
+    return Plan(task, tuple(shards) + row_blocks)
 
 
 def variants_of(plan: Plan, count: int, rng: np.random.Generator) -> list[tuple[str, Plan]]:
@@ -217,7 +232,7 @@ def variants_of(plan: Plan, count: int, rng: np.random.Generator) -> list[tuple[
             continue
         seen.add(changed)
         try:
-            out.append((kind, plan_of(plan.task, changed).validate()))
+            out.append((kind, plan_of(plan.task, changed, row_blocks_in(plan)).validate()))
         except PlanError:  # over a device's memory
             continue
     return out

@@ -31,7 +31,7 @@ from neuroshard_jax.errors import PlanError, UserError
 from neuroshard_jax.evaluation import DEVICES, EvaluateConfig, device_key, device_request, device_tables, measure_comm
 from neuroshard_jax.executors import Executor, ExecutorConfig, open_executor
 from neuroshard_jax.models import expected_cost_model
-from neuroshard_jax.plan_labels import assignment, plan_of
+from neuroshard_jax.plan_labels import assignment, plan_of, row_blocks_in
 from neuroshard_jax.scoring import score_plan, score_plans_devices, with_costs
 from neuroshard_jax.sharding import split_counts
 from neuroshard_jax.types import Plan
@@ -167,7 +167,7 @@ def proposals(plan: Plan, slow: int, rng: np.random.Generator, count: int) -> li
         if _contents(changed, kinds) in seen:  # the same devices up to their order: the same measured plan
             continue
         try:
-            out.append((kind, plan_of(task, changed).validate()))
+            out.append((kind, plan_of(task, changed, row_blocks_in(plan)).validate()))
         except PlanError:  # over a device's memory, or a constraint
             continue
         seen.add(_contents(changed, kinds))

@@ -139,8 +139,10 @@ def plan_arrays(plan: Plan, max_tables: int | None = None):
     task_feats = task.features()
     for d, shards in enumerate(per_device):
         for j, s in enumerate(shards):
-            feats[d, j] = shard_features(task_feats[s.table], s.dim)
-            mask[d, j] = True
+            rows = task.tables[s.table].rows
+            block = None if s.whole_rows(rows) else s.rows(rows)
+            feats[d, j] = shard_features(task_feats[s.table], s.dim, block)
+            mask[d, j] = block != 0  # an empty row block does no work
     return feats, mask, plan.dim_sums().astype(np.float32), np.ones(n, dtype=bool)
 
 

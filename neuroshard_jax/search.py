@@ -6,11 +6,13 @@ import dataclasses
 import time
 
 import jax
+import numpy as np
 
 from neuroshard_jax.constraints import KEYS, conflicts, has_constraints
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.models import expected_cost_model, make_cost_model
-from neuroshard_jax.scoring import with_costs
+from neuroshard_jax.row_split import hot_tables, join, rest_task, row_blocks_of, row_split_choices
+from neuroshard_jax.scoring import score_plans, single_shard_costs, with_costs
 from neuroshard_jax.sharding import merge_colocated
 from neuroshard_jax.tables import cache_dir
 from neuroshard_jax.tasks import check_feasible
@@ -35,22 +37,57 @@ def search_plan(
     seed: int,
     searcher_options: dict | None = None,
     cost_model_options: dict | None = None,
+    row_split: str = "fit",
 ) -> Plan:
-    """Search a plan for ``task``: validated, with its costs predicted by ``cost_model`` and its provenance."""
+    """Search a plan for ``task``: validated, with its costs predicted by ``cost_model`` and its provenance.
+    ``row_split``: which tables row blocks are tried for (``row_split.py``: fit | hot | off)."""
     check_feasible(task)
     model = make_cost_model(cost_model, task, cost_model_options)
     algorithm = make_searcher(searcher, searcher_options)
     if has_constraints(task.tables):
         check_constraints(task, searcher, algorithm)
     start = time.perf_counter()
-    plan = algorithm.search(task, model, seed)
-    # slices of one table left on one device are one shard's work done in pieces: undo those halvings
-    plan = dataclasses.replace(plan, shards=merge_colocated(plan.shards))
+    if getattr(algorithm, "own_row_splits", False):  # TorchRec's planner chooses its own sharding types
+        choices = [()]
+    else:
+        choices = row_split_choices(task, row_split, hot_tables(whole_table_ms(model, task), task.num_devices))
+    plans, refusal = [], None
+    for split in choices:
+        try:
+            plans.append(_search_around(task, algorithm, model, seed, split, cost_model, cost_model_options))
+        except InfeasibleError as err:  # this way of cutting leaves no plan; another may
+            refusal = refusal or err
+    if not plans:
+        raise refusal
+    # the cheaper by the search's own score (an ensemble's risk term included), the first on a tie
+    plan = plans[int(np.argmin(score_plans(model, plans)))] if len(plans) > 1 else plans[0]
     elapsed_s = time.perf_counter() - start
-    plan.validate()
     # the reported costs are expectations: the search's risk term (an ensemble's spread) is not part of them
     scored = with_costs(expected_cost_model(model), plan)
     return dataclasses.replace(scored, searcher=searcher, seed=seed, search_time_s=elapsed_s)
+
+
+def whole_table_ms(model, task: Task) -> np.ndarray:
+    """f64[T]: each table's predicted compute alone and whole (the model's expectation)."""
+    expected = expected_cost_model(model)
+    feats = task.features().astype(np.float32)
+    return np.asarray(single_shard_costs(expected.fns, expected.params, feats)[1], dtype=np.float64)
+
+
+def _search_around(task, algorithm, model, seed, split, cost_model, cost_model_options) -> Plan:
+    """The searcher's plan of ``task`` with the tables ``split`` cut into row blocks over every device first (none:
+    the plain search), validated."""
+    if split:
+        blocks = row_blocks_of(task, split)
+        rest, index = rest_task(task, blocks)
+        rest_plan = None
+        if rest.num_tables:
+            rest_plan = algorithm.search(rest, make_cost_model(cost_model, rest, cost_model_options), seed)
+            rest_plan = dataclasses.replace(rest_plan, shards=merge_colocated(rest_plan.shards))
+        return join(task, rest_plan, index, blocks).validate()
+    plan = algorithm.search(task, model, seed)
+    # slices of one table left on one device are one shard's work done in pieces: undo those halvings
+    return dataclasses.replace(plan, shards=merge_colocated(plan.shards)).validate()
 
 
 def check_constraints(task: Task, searcher: str, algorithm) -> None:
@@ -77,6 +114,7 @@ def shard_task(
     seed: int,
     searcher_options: dict | None = None,
     cost_model_options: dict | None = None,
+    row_split: str = "fit",
 ) -> dict:
     """``search_plan`` as the plan.json object."""
-    return search_plan(task, searcher, cost_model, seed, searcher_options, cost_model_options).to_json()
+    return search_plan(task, searcher, cost_model, seed, searcher_options, cost_model_options, row_split).to_json()

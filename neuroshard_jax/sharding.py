@@ -5,14 +5,17 @@ the torch worker all call them. NumPy only (the worker imports it).
 
 * **Splits.** A table of width ``dim`` is cut into 2^k column shards of equal width, each a positive multiple
   of ``DIM_ALIGNMENT``: it may be halved ``max_halvings(dim)`` times (dim 24: once, into two of 12).
-* **Shards.** A shard covers a column range and a row range of one table and sits on one device. The row
-  range is the whole table until row-wise sharding gives it meaning.
+* **Shards.** A shard covers a column range and a row range of one table and sits on one device.
+* **Row splits.** A table too large for one device is cut into R row blocks laid out as TorchRec lays out a
+  row-wise table (``row_blocks``: blocks of ceil(rows / R) rows, the last ones shorter or empty), block i on the
+  i-th device of the group it is split over; each of its column slices is cut the same way. A row block does the
+  lookups that land in its rows only (``shard_features``).
 * **Memory.** A shard holds its weights only: rows x dim x bytes per element of the precision
   (``mem_bytes``); a device holds the sum over its shards (``device_mem_bytes``).
 * **Merging.** Sibling slices (the two halves of one halving) on the same device are one shard in all but cost:
   the same memory and output, more work per lookup. ``merge_colocated`` undoes every such halving.
-* **Tiling.** A plan is valid only if the shards of every table tile its columns (and rows) exactly once
-  (``tiling_error``).
+* **Tiling.** A plan is valid only if the shards of every table tile its columns and rows exactly once: 2^k equal
+  column slices, each over all rows or over the same R row blocks (``tiling_error``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,24 @@ class Shard:
 
     def whole_rows(self, table_rows: int) -> bool:
         return self.row_offset == 0 and self.rows(table_rows) == table_rows
+
+
+def row_blocks(rows: int, count: int) -> tuple[tuple[int, int], ...]:
+    """(row_offset, num_rows) of the ``count`` row blocks of a table of ``rows`` rows, TorchRec's row-wise layout:
+    blocks of ceil(rows / count) rows in order, the last ones shorter or empty (10 rows in 4: 3, 3, 3, 1)."""
+    if count < 1:
+        raise ValueError(f"row blocks: count {count}, expected >= 1")
+    block = -(-rows // count)
+    return tuple((min(i * block, rows), max(0, min(block, rows - i * block))) for i in range(count))
+
+
+def row_shards(table: int, rows: int, dim: int, devices: Sequence[int], col_offset: int = 0) -> tuple[Shard, ...]:
+    """Columns [col_offset, col_offset + dim) of a table of ``rows`` rows cut into ``len(devices)`` row blocks
+    (``row_blocks``), block i on ``devices[i]``."""
+    return tuple(
+        Shard(table, col_offset, dim, int(d), offset, count)
+        for d, (offset, count) in zip(devices, row_blocks(rows, len(devices)))
+    )
 
 
 def is_legal_dim(dim: int) -> bool:
@@ -124,31 +145,60 @@ def device_dim_sums(shards: Iterable[Shard], num_devices: int):
 
 def shard_features(table_features: np.ndarray, dim: int, rows: int | None = None) -> np.ndarray:
     """Features f64[F] of a shard of width ``dim`` (and ``rows`` rows, default all) of a table with
-    features ``table_features`` f64[F] (FEATURE_NAMES order)."""
+    features ``table_features`` f64[F] (FEATURE_NAMES order).
+
+    A block of ``rows`` of the table's rows does the lookups that land in it: a share rows / table rows of the
+    pooling factor, with the table's access histogram, as where ids are hashed over the rows (hot rows scattered,
+    which is how production ids reach a table). A block whose rows are hotter or colder than that is measured so
+    by the worker (``worker.py``: its stream restricted to the block); the features do not know it."""
     out = np.array(table_features, dtype=np.float64)
     if rows is not None:
+        table_rows = out[FEATURE_INDEX["rows"]]
+        if table_rows > 0:
+            out[FEATURE_INDEX["pooling_factor"]] *= rows / table_rows
         out[FEATURE_INDEX["rows"]] = rows
     out[FEATURE_INDEX["dim"]] = dim
     out[FEATURE_INDEX["size"]] = out[FEATURE_INDEX["rows"]] * dim
     return out
 
 
+def row_split_count(shards: Sequence[Shard], table_rows: int) -> int:
+    """Row blocks per column slice of a table's shards: 1 when every shard holds all the rows, else the number of
+    shards at column offset 0 (``tiling_error`` checks that the rest agrees)."""
+    if all(s.whole_rows(table_rows) for s in shards):
+        return 1
+    return sum(1 for s in shards if s.col_offset == 0)
+
+
 def tiling_error(dim: int, table_rows: int, shards: Sequence[Shard]) -> str | None:
     """Why ``shards`` do not tile a table of ``dim`` columns and ``table_rows`` rows exactly once, or None.
 
-    The rule: 2^k column shards of equal legal width, each over all the table's rows."""
-    count = len(shards)
-    if count == 0:
+    The rule: 2^k column slices of equal legal width, each over all the table's rows or cut into the same R row
+    blocks (``row_blocks``)."""
+    if not shards:
         return f"has no shard, expected its {dim} columns placed"
-    if count not in split_counts(dim):
+    blocks = row_split_count(shards, table_rows)
+    count = len(shards) // blocks
+    if count * blocks != len(shards) or count not in split_counts(dim):
         return (
-            f"(dim {dim}) has {count} shards, expected 2^k shards of equal width, each a multiple of "
+            f"(dim {dim}) has {len(shards)} shards, expected 2^k column slices of equal width, each a multiple of "
             f"{DIM_ALIGNMENT} (one of {list(split_counts(dim))})"
+            + (f", each in {blocks} row blocks" if blocks > 1 else "")
         )
-    if any(not s.whole_rows(table_rows) for s in shards):
-        return f"has a shard of a row range, expected every shard over all {table_rows} rows"
     width = dim // count
-    offsets = sorted(s.col_offset for s in shards)
-    if any(s.dim != width for s in shards) or offsets != list(range(0, dim, width)):
+    if any(s.dim != width for s in shards):
+        return f"shards do not tile its {dim} columns exactly"
+    layout = row_blocks(table_rows, blocks) if blocks > 1 else ((0, table_rows),)
+    want = sorted((c, r, n) for c in range(0, dim, width) for r, n in layout)
+    if sorted((s.col_offset, s.row_offset, s.rows(table_rows)) for s in shards) != want:
+        if blocks == 1 and any(not s.whole_rows(table_rows) for s in shards):
+            return (
+                f"has a shard of a row range alone in its column slice, expected row blocks over all {table_rows} rows"
+            )
+        if blocks > 1:
+            return (
+                f"shards do not tile its {dim} columns and {table_rows} rows: expected every column slice in the "
+                f"same {blocks} row blocks (row_offset, num_rows) {list(layout)}"
+            )
         return f"shards do not tile its {dim} columns exactly"
     return None

@@ -142,3 +142,15 @@ def spec_stream(spec: TableSpec, seed: int, where: str = "table") -> tuple[np.nd
     indices = np.repeat(row_ids.astype(np.int64), counts)
     rng.shuffle(indices)
     return indices, offsets
+
+
+def restrict_rows(
+    indices: np.ndarray, offsets: np.ndarray, row_offset: int, num_rows: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The lookups of one batch (indices i64[L], offsets i64[B + 1]) that land in rows [row_offset, row_offset +
+    num_rows), renumbered from 0, with every bag kept (possibly empty): what the owner of that row block of a
+    row-wise table receives."""
+    indices = np.asarray(indices, dtype=np.int64)
+    keep = (indices >= row_offset) & (indices < row_offset + num_rows)
+    kept_before = np.concatenate([[0], np.cumsum(keep)])
+    return indices[keep] - row_offset, kept_before[np.asarray(offsets, dtype=np.int64)]

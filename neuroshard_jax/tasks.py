@@ -10,7 +10,7 @@ import numpy as np
 from neuroshard_jax.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GIB_BYTES, TASK_DIMS
 from neuroshard_jax.datasets import read_json
 from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.sharding import is_legal_dim, mem_bytes, narrowest_dim
+from neuroshard_jax.sharding import is_legal_dim, mem_bytes, narrowest_dim, row_blocks
 from neuroshard_jax.tables import PoolSpec, TablePool, load_pool
 from neuroshard_jax.types import Table, Task
 
@@ -145,10 +145,13 @@ def check_feasible(task: Task) -> None:
     for i, table in enumerate(task.tables):
         narrowest = task.table_mem_bytes(i, narrowest_dim(table.dim))
         whole = task.table_mem_bytes(i)
-        if narrowest > cap or (whole > cap and whole > int(caps.sum())):
+        blocks = [mem_bytes(n, table.dim, task.precision) for _, n in row_blocks(table.rows, task.num_devices)]
+        rows_fit = all(b <= c for b, c in zip(blocks, caps))
+        if (narrowest > cap and not rows_fit) or (whole > cap and whole > int(caps.sum())):
             where = f"devices of {task.mem_cap_gb} GiB" if task.devices is None else task.describe_devices()
             raise InfeasibleError(
-                f"task infeasible: table {table.id} needs {whole / GIB_BYTES:.2f} GiB, which no split fits in {where}"
+                f"task infeasible: table {table.id} needs {whole / GIB_BYTES:.2f} GiB, which no split fits (column "
+                f"slices, or row blocks over every device) in {where}"
             )
     total = sum(task.table_mem_bytes(i) for i in range(task.num_tables))
     if total > caps.sum():

@@ -278,15 +278,19 @@ class Plan:
         return [s for s in self.shards if s.device == device]
 
     def shards_of(self, table: int) -> list[Shard]:
-        """The shards of task table ``table`` (an index), in column order."""
-        return sorted((s for s in self.shards if s.table == table), key=lambda s: s.col_offset)
+        """The shards of task table ``table`` (an index), in column order (then row order)."""
+        return sorted((s for s in self.shards if s.table == table), key=lambda s: (s.col_offset, s.row_offset))
 
-    def placement(self) -> dict[str | int, list[tuple[int, int, int]]]:
-        """Per table (its name, else its id): its shards as (col_offset, dim, device), in column order."""
-        out: dict[str | int, list[tuple[int, int, int]]] = {}
-        for s in sorted(self.shards, key=lambda s: (s.table, s.col_offset)):
+    def placement(self) -> dict[str | int, list[tuple[int, ...]]]:
+        """Per table (its name, else its id): its shards as (col_offset, dim, device), in column order; a row-split
+        table's as (col_offset, dim, device, row_offset, num_rows), in column then row order."""
+        out: dict[str | int, list[tuple[int, ...]]] = {}
+        for s in sorted(self.shards, key=_shard_order):
             table = self.task.tables[s.table]
-            out.setdefault(table.id if table.name is None else table.name, []).append((s.col_offset, s.dim, s.device))
+            where = (s.col_offset, s.dim, s.device)
+            if not s.whole_rows(table.rows):
+                where += (s.row_offset, s.rows(table.rows))
+            out.setdefault(table.id if table.name is None else table.name, []).append(where)
         return out
 
     def to_torchrec(
@@ -303,12 +307,22 @@ class Plan:
         from the task's tables, one feature per table); ``local_size``: ranks per host (default: one host)."""
         names = self.torchrec_names()
         tables = [{"name": n, "rows": t.rows, "dim": t.dim} for n, t in zip(names, self.task.tables)]
-        shards: dict[str, list[dict]] = {n: [] for n in names}
-        for s in sorted(self.shards, key=lambda s: (s.table, s.col_offset)):
-            shards[names[s.table]].append({"col_offset": s.col_offset, "dim": s.dim, "rank": s.device})
+        shards = dict(zip(names, self.torchrec_shards()))
         if module is None:
             module = embedding_bag_collection(tables)
         return sharding_plan({module_path: (module, shards)}, self.task.num_devices, device, compute_kernel, local_size)
+
+    def torchrec_shards(self) -> list[list[dict[str, int]]]:
+        """Per task table: its shards as ``torchrec_plans`` takes them, {col_offset, dim, rank} (and row_offset,
+        num_rows for a row block), in column then row order."""
+        out: list[list[dict[str, int]]] = [[] for _ in self.task.tables]
+        for s in sorted(self.shards, key=_shard_order):
+            shard = {"col_offset": s.col_offset, "dim": s.dim, "rank": s.device}
+            rows = self.task.tables[s.table].rows
+            if not s.whole_rows(rows):
+                shard.update(row_offset=s.row_offset, num_rows=s.rows(rows))
+            out[s.table].append(shard)
+        return out
 
     def torchrec_names(self) -> list[str]:
         """The tables' names in TorchRec: their names, else ``t{index}``."""
@@ -365,10 +379,7 @@ class Plan:
         if self.seed is not None:
             out["seed"] = self.seed
         out["task"] = task.to_json()
-        out["shards"] = [
-            {"table": task.tables[s.table].id, "col_offset": s.col_offset, "dim": s.dim, "device": s.device}
-            for s in sorted(self.shards, key=lambda s: (s.table, s.col_offset))
-        ]
+        out["shards"] = [_shard_json(task, s) for s in sorted(self.shards, key=_shard_order)]
         devices = []
         for d in range(task.num_devices):
             device = {
@@ -411,13 +422,18 @@ class Plan:
         for i, s in enumerate(obj["shards"]):
             try:
                 table, col_offset, dim, device = (int(s[k]) for k in ("table", "col_offset", "dim", "device"))
-            except (KeyError, TypeError, ValueError):
+                row_offset, num_rows = int(s.get("row_offset", 0)), s.get("num_rows")
+                num_rows = None if num_rows is None else int(num_rows)
+            except (KeyError, TypeError, ValueError, AttributeError):
                 raise UserError(
-                    f"{where}.shards[{i}]: got {s!r:.80}, expected table, col_offset, dim, device integers"
+                    f"{where}.shards[{i}]: got {s!r:.80}, expected table, col_offset, dim, device integers "
+                    "(and row_offset, num_rows for a row block)"
                 ) from None
             if table not in index:
                 raise UserError(f"{where}.shards[{i}].table: got {table}, expected a table id of the task")
-            shards.append(Shard(index[table], col_offset, dim, device))
+            if row_offset < 0 or (num_rows is not None and num_rows < 0):
+                raise UserError(f"{where}.shards[{i}]: row_offset {row_offset}, num_rows {num_rows}, expected >= 0")
+            shards.append(Shard(index[table], col_offset, dim, device, row_offset, num_rows))
         return cls(
             task,
             tuple(shards),
@@ -427,6 +443,19 @@ class Plan:
             obj.get("search_time_s"),
             obj.get("polish") if isinstance(obj.get("polish"), dict) else None,
         ).validate()
+
+
+def _shard_order(s: Shard) -> tuple[int, int, int]:
+    return s.table, s.col_offset, s.row_offset
+
+
+def _shard_json(task: Task, s: Shard) -> dict[str, int]:
+    """A plan.json shard: the row range only for a row block, so a column-wise plan's file is unchanged."""
+    out = {"table": task.tables[s.table].id, "col_offset": s.col_offset, "dim": s.dim, "device": s.device}
+    rows = task.tables[s.table].rows
+    if not s.whole_rows(rows):
+        out.update(row_offset=s.row_offset, num_rows=s.rows(rows))
+    return out
 
 
 def _costs_from_json(obj: dict, num_devices: int) -> PlanCosts | None:

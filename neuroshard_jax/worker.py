@@ -17,7 +17,8 @@ Commands:
 A compute request: {"id", "device": "cpu"|"cuda", "pool": {...PoolSpec} (when tables name pool ids), "batch_size",
 "tables": [[pool table id, dim] | {"rows", "pooling_factor", "bins", "dim", "seed"}, ...], "optimizer",
 "precision", "warmup", "iters"}. A table given by its spec gets an index stream synthesised to match it
-(``neuroshard_jax.streams``), the same for the same seed.
+(``neuroshard_jax.streams``), the same for the same seed. A row block of a table: [pool table id, dim,
+row_offset, num_rows], or its spec with "row_offset" and "num_rows": the table's stream restricted to the block.
 The answer: {"id", "ok": true, "fwd_ms", "bwd_ms", "total_ms", "fwd_runs_ms", "bwd_runs_ms", "cpu_share"} (medians
 over the timed iterations), or {"id", "ok": false, "error"} for a request it refuses.
 """
@@ -37,7 +38,7 @@ import numpy as np
 
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.sharding import is_legal_dim
-from neuroshard_jax.streams import TableSpec, spec_stream
+from neuroshard_jax.streams import TableSpec, restrict_rows, spec_stream
 from neuroshard_jax.tables import PoolSpec, pool_streams
 from neuroshard_jax.torchrec_plans import (
     TORCHREC_MISSING,
@@ -94,20 +95,36 @@ def shard_inputs(request: dict) -> tuple[list[tuple[int, int]], np.ndarray, np.n
 
 
 def _table_stream(table, request: dict, batch: int, where: str):
-    """(rows, dim, (indices, offsets)) of one table of a request: a pool table id or a table spec."""
+    """(rows, dim, (indices, offsets)) of one table of a request: a pool table id or a table spec, whole or one
+    row block of it (``row_offset``, ``num_rows``: the block's own lookups, ``streams.restrict_rows``)."""
     if isinstance(table, dict):
         try:
             spec = TableSpec(int(table["rows"]), float(table["pooling_factor"]), tuple(table["bins"]), batch)
-            return spec.rows, int(table["dim"]), spec_stream(spec, int(table.get("seed", 0)), where)
+            rows, dim, stream = spec.rows, int(table["dim"]), spec_stream(spec, int(table.get("seed", 0)), where)
+            block = (int(table["row_offset"]), int(table["num_rows"])) if "num_rows" in table else None
         except UserError as err:
             raise RequestError(str(err)) from None
         except (KeyError, TypeError, ValueError):
             raise RequestError(f"{where}: got {table!r:.80}, expected rows, pooling_factor, bins, dim") from None
-    table_id, dim = table
-    rows, streams = _pool_streams(request["pool"])
-    if not 0 <= table_id < len(rows):
-        raise RequestError(f"table id {table_id} is not in the pool (0..{len(rows) - 1})")
-    return int(rows[table_id]), int(dim), streams.stream(int(table_id), batch)
+    else:
+        try:
+            table_id, dim, *block = (int(x) for x in table)
+        except (TypeError, ValueError):
+            raise RequestError(
+                f"{where}: got {table!r:.80}, expected [pool table id, dim(, row_offset, num_rows)]"
+            ) from None
+        pool_rows, streams = _pool_streams(request["pool"])
+        if not 0 <= table_id < len(pool_rows):
+            raise RequestError(f"table id {table_id} is not in the pool (0..{len(pool_rows) - 1})")
+        if len(block) not in (0, 2):
+            raise RequestError(f"{where}: got {table!r:.80}, expected [pool table id, dim(, row_offset, num_rows)]")
+        rows, stream, block = int(pool_rows[table_id]), streams.stream(table_id, batch), block or None
+    if block is None:
+        return rows, dim, stream
+    offset, count = block
+    if not (0 <= offset and 0 < count and offset + count <= rows):
+        raise RequestError(f"{where}: row block [{offset}, {offset + count}), expected rows within [0, {rows})")
+    return count, dim, restrict_rows(*stream, offset, count)
 
 
 def profile_compute(request: dict) -> dict:
@@ -398,7 +415,7 @@ def torchrec_plan(request: dict) -> dict:
 def torchrec_export(request: dict, out_path: str) -> dict:
     """Our plan as a TorchRec ShardingPlan, written with torch.save; the plan is read back and its shards
     checked against the request. request: {tables: [{name, rows, dim}], shards: per table [{col_offset,
-    dim, rank}], world_size, device, compute_kernel, module_path}."""
+    dim, rank} (and row_offset, num_rows: a row block)], world_size, device, compute_kernel, module_path}."""
     try:
         import torch
         import torchrec  # noqa: F401 (a missing torchrec is reported, not raised)
@@ -407,9 +424,12 @@ def torchrec_export(request: dict, out_path: str) -> dict:
     shards = {t["name"]: s for t, s in zip(request["tables"], request["shards"])}
     module = embedding_bag_collection(request["tables"], "meta")
     world = int(request["world_size"])
-    plan = sharding_plan(
-        {request["module_path"]: (module, shards)}, world, request["device"], request["compute_kernel"]
-    )
+    try:
+        plan = sharding_plan(
+            {request["module_path"]: (module, shards)}, world, request["device"], request["compute_kernel"]
+        )
+    except ValueError as err:  # a row split TorchRec does not run (``torchrec_plans.row_split_host``)
+        return {"error": str(err)}
     torch.save(plan, out_path)
     error = mismatch(torch.load(out_path, weights_only=False), shards)
     return {"error": error} if error else {"ok": True, "plan": str(plan)}
@@ -483,7 +503,7 @@ def _distributed_model(request: dict, plan):
 
 def _write_pattern(model) -> list[list]:
     """Set every local shard's weights to ``_pattern`` of its global rows and columns; returns the local
-    shards as [table name, col_offset, dim]."""
+    shards as [table name, col_offset, dim, row_offset, num_rows]."""
     import torch
 
     local = []
@@ -494,7 +514,7 @@ def _write_pattern(model) -> list[list]:
                 n_rows, n_cols = shard.metadata.shard_sizes
                 weights = _pattern(np.arange(r0, r0 + n_rows), np.arange(c0, c0 + n_cols))
                 shard.tensor.copy_(torch.from_numpy(weights.astype(np.float32)))
-                local.append([key.split(".")[-2], int(c0), int(n_cols)])
+                local.append([key.split(".")[-2], int(c0), int(n_cols), int(r0), int(n_rows)])
     return local
 
 

@@ -1,10 +1,10 @@
 """``searcher=torchrec``: TorchRec's EmbeddingShardingPlanner as the outside baseline.
 
-The planner runs in the torch worker subprocess (``python -m neuroshard_jax.worker torchrec-plan``),
-the only place torch is imported: tables as EmbeddingBagConfigs on the meta device, a Topology of N
-ranks with the task's memory cap, pooling factors as constraints, sharding types table_wise and
-column_wise, the fused kernel. Its plan is converted to ours (a table's column shards must be 2^k
-equal widths) and then scored and measured like any other. Needs the ``torchrec`` install (README).
+The planner runs in the torch worker subprocess (``python -m neuroshard_jax.worker torchrec-plan``), the only place torch is imported:
+tables as EmbeddingBagConfigs on the meta device, a Topology of N ranks with the task's memory cap, pooling
+factors as constraints, sharding types table_wise and column_wise (and row_wise when asked:
+``searcher.sharding_types``), the fused kernel. Its plan is converted to ours (a table's column shards must be
+2^k equal widths) and then scored and measured like any other. Needs the ``torchrec`` install (README).
 """
 
 from __future__ import annotations
@@ -24,17 +24,21 @@ from neuroshard_jax.sharding import Shard, tiling_error
 from neuroshard_jax.types import Plan, Task
 from searchers.registry import register
 
-SHARDING_TYPES = ("table_wise", "column_wise")
+SHARDING_TYPES = ("table_wise", "column_wise", "row_wise")
+DEFAULT_SHARDING_TYPES = ("table_wise", "column_wise")
 RESERVATIONS = ("heuristic", "percent")
 
 
 def plan_from_torchrec(task: Task, shards: list[list[dict]]) -> Plan:
     """Our plan from TorchRec's per-table shards; a table's shards must tile it by our split rule
-    (``sharding.tiling_error``: 2^k equal column slices)."""
+    (``sharding.tiling_error``: 2^k equal column slices; row-wise: TorchRec's row blocks over every rank)."""
     out = []
     for t, table_shards in enumerate(shards):
         table = task.tables[t]
-        ours = [Shard(t, s["col_offset"], s["dim"], s["rank"]) for s in table_shards]
+        ours = [
+            Shard(t, s["col_offset"], s["dim"], s["rank"], s.get("row_offset", 0), s.get("num_rows"))
+            for s in table_shards
+        ]
         error = tiling_error(table.dim, table.rows, ours)
         if error:
             widths = [s["dim"] for s in sorted(table_shards, key=lambda s: s["col_offset"])]
@@ -42,20 +46,22 @@ def plan_from_torchrec(task: Task, shards: list[list[dict]]) -> Plan:
                 f"torchrec: table {table.id} was split into widths {widths}, expected 2^k equal column shards (the "
                 f"plan format of this project): {error}"
             )
-        out.extend(sorted(ours, key=lambda s: s.col_offset))
+        out.extend(sorted(ours, key=lambda s: (s.col_offset, s.row_offset)))
     return Plan(task, tuple(out))
 
 
 @register("torchrec")
 @dataclasses.dataclass(frozen=True)
 class TorchRecSearch:
-    sharding_types: tuple[str, ...] = SHARDING_TYPES
+    sharding_types: tuple[str, ...] = DEFAULT_SHARDING_TYPES  # row_wise: on request (searcher.sharding_types)
     timeout_s: float = 600.0
     # heuristic: TorchRec's default reservation (15% plus its estimate of input and dense storage);
     # percent: a flat 15% (tiny, very hot tables make the heuristic reserve GBs for inputs and find no plan)
     reservation: str = "heuristic"
     # what TorchRec's ParameterConstraints can say; pin, exclude and colocate it cannot (refused in one line)
     constraints: ClassVar[tuple[str, ...]] = ("no_split", "max_shards")
+    # the search stage's row splits (row_split.py) are not applied: TorchRec's planner picks its own sharding types
+    own_row_splits: ClassVar[bool] = True
 
     def __post_init__(self):
         if self.reservation not in RESERVATIONS:

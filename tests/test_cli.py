@@ -124,10 +124,13 @@ def test_table_too_big_for_table_wise_greedy(tmp_path):
         mem_cap_gb=10**5 * 64 * 4 * 0.6 / GIB_BYTES,
     )
     (tmp_path / "task.json").write_text(json.dumps(task.to_json()))
-    args = ["cost_model=analytic", f"task.path={tmp_path / 'task.json'}"]
+    args = ["cost_model=analytic", f"task.path={tmp_path / 'task.json'}", "row_split=off"]
     _one_line_error(run_cli("searcher=size_lookup_greedy", *args, f"hydra.run.dir={tmp_path}"), "fits on no device")
     for searcher in ("random", "beam"):  # column-wise searchers split it (in-process: the CLI path is above)
-        assert len(search_plan(task, searcher, "analytic", 0).shards) > 2
+        assert len(search_plan(task, searcher, "analytic", 0, row_split="off").shards) > 2
+    # with row splits (the default) the table-wise greedy plans it as row blocks over both devices
+    rows = search_plan(task, "size_lookup_greedy", "analytic", 0).shards_of(0)
+    assert [(s.device, s.num_rows) for s in rows] == [(0, 50_000), (1, 50_000)]
 
 
 def test_bad_override_value(tmp_path):

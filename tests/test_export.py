@@ -10,7 +10,7 @@ from neuroshard_jax.datasets import write_json
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.export import ExportConfig, expected_local_shards, export_torchrec
 from neuroshard_jax.scoring import with_costs
-from neuroshard_jax.sharding import Shard
+from neuroshard_jax.sharding import Shard, row_shards
 from neuroshard_jax.types import Plan
 
 from .conftest import make_table, make_task, run_cli
@@ -18,15 +18,17 @@ from .conftest import make_table, make_task, run_cli
 
 @pytest.fixture()
 def split_plan(tmp_path):
-    """Two devices; table 1 split in two, table 3 in four (two shards of it on each rank)."""
+    """Two devices; table 1 split in two, table 3 in four (two shards of it on each rank), table 4 row-wise (rows
+    0-50 on rank 0, 51-100 on rank 1)."""
     tables = [make_table(10 + i, rows=50 + 30 * i, dim=d) for i, d in enumerate((16, 32, 8, 64))]
-    task = make_task(tables, num_devices=2)
+    task = make_task([*tables, make_table(14, rows=101, dim=8)], num_devices=2)
     shards = (
         Shard(0, 0, 16, 0),
         Shard(1, 0, 16, 1),
         Shard(1, 16, 16, 0),
         Shard(2, 0, 8, 1),
         *(Shard(3, 16 * k, 16, k % 2) for k in range(4)),
+        *row_shards(4, 101, 8, [0, 1]),
     )
     plan = Plan(task, shards)
     scored = dataclasses.replace(with_costs(analytic_model(task), plan), searcher="test", seed=0, search_time_s=0.0)
@@ -38,13 +40,24 @@ def test_exported_plan_names_and_places_every_shard(split_plan, tmp_path):
     plan, path = split_plan
     config = ExportConfig(device="cpu", table_names="emb_{id}")
     request, _ = export_torchrec(plan, tmp_path / "plan.pt", config)
-    assert [t["name"] for t in request["tables"]] == ["emb_10", "emb_11", "emb_12", "emb_13"]
+    assert [t["name"] for t in request["tables"]] == ["emb_10", "emb_11", "emb_12", "emb_13", "emb_14"]
     assert expected_local_shards(request, 1) == [
-        ["emb_11", 0, 16],
-        ["emb_12", 0, 8],
-        ["emb_13", 16, 16],
-        ["emb_13", 48, 16],
+        ["emb_11", 0, 16, 0, 80],
+        ["emb_12", 0, 8, 0, 110],
+        ["emb_13", 16, 16, 0, 140],
+        ["emb_13", 48, 16, 0, 140],
+        ["emb_14", 0, 8, 51, 50],
     ]
+
+
+def test_row_blocks_export_only_as_torchrec_runs_them(split_plan, tmp_path):
+    plan, _ = split_plan
+    # blocks in the wrong rank order: TorchRec's row_wise puts block i on rank i, so this plan is refused, not bent
+    swapped = tuple(dataclasses.replace(s, device=1 - s.device) if s.table == 4 else s for s in plan.shards)
+    with pytest.raises(UserError, match=r"export: table emb_14: row blocks on ranks \[1, 0\]"):
+        export_torchrec(
+            Plan(plan.task, swapped), tmp_path / "bad.pt", ExportConfig(device="cpu", table_names="emb_{id}")
+        )
 
 
 def test_export_cli_checks_in_dmp_and_refuses_bad_options(split_plan):
@@ -61,9 +74,9 @@ def test_export_cli_checks_in_dmp_and_refuses_bad_options(split_plan):
     )
     assert done.returncode == 0, done.stderr
     assert path.with_suffix(".torchrec.pt").stat().st_size > 0
-    assert "4 tables on 2 ranks" in done.stdout
-    assert "rank 0: 4 shards" in done.stdout and "rank 1: 4 shards" in done.stdout
-    assert "forward [6, 120]" in done.stdout  # this rank's bags, every table's columns (16 + 32 + 8 + 64)
+    assert "5 tables on 2 ranks" in done.stdout
+    assert "rank 0: 5 shards" in done.stdout and "rank 1: 5 shards" in done.stdout
+    assert "forward [6, 128]" in done.stdout  # this rank's bags, every table's columns (16 + 32 + 8 + 64 + 8)
     for args, message in (
         (["format=onnx"], "format: got 'onnx', expected one of torchrec"),
         (["check=true"], "check: true needs device=cpu"),
@@ -80,6 +93,7 @@ def test_default_export_places_shards_on_cuda(split_plan, tmp_path):
     plan, _ = split_plan
     _, text = export_torchrec(plan, tmp_path / "plan.pt", ExportConfig(module_path="sparse_arch.ebc"))
     assert "module: sparse_arch.ebc" in text and "rank:1/cuda:1" in text and "column_wise" in text
+    assert "row_wise" in text
     assert "/cpu" not in text
 
 

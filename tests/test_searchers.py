@@ -128,7 +128,7 @@ def test_plan_validate_rejects_broken_plans():
     with pytest.raises(PlanError, match="do not tile"):
         overlap.validate()
     three = Plan(task, good.shards + (Shard(1, 0, 8, 0), Shard(1, 0, 8, 1)))
-    with pytest.raises(PlanError, match="2\\^k shards"):
+    with pytest.raises(PlanError, match="2\\^k column slices"):
         three.validate()
     bad_device = Plan(task, (dataclasses.replace(good.shards[0], device=5),) + good.shards[1:])
     with pytest.raises(PlanError, match="device 5"):

@@ -76,7 +76,7 @@ def test_tiling():
     assert "no shard" in tiling_error(16, 100, [])
     assert "2^k" in tiling_error(24, 100, column_shards(0, 24, [0, 1])[:1] * 3)
     assert "do not tile" in tiling_error(16, 100, [Shard(0, 0, 8, 0), Shard(0, 4, 8, 1)])
-    assert "row range" in tiling_error(16, 100, [Shard(0, 0, 16, 0, row_offset=0, num_rows=50)])
+    assert "row range alone" in tiling_error(16, 100, [Shard(0, 0, 16, 0, row_offset=0, num_rows=50)])
     task = make_task([make_table(0, rows=100, dim=24)])
     with pytest.raises(PlanError, match="2\\^k"):
         Plan(task, tuple(Shard(0, 6 * i, 6, 0) for i in range(4))).validate()

@@ -90,10 +90,12 @@ def test_infeasible_tasks():
     with pytest.raises(InfeasibleError, match="in total"):
         check_feasible(make_task(many, num_devices=2, mem_cap_gb=cap))
     check_feasible(make_task(many[:2], num_devices=2, mem_cap_gb=cap))
-    # dim 24 halves once, into 12-wide shards (not 4-wide): a table whose 12-wide half is over the cap is infeasible
+    # dim 24 halves once, into 12-wide shards (not 4-wide): a table whose 12-wide half is over the cap fits no column
+    # split, but its row blocks over 4 devices fit; over 1 device nothing does
     rows24 = int(cap * GIB_BYTES / 4 / 12) + 1
+    check_feasible(make_task([make_table(0, rows=rows24, dim=24)], num_devices=4, mem_cap_gb=cap))
     with pytest.raises(InfeasibleError, match="no split fits"):
-        check_feasible(make_task([make_table(0, rows=rows24, dim=24)], num_devices=4, mem_cap_gb=cap))
+        check_feasible(make_task([make_table(0, rows=rows24, dim=24)], num_devices=1, mem_cap_gb=cap))
 
 
 def test_precision_changes_memory():

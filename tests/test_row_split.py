@@ -1,0 +1,140 @@
+"""Row splits: TorchRec's row layout, a row block's own lookups measured on the real kernels, and the search stage
+that cuts tables larger than every device into rows."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from neuroshard_jax.errors import InfeasibleError, UserError
+from neuroshard_jax.evaluation import EvaluateConfig, measure_plans
+from neuroshard_jax.profiling import ComputeWorker
+from neuroshard_jax.row_split import hot_tables, oversized, row_split_choices
+from neuroshard_jax.search import search_plan
+from neuroshard_jax.sharding import Shard, row_blocks, row_shards, shard_features, tiling_error
+from neuroshard_jax.streams import TableSpec, restrict_rows, spec_stream
+from neuroshard_jax.tables import PoolSpec, load_pool, pool_streams
+from neuroshard_jax.types import Plan, Table, Task
+
+POOL = PoolSpec(num_tables=120)
+
+
+def test_row_blocks_follow_torchrec_and_tile_with_column_slices():
+    # TorchRec's own examples (_calculate_rw_shard_sizes_and_offsets): 10 rows in 4 -> 3,3,3,1; 5 -> 2,2,1,0
+    assert [n for _, n in row_blocks(10, 4)] == [3, 3, 3, 1]
+    assert row_blocks(5, 4) == ((0, 2), (2, 2), (4, 1), (5, 0))
+    grid = row_shards(0, 10, 8, [0, 1]) + row_shards(0, 10, 8, [2, 3], col_offset=8)
+    assert tiling_error(16, 10, grid) is None
+    assert "row blocks" in tiling_error(16, 10, row_shards(0, 10, 8, [0, 1]) + row_shards(0, 10, 8, [2, 3, 1], 8))
+    assert "2 row blocks" in tiling_error(16, 10, grid[:1] + (Shard(0, 0, 8, 1, 4, 6),) + grid[2:])
+    # a block does the share of the lookups that lands in its rows: the pooling factor scales, the rest stays
+    feats = shard_features(np.array([1000.0, 16, 8.0] + [1.0] + [0.0] * 16 + [16000.0]), 16, 250)
+    assert feats[:3].tolist() == [250, 16, 2.0] and feats[-1] == 250 * 16
+
+
+def test_a_row_block_gets_exactly_the_lookups_in_its_rows():
+    rng = np.random.default_rng(0)
+    lengths = rng.poisson(5, size=64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    indices = rng.integers(0, 1001, size=int(offsets[-1]))
+    bags = [sorted(indices[a:b]) for a, b in zip(offsets[:-1], offsets[1:])]
+    got: list[list[int]] = [[] for _ in bags]
+    for start, count in row_blocks(1001, 3):
+        sub, sub_offsets = restrict_rows(indices, offsets, start, count)
+        assert len(sub_offsets) == 65 and np.all((sub >= 0) & (sub < count))
+        for b, (lo, hi) in enumerate(zip(sub_offsets[:-1], sub_offsets[1:])):
+            got[b].extend((sub[lo:hi] + start).tolist())
+    assert [sorted(g) for g in got] == bags
+
+
+def test_the_worker_measures_a_row_block_on_its_own_lookups():
+    _, streams = pool_streams(POOL)
+    whole = len(streams.stream(3, 256)[0])
+    spec = TableSpec(5000, 6.0, (0.3, 0.3, 0.4) + (0.0,) * 14, 256)
+    spec_lookups = len(spec_stream(spec, 4)[0])
+    table = {"rows": 5000, "pooling_factor": 6.0, "bins": list(spec.bins), "dim": 8, "seed": 4}
+    worker = ComputeWorker("cpu")
+    try:
+
+        def ask(tables):
+            request = {"id": 0, "device": "cpu", "pool": POOL.to_json(), "batch_size": 256, "warmup": 1, "iters": 2}
+            return worker.request({**request, "tables": tables}, timeout_s=120)
+
+        rows = int(load_pool(POOL, 256).rows[3])
+        blocks = row_blocks(rows, 2)
+        answers = [ask([[3, 16, start, count]]) for start, count in blocks]
+        assert all(a["ok"] and a["total_ms"] > 0 for a in answers)
+        assert sum(a["num_indices"] for a in answers) == whole
+        specs = [ask([{**table, "row_offset": s, "num_rows": n}]) for s, n in row_blocks(5000, 4)]
+        assert sum(a["num_indices"] for a in specs) == spec_lookups
+        bad = ask([[3, 16, rows - 5, 10]])
+        assert not bad["ok"] and "row block" in bad["error"]
+        assert ask([[3, 16]])["ok"]  # and it keeps serving
+    finally:
+        worker.close()
+
+
+def _big_task(num_devices=4):
+    """A cap of 2 MiB: table 0 (dim 4, 3.2 MB) fits no device even in its narrowest slice, table 1 (dim 64, 2.6 MB)
+    fits as column slices or as rows, the rest fit whole."""
+    tables = [
+        Table(0, 200_000, 4, 3.0, (0.2, 0.3, 0.5) + (0.0,) * 14, name="huge"),
+        Table(1, 10_000, 64, 12.0, (0.4, 0.3, 0.3) + (0.0,) * 14, name="wide"),
+        *(Table(2 + i, 3000 + 500 * i, 16, 2.0 + i, (1.0,) + (0.0,) * 16) for i in range(6)),
+    ]
+    return Task(num_devices, 2 / 1024, 512, tuple(tables))
+
+
+@pytest.mark.parametrize("searcher", ["beam", "grid", "size_lookup_greedy", "random"])
+def test_searchers_cut_a_table_larger_than_every_device_into_rows(searcher):
+    task = _big_task()
+    assert oversized(task) == ([0], [1])
+    plan = search_plan(task, searcher, "analytic", 0).validate()
+    huge = plan.shards_of(0)
+    assert [(s.device, s.row_offset, s.num_rows) for s in huge] == [(d, 50_000 * d, 50_000) for d in range(4)]
+    assert np.all(plan.mem_bytes() <= task.cap_bytes())
+    # table 1 is tried both ways and the plan the search's model scores cheaper is kept
+    rest = dataclasses.replace(task, tables=task.tables[1:])
+    auto = search_plan(rest, searcher, "analytic", 0)
+    try:
+        off = search_plan(rest, searcher, "analytic", 0, row_split="off")
+    except InfeasibleError:  # a searcher of whole tables (grid, the greedy baselines): table 1 fits only as rows
+        assert len(auto.shards_of(0)) == 4 and not auto.shards_of(0)[0].whole_rows(10_000)
+    else:
+        assert auto.costs.cost_ms <= off.costs.cost_ms + 1e-9
+        assert all(s.whole_rows(10_000) for s in off.shards_of(0))
+    again = Plan.from_json(plan.to_json())
+    assert set(again.shards) == set(plan.shards) and again.placement()["huge"][1] == (0, 4, 1, 50_000, 50_000)
+
+
+def test_choices_add_large_then_hot_tables_to_those_only_rows_fit():
+    task = _big_task()
+    # a device's fair share of 10 + 1 + 1 + 0 ms over 4 devices is 3 ms: table 0 alone is past it
+    assert hot_tables([10.0, 1.0, 1.0, 0.0], 4) == [0] and hot_tables([5.0], 1) == []
+    assert row_split_choices(task, "hot", hot=[5]) == [(0,), (0, 1), (0, 1, 5)]
+    assert row_split_choices(task, "fit", hot=[5]) == [(0,), (0, 1)]
+    assert row_split_choices(task, "hot", hot=[]) == [(0,), (0, 1)]
+    capped = dataclasses.replace(task, tables=(*task.tables[:5], dataclasses.replace(task.tables[5], max_shards=2)))
+    assert row_split_choices(capped, "hot", hot=[5]) == [(0,), (0, 1)]  # a constrained table is not cut by choice
+
+
+def test_row_split_off_or_a_constraint_refuses_what_only_rows_fit():
+    task = _big_task()
+    with pytest.raises(InfeasibleError, match="table 0 .* narrowest column slices; expected row_split=fit"):
+        search_plan(task, "beam", "analytic", 0, row_split="off")
+    for constraint, message in (({"pin": 1}, r"pinned to device 1 \(huge\)"), ({"exclude": (0,)}, "rule out the row")):
+        constrained = dataclasses.replace(task.tables[0], **constraint)
+        with pytest.raises(InfeasibleError, match=message):
+            search_plan(dataclasses.replace(task, tables=(constrained, *task.tables[1:])), "size_greedy", "analytic", 0)
+    with pytest.raises(UserError, match="row_split: got 'rows', expected one of fit, hot, off"):
+        search_plan(task, "beam", "analytic", 0, row_split="rows")
+    tiny = dataclasses.replace(task, num_devices=2, mem_cap_gb=1 / 1024)  # 1.6 MB blocks on 1 MiB devices
+    with pytest.raises(InfeasibleError, match="table 0 needs .* no split fits .column slices, or row blocks"):
+        search_plan(tiny, "beam", "analytic", 0)
+
+
+def test_a_row_split_plan_is_measured_block_by_block():
+    """A task without a pool: each device measures its row block of the spec's stream, restricted to its rows."""
+    plan = search_plan(_big_task(), "size_lookup_greedy", "analytic", 0)
+    result = measure_plans([plan], EvaluateConfig(warmup=1, iters=2, comm_warmup=1, comm_iters=2))[0]
+    assert all(d["compute"] > 0 and d["fwd_comm"] > 0 for d in result["devices"])
