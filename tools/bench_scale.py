@@ -198,14 +198,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["task", "plan", "plan-one", "torchrec", "dmp"])
     parser.add_argument("--tables", type=int, default=5000)
-    parser.add_argument("--devices", type=int, default=512)
-    parser.add_argument("--cap-gib", type=float, default=16.0)
+    parser.add_argument("--devices", type=int, default=None, help="default: 512 (4 for dmp)")
+    parser.add_argument("--cap-gib", type=float, default=None, help="default: 16 (0.25 for dmp)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--searchers", default="grid,size_lookup_greedy,beam")
     parser.add_argument("--searcher", default="grid")
     parser.add_argument("--cost-model", default="neural")
     parser.add_argument("--timeout", type=float, default=900.0)
     args = parser.parse_args()
+    small = args.what == "dmp"  # DMP runs one gloo process per device holding real tables: a small task
+    args.devices = args.devices or (4 if small else 512)
+    args.cap_gib = args.cap_gib or (0.25 if small else 16.0)
     if args.what == "task":
         print(json.dumps(make_task_file(args)))
     elif args.what == "plan-one":
