@@ -35,7 +35,7 @@ from neuroshard_jax.errors import UserError
 from neuroshard_jax.models import expected_cost_model, make_cost_model, usable_cost_model
 from neuroshard_jax.plans import load_plan
 from neuroshard_jax.scoring import plan_arrays, score_plan, score_plans, shard_costs
-from neuroshard_jax.sharding import Shard
+from neuroshard_jax.sharding import Shard, row_split_count
 from neuroshard_jax.types import Plan
 
 
@@ -85,7 +85,7 @@ def split_gains(model: CostModel, plan: Plan) -> dict[int, dict]:
         rows = plan.task.tables[table].rows
         out[table] = {"slices": len(slices), "devices": devices, "whole_on": None, "gain_ms": None}
         if any(not s.whole_rows(rows) for s in slices):
-            out[table]["row_blocks"] = sum(1 for s in slices if s.col_offset == 0)
+            out[table]["row_blocks"] = row_split_count(slices, rows)
         others = [s for s in plan.shards if s.table != table]
         for device in devices:
             whole = Shard(table, 0, plan.task.tables[table].dim, device)

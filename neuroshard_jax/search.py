@@ -50,7 +50,9 @@ def search_plan(
     if getattr(algorithm, "own_row_splits", False):  # TorchRec's planner chooses its own sharding types
         choices = [()]
     else:
-        choices = row_split_choices(task, row_split, hot_tables(whole_table_ms(model, task), task.num_devices))
+        # the hot tables need every table's predicted compute: worked out only where they are asked for
+        hot = hot_tables(whole_table_ms(model, task), task.num_devices) if row_split == "hot" else ()
+        choices = row_split_choices(task, row_split, hot)
     plans, refusal = [], None
     for split in choices:
         try:
