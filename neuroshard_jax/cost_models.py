@@ -22,11 +22,13 @@ either by name; ``scoring.py`` is the jitted API over padded plans.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 class CostFns(NamedTuple):
@@ -104,6 +106,56 @@ def straggler_wait(delays_ms, device_mask):
     """ms f32[..., N] a device waits in the forward all-to-all for the slowest peer: max delay - own delay."""
     latest = jnp.where(device_mask, delays_ms, -jnp.inf).max(-1, keepdims=True)
     return jnp.where(device_mask, latest - delays_ms, 0.0)
+
+
+class CommScaled(NamedTuple):
+    """Params of a model whose all-to-all times are scaled per device (``with_comm_scale``)."""
+
+    inner: Any
+    comm_scale: jax.Array  # f32[N]: device d's comm time is comm_scale[d] x the model's one-host time
+
+
+def with_comm_scale(model: CostModel, scale: np.ndarray) -> CostModel:
+    """``model`` with each device's transfer time (bwd comm, and fwd comm less the straggler wait) multiplied by
+    ``scale`` f64[N] (``Task.comm_scale``: devices in several hosts); ``model`` itself where every scale is 1.
+    The scale is a parameter, not a constant: one compilation serves every task."""
+    if np.allclose(scale, 1.0):
+        return model
+    params = CommScaled(model.params, jnp.asarray(scale, jnp.float32))
+    return CostModel(model.name, _comm_scaled(model.fns), params)
+
+
+def map_inner_params(model: CostModel, change: Callable) -> CostModel:
+    """``model`` with ``change`` applied to its own params (under a ``CommScaled`` wrapper, if any)."""
+    if isinstance(model.params, CommScaled):
+        return dataclasses.replace(model, params=model.params._replace(inner=change(model.params.inner)))
+    return dataclasses.replace(model, params=change(model.params))
+
+
+def inner_params(params):
+    """A model's own params, under a ``CommScaled`` wrapper or not."""
+    return params.inner if isinstance(params, CommScaled) else params
+
+
+@functools.cache
+def _comm_scaled(fns: CostFns) -> CostFns:
+    """``fns`` over ``CommScaled`` params (cached: the same functions, so jitted callers compile once)."""
+
+    def scale(p: CommScaled, like):
+        n, have = like.shape[-1], p.comm_scale.shape[0]  # padded device axes: scale 1 on the padding
+        return p.comm_scale[:n] if have >= n else jnp.pad(p.comm_scale, (0, n - have), constant_values=1.0)
+
+    def bwd_comm(p: CommScaled, dim_sums, device_mask):
+        return fns.bwd_comm(p.inner, dim_sums, device_mask) * scale(p, dim_sums)
+
+    def fwd_comm(p: CommScaled, dim_sums, delays_ms, device_mask):
+        wait = straggler_wait(delays_ms, device_mask)  # waiting for a late peer takes no bandwidth
+        return wait + (fns.fwd_comm(p.inner, dim_sums, delays_ms, device_mask) - wait) * scale(p, dim_sums)
+
+    def inner(fn):
+        return None if fn is None else lambda p, *args: fn(p.inner, *args)
+
+    return CostFns(inner(fns.embed), inner(fns.head), bwd_comm, fwd_comm, inner(fns.embed_sum), inner(fns.uncertainty))
 
 
 def bucket(n: int, minimum: int = 4) -> int:

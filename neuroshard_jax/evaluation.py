@@ -51,6 +51,10 @@ class EvaluateConfig:
         above_zero(self, ("timeout_s",))
 
 
+HOSTS_NOTE = (
+    "the task's devices sit in several hosts: the all-to-all was measured between processes of this one machine and "
+    "each device's transfer time scaled by the task's links (Task.comm_scale: an analytic model, not a measurement)"
+)
 SPEED_NOTE = (
     "the task's devices have relative speeds: each device's compute was measured on this machine's identical devices "
     "and divided by its speed (the comm is measured as is)"
@@ -85,6 +89,8 @@ def measure_plans(plans: list[Plan], config: EvaluateConfig) -> list[dict]:
         result = {"devices": devices, "cost_ms": cost_ms}
         if plan.task.has_speeds:
             result["speed_note"] = SPEED_NOTE
+        if plan.task.multi_host:
+            result["hosts_note"] = HOSTS_NOTE
         results.append(result)
     return results
 
@@ -205,6 +211,8 @@ def _measure_comm_group(
 ) -> None:
     """``measure_comm`` for the plans of ``n`` devices (fills ``fwd`` and ``bwd`` in place)."""
     group = [i for i, p in enumerate(plans) if p.task.num_devices == n]
+    # rank processes of one machine: a multi-host task's transfers are scaled to its links (Task.comm_scale)
+    scales = {i: plans[i].task.comm_scale() for i in group}
     base = {
         i: {
             "dim_sums": [int(x) for x in plans[i].dim_sums()],
@@ -217,15 +225,19 @@ def _measure_comm_group(
     try:
         first = pool.comm([{**base[i], "id": i, "delays_ms": [0.0] * n} for i in group], n, config.timeout_s)
         second_requests = []
+        delays = {}
         for i in group:
-            bwd[i] = [r["bwd_ms"] for r in first[i]]
+            bwd[i] = [r["bwd_ms"] * s for r, s in zip(first[i], scales[i])]
             ready = [c + b for c, b in zip(compute[i], bwd[i])]
-            second_requests.append({**base[i], "id": i, "delays_ms": [r - min(ready) for r in ready]})
+            delays[i] = [r - min(ready) for r in ready]
+            second_requests.append({**base[i], "id": i, "delays_ms": delays[i]})
         second = pool.comm(second_requests, n, config.timeout_s)
     except WorkerFailure as failure:
         raise UserError(f"evaluation failed in the all-to-all benchmark: {failure.reason}") from None
     for i in group:
-        fwd[i] = [r["fwd_ms"] for r in second[i]]
+        # the wait for the latest peer takes no bandwidth: only the transfer after it is scaled
+        waits = [max(delays[i]) - own for own in delays[i]]
+        fwd[i] = [w + max(r["fwd_ms"] - w, 0.0) * s for r, w, s in zip(second[i], waits, scales[i])]
 
 
 def measure_plan(plan: Plan, config: EvaluateConfig) -> dict:

@@ -207,6 +207,7 @@ def explanation(plan: Plan, model: CostModel, measured: list[dict] | None = None
             for d in range(plan.task.num_devices)
         ],
         "speeds_differ": plan.task.has_speeds,
+        **({"hosts": _hosts_line(plan.task)} if plan.task.multi_host else {}),
         "critical_device": critical,
         "max_over_mean": float(total.max() / max(total.mean(), 1e-12)),
         "spread_ms": float(total.max() - total.min()),
@@ -216,6 +217,16 @@ def explanation(plan: Plan, model: CostModel, measured: list[dict] | None = None
         "table_compute_ms": per_table.tolist(),
         "tables": names,
     }
+
+
+def _hosts_line(task) -> str:
+    """How a multi-host task's comm is scaled, in one line."""
+    scale, links = task.comm_scale(), task.links
+    return (
+        f"{len(set(task.hosts()))} hosts ({links.intra_host_gbps:g} GB/s within, {links.inter_host_gbps:g} GB/s "
+        f"between): comm predicted on one host and scaled x{scale.min():.2f}..{scale.max():.2f} by the devices' "
+        "off-host peers (an analytic extrapolation)"
+    )
 
 
 def format_explanation(expl: dict, measured_from: str | None = None) -> str:
@@ -233,6 +244,7 @@ def format_explanation(expl: dict, measured_from: str | None = None) -> str:
         f"predicted by cost_model={expl['cost_model']}"
         + (f"; measured: {measured_from}" if has_measured else "")
         + ("; compute divided by each device's relative speed" if speeds else ""),
+        *([expl["hosts"]] if "hosts" in expl else []),
         head,
     ]
     for d in expl["devices"]:
@@ -271,7 +283,7 @@ def format_explanation(expl: dict, measured_from: str | None = None) -> str:
 def plan_diff(plan: Plan, base: Plan, model: CostModel) -> dict:
     """Which tables moved or were split between ``base`` and ``plan`` (same tables), and both plans' device costs."""
     ours, theirs = plan.task.to_json(), base.task.to_json()
-    for key in ("num_devices", "mem_cap_gb", "devices", "batch_size", "precision", "tables"):
+    for key in ("num_devices", "mem_cap_gb", "devices", "links", "batch_size", "precision", "tables"):
         if ours.get(key) != theirs.get(key):
             raise UserError(f"base: its task's {key} differs from the plan's, expected two plans of one task")
     names = plan.task.table_names()

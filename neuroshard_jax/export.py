@@ -79,13 +79,14 @@ def torchrec_request(plan: Plan, config: ExportConfig) -> dict:
     for name, table_shards in zip(names, shards):
         if "num_rows" in table_shards[0]:
             try:
-                row_split_host(name, table_shards, task.num_devices, task.num_devices)
+                row_split_host(name, table_shards, task.num_devices, task.local_size() or task.num_devices)
             except ValueError as err:
                 raise UserError(f"export: {err}") from None
     return {
         "tables": [{"name": n, "rows": t.rows, "dim": t.dim} for n, t in zip(names, task.tables)],
         "shards": shards,
         "world_size": task.num_devices,
+        "local_size": task.local_size() or task.num_devices,  # ranks per host (table_row_wise blocks stay in one)
         "device": config.device,
         "compute_kernel": config.compute_kernel,
         "module_path": config.module_path,

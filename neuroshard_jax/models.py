@@ -21,7 +21,7 @@ from neuroshard_jax.analytic import ANALYTIC_FNS, AnalyticConfig, analytic_model
 from neuroshard_jax.checkpoints import ENSEMBLE_FORMAT, load_checkpoint, load_ensemble, read_meta
 from neuroshard_jax.config import typed
 from neuroshard_jax.constants import SHIPPED_CHECKPOINT, SHIPPED_MODELS
-from neuroshard_jax.cost_models import CostModel
+from neuroshard_jax.cost_models import CostModel, inner_params, map_inner_params, with_comm_scale
 from neuroshard_jax.datasets import package_path
 from neuroshard_jax.ensemble import ensemble_cost_model
 from neuroshard_jax.errors import UserError, first_line
@@ -138,8 +138,8 @@ def neural_model(task: Task, config: NeuralConfig = NeuralConfig()) -> CostModel
 
 def expected_cost_model(model: CostModel) -> CostModel:
     """``model`` without its risk term: the costs a plan reports are expectations, not the search's score."""
-    if hasattr(model.params, "risk"):
-        return dataclasses.replace(model, params=model.params._replace(risk=0.0))
+    if hasattr(inner_params(model.params), "risk"):
+        return map_inner_params(model, lambda params: params._replace(risk=0.0))
     return model
 
 
@@ -173,7 +173,7 @@ def make_cost_model(name: str, task: Task, options: dict | None = None) -> CostM
     """Build a cost model by name (``analytic``, ``neural`` or a shipped checkpoint's name) with ``options``
     (the fields of its config, from conf/cost_model/)."""
     family, _ = _resolve(name, options)
-    return COST_MODELS[family][0](task, cost_model_config(name, options))
+    return with_comm_scale(COST_MODELS[family][0](task, cost_model_config(name, options)), task.comm_scale())
 
 
 def load_cost_model(

@@ -157,10 +157,11 @@ def proposals(plan: Plan, slow: int, rng: np.random.Generator, count: int) -> li
             pairs = [devices[t][2 * j : 2 * j + 2] for j in range(len(devices[t]) // 2)]
             merged = [p[1] if p[0] == slow else p[0] for p in pairs]
             moves.append(("merge", _replace(devices, t, merged)))
-    # devices interchangeable for a plan's cost: of one cap and speed, and (where tables are pinned or exclude devices)
-    # only each device with itself
+    # devices interchangeable for a plan's cost: of one cap, speed and comm scale (hosts), and (where tables are
+    # pinned or exclude devices) only each device with itself
     pinned = any(t.pin is not None or t.exclude for t in task.tables)
-    kinds = [(cap, speed, d if pinned else -1) for d, (cap, speed) in enumerate(zip(task.caps_gb(), task.speeds()))]
+    alike = zip(task.caps_gb(), task.speeds(), task.comm_scale())
+    kinds = [(cap, speed, scale, d if pinned else -1) for d, (cap, speed, scale) in enumerate(alike)]
     seen, out = {_contents(devices, kinds)}, []
     for k in rng.permutation(len(moves)):
         kind, changed = moves[k]

@@ -17,7 +17,10 @@ which shifts every device and leaves the balance it seeks; the returned plan is 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+
+import numpy as np
 
 from neuroshard_jax.constants import GIB_BYTES
 from neuroshard_jax.constraints import has_constraints
@@ -90,10 +93,42 @@ def _constrained(table) -> bool:
     return has_constraints([table])
 
 
-def row_blocks_of(task: Task, tables: Sequence[int]) -> tuple[Shard, ...]:
-    """The row blocks of ``tables`` (task indices), each cut over every device in order."""
-    devices = range(task.num_devices)
-    return tuple(s for t in tables for s in row_shards(t, task.tables[t].rows, task.tables[t].dim, devices))
+def row_blocks_of(task: Task, tables: Sequence[int], within_host: bool = False) -> tuple[Shard, ...]:
+    """The row blocks of ``tables`` (task indices), each cut over every device in order (TorchRec's ``row_wise``);
+    ``within_host``: over the devices of one host instead (``table_row_wise``: the table's ids and partial sums
+    stay on the host's fast links), the host whose devices are least full after the blocks, largest table first;
+    a table no host holds is cut over every device."""
+    groups = host_groups(task) if within_host else None
+    if groups is None:
+        devices = range(task.num_devices)
+        return tuple(s for t in tables for s in row_shards(t, task.tables[t].rows, task.tables[t].dim, devices))
+    caps, rows = task.cap_bytes(), task.table_rows()
+    used = np.zeros(task.num_devices, dtype=np.int64)
+    blocks: list[Shard] = []
+    for t in sorted(tables, key=lambda t: (-task.table_mem_bytes(t), t)):
+        table = task.tables[t]
+        best = None
+        for group in groups:
+            cut = row_shards(t, table.rows, table.dim, group) if table.rows >= len(group) else ()
+            need = device_mem_bytes(cut, rows, task.precision, task.num_devices)
+            fullest = float(((used + need) / caps)[group].max())
+            if cut and np.all(used + need <= caps) and (best is None or fullest < best[0]):
+                best = (fullest, cut, need)
+        if best is None:
+            cut = row_shards(t, table.rows, table.dim, range(task.num_devices))
+            best = (0.0, cut, device_mem_bytes(cut, rows, task.precision, task.num_devices))
+        blocks.extend(best[1])
+        used += best[2]
+    return tuple(blocks)
+
+
+def host_groups(task: Task) -> list[list[int]] | None:
+    """Each host's devices, where the task spans several hosts of the same size holding consecutive devices (the
+    layout TorchRec's ``table_row_wise`` runs on); None otherwise."""
+    local = task.local_size()
+    if local is None:
+        return None
+    return [list(range(h * local, (h + 1) * local)) for h in range(task.num_devices // local)]
 
 
 def rest_task(task: Task, blocks: Sequence[Shard]) -> tuple[Task, list[int]]:
@@ -110,10 +145,14 @@ def rest_task(task: Task, blocks: Sequence[Shard]) -> tuple[Task, list[int]]:
                 f"{used[d] / GIB_BYTES:.3f} GiB on device {d}, which holds {task.caps_gb()[d]} GiB"
             )
     rest = [i for i in range(task.num_tables) if i not in split]
-    speeds = task.speeds()
+    speeds, hosts = task.speeds(), task.hosts()
     # a device the blocks fill leaves a cap of one byte: nothing else fits there, and the task stays well-formed
-    devices = [Device(max(int(caps[d] - used[d]), 1) / GIB_BYTES, float(speeds[d])) for d in range(task.num_devices)]
-    return Task.on_devices(devices, task.batch_size, [task.tables[i] for i in rest], task.precision, task.pool), rest
+    devices = [
+        Device(max(int(caps[d] - used[d]), 1) / GIB_BYTES, float(speeds[d]), hosts[d]) for d in range(task.num_devices)
+    ]
+    links = None if task.links is None else dataclasses.replace(task.links, devices_per_host=None)  # hosts given
+    tables = [task.tables[i] for i in rest]
+    return Task.on_devices(devices, task.batch_size, tables, task.precision, task.pool, links), rest
 
 
 def join(task: Task, rest_plan: Plan | None, rest: Sequence[int], blocks: Sequence[Shard]) -> Plan:

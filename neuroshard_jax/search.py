@@ -11,7 +11,14 @@ import numpy as np
 from neuroshard_jax.constraints import KEYS, conflicts, has_constraints
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.models import expected_cost_model, make_cost_model
-from neuroshard_jax.row_split import hot_tables, join, rest_task, row_blocks_of, row_split_choices
+from neuroshard_jax.row_split import (
+    host_groups,
+    hot_tables,
+    join,
+    rest_task,
+    row_blocks_of,
+    row_split_choices,
+)
 from neuroshard_jax.scoring import score_plans, single_shard_costs, with_costs
 from neuroshard_jax.sharding import merge_colocated
 from neuroshard_jax.tables import cache_dir
@@ -54,11 +61,16 @@ def search_plan(
         hot = hot_tables(whole_table_ms(model, task), task.num_devices) if row_split == "hot" else ()
         choices = row_split_choices(task, row_split, hot)
     plans, refusal = [], None
+    # on several hosts a table's row blocks may also stay within one host (TorchRec's table_row_wise)
+    ways = (False, True) if host_groups(task) is not None else (False,)
     for split in choices:
-        try:
-            plans.append(_search_around(task, algorithm, model, seed, split, cost_model, cost_model_options))
-        except InfeasibleError as err:  # this way of cutting leaves no plan; another may
-            refusal = refusal or err
+        for within_host in ways if split else (False,):
+            try:
+                plans.append(
+                    _search_around(task, algorithm, model, seed, split, within_host, cost_model, cost_model_options)
+                )
+            except InfeasibleError as err:  # this way of cutting leaves no plan; another may
+                refusal = refusal or err
     if not plans:
         raise refusal
     # the cheaper by the search's own score (an ensemble's risk term included), the first on a tie
@@ -76,11 +88,11 @@ def whole_table_ms(model, task: Task) -> np.ndarray:
     return np.asarray(single_shard_costs(expected.fns, expected.params, feats)[1], dtype=np.float64)
 
 
-def _search_around(task, algorithm, model, seed, split, cost_model, cost_model_options) -> Plan:
-    """The searcher's plan of ``task`` with the tables ``split`` cut into row blocks over every device first (none:
-    the plain search), validated."""
+def _search_around(task, algorithm, model, seed, split, within_host, cost_model, cost_model_options) -> Plan:
+    """The searcher's plan of ``task`` with the tables ``split`` cut into row blocks first (none: the plain search),
+    over every device or, ``within_host``, over one host's devices; validated."""
     if split:
-        blocks = row_blocks_of(task, split)
+        blocks = row_blocks_of(task, split, within_host)
         rest, index = rest_task(task, blocks)
         rest_plan = None
         if rest.num_tables:

@@ -32,7 +32,7 @@ from neuroshard_jax.sharding import (
 from neuroshard_jax.tables import PoolSpec
 from neuroshard_jax.torchrec_plans import embedding_bag_collection, sharding_plan
 
-__all__ = ["Device", "Plan", "PlanCosts", "Shard", "Table", "Task"]
+__all__ = ["Device", "Links", "Plan", "PlanCosts", "Shard", "Table", "Task"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,11 +64,39 @@ class Table:
 
 @dataclasses.dataclass(frozen=True)
 class Device:
-    """One device of a heterogeneous task: its memory cap for tables and its relative compute speed (a device's
-    predicted compute is divided by its speed: 2.0 computes twice as fast as 1.0)."""
+    """One device of a heterogeneous task: its memory cap for tables, its relative compute speed (a device's
+    predicted compute is divided by its speed: 2.0 computes twice as fast as 1.0) and the host it sits in (a
+    task's ``links`` say how fast devices talk within a host and between hosts)."""
 
     mem_cap_gb: float
     speed: float = 1.0
+    host: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Links:
+    """A multi-host task's bandwidths per device in GB/s: between devices of one host (NVLink, shared memory) and
+    between hosts (the network)."""
+
+    intra_host_gbps: float
+    inter_host_gbps: float
+    # hosts of consecutive devices, for a task whose devices carry no host of their own: device d is in host
+    # d // devices_per_host (8 GPUs per host: 512 devices are 64 hosts)
+    devices_per_host: int | None = None
+
+    def comm_scale(self, hosts: list[int]) -> np.ndarray:
+        """f64[N]: how much longer each device's all-to-all takes than on one host (``hosts``: each device's host).
+
+        Every device exchanges with every other, so a share ``f = off-host peers / (N - 1)`` of its bytes crosses
+        the network: its time is ``(1 - f) + f * intra / inter`` times the one-host time the comm labels measure
+        (bytes over bandwidth, the two links used in turn). An analytic extrapolation, stated as such: the labels
+        are all-to-alls of at most 8 ranks on one machine."""
+        n = len(hosts)
+        if n < 2:
+            return np.ones(n)
+        per_host = {h: hosts.count(h) for h in set(hosts)}
+        off_host = np.array([(n - per_host[h]) / (n - 1) for h in hosts])
+        return (1.0 - off_host) + off_host * (self.intra_host_gbps / self.inter_host_gbps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +111,7 @@ class Task:
     precision: str = "fp32"
     pool: PoolSpec | None = None
     devices: tuple[Device, ...] | None = None
+    links: Links | None = None
 
     def __post_init__(self):
         if self.devices is not None:
@@ -95,13 +124,20 @@ class Task:
                 raise ValueError(f"task: {len(self.devices)} devices given for num_devices {self.num_devices}")
             if self.mem_cap_gb != max(d.mem_cap_gb for d in self.devices):
                 raise ValueError(f"task: mem_cap_gb {self.mem_cap_gb} is not the largest device cap")
+        if self.links is not None:
+            if not (self.links.intra_host_gbps > 0 and self.links.inter_host_gbps > 0):
+                raise ValueError(f"task: link bandwidths must be > 0, got {self.links}")
+            if self.links.devices_per_host and self.devices and any(d.host for d in self.devices):
+                raise ValueError("task: devices_per_host given beside the devices' own hosts; expected one")
 
     @classmethod
-    def on_devices(cls, devices, batch_size: int, tables, precision: str = "fp32", pool=None) -> Task:
+    def on_devices(
+        cls, devices, batch_size: int, tables, precision: str = "fp32", pool=None, links: Links | None = None
+    ) -> Task:
         """A task over the given devices (``Device`` objects); identical devices of speed 1 give a plain task."""
         devices = tuple(devices)
         cap = max(d.mem_cap_gb for d in devices)
-        return cls(len(devices), cap, batch_size, tuple(tables), precision, pool, devices)
+        return cls(len(devices), cap, batch_size, tuple(tables), precision, pool, devices, links)
 
     @property
     def num_tables(self) -> int:
@@ -130,6 +166,33 @@ class Task:
         if self.devices is None:
             return np.ones(self.num_devices)
         return np.array([d.speed for d in self.devices], dtype=np.float64)
+
+    def hosts(self) -> list[int]:
+        """Each device's host: the devices' own, else consecutive groups of ``links.devices_per_host``, else 0."""
+        if self.links is not None and self.links.devices_per_host:
+            return [d // self.links.devices_per_host for d in range(self.num_devices)]
+        return [0] * self.num_devices if self.devices is None else [d.host for d in self.devices]
+
+    def comm_scale(self) -> np.ndarray:
+        """f64[N]: each device's all-to-all time relative to one host (``Links.comm_scale``; 1 without links)."""
+        if self.links is None:
+            return np.ones(self.num_devices)
+        return self.links.comm_scale(self.hosts())
+
+    def local_size(self) -> int | None:
+        """Devices per host where the task spans several hosts of equal size, each holding consecutive devices (the
+        layout TorchRec's topology assumes); None for one host or any other layout."""
+        hosts = self.hosts()
+        if not self.multi_host:
+            return None
+        local = hosts.count(hosts[0])
+        regular = self.num_devices % local == 0 and all(h == hosts[(d // local) * local] for d, h in enumerate(hosts))
+        return local if regular and len(set(hosts)) == self.num_devices // local else None
+
+    @property
+    def multi_host(self) -> bool:
+        """Whether the devices sit in more than one host (the comm is then scaled by ``comm_scale``)."""
+        return self.links is not None and len(set(self.hosts())) > 1
 
     def describe_devices(self) -> str:
         """The devices in a few words, for messages: ``4 x 2.0 GiB`` or ``4 devices of 1.0-8.0 GiB``."""
@@ -164,6 +227,7 @@ class Task:
             "num_devices": self.num_devices,
             "mem_cap_gb": self.mem_cap_gb,
             **({"devices": [dataclasses.asdict(d) for d in self.devices]} if self.devices is not None else {}),
+            **({"links": _links_json(self.links)} if self.links is not None else {}),
             "batch_size": self.batch_size,
             "precision": self.precision,
             "tables": [
@@ -225,9 +289,10 @@ class Task:
                 f"{where}.pool: got {pool!r:.60}, expected an object like {{'source': 'synthetic', 'seed': 0}}"
             )
         pool_spec = PoolSpec.from_json(pool) if pool else None
+        links = _links_field(obj, devices, where)
         if devices is not None:
-            return cls.on_devices(devices, batch_size, tables, precision, pool_spec)
-        return cls(num_devices, mem_cap_gb, batch_size, tables, precision, pool_spec)
+            return cls.on_devices(devices, batch_size, tables, precision, pool_spec, links)
+        return cls(num_devices, mem_cap_gb, batch_size, tables, precision, pool_spec, links=links)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,7 +369,9 @@ class Plan:
         """This plan as a TorchRec ``ShardingPlan`` for ``DistributedModelParallel`` (torch and torchrec are imported
         by this call only). Tables are named by their names, else ``t{index}``. ``module``: your
         EmbeddingBagCollection, found at ``module_path`` in your model (default: one built on the meta device
-        from the task's tables, one feature per table); ``local_size``: ranks per host (default: one host)."""
+        from the task's tables, one feature per table); ``local_size``: ranks per host (default: the task's hosts',
+        else one host)."""
+        local_size = local_size or self.task.local_size()
         names = self.torchrec_names()
         tables = [{"name": n, "rows": t.rows, "dim": t.dim} for n, t in zip(names, self.task.tables)]
         shards = dict(zip(names, self.torchrec_shards()))
@@ -476,8 +543,9 @@ def _costs_from_json(obj: dict, num_devices: int) -> PlanCosts | None:
 # ``to_json`` for readers and ignored on input: rows x dim; ``samples`` and ``batches``, written by the statistics
 # tool, are provenance and ignored too). The histogram is ``bins`` (a list) or ``bin_0`` .. ``bin_16`` (the
 # feature names). Anything else is refused, naming the nearest key.
-TASK_KEYS = ("num_devices", "mem_cap_gb", "devices", "batch_size", "precision", "tables", "pool")
-DEVICE_KEYS = ("mem_cap_gb", "speed")
+TASK_KEYS = ("num_devices", "mem_cap_gb", "devices", "links", "batch_size", "precision", "tables", "pool")
+DEVICE_KEYS = ("mem_cap_gb", "speed", "host")
+LINK_KEYS = ("intra_host_gbps", "inter_host_gbps", "devices_per_host")
 BIN_KEYS = tuple(f"bin_{k}" for k in range(NUM_BINS))
 TABLE_KEYS = ("id", "name", "rows", "dim", "pooling_factor", "size", "bins", "estimated", "samples", "batches")
 TABLE_KEYS += BIN_KEYS + CONSTRAINT_KEYS
@@ -515,7 +583,8 @@ def _devices_field(obj: dict, where: str) -> list[Device] | None:
             raise UserError(f"{at}: got {d!r:.60}, expected an object like {{'mem_cap_gb': 16, 'speed': 1.0}}")
         _known_keys(d, DEVICE_KEYS, at)
         speed = _float_field(d, "speed", at, positive=True) if "speed" in d else 1.0
-        devices.append(Device(_float_field(d, "mem_cap_gb", at, positive=True), speed))
+        host = _int_field(d, "host", at, minimum=0) if "host" in d else 0
+        devices.append(Device(_float_field(d, "mem_cap_gb", at, positive=True), speed, host))
     if "num_devices" in obj and obj["num_devices"] != len(devices):
         raise UserError(f"{where}.num_devices: got {obj['num_devices']!r}, expected {len(devices)} (the devices given)")
     largest = max(d.mem_cap_gb for d in devices)
@@ -525,6 +594,38 @@ def _devices_field(obj: dict, where: str) -> list[Device] | None:
             f"or no mem_cap_gb beside devices"
         )
     return devices
+
+
+def _links_json(links: Links) -> dict[str, Any]:
+    return {key: value for key, value in dataclasses.asdict(links).items() if value is not None}
+
+
+def _links_field(obj: dict, devices: list[Device] | None, where: str) -> Links | None:
+    """The task's ``links`` (None when absent): required when the devices sit in more than one host."""
+    raw = obj.get("links")
+    hosts = sorted({d.host for d in devices or ()})
+    if raw is None:
+        if len(hosts) > 1:
+            raise UserError(
+                f"{where}.links: missing, but the devices sit in {len(hosts)} hosts; expected "
+                "{'intra_host_gbps': ..., 'inter_host_gbps': ...} (GB/s per device within a host and between hosts)"
+            )
+        return None
+    if not isinstance(raw, dict):
+        raise UserError(
+            f"{where}.links: got {raw!r:.60}, expected an object like {{'intra_host_gbps': 300, 'inter_host_gbps': 25}}"
+        )
+    at = f"{where}.links"
+    _known_keys(raw, LINK_KEYS, at)
+    speeds = [_float_field(raw, key, at, positive=True) for key in ("intra_host_gbps", "inter_host_gbps")]
+    per_host = _int_field(raw, "devices_per_host", at, minimum=1) if raw.get("devices_per_host") is not None else None
+    if per_host is not None and len(hosts) > 1:
+        raise UserError(f"{at}.devices_per_host: got {per_host}, but the devices name their hosts; expected one")
+    if per_host is None and len(hosts) < 2:
+        raise UserError(
+            f"{at}: the devices sit in one host; expected a host per device (devices[i].host) or links.devices_per_host"
+        )
+    return Links(*speeds, per_host)
 
 
 def _int_field(obj: dict, name: str, where: str, minimum: int) -> int:

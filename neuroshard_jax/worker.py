@@ -389,11 +389,22 @@ def torchrec_plan(request: dict) -> dict:
     }
     world_size = int(request["num_devices"])
     caps = [int(c) for c in request["mem_caps_bytes"]]
+    links = request.get("links")  # devices in hosts: TorchRec's local world size and bandwidths (bytes per ms)
+    hosts = (
+        {
+            "local_world_size": int(links["local_size"]),
+            "intra_host_bw": links["intra_host_gbps"] * 1024**3 / 1000,
+            "inter_host_bw": links["inter_host_gbps"] * 1024**3 / 1000,
+        }
+        if links
+        else {}
+    )
     topology = Topology(
         world_size=world_size,
         compute_device="cuda",
         hbm_cap=max(caps),
         custom_topology_data=CustomTopologyData(data={"hbm_cap": caps}, world_size=world_size),
+        **hosts,
     )
     reservation = None  # TorchRec's default: HeuristicalStorageReservation(0.15), inputs and dense parts included
     if request.get("reservation", "heuristic") == "percent":
@@ -426,7 +437,11 @@ def torchrec_export(request: dict, out_path: str) -> dict:
     world = int(request["world_size"])
     try:
         plan = sharding_plan(
-            {request["module_path"]: (module, shards)}, world, request["device"], request["compute_kernel"]
+            {request["module_path"]: (module, shards)},
+            world,
+            request["device"],
+            request["compute_kernel"],
+            local_size=request.get("local_size"),
         )
     except ValueError as err:  # a row split TorchRec does not run (``torchrec_plans.row_split_host``)
         return {"error": str(err)}

@@ -1,6 +1,7 @@
 """``searcher=torchrec``: TorchRec's EmbeddingShardingPlanner as the outside baseline.
 
-The planner runs in the torch worker subprocess (``python -m neuroshard_jax.worker torchrec-plan``), the only place torch is imported:
+The planner runs in the torch worker subprocess (``python -m neuroshard_jax.worker torchrec-plan``), the only
+place torch is imported:
 tables as EmbeddingBagConfigs on the meta device, a Topology of N ranks with the task's memory cap, pooling
 factors as constraints, sharding types table_wise and column_wise (and row_wise when asked:
 ``searcher.sharding_types``), the fused kernel. Its plan is converted to ours (a table's column shards must be
@@ -24,7 +25,7 @@ from neuroshard_jax.sharding import Shard, tiling_error
 from neuroshard_jax.types import Plan, Task
 from searchers.registry import register
 
-SHARDING_TYPES = ("table_wise", "column_wise", "row_wise")
+SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise")
 DEFAULT_SHARDING_TYPES = ("table_wise", "column_wise")
 RESERVATIONS = ("heuristic", "percent")
 
@@ -53,7 +54,7 @@ def plan_from_torchrec(task: Task, shards: list[list[dict]]) -> Plan:
 @register("torchrec")
 @dataclasses.dataclass(frozen=True)
 class TorchRecSearch:
-    sharding_types: tuple[str, ...] = DEFAULT_SHARDING_TYPES  # row_wise: on request (searcher.sharding_types)
+    sharding_types: tuple[str, ...] = DEFAULT_SHARDING_TYPES  # row_wise, table_row_wise: on request
     timeout_s: float = 600.0
     # heuristic: TorchRec's default reservation (15% plus its estimate of input and dense storage);
     # percent: a flat 15% (tiny, very hot tables make the heuristic reserve GBs for inputs and find no plan)
@@ -100,6 +101,17 @@ class TorchRecSearch:
             "sharding_types": list(self.sharding_types),
             "reservation": self.reservation,
         }
+        if task.multi_host:
+            if task.local_size() is None:
+                raise UserError(
+                    f"searcher=torchrec: TorchRec's topology has hosts of equal size holding consecutive ranks; the "
+                    f"task's devices sit in hosts {task.hosts()}; expected that layout, or a project searcher"
+                )
+            request["links"] = {
+                "local_size": task.local_size(),
+                "intra_host_gbps": task.links.intra_host_gbps,
+                "inter_host_gbps": task.links.inter_host_gbps,
+            }
         with tempfile.TemporaryDirectory(prefix="neuroshard-torchrec-") as tmp:
             src, dst = Path(tmp) / "request.json", Path(tmp) / "plan.json"
             src.write_text(json.dumps(request))

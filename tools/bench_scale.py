@@ -1,6 +1,6 @@
 """Planning at production scale: thousands of tables over hundreds of devices, some tables larger than a device.
 
-    python tools/bench_scale.py task  [--tables 5000 --devices 512 --seed 0]   # the task file (regenerated, ~20 s)
+    python tools/bench_scale.py task  [--tables 5000 --devices 512 --per-host 8 --seed 0]   # the task (~20 s)
     python tools/bench_scale.py plan  [--searchers grid,size_lookup_greedy,beam --cost-model neural]
     python tools/bench_scale.py torchrec [--timeout 900]                    # TorchRec's planner, same task
     python tools/bench_scale.py dmp [--devices 4 --cap-gib 0.25]   # tables up to 4x a device: plan, export, run DMP
@@ -9,8 +9,9 @@ task: tables drawn by this file's own law (not the training sampler's, not the f
   log-uniform over 1e2..5e7 with 1% of tables at 5e7..2e8 (production's largest: several GB at dim 128), dims
   16..128, pooling factors log-normal (median 4, a tail past 100), Zipf access hashed over the rows, the
   histogram of one batch of 4096 drawn from that law. Devices: ``--cap-gib`` each (16 GiB: the largest tables
-  do not fit one device and are cut into row blocks). Written to bench/scale/task-TxN.json (gitignored; the
-  same seed gives the same file).
+  do not fit one device and are cut into row blocks), 8 per host (300 GB/s within a host, 25 GB/s between
+  hosts: NVLink and a 200 Gb/s NIC per GPU; the comm model scales to them, ``Links.comm_scale``). Written to
+  bench/scale/task-TxN.json (gitignored; the same seed gives the same file).
 plan: one subprocess per searcher, with an empty JAX compilation cache, so each figure is a cold run as a new
   user sees it (compilation included) with its own peak resident memory. Quality at this scale is predicted only.
 torchrec: ``searcher=torchrec`` on the same task with its time limit; what it returns (or the limit) is recorded.
@@ -55,7 +56,7 @@ def histogram(rng: np.random.Generator, rows: int, pooling: float, skew: float) 
     return [round(float(x), 5) for x in bin_shares(count_histogram(counts)[0])]
 
 
-def scale_task(tables: int, devices: int, cap_gib: float, seed: int) -> Task:
+def scale_task(tables: int, devices: int, cap_gib: float, seed: int, links: dict | None = None) -> Task:
     rng = np.random.default_rng([seed, tables, devices, 5151])
     out = []
     for i in range(tables):
@@ -66,6 +67,8 @@ def scale_task(tables: int, devices: int, cap_gib: float, seed: int) -> Task:
         bins = histogram(rng, rows, pooling, float(rng.uniform(1.05, 2.0)))
         out.append({"id": i, "name": f"f{i}", "rows": rows, "dim": dim, "pooling_factor": pooling, "bins": bins})
     obj = {"num_devices": devices, "mem_cap_gb": cap_gib, "batch_size": BATCH_SIZE, "tables": out}
+    if links and devices > links["devices_per_host"]:
+        obj["links"] = links
     return Task.from_json(obj, where="scale task")
 
 
@@ -75,7 +78,8 @@ def task_path(tables: int, devices: int) -> Path:
 
 def make_task_file(args) -> dict:
     start = time.perf_counter()
-    task = scale_task(args.tables, args.devices, args.cap_gib, args.seed)
+    links = {"intra_host_gbps": args.intra_gbps, "inter_host_gbps": args.inter_gbps}
+    task = scale_task(args.tables, args.devices, args.cap_gib, args.seed, {**links, "devices_per_host": args.per_host})
     path = write_json(task.to_json(), task_path(args.tables, args.devices))
     total = sum(task.table_mem_bytes(i) for i in range(task.num_tables)) / 2**30
     over = sum(task.table_mem_bytes(i) > task.mem_cap_bytes for i in range(task.num_tables))
@@ -86,6 +90,8 @@ def make_task_file(args) -> dict:
         "cap_gib": args.cap_gib,
         "total_gib": round(total, 1),
         "tables_over_cap": int(over),
+        "hosts": len(set(task.hosts())),
+        "links": task.to_json().get("links"),
         "generate_s": round(time.perf_counter() - start, 1),
     }
 
@@ -96,7 +102,9 @@ def plan_one(args) -> dict:
 
     task = Task.from_json(read_json(task_path(args.tables, args.devices)), where="scale task")
     start = time.perf_counter()
-    options = {"timeout_s": float(args.timeout)} if args.searcher == "torchrec" else None
+    # TorchRec's planner with every sharding type it has: the largest tables fit only as row blocks
+    types = ["table_wise", "column_wise", "row_wise", "table_row_wise"]
+    options = {"timeout_s": float(args.timeout), "sharding_types": types} if args.searcher == "torchrec" else None
     try:
         plan = search_plan(task, args.searcher, args.cost_model, 0, options)
     except (UserError, InfeasibleError) as err:
@@ -201,6 +209,9 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=None, help="default: 512 (4 for dmp)")
     parser.add_argument("--cap-gib", type=float, default=None, help="default: 16 (0.25 for dmp)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--per-host", type=int, default=8, help="devices per host (task; default 8: 512 are 64 hosts)")
+    parser.add_argument("--intra-gbps", type=float, default=300.0, help="GB/s per device within a host (task)")
+    parser.add_argument("--inter-gbps", type=float, default=25.0, help="GB/s per device between hosts (task)")
     parser.add_argument("--searchers", default="grid,size_lookup_greedy,beam")
     parser.add_argument("--searcher", default="grid")
     parser.add_argument("--cost-model", default="neural")

@@ -5,6 +5,9 @@ searcher's plans (and TorchRec's) measured on the real kernels.
     python tools/foreign_benchmark.py plan --searchers beam+polish,size_lookup_greedy+polish   # polished on the kernels
     python tools/foreign_benchmark.py measure --repeats 5         # every device, 5 interleaved repeats (resumable)
     python tools/foreign_benchmark.py report --model neural       # the table in the README (and report.json)
+    python tools/foreign_benchmark.py measure --only-model --checkpoint A --also B --searchers beam,torchrec \
+        --session S --repeats 2                                   # afresh, in one session: plans compared side by side
+    python tools/foreign_benchmark.py report --checkpoint A --searchers beam,torchrec --session S
     python tools/foreign_benchmark.py merge --checkpoint NAME     # beam's slices on one device: merged or not, measured
 
 The generators below are written apart from the training sampler (``collect source=specs``): their
@@ -77,10 +80,13 @@ def row_hardware(row: dict) -> str:
     return row.get("hardware") or hardware_kind({"cpu": row.get("cpu", LEGACY_CPU)})
 
 
-def measurement_id(base: str, kind: str) -> str:
+def measurement_id(base: str, kind: str, session: str | None = None) -> str:
     """A measurement's id on this kind of hardware: another kind's measurement of the same device and repeat is
-    not this one's (``base`` alone was the id before rows recorded their hardware)."""
-    return f"{base}@{hashlib.sha1(kind.encode()).hexdigest()[:8]}"
+    not this one's (``base`` alone was the id before rows recorded their hardware); with ``session``, that
+    session's own (machines of one kind measure 5-10% apart from one day to the next: plans compared against
+    each other must be measured in one session)."""
+    tag = kind if session is None else f"{kind}#{session}"
+    return f"{base}@{hashlib.sha1(tag.encode()).hexdigest()[:8]}"
 
 
 POLISHED = "+polish"  # a searcher name with this suffix: its plan polished on the kernels (polish=measured)
@@ -282,14 +288,25 @@ def plan_of(row: dict, tasks: dict[str, Task]) -> Plan | None:
 # Measurements
 
 
-def measure_all(out: Path, repeats: int, config: EvaluateConfig, label: str | None, only: set[str]) -> None:
-    """Measure every device of the current plans of the tasks ``only`` (with ``label``: only the model-free
-    searchers' and that model's plans), ``repeats`` interleaved times."""
+def measure_all(
+    out: Path,
+    repeats: int,
+    config: EvaluateConfig,
+    labels: list[str] | None,
+    only: set[str],
+    session: str | None = None,
+    searchers: set[str] | None = None,
+) -> None:
+    """Measure every device of the current plans of the tasks ``only`` (with ``labels``: only the model-free
+    searchers' and those models' plans; with ``searchers``: only theirs), ``repeats`` interleaved times; with
+    ``session``, measured afresh as that session's (``measurement_id``)."""
     tasks = {task_id: task for task_id, _, task in benchmark_tasks(out / TASKS_FILE) if task_id in only}
     rows = [
         r
         for r in JsonlLog(out / "plans.jsonl").records()
-        if current(r) and (label is None or r["model"] in ("-", label))
+        if current(r)
+        and (labels is None or r["model"] in ("-", *labels))
+        and (searchers is None or r["searcher"] in searchers)
     ]
     log = JsonlLog(out / "measurements.jsonl")
     kind = hardware_kind(hardware())
@@ -304,11 +321,13 @@ def measure_all(out: Path, repeats: int, config: EvaluateConfig, label: str | No
                     tables = device_tables(task, plan.device_shards(d))
                     if tables:
                         devices.setdefault(device_key(task, tables), tables)
-            todo = [k for k in devices if measurement_id(f"{k}/{repeat}", kind) not in log.ids]
+            todo = [k for k in devices if measurement_id(f"{k}/{repeat}", kind, session) not in log.ids]
             shuffled = np.random.default_rng([BASE_SEED, repeat, len(todo)]).permutation(len(todo))
             requests = [
                 {
-                    **device_request(measurement_id(f"{todo[i]}/{repeat}", kind), task, devices[todo[i]], config),
+                    **device_request(
+                        measurement_id(f"{todo[i]}/{repeat}", kind, session), task, devices[todo[i]], config
+                    ),
                     "key": todo[i],
                     "repeat": repeat,
                 }
@@ -322,6 +341,7 @@ def measure_all(out: Path, repeats: int, config: EvaluateConfig, label: str | No
                         "key": request["key"],
                         "repeat": request["repeat"],
                         "hardware": kind,
+                        **({"session": session} if session else {}),
                         **{k: answer.get(k) for k in ("ok", "total_ms", "fwd_ms", "bwd_ms", "error", "cpu_share")},
                     }
                 )
@@ -406,13 +426,23 @@ def merge_check(out: Path, model: str, model_options: dict, repeats: int, config
 # Report
 
 
-def report(out: Path, model: str, model_options: dict, tie: float, only: set[str]) -> dict:
+def report(
+    out: Path,
+    model: str,
+    model_options: dict,
+    tie: float,
+    only: set[str],
+    session: str | None = None,
+    searchers: set[str] | None = None,
+) -> dict:
+    """The benchmark's figures for ``model``: its plans and the model-free ones (``searchers``: only theirs),
+    from the measurements taken outside any session, or (``session``) only from that session's."""
     tasks = {t: (family, task) for t, family, task in benchmark_tasks(out / TASKS_FILE) if t in only}
     label = model_label(model, model_options)
     kind = hardware_kind(hardware())  # labels belong to one kind of hardware: only this machine's kind's measurements
     rows: dict[str, list[dict]] = {}
     for m in JsonlLog(out / "measurements.jsonl").records():
-        if m.get("ok") and row_hardware(m) == kind:
+        if m.get("ok") and row_hardware(m) == kind and m.get("session") == session:
             rows.setdefault(m["key"], []).append(m)
     # a repeat whose worker got less than MIN_CPU_SHARE of its core ran beside other work: left out where the device
     # has repeats that did not
@@ -424,6 +454,8 @@ def report(out: Path, model: str, model_options: dict, tie: float, only: set[str
     models: dict = {}
     for row in JsonlLog(out / "plans.jsonl").records():
         if row["model"] not in ("-", label) or not current(row) or row["task"] not in tasks:
+            continue
+        if searchers is not None and row["searcher"] not in searchers:
             continue
         family, task = tasks[row["task"]]
         polish = row.get("polish") or {}
@@ -450,8 +482,8 @@ def report(out: Path, model: str, model_options: dict, tie: float, only: set[str
         by_task.setdefault(row["task"], {})[row["searcher"]] = entry
     summary = summarise(by_task, tasks, tie)
     subset = f"-{len(tasks)}tasks" if len(tasks) < 2 * TASKS_PER_SIZE else ""
-    name = f"report-{label.replace(':', '_')}{subset}"
-    result = {"model": label, "tie": tie, "hardware": kind, "tasks": by_task, "summary": summary}
+    name = f"report-{label.replace(':', '_')}{subset}" + (f"-{session}" if session else "")
+    result = {"model": label, "tie": tie, "hardware": kind, "session": session, "tasks": by_task, "summary": summary}
     write_json(result, out / f"{name}.json")
     return summary
 
@@ -559,7 +591,18 @@ def main() -> None:
     parser.add_argument("--out", default="bench/foreign")
     parser.add_argument("--model", default="neural", help="cost model: neural or analytic")
     parser.add_argument("--checkpoint", default=None, help="a neural checkpoint directory or shipped name")
-    parser.add_argument("--searchers", default=",".join(SEARCHERS))
+    parser.add_argument(
+        "--searchers", default=None, help=f"plan: default {','.join(SEARCHERS)}; measure, report: only these"
+    )
+    parser.add_argument(
+        "--also", default="", help="measure --only-model: more checkpoints whose plans are measured beside the model's"
+    )
+    parser.add_argument(
+        "--session",
+        default=None,
+        help="measure afresh / report only measurements of this session (plans compared "
+        "must be measured in one session)",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--workers", type=int, default=1, help="local kernel workers measuring in parallel")
     parser.add_argument(
@@ -572,21 +615,28 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     # a shipped name as its directory: the same label either way
     options = {"checkpoint": checkpoint_path(args.checkpoint)} if args.checkpoint else {}
+    only_searchers = set(args.searchers.split(",")) if args.searchers else None
     try:
         if args.stage == "tasks":
             for task_id, family, task in benchmark_tasks(out / TASKS_FILE):
                 mem = sum(task.table_mem_bytes(i) for i in range(task.num_tables)) / 2**30
                 print(f"{task_id} {family:22s} {task.num_tables:3d} tables {mem:7.2f} GiB cap {task.mem_cap_gb} GiB")
         elif args.stage == "plan":
-            plan_all(out, args.model, options, args.searchers.split(","), chosen(out, args.tasks))
+            names = (args.searchers or ",".join(SEARCHERS)).split(",")
+            plan_all(out, args.model, options, names, chosen(out, args.tasks))
         elif args.stage == "measure":
-            label = model_label(args.model, options) if args.only_model else None
+            labels = None
+            if args.only_model:
+                also = [{"checkpoint": checkpoint_path(c)} for c in args.also.split(",") if c]
+                labels = [model_label(args.model, o) for o in (options, *also)]
             measure_all(
                 out,
                 args.repeats,
                 EvaluateConfig(executor=ExecutorConfig(workers=args.workers)),
-                label,
+                labels,
                 chosen(out, args.tasks),
+                args.session,
+                only_searchers,
             )
         elif args.stage == "merge":
             merge_check(
@@ -598,7 +648,8 @@ def main() -> None:
                 chosen(out, args.tasks),
             )
         else:
-            print_summary(report(out, args.model, options, args.tie, chosen(out, args.tasks)))
+            summary = report(out, args.model, options, args.tie, chosen(out, args.tasks), args.session, only_searchers)
+            print_summary(summary)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
