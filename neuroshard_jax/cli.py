@@ -163,4 +163,14 @@ def run_app(main: Callable[[], None], config_name: str, validate: Callable[[Dict
     check_group_overrides(argv)
     check_command_line(config_name, argv, validate)
     check_output_folder(argv)
-    main()
+    try:
+        main()
+    except SystemExit as done:
+        if done.code != 2:
+            raise
+        # an expected failure, already said in one line (``fail``): end now, so that no background thread of a
+        # library (orbax's readers after a damaged checkpoint) prints its late complaints while Python shuts down;
+        # every output was closed as the error left its ``with`` blocks
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(2)

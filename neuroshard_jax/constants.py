@@ -25,7 +25,8 @@ TORCHREC_INSTALL = "pip install --no-deps torchrec==1.8.0 && pip install -e '.[t
 
 # What ships inside the package (paths relative to the neuroshard_jax package directory).
 SHIPPED_MODELS = "data/models"  # shipped cost-model checkpoints, one folder per name (cost_model.name=NAME)
-SHIPPED_MODEL_NAME = "xeon-ensemble"  # the default neural cost model: the physics ensemble (format 4), Intel Xeon
+SHIPPED_MODEL_NAME = "xeon-union"  # the default neural cost model: the physics ensemble (format 4), Intel Xeon,
+# trained on the pool, the spec sampler and the loop's plan labels (xeon-ensemble: the first two only)
 SHIPPED_CHECKPOINT = f"{SHIPPED_MODELS}/{SHIPPED_MODEL_NAME}"
 # The first shipped model (format 3, per-table MLP at batch 4096): the RL trainer's cost model, and the ablation's.
 SHIPPED_MLP_CHECKPOINT = f"{SHIPPED_MODELS}/cpu-b4096"

@@ -37,7 +37,7 @@ class LoopConfig:
     out: str = "runs/loop"
     rounds: int = 3
     tasks: int = 30  # tasks per round (each: every searcher's plan + ``plans.variants`` variants)
-    start_model: str = "xeon-ensemble"
+    start_model: str = "xeon-union"
     base_datasets: tuple[str, ...] = ()  # datasets of this machine's kind (checked before measuring)
     label_weight: float = 2.0  # loss weight of a plan label against a base record
     scratch: bool = False

@@ -6,7 +6,7 @@
     model = load_cost_model("path/to/checkpoint")      # a checkpoint of python -m neuroshard_jax.train
     model = load_cost_model("analytic", batch_size=4096)
 
-Two checkpoint formats load (``checkpoints.py``): the physics ensemble (4, the default ``xeon-ensemble``;
+Two checkpoint formats load (``checkpoints.py``): the physics ensemble (4, the default ``xeon-union``;
 batch size is an input, its spread makes searchers cautious: ``risk``) and the first per-table MLP (3,
 ``cpu-b4096``, batch 4096 only).
 """

@@ -58,7 +58,7 @@ class PlanLabelConfig:
     """conf/collect.yaml ``plans:``."""
 
     round: int = 0
-    model: str = "xeon-ensemble"  # a shipped model's name or a checkpoint directory
+    model: str = "xeon-union"  # a shipped model's name or a checkpoint directory
     searchers: tuple[str, ...] = (
         "beam",
         "grid",

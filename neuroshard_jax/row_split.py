@@ -122,6 +122,26 @@ def row_blocks_of(task: Task, tables: Sequence[int], within_host: bool = False) 
     return tuple(blocks)
 
 
+def settle(task: Task, tables: Sequence[int], within_host: bool = False) -> tuple[int, ...]:
+    """``tables`` and the tables that no device holds whole once their row blocks are placed (the blocks take a
+    share of every device: on a full task a table a little under the cap then fits nowhere), until none is left;
+    constrained tables are not added (their constraints speak of whole tables and column slices)."""
+    split = set(tables)
+    while True:
+        blocks = row_blocks_of(task, sorted(split), within_host)
+        room = int(
+            (task.cap_bytes() - device_mem_bytes(blocks, task.table_rows(), task.precision, task.num_devices)).max()
+        )
+        more = {
+            i
+            for i in range(task.num_tables)
+            if i not in split and task.table_mem_bytes(i) > room and _row_splittable(task, i)
+        }
+        if not more:
+            return tuple(sorted(split))
+        split |= more
+
+
 def host_groups(task: Task) -> list[list[int]] | None:
     """Each host's devices, where the task spans several hosts of the same size holding consecutive devices (the
     layout TorchRec's ``table_row_wise`` runs on); None otherwise."""

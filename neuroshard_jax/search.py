@@ -18,6 +18,7 @@ from neuroshard_jax.row_split import (
     rest_task,
     row_blocks_of,
     row_split_choices,
+    settle,
 )
 from neuroshard_jax.scoring import score_plans, single_shard_costs, with_costs
 from neuroshard_jax.sharding import merge_colocated
@@ -92,7 +93,7 @@ def _search_around(task, algorithm, model, seed, split, within_host, cost_model,
     """The searcher's plan of ``task`` with the tables ``split`` cut into row blocks first (none: the plain search),
     over every device or, ``within_host``, over one host's devices; validated."""
     if split:
-        blocks = row_blocks_of(task, split, within_host)
+        blocks = row_blocks_of(task, settle(task, split, within_host), within_host)
         rest, index = rest_task(task, blocks)
         rest_plan = None
         if rest.num_tables:

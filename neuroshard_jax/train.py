@@ -33,9 +33,10 @@ class TrainAppConfig:
     datasets: tuple[str, ...] = (
         "neuroshard_jax/data/profiles/cpu-b4096",
         "neuroshard_jax/data/profiles/xeon-specs",
+        "neuroshard_jax/data/profiles/xeon-plans",
     )
-    out: str = "checkpoints/xeon-ensemble"
-    name: str = "xeon-ensemble"
+    out: str = "checkpoints/xeon-union"
+    name: str = "xeon-union"
     net: NetConfig = NetConfig()
     ensemble: EnsembleConfig = EnsembleConfig()
     train: TrainConfig = TrainConfig()

@@ -100,7 +100,7 @@ def plan_one(args) -> dict:
     """In its own process: load the task, search, report wall time, peak RSS and the predicted plan cost."""
     from neuroshard_jax.search import search_plan
 
-    task = Task.from_json(read_json(task_path(args.tables, args.devices)), where="scale task")
+    task = Task.from_json(read_json(task_path(args.tables, args.devices), "scale task"), where="scale task")
     start = time.perf_counter()
     # TorchRec's planner with every sharding type it has: the largest tables fit only as row blocks
     types = ["table_wise", "column_wise", "row_wise", "table_row_wise"]
@@ -150,7 +150,8 @@ def run_each(args, searchers: list[str]) -> list[dict]:
         print(json.dumps(row), flush=True)
         results.append(row)
     path = OUT / "scale.json"
-    kept = [r for r in (read_json(path)["runs"] if path.exists() else []) if r["searcher"] not in searchers]
+    before = read_json(path, "scale results")["runs"] if path.exists() else []
+    kept = [r for r in before if r["searcher"] not in searchers]
     write_json({"machine": hardware(), "runs": kept + results}, path)
     return results
 
