@@ -226,7 +226,7 @@ class Task:
         out: dict[str, Any] = {
             "num_devices": self.num_devices,
             "mem_cap_gb": self.mem_cap_gb,
-            **({"devices": [dataclasses.asdict(d) for d in self.devices]} if self.devices is not None else {}),
+            **({"devices": _devices_json(self.devices)} if self.devices is not None else {}),
             **({"links": _links_json(self.links)} if self.links is not None else {}),
             "batch_size": self.batch_size,
             "precision": self.precision,
@@ -594,6 +594,12 @@ def _devices_field(obj: dict, where: str) -> list[Device] | None:
             f"or no mem_cap_gb beside devices"
         )
     return devices
+
+
+def _devices_json(devices: tuple[Device, ...]) -> list[dict[str, Any]]:
+    """The devices as plan.json writes them: their hosts only where they sit in several."""
+    several = len({d.host for d in devices}) > 1
+    return [{"mem_cap_gb": d.mem_cap_gb, "speed": d.speed, **({"host": d.host} if several else {})} for d in devices]
 
 
 def _links_json(links: Links) -> dict[str, Any]:
