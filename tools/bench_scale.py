@@ -3,7 +3,7 @@
     python tools/bench_scale.py task  [--tables 5000 --devices 512 --per-host 8 --seed 0]   # the task (~20 s)
     python tools/bench_scale.py plan  [--searchers grid,size_lookup_greedy,beam --cost-model neural]
     python tools/bench_scale.py torchrec [--timeout 900]                    # TorchRec's planner, same task
-    python tools/bench_scale.py dmp [--devices 4 --cap-gib 0.25]   # tables up to 4x a device: plan, export, run DMP
+    python tools/bench_scale.py dmp [--devices 8 --cap-gib 0.25]   # tables up to 4x a device: plan, export, run DMP
 
 task: tables drawn by this file's own law (not the training sampler's, not the foreign benchmark's): rows
   log-uniform over 1e2..5e7 with 1% of tables at 5e7..2e8 (production's largest: several GB at dim 128), dims
@@ -104,7 +104,10 @@ def plan_one(args) -> dict:
     start = time.perf_counter()
     # TorchRec's planner with every sharding type it has: the largest tables fit only as row blocks
     types = ["table_wise", "column_wise", "row_wise", "table_row_wise"]
-    options = {"timeout_s": float(args.timeout), "sharding_types": types} if args.searcher == "torchrec" else None
+    # and a flat 15% reservation: its default reserves storage for every feature's input (5,000 features at batch
+    # 4096: more than a device holds) and finds no plan
+    options = {"timeout_s": float(args.timeout), "sharding_types": types, "reservation": "percent"}
+    options = options if args.searcher == "torchrec" else None
     try:
         plan = search_plan(task, args.searcher, args.cost_model, 0, options)
     except (UserError, InfeasibleError) as err:
@@ -207,7 +210,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["task", "plan", "plan-one", "torchrec", "dmp"])
     parser.add_argument("--tables", type=int, default=5000)
-    parser.add_argument("--devices", type=int, default=None, help="default: 512 (4 for dmp)")
+    parser.add_argument("--devices", type=int, default=None, help="default: 512 (8 for dmp: the 4x and 2x tables need 6 devices of memory)")
     parser.add_argument("--cap-gib", type=float, default=None, help="default: 16 (0.25 for dmp)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--per-host", type=int, default=8, help="devices per host (task; default 8: 512 are 64 hosts)")
@@ -219,7 +222,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0)
     args = parser.parse_args()
     small = args.what == "dmp"  # DMP runs one gloo process per device holding real tables: a small task
-    args.devices = args.devices or (4 if small else 512)
+    args.devices = args.devices or (8 if small else 512)
     args.cap_gib = args.cap_gib or (0.25 if small else 16.0)
     if args.what == "task":
         print(json.dumps(make_task_file(args)))
