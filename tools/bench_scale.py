@@ -210,7 +210,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["task", "plan", "plan-one", "torchrec", "dmp"])
     parser.add_argument("--tables", type=int, default=5000)
-    parser.add_argument("--devices", type=int, default=None, help="default: 512 (8 for dmp: the 4x and 2x tables need 6 devices of memory)")
+    parser.add_argument("--devices", type=int, default=None, help="default: 512 (8 for dmp: its 4x and 2x tables)")
     parser.add_argument("--cap-gib", type=float, default=None, help="default: 16 (0.25 for dmp)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--per-host", type=int, default=8, help="devices per host (task; default 8: 512 are 64 hosts)")
