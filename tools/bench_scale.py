@@ -197,7 +197,10 @@ def dmp(args) -> dict:
         "measured_cost_ms": round(measured["cost_ms"], 2),
         "measured_compute_ms": [round(d["compute"], 2) for d in measured["devices"]],
         "dmp_exit": done.returncode,
-        "dmp_output": done.stdout.strip().splitlines()[-args.devices - 1 :] or done.stderr.strip().splitlines()[-1:],
+        "dmp_output": [  # paths relative to the repository: no machine's own paths in a committed record
+            line.replace(f"{OUT.parents[1]}/", "")
+            for line in done.stdout.strip().splitlines()[-args.devices - 1 :] or done.stderr.strip().splitlines()[-1:]
+        ],
         "dmp_s": round(dmp_s, 1),
         "machine": hardware(),
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
