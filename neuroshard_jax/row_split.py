@@ -11,8 +11,12 @@ the plans are scored with the search's own cost model and the cheapest is kept. 
 slice fits nowhere can only be cut into rows. ``row_split=off``: column splits only, as before row splits
 existed. ``hot`` is not the default: it changes plans of tasks whose tables all fit, and has not been measured yet.
 
-The searcher does not see the blocks' compute: they add about 1/N of the table's work to every device alike,
-which shifts every device and leaves the balance it seeks; the returned plan is scored whole. NumPy only.
+On several hosts of equal size each cut is also tried with its blocks within one host (``table_row_wise``); tables
+that no device holds once the blocks are placed are cut too (``settle``).
+
+The searcher does not see the blocks' compute: over every device they add about 1/N of the table's work to every
+device alike, which shifts every device and leaves the balance it seeks (within one host they do not: that choice
+is kept only where the whole plan, scored with the blocks, comes out cheaper). NumPy only.
 """
 
 from __future__ import annotations
