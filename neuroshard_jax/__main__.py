@@ -18,6 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from neuroshard_jax.calibrate import CalibrateConfig, calibrate
 from neuroshard_jax.cli import fail, resolved, run_app
 from neuroshard_jax.config import typed
 from neuroshard_jax.datasets import write_json
@@ -25,7 +26,7 @@ from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.evaluation import EvaluateConfig
 from neuroshard_jax.executors import ExecutorConfig
 from neuroshard_jax.explain import ExplainConfig, explain_file
-from neuroshard_jax.models import cost_model_config, make_cost_model
+from neuroshard_jax.models import cost_model_config, make_cost_model, split_calibration
 from neuroshard_jax.plans import format_plan
 from neuroshard_jax.polish import PolishConfig, polish_plan
 from neuroshard_jax.row_split import check_mode
@@ -49,6 +50,7 @@ class MainConfig:
     suite: SuiteConfig | None = None
     evaluate: bool = False
     polish: PolishConfig = PolishConfig()
+    calibrate: CalibrateConfig = CalibrateConfig()
     explain: bool = False
     row_split: str = "fit"  # tables larger than every device: row blocks tried beside column slices (row_split.py)
 
@@ -82,6 +84,7 @@ def main_config(cfg: DictConfig) -> MainConfig:
         config,
         evaluator=dataclasses.replace(config.evaluator, executor=config.executor),
         polish=dataclasses.replace(config.polish, executor=config.executor),
+        calibrate=dataclasses.replace(config.calibrate, executor=config.executor),
     )
     make_searcher(config.searcher["name"], config.options("searcher"))
     cost_model_config(config.cost_model["name"], config.options("cost_model"))
@@ -104,6 +107,13 @@ def main(cfg: DictConfig) -> None:
     try:
         task = make_task(config.task, config.task.seed, config.task.path)
         cost_model = (config.cost_model["name"], config.options("cost_model"))
+        calibration = None
+        if config.calibrate.name == "measured":
+            raw = {**cost_model[1], "calibration": None}  # the model as trained is what is calibrated
+            calibration = calibrate(task, make_cost_model(cost_model[0], task, raw), config.calibrate, config.seed)
+            cost_model = (cost_model[0], {**cost_model[1], "calibration": calibration["factor"]})
+        elif split_calibration(cost_model[1])[0] != 1.0:
+            calibration = {"factor": split_calibration(cost_model[1])[0], "given": True}
         plan = search_plan(
             task,
             config.searcher["name"],
@@ -115,7 +125,7 @@ def main(cfg: DictConfig) -> None:
         )
         if config.polish.name == "measured":
             plan = polish_plan(plan, make_cost_model(cost_model[0], task, cost_model[1]), config.polish, config.seed)
-        result = plan.to_json()
+        result = dataclasses.replace(plan, calibration=calibration).to_json()
     except InfeasibleError as err:
         if not multirun:
             fail(err)

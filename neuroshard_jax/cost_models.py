@@ -108,54 +108,60 @@ def straggler_wait(delays_ms, device_mask):
     return jnp.where(device_mask, latest - delays_ms, 0.0)
 
 
-class CommScaled(NamedTuple):
-    """Params of a model whose all-to-all times are scaled per device (``with_comm_scale``)."""
+class Scaled(NamedTuple):
+    """Params of a model whose all-to-all times are scaled per device and whose compute is scaled by one factor
+    (``with_scales``)."""
 
     inner: Any
     comm_scale: jax.Array  # f32[N]: device d's comm time is comm_scale[d] x the model's one-host time
+    compute_scale: jax.Array  # f32[]: every device's compute is compute_scale x the model's (a measured calibration)
 
 
-def with_comm_scale(model: CostModel, scale: np.ndarray) -> CostModel:
+def with_scales(model: CostModel, comm_scale: np.ndarray, compute_scale: float = 1.0) -> CostModel:
     """``model`` with each device's transfer time (bwd comm, and fwd comm less the straggler wait) multiplied by
-    ``scale`` f64[N] (``Task.comm_scale``: devices in several hosts); ``model`` itself where every scale is 1.
-    The scale is a parameter, not a constant: one compilation serves every task."""
-    if np.allclose(scale, 1.0):
+    ``comm_scale`` f64[N] (``Task.comm_scale``: devices in several hosts) and every device's compute by
+    ``compute_scale`` (this machine's measured / predicted compute, ``calibrate.py``); ``model`` itself where
+    every scale is 1. The scales are parameters, not constants: one compilation serves every task."""
+    if np.allclose(comm_scale, 1.0) and compute_scale == 1.0:
         return model
-    params = CommScaled(model.params, jnp.asarray(scale, jnp.float32))
-    return CostModel(model.name, _comm_scaled(model.fns), params)
+    params = Scaled(model.params, jnp.asarray(comm_scale, jnp.float32), jnp.asarray(compute_scale, jnp.float32))
+    return CostModel(model.name, _scaled(model.fns), params)
 
 
 def map_inner_params(model: CostModel, change: Callable) -> CostModel:
-    """``model`` with ``change`` applied to its own params (under a ``CommScaled`` wrapper, if any)."""
-    if isinstance(model.params, CommScaled):
+    """``model`` with ``change`` applied to its own params (under a ``Scaled`` wrapper, if any)."""
+    if isinstance(model.params, Scaled):
         return dataclasses.replace(model, params=model.params._replace(inner=change(model.params.inner)))
     return dataclasses.replace(model, params=change(model.params))
 
 
 def inner_params(params):
-    """A model's own params, under a ``CommScaled`` wrapper or not."""
-    return params.inner if isinstance(params, CommScaled) else params
+    """A model's own params, under a ``Scaled`` wrapper or not."""
+    return params.inner if isinstance(params, Scaled) else params
 
 
 @functools.cache
-def _comm_scaled(fns: CostFns) -> CostFns:
-    """``fns`` over ``CommScaled`` params (cached: the same functions, so jitted callers compile once)."""
+def _scaled(fns: CostFns) -> CostFns:
+    """``fns`` over ``Scaled`` params (cached: the same functions, so jitted callers compile once)."""
 
-    def scale(p: CommScaled, like):
+    def scale(p: Scaled, like):
         n, have = like.shape[-1], p.comm_scale.shape[0]  # padded device axes: scale 1 on the padding
         return p.comm_scale[:n] if have >= n else jnp.pad(p.comm_scale, (0, n - have), constant_values=1.0)
 
-    def bwd_comm(p: CommScaled, dim_sums, device_mask):
+    def head(p: Scaled, latent_sums):
+        return fns.head(p.inner, latent_sums) * p.compute_scale
+
+    def bwd_comm(p: Scaled, dim_sums, device_mask):
         return fns.bwd_comm(p.inner, dim_sums, device_mask) * scale(p, dim_sums)
 
-    def fwd_comm(p: CommScaled, dim_sums, delays_ms, device_mask):
+    def fwd_comm(p: Scaled, dim_sums, delays_ms, device_mask):
         wait = straggler_wait(delays_ms, device_mask)  # waiting for a late peer takes no bandwidth
         return wait + (fns.fwd_comm(p.inner, dim_sums, delays_ms, device_mask) - wait) * scale(p, dim_sums)
 
     def inner(fn):
         return None if fn is None else lambda p, *args: fn(p.inner, *args)
 
-    return CostFns(inner(fns.embed), inner(fns.head), bwd_comm, fwd_comm, inner(fns.embed_sum), inner(fns.uncertainty))
+    return CostFns(inner(fns.embed), head, bwd_comm, fwd_comm, inner(fns.embed_sum), inner(fns.uncertainty))
 
 
 def bucket(n: int, minimum: int = 4) -> int:

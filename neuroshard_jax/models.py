@@ -21,7 +21,7 @@ from neuroshard_jax.analytic import ANALYTIC_FNS, AnalyticConfig, analytic_model
 from neuroshard_jax.checkpoints import ENSEMBLE_FORMAT, load_checkpoint, load_ensemble, read_meta
 from neuroshard_jax.config import typed
 from neuroshard_jax.constants import SHIPPED_CHECKPOINT, SHIPPED_MODELS
-from neuroshard_jax.cost_models import CostModel, inner_params, map_inner_params, with_comm_scale
+from neuroshard_jax.cost_models import CostModel, inner_params, map_inner_params, with_scales
 from neuroshard_jax.datasets import package_path
 from neuroshard_jax.ensemble import ensemble_cost_model
 from neuroshard_jax.errors import UserError, first_line
@@ -163,17 +163,31 @@ def _resolve(name: str, options: dict | None) -> tuple[str, dict | None]:
     )
 
 
+def split_calibration(options: dict | None) -> tuple[float, dict | None]:
+    """``options``' ``calibration`` (this machine's measured / predicted compute, ``calibrate.py``; 1: none) and
+    the rest of them, the model family's own."""
+    rest = dict(options or {})
+    factor = rest.pop("calibration", None)
+    factor = 1.0 if factor is None else factor
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < float("inf"):
+        raise UserError(
+            f"cost_model.calibration: got {factor!r}, expected a finite number > 0 (measured / predicted compute)"
+        )
+    return float(factor), rest or None
+
+
 def cost_model_config(name: str, options: dict | None = None):
     """The typed config of cost model ``name`` from ``options`` (unknown names or options raise UserError)."""
-    name, options = _resolve(name, options)
+    name, options = _resolve(name, split_calibration(options)[1])
     return typed(COST_MODELS[name][1], options, "cost_model")
 
 
 def make_cost_model(name: str, task: Task, options: dict | None = None) -> CostModel:
     """Build a cost model by name (``analytic``, ``neural`` or a shipped checkpoint's name) with ``options``
-    (the fields of its config, from conf/cost_model/)."""
-    family, _ = _resolve(name, options)
-    return with_comm_scale(COST_MODELS[family][0](task, cost_model_config(name, options)), task.comm_scale())
+    (the fields of its config, from conf/cost_model/, and ``calibration``: every device's compute scaled by it)."""
+    factor, own = split_calibration(options)
+    family, _ = _resolve(name, own)
+    return with_scales(COST_MODELS[family][0](task, cost_model_config(name, own)), task.comm_scale(), factor)
 
 
 def load_cost_model(

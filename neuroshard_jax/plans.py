@@ -53,6 +53,8 @@ def format_plan(plan_json: dict[str, Any]) -> str:
             f"({100 * polish['improvement']:+.1f}% better); polishing kept {polish['changes_kept']} changes, "
             f"{polish['measurements']} device measurements, {polish['time_s']:.1f} s"
         )
+    if plan_json.get("calibration"):
+        lines.append(calibration_line(plan_json["calibration"]))
     unsure = [d for d in plan_json["devices"] if d.get("model_trust", 1.0) < 1.0]
     for d in unsure:
         lines.append(
@@ -67,3 +69,18 @@ def format_plan(plan_json: dict[str, Any]) -> str:
             "no data was given for them; the costs assume a Zipf law (python -m neuroshard_jax.stats measures them)"
         )
     return "\n".join(lines)
+
+
+def calibration_line(record: dict) -> str:
+    """One line on a plan's calibration (``calibrate.py``): the factor, its spread and what it came from."""
+    if record.get("given"):
+        return f"calibrated: predicted compute x{record['factor']:.3f} (cost_model.calibration, given)"
+    r = record["ratios"]
+    line = (
+        f"calibrated on this machine: predicted compute x{record['factor']:.3f} (measured / predicted over "
+        f"{record['devices']} devices of the task's tables: p10 {r['p10']:.2f}, p90 {r['p90']:.2f}; "
+        f"{record['seconds']:.0f} s)"
+    )
+    if record.get("far"):
+        line += "; far from 1: the model was trained on other hardware, a model of this kind would predict better"
+    return line

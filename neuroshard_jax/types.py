@@ -328,6 +328,8 @@ class Plan:
     search_time_s: float | None = dataclasses.field(default=None, compare=False)
     # measured polishing's record (``polish.py``): measured per-device costs, measurements, time, improvement
     polish: dict | None = dataclasses.field(default=None, compare=False)
+    # the cost model's calibration to the measuring machine (``calibrate.py``): factor, its spread, what was measured
+    calibration: dict | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
     def from_assignment(cls, task: Task, num_splits: list[int], devices: list[list[int]]) -> Plan:
@@ -474,6 +476,8 @@ class Plan:
             out["search_time_s"] = float(self.search_time_s)
         if self.polish is not None:
             out["polish"] = self.polish
+        if self.calibration is not None:
+            out["calibration"] = self.calibration
         return out
 
     @classmethod
@@ -509,6 +513,7 @@ class Plan:
             obj.get("seed"),
             obj.get("search_time_s"),
             obj.get("polish") if isinstance(obj.get("polish"), dict) else None,
+            obj.get("calibration") if isinstance(obj.get("calibration"), dict) else None,
         ).validate()
 
 

@@ -71,6 +71,8 @@ def test_memory_units_stay_within_int32_and_round_safely():
         (["task.num_tables=-3"], "task.num_tables"),
         (["task.batch_size=abc"], "task.batch_size: got 'abc', expected an integer"),
         (["searcher=grid", "searcher.alphas=[0.5]"], "searcher.alphas"),
+        (["calibrate=measured", "calibrate.samples=0"], "calibrate.samples: got 0"),
+        (["cost_model.calibration=-1"], "cost_model.calibration: got -1"),
     ],
 )
 def test_overrides_are_checked_before_any_work(capsys, argv, fragment):

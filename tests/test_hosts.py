@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from neuroshard_jax.cost_models import CommScaled
+from neuroshard_jax.cost_models import Scaled
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.explain import explanation, format_explanation
 from neuroshard_jax.models import expected_cost_model, make_cost_model
@@ -68,7 +68,7 @@ def test_the_model_scales_transfers_but_not_the_wait_for_a_late_peer():
     plan = search_plan(flat, "size_greedy", "analytic", 0)
     spread = Plan(hosts, plan.shards)
     one, two = (make_cost_model("analytic", t) for t in (flat, hosts))
-    assert isinstance(two.params, CommScaled) and one is not two and expected_cost_model(two).params.comm_scale[0] > 5
+    assert isinstance(two.params, Scaled) and one is not two and expected_cost_model(two).params.comm_scale[0] > 5
     a, b = score_plan(one, plan), score_plan(two, spread)
     assert np.allclose(a.compute_ms, b.compute_ms) and np.allclose(b.bwd_comm_ms, a.bwd_comm_ms * 17 / 3, rtol=1e-5)
     wait = a.compute_ms + a.bwd_comm_ms
