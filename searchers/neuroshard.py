@@ -92,7 +92,8 @@ MIN_CANDIDATES = 8  # beam's smallest padded batch of candidate splits
 @dataclasses.dataclass(frozen=True)
 class GridConfig:
     alphas: tuple[float, ...] = DEFAULT_ALPHAS
-    memory_only_fallback: bool = True  # also run the greedy with no dim bound, so a feasible plan is found if any
+    # also run the greedy with no dim bound, and where that fails too, pack by memory (largest first, least used device)
+    memory_only_fallback: bool = True
 
     def check(self) -> None:
         if not self.alphas or any(not isinstance(a, int | float) or not a >= 1.0 for a in self.alphas):
@@ -107,6 +108,7 @@ class Scorer:
         self.space, self.model = space, model
         total_dim = sum(t.dim for t in task.tables)
         self.bounds = dim_bounds(config.alphas, total_dim, task.num_devices, config.memory_only_fallback)
+        self.memory_fallback = config.memory_only_fallback
         self.cap = cap_units(task.cap_bytes(), space.unit).astype(np.int32)
         self.device_mask = np.ones(task.num_devices, dtype=bool)
         self.speed = task.speeds().astype(np.float32)
@@ -124,6 +126,7 @@ class Scorer:
             self.cap,
             self.device_mask,
             self.speed,
+            memory_fallback=self.memory_fallback,
         )
         cost = np.asarray(out.cost_ms, dtype=np.float64)[: len(candidates)]
         alpha = np.argmin(cost, axis=1)  # first minimum: the smallest alpha among equals

@@ -22,6 +22,7 @@ class Oracle:
         self.feats = task.features()
         total_dim = sum(t.dim for t in task.tables)
         self.bounds = [int(b) for b in dim_bounds(alphas, total_dim, task.num_devices, memory_only_fallback)]
+        self.memory_only_fallback = memory_only_fallback
         self.unit = unit_bytes(task)
         self.cap = cap_units(task.mem_cap_bytes, self.unit)
 
@@ -29,24 +30,25 @@ class Oracle:
         z = np.asarray(self._embed(shard_features(self.feats[t], dim).astype(np.float32)))
         return z, float(self._head(z))
 
-    def greedy(self, levels, bound):
-        """One table-wise greedy run; returns a Plan or None when a shard fits nowhere."""
+    def greedy(self, levels, bound, by_memory=False):
+        """One table-wise greedy run; returns a Plan or None when a shard fits nowhere. ``by_memory``: largest
+        memory first, each on the eligible device with the least memory used."""
         task, n = self.task, self.task.num_devices
         slots = [(t, task.tables[t].dim >> levels[t]) for t in range(task.num_tables) for _ in range(1 << levels[t])]
         shards = [self.shard(t, d) for t, d in slots]
-        order = sorted(range(len(slots)), key=lambda i: -shards[i][1])
+        need = [int(mem_units(task.table_mem_bytes(t, d), self.unit)) for t, d in slots]
+        order = sorted(range(len(slots)), key=lambda i: -(need[i] if by_memory else shards[i][1]))
         latents = [None] * n
         used, dim_sums, compute = [0] * n, [0] * n, [0.0] * n
         devices = [None] * len(slots)
         for i in order:
             t, d = slots[i]
-            need = int(mem_units(task.table_mem_bytes(t, d), self.unit))
-            eligible = [j for j in range(n) if used[j] + need <= self.cap and dim_sums[j] + d <= bound]
+            eligible = [j for j in range(n) if used[j] + need[i] <= self.cap and dim_sums[j] + d <= bound]
             if not eligible:
                 return None
-            j = min(eligible, key=lambda j: compute[j])  # the first of equals: the lowest index
+            j = min(eligible, key=lambda j: used[j] if by_memory else compute[j])  # first of equals: lowest index
             latents[j] = shards[i][0] if latents[j] is None else latents[j] + shards[i][0]
-            used[j] += need
+            used[j] += need[i]
             dim_sums[j] += d
             compute[j] = float(self._head(latents[j]))
             devices[i] = j
@@ -67,6 +69,10 @@ class Oracle:
                 cost = float(plan_cost_ms(score_plan(self.model, plan)))
                 if cost < best[0]:
                     best = (cost, plan)
+        if best[1] is None and self.memory_only_fallback:  # nothing placed it: pack by memory
+            plan = self.greedy(levels, np.iinfo(np.int32).max, by_memory=True)
+            if plan is not None:
+                best = (float(plan_cost_ms(score_plan(self.model, plan))), plan)
         return best
 
     def beam(self, k, n, max_length):

@@ -128,3 +128,20 @@ def test_grid_and_a_beam_level_do_not_retrace_within_a_bucket(small_pool):
     compiled = grid_search._cache_size()
     scorers[1].score([tuple(int(i in (t, t + 1)) for i in range(12)) for t in range(4)])  # the next level: 4
     assert grid_search._cache_size() == compiled  # both levels in the 4-candidate, 16-slot bucket
+
+
+def test_a_tight_cap_that_the_cost_order_cannot_pack_is_packed_by_memory():
+    """Two devices at 96% fill, the small tables the hottest: the cost-ordered greedy fills a device with them and
+    finds no room for the last big table under any bound; the memory-ordered fallback packs it, as the oracle does."""
+    from neuroshard_jax.sharding import mem_bytes
+
+    rows, pooling = [52000, 51000, 49000, 30000, 15000, 10000], [2.5, 6.2, 7.9, 13.4, 14.4, 18.9]
+    tables = [make_table(i, rows=r, dim=16, pooling=p) for i, (r, p) in enumerate(zip(rows, pooling))]
+    cap_gb = sum(mem_bytes(r, 16, "fp32") for r in rows) / 2 * 1.04 / 2**30
+    task = make_task(tables, num_devices=2, mem_cap_gb=cap_gb)
+    model = analytic_model(task)
+    with pytest.raises(InfeasibleError):
+        make_searcher("grid", {"memory_only_fallback": False}).search(task, model, 0)
+    plan = make_searcher("grid", {}).search(task, model, 0).validate()
+    cost, expected = Oracle(task, model, DEFAULT_ALPHAS).grid()
+    assert expected is not None and plan.shards == expected.shards
