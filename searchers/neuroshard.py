@@ -9,6 +9,8 @@ cost model alone.
 from __future__ import annotations
 
 import dataclasses
+import sys
+import time
 from typing import ClassVar
 
 import numpy as np
@@ -190,13 +192,17 @@ class BeamSearch(GridConfig):
     the union of the top-``n`` tables by shard size and by predicted compute, for each of the ``k``
     plans of the beam; a whole level is scored in one batched call; ``max_length`` steps at most.
     Returns the best plan seen (the unsplit table-wise plan included). ``column_wise=false`` (an
-    ablation) splits nothing: the plan of the grid search.
+    ablation) splits nothing: the plan of the grid search. ``budget_s`` (thousands of tables on hundreds
+    of devices, where one candidate takes seconds): a level scores only the candidates its measured time per
+    candidate leaves room for (the best beam plans' first, in power-of-two batches), and the search stops
+    where not even the smallest batch fits; it says so on stderr.
     """
 
     k: int = 3
     n: int = 10
     max_length: int = 10
     column_wise: bool = True
+    budget_s: float | None = None
     constraints: ClassVar[tuple[str, ...]] = CONSTRAINT_KEYS
 
     def __post_init__(self):
@@ -208,15 +214,19 @@ class BeamSearch(GridConfig):
             raise UserError(f"searcher.max_length: got {self.max_length}, expected an integer >= 0")
         if not isinstance(self.column_wise, bool):
             raise UserError(f"searcher.column_wise: got {self.column_wise!r}, expected true or false")
+        if self.budget_s is not None and not (isinstance(self.budget_s, int | float) and self.budget_s > 0):
+            raise UserError(f"searcher.budget_s: got {self.budget_s!r}, expected a number of seconds > 0 or null")
 
     def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan:
+        started = time.perf_counter()
         space = SplitSpace(task, cost_model)
         scorer = Scorer(space, cost_model, self)
         root = (0,) * task.num_tables
         beam = [root]
         # every call padded to >= MIN_CANDIDATES: the root and small steps share one compiled shape with the rest
         scorer.score(beam, MIN_CANDIDATES)
-        for _ in range(self.max_length if self.column_wise else 0):
+        per_candidate = (time.perf_counter() - started) / MIN_CANDIDATES  # compilation included: an upper bound
+        for level in range(self.max_length if self.column_wise else 0):
             candidates, seen = [], set()
             for levels in beam:
                 for t in proposals(space, levels, self.n):
@@ -224,9 +234,26 @@ class BeamSearch(GridConfig):
                     if child not in seen:
                         seen.add(child)
                         candidates.append(child)
+            if self.budget_s is not None:
+                candidates = self._affordable(candidates, per_candidate, time.perf_counter() - started, level)
             if not candidates:
                 break
+            scored_at = time.perf_counter()
             costs = scorer.score(candidates, MIN_CANDIDATES)
+            per_candidate = (time.perf_counter() - scored_at) / bucket(len(candidates), MIN_CANDIDATES)
             keep = sorted(range(len(candidates)), key=lambda i: costs[i])[: self.k]  # stable: generation order
             beam = [candidates[i] for i in keep]
         return scorer.best_plan("beam")
+
+    def _affordable(self, candidates: list, per_candidate: float, elapsed: float, level: int) -> list:
+        """The first candidates (the best beam plans' children first) that the rest of ``budget_s`` scores, in a
+        power-of-two batch of at least MIN_CANDIDATES; none where not even that fits."""
+        room = int((self.budget_s - elapsed) / max(per_candidate, 1e-9))
+        if room < MIN_CANDIDATES:
+            print(
+                f"beam: budget_s={self.budget_s:g} reached after {level} of {self.max_length} levels "
+                f"({elapsed:.1f} s, {per_candidate:.2f} s per candidate); the best plan so far is returned",
+                file=sys.stderr,
+            )
+            return []
+        return candidates[: 1 << (room.bit_length() - 1)] if room < len(candidates) else candidates

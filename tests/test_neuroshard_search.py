@@ -92,6 +92,7 @@ def test_integer_rules():
         ("beam", {"k": 0}, "searcher.k: got 0"),
         ("beam", {"max_length": -1}, "searcher.max_length: got -1"),
         ("beam", {"width": 3}, "searcher.width: unknown key"),
+        ("beam", {"budget_s": 0}, "searcher.budget_s: got 0"),
     ],
 )
 def test_bad_options_are_clear_errors(name, options, fragment):
@@ -145,3 +146,14 @@ def test_a_tight_cap_that_the_cost_order_cannot_pack_is_packed_by_memory():
     plan = make_searcher("grid", {}).search(task, model, 0).validate()
     cost, expected = Oracle(task, model, DEFAULT_ALPHAS).grid()
     assert expected is not None and plan.shards == expected.shards
+
+
+def test_beam_within_a_budget_returns_its_best_plan_so_far(small_pool, capsys):
+    """A budget that leaves no room after the root: the grid's plan, said on stderr; a roomy one: beam's own plan."""
+    task = generate_task(small_pool, TaskConfig(num_tables=12, num_devices=4, pool=small_pool.spec, batch_size=512), 0)
+    model = analytic_model(task)
+    grid = make_searcher("grid", {}).search(task, model, 0)
+    assert make_searcher("beam", {"budget_s": 1e-6}).search(task, model, 0) == grid
+    assert "beam: budget_s=1e-06 reached after 0 of 10 levels" in capsys.readouterr().err
+    roomy = make_searcher("beam", {"budget_s": 1e6}).search(task, model, 0)
+    assert roomy == make_searcher("beam", {}).search(task, model, 0)
