@@ -64,14 +64,17 @@ def search_plan(
     plans, refusal = [], None
     # on several hosts a table's row blocks may also stay within one host (TorchRec's table_row_wise)
     ways = (False, True) if host_groups(task) is not None else (False,)
-    for split in choices:
-        for within_host in ways if split else (False,):
-            try:
-                plans.append(
-                    _search_around(task, algorithm, model, seed, split, within_host, cost_model, cost_model_options)
-                )
-            except InfeasibleError as err:  # this way of cutting leaves no plan; another may
-                refusal = refusal or err
+    runs = [(split, within_host) for split in choices for within_host in (ways if split else (False,))]
+    budget = getattr(algorithm, "budget_s", None)
+    for i, (split, within_host) in enumerate(runs):
+        run = algorithm
+        if budget is not None:  # a searcher's time budget is the whole search's: shared by the runs left
+            share = (budget - (time.perf_counter() - start)) / (len(runs) - i)
+            run = dataclasses.replace(algorithm, budget_s=max(share, 1e-6))
+        try:
+            plans.append(_search_around(task, run, model, seed, split, within_host, cost_model, cost_model_options))
+        except InfeasibleError as err:  # this way of cutting leaves no plan; another may
+            refusal = refusal or err
     if not plans:
         raise refusal
     # the cheaper by the search's own score (an ensemble's risk term included), the first on a tie

@@ -1,7 +1,7 @@
 """Planning at production scale: thousands of tables over hundreds of devices, some tables larger than a device.
 
     python tools/bench_scale.py task  [--tables 5000 --devices 512 --per-host 8 --seed 0]   # the task (~20 s)
-    python tools/bench_scale.py plan  [--searchers grid,size_lookup_greedy,beam --cost-model neural]
+    python tools/bench_scale.py plan  [--searchers grid,size_lookup_greedy,beam,beam@60 --cost-model neural]
     python tools/bench_scale.py torchrec [--timeout 900]                    # TorchRec's planner, same task
     python tools/bench_scale.py dmp [--devices 8 --cap-gib 0.25]   # tables up to 4x a device: plan, export, run DMP
 
@@ -12,7 +12,7 @@ task: tables drawn by this file's own law (not the training sampler's, not the f
   do not fit one device and are cut into row blocks), 8 per host (300 GB/s within a host, 25 GB/s between
   hosts: NVLink and a 200 Gb/s NIC per GPU; the comm model scales to them, ``Links.comm_scale``). Written to
   bench/scale/task-TxN.json (gitignored; the same seed gives the same file).
-plan: one subprocess per searcher, with an empty JAX compilation cache, so each figure is a cold run as a new
+plan: one subprocess per searcher (``beam@60``: beam with ``searcher.budget_s=60``), with an empty JAX compilation cache, so each figure is a cold run as a new
   user sees it (compilation included) with its own peak resident memory. Quality at this scale is predicted only.
 torchrec: ``searcher=torchrec`` on the same task with its time limit; what it returns (or the limit) is recorded.
 dmp: a task whose largest table is 4x a device's cap (and one 2x) is planned by beam (row blocks), exported to a
@@ -108,8 +108,11 @@ def plan_one(args) -> dict:
     # 4096: more than a device holds) and finds no plan
     options = {"timeout_s": float(args.timeout), "sharding_types": types, "reservation": "percent"}
     options = options if args.searcher == "torchrec" else None
+    name, _, budget = args.searcher.partition("@")  # beam@60: beam with searcher.budget_s=60
+    if budget:
+        options = {"budget_s": float(budget)}
     try:
-        plan = search_plan(task, args.searcher, args.cost_model, 0, options)
+        plan = search_plan(task, name, args.cost_model, 0, options)
     except (UserError, InfeasibleError) as err:
         return {"searcher": args.searcher, "error": str(err), "wall_s": round(time.perf_counter() - start, 1)}
     wall_s = time.perf_counter() - start
