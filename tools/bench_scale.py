@@ -12,8 +12,9 @@ task: tables drawn by this file's own law (not the training sampler's, not the f
   do not fit one device and are cut into row blocks), 8 per host (300 GB/s within a host, 25 GB/s between
   hosts: NVLink and a 200 Gb/s NIC per GPU; the comm model scales to them, ``Links.comm_scale``). Written to
   bench/scale/task-TxN.json (gitignored; the same seed gives the same file).
-plan: one subprocess per searcher (``beam@60``: beam with ``searcher.budget_s=60``), with an empty JAX compilation cache, so each figure is a cold run as a new
-  user sees it (compilation included) with its own peak resident memory. Quality at this scale is predicted only.
+plan: one subprocess per searcher (``beam@60``: beam with ``searcher.budget_s=60``), with an empty JAX compilation
+  cache, so each figure is a cold run as a new user sees it (compilation included) with its own peak resident
+  memory. Quality at this scale is predicted only.
 torchrec: ``searcher=torchrec`` on the same task with its time limit; what it returns (or the limit) is recorded.
 dmp: a task whose largest table is 4x a device's cap (and one 2x) is planned by beam (row blocks), exported to a
   TorchRec ShardingPlan and run in DistributedModelParallel on gloo (one process per device; forward checked
