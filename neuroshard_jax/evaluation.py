@@ -215,7 +215,7 @@ def _measure_comm_group(
     scales = {i: plans[i].task.comm_scale() for i in group}
     base = {
         i: {
-            "dim_sums": [int(x) for x in plans[i].dim_sums()],
+            **comm_layout(plans[i]),
             "batch_size": plans[i].task.batch_size,
             "warmup": config.comm_warmup,
             "iters": config.comm_iters,
@@ -238,6 +238,23 @@ def _measure_comm_group(
         # the wait for the latest peer takes no bandwidth: only the transfer after it is scaled
         waits = [max(delays[i]) - own for own in delays[i]]
         fwd[i] = [w + max(r["fwd_ms"] - w, 0.0) * s for r, w, s in zip(second[i], waits, scales[i])]
+
+
+def comm_layout(plan: Plan) -> dict:
+    """What the comm benchmark exchanges for ``plan``: each device's all-to-all width (``dim_sums``: its whole-row
+    shards) and the row-split tables' groups (``row_groups``: [width, sorted devices] of every column range cut
+    into row blocks: a reduce-scatter of partial sums forward, an all-gather backward, as TorchRec's row_wise and
+    table_row_wise shardings do)."""
+    rows = plan.task.table_rows()
+    dims = [0] * plan.task.num_devices
+    groups: dict[tuple[int, int, int], set[int]] = {}
+    for s in plan.shards:
+        if s.whole_rows(rows[s.table]):
+            dims[s.device] += s.dim
+        else:
+            groups.setdefault((s.table, s.col_offset, s.dim), set()).add(s.device)
+    row_groups = [[dim, sorted(devices)] for (_, _, dim), devices in sorted(groups.items())]
+    return {"dim_sums": dims, **({"row_groups": row_groups} if row_groups else {})}
 
 
 def measure_plan(plan: Plan, config: EvaluateConfig) -> dict:

@@ -280,6 +280,10 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
     Forward: sleep this rank's straggler delay, then all_to_all_single of the pooled outputs
     [B, dim_sum_rank] split along the batch; the time includes waiting for the slowest peer.
     Backward: the gradients go the other way, no delay. Raw collectives on preallocated buffers.
+    A request's ``row_groups`` ([[width, [ranks]], ...]: the row-split tables, TorchRec's row_wise and
+    table_row_wise) add, for each group this rank is in, a reduce-scatter of its partial pooled sums [B, width]
+    over the group to the forward (each rank keeps its batch slice) and the mirror all-gather of the gradients to
+    the backward, after the all-to-all, in the group's order (the same on every rank).
     """
     requests = [json.loads(line) for line in open(requests_path) if line.strip()]
     device = requests[0].get("device", "cpu") if requests else "cpu"
@@ -303,6 +307,9 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
     send_buf = torch.full((largest,), 1e-3, device=target)
     recv_buf = torch.zeros(largest, device=target)
     sync = (lambda: torch.cuda.synchronize(target)) if device == "cuda" else (lambda: None)
+    # every rank creates every subgroup, in one order (torch.distributed's rule); the whole world is the default group
+    members = sorted({tuple(g[1]) for r in requests for g in r.get("row_groups", ()) if len(g[1]) < world})
+    subgroups = {ranks: dist.new_group(list(ranks)) for ranks in members}
     with open(out_path, "w") as out:
         for request in requests:
             dims = [int(d) for d in request["dim_sums"]]
@@ -310,6 +317,7 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
             mine = dims[rank]
             fwd_in = [rows[j] * mine for j in range(world)]  # my pooled outputs, one batch slice per peer
             fwd_out = [rows[rank] * dims[j] for j in range(world)]  # my batch slice of every peer's outputs
+            reduced = _row_group_buffers(torch, request, rank, world, subgroups, target)
             delay_s = float(request["delays_ms"][rank]) / 1e3
             fwd_runs, bwd_runs = [], []
             for step in range(int(request.get("warmup", 3)) + int(request.get("iters", 10))):
@@ -317,11 +325,15 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
                 time.sleep(delay_s)
                 t0 = time.perf_counter()
                 dist.all_to_all_single(recv_buf[: sum(fwd_out)], send_buf[: sum(fwd_in)], fwd_out, fwd_in)
+                for partial, slice_, group in reduced:
+                    dist.reduce_scatter_tensor(slice_, partial, group=group)
                 sync()
                 t1 = time.perf_counter()
                 dist.barrier()
                 t2 = time.perf_counter()
                 dist.all_to_all_single(send_buf[: sum(fwd_in)], recv_buf[: sum(fwd_out)], fwd_in, fwd_out)
+                for partial, slice_, group in reduced:
+                    dist.all_gather_into_tensor(partial, slice_, group=group)
                 sync()
                 t3 = time.perf_counter()
                 if step >= int(request.get("warmup", 3)):
@@ -340,6 +352,20 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
             )
             out.flush()
     dist.destroy_process_group()
+
+
+def _row_group_buffers(torch, request: dict, rank: int, world: int, subgroups: dict, target) -> list[tuple]:
+    """(partial sums [k x ceil(B / k) x width], this rank's slice, process group) of each row group of ``request``
+    that holds ``rank``; the batch is padded to a multiple of the group's size k."""
+    out = []
+    for width, ranks in request.get("row_groups", ()):
+        ranks = tuple(int(r) for r in ranks)
+        if rank not in ranks:
+            continue
+        rows = -(-int(request["batch_size"]) // len(ranks))
+        partial = torch.full((len(ranks) * rows * int(width),), 1e-3, device=target)
+        out.append((partial, torch.zeros(rows * int(width), device=target), subgroups.get(ranks)))
+    return out
 
 
 def dlrm_to_npz(src: str, dst: str) -> None:

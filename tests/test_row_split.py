@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.evaluation import EvaluateConfig, measure_plans
+from neuroshard_jax.evaluation import EvaluateConfig, comm_layout, measure_plans
 from neuroshard_jax.profiling import ComputeWorker
 from neuroshard_jax.row_split import hot_tables, oversized, row_split_choices
 from neuroshard_jax.search import search_plan
@@ -134,7 +134,28 @@ def test_row_split_off_or_a_constraint_refuses_what_only_rows_fit():
 
 
 def test_a_row_split_plan_is_measured_block_by_block():
-    """A task without a pool: each device measures its row block of the spec's stream, restricted to its rows."""
+    """A task without a pool: each device measures its row block of the spec's stream, restricted to its rows; the
+    comm benchmark reduce-scatters the row-split table's partial sums over the devices holding its blocks."""
     plan = search_plan(_big_task(), "size_lookup_greedy", "analytic", 0)
+    layout = comm_layout(plan)
+    assert [4, [0, 1, 2, 3]] in layout["row_groups"]  # the huge table: dim 4, a block on every device
+    assert sum(layout["dim_sums"]) + sum(w * len(d) for w, d in layout["row_groups"]) == sum(plan.dim_sums())
     result = measure_plans([plan], EvaluateConfig(warmup=1, iters=2, comm_warmup=1, comm_iters=2))[0]
     assert all(d["compute"] > 0 and d["fwd_comm"] > 0 for d in result["devices"])
+
+
+def test_the_comm_benchmark_reduce_scatters_row_groups_on_gloo():
+    """Real gloo ranks: the same all-to-all with a wide row-split table over 2 of 3 ranks (a subgroup) takes
+    longer on those two, forward (reduce-scatter) and backward (all-gather); the third rank, outside the group, is
+    done sooner."""
+    from neuroshard_jax.executors import ExecutorConfig, open_executor
+
+    plain = {"dim_sums": [16, 16, 16], "batch_size": 4096, "warmup": 2, "iters": 5, "delays_ms": [0.0] * 3}
+    wide = {**plain, "row_groups": [[1024, [0, 2]]]}
+    with open_executor(ExecutorConfig(), "cpu", 300) as pool:
+        out = pool.comm([{**plain, "id": 0}, {**wide, "id": 1}], 3, 300)
+    before, after = out[0], out[1]
+    for rank in (0, 2):  # 16 MB of partial sums each
+        assert after[rank]["fwd_ms"] > before[rank]["fwd_ms"] + 1.0
+        assert after[rank]["bwd_ms"] > before[rank]["bwd_ms"] + 1.0
+        assert after[1]["fwd_ms"] < after[rank]["fwd_ms"]
