@@ -15,9 +15,9 @@ Exact integer rules, shared with the plain-Python oracle in the tests:
 * the dim bound of alpha is ``floor(alpha * total_dim / N)`` (``dim_bounds``);
 * ties go to the lowest device index, equal shard costs keep their slot order.
 If no device is eligible for a shard, that (candidate, alpha) is infeasible (cost +inf). A last,
-memory-only bound (``MEMORY_ONLY``) can be appended to the alpha grid as a fallback; with ``memory_fallback``, a
-candidate that no bound places is packed once more, largest memory first, each shard on the device with the least
-memory used where it fits (worst-fit decreasing: tight caps that the cost order cannot pack), as one more column.
+memory-only bound (``MEMORY_ONLY``) can be appended to the alpha grid as a fallback; a candidate that no bound places
+can then be packed by memory (``by_memory``: largest first, each shard on the device with the most memory left where
+it fits, worst-fit decreasing: tight caps that the cost order cannot pack).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class GridResult(NamedTuple):
 
 def _place(fns: CostFns, params, z, mem, dims, valid, allowed, single, bound, cap, device_mask, speed, by_memory=False):
     """Greedy placement of shards already in placement order (one candidate, one alpha; ``by_memory``: each on the
-    eligible device with the least memory used).
+    eligible device with the most memory left).
 
     z f32[S, D], mem/dims i32[S], valid bool[S], allowed bool[S, N], single f32[S] each shard's cost alone; cap
     i32[N]; speed f32[N]; returns (compute f32[N] (divided by the devices' speeds), dim sums i32[N], ok,
@@ -107,7 +107,7 @@ def _place(fns: CostFns, params, z, mem, dims, valid, allowed, single, bound, ca
         found = eligible.any()
         # identical devices: the least loaded (the paper's rule); devices of unequal speed: where the shard would
         # finish first (its cost alone, divided by the device's speed, on top of the device's load)
-        key = used if by_memory else jnp.where(uniform, compute, compute + alone / speed)
+        key = used - cap if by_memory else jnp.where(uniform, compute, compute + alone / speed)
         choice = jnp.argmin(jnp.where(eligible, key, jnp.inf))
         take = v & found
         row = latents[choice] + z_s
@@ -129,16 +129,16 @@ def _place(fns: CostFns, params, z, mem, dims, valid, allowed, single, bound, ca
     return compute, dim_sums, ok, devices
 
 
-@functools.partial(jax.jit, static_argnums=0, static_argnames="memory_fallback")
+@functools.partial(jax.jit, static_argnums=0, static_argnames="by_memory")
 def grid_search(
-    fns: CostFns, params, batch: ShardBatch, bounds, cap, device_mask, speed, memory_fallback: bool = False
+    fns: CostFns, params, batch: ShardBatch, bounds, cap, device_mask, speed, by_memory: bool = False
 ) -> GridResult:
     """Run the greedy for every candidate of ``batch`` and every dim bound of ``bounds`` (i32[A]).
 
     ``cap``: memory units of each device (i32[N]); ``device_mask`` bool[N]; ``speed`` f32[N] each device's relative
-    compute speed (its predicted compute is divided by it). Costs by the cost model ``fns``. ``memory_fallback``:
-    one more column, the memory-ordered packing of the candidates no bound placed (+inf for the others; run only
-    where some candidate needs it).
+    compute speed (its predicted compute is divided by it). Costs by the cost model ``fns``. ``by_memory`` (the
+    packing fallback, compiled apart): shards in descending order of memory, each on the eligible device with the
+    most memory left.
     """
     num_slots = batch.valid.shape[1]
     z = fns.embed(params, batch.feats) * batch.valid[..., None]  # [C, S, D]
@@ -152,38 +152,24 @@ def grid_search(
     )
     valid = batch.valid & (batch.leader == jnp.arange(num_slots))
     single = jnp.where(valid, fns.head(params, z), 0.0)  # [C, S]
+    first = jnp.where(valid, -mem, jnp.iinfo(jnp.int32).max) if by_memory else jnp.where(valid, -single, jnp.inf)
+    order = jnp.argsort(first, axis=-1, stable=True)
+    take = functools.partial(jnp.take_along_axis, axis=1)
+    z_sorted = jnp.take_along_axis(z, order[..., None], axis=1)
+    allowed_sorted = jnp.take_along_axis(batch.allowed, order[..., None], axis=1)
+    sorted_ = (z_sorted, take(mem, order), take(dims, order), take(valid, order), allowed_sorted, take(single, order))
 
-    def placed_in(order, bounds, by_memory):
-        """cost f32[C, A] and devices i32[C, A, S] (slot order) of the greedy over ``order`` i32[C, S]."""
-        take = functools.partial(jnp.take_along_axis, axis=1)
-        z_sorted = jnp.take_along_axis(z, order[..., None], axis=1)
-        allowed_sorted = jnp.take_along_axis(batch.allowed, order[..., None], axis=1)
-        ordered = (z_sorted, take(mem, order), take(dims, order), take(valid, order), allowed_sorted)
-
-        def one(z_c, mem_c, dims_c, valid_c, allowed_c, single_c, bound):
-            return _place(
-                fns, params, z_c, mem_c, dims_c, valid_c, allowed_c, single_c, bound, cap, device_mask, speed, by_memory
-            )
-
-        over_alphas = jax.vmap(one, in_axes=(None, None, None, None, None, None, 0))
-        compute, dim_sums, ok, placed = jax.vmap(over_alphas, in_axes=(0, 0, 0, 0, 0, 0, None))(
-            *ordered, take(single, order), bounds
+    def one(z_c, mem_c, dims_c, valid_c, allowed_c, single_c, bound):
+        return _place(
+            fns, params, z_c, mem_c, dims_c, valid_c, allowed_c, single_c, bound, cap, device_mask, speed, by_memory
         )
-        costs = combine_costs(fns, params, compute, dim_sums.astype(jnp.float32), device_mask)
-        cost_ms = jnp.where(ok, plan_cost_ms(costs), jnp.inf)
-        # back from placement order to slot order: devices[c, a, order[c, s]] = placed[c, a, s]
-        inverse = jnp.argsort(order, axis=-1)
-        devices = jnp.take_along_axis(placed, inverse[:, None, :], axis=-1)
-        devices = jnp.take_along_axis(devices, batch.leader[:, None, :], axis=-1)  # a group's slots: its leader's
-        return cost_ms, jnp.where(batch.valid[:, None, :], devices, -1)
 
-    cost_ms, devices = placed_in(jnp.argsort(jnp.where(valid, -single, jnp.inf), axis=-1, stable=True), bounds, False)
-    if memory_fallback:
-        unplaced = jnp.isinf(cost_ms).all(axis=1)  # [C]
-        by_memory = jnp.argsort(jnp.where(valid, -mem, jnp.iinfo(jnp.int32).max), axis=-1, stable=True)
-        only = jnp.array([MEMORY_ONLY], jnp.int32)
-        skipped = (jnp.full((cost_ms.shape[0], 1), jnp.inf, cost_ms.dtype), jnp.full(devices[:, :1].shape, -1))
-        packed_cost, packed = jax.lax.cond(unplaced.any(), lambda: placed_in(by_memory, only, True), lambda: skipped)
-        cost_ms = jnp.concatenate([cost_ms, jnp.where(unplaced[:, None], packed_cost, jnp.inf)], axis=1)
-        devices = jnp.concatenate([devices, packed], axis=1)
-    return GridResult(cost_ms, devices)
+    over_alphas = jax.vmap(one, in_axes=(None, None, None, None, None, None, 0))
+    compute, dim_sums, ok, placed = jax.vmap(over_alphas, in_axes=(0, 0, 0, 0, 0, 0, None))(*sorted_, bounds)
+    costs = combine_costs(fns, params, compute, dim_sums.astype(jnp.float32), device_mask)
+    cost_ms = jnp.where(ok, plan_cost_ms(costs), jnp.inf)
+    # back from placement order to slot order: devices[c, a, order[c, s]] = placed[c, a, s]
+    inverse = jnp.argsort(order, axis=-1)
+    devices = jnp.take_along_axis(placed, inverse[:, None, :], axis=-1)
+    devices = jnp.take_along_axis(devices, batch.leader[:, None, :], axis=-1)  # a group's slots: its leader's device
+    return GridResult(cost_ms, jnp.where(batch.valid[:, None, :], devices, -1))

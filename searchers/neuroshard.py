@@ -21,7 +21,7 @@ from neuroshard_jax.constraints import allowed_devices, groups, max_levels
 from neuroshard_jax.cost_models import CostModel, bucket
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.features import NUM_FEATURES
-from neuroshard_jax.grid import ShardBatch, cap_units, dim_bounds, grid_search, mem_units, unit_bytes
+from neuroshard_jax.grid import MEMORY_ONLY, ShardBatch, cap_units, dim_bounds, grid_search, mem_units, unit_bytes
 from neuroshard_jax.scoring import single_shard_costs
 from neuroshard_jax.sharding import shard_features
 from neuroshard_jax.types import Plan, Task
@@ -120,23 +120,25 @@ class Scorer:
     def score(self, candidates: list[tuple[int, ...]], min_candidates: int = 1) -> np.ndarray:
         """Best plan cost f64[C] of each candidate over the alpha grid (+inf: infeasible); the batch is padded to at
         least ``min_candidates`` (fewer shapes to compile where calls of several sizes follow)."""
-        out = grid_search(
-            self.model.fns,
-            self.model.params,
-            self.space.batch(candidates, min_candidates),
-            self.bounds,
-            self.cap,
-            self.device_mask,
-            self.speed,
-            memory_fallback=self.memory_fallback,
-        )
-        cost = np.asarray(out.cost_ms, dtype=np.float64)[: len(candidates)]
+        batch = self.space.batch(candidates, min_candidates)
+        args = (self.model.fns, self.model.params, batch)
+        out = grid_search(*args, self.bounds, self.cap, self.device_mask, self.speed)
+        cost, devices = np.asarray(out.cost_ms, dtype=np.float64), np.asarray(out.devices)
+        unplaced = np.isinf(cost[: len(candidates)]).all(axis=1)
+        if self.memory_fallback and unplaced.any():  # packed by memory, compiled and run only where needed
+            packed = grid_search(
+                *args, np.array([MEMORY_ONLY], np.int32), self.cap, self.device_mask, self.speed, by_memory=True
+            )
+            packed_cost = np.where(np.isinf(cost).all(axis=1), np.asarray(packed.cost_ms, np.float64)[:, 0], np.inf)
+            cost = np.concatenate([cost, packed_cost[:, None]], axis=1)
+            devices = np.concatenate([devices, np.asarray(packed.devices)], axis=1)
+        cost = cost[: len(candidates)]
         alpha = np.argmin(cost, axis=1)  # first minimum: the smallest alpha among equals
         best = cost[np.arange(len(candidates)), alpha]
         self.candidates_scored += len(candidates)
         c = int(np.argmin(best))
         if np.isfinite(best[c]) and (self.best is None or best[c] < self.best[0]):
-            self.best = (float(best[c]), candidates[c], np.asarray(out.devices[c, alpha[c]]))
+            self.best = (float(best[c]), candidates[c], devices[c, alpha[c]])
         return best
 
     def best_plan(self, searcher: str) -> Plan:

@@ -32,7 +32,7 @@ class Oracle:
 
     def greedy(self, levels, bound, by_memory=False):
         """One table-wise greedy run; returns a Plan or None when a shard fits nowhere. ``by_memory``: largest
-        memory first, each on the eligible device with the least memory used."""
+        memory first, each on the eligible device with the most memory left."""
         task, n = self.task, self.task.num_devices
         slots = [(t, task.tables[t].dim >> levels[t]) for t in range(task.num_tables) for _ in range(1 << levels[t])]
         shards = [self.shard(t, d) for t, d in slots]
@@ -46,7 +46,7 @@ class Oracle:
             eligible = [j for j in range(n) if used[j] + need[i] <= self.cap and dim_sums[j] + d <= bound]
             if not eligible:
                 return None
-            j = min(eligible, key=lambda j: used[j] if by_memory else compute[j])  # first of equals: lowest index
+            j = min(eligible, key=lambda j: used[j] - self.cap if by_memory else compute[j])  # first of equals: lowest
             latents[j] = shards[i][0] if latents[j] is None else latents[j] + shards[i][0]
             used[j] += need[i]
             dim_sums[j] += d

@@ -157,3 +157,21 @@ def test_beam_within_a_budget_returns_its_best_plan_so_far(small_pool, capsys):
     assert "beam: budget_s=1e-06 reached after 0 of 10 levels" in capsys.readouterr().err
     roomy = make_searcher("beam", {"budget_s": 1e6}).search(task, model, 0)
     assert roomy == make_searcher("beam", {}).search(task, model, 0)
+
+
+def test_packing_by_memory_puts_each_shard_where_most_memory_is_left():
+    """Caps 13 and 17 (units of 1000 rows x dim 16), tables of 10, 7, 7, 4 units: the cost order (the hottest, small,
+    first) finds no plan; packing by least memory used would strand a 7; by most memory left: 7 + 4 | 10 + 7."""
+    from neuroshard_jax.sharding import mem_bytes
+    from neuroshard_jax.types import Device, Task
+
+    unit = mem_bytes(1000, 16, "fp32")
+    tables = [
+        make_table(i, rows=1000 * n, dim=16, pooling=p) for i, (n, p) in enumerate([(10, 1), (7, 2), (7, 3), (4, 9)])
+    ]
+    devices = [Device(13 * unit / 2**30 * 1.001), Device(17 * unit / 2**30 * 1.001)]
+    task = Task.on_devices(devices, 512, tables)
+    with pytest.raises(InfeasibleError):
+        make_searcher("grid", {"memory_only_fallback": False}).search(task, analytic_model(task), 0)
+    plan = make_searcher("grid", {}).search(task, analytic_model(task), 0).validate()
+    assert [sorted(s.table for s in plan.device_shards(d)) for d in range(2)] == [[1, 3], [0, 2]]
