@@ -26,13 +26,13 @@ from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.evaluation import EvaluateConfig
 from neuroshard_jax.executors import ExecutorConfig
 from neuroshard_jax.explain import ExplainConfig, explain_file
-from neuroshard_jax.models import cost_model_config, make_cost_model, split_calibration
+from neuroshard_jax.models import cost_model_config, make_cost_model
 from neuroshard_jax.plans import format_plan
 from neuroshard_jax.polish import PolishConfig, polish_plan
 from neuroshard_jax.row_split import check_mode
 from neuroshard_jax.search import enable_compilation_cache, search_plan
 from neuroshard_jax.suite import SuiteConfig, run_suite
-from neuroshard_jax.tasks import TaskGroupConfig, make_task
+from neuroshard_jax.tasks import TaskGroupConfig, check_feasible, make_task
 from searchers import make_searcher
 
 
@@ -64,6 +64,11 @@ class MainConfig:
             raise UserError(
                 "evaluate: true needs a suite (-m experiment=compare); measure one plan with "
                 "python -m neuroshard_jax.evaluate plan=PATH"
+            )
+        if self.suite is not None and self.calibrate.name != "off":
+            raise UserError(
+                "calibrate: a suite's plans are measured as they come (evaluate=true); expected calibrate=off with "
+                "a suite, or cost_model.calibration=F"
             )
         if self.suite is not None and self.task.path:
             raise UserError("task.path: a suite generates its tasks from seeds, expected task.path=null")
@@ -107,13 +112,11 @@ def main(cfg: DictConfig) -> None:
     try:
         task = make_task(config.task, config.task.seed, config.task.path)
         cost_model = (config.cost_model["name"], config.options("cost_model"))
-        calibration = None
         if config.calibrate.name == "measured":
+            check_feasible(task)  # before any measurement
             raw = {**cost_model[1], "calibration": None}  # the model as trained is what is calibrated
-            calibration = calibrate(task, make_cost_model(cost_model[0], task, raw), config.calibrate, config.seed)
-            cost_model = (cost_model[0], {**cost_model[1], "calibration": calibration["factor"]})
-        elif split_calibration(cost_model[1])[0] != 1.0:
-            calibration = {"factor": split_calibration(cost_model[1])[0], "given": True}
+            record = calibrate(task, make_cost_model(cost_model[0], task, raw), config.calibrate, config.seed)
+            cost_model = (cost_model[0], {**cost_model[1], "calibration": record["factor"]})
         plan = search_plan(
             task,
             config.searcher["name"],
@@ -125,7 +128,9 @@ def main(cfg: DictConfig) -> None:
         )
         if config.polish.name == "measured":
             plan = polish_plan(plan, make_cost_model(cost_model[0], task, cost_model[1]), config.polish, config.seed)
-        result = dataclasses.replace(plan, calibration=calibration).to_json()
+        if config.calibrate.name == "measured":
+            plan = dataclasses.replace(plan, calibration=record)
+        result = plan.to_json()
     except InfeasibleError as err:
         if not multirun:
             fail(err)
@@ -171,7 +176,10 @@ def run_suite_job(config: MainConfig, out_dir: str, multirun: bool) -> None:
         "searcher": config.searcher["name"],
         "searcher_options": config.options("searcher"),
         "cost_model": config.cost_model["name"],
-        "cost_model_options": config.options("cost_model"),
+        # the default calibration left out: suites started before it existed resume
+        "cost_model_options": {
+            k: v for k, v in config.options("cost_model").items() if not (k == "calibration" and v == 1.0)
+        },
         "task": task_options,
     }
     try:

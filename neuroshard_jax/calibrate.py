@@ -24,8 +24,8 @@ import numpy as np
 from neuroshard_jax.config import above_zero, at_least
 from neuroshard_jax.cost_models import CostModel, device_compute_ms
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.evaluation import DEVICES, EvaluateConfig, device_request, device_tables
-from neuroshard_jax.executors import ExecutorConfig, map_requests
+from neuroshard_jax.evaluation import DEVICES, EvaluateConfig, measure_devices
+from neuroshard_jax.executors import ExecutorConfig
 from neuroshard_jax.models import expected_cost_model
 from neuroshard_jax.sharding import Shard
 from neuroshard_jax.types import Task
@@ -62,17 +62,21 @@ class CalibrateConfig:
 
 
 def sample_devices(task: Task, samples: int, seed: int) -> list[list[int]]:
-    """``samples`` groups of the task's table indices, each one device's worth: the tables that fit the smallest
-    device (whole), shuffled and dealt to ``num_devices`` groups, each table to the group with the least memory
-    where it fits; as many shuffles as ``samples`` needs, empty groups skipped."""
+    """Up to ``samples`` distinct groups of the task's table indices, each one device's worth: the tables that fit
+    the smallest device (whole), shuffled and dealt to ``num_devices`` groups, each table to the group with the
+    least memory where it fits; as many shuffles as ``samples`` needs (a few more where groups recur), empty groups
+    skipped."""
     cap = int(task.cap_bytes().min())
     sizes = np.array([task.table_mem_bytes(t) for t in range(task.num_tables)], np.int64)
     fitting = np.flatnonzero(sizes <= cap)
     if not fitting.size:
-        raise UserError("calibrate: no table of the task fits a device whole; expected at least one to measure")
+        raise UserError(
+            "calibrate: no table of the task fits a device whole, expected at least one to measure; plan with "
+            "calibrate=off, or give a factor measured before (cost_model.calibration=F)"
+        )
     rng = np.random.default_rng([seed, 7127])
-    groups: list[list[int]] = []
-    while len(groups) < samples:
+    groups: dict[tuple[int, ...], None] = {}
+    for _ in range(4 * samples):
         dealt: list[list[int]] = [[] for _ in range(task.num_devices)]
         used = np.zeros(task.num_devices, np.int64)
         for t in rng.permutation(fitting):
@@ -81,13 +85,14 @@ def sample_devices(task: Task, samples: int, seed: int) -> list[list[int]]:
                 d = room[np.argmin(used[room])]
                 dealt[d].append(int(t))
                 used[d] += sizes[t]
-        groups += [sorted(g) for g in dealt if g]
-    return groups[:samples]
+        groups.update((tuple(sorted(g)), None) for g in dealt if g)
+        if len(groups) >= samples:
+            break
+    return [list(g) for g in list(groups)[:samples]]
 
 
 def predicted_compute_ms(model: CostModel, task: Task, groups: list[list[int]]) -> np.ndarray:
-    """f64[G]: the model's expected compute of each group of whole tables on one device (without its
-    calibration: the raw model is what is calibrated)."""
+    """f64[G]: the model's expected compute of each group of whole tables on one device."""
     feats = task.features().astype(np.float32)
     width = max(len(g) for g in groups)
     index = np.zeros((len(groups), width), np.int32)
@@ -98,6 +103,11 @@ def predicted_compute_ms(model: CostModel, task: Task, groups: list[list[int]]) 
     return np.asarray(device_compute_ms(expected.fns, expected.params, feats[index], mask), np.float64)
 
 
+def whole(task: Task, group: list[int]) -> list[Shard]:
+    """The tables of ``group``, whole, as one device's shards."""
+    return [Shard(t, 0, task.tables[t].dim, 0) for t in group]
+
+
 def calibrate(task: Task, model: CostModel, config: CalibrateConfig, seed: int = 0) -> dict:
     """Measure ``config.samples`` devices' worth of ``task``'s tables and compare with ``model`` (uncalibrated):
     the record plan.json keeps (``factor``: the median measured / predicted, the ratios' spread, what was
@@ -105,26 +115,12 @@ def calibrate(task: Task, model: CostModel, config: CalibrateConfig, seed: int =
     started = time.perf_counter()
     groups = sample_devices(task, config.samples, seed)
     predicted = predicted_compute_ms(model, task, groups)
-    evaluator = config.evaluator()
-    requests = [
-        device_request(
-            f"calibrate-{i}", task, device_tables(task, [Shard(t, 0, task.tables[t].dim, 0) for t in g]), evaluator
-        )
-        for i, g in enumerate(groups)
-    ]
-    measured = np.zeros(len(groups))
-
-    def record(request: dict, answer: dict) -> None:
-        if not answer.get("ok"):
-            raise UserError(f"calibrate: a device measurement failed: {answer.get('error')}")
-        measured[int(request["id"].split("-")[1])] = answer["total_ms"]
-
-    map_requests(requests, record, config.executor, config.device, config.timeout_s)
+    measured = measure_devices(task, [whole(task, g) for g in groups], config.evaluator())
     ratios = measured / np.maximum(predicted, 1e-9)
-    factor = float(np.median(ratios))
+    factor = float(f"{np.median(ratios):.4g}")  # four significant digits: never rounded to 0
     return {
-        "factor": round(factor, 4),
-        "ratios": {q: round(float(np.quantile(ratios, p)), 4) for q, p in (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))},
+        "factor": factor,
+        "ratios": {q: float(f"{np.quantile(ratios, p):.4g}") for q, p in (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))},
         "devices": len(groups),
         "tables_per_device": round(float(np.mean([len(g) for g in groups])), 1),
         "measured_ms": [round(float(m), 3) for m in measured],

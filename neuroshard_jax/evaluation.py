@@ -19,7 +19,7 @@ from neuroshard_jax.config import above_zero, at_least
 from neuroshard_jax.cost_models import DeviceCosts, plan_cost_ms
 from neuroshard_jax.datasets import hardware, write_json
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.executors import Executor, ExecutorConfig, opened
+from neuroshard_jax.executors import Executor, ExecutorConfig, map_requests, opened
 from neuroshard_jax.plans import load_plan
 from neuroshard_jax.profiling import WorkerFailure, compute_request, worker_versions
 from neuroshard_jax.sharding import Shard
@@ -180,6 +180,21 @@ def device_tables(task: Task, shards: list[Shard]) -> list:
     return sorted(out, key=lambda x: (x["seed"], x["dim"], x.get("row_offset", 0)))
 
 
+def measure_devices(task: Task, devices: list[list[Shard]], config: EvaluateConfig) -> np.ndarray:
+    """Kernel ms f64[G] of each list of ``task``'s shards measured as one device (this machine's, no speed
+    applied), on an executor opened for them as ``config.executor`` says."""
+    measured = np.zeros(len(devices))
+    requests = [device_request(i, task, device_tables(task, shards), config) for i, shards in enumerate(devices)]
+
+    def record(request: dict, answer: dict) -> None:
+        if not answer.get("ok"):
+            raise UserError(f"a device measurement failed: {answer.get('error')}")
+        measured[int(request["id"])] = answer["total_ms"]
+
+    map_requests(requests, record, config.executor, config.device, config.timeout_s)
+    return measured
+
+
 def device_key(task: Task, tables: list) -> str:
     """A device's content key (``device_tables``): what its kernel measures, the tables, the batch size, the
     precision, and the pool whose streams a pool task replays."""
@@ -213,6 +228,7 @@ def _measure_comm_group(
     group = [i for i, p in enumerate(plans) if p.task.num_devices == n]
     # rank processes of one machine: a multi-host task's transfers are scaled to its links (Task.comm_scale)
     scales = {i: plans[i].task.comm_scale() for i in group}
+    row_scales = {i: rows_scale(plans[i], scales[i]) for i in group}
     base = {
         i: {
             **comm_layout(plans[i]),
@@ -227,7 +243,10 @@ def _measure_comm_group(
         second_requests = []
         delays = {}
         for i in group:
-            bwd[i] = [r["bwd_ms"] * s for r, s in zip(first[i], scales[i])]
+            bwd[i] = [
+                (r["bwd_ms"] - r.get("bwd_rows_ms", 0.0)) * s + r.get("bwd_rows_ms", 0.0) * rs
+                for r, s, rs in zip(first[i], scales[i], row_scales[i])
+            ]
             ready = [c + b for c, b in zip(compute[i], bwd[i])]
             delays[i] = [r - min(ready) for r in ready]
             second_requests.append({**base[i], "id": i, "delays_ms": delays[i]})
@@ -237,24 +256,42 @@ def _measure_comm_group(
     for i in group:
         # the wait for the latest peer takes no bandwidth: only the transfer after it is scaled
         waits = [max(delays[i]) - own for own in delays[i]]
-        fwd[i] = [w + max(r["fwd_ms"] - w, 0.0) * s for r, w, s in zip(second[i], waits, scales[i])]
+        fwd[i] = [
+            w + max(r["fwd_ms"] - r.get("fwd_rows_ms", 0.0) - w, 0.0) * s + r.get("fwd_rows_ms", 0.0) * rs
+            for r, w, s, rs in zip(second[i], waits, scales[i], row_scales[i])
+        ]
 
 
 def comm_layout(plan: Plan) -> dict:
     """What the comm benchmark exchanges for ``plan``: each device's all-to-all width (``dim_sums``: its whole-row
-    shards) and the row-split tables' groups (``row_groups``: [width, sorted devices] of every column range cut
-    into row blocks: a reduce-scatter of partial sums forward, an all-gather backward, as TorchRec's row_wise and
-    table_row_wise shardings do)."""
+    shards) and the row-split tables' groups (``row_groups``: [width, sorted devices], one per set of devices, the
+    widths of every column range cut into row blocks over them added up: TorchRec fuses a sharding group's outputs
+    into one reduce-scatter of partial sums forward and one all-gather backward, row_wise and table_row_wise)."""
     rows = plan.task.table_rows()
     dims = [0] * plan.task.num_devices
-    groups: dict[tuple[int, int, int], set[int]] = {}
+    ranges: dict[tuple[int, int, int], set[int]] = {}
     for s in plan.shards:
         if s.whole_rows(rows[s.table]):
             dims[s.device] += s.dim
         else:
-            groups.setdefault((s.table, s.col_offset, s.dim), set()).add(s.device)
-    row_groups = [[dim, sorted(devices)] for (_, _, dim), devices in sorted(groups.items())]
+            ranges.setdefault((s.table, s.col_offset, s.dim), set()).add(s.device)
+    widths: dict[tuple[int, ...], int] = {}
+    for (_, _, dim), devices in ranges.items():
+        key = tuple(sorted(devices))
+        widths[key] = widths.get(key, 0) + dim
+    row_groups = [[width, list(devices)] for devices, width in sorted(widths.items())]
     return {"dim_sums": dims, **({"row_groups": row_groups} if row_groups else {})}
+
+
+def rows_scale(plan: Plan, scale: np.ndarray) -> np.ndarray:
+    """f64[N]: the scale of each device's row-group collectives: its ``comm_scale`` where one of its groups spans
+    hosts, 1 where they all stay within its host (table_row_wise)."""
+    hosts = plan.task.hosts()
+    out = np.ones(plan.task.num_devices)
+    for _, devices in comm_layout(plan).get("row_groups", ()):
+        if len({hosts[d] for d in devices}) > 1:
+            out[devices] = scale[devices]
+    return out
 
 
 def measure_plan(plan: Plan, config: EvaluateConfig) -> dict:

@@ -373,6 +373,8 @@ def explain_file(config: ExplainConfig, model: CostModel | None = None) -> str:
     warning = None
     if model is None:
         name, options, warning = usable_cost_model(config.model, None, plan.task)
+        if plan.calibration and name == config.model:  # the factor the plan was searched with
+            options = {**(options or {}), "calibration": plan.calibration["factor"]}
         model = make_cost_model(name, plan.task, options)
     model = expected_cost_model(model)
     if config.base:

@@ -17,6 +17,8 @@ import dataclasses
 import functools
 from pathlib import Path
 
+import numpy as np
+
 from neuroshard_jax.analytic import ANALYTIC_FNS, AnalyticConfig, analytic_model, analytic_params
 from neuroshard_jax.checkpoints import ENSEMBLE_FORMAT, load_checkpoint, load_ensemble, read_meta
 from neuroshard_jax.config import typed
@@ -197,11 +199,15 @@ def load_cost_model(
     directory, or ``"analytic"`` (at ``batch_size`` and ``precision``, with AnalyticConfig ``options``).
 
     A neural model scores at ``batch_size`` if it was trained there (the ensemble: any size in its trained
-    range; the format-3 MLP: its one size); ``options`` may set ``risk`` for an ensemble.
+    range; the format-3 MLP: its one size); ``options`` may set ``risk`` for an ensemble, and ``calibration`` (every
+    device's compute scaled by it, ``calibrate.py``) for any model.
     """
+    factor, options = split_calibration(options)
+    options = options or {}
     if name_or_path == "analytic":
         config = typed(AnalyticConfig, options, "load_cost_model")
-        return CostModel("analytic", ANALYTIC_FNS, analytic_params(batch_size, precision, config))
+        model = CostModel("analytic", ANALYTIC_FNS, analytic_params(batch_size, precision, config))
+        return with_scales(model, np.ones(1), factor)
     if name_or_path == "neural" or name_or_path in shipped_names():
         name, resolved = _resolve(name_or_path, {})
     else:
@@ -211,4 +217,4 @@ def load_cost_model(
         raise UserError(f"load_cost_model: options {unknown} apply to 'analytic' only")
     config = typed(NeuralConfig, {**(resolved or {}), **options}, "load_cost_model")
     task = Task(1, 1.0, batch_size, (), precision)
-    return neural_model(task, config)
+    return with_scales(neural_model(task, config), np.ones(1), factor)

@@ -10,7 +10,7 @@ import numpy as np
 
 from neuroshard_jax.constraints import KEYS, conflicts, has_constraints
 from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.models import expected_cost_model, make_cost_model
+from neuroshard_jax.models import expected_cost_model, make_cost_model, split_calibration
 from neuroshard_jax.row_split import (
     host_groups,
     hot_tables,
@@ -82,7 +82,9 @@ def search_plan(
     elapsed_s = time.perf_counter() - start
     # the reported costs are expectations: the search's risk term (an ensemble's spread) is not part of them
     scored = with_costs(expected_cost_model(model), plan)
-    return dataclasses.replace(scored, searcher=searcher, seed=seed, search_time_s=elapsed_s)
+    factor = split_calibration(cost_model_options)[0]
+    given = {"factor": factor, "given": True} if factor != 1.0 else None  # calibrate=measured replaces it
+    return dataclasses.replace(scored, searcher=searcher, seed=seed, search_time_s=elapsed_s, calibration=given)
 
 
 def whole_table_ms(model, task: Task) -> np.ndarray:

@@ -283,7 +283,8 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
     A request's ``row_groups`` ([[width, [ranks]], ...]: the row-split tables, TorchRec's row_wise and
     table_row_wise) add, for each group this rank is in, a reduce-scatter of its partial pooled sums [B, width]
     over the group to the forward (each rank keeps its batch slice) and the mirror all-gather of the gradients to
-    the backward, after the all-to-all, in the group's order (the same on every rank).
+    the backward, after the all-to-all, in the group's order (the same on every rank); their time is also
+    reported apart (``fwd_rows_ms``, ``bwd_rows_ms``).
     """
     requests = [json.loads(line) for line in open(requests_path) if line.strip()]
     device = requests[0].get("device", "cpu") if requests else "cpu"
@@ -319,12 +320,14 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
             fwd_out = [rows[rank] * dims[j] for j in range(world)]  # my batch slice of every peer's outputs
             reduced = _row_group_buffers(torch, request, rank, world, subgroups, target)
             delay_s = float(request["delays_ms"][rank]) / 1e3
-            fwd_runs, bwd_runs = [], []
+            fwd_runs, bwd_runs, fwd_rows, bwd_rows = [], [], [], []
             for step in range(int(request.get("warmup", 3)) + int(request.get("iters", 10))):
                 dist.barrier()
                 time.sleep(delay_s)
                 t0 = time.perf_counter()
                 dist.all_to_all_single(recv_buf[: sum(fwd_out)], send_buf[: sum(fwd_in)], fwd_out, fwd_in)
+                sync()
+                ta = time.perf_counter()
                 for partial, slice_, group in reduced:
                     dist.reduce_scatter_tensor(slice_, partial, group=group)
                 sync()
@@ -332,6 +335,8 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
                 dist.barrier()
                 t2 = time.perf_counter()
                 dist.all_to_all_single(send_buf[: sum(fwd_in)], recv_buf[: sum(fwd_out)], fwd_in, fwd_out)
+                sync()
+                tb = time.perf_counter()
                 for partial, slice_, group in reduced:
                     dist.all_gather_into_tensor(partial, slice_, group=group)
                 sync()
@@ -339,6 +344,8 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
                 if step >= int(request.get("warmup", 3)):
                     fwd_runs.append((t1 - t0) * 1e3)
                     bwd_runs.append((t3 - t2) * 1e3)
+                    fwd_rows.append((t1 - ta) * 1e3)
+                    bwd_rows.append((t3 - tb) * 1e3)
             out.write(
                 json.dumps(
                     {
@@ -346,6 +353,9 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
                         "rank": rank,
                         "fwd_ms": statistics.median(fwd_runs),
                         "bwd_ms": statistics.median(bwd_runs),
+                        # of which the row groups' reduce-scatters and all-gathers (0 without row groups)
+                        "fwd_rows_ms": statistics.median(fwd_rows),
+                        "bwd_rows_ms": statistics.median(bwd_rows),
                     }
                 )
                 + "\n"

@@ -197,7 +197,8 @@ class BeamSearch(GridConfig):
     ablation) splits nothing: the plan of the grid search. ``budget_s`` (thousands of tables on hundreds
     of devices, where one candidate takes seconds): a level scores only the candidates its measured time per
     candidate leaves room for (the best beam plans' first, in power-of-two batches), and the search stops
-    where not even the smallest batch fits; it says so on stderr.
+    where not even the smallest batch fits; it says so on stderr. With a budget, the plan depends on the machine's
+    speed (how many candidates fit), not only on the task and the model.
     """
 
     k: int = 3
@@ -258,4 +259,6 @@ class BeamSearch(GridConfig):
                 file=sys.stderr,
             )
             return []
-        return candidates[: 1 << (room.bit_length() - 1)] if room < len(candidates) else candidates
+        if room >= bucket(len(candidates), MIN_CANDIDATES):  # the padded batch is what a call costs
+            return candidates
+        return candidates[: 1 << (room.bit_length() - 1)]

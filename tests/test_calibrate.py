@@ -9,12 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from neuroshard_jax.calibrate import CalibrateConfig, calibrate, predicted_compute_ms, sample_devices
+from neuroshard_jax.calibrate import CalibrateConfig, calibrate, predicted_compute_ms, sample_devices, whole
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.evaluation import device_request, device_tables
-from neuroshard_jax.executors import ExecutorConfig, map_requests
+from neuroshard_jax.evaluation import measure_devices
+from neuroshard_jax.executors import ExecutorConfig
 from neuroshard_jax.models import make_cost_model
-from neuroshard_jax.sharding import Shard
 from tests.conftest import make_table, make_task, run_cli
 
 
@@ -30,6 +29,9 @@ def test_groups_are_whole_tables_within_the_smallest_cap_and_seeded():
     cap = task.cap_bytes().min()
     assert all(sum(task.table_mem_bytes(t) for t in g) <= cap for g in groups)
     assert groups == sample_devices(task, 6, seed=3) and groups != sample_devices(task, 6, seed=4)
+    assert len({tuple(g) for g in groups}) == 6  # distinct
+    one = make_task([make_table(0), make_table(1)], num_devices=1)
+    assert sample_devices(one, 5, seed=0) == [[0, 1]]  # one device: one group, measured once
     huge = make_task([make_table(0, rows=10**7, dim=64)], mem_cap_gb=0.01)
     with pytest.raises(UserError, match="calibrate: no table of the task fits"):
         sample_devices(huge, 2, seed=0)
@@ -46,17 +48,7 @@ def test_a_model_off_by_a_factor_is_calibrated_on_the_kernels():
     calibrated = make_cost_model("analytic", task, {"calibration": 3.0 * record["factor"]})
 
     others = sample_devices(task, 4, seed=1)
-    measured = np.zeros(len(others))
-
-    def keep(request, answer):
-        measured[int(request["id"])] = answer["total_ms"]
-
-    evaluator = config.evaluator()
-    requests = [
-        device_request(str(i), task, device_tables(task, [Shard(t, 0, task.tables[t].dim, 0) for t in g]), evaluator)
-        for i, g in enumerate(others)
-    ]
-    map_requests(requests, keep, config.executor, config.device, config.timeout_s)
+    measured = measure_devices(task, [whole(task, g) for g in others], config.evaluator())
     raw_error = np.abs(predicted_compute_ms(raw, task, others) / measured - 1)
     error = np.abs(predicted_compute_ms(calibrated, task, others) / measured - 1)
     assert np.median(error) < 0.3 and np.median(error) < np.median(raw_error) / 2

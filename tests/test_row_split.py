@@ -138,7 +138,8 @@ def test_a_row_split_plan_is_measured_block_by_block():
     comm benchmark reduce-scatters the row-split table's partial sums over the devices holding its blocks."""
     plan = search_plan(_big_task(), "size_lookup_greedy", "analytic", 0)
     layout = comm_layout(plan)
-    assert [4, [0, 1, 2, 3]] in layout["row_groups"]  # the huge table: dim 4, a block on every device
+    # the huge table (dim 4) has a block on every device; row-split tables over one set of devices are fused
+    assert [d for _, d in layout["row_groups"]] == [[0, 1, 2, 3]] and layout["row_groups"][0][0] >= 4
     assert sum(layout["dim_sums"]) + sum(w * len(d) for w, d in layout["row_groups"]) == sum(plan.dim_sums())
     result = measure_plans([plan], EvaluateConfig(warmup=1, iters=2, comm_warmup=1, comm_iters=2))[0]
     assert all(d["compute"] > 0 and d["fwd_comm"] > 0 for d in result["devices"])

@@ -576,7 +576,7 @@ def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
         pooled = [x for v in per_searcher.values() for x in v["ape"]]
         calibrated = [x for v in per_searcher.values() for x in v["ape_cal"]]
         out[devices] = {
-            "model_device_mape": float(np.mean(pooled)) if pooled else None,
+            "model_device_mape": _mean(pooled),
             "model_devices_off_2x": sum(v["over2x"] for v in per_searcher.values()),
             "model_devices": len(pooled),
             "model_signed_error": _mean([x for v in per_searcher.values() for x in v["signed"]]),
@@ -587,19 +587,19 @@ def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
             "calibrated_devices": len(calibrated),
             "tasks": len(ids),
             "measured_tasks": len(bound_ratio),
-            "balance_bound_vs_torchrec": float(np.mean(bound_ratio)) if bound_ratio else None,
+            "balance_bound_vs_torchrec": _mean(bound_ratio),
             "searchers": {
                 s: {
-                    "slowest_vs_torchrec": float(np.mean(v["ratio"])) if v["ratio"] else None,
-                    "slowest_vs_bound": float(np.mean(v["bound"])) if v["bound"] else None,
-                    "mean_time_s": float(np.mean(v["time"])) if v["time"] else None,
-                    "mean_measurements": float(np.mean(v["measurements"])) if v["measurements"] else None,
+                    "slowest_vs_torchrec": _mean(v["ratio"]),
+                    "slowest_vs_bound": _mean(v["bound"]),
+                    "mean_time_s": _mean(v["time"]),
+                    "mean_measurements": _mean(v["measurements"]),
                     "best_or_tied": v["wins"],
                     "no_worse_than_best_greedy": v["vs_greedy"],  # within the tie margin, of greedy_tasks
                     "greedy_tasks": v["greedy_tasks"],  # measured tasks with a measured greedy baseline
                     "infeasible": v["infeasible"],
                     "failed": v["failed"],
-                    "device_mape": float(np.mean(v["ape"])) if v["ape"] else None,
+                    "device_mape": _mean(v["ape"]),
                     "devices_off_2x": v["over2x"],
                     "devices": len(v["ape"]),
                     "device_signed_error": _mean(v["signed"]),
