@@ -25,7 +25,7 @@ from neuroshard_jax.config import above_zero, at_least
 from neuroshard_jax.cost_models import CostModel, device_compute_ms
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.evaluation import DEVICES, EvaluateConfig, measure_devices
-from neuroshard_jax.executors import ExecutorConfig
+from neuroshard_jax.executors import Executor, ExecutorConfig
 from neuroshard_jax.models import expected_cost_model
 from neuroshard_jax.sharding import Shard
 from neuroshard_jax.types import Task
@@ -108,14 +108,16 @@ def whole(task: Task, group: list[int]) -> list[Shard]:
     return [Shard(t, 0, task.tables[t].dim, 0) for t in group]
 
 
-def calibrate(task: Task, model: CostModel, config: CalibrateConfig, seed: int = 0) -> dict:
-    """Measure ``config.samples`` devices' worth of ``task``'s tables and compare with ``model`` (uncalibrated):
-    the record plan.json keeps (``factor``: the median measured / predicted, the ratios' spread, what was
-    measured, the seconds it took)."""
+def calibrate(
+    task: Task, model: CostModel, config: CalibrateConfig, seed: int = 0, executor: Executor | None = None
+) -> dict:
+    """Measure ``config.samples`` devices' worth of ``task``'s tables (on ``executor``, or kernel workers opened as
+    ``config.executor`` says) and compare with ``model`` (uncalibrated): the record plan.json keeps (``factor``: the
+    median measured / predicted, the ratios' spread, what was measured, the seconds it took)."""
     started = time.perf_counter()
     groups = sample_devices(task, config.samples, seed)
     predicted = predicted_compute_ms(model, task, groups)
-    measured = measure_devices(task, [whole(task, g) for g in groups], config.evaluator())
+    measured = measure_devices(task, [whole(task, g) for g in groups], config.evaluator(), executor)
     ratios = measured / np.maximum(predicted, 1e-9)
     factor = float(f"{np.median(ratios):.4g}")  # four significant digits: never rounded to 0
     return {

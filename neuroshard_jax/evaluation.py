@@ -19,7 +19,7 @@ from neuroshard_jax.config import above_zero, at_least
 from neuroshard_jax.cost_models import DeviceCosts, plan_cost_ms
 from neuroshard_jax.datasets import hardware, write_json
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.executors import Executor, ExecutorConfig, map_requests, opened
+from neuroshard_jax.executors import Executor, ExecutorConfig, opened
 from neuroshard_jax.plans import load_plan
 from neuroshard_jax.profiling import WorkerFailure, compute_request, worker_versions
 from neuroshard_jax.sharding import Shard
@@ -180,9 +180,11 @@ def device_tables(task: Task, shards: list[Shard]) -> list:
     return sorted(out, key=lambda x: (x["seed"], x["dim"], x.get("row_offset", 0)))
 
 
-def measure_devices(task: Task, devices: list[list[Shard]], config: EvaluateConfig) -> np.ndarray:
+def measure_devices(
+    task: Task, devices: list[list[Shard]], config: EvaluateConfig, executor: Executor | None = None
+) -> np.ndarray:
     """Kernel ms f64[G] of each list of ``task``'s shards measured as one device (this machine's, no speed
-    applied), on an executor opened for them as ``config.executor`` says."""
+    applied), on ``executor`` or one opened for them as ``config.executor`` says."""
     measured = np.zeros(len(devices))
     requests = [device_request(i, task, device_tables(task, shards), config) for i, shards in enumerate(devices)]
 
@@ -191,7 +193,8 @@ def measure_devices(task: Task, devices: list[list[Shard]], config: EvaluateConf
             raise UserError(f"a device measurement failed: {answer.get('error')}")
         measured[int(request["id"])] = answer["total_ms"]
 
-    map_requests(requests, record, config.executor, config.device, config.timeout_s)
+    with opened(executor, config.executor, config.device, config.timeout_s, config.pin) as pool:
+        pool.map(requests, record)
     return measured
 
 

@@ -49,7 +49,7 @@ from neuroshard_jax.calibrate import CalibrateConfig, calibrate
 from neuroshard_jax.datasets import JsonlLog, hardware, hardware_kind, write_json
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_request, device_tables
-from neuroshard_jax.executors import ExecutorConfig, map_requests
+from neuroshard_jax.executors import ExecutorConfig, map_requests, open_executor
 from neuroshard_jax.features import bin_shares, count_histogram
 from neuroshard_jax.models import checkpoint_path, expected_cost_model, make_cost_model
 from neuroshard_jax.polish import PolishConfig, polish_plan
@@ -298,12 +298,13 @@ def calibrate_all(out: Path, model: str, model_options: dict, config: CalibrateC
     predictions of that session's measurements by them."""
     label = model_label(model, model_options)
     log = JsonlLog(out / f"calibrations-{session}.jsonl")
-    for task_id, _, task in benchmark_tasks(out / TASKS_FILE):
-        row_id = f"{task_id}|{label}"
-        if task_id in only and row_id not in log.ids:
-            record = calibrate(task, make_cost_model(model, task, model_options), config, BASE_SEED)
-            log.append({"id": row_id, "task": task_id, "model": label, "session": session, **record})
-            print(f"{task_id}: x{record['factor']:.3f} ({record['seconds']:.0f} s)", flush=True)
+    with open_executor(config.executor, config.device, config.timeout_s) as pool:  # one set of workers for all
+        for task_id, _, task in benchmark_tasks(out / TASKS_FILE):
+            row_id = f"{task_id}|{label}"
+            if task_id in only and row_id not in log.ids:
+                record = calibrate(task, make_cost_model(model, task, model_options), config, BASE_SEED, pool)
+                log.append({"id": row_id, "task": task_id, "model": label, "session": session, **record})
+                print(f"{task_id}: x{record['factor']:.3f} ({record['seconds']:.0f} s)", flush=True)
 
 
 def measurements_file(out: Path, session: str | None) -> Path:
