@@ -517,11 +517,26 @@ def report(
                 entry["calibrated"] = [p * factors[row["task"]] for p in predicted]
         by_task.setdefault(row["task"], {})[row["searcher"]] = entry
     summary = summarise(by_task, tasks, tie)
+    summary["noise"] = noise_floor(measured)
     subset = f"-{len(tasks)}tasks" if len(tasks) < 2 * TASKS_PER_SIZE else ""
     name = f"report-{label.replace(':', '_')}{subset}" + (f"-{session}" if session else "")
     result = {"model": label, "tie": tie, "hardware": kind, "session": session, "tasks": by_task, "summary": summary}
     write_json(result, out / f"{name}.json")
     return summary
+
+
+def noise_floor(measured: dict[str, list[float]]) -> dict:
+    """The measurements' own noise, the floor under any model's error: the mean relative distance of one repeat
+    from the median of its device's repeats (devices measured 3 times or more), and how many repeats a device had."""
+    runs = [(np.asarray(r), statistics.median(r)) for r in measured.values() if len(r) >= 3 and statistics.median(r)]
+    if not runs:
+        return {"one_repeat_vs_median": None, "devices": 0}
+    distance = np.concatenate([np.abs(r - m) / m for r, m in runs])
+    return {
+        "one_repeat_vs_median": float(distance.mean()),
+        "devices": len(runs),
+        "repeats": float(np.median([len(r) for r, _ in runs])),
+    }
 
 
 def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
@@ -614,7 +629,13 @@ def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
 
 
 def print_summary(summary: dict) -> None:
-    for devices, s in summary.items():
+    noise = summary.get("noise") or {}
+    if noise.get("devices"):
+        print(
+            f"measurement noise: one repeat is {_pct(noise['one_repeat_vs_median'])} from its device's median "
+            f"({noise['devices']} devices, {noise['repeats']:.0f} repeats)"
+        )
+    for devices, s in ((k, v) for k, v in summary.items() if k != "noise"):
         print(
             f"\n{devices} devices: {s['measured_tasks']}/{s['tasks']} tasks measured; balance bound "
             f"{_pct(s['balance_bound_vs_torchrec'])} of TorchRec's slowest device; the model's device compute MAPE "
