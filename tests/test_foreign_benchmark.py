@@ -73,3 +73,10 @@ def test_report_ratios_wins_bounds_and_errors_by_hand():
     assert summary["balance_bound_vs_torchrec"] == pytest.approx((26.1 / 4 / 10 + 18 / 4 / 5) / 2)
     assert beam["slowest_vs_bound"] == pytest.approx((8 / (26.1 / 4) + 6 / (18 / 4)) / 2)
     assert beam["mean_time_s"] == 2.0 and beam["mean_measurements"] == 6
+
+
+def test_plan_ranking_counts_only_pairs_apart_by_more_than_the_tie():
+    assert fb.ranking_tau([(1.0, 10.0), (2.0, 20.0), (3.0, 30.0)], 0.03) == 1.0
+    assert fb.ranking_tau([(3.0, 10.0), (2.0, 20.0), (1.0, 30.0)], 0.03) == -1.0
+    assert fb.ranking_tau([(1.0, 10.0), (2.0, 10.1)], 0.03) is None  # within the tie: no order to get right
+    assert fb.ranking_tau([(1.0, 10.0), (2.0, 20.0), (1.5, 30.0)], 0.03) == pytest.approx(1 / 3)  # 2 right, 1 wrong

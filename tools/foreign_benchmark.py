@@ -539,6 +539,19 @@ def noise_floor(measured: dict[str, list[float]]) -> dict:
     }
 
 
+def ranking_tau(pairs: list[tuple[float, float]], tie: float) -> float | None:
+    """Kendall's tau of predicted against measured over (predicted, measured) plans, counting only the pairs whose
+    measured figures differ by more than ``tie`` (relative): plans within the noise have no order to get right.
+    None where no pair does."""
+    agree = disagree = 0
+    for i, (p, m) in enumerate(pairs):
+        for q, n in pairs[i + 1 :]:
+            if abs(m - n) > tie * min(m, n):
+                agree += (p - q) * (m - n) > 0
+                disagree += (p - q) * (m - n) <= 0
+    return (agree - disagree) / (agree + disagree) if agree + disagree else None
+
+
 def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
     """Per device count and searcher: mean slowest device relative to TorchRec's, wins (within ``tie``), infeasible
     and failed counts; the balance bound; the model's device-level compute error."""
@@ -551,12 +564,15 @@ def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
             if all(e.get("measured") and None not in e["measured"] for e in by_task[t].values() if "measured" in e)
         ]
         per_searcher: dict[str, dict] = {}
-        bound_ratio = []
+        bound_ratio, taus = [], []
         for t in complete:
             entries = by_task[t]
             slow = {s: max(e["measured"]) for s, e in entries.items() if "measured" in e}
             if "torchrec" not in slow or not slow:
                 continue
+            tau = ranking_tau([(max(e["predicted"]), slow[s]) for s, e in entries.items() if "measured" in e], tie)
+            if tau is not None:
+                taus.append(tau)
             best = min(slow.values())
             greedy = min((v for s, v in slow.items() if s in GREEDY), default=None)
             bound = min(sum(e["measured"]) / devices for e in entries.values() if "measured" in e)
@@ -604,6 +620,9 @@ def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
             "tasks": len(ids),
             "measured_tasks": len(bound_ratio),
             "balance_bound_vs_torchrec": _mean(bound_ratio),
+            # how the model orders a task's plans by their slowest device's compute (pairs apart by > tie measured)
+            "plan_kendall_tau": _mean(taus),
+            "plan_kendall_tau_tasks": len(taus),
             "searchers": {
                 s: {
                     "slowest_vs_torchrec": _mean(v["ratio"]),
@@ -642,6 +661,11 @@ def print_summary(summary: dict) -> None:
             f"{_pct(s['model_device_mape'])} over {s['model_devices']} devices (signed "
             f"{_pct(s['model_signed_error'])}), {s['model_devices_off_2x']} off by > 2x"
         )
+        if s["plan_kendall_tau"] is not None:
+            print(
+                f"the model's order of each task's plans (slowest device's compute): Kendall tau "
+                f"{s['plan_kendall_tau']:.3f} over {s['plan_kendall_tau_tasks']} tasks"
+            )
         if s["calibrated_devices"]:
             print(
                 f"calibrated on each task here: MAPE {_pct(s['calibrated_device_mape'])} (signed "
