@@ -18,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from neuroshard_jax.calibrate import CalibrateConfig, calibrate
+from neuroshard_jax.calibrate import CalibrateConfig, calibrated
 from neuroshard_jax.cli import fail, resolved, run_app
 from neuroshard_jax.config import typed
 from neuroshard_jax.datasets import write_json
@@ -32,7 +32,7 @@ from neuroshard_jax.polish import PolishConfig, polish_plan
 from neuroshard_jax.row_split import check_mode
 from neuroshard_jax.search import enable_compilation_cache, search_plan
 from neuroshard_jax.suite import SuiteConfig, run_suite
-from neuroshard_jax.tasks import TaskGroupConfig, check_feasible, make_task
+from neuroshard_jax.tasks import TaskGroupConfig, make_task
 from searchers import make_searcher
 
 
@@ -113,10 +113,8 @@ def main(cfg: DictConfig) -> None:
         task = make_task(config.task, config.task.seed, config.task.path)
         cost_model = (config.cost_model["name"], config.options("cost_model"))
         if config.calibrate.name == "measured":
-            check_feasible(task)  # before any measurement
-            raw = {**cost_model[1], "calibration": None}  # the model as trained is what is calibrated
-            record = calibrate(task, make_cost_model(cost_model[0], task, raw), config.calibrate, config.seed)
-            cost_model = (cost_model[0], {**cost_model[1], "calibration": record["factor"]})
+            options, record = calibrated(task, cost_model[0], cost_model[1], config.calibrate, config.seed)
+            cost_model = (cost_model[0], options)
         plan = search_plan(
             task,
             config.searcher["name"],

@@ -10,9 +10,11 @@ plan.costs.cost_ms, plan.placement()["item_id"], plan.to_json()
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from neuroshard_jax.calibrate import CalibrateConfig, calibrated
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.search import enable_compilation_cache, search_plan
 from neuroshard_jax.types import Plan, Task
@@ -60,6 +62,7 @@ def plan(
     seed: int = 0,
     cost_model_options: dict | None = None,
     devices: Sequence[Mapping[str, float]] | None = None,
+    calibrate: bool | CalibrateConfig = False,
     **options,
 ) -> Plan:
     """Shard ``tables`` over ``num_devices`` devices of ``mem_cap_gb`` GiB each (or over ``devices``:
@@ -71,7 +74,14 @@ def plan(
     ``UserError`` (bad input) or ``InfeasibleError`` (the tables fit no placement). The returned plan carries
     its predicted per-device costs (``plan.costs``). Compiled search kernels are kept on disk
     (``search.enable_compilation_cache``), so a second call on the same shapes in a new process skips compiling.
+    ``calibrate=True`` (or a ``CalibrateConfig``) first scales the cost model to this machine from measurements of
+    the tables on the real kernels (``calibrate.py``; ``plan.calibration`` says by how much).
     """
     task = task_from_tables(tables, num_devices, mem_cap_gb, batch_size, precision, devices)
     enable_compilation_cache()
-    return search_plan(task, searcher, cost_model, seed, options, cost_model_options)
+    record = None
+    if calibrate:
+        config = calibrate if isinstance(calibrate, CalibrateConfig) else CalibrateConfig(name="measured")
+        cost_model_options, record = calibrated(task, cost_model, cost_model_options, config, seed)
+    found = search_plan(task, searcher, cost_model, seed, options, cost_model_options)
+    return dataclasses.replace(found, calibration=record) if record else found

@@ -26,8 +26,9 @@ from neuroshard_jax.cost_models import CostModel, device_compute_ms
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.evaluation import DEVICES, EvaluateConfig, measure_devices
 from neuroshard_jax.executors import Executor, ExecutorConfig
-from neuroshard_jax.models import expected_cost_model
+from neuroshard_jax.models import expected_cost_model, make_cost_model
 from neuroshard_jax.sharding import Shard
+from neuroshard_jax.tasks import check_feasible
 from neuroshard_jax.types import Task
 
 MODES = ("off", "measured")
@@ -131,3 +132,14 @@ def calibrate(
         "seconds": round(time.perf_counter() - started, 1),
         "far": bool(abs(np.log(factor)) > FAR),
     }
+
+
+def calibrated(
+    task: Task, cost_model: str, options: dict | None, config: CalibrateConfig, seed: int = 0
+) -> tuple[dict, dict]:
+    """``options`` of ``cost_model`` with its ``calibration`` measured on ``task`` (the model as trained is what is
+    calibrated; an infeasible task is refused before any measurement), and the record plan.json keeps."""
+    check_feasible(task)
+    raw = {**(options or {}), "calibration": None}
+    record = calibrate(task, make_cost_model(cost_model, task, raw), config, seed)
+    return {**(options or {}), "calibration": record["factor"]}, record

@@ -73,3 +73,13 @@ def test_the_main_job_records_and_prints_its_calibration(tmp_path):
     record = plan["calibration"]
     assert record["devices"] == 2 and record["factor"] > 0
     assert record["factor"] == pytest.approx(np.median(np.divide(record["measured_ms"], record["predicted_ms"])), 1e-2)
+
+
+def test_the_python_api_calibrates_too():
+    import neuroshard_jax as nsj
+
+    bins = [0.6, 0.3, 0.1] + [0.0] * 14
+    tables = [{"rows": 20000 + 1000 * i, "dim": 16, "pooling_factor": 4.0, "bins": bins} for i in range(6)]
+    config = CalibrateConfig(name="measured", samples=2, warmup=1, iters=2, executor=ExecutorConfig())
+    plan = nsj.plan(tables, num_devices=2, searcher="size_lookup_greedy", cost_model="analytic", calibrate=config)
+    assert plan.calibration["devices"] == 2 and plan.to_json()["calibration"]["factor"] == plan.calibration["factor"]
