@@ -231,7 +231,6 @@ def _measure_comm_group(
     group = [i for i, p in enumerate(plans) if p.task.num_devices == n]
     # rank processes of one machine: a multi-host task's transfers are scaled to its links (Task.comm_scale)
     scales = {i: plans[i].task.comm_scale() for i in group}
-    row_scales = {i: rows_scale(plans[i], scales[i]) for i in group}
     base = {
         i: {
             **comm_layout(plans[i]),
@@ -241,6 +240,7 @@ def _measure_comm_group(
         }
         for i in group
     }
+    row_scales = {i: rows_scale(plans[i], base[i].get("row_groups", ()), scales[i]) for i in group}
     try:
         first = pool.comm([{**base[i], "id": i, "delays_ms": [0.0] * n} for i in group], n, config.timeout_s)
         second_requests = []
@@ -286,12 +286,12 @@ def comm_layout(plan: Plan) -> dict:
     return {"dim_sums": dims, **({"row_groups": row_groups} if row_groups else {})}
 
 
-def rows_scale(plan: Plan, scale: np.ndarray) -> np.ndarray:
-    """f64[N]: the scale of each device's row-group collectives: its ``comm_scale`` where one of its groups spans
-    hosts, 1 where they all stay within its host (table_row_wise)."""
+def rows_scale(plan: Plan, row_groups: list, scale: np.ndarray) -> np.ndarray:
+    """f64[N]: the scale of each device's row-group collectives (``row_groups`` of ``comm_layout``): its
+    ``comm_scale`` where one of its groups spans hosts, 1 where they all stay within its host (table_row_wise)."""
     hosts = plan.task.hosts()
     out = np.ones(plan.task.num_devices)
-    for _, devices in comm_layout(plan).get("row_groups", ()):
+    for _, devices in row_groups:
         if len({hosts[d] for d in devices}) > 1:
             out[devices] = scale[devices]
     return out
