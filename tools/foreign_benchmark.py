@@ -8,6 +8,8 @@ searcher's plans (and TorchRec's) measured on the real kernels.
     python tools/foreign_benchmark.py measure --only-model --checkpoint A --also B --searchers beam,torchrec \
         --session S --repeats 2                                   # afresh, in one session: plans compared side by side
     python tools/foreign_benchmark.py calibrate --checkpoint A --session S   # A calibrated on each task (calibrate.py)
+    python tools/foreign_benchmark.py measure ... --session S --calibration 8 --pin   # calibration devices measured
+    python tools/foreign_benchmark.py report ... --session S --calibration 8          #   among the plans' (no drift)
     python tools/foreign_benchmark.py report --checkpoint A --searchers beam,torchrec --session S
     python tools/foreign_benchmark.py merge --checkpoint NAME     # beam's slices on one device: merged or not, measured
 
@@ -45,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.calibrate import CalibrateConfig, calibrate
+from neuroshard_jax.calibrate import CalibrateConfig, calibrate, predicted_compute_ms, sample_devices, whole
 from neuroshard_jax.datasets import JsonlLog, hardware, hardware_kind, write_json
 from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_request, device_tables
@@ -323,10 +325,13 @@ def measure_all(
     only: set[str],
     session: str | None = None,
     searchers: set[str] | None = None,
+    calibration: int = 0,
 ) -> None:
     """Measure every device of the current plans of the tasks ``only`` (with ``labels``: only the model-free
     searchers' and those models' plans; with ``searchers``: only theirs), ``repeats`` interleaved times; with
-    ``session``, measured afresh as that session's (``measurement_id``)."""
+    ``session``, measured afresh as that session's (``measurement_id``). ``calibration`` > 0: also that many
+    calibration devices of each task (``calibration_groups``), in the same interleaved batches as the plans' devices,
+    so that the report's per-task calibration and the measurements it corrects share the machine's drift."""
     tasks = {task_id: task for task_id, _, task in benchmark_tasks(out / TASKS_FILE) if task_id in only}
     rows = [
         r
@@ -348,6 +353,8 @@ def measure_all(
                     tables = device_tables(task, plan.device_shards(d))
                     if tables:
                         devices.setdefault(device_key(task, tables), tables)
+            for tables in calibration_groups(task, calibration).values():
+                devices.setdefault(device_key(task, tables), tables)
             todo = [k for k in devices if measurement_id(f"{k}/{repeat}", kind, session) not in log.ids]
             shuffled = np.random.default_rng([BASE_SEED, repeat, len(todo)]).permutation(len(todo))
             requests = [
@@ -369,13 +376,37 @@ def measure_all(
                         "repeat": request["repeat"],
                         "hardware": kind,
                         **({"session": session} if session else {}),
+                        **({"pin": True} if config.pin else {}),
                         **{k: answer.get(k) for k in ("ok", "total_ms", "fwd_ms", "bwd_ms", "error", "cpu_share")},
                     }
                 )
 
             if requests:
-                map_requests(requests, record, config.executor, config.device, config.timeout_s)
+                map_requests(requests, record, config.executor, config.device, config.timeout_s, pin=config.pin)
                 print(f"repeat {repeat} {task_id}: {len(requests)} devices measured", flush=True)
+
+
+def calibration_groups(task: Task, samples: int) -> dict[tuple[int, ...], list]:
+    """The devices ``calibrate=measured`` measures on ``task`` (``samples`` groups of whole tables, the benchmark's
+    seed), by table group: their ``device_tables``."""
+    if samples <= 0:
+        return {}
+    return {tuple(g): device_tables(task, whole(task, g)) for g in sample_devices(task, samples, BASE_SEED)}
+
+
+def interleaved_factors(tasks: dict, measured: dict, model: str, options: dict, samples: int) -> dict[str, float]:
+    """Per task, ``calibrate``'s factor (the median of measured / predicted over its calibration groups) from the
+    calibration devices ``measure --calibration`` measured among the plans' (each group's median over repeats)."""
+    factors = {}
+    for task_id, (_, task) in tasks.items():
+        groups = {g: measured.get(device_key(task, t)) for g, t in calibration_groups(task, samples).items()}
+        groups = {g: runs for g, runs in groups.items() if runs}
+        if groups:
+            cost_model = make_cost_model(model, task, {**options, "calibration": None})
+            predicted = predicted_compute_ms(cost_model, task, [list(g) for g in groups])
+            ratios = [statistics.median(runs) / max(p, 1e-9) for runs, p in zip(groups.values(), predicted)]
+            factors[task_id] = float(np.median(ratios))
+    return factors
 
 
 # ---------------------------------------------------------------------------------------------
@@ -461,9 +492,12 @@ def report(
     only: set[str],
     session: str | None = None,
     searchers: set[str] | None = None,
+    calibration: int = 0,
 ) -> dict:
     """The benchmark's figures for ``model``: its plans and the model-free ones (``searchers``: only theirs),
-    from the measurements taken outside any session, or (``session``) only from that session's."""
+    from the measurements taken outside any session, or (``session``) only from that session's. The model is also
+    calibrated per task: with ``calibration`` > 0 from the calibration devices measured among the plans' (``measure
+    --calibration``), else from the session's ``calibrate`` stage."""
     tasks = {t: (family, task) for t, family, task in benchmark_tasks(out / TASKS_FILE) if t in only}
     label = model_label(model, model_options)
     kind = hardware_kind(hardware())  # labels belong to one kind of hardware: only this machine's kind's measurements
@@ -478,7 +512,9 @@ def report(
         quiet = [m for m in ms if m.get("cpu_share", 1.0) >= MIN_CPU_SHARE]
         measured[key] = [m["total_ms"] for m in (quiet or ms)]
     factors = {}
-    if session and (out / f"calibrations-{session}.jsonl").exists():
+    if calibration:
+        factors = interleaved_factors(tasks, measured, model, model_options, calibration)
+    elif session and (out / f"calibrations-{session}.jsonl").exists():
         factors = {
             r["task"]: r["factor"]
             for r in JsonlLog(out / f"calibrations-{session}.jsonl").records()
@@ -518,6 +554,11 @@ def report(
         by_task.setdefault(row["task"], {})[row["searcher"]] = entry
     summary = summarise(by_task, tasks, tie)
     summary["noise"] = noise_floor(measured)
+    summary["calibration"] = {
+        "how": "interleaved" if calibration else "calibrate stage" if factors else None,
+        "samples": calibration or None,
+        "factors": {t: round(f, 4) for t, f in sorted(factors.items())},
+    }
     subset = f"-{len(tasks)}tasks" if len(tasks) < 2 * TASKS_PER_SIZE else ""
     name = f"report-{label.replace(':', '_')}{subset}" + (f"-{session}" if session else "")
     result = {"model": label, "tie": tie, "hardware": kind, "session": session, "tasks": by_task, "summary": summary}
@@ -654,7 +695,7 @@ def print_summary(summary: dict) -> None:
             f"measurement noise: one repeat is {_pct(noise['one_repeat_vs_median'])} from its device's median "
             f"({noise['devices']} devices, {noise['repeats']:.0f} repeats)"
         )
-    for devices, s in ((k, v) for k, v in summary.items() if k != "noise"):
+    for devices, s in ((k, v) for k, v in summary.items() if k not in ("noise", "calibration")):
         print(
             f"\n{devices} devices: {s['measured_tasks']}/{s['tasks']} tasks measured; balance bound "
             f"{_pct(s['balance_bound_vs_torchrec'])} of TorchRec's slowest device; the model's device compute MAPE "
@@ -717,6 +758,13 @@ def main() -> None:
     parser.add_argument(
         "--only-model", action="store_true", help="measure: only the plans of --model/--checkpoint (and model-free)"
     )
+    parser.add_argument(
+        "--calibration",
+        type=int,
+        default=0,
+        help="measure: also N calibration devices per task, interleaved with the plans'; report: calibrate from them",
+    )
+    parser.add_argument("--pin", action="store_true", help="measure: each worker on a core of its own (as labels)")
     parser.add_argument("--tie", type=float, default=0.03, help="relative margin within which plans tie")
     parser.add_argument("--tasks", type=int, default=0, help="the first N/2 tasks at 4 and at 8 devices (0: all)")
     args = parser.parse_args()
@@ -741,11 +789,12 @@ def main() -> None:
             measure_all(
                 out,
                 args.repeats,
-                EvaluateConfig(executor=ExecutorConfig(workers=args.workers)),
+                EvaluateConfig(executor=ExecutorConfig(workers=args.workers), pin=args.pin),
                 labels,
                 chosen(out, args.tasks),
                 args.session,
                 only_searchers,
+                args.calibration,
             )
         elif args.stage == "calibrate":
             if not args.session:
@@ -762,7 +811,8 @@ def main() -> None:
                 chosen(out, args.tasks),
             )
         else:
-            summary = report(out, args.model, options, args.tie, chosen(out, args.tasks), args.session, only_searchers)
+            only = chosen(out, args.tasks)
+            summary = report(out, args.model, options, args.tie, only, args.session, only_searchers, args.calibration)
             print_summary(summary)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
