@@ -21,10 +21,10 @@ import time
 
 import numpy as np
 
-from neuroshard_jax.config import above_zero, at_least
+from neuroshard_jax.config import at_least
 from neuroshard_jax.cost_models import CostModel, device_compute_ms
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.evaluation import DEVICES, EvaluateConfig, measure_devices
+from neuroshard_jax.evaluation import Measuring, measure_devices
 from neuroshard_jax.executors import Executor, ExecutorConfig
 from neuroshard_jax.models import expected_cost_model, make_cost_model
 from neuroshard_jax.sharding import Shard
@@ -36,7 +36,7 @@ FAR = 0.5  # |log factor| past this (x0.61 .. x1.65): the model measures another
 
 
 @dataclasses.dataclass(frozen=True)
-class CalibrateConfig:
+class CalibrateConfig(Measuring):
     """conf/calibrate/*.yaml (``name``: off | measured)."""
 
     name: str = "off"
@@ -50,16 +50,8 @@ class CalibrateConfig:
     def __post_init__(self):
         if self.name not in MODES:
             raise UserError(f"calibrate: got {self.name!r}, expected one of {', '.join(MODES)}")
-        if self.device not in DEVICES:
-            raise UserError(f"calibrate.device: got {self.device!r}, expected one of {', '.join(DEVICES)}")
-        at_least(self, 1, ("samples", "iters"), "calibrate.")
-        at_least(self, 0, ("warmup",), "calibrate.")
-        above_zero(self, ("timeout_s",), "calibrate.")
-
-    def evaluator(self) -> EvaluateConfig:
-        return EvaluateConfig(
-            device=self.device, executor=self.executor, timeout_s=self.timeout_s, warmup=self.warmup, iters=self.iters
-        )
+        self.check_measuring("calibrate")
+        at_least(self, 1, ("samples",), "calibrate.")
 
 
 def sample_devices(task: Task, samples: int, seed: int) -> list[list[int]]:

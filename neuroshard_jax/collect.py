@@ -131,7 +131,10 @@ def _settings(config: CollectConfig) -> dict:
             "precision": config.precision,
             "sampler": dataclasses.asdict(config.sampler),
         }
-    return {**common, "comm": dataclasses.asdict(config.comm)}
+    comm = dataclasses.asdict(config.comm)
+    if not comm["row_share"]:  # no row groups: the settings of datasets from before they existed
+        del comm["row_share"]
+    return {**common, "comm": comm}
 
 
 def collect(config: CollectConfig) -> dict:
@@ -148,6 +151,7 @@ def collect(config: CollectConfig) -> dict:
         "git_commit": git_commit(),
         "how": f"python -m neuroshard_jax.collect kind={config.kind}"
         + (" source=specs" if config.kind == "compute" and config.source == "specs" else "")
+        + (f" comm.row_share={config.comm.row_share}" if config.kind == "comm" and config.comm.row_share else "")
         + " (conf/collect.yaml)",
     }
     write_manifest(out / f"manifest-{config.kind}.json", _settings(config), manifest_extra)
@@ -284,6 +288,7 @@ def _run_comm_chunk(
             "id": i,
             "dim_sums": samples[i]["dim_sums"],
             "delays_ms": samples[i]["delays_ms"],
+            **({"row_groups": samples[i]["row_groups"]} if "row_groups" in samples[i] else {}),
             "batch_size": config.batch_size,
             "warmup": config.warmup,
             "iters": config.iters,
@@ -301,6 +306,12 @@ def _run_comm_chunk(
                 "ok": True,
                 "fwd_ms": [r["fwd_ms"] for r in per_rank],
                 "bwd_ms": [r["bwd_ms"] for r in per_rank],
+                # of which the row groups' collectives (row_comm.py)
+                **(
+                    {k: [r[k] for r in per_rank] for k in ("fwd_rows_ms", "bwd_rows_ms")}
+                    if "row_groups" in samples[i]
+                    else {}
+                ),
             }
         )
 

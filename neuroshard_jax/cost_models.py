@@ -52,6 +52,7 @@ class CostModel:
     name: str
     fns: CostFns
     params: Any
+    row_comm: Any = None  # row_comm.RowComm: row-split groups' collectives priced apart (None: as all-to-all width)
 
 
 class DeviceCosts(NamedTuple):
@@ -63,18 +64,21 @@ class DeviceCosts(NamedTuple):
     total_ms: jax.Array
 
 
-def combine_costs(fns: CostFns, params, compute_ms, dim_sums, device_mask, speed=None) -> DeviceCosts:
+def combine_costs(fns: CostFns, params, compute_ms, dim_sums, device_mask, speed=None, rows_ms=None) -> DeviceCosts:
     """The simulator formula: compute f32[..., N] and dim sums f32[..., N] -> DeviceCosts. ``speed`` f32[..., N]
-    (optional): heterogeneous devices' relative compute speeds, which divide their compute (comm is not scaled)."""
+    (optional): heterogeneous devices' relative compute speeds, which divide their compute (comm is not scaled).
+    ``rows_ms`` (optional): (fwd, bwd) f32[..., N] of row-split groups' collectives (``row_comm.py``), added to the
+    all-to-all's before the forward's straggler delays are worked out."""
     if speed is not None:
         compute_ms = compute_ms / speed
     compute_ms = jnp.where(device_mask, compute_ms, 0.0)
     exchanging = device_mask & (device_mask.sum(-1, keepdims=True) > 1)  # one device alone sends nothing
-    bwd = jnp.where(exchanging, fns.bwd_comm(params, dim_sums, device_mask), 0.0)
+    rows_fwd, rows_bwd = (0.0, 0.0) if rows_ms is None else rows_ms
+    bwd = jnp.where(exchanging, fns.bwd_comm(params, dim_sums, device_mask) + rows_bwd, 0.0)
     ready = compute_ms + bwd
     earliest = jnp.min(jnp.where(device_mask, ready, jnp.inf), axis=-1, keepdims=True)
     delays = jnp.where(device_mask, ready - earliest, 0.0)
-    fwd = jnp.where(exchanging, fns.fwd_comm(params, dim_sums, delays, device_mask), 0.0)
+    fwd = jnp.where(exchanging, fns.fwd_comm(params, dim_sums, delays, device_mask) + rows_fwd, 0.0)
     return DeviceCosts(compute_ms, fwd, bwd, compute_ms + fwd + bwd)
 
 
@@ -87,14 +91,17 @@ def device_compute_ms(fns: CostFns, params, feats, table_mask):
     return jnp.where(table_mask.any(-1), fns.head(params, latent_sums), 0.0)
 
 
-def device_costs(fns: CostFns, params, feats, table_mask, dim_sums, device_mask, speed=None) -> DeviceCosts:
+def device_costs(
+    fns: CostFns, params, feats, table_mask, dim_sums, device_mask, speed=None, rows_ms=None
+) -> DeviceCosts:
     """Per-device costs of padded plans; any leading batch dims broadcast.
 
     feats f32[..., N, T, F]; table_mask bool[..., N, T]; dim_sums f32[..., N]; device_mask bool[..., N]; speed
-    f32[..., N] (optional, heterogeneous devices: divides each device's compute).
+    f32[..., N] (optional, heterogeneous devices: divides each device's compute); rows_ms (optional: the row
+    groups' collectives, ``combine_costs``).
     """
     compute = device_compute_ms(fns, params, feats, table_mask)
-    return combine_costs(fns, params, compute, dim_sums, device_mask, speed)
+    return combine_costs(fns, params, compute, dim_sums, device_mask, speed, rows_ms)
 
 
 def plan_cost_ms(costs: DeviceCosts) -> jax.Array:
@@ -125,7 +132,7 @@ def with_scales(model: CostModel, comm_scale: np.ndarray, compute_scale: float =
     if np.allclose(comm_scale, 1.0) and compute_scale == 1.0:
         return model
     params = Scaled(model.params, jnp.asarray(comm_scale, jnp.float32), jnp.asarray(compute_scale, jnp.float32))
-    return CostModel(model.name, _scaled(model.fns), params)
+    return CostModel(model.name, _scaled(model.fns), params, model.row_comm)
 
 
 def map_inner_params(model: CostModel, change: Callable) -> CostModel:

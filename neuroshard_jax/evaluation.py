@@ -22,6 +22,7 @@ from neuroshard_jax.errors import UserError
 from neuroshard_jax.executors import Executor, ExecutorConfig, opened
 from neuroshard_jax.plans import load_plan
 from neuroshard_jax.profiling import WorkerFailure, compute_request, worker_versions
+from neuroshard_jax.row_comm import comm_layout, crosses_hosts
 from neuroshard_jax.sharding import Shard
 from neuroshard_jax.types import Plan, Task
 
@@ -49,6 +50,23 @@ class EvaluateConfig:
         at_least(self, 1, ("iters", "comm_iters"))
         at_least(self, 0, ("warmup", "comm_warmup"))
         above_zero(self, ("timeout_s",))
+
+
+class Measuring:
+    """The methods of a stage's config that measures devices itself (``calibrate``, ``polish``): its fields
+    ``device``, ``executor``, ``timeout_s``, ``warmup`` and ``iters`` checked, and the evaluator they make."""
+
+    def check_measuring(self, stage: str) -> None:
+        if self.device not in DEVICES:
+            raise UserError(f"{stage}.device: got {self.device!r}, expected one of {', '.join(DEVICES)}")
+        at_least(self, 1, ("iters",), f"{stage}.")
+        at_least(self, 0, ("warmup",), f"{stage}.")
+        above_zero(self, ("timeout_s",), f"{stage}.")
+
+    def evaluator(self) -> EvaluateConfig:
+        return EvaluateConfig(
+            device=self.device, executor=self.executor, timeout_s=self.timeout_s, warmup=self.warmup, iters=self.iters
+        )
 
 
 HOSTS_NOTE = (
@@ -265,34 +283,12 @@ def _measure_comm_group(
         ]
 
 
-def comm_layout(plan: Plan) -> dict:
-    """What the comm benchmark exchanges for ``plan``: each device's all-to-all width (``dim_sums``: its whole-row
-    shards) and the row-split tables' groups (``row_groups``: [width, sorted devices], one per set of devices, the
-    widths of every column range cut into row blocks over them added up: TorchRec fuses a sharding group's outputs
-    into one reduce-scatter of partial sums forward and one all-gather backward, row_wise and table_row_wise)."""
-    rows = plan.task.table_rows()
-    dims = [0] * plan.task.num_devices
-    ranges: dict[tuple[int, int, int], set[int]] = {}
-    for s in plan.shards:
-        if s.whole_rows(rows[s.table]):
-            dims[s.device] += s.dim
-        else:
-            ranges.setdefault((s.table, s.col_offset, s.dim), set()).add(s.device)
-    widths: dict[tuple[int, ...], int] = {}
-    for (_, _, dim), devices in ranges.items():
-        key = tuple(sorted(devices))
-        widths[key] = widths.get(key, 0) + dim
-    row_groups = [[width, list(devices)] for devices, width in sorted(widths.items())]
-    return {"dim_sums": dims, **({"row_groups": row_groups} if row_groups else {})}
-
-
-def rows_scale(plan: Plan, row_groups: list, scale: np.ndarray) -> np.ndarray:
+def rows_scale(plan: Plan, groups: list, scale: np.ndarray) -> np.ndarray:
     """f64[N]: the scale of each device's row-group collectives (``row_groups`` of ``comm_layout``): its
     ``comm_scale`` where one of its groups spans hosts, 1 where they all stay within its host (table_row_wise)."""
-    hosts = plan.task.hosts()
     out = np.ones(plan.task.num_devices)
-    for _, devices in row_groups:
-        if len({hosts[d] for d in devices}) > 1:
+    for _, devices in groups:
+        if crosses_hosts(plan, devices):
             out[devices] = scale[devices]
     return out
 

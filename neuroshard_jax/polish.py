@@ -28,11 +28,11 @@ import numpy as np
 from neuroshard_jax.config import above_zero, at_least
 from neuroshard_jax.cost_models import CostModel, DeviceCosts, combine_costs, plan_cost_ms
 from neuroshard_jax.errors import PlanError, UserError
-from neuroshard_jax.evaluation import DEVICES, EvaluateConfig, device_key, device_request, device_tables, measure_comm
+from neuroshard_jax.evaluation import Measuring, device_key, device_request, device_tables, measure_comm
 from neuroshard_jax.executors import Executor, ExecutorConfig, open_executor
 from neuroshard_jax.models import expected_cost_model
 from neuroshard_jax.plan_labels import assignment, plan_of, row_blocks_in
-from neuroshard_jax.scoring import score_plan, score_plans_devices, with_costs
+from neuroshard_jax.scoring import plan_dim_sums, rows_arrays, score_plan, score_plans_devices, with_costs
 from neuroshard_jax.sharding import split_counts
 from neuroshard_jax.types import Plan
 
@@ -40,7 +40,7 @@ MODES = ("off", "measured")
 
 
 @dataclasses.dataclass(frozen=True)
-class PolishConfig:
+class PolishConfig(Measuring):
     """conf/polish/*.yaml (``name``: off | measured)."""
 
     name: str = "off"
@@ -59,18 +59,11 @@ class PolishConfig:
     def __post_init__(self):
         if self.name not in MODES:
             raise UserError(f"polish: got {self.name!r}, expected one of {', '.join(MODES)}")
-        if self.device not in DEVICES:
-            raise UserError(f"polish.device: got {self.device!r}, expected one of {', '.join(DEVICES)}")
-        at_least(self, 1, ("max_measurements", "repeats", "iters", "candidates", "tries"), "polish.")
-        at_least(self, 0, ("warmup",), "polish.")
+        self.check_measuring("polish")
+        at_least(self, 1, ("max_measurements", "repeats", "candidates", "tries"), "polish.")
         above_zero(self, ("budget_s",), "polish.")
         if not 0 <= self.min_gain < 1:
             raise UserError(f"polish.min_gain: got {self.min_gain}, expected a number in [0, 1)")
-
-    def evaluator(self) -> EvaluateConfig:
-        return EvaluateConfig(
-            device=self.device, executor=self.executor, timeout_s=self.timeout_s, warmup=self.warmup, iters=self.iters
-        )
 
 
 class Meter:
@@ -221,8 +214,10 @@ def corrected(model: CostModel, base: Plan, measured: np.ndarray, candidates: li
 def simulate(model: CostModel, plans: list[Plan], compute: np.ndarray) -> DeviceCosts:
     """The simulator formula (``combine_costs``) on given compute f64[K, N]: predicted comm, each device's
     straggler wait from the given compute. DeviceCosts of f64[K, N]."""
-    dim_sums = np.stack([p.dim_sums() for p in plans]).astype(np.float32)
-    costs = _combine(model.fns, model.params, jnp.asarray(compute, jnp.float32), dim_sums, np.ones_like(dim_sums, bool))
+    dim_sums = np.stack([plan_dim_sums(p, model) for p in plans])
+    mask = np.ones_like(dim_sums, bool)
+    rows = rows_arrays(model, plans)
+    costs = _combine(model.fns, model.params, jnp.asarray(compute, jnp.float32), dim_sums, mask, None, rows)
     return DeviceCosts(*(np.asarray(c, np.float64) for c in costs))
 
 

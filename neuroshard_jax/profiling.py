@@ -457,13 +457,20 @@ def sample_spec_shard(config: SpecSamplerConfig, seed: int, index: int) -> tuple
 
 @dataclasses.dataclass(frozen=True)
 class CommSamplerConfig:
-    """Dim sums of 10..60 tables spread over N devices at varied balance, with straggler delays."""
+    """Dim sums of 10..60 tables spread over N devices at varied balance, with straggler delays; ``row_share`` of
+    the samples also carry 1-2 row groups (row-split tables' reduce-scatters over 2..N of the devices,
+    ``row_comm.py``)."""
 
     world_sizes: tuple[int, ...] = (2, 4, 8)
     min_tables: int = 10
     max_tables: int = 60
     dims: tuple[int, ...] = (4, 8, 16, 32, 64, 128)
     max_delay_ms: float = 20.0
+    row_share: float = 0.0
+
+    def __post_init__(self):
+        if not 0.0 <= self.row_share <= 1.0:
+            raise UserError(f"comm.row_share: got {self.row_share}, expected a share in [0, 1]")
 
 
 def sample_comm(config: CommSamplerConfig, seed: int, index: int) -> dict:
@@ -477,4 +484,13 @@ def sample_comm(config: CommSamplerConfig, seed: int, index: int) -> dict:
     dim_sums = np.bincount(owners, weights=dims, minlength=world).astype(int)
     delays = rng.uniform(0, config.max_delay_ms, size=world)
     delays -= delays.min()
-    return {"world": world, "dim_sums": dim_sums.tolist(), "delays_ms": np.round(delays, 3).tolist()}
+    sample = {"world": world, "dim_sums": dim_sums.tolist(), "delays_ms": np.round(delays, 3).tolist()}
+    if config.row_share > 0 and rng.random() < config.row_share:  # drawn after the rest: older samples unchanged
+        groups: dict[tuple[int, ...], int] = {}
+        for _ in range(int(rng.integers(1, 3))):
+            k = int(rng.integers(2, world + 1))
+            ranks = tuple(sorted(int(r) for r in rng.choice(world, size=k, replace=False)))
+            width = int(rng.choice(np.asarray(config.dims), size=int(rng.integers(1, 5))).sum())
+            groups[ranks] = groups.get(ranks, 0) + width  # one device set: one fused collective
+        sample["row_groups"] = [[width, list(ranks)] for ranks, width in sorted(groups.items())]
+    return sample

@@ -36,6 +36,7 @@ from neuroshard_jax.cost_models import (
     plan_cost_ms,
 )
 from neuroshard_jax.features import NUM_FEATURES
+from neuroshard_jax.row_comm import comm_layout, device_row_ms
 from neuroshard_jax.sharding import shard_features
 from neuroshard_jax.types import Plan, PlanCosts
 
@@ -128,8 +129,9 @@ def plan_costs(
 # Host side: Plan objects to padded arrays, scored in one call
 
 
-def plan_arrays(plan: Plan, max_tables: int | None = None):
-    """Padded arrays of one plan: feats f32[N, T, F], table_mask bool[N, T], dim_sums f32[N], device_mask bool[N]."""
+def plan_arrays(plan: Plan, max_tables: int | None = None, rows_apart: bool = False):
+    """Padded arrays of one plan: feats f32[N, T, F], table_mask bool[N, T], dim_sums f32[N], device_mask bool[N].
+    ``rows_apart``: row blocks left out of the all-to-all width (a model with ``row_comm`` prices them apart)."""
     task = plan.task
     n = task.num_devices
     per_device = [plan.device_shards(d) for d in range(n)]
@@ -143,17 +145,39 @@ def plan_arrays(plan: Plan, max_tables: int | None = None):
             block = None if s.whole_rows(rows) else s.rows(rows)
             feats[d, j] = shard_features(task_feats[s.table], s.dim, block)
             mask[d, j] = block != 0  # an empty row block does no work
-    return feats, mask, plan.dim_sums().astype(np.float32), np.ones(n, dtype=bool)
+    return feats, mask, _all_to_all_dims(plan, rows_apart), np.ones(n, dtype=bool)
+
+
+def _all_to_all_dims(plan: Plan, rows_apart: bool) -> np.ndarray:
+    dims = np.asarray(comm_layout(plan)["dim_sums"]) if rows_apart else plan.dim_sums()
+    return dims.astype(np.float32)
+
+
+def plan_dim_sums(plan: Plan, model: CostModel) -> np.ndarray:
+    """f32[N]: each device's all-to-all width as ``model`` prices it (row blocks apart where it has ``row_comm``)."""
+    return _all_to_all_dims(plan, model.row_comm is not None)
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _device_costs_jit(fns, params, feats, table_mask, dim_sums, device_mask, speed):
-    return device_costs(fns, params, feats, table_mask, dim_sums, device_mask, speed)
+def _device_costs_jit(fns, params, feats, table_mask, dim_sums, device_mask, speed, rows_ms):
+    return device_costs(fns, params, feats, table_mask, dim_sums, device_mask, speed, rows_ms)
+
+
+def rows_arrays(model: CostModel, plans: list[Plan]) -> tuple[np.ndarray, np.ndarray]:
+    """(fwd, bwd) f32[K, N]: each plan's row groups' collectives by the model's ``row_comm`` (0 without it)."""
+    n = plans[0].task.num_devices
+    out = np.zeros((2, len(plans), n), np.float32)
+    if model.row_comm is not None:
+        for i, plan in enumerate(plans):
+            out[:, i] = device_row_ms(model.row_comm, plan)
+    return out[0], out[1]
 
 
 def score_plan(model: CostModel, plan: Plan) -> DeviceCosts:
     """Predicted per-device costs of one plan, as numpy arrays f64[N] (compute divided by the devices' speeds)."""
-    costs = _device_costs_jit(model.fns, model.params, *plan_arrays(plan), plan.task.speeds().astype(np.float32))
+    arrays = plan_arrays(plan, rows_apart=model.row_comm is not None)
+    rows = tuple(r[0] for r in rows_arrays(model, [plan]))
+    costs = _device_costs_jit(model.fns, model.params, *arrays, plan.task.speeds().astype(np.float32), rows)
     return DeviceCosts(*(np.asarray(c, dtype=np.float64) for c in costs))
 
 
@@ -170,12 +194,12 @@ def score_plans_devices(
     (and ``uncertainty``), each device's relative spread f64[K, N] (else None); batched calls of one padded
     shape."""
     width = bucket(max(max(len(p.device_shards(d)) for d in range(p.task.num_devices)) for p in plans))
-    arrays = [plan_arrays(p, width) for p in plans]
-    stacked = [np.stack(a) for a in zip(*arrays)]
+    arrays = [plan_arrays(p, width, model.row_comm is not None) for p in plans]
+    stacked = [np.stack(a) for a in zip(*arrays)] + list(rows_arrays(model, plans))
     pad = bucket(len(plans), 8) - len(plans)
     stacked = [np.concatenate([a, np.repeat(a[:1], pad, axis=0)]) for a in stacked]
     speed = np.broadcast_to(plans[0].task.speeds().astype(np.float32), stacked[2].shape)
-    costs = _device_costs_jit(model.fns, model.params, *stacked, speed)
+    costs = _device_costs_jit(model.fns, model.params, *stacked[:4], speed, tuple(stacked[4:]))
     costs = DeviceCosts(*(np.asarray(c, dtype=np.float64)[: len(plans)] for c in costs))
     if not uncertainty or model.fns.uncertainty is None:
         return costs, None

@@ -160,7 +160,8 @@ def shard_feature_matrix(tables: list, pool) -> np.ndarray:
 
 def comm_arrays(dataset_dir: Path, extra_records: list[dict] = ()):
     """Comm samples (then ``extra_records``) padded to the largest world: dim_sums, delays_ms, mask, fwd_ms,
-    bwd_ms (f32[S, N]), manifest."""
+    bwd_ms (f32[S, N]: the all-to-all's; a sample's row groups' collectives are priced apart, ``row_comm.py``),
+    manifest."""
     manifest = load_manifest(dataset_dir, "comm")
     records = read_records(Path(dataset_dir) / "comm.jsonl") + list(extra_records)
     if not records:
@@ -172,6 +173,8 @@ def comm_arrays(dataset_dir: Path, extra_records: list[dict] = ()):
         w = r["world"]
         for k in out:
             out[k][i, :w] = r[k]
+        for k in ("fwd", "bwd"):
+            out[f"{k}_ms"][i, :w] -= np.asarray(r.get(f"{k}_rows_ms", np.zeros(w)), np.float32)
         mask[i, :w] = True
     return out["dim_sums"], out["delays_ms"], mask, out["fwd_ms"], out["bwd_ms"], manifest
 

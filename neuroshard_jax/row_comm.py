@@ -1,0 +1,193 @@
+"""What a row-split table's comm costs: a fit of measured reduce-scatters and all-gathers, per group size.
+
+    python -m neuroshard_jax.collect kind=comm comm.row_share=1.0 num_samples=240 out=DIR   # labels (gloo ranks)
+    python tools/fit_row_comm.py DIR --name cpu-gloo                                      # this fit, shipped
+
+TorchRec's row_wise and table_row_wise output dist combines a row-split table's partial pooled sums with a
+reduce-scatter over the devices holding its row blocks (forward) and all-gathers the gradients (backward); tables
+cut over one device set are fused into one collective (``row_groups``: [width, devices] per device set). The
+all-to-all nets were never trained on these, and pricing a block's width as all-to-all width is 2-5x too cheap on
+gloo (``tools/bench_row_comm.py``). So a row group is priced apart: each device of a group of k devices spends
+``a(k) + b(k) x width x batch / label batch`` ms forward (and its own a, b backward), fitted by non-negative least
+squares on comm labels whose samples carry row groups (the worker times the collectives apart:
+``fwd_rows_ms``, ``bwd_rows_ms``). Group sizes between the measured ones are interpolated in log2 k; beyond the
+largest measured size (8 ranks here) the last segment is extended, never below the largest measured cost: an
+extrapolation, stated in the README. A group spanning hosts is scaled by its devices' link scale
+(``Task.comm_scale``), one within a host is not. Fits are JSON files shipped under ``data/row_comm/``, each with its
+manifest (how, where, when). NumPy only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import nnls
+
+from neuroshard_jax.datasets import package_path
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.types import Plan
+
+SHIPPED = "data/row_comm"
+DEFAULT = "cpu-gloo"
+
+
+@dataclasses.dataclass(frozen=True)
+class RowComm:
+    """Per measured group size k (``sizes``, ascending): forward and backward (ms per collective, ms per unit of
+    width at ``batch_size``) of each device in the group."""
+
+    name: str
+    sizes: tuple[int, ...]
+    fwd: tuple[tuple[float, float], ...]
+    bwd: tuple[tuple[float, float], ...]
+    batch_size: int
+
+    def group_ms(self, k: int, width: float, batch_size: int) -> tuple[float, float]:
+        """(fwd, bwd) ms each device of a row group of ``k`` devices spends on ``width`` columns of partial sums."""
+        scale = width * batch_size / self.batch_size
+        return tuple(
+            _interpolate(self.sizes, [a + b * scale for a, b in coefs], k)  # type: ignore[misc]
+            for coefs in (self.fwd, self.bwd)
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "sizes": list(self.sizes),
+            "fwd": [list(c) for c in self.fwd],
+            "bwd": [list(c) for c in self.bwd],
+            "batch_size": self.batch_size,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict) -> RowComm:
+        return cls(
+            obj["name"],
+            tuple(int(k) for k in obj["sizes"]),
+            tuple((float(a), float(b)) for a, b in obj["fwd"]),
+            tuple((float(a), float(b)) for a, b in obj["bwd"]),
+            int(obj["batch_size"]),
+        )
+
+
+def _interpolate(sizes: tuple[int, ...], values: list[float], k: int) -> float:
+    """``values`` (one per measured group size) at ``k``: linear in log2 k between sizes; below the smallest its
+    value; above the largest the last segment extended, never below the largest size's value."""
+    x = np.log2(np.asarray(sizes, np.float64))
+    if k <= sizes[0] or len(sizes) == 1:
+        return float(values[0]) if k <= sizes[0] else float(values[-1])
+    if k <= sizes[-1]:
+        return float(np.interp(np.log2(k), x, values))
+    slope = (values[-1] - values[-2]) / (x[-1] - x[-2])
+    return float(max(values[-1], values[-1] + slope * (np.log2(k) - x[-1])))
+
+
+def row_groups(plan: Plan) -> list[tuple[int, list[int]]]:
+    """The plan's row-split groups: (width, sorted devices) per set of devices holding row blocks, the widths of
+    every column range cut into row blocks over that set added up (TorchRec fuses a sharding group's outputs)."""
+    rows = plan.task.table_rows()
+    ranges: dict[tuple[int, int, int], set[int]] = {}
+    for s in plan.shards:
+        if not s.whole_rows(rows[s.table]):
+            ranges.setdefault((s.table, s.col_offset, s.dim), set()).add(s.device)
+    widths: dict[tuple[int, ...], int] = {}
+    for (_, _, dim), devices in ranges.items():
+        key = tuple(sorted(devices))
+        widths[key] = widths.get(key, 0) + dim
+    return [(width, list(devices)) for devices, width in sorted(widths.items())]
+
+
+def comm_layout(plan: Plan) -> dict:
+    """What the comm benchmark exchanges for ``plan``: each device's all-to-all width (``dim_sums``: its whole-row
+    shards) and the row-split tables' groups (``row_groups``: [width, sorted devices], one per set of devices, the
+    widths of every column range cut into row blocks over them added up: TorchRec fuses a sharding group's outputs
+    into one reduce-scatter of partial sums forward and one all-gather backward, row_wise and table_row_wise)."""
+    rows = plan.task.table_rows()
+    dims = [0] * plan.task.num_devices
+    for s in plan.shards:
+        if s.whole_rows(rows[s.table]):
+            dims[s.device] += s.dim
+    groups = [[width, devices] for width, devices in row_groups(plan)]
+    return {"dim_sums": dims, **({"row_groups": groups} if groups else {})}
+
+
+def crosses_hosts(plan: Plan, devices: list[int]) -> bool:
+    hosts = plan.task.hosts()
+    return len({hosts[d] for d in devices}) > 1
+
+
+def device_row_ms(model: RowComm, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """(fwd, bwd) f64[N]: each device's row-group collectives, a group spanning hosts scaled by its devices' links."""
+    n = plan.task.num_devices
+    fwd, bwd = np.zeros(n), np.zeros(n)
+    groups = row_groups(plan)
+    scale = plan.task.comm_scale() if groups else None
+    for width, devices in groups:
+        f, b = model.group_ms(len(devices), width, plan.task.batch_size)
+        s = scale[devices] if crosses_hosts(plan, devices) else 1.0
+        fwd[devices] += f * s
+        bwd[devices] += b * s
+    return fwd, bwd
+
+
+def fit(records: list[dict], name: str) -> RowComm:
+    """The non-negative least-squares fit of comm labels with row groups (``collect kind=comm`` with
+    ``comm.row_share``): each rank's ``fwd_rows_ms`` and ``bwd_rows_ms`` as the sum over its groups of
+    a(k) + b(k) x width. Records of one batch size; a group size with no label is left out."""
+    usable = [r for r in records if r.get("ok") and r.get("row_groups") and "fwd_rows_ms" in r]
+    if not usable:
+        raise UserError(
+            "row comm fit: no comm record with row groups and their times; expected labels collected "
+            "with comm.row_share > 0"
+        )
+    batches = {int(r["batch_size"]) for r in usable}
+    if len(batches) > 1:
+        raise UserError(f"row comm fit: records of batch sizes {sorted(batches)}, expected one")
+    sizes = tuple(sorted({len(g[1]) for r in usable for g in r["row_groups"]}))
+    column = {k: i for i, k in enumerate(sizes)}
+    design, fwd, bwd = [], [], []
+    for r in usable:
+        for rank in range(r["world"]):
+            x = np.zeros(2 * len(sizes))
+            for width, ranks in r["row_groups"]:
+                if rank in ranks:
+                    x[2 * column[len(ranks)]] += 1.0
+                    x[2 * column[len(ranks)] + 1] += width
+            if x.any():
+                design.append(x)
+                fwd.append(r["fwd_rows_ms"][rank])
+                bwd.append(r["bwd_rows_ms"][rank])
+    a = np.asarray(design)
+    coefs = [nnls(a, np.asarray(y))[0].reshape(-1, 2) for y in (fwd, bwd)]
+    return RowComm(
+        name,
+        sizes,
+        tuple((float(c[0]), float(c[1])) for c in coefs[0]),
+        tuple((float(c[0]), float(c[1])) for c in coefs[1]),
+        batches.pop(),
+    )
+
+
+def shipped_names() -> list[str]:
+    root = package_path(SHIPPED)
+    return sorted(p.stem for p in root.glob("*.json")) if root.exists() else []
+
+
+@functools.lru_cache(maxsize=8)
+def load(name_or_path: str = DEFAULT) -> RowComm:
+    """A shipped fit by name, or a fit's JSON file."""
+    path = package_path(f"{SHIPPED}/{name_or_path}.json") if name_or_path in shipped_names() else Path(name_or_path)
+    if not path.is_file():
+        raise UserError(
+            f"row comm: {name_or_path!r} is neither a shipped fit ({', '.join(shipped_names()) or 'none'}) nor a file"
+        )
+    return RowComm.from_json(json.loads(path.read_text())["fit"])
+
+
+def shipped_default() -> RowComm | None:
+    """The default fit where one is shipped (the models' labels are CPU gloo's), else None."""
+    return load(DEFAULT) if DEFAULT in shipped_names() else None

@@ -1,0 +1,95 @@
+"""The row-split comm model: labels with row groups from real gloo ranks, the fit, and plans scored with it."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from neuroshard_jax.datasets import read_records
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.models import make_cost_model
+from neuroshard_jax.row_comm import RowComm, comm_layout, device_row_ms, fit, load
+from neuroshard_jax.scoring import plan_arrays, score_plan, score_plans_devices
+from neuroshard_jax.search import search_plan
+from neuroshard_jax.types import Table, Task
+
+ROWS = RowComm("test", (2, 4), ((1.0, 0.01), (2.0, 0.02)), ((0.5, 0.005), (1.5, 0.01)), 4096)
+
+
+def test_the_fit_recovers_known_costs_and_extends_past_the_largest_group():
+    rng = np.random.default_rng(0)
+    records = []
+    for i in range(30):
+        world = 4
+        groups = {}
+        for _ in range(int(rng.integers(1, 3))):
+            ranks = tuple(sorted(rng.choice(world, size=int(rng.choice([2, 4])), replace=False).tolist()))
+            groups[ranks] = groups.get(ranks, 0) + int(rng.integers(8, 512))
+        row_groups = [[w, list(r)] for r, w in groups.items()]
+        times = np.zeros((2, world))
+        for w, ranks in row_groups:
+            times[:, ranks] += np.asarray(ROWS.group_ms(len(ranks), w, 4096))[:, None]
+        records.append(
+            {"id": i, "ok": True, "world": world, "batch_size": 4096, "row_groups": row_groups}
+            | {"fwd_rows_ms": times[0].tolist(), "bwd_rows_ms": times[1].tolist()}
+        )
+    fitted = fit(records, "test")
+    assert fitted.sizes == (2, 4)
+    np.testing.assert_allclose(np.asarray(fitted.fwd), np.asarray(ROWS.fwd), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(fitted.bwd), np.asarray(ROWS.bwd), rtol=1e-6)
+    # a batch twice the labels' doubles the bytes; 3 devices lie between 2 and 4; 64 devices extend the last segment
+    assert ROWS.group_ms(2, 100, 8192)[0] == pytest.approx(1.0 + 0.01 * 200)
+    assert ROWS.group_ms(2, 100, 4096)[0] < ROWS.group_ms(3, 100, 4096)[0] < ROWS.group_ms(4, 100, 4096)[0]
+    assert ROWS.group_ms(64, 100, 4096)[0] > ROWS.group_ms(8, 100, 4096)[0] > ROWS.group_ms(4, 100, 4096)[0]
+    with pytest.raises(UserError, match="no comm record with row groups"):
+        fit([{**records[0], "row_groups": []}], "test")
+    with pytest.raises(UserError, match="row comm: 'nowhere' is neither a shipped fit"):
+        load("nowhere")
+
+
+def test_row_groups_are_labelled_on_gloo_and_the_fit_reproduces_them(tiny_checkpoint):
+    """The tiny dataset's comm samples (real gloo ranks) carry row groups; the collectives are timed apart, the
+    all-to-all nets train on the rest, and the fit reproduces the labels it was fitted on."""
+    records = read_records(tiny_checkpoint[0] / "comm.jsonl")
+    with_rows = [r for r in records if r.get("row_groups")]
+    assert with_rows and len(with_rows) < len(records)
+    for r in with_rows:
+        inside = {rank for _, ranks in r["row_groups"] for rank in ranks}
+        for rank in range(r["world"]):
+            assert 0 <= r["fwd_rows_ms"][rank] < r["fwd_ms"][rank] and 0 <= r["bwd_rows_ms"][rank] < r["bwd_ms"][rank]
+            if rank not in inside:  # no collective of its own: nothing to time
+                assert r["fwd_rows_ms"][rank] < 0.05 and r["bwd_rows_ms"][rank] < 0.05
+    fitted = fit(records, "tiny")
+    errors = []
+    for r in with_rows:
+        for rank in range(r["world"]):
+            predicted = sum(fitted.group_ms(len(g), w, r["batch_size"])[0] for w, g in r["row_groups"] if rank in g)
+            if predicted:
+                errors.append(abs(predicted - r["fwd_rows_ms"][rank]) / r["fwd_rows_ms"][rank])
+    assert errors and np.median(errors) < 0.5
+
+
+def _task():
+    tables = [
+        Table(0, 200_000, 4, 3.0, (0.2, 0.3, 0.5) + (0.0,) * 14, name="huge"),
+        *(Table(1 + i, 3000 + 500 * i, 16, 2.0 + i, (1.0,) + (0.0,) * 16) for i in range(6)),
+    ]
+    return Task(4, 2 / 1024, 4096, tuple(tables))
+
+
+def test_a_model_prices_row_groups_apart_from_the_all_to_all():
+    plan = search_plan(_task(), "size_lookup_greedy", "analytic", 0)
+    layout = comm_layout(plan)
+    assert layout["row_groups"] == [[4, [0, 1, 2, 3]]]
+    _, _, dims, _ = plan_arrays(plan, rows_apart=True)
+    assert dims.tolist() == layout["dim_sums"] and plan_arrays(plan)[2].tolist() == plan.dim_sums().tolist()
+    model = make_cost_model("analytic", plan.task)
+    none = dataclasses.replace(model, row_comm=RowComm("zero", (2,), ((0.0, 0.0),), ((0.0, 0.0),), 4096))
+    priced = dataclasses.replace(model, row_comm=ROWS)
+    fwd, bwd = device_row_ms(ROWS, plan)
+    assert np.allclose(fwd, ROWS.group_ms(4, 4, 4096)[0]) and np.allclose(bwd, ROWS.group_ms(4, 4, 4096)[1])
+    base, with_rows = score_plan(none, plan), score_plan(priced, plan)
+    np.testing.assert_allclose(with_rows.bwd_comm_ms - base.bwd_comm_ms, bwd, rtol=1e-5)
+    assert np.all(with_rows.fwd_comm_ms >= base.fwd_comm_ms + fwd.min() - 1e-4)
+    batched, _ = score_plans_devices(priced, [plan, plan], uncertainty=False)
+    np.testing.assert_allclose(batched.total_ms[1], with_rows.total_ms, rtol=1e-5)

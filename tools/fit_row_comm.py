@@ -1,0 +1,79 @@
+"""Fit the row-split comm model (``neuroshard_jax/row_comm.py``) on comm labels with row groups; ship it by name.
+
+    python -m neuroshard_jax.collect kind=comm comm.row_share=1.0 num_samples=240 \
+        out=neuroshard_jax/data/profiles/xeon-rowcomm                 # labels on real gloo ranks (resumable)
+    python tools/fit_row_comm.py neuroshard_jax/data/profiles/xeon-rowcomm --name cpu-gloo
+
+Fits on 4 of every 5 records (by id), reports the held-out records' error per rank (MAPE of fwd and bwd), then
+fits on every record and writes ``neuroshard_jax/data/row_comm/NAME.json`` with its manifest (the dataset, its
+machine, the command, the date, the commit, the held-out figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from neuroshard_jax.datasets import git_commit, package_path, read_json, read_records, write_json
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.row_comm import SHIPPED, RowComm, fit
+
+
+def held_out_error(model: RowComm, records: list[dict]) -> dict:
+    """MAPE of each rank's fwd and bwd row-group ms in ``records`` by ``model``, and how many ranks."""
+    errors: dict[str, list[float]] = {"fwd": [], "bwd": []}
+    for r in records:
+        for rank in range(r["world"]):
+            predicted = np.zeros(2)
+            for width, ranks in r["row_groups"]:
+                if rank in ranks:
+                    predicted += model.group_ms(len(ranks), width, r["batch_size"])
+            for i, k in enumerate(("fwd", "bwd")):
+                measured = r[f"{k}_rows_ms"][rank]
+                if predicted[i] > 0 and measured > 0:
+                    errors[k].append(abs(predicted[i] - measured) / measured)
+    return {f"{k}_mape": round(float(np.mean(v)), 4) for k, v in errors.items() if v} | {"ranks": len(errors["fwd"])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dataset", help="a comm dataset folder (comm.jsonl with row groups, manifest-comm.json)")
+    parser.add_argument("--name", default="cpu-gloo")
+    args = parser.parse_args()
+    try:
+        folder = Path(args.dataset)
+        records = [r for r in read_records(folder / "comm.jsonl") if r.get("row_groups")]
+        held = [r for r in records if r["id"] % 5 == 4]
+        train = [r for r in records if r["id"] % 5 != 4]
+        figures = held_out_error(fit(train, args.name), held) if held and train else {}
+        model = fit(records, args.name)
+    except (UserError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    source = read_json(folder / "manifest-comm.json")
+    manifest = {
+        "how": f"python tools/fit_row_comm.py {folder.as_posix()} --name {args.name}",
+        "dataset": {
+            "dir": folder.as_posix(),
+            "created": source.get("created"),
+            "records": len(records),
+            "hardware": source.get("hardware"),
+            "settings": source.get("settings"),
+        },
+        "held_out": figures,
+        "fitted": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "git_commit": git_commit(),
+    }
+    path = write_json({"fit": model.to_json(), "manifest": manifest}, package_path(f"{SHIPPED}/{args.name}.json"))
+    for k in model.sizes:
+        f, b = model.group_ms(k, 128, model.batch_size)
+        print(f"group of {k}: width 128 at batch {model.batch_size}: fwd {f:.2f} ms, bwd {b:.2f} ms")
+    print(f"held out: {figures}; written {path}")
+
+
+if __name__ == "__main__":
+    main()
