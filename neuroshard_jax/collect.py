@@ -114,7 +114,7 @@ def _settings(config: CollectConfig) -> dict:
             "kind": "compute",
             "source": "plans",
             "optimizer": config.optimizer,
-            "specs": dataclasses.asdict(config.specs),
+            "specs": _without_unset(dataclasses.asdict(config.specs), "row_share"),
         }
     if config.kind == "compute" and config.source == "specs":
         return {
@@ -122,7 +122,7 @@ def _settings(config: CollectConfig) -> dict:
             "source": "specs",
             "optimizer": config.optimizer,
             "precision": config.precision,
-            "specs": dataclasses.asdict(config.specs),
+            "specs": _without_unset(dataclasses.asdict(config.specs), "row_share"),
         }
     if config.kind == "compute":
         return {
@@ -131,10 +131,13 @@ def _settings(config: CollectConfig) -> dict:
             "precision": config.precision,
             "sampler": dataclasses.asdict(config.sampler),
         }
-    comm = dataclasses.asdict(config.comm)
-    if not comm["row_share"]:  # no row groups: the settings of datasets from before they existed
-        del comm["row_share"]
-    return {**common, "comm": comm}
+    return {**common, "comm": _without_unset(dataclasses.asdict(config.comm), "row_share")}
+
+
+def _without_unset(settings: dict, key: str) -> dict:
+    """``settings`` without ``key`` where it is 0 (off): the settings of datasets from before it existed, which
+    resume as they were."""
+    return {k: v for k, v in settings.items() if k != key or v}
 
 
 def collect(config: CollectConfig) -> dict:
@@ -152,6 +155,7 @@ def collect(config: CollectConfig) -> dict:
         "how": f"python -m neuroshard_jax.collect kind={config.kind}"
         + (" source=specs" if config.kind == "compute" and config.source == "specs" else "")
         + (f" comm.row_share={config.comm.row_share}" if config.kind == "comm" and config.comm.row_share else "")
+        + (f" specs.row_share={config.specs.row_share}" if config.source == "specs" and config.specs.row_share else "")
         + " (conf/collect.yaml)",
     }
     write_manifest(out / f"manifest-{config.kind}.json", _settings(config), manifest_extra)

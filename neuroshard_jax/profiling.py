@@ -26,7 +26,7 @@ import numpy as np
 from neuroshard_jax.constants import GIB_BYTES
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.features import bin_shares, count_histogram
-from neuroshard_jax.sharding import mem_bytes
+from neuroshard_jax.sharding import mem_bytes, row_blocks
 from neuroshard_jax.tables import PoolSpec
 
 # One thread per process everywhere below torch (FBGEMM, OpenMP, MKL).
@@ -386,7 +386,9 @@ class SpecSamplerConfig:
     """Shards of table specs drawn over the whole range users bring, not a calibrated pool: rows log-uniform,
     pooling factors log-uniform (a heavy tail past 100, some below 1), access from uniform to extreme skew
     (Zipf exponents, or a hot set of rows taking most lookups), several batch sizes; ``split_share`` of the
-    shards hold column slices of a table (2, 4 or 8 slices of one table side by side, as a search cuts it)."""
+    shards hold column slices of a table (2, 4 or 8 slices of one table side by side, as a search cuts it);
+    ``row_share`` of them hold a row block of one or two of their tables (one of its 2, 4 or 8 blocks in TorchRec's
+    row layout: the worker measures the block on its own lookups)."""
 
     min_tables: int = 1
     max_tables: int = 16
@@ -399,6 +401,11 @@ class SpecSamplerConfig:
     split_share: float = 0.35
     mem_cap_gb: float = 2.0
     precision: str = "fp32"
+    row_share: float = 0.0
+
+    def __post_init__(self):
+        if not 0.0 <= self.row_share <= 1.0:
+            raise UserError(f"specs.row_share: got {self.row_share}, expected a share in [0, 1]")
 
 
 def _zipf_ranks(rng: np.random.Generator, rows: int, exponent: float, size: int) -> np.ndarray:
@@ -452,6 +459,13 @@ def sample_spec_shard(config: SpecSamplerConfig, seed: int, index: int) -> tuple
         for _ in range(slices):
             tables.append({**spec, "dim": dim // slices, "seed": stream_seed})
         used += mem_bytes(spec["rows"], dim, config.precision)
+    if config.row_share > 0 and rng.random() < config.row_share:  # drawn after the rest: older samples unchanged
+        whole = [i for i, t in enumerate(tables) if sum(u["seed"] == t["seed"] for u in tables) == 1 and t["rows"] > 1]
+        for i in rng.permutation(whole)[: int(rng.integers(1, 3))] if whole else ():
+            count = int(rng.choice([k for k in (2, 4, 8) if k <= tables[i]["rows"]]))
+            offset, num_rows = row_blocks(tables[i]["rows"], count)[int(rng.integers(0, count))]
+            if num_rows:
+                tables[i] = {**tables[i], "row_offset": offset, "num_rows": num_rows}
     return batch_size, tables
 
 

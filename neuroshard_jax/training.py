@@ -41,6 +41,7 @@ from neuroshard_jax.ensemble import (
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.features import NUM_FEATURES, feature_matrix
 from neuroshard_jax.neural import FeatureStats, NeuralParams, comm_time, fit_stats, init_nets, neural_fns, normalize
+from neuroshard_jax.sharding import shard_features
 from neuroshard_jax.tables import PoolSpec, load_pool
 
 
@@ -140,22 +141,29 @@ def compute_batches(
 
 
 def shard_feature_matrix(tables: list, pool) -> np.ndarray:
-    """Features f64[T, F] of a measured shard's tables: [pool table id, dim] rows read the pool's features,
-    table specs {rows, pooling_factor, bins, dim} carry their own."""
-    rows, dims, pooling, bins = [], [], [], []
+    """Features f64[T, F] of a measured shard's tables: [pool table id, dim(, row_offset, num_rows)] rows read the
+    pool's features, table specs {rows, pooling_factor, bins, dim(, row_offset, num_rows)} carry their own; a row
+    block's are the block's (``sharding.shard_features``), as the search scores it."""
+    rows, dims, pooling, bins, blocks = [], [], [], [], []
     for table in tables:
         if isinstance(table, dict):
             rows.append(table["rows"])
             pooling.append(table["pooling_factor"])
             bins.append(table["bins"])
             dims.append(table["dim"])
+            blocks.append(table.get("num_rows"))
         else:
-            table_id, dim = table
+            table_id, dim, *block = table
             rows.append(pool.rows[table_id])
             pooling.append(pool.pooling_factor[table_id])
             bins.append(pool.bins[table_id])
             dims.append(dim)
-    return feature_matrix(rows, dims, pooling, bins)
+            blocks.append(block[1] if block else None)
+    out = feature_matrix(rows, dims, pooling, bins)
+    for i, block in enumerate(blocks):
+        if block is not None:
+            out[i] = shard_features(out[i], dims[i], block)
+    return out
 
 
 def comm_arrays(dataset_dir: Path, extra_records: list[dict] = ()):

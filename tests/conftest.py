@@ -96,6 +96,7 @@ def tiny_ensemble(tiny_checkpoint, tmp_path_factory):
         dims=(8, 16),
         batch_sizes=(128, 256),
         mem_cap_gb=0.05,
+        row_share=0.3,  # some samples hold a row block: measured on its own lookups
     )
     collect(
         CollectConfig(

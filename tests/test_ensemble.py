@@ -24,13 +24,14 @@ from neuroshard_jax.ensemble import (
     roof_terms,
 )
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.features import NUM_FEATURES, feature_matrix
+from neuroshard_jax.features import FEATURE_INDEX, NUM_FEATURES, feature_matrix
 from neuroshard_jax.models import expected_cost_model, make_cost_model, shipped_names
 from neuroshard_jax.neural import NetConfig
 from neuroshard_jax.plans import format_plan
 from neuroshard_jax.profiling import SpecSamplerConfig, sample_spec_shard
 from neuroshard_jax.scoring import score_plan, with_costs
 from neuroshard_jax.search import search_plan
+from neuroshard_jax.training import shard_feature_matrix
 from neuroshard_jax.types import Plan
 from tests.conftest import make_table, make_task
 
@@ -173,6 +174,18 @@ def test_spec_collection_records_specs_at_their_batch_sizes(tiny_ensemble):
     )
     manifest = json.loads((specs_dir / "manifest-compute.json").read_text())
     assert manifest["settings"]["source"] == "specs" and manifest["num_records"] == 24
+    assert manifest["settings"]["specs"]["row_share"] == 0.3 and "specs.row_share=0.3" in manifest["how"]
+    # row blocks: the features the model trains on are the block's (its rows, its share of the lookups)
+    blocks = [(r, i) for r in rows for i, t in enumerate(r["tables"]) if "num_rows" in t]
+    assert blocks
+    for r, i in blocks:
+        table = r["tables"][i]
+        assert 0 <= table["row_offset"] and 0 < table["num_rows"] < table["rows"]
+        block, whole = shard_feature_matrix([table], None)[0], shard_feature_matrix([{**table, "num_rows": None}], None)
+        assert block[FEATURE_INDEX["rows"]] == table["num_rows"]
+        assert block[FEATURE_INDEX["pooling_factor"]] == pytest.approx(
+            whole[0][FEATURE_INDEX["pooling_factor"]] * table["num_rows"] / table["rows"]
+        )
 
 
 def test_checkpoint_roundtrip_and_format_errors(tiny_ensemble, tiny_checkpoint):

@@ -1,0 +1,116 @@
+"""Row splits of hot tables, measured: ``row_split=hot`` against the default ``row_split=fit``, compute and comm.
+
+    python tools/bench_row_split.py [--devices 4,8] [--tasks 5] [--scan 60] [--repeats 3] [--searcher beam]
+
+``row_split=hot`` also tries cutting into row blocks every table whose predicted compute alone exceeds a device's
+fair share of the task (``row_split.hot_tables``): no placement of whole tables balances those. It is not the
+default because it had not been measured. This draws tasks of the suite's kind (the pool's test half, 10-59
+tables, seeds from 0), keeps those with a hot table, plans each with ``fit`` and with ``hot`` (the model prices
+row groups' collectives with its ``row_comm`` fit), and, where the two plans differ, measures both with the
+evaluator (every device's compute on the FBGEMM kernels and the all-to-all and row groups' collectives on gloo
+ranks), ``--repeats`` interleaved times; the figure is each plan's median step (its slowest device). Run it with
+nothing else running. Writes bench/row_split/row_split.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from neuroshard_jax.datasets import hardware, write_json
+from neuroshard_jax.evaluation import EvaluateConfig, measure_plans
+from neuroshard_jax.executors import ExecutorConfig
+from neuroshard_jax.models import make_cost_model
+from neuroshard_jax.row_split import hot_tables
+from neuroshard_jax.search import search_plan, whole_table_ms
+from neuroshard_jax.tables import load_pool
+from neuroshard_jax.tasks import TaskConfig, generate_task
+
+OUT = Path(__file__).resolve().parent.parent / "bench" / "row_split"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", default="4,8")
+    parser.add_argument("--tasks", type=int, default=5, help="tasks whose plans differ, per device count")
+    parser.add_argument("--scan", type=int, default=60, help="seeds tried per device count")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--searcher", default="beam")
+    parser.add_argument("--model", default="neural")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    pool = load_pool(TaskConfig().pool, TaskConfig().batch_size)
+    pairs, scanned = [], {}
+    for n in (int(x) for x in args.devices.split(",")):
+        found = hot_count = 0
+        for seed in range(args.scan):
+            task = generate_task(pool, TaskConfig(num_tables=None, num_devices=n, split="test"), seed)
+            model = make_cost_model(args.model, task)
+            if not hot_tables(whole_table_ms(model, task), n):
+                continue
+            hot_count += 1
+            fit = search_plan(task, args.searcher, args.model, 0, row_split="fit")
+            hot = search_plan(task, args.searcher, args.model, 0, row_split="hot")
+            if set(fit.shards) == set(hot.shards):
+                continue
+            pairs.append({"devices": n, "seed": seed, "plans": {"fit": fit, "hot": hot}})
+            found += 1
+            print(f"{n} devices seed {seed}: fit {fit.costs.cost_ms:.1f} ms, hot {hot.costs.cost_ms:.1f} ms predicted")
+            if found == args.tasks:
+                break
+        scanned[n] = {"seeds": seed + 1, "with_hot_tables": hot_count, "plans_differ": found}
+    config = EvaluateConfig(executor=ExecutorConfig(workers=args.workers))
+    plans = [p["plans"][k] for p in pairs for k in ("fit", "hot")]
+    runs: list[list[float]] = [[] for _ in plans]
+    for repeat in range(args.repeats):  # interleaved: every plan once per repeat
+        for i, result in enumerate(measure_plans(plans, config)):
+            runs[i].append(result["cost_ms"])
+        print(f"repeat {repeat} measured", flush=True)
+    rows = []
+    for j, p in enumerate(pairs):
+        measured = {k: statistics.median(runs[2 * j + i]) for i, k in enumerate(("fit", "hot"))}
+        predicted = {k: p["plans"][k].costs.cost_ms for k in ("fit", "hot")}
+        hot_plan = p["plans"]["hot"]
+        rows_of = hot_plan.task.table_rows()
+        row_tables = sorted({s.table for s in hot_plan.shards if not s.whole_rows(rows_of[s.table])})
+        rows.append(
+            {"devices": p["devices"], "seed": p["seed"], "row_split_tables": row_tables}
+            | {"predicted_ms": predicted, "measured_ms": measured, "hot_vs_fit": measured["hot"] / measured["fit"]}
+        )
+        print(
+            f"{p['devices']} devices seed {p['seed']}: measured fit {measured['fit']:.1f} ms, "
+            f"hot {measured['hot']:.1f} ms ({100 * (measured['hot'] / measured['fit'] - 1):+.1f}%); "
+            f"predicted {predicted['fit']:.1f} / {predicted['hot']:.1f}"
+        )
+    summary = {}
+    for n in scanned:
+        ratios = [r["hot_vs_fit"] for r in rows if r["devices"] == n]
+        right = [
+            (r["predicted_ms"]["hot"] < r["predicted_ms"]["fit"]) == (r["measured_ms"]["hot"] < r["measured_ms"]["fit"])
+            for r in rows
+            if r["devices"] == n
+        ]
+        summary[n] = scanned[n] | {
+            "mean_hot_vs_fit": float(np.mean(ratios)) if ratios else None,
+            "hot_faster": int(sum(x < 1 for x in ratios)),
+            "model_picks_the_faster": int(sum(right)),
+        }
+        print(f"{n} devices: {summary[n]}")
+    write_json(
+        {
+            "machine": hardware(),
+            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "args": vars(args),
+            "summary": summary,
+            "tasks": rows,
+        },
+        OUT / "row_split.json",
+    )
+
+
+if __name__ == "__main__":
+    main()
