@@ -28,7 +28,7 @@ from neuroshard_jax.datasets import package_path
 from neuroshard_jax.ensemble import ensemble_cost_model
 from neuroshard_jax.errors import UserError, first_line
 from neuroshard_jax.neural import neural_cost_model
-from neuroshard_jax.row_comm import shipped_default as shipped_row_comm
+from neuroshard_jax.row_comm import for_kinds as row_comm_for
 from neuroshard_jax.types import Task
 
 
@@ -130,9 +130,11 @@ def usable_cost_model(name: str, options: dict | None, task: Task) -> tuple[str,
 
 
 def neural_model(task: Task, config: NeuralConfig = NeuralConfig()) -> CostModel:
-    """The trained Flax cost model at the task's batch size (an ensemble scores with ``config.risk``)."""
+    """The trained Flax cost model at the task's batch size (an ensemble scores with ``config.risk``), pricing row
+    groups' collectives with the shipped fit of its labels' hardware kind, where there is one (``row_comm.py``)."""
     model, meta, path = neural_checkpoint(config)
     _check_trained(task, meta, path)
+    model = dataclasses.replace(model, row_comm=row_comm_for(meta.get("hardware_kinds") or []))
     if meta.get("format") == ENSEMBLE_FORMAT:
         params = model.params._replace(batch_size=float(task.batch_size), risk=float(config.risk))
         return dataclasses.replace(model, params=params)
@@ -190,13 +192,7 @@ def make_cost_model(name: str, task: Task, options: dict | None = None) -> CostM
     (the fields of its config, from conf/cost_model/, and ``calibration``: every device's compute scaled by it)."""
     factor, own = split_calibration(options)
     family, _ = _resolve(name, own)
-    model = COST_MODELS[family][0](task, cost_model_config(name, own))
-    return with_scales(with_row_comm(model), task.comm_scale(), factor)
-
-
-def with_row_comm(model: CostModel) -> CostModel:
-    """``model`` pricing row-split groups' collectives with the shipped fit (``row_comm.py``), where one is shipped."""
-    return dataclasses.replace(model, row_comm=shipped_row_comm())
+    return with_scales(COST_MODELS[family][0](task, cost_model_config(name, own)), task.comm_scale(), factor)
 
 
 def load_cost_model(
@@ -214,7 +210,7 @@ def load_cost_model(
     if name_or_path == "analytic":
         config = typed(AnalyticConfig, options, "load_cost_model")
         model = CostModel("analytic", ANALYTIC_FNS, analytic_params(batch_size, precision, config))
-        return with_scales(with_row_comm(model), np.ones(1), factor)
+        return with_scales(model, np.ones(1), factor)
     if name_or_path == "neural" or name_or_path in shipped_names():
         name, resolved = _resolve(name_or_path, {})
     else:
@@ -224,4 +220,4 @@ def load_cost_model(
         raise UserError(f"load_cost_model: options {unknown} apply to 'analytic' only")
     config = typed(NeuralConfig, {**(resolved or {}), **options}, "load_cost_model")
     task = Task(1, 1.0, batch_size, (), precision)
-    return with_scales(with_row_comm(neural_model(task, config)), np.ones(1), factor)
+    return with_scales(neural_model(task, config), np.ones(1), factor)

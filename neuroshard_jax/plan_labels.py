@@ -40,7 +40,7 @@ from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_request
 from neuroshard_jax.executors import Executor, open_executor
 from neuroshard_jax.models import expected_cost_model, make_cost_model, shipped_names
 from neuroshard_jax.profiling import SpecSamplerConfig, draw_table_spec
-from neuroshard_jax.row_comm import comm_layout
+from neuroshard_jax.row_comm import row_groups
 from neuroshard_jax.scoring import score_plans_devices
 from neuroshard_jax.search import search_plan
 from neuroshard_jax.sharding import Shard, column_shards, mem_bytes, split_counts
@@ -430,7 +430,7 @@ def measure_plan_comm(
         task, plans = row_plans(row)
         for j, (spec, plan) in enumerate(zip(row["plans"], plans)):
             comm_id = f"{row['id']}/{j}"
-            if comm_id in log.ids or len(comm_layout(plan)) > 1:  # row groups: not all-to-all labels (row_comm.py)
+            if comm_id in log.ids or row_groups(plan):  # row groups: not all-to-all labels (row_comm.py)
                 continue
             per_device = []
             for d in range(task.num_devices):

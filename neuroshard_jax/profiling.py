@@ -485,6 +485,8 @@ class CommSamplerConfig:
     def __post_init__(self):
         if not 0.0 <= self.row_share <= 1.0:
             raise UserError(f"comm.row_share: got {self.row_share}, expected a share in [0, 1]")
+        if not self.world_sizes or min(self.world_sizes) < 2:
+            raise UserError(f"comm.world_sizes: got {list(self.world_sizes)}, expected sizes >= 2 (an exchange)")
 
 
 def sample_comm(config: CommSamplerConfig, seed: int, index: int) -> dict:
@@ -500,11 +502,13 @@ def sample_comm(config: CommSamplerConfig, seed: int, index: int) -> dict:
     delays -= delays.min()
     sample = {"world": world, "dim_sums": dim_sums.tolist(), "delays_ms": np.round(delays, 3).tolist()}
     if config.row_share > 0 and rng.random() < config.row_share:  # drawn after the rest: older samples unchanged
-        groups: dict[tuple[int, ...], int] = {}
+        # disjoint groups, as a plan's are (every device, or hosts): one collective per device set (TorchRec fuses)
+        free, groups = list(rng.permutation(world)), []
         for _ in range(int(rng.integers(1, 3))):
-            k = int(rng.integers(2, world + 1))
-            ranks = tuple(sorted(int(r) for r in rng.choice(world, size=k, replace=False)))
-            width = int(rng.choice(np.asarray(config.dims), size=int(rng.integers(1, 5))).sum())
-            groups[ranks] = groups.get(ranks, 0) + width  # one device set: one fused collective
-        sample["row_groups"] = [[width, list(ranks)] for ranks, width in sorted(groups.items())]
+            if len(free) < 2:
+                break
+            k = int(rng.integers(2, len(free) + 1))
+            ranks, free = sorted(int(r) for r in free[:k]), free[k:]
+            groups.append([int(rng.choice(np.asarray(config.dims), size=int(rng.integers(1, 5))).sum()), ranks])
+        sample["row_groups"] = groups
     return sample

@@ -1,7 +1,7 @@
 """What a row-split table's comm costs: a fit of measured reduce-scatters and all-gathers, per group size.
 
-    python -m neuroshard_jax.collect kind=comm comm.row_share=1.0 num_samples=240 out=DIR   # labels (gloo ranks)
-    python tools/fit_row_comm.py DIR --name cpu-gloo                                      # this fit, shipped
+    python -m neuroshard_jax.collect kind=comm comm.row_share=1.0 num_samples=240 out_dir=DIR   # labels (gloo)
+    python tools/fit_row_comm.py DIR --name xeon-gloo                                        # this fit, shipped
 
 TorchRec's row_wise and table_row_wise output dist combines a row-split table's partial pooled sums with a
 reduce-scatter over the devices holding its row blocks (forward) and all-gathers the gradients (backward); tables
@@ -14,25 +14,25 @@ squares on comm labels whose samples carry row groups (the worker times the coll
 largest measured size (8 ranks here) the last segment is extended, never below the largest measured cost: an
 extrapolation, stated in the README. A group spanning hosts is scaled by its devices' link scale
 (``Task.comm_scale``), one within a host is not. Fits are JSON files shipped under ``data/row_comm/``, each with its
-manifest (how, where, when). NumPy only.
+manifest (how, where, when) and the kind of hardware its labels hold for: a neural model gets the fit of its own
+labels' kind (``for_kinds``), else none, and then prices a row block's width as all-to-all width, as the analytic
+model always does. NumPy only.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from pathlib import Path
 
 import numpy as np
 from scipy.optimize import nnls
 
-from neuroshard_jax.datasets import package_path
+from neuroshard_jax.datasets import package_path, read_json
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.types import Plan
 
 SHIPPED = "data/row_comm"
-DEFAULT = "cpu-gloo"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +45,7 @@ class RowComm:
     fwd: tuple[tuple[float, float], ...]
     bwd: tuple[tuple[float, float], ...]
     batch_size: int
+    kind: str = ""  # the hardware kind of its labels (datasets.hardware_kind)
 
     def group_ms(self, k: int, width: float, batch_size: int) -> tuple[float, float]:
         """(fwd, bwd) ms each device of a row group of ``k`` devices spends on ``width`` columns of partial sums."""
@@ -61,17 +62,30 @@ class RowComm:
             "fwd": [list(c) for c in self.fwd],
             "bwd": [list(c) for c in self.bwd],
             "batch_size": self.batch_size,
+            "kind": self.kind,
         }
 
     @classmethod
-    def from_json(cls, obj: dict) -> RowComm:
-        return cls(
-            obj["name"],
-            tuple(int(k) for k in obj["sizes"]),
-            tuple((float(a), float(b)) for a, b in obj["fwd"]),
-            tuple((float(a), float(b)) for a, b in obj["bwd"]),
-            int(obj["batch_size"]),
-        )
+    def from_json(cls, obj: dict, where: str = "row comm") -> RowComm:
+        """The fit ``obj``; a malformed one is a UserError naming ``where``."""
+        try:
+            out = cls(
+                str(obj["name"]),
+                tuple(int(k) for k in obj["sizes"]),
+                tuple((float(a), float(b)) for a, b in obj["fwd"]),
+                tuple((float(a), float(b)) for a, b in obj["bwd"]),
+                int(obj["batch_size"]),
+                str(obj.get("kind", "")),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise UserError(f"{where}: a malformed fit ({err!r}), expected name, sizes, fwd, bwd, batch_size") from None
+        ok = out.sizes and list(out.sizes) == sorted(set(out.sizes)) and len(out.fwd) == len(out.bwd) == len(out.sizes)
+        if not ok or min(out.sizes) < 2 or out.batch_size < 1:
+            raise UserError(
+                f"{where}: got group sizes {list(out.sizes)} with {len(out.fwd)}/{len(out.bwd)} coefficient pairs, "
+                "expected ascending sizes >= 2, one (a, b) pair per size each way, and a batch size >= 1"
+            )
+        return out
 
 
 def _interpolate(sizes: tuple[int, ...], values: list[float], k: int) -> float:
@@ -134,11 +148,20 @@ def device_row_ms(model: RowComm, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     return fwd, bwd
 
 
-def fit(records: list[dict], name: str) -> RowComm:
+def disjoint(groups: list) -> bool:
+    """Whether no device is in two of ``groups`` ([width, devices]): a plan's groups are (every device, or the
+    hosts' disjoint sets); a device in two overlapping groups waits in the second for peers still in the first."""
+    seen = [d for _, devices in groups for d in devices]
+    return len(seen) == len(set(seen))
+
+
+def fit(records: list[dict], name: str, kind: str = "") -> RowComm:
     """The non-negative least-squares fit of comm labels with row groups (``collect kind=comm`` with
     ``comm.row_share``): each rank's ``fwd_rows_ms`` and ``bwd_rows_ms`` as the sum over its groups of
-    a(k) + b(k) x width. Records of one batch size; a group size with no label is left out."""
-    usable = [r for r in records if r.get("ok") and r.get("row_groups") and "fwd_rows_ms" in r]
+    a(k) + b(k) x width. Records of one batch size with disjoint groups; a group size with no label is left out."""
+    usable = [
+        r for r in records if r.get("ok") and r.get("row_groups") and "fwd_rows_ms" in r and disjoint(r["row_groups"])
+    ]
     if not usable:
         raise UserError(
             "row comm fit: no comm record with row groups and their times; expected labels collected "
@@ -169,6 +192,7 @@ def fit(records: list[dict], name: str) -> RowComm:
         tuple((float(c[0]), float(c[1])) for c in coefs[0]),
         tuple((float(c[0]), float(c[1])) for c in coefs[1]),
         batches.pop(),
+        kind,
     )
 
 
@@ -178,16 +202,19 @@ def shipped_names() -> list[str]:
 
 
 @functools.lru_cache(maxsize=8)
-def load(name_or_path: str = DEFAULT) -> RowComm:
-    """A shipped fit by name, or a fit's JSON file."""
+def load(name_or_path: str) -> RowComm:
+    """A shipped fit by name, or a fit's JSON file (``{"fit": ..., "manifest": ...}``)."""
     path = package_path(f"{SHIPPED}/{name_or_path}.json") if name_or_path in shipped_names() else Path(name_or_path)
     if not path.is_file():
         raise UserError(
             f"row comm: {name_or_path!r} is neither a shipped fit ({', '.join(shipped_names()) or 'none'}) nor a file"
         )
-    return RowComm.from_json(json.loads(path.read_text())["fit"])
+    obj = read_json(path, "row comm", "a row comm fit written by tools/fit_row_comm.py")
+    if not isinstance(obj.get("fit"), dict):
+        raise UserError(f"row comm: {str(path)!r} has no 'fit' object, expected one written by tools/fit_row_comm.py")
+    return RowComm.from_json(obj["fit"], f"row comm {str(path)!r}")
 
 
-def shipped_default() -> RowComm | None:
-    """The default fit where one is shipped (the models' labels are CPU gloo's), else None."""
-    return load(DEFAULT) if DEFAULT in shipped_names() else None
+def for_kinds(kinds: list[str]) -> RowComm | None:
+    """The shipped fit whose labels' hardware kind is one of ``kinds`` (a model's ``hardware_kinds``), else None."""
+    return next((fit for fit in map(load, shipped_names()) if fit.kind and fit.kind in kinds), None)

@@ -14,6 +14,11 @@ recompile. Everything is differentiable with respect to the float inputs.
                                        mask.any(-1), dim_sums, device_mask)   # DeviceCosts of f32[B, N]
     cost_ms = scoring.plan_costs(model.fns, model.params, feats, mask, dim_sums, device_mask)  # f32[B]
     shard_ms = scoring.shard_costs(model.fns, model.params, shard_feats, shard_mask)  # f32[S, T, F] -> f32[S]
+
+The jitted functions price the all-to-all of the widths they are given. A neural model with a row comm fit
+(``model.row_comm``, ``row_comm.py``) prices the collectives of row-split tables apart: the host-side functions
+below (``score_plan``, ``score_plans``) add them (``rows_arrays``) and leave row blocks out of the all-to-all width
+(``plan_arrays(..., rows_apart=True)``); from your own JAX code pass ``rows_ms`` to ``cost_models.device_costs``.
 """
 
 from __future__ import annotations

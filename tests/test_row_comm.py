@@ -5,10 +5,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from neuroshard_jax.datasets import read_records
+from neuroshard_jax.datasets import read_records, write_json
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.models import make_cost_model
-from neuroshard_jax.row_comm import RowComm, comm_layout, device_row_ms, fit, load
+from neuroshard_jax.row_comm import RowComm, comm_layout, device_row_ms, disjoint, fit, for_kinds, load, shipped_names
 from neuroshard_jax.scoring import plan_arrays, score_plan, score_plans_devices
 from neuroshard_jax.search import search_plan
 from neuroshard_jax.types import Table, Task
@@ -19,13 +19,10 @@ ROWS = RowComm("test", (2, 4), ((1.0, 0.01), (2.0, 0.02)), ((0.5, 0.005), (1.5, 
 def test_the_fit_recovers_known_costs_and_extends_past_the_largest_group():
     rng = np.random.default_rng(0)
     records = []
+    layouts = ([[0, 1, 2, 3]], [[0, 1], [2, 3]], [[1, 3]], [[0, 2], [1, 3]], [[0, 1, 2, 3], [0, 1]])
     for i in range(30):
         world = 4
-        groups = {}
-        for _ in range(int(rng.integers(1, 3))):
-            ranks = tuple(sorted(rng.choice(world, size=int(rng.choice([2, 4])), replace=False).tolist()))
-            groups[ranks] = groups.get(ranks, 0) + int(rng.integers(8, 512))
-        row_groups = [[w, list(r)] for r, w in groups.items()]
+        row_groups = [[int(rng.integers(8, 512)), ranks] for ranks in layouts[i % len(layouts)]]
         times = np.zeros((2, world))
         for w, ranks in row_groups:
             times[:, ranks] += np.asarray(ROWS.group_ms(len(ranks), w, 4096))[:, None]
@@ -33,8 +30,8 @@ def test_the_fit_recovers_known_costs_and_extends_past_the_largest_group():
             {"id": i, "ok": True, "world": world, "batch_size": 4096, "row_groups": row_groups}
             | {"fwd_rows_ms": times[0].tolist(), "bwd_rows_ms": times[1].tolist()}
         )
-    fitted = fit(records, "test")
-    assert fitted.sizes == (2, 4)
+    fitted = fit(records, "test")  # the overlapping layout (a device in two groups) is left out
+    assert fitted.sizes == (2, 4) and not disjoint(records[4]["row_groups"])
     np.testing.assert_allclose(np.asarray(fitted.fwd), np.asarray(ROWS.fwd), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(fitted.bwd), np.asarray(ROWS.bwd), rtol=1e-6)
     # a batch twice the labels' doubles the bytes; 3 devices lie between 2 and 4; 64 devices extend the last segment
@@ -45,6 +42,25 @@ def test_the_fit_recovers_known_costs_and_extends_past_the_largest_group():
         fit([{**records[0], "row_groups": []}], "test")
     with pytest.raises(UserError, match="row comm: 'nowhere' is neither a shipped fit"):
         load("nowhere")
+
+
+def test_fits_are_read_back_checked_and_given_to_models_of_their_kind(tmp_path):
+    path = tmp_path / "fit.json"
+    write_json({"fit": {**ROWS.to_json(), "kind": "some cpu"}, "manifest": {}}, path)
+    assert load(str(path)) == dataclasses.replace(ROWS, kind="some cpu")
+    write_json({"fit": {**ROWS.to_json(), "sizes": [4, 2]}}, path)
+    load.cache_clear()
+    with pytest.raises(UserError, match="got group sizes \\[4, 2\\] .* expected ascending sizes >= 2"):
+        load(str(path))
+    path.write_text("{not json")
+    load.cache_clear()
+    with pytest.raises(UserError, match="row comm: .* expected a row comm fit"):
+        load(str(path))
+    assert for_kinds(["a kind no fit was measured on"]) is None
+    for name in shipped_names():  # a shipped fit goes to the models trained on labels of its kind
+        fit_ = load(name)
+        assert for_kinds([fit_.kind]) == fit_ and fit_.sizes[0] >= 2
+    assert make_cost_model("analytic", _task()).row_comm is None  # analytic: a block's width as all-to-all width
 
 
 def test_row_groups_are_labelled_on_gloo_and_the_fit_reproduces_them(tiny_checkpoint):

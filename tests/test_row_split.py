@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.evaluation import EvaluateConfig, comm_layout, measure_plans
+from neuroshard_jax.evaluation import EvaluateConfig, measure_plans
 from neuroshard_jax.profiling import ComputeWorker
+from neuroshard_jax.row_comm import comm_layout
 from neuroshard_jax.row_split import hot_tables, oversized, row_split_choices
 from neuroshard_jax.search import search_plan
 from neuroshard_jax.sharding import Shard, row_blocks, row_shards, shard_features, tiling_error

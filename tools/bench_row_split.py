@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from neuroshard_jax.datasets import hardware, write_json
+from neuroshard_jax.errors import UserError
 from neuroshard_jax.evaluation import EvaluateConfig, measure_plans
 from neuroshard_jax.executors import ExecutorConfig
 from neuroshard_jax.models import make_cost_model
@@ -43,6 +45,16 @@ def main() -> None:
     parser.add_argument("--model", default="neural")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
+    try:
+        run(args)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+def run(args) -> None:
+    if args.scan < 1 or args.tasks < 1 or args.repeats < 1:
+        raise UserError(f"--scan/--tasks/--repeats: got {args.scan}/{args.tasks}/{args.repeats}, expected >= 1")
     pool = load_pool(TaskConfig().pool, TaskConfig().batch_size)
     pairs, scanned = [], {}
     for n in (int(x) for x in args.devices.split(",")):
@@ -50,6 +62,11 @@ def main() -> None:
         for seed in range(args.scan):
             task = generate_task(pool, TaskConfig(num_tables=None, num_devices=n, split="test"), seed)
             model = make_cost_model(args.model, task)
+            if model.row_comm is None:
+                raise UserError(
+                    f"--model {args.model}: prices row groups as all-to-all width (no row comm fit of its hardware "
+                    "kind is shipped), expected a model with one (tools/fit_row_comm.py)"
+                )
             if not hot_tables(whole_table_ms(model, task), n):
                 continue
             hot_count += 1
@@ -63,7 +80,7 @@ def main() -> None:
             if found == args.tasks:
                 break
         scanned[n] = {"seeds": seed + 1, "with_hot_tables": hot_count, "plans_differ": found}
-    config = EvaluateConfig(executor=ExecutorConfig(workers=args.workers))
+    config = EvaluateConfig(executor=ExecutorConfig(workers=args.workers), pin=True)  # the labels' protocol
     plans = [p["plans"][k] for p in pairs for k in ("fit", "hot")]
     runs: list[list[float]] = [[] for _ in plans]
     for repeat in range(args.repeats):  # interleaved: every plan once per repeat

@@ -1,12 +1,13 @@
 """Fit the row-split comm model (``neuroshard_jax/row_comm.py``) on comm labels with row groups; ship it by name.
 
     python -m neuroshard_jax.collect kind=comm comm.row_share=1.0 num_samples=240 \
-        out=neuroshard_jax/data/profiles/xeon-rowcomm                 # labels on real gloo ranks (resumable)
-    python tools/fit_row_comm.py neuroshard_jax/data/profiles/xeon-rowcomm --name cpu-gloo
+        out_dir=neuroshard_jax/data/profiles/xeon-rowcomm             # labels on real gloo ranks (resumable)
+    python tools/fit_row_comm.py neuroshard_jax/data/profiles/xeon-rowcomm --name xeon-gloo
 
 Fits on 4 of every 5 records (by id), reports the held-out records' error per rank (MAPE of fwd and bwd), then
 fits on every record and writes ``neuroshard_jax/data/row_comm/NAME.json`` with its manifest (the dataset, its
-machine, the command, the date, the commit, the held-out figures).
+machine, the command, the date, the commit, the held-out figures) and the hardware kind of its labels: the neural
+models trained on labels of that kind price row groups with it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.datasets import git_commit, package_path, read_json, read_records, write_json
+from neuroshard_jax.datasets import git_commit, hardware_kind, package_path, read_json, read_records, write_json
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.row_comm import SHIPPED, RowComm, fit
 
@@ -42,19 +43,20 @@ def held_out_error(model: RowComm, records: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dataset", help="a comm dataset folder (comm.jsonl with row groups, manifest-comm.json)")
-    parser.add_argument("--name", default="cpu-gloo")
+    parser.add_argument("--name", default="xeon-gloo")
     args = parser.parse_args()
     try:
         folder = Path(args.dataset)
+        source = read_json(folder / "manifest-comm.json", "dataset", "the manifest of a comm dataset")
+        kind = hardware_kind(source.get("hardware"), source.get("settings", {}).get("device"))
         records = [r for r in read_records(folder / "comm.jsonl") if r.get("row_groups")]
         held = [r for r in records if r["id"] % 5 == 4]
         train = [r for r in records if r["id"] % 5 != 4]
-        figures = held_out_error(fit(train, args.name), held) if held and train else {}
-        model = fit(records, args.name)
+        figures = held_out_error(fit(train, args.name, kind), held) if held and train else {}
+        model = fit(records, args.name, kind)
     except (UserError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    source = read_json(folder / "manifest-comm.json")
     manifest = {
         "how": f"python tools/fit_row_comm.py {folder.as_posix()} --name {args.name}",
         "dataset": {

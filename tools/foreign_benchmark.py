@@ -774,6 +774,8 @@ def main() -> None:
     options = {"checkpoint": checkpoint_path(args.checkpoint)} if args.checkpoint else {}
     only_searchers = set(args.searchers.split(",")) if args.searchers else None
     try:
+        if args.calibration < 0:
+            raise UserError(f"--calibration: got {args.calibration}, expected a number of devices >= 0")
         if args.stage == "tasks":
             for task_id, family, task in benchmark_tasks(out / TASKS_FILE):
                 mem = sum(task.table_mem_bytes(i) for i in range(task.num_tables)) / 2**30
