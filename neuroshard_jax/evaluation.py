@@ -118,42 +118,55 @@ def measure_compute(
 ) -> tuple[list[list[float]], list[list[dict | None]]]:
     """Measured fused-kernel ms of every device of every plan ([plan][device]; 0 for an empty device), and
     the fwd / bwd split of each kernel. One executor (``executor``, or one opened as ``config.executor`` says)
-    serves all plans. The kernels
-    run on this machine's identical devices: a heterogeneous task's device gets the measured ms divided by its
-    speed (the plan's record says so)."""
+    serves all plans; a device that recurs (the same shards in plans of several searchers) is measured once. The
+    kernels run on this machine's identical devices: a heterogeneous task's device gets the measured ms divided by
+    its speed (the plan's record says so)."""
     compute = [[0.0] * p.task.num_devices for p in plans]
     kernels: list[list[dict | None]] = [[None] * p.task.num_devices for p in plans]
-    # A device's kernel depends only on its (table, dim) set and the task's pool and batch: a set that
-    # recurs in the batch (the same device in plans of several searchers) is measured once.
-    requests: dict[tuple, dict] = {}
-    users: dict[int, list[tuple[int, int]]] = {}  # request key -> the (plan, device) pairs it measures
+    jobs: dict[str, tuple[Task, list]] = {}
+    users: dict[str, list[tuple[int, int]]] = {}  # device key -> the (plan, device) pairs it measures
     for i, plan in enumerate(plans):
-        task = plan.task
-        for d in range(task.num_devices):
-            tables = device_tables(task, plan.device_shards(d))
+        for d in range(plan.task.num_devices):
+            tables = device_tables(plan.task, plan.device_shards(d))
             if tables:
-                pool = json.dumps(task.pool.to_json(), sort_keys=True) if task.pool else None
-                key = (pool, task.batch_size, task.precision, json.dumps(tables, sort_keys=True))
-                if key not in requests:
-                    requests[key] = device_request(len(requests), task, tables, config)
-                    requests[key]["key"] = len(users)
-                    users[len(users)] = []
-                users[requests[key]["key"]].append((i, d))
-
-    speeds = [p.task.speeds() for p in plans]
-
-    def record(request: dict, answer: dict) -> None:
-        i, d = users[request["key"]][0]
-        if not answer.get("ok"):
-            raise UserError(f"evaluation failed on plan {i} device {d}: {answer.get('error')}")
-        for i, d in users[request["key"]]:
-            speed = speeds[i][d]
+                key = device_key(plan.task, tables)
+                jobs.setdefault(key, (plan.task, tables))
+                users.setdefault(key, []).append((i, d))
+    answers = measure_tables(jobs, config, executor, what="evaluation failed")
+    for key, pairs in users.items():
+        answer = answers[key][0]
+        for i, d in pairs:
+            speed = plans[i].task.speeds()[d]
             compute[i][d] = answer["total_ms"] / speed
             kernels[i][d] = {"fwd_ms": answer["fwd_ms"] / speed, "bwd_ms": answer["bwd_ms"] / speed}
+    return compute, kernels
+
+
+def measure_tables(
+    jobs: dict[str, tuple[Task, list]],
+    config: EvaluateConfig,
+    executor: Executor | None = None,
+    repeats: int = 1,
+    what: str = "a device measurement failed",
+) -> dict[str, list[dict]]:
+    """Each job (key -> (task, its ``device_tables``)) measured as one device ``repeats`` times, interleaved (repeat
+    r of every job before r + 1), on ``executor`` or one opened as ``config.executor`` says: key -> the worker's
+    answers in repeat order. A failed measurement is a UserError: ``what``, and the worker's error."""
+    answers: dict[str, list[dict]] = {key: [] for key in jobs}
+    requests = [
+        {**device_request(f"{key}/{r}", task, tables, config), "key": key}
+        for r in range(repeats)
+        for key, (task, tables) in jobs.items()
+    ]
+
+    def record(request: dict, answer: dict) -> None:
+        if not answer.get("ok"):
+            raise UserError(f"{what}: {answer.get('error')}")
+        answers[request["key"]].append(answer)
 
     with opened(executor, config.executor, config.device, config.timeout_s, config.pin) as pool:
-        pool.map(list(requests.values()), record)
-    return compute, kernels
+        pool.map(requests, record)
+    return answers
 
 
 def device_request(request_id, task: Task, tables: list, config: EvaluateConfig) -> dict:
@@ -203,17 +216,9 @@ def measure_devices(
 ) -> np.ndarray:
     """Kernel ms f64[G] of each list of ``task``'s shards measured as one device (this machine's, no speed
     applied), on ``executor`` or one opened for them as ``config.executor`` says."""
-    measured = np.zeros(len(devices))
-    requests = [device_request(i, task, device_tables(task, shards), config) for i, shards in enumerate(devices)]
-
-    def record(request: dict, answer: dict) -> None:
-        if not answer.get("ok"):
-            raise UserError(f"a device measurement failed: {answer.get('error')}")
-        measured[int(request["id"])] = answer["total_ms"]
-
-    with opened(executor, config.executor, config.device, config.timeout_s, config.pin) as pool:
-        pool.map(requests, record)
-    return measured
+    jobs = {str(i): (task, device_tables(task, shards)) for i, shards in enumerate(devices)}
+    answers = measure_tables(jobs, config, executor)
+    return np.array([answers[str(i)][0]["total_ms"] for i in range(len(devices))], np.float64)
 
 
 def device_key(task: Task, tables: list) -> str:

@@ -28,7 +28,7 @@ import numpy as np
 from neuroshard_jax.config import above_zero, at_least
 from neuroshard_jax.cost_models import CostModel, DeviceCosts, combine_costs, plan_cost_ms
 from neuroshard_jax.errors import PlanError, UserError
-from neuroshard_jax.evaluation import Measuring, device_key, device_request, device_tables, measure_comm
+from neuroshard_jax.evaluation import Measuring, device_key, device_tables, measure_comm, measure_tables
 from neuroshard_jax.executors import Executor, ExecutorConfig, open_executor
 from neuroshard_jax.models import expected_cost_model
 from neuroshard_jax.plan_labels import assignment, plan_of, row_blocks_in
@@ -97,20 +97,12 @@ class Meter:
         """(compute ms, relative noise) f64[N] of every plan's devices; ``fresh``: measure all their devices
         again, in one interleaved batch (the same conditions for every plan)."""
         missing = self._missing(plans, fresh)
-        runs: dict[str, list[float]] = {k: [] for k in missing}
-        requests = [
-            {**device_request(f"{k}/{r}", self.task, tables, self.evaluator), "key": k}
-            for r in range(self.config.repeats)  # interleaved: repeat r of every device before r + 1
-            for k, tables in missing.items()
-        ]
-
-        def record(request: dict, answer: dict) -> None:
-            if not answer.get("ok"):
-                raise UserError(f"polish: a device measurement failed: {answer.get('error')}")
-            runs[request["key"]].append(answer["total_ms"])
-
-        self.pool.map(requests, record)
-        self.count += len(requests)
+        jobs = {k: (self.task, tables) for k, tables in missing.items()}
+        answers = measure_tables(
+            jobs, self.evaluator, self.pool, self.config.repeats, "polish: a device measurement failed"
+        )
+        runs = {k: [a["total_ms"] for a in values] for k, values in answers.items()}
+        self.count += len(jobs) * self.config.repeats
         for k, values in runs.items():
             median = statistics.median(values)
             noise = (max(values) - min(values)) / 2 / median if median > 0 else 0.0
