@@ -5,13 +5,16 @@ import dataclasses
 import numpy as np
 import pytest
 
+from neuroshard_jax.cost_models import Scaled, with_scales
 from neuroshard_jax.datasets import read_records, write_json
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.models import make_cost_model
 from neuroshard_jax.row_comm import RowComm, comm_layout, device_row_ms, disjoint, fit, for_kinds, load, shipped_names
 from neuroshard_jax.scoring import plan_arrays, score_plan, score_plans_devices
 from neuroshard_jax.search import search_plan
-from neuroshard_jax.types import Table, Task
+from neuroshard_jax.sharding import Shard, row_shards
+from neuroshard_jax.training import comm_arrays
+from neuroshard_jax.types import Links, Plan, Table, Task
 
 ROWS = RowComm("test", (2, 4), ((1.0, 0.01), (2.0, 0.02)), ((0.5, 0.005), (1.5, 0.01)), 4096)
 
@@ -75,6 +78,13 @@ def test_row_groups_are_labelled_on_gloo_and_the_fit_reproduces_them(tiny_checkp
             assert 0 <= r["fwd_rows_ms"][rank] < r["fwd_ms"][rank] and 0 <= r["bwd_rows_ms"][rank] < r["bwd_ms"][rank]
             if rank not in inside:  # no collective of its own: nothing to time
                 assert r["fwd_rows_ms"][rank] < 0.05 and r["bwd_rows_ms"][rank] < 0.05
+    # the all-to-all nets train on the all-to-all alone: the row groups' collectives are taken out of the labels
+    _, _, _, fwd_ms, bwd_ms, _ = comm_arrays(tiny_checkpoint[0])
+    for i, r in enumerate(records):
+        w = r["world"]
+        for label, k in ((fwd_ms, "fwd"), (bwd_ms, "bwd")):
+            apart = np.asarray(r.get(f"{k}_rows_ms", [0.0] * w))
+            np.testing.assert_allclose(label[i, :w], np.asarray(r[f"{k}_ms"]) - apart, rtol=1e-5, atol=1e-5)
     fitted = fit(records, "tiny")
     errors = []
     for r in with_rows:
@@ -109,3 +119,23 @@ def test_a_model_prices_row_groups_apart_from_the_all_to_all():
     assert np.all(with_rows.fwd_comm_ms >= base.fwd_comm_ms + fwd.min() - 1e-4)
     batched, _ = score_plans_devices(priced, [plan, plan], uncertainty=False)
     np.testing.assert_allclose(batched.total_ms[1], with_rows.total_ms, rtol=1e-5)
+
+
+def test_a_group_across_hosts_is_scaled_to_the_links_and_one_within_a_host_is_not():
+    links = Links(200.0, 25.0, devices_per_host=2)
+    task = dataclasses.replace(_task(), links=links)
+    huge = task.tables[0]
+    across = Plan(task, (*row_shards(0, huge.rows, huge.dim, [0, 1, 2, 3]), *_whole_rest(task)))
+    within = Plan(task, (*row_shards(0, huge.rows, huge.dim, [2, 3]), *_whole_rest(task)))
+    fwd, _ = device_row_ms(ROWS, across)
+    np.testing.assert_allclose(fwd, ROWS.group_ms(4, 4, 4096)[0] * task.comm_scale())
+    fwd, bwd = device_row_ms(ROWS, within)
+    assert fwd[:2].tolist() == [0.0, 0.0] and np.allclose(fwd[2:], ROWS.group_ms(2, 4, 4096)[0])
+    # the model keeps the fit under the hosts' comm scale: the row term is added once, scaled per group
+    model = dataclasses.replace(make_cost_model("analytic", task), row_comm=ROWS)
+    scaled = with_scales(model, task.comm_scale())
+    assert scaled.row_comm is ROWS and isinstance(scaled.params, Scaled)
+
+
+def _whole_rest(task):
+    return [Shard(t, 0, task.tables[t].dim, t % task.num_devices) for t in range(1, task.num_tables)]
