@@ -19,6 +19,7 @@ from neuroshard_jax.cli import fail, resolved, run_app
 from neuroshard_jax.config import typed
 from neuroshard_jax.ensemble import EnsembleConfig
 from neuroshard_jax.errors import UserError
+from neuroshard_jax.models import checkpoint_path
 from neuroshard_jax.neural import NetConfig
 from neuroshard_jax.training import TrainConfig, train_ensemble, train_models
 
@@ -41,6 +42,7 @@ class TrainAppConfig:
     ensemble: EnsembleConfig = EnsembleConfig()
     train: TrainConfig = TrainConfig()
     allow_mixed_hardware: bool = False  # datasets measured on different processors (refused by default)
+    init: str | None = None  # ensemble: fine-tune this checkpoint (a shipped name or a directory)
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -59,6 +61,8 @@ def main(cfg: DictConfig) -> None:
         config = app_config(cfg)
         if config.family == "ensemble":
             how = f"python -m neuroshard_jax.train datasets=[{','.join(config.datasets)}] name={config.name}"
+            if config.init:
+                how += f" init={config.init} train.epochs={config.train.epochs}"
             report = train_ensemble(
                 list(config.datasets),
                 config.ensemble,
@@ -67,8 +71,11 @@ def main(cfg: DictConfig) -> None:
                 config.name,
                 how,
                 allow_mixed_hardware=config.allow_mixed_hardware,
+                init=checkpoint_path(config.init) if config.init else None,
             )
         else:
+            if config.init:
+                raise UserError(f"init: got {config.init!r}, but only family=ensemble fine-tunes; expected null")
             report = train_models(config.datasets[0], config.net, config.train, config.out)
     except UserError as err:
         fail(err)
