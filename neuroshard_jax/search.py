@@ -87,6 +87,23 @@ def search_plan(
     return dataclasses.replace(scored, searcher=searcher, seed=seed, search_time_s=elapsed_s, calibration=given)
 
 
+def search_with_rows(
+    task: Task,
+    searcher: str,
+    cost_model: str,
+    seed: int,
+    tables: tuple[int, ...],
+    cost_model_options: dict | None = None,
+) -> Plan:
+    """The searcher's plan of ``task`` with exactly ``tables`` (task indices) cut into row blocks over every device,
+    whatever the model thinks of it (what ``row_split`` would weigh against the other ways), with its costs."""
+    check_feasible(task)
+    model = make_cost_model(cost_model, task, cost_model_options)
+    algorithm = make_searcher(searcher)
+    plan = _search_around(task, algorithm, model, seed, tables, False, cost_model, cost_model_options)
+    return dataclasses.replace(with_costs(expected_cost_model(model), plan), searcher=searcher, seed=seed)
+
+
 def whole_table_ms(model, task: Task) -> np.ndarray:
     """f64[T]: each table's predicted compute alone and whole (the model's expectation)."""
     expected = expected_cost_model(model)

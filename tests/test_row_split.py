@@ -11,7 +11,7 @@ from neuroshard_jax.evaluation import EvaluateConfig, measure_plans
 from neuroshard_jax.profiling import ComputeWorker
 from neuroshard_jax.row_comm import comm_layout
 from neuroshard_jax.row_split import hot_tables, oversized, row_split_choices
-from neuroshard_jax.search import search_plan
+from neuroshard_jax.search import search_plan, search_with_rows
 from neuroshard_jax.sharding import Shard, row_blocks, row_shards, shard_features, tiling_error
 from neuroshard_jax.streams import TableSpec, restrict_rows, spec_stream
 from neuroshard_jax.tables import PoolSpec, load_pool, pool_streams
@@ -161,3 +161,10 @@ def test_the_comm_benchmark_reduce_scatters_row_groups_on_gloo():
         assert after[rank]["fwd_ms"] > before[rank]["fwd_ms"] + 1.0
         assert after[rank]["bwd_ms"] > before[rank]["bwd_ms"] + 1.0
         assert after[1]["fwd_ms"] < after[rank]["fwd_ms"]
+
+
+def test_a_forced_row_split_cuts_exactly_those_tables_and_is_scored():
+    task = _big_task()
+    plan = search_with_rows(task, "size_lookup_greedy", "analytic", 0, (0, 1))
+    cut = {s.table for s in plan.shards if not s.whole_rows(task.tables[s.table].rows)}
+    assert cut == {0, 1} and plan.costs is not None and plan.validate() is plan

@@ -1,15 +1,17 @@
-"""Row splits of hot tables, measured: ``row_split=hot`` against the default ``row_split=fit``, compute and comm.
+"""Row splits of hot tables, measured: cutting them into row blocks against the default plan, compute and comm.
 
     python tools/bench_row_split.py [--devices 4,8] [--tasks 5] [--scan 60] [--repeats 3] [--searcher beam]
 
 ``row_split=hot`` also tries cutting into row blocks every table whose predicted compute alone exceeds a device's
 fair share of the task (``row_split.hot_tables``): no placement of whole tables balances those. It is not the
 default because it had not been measured. This draws tasks of the suite's kind (the pool's test half, 10-59
-tables, seeds from 0), keeps those with a hot table, plans each with ``fit`` and with ``hot`` (the model prices
-row groups' collectives with its ``row_comm`` fit), and, where the two plans differ, measures both with the
-evaluator (every device's compute on the FBGEMM kernels and the all-to-all and row groups' collectives on gloo
-ranks), ``--repeats`` interleaved times; the figure is each plan's median step (its slowest device). Run it with
-nothing else running. Writes bench/row_split/row_split.json.
+tables, seeds from 0), keeps those with a hot table, and plans each twice: as ``row_split=hot`` would choose (the
+model prices row groups' collectives with its ``row_comm`` fit; on its own it may keep the tables whole) and with
+the hot tables cut into row blocks over every device whatever the model thinks (``search.search_with_rows``). Both
+are measured with the evaluator (every device's compute on the FBGEMM kernels and the all-to-all and row groups'
+collectives on gloo ranks), ``--repeats`` interleaved times; the figure is each plan's median step (its slowest
+device). So it tells whether cutting hot tables pays here, and whether the model's choice is the faster one. Run it
+with nothing else running. Writes bench/row_split/row_split.json.
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ from pathlib import Path
 import numpy as np
 
 from neuroshard_jax.datasets import hardware, write_json
-from neuroshard_jax.errors import UserError
+from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.evaluation import EvaluateConfig, measure_plans
 from neuroshard_jax.executors import ExecutorConfig
 from neuroshard_jax.models import make_cost_model
 from neuroshard_jax.row_split import hot_tables
-from neuroshard_jax.search import search_plan, whole_table_ms
+from neuroshard_jax.search import search_plan, search_with_rows, whole_table_ms
 from neuroshard_jax.tables import load_pool
 from neuroshard_jax.tasks import TaskConfig, generate_task
 
@@ -70,16 +72,24 @@ def run(args) -> None:
             if not hot_tables(whole_table_ms(model, task), n):
                 continue
             hot_count += 1
-            fit = search_plan(task, args.searcher, args.model, 0, row_split="fit")
-            hot = search_plan(task, args.searcher, args.model, 0, row_split="hot")
-            if set(fit.shards) == set(hot.shards):
+            chosen = search_plan(task, args.searcher, args.model, 0, row_split="hot")
+            hot = tuple(hot_tables(whole_table_ms(model, task), n))
+            try:
+                cut = search_with_rows(task, args.searcher, args.model, 0, hot)
+            except InfeasibleError:  # the blocks leave no room for the rest
                 continue
-            pairs.append({"devices": n, "seed": seed, "plans": {"fit": fit, "hot": hot}})
+            if set(chosen.shards) == set(cut.shards):  # the model chose the cut itself: compare with the plain plan
+                chosen = search_plan(task, args.searcher, args.model, 0, row_split="fit")
+            pairs.append({"devices": n, "seed": seed, "hot": list(hot), "plans": {"fit": chosen, "hot": cut}})
             found += 1
-            print(f"{n} devices seed {seed}: fit {fit.costs.cost_ms:.1f} ms, hot {hot.costs.cost_ms:.1f} ms predicted")
+            print(
+                f"{n} devices seed {seed}: chosen {chosen.costs.cost_ms:.1f} ms, "
+                f"hot tables cut {cut.costs.cost_ms:.1f} ms predicted",
+                flush=True,
+            )
             if found == args.tasks:
                 break
-        scanned[n] = {"seeds": seed + 1, "with_hot_tables": hot_count, "plans_differ": found}
+        scanned[n] = {"seeds": seed + 1, "with_hot_tables": hot_count, "compared": found}
     config = EvaluateConfig(executor=ExecutorConfig(workers=args.workers), pin=True)  # the labels' protocol
     plans = [p["plans"][k] for p in pairs for k in ("fit", "hot")]
     runs: list[list[float]] = [[] for _ in plans]
@@ -95,7 +105,7 @@ def run(args) -> None:
         rows_of = hot_plan.task.table_rows()
         row_tables = sorted({s.table for s in hot_plan.shards if not s.whole_rows(rows_of[s.table])})
         rows.append(
-            {"devices": p["devices"], "seed": p["seed"], "row_split_tables": row_tables}
+            {"devices": p["devices"], "seed": p["seed"], "hot_tables": p["hot"], "row_split_tables": row_tables}
             | {"predicted_ms": predicted, "measured_ms": measured, "hot_vs_fit": measured["hot"] / measured["fit"]}
         )
         print(
