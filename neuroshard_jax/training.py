@@ -77,6 +77,15 @@ def split_indices(count: int, fractions, seed: int) -> tuple[np.ndarray, np.ndar
 # Datasets as arrays
 
 
+def portable_path(path: str | Path) -> str:
+    """``path`` relative to the package's parent where it lies inside it (shipped data: the same on every machine),
+    else as given."""
+    try:
+        return Path(path).resolve().relative_to(package_path("").parent.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def resolve_dataset(path: str | Path) -> Path:
     """A dataset directory as given, or, if relative and absent here, relative to the package's parent
     (so the shipped ``neuroshard_jax/data/profiles/...`` recorded in checkpoints resolves from anywhere)."""
@@ -633,7 +642,7 @@ def train_ensemble(
         "metrics": report,
         "how": how,
         "trained": _now(),
-        **({"fine_tuned_from": str(init)} if init is not None else {}),
+        **({"fine_tuned_from": portable_path(init)} if init is not None else {}),
     }
     save_ensemble(out, ens_config, params, meta)
     return report
