@@ -18,7 +18,8 @@ recompile. Everything is differentiable with respect to the float inputs.
 The jitted functions price the all-to-all of the widths they are given. A neural model with a row comm fit
 (``model.row_comm``, ``row_comm.py``) prices the collectives of row-split tables apart: the host-side functions
 below (``score_plan``, ``score_plans``) add them (``rows_arrays``) and leave row blocks out of the all-to-all width
-(``plan_arrays(..., rows_apart=True)``); from your own JAX code pass ``rows_ms`` to ``cost_models.device_costs``.
+(``plan_arrays(..., rows_apart=True)``); from your own JAX code pass those as ``rows_ms`` to ``plan_costs`` or
+``costs_from_latents``.
 """
 
 from __future__ import annotations
@@ -101,11 +102,13 @@ def costs_from_latents(
     dim_sums: jax.Array,
     device_mask: jax.Array,
     speed: jax.Array | None = None,
+    rows_ms: tuple[jax.Array, jax.Array] | None = None,
 ) -> DeviceCosts:
     """Per-device costs from summed latents f32[..., N, D], has_tables bool[..., N], dim_sums f32[..., N]
-    (``speed`` f32[..., N]: heterogeneous devices' relative compute speeds, optional)."""
+    (``speed`` f32[..., N]: heterogeneous devices' relative compute speeds, optional; ``rows_ms``: the row groups'
+    collectives (fwd, bwd) f32[..., N], optional, ``rows_arrays``)."""
     compute = jnp.where(has_tables, fns.head(params, latent_sums), 0.0)
-    return combine_costs(fns, params, compute, dim_sums, device_mask, speed)
+    return combine_costs(fns, params, compute, dim_sums, device_mask, speed, rows_ms)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -117,17 +120,20 @@ def plan_costs(
     dim_sums: jax.Array,
     device_mask: jax.Array,
     speed: jax.Array | None = None,
+    rows_ms: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
     """Plan costs f32[...] of padded plans: feats f32[..., N, T, F], table_mask bool[..., N, T],
     dim_sums f32[..., N], device_mask bool[..., N], speed f32[..., N] (optional: heterogeneous devices' relative
-    compute speeds) (chunked over plans)."""
+    compute speeds), rows_ms (optional: the row groups' collectives (fwd, bwd) f32[..., N], ``rows_arrays``)
+    (chunked over plans)."""
     speed = jnp.broadcast_to(jnp.ones_like(dim_sums) if speed is None else speed, dim_sums.shape)
+    rows_fwd, rows_bwd = (jnp.broadcast_to(jnp.asarray(r, dim_sums.dtype), dim_sums.shape) for r in rows_ms or (0, 0))
 
-    def one_chunk(f, m, d, dm, sp):
-        return plan_cost_ms(device_costs(fns, params, f, m, d, dm, sp))
+    def one_chunk(f, m, d, dm, sp, rf, rb):
+        return plan_cost_ms(device_costs(fns, params, f, m, d, dm, sp, (rf, rb)))
 
-    arrays = (feats, table_mask, dim_sums, device_mask, speed)
-    return map_chunks(one_chunk, arrays, (3, 2, 1, 1, 1), max(1, CHUNK // 8))
+    arrays = (feats, table_mask, dim_sums, device_mask, speed, rows_fwd, rows_bwd)
+    return map_chunks(one_chunk, arrays, (3, 2, 1, 1, 1, 1, 1), max(1, CHUNK // 8))
 
 
 # ---------------------------------------------------------------------------------------------

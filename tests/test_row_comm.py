@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.cost_models import Scaled, with_scales
-from neuroshard_jax.datasets import read_records, write_json
+from neuroshard_jax.datasets import package_path, read_records, write_json
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.models import make_cost_model
 from neuroshard_jax.row_comm import RowComm, comm_layout, device_row_ms, disjoint, fit, for_kinds, load, shipped_names
-from neuroshard_jax.scoring import plan_arrays, score_plan, score_plans_devices
+from neuroshard_jax.scoring import plan_arrays, plan_costs, rows_arrays, score_plan, score_plans_devices
 from neuroshard_jax.search import search_plan
 from neuroshard_jax.sharding import Shard, row_shards
 from neuroshard_jax.training import comm_arrays
@@ -66,9 +66,9 @@ def test_fits_are_read_back_checked_and_given_to_models_of_their_kind(tmp_path):
     assert make_cost_model("analytic", _task()).row_comm is None  # analytic: a block's width as all-to-all width
 
 
-def test_row_groups_are_labelled_on_gloo_and_the_fit_reproduces_them(tiny_checkpoint):
-    """The tiny dataset's comm samples (real gloo ranks) carry row groups; the collectives are timed apart, the
-    all-to-all nets train on the rest, and the fit reproduces the labels it was fitted on."""
+def test_row_groups_are_labelled_on_gloo_apart_from_the_all_to_all(tiny_checkpoint):
+    """The tiny dataset's comm samples (real gloo ranks) carry row groups; the collectives are timed apart and the
+    all-to-all nets train on the rest."""
     records = read_records(tiny_checkpoint[0] / "comm.jsonl")
     with_rows = [r for r in records if r.get("row_groups")]
     assert with_rows and len(with_rows) < len(records)
@@ -85,14 +85,24 @@ def test_row_groups_are_labelled_on_gloo_and_the_fit_reproduces_them(tiny_checkp
         for label, k in ((fwd_ms, "fwd"), (bwd_ms, "bwd")):
             apart = np.asarray(r.get(f"{k}_rows_ms", [0.0] * w))
             np.testing.assert_allclose(label[i, :w], np.asarray(r[f"{k}_ms"]) - apart, rtol=1e-5, atol=1e-5)
-    fitted = fit(records, "tiny")
+
+
+def test_the_shipped_fit_predicts_held_out_gloo_labels():
+    """The shipped labels (150 samples, 2-8 gloo ranks): fitted on four fifths, the fifth held out is predicted within
+    a median 25% per rank forward (this machine measured 18%); the shipped fit is the one of all the labels."""
+    records = [r for r in read_records(package_path("data/profiles/xeon-rowcomm/comm.jsonl")) if r.get("row_groups")]
+    fitted = fit([r for r in records if r["id"] % 5 != 4], "four fifths")
     errors = []
-    for r in with_rows:
+    for r in (r for r in records if r["id"] % 5 == 4):
         for rank in range(r["world"]):
             predicted = sum(fitted.group_ms(len(g), w, r["batch_size"])[0] for w, g in r["row_groups"] if rank in g)
             if predicted:
                 errors.append(abs(predicted - r["fwd_rows_ms"][rank]) / r["fwd_rows_ms"][rank])
-    assert errors and np.median(errors) < 0.5
+    assert len(errors) > 50 and np.median(errors) < 0.25
+    shipped, again = load("xeon-gloo"), fit(records, "xeon-gloo")
+    assert shipped.sizes == again.sizes == tuple(range(2, 9)) and "family 6 model 167" in shipped.kind
+    np.testing.assert_allclose(np.asarray(shipped.fwd), np.asarray(again.fwd), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(shipped.bwd), np.asarray(again.bwd), rtol=1e-6)
 
 
 def _task():
@@ -119,6 +129,12 @@ def test_a_model_prices_row_groups_apart_from_the_all_to_all():
     assert np.all(with_rows.fwd_comm_ms >= base.fwd_comm_ms + fwd.min() - 1e-4)
     batched, _ = score_plans_devices(priced, [plan, plan], uncertainty=False)
     np.testing.assert_allclose(batched.total_ms[1], with_rows.total_ms, rtol=1e-5)
+    # the public jitted API, from one's own JAX code: the same plan cost with the row terms passed in
+    feats, mask, dims, device_mask = plan_arrays(plan, rows_apart=True)
+    rows = tuple(r[0] for r in rows_arrays(priced, [plan]))
+    cost = plan_costs(priced.fns, priced.params, feats, mask, dims, device_mask, rows_ms=rows)
+    assert float(cost) == pytest.approx(with_rows.total_ms.max(), rel=1e-5)
+    assert float(plan_costs(priced.fns, priced.params, feats, mask, dims, device_mask)) < float(cost)
 
 
 def test_a_group_across_hosts_is_scaled_to_the_links_and_one_within_a_host_is_not():
