@@ -49,6 +49,8 @@ class TrainAppConfig:
             raise UserError(f"family: got {self.family!r}, expected one of {', '.join(FAMILIES)}")
         if not self.datasets:
             raise UserError("datasets: got [], expected at least one dataset directory")
+        if self.init and self.family != "ensemble":
+            raise UserError(f"init: got {self.init!r}, but only family=ensemble fine-tunes; expected null")
 
 
 def app_config(cfg: DictConfig) -> TrainAppConfig:
@@ -74,8 +76,6 @@ def main(cfg: DictConfig) -> None:
                 init=checkpoint_path(config.init) if config.init else None,
             )
         else:
-            if config.init:
-                raise UserError(f"init: got {config.init!r}, but only family=ensemble fine-tunes; expected null")
             report = train_models(config.datasets[0], config.net, config.train, config.out)
     except UserError as err:
         fail(err)
