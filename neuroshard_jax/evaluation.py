@@ -298,6 +298,16 @@ def rows_scale(plan: Plan, groups: list, scale: np.ndarray) -> np.ndarray:
     return out
 
 
+def measured_steps(plans: list[Plan], config: EvaluateConfig, repeats: int) -> list[list[float]]:
+    """Each plan's measured step (``measure_plans``' cost_ms, the slowest device) in ``repeats`` runs, interleaved
+    (every plan once per run: the machine's drift hits every plan alike)."""
+    runs: list[list[float]] = [[] for _ in plans]
+    for _ in range(repeats):
+        for i, measured in enumerate(measure_plans(plans, config)):
+            runs[i].append(measured["cost_ms"])
+    return runs
+
+
 def measure_plan(plan: Plan, config: EvaluateConfig) -> dict:
     """``measure_plans`` of one plan."""
     return measure_plans([plan], config)[0]

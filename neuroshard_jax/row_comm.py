@@ -148,6 +148,15 @@ def device_row_ms(model: RowComm, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     return fwd, bwd
 
 
+def rank_ms(model: RowComm, record: dict) -> np.ndarray:
+    """f64[2, W]: (fwd, bwd) ms each rank of a comm label (``record``: world, batch_size, row_groups) spends on the
+    collectives of its row groups, by ``model``."""
+    out = np.zeros((2, record["world"]))
+    for width, ranks in record["row_groups"]:
+        out[:, ranks] += np.asarray(model.group_ms(len(ranks), width, record["batch_size"]))[:, None]
+    return out
+
+
 def disjoint(groups: list) -> bool:
     """Whether no device is in two of ``groups`` ([width, devices]): a plan's groups are (every device, or the
     hosts' disjoint sets); a device in two overlapping groups waits in the second for peers still in the first."""

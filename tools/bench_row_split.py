@@ -26,7 +26,7 @@ import numpy as np
 
 from neuroshard_jax.datasets import hardware, write_json
 from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.evaluation import EvaluateConfig, measure_plans
+from neuroshard_jax.evaluation import EvaluateConfig, measured_steps
 from neuroshard_jax.executors import ExecutorConfig
 from neuroshard_jax.models import make_cost_model
 from neuroshard_jax.row_split import hot_tables
@@ -92,11 +92,7 @@ def run(args) -> None:
         scanned[n] = {"seeds": seed + 1, "with_hot_tables": hot_count, "compared": found}
     config = EvaluateConfig(executor=ExecutorConfig(workers=args.workers), pin=True)  # the labels' protocol
     plans = [p["plans"][k] for p in pairs for k in ("fit", "hot")]
-    runs: list[list[float]] = [[] for _ in plans]
-    for repeat in range(args.repeats):  # interleaved: every plan once per repeat
-        for i, result in enumerate(measure_plans(plans, config)):
-            runs[i].append(result["cost_ms"])
-        print(f"repeat {repeat} measured", flush=True)
+    runs = measured_steps(plans, config, args.repeats)
     rows = []
     for j, p in enumerate(pairs):
         measured = {k: statistics.median(runs[2 * j + i]) for i, k in enumerate(("fit", "hot"))}

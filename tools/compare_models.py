@@ -24,7 +24,7 @@ import numpy as np
 
 from neuroshard_jax.datasets import hardware, write_json
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.evaluation import EvaluateConfig, measure_plans
+from neuroshard_jax.evaluation import EvaluateConfig, measured_steps
 from neuroshard_jax.executors import ExecutorConfig
 from neuroshard_jax.search import search_plan
 from neuroshard_jax.tables import load_pool
@@ -70,11 +70,7 @@ def compare(args) -> dict:
                 index.append((n, seed, model))
         print(f"{n} devices: {args.tasks} tasks planned", flush=True)
     config = EvaluateConfig(executor=ExecutorConfig(workers=args.workers), pin=True)
-    runs: list[list[float]] = [[] for _ in plans]
-    for repeat in range(args.repeats):  # interleaved: every plan once per repeat
-        for i, measured in enumerate(measure_plans(plans, config)):
-            runs[i].append(measured["cost_ms"])
-        print(f"repeat {repeat} measured", flush=True)
+    runs = measured_steps(plans, config, args.repeats)
     step = {key: statistics.median(r) for key, r in zip(index, runs)}
     noise = [abs(x - statistics.median(r)) / statistics.median(r) for r in runs for x in r]
     summary = {}

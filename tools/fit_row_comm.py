@@ -21,22 +21,18 @@ import numpy as np
 
 from neuroshard_jax.datasets import git_commit, hardware_kind, package_path, read_json, read_records, write_json
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.row_comm import SHIPPED, RowComm, fit
+from neuroshard_jax.row_comm import SHIPPED, RowComm, fit, rank_ms
 
 
 def held_out_error(model: RowComm, records: list[dict]) -> dict:
     """MAPE of each rank's fwd and bwd row-group ms in ``records`` by ``model``, and how many ranks."""
     errors: dict[str, list[float]] = {"fwd": [], "bwd": []}
     for r in records:
-        for rank in range(r["world"]):
-            predicted = np.zeros(2)
-            for width, ranks in r["row_groups"]:
-                if rank in ranks:
-                    predicted += model.group_ms(len(ranks), width, r["batch_size"])
-            for i, k in enumerate(("fwd", "bwd")):
-                measured = r[f"{k}_rows_ms"][rank]
-                if predicted[i] > 0 and measured > 0:
-                    errors[k].append(abs(predicted[i] - measured) / measured)
+        predicted = rank_ms(model, r)
+        for i, k in enumerate(("fwd", "bwd")):
+            for p, measured in zip(predicted[i], r[f"{k}_rows_ms"]):
+                if p > 0 and measured > 0:
+                    errors[k].append(abs(p - measured) / measured)
     return {f"{k}_mape": round(float(np.mean(v)), 4) for k, v in errors.items() if v} | {"ranks": len(errors["fwd"])}
 
 
