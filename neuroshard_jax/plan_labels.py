@@ -478,25 +478,15 @@ def plan_label_report(out: Path, round_: int | None = None) -> dict:
         entry = rounds.setdefault(row["round"], {"errors": {}, "taus": [], "plans": 0, "devices": set()})
         pred_max, meas_max = [], []
         for spec, plan in zip(row["plans"], plans):
-            values = []
-            for d in range(task.num_devices):
-                shards = plan.device_shards(d)
-                if not shards:
-                    continue
-                key = device_key(task, device_tables(task, shards))
-                if key not in measured:
-                    break
-                split = any(s.dim < task.tables[s.table].dim for s in shards)
-                values.append((spec["compute"][d], measured[key], split))
-                entry["devices"].add(key)
-            else:
-                entry["plans"] += 1
-                groups = ["all", spec["searcher"], "variants" if spec["variant"] != "searched" else "searched"]
-                for p, m, split in values:
-                    for g in groups + (["split devices"] if split else []):
-                        entry["errors"].setdefault(g, []).append(p / m - 1)
-                pred_max.append(max(p for p, _, _ in values))
-                meas_max.append(max(m for _, m, _ in values))
+            errors, slowest = device_errors(task, spec, plan, spec["compute"], measured)
+            if slowest is None:
+                continue
+            entry["plans"] += 1
+            entry["devices"].update(errors.pop("keys"))
+            for group, values in errors.items():
+                entry["errors"].setdefault(group, []).extend(values)
+            pred_max.append(slowest[0])
+            meas_max.append(slowest[1])
         if len(meas_max) >= 3 and max(meas_max) > 1.1 * min(meas_max):
             entry["taus"].append(kendall_tau(np.asarray(pred_max), np.asarray(meas_max)))
     report = {}
@@ -513,3 +503,25 @@ def plan_label_report(out: Path, round_: int | None = None) -> dict:
             "tasks_with_tau": len(entry["taus"]),
         }
     return report
+
+
+def device_errors(task: Task, spec: dict, plan: Plan, predicted, measured: dict[str, float]):
+    """A plan's device compute errors (predicted / measured - 1) by group: all, its searcher, searched or variants,
+    and split devices (holding a column slice); the measured device keys under "keys"; and its slowest device
+    (predicted, measured). ({}, None) where a device of the plan is not measured."""
+    errors: dict[str, list] = {"keys": []}
+    values = []
+    for d in range(task.num_devices):
+        shards = plan.device_shards(d)
+        if not shards:
+            continue
+        key = device_key(task, device_tables(task, shards))
+        if key not in measured:
+            return {}, None
+        split = any(s.dim < task.tables[s.table].dim for s in shards)
+        values.append((float(predicted[d]), measured[key]))
+        errors["keys"].append(key)
+        groups = ["all", spec["searcher"], "variants" if spec["variant"] != "searched" else "searched"]
+        for g in groups + (["split devices"] if split else []):
+            errors.setdefault(g, []).append(values[-1][0] / values[-1][1] - 1)
+    return errors, (max(p for p, _ in values), max(m for _, m in values))

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from neuroshard_jax.training import ranking_tau
 from neuroshard_jax.types import Task
 from tests.conftest import REPO
 
@@ -76,7 +77,7 @@ def test_report_ratios_wins_bounds_and_errors_by_hand():
 
 
 def test_plan_ranking_counts_only_pairs_apart_by_more_than_the_tie():
-    assert fb.ranking_tau([(1.0, 10.0), (2.0, 20.0), (3.0, 30.0)], 0.03) == 1.0
-    assert fb.ranking_tau([(3.0, 10.0), (2.0, 20.0), (1.0, 30.0)], 0.03) == -1.0
-    assert fb.ranking_tau([(1.0, 10.0), (2.0, 10.1)], 0.03) is None  # within the tie: no order to get right
-    assert fb.ranking_tau([(1.0, 10.0), (2.0, 20.0), (1.5, 30.0)], 0.03) == pytest.approx(1 / 3)  # 2 right, 1 wrong
+    assert ranking_tau([(1.0, 10.0), (2.0, 20.0), (3.0, 30.0)], 0.03) == 1.0
+    assert ranking_tau([(3.0, 10.0), (2.0, 20.0), (1.0, 30.0)], 0.03) == -1.0
+    assert ranking_tau([(1.0, 10.0), (2.0, 10.1)], 0.03) is None  # within the tie: no order to get right
+    assert ranking_tau([(1.0, 10.0), (2.0, 20.0), (1.5, 30.0)], 0.03) == pytest.approx(1 / 3)  # 2 right, 1 wrong

@@ -58,7 +58,7 @@ from neuroshard_jax.polish import PolishConfig, polish_plan
 from neuroshard_jax.scoring import score_plan
 from neuroshard_jax.search import search_plan
 from neuroshard_jax.sharding import merge_colocated
-from neuroshard_jax.training import MIN_CPU_SHARE
+from neuroshard_jax.training import MIN_CPU_SHARE, noise_floor, ranking_tau
 from neuroshard_jax.types import Plan, Task
 from searchers import make_searcher
 
@@ -564,33 +564,6 @@ def report(
     result = {"model": label, "tie": tie, "hardware": kind, "session": session, "tasks": by_task, "summary": summary}
     write_json(result, out / f"{name}.json")
     return summary
-
-
-def noise_floor(measured: dict[str, list[float]]) -> dict:
-    """The measurements' own noise, the floor under any model's error: the mean relative distance of one repeat
-    from the median of its device's repeats (devices measured 3 times or more), and how many repeats a device had."""
-    runs = [(np.asarray(r), statistics.median(r)) for r in measured.values() if len(r) >= 3 and statistics.median(r)]
-    if not runs:
-        return {"one_repeat_vs_median": None, "devices": 0}
-    distance = np.concatenate([np.abs(r - m) / m for r, m in runs])
-    return {
-        "one_repeat_vs_median": float(distance.mean()),
-        "devices": len(runs),
-        "repeats": float(np.median([len(r) for r, _ in runs])),
-    }
-
-
-def ranking_tau(pairs: list[tuple[float, float]], tie: float) -> float | None:
-    """Kendall's tau of predicted against measured over (predicted, measured) plans, counting only the pairs whose
-    measured figures differ by more than ``tie`` (relative): plans within the noise have no order to get right.
-    None where no pair does."""
-    agree = disagree = 0
-    for i, (p, m) in enumerate(pairs):
-        for q, n in pairs[i + 1 :]:
-            if abs(m - n) > tie * min(m, n):
-                agree += (p - q) * (m - n) > 0
-                disagree += (p - q) * (m - n) <= 0
-    return (agree - disagree) / (agree + disagree) if agree + disagree else None
 
 
 def summarise(by_task: dict, tasks: dict, tie: float) -> dict:

@@ -1,0 +1,69 @@
+"""tools/bench_plan_accuracy.py's arithmetic on hand-made measurements: device errors by group (split devices
+included), the per-task ranking, a scale applied to predictions, and the searched plans against TorchRec's and the
+balance bound."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from neuroshard_jax.cost_models import DeviceCosts
+from neuroshard_jax.evaluation import device_key, device_tables
+from neuroshard_jax.plan_labels import device_errors, plan_entry, plan_of
+from tests.conftest import REPO, make_table, make_task
+
+sys.path.insert(0, str(REPO / "tools"))
+import bench_plan_accuracy as bpa  # noqa: E402
+
+
+def _case():
+    """Three plans of 4 dim-16 tables on 2 devices; a device's measured ms is 10 per whole table (5 per half)."""
+    task = make_task([make_table(i, rows=1000 + i, dim=16) for i in range(4)], num_devices=2)
+    layouts = {
+        "torchrec": ((0,), (0,), (1,), (1,)),  # 20 / 20
+        "beam": ((0, 1), (0,), (1,), (1,)),  # table 0 split: 15 / 25
+        "beam~move1": ((0,), (0,), (0,), (1,)),  # 30 / 10
+    }
+    measured, rows_plans, truth = {}, [], []
+    for name, layout in layouts.items():
+        plan = plan_of(task, layout)
+        ms = [sum(10.0 * s.dim / 16 for s in plan.device_shards(d)) for d in range(2)]
+        for d in range(2):
+            measured[device_key(task, device_tables(task, plan.device_shards(d)))] = ms[d]
+        costs = DeviceCosts(*(np.asarray(x) for x in (ms, [0.0, 0.0], [0.0, 0.0], ms)))
+        searcher, variant = (name.split("~")[0], "move" if "~" in name else "searched")
+        rows_plans.append(plan_entry(name, searcher, variant, plan, costs))
+        truth.append(ms)
+    row = {"id": "2/0", "round": 0, "task": task.to_json(), "plans": rows_plans}
+    return task, row, measured, np.asarray(truth)
+
+
+def test_device_errors_group_split_devices_and_find_the_slowest():
+    task, row, measured, truth = _case()
+    from neuroshard_jax.plan_labels import row_plans
+
+    _, plans = row_plans(row)
+    errors, slowest = device_errors(task, row["plans"][1], plans[1], truth[1] * 1.2, measured)
+    assert errors["all"] == pytest.approx([0.2, 0.2]) and errors["split devices"] == pytest.approx([0.2, 0.2])
+    assert set(errors) == {"keys", "all", "beam", "searched", "split devices"}
+    assert slowest == pytest.approx((30.0, 25.0))
+    assert device_errors(task, row["plans"][1], plans[1], truth[1], {}) == ({}, None)  # a device not measured
+
+
+def test_figures_scale_rank_and_bound():
+    _, row, measured, truth = _case()
+    high = bpa.model_figures([row], [truth * 1.1], measured, 0.03, 1.0)["2"]
+    assert high["device_error"]["all"]["mape"] == pytest.approx(0.1)
+    assert high["device_error"]["variants"]["mean_signed"] == pytest.approx(0.1)
+    assert high["per_task_tau"] == 1.0 and high["tasks_with_tau"] == 1
+    scaled = bpa.model_figures([row], [truth * 1.1], measured, 0.03, 1 / 1.1)["2"]
+    assert scaled["device_error"]["all"]["mape"] == pytest.approx(0.0, abs=1e-12)
+    wrong = truth[::-1].copy()  # the slowest plan predicted fastest and the other way round
+    assert bpa.model_figures([row], [wrong], measured, 0.03, 1.0)["2"]["per_task_tau"] == -1.0
+    quality = bpa.plan_quality([row], measured)["2"]
+    assert quality["beam"]["vs_torchrec"] == pytest.approx(25 / 20) and quality["beam"]["vs_bound"] == pytest.approx(
+        25 / 20
+    )
+    assert quality["torchrec"] == {"vs_torchrec": 1.0, "vs_bound": 1.0, "tasks": 1, "of_tasks": 1}

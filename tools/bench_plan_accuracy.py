@@ -1,0 +1,254 @@
+"""The cost model on the plans searchers produce for held-out tasks, against the median of interleaved repeats.
+
+    python tools/bench_plan_accuracy.py measure [--tasks 5] [--devices 4,8] [--repeats 5] [--variants 8] \
+        [--model xeon-union] [--out bench/plan_accuracy]
+    python tools/bench_plan_accuracy.py report --models xeon-union,cpu-b4096[,CHECKPOINT] [--tie 0.03] \
+        [--out bench/plan_accuracy]
+
+``measure`` takes the suite's held-out tasks (conf/experiment/compare.yaml: seeds 20000.., the pool's test half,
+10-59 tables; never seen by training or the label loop), has every searcher of the plan-label collection plan each
+with ``--model``, adds ``--variants`` perturbed variants per task drawn at random (not by a model's spread: the set
+judges several models), and measures every distinct device ``--repeats`` times with the label protocol, workers
+pinned, the repeats interleaved (repeat r of every device of a task before r + 1). Resumable: ``plans.jsonl`` (a row
+per task, the form of ``collect kind=plans``) and ``compute.jsonl`` (a row per device: its repeats and their median)
+only append; a rerun continues where it stopped.
+
+``report`` scores every plan's devices with each model and compares them with the medians (issue 15's targets):
+device compute MAPE and mean signed error overall, per searcher, for the variants and for devices holding split
+slices; the per-task Kendall tau of the plans' slowest devices over the pairs more than ``--tie`` apart; the noise
+floor (one repeat against its device's median). Writes ``report.json`` beside the measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from neuroshard_jax.datasets import JsonlLog, hardware, read_json, read_jsonl, read_records, write_json
+from neuroshard_jax.errors import UserError
+from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_tables, measure_tables
+from neuroshard_jax.executors import ExecutorConfig, open_executor
+from neuroshard_jax.models import expected_cost_model, make_cost_model
+from neuroshard_jax.plan_labels import PlanLabelConfig, device_errors, plan_task, row_plans
+from neuroshard_jax.scoring import score_plans_devices
+from neuroshard_jax.tables import load_pool
+from neuroshard_jax.tasks import TaskConfig, generate_task
+from neuroshard_jax.training import noise_floor, ranking_tau
+
+FIRST_SEED = 20000  # conf/experiment/compare.yaml: the suite's held-out tasks
+
+
+def measure(args) -> dict:
+    out = Path(args.out)
+    config = PlanLabelConfig(model=args.model, variants=args.variants, select="random")
+    plans_log, compute_log = JsonlLog(out / "plans.jsonl"), JsonlLog(out / "compute.jsonl")
+    pool = load_pool(TaskConfig().pool, TaskConfig().batch_size)
+    evaluate = EvaluateConfig(executor=ExecutorConfig(workers=args.workers), pin=True)
+    started = time.perf_counter()
+    counts = {"tasks": 0, "plans": 0, "devices_measured": 0}
+    with open_executor(evaluate.executor, evaluate.device, evaluate.timeout_s, pin=True) as executor:
+        for n in (int(x) for x in args.devices.split(",")):
+            for seed in range(FIRST_SEED, FIRST_SEED + args.tasks):
+                row_id = f"{n}/{seed}"
+                if row_id not in plans_log.ids:
+                    task = generate_task(pool, TaskConfig(num_tables=None, num_devices=n, split="test"), seed)
+                    plans = plan_task(config, task, seed)
+                    plans_log.append(
+                        {"id": row_id, "round": 0, "index": seed, "source": "pool-test", "model": args.model}
+                        | {"task": task.to_json(), "plans": plans}
+                    )
+                row = next(r for r in read_jsonl(out / "plans.jsonl") if r["id"] == row_id)
+                task, plans = row_plans(row)
+                jobs = {}
+                for plan in plans:
+                    for d in range(task.num_devices):
+                        tables = device_tables(task, plan.device_shards(d))
+                        key = device_key(task, tables) if tables else None
+                        if key and key not in compute_log.ids:
+                            jobs[key] = (task, tables)
+                answers = measure_tables(jobs, evaluate, executor, repeats=args.repeats) if jobs else {}
+                for key, (_, tables) in jobs.items():
+                    runs = [a["total_ms"] for a in answers[key]]
+                    compute_log.append(
+                        {"id": key, "tables": tables, "task": row_id, "ok": True}
+                        | {"runs_ms": [round(x, 4) for x in runs], "total_ms": statistics.median(runs)}
+                    )
+                counts["tasks"] += 1
+                counts["plans"] += len(plans)
+                counts["devices_measured"] += len(jobs)
+                print(f"{row_id}: {len(plans)} plans, {len(jobs)} devices measured x{args.repeats}", flush=True)
+    return counts | {"wall_s": round(time.perf_counter() - started, 1)}
+
+
+def report(args) -> dict:
+    out = Path(args.out)
+    rows = read_jsonl(out / "plans.jsonl")
+    records = list(read_records(out / "compute.jsonl"))
+    if not rows or not records:
+        raise UserError(f"--out: {out} holds no measurements; expected the output of `measure` first")
+    measured = {r["id"]: r["total_ms"] for r in records}
+    scales = {"as_trained": 1.0}
+    if args.probe:
+        probe = read_json(Path(args.probe), "--probe", "the output of tools/hardware_probe.py")
+        scales["probe_scaled"] = float(probe["ratio_here_over_there"]["median"])
+    result = {
+        "what": "each model's device compute against the median of interleaved repeats, plans of held-out tasks",
+        "machine": hardware(),
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "tie": args.tie,
+        "scales": scales,
+        "tasks": len(rows),
+        "plans": sum(len(r["plans"]) for r in rows),
+        "noise": noise_floor({r["id"]: r["runs_ms"] for r in records}),
+        "measured_plans": plan_quality(rows, measured),
+        "models": {},
+    }
+    for model in (m for m in args.models.split(",") if m):
+        predicted = predictions(model, rows)
+        result["models"][model] = {
+            how: model_figures(rows, predicted, measured, args.tie, scale) for how, scale in scales.items()
+        }
+    write_json(result, out / "report.json")
+    return result
+
+
+def predictions(model: str, rows: list[dict]) -> list[np.ndarray]:
+    """The model's expected compute ms [plan, device] of every task row's plans."""
+    name, options = PlanLabelConfig(model=model).cost_model()
+    out = []
+    for row in rows:
+        task, plans = row_plans(row)
+        scored = expected_cost_model(make_cost_model(name, task, options))
+        out.append(np.asarray(score_plans_devices(scored, plans)[0].compute_ms))
+    return out
+
+
+def model_figures(
+    rows: list[dict], predicted: list[np.ndarray], measured: dict[str, float], tie: float, scale: float
+) -> dict:
+    """A model's errors (its predictions x ``scale``) on every measured device, overall and by group, per device
+    count; its per-task tau."""
+    by_devices: dict[int, dict] = {}
+    for row, compute in zip(rows, predicted):
+        task, plans = row_plans(row)
+        entry = by_devices.setdefault(task.num_devices, {"errors": {}, "taus": []})
+        pairs = []
+        for spec, plan, plan_compute in zip(row["plans"], plans, compute * scale):
+            errors, slowest = device_errors(task, spec, plan, plan_compute, measured)
+            errors.pop("keys", None)
+            for group, values in errors.items():
+                entry["errors"].setdefault(group, []).extend(values)
+            if slowest is not None:
+                pairs.append(slowest)
+        tau = ranking_tau(pairs, tie)
+        if tau is not None:
+            entry["taus"].append(tau)
+    figures = {}
+    for n, entry in sorted(by_devices.items()):
+        figures[str(n)] = {
+            "device_error": {
+                g: {"devices": len(e), "mape": float(np.mean(np.abs(e))), "mean_signed": float(np.mean(e))}
+                for g, e in sorted(entry["errors"].items())
+            },
+            "per_task_tau": float(np.mean(entry["taus"])) if entry["taus"] else None,
+            "tasks_with_tau": len(entry["taus"]),
+        }
+    return figures
+
+
+def plan_quality(rows: list[dict], measured: dict[str, float]) -> dict:
+    """Per device count and searcher, the searched plans' measured slowest device compute against TorchRec's and
+    against the task's balance bound (the lowest mean device compute of any measured plan of the task), averaged
+    over the tasks where both are measured; ``tasks`` of ``of_tasks`` have the searcher's plan (a searcher finding
+    none, e.g. TorchRec's planner under a tight cap, is counted, not hidden)."""
+    ratios: dict[int, dict[str, dict[str, list]]] = {}
+    tasks: dict[int, int] = {}
+    for row in rows:
+        task, plans = row_plans(row)
+        tasks[task.num_devices] = tasks.get(task.num_devices, 0) + 1
+        slowest, means = {}, []
+        for spec, plan in zip(row["plans"], plans):
+            devices = [device_tables(task, plan.device_shards(d)) for d in range(task.num_devices)]
+            ms = [measured.get(device_key(task, t)) if t else 0.0 for t in devices]
+            if None in ms:
+                continue
+            means.append(sum(ms) / task.num_devices)
+            if spec["variant"] == "searched":
+                slowest[spec["searcher"]] = max(ms)
+        bound = min(means) if means else None
+        entry = ratios.setdefault(task.num_devices, {})
+        for searcher, ms in slowest.items():
+            figures = entry.setdefault(searcher, {"vs_torchrec": [], "vs_bound": []})
+            if "torchrec" in slowest:
+                figures["vs_torchrec"].append(ms / slowest["torchrec"])
+            figures["vs_bound"].append(ms / bound)
+    return {
+        str(n): {
+            s: {k: (float(np.mean(v)) if v else None) for k, v in f.items()}
+            | {"tasks": len(f["vs_bound"]), "of_tasks": tasks[n]}
+            for s, f in sorted(entry.items())
+        }
+        for n, entry in sorted(ratios.items())
+    }
+
+
+def print_report(result: dict) -> None:
+    noise = result["noise"]
+    print(
+        f"{result['tasks']} tasks, {result['plans']} plans; noise floor: one repeat "
+        f"{noise['one_repeat_vs_median']:.1%} "
+        f"from its device's median ({noise['devices']} devices)"
+    )
+    for n, searchers in result["measured_plans"].items():
+        quality = ", ".join(
+            f"{s} {f['vs_torchrec']:.1%} / {f['vs_bound']:.1%}" for s, f in searchers.items() if f["vs_torchrec"]
+        )
+        print(f"{n} devices, measured slowest device compute vs TorchRec's / vs the balance bound: {quality}")
+    for model, scaled in result["models"].items():
+        for how, n, f in ((h, n, f) for h, figures in scaled.items() for n, f in figures.items()):
+            err = f["device_error"]
+            groups = ", ".join(f"{g} {e['mean_signed']:+.1%}" for g, e in err.items() if g != "all")
+            tau = "n/a" if f["per_task_tau"] is None else f"{f['per_task_tau']:.3f}"
+            all_ = err["all"]
+            print(
+                f"{model} ({how}) @ {n} devices: MAPE {all_['mape']:.1%} (signed {all_['mean_signed']:+.1%}, "
+                f"{all_['devices']} devices), tau {tau} over {f['tasks_with_tau']} tasks; signed: {groups}"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure")
+    m.add_argument("--tasks", type=int, default=5, help="held-out tasks per device count")
+    m.add_argument("--devices", default="4,8")
+    m.add_argument("--repeats", type=int, default=5)
+    m.add_argument("--variants", type=int, default=8, help="perturbed variants per task, drawn at random")
+    m.add_argument("--model", default="xeon-union", help="the searchers' cost model")
+    m.add_argument("--workers", type=int, default=2)
+    r = sub.add_parser("report")
+    r.add_argument("--models", required=True, help="comma-separated shipped names or checkpoint directories")
+    r.add_argument("--probe", help="a tools/hardware_probe.py output: also report predictions x its median ratio")
+    r.add_argument("--tie", type=float, default=0.03, help="plans closer than this (relative) have no order")
+    for p in (m, r):
+        p.add_argument("--out", default="bench/plan_accuracy")
+    args = parser.parse_args()
+    try:
+        if args.command == "measure":
+            if args.tasks < 1 or args.repeats < 3:
+                raise UserError(f"--tasks/--repeats: got {args.tasks}/{args.repeats}, expected >= 1 / >= 3")
+            print(measure(args))
+        else:
+            print_report(report(args))
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
