@@ -148,15 +148,19 @@ def measure_tables(
     executor: Executor | None = None,
     repeats: int = 1,
     what: str = "a device measurement failed",
+    others: dict[str, dict] | None = None,
 ) -> dict[str, list[dict]]:
     """Each job (key -> (task, its ``device_tables``)) measured as one device ``repeats`` times, interleaved (repeat
     r of every job before r + 1), on ``executor`` or one opened as ``config.executor`` says: key -> the worker's
-    answers in repeat order. A failed measurement is a UserError: ``what``, and the worker's error."""
-    answers: dict[str, list[dict]] = {key: [] for key in jobs}
+    answers in repeat order. ``others``: ready worker requests (key -> request) measured alongside in the same
+    interleaved repeats, e.g. reference records that track the machine's drift. A failed measurement is a
+    UserError: ``what``, and the worker's error."""
+    others = others or {}
+    answers: dict[str, list[dict]] = {key: [] for key in [*jobs, *others]}
     requests = [
-        {**device_request(f"{key}/{r}", task, tables, config), "key": key}
+        {**(others[key] if key in others else device_request(None, *jobs[key], config)), "id": f"{key}/{r}", "key": key}
         for r in range(repeats)
-        for key, (task, tables) in jobs.items()
+        for key in [*jobs, *others]
     ]
 
     def record(request: dict, answer: dict) -> None:

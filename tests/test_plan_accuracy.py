@@ -54,16 +54,27 @@ def test_device_errors_group_split_devices_and_find_the_slowest():
 
 def test_figures_scale_rank_and_bound():
     _, row, measured, truth = _case()
-    high = bpa.model_figures([row], [truth * 1.1], measured, 0.03, 1.0)["2"]
+    high = bpa.model_figures([row], [truth * 1.1], measured, 0.03, [1.0])["2"]
     assert high["device_error"]["all"]["mape"] == pytest.approx(0.1)
     assert high["device_error"]["variants"]["mean_signed"] == pytest.approx(0.1)
     assert high["per_task_tau"] == 1.0 and high["tasks_with_tau"] == 1
-    scaled = bpa.model_figures([row], [truth * 1.1], measured, 0.03, 1 / 1.1)["2"]
+    scaled = bpa.model_figures([row], [truth * 1.1], measured, 0.03, [1 / 1.1])["2"]
     assert scaled["device_error"]["all"]["mape"] == pytest.approx(0.0, abs=1e-12)
     wrong = truth[::-1].copy()  # the slowest plan predicted fastest and the other way round
-    assert bpa.model_figures([row], [wrong], measured, 0.03, 1.0)["2"]["per_task_tau"] == -1.0
+    assert bpa.model_figures([row], [wrong], measured, 0.03, [1.0])["2"]["per_task_tau"] == -1.0
     quality = bpa.plan_quality([row], measured)["2"]
     assert quality["beam"]["vs_torchrec"] == pytest.approx(25 / 20) and quality["beam"]["vs_bound"] == pytest.approx(
         25 / 20
     )
     assert quality["torchrec"] == {"vs_torchrec": 1.0, "vs_bound": 1.0, "tasks": 1, "of_tasks": 1}
+
+
+def test_task_speeds_are_the_median_reference_ratio_per_task():
+    records = [
+        {"id": "a@4/1", "reference": True, "task": "4/1", "label_ms": 10.0, "total_ms": 11.0},
+        {"id": "b@4/1", "reference": True, "task": "4/1", "label_ms": 20.0, "total_ms": 21.0},
+        {"id": "c@4/1", "reference": True, "task": "4/1", "label_ms": 5.0, "total_ms": 9.0},
+        {"id": "a@8/1", "reference": True, "task": "8/1", "label_ms": 10.0, "total_ms": 9.0},
+        {"id": "k", "task": "8/1", "total_ms": 30.0},  # a plan's device, not a reference
+    ]
+    assert bpa.task_speeds(records) == pytest.approx({"4/1": 1.1, "8/1": 0.9})

@@ -1,22 +1,28 @@
 """The cost model on the plans searchers produce for held-out tasks, against the median of interleaved repeats.
 
     python tools/bench_plan_accuracy.py measure [--tasks 5] [--devices 4,8] [--repeats 5] [--variants 8] \
-        [--model xeon-union] [--out bench/plan_accuracy]
+        [--model xeon-union] [--references 6] [--out bench/plan_accuracy/RUN]
     python tools/bench_plan_accuracy.py report --models xeon-union,cpu-b4096[,CHECKPOINT] [--tie 0.03] \
-        [--out bench/plan_accuracy]
+        [--out bench/plan_accuracy/RUN]
 
 ``measure`` takes the suite's held-out tasks (conf/experiment/compare.yaml: seeds 20000.., the pool's test half,
 10-59 tables; never seen by training or the label loop), has every searcher of the plan-label collection plan each
 with ``--model``, adds ``--variants`` perturbed variants per task drawn at random (not by a model's spread: the set
 judges several models), and measures every distinct device ``--repeats`` times with the label protocol, workers
-pinned, the repeats interleaved (repeat r of every device of a task before r + 1). Resumable: ``plans.jsonl`` (a row
-per task, the form of ``collect kind=plans``) and ``compute.jsonl`` (a row per device: its repeats and their median)
-only append; a rerun continues where it stopped.
+pinned, the repeats interleaved (repeat r of every device of a task before r + 1). Among each task's devices it
+measures ``--references`` quiet records of a training dataset (``--reference``, the probe's draw): their time now
+against their recorded time is the machine's speed while that task was measured, so the drift of a long run (5-10%
+in half an hour here) is seen and can be taken out. Resumable: ``plans.jsonl`` (a row per task, the form of
+``collect kind=plans``) and ``compute.jsonl`` (a row per device: its repeats and their median; a row per
+reference and task) only append; a rerun continues where it stopped, and a copy of another run's ``plans.jsonl``
+re-measures the same plans.
 
 ``report`` scores every plan's devices with each model and compares them with the medians (issue 15's targets):
 device compute MAPE and mean signed error overall, per searcher, for the variants and for devices holding split
 slices; the per-task Kendall tau of the plans' slowest devices over the pairs more than ``--tie`` apart; the noise
-floor (one repeat against its device's median). Writes ``report.json`` beside the measurements.
+floor (one repeat against its device's median); with references, also with each task's predictions scaled by its
+measured speed (``drift_corrected``) and by that speed over the run's median (``within_run``: the drift within the
+run removed, the level kept). Writes ``report.json`` beside the measurements.
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from hardware_probe import probe_requests  # tools/: the probe's quiet reference records
 
-from neuroshard_jax.datasets import JsonlLog, hardware, read_json, read_jsonl, read_records, write_json
+from neuroshard_jax.datasets import JsonlLog, hardware, read_jsonl, read_records, write_json
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_tables, measure_tables
 from neuroshard_jax.executors import ExecutorConfig, open_executor
@@ -38,7 +45,7 @@ from neuroshard_jax.plan_labels import PlanLabelConfig, device_errors, plan_task
 from neuroshard_jax.scoring import score_plans_devices
 from neuroshard_jax.tables import load_pool
 from neuroshard_jax.tasks import TaskConfig, generate_task
-from neuroshard_jax.training import noise_floor, ranking_tau
+from neuroshard_jax.training import noise_floor, ranking_tau, resolve_dataset
 
 FIRST_SEED = 20000  # conf/experiment/compare.yaml: the suite's held-out tasks
 
@@ -49,6 +56,9 @@ def measure(args) -> dict:
     plans_log, compute_log = JsonlLog(out / "plans.jsonl"), JsonlLog(out / "compute.jsonl")
     pool = load_pool(TaskConfig().pool, TaskConfig().batch_size)
     evaluate = EvaluateConfig(executor=ExecutorConfig(workers=args.workers), pin=True)
+    references, recorded = [], {}
+    if args.references:
+        references, recorded, _ = probe_requests(resolve_dataset(args.reference), args.references, 0)
     started = time.perf_counter()
     counts = {"tasks": 0, "plans": 0, "devices_measured": 0}
     with open_executor(evaluate.executor, evaluate.device, evaluate.timeout_s, pin=True) as executor:
@@ -71,7 +81,16 @@ def measure(args) -> dict:
                         key = device_key(task, tables) if tables else None
                         if key and key not in compute_log.ids:
                             jobs[key] = (task, tables)
-                answers = measure_tables(jobs, evaluate, executor, repeats=args.repeats) if jobs else {}
+                if not jobs:
+                    continue
+                refs = {f"{r['id']}@{row_id}": r for r in references}
+                answers = measure_tables(jobs, evaluate, executor, repeats=args.repeats, others=refs)
+                for key, request in refs.items():
+                    runs = [a["total_ms"] for a in answers[key]]
+                    compute_log.append(
+                        {"id": key, "reference": True, "task": row_id, "label_ms": recorded[request["id"]]}
+                        | {"runs_ms": [round(x, 4) for x in runs], "total_ms": statistics.median(runs), "ok": True}
+                    )
                 for key, (_, tables) in jobs.items():
                     runs = [a["total_ms"] for a in answers[key]]
                     compute_log.append(
@@ -91,20 +110,22 @@ def report(args) -> dict:
     records = list(read_records(out / "compute.jsonl"))
     if not rows or not records:
         raise UserError(f"--out: {out} holds no measurements; expected the output of `measure` first")
-    measured = {r["id"]: r["total_ms"] for r in records}
-    scales = {"as_trained": 1.0}
-    if args.probe:
-        probe = read_json(Path(args.probe), "--probe", "the output of tools/hardware_probe.py")
-        scales["probe_scaled"] = float(probe["ratio_here_over_there"]["median"])
+    measured = {r["id"]: r["total_ms"] for r in records if not r.get("reference")}
+    drift = task_speeds(records)
+    scales = {"as_trained": [1.0] * len(rows)}
+    if drift:
+        level = statistics.median(drift.values())
+        scales["drift_corrected"] = [drift.get(r["id"], level) for r in rows]
+        scales["within_run"] = [drift.get(r["id"], level) / level for r in rows]
     result = {
         "what": "each model's device compute against the median of interleaved repeats, plans of held-out tasks",
         "machine": hardware(),
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "tie": args.tie,
-        "scales": scales,
+        "reference_speed": {t: round(f, 4) for t, f in drift.items()},
         "tasks": len(rows),
         "plans": sum(len(r["plans"]) for r in rows),
-        "noise": noise_floor({r["id"]: r["runs_ms"] for r in records}),
+        "noise": noise_floor({r["id"]: r["runs_ms"] for r in records if not r.get("reference")}),
         "measured_plans": plan_quality(rows, measured),
         "models": {},
     }
@@ -115,6 +136,18 @@ def report(args) -> dict:
         }
     write_json(result, out / "report.json")
     return result
+
+
+def task_speeds(records: list[dict]) -> dict[str, float]:
+    """Per task, the machine's speed while its devices were measured: the median over the reference records
+    measured among them of (measured now / recorded in their dataset). Predictions x this speed read the model at
+    the machine's state of that moment (``drift_corrected``); divided by the run's median speed, it removes the
+    drift within the run only (``within_run``)."""
+    ratios: dict[str, list[float]] = {}
+    for r in records:
+        if r.get("reference") and r.get("label_ms"):
+            ratios.setdefault(r["task"], []).append(r["total_ms"] / r["label_ms"])
+    return {task: float(statistics.median(v)) for task, v in ratios.items()}
 
 
 def predictions(model: str, rows: list[dict]) -> list[np.ndarray]:
@@ -129,12 +162,12 @@ def predictions(model: str, rows: list[dict]) -> list[np.ndarray]:
 
 
 def model_figures(
-    rows: list[dict], predicted: list[np.ndarray], measured: dict[str, float], tie: float, scale: float
+    rows: list[dict], predicted: list[np.ndarray], measured: dict[str, float], tie: float, scales: list[float]
 ) -> dict:
-    """A model's errors (its predictions x ``scale``) on every measured device, overall and by group, per device
-    count; its per-task tau."""
+    """A model's errors (each task's predictions x its scale) on every measured device, overall and by group, per
+    device count; its per-task tau."""
     by_devices: dict[int, dict] = {}
-    for row, compute in zip(rows, predicted):
+    for row, compute, scale in zip(rows, predicted, scales):
         task, plans = row_plans(row)
         entry = by_devices.setdefault(task.num_devices, {"errors": {}, "taus": []})
         pairs = []
@@ -212,6 +245,8 @@ def print_report(result: dict) -> None:
     for model, scaled in result["models"].items():
         for how, n, f in ((h, n, f) for h, figures in scaled.items() for n, f in figures.items()):
             err = f["device_error"]
+            if "all" not in err:
+                continue
             groups = ", ".join(f"{g} {e['mean_signed']:+.1%}" for g, e in err.items() if g != "all")
             tau = "n/a" if f["per_task_tau"] is None else f"{f['per_task_tau']:.3f}"
             all_ = err["all"]
@@ -231,9 +266,10 @@ def main() -> None:
     m.add_argument("--variants", type=int, default=8, help="perturbed variants per task, drawn at random")
     m.add_argument("--model", default="xeon-union", help="the searchers' cost model")
     m.add_argument("--workers", type=int, default=2)
+    m.add_argument("--references", type=int, default=6, help="reference records measured among each task's devices")
+    m.add_argument("--reference", default="neuroshard_jax/data/profiles/xeon-plans", help="their dataset")
     r = sub.add_parser("report")
     r.add_argument("--models", required=True, help="comma-separated shipped names or checkpoint directories")
-    r.add_argument("--probe", help="a tools/hardware_probe.py output: also report predictions x its median ratio")
     r.add_argument("--tie", type=float, default=0.03, help="plans closer than this (relative) have no order")
     for p in (m, r):
         p.add_argument("--out", default="bench/plan_accuracy")
