@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from neuroshard_jax.row_comm import RowComm
+
 
 class CostFns(NamedTuple):
     embed: Callable
@@ -52,7 +54,12 @@ class CostModel:
     name: str
     fns: CostFns
     params: Any
-    row_comm: Any = None  # row_comm.RowComm: row-split groups' collectives priced apart (None: as all-to-all width)
+    row_comm: RowComm | None = None  # row-split groups' collectives priced apart (None: as all-to-all width)
+
+    @property
+    def prices_rows(self) -> bool:
+        """Whether row blocks leave the all-to-all width, their groups' collectives priced by ``row_comm``."""
+        return self.row_comm is not None
 
 
 class DeviceCosts(NamedTuple):

@@ -166,7 +166,7 @@ def _all_to_all_dims(plan: Plan, rows_apart: bool) -> np.ndarray:
 
 def plan_dim_sums(plan: Plan, model: CostModel) -> np.ndarray:
     """f32[N]: each device's all-to-all width as ``model`` prices it (row blocks apart where it has ``row_comm``)."""
-    return _all_to_all_dims(plan, model.row_comm is not None)
+    return _all_to_all_dims(plan, model.prices_rows)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -178,7 +178,7 @@ def rows_arrays(model: CostModel, plans: list[Plan]) -> tuple[np.ndarray, np.nda
     """(fwd, bwd) f32[K, N]: each plan's row groups' collectives by the model's ``row_comm`` (0 without it)."""
     n = plans[0].task.num_devices
     out = np.zeros((2, len(plans), n), np.float32)
-    if model.row_comm is not None:
+    if model.prices_rows:
         for i, plan in enumerate(plans):
             out[:, i] = device_row_ms(model.row_comm, plan)
     return out[0], out[1]
@@ -186,7 +186,7 @@ def rows_arrays(model: CostModel, plans: list[Plan]) -> tuple[np.ndarray, np.nda
 
 def score_plan(model: CostModel, plan: Plan) -> DeviceCosts:
     """Predicted per-device costs of one plan, as numpy arrays f64[N] (compute divided by the devices' speeds)."""
-    arrays = plan_arrays(plan, rows_apart=model.row_comm is not None)
+    arrays = plan_arrays(plan, rows_apart=model.prices_rows)
     rows = tuple(r[0] for r in rows_arrays(model, [plan]))
     costs = _device_costs_jit(model.fns, model.params, *arrays, plan.task.speeds().astype(np.float32), rows)
     return DeviceCosts(*(np.asarray(c, dtype=np.float64) for c in costs))
@@ -205,7 +205,7 @@ def score_plans_devices(
     (and ``uncertainty``), each device's relative spread f64[K, N] (else None); batched calls of one padded
     shape."""
     width = bucket(max(max(len(p.device_shards(d)) for d in range(p.task.num_devices)) for p in plans))
-    arrays = [plan_arrays(p, width, model.row_comm is not None) for p in plans]
+    arrays = [plan_arrays(p, width, model.prices_rows) for p in plans]
     stacked = [np.stack(a) for a in zip(*arrays)] + list(rows_arrays(model, plans))
     pad = bucket(len(plans), 8) - len(plans)
     stacked = [np.concatenate([a, np.repeat(a[:1], pad, axis=0)]) for a in stacked]

@@ -64,7 +64,7 @@ def run(args) -> None:
         for seed in range(args.scan):
             task = generate_task(pool, TaskConfig(num_tables=None, num_devices=n, split="test"), seed)
             model = make_cost_model(args.model, task)
-            if model.row_comm is None:
+            if not model.prices_rows:
                 raise UserError(
                     f"--model {args.model}: prices row groups as all-to-all width (no row comm fit of its hardware "
                     "kind is shipped), expected a model with one (tools/fit_row_comm.py)"
