@@ -35,6 +35,7 @@ import numpy as np
 from neuroshard_jax.constants import GIB_BYTES
 from neuroshard_jax.cost_models import DeviceCosts, plan_cost_ms
 from neuroshard_jax.datasets import JsonlLog, read_jsonl, read_records
+from neuroshard_jax.drift import References, references
 from neuroshard_jax.errors import PlanError, UserError
 from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_request, device_tables, measure_comm
 from neuroshard_jax.executors import Executor, open_executor
@@ -81,6 +82,9 @@ class PlanLabelConfig:
     select: str = "spread"
     near: float = 0.1  # near-best: predicted within this fraction of the task's best plan
     comm: bool = True
+    references: int = 0  # records of ``reference`` measured with every ``chunk`` devices: each label's ``speed``
+    reference: str = ""  # a compute dataset of this machine's kind (drift.py)
+    chunk: int = 64
 
     def __post_init__(self):
         if self.round < 0:
@@ -101,6 +105,15 @@ class PlanLabelConfig:
                 raise UserError(f"plans.{name}: got {getattr(self, name)}, expected an integer >= 0")
         if not self.searchers:
             raise UserError("plans.searchers: got [], expected at least one searcher")
+        if self.references < 0:
+            raise UserError(f"plans.references: got {self.references}, expected an integer >= 0")
+        if self.chunk < 1:
+            raise UserError(f"plans.chunk: got {self.chunk}, expected an integer >= 1")
+        if self.references and not self.reference:
+            raise UserError(
+                f"plans.reference: got none with plans.references={self.references}, expected a compute dataset "
+                "of this machine's kind (e.g. neuroshard_jax/data/profiles/xeon-plans)"
+            )
 
     def cost_model(self) -> tuple[str, dict | None]:
         """(cost_model name, options) of ``model``: a shipped name, else a checkpoint directory."""
@@ -361,16 +374,31 @@ def collect_plans(
         "tasks": len(rows),
         "plans": sum(len(r["plans"]) for r in rows),
         "search_s": round(search_s, 1),
-        **label_rows(rows, out, evaluate, config.model, config.comm, progress),
+        **label_rows(rows, out, evaluate, config.model, config.comm, progress, drift_references(config)),
     }
 
 
-def label_rows(rows: list[dict], out: Path, evaluate: EvaluateConfig, model: str, comm: bool, progress) -> dict:
+def drift_references(config: PlanLabelConfig) -> tuple[References | None, int]:
+    """(``config.references`` records of its reference dataset, or None; the chunk they are measured with)."""
+    refs = references(config.reference, config.references) if config.references else None
+    return refs, config.chunk
+
+
+def label_rows(
+    rows: list[dict],
+    out: Path,
+    evaluate: EvaluateConfig,
+    model: str,
+    comm: bool,
+    progress,
+    drift: tuple[References | None, int] = (None, 64),
+) -> dict:
     """Measure the devices (and with ``comm``, the all-to-alls) of the plans of plans.jsonl ``rows`` not yet in
-    ``out``'s compute.jsonl (comm.jsonl); returns the counts and the wall time of each part."""
+    ``out``'s compute.jsonl (comm.jsonl); returns the counts and the wall time of each part. ``drift``: reference
+    records measured with every chunk of devices, and the chunk (``measure_devices``)."""
     with open_executor(evaluate.executor, evaluate.device, evaluate.timeout_s, pin=evaluate.pin) as executor:
         started = time.perf_counter()
-        devices = measure_devices(rows, out / "compute.jsonl", evaluate, model, progress, executor)
+        devices = measure_devices(rows, out / "compute.jsonl", evaluate, model, progress, executor, *drift)
         compute_s = time.perf_counter() - started
         started = time.perf_counter()
         comms = measure_plan_comm(rows, out, evaluate, progress, executor) if comm else 0
@@ -393,9 +421,18 @@ def plan_devices(row: dict) -> Iterator[tuple[str, str, Task, list]]:
 
 
 def measure_devices(
-    rows: list[dict], path: Path, evaluate: EvaluateConfig, model: str, progress, executor: Executor
+    rows: list[dict],
+    path: Path,
+    evaluate: EvaluateConfig,
+    model: str,
+    progress,
+    executor: Executor,
+    refs: References | None = None,
+    chunk: int = 64,
 ) -> int:
-    """Measure every distinct device of ``rows`` not yet in ``path``; returns how many were measured."""
+    """Measure every distinct device of ``rows`` not yet in ``path``; returns how many were measured. With
+    ``refs``, the devices go in chunks of ``chunk``, each measured together with the reference records, and a
+    chunk's labels are written at its end with the machine's ``speed`` of that chunk (``drift.References``)."""
     log = JsonlLog(path)
     todo: dict[str, dict] = {}
     for row in rows:
@@ -408,14 +445,35 @@ def measure_devices(
     order = np.random.default_rng([len(todo), 17]).permutation(len(todo))  # interleave tasks and plans
     requests = [list(todo.values())[i] for i in order]
 
-    def record(request: dict, answer: dict) -> None:
+    def label(request: dict, answer: dict) -> dict:
         row = {"id": request["id"], "tables": request["tables"], "batch_size": request["batch_size"]}
-        log.append({**row, **request["meta"], **{k: v for k, v in answer.items() if k != "id"}})
+        return {**row, **request["meta"], **{k: v for k, v in answer.items() if k != "id"}}
 
     if requests:
-        progress(f"measuring {len(requests)} devices")
-        executor.map(requests, record)
+        with_refs = f", {len(refs.requests)} references with every {chunk}" if refs else ""
+        progress(f"measuring {len(requests)} devices{with_refs}")
+    if refs is None:
+        executor.map(requests, lambda request, answer: log.append(label(request, answer)))
+        return len(requests)
+    for start in range(0, len(requests), chunk):
+        labels, speed = _with_references(executor, requests[start : start + chunk], refs, label)
+        for row in labels:
+            log.append(row | ({"speed": round(speed, 4), "reference": refs.dataset} if speed else {}))
     return len(requests)
+
+
+def _with_references(executor: Executor, requests: list[dict], refs: References, label) -> tuple[list[dict], float]:
+    """``requests`` measured together with the reference records: their labels, and the machine's speed."""
+    labels, answers = [], {}
+
+    def record(request: dict, answer: dict) -> None:
+        if request["id"] in refs.recorded:
+            answers[request["id"]] = answer
+        else:
+            labels.append(label(request, answer))
+
+    executor.map(requests + list(refs.requests), record)
+    return labels, refs.speed(answers)
 
 
 def measure_plan_comm(
@@ -467,9 +525,9 @@ def measure_plan_comm(
 
 def plan_label_report(out: Path, round_: int | None = None) -> dict:
     """Per round: the searching model's predictions against the labels of that round (held out: the model never
-    saw them). Device compute MAPE and mean signed error overall, per searcher, for variants and for devices
+    saw them; a label with a ``speed`` at the reference's speed, as training takes it). Device compute MAPE and mean signed error overall, per searcher, for variants and for devices
     holding split slices; the per-task Kendall tau of the plans' slowest-device compute."""
-    measured = {r["id"]: r["total_ms"] for r in read_records(out / "compute.jsonl")}
+    measured = {r["id"]: r["total_ms"] / r.get("speed", 1.0) for r in read_records(out / "compute.jsonl")}
     rounds: dict[int, dict] = {}
     for row in read_jsonl(out / "plans.jsonl"):
         if round_ is not None and row["round"] != round_:

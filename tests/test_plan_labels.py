@@ -76,7 +76,16 @@ def test_selection_prefers_unsure_near_best_candidates():
 
 @pytest.mark.parametrize(
     "field, value",
-    [("select", "best"), ("sources", ("foreign",)), ("num_devices", (1,)), ("variants", -1), ("searchers", ())],
+    [
+        ("select", "best"),
+        ("sources", ("foreign",)),
+        ("num_devices", (1,)),
+        ("variants", -1),
+        ("searchers", ()),
+        ("references", -1),
+        ("references", 3),  # without a reference dataset
+        ("chunk", 0),
+    ],
 )
 def test_bad_settings_are_one_line_errors(field, value):
     with pytest.raises(UserError, match=f"plans.{field}"):
@@ -110,6 +119,9 @@ def test_collect_plans_measures_searched_devices_once_and_fine_tunes(tiny_ensemb
         max_device_gib=0.05,
         candidates=6,
         variants=2,
+        references=2,  # the machine's speed measured with every 6 devices (drift.py), recorded with the labels
+        reference=str(spec_dir),
+        chunk=6,
     )
     config = CollectConfig(
         kind="plans",
@@ -131,6 +143,11 @@ def test_collect_plans_measures_searched_devices_once_and_fine_tunes(tiny_ensemb
     devices = read_jsonl(tmp_path / "labels" / "compute.jsonl")
     assert len({d["id"] for d in devices}) == len(devices) == summary["devices_measured"] > 0
     assert all(d["ok"] and d["total_ms"] > 0 and d["round"] == 0 and d["model"] == str(ckpt) for d in devices)
+    assert all(0.2 < d["speed"] < 5 and d["reference"] == str(spec_dir) for d in devices)
+    from neuroshard_jax.training import compute_batches
+
+    target = compute_batches(tmp_path / "labels")[3]  # training takes each label at the reference's speed
+    assert target == pytest.approx([d["total_ms"] / d["speed"] for d in devices], rel=1e-5)
     assert len(read_jsonl(tmp_path / "labels" / "comm.jsonl")) == 8
     again = collect(config)
     assert again["devices_measured"] == 0 and again["comm_measured"] == 0

@@ -34,9 +34,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from hardware_probe import probe_requests  # tools/: the probe's quiet reference records
 
 from neuroshard_jax.datasets import JsonlLog, hardware, read_jsonl, read_records, write_json
+from neuroshard_jax.drift import references as reference_records
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_tables, measure_tables
 from neuroshard_jax.executors import ExecutorConfig, open_executor
@@ -45,7 +45,7 @@ from neuroshard_jax.plan_labels import PlanLabelConfig, device_errors, plan_task
 from neuroshard_jax.scoring import score_plans_devices
 from neuroshard_jax.tables import load_pool
 from neuroshard_jax.tasks import TaskConfig, generate_task
-from neuroshard_jax.training import noise_floor, ranking_tau, resolve_dataset
+from neuroshard_jax.training import noise_floor, ranking_tau
 
 FIRST_SEED = 20000  # conf/experiment/compare.yaml: the suite's held-out tasks
 
@@ -56,9 +56,7 @@ def measure(args) -> dict:
     plans_log, compute_log = JsonlLog(out / "plans.jsonl"), JsonlLog(out / "compute.jsonl")
     pool = load_pool(TaskConfig().pool, TaskConfig().batch_size)
     evaluate = EvaluateConfig(executor=ExecutorConfig(workers=args.workers), pin=True)
-    references, recorded = [], {}
-    if args.references:
-        references, recorded, _ = probe_requests(resolve_dataset(args.reference), args.references, 0)
+    refs = reference_records(args.reference, args.references) if args.references else None
     started = time.perf_counter()
     counts = {"tasks": 0, "plans": 0, "devices_measured": 0}
     with open_executor(evaluate.executor, evaluate.device, evaluate.timeout_s, pin=True) as executor:
@@ -83,12 +81,12 @@ def measure(args) -> dict:
                             jobs[key] = (task, tables)
                 if not jobs:
                     continue
-                refs = {f"{r['id']}@{row_id}": r for r in references}
-                answers = measure_tables(jobs, evaluate, executor, repeats=args.repeats, others=refs)
-                for key, request in refs.items():
+                others = {f"{r['id']}@{row_id}": r for r in (refs.requests if refs else ())}
+                answers = measure_tables(jobs, evaluate, executor, repeats=args.repeats, others=others)
+                for key, request in others.items():
                     runs = [a["total_ms"] for a in answers[key]]
                     compute_log.append(
-                        {"id": key, "reference": True, "task": row_id, "label_ms": recorded[request["id"]]}
+                        {"id": key, "reference": True, "task": row_id, "label_ms": refs.recorded[request["id"]]}
                         | {"runs_ms": [round(x, 4) for x in runs], "total_ms": statistics.median(runs), "ok": True}
                     )
                 for key, (_, tables) in jobs.items():

@@ -25,51 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.datasets import hardware, hardware_kind, read_json, read_records, write_json
+from neuroshard_jax.datasets import hardware, hardware_kind, read_json, write_json
+from neuroshard_jax.drift import references
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.executors import ExecutorConfig, map_requests
-from neuroshard_jax.profiling import compute_request
-from neuroshard_jax.tables import PoolSpec
-from neuroshard_jax.training import load_manifest, resolve_dataset
+from neuroshard_jax.training import resolve_dataset
 
 SAME = 0.12  # |log ratio| of the median within this: the same kind (noise between sessions 2-15% per label)
-MIN_CPU_SHARE = 0.9
-
-
-def probe_requests(dataset: Path, samples: int, seed: int) -> tuple[list[dict], dict[str, float], dict]:
-    """Requests re-measuring ``samples`` quiet records of ``dataset`` with its own protocol, their recorded
-    fwd+bwd milliseconds by request id, and the dataset's manifest."""
-    manifest = load_manifest(dataset, "compute")
-    settings = manifest["settings"]
-    records = [
-        r
-        for r in read_records(dataset / "compute.jsonl")
-        if r.get("total_ms") and r.get("cpu_share", 1.0) >= MIN_CPU_SHARE
-    ]
-    if not records:
-        raise SystemExit(f"error: dataset: {str(dataset)!r} has no measured records, expected a collected dataset")
-    chosen = np.random.default_rng(seed).permutation(len(records))[:samples]
-    pool = PoolSpec(**settings["pool"]) if settings.get("pool") else None
-    requests, recorded = [], {}
-    for i in sorted(int(i) for i in chosen):
-        record = records[i]
-        request_id = f"probe-{i}"
-        specs = bool(record["tables"]) and isinstance(record["tables"][0], dict)
-        requests.append(
-            compute_request(
-                request_id,
-                record["tables"],
-                None if specs else pool,
-                int(record.get("batch_size", settings["batch_size"])),
-                settings.get("device", "cpu"),
-                settings.get("optimizer", "exact_sgd"),
-                settings.get("precision", "fp32"),
-                int(settings.get("warmup", 5)),
-                int(settings.get("iters", 10)),
-            )
-        )
-        recorded[request_id] = float(record["total_ms"])
-    return requests, recorded, manifest
 
 
 def record_verdict(manifest_path: Path, result: dict) -> None:
@@ -96,7 +58,8 @@ def main(argv: list[str] | None = None) -> None:
     dataset = resolve_dataset(args.dataset)
     if not (dataset / "manifest-compute.json").exists():
         raise SystemExit(f"error: dataset: {args.dataset!r} has no manifest-compute.json, expected a compute dataset")
-    requests, recorded, manifest = probe_requests(dataset, args.samples, args.seed)
+    refs = references(dataset, args.samples, args.seed)
+    requests, manifest = list(refs.requests), refs.manifest
     settings = manifest["settings"]
     answers: dict[str, dict] = {}
     map_requests(
@@ -107,11 +70,7 @@ def main(argv: list[str] | None = None) -> None:
         600,
         pin=bool(settings.get("pin", False)),
     )
-    quiet = {
-        k: a["total_ms"] / recorded[k]
-        for k, a in answers.items()
-        if a.get("ok") and a.get("cpu_share", 1.0) >= MIN_CPU_SHARE
-    }
+    quiet = refs.ratios(answers)
     if not quiet:
         raise SystemExit("error: no quiet measurement here (every answer failed or ran beside other work)")
     ratios = np.array(sorted(quiet.values()))
