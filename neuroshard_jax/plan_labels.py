@@ -525,8 +525,9 @@ def measure_plan_comm(
 
 def plan_label_report(out: Path, round_: int | None = None) -> dict:
     """Per round: the searching model's predictions against the labels of that round (held out: the model never
-    saw them; a label with a ``speed`` at the reference's speed, as training takes it). Device compute MAPE and mean signed error overall, per searcher, for variants and for devices
-    holding split slices; the per-task Kendall tau of the plans' slowest-device compute."""
+    saw them; a label with a ``speed`` at the reference's speed, as training takes it). Device compute MAPE and
+    mean signed error overall, per searcher, for variants and for devices holding split slices; the per-task
+    Kendall tau of the plans' slowest-device compute."""
     measured = {r["id"]: r["total_ms"] / r.get("speed", 1.0) for r in read_records(out / "compute.jsonl")}
     rounds: dict[int, dict] = {}
     for row in read_jsonl(out / "plans.jsonl"):
