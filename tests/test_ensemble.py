@@ -327,12 +327,17 @@ def test_hardware_probe_remeasures_a_dataset_with_its_own_protocol(tiny_checkpoi
     import json
 
     from neuroshard_jax.datasets import hardware, hardware_kind
-    from tools.hardware_probe import main, probe_requests
+    from neuroshard_jax.drift import references
+    from tools.hardware_probe import main
 
     spec_dir = tiny_ensemble[0]
-    requests, recorded, _ = probe_requests(spec_dir, 4, 0)
+    refs = references(spec_dir, 4, 0)
+    requests, recorded = refs.requests, refs.recorded
     assert len(requests) == 4 and all(r["pool"] is None and r["batch_size"] in (128, 256) for r in requests)
     assert set(recorded) == {r["id"] for r in requests} and all(ms > 0 for ms in recorded.values())
+    answers = {k: {"ok": True, "total_ms": 2 * ms} for k, ms in recorded.items()}
+    assert refs.speed(answers) == pytest.approx(2.0)  # the machine's speed: now / recorded
+    assert refs.speed({k: {"ok": False} for k in recorded}) is None
     for name, dataset in (("pool", tiny_checkpoint[0]), ("specs", spec_dir)):
         main([str(dataset), "--samples", "3", "--workers", "1", "--out", str(tmp_path / f"{name}.json")])
         result = json.loads((tmp_path / f"{name}.json").read_text())
