@@ -11,7 +11,7 @@ import pytest
 
 from neuroshard_jax.cost_models import DeviceCosts
 from neuroshard_jax.evaluation import device_key, device_tables
-from neuroshard_jax.plan_labels import device_errors, plan_entry, plan_of
+from neuroshard_jax.plan_labels import device_errors, plan_entry, plan_of, row_plans
 from tests.conftest import REPO, make_table, make_task
 
 sys.path.insert(0, str(REPO / "tools"))
@@ -42,8 +42,6 @@ def _case():
 
 def test_device_errors_group_split_devices_and_find_the_slowest():
     task, row, measured, truth = _case()
-    from neuroshard_jax.plan_labels import row_plans
-
     _, plans = row_plans(row)
     errors, slowest = device_errors(task, row["plans"][1], plans[1], truth[1] * 1.2, measured)
     assert errors["all"] == pytest.approx([0.2, 0.2]) and errors["split devices"] == pytest.approx([0.2, 0.2])
@@ -54,15 +52,15 @@ def test_device_errors_group_split_devices_and_find_the_slowest():
 
 def test_figures_scale_rank_and_bound():
     _, row, measured, truth = _case()
-    high = bpa.model_figures([row], [truth * 1.1], measured, 0.03, [1.0])["2"]
+    high = bpa.model_figures([row], [row_plans(row)], [truth * 1.1], measured, 0.03, [1.0])["2"]
     assert high["device_error"]["all"]["mape"] == pytest.approx(0.1)
     assert high["device_error"]["variants"]["mean_signed"] == pytest.approx(0.1)
     assert high["per_task_tau"] == 1.0 and high["tasks_with_tau"] == 1
-    scaled = bpa.model_figures([row], [truth * 1.1], measured, 0.03, [1 / 1.1])["2"]
+    scaled = bpa.model_figures([row], [row_plans(row)], [truth * 1.1], measured, 0.03, [1 / 1.1])["2"]
     assert scaled["device_error"]["all"]["mape"] == pytest.approx(0.0, abs=1e-12)
     wrong = truth[::-1].copy()  # the slowest plan predicted fastest and the other way round
-    assert bpa.model_figures([row], [wrong], measured, 0.03, [1.0])["2"]["per_task_tau"] == -1.0
-    quality = bpa.plan_quality([row], measured)["2"]
+    assert bpa.model_figures([row], [row_plans(row)], [wrong], measured, 0.03, [1.0])["2"]["per_task_tau"] == -1.0
+    quality = bpa.plan_quality([row], [row_plans(row)], measured)["2"]
     assert quality["beam"]["vs_torchrec"] == pytest.approx(25 / 20) and quality["beam"]["vs_bound"] == pytest.approx(
         25 / 20
     )

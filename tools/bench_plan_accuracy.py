@@ -41,11 +41,12 @@ from neuroshard_jax.errors import UserError
 from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_tables, measure_tables
 from neuroshard_jax.executors import ExecutorConfig, open_executor
 from neuroshard_jax.models import expected_cost_model, make_cost_model
-from neuroshard_jax.plan_labels import PlanLabelConfig, device_errors, plan_task, row_plans
+from neuroshard_jax.plan_labels import PlanLabelConfig, device_errors, plan_devices, plan_task, row_plans, task_rows
 from neuroshard_jax.scoring import score_plans_devices
 from neuroshard_jax.tables import load_pool
 from neuroshard_jax.tasks import TaskConfig, generate_task
 from neuroshard_jax.training import noise_floor, ranking_tau
+from neuroshard_jax.types import Plan, Task
 
 FIRST_SEED = 20000  # conf/experiment/compare.yaml: the suite's held-out tasks
 
@@ -57,54 +58,46 @@ def measure(args) -> dict:
     pool = load_pool(TaskConfig().pool, TaskConfig().batch_size)
     evaluate = EvaluateConfig(executor=ExecutorConfig(workers=args.workers), pin=True)
     refs = reference_records(args.reference, args.references) if args.references else None
+    rows = task_rows(plans_log)
     started = time.perf_counter()
     counts = {"tasks": 0, "plans": 0, "devices_measured": 0}
     with open_executor(evaluate.executor, evaluate.device, evaluate.timeout_s, pin=True) as executor:
         for n in (int(x) for x in args.devices.split(",")):
             for seed in range(FIRST_SEED, FIRST_SEED + args.tasks):
                 row_id = f"{n}/{seed}"
-                if row_id not in plans_log.ids:
+                if row_id not in rows:
                     task = generate_task(pool, TaskConfig(num_tables=None, num_devices=n, split="test"), seed)
-                    plans = plan_task(config, task, seed)
-                    plans_log.append(
-                        {"id": row_id, "round": 0, "index": seed, "source": "pool-test", "model": args.model}
-                        | {"task": task.to_json(), "plans": plans}
-                    )
-                row = next(r for r in read_jsonl(out / "plans.jsonl") if r["id"] == row_id)
-                task, plans = row_plans(row)
-                jobs = {}
-                for plan in plans:
-                    for d in range(task.num_devices):
-                        tables = device_tables(task, plan.device_shards(d))
-                        key = device_key(task, tables) if tables else None
-                        if key and key not in compute_log.ids:
-                            jobs[key] = (task, tables)
+                    rows[row_id] = {"id": row_id, "round": 0, "index": seed, "source": "pool-test"} | {
+                        "model": args.model,
+                        "task": task.to_json(),
+                        "plans": plan_task(config, task, seed),
+                    }
+                    plans_log.append(rows[row_id])
+                row = rows[row_id]
+                jobs = {key: (task, tables) for key, _, task, tables in plan_devices(row) if key not in compute_log.ids}
                 if not jobs:
                     continue
                 others = {f"{r['id']}@{row_id}": r for r in (refs.requests if refs else ())}
                 answers = measure_tables(jobs, evaluate, executor, repeats=args.repeats, others=others)
-                for key, request in others.items():
+                fields = {k: {"reference": True, "label_ms": refs.recorded[r["id"]]} for k, r in others.items()}
+                fields |= {key: {"tables": tables} for key, (_, tables) in jobs.items()}
+                for key, extra in fields.items():
                     runs = [a["total_ms"] for a in answers[key]]
                     compute_log.append(
-                        {"id": key, "reference": True, "task": row_id, "label_ms": refs.recorded[request["id"]]}
-                        | {"runs_ms": [round(x, 4) for x in runs], "total_ms": statistics.median(runs), "ok": True}
-                    )
-                for key, (_, tables) in jobs.items():
-                    runs = [a["total_ms"] for a in answers[key]]
-                    compute_log.append(
-                        {"id": key, "tables": tables, "task": row_id, "ok": True}
+                        {"id": key, **extra, "task": row_id, "ok": True}
                         | {"runs_ms": [round(x, 4) for x in runs], "total_ms": statistics.median(runs)}
                     )
                 counts["tasks"] += 1
-                counts["plans"] += len(plans)
+                counts["plans"] += len(row["plans"])
                 counts["devices_measured"] += len(jobs)
-                print(f"{row_id}: {len(plans)} plans, {len(jobs)} devices measured x{args.repeats}", flush=True)
+                print(f"{row_id}: {len(row['plans'])} plans, {len(jobs)} devices measured x{args.repeats}", flush=True)
     return counts | {"wall_s": round(time.perf_counter() - started, 1)}
 
 
 def report(args) -> dict:
     out = Path(args.out)
     rows = read_jsonl(out / "plans.jsonl")
+    parsed = [row_plans(r) for r in rows]
     records = list(read_records(out / "compute.jsonl"))
     if not rows or not records:
         raise UserError(f"--out: {out} holds no measurements; expected the output of `measure` first")
@@ -124,13 +117,13 @@ def report(args) -> dict:
         "tasks": len(rows),
         "plans": sum(len(r["plans"]) for r in rows),
         "noise": noise_floor({r["id"]: r["runs_ms"] for r in records if not r.get("reference")}),
-        "measured_plans": plan_quality(rows, measured),
+        "measured_plans": plan_quality(rows, parsed, measured),
         "models": {},
     }
     for model in (m for m in args.models.split(",") if m):
-        predicted = predictions(model, rows)
+        predicted = predictions(model, parsed)
         result["models"][model] = {
-            how: model_figures(rows, predicted, measured, args.tie, scale) for how, scale in scales.items()
+            how: model_figures(rows, parsed, predicted, measured, args.tie, scale) for how, scale in scales.items()
         }
     write_json(result, out / "report.json")
     return result
@@ -148,25 +141,28 @@ def task_speeds(records: list[dict]) -> dict[str, float]:
     return {task: float(statistics.median(v)) for task, v in ratios.items()}
 
 
-def predictions(model: str, rows: list[dict]) -> list[np.ndarray]:
-    """The model's expected compute ms [plan, device] of every task row's plans."""
+def predictions(model: str, parsed: list[tuple[Task, list[Plan]]]) -> list[np.ndarray]:
+    """The model's expected compute ms [plan, device] of every task's plans (``row_plans`` of each row)."""
     name, options = PlanLabelConfig(model=model).cost_model()
     out = []
-    for row in rows:
-        task, plans = row_plans(row)
+    for task, plans in parsed:
         scored = expected_cost_model(make_cost_model(name, task, options))
         out.append(np.asarray(score_plans_devices(scored, plans)[0].compute_ms))
     return out
 
 
 def model_figures(
-    rows: list[dict], predicted: list[np.ndarray], measured: dict[str, float], tie: float, scales: list[float]
+    rows: list[dict],
+    parsed: list[tuple[Task, list[Plan]]],
+    predicted: list[np.ndarray],
+    measured: dict[str, float],
+    tie: float,
+    scales: list[float],
 ) -> dict:
     """A model's errors (each task's predictions x its scale) on every measured device, overall and by group, per
-    device count; its per-task tau."""
+    device count; its per-task tau. ``parsed``: ``row_plans`` of each row."""
     by_devices: dict[int, dict] = {}
-    for row, compute, scale in zip(rows, predicted, scales):
-        task, plans = row_plans(row)
+    for row, (task, plans), compute, scale in zip(rows, parsed, predicted, scales):
         entry = by_devices.setdefault(task.num_devices, {"errors": {}, "taus": []})
         pairs = []
         for spec, plan, plan_compute in zip(row["plans"], plans, compute * scale):
@@ -192,15 +188,14 @@ def model_figures(
     return figures
 
 
-def plan_quality(rows: list[dict], measured: dict[str, float]) -> dict:
+def plan_quality(rows: list[dict], parsed: list[tuple[Task, list[Plan]]], measured: dict[str, float]) -> dict:
     """Per device count and searcher, the searched plans' measured slowest device compute against TorchRec's and
     against the task's balance bound (the lowest mean device compute of any measured plan of the task), averaged
     over the tasks where both are measured; ``tasks`` of ``of_tasks`` have the searcher's plan (a searcher finding
     none, e.g. TorchRec's planner under a tight cap, is counted, not hidden)."""
     ratios: dict[int, dict[str, dict[str, list]]] = {}
     tasks: dict[int, int] = {}
-    for row in rows:
-        task, plans = row_plans(row)
+    for row, (task, plans) in zip(rows, parsed):
         tasks[task.num_devices] = tasks.get(task.num_devices, 0) + 1
         slowest, means = {}, []
         for spec, plan in zip(row["plans"], plans):
