@@ -8,8 +8,10 @@ local changes that relieve the measured-slowest device are proposed (a shard mov
 swapped with another device's, a table with a slice on it halved once more with the new halves placed
 elsewhere, or a halving of such a table undone; equal 2^k slices and memory caps hold at every step) and
 ranked by the cost model corrected by each device's measured residual (measured / predicted of the device it
-changes). The best ones are measured, only on the devices they touch; a change is kept when the measured
-slowest device (measured compute + predicted comm) improves by more than the measured noise. It stops at
+changes). The best ones are measured, only on the devices they touch, together with the current slowest device
+measured again (the anchor: the new figures are divided by its fresh / first median, so that devices measured
+minutes apart compare on one scale); a change is kept when the measured slowest device (measured compute +
+predicted comm) improves by more than the measured noise. It stops at
 ``max_measurements`` (every repeat counts, the final re-measurement included), at ``budget_s``, or when no
 proposal improves. The final plan is then re-measured fresh (that figure is reported, not the best of noisy
 draws) and its all-to-all measured once; so is the unpolished plan's, for the improvement.
@@ -37,6 +39,8 @@ from neuroshard_jax.sharding import split_counts
 from neuroshard_jax.types import Plan
 
 MODES = ("off", "measured")
+POLISHED = "+polish"  # in benchmarks, a searcher name with this suffix: its plan polished (polish=measured)
+ANCHOR = "anchor"  # the key of the anchor device among a step's measurements (device keys are hashes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +54,7 @@ class PolishConfig(Measuring):
     warmup: int = 2
     iters: int = 5
     executor: ExecutorConfig = ExecutorConfig(workers=2)  # the main job's executor (conf/executor/)
+    pin: bool = True  # local CPU workers each on a core of their own (less noise; conf/collect.yaml's protocol)
     device: str = "cpu"
     candidates: int = 64  # proposals ranked per step
     tries: int = 8  # of which the best this many are measured (best first) before polishing stops
@@ -74,6 +79,7 @@ class Meter:
         self.evaluator = config.evaluator()
         self.cache: dict[str, tuple[float, float]] = {}  # key -> (median ms, relative noise)
         self.count = 0
+        self.drift: list[float] = []  # the anchor's fresh / first median at each anchored measurement
 
     def _missing(self, plans: list[Plan], fresh: bool = False) -> dict[str, list]:
         out = {}
@@ -85,28 +91,41 @@ class Meter:
                     out[key] = tables
         return out
 
-    def cost(self, plan: Plan) -> int:
-        """Measurements that ``measure([plan])`` would make (its devices not yet measured)."""
-        return len(self._missing([plan])) * self.config.repeats
+    def cost(self, plan: Plan, anchored: bool = False) -> int:
+        """Measurements that ``measure([plan], anchor)`` would make (its devices not yet measured, and the
+        anchor's)."""
+        return (len(self._missing([plan])) + anchored) * self.config.repeats
 
     def fresh_cost(self, plans: list[Plan]) -> int:
         """Measurements that ``measure(plans, fresh=True)`` would make (their distinct devices, every repeat)."""
         return len(self._missing(plans, fresh=True)) * self.config.repeats
 
-    def measure(self, plans: list[Plan], fresh: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+    def measure(
+        self, plans: list[Plan], fresh: bool = False, anchor: tuple[str, list] | None = None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
         """(compute ms, relative noise) f64[N] of every plan's devices; ``fresh``: measure all their devices
-        again, in one interleaved batch (the same conditions for every plan)."""
+        again, in one interleaved batch (the same conditions for every plan). ``anchor`` (key, tables): a device
+        measured before, measured again among the new ones: the new medians are divided by its fresh / first
+        median, so that devices measured minutes apart compare on one scale (this machine's speed moves by more
+        than a device's noise within minutes)."""
         missing = self._missing(plans, fresh)
         jobs = {k: (self.task, tables) for k, tables in missing.items()}
+        anchored = anchor is not None and bool(jobs) and anchor[0] in self.cache and anchor[0] not in jobs
+        if anchored:
+            jobs[ANCHOR] = (self.task, anchor[1])
         answers = measure_tables(
             jobs, self.evaluator, self.pool, self.config.repeats, "polish: a device measurement failed"
         )
         runs = {k: [a["total_ms"] for a in values] for k, values in answers.items()}
         self.count += len(jobs) * self.config.repeats
+        scale = 1.0
+        if anchored:
+            first = self.cache[anchor[0]][0]
+            scale = statistics.median(runs.pop(ANCHOR)) / first if first > 0 else 1.0
+            self.drift.append(round(scale, 4))
         for k, values in runs.items():
-            median = statistics.median(values)
-            noise = (max(values) - min(values)) / 2 / median if median > 0 else 0.0
-            self.cache[k] = (median, noise)
+            raw = statistics.median(values)
+            self.cache[k] = (raw / scale, (max(values) - min(values)) / 2 / raw if raw > 0 else 0.0)
         out = []
         speed = self.task.speeds()  # heterogeneous devices: measured on identical ones, divided by their speeds
         for plan in plans:
@@ -224,7 +243,7 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
     rng = np.random.default_rng([seed, 4441])
     n = plan.task.num_devices
     steps = []
-    with open_executor(config.executor, config.device, config.timeout_s) as pool:
+    with open_executor(config.executor, config.device, config.timeout_s, pin=config.pin) as pool:
         meter = Meter(pool, plan, config)
         [(measured, noise)] = meter.measure([plan])
         current = plan
@@ -232,6 +251,8 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
             costs = simulate(model, [current], measured[None])
             before = float(plan_cost_ms(costs)[0])
             slow = int(np.argmax(costs.compute_ms[0] + costs.bwd_comm_ms[0]))  # the straggler everyone waits for
+            slow_tables = device_tables(current.task, current.device_shards(slow))
+            anchor = (device_key(current.task, slow_tables), slow_tables) if slow_tables else None
             candidates = proposals(current, slow, rng, config.candidates)
             if not candidates:
                 break
@@ -242,9 +263,10 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
             for c in order[: config.tries]:
                 kind, candidate = candidates[c]
                 # its own devices, then the final fresh re-measurement of the unpolished plan and this one
-                if meter.count + meter.cost(candidate) + meter.fresh_cost([plan, candidate]) > config.max_measurements:
+                need = meter.cost(candidate, anchor is not None) + meter.fresh_cost([plan, candidate])
+                if meter.count + need > config.max_measurements:
                     break
-                [(new, new_noise)] = meter.measure([candidate])
+                [(new, new_noise)] = meter.measure([candidate], anchor=anchor)
                 new_costs = simulate(model, [candidate], new[None])
                 after = float(plan_cost_ms(new_costs)[0])
                 new_slow = int(np.argmax(new_costs.compute_ms[0] + new_costs.bwd_comm_ms[0]))
@@ -292,7 +314,8 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
         "reverted": rejected is not None,  # the kept changes were undone after the fresh measurement
         "rejected_measured_compute_ms": rejected,  # the changed plan's slowest device then (None: not reverted)
         "steps": steps,
-        "protocol": {"warmup": config.warmup, "iters": config.iters, "repeats": config.repeats},
+        "protocol": {"warmup": config.warmup, "iters": config.iters, "repeats": config.repeats, "pin": config.pin},
+        "drift": meter.drift,  # per measured step: the anchor device's fresh / first median (1: no drift)
         "unpolished_measured_ms": before_ms,
         "measured_ms": after_ms,
         "improvement": 1 - after_ms / before_ms if before_ms > 0 else 0.0,

@@ -67,6 +67,18 @@ def test_figures_scale_rank_and_bound():
     assert quality["torchrec"] == {"vs_torchrec": 1.0, "vs_bound": 1.0, "tasks": 1, "of_tasks": 1}
 
 
+def test_polished_plans_are_ranked_with_what_polishing_cost():
+    _, row, measured, _ = _case()
+    balanced = dict(row["plans"][0], name="beam+polish", searcher="beam+polish")  # polishing balanced beam's plan
+    record = {"measurements": 40, "time_s": 30.0, "changes_kept": 1, "reverted": False, "compute_improvement": 0.2}
+    row = dict(row, plans=[*row["plans"], balanced | {"polish": record}])
+    quality = bpa.plan_quality([row], [row_plans(row)], measured)["2"]
+    assert quality["beam+polish"]["vs_torchrec"] == 1.0 and quality["beam"]["vs_torchrec"] == pytest.approx(1.25)
+    assert quality["beam+polish"]["polish_measurements"] == 40 and quality["beam+polish"]["polish_time_s"] == 30
+    assert "polish_time_s" not in quality["beam"]
+    assert bpa.polish_cost(quality["beam+polish"]) == " (40 measurements, 30 s)" and not bpa.polish_cost({})
+
+
 def test_task_speeds_are_the_median_reference_ratio_per_task():
     records = [
         {"id": "a@4/1", "reference": True, "task": "4/1", "label_ms": 10.0, "total_ms": 11.0},

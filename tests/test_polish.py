@@ -58,6 +58,8 @@ def test_polishing_an_unbalanced_plan_on_the_kernels():
     assert record["changes_kept"] >= 1 and assignment(polished) != assignment(plan)
     assert record["measured_compute_ms"] < record["unpolished_measured_compute_ms"]
     assert record["measurements"] <= config.max_measurements
+    # every measured step re-measured the slowest device as its anchor: the machine's speed between steps
+    assert 1 <= len(record["drift"]) <= len(record["steps"]) and all(0.5 < f < 2 for f in record["drift"])
     assert len(record["devices"]) == 3 and all(d["compute"] >= 0 for d in record["devices"])
     assert polished.costs is not None and polished.to_json()["polish"] == record
 

@@ -1,14 +1,16 @@
 """The cost model on the plans searchers produce for held-out tasks, against the median of interleaved repeats.
 
     python tools/bench_plan_accuracy.py measure [--tasks 5] [--devices 4,8] [--repeats 5] [--variants 8] \
-        [--model xeon-union] [--references 6] [--out bench/plan_accuracy/RUN]
+        [--model xeon-union] [--references 6] [--polish beam,size_lookup_greedy] [--out bench/plan_accuracy/RUN]
     python tools/bench_plan_accuracy.py report --models xeon-union,cpu-b4096[,CHECKPOINT] [--tie 0.03] \
         [--out bench/plan_accuracy/RUN]
 
 ``measure`` takes the suite's held-out tasks (conf/experiment/compare.yaml: seeds 20000.., the pool's test half,
 10-59 tables; never seen by training or the label loop), has every searcher of the plan-label collection plan each
 with ``--model``, adds ``--variants`` perturbed variants per task drawn at random (not by a model's spread: the set
-judges several models), and measures every distinct device ``--repeats`` times with the label protocol, workers
+judges several models), with ``--polish`` also the named searchers' plans polished on the kernels
+(``polish=measured``'s defaults, entries ``SEARCHER+polish`` with their polishing record: issue 16's benchmark), and
+measures every distinct device ``--repeats`` times with the label protocol, workers
 pinned, the repeats interleaved (repeat r of every device of a task before r + 1). Among each task's devices it
 measures ``--references`` quiet records of a training dataset (``--reference``, the probe's draw): their time now
 against their recorded time is the machine's speed while that task was measured, so the drift of a long run (5-10%
@@ -35,18 +37,28 @@ from pathlib import Path
 
 import numpy as np
 
+from neuroshard_jax.cost_models import DeviceCosts
 from neuroshard_jax.datasets import JsonlLog, hardware, read_jsonl, read_records, write_json
 from neuroshard_jax.drift import references as reference_records
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_tables, measure_tables
 from neuroshard_jax.executors import ExecutorConfig, open_executor
 from neuroshard_jax.models import expected_cost_model, make_cost_model
-from neuroshard_jax.plan_labels import PlanLabelConfig, device_errors, plan_devices, plan_task, row_plans, task_rows
+from neuroshard_jax.plan_labels import (
+    PlanLabelConfig,
+    device_errors,
+    plan_devices,
+    plan_entry,
+    plan_task,
+    row_plans,
+    task_rows,
+)
+from neuroshard_jax.polish import POLISHED, PolishConfig, polish_plan
 from neuroshard_jax.scoring import score_plans_devices
 from neuroshard_jax.tables import load_pool
 from neuroshard_jax.tasks import TaskConfig, generate_task
 from neuroshard_jax.training import noise_floor, ranking_tau
-from neuroshard_jax.types import Plan, Task
+from neuroshard_jax.types import Plan, Shard, Task
 
 FIRST_SEED = 20000  # conf/experiment/compare.yaml: the suite's held-out tasks
 
@@ -67,10 +79,11 @@ def measure(args) -> dict:
                 row_id = f"{n}/{seed}"
                 if row_id not in rows:
                     task = generate_task(pool, TaskConfig(num_tables=None, num_devices=n, split="test"), seed)
+                    plans = plan_task(config, task, seed)
                     rows[row_id] = {"id": row_id, "round": 0, "index": seed, "source": "pool-test"} | {
                         "model": args.model,
                         "task": task.to_json(),
-                        "plans": plan_task(config, task, seed),
+                        "plans": plans + polished(task, plans, args, seed),
                     }
                     plans_log.append(rows[row_id])
                 row = rows[row_id]
@@ -92,6 +105,30 @@ def measure(args) -> dict:
                 counts["devices_measured"] += len(jobs)
                 print(f"{row_id}: {len(row['plans'])} plans, {len(jobs)} devices measured x{args.repeats}", flush=True)
     return counts | {"wall_s": round(time.perf_counter() - started, 1)}
+
+
+def polished(task: Task, entries: list[dict], args, seed: int) -> list[dict]:
+    """The searched plans of ``--polish``'s searchers polished on the kernels (``polish=measured``'s defaults,
+    ranked with ``--model``), as plan entries named ``SEARCHER+polish`` with the polishing record (its steps
+    left out)."""
+    name, options = PlanLabelConfig(model=args.model).cost_model()
+    model = make_cost_model(name, task, options)
+    out = []
+    for searcher in (s for s in args.polish.split(",") if s):
+        entry = next((e for e in entries if e["searcher"] == searcher and e["variant"] == "searched"), None)
+        if entry is None:  # the searcher found no plan: nothing to polish, counted like its own plan
+            continue
+        plan = Plan(task, tuple(Shard(*shard) for shard in entry["shards"]))
+        done = polish_plan(plan, model, PolishConfig(name="measured"), seed)
+        record = {k: v for k, v in done.polish.items() if k != "steps"}
+        costs = DeviceCosts(*(np.asarray(c) for c in done.costs[:4]))
+        out.append(plan_entry(searcher + POLISHED, searcher + POLISHED, "searched", done, costs) | {"polish": record})
+        print(
+            f"  {searcher}{POLISHED}: {record['changes_kept']} changes kept, {record['measurements']} measurements, "
+            f"{record['time_s']:.0f} s, measured compute {record['compute_improvement']:+.1%}",
+            flush=True,
+        )
+    return out
 
 
 def report(args) -> dict:
@@ -197,8 +234,10 @@ def plan_quality(rows: list[dict], parsed: list[tuple[Task, list[Plan]]], measur
     tasks: dict[int, int] = {}
     for row, (task, plans) in zip(rows, parsed):
         tasks[task.num_devices] = tasks.get(task.num_devices, 0) + 1
-        slowest, means = {}, []
+        slowest, means, polishing = {}, [], {}
         for spec, plan in zip(row["plans"], plans):
+            if spec.get("polish"):
+                polishing[spec["searcher"]] = spec["polish"]
             devices = [device_tables(task, plan.device_shards(d)) for d in range(task.num_devices)]
             ms = [measured.get(device_key(task, t)) if t else 0.0 for t in devices]
             if None in ms:
@@ -213,6 +252,9 @@ def plan_quality(rows: list[dict], parsed: list[tuple[Task, list[Plan]]], measur
             if "torchrec" in slowest:
                 figures["vs_torchrec"].append(ms / slowest["torchrec"])
             figures["vs_bound"].append(ms / bound)
+            if searcher in polishing:  # what polishing cost, and what its own fresh re-measurement saw
+                for key in ("measurements", "time_s", "changes_kept", "reverted", "compute_improvement"):
+                    figures.setdefault(f"polish_{key}", []).append(float(polishing[searcher][key]))
     return {
         str(n): {
             s: {k: (float(np.mean(v)) if v else None) for k, v in f.items()}
@@ -232,7 +274,9 @@ def print_report(result: dict) -> None:
     )
     for n, searchers in result["measured_plans"].items():
         quality = ", ".join(
-            f"{s} {f['vs_torchrec']:.1%} / {f['vs_bound']:.1%}" for s, f in searchers.items() if f["vs_torchrec"]
+            f"{s} {f['vs_torchrec']:.1%} / {f['vs_bound']:.1%}" + polish_cost(f)
+            for s, f in searchers.items()
+            if f["vs_torchrec"]
         )
         print(f"{n} devices, measured slowest device compute vs TorchRec's / vs the balance bound: {quality}")
     for model, scaled in result["models"].items():
@@ -249,6 +293,12 @@ def print_report(result: dict) -> None:
             )
 
 
+def polish_cost(figures: dict) -> str:
+    if figures.get("polish_time_s") is None:
+        return ""
+    return f" ({figures['polish_measurements']:.0f} measurements, {figures['polish_time_s']:.0f} s)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -261,6 +311,9 @@ def main() -> None:
     m.add_argument("--workers", type=int, default=2)
     m.add_argument("--references", type=int, default=6, help="reference records measured among each task's devices")
     m.add_argument("--reference", default="neuroshard_jax/data/profiles/xeon-plans", help="their dataset")
+    m.add_argument(
+        "--polish", default="", help="searchers whose plans are also polished on the kernels (beam,size_lookup_greedy)"
+    )
     r = sub.add_parser("report")
     r.add_argument("--models", required=True, help="comma-separated shipped names or checkpoint directories")
     r.add_argument("--tie", type=float, default=0.03, help="plans closer than this (relative) have no order")

@@ -54,7 +54,7 @@ from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_request
 from neuroshard_jax.executors import ExecutorConfig, map_requests, open_executor
 from neuroshard_jax.features import bin_shares, count_histogram
 from neuroshard_jax.models import checkpoint_path, expected_cost_model, make_cost_model
-from neuroshard_jax.polish import PolishConfig, polish_plan
+from neuroshard_jax.polish import POLISHED, PolishConfig, polish_plan
 from neuroshard_jax.scoring import score_plan
 from neuroshard_jax.search import search_plan
 from neuroshard_jax.sharding import merge_colocated
@@ -95,7 +95,6 @@ def measurement_id(base: str, kind: str, session: str | None = None) -> str:
     return f"{base}@{hashlib.sha1(tag.encode()).hexdigest()[:8]}"
 
 
-POLISHED = "+polish"  # a searcher name with this suffix: its plan polished on the kernels (polish=measured)
 POLISH = PolishConfig(name="measured", executor=ExecutorConfig(workers=2))
 GREEDY = {"size_greedy", "lookup_greedy", "dim_greedy", "size_lookup_greedy"}  # the greedy baselines
 MODEL_FREE = GREEDY | {"torchrec"}
