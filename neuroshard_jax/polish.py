@@ -9,9 +9,9 @@ swapped with another device's, a table with a slice on it halved once more with 
 elsewhere, or a halving of such a table undone; equal 2^k slices and memory caps hold at every step) and
 ranked by the cost model corrected by each device's measured residual (measured / predicted of the device it
 changes). The best ones are measured, only on the devices they touch, together with the current slowest device
-measured again (the anchor: the new figures are divided by its fresh / first median, so that devices measured
-minutes apart compare on one scale); a change is kept when the measured slowest device (measured compute +
-predicted comm) improves by more than the measured noise. It stops at
+measured again (the anchor: the new figures are divided by the median of its last 3 fresh / first medians, so
+that devices measured minutes apart compare on one scale); a change is kept when the measured slowest device
+(measured compute + predicted comm) improves by more than the measured noise. It stops at
 ``max_measurements`` (every repeat counts, the final re-measurement included), at ``budget_s``, or when no
 proposal improves. The final plan is then re-measured fresh (that figure is reported, not the best of noisy
 draws) and its all-to-all measured once; so is the unpolished plan's, for the improvement.
@@ -41,6 +41,7 @@ from neuroshard_jax.types import Plan
 MODES = ("off", "measured")
 POLISHED = "+polish"  # in benchmarks, a searcher name with this suffix: its plan polished (polish=measured)
 ANCHOR = "anchor"  # the key of the anchor device among a step's measurements (device keys are hashes)
+ANCHOR_WINDOW = 3  # a step's figures are divided by the median of the last this many anchor ratios
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,9 +106,9 @@ class Meter:
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         """(compute ms, relative noise) f64[N] of every plan's devices; ``fresh``: measure all their devices
         again, in one interleaved batch (the same conditions for every plan). ``anchor`` (key, tables): a device
-        measured before, measured again among the new ones: the new medians are divided by its fresh / first
-        median, so that devices measured minutes apart compare on one scale (this machine's speed moves by more
-        than a device's noise within minutes)."""
+        measured before, measured again among the new ones: the new medians are divided by the median of its
+        fresh / first median over the last ``ANCHOR_WINDOW`` anchored steps, so that devices measured minutes apart
+        compare on one scale (this machine's speed moves by more than a device's noise within minutes)."""
         missing = self._missing(plans, fresh)
         jobs = {k: (self.task, tables) for k, tables in missing.items()}
         anchored = anchor is not None and bool(jobs) and anchor[0] in self.cache and anchor[0] not in jobs
@@ -121,8 +122,10 @@ class Meter:
         scale = 1.0
         if anchored:
             first = self.cache[anchor[0]][0]
-            scale = statistics.median(runs.pop(ANCHOR)) / first if first > 0 else 1.0
-            self.drift.append(round(scale, 4))
+            self.drift.append(round(statistics.median(runs.pop(ANCHOR)) / first if first > 0 else 1.0, 4))
+            # the speed moves over minutes, one anchor's median of 2 by its noise (one read 1.48 among 0.96-1.02):
+            # the median of the last few anchors, so that no single outlier makes a change look better than it is
+            scale = statistics.median(self.drift[-ANCHOR_WINDOW:])
         for k, values in runs.items():
             raw = statistics.median(values)
             self.cache[k] = (raw / scale, (max(values) - min(values)) / 2 / raw if raw > 0 else 0.0)

@@ -79,6 +79,28 @@ def test_polished_plans_are_ranked_with_what_polishing_cost():
     assert bpa.polish_cost(quality["beam+polish"]) == " (40 measurements, 30 s)" and not bpa.polish_cost({})
 
 
+def test_polished_entries_are_plans_with_their_polishing_record():
+    """Real kernels: ``--polish``'s entries are the searched plan polished (here an unbalanced one), named
+    SEARCHER+polish, a searched plan of the row, with the record and its steps; a searcher without a plan is
+    skipped."""
+    from neuroshard_jax.executors import ExecutorConfig
+    from neuroshard_jax.polish import PolishConfig
+
+    tables = [make_table(i, rows=20000 + 4000 * i, dim=32 if i % 2 else 64, pooling=8.0 + 2 * i) for i in range(6)]
+    task = make_task(tables, num_devices=3, mem_cap_gb=0.2, batch_size=1024)
+    plan = plan_of(task, [(0,)] * 6).validate()
+    zeros = [0.0] * 3
+    entries = [plan_entry("beam", "beam", "searched", plan, DeviceCosts(*(np.asarray(zeros) for _ in range(4))))]
+    config = PolishConfig(name="measured", max_measurements=24, repeats=2, warmup=1, iters=3, executor=ExecutorConfig())
+    out = bpa.polished(task, entries, ["beam", "grid"], "xeon-union", config, 0)
+    assert [(e["name"], e["searcher"], e["variant"]) for e in out] == [("beam+polish", "beam+polish", "searched")]
+    record = out[0]["polish"]
+    assert record["steps"] and record["measurements"] <= 24 and len(record["devices"]) == 3
+    _, plans = row_plans({"task": task.to_json(), "plans": entries + out})
+    plans[1].validate()
+    assert max(out[0]["compute"]) > 0
+
+
 def test_task_speeds_are_the_median_reference_ratio_per_task():
     records = [
         {"id": "a@4/1", "reference": True, "task": "4/1", "label_ms": 10.0, "total_ms": 11.0},

@@ -71,6 +71,7 @@ def measure(args) -> dict:
     evaluate = EvaluateConfig(executor=ExecutorConfig(workers=args.workers), pin=True)
     refs = reference_records(args.reference, args.references) if args.references else None
     rows = task_rows(plans_log)
+    polish = [s for s in args.polish.split(",") if s]
     started = time.perf_counter()
     counts = {"tasks": 0, "plans": 0, "devices_measured": 0}
     with open_executor(evaluate.executor, evaluate.device, evaluate.timeout_s, pin=True) as executor:
@@ -83,7 +84,7 @@ def measure(args) -> dict:
                     rows[row_id] = {"id": row_id, "round": 0, "index": seed, "source": "pool-test"} | {
                         "model": args.model,
                         "task": task.to_json(),
-                        "plans": plans + polished(task, plans, args, seed),
+                        "plans": plans + polished(task, plans, polish, args.model, PolishConfig(name="measured"), seed),
                     }
                     plans_log.append(rows[row_id])
                 row = rows[row_id]
@@ -107,21 +108,24 @@ def measure(args) -> dict:
     return counts | {"wall_s": round(time.perf_counter() - started, 1)}
 
 
-def polished(task: Task, entries: list[dict], args, seed: int) -> list[dict]:
-    """The searched plans of ``--polish``'s searchers polished on the kernels (``polish=measured``'s defaults,
-    ranked with ``--model``), as plan entries named ``SEARCHER+polish`` with the polishing record (its steps
-    left out)."""
-    name, options = PlanLabelConfig(model=args.model).cost_model()
-    model = make_cost_model(name, task, options)
+def polished(
+    task: Task, entries: list[dict], searchers: list[str], model: str, config: PolishConfig, seed: int
+) -> list[dict]:
+    """The searched plans of ``searchers`` polished on the kernels (``config``: ``measure`` uses
+    ``polish=measured``'s defaults), ranked with ``model``, as plan entries named ``SEARCHER+polish`` with the
+    polishing record (every step tried, the drift its anchor saw)."""
+    name, options = PlanLabelConfig(model=model).cost_model()
+    scorer = make_cost_model(name, task, options)
     out = []
-    for searcher in (s for s in args.polish.split(",") if s):
+    for searcher in searchers:
         entry = next((e for e in entries if e["searcher"] == searcher and e["variant"] == "searched"), None)
         if entry is None:  # the searcher found no plan: nothing to polish, counted like its own plan
             continue
         plan = Plan(task, tuple(Shard(*shard) for shard in entry["shards"]))
-        done = polish_plan(plan, model, PolishConfig(name="measured"), seed)
-        record = {k: v for k, v in done.polish.items() if k != "steps"}
-        costs = DeviceCosts(*(np.asarray(c) for c in done.costs[:4]))
+        done = polish_plan(plan, scorer, config, seed)
+        record = done.polish
+        c = done.costs
+        costs = DeviceCosts(*(np.asarray(x) for x in (c.compute_ms, c.fwd_comm_ms, c.bwd_comm_ms, c.total_ms)))
         out.append(plan_entry(searcher + POLISHED, searcher + POLISHED, "searched", done, costs) | {"polish": record})
         print(
             f"  {searcher}{POLISHED}: {record['changes_kept']} changes kept, {record['measurements']} measurements, "
