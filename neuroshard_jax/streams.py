@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.features import NUM_BINS
+from neuroshard_jax.features import NUM_BINS, access_histogram, bin_shares
 
 SHARE_TOLERANCE = 1e-3  # how far the bin shares may sum from 1
 MAX_COUNT = 1 << 40  # the open last bin's practical ceiling
@@ -154,3 +154,13 @@ def restrict_rows(
     keep = (indices >= row_offset) & (indices < row_offset + num_rows)
     kept_before = np.concatenate([[0], np.cumsum(keep)])
     return indices[keep] - row_offset, kept_before[np.asarray(offsets, dtype=np.int64)]
+
+
+def block_statistics(spec: TableSpec, seed: int, row_offset: int, num_rows: int) -> tuple[float, np.ndarray]:
+    """(pooling factor, bin shares f64[17]) of the row block [row_offset, row_offset + num_rows) of the spec table's
+    batch ``spec_stream(spec, seed)``: the lookups its owner receives, as the worker measures the block. Hot rows
+    are scattered, so a block's share of the lookups is rows / table rows only on average: a block that holds
+    (or misses) a very hot row is far from it, and its features say so."""
+    indices, offsets = spec_stream(spec, seed)
+    kept, _ = restrict_rows(indices, offsets, row_offset, num_rows)
+    return len(kept) / spec.batch_size, bin_shares(access_histogram(kept, num_rows)[0])

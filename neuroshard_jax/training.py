@@ -43,6 +43,7 @@ from neuroshard_jax.errors import UserError
 from neuroshard_jax.features import NUM_FEATURES, feature_matrix
 from neuroshard_jax.neural import FeatureStats, NeuralParams, comm_time, fit_stats, init_nets, neural_fns, normalize
 from neuroshard_jax.sharding import shard_features
+from neuroshard_jax.streams import TableSpec, block_statistics
 from neuroshard_jax.tables import PoolSpec, load_pool
 
 
@@ -124,11 +125,17 @@ def run_spread(record: dict) -> float:
 
 
 def compute_batches(
-    dataset_dir: Path, extra_records: list[dict] = (), width: int | None = None, max_spread: float | None = None
+    dataset_dir: Path,
+    extra_records: list[dict] = (),
+    width: int | None = None,
+    max_spread: float | None = None,
+    block_stats: bool = True,
 ):
     """``compute_arrays`` plus each record's batch size f32[S] (a spec dataset's rows carry their own):
     feats, mask, batch_size, total_ms, manifest. ``max_spread``: drop records whose runs spread more
-    (``run_spread``), labels taken while the machine was busy."""
+    (``run_spread``), labels taken while the machine was busy. ``block_stats``: a spec table's row block has the
+    statistics of its own lookups (``streams.block_statistics``, what the worker measured), else the table's
+    scaled to its rows (what a search knows of a block: ``shard_feature_matrix``)."""
     manifest = load_manifest(dataset_dir, "compute")
     records = read_records(Path(dataset_dir) / "compute.jsonl")
     if max_spread is not None:  # and labels whose worker got less than MIN_CPU_SHARE of its core
@@ -142,20 +149,25 @@ def compute_batches(
     width = width or bucket(max(len(r["tables"]) for r in records))
     feats = np.zeros((len(records), width, NUM_FEATURES), dtype=np.float32)
     mask = np.zeros((len(records), width), dtype=bool)
-    for i, r in enumerate(records):
-        feats[i, : len(r["tables"])] = shard_feature_matrix(r["tables"], pool)
-        mask[i, : len(r["tables"])] = True
     batch = np.array([r.get("batch_size", settings["batch_size"]) for r in records], dtype=np.float32)
+    for i, r in enumerate(records):
+        feats[i, : len(r["tables"])] = shard_feature_matrix(r["tables"], pool, int(batch[i]), block_stats)
+        mask[i, : len(r["tables"])] = True
     # a label measured with references is taken at the reference dataset's speed (drift.py): the machine's drift
     # between the hours of a collection does not become label noise
     target = np.array([r["total_ms"] / r.get("speed", 1.0) for r in records], dtype=np.float32)
     return feats, mask, batch, target, manifest
 
 
-def shard_feature_matrix(tables: list, pool) -> np.ndarray:
+def shard_feature_matrix(
+    tables: list, pool, batch_size: int | None = None, block_stats: bool = False
+) -> np.ndarray:
     """Features f64[T, F] of a measured shard's tables: [pool table id, dim(, row_offset, num_rows)] rows read the
-    pool's features, table specs {rows, pooling_factor, bins, dim(, row_offset, num_rows)} carry their own; a row
-    block's are the block's (``sharding.shard_features``), as the search scores it."""
+    pool's features, table specs {rows, pooling_factor, bins, dim(, seed, row_offset, num_rows)} carry their own; a
+    row block's are the block's (``sharding.shard_features``: its rows, its share of the lookups, the table's
+    histogram, as the search scores it). ``block_stats`` (with the record's ``batch_size``): a spec table's block
+    has the pooling factor and histogram of the lookups that landed in it (``streams.block_statistics``), which
+    is what the worker measured: a block missing the table's hottest rows does a fraction of its share."""
     rows, dims, pooling, bins, blocks = [], [], [], [], []
     for table in tables:
         if isinstance(table, dict):
@@ -164,6 +176,13 @@ def shard_feature_matrix(tables: list, pool) -> np.ndarray:
             bins.append(table["bins"])
             dims.append(table["dim"])
             blocks.append(table.get("num_rows"))
+            if block_stats and table.get("num_rows") is not None:
+                spec = TableSpec(int(table["rows"]), float(table["pooling_factor"]), tuple(table["bins"]), batch_size)
+                block_pooling, block_bins = block_statistics(
+                    spec, int(table.get("seed", 0)), int(table["row_offset"]), int(table["num_rows"])
+                )
+                # the block's own figures as a table of its rows; shard_features below then keeps them
+                rows[-1], pooling[-1], bins[-1], blocks[-1] = table["num_rows"], block_pooling, block_bins, None
         else:
             table_id, dim, *block = table
             rows.append(pool.rows[table_id])

@@ -31,7 +31,8 @@ from neuroshard_jax.plans import format_plan
 from neuroshard_jax.profiling import SpecSamplerConfig, sample_spec_shard
 from neuroshard_jax.scoring import score_plan, with_costs
 from neuroshard_jax.search import search_plan
-from neuroshard_jax.training import shard_feature_matrix
+from neuroshard_jax.streams import TableSpec, block_statistics
+from neuroshard_jax.training import compute_batches, shard_feature_matrix
 from neuroshard_jax.types import Plan
 from tests.conftest import make_table, make_task
 
@@ -186,6 +187,17 @@ def test_spec_collection_records_specs_at_their_batch_sizes(tiny_ensemble):
         assert block[FEATURE_INDEX["pooling_factor"]] == pytest.approx(
             whole[0][FEATURE_INDEX["pooling_factor"]] * table["num_rows"] / table["rows"]
         )
+    # ...and training reads a block's features from the lookups the worker measured on it (its own statistics)
+    feats, mask = compute_batches(specs_dir)[:2]
+    for s, r in enumerate(rows):
+        for i, table in enumerate(r["tables"]):
+            if "num_rows" not in table:
+                continue
+            spec = TableSpec(table["rows"], table["pooling_factor"], tuple(table["bins"]), r["batch_size"])
+            pooling, bins = block_statistics(spec, table["seed"], table["row_offset"], table["num_rows"])
+            assert mask[s, i] and feats[s, i, FEATURE_INDEX["rows"]] == table["num_rows"]
+            assert feats[s, i, FEATURE_INDEX["pooling_factor"]] == pytest.approx(pooling, rel=1e-6)
+            np.testing.assert_allclose(feats[s, i, FEATURE_INDEX["bin_0"] : FEATURE_INDEX["bin_16"] + 1], bins, atol=1e-6)
 
 
 def test_checkpoint_roundtrip_and_format_errors(tiny_ensemble, tiny_checkpoint):

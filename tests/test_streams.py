@@ -5,7 +5,7 @@ import pytest
 
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.features import NUM_BINS, bin_shares
-from neuroshard_jax.streams import TableSpec, spec_stream
+from neuroshard_jax.streams import TableSpec, block_statistics, spec_stream
 from neuroshard_jax.tables import stream_histogram
 
 
@@ -66,3 +66,23 @@ def test_impossible_specs_are_refused_naming_the_table(spec, fragment):
     with pytest.raises(UserError, match=fragment) as err:
         spec_stream(spec, 0, where="task.tables[3]")
     assert str(err.value).startswith("task.tables[3]")
+
+
+def test_a_row_block_has_the_statistics_of_its_own_lookups():
+    """Oracle: count the block's lookups and their per-row counts by hand from the table's stream."""
+    spec = TableSpec(2000, 6.0, (0.6, 0.2, 0.1, 0.05, 0.0, 0.0, 0.0, 0.05) + (0.0,) * 9, 512)
+    indices, _ = spec_stream(spec, 7)
+    blocks = [(0, 500), (500, 500), (1000, 1000)]
+    total = 0.0
+    for offset, rows in blocks:
+        pooling, bins = block_statistics(spec, 7, offset, rows)
+        mine = indices[(indices >= offset) & (indices < offset + rows)]
+        assert pooling == len(mine) / spec.batch_size
+        counts = np.bincount(mine - offset, minlength=rows)
+        want = np.bincount(np.ceil(np.log2(counts[counts > 0])).astype(int), minlength=NUM_BINS) / (counts > 0).sum()
+        np.testing.assert_allclose(bins, want)
+        total += pooling
+    assert total == pytest.approx(len(indices) / spec.batch_size)  # the blocks share the table's lookups
+    whole_pooling, whole_bins = block_statistics(spec, 7, 0, spec.rows)
+    assert whole_pooling == len(indices) / spec.batch_size
+    np.testing.assert_allclose(whole_bins, bin_shares(stream_histogram(indices, spec.rows)[0]))

@@ -4,11 +4,14 @@
         num_samples=160 out_dir=neuroshard_jax/data/profiles/xeon-rowblocks      # labels (resumable)
     python tools/bench_row_blocks.py neuroshard_jax/data/profiles/xeon-rowblocks [--checkpoint xeon-union]
 
-A row block does the lookups that land in its rows; the model scores it as a table of its rows doing that share of
-the pooling factor with the table's histogram (``sharding.shard_features``). The labels measure the block on the
-table's stream restricted to its rows (the worker). This splits the dataset's samples into those holding a row
-block and those without, and reports the model's MAPE and mean signed error on each (the samples without blocks
-are the control: the same generator, the same session). Writes bench/row_blocks/NAME.json.
+A row block does the lookups that land in its rows. The labels measure the block on the table's stream restricted
+to its rows (the worker), and training reads a block's features from those lookups (its pooling factor and its own
+histogram: ``streams.block_statistics``). A search knows only the table's statistics and scores a block as a table
+of its rows doing their share of the pooling factor with the table's histogram (``sharding.shard_features``). This
+splits the dataset's samples into those holding a row block and those without, and reports the model's MAPE and
+mean signed error on each, the blocks scored both ways (the samples without blocks are the control: the same
+generator, the same session), and where the blocks' error lies (how their lookups fell against the uniform share).
+Writes bench/row_blocks/NAME--CHECKPOINT.json.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from neuroshard_jax.checkpoints import load_ensemble
 from neuroshard_jax.datasets import hardware, read_records, write_json
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.models import checkpoint_path
+from neuroshard_jax.streams import TableSpec, block_statistics
 from neuroshard_jax.training import MIN_CPU_SHARE, compute_batches, ensemble_ms
 
 OUT = Path(__file__).resolve().parent.parent / "bench" / "row_blocks"
@@ -39,6 +43,51 @@ def figures(pred: np.ndarray, true: np.ndarray) -> dict:
     }
 
 
+def block_lookups(table: dict, batch_size: int) -> tuple[float, float]:
+    """(lookups landing in the block / the share its rows would get, the block's pooling factor) of a spec row block,
+    from the very stream the worker measured (``streams.block_statistics``): how its lookups fell, against the
+    uniform share the search's features assume."""
+    spec = TableSpec(int(table["rows"]), float(table["pooling_factor"]), tuple(table["bins"]), batch_size)
+    pooling, _ = block_statistics(spec, int(table.get("seed", 0)), int(table["row_offset"]), int(table["num_rows"]))
+    expected = spec.pooling_factor * int(table["num_rows"]) / spec.rows
+    return (pooling / expected if expected > 0 else 1.0), pooling
+
+
+def where_blocks_err(records: list[dict], pred: np.ndarray, true: np.ndarray) -> dict:
+    """The samples holding a row block, grouped by how their block's lookups fell (realized / uniform share of the
+    costliest block of the sample: below 0.8, 0.8-1.25, above) and by the block's pooling factor (below 1, 1-10,
+    above): which one the model's error follows."""
+    share, pooling = [], []
+    for record in records:
+        stats = [block_lookups(t, int(record["batch_size"])) for t in record["tables"] if "num_rows" in t]
+        share.append(max(s for s, _ in stats))
+        pooling.append(min(p for _, p in stats))
+    share, pooling = np.asarray(share), np.asarray(pooling)
+    rel = np.log(pred / true)
+    return {
+        "lookup_share_realized_over_uniform": {
+            name: figures(pred[m], true[m])
+            for name, m in (
+                ("below 0.8", share < 0.8),
+                ("0.8-1.25", (share >= 0.8) & (share <= 1.25)),
+                ("above 1.25", share > 1.25),
+            )
+        },
+        "block_pooling": {
+            name: figures(pred[m], true[m])
+            for name, m in (
+                ("below 1", pooling < 1),
+                ("1-10", (pooling >= 1) & (pooling <= 10)),
+                ("above 10", pooling > 10),
+            )
+        },
+        "corr_log_error_log_share": round(float(np.corrcoef(rel, np.log(share))[0, 1]), 3) if len(rel) > 2 else None,
+        "corr_log_error_log_pooling": round(float(np.corrcoef(rel, np.log(np.maximum(pooling, 1e-3)))[0, 1]), 3)
+        if len(rel) > 2
+        else None,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dataset")
@@ -47,26 +96,36 @@ def main() -> None:
     try:
         folder = Path(args.dataset)
         _, nets, params, _ = load_ensemble(checkpoint_path(args.checkpoint))
-        feats, mask, batch, target, _ = compute_batches(folder)
+        # a block's features: its own lookups' statistics (as training reads the labels), or the table's scaled
+        # to its rows (all a search knows of a block of a table it has statistics for)
+        feats = {own: compute_batches(folder, block_stats=own) for own in (True, False)}
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     records = read_records(folder / "compute.jsonl")
     quiet = np.array([r.get("cpu_share", 1.0) >= MIN_CPU_SHARE for r in records])
     blocks = np.array([any("num_rows" in t for t in r["tables"]) for r in records])
-    pred, _ = ensemble_ms(nets, params, feats, mask, batch)
+    target = feats[True][3]
+    pred = {own: ensemble_ms(nets, params, f, m, b)[0] for own, (f, m, b, _, _) in feats.items()}
     result = {
         "dataset": folder.as_posix(),
         "checkpoint": args.checkpoint,
         "machine": hardware(),
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "quiet_samples": int(quiet.sum()),
-        "with_row_blocks": figures(pred[quiet & blocks], target[quiet & blocks]),
-        "without_row_blocks": figures(pred[quiet & ~blocks], target[quiet & ~blocks]),
+        "with_row_blocks": figures(pred[True][quiet & blocks], target[quiet & blocks]),
+        "with_row_blocks_table_statistics": figures(pred[False][quiet & blocks], target[quiet & blocks]),
+        "without_row_blocks": figures(pred[True][quiet & ~blocks], target[quiet & ~blocks]),
     }
+    block_records = [r for r, q, b in zip(records, quiet, blocks) if q and b]
+    result["blocks_by"] = where_blocks_err(block_records, pred[True][quiet & blocks], target[quiet & blocks])
+    result["blocks_by_table_statistics"] = where_blocks_err(
+        block_records, pred[False][quiet & blocks], target[quiet & blocks]
+    )
     print(
         f"{args.checkpoint} on {folder.name} ({result['quiet_samples']} quiet samples): with row blocks "
-        f"{result['with_row_blocks']}, without {result['without_row_blocks']}"
+        f"{result['with_row_blocks']} (the table's statistics scaled: {result['with_row_blocks_table_statistics']}), "
+        f"without {result['without_row_blocks']}"
     )
     write_json(result, OUT / f"{folder.name}--{args.checkpoint}.json")
 
