@@ -191,16 +191,22 @@ def device_request(request_id, task: Task, tables: list, config: EvaluateConfig)
 def device_tables(task: Task, shards: list[Shard]) -> list:
     """A device's tables as the worker takes them, in a canonical order: [pool table id, dim] when the task
     has a pool (its real streams), else table specs whose streams are synthesised (seeded by the table id). A row
-    block adds its row_offset and num_rows (the worker restricts the table's stream to it); an empty block (the
-    tail of TorchRec's row layout) holds nothing to measure."""
+    block adds its row_offset and num_rows (the worker restricts the table's stream to it); a block whose own
+    statistics the table carries (``Table.block_stats``) is the spec of those, as the cost model scores it; an
+    empty block (the tail of TorchRec's row layout) holds nothing to measure."""
     out = []
     for s in shards:
         t = task.tables[s.table]
         block = () if s.whole_rows(t.rows) else (s.row_offset, s.rows(t.rows))
         if block and block[1] == 0:
             continue
+        stats = t.block_stats(*block) if block and task.pool is None else None
         if task.pool is not None:
             out.append([t.id, s.dim, *block])
+        elif stats is not None:
+            out.append(
+                {"rows": block[1], "pooling_factor": stats[0], "bins": list(stats[1]), "dim": s.dim, "seed": t.id}
+            )
         else:
             spec = {
                 "rows": t.rows,
@@ -212,7 +218,7 @@ def device_tables(task: Task, shards: list[Shard]) -> list:
             out.append(spec | (dict(zip(("row_offset", "num_rows"), block))))
     if task.pool is not None:
         return sorted(out)
-    return sorted(out, key=lambda x: (x["seed"], x["dim"], x.get("row_offset", 0)))
+    return sorted(out, key=lambda x: (x["seed"], x["dim"], x.get("row_offset", 0), x["rows"]))
 
 
 def measure_devices(

@@ -152,9 +152,10 @@ def plan_arrays(plan: Plan, max_tables: int | None = None, rows_apart: bool = Fa
     task_feats = task.features()
     for d, shards in enumerate(per_device):
         for j, s in enumerate(shards):
-            rows = task.tables[s.table].rows
-            block = None if s.whole_rows(rows) else s.rows(rows)
-            feats[d, j] = shard_features(task_feats[s.table], s.dim, block)
+            table = task.tables[s.table]
+            block = None if s.whole_rows(table.rows) else s.rows(table.rows)
+            stats = table.block_stats(s.row_offset, block) if block else None
+            feats[d, j] = shard_features(task_feats[s.table], s.dim, block, stats)
             mask[d, j] = block != 0  # an empty row block does no work
     return feats, mask, _all_to_all_dims(plan, rows_apart), np.ones(n, dtype=bool)
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from neuroshard_jax.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT
-from neuroshard_jax.features import FEATURE_INDEX
+from neuroshard_jax.features import FEATURE_INDEX, NUM_BINS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,18 +143,23 @@ def device_dim_sums(shards: Iterable[Shard], num_devices: int):
     return out
 
 
-def shard_features(table_features: np.ndarray, dim: int, rows: int | None = None) -> np.ndarray:
+def shard_features(
+    table_features: np.ndarray, dim: int, rows: int | None = None, stats: tuple[float, Sequence[float]] | None = None
+) -> np.ndarray:
     """Features f64[F] of a shard of width ``dim`` (and ``rows`` rows, default all) of a table with
     features ``table_features`` f64[F] (FEATURE_NAMES order).
 
-    A block of ``rows`` of the table's rows does the lookups that land in it: a share rows / table rows of the
-    pooling factor, with the table's access histogram, as where ids are hashed over the rows (hot rows scattered,
-    which is how production ids reach a table). A block whose rows are hotter or colder than that is measured so
-    by the worker (``worker.py``: its stream restricted to the block); the features do not know it."""
+    A block of ``rows`` of the table's rows does the lookups that land in it. ``stats`` (pooling factor, 17 bin
+    shares): the block's own, measured (``Table.block_stats``); without them, a share rows / table rows of the
+    pooling factor with the table's access histogram, as where ids are hashed over the rows and no row is very hot
+    (a block holding or missing a very hot row is far from that: ``bench_row_blocks``)."""
     out = np.array(table_features, dtype=np.float64)
     if rows is not None:
         table_rows = out[FEATURE_INDEX["rows"]]
-        if table_rows > 0:
+        if stats is not None:
+            out[FEATURE_INDEX["pooling_factor"]] = stats[0]
+            out[FEATURE_INDEX["bin_0"] : FEATURE_INDEX["bin_0"] + NUM_BINS] = stats[1]
+        elif table_rows > 0:
             out[FEATURE_INDEX["pooling_factor"]] *= rows / table_rows
         out[FEATURE_INDEX["rows"]] = rows
     out[FEATURE_INDEX["dim"]] = dim

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import hydra
@@ -37,10 +37,12 @@ from neuroshard_jax.datasets import read_json, write_json
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.features import NUM_BINS, bin_shares, count_histogram
 from neuroshard_jax.tables import load_dlrm_arrays
+from neuroshard_jax.types import RowBlockStats, row_blocks_from_json, row_blocks_json
 
 MIN_ROWS = 100  # the DLRM rule: rows = max(100, largest index + 1)
 DEFAULT_ZIPF = 1.05  # the estimate's assumed exponent; published DLRM tables span roughly 0.6..1.4
 FORMATS = ("auto", "npz", "dlrm")
+ROW_BLOCK_COUNTS = (2, 4, 8)  # the row-block counts whose statistics are measured (rows known up front)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +58,7 @@ class TableStats:
     samples: int
     batches: int
     estimated: bool = False
+    row_blocks: tuple[RowBlockStats, ...] = ()  # its row blocks' own statistics (rows known up front only)
 
     def to_json(self) -> dict:
         out = {
@@ -68,6 +71,8 @@ class TableStats:
         }
         if self.estimated:
             out["estimated"] = True
+        if self.row_blocks:
+            out["row_blocks"] = row_blocks_json(self.row_blocks)
         return out
 
 
@@ -86,8 +91,9 @@ def read_stats_file(path: str | Path) -> list[TableStats]:
                 int(t.get("samples", 0)),
                 int(t.get("batches", 0)),
                 bool(t.get("estimated", False)),
+                row_blocks_from_json(t.get("row_blocks", []), int(t["rows"]), float(t["pooling_factor"]), where),
             )
-            for t in obj["tables"]
+            for where, t in ((f"stats {str(path)!r}: table {i}", t) for i, t in enumerate(obj["tables"]))
         ]
     except (ValueError, KeyError, TypeError) as err:
         raise UserError(
@@ -107,21 +113,30 @@ class _Table:
     largest: int = -1
     share_sum: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(NUM_BINS))
     batches: int = 0
+    # per block count: lookups f64[count] and summed bin shares f64[count, 17] over full batches
+    block_lookups: dict[int, np.ndarray] = dataclasses.field(default_factory=dict)
+    block_share_sum: dict[int, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 class StatsAccumulator:
     """Statistics of tables from a stream of batches, in bounded memory (at most one batch of B samples buffered
     per table). ``feature_tables`` maps each feature to its table (default: a table per feature, named like it);
-    ``rows`` gives tables' row counts (others get the DLRM rule)."""
+    ``rows`` gives tables' row counts (others get the DLRM rule). A table whose rows are given also gets the
+    statistics of its row blocks for each count of ``row_blocks`` (TorchRec's row-wise layout), what a row-wise
+    split of it would send each device."""
 
     def __init__(
         self,
         batch_size: int,
         feature_tables: Mapping[str, str] | None = None,
         rows: Mapping[str, int] | None = None,
+        row_blocks: Sequence[int] = ROW_BLOCK_COUNTS,
     ):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise UserError(f"batch_size: got {batch_size!r}, expected an integer >= 1")
+        if any(isinstance(c, bool) or not isinstance(c, int) or c < 2 for c in row_blocks):
+            raise UserError(f"row_blocks: got {list(row_blocks)!r:.60}, expected block counts >= 2")
+        self.row_blocks = tuple(sorted(set(row_blocks)))
         self.batch_size = batch_size
         self.feature_tables = dict(feature_tables) if feature_tables is not None else None
         self.rows = dict(rows or {})
@@ -173,17 +188,21 @@ class StatsAccumulator:
         if len(values):
             state.largest = max(state.largest, int(values.max()))
         if state.buffered >= self.batch_size:
-            self._flush_batches(state)
+            self._flush_batches(state, limit)
 
-    def _flush_batches(self, state: _Table) -> None:
-        """A histogram per full batch of ``batch_size`` buffered samples (one concatenation); the rest stays."""
+    def _flush_batches(self, state: _Table, rows: int | None) -> None:
+        """A histogram per full batch of ``batch_size`` buffered samples (one concatenation), and with ``rows``
+        one per row block of each count; the rest stays."""
         values, lengths = np.concatenate(state.values), np.concatenate(state.lengths)
         starts = np.concatenate([[0], np.cumsum(lengths)])
         full = state.buffered // self.batch_size
         for b in range(full):
             batch = values[starts[b * self.batch_size] : starts[(b + 1) * self.batch_size]]
             if len(batch):
-                state.share_sum += bin_shares(count_histogram(np.unique(batch, return_counts=True)[1])[0])
+                ids, counts = np.unique(batch, return_counts=True)
+                state.share_sum += bin_shares(count_histogram(counts)[0])
+                for count in (c for c in self.row_blocks if rows is not None and c <= rows):
+                    _add_blocks(state, count, ids // -(-rows // count), counts)
         state.batches += full
         cut = full * self.batch_size
         state.values, state.lengths = [values[starts[cut] :]], [lengths[cut:]]
@@ -215,9 +234,35 @@ class StatsAccumulator:
                     self.batch_size,
                     state.samples,
                     state.batches,
+                    row_blocks=_block_stats(state, pooling),
                 )
             )
         return out
+
+
+def _add_blocks(state: _Table, count: int, block_of: np.ndarray, counts: np.ndarray) -> None:
+    """One full batch's unique ids (their block ``block_of`` i64[U] and access ``counts`` i64[U]) added to the
+    table's row-block sums of ``count`` blocks."""
+    lookups = state.block_lookups.setdefault(count, np.zeros(count))
+    shares = state.block_share_sum.setdefault(count, np.zeros((count, NUM_BINS)))
+    lookups += np.bincount(block_of, weights=counts, minlength=count)
+    for b in np.unique(block_of):
+        shares[b] += bin_shares(count_histogram(counts[block_of == b])[0])
+
+
+def _block_stats(state: _Table, pooling: float) -> tuple[RowBlockStats, ...]:
+    """Each block count's statistics: the table's pooling factor shared by the blocks' lookups in full batches,
+    and each block's mean histogram over the batches (renormalised; all 0 for a block never looked up)."""
+    out = []
+    for count, lookups in sorted(state.block_lookups.items()):
+        total = lookups.sum()
+        factors = pooling * lookups / total if total > 0 else np.zeros(count)
+        bins = []
+        for b in range(count):
+            shares = state.block_share_sum[count][b]
+            bins.append(tuple(float(x) for x in (shares / shares.sum() if shares.sum() > 0 else shares)))
+        out.append(RowBlockStats(count, tuple(float(f) for f in factors), tuple(bins)))
+    return tuple(out)
 
 
 def _pool_per_sample(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -360,12 +405,17 @@ def data_features(path: str | Path, fmt: str = "auto") -> tuple[dict[str, tuple[
 
 
 def file_stats(
-    path: str | Path, batch_size: int, fmt: str = "auto", max_batches: int = 0, progress: bool = True
+    path: str | Path,
+    batch_size: int,
+    fmt: str = "auto",
+    max_batches: int = 0,
+    progress: bool = True,
+    row_blocks: Sequence[int] = ROW_BLOCK_COUNTS,
 ) -> list[TableStats]:
     """Statistics of every table (feature) of a data file at ``batch_size`` (at most ``max_batches`` batches;
-    0: all)."""
+    0: all); tables whose rows the file gives also get their ``row_blocks`` counts' block statistics."""
     features, rows = data_features(path, fmt)
-    accumulator = StatsAccumulator(batch_size, rows=rows)
+    accumulator = StatsAccumulator(batch_size, rows=rows, row_blocks=row_blocks)
     size = len(next(iter(features.values()))[1])
     limit = size if max_batches <= 0 else min(size, max_batches * batch_size)
     chunks = file_batches({n: _head(v, limit) for n, v in features.items()}, batch_size)
@@ -393,10 +443,13 @@ class StatsConfig:
     format: str = "auto"
     max_batches: int = 0
     progress: bool = True
+    row_blocks: tuple[int, ...] = ROW_BLOCK_COUNTS
 
     def __post_init__(self):
         if self.format not in FORMATS:
             raise UserError(f"format: got {self.format!r}, expected one of {', '.join(FORMATS)}")
+        if any(isinstance(c, bool) or not isinstance(c, int) or c < 2 for c in self.row_blocks):
+            raise UserError(f"row_blocks: got {list(self.row_blocks)!r:.60}, expected block counts >= 2")
         at_least(self, 1, ("batch_size",))
         at_least(self, 0, ("max_batches",))
 
@@ -420,7 +473,9 @@ def main(cfg: DictConfig) -> None:
         if Path(config.out).is_dir():
             raise UserError(f"out: {config.out!r} is a folder, expected a file name (e.g. tables.json)")
         writable_folder(Path(config.out).parent, "out")
-        tables = file_stats(config.data, config.batch_size, config.format, config.max_batches, config.progress)
+        tables = file_stats(
+            config.data, config.batch_size, config.format, config.max_batches, config.progress, config.row_blocks
+        )
         write_json(stats_file(tables, config.batch_size, Path(config.data).name), config.out)
         for t in tables:
             print(

@@ -43,7 +43,7 @@ from neuroshard_jax.plans import format_plan
 from neuroshard_jax.search import enable_compilation_cache, search_plan
 from neuroshard_jax.stats import DEFAULT_ZIPF, StatsAccumulator, TableStats, estimated_stats, read_stats_file
 from neuroshard_jax.torchrec_plans import module_plan
-from neuroshard_jax.types import Plan
+from neuroshard_jax.types import Plan, row_blocks_json
 
 PRECISIONS = {DataType.FP32: "fp32", DataType.FP16: "fp16", DataType.BF16: "bf16", DataType.INT8: "int8"}
 
@@ -196,6 +196,12 @@ class NeuroShardPlanner(ShardingPlanner):
                     "pooling_factor": stats.pooling_factor,
                     "bins": list(stats.bins),
                     "estimated": stats.estimated,
+                    # row blocks measured over the table's own rows (TorchRec's row-wise layout of them)
+                    **(
+                        {"row_blocks": row_blocks_json(stats.row_blocks)}
+                        if stats.row_blocks and stats.rows == int(config.num_embeddings)
+                        else {}
+                    ),
                 }
             )
         multi = [name for _, name, c in configs if len(c.feature_names) > 1]

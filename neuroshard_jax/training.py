@@ -159,16 +159,14 @@ def compute_batches(
     return feats, mask, batch, target, manifest
 
 
-def shard_feature_matrix(
-    tables: list, pool, batch_size: int | None = None, block_stats: bool = False
-) -> np.ndarray:
+def shard_feature_matrix(tables: list, pool, batch_size: int | None = None, block_stats: bool = False) -> np.ndarray:
     """Features f64[T, F] of a measured shard's tables: [pool table id, dim(, row_offset, num_rows)] rows read the
     pool's features, table specs {rows, pooling_factor, bins, dim(, seed, row_offset, num_rows)} carry their own; a
     row block's are the block's (``sharding.shard_features``: its rows, its share of the lookups, the table's
     histogram, as the search scores it). ``block_stats`` (with the record's ``batch_size``): a spec table's block
     has the pooling factor and histogram of the lookups that landed in it (``streams.block_statistics``), which
     is what the worker measured: a block missing the table's hottest rows does a fraction of its share."""
-    rows, dims, pooling, bins, blocks = [], [], [], [], []
+    rows, dims, pooling, bins, blocks, stats = [], [], [], [], [], []
     for table in tables:
         if isinstance(table, dict):
             rows.append(table["rows"])
@@ -178,11 +176,9 @@ def shard_feature_matrix(
             blocks.append(table.get("num_rows"))
             if block_stats and table.get("num_rows") is not None:
                 spec = TableSpec(int(table["rows"]), float(table["pooling_factor"]), tuple(table["bins"]), batch_size)
-                block_pooling, block_bins = block_statistics(
-                    spec, int(table.get("seed", 0)), int(table["row_offset"]), int(table["num_rows"])
-                )
-                # the block's own figures as a table of its rows; shard_features below then keeps them
-                rows[-1], pooling[-1], bins[-1], blocks[-1] = table["num_rows"], block_pooling, block_bins, None
+                stats.append(block_statistics(spec, int(table.get("seed", 0)), table["row_offset"], table["num_rows"]))
+            else:
+                stats.append(None)
         else:
             table_id, dim, *block = table
             rows.append(pool.rows[table_id])
@@ -190,10 +186,11 @@ def shard_feature_matrix(
             bins.append(pool.bins[table_id])
             dims.append(dim)
             blocks.append(block[1] if block else None)
+            stats.append(None)
     out = feature_matrix(rows, dims, pooling, bins)
     for i, block in enumerate(blocks):
         if block is not None:
-            out[i] = shard_features(out[i], dims[i], block)
+            out[i] = shard_features(out[i], dims[i], block, stats[i])
     return out
 
 

@@ -27,12 +27,26 @@ from neuroshard_jax.sharding import (
     device_mem_bytes,
     is_legal_dim,
     mem_bytes,
+    row_blocks,
     tiling_error,
 )
 from neuroshard_jax.tables import PoolSpec
 from neuroshard_jax.torchrec_plans import embedding_bag_collection, sharding_plan
 
-__all__ = ["Device", "Links", "Plan", "PlanCosts", "Shard", "Table", "Task"]
+__all__ = ["Device", "Links", "Plan", "PlanCosts", "RowBlockStats", "Shard", "Table", "Task"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RowBlockStats:
+    """Statistics of a table's ``count`` row blocks (TorchRec's row-wise layout, ``sharding.row_blocks``) measured
+    from the user's data: per block, its pooling factor (its lookups per sample; they sum to the table's) and its
+    own access histogram (``bins``: 17 shares, all 0 for a block never looked up). Hot rows are rarely spread
+    evenly over row ranges: ids sorted by frequency put them all in the first block, hashed ids put a very hot row
+    in one block, and a block's cost follows its own lookups."""
+
+    count: int
+    pooling_factors: tuple[float, ...]
+    bins: tuple[tuple[float, ...], ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,11 +69,24 @@ class Table:
     no_split: bool = False
     max_shards: int | None = None
     colocate: str | None = None
+    # measured statistics of its row blocks, per block count (``stats``: from the user's data); a block of a count
+    # not given is assumed to do its rows' share of the lookups with the table's histogram
+    row_blocks: tuple[RowBlockStats, ...] = ()
 
     @property
     def size(self) -> int:
         """Elements (rows * dim)."""
         return self.rows * self.dim
+
+    def block_stats(self, row_offset: int, num_rows: int) -> tuple[float, tuple[float, ...]] | None:
+        """(pooling factor, bins) measured for the row block [row_offset, row_offset + num_rows), or None when no
+        block count given in ``row_blocks`` has that block."""
+        for stats in self.row_blocks:
+            layout = row_blocks(self.rows, stats.count)
+            if (row_offset, num_rows) in layout:
+                i = layout.index((row_offset, num_rows))
+                return stats.pooling_factors[i], stats.bins[i]
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,6 +268,7 @@ class Task:
                     "bins": list(t.bins),
                     **({"estimated": True} if t.estimated else {}),
                     **_constraints_json(t),
+                    **({"row_blocks": row_blocks_json(t.row_blocks)} if t.row_blocks else {}),
                 }
                 for t in self.tables
             ],
@@ -552,7 +580,11 @@ TASK_KEYS = ("num_devices", "mem_cap_gb", "devices", "links", "batch_size", "pre
 DEVICE_KEYS = ("mem_cap_gb", "speed", "host")
 LINK_KEYS = ("intra_host_gbps", "inter_host_gbps", "devices_per_host")
 BIN_KEYS = tuple(f"bin_{k}" for k in range(NUM_BINS))
-TABLE_KEYS = ("id", "name", "rows", "dim", "pooling_factor", "size", "bins", "estimated", "samples", "batches")
+TABLE_KEYS = (
+    *("id", "name", "rows", "dim", "pooling_factor", "size", "bins", "estimated", "samples", "batches"),
+    "row_blocks",
+)
+ROW_BLOCK_KEYS = ("count", "pooling_factors", "bins")
 TABLE_KEYS += BIN_KEYS + CONSTRAINT_KEYS
 BINS_TOLERANCE = 0.01  # the access-histogram shares of a looked-up table sum to 1 within this
 
@@ -665,29 +697,77 @@ def _table_from_json(obj: Any, where: str) -> Table:
     if not is_legal_dim(dim):
         raise UserError(f"{where}.dim: got {dim}, expected a multiple of {DIM_ALIGNMENT}")
     pooling = _float_field(obj, "pooling_factor", where)
-    bins = _bins_field(obj, where)
-    if (
-        not isinstance(bins, list)
-        or len(bins) != NUM_BINS
-        or not all(isinstance(b, (int, float)) and math.isfinite(b) and 0 <= b <= 1 for b in bins)
-    ):
-        raise UserError(f"{where}.bins: got {bins!r:.60}, expected {NUM_BINS} shares in [0, 1]")
-    total = math.fsum(bins)
-    if pooling > 0 and abs(total - 1) > BINS_TOLERANCE:
-        raise UserError(
-            f"{where}.bins: the shares sum to {total:.4g}, expected 1 (within {BINS_TOLERANCE}) for a table with "
-            f"pooling_factor {pooling:g}"
-        )
-    if pooling == 0 and total > 0 and abs(total - 1) > BINS_TOLERANCE:
-        raise UserError(f"{where}.bins: the shares sum to {total:.4g}, expected 1 (within {BINS_TOLERANCE}) or all 0")
+    bins = _checked_bins(_bins_field(obj, where), pooling, f"{where}.bins")
     name = obj.get("name")
     if name is not None and not (isinstance(name, str) and name):
         raise UserError(f"{where}.name: got {name!r:.60}, expected a non-empty string")
     estimated = obj.get("estimated", False)
     if not isinstance(estimated, bool):
         raise UserError(f"{where}.estimated: got {estimated!r:.60}, expected true or false")
-    table = Table(table_id, rows, dim, pooling, tuple(float(b) for b in bins), name, estimated)
-    return dataclasses.replace(table, **_constraints_from_json(obj, where))
+    table = Table(table_id, rows, dim, pooling, bins, name, estimated)
+    blocks = row_blocks_from_json(obj.get("row_blocks", []), rows, pooling, f"{where}.row_blocks")
+    return dataclasses.replace(table, row_blocks=blocks, **_constraints_from_json(obj, where))
+
+
+def _checked_bins(bins: Any, pooling: float, where: str) -> tuple[float, ...]:
+    """An access histogram: 17 shares in [0, 1] summing to 1 (or all 0 where nothing is looked up)."""
+    if (
+        not isinstance(bins, list)
+        or len(bins) != NUM_BINS
+        or not all(isinstance(b, (int, float)) and math.isfinite(b) and 0 <= b <= 1 for b in bins)
+    ):
+        raise UserError(f"{where}: got {bins!r:.60}, expected {NUM_BINS} shares in [0, 1]")
+    total = math.fsum(bins)
+    if pooling > 0 and abs(total - 1) > BINS_TOLERANCE:
+        raise UserError(
+            f"{where}: the shares sum to {total:.4g}, expected 1 (within {BINS_TOLERANCE}) for a pooling_factor of "
+            f"{pooling:g}"
+        )
+    if pooling == 0 and total > 0 and abs(total - 1) > BINS_TOLERANCE:
+        raise UserError(f"{where}: the shares sum to {total:.4g}, expected 1 (within {BINS_TOLERANCE}) or all 0")
+    return tuple(float(b) for b in bins)
+
+
+def row_blocks_from_json(raw: Any, rows: int, pooling: float, where: str) -> tuple[RowBlockStats, ...]:
+    """A table's ``row_blocks``: a list of {count, pooling_factors, bins} (one per block count), the block pooling
+    factors summing to the table's (within 1%)."""
+    if not isinstance(raw, list):
+        raise UserError(f"{where}: got {raw!r:.60}, expected a list of {{count, pooling_factors, bins}}")
+    out, counts = [], set()
+    for k, entry in enumerate(raw):
+        at = f"{where}[{k}]"
+        if not isinstance(entry, dict):
+            raise UserError(f"{at}: got {entry!r:.60}, expected an object with count, pooling_factors, bins")
+        _known_keys(entry, ROW_BLOCK_KEYS, at)
+        count = _int_field(entry, "count", at, minimum=2)
+        if count > rows or count in counts:
+            why = f"at most the table's {rows} rows" if count > rows else "one entry per count"
+            raise UserError(f"{at}.count: got {count}, expected {why}")
+        counts.add(count)
+        factors, hists = _field(entry, "pooling_factors", at), _field(entry, "bins", at)
+        for name, value in (("pooling_factors", factors), ("bins", hists)):
+            if not isinstance(value, list) or len(value) != count:
+                raise UserError(f"{at}.{name}: got {value!r:.60}, expected a list of {count} (one per block)")
+        for i, f in enumerate(factors):
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f < 0:
+                raise UserError(f"{at}.pooling_factors[{i}]: got {f!r:.60}, expected a finite number >= 0")
+        factors = [float(f) for f in factors]
+        if abs(math.fsum(factors) - pooling) > 0.01 * pooling + 1e-9:
+            raise UserError(
+                f"{at}.pooling_factors: they sum to {math.fsum(factors):.4g}, expected the table's pooling_factor "
+                f"{pooling:g} (within 1%)"
+            )
+        bins = tuple(_checked_bins(b, f, f"{at}.bins[{i}]") for i, (b, f) in enumerate(zip(hists, factors)))
+        out.append(RowBlockStats(count, tuple(factors), bins))
+    return tuple(sorted(out, key=lambda b: b.count))
+
+
+def row_blocks_json(blocks: tuple[RowBlockStats, ...]) -> list[dict]:
+    """``row_blocks`` as task-file objects."""
+    return [
+        {"count": b.count, "pooling_factors": list(b.pooling_factors), "bins": [list(x) for x in b.bins]}
+        for b in blocks
+    ]
 
 
 def _constraints_from_json(obj: dict, where: str) -> dict:

@@ -197,7 +197,9 @@ def test_spec_collection_records_specs_at_their_batch_sizes(tiny_ensemble):
             pooling, bins = block_statistics(spec, table["seed"], table["row_offset"], table["num_rows"])
             assert mask[s, i] and feats[s, i, FEATURE_INDEX["rows"]] == table["num_rows"]
             assert feats[s, i, FEATURE_INDEX["pooling_factor"]] == pytest.approx(pooling, rel=1e-6)
-            np.testing.assert_allclose(feats[s, i, FEATURE_INDEX["bin_0"] : FEATURE_INDEX["bin_16"] + 1], bins, atol=1e-6)
+            np.testing.assert_allclose(
+                feats[s, i, FEATURE_INDEX["bin_0"] : FEATURE_INDEX["bin_16"] + 1], bins, atol=1e-6
+            )
 
 
 def test_checkpoint_roundtrip_and_format_errors(tiny_ensemble, tiny_checkpoint):

@@ -7,15 +7,18 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.evaluation import EvaluateConfig, measure_plans
+from neuroshard_jax.evaluation import EvaluateConfig, device_tables, measure_plans
+from neuroshard_jax.features import FEATURE_INDEX
+from neuroshard_jax.models import make_cost_model
 from neuroshard_jax.profiling import ComputeWorker
 from neuroshard_jax.row_comm import comm_layout
 from neuroshard_jax.row_split import hot_tables, oversized, row_split_choices
+from neuroshard_jax.scoring import plan_arrays, score_plan
 from neuroshard_jax.search import search_plan, search_with_rows
 from neuroshard_jax.sharding import Shard, row_blocks, row_shards, shard_features, tiling_error
 from neuroshard_jax.streams import TableSpec, restrict_rows, spec_stream
 from neuroshard_jax.tables import PoolSpec, load_pool, pool_streams
-from neuroshard_jax.types import Plan, Table, Task
+from neuroshard_jax.types import Plan, RowBlockStats, Table, Task
 
 POOL = PoolSpec(num_tables=120)
 
@@ -168,3 +171,32 @@ def test_a_forced_row_split_cuts_exactly_those_tables_and_is_scored():
     plan = search_with_rows(task, "size_lookup_greedy", "analytic", 0, (0, 1))
     cut = {s.table for s in plan.shards if not s.whole_rows(task.tables[s.table].rows)}
     assert cut == {0, 1} and plan.costs is not None and plan.validate() is plan
+
+
+def test_measured_block_statistics_price_and_measure_each_block_as_its_own():
+    """A table whose row blocks were measured (``stats``: ids sorted by frequency, the hot rows in block 0): the
+    model scores each block with its own statistics and the evaluator measures it as them; a block count without
+    statistics keeps the table's scaled to its rows."""
+    hot = (0.0,) * 10 + (1.0,) + (0.0,) * 6
+    cold = (1.0,) + (0.0,) * 16
+    blocks = RowBlockStats(2, (9.0, 1.0), (hot, cold))
+    table = Table(0, 100_000, 16, 10.0, (0.5,) + (0.0,) * 9 + (0.5,) + (0.0,) * 6, row_blocks=(blocks,))
+    task = Task(2, 1.0, 512, (table, Table(1, 1000, 16, 1.0, cold)))
+    assert Task.from_json(task.to_json()) == task
+    plan = Plan(task, (*row_shards(0, 100_000, 16, [0, 1]), Shard(1, 0, 16, 0))).validate()
+    feats = plan_arrays(plan)[0]
+    (start, rows), (start1, rows1) = row_blocks(100_000, 2)
+    np.testing.assert_allclose(feats[0, 0], shard_features(task.features()[0], 16, rows, (9.0, hot)))
+    np.testing.assert_allclose(feats[1, 0], shard_features(task.features()[0], 16, rows1, (1.0, cold)))
+    assert feats[0, 0, FEATURE_INDEX["pooling_factor"]] == 9.0 and feats[1, 0, FEATURE_INDEX["pooling_factor"]] == 1.0
+    compute = score_plan(make_cost_model("analytic", task), plan).compute_ms
+    assert compute[0] > compute[1]  # the hot block's device, though it also holds the small table's lookups only once
+    specs = device_tables(task, plan.device_shards(1))
+    assert specs == [{"rows": rows1, "pooling_factor": 1.0, "bins": list(cold), "dim": 16, "seed": 0}]
+    four = Plan(
+        task,
+        (*row_shards(0, 100_000, 8, [0, 1, 0, 1], 0), *row_shards(0, 100_000, 8, [1, 0, 1, 0], 8), Shard(1, 0, 16, 0)),
+    ).validate()
+    quarter = plan_arrays(four)[0][0, 0]  # four blocks: no statistics for that count, the table's share of lookups
+    assert quarter[FEATURE_INDEX["pooling_factor"]] == pytest.approx(10.0 * row_blocks(100_000, 4)[0][1] / 100_000)
+    assert "row_offset" in device_tables(task, four.device_shards(0))[0]

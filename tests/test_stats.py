@@ -171,3 +171,64 @@ def test_stats_command_on_an_npz(tmp_path):
         file_stats(tmp_path / "short.npz", 256, progress=False)
     bad = run_cli(f"data={tmp_path / 'missing.npz'}", module="neuroshard_jax.stats")
     assert bad.returncode == 2 and bad.stderr.startswith("error: data:") and "Traceback" not in bad.stderr
+
+
+def test_row_blocks_get_the_statistics_of_their_own_lookups():
+    """Oracle: ids sorted by frequency (the hottest first), cut by hand into TorchRec's row layout."""
+    rng = np.random.default_rng(3)
+    rows, batch = 1000, 128
+    lengths = rng.poisson(6.0, size=4 * batch + 7)  # 4 full batches and a partial one
+    values = np.minimum(rng.zipf(1.3, int(lengths.sum())) - 1, rows - 1)
+    acc = StatsAccumulator(batch, rows={"t": rows}, row_blocks=(2, 4))
+    acc.add({"t": (values, lengths)})
+    [table] = acc.result()
+    assert [b.count for b in table.row_blocks] == [2, 4]
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    for stats in table.row_blocks:
+        size = -(-rows // stats.count)
+        lookups, shares = np.zeros(stats.count), np.zeros((stats.count, 17))
+        for b in range(4):
+            ids, counts = np.unique(values[starts[b * batch] : starts[(b + 1) * batch]], return_counts=True)
+            for k in range(stats.count):
+                mine = counts[ids // size == k]
+                lookups[k] += mine.sum()
+                if len(mine):
+                    shares[k] += np.bincount(np.ceil(np.log2(mine)).astype(int), minlength=17) / len(mine)
+        np.testing.assert_allclose(stats.pooling_factors, table.pooling_factor * lookups / lookups.sum())
+        for k in range(stats.count):
+            want = shares[k] / shares[k].sum() if shares[k].sum() else shares[k]
+            np.testing.assert_allclose(stats.bins[k], want, atol=1e-12)
+    assert table.row_blocks[0].pooling_factors[0] > 5 * table.row_blocks[0].pooling_factors[1]  # the hot rows: block 0
+    # a table whose rows are not given (the DLRM rule) has no block statistics; to_json carries them into a task
+    assert not StatsAccumulator(batch).result() and _unsized_blocks(values, lengths, batch) == ()
+    task = Task.from_json(
+        {"num_devices": 2, "mem_cap_gb": 1, "batch_size": batch, "tables": [{**table.to_json(), "id": 0, "dim": 16}]}
+    )
+    assert task.tables[0].row_blocks == table.row_blocks
+    assert task.tables[0].block_stats(0, 500) == (table.row_blocks[0].pooling_factors[0], table.row_blocks[0].bins[0])
+    assert task.tables[0].block_stats(0, 400) is None  # no count cuts that block
+
+
+def _unsized_blocks(values, lengths, batch):
+    acc = StatsAccumulator(batch)
+    acc.add({"t": (values, lengths)})
+    return acc.result()[0].row_blocks
+
+
+@pytest.mark.parametrize(
+    "row_blocks, fragment",
+    [
+        ({"count": 2}, r"row_blocks: got .*expected a list"),
+        ([{"count": 1, "pooling_factors": [1.0], "bins": [[1.0] + [0.0] * 16]}], r"row_blocks\[0\].count: got 1"),
+        ([{"count": 2, "pooling_factors": [1.0], "bins": []}], r"row_blocks\[0\].pooling_factors: .*a list of 2"),
+        ([{"count": 2, "pooling_factors": [0.5, 0.2], "bins": [[1.0] + [0.0] * 16] * 2}], "sum to 0.7, expected"),
+        ([{"count": 2, "pooling_factors": [0.5, 0.5], "bins": [[1.0] + [0.0] * 16, [0.5] * 17]}], r"bins\[1\]: the"),
+        ([{"count": 2, "pooling_factors": [0.5, -0.5], "bins": [[1.0] + [0.0] * 16] * 2}], r"factors\[1\]: got -0.5"),
+        ([{"count": 20, "pooling_factors": [0.05] * 20, "bins": [[1.0] + [0.0] * 16] * 20}], "at most the table's 10"),
+        ([{"count": 2, "pooling_factors": [0.5, 0.5], "bins": [[1.0] + [0.0] * 16] * 2, "rows": 3}], "rows"),
+    ],
+)
+def test_bad_row_block_statistics_are_named(row_blocks, fragment):
+    table = {"id": 0, "rows": 10, "dim": 8, "pooling_factor": 1.0, "bins": [1.0] + [0.0] * 16, "row_blocks": row_blocks}
+    with pytest.raises(UserError, match=fragment):
+        Task.from_json({"num_devices": 1, "mem_cap_gb": 1.0, "batch_size": 64, "tables": [table]})
