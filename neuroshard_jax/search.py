@@ -20,11 +20,11 @@ from neuroshard_jax.row_split import (
     row_split_choices,
     settle,
 )
-from neuroshard_jax.scoring import score_plans, single_shard_costs, with_costs
+from neuroshard_jax.scoring import score_plan, score_plans, single_shard_costs, with_costs
 from neuroshard_jax.sharding import merge_colocated
 from neuroshard_jax.tables import cache_dir
 from neuroshard_jax.tasks import check_feasible
-from neuroshard_jax.types import Plan, Task
+from neuroshard_jax.types import Device, Plan, Task
 from searchers import make_searcher, searcher_names
 
 
@@ -117,14 +117,40 @@ def _search_around(task, algorithm, model, seed, split, within_host, cost_model,
     if split:
         blocks = row_blocks_of(task, settle(task, split, within_host), within_host)
         rest, index = rest_task(task, blocks)
-        rest_plan = None
-        if rest.num_tables:
-            rest_plan = algorithm.search(rest, make_cost_model(cost_model, rest, cost_model_options), seed)
-            rest_plan = dataclasses.replace(rest_plan, shards=merge_colocated(rest_plan.shards))
-        return join(task, rest_plan, index, blocks).validate()
+        if not rest.num_tables:
+            return join(task, None, index, blocks).validate()
+        plans = []
+        for around in (rest, *filter(None, [loaded_rest(task, rest, blocks, model)])):
+            rest_plan = algorithm.search(around, make_cost_model(cost_model, around, cost_model_options), seed)
+            rest_plan = Plan(rest, merge_colocated(rest_plan.shards))
+            plans.append(join(task, rest_plan, index, blocks).validate())
+        return plans[int(np.argmin(score_plans(model, plans)))] if len(plans) > 1 else plans[0]
     plan = algorithm.search(task, model, seed)
     # slices of one table left on one device are one shard's work done in pieces: undo those halvings
     return dataclasses.replace(plan, shards=merge_colocated(plan.shards)).validate()
+
+
+UNEVEN_BLOCKS = 0.05  # blocks whose predicted compute spreads more than this (of the mean) are planned around
+
+
+def loaded_rest(task: Task, rest: Task, blocks: tuple, model) -> Task | None:
+    """``rest`` (``row_split.rest_task``) with each device's speed scaled to the room its row blocks leave, when
+    their predicted compute is uneven (a block holding the table's hot rows, known from its own statistics:
+    ``Table.row_blocks``), else None. The searcher then gives a device in proportion to what the balanced step
+    leaves it after its blocks; ``_search_around`` keeps this plan only where the whole plan scores cheaper."""
+    block_ms = score_plan(expected_cost_model(model), Plan(task, blocks)).compute_ms
+    mean = float(block_ms.mean())
+    if mean <= 0 or float(block_ms.max() - block_ms.min()) <= UNEVEN_BLOCKS * mean:
+        return None
+    rest_ms = float(whole_table_ms(model, rest).sum())  # on devices of speed 1, as the blocks' sum below
+    target = (rest_ms + float(block_ms.sum())) / task.num_devices
+    room = np.maximum(target - block_ms, 0.05 * target)  # a device its blocks fill still takes a little
+    scale = room / room.mean()
+    devices = [
+        Device(cap, float(speed * f), host)
+        for cap, speed, f, host in zip(rest.caps_gb(), rest.speeds(), scale, rest.hosts())
+    ]
+    return Task.on_devices(devices, rest.batch_size, rest.tables, rest.precision, rest.pool, rest.links)
 
 
 def check_constraints(task: Task, searcher: str, algorithm) -> None:
