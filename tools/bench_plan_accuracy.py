@@ -231,14 +231,15 @@ def model_figures(
 
 def plan_quality(rows: list[dict], parsed: list[tuple[Task, list[Plan]]], measured: dict[str, float]) -> dict:
     """Per device count and searcher, the searched plans' measured slowest device compute against TorchRec's and
-    against the task's balance bound (the lowest mean device compute of any measured plan of the task), averaged
+    against the task's balance bound (the lowest mean device compute of any measured plan of the task), split into
+    the plan's imbalance (slowest / mean device) and its overhead (mean / bound: what its splits added), averaged
     over the tasks where both are measured; ``tasks`` of ``of_tasks`` have the searcher's plan (a searcher finding
     none, e.g. TorchRec's planner under a tight cap, is counted, not hidden)."""
     ratios: dict[int, dict[str, dict[str, list]]] = {}
     tasks: dict[int, int] = {}
     for row, (task, plans) in zip(rows, parsed):
         tasks[task.num_devices] = tasks.get(task.num_devices, 0) + 1
-        slowest, means, polishing = {}, [], {}
+        slowest, means, polishing, mean_of = {}, [], {}, {}
         for spec, plan in zip(row["plans"], plans):
             if spec.get("polish"):
                 polishing[spec["searcher"]] = spec["polish"]
@@ -249,13 +250,19 @@ def plan_quality(rows: list[dict], parsed: list[tuple[Task, list[Plan]]], measur
             means.append(sum(ms) / task.num_devices)
             if spec["variant"] == "searched":
                 slowest[spec["searcher"]] = max(ms)
+                mean_of[spec["searcher"]] = means[-1]
         bound = min(means) if means else None
         entry = ratios.setdefault(task.num_devices, {})
         for searcher, ms in slowest.items():
-            figures = entry.setdefault(searcher, {"vs_torchrec": [], "vs_bound": []})
+            figures = entry.setdefault(
+                searcher, {"vs_torchrec": [], "vs_bound": [], "max_over_mean": [], "mean_vs_bound": []}
+            )
             if "torchrec" in slowest:
                 figures["vs_torchrec"].append(ms / slowest["torchrec"])
             figures["vs_bound"].append(ms / bound)
+            # vs_bound = imbalance (slowest / mean device) x overhead (mean / bound: what splits and the mix added)
+            figures["max_over_mean"].append(ms / mean_of[searcher])
+            figures["mean_vs_bound"].append(mean_of[searcher] / bound)
             if searcher in polishing:  # what polishing cost, and what its own fresh re-measurement saw
                 for key in ("measurements", "time_s", "changes_kept", "reverted", "compute_improvement"):
                     figures.setdefault(f"polish_{key}", []).append(float(polishing[searcher][key]))
@@ -278,7 +285,7 @@ def print_report(result: dict) -> None:
     )
     for n, searchers in result["measured_plans"].items():
         quality = ", ".join(
-            f"{s} {f['vs_torchrec']:.1%} / {f['vs_bound']:.1%}" + polish_cost(f)
+            f"{s} {f['vs_torchrec']:.1%} / {f['vs_bound']:.1%} (max/mean {f['max_over_mean']:.3f})" + polish_cost(f)
             for s, f in searchers.items()
             if f["vs_torchrec"]
         )
