@@ -23,6 +23,7 @@ from neuroshard_jax.features import NUM_BINS, access_histogram, bin_shares
 
 SHARE_TOLERANCE = 1e-3  # how far the bin shares may sum from 1
 MAX_COUNT = 1 << 40  # the open last bin's practical ceiling
+NEAR_LOOKUPS = 0.02  # a histogram within this share of the lookups is taken, the stream's bags adjusted to it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +68,7 @@ def accessed_rows(spec: TableSpec, lookups: int, where: str = "table") -> np.nda
     mid = np.sqrt(lo * np.minimum(hi, 4 * lo))  # a typical count of each bin (the open bin: up to 4x its floor)
     guess = max(1, int(round(lookups / float(shares @ mid))))
     positive = int((shares > 0).sum())
-    best = None
+    best, near = None, (math.inf, None)
     # The feasible range of U is an interval (min and max totals grow with U); search outward from the guess.
     for step in range(0, 64):
         for total in sorted({max(positive, guess - step), max(positive, guess + step)}):
@@ -77,6 +78,7 @@ def accessed_rows(spec: TableSpec, lookups: int, where: str = "table") -> np.nda
             if per_bin @ lo <= lookups <= per_bin @ hi:
                 best = per_bin
                 break
+            near = min(near, (max(per_bin @ lo - lookups, lookups - per_bin @ hi), total), key=lambda x: x[0])
         if best is not None:
             return best
     # Not near the guess: bisect on U for the smallest total whose maximum reaches the lookups.
@@ -90,6 +92,10 @@ def accessed_rows(spec: TableSpec, lookups: int, where: str = "table") -> np.nda
     per_bin = _rows_per_bin(shares, low)
     if low <= spec.rows and per_bin @ lo <= lookups <= per_bin @ hi:
         return per_bin
+    # Histograms of exact counts (bins 0 and 1 hold rows hit once and twice) whose rounded row counts miss the
+    # lookups by a few: the nearest, the stream then moves those few lookups between bags (``spec_stream``).
+    if near[1] is not None and near[0] <= max(2, NEAR_LOOKUPS * lookups):
+        return _rows_per_bin(shares, near[1])
     raise UserError(
         f"{where}: its histogram cannot hold {lookups} lookups (pooling factor {spec.pooling_factor} x batch "
         f"{spec.batch_size}) in at most {spec.rows} rows; expected bins consistent with rows, pooling and batch size"
@@ -123,6 +129,11 @@ def spec_stream(spec: TableSpec, seed: int, where: str = "table") -> tuple[np.nd
     shares = np.asarray(spec.bins, dtype=np.float64) / max(sum(spec.bins), 1e-12)
     per_bin = accessed_rows(dataclasses.replace(spec, bins=tuple(shares)), lookups, where)
     lo, hi = bin_bounds()
+    reachable = int(np.clip(lookups, per_bin @ lo, per_bin @ hi))
+    if reachable != lookups:  # the nearest histogram (``accessed_rows``): a few bags one lookup longer or shorter
+        lengths = _moved_lookups(rng, lengths, reachable - lookups)
+        np.cumsum(lengths, out=offsets[1:])
+        lookups = reachable
     low, high = np.repeat(lo, per_bin), np.repeat(hi, per_bin)
     counts = low.copy()
     spare = lookups - int(counts.sum())  # spread over the rows within their bins, at random
@@ -142,6 +153,17 @@ def spec_stream(spec: TableSpec, seed: int, where: str = "table") -> tuple[np.nd
     indices = np.repeat(row_ids.astype(np.int64), counts)
     rng.shuffle(indices)
     return indices, offsets
+
+
+def _moved_lookups(rng: np.random.Generator, lengths: np.ndarray, delta: int) -> np.ndarray:
+    """Bag lengths i64[B] with ``delta`` lookups added to (or, negative, taken from) bags drawn at random."""
+    lengths = lengths.copy()
+    if delta > 0:
+        np.add.at(lengths, rng.integers(0, len(lengths), size=delta), 1)
+    elif delta < 0:
+        owners = np.repeat(np.arange(len(lengths)), lengths)
+        np.subtract.at(lengths, rng.choice(owners, size=-delta, replace=False), 1)
+    return lengths
 
 
 def restrict_rows(

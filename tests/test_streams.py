@@ -86,3 +86,16 @@ def test_a_row_block_has_the_statistics_of_its_own_lookups():
     whole_pooling, whole_bins = block_statistics(spec, 7, 0, spec.rows)
     assert whole_pooling == len(indices) / spec.batch_size
     np.testing.assert_allclose(whole_bins, bin_shares(stream_histogram(indices, spec.rows)[0]))
+
+
+def test_a_histogram_of_exact_counts_takes_the_nearest_lookups():
+    """Rows hit once or twice (bins 0 and 1 hold one count each): 2,455 Poisson lookups (seed 8) fit no whole number
+    of rows in those shares, so one bag gives a lookup up; a histogram far from any stream is still refused."""
+    spec = TableSpec(100_000, 0.6, (0.987, 0.013) + (0.0,) * 15, 4096)
+    indices, offsets = spec_stream(spec, 8)
+    assert len(indices) == offsets[-1] == 2454 and np.all(np.diff(offsets) >= 0)
+    counts = np.bincount(indices)
+    assert set(counts[counts > 0]) <= {1, 2}
+    _check(spec, 8)
+    with pytest.raises(UserError, match="cannot hold"):
+        spec_stream(TableSpec(5, 10.0, _one_bin(0), 4096), 0)
