@@ -16,7 +16,9 @@ that no device holds once the blocks are placed are cut too (``settle``).
 
 The searcher does not see the blocks' compute: over every device they add about 1/N of the table's work to every
 device alike, which shifts every device and leaves the balance it seeks (within one host they do not: that choice
-is kept only where the whole plan, scored with the blocks, comes out cheaper). NumPy only.
+is kept only where the whole plan, scored with the blocks, comes out cheaper). Blocks of a table with its own block
+statistics (``Table.row_blocks``) may be far from alike: ``search.loaded_rest`` then also plans the rest on the
+room they leave each device. NumPy only.
 """
 
 from __future__ import annotations

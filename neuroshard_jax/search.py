@@ -119,8 +119,13 @@ def _search_around(task, algorithm, model, seed, split, within_host, cost_model,
         rest, index = rest_task(task, blocks)
         if not rest.num_tables:
             return join(task, None, index, blocks).validate()
+        # blocks of tables with their own statistics may be far from alike: also planned around (loaded_rest)
+        known = any(task.tables[s.table].row_blocks for s in blocks)
+        arounds = [rest, *filter(None, [loaded_rest(task, rest, blocks, model) if known else None])]
+        if len(arounds) > 1 and getattr(algorithm, "budget_s", None) is not None:  # the run's budget shared
+            algorithm = dataclasses.replace(algorithm, budget_s=algorithm.budget_s / len(arounds))
         plans = []
-        for around in (rest, *filter(None, [loaded_rest(task, rest, blocks, model)])):
+        for around in arounds:
             rest_plan = algorithm.search(around, make_cost_model(cost_model, around, cost_model_options), seed)
             rest_plan = Plan(rest, merge_colocated(rest_plan.shards))
             plans.append(join(task, rest_plan, index, blocks).validate())
