@@ -147,8 +147,10 @@ def loaded_rest(task: Task, rest: Task, blocks: tuple, model) -> Task | None:
     mean = float(block_ms.mean())
     if mean <= 0 or float(block_ms.max() - block_ms.min()) <= UNEVEN_BLOCKS * mean:
         return None
-    rest_ms = float(whole_table_ms(model, rest).sum())  # on devices of speed 1, as the blocks' sum below
-    target = (rest_ms + float(block_ms.sum())) / task.num_devices
+    speeds = task.speeds()
+    rest_ms = float(whole_table_ms(model, rest).sum())  # on a device of speed 1
+    # the balanced step: every device busy for it, the blocks' work (block_ms x speed at speed 1) included
+    target = (rest_ms + float((block_ms * speeds).sum())) / float(speeds.sum())
     room = np.maximum(target - block_ms, 0.05 * target)  # a device its blocks fill still takes a little
     scale = room / room.mean()
     devices = [

@@ -49,12 +49,18 @@ class Shard:
         return self.row_offset == 0 and self.rows(table_rows) == table_rows
 
 
+def row_block_size(rows: int, count: int) -> int:
+    """Rows per block of TorchRec's row-wise layout of ``rows`` rows in ``count`` blocks: ceil(rows / count) (row r
+    is in block r // this)."""
+    return -(-rows // count)
+
+
 def row_blocks(rows: int, count: int) -> tuple[tuple[int, int], ...]:
     """(row_offset, num_rows) of the ``count`` row blocks of a table of ``rows`` rows, TorchRec's row-wise layout:
     blocks of ceil(rows / count) rows in order, the last ones shorter or empty (10 rows in 4: 3, 3, 3, 1)."""
     if count < 1:
         raise ValueError(f"row blocks: count {count}, expected >= 1")
-    block = -(-rows // count)
+    block = row_block_size(rows, count)
     return tuple((min(i * block, rows), max(0, min(block, rows - i * block))) for i in range(count))
 
 

@@ -36,6 +36,7 @@ from neuroshard_jax.config import at_least, typed
 from neuroshard_jax.datasets import read_json, write_json
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.features import NUM_BINS, bin_shares, count_histogram
+from neuroshard_jax.sharding import row_block_size
 from neuroshard_jax.tables import load_dlrm_arrays
 from neuroshard_jax.types import RowBlockStats, row_blocks_from_json, row_blocks_json
 
@@ -91,7 +92,9 @@ def read_stats_file(path: str | Path) -> list[TableStats]:
                 int(t.get("samples", 0)),
                 int(t.get("batches", 0)),
                 bool(t.get("estimated", False)),
-                row_blocks_from_json(t.get("row_blocks", []), int(t["rows"]), float(t["pooling_factor"]), where),
+                row_blocks_from_json(
+                    t.get("row_blocks", []), int(t["rows"]), float(t["pooling_factor"]), f"{where}.row_blocks"
+                ),
             )
             for where, t in ((f"stats {str(path)!r}: table {i}", t) for i, t in enumerate(obj["tables"]))
         ]
@@ -134,9 +137,7 @@ class StatsAccumulator:
     ):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise UserError(f"batch_size: got {batch_size!r}, expected an integer >= 1")
-        if any(isinstance(c, bool) or not isinstance(c, int) or c < 2 for c in row_blocks):
-            raise UserError(f"row_blocks: got {list(row_blocks)!r:.60}, expected block counts >= 2")
-        self.row_blocks = tuple(sorted(set(row_blocks)))
+        self.row_blocks = checked_block_counts(row_blocks)
         self.batch_size = batch_size
         self.feature_tables = dict(feature_tables) if feature_tables is not None else None
         self.rows = dict(rows or {})
@@ -202,7 +203,7 @@ class StatsAccumulator:
                 ids, counts = np.unique(batch, return_counts=True)
                 state.share_sum += bin_shares(count_histogram(counts)[0])
                 for count in (c for c in self.row_blocks if rows is not None and c <= rows):
-                    _add_blocks(state, count, ids // -(-rows // count), counts)
+                    _add_blocks(state, count, ids // row_block_size(rows, count), counts)
         state.batches += full
         cut = full * self.batch_size
         state.values, state.lengths = [values[starts[cut] :]], [lengths[cut:]]
@@ -238,6 +239,13 @@ class StatsAccumulator:
                 )
             )
         return out
+
+
+def checked_block_counts(counts: Sequence[int]) -> tuple[int, ...]:
+    """The row-block counts whose statistics are measured, sorted; UserError unless each is an integer >= 2."""
+    if any(isinstance(c, bool) or not isinstance(c, int) or c < 2 for c in counts):
+        raise UserError(f"row_blocks: got {list(counts)!r:.60}, expected block counts (integers >= 2)")
+    return tuple(sorted(set(counts)))
 
 
 def _add_blocks(state: _Table, count: int, block_of: np.ndarray, counts: np.ndarray) -> None:
@@ -448,8 +456,7 @@ class StatsConfig:
     def __post_init__(self):
         if self.format not in FORMATS:
             raise UserError(f"format: got {self.format!r}, expected one of {', '.join(FORMATS)}")
-        if any(isinstance(c, bool) or not isinstance(c, int) or c < 2 for c in self.row_blocks):
-            raise UserError(f"row_blocks: got {list(self.row_blocks)!r:.60}, expected block counts >= 2")
+        checked_block_counts(self.row_blocks)
         at_least(self, 1, ("batch_size",))
         at_least(self, 0, ("max_batches",))
 

@@ -178,6 +178,14 @@ def restrict_rows(
     return indices[keep] - row_offset, kept_before[np.asarray(offsets, dtype=np.int64)]
 
 
+def request_spec(table: dict, batch_size: int) -> tuple[TableSpec, int]:
+    """(spec, seed) of a measurement request's table spec {rows, pooling_factor, bins(, seed)} at ``batch_size``:
+    the worker's stream is ``spec_stream(spec, seed)``, and everything that reads a label's lookups rebuilds it from
+    here. KeyError / TypeError / ValueError on a malformed table."""
+    spec = TableSpec(int(table["rows"]), float(table["pooling_factor"]), tuple(table["bins"]), int(batch_size))
+    return spec, int(table.get("seed", 0))
+
+
 def block_statistics(spec: TableSpec, seed: int, row_offset: int, num_rows: int) -> tuple[float, np.ndarray]:
     """(pooling factor, bin shares f64[17]) of the row block [row_offset, row_offset + num_rows) of the spec table's
     batch ``spec_stream(spec, seed)``: the lookups its owner receives, as the worker measures the block. Hot rows

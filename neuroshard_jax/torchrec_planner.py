@@ -22,7 +22,7 @@ This module and the worker are the only ones that import torch; nothing in the J
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +41,14 @@ from neuroshard_jax.errors import InfeasibleError, UserError
 from neuroshard_jax.models import usable_cost_model
 from neuroshard_jax.plans import format_plan
 from neuroshard_jax.search import enable_compilation_cache, search_plan
-from neuroshard_jax.stats import DEFAULT_ZIPF, StatsAccumulator, TableStats, estimated_stats, read_stats_file
+from neuroshard_jax.stats import (
+    DEFAULT_ZIPF,
+    ROW_BLOCK_COUNTS,
+    StatsAccumulator,
+    TableStats,
+    estimated_stats,
+    read_stats_file,
+)
 from neuroshard_jax.torchrec_plans import module_plan
 from neuroshard_jax.types import Plan, row_blocks_json
 
@@ -85,12 +92,15 @@ def batch_statistics(
     batch_size: int,
     max_batches: int = 0,
     progress: bool = True,
+    row_blocks: Sequence[int] = ROW_BLOCK_COUNTS,
 ) -> list[TableStats]:
     """Each table's pooling factor and access histogram at ``batch_size`` (the planning batch: per-rank batch x
     world size) from an iterable of ``KeyedJaggedTensor``s (or of objects with a ``sparse_features`` KJT, as
-    TorchRec's DLRM ``Batch``); reads at most ``max_batches`` of them (0: all). Rows are the tables'."""
+    TorchRec's DLRM ``Batch``); reads at most ``max_batches`` of them (0: all). Rows are the tables'. ``row_blocks``:
+    the row-block counts whose statistics are measured too (a row-wise table is cut into world-size blocks: give
+    yours where it is not 2, 4 or 8)."""
     rows = {name: int(config.num_embeddings) for _, name, config in table_configs(module)}
-    accumulator = StatsAccumulator(batch_size, feature_tables(module), rows)
+    accumulator = StatsAccumulator(batch_size, feature_tables(module), rows, row_blocks)
     for i, batch in enumerate(batches):
         if max_batches and i >= max_batches:
             break

@@ -43,7 +43,7 @@ from neuroshard_jax.errors import UserError
 from neuroshard_jax.features import NUM_FEATURES, feature_matrix
 from neuroshard_jax.neural import FeatureStats, NeuralParams, comm_time, fit_stats, init_nets, neural_fns, normalize
 from neuroshard_jax.sharding import shard_features
-from neuroshard_jax.streams import TableSpec, block_statistics
+from neuroshard_jax.streams import block_statistics, request_spec
 from neuroshard_jax.tables import PoolSpec, load_pool
 
 
@@ -175,8 +175,8 @@ def shard_feature_matrix(tables: list, pool, batch_size: int | None = None, bloc
             dims.append(table["dim"])
             blocks.append(table.get("num_rows"))
             if block_stats and table.get("num_rows") is not None:
-                spec = TableSpec(int(table["rows"]), float(table["pooling_factor"]), tuple(table["bins"]), batch_size)
-                stats.append(block_statistics(spec, int(table.get("seed", 0)), table["row_offset"], table["num_rows"]))
+                spec, seed = request_spec(table, batch_size)
+                stats.append(block_statistics(spec, seed, table["row_offset"], table["num_rows"]))
             else:
                 stats.append(None)
         else:

@@ -48,6 +48,10 @@ class RowBlockStats:
     pooling_factors: tuple[float, ...]
     bins: tuple[tuple[float, ...], ...]
 
+    def __post_init__(self):
+        if len(self.pooling_factors) != self.count or len(self.bins) != self.count:
+            raise ValueError(f"RowBlockStats: {self.count} blocks, expected as many pooling factors and histograms")
+
 
 @dataclasses.dataclass(frozen=True)
 class Table:

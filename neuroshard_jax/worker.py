@@ -38,7 +38,7 @@ import numpy as np
 
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.sharding import is_legal_dim
-from neuroshard_jax.streams import TableSpec, restrict_rows, spec_stream
+from neuroshard_jax.streams import request_spec, restrict_rows, spec_stream
 from neuroshard_jax.tables import PoolSpec, pool_streams
 from neuroshard_jax.torchrec_plans import (
     TORCHREC_MISSING,
@@ -99,8 +99,8 @@ def _table_stream(table, request: dict, batch: int, where: str):
     row block of it (``row_offset``, ``num_rows``: the block's own lookups, ``streams.restrict_rows``)."""
     if isinstance(table, dict):
         try:
-            spec = TableSpec(int(table["rows"]), float(table["pooling_factor"]), tuple(table["bins"]), batch)
-            rows, dim, stream = spec.rows, int(table["dim"]), spec_stream(spec, int(table.get("seed", 0)), where)
+            spec, seed = request_spec(table, batch)
+            rows, dim, stream = spec.rows, int(table["dim"]), spec_stream(spec, seed, where)
             block = (int(table["row_offset"]), int(table["num_rows"])) if "num_rows" in table else None
         except UserError as err:
             raise RequestError(str(err)) from None

@@ -177,22 +177,26 @@ def test_measured_block_statistics_price_and_measure_each_block_as_its_own():
     """A table whose row blocks were measured (``stats``: ids sorted by frequency, the hot rows in block 0): the
     model scores each block with its own statistics and the evaluator measures it as them; a block count without
     statistics keeps the table's scaled to its rows."""
-    hot = (0.0,) * 10 + (1.0,) + (0.0,) * 6
+    hot = (0.4, 0.3, 0.3) + (0.0,) * 14  # rows hit up to 4 times
     cold = (1.0,) + (0.0,) * 16
     blocks = RowBlockStats(2, (9.0, 1.0), (hot, cold))
     table = Table(0, 100_000, 16, 10.0, (0.5,) + (0.0,) * 9 + (0.5,) + (0.0,) * 6, row_blocks=(blocks,))
     task = Task(2, 1.0, 512, (table, Table(1, 1000, 16, 1.0, cold)))
     assert Task.from_json(task.to_json()) == task
-    plan = Plan(task, (*row_shards(0, 100_000, 16, [0, 1]), Shard(1, 0, 16, 0))).validate()
+    plan = Plan(task, (*row_shards(0, 100_000, 16, [0, 1]), Shard(1, 0, 16, 1))).validate()
     feats = plan_arrays(plan)[0]
     (start, rows), (start1, rows1) = row_blocks(100_000, 2)
     np.testing.assert_allclose(feats[0, 0], shard_features(task.features()[0], 16, rows, (9.0, hot)))
     np.testing.assert_allclose(feats[1, 0], shard_features(task.features()[0], 16, rows1, (1.0, cold)))
     assert feats[0, 0, FEATURE_INDEX["pooling_factor"]] == 9.0 and feats[1, 0, FEATURE_INDEX["pooling_factor"]] == 1.0
     compute = score_plan(make_cost_model("analytic", task), plan).compute_ms
-    assert compute[0] > compute[1]  # the hot block's device, though it also holds the small table's lookups only once
+    blind = dataclasses.replace(task, tables=(dataclasses.replace(table, row_blocks=()), task.tables[1]))
+    shared = score_plan(make_cost_model("analytic", blind), Plan(blind, plan.shards)).compute_ms
+    assert (
+        compute[0] > shared[0] and compute[1] < shared[1]
+    )  # the hot block dearer than its rows' share, the cold cheaper
     specs = device_tables(task, plan.device_shards(1))
-    assert specs == [{"rows": rows1, "pooling_factor": 1.0, "bins": list(cold), "dim": 16, "seed": 0}]
+    assert specs[0] == {"rows": rows1, "pooling_factor": 1.0, "bins": list(cold), "dim": 16, "seed": 0}
     four = Plan(
         task,
         (*row_shards(0, 100_000, 8, [0, 1, 0, 1], 0), *row_shards(0, 100_000, 8, [1, 0, 1, 0], 8), Shard(1, 0, 16, 0)),

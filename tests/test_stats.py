@@ -7,7 +7,7 @@ import pytest
 
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.plans import format_plan
-from neuroshard_jax.stats import StatsAccumulator, estimated_stats, file_stats, zipf_ids
+from neuroshard_jax.stats import StatsAccumulator, estimated_stats, file_stats, read_stats_file, stats_file, zipf_ids
 from neuroshard_jax.types import Task
 
 from .conftest import run_cli
@@ -173,7 +173,7 @@ def test_stats_command_on_an_npz(tmp_path):
     assert bad.returncode == 2 and bad.stderr.startswith("error: data:") and "Traceback" not in bad.stderr
 
 
-def test_row_blocks_get_the_statistics_of_their_own_lookups():
+def test_row_blocks_get_the_statistics_of_their_own_lookups(tmp_path):
     """Oracle: ids sorted by frequency (the hottest first), cut by hand into TorchRec's row layout."""
     rng = np.random.default_rng(3)
     rows, batch = 1000, 128
@@ -200,13 +200,21 @@ def test_row_blocks_get_the_statistics_of_their_own_lookups():
             np.testing.assert_allclose(stats.bins[k], want, atol=1e-12)
     assert table.row_blocks[0].pooling_factors[0] > 5 * table.row_blocks[0].pooling_factors[1]  # the hot rows: block 0
     # a table whose rows are not given (the DLRM rule) has no block statistics; to_json carries them into a task
-    assert not StatsAccumulator(batch).result() and _unsized_blocks(values, lengths, batch) == ()
+    assert _unsized_blocks(values, lengths, batch) == ()
     task = Task.from_json(
         {"num_devices": 2, "mem_cap_gb": 1, "batch_size": batch, "tables": [{**table.to_json(), "id": 0, "dim": 16}]}
     )
     assert task.tables[0].row_blocks == table.row_blocks
     assert task.tables[0].block_stats(0, 500) == (table.row_blocks[0].pooling_factors[0], table.row_blocks[0].bins[0])
     assert task.tables[0].block_stats(0, 400) is None  # no count cuts that block
+    path = tmp_path / "tables.json"  # the statistics file keeps them; a bad entry is named
+    path.write_text(json.dumps(stats_file([table], batch, "drawn")))
+    assert read_stats_file(path)[0].row_blocks == table.row_blocks
+    bad = stats_file([table], batch, "drawn")
+    bad["tables"][0]["row_blocks"][0]["count"] = 3
+    path.write_text(json.dumps(bad))
+    with pytest.raises(UserError, match=r"table 0.row_blocks\[0\].pooling_factors: got .* a list of 3"):
+        read_stats_file(path)
 
 
 def _unsized_blocks(values, lengths, batch):

@@ -27,7 +27,7 @@ from neuroshard_jax.checkpoints import load_ensemble
 from neuroshard_jax.datasets import hardware, read_records, write_json
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.models import checkpoint_path
-from neuroshard_jax.streams import TableSpec, block_statistics
+from neuroshard_jax.streams import block_statistics, request_spec
 from neuroshard_jax.training import MIN_CPU_SHARE, compute_batches, ensemble_ms
 
 OUT = Path(__file__).resolve().parent.parent / "bench" / "row_blocks"
@@ -47,8 +47,8 @@ def block_lookups(table: dict, batch_size: int) -> tuple[float, float]:
     """(lookups landing in the block / the share its rows would get, the block's pooling factor) of a spec row block,
     from the very stream the worker measured (``streams.block_statistics``): how its lookups fell, against the
     uniform share the search's features assume."""
-    spec = TableSpec(int(table["rows"]), float(table["pooling_factor"]), tuple(table["bins"]), batch_size)
-    pooling, _ = block_statistics(spec, int(table.get("seed", 0)), int(table["row_offset"]), int(table["num_rows"]))
+    spec, seed = request_spec(table, batch_size)
+    pooling, _ = block_statistics(spec, seed, int(table["row_offset"]), int(table["num_rows"]))
     expected = spec.pooling_factor * int(table["num_rows"]) / spec.rows
     return (pooling / expected if expected > 0 else 1.0), pooling
 
@@ -81,7 +81,9 @@ def where_blocks_err(records: list[dict], pred: np.ndarray, true: np.ndarray) ->
                 ("above 10", pooling > 10),
             )
         },
-        "corr_log_error_log_share": round(float(np.corrcoef(rel, np.log(share))[0, 1]), 3) if len(rel) > 2 else None,
+        "corr_log_error_log_share": round(float(np.corrcoef(rel, np.log(np.maximum(share, 1e-3)))[0, 1]), 3)
+        if len(rel) > 2
+        else None,
         "corr_log_error_log_pooling": round(float(np.corrcoef(rel, np.log(np.maximum(pooling, 1e-3)))[0, 1]), 3)
         if len(rel) > 2
         else None,
