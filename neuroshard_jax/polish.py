@@ -34,8 +34,9 @@ from neuroshard_jax.evaluation import Measuring, device_key, device_tables, meas
 from neuroshard_jax.executors import Executor, ExecutorConfig, open_executor
 from neuroshard_jax.models import expected_cost_model
 from neuroshard_jax.plan_labels import assignment, plan_of, row_blocks_in
+from neuroshard_jax.row_split import host_groups
 from neuroshard_jax.scoring import plan_dim_sums, rows_arrays, score_plan, score_plans_devices, with_costs
-from neuroshard_jax.sharding import split_counts
+from neuroshard_jax.sharding import row_shards, split_counts
 from neuroshard_jax.types import Plan
 
 MODES = ("off", "measured")
@@ -142,10 +143,14 @@ class Meter:
 
 
 def proposals(plan: Plan, slow: int, rng: np.random.Generator, count: int) -> list[tuple[str, Plan]]:
-    """Up to ``count`` distinct valid local changes of ``plan`` that take work off device ``slow``."""
+    """Up to ``count`` distinct valid local changes of ``plan`` that take work off device ``slow``: its column
+    slices moved, swapped, halved or merged, and (on several hosts) a row-split table with a block on it laid out
+    again over every device or within another host (TorchRec runs row blocks in rank order: ``row_wise`` or
+    ``table_row_wise``, so a block is never moved alone)."""
     task = plan.task
     n = task.num_devices
     _, devices = assignment(plan)
+    blocks = row_blocks_in(plan)
     on_slow = [(t, i) for t, devs in enumerate(devices) for i, d in enumerate(devs) if d == slow]
     others = [d for d in range(n) if d != slow]
     moves: list[tuple[str, tuple]] = []
@@ -164,24 +169,50 @@ def proposals(plan: Plan, slow: int, rng: np.random.Generator, count: int) -> li
             pairs = [devices[t][2 * j : 2 * j + 2] for j in range(len(devices[t]) // 2)]
             merged = [p[1] if p[0] == slow else p[0] for p in pairs]
             moves.append(("merge", _replace(devices, t, merged)))
+    moves = [(kind, changed, blocks) for kind, changed in moves] + [
+        ("rows", devices, layout) for layout in _row_layouts(task, blocks, slow)
+    ]
     # devices interchangeable for a plan's cost: of one cap, speed and comm scale (hosts), and (where tables are
     # pinned or exclude devices) only each device with itself
     pinned = any(t.pin is not None or t.exclude for t in task.tables)
     alike = zip(task.caps_gb(), task.speeds(), task.comm_scale())
     kinds = [(cap, speed, scale, d if pinned else -1) for d, (cap, speed, scale) in enumerate(alike)]
-    seen, out = {_contents(devices, kinds)}, []
+    seen, out = {(_contents(devices, kinds), _placed(blocks))}, []
     for k in rng.permutation(len(moves)):
-        kind, changed = moves[k]
-        if _contents(changed, kinds) in seen:  # the same devices up to their order: the same measured plan
+        kind, changed, laid = moves[k]
+        key = (_contents(changed, kinds), _placed(laid))
+        if key in seen:  # the same devices up to their order (and blocks where they were): the same measured plan
             continue
         try:
-            out.append((kind, plan_of(task, changed, row_blocks_in(plan)).validate()))
+            out.append((kind, plan_of(task, changed, laid).validate()))
         except PlanError:  # over a device's memory, or a constraint
             continue
-        seen.add(_contents(changed, kinds))
+        seen.add(key)
         if len(out) == count:
             break
     return out
+
+
+def _row_layouts(task, blocks: tuple, slow: int) -> list[tuple]:
+    """The row blocks with one whole-width row-split table that has a block on ``slow`` laid out over every device
+    or over another host's devices (``row_split.host_groups``); none on one host."""
+    groups = host_groups(task)
+    if groups is None:
+        return []
+    out = []
+    for t in sorted({s.table for s in blocks if s.device == slow}):
+        table, mine = task.tables[t], [s for s in blocks if s.table == t]
+        if any(s.col_offset != 0 or s.dim != table.dim for s in mine):  # row blocks of column slices: not exported
+            continue
+        rest = tuple(s for s in blocks if s.table != t)
+        for group in [list(range(task.num_devices)), *groups]:
+            if sorted(s.device for s in mine) != group and table.rows >= len(group):
+                out.append(rest + row_shards(t, table.rows, table.dim, group))
+    return out
+
+
+def _placed(blocks: tuple) -> tuple:
+    return tuple(sorted((s.table, s.device, s.col_offset, s.row_offset) for s in blocks))
 
 
 def _contents(devices: tuple, kinds: list) -> tuple:
@@ -294,7 +325,7 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
             if not kept:
                 break
         # both plans re-measured fresh, interleaved: no best-of-noisy-draws, the same conditions for both
-        changed = assignment(current) != assignment(plan)
+        changed = set(current.shards) != set(plan.shards)  # slices moved or row blocks laid out again
         fresh = meter.measure([plan, current] if changed else [plan], fresh=True)
         (initial, initial_noise), (final, final_noise) = fresh[0], fresh[-1]
         evaluator = config.evaluator()

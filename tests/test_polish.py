@@ -3,6 +3,8 @@ an unbalanced plan gets better, measured fresh against the unpolished plan in th
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,8 @@ from neuroshard_jax.errors import UserError
 from neuroshard_jax.executors import ExecutorConfig
 from neuroshard_jax.plan_labels import assignment, plan_of
 from neuroshard_jax.polish import PolishConfig, polish_plan, proposals
+from neuroshard_jax.sharding import Shard, row_shards
+from neuroshard_jax.types import Links, Plan
 from tests.conftest import make_table, make_task
 
 
@@ -77,3 +81,19 @@ def test_a_balanced_plan_is_never_made_worse():
     assert record["measured_compute_ms"] <= record["unpolished_measured_compute_ms"]
     if record["reverted"]:
         assert record["rejected_measured_compute_ms"] > record["unpolished_measured_compute_ms"]
+
+
+def test_on_several_hosts_a_row_split_table_is_laid_out_again_whole():
+    """2 hosts of 2: a table cut over every device (row_wise) may move within one host (table_row_wise), blocks in
+    rank order, never one block alone; on one host there is nowhere else to lay it."""
+    tables = [make_table(i, rows=20000 + 4000 * i, dim=32, pooling=8.0) for i in range(4)]
+    task = dataclasses.replace(make_task(tables, num_devices=4, batch_size=1024), links=Links(200, 25, 2))
+    plan = Plan(task, (*row_shards(0, 20000, 32, [0, 1, 2, 3]), *(Shard(t, 0, 32, t) for t in (1, 2, 3)))).validate()
+    found = [p for kind, p in proposals(plan, 1, np.random.default_rng(0), 500) if kind == "rows"]
+    layouts = sorted(tuple(s.device for s in p.shards if s.table == 0) for p in found)
+    assert layouts == [(0, 1), (2, 3)]
+    for p in found:
+        assert [s.row_offset for s in p.shards if s.table == 0] == [0, 10000]
+        assert {s for s in p.shards if s.table} == {s for s in plan.shards if s.table}  # the rest stays
+    one_host = Plan(dataclasses.replace(task, links=None), plan.shards).validate()
+    assert not [k for k, _ in proposals(one_host, 1, np.random.default_rng(0), 500) if k == "rows"]
