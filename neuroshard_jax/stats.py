@@ -35,7 +35,7 @@ from neuroshard_jax.cli import fail, resolved, run_app, writable_folder
 from neuroshard_jax.config import at_least, typed
 from neuroshard_jax.datasets import read_json, write_json
 from neuroshard_jax.errors import UserError
-from neuroshard_jax.features import NUM_BINS, bin_shares, count_histogram
+from neuroshard_jax.features import NUM_BINS, bin_shares, count_bins, count_histogram
 from neuroshard_jax.sharding import row_block_size
 from neuroshard_jax.tables import load_dlrm_arrays
 from neuroshard_jax.types import RowBlockStats, row_blocks_from_json, row_blocks_json
@@ -254,8 +254,9 @@ def _add_blocks(state: _Table, count: int, block_of: np.ndarray, counts: np.ndar
     lookups = state.block_lookups.setdefault(count, np.zeros(count))
     shares = state.block_share_sum.setdefault(count, np.zeros((count, NUM_BINS)))
     lookups += np.bincount(block_of, weights=counts, minlength=count)
-    for b in np.unique(block_of):
-        shares[b] += bin_shares(count_histogram(counts[block_of == b])[0])
+    rows = np.bincount(block_of * NUM_BINS + count_bins(counts), minlength=count * NUM_BINS).reshape(count, NUM_BINS)
+    touched = rows.sum(axis=1)  # each block's accessed rows: its histogram's shares (``bin_shares``) in one pass
+    shares += rows / np.maximum(touched, 1)[:, None]
 
 
 def _block_stats(state: _Table, pooling: float) -> tuple[RowBlockStats, ...]:
