@@ -200,10 +200,9 @@ def device_tables(task: Task, shards: list[Shard]) -> list:
         block = () if s.whole_rows(t.rows) else (s.row_offset, s.rows(t.rows))
         if block and block[1] == 0:
             continue
-        stats = t.block_stats(*block) if block and task.pool is None else None
         if task.pool is not None:
             out.append([t.id, s.dim, *block])
-        elif stats is not None:
+        elif block and (stats := t.block_stats(*block)) is not None:
             out.append(
                 {"rows": block[1], "pooling_factor": stats[0], "bins": list(stats[1]), "dim": s.dim, "seed": t.id}
             )

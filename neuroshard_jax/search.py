@@ -154,8 +154,7 @@ def loaded_rest(task: Task, rest: Task, blocks: tuple, model) -> Task | None:
     room = np.maximum(target - block_ms, 0.05 * target)  # a device its blocks fill still takes a little
     scale = room / room.mean()
     devices = [
-        Device(cap, float(speed * f), host)
-        for cap, speed, f, host in zip(rest.caps_gb(), rest.speeds(), scale, rest.hosts())
+        Device(cap, float(speed * f), host) for cap, speed, f, host in zip(rest.caps_gb(), speeds, scale, rest.hosts())
     ]
     return Task.on_devices(devices, rest.batch_size, rest.tables, rest.precision, rest.pool, rest.links)
 

@@ -266,11 +266,9 @@ def _block_stats(state: _Table, pooling: float) -> tuple[RowBlockStats, ...]:
     for count, lookups in sorted(state.block_lookups.items()):
         total = lookups.sum()
         factors = pooling * lookups / total if total > 0 else np.zeros(count)
-        bins = []
-        for b in range(count):
-            shares = state.block_share_sum[count][b]
-            bins.append(tuple(float(x) for x in (shares / shares.sum() if shares.sum() > 0 else shares)))
-        out.append(RowBlockStats(count, tuple(float(f) for f in factors), tuple(bins)))
+        shares = state.block_share_sum[count]
+        bins = shares / np.maximum(shares.sum(axis=1, keepdims=True), 1e-300)  # a block never looked up: all 0
+        out.append(RowBlockStats(count, tuple(map(float, factors)), tuple(tuple(map(float, b)) for b in bins)))
     return tuple(out)
 
 

@@ -20,12 +20,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from neuroshard_jax.cli import fail
 from neuroshard_jax.datasets import hardware, write_json
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.evaluation import EvaluateConfig, measure_plans
@@ -128,8 +128,7 @@ def main() -> None:
     try:
         result = run(args)
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        fail(err)
     write_json(result, OUT / "block_stats.json")
     print(f"step knowing / blind: {result['step_knowing_over_blind']:.3f}; {result['mean']}")
 

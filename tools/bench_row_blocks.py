@@ -17,13 +17,13 @@ Writes bench/row_blocks/NAME--CHECKPOINT.json.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from neuroshard_jax.checkpoints import load_ensemble
+from neuroshard_jax.cli import fail
 from neuroshard_jax.datasets import hardware, read_records, write_json
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.models import checkpoint_path
@@ -64,29 +64,20 @@ def where_blocks_err(records: list[dict], pred: np.ndarray, true: np.ndarray) ->
         pooling.append(min(p for _, p in stats))
     share, pooling = np.asarray(share), np.asarray(pooling)
     rel = np.log(pred / true)
+
+    def by_range(values: np.ndarray, low: float, high: float) -> dict:
+        masks = (values < low, (values >= low) & (values <= high), values > high)
+        names = (f"below {low:g}", f"{low:g}-{high:g}", f"above {high:g}")
+        return {name: figures(pred[m], true[m]) for name, m in zip(names, masks)}
+
+    def log_corr(values: np.ndarray) -> float | None:
+        return round(float(np.corrcoef(rel, np.log(np.maximum(values, 1e-3)))[0, 1]), 3) if len(rel) > 2 else None
+
     return {
-        "lookup_share_realized_over_uniform": {
-            name: figures(pred[m], true[m])
-            for name, m in (
-                ("below 0.8", share < 0.8),
-                ("0.8-1.25", (share >= 0.8) & (share <= 1.25)),
-                ("above 1.25", share > 1.25),
-            )
-        },
-        "block_pooling": {
-            name: figures(pred[m], true[m])
-            for name, m in (
-                ("below 1", pooling < 1),
-                ("1-10", (pooling >= 1) & (pooling <= 10)),
-                ("above 10", pooling > 10),
-            )
-        },
-        "corr_log_error_log_share": round(float(np.corrcoef(rel, np.log(np.maximum(share, 1e-3)))[0, 1]), 3)
-        if len(rel) > 2
-        else None,
-        "corr_log_error_log_pooling": round(float(np.corrcoef(rel, np.log(np.maximum(pooling, 1e-3)))[0, 1]), 3)
-        if len(rel) > 2
-        else None,
+        "lookup_share_realized_over_uniform": by_range(share, 0.8, 1.25),
+        "block_pooling": by_range(pooling, 1, 10),
+        "corr_log_error_log_share": log_corr(share),
+        "corr_log_error_log_pooling": log_corr(pooling),
     }
 
 
@@ -102,8 +93,7 @@ def main() -> None:
         # to its rows (all a search knows of a block of a table it has statistics for)
         feats = {own: compute_batches(folder, block_stats=own) for own in (True, False)}
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        fail(err)
     records = read_records(folder / "compute.jsonl")
     quiet = np.array([r.get("cpu_share", 1.0) >= MIN_CPU_SHARE for r in records])
     blocks = np.array([any("num_rows" in t for t in r["tables"]) for r in records])
