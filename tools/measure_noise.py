@@ -2,6 +2,7 @@
 
     python tools/measure_noise.py protocols [--sets 16] [--repeats 5]   # the noise floor under the cost model
     python tools/measure_noise.py processes [--sample 1]                # one shard set in 5 fresh processes
+    python tools/measure_noise.py steps [--tasks 3] [--batches 4]       # what a polishing step can resolve
 
 ``protocols``: draws ``--sets`` shard sets with the collection sampler (conf/collect.yaml defaults, the pool at
 batch 4096) and measures each ``--repeats`` times under every protocol, the repeats and the protocols interleaved
@@ -14,11 +15,22 @@ measurements too) and a table on stdout.
 
 ``processes``: one shard set measured in ``--processes`` fresh worker processes one after another (the spread
 between processes).
+
+``steps``: what one step of measured polishing (``polish=measured``) can resolve. Beam's plans of the first
+``--tasks`` held-out suite tasks at 4 and at 8 devices (bench/plan_accuracy/s14/plans.jsonl, committed) have their
+devices measured in ``--batches`` consecutive batches, each of polishing's interleaved repeats, under each step
+protocol (``STEP_PROTOCOLS``; the batches of the protocols interleaved). Per protocol: one repeat against its
+batch's median (the noise a step reads off its own repeats); a device's median in a later batch against the first,
+as measured (``between``), with the batch's common factor removed (``common_removed``: what a perfect anchor would
+leave) and divided by the first batch's slowest device's ratio as polishing's anchor does (``anchored``); how often
+the slowest device of a later batch is the first batch's; and the plan's measured max / mean. A change whose gain
+is below ``anchored`` cannot be told from noise in one step. Results: ``bench/noise/steps.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -26,7 +38,11 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.datasets import hardware, write_json
+from neuroshard_jax.datasets import hardware, read_jsonl, write_json
+from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_tables, measure_tables
+from neuroshard_jax.executors import ExecutorConfig, open_executor
+from neuroshard_jax.plan_labels import row_plans
+from neuroshard_jax.polish import PolishConfig
 from neuroshard_jax.profiling import ComputeSamplerConfig, ComputeWorker, KernelPool, compute_request, sample_shard
 from neuroshard_jax.tables import PoolSpec, pool_streams
 
@@ -37,6 +53,14 @@ PROTOCOLS = {
     "2 workers pinned, 30 iters": (2, True, 30),
     "1 worker": (1, False, 10),
 }
+
+# name: (workers, warm-ups, timed iterations); the first is polish=measured's own
+STEP_PROTOCOLS = {
+    "polish (2 workers, 2 + 5 iters)": (2, PolishConfig.warmup, PolishConfig.iters),
+    "2 workers, 5 + 20 iters": (2, 5, 20),
+    "1 worker, 2 + 5 iters": (1, PolishConfig.warmup, PolishConfig.iters),
+}
+PLANS = Path("bench/plan_accuracy/s14/plans.jsonl")
 
 
 def protocols(sets: int, repeats: int, batch_size: int, out: Path) -> dict:
@@ -126,18 +150,102 @@ def processes(count: int, sample: int, batch_size: int) -> None:
     )
 
 
+def steps(tasks: int, batches: int, repeats: int, out: Path) -> dict:
+    rows = [r for r in read_jsonl(PLANS) if int(r["id"].split("/")[1]) < 20000 + tasks]
+    jobs = []  # per plan: {device key: (task, tables)} in device order
+    for row in rows:
+        task, plans = row_plans(row)
+        plan = next(p for p, e in zip(plans, row["plans"]) if e["searcher"] == "beam" and e["variant"] == "searched")
+        devices = [device_tables(task, plan.device_shards(d)) for d in range(task.num_devices)]
+        jobs.append({device_key(task, t): (task, t) for t in devices if t})
+    medians: dict[str, list[list[dict]]] = {name: [[] for _ in rows] for name in STEP_PROTOCOLS}
+    within: dict[str, list[float]] = {name: [] for name in STEP_PROTOCOLS}
+    configs = {
+        name: EvaluateConfig(executor=ExecutorConfig(workers=w), pin=True, warmup=warmup, iters=iters)
+        for name, (w, warmup, iters) in STEP_PROTOCOLS.items()
+    }
+    with contextlib.ExitStack() as stack:
+        executors = {
+            n: stack.enter_context(open_executor(c.executor, c.device, c.timeout_s, pin=True))
+            for n, c in configs.items()
+        }
+        for i, plan_jobs in enumerate(jobs):
+            for _ in range(batches):
+                for name, config in configs.items():
+                    answers = measure_tables(plan_jobs, config, executors[name], repeats)
+                    runs = {k: [a["total_ms"] for a in v] for k, v in answers.items()}
+                    medians[name][i].append({k: statistics.median(v) for k, v in runs.items()})
+                    within[name] += [abs(x / statistics.median(v) - 1) for v in runs.values() for x in v]
+            print(f"{rows[i]['id']}: {len(plan_jobs)} devices x {batches} batches x {repeats} repeats", flush=True)
+    summary = {name: step_noise(medians[name], within[name]) for name in STEP_PROTOCOLS}
+    result = {
+        "what": "device medians of beam's plans measured in consecutive batches, as polishing's steps see them",
+        "plans": [r["id"] for r in rows],
+        "batches": batches,
+        "repeats": repeats,
+        "hardware": hardware(),
+        "date": time.strftime("%Y-%m-%d"),
+        "protocols": {n: dict(zip(("workers", "warmup", "iters"), p)) for n, p in STEP_PROTOCOLS.items()},
+        "summary": summary,
+        "medians": medians,
+    }
+    write_json(result, out / "steps.json")
+    print(
+        f"\n{'protocol':32s} {'repeat':>7s} {'between':>8s} {'common removed':>15s} {'anchored':>9s}"
+        f" {'same straggler':>15s}"
+    )
+    for name, s in summary.items():
+        print(
+            f"{name:32s} {s['repeat_vs_batch_median']:7.1%} {s['between']:8.1%} {s['common_removed']:15.1%} "
+            f"{s['anchored']:9.1%} {s['same_straggler']:15.0%}"
+        )
+    return result
+
+
+def step_noise(per_plan: list[list[dict]], within: list[float]) -> dict:
+    """``steps``' figures of one protocol from each plan's per-batch device medians (key -> ms)."""
+    between, common_removed, anchored, same, imbalance = [], [], [], [], []
+    for batches in per_plan:
+        first = batches[0]
+        slow = max(first, key=first.get)
+        for later in batches:
+            imbalance.append(max(later.values()) / statistics.mean(later.values()))
+        for later in batches[1:]:
+            ratios = {k: later[k] / first[k] for k in first}
+            common = statistics.median(ratios.values())
+            between += [abs(r - 1) for r in ratios.values()]
+            common_removed += [abs(r / common - 1) for r in ratios.values()]
+            anchored += [abs(r / ratios[slow] - 1) for k, r in ratios.items() if k != slow]
+            same.append(max(later, key=later.get) == slow)
+    return {
+        "repeat_vs_batch_median": float(np.mean(within)),
+        "between": float(np.mean(between)),
+        "between_p90": float(np.percentile(between, 90)),
+        "common_removed": float(np.mean(common_removed)),
+        "common_removed_p90": float(np.percentile(common_removed, 90)),
+        "anchored": float(np.mean(anchored)),
+        "anchored_p90": float(np.percentile(anchored, 90)),
+        "same_straggler": float(np.mean(same)),
+        "measured_max_over_mean": float(np.mean(imbalance)),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("protocols", "processes"))
+    parser.add_argument("mode", choices=("protocols", "processes", "steps"))
     parser.add_argument("--sets", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--processes", type=int, default=5)
     parser.add_argument("--sample", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=4096)
+    parser.add_argument("--tasks", type=int, default=3, help="steps: suite tasks at each device count")
+    parser.add_argument("--batches", type=int, default=4, help="steps: consecutive batches per plan")
     parser.add_argument("--out", default="bench/noise")
     args = parser.parse_args()
     if args.mode == "protocols":
         protocols(args.sets, args.repeats, args.batch_size, Path(args.out))
+    elif args.mode == "steps":
+        steps(args.tasks, args.batches, PolishConfig.repeats, Path(args.out))
     else:
         processes(args.processes, args.sample, args.batch_size)
 
