@@ -73,6 +73,7 @@ def test_figures_scale_rank_and_bound():
         "tasks": 1,
         "of_tasks": 1,
     }
+    assert quality[bpa.BEST]["vs_bound"] == 1.0  # TorchRec's plan, balanced, has the lowest slowest device here
 
 
 def test_polished_plans_are_ranked_with_what_polishing_cost():

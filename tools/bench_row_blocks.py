@@ -119,7 +119,7 @@ def main() -> None:
         f"{result['with_row_blocks']} (the table's statistics scaled: {result['with_row_blocks_table_statistics']}), "
         f"without {result['without_row_blocks']}"
     )
-    write_json(result, OUT / f"{folder.name}--{args.checkpoint}.json")
+    write_json(result, OUT / f"{folder.name}--{Path(args.checkpoint).name}.json")  # a path or a shipped name
 
 
 if __name__ == "__main__":
