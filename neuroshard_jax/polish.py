@@ -9,8 +9,9 @@ swapped with another device's, a table with a slice on it halved once more with 
 elsewhere, or a halving of such a table undone; equal 2^k slices and memory caps hold at every step) and
 ranked by the cost model corrected by each device's measured residual (measured / predicted of the device it
 changes). The best ones are measured, only on the devices they touch, together with the current slowest device
-measured again (the anchor: the new figures are divided by the median of its last 3 fresh / first medians, so
-that devices measured minutes apart compare on one scale); a change is kept when the measured slowest device
+measured again, with the next ``anchors`` - 1 slowest devices (the anchors: a step's factor is the median of
+their fresh / first medians, and the new figures are divided by the median of the last 3 steps' factors, so that
+devices measured minutes apart compare on one scale); a change is kept when the measured slowest device
 (measured compute + predicted comm) improves by more than the measured noise. It stops at
 ``max_measurements`` (every repeat counts, the final re-measurement included), at ``budget_s``, or when no
 proposal improves. The final plan is then re-measured fresh (that figure is reported, not the best of noisy
@@ -41,8 +42,8 @@ from neuroshard_jax.types import Plan
 
 MODES = ("off", "measured")
 POLISHED = "+polish"  # in benchmarks, a searcher name with this suffix: its plan polished (polish=measured)
-ANCHOR = "anchor"  # the key of the anchor device among a step's measurements (device keys are hashes)
-ANCHOR_WINDOW = 3  # a step's figures are divided by the median of the last this many anchor ratios
+ANCHOR = "anchor/"  # the key prefix of the anchor devices among a step's measurements (device keys are hashes)
+ANCHOR_WINDOW = 3  # a step's figures are divided by the median of the last this many steps' anchor factors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +61,7 @@ class PolishConfig(Measuring):
     device: str = "cpu"
     candidates: int = 64  # proposals ranked per step
     tries: int = 8  # of which the best this many are measured (best first) before polishing stops
+    anchors: int = 3  # devices re-measured with each step for its drift factor: the slowest, then the next slowest
     min_gain: float = 0.01  # a kept change improves the measured slowest device by more than this and the noise
     timeout_s: float = 600.0
 
@@ -67,7 +69,7 @@ class PolishConfig(Measuring):
         if self.name not in MODES:
             raise UserError(f"polish: got {self.name!r}, expected one of {', '.join(MODES)}")
         self.check_measuring("polish")
-        at_least(self, 1, ("max_measurements", "repeats", "candidates", "tries"), "polish.")
+        at_least(self, 1, ("max_measurements", "repeats", "candidates", "tries", "anchors"), "polish.")
         above_zero(self, ("budget_s",), "polish.")
         if not 0 <= self.min_gain < 1:
             raise UserError(f"polish.min_gain: got {self.min_gain}, expected a number in [0, 1)")
@@ -81,7 +83,7 @@ class Meter:
         self.evaluator = config.evaluator()
         self.cache: dict[str, tuple[float, float]] = {}  # key -> (median ms, relative noise)
         self.count = 0
-        self.drift: list[float] = []  # the anchor's fresh / first median at each anchored measurement
+        self.drift: list[float] = []  # each anchored step's factor: its anchors' median fresh / first median
 
     def _missing(self, plans: list[Plan], fresh: bool = False) -> dict[str, list]:
         out = {}
@@ -93,37 +95,47 @@ class Meter:
                     out[key] = tables
         return out
 
-    def cost(self, plan: Plan, anchored: bool = False) -> int:
-        """Measurements that ``measure([plan], anchor)`` would make (its devices not yet measured, and the
-        anchor's)."""
-        return (len(self._missing([plan])) + anchored) * self.config.repeats
+    def cost(self, plan: Plan, anchors: list[tuple[str, list]] = ()) -> int:
+        """Measurements that ``measure([plan], anchors=anchors)`` would make (its devices not yet measured, and
+        the anchors it would re-measure)."""
+        missing = self._missing([plan])
+        return (len(missing) + len(self._usable(anchors, missing)) * bool(missing)) * self.config.repeats
+
+    def _usable(self, anchors: list[tuple[str, list]], jobs: dict) -> list[tuple[str, list]]:
+        """The anchors (key, tables) measured before and not among the new devices ``jobs``."""
+        return [(k, tables) for k, tables in anchors if k in self.cache and k not in jobs]
 
     def fresh_cost(self, plans: list[Plan]) -> int:
         """Measurements that ``measure(plans, fresh=True)`` would make (their distinct devices, every repeat)."""
         return len(self._missing(plans, fresh=True)) * self.config.repeats
 
     def measure(
-        self, plans: list[Plan], fresh: bool = False, anchor: tuple[str, list] | None = None
+        self, plans: list[Plan], fresh: bool = False, anchors: list[tuple[str, list]] = ()
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         """(compute ms, relative noise) f64[N] of every plan's devices; ``fresh``: measure all their devices
-        again, in one interleaved batch (the same conditions for every plan). ``anchor`` (key, tables): a device
-        measured before, measured again among the new ones: the new medians are divided by the median of its
-        fresh / first median over the last ``ANCHOR_WINDOW`` anchored steps, so that devices measured minutes apart
-        compare on one scale (this machine's speed moves by more than a device's noise within minutes)."""
+        again, in one interleaved batch (the same conditions for every plan). ``anchors`` (key, tables): devices
+        measured before, measured again among the new ones: the step's factor is the median of their fresh / first
+        medians, and the new medians are divided by the median of the last ``ANCHOR_WINDOW`` steps' factors, so
+        that devices measured minutes apart compare on one scale (this machine's speed moves by 14% between batches
+        seconds apart, a device against one anchor still by 7.5%: ``tools/measure_noise.py steps``)."""
         missing = self._missing(plans, fresh)
         jobs = {k: (self.task, tables) for k, tables in missing.items()}
-        anchored = anchor is not None and bool(jobs) and anchor[0] in self.cache and anchor[0] not in jobs
-        if anchored:
-            jobs[ANCHOR] = (self.task, anchor[1])
+        anchors = self._usable(anchors, jobs) if jobs else []
+        for i, (_, tables) in enumerate(anchors):
+            jobs[f"{ANCHOR}{i}"] = (self.task, tables)
         answers = measure_tables(
             jobs, self.evaluator, self.pool, self.config.repeats, "polish: a device measurement failed"
         )
         runs = {k: [a["total_ms"] for a in values] for k, values in answers.items()}
         self.count += len(jobs) * self.config.repeats
         scale = 1.0
-        if anchored:
-            first = self.cache[anchor[0]][0]
-            self.drift.append(round(statistics.median(runs.pop(ANCHOR)) / first if first > 0 else 1.0, 4))
+        if anchors:
+            ratios = []
+            for i, (key, _) in enumerate(anchors):
+                now, first = statistics.median(runs.pop(f"{ANCHOR}{i}")), self.cache[key][0]
+                if first > 0:
+                    ratios.append(now / first)
+            self.drift.append(round(statistics.median(ratios), 4) if ratios else 1.0)
             # the speed moves over minutes, one anchor's median of 2 by its noise (one read 1.48 among 0.96-1.02):
             # the median of the last few anchors, so that no single outlier makes a change look better than it is
             scale = statistics.median(self.drift[-ANCHOR_WINDOW:])
@@ -256,6 +268,18 @@ def corrected(model: CostModel, base: Plan, measured: np.ndarray, candidates: li
     return estimate
 
 
+def step_anchors(plan: Plan, straggling: np.ndarray, count: int) -> list[tuple[str, list]]:
+    """A step's anchors: the ``count`` busiest devices of ``plan`` by ``straggling`` (measured compute + predicted
+    backward comm, f64[N]; the straggler first), each as (key, tables) of its content now (a change may alter it:
+    its old content measured again still reads the machine's speed); empty devices are never anchors."""
+    out = []
+    for d in np.argsort(-straggling, kind="stable")[:count]:
+        tables = device_tables(plan.task, plan.device_shards(int(d)))
+        if tables:
+            out.append((device_key(plan.task, tables), tables))
+    return out
+
+
 def simulate(model: CostModel, plans: list[Plan], compute: np.ndarray) -> DeviceCosts:
     """The simulator formula (``combine_costs``) on given compute f64[K, N]: predicted comm, each device's
     straggler wait from the given compute. DeviceCosts of f64[K, N]."""
@@ -285,8 +309,7 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
             costs = simulate(model, [current], measured[None])
             before = float(plan_cost_ms(costs)[0])
             slow = int(np.argmax(costs.compute_ms[0] + costs.bwd_comm_ms[0]))  # the straggler everyone waits for
-            slow_tables = device_tables(current.task, current.device_shards(slow))
-            anchor = (device_key(current.task, slow_tables), slow_tables) if slow_tables else None
+            anchors = step_anchors(current, costs.compute_ms[0] + costs.bwd_comm_ms[0], config.anchors)
             candidates = proposals(current, slow, rng, config.candidates)
             if not candidates:
                 break
@@ -297,10 +320,10 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
             for c in order[: config.tries]:
                 kind, candidate = candidates[c]
                 # its own devices, then the final fresh re-measurement of the unpolished plan and this one
-                need = meter.cost(candidate, anchor is not None) + meter.fresh_cost([plan, candidate])
+                need = meter.cost(candidate, anchors) + meter.fresh_cost([plan, candidate])
                 if meter.count + need > config.max_measurements:
                     break
-                [(new, new_noise)] = meter.measure([candidate], anchor=anchor)
+                [(new, new_noise)] = meter.measure([candidate], anchors=anchors)
                 new_costs = simulate(model, [candidate], new[None])
                 after = float(plan_cost_ms(new_costs)[0])
                 new_slow = int(np.argmax(new_costs.compute_ms[0] + new_costs.bwd_comm_ms[0]))
@@ -348,8 +371,14 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
         "reverted": rejected is not None,  # the kept changes were undone after the fresh measurement
         "rejected_measured_compute_ms": rejected,  # the changed plan's slowest device then (None: not reverted)
         "steps": steps,
-        "protocol": {"warmup": config.warmup, "iters": config.iters, "repeats": config.repeats, "pin": config.pin},
-        "drift": meter.drift,  # per measured step: the anchor device's fresh / first median (1: no drift)
+        "protocol": {
+            "warmup": config.warmup,
+            "iters": config.iters,
+            "repeats": config.repeats,
+            "pin": config.pin,
+            "anchors": config.anchors,
+        },
+        "drift": meter.drift,  # per measured step: its anchors' median fresh / first median (1: no drift)
         "unpolished_measured_ms": before_ms,
         "measured_ms": after_ms,
         "improvement": 1 - after_ms / before_ms if before_ms > 0 else 0.0,

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.errors import UserError
+from neuroshard_jax.evaluation import device_key, device_tables
 from neuroshard_jax.executors import ExecutorConfig
 from neuroshard_jax.plan_labels import assignment, plan_of
-from neuroshard_jax.polish import PolishConfig, polish_plan, proposals
+from neuroshard_jax.polish import PolishConfig, polish_plan, proposals, step_anchors
 from neuroshard_jax.sharding import Shard, row_shards
 from neuroshard_jax.types import Links, Plan
 from tests.conftest import make_table, make_task
@@ -39,8 +40,22 @@ def test_proposals_take_work_off_the_slow_device_and_stay_legal():
         assert cols < sum(s.dim for s in plan.shards if s.device == 0) or kind == "swap"
 
 
+def test_anchors_are_the_busiest_devices_straggler_first():
+    task = make_task(_task().tables, num_devices=4, mem_cap_gb=0.2, batch_size=1024)
+    plan = plan_of(task, [(0,), (0,), (2,), (2,), (0,), (1,)]).validate()  # device 3 empty
+
+    def content(d):
+        tables = device_tables(task, plan.device_shards(d))
+        return device_key(task, tables), tables
+
+    straggling = np.array([3.0, 1.0, 2.0, 0.0])
+    assert step_anchors(plan, straggling, 2) == [content(0), content(2)]
+    assert step_anchors(plan, straggling, 9) == [content(0), content(2), content(1)]  # never the empty device
+
+
 @pytest.mark.parametrize(
-    "field, value", [("name", "on"), ("repeats", 0), ("budget_s", 0), ("min_gain", 1.0), ("device", "tpu")]
+    "field, value",
+    [("name", "on"), ("repeats", 0), ("budget_s", 0), ("min_gain", 1.0), ("device", "tpu"), ("anchors", 0)],
 )
 def test_bad_settings_are_one_line_errors(field, value):
     with pytest.raises(UserError, match=f"polish{'.' + field if field != 'name' else ''}"):
@@ -55,14 +70,16 @@ def test_polishing_an_unbalanced_plan_on_the_kernels():
     task = _task()
     plan = plan_of(task, [(0,)] * 6).validate()
     model = make_cost_model("analytic", task)
-    config = PolishConfig(name="measured", max_measurements=40, repeats=2, warmup=1, iters=3, executor=ExecutorConfig())
+    config = PolishConfig(
+        name="measured", max_measurements=40, repeats=2, warmup=1, iters=3, anchors=2, executor=ExecutorConfig()
+    )
     polished = polish_plan(plan, model, config)
     record = polished.polish
     polished.validate()
     assert record["changes_kept"] >= 1 and assignment(polished) != assignment(plan)
     assert record["measured_compute_ms"] < record["unpolished_measured_compute_ms"]
     assert record["measurements"] <= config.max_measurements
-    # every measured step re-measured the slowest device as its anchor: the machine's speed between steps
+    # every measured step re-measured the slowest devices as its anchors: the machine's speed between steps
     assert 1 <= len(record["drift"]) <= len(record["steps"]) and all(0.5 < f < 2 for f in record["drift"])
     assert len(record["devices"]) == 3 and all(d["compute"] >= 0 for d in record["devices"])
     assert polished.costs is not None and polished.to_json()["polish"] == record
@@ -76,7 +93,10 @@ def test_a_balanced_plan_is_never_made_worse():
 
     task = _task()
     plan = search_plan(task, "size_lookup_greedy", "analytic", 0)
-    config = PolishConfig(name="measured", max_measurements=24, repeats=2, warmup=1, iters=3, executor=ExecutorConfig())
+    # one anchor: room in 24 measurements for a measured step besides both plans' fresh re-measurement
+    config = PolishConfig(
+        name="measured", max_measurements=24, repeats=2, warmup=1, iters=3, anchors=1, executor=ExecutorConfig()
+    )
     record = polish_plan(plan, make_cost_model("analytic", task), config).polish
     assert record["measured_compute_ms"] <= record["unpolished_measured_compute_ms"]
     if record["reverted"]:
