@@ -61,6 +61,7 @@ from neuroshard_jax.training import noise_floor, ranking_tau
 from neuroshard_jax.types import Plan, Shard, Task
 
 FIRST_SEED = 20000  # conf/experiment/compare.yaml: the suite's held-out tasks
+S14_PLANS = Path("bench/plan_accuracy/s14/plans.jsonl")  # session 14's plans of 20 suite tasks (committed)
 BEST = "(best measured plan)"  # plan_quality's row for each task's measured plan with the lowest slowest device
 
 

@@ -18,15 +18,13 @@ import dataclasses
 import statistics
 from pathlib import Path
 
-from bench_plan_accuracy import polished
+from bench_plan_accuracy import S14_PLANS, polished
 
 from neuroshard_jax.cli import fail
 from neuroshard_jax.datasets import JsonlLog, hardware, read_jsonl, write_json
 from neuroshard_jax.errors import UserError
 from neuroshard_jax.plan_labels import row_plans
 from neuroshard_jax.polish import PolishConfig
-
-PLANS = Path("bench/plan_accuracy/s14/plans.jsonl")
 
 
 def setting(text: str) -> tuple[str, object]:
@@ -60,7 +58,7 @@ def main() -> None:
 
 
 def run(args, settings: dict[str, dict]) -> None:
-    rows = [r for r in read_jsonl(PLANS) if r["id"].startswith(f"{args.devices}/")][: args.tasks]
+    rows = [r for r in read_jsonl(S14_PLANS) if r["id"].startswith(f"{args.devices}/")][: args.tasks]
     log = JsonlLog(Path(args.out) / "runs.jsonl")
     for i, row in enumerate(rows):
         task, _ = row_plans(row)

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_plan_accuracy import FIRST_SEED, S14_PLANS
 
 from neuroshard_jax.datasets import hardware, read_jsonl, write_json
 from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_tables, measure_tables
@@ -60,7 +61,6 @@ STEP_PROTOCOLS = {
     "2 workers, 5 + 20 iters": (2, 5, 20),
     "1 worker, 2 + 5 iters": (1, PolishConfig.warmup, PolishConfig.iters),
 }
-PLANS = Path("bench/plan_accuracy/s14/plans.jsonl")
 
 
 def protocols(sets: int, repeats: int, batch_size: int, out: Path) -> dict:
@@ -151,7 +151,7 @@ def processes(count: int, sample: int, batch_size: int) -> None:
 
 
 def steps(tasks: int, batches: int, repeats: int, out: Path) -> dict:
-    rows = [r for r in read_jsonl(PLANS) if int(r["id"].split("/")[1]) < 20000 + tasks]
+    rows = [r for r in read_jsonl(S14_PLANS) if r["index"] < FIRST_SEED + tasks]
     jobs = []  # per plan: {device key: (task, tables)} in device order
     for row in rows:
         task, plans = row_plans(row)
