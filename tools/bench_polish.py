@@ -59,6 +59,10 @@ def main() -> None:
 
 def run(args, settings: dict[str, dict]) -> None:
     rows = [r for r in read_jsonl(S14_PLANS) if r["id"].startswith(f"{args.devices}/")][: args.tasks]
+    if not rows or args.tasks < 1:
+        raise UserError(
+            f"--devices {args.devices} --tasks {args.tasks}: expected 4 or 8 devices (s14's) and a task or more"
+        )
     log = JsonlLog(Path(args.out) / "runs.jsonl")
     for i, row in enumerate(rows):
         task, _ = row_plans(row)
