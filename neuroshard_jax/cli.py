@@ -35,9 +35,9 @@ def fail(err: Exception) -> NoReturn:
 
     Background threads' late complaints while the process ends are not shown (after a damaged checkpoint,
     orbax's pending read coroutines report a closed event loop at shutdown)."""
-    print(f"error: {err}", file=sys.stderr, flush=True)
-    sys.unraisablehook = lambda _: None
+    sys.unraisablehook = lambda _: None  # before the line: nothing that comes after it is shown
     threading.excepthook = lambda _: None
+    print(f"error: {err}", file=sys.stderr, flush=True)
     sys.exit(2)
 
 

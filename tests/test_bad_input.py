@@ -191,6 +191,26 @@ def test_a_damaged_checkpoint_on_the_command_line(tmp_path):
 # --- 4. outputs that cannot be written ---------------------------------------------------------------------
 
 
+def test_after_a_failed_restore_only_closed_loop_reports_are_dropped(monkeypatch):
+    import sys
+    import threading
+    import types
+
+    from neuroshard_jax import checkpoints
+
+    seen = []
+    monkeypatch.setattr(sys, "excepthook", lambda kind, value, tb: seen.append(value))
+    monkeypatch.setattr(sys, "unraisablehook", lambda report: seen.append(report.exc_value))
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_value))
+    checkpoints._drop_closed_loop_reports()
+    closed, other = RuntimeError("Event loop is closed"), RuntimeError("a real fault")
+    for exc in (closed, other):
+        sys.excepthook(RuntimeError, exc, None)
+        sys.unraisablehook(types.SimpleNamespace(exc_value=exc))
+        threading.excepthook(types.SimpleNamespace(exc_value=exc))
+    assert seen == [other] * 3
+
+
 def test_an_output_folder_that_cannot_be_written_is_refused_before_work(tmp_path, capsys):
     from neuroshard_jax.cli import check_output_folder
 
