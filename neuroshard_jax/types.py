@@ -585,11 +585,11 @@ DEVICE_KEYS = ("mem_cap_gb", "speed", "host")
 LINK_KEYS = ("intra_host_gbps", "inter_host_gbps", "devices_per_host")
 BIN_KEYS = tuple(f"bin_{k}" for k in range(NUM_BINS))
 TABLE_KEYS = (
-    *("id", "name", "rows", "dim", "pooling_factor", "size", "bins", "estimated", "samples", "batches"),
-    "row_blocks",
+    ("id", "name", "rows", "dim", "pooling_factor", "size", "bins", "estimated", "samples", "batches", "row_blocks")
+    + BIN_KEYS
+    + CONSTRAINT_KEYS
 )
 ROW_BLOCK_KEYS = ("count", "pooling_factors", "bins")
-TABLE_KEYS += BIN_KEYS + CONSTRAINT_KEYS
 BINS_TOLERANCE = 0.01  # the access-histogram shares of a looked-up table sum to 1 within this
 
 

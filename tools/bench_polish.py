@@ -30,8 +30,7 @@ from neuroshard_jax.polish import PolishConfig
 def setting(text: str) -> tuple[str, object]:
     """``FIELD=VALUE`` of PolishConfig, the value of the field's type."""
     field, _, value = text.partition("=")
-    fields = {f.name: f for f in dataclasses.fields(PolishConfig)}
-    if not value or field not in fields or field == "name":
+    if not value or field == "name" or field not in {f.name for f in dataclasses.fields(PolishConfig)}:
         raise UserError(f"--settings: got {text!r}, expected FIELD=VALUE with FIELD one of PolishConfig's")
     kind = type(getattr(PolishConfig, field))
     try:
