@@ -40,8 +40,8 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from neuroshard_jax.stats import stats_file, zipf_ids
-from neuroshard_jax.torchrec_planner import NeuroShardPlanner, batch_statistics
+from neuroshard_jax.torchrec.planner import NeuroShardPlanner, batch_statistics
+from neuroshard_jax.workloads.statistics import stats_file, zipf_ids
 
 DENSE_FEATURES = 13
 PLANNERS = ("neuroshard", "torchrec")

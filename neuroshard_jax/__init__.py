@@ -6,7 +6,7 @@ The public API (everything else is internal and may move):
   (``devices=[{"mem_cap_gb": ..., "speed": ...}, ...]`` for heterogeneous devices)
 * ``Plan`` (``to_json`` / ``from_json``, ``costs``, ``placement()``), ``PlanCosts``, ``Task``, ``Device``, ``Table``,
   ``Shard``;
-  ``load_plan(path)``
+  ``load_plan(path)``; ``to_torchrec(plan, ...)``: a plan as a TorchRec ``ShardingPlan`` (imports torch on call)
 * ``load_cost_model(name_or_path)`` -> ``CostModel`` (``.fns``, ``.params``), and the jitted scoring functions
   that take them: ``plan_costs``, ``shard_costs``, ``table_latents``, ``costs_from_latents``, ``device_costs``,
   ``plan_cost_ms``; host-side ``plan_arrays``, ``score_plan``, ``score_plans``
@@ -22,32 +22,33 @@ import importlib
 
 _EXPORTS = {
     "plan": "neuroshard_jax.api",
-    "task_from_tables": "neuroshard_jax.api",
-    "Plan": "neuroshard_jax.types",
-    "PlanCosts": "neuroshard_jax.types",
-    "Task": "neuroshard_jax.types",
-    "Table": "neuroshard_jax.types",
-    "Device": "neuroshard_jax.types",
-    "Shard": "neuroshard_jax.sharding",
-    "load_plan": "neuroshard_jax.plans",
-    "load_cost_model": "neuroshard_jax.models",
-    "make_cost_model": "neuroshard_jax.models",
-    "CostModel": "neuroshard_jax.cost_models",
-    "CostFns": "neuroshard_jax.cost_models",
-    "DeviceCosts": "neuroshard_jax.cost_models",
-    "device_costs": "neuroshard_jax.cost_models",
-    "plan_cost_ms": "neuroshard_jax.cost_models",
-    "plan_costs": "neuroshard_jax.scoring",
-    "shard_costs": "neuroshard_jax.scoring",
-    "table_latents": "neuroshard_jax.scoring",
-    "costs_from_latents": "neuroshard_jax.scoring",
-    "plan_arrays": "neuroshard_jax.scoring",
-    "score_plan": "neuroshard_jax.scoring",
-    "score_plans": "neuroshard_jax.scoring",
+    "task_from_tables": "neuroshard_jax.workloads.tasks",
+    "Plan": "neuroshard_jax.core.types",
+    "PlanCosts": "neuroshard_jax.core.types",
+    "Task": "neuroshard_jax.core.types",
+    "Table": "neuroshard_jax.core.types",
+    "Device": "neuroshard_jax.core.types",
+    "Shard": "neuroshard_jax.core.sharding",
+    "load_plan": "neuroshard_jax.core.plan_file",
+    "to_torchrec": "neuroshard_jax.kernels.torchrec_format",
+    "load_cost_model": "neuroshard_jax.costs.registry",
+    "make_cost_model": "neuroshard_jax.costs.registry",
+    "CostModel": "neuroshard_jax.costs.cost_model",
+    "CostFns": "neuroshard_jax.costs.cost_model",
+    "DeviceCosts": "neuroshard_jax.costs.cost_model",
+    "device_costs": "neuroshard_jax.costs.cost_model",
+    "plan_cost_ms": "neuroshard_jax.costs.cost_model",
+    "plan_costs": "neuroshard_jax.costs.scoring",
+    "shard_costs": "neuroshard_jax.costs.scoring",
+    "table_latents": "neuroshard_jax.costs.scoring",
+    "costs_from_latents": "neuroshard_jax.costs.scoring",
+    "plan_arrays": "neuroshard_jax.costs.scoring",
+    "score_plan": "neuroshard_jax.costs.scoring",
+    "score_plans": "neuroshard_jax.costs.scoring",
     "searcher_names": "searchers",
-    "UserError": "neuroshard_jax.errors",
-    "InfeasibleError": "neuroshard_jax.errors",
-    "PlanError": "neuroshard_jax.errors",
+    "UserError": "neuroshard_jax.core.errors",
+    "InfeasibleError": "neuroshard_jax.core.errors",
+    "PlanError": "neuroshard_jax.core.errors",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -2,7 +2,7 @@
 
 Searches a sharding plan, prints a per-device table and writes plan.json in the Hydra run directory.
 With a ``suite`` (``-m experiment=compare``) a run searches a whole task suite instead
-(neuroshard_jax/suite.py), measuring every plan when ``evaluate=true``.
+(neuroshard_jax/measure/suite.py), measuring every plan when ``evaluate=true``.
 """
 
 from __future__ import annotations
@@ -18,21 +18,21 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from neuroshard_jax.calibrate import CalibrateConfig, calibrated
-from neuroshard_jax.cli import fail, resolved, run_app
-from neuroshard_jax.config import typed
-from neuroshard_jax.datasets import write_json
-from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.evaluation import EvaluateConfig
-from neuroshard_jax.executors import ExecutorConfig
-from neuroshard_jax.explain import ExplainConfig, explain_file
-from neuroshard_jax.models import cost_model_config, make_cost_model
-from neuroshard_jax.plans import format_plan
-from neuroshard_jax.polish import PolishConfig, polish_plan
-from neuroshard_jax.row_split import check_mode
-from neuroshard_jax.search import enable_compilation_cache, search_plan
-from neuroshard_jax.suite import SuiteConfig, run_suite
-from neuroshard_jax.tasks import TaskGroupConfig, make_task
+from neuroshard_jax.core.cli import fail, resolved, run_app
+from neuroshard_jax.core.config import typed
+from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.plan_file import format_plan
+from neuroshard_jax.costs.registry import cost_model_config, make_cost_model
+from neuroshard_jax.kernels.executors import ExecutorConfig
+from neuroshard_jax.measure.calibration import CalibrateConfig, calibrated
+from neuroshard_jax.measure.explain import ExplainConfig, explain_file
+from neuroshard_jax.measure.plans import EvaluateConfig
+from neuroshard_jax.measure.polish import PolishConfig, polish_plan
+from neuroshard_jax.measure.suite import SuiteConfig, run_suite
+from neuroshard_jax.search.pipeline import enable_compilation_cache, search_plan
+from neuroshard_jax.search.row_split import check_mode
+from neuroshard_jax.workloads.tasks import TaskGroupConfig, make_task
 from searchers import make_searcher
 
 

@@ -12,42 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from neuroshard_jax.calibrate import CalibrateConfig, calibrated
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.search import enable_compilation_cache, search_plan
-from neuroshard_jax.types import Plan, Task
-
-TableSpecs = Mapping[str, Mapping[str, Any]] | Sequence[Mapping[str, Any]]
-
-
-def task_from_tables(
-    tables: TableSpecs,
-    num_devices: int,
-    mem_cap_gb: float,
-    batch_size: int = 4096,
-    precision: str = "fp32",
-    devices: Sequence[Mapping[str, float]] | None = None,
-) -> Task:
-    """A task of the user's tables: ``{name: {rows, dim, pooling_factor, bins}}`` or a list of such objects
-    each with a ``name``. ``bins``: 17 shares of the rows accessed in a batch by access count (README,
-    "Tables and features"). Table ids are the positions in the given order. ``devices``: heterogeneous devices,
-    ``[{"mem_cap_gb": 16, "speed": 1.0}, ...]``, in place of ``num_devices`` x ``mem_cap_gb``."""
-    if isinstance(tables, Mapping):
-        items = [{"name": name, **dict(spec)} for name, spec in tables.items()]
-    elif isinstance(tables, Sequence) and not isinstance(tables, str):
-        items = [dict(spec) if isinstance(spec, Mapping) else spec for spec in tables]
-    else:
-        raise UserError(f"tables: got {type(tables).__name__}, expected a mapping of name -> table spec or a list")
-    shape = {"num_devices": num_devices, "mem_cap_gb": mem_cap_gb} if devices is None else {"devices": list(devices)}
-    obj = {
-        **shape,
-        "batch_size": batch_size,
-        "precision": precision,
-        "tables": [{**spec, "id": i} if isinstance(spec, dict) else spec for i, spec in enumerate(items)],
-    }
-    return Task.from_json(obj, where="plan")
+from neuroshard_jax.core.types import Plan
+from neuroshard_jax.measure.calibration import CalibrateConfig, calibrated
+from neuroshard_jax.search.pipeline import enable_compilation_cache, search_plan
+from neuroshard_jax.workloads.tasks import TableSpecs, task_from_tables
 
 
 def plan(

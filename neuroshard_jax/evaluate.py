@@ -3,7 +3,7 @@
     python -m neuroshard_jax.evaluate plan=outputs/.../plan.json [device=cpu workers=1]
     python -m neuroshard_jax.evaluate sweep=multirun/compare/...   # every unmeasured plan of a suite sweep
 
-Writes evaluation.json beside the plan: measured and predicted costs per device (neuroshard_jax/evaluation.py
+Writes evaluation.json beside the plan: measured and predicted costs per device (neuroshard_jax/measure/plans.py
 says how a plan is measured).
 """
 
@@ -15,11 +15,11 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.cli import fail, resolved, run_app
-from neuroshard_jax.config import typed
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.evaluation import EvaluateConfig, evaluate_file
-from neuroshard_jax.suite import measure_sweep
+from neuroshard_jax.core.cli import fail, resolved, run_app
+from neuroshard_jax.core.config import typed
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.measure.plans import EvaluateConfig, evaluate_file
+from neuroshard_jax.measure.suite import measure_sweep
 
 
 def app_config(cfg: DictConfig) -> tuple[EvaluateConfig, str | None]:

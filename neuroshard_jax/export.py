@@ -1,151 +1,16 @@
 """Export a plan to TorchRec.
 
-    python -m neuroshard_jax.export plan=PATH/plan.json format=torchrec [output=FILE device=cuda
-        module_path=sparse_arch.embedding_bag_collection table_names='t{index}' check=false]
+The command line only; the library is ``neuroshard_jax.torchrec.export``."""
 
-Writes a TorchRec ``ShardingPlan`` (``torch.save``; load it with ``torch.load(path, weights_only=False)``
-and pass it as ``DistributedModelParallel(..., plan=plan)``) for an EmbeddingBagCollection whose tables
-are the task's tables, named by ``table_names`` ({index}: position in the task, {id}: pool id). A
-table-wise shard becomes ``table_wise(rank)``, a table split into 2^k equal column shards
-``column_wise(ranks)`` in column order, a table's row blocks over every rank in order ``row_wise()``. The
-plan is built in the torch worker subprocess (torch is never imported here) and read back there: its shards
-must equal ours.
-
-``check=true`` (with ``device=cpu``) then loads the plan into DistributedModelParallel on this machine,
-one gloo process per device, and runs a forward pass checked against the expected pooled sums, and a
-backward pass; it allocates the task's full tables, so it is meant for small tasks.
-"""
-
-from __future__ import annotations
-
-import dataclasses
-import json
-import tempfile
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.cli import fail, resolved, run_app
-from neuroshard_jax.config import typed
-from neuroshard_jax.constants import TORCHREC_INSTALL
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.plans import load_plan
-from neuroshard_jax.profiling import WorkerFailure, run_ranks, run_worker
-from neuroshard_jax.torchrec_plans import row_split_host
-from neuroshard_jax.types import Plan
-
-FORMATS = ("torchrec",)
-DEVICES = ("cuda", "cpu")
-KERNELS = ("fused", "dense")
-
-
-@dataclasses.dataclass(frozen=True)
-class ExportConfig:
-    """conf/export.yaml."""
-
-    plan: str | None = None
-    format: str = "torchrec"
-    output: str | None = None
-    device: str = "cuda"
-    compute_kernel: str = "fused"
-    module_path: str = ""
-    table_names: str = "t{index}"
-    check: bool = False
-    check_batch_size: int = 8
-    timeout_s: float = 600.0
-
-    def __post_init__(self):
-        for name, allowed in (("format", FORMATS), ("device", DEVICES), ("compute_kernel", KERNELS)):
-            if getattr(self, name) not in allowed:
-                raise UserError(f"{name}: got {getattr(self, name)!r}, expected one of {', '.join(allowed)}")
-        if self.check and self.device != "cpu":
-            raise UserError(f"check: true needs device=cpu (DistributedModelParallel on this CPU), got {self.device!r}")
-        try:
-            names = [self.table_names.format(index=i, id=i) for i in range(2)]
-        except (KeyError, IndexError, ValueError) as err:
-            raise UserError(
-                f"table_names: got {self.table_names!r} ({err}), expected a pattern of {{index}} and {{id}}"
-            ) from None
-        if names[0] == names[1]:
-            raise UserError(f"table_names: got {self.table_names!r}, expected a pattern with {{index}} or {{id}}")
-
-
-def torchrec_request(plan: Plan, config: ExportConfig) -> dict:
-    """The worker's request: tables {name, rows, dim}, their shards in column order, the world size."""
-    task = plan.task
-    names = [config.table_names.format(index=i, id=t.id) for i, t in enumerate(task.tables)]
-    shards = plan.torchrec_shards()
-    for name, table_shards in zip(names, shards):
-        if "num_rows" in table_shards[0]:
-            try:
-                row_split_host(name, table_shards, task.num_devices, task.local_size() or task.num_devices)
-            except ValueError as err:
-                raise UserError(f"export: {err}") from None
-    return {
-        "tables": [{"name": n, "rows": t.rows, "dim": t.dim} for n, t in zip(names, task.tables)],
-        "shards": shards,
-        "world_size": task.num_devices,
-        "local_size": task.local_size() or task.num_devices,  # ranks per host (table_row_wise blocks stay in one)
-        "device": config.device,
-        "compute_kernel": config.compute_kernel,
-        "module_path": config.module_path,
-    }
-
-
-def export_torchrec(plan: Plan, output: str | Path, config: ExportConfig) -> tuple[dict, str]:
-    """Write ``plan`` as a TorchRec ShardingPlan to ``output``; returns the worker's request (tables and
-    shards) and TorchRec's own printout of the plan as written."""
-    request = torchrec_request(plan, config)
-    names = [t["name"] for t in request["tables"]]
-    if len(set(names)) != len(names):
-        raise UserError(f"table_names: {config.table_names!r} gives duplicate table names, expected one per table")
-    with tempfile.TemporaryDirectory(prefix="neuroshard-export-") as tmp:
-        src = Path(tmp) / "request.json"
-        src.write_text(json.dumps(request))
-        done = run_worker(["torchrec-export", str(src), str(output)], config.timeout_s, "export")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    if "error" in result:
-        hint = f"; install it with {TORCHREC_INSTALL}" if "not installed" in result["error"] else ""
-        raise UserError(f"export: {result['error']}{hint}")
-    return request, result["plan"]
-
-
-def check_torchrec(exported: str | Path, request: dict, batch_size: int, timeout_s: float) -> list[dict]:
-    """Load an exported (device=cpu) plan into DistributedModelParallel, one gloo process per rank, and
-    run forward + backward; returns each rank's report (local shards, output shape, max abs error)."""
-    world = request["world_size"]
-    with tempfile.TemporaryDirectory(prefix="neuroshard-dmp-") as tmp:
-        tmp = Path(tmp)
-        (tmp / "request.json").write_text(
-            json.dumps(
-                {
-                    "plan": str(Path(exported).resolve()),
-                    "tables": request["tables"],
-                    "module_path": request["module_path"],
-                    "batch_size": batch_size,
-                }
-            )
-        )
-        try:
-            run_ranks(["torchrec-run", str(tmp / "request.json"), str(tmp / "out.{rank}")], world, tmp, timeout_s)
-        except WorkerFailure as failure:
-            raise UserError(f"check: DistributedModelParallel failed: {failure.reason}") from None
-        return [json.loads((tmp / f"out.{rank}").read_text()) for rank in range(world)]
-
-
-def expected_local_shards(request: dict, rank: int) -> list[list]:
-    """[table name, col_offset, dim, row_offset, num_rows] of the shards the plan puts on ``rank``, sorted."""
-    return sorted(
-        [t["name"], s["col_offset"], s["dim"], s.get("row_offset", 0), s.get("num_rows", t["rows"])]
-        for t, shards in zip(request["tables"], request["shards"])
-        for s in shards
-        if s["rank"] == rank
-    )
-
-
-def app_config(cfg: DictConfig) -> ExportConfig:
-    return typed(ExportConfig, resolved(cfg))
+from neuroshard_jax.core.cli import fail, run_app
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.plan_file import load_plan
+from neuroshard_jax.torchrec.export import app_config, check_torchrec, expected_local_shards, export_torchrec
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="export")

@@ -15,13 +15,13 @@ import json
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.cli import fail, resolved, run_app
-from neuroshard_jax.config import typed
-from neuroshard_jax.ensemble import EnsembleConfig
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.models import checkpoint_path
-from neuroshard_jax.neural import NetConfig
-from neuroshard_jax.training import TrainConfig, train_ensemble, train_models
+from neuroshard_jax.core.cli import fail, resolved, run_app
+from neuroshard_jax.core.config import typed
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.costs.ensemble import EnsembleConfig
+from neuroshard_jax.costs.neural import NetConfig
+from neuroshard_jax.costs.registry import checkpoint_path
+from neuroshard_jax.learn.fit import TrainConfig, train_ensemble, train_models
 
 FAMILIES = ("ensemble", "mlp")
 

@@ -13,13 +13,13 @@ from typing import ClassVar
 
 import numpy as np
 
-from neuroshard_jax.constants import GIB_BYTES
-from neuroshard_jax.constraints import KEYS as CONSTRAINT_KEYS
-from neuroshard_jax.constraints import allowed_devices, groups, max_levels
-from neuroshard_jax.cost_models import CostModel
-from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.scoring import score_plans
-from neuroshard_jax.types import Plan, Task
+from neuroshard_jax.core.constants import GIB_BYTES
+from neuroshard_jax.core.constraints import KEYS as CONSTRAINT_KEYS
+from neuroshard_jax.core.constraints import allowed_devices, groups, max_levels
+from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.costs.cost_model import CostModel
+from neuroshard_jax.costs.scoring import score_plans
 from searchers.registry import register
 
 GREEDY_KEYS = {

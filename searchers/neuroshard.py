@@ -1,6 +1,6 @@
 """NeuroShard's searchers: greedy grid search (table-wise) and beam search over column-wise splits.
 
-Both run the batched greedy of ``neuroshard_jax.grid`` (one ``lax.scan`` over shards, vmapped over
+Both run the batched greedy of ``searchers.grid`` (one ``lax.scan`` over shards, vmapped over
 candidates and alphas); beam search scores a whole beam level in one call. Neither draws random
 numbers: the seed is accepted for the interface and the plan is a function of the task and the
 cost model alone.
@@ -15,16 +15,16 @@ from typing import ClassVar
 
 import numpy as np
 
-from neuroshard_jax.constants import GIB_BYTES
-from neuroshard_jax.constraints import KEYS as CONSTRAINT_KEYS
-from neuroshard_jax.constraints import allowed_devices, groups, max_levels
-from neuroshard_jax.cost_models import CostModel, bucket
-from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.features import NUM_FEATURES
-from neuroshard_jax.grid import MEMORY_ONLY, ShardBatch, cap_units, dim_bounds, grid_search, mem_units, unit_bytes
-from neuroshard_jax.scoring import single_shard_costs
-from neuroshard_jax.sharding import shard_features
-from neuroshard_jax.types import Plan, Task
+from neuroshard_jax.core.constants import GIB_BYTES
+from neuroshard_jax.core.constraints import KEYS as CONSTRAINT_KEYS
+from neuroshard_jax.core.constraints import allowed_devices, groups, max_levels
+from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.features import NUM_FEATURES
+from neuroshard_jax.core.sharding import shard_features
+from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.costs.cost_model import CostModel, bucket
+from neuroshard_jax.costs.scoring import single_shard_costs
+from searchers.grid import MEMORY_ONLY, ShardBatch, cap_units, dim_bounds, grid_search, mem_units, unit_bytes
 from searchers.registry import register
 
 DEFAULT_ALPHAS = tuple(round(1.0 + 0.05 * i, 2) for i in range(11))  # 1.0, 1.05, ..., 1.5

@@ -6,10 +6,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import Protocol
 
-from neuroshard_jax.config import typed
-from neuroshard_jax.cost_models import CostModel
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.types import Plan, Task
+from neuroshard_jax.core.config import typed
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.costs.cost_model import CostModel
 
 
 class Searcher(Protocol):

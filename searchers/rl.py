@@ -1,4 +1,4 @@
-"""``searcher=rl``: the DreamShard-style placement policy (``neuroshard_jax.rl``), table-wise.
+"""``searcher=rl``: the DreamShard-style placement policy (``searchers.policy``), table-wise.
 
 Greedy decoding (argmax at every step) plus, when ``samples`` > 0, that many sampled episodes; the
 plan with the lowest cost under the run's cost model wins. The policy's own inputs (cost-model
@@ -13,13 +13,13 @@ from typing import ClassVar
 import jax
 import numpy as np
 
-from neuroshard_jax.constraints import KEYS
-from neuroshard_jax.cost_models import CostModel
-from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.policies import load_search_policy, resolve_policy
-from neuroshard_jax.rl import decode, plan_from_actions, stack_tasks, task_arrays
-from neuroshard_jax.scoring import score_plans
-from neuroshard_jax.types import Plan, Task
+from neuroshard_jax.core.constraints import KEYS
+from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.costs.cost_model import CostModel
+from neuroshard_jax.costs.scoring import score_plans
+from searchers.policy import decode, plan_from_actions, stack_tasks, task_arrays
+from searchers.policy_store import load_search_policy, resolve_policy
 from searchers.registry import register
 
 

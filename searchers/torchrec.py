@@ -1,11 +1,11 @@
 """``searcher=torchrec``: TorchRec's EmbeddingShardingPlanner as the outside baseline.
 
-The planner runs in the torch worker subprocess (``python -m neuroshard_jax.worker torchrec-plan``), the only
+The planner runs in the torch worker subprocess (``python -m neuroshard_jax.kernels.worker torchrec-plan``), the only
 place torch is imported:
 tables as EmbeddingBagConfigs on the meta device, a Topology of N ranks with the task's memory cap, pooling
 factors as constraints, sharding types table_wise and column_wise (and row_wise when asked:
 ``searcher.sharding_types``), the fused kernel. Its plan is converted to ours (a table's column shards must be
-2^k equal widths) and then scored and measured like any other. Needs the ``torchrec`` install (README).
+2^k equal widths) and then scored and measured like any other. Needs the ``torchrec`` install (docs/installing.md).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import tempfile
 from pathlib import Path
 from typing import ClassVar
 
-from neuroshard_jax.constants import TORCHREC_INSTALL
-from neuroshard_jax.constraints import max_levels
-from neuroshard_jax.cost_models import CostModel
-from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.profiling import run_worker
-from neuroshard_jax.sharding import Shard, tiling_error
-from neuroshard_jax.types import Plan, Task
+from neuroshard_jax.core.constants import TORCHREC_INSTALL
+from neuroshard_jax.core.constraints import max_levels
+from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.sharding import Shard, tiling_error
+from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.costs.cost_model import CostModel
+from neuroshard_jax.kernels.processes import run_worker
 from searchers.registry import register
 
 SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise")

@@ -22,13 +22,13 @@ def _cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def small_pool(_cache_dir):
-    from neuroshard_jax.tables import PoolSpec, load_pool
+    from neuroshard_jax.workloads.pool import PoolSpec, load_pool
 
     return load_pool(PoolSpec(num_tables=120), batch_size=512)
 
 
 def make_table(table_id=0, rows=1000, dim=16, pooling=2.0):
-    from neuroshard_jax.types import Table
+    from neuroshard_jax.core.types import Table
 
     bins = np.zeros(17)
     bins[0] = 1.0
@@ -36,7 +36,7 @@ def make_table(table_id=0, rows=1000, dim=16, pooling=2.0):
 
 
 def make_task(tables, num_devices=2, mem_cap_gb=1.0, batch_size=512, precision="fp32"):
-    from neuroshard_jax.types import Task
+    from neuroshard_jax.core.types import Task
 
     return Task(num_devices, mem_cap_gb, batch_size, tuple(tables), precision)
 
@@ -56,11 +56,11 @@ def run_cli(*args, cwd=None, module="neuroshard_jax", timeout=300):
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     """A real (tiny) measured dataset and a neural cost model trained on it: (dataset dir, checkpoint dir)."""
-    from neuroshard_jax.collect import CollectConfig, collect
-    from neuroshard_jax.neural import NetConfig
-    from neuroshard_jax.profiling import CommSamplerConfig, ComputeSamplerConfig
-    from neuroshard_jax.tables import PoolSpec
-    from neuroshard_jax.training import TrainConfig, train_models
+    from neuroshard_jax.costs.neural import NetConfig
+    from neuroshard_jax.kernels.processes import CommSamplerConfig, ComputeSamplerConfig
+    from neuroshard_jax.learn.collect import CollectConfig, collect
+    from neuroshard_jax.learn.fit import TrainConfig, train_models
+    from neuroshard_jax.workloads.pool import PoolSpec
 
     root = tmp_path_factory.mktemp("tiny")
     pool = PoolSpec(num_tables=120)
@@ -82,11 +82,11 @@ def tiny_checkpoint(tmp_path_factory):
 def tiny_ensemble(tiny_checkpoint, tmp_path_factory):
     """A tiny physics ensemble trained on real measurements of both kinds: the tiny pool dataset (batch 256) and
     a tiny spec dataset (batches 128 and 256): (spec dataset dir, checkpoint dir, report)."""
-    from neuroshard_jax.collect import CollectConfig, collect
-    from neuroshard_jax.ensemble import EnsembleConfig
-    from neuroshard_jax.neural import NetConfig
-    from neuroshard_jax.profiling import SpecSamplerConfig
-    from neuroshard_jax.training import TrainConfig, train_ensemble
+    from neuroshard_jax.costs.ensemble import EnsembleConfig
+    from neuroshard_jax.costs.neural import NetConfig
+    from neuroshard_jax.kernels.processes import SpecSamplerConfig
+    from neuroshard_jax.learn.collect import CollectConfig, collect
+    from neuroshard_jax.learn.fit import TrainConfig, train_ensemble
 
     root = tmp_path_factory.mktemp("tiny-ensemble")
     specs = SpecSamplerConfig(

@@ -1,5 +1,5 @@
 """Plain-Python NeuroShard search, one shard at a time, as the paper describes it: the oracle the
-vectorised searchers must agree with. Deliberately loop-based and independent of neuroshard_jax.grid
+vectorised searchers must agree with. Deliberately loop-based and independent of searchers.grid
 except for the integer rules (memory units, dim bounds) it shares by definition."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from neuroshard_jax.cost_models import plan_cost_ms
-from neuroshard_jax.grid import cap_units, dim_bounds, mem_units, unit_bytes
-from neuroshard_jax.scoring import score_plan
-from neuroshard_jax.sharding import shard_features
-from neuroshard_jax.types import Plan
+from neuroshard_jax.core.sharding import shard_features
+from neuroshard_jax.core.types import Plan
+from neuroshard_jax.costs.cost_model import plan_cost_ms
+from neuroshard_jax.costs.scoring import score_plan
+from searchers.grid import cap_units, dim_bounds, mem_units, unit_bytes
 
 
 class Oracle:

@@ -82,33 +82,69 @@ def test_each_rule_lives_in_one_function():
     def where(pattern):
         return sorted(name for name, text in sources.items() if re.search(pattern, text))
 
-    assert where(r"total_ms\.max\(") == ["neuroshard_jax/cost_models.py"]  # the plan-cost max: plan_cost_ms
-    assert where(r"BYTES_PER_ELEMENT\[") == ["neuroshard_jax/analytic.py", "neuroshard_jax/sharding.py"]
-    assert where(r"% DIM_ALIGNMENT|DIM_ALIGNMENT ==|>> \(k") == ["neuroshard_jax/sharding.py"]  # the split rule
-    assert where(r"2\s*\*\*\s*30") == ["neuroshard_jax/constants.py"]
-    assert len(re.findall(r"\* BYTES_PER_ELEMENT\[", sources["neuroshard_jax/sharding.py"])) == 1  # mem_bytes
+    assert where(r"total_ms\.max\(") == ["neuroshard_jax/costs/cost_model.py"]  # the plan-cost max: plan_cost_ms
+    assert where(r"BYTES_PER_ELEMENT\[") == ["neuroshard_jax/core/sharding.py", "neuroshard_jax/costs/analytic.py"]
+    assert where(r"% DIM_ALIGNMENT|DIM_ALIGNMENT ==|>> \(k") == ["neuroshard_jax/core/sharding.py"]  # the split rule
+    assert where(r"2\s*\*\*\s*30") == ["neuroshard_jax/core/constants.py"]
+    assert len(re.findall(r"\* BYTES_PER_ELEMENT\[", sources["neuroshard_jax/core/sharding.py"])) == 1  # mem_bytes
+
+
+# Stages from the ground up: a module imports its own stage and the ones below it, never one above.
+STAGES = ("core", "workloads", "kernels", "costs", "searchers", "search", "measure", "learn", "torchrec", "entry")
+# The top level of the package: the public API, the main job and the other commands (thin Hydra mains).
+ENTRIES = {"__init__", "__main__", "api", "collect", "evaluate", "explain", "export", "loop", "stats", "train"}
+ENTRIES |= {"train_policy"}
+TORCH = ("torch", "torchrec", "fbgemm_gpu")
+
+
+def _stage(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "searchers":
+        return "searchers"
+    return parts[1] if len(parts) > 2 or parts[1:] and parts[1] in STAGES else "entry"
+
+
+def test_every_module_sits_in_a_stage():
+    for m in _modules():
+        parts = m.split(".")
+        if parts[0] == "neuroshard_jax" and len(parts) == 2 and parts[1] not in STAGES:
+            assert parts[1] in ENTRIES, f"{m}: a top-level module that is not a command; move it into a stage"
+    names = [m.rpartition(".")[2] for m in _modules() if not m.endswith("__main__")]
+    stems = {}
+    for n in names:
+        stems.setdefault(n.rstrip("s").removesuffix("ion").removesuffix("ing").removesuffix("e"), set()).add(n)
+    pairs = [sorted(v) for v in stems.values() if len(v) > 1]
+    assert not pairs, f"module names that differ only by a suffix: {pairs}"
+
+
+def test_imports_flow_down_the_stages():
+    mods = _modules()
+    upward = []
+    for m, f in mods.items():
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for t in _targets(node, mods) - {m}:
+                    if STAGES.index(_stage(t)) > STAGES.index(_stage(m)):
+                        upward.append(f"{m} ({_stage(m)}) imports {t} ({_stage(t)})")
+    assert not upward, "imports against the stage order: " + "; ".join(upward)
 
 
 def test_torch_stays_behind_its_walls():
-    """torch and torchrec are imported at module level only by the TorchRec adapter (for users already in a torch
-    process), inside functions only by the worker and the ShardingPlan conversion; nothing imports the adapter."""
+    """torch, torchrec and fbgemm_gpu are imported only in the worker package (a subprocess), in the ShardingPlan
+    conversion (inside its functions: it runs in a torch process) and in the TorchRec adapter (for users already in
+    a torch process); nothing below the adapter imports it."""
+    walls = ("neuroshard_jax.kernels.worker", "neuroshard_jax.kernels.torchrec_format", "neuroshard_jax.torchrec")
     top, inner = set(), set()
     for m, f in _modules().items():
         tree = ast.parse(f.read_text())
-        for node in tree.body:
+        for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-                if any(n.split(".")[0] in ("torch", "torchrec", "fbgemm_gpu") for n in names):
-                    top.add(m)
-                if any("torchrec_planner" in n for n in names + [a.name for a in node.names]):
-                    raise AssertionError(f"{m} imports the TorchRec adapter")
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Import, ast.ImportFrom)) and node not in tree.body:
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-                if any(n.split(".")[0] in ("torch", "torchrec", "fbgemm_gpu") for n in names):
-                    inner.add(m)
-    assert top == {"neuroshard_jax.torchrec_planner"}
-    assert inner == {"neuroshard_jax.worker", "neuroshard_jax.torchrec_plans"}
+                if any(n.split(".")[0] in TORCH for n in names):
+                    (top if node in tree.body else inner).add(m)
+                    assert m.startswith(walls), f"{m} imports torch outside its walls"
+    assert "neuroshard_jax.kernels.torchrec_format" in inner and "neuroshard_jax.kernels.worker.tbe" in inner
+    assert {m for m in top if not m.startswith("neuroshard_jax.torchrec")} == set(), top
 
 
 def test_the_foreign_benchmark_shares_no_table_drawing_with_training():
@@ -123,7 +159,7 @@ def test_public_api_resolves_and_importing_it_is_cheap():
     for name in nsj.__all__:
         assert getattr(nsj, name) is not None, name
     code = (
-        "import sys, neuroshard_jax, neuroshard_jax.sharding, neuroshard_jax.tables; "
+        "import sys, neuroshard_jax, neuroshard_jax.core.sharding, neuroshard_jax.workloads.pool; "
         "print(sorted(m for m in ('jax', 'torch', 'flax') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

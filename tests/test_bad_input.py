@@ -9,11 +9,11 @@ import shutil
 import numpy as np
 import pytest
 
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.types import Task
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.types import Task
 from tests.conftest import REPO, make_table, make_task, run_cli
 
-SHIPPED = REPO / "neuroshard_jax" / "data" / "models" / "cpu-ensemble"
+SHIPPED = REPO / "neuroshard_jax" / "data" / "models" / "xeon-union"
 
 
 def _one_line(message: str, *fragments: str) -> None:
@@ -38,7 +38,7 @@ def _exit_2(capsys, call, *fragments: str) -> None:
 def test_a_cap_of_terabytes_is_planned(searcher):
     """Caps of 2 TiB and more (host memory, offloaded tables) overflowed the i32 memory units; the units now
     grow with the task, so the plan is the one a 1 TiB cap gives (memory never binds in either)."""
-    from neuroshard_jax.search import search_plan
+    from neuroshard_jax.search.pipeline import search_plan
 
     tables = [make_table(i, rows=1000 * (i + 1), dim=16 * (1 + i % 2), pooling=2.0 + i) for i in range(8)]
     plans = []
@@ -50,7 +50,7 @@ def test_a_cap_of_terabytes_is_planned(searcher):
 
 
 def test_memory_units_stay_within_int32_and_round_safely():
-    from neuroshard_jax.grid import MAX_UNITS, cap_units, mem_units, unit_bytes
+    from searchers.grid import MAX_UNITS, cap_units, mem_units, unit_bytes
 
     task = make_task([make_table(0, rows=10**9, dim=128)], num_devices=2, mem_cap_gb=2.0**20)  # 1 PiB per device
     unit = unit_bytes(task)
@@ -77,7 +77,7 @@ def test_memory_units_stay_within_int32_and_round_safely():
 )
 def test_overrides_are_checked_before_any_work(capsys, argv, fragment):
     from neuroshard_jax.__main__ import main_config
-    from neuroshard_jax.cli import check_command_line
+    from neuroshard_jax.core.cli import check_command_line
 
     _exit_2(capsys, lambda: check_command_line("config", argv, main_config), fragment)
 
@@ -97,8 +97,8 @@ def test_overrides_are_checked_before_any_work(capsys, argv, fragment):
     ],
 )
 def test_app_settings_are_checked(capsys, app, argv, fragment):
-    from neuroshard_jax.cli import check_command_line
-    from neuroshard_jax.collect import config_from as collect_config
+    from neuroshard_jax.core.cli import check_command_line
+    from neuroshard_jax.learn.collect import config_from as collect_config
     from neuroshard_jax.train import app_config as train_config
 
     validate = {"collect": collect_config, "train": train_config}[app]
@@ -166,7 +166,7 @@ def _state_removed(path):
     ],
 )
 def test_a_damaged_checkpoint_is_one_line(tmp_path, damage, fragment):
-    from neuroshard_jax.models import make_cost_model
+    from neuroshard_jax.costs.registry import make_cost_model
 
     path = tmp_path / "ckpt"
     shutil.copytree(SHIPPED, path)
@@ -196,7 +196,7 @@ def test_after_a_failed_restore_only_closed_loop_reports_are_dropped(monkeypatch
     import threading
     import types
 
-    from neuroshard_jax import checkpoints
+    from neuroshard_jax.costs import checkpoints
 
     seen = []
     monkeypatch.setattr(sys, "excepthook", lambda kind, value, tb: seen.append(value))
@@ -212,7 +212,7 @@ def test_after_a_failed_restore_only_closed_loop_reports_are_dropped(monkeypatch
 
 
 def test_an_output_folder_that_cannot_be_written_is_refused_before_work(tmp_path, capsys):
-    from neuroshard_jax.cli import check_output_folder
+    from neuroshard_jax.core.cli import check_output_folder
 
     (tmp_path / "a_file").write_text("x")
     _exit_2(capsys, lambda: check_output_folder([f"hydra.run.dir={tmp_path / 'a_file' / 'run'}"]), "a_file", "folder")
@@ -240,7 +240,7 @@ def test_a_result_that_cannot_be_written_is_kept(tmp_path, capsys, monkeypatch):
 
 
 def test_jsonl_readers_name_the_file_and_line_and_never_modify_a_read_dataset(tmp_path, capsys):
-    from neuroshard_jax.datasets import JsonlLog, read_jsonl
+    from neuroshard_jax.core.files import JsonlLog, read_jsonl
 
     path = tmp_path / "compute.jsonl"
     good = b'{"id": 0, "ok": true}\n{"id": 1, "ok": true}\n'
@@ -266,7 +266,7 @@ def test_jsonl_readers_name_the_file_and_line_and_never_modify_a_read_dataset(tm
     ],
 )
 def test_a_torn_plan_file_is_one_line(tmp_path, content, fragment):
-    from neuroshard_jax.plans import load_plan
+    from neuroshard_jax.core.plan_file import load_plan
 
     (tmp_path / "plan.json").write_text(content)
     with pytest.raises(UserError) as err:
@@ -275,7 +275,7 @@ def test_a_torn_plan_file_is_one_line(tmp_path, content, fragment):
 
 
 def test_compare_reports_a_torn_plan_and_counts_a_bare_infeasible_record(tmp_path, capsys):
-    from neuroshard_jax.search import search_plan
+    from neuroshard_jax.search.pipeline import search_plan
     from tools.compare import main as compare
 
     task = make_task([make_table(i, rows=1000 + i) for i in range(4)], num_devices=2)
@@ -337,9 +337,9 @@ def test_accepted_task_files():
 
 
 def test_a_single_device_has_no_all_to_all():
-    from neuroshard_jax.models import make_cost_model
-    from neuroshard_jax.scoring import score_plan
-    from neuroshard_jax.search import search_plan
+    from neuroshard_jax.costs.registry import make_cost_model
+    from neuroshard_jax.costs.scoring import score_plan
+    from neuroshard_jax.search.pipeline import search_plan
 
     task = make_task([make_table(i, rows=2000, dim=32, pooling=4.0) for i in range(3)], num_devices=1, batch_size=4096)
     model = make_cost_model("neural", task)

@@ -9,11 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from neuroshard_jax.calibrate import CalibrateConfig, calibrate, predicted_compute_ms, sample_devices, whole
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.evaluation import measure_devices
-from neuroshard_jax.executors import ExecutorConfig
-from neuroshard_jax.models import make_cost_model
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.costs.registry import make_cost_model
+from neuroshard_jax.kernels.executors import ExecutorConfig
+from neuroshard_jax.measure.calibration import CalibrateConfig, calibrate, predicted_compute_ms, sample_devices, whole
+from neuroshard_jax.measure.plans import measure_devices
 from tests.conftest import make_table, make_task, run_cli
 
 

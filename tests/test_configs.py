@@ -6,10 +6,11 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from neuroshard_jax import constants as C
-from neuroshard_jax.analytic import AnalyticConfig
-from neuroshard_jax.cli import group_options, task_config
-from neuroshard_jax.models import make_cost_model
+from neuroshard_jax.core import constants as C
+from neuroshard_jax.core.cli import group_options
+from neuroshard_jax.costs.analytic import AnalyticConfig
+from neuroshard_jax.costs.registry import make_cost_model
+from neuroshard_jax.workloads.tasks import task_config
 from searchers import make_searcher, searcher_names
 
 from .conftest import make_table, make_task

@@ -6,14 +6,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-from neuroshard_jax.constants import GIB_BYTES
-from neuroshard_jax.constraints import violations
-from neuroshard_jax.errors import InfeasibleError, PlanError, UserError
-from neuroshard_jax.models import make_cost_model
-from neuroshard_jax.scoring import score_plan
-from neuroshard_jax.search import search_plan
-from neuroshard_jax.sharding import Shard
-from neuroshard_jax.types import Device, Plan, Task
+from neuroshard_jax.core.constants import GIB_BYTES
+from neuroshard_jax.core.constraints import violations
+from neuroshard_jax.core.errors import InfeasibleError, PlanError, UserError
+from neuroshard_jax.core.sharding import Shard
+from neuroshard_jax.core.types import Device, Plan, Task
+from neuroshard_jax.costs.registry import make_cost_model
+from neuroshard_jax.costs.scoring import score_plan
+from neuroshard_jax.search.pipeline import search_plan
 
 from .conftest import make_table, make_task
 

@@ -4,10 +4,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from neuroshard_jax.analytic import analytic_model
-from neuroshard_jax.cost_models import bucket, device_compute_ms, device_costs, plan_cost_ms
-from neuroshard_jax.scoring import plan_arrays, score_plan, score_plans
-from neuroshard_jax.types import Plan
+from neuroshard_jax.core.types import Plan
+from neuroshard_jax.costs.analytic import analytic_model
+from neuroshard_jax.costs.cost_model import bucket, device_compute_ms, device_costs, plan_cost_ms
+from neuroshard_jax.costs.scoring import plan_arrays, score_plan, score_plans
 
 from .conftest import make_table, make_task
 
@@ -99,7 +99,7 @@ def test_bucket():
 
 
 def test_scoring_api_incremental_path_equals_full_path():
-    from neuroshard_jax import scoring
+    from neuroshard_jax.costs import scoring
 
     plan = _plan()
     model = analytic_model(plan.task)

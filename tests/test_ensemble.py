@@ -12,10 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from neuroshard_jax.checkpoints import load_checkpoint, load_ensemble
-from neuroshard_jax.cost_models import device_costs
-from neuroshard_jax.datasets import hardware_kind, manifest_kinds, write_json, write_manifest
-from neuroshard_jax.ensemble import (
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.features import FEATURE_INDEX, NUM_FEATURES, feature_matrix
+from neuroshard_jax.core.files import hardware_kind, manifest_kinds, write_json, write_manifest
+from neuroshard_jax.core.plan_file import format_plan
+from neuroshard_jax.core.types import Plan
+from neuroshard_jax.costs.checkpoints import load_checkpoint, load_ensemble
+from neuroshard_jax.costs.cost_model import device_costs
+from neuroshard_jax.costs.ensemble import (
     EnsembleConfig,
     ensemble_fns,
     init_ensemble,
@@ -23,17 +27,13 @@ from neuroshard_jax.ensemble import (
     member_latents,
     roof_terms,
 )
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.features import FEATURE_INDEX, NUM_FEATURES, feature_matrix
-from neuroshard_jax.models import expected_cost_model, make_cost_model, shipped_names
-from neuroshard_jax.neural import NetConfig
-from neuroshard_jax.plans import format_plan
-from neuroshard_jax.profiling import SpecSamplerConfig, sample_spec_shard
-from neuroshard_jax.scoring import score_plan, with_costs
-from neuroshard_jax.search import search_plan
-from neuroshard_jax.streams import TableSpec, block_statistics
-from neuroshard_jax.training import compute_batches, shard_feature_matrix
-from neuroshard_jax.types import Plan
+from neuroshard_jax.costs.neural import NetConfig
+from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model, shipped_names
+from neuroshard_jax.costs.scoring import score_plan, with_costs
+from neuroshard_jax.kernels.processes import SpecSamplerConfig, sample_spec_shard
+from neuroshard_jax.learn.fit import compute_batches, shard_feature_matrix
+from neuroshard_jax.search.pipeline import search_plan
+from neuroshard_jax.workloads.streams import TableSpec, block_statistics
 from tests.conftest import make_table, make_task
 
 SMALL = EnsembleConfig(
@@ -281,8 +281,8 @@ def test_datasets_from_different_hardware_are_refused():
     and one CPU name is not one kind (Zen 3 and Zen 4 EPYCs both print "AMD EPYC" and measure 1.75x apart)."""
     from pathlib import Path
 
-    from neuroshard_jax.datasets import hardware, hardware_kind
-    from neuroshard_jax.training import check_one_hardware
+    from neuroshard_jax.core.files import hardware, hardware_kind
+    from neuroshard_jax.learn.fit import check_one_hardware
 
     def manifest(cpu, cpu_id=None, device="cpu"):
         found = {"cpu": cpu, "cores": 2, **({"cpu_id": cpu_id} if cpu_id else {}), "gpu": "NVIDIA H100"}
@@ -340,8 +340,8 @@ def test_hardware_probe_remeasures_a_dataset_with_its_own_protocol(tiny_checkpoi
     at its recorded batch size) here and writes the ratio; this machine measured them, so it is of their kind."""
     import json
 
-    from neuroshard_jax.datasets import hardware, hardware_kind
-    from neuroshard_jax.drift import references
+    from neuroshard_jax.core.files import hardware, hardware_kind
+    from neuroshard_jax.measure.drift import references
     from tools.hardware_probe import main
 
     spec_dir = tiny_ensemble[0]

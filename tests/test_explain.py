@@ -7,9 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from neuroshard_jax.analytic import analytic_model
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.explain import (
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.sharding import Shard, column_shards
+from neuroshard_jax.core.types import Plan
+from neuroshard_jax.costs.analytic import analytic_model
+from neuroshard_jax.costs.scoring import score_plan, score_plans
+from neuroshard_jax.measure.explain import (
     ExplainConfig,
     constraint_binds,
     explain_file,
@@ -17,9 +20,6 @@ from neuroshard_jax.explain import (
     plan_diff,
     split_gains,
 )
-from neuroshard_jax.scoring import score_plan, score_plans
-from neuroshard_jax.sharding import Shard, column_shards
-from neuroshard_jax.types import Plan
 
 from .conftest import make_table, make_task
 

@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-from neuroshard_jax.analytic import analytic_model
-from neuroshard_jax.datasets import write_json
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.export import ExportConfig, expected_local_shards, export_torchrec
-from neuroshard_jax.scoring import with_costs
-from neuroshard_jax.sharding import Shard, row_shards
-from neuroshard_jax.types import Plan
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.sharding import Shard, row_shards
+from neuroshard_jax.core.types import Plan
+from neuroshard_jax.costs.analytic import analytic_model
+from neuroshard_jax.costs.scoring import with_costs
+from neuroshard_jax.torchrec.export import ExportConfig, expected_local_shards, export_torchrec
 
 from .conftest import make_table, make_task, run_cli
 

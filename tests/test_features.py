@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from neuroshard_jax.features import FEATURE_NAMES, NUM_FEATURES, access_histogram, count_bins, feature_matrix
+from neuroshard_jax.core.features import FEATURE_NAMES, NUM_FEATURES, access_histogram, count_bins, feature_matrix
 
 
 def oracle_bin(c: int) -> int:

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 
-from neuroshard_jax.training import ranking_tau
-from neuroshard_jax.types import Task
-from tests.conftest import REPO
-
-sys.path.insert(0, str(REPO / "tools"))
-import foreign_benchmark as fb  # noqa: E402
+from neuroshard_jax.core.types import Task
+from neuroshard_jax.learn.fit import ranking_tau
+from tools import foreign_benchmark as fb
 
 
 @pytest.mark.parametrize("family", fb.FAMILIES)

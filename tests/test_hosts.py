@@ -6,14 +6,15 @@ import dataclasses
 import numpy as np
 import pytest
 
-from neuroshard_jax.cost_models import Scaled
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.explain import explanation, format_explanation
-from neuroshard_jax.models import expected_cost_model, make_cost_model
-from neuroshard_jax.row_split import host_groups, row_blocks_of
-from neuroshard_jax.scoring import score_plan
-from neuroshard_jax.search import search_plan
-from neuroshard_jax.types import Device, Links, Plan, Table, Task
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.types import Device, Links, Plan, Table, Task
+from neuroshard_jax.costs.cost_model import Scaled
+from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model
+from neuroshard_jax.costs.scoring import score_plan
+from neuroshard_jax.kernels.torchrec_format import to_torchrec
+from neuroshard_jax.measure.explain import explanation, format_explanation
+from neuroshard_jax.search.pipeline import search_plan
+from neuroshard_jax.search.row_split import host_groups, row_blocks_of
 
 LINKS = {"intra_host_gbps": 200.0, "inter_host_gbps": 25.0}
 
@@ -89,7 +90,7 @@ def test_row_blocks_stay_in_the_least_full_host_and_export_as_table_row_wise():
     devices = sorted(s.device for s in plan.shards_of(0))
     assert devices in ([0, 1, 2, 3], [4, 5, 6, 7], list(range(8)))
     within = dataclasses.replace(plan, shards=tuple(s for s in plan.shards if s.table) + blocks)
-    types = {name: p.sharding_type for name, p in within.to_torchrec(device="cpu").plan[""].items()}
+    types = {name: p.sharding_type for name, p in to_torchrec(within, device="cpu").plan[""].items()}
     assert types["big"] == "table_row_wise"
     one_host = Task(8, 2 / 1024, 512, tuple(tables))
     assert host_groups(one_host) is None and one_host.local_size() is None

@@ -11,16 +11,16 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from neuroshard_jax.__main__ import main_config
-from neuroshard_jax.checkpoints import load_checkpoint, save_checkpoint
-from neuroshard_jax.cost_models import device_compute_ms, device_costs, plan_cost_ms
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.models import NeuralConfig, make_cost_model
-from neuroshard_jax.neural import NetConfig, init_nets, neural_fns
-from neuroshard_jax.scoring import plan_arrays
-from neuroshard_jax.search import shard_task
-from neuroshard_jax.tasks import load_task
-from neuroshard_jax.training import kendall_tau, mape
-from neuroshard_jax.types import Plan
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.types import Plan
+from neuroshard_jax.costs.checkpoints import load_checkpoint, save_checkpoint
+from neuroshard_jax.costs.cost_model import device_compute_ms, device_costs, plan_cost_ms
+from neuroshard_jax.costs.neural import NetConfig, init_nets, neural_fns
+from neuroshard_jax.costs.registry import NeuralConfig, make_cost_model
+from neuroshard_jax.costs.scoring import plan_arrays
+from neuroshard_jax.learn.fit import kendall_tau, mape
+from neuroshard_jax.search.pipeline import shard_task
+from neuroshard_jax.workloads.tasks import load_task
 
 from .conftest import make_table, make_task
 
@@ -129,7 +129,7 @@ def test_summing_before_the_last_layer_equals_summing_latents():
 
 
 def test_chunked_scoring_equals_one_pass():
-    from neuroshard_jax import scoring
+    from neuroshard_jax.costs import scoring
 
     nets, params = init_nets(NetConfig(), seed=1)
     fns = neural_fns(nets)

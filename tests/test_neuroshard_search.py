@@ -3,15 +3,15 @@
 import numpy as np
 import pytest
 
-from neuroshard_jax.analytic import analytic_model
-from neuroshard_jax.cost_models import plan_cost_ms
-from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.grid import MEM_UNIT_BYTES, cap_units, dim_bounds, grid_search, mem_units
-from neuroshard_jax.models import make_cost_model
-from neuroshard_jax.scoring import score_plan
-from neuroshard_jax.tables import PoolSpec
-from neuroshard_jax.tasks import TaskConfig, generate_task
+from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.costs.analytic import analytic_model
+from neuroshard_jax.costs.cost_model import plan_cost_ms
+from neuroshard_jax.costs.registry import make_cost_model
+from neuroshard_jax.costs.scoring import score_plan
+from neuroshard_jax.workloads.pool import PoolSpec
+from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
 from searchers import make_searcher
+from searchers.grid import MEM_UNIT_BYTES, cap_units, dim_bounds, grid_search, mem_units
 from searchers.neuroshard import DEFAULT_ALPHAS, GridConfig, Scorer, SplitSpace
 
 from .conftest import make_table, make_task
@@ -102,7 +102,7 @@ def test_bad_options_are_clear_errors(name, options, fragment):
 
 def test_beam_scales_to_a_large_pool_quickly(_cache_dir):
     """856 tables on 64 devices (the benchmark case, shortened): a valid plan, no table left out."""
-    from neuroshard_jax.tables import load_pool
+    from neuroshard_jax.workloads.pool import load_pool
 
     pool = load_pool(PoolSpec(), 512)
     config = TaskConfig(num_tables=856, num_devices=64, batch_size=512, mem_cap_gb=4.0, pool=pool.spec)
@@ -134,7 +134,7 @@ def test_grid_and_a_beam_level_do_not_retrace_within_a_bucket(small_pool):
 def test_a_tight_cap_that_the_cost_order_cannot_pack_is_packed_by_memory():
     """Two devices at 96% fill, the small tables the hottest: the cost-ordered greedy fills a device with them and
     finds no room for the last big table under any bound; the memory-ordered fallback packs it, as the oracle does."""
-    from neuroshard_jax.sharding import mem_bytes
+    from neuroshard_jax.core.sharding import mem_bytes
 
     rows, pooling = [52000, 51000, 49000, 30000, 15000, 10000], [2.5, 6.2, 7.9, 13.4, 14.4, 18.9]
     tables = [make_table(i, rows=r, dim=16, pooling=p) for i, (r, p) in enumerate(zip(rows, pooling))]
@@ -162,8 +162,8 @@ def test_beam_within_a_budget_returns_its_best_plan_so_far(small_pool, capsys):
 def test_packing_by_memory_puts_each_shard_where_most_memory_is_left():
     """Caps 13 and 17 (units of 1000 rows x dim 16), tables of 10, 7, 7, 4 units: the cost order (the hottest, small,
     first) finds no plan; packing by least memory used would strand a 7; by most memory left: 7 + 4 | 10 + 7."""
-    from neuroshard_jax.sharding import mem_bytes
-    from neuroshard_jax.types import Device, Task
+    from neuroshard_jax.core.sharding import mem_bytes
+    from neuroshard_jax.core.types import Device, Task
 
     unit = mem_bytes(1000, 16, "fp32")
     tables = [

@@ -10,8 +10,8 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from neuroshard_jax.__main__ import main_config
-from neuroshard_jax.search import shard_task
-from neuroshard_jax.tasks import make_task
+from neuroshard_jax.search.pipeline import shard_task
+from neuroshard_jax.workloads.tasks import make_task
 
 PINS = Path(__file__).parent / "data" / "pinned_plans.json"
 

@@ -4,18 +4,15 @@ balance bound."""
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 
-from neuroshard_jax.cost_models import DeviceCosts
-from neuroshard_jax.evaluation import device_key, device_tables
-from neuroshard_jax.plan_labels import device_errors, plan_entry, plan_of, row_plans
-from tests.conftest import REPO, make_table, make_task
-
-sys.path.insert(0, str(REPO / "tools"))
-import bench_plan_accuracy as bpa  # noqa: E402
+from neuroshard_jax.core.assignment import plan_of
+from neuroshard_jax.costs.cost_model import DeviceCosts
+from neuroshard_jax.learn.plan_labels import device_errors, plan_entry, row_plans
+from neuroshard_jax.measure.plans import device_key, device_tables
+from tests.conftest import make_table, make_task
+from tools import bench_plan_accuracy as bpa
 
 
 def _case():
@@ -92,8 +89,8 @@ def test_polished_entries_are_plans_with_their_polishing_record():
     """Real kernels: ``--polish``'s entries are the searched plan polished (here an unbalanced one), named
     SEARCHER+polish, a searched plan of the row, with the record and its steps; a searcher without a plan is
     skipped."""
-    from neuroshard_jax.executors import ExecutorConfig
-    from neuroshard_jax.polish import PolishConfig
+    from neuroshard_jax.kernels.executors import ExecutorConfig
+    from neuroshard_jax.measure.polish import PolishConfig
 
     tables = [make_table(i, rows=20000 + 4000 * i, dim=32 if i % 2 else 64, pooling=8.0 + 2 * i) for i in range(6)]
     task = make_task(tables, num_devices=3, mem_cap_gb=0.2, batch_size=2048)

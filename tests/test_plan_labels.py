@@ -9,9 +9,10 @@ import json
 import numpy as np
 import pytest
 
-from neuroshard_jax.cost_models import DeviceCosts
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.plan_labels import (
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.sharding import split_counts
+from neuroshard_jax.costs.cost_model import DeviceCosts
+from neuroshard_jax.learn.plan_labels import (
     PERTURBATIONS,
     PlanLabelConfig,
     assignment,
@@ -20,7 +21,6 @@ from neuroshard_jax.plan_labels import (
     select_variants,
     variants_of,
 )
-from neuroshard_jax.sharding import split_counts
 from tests.conftest import make_table, make_task
 
 
@@ -96,14 +96,14 @@ def test_collect_plans_measures_searched_devices_once_and_fine_tunes(tiny_ensemb
     """Real kernels: tasks of both sources planned by two searchers with the tiny ensemble, variants selected by
     its spread, every distinct device measured once (a rerun measures nothing), each plan's all-to-all measured;
     the report compares the round's predictions with its labels; a fine-tune from the checkpoint trains on them."""
-    from neuroshard_jax.checkpoints import read_meta
-    from neuroshard_jax.collect import CollectConfig, collect
-    from neuroshard_jax.datasets import read_jsonl
-    from neuroshard_jax.ensemble import EnsembleConfig
-    from neuroshard_jax.plan_labels import plan_label_report
-    from neuroshard_jax.profiling import SpecSamplerConfig
-    from neuroshard_jax.tables import PoolSpec
-    from neuroshard_jax.training import TrainConfig, train_ensemble
+    from neuroshard_jax.core.files import read_jsonl
+    from neuroshard_jax.costs.checkpoints import read_meta
+    from neuroshard_jax.costs.ensemble import EnsembleConfig
+    from neuroshard_jax.kernels.processes import SpecSamplerConfig
+    from neuroshard_jax.learn.collect import CollectConfig, collect
+    from neuroshard_jax.learn.fit import TrainConfig, train_ensemble
+    from neuroshard_jax.learn.plan_labels import plan_label_report
+    from neuroshard_jax.workloads.pool import PoolSpec
 
     spec_dir, ckpt, _ = tiny_ensemble
     specs = SpecSamplerConfig(
@@ -144,7 +144,7 @@ def test_collect_plans_measures_searched_devices_once_and_fine_tunes(tiny_ensemb
     assert len({d["id"] for d in devices}) == len(devices) == summary["devices_measured"] > 0
     assert all(d["ok"] and d["total_ms"] > 0 and d["round"] == 0 and d["model"] == str(ckpt) for d in devices)
     assert all(0.2 < d["speed"] < 5 and d["reference"] == str(spec_dir) for d in devices)
-    from neuroshard_jax.training import compute_batches
+    from neuroshard_jax.learn.fit import compute_batches
 
     target = compute_batches(tmp_path / "labels")[3]  # training takes each label at the reference's speed
     assert target == pytest.approx([d["total_ms"] / d["speed"] for d in devices], rel=1e-5)
@@ -167,8 +167,8 @@ def test_collect_plans_measures_searched_devices_once_and_fine_tunes(tiny_ensemb
 def test_loop_refuses_base_datasets_of_another_kind_of_hardware_before_measuring(tmp_path):
     """The loop's labels join its base datasets in training, which refuses another kind of hardware: the loop says
     so before its first measurement (a shipped dataset of this name but of another microarchitecture included)."""
-    from neuroshard_jax.datasets import hardware, write_json
-    from neuroshard_jax.loop import LoopConfig, check_base_hardware, run_loop
+    from neuroshard_jax.core.files import hardware, write_json
+    from neuroshard_jax.learn.loop import LoopConfig, check_base_hardware, run_loop
 
     base = tmp_path / "base"
     here = hardware()

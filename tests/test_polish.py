@@ -8,13 +8,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.evaluation import device_key, device_tables
-from neuroshard_jax.executors import ExecutorConfig
-from neuroshard_jax.plan_labels import assignment, plan_of
-from neuroshard_jax.polish import PolishConfig, polish_plan, proposals, step_anchors
-from neuroshard_jax.sharding import Shard, row_shards
-from neuroshard_jax.types import Links, Plan
+from neuroshard_jax.core.assignment import assignment, plan_of
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.sharding import Shard, row_shards
+from neuroshard_jax.core.types import Links, Plan
+from neuroshard_jax.kernels.executors import ExecutorConfig
+from neuroshard_jax.measure.plans import device_key, device_tables
+from neuroshard_jax.measure.polish import PolishConfig, polish_plan, proposals, step_anchors
 from tests.conftest import make_table, make_task
 
 
@@ -65,7 +65,7 @@ def test_bad_settings_are_one_line_errors(field, value):
 def test_polishing_an_unbalanced_plan_on_the_kernels():
     """Real kernels: all tables on one of three devices; polishing moves work off it, the polished plan measured
     fresh (interleaved with the unpolished one) is faster, memory holds, and the budget counts every repeat."""
-    from neuroshard_jax.models import make_cost_model
+    from neuroshard_jax.costs.registry import make_cost_model
 
     task = _task()
     plan = plan_of(task, [(0,)] * 6).validate()
@@ -88,8 +88,8 @@ def test_polishing_an_unbalanced_plan_on_the_kernels():
 def test_a_balanced_plan_is_never_made_worse():
     """Real kernels: polishing a plan already spread by a greedy baseline returns a plan whose fresh measurement
     is no slower than the plan as it came (changes the fresh measurement does not confirm are undone)."""
-    from neuroshard_jax.models import make_cost_model
-    from neuroshard_jax.search import search_plan
+    from neuroshard_jax.costs.registry import make_cost_model
+    from neuroshard_jax.search.pipeline import search_plan
 
     task = _task()
     plan = search_plan(task, "size_lookup_greedy", "analytic", 0)
@@ -122,8 +122,8 @@ def test_on_several_hosts_a_row_split_table_is_laid_out_again_whole():
 def test_polishing_a_plan_with_row_blocks_on_two_hosts_keeps_them_exportable():
     """Real kernels and gloo: a plan with a table cut over every device of 2 hosts is polished within budget; its
     row blocks stay in a layout TorchRec runs (row_wise over every rank or table_row_wise within one host)."""
-    from neuroshard_jax.models import make_cost_model
-    from neuroshard_jax.torchrec_plans import row_split_host
+    from neuroshard_jax.costs.registry import make_cost_model
+    from neuroshard_jax.kernels.torchrec_format import row_split_host
 
     tables = [make_table(i, rows=20000 + 4000 * i, dim=32, pooling=8.0 + 4 * i) for i in range(5)]
     task = dataclasses.replace(make_task(tables, num_devices=4, batch_size=1024), links=Links(200, 25, 2))

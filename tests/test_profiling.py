@@ -11,11 +11,10 @@ import time
 import numpy as np
 import pytest
 
-from neuroshard_jax.collect import CollectConfig, collect
-from neuroshard_jax.datasets import write_json
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.evaluation import EvaluateConfig, evaluate_file, measure_plans
-from neuroshard_jax.profiling import (
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.types import Device, Table, Task
+from neuroshard_jax.kernels.processes import (
     CommSamplerConfig,
     ComputeSamplerConfig,
     ComputeWorker,
@@ -25,10 +24,11 @@ from neuroshard_jax.profiling import (
     sample_comm,
     sample_shard,
 )
-from neuroshard_jax.search import search_plan, shard_task
-from neuroshard_jax.tables import PoolSpec, load_pool, pool_streams
-from neuroshard_jax.tasks import TaskConfig, generate_task
-from neuroshard_jax.types import Device, Table, Task
+from neuroshard_jax.learn.collect import CollectConfig, collect
+from neuroshard_jax.measure.plans import EvaluateConfig, evaluate_file, measure_plans
+from neuroshard_jax.search.pipeline import search_plan, shard_task
+from neuroshard_jax.workloads.pool import PoolSpec, load_pool, pool_streams
+from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
 
 POOL = PoolSpec(num_tables=120)
 TINY = dict(batch_size=256, warmup=1, iters=3)

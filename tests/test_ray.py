@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from neuroshard_jax.collect import collect
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.evaluation import EvaluateConfig, measure_plans
-from neuroshard_jax.executors import ExecutorConfig, RayExecutor
-from neuroshard_jax.search import shard_task
-from neuroshard_jax.tables import load_pool
-from neuroshard_jax.tasks import TaskConfig, generate_task
-from neuroshard_jax.types import Plan
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.types import Plan
+from neuroshard_jax.kernels.executors import ExecutorConfig, RayExecutor
+from neuroshard_jax.learn.collect import collect
+from neuroshard_jax.measure.plans import EvaluateConfig, measure_plans
+from neuroshard_jax.search.pipeline import shard_task
+from neuroshard_jax.workloads.pool import load_pool
+from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
 from tests.test_profiling import POOL, _collect_config
 
 ray = pytest.importorskip("ray")
@@ -132,7 +132,7 @@ def test_ray_driver_killed_with_kill_9_resumes(cluster, tmp_path):
 
 
 def test_bad_executor_options_are_one_line_errors():
-    from neuroshard_jax.config import typed
+    from neuroshard_jax.core.config import typed
 
     with pytest.raises(UserError, match=r"executor.name: got 'slurm', expected one of local, ray"):
         typed(ExecutorConfig, {"name": "slurm"}, "executor")

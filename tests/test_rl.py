@@ -8,19 +8,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.models import make_cost_model
-from neuroshard_jax.policies import load_policy, load_search_policy, resolve_policy
-from neuroshard_jax.rl import PolicyConfig, batch_rollouts, decode, stack_tasks, task_arrays
-from neuroshard_jax.tables import PoolSpec, load_pool
-from neuroshard_jax.tasks import TaskConfig, generate_task
-from neuroshard_jax.train_policy import (
+from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.costs.registry import make_cost_model
+from neuroshard_jax.learn.policy_training import (
     PolicyTrainConfig,
     RefineConfig,
     TaskSetConfig,
     train_policy,
 )
+from neuroshard_jax.workloads.pool import PoolSpec, load_pool
+from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
 from searchers import make_searcher
+from searchers.policy import PolicyConfig, batch_rollouts, decode, stack_tasks, task_arrays
+from searchers.policy_store import load_policy, load_search_policy, resolve_policy
 
 from .conftest import make_table, make_task
 

@@ -5,14 +5,15 @@ import dataclasses
 import numpy as np
 import pytest
 
-from neuroshard_jax.cost_models import Scaled, with_scales
-from neuroshard_jax.datasets import package_path, read_records, write_json
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.models import make_cost_model
-from neuroshard_jax.row_comm import (
+from neuroshard_jax.core.assignment import comm_layout
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import package_path, read_records, write_json
+from neuroshard_jax.core.sharding import Shard, row_shards
+from neuroshard_jax.core.types import Links, Plan, Table, Task
+from neuroshard_jax.costs.cost_model import Scaled, with_scales
+from neuroshard_jax.costs.registry import make_cost_model
+from neuroshard_jax.costs.row_comm import (
     RowComm,
-    comm_layout,
-    device_row_ms,
     disjoint,
     fit,
     for_kinds,
@@ -20,11 +21,16 @@ from neuroshard_jax.row_comm import (
     rank_ms,
     shipped_names,
 )
-from neuroshard_jax.scoring import plan_arrays, plan_costs, rows_arrays, score_plan, score_plans_devices
-from neuroshard_jax.search import search_plan
-from neuroshard_jax.sharding import Shard, row_shards
-from neuroshard_jax.training import comm_arrays
-from neuroshard_jax.types import Links, Plan, Table, Task
+from neuroshard_jax.costs.scoring import (
+    device_row_ms,
+    plan_arrays,
+    plan_costs,
+    rows_arrays,
+    score_plan,
+    score_plans_devices,
+)
+from neuroshard_jax.learn.fit import comm_arrays
+from neuroshard_jax.search.pipeline import search_plan
 
 ROWS = RowComm("test", (2, 4), ((1.0, 0.01), (2.0, 0.02)), ((0.5, 0.005), (1.5, 0.01)), 4096)
 

@@ -6,19 +6,19 @@ import dataclasses
 import numpy as np
 import pytest
 
-from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.evaluation import EvaluateConfig, device_tables, measure_plans
-from neuroshard_jax.features import FEATURE_INDEX
-from neuroshard_jax.models import make_cost_model
-from neuroshard_jax.profiling import ComputeWorker
-from neuroshard_jax.row_comm import comm_layout
-from neuroshard_jax.row_split import hot_tables, oversized, row_split_choices
-from neuroshard_jax.scoring import plan_arrays, score_plan
-from neuroshard_jax.search import search_plan, search_with_rows
-from neuroshard_jax.sharding import Shard, row_blocks, row_shards, shard_features, tiling_error
-from neuroshard_jax.streams import TableSpec, restrict_rows, spec_stream
-from neuroshard_jax.tables import PoolSpec, load_pool, pool_streams
-from neuroshard_jax.types import Device, Plan, RowBlockStats, Table, Task
+from neuroshard_jax.core.assignment import comm_layout
+from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.features import FEATURE_INDEX
+from neuroshard_jax.core.sharding import Shard, row_blocks, row_shards, shard_features, tiling_error
+from neuroshard_jax.core.types import Device, Plan, RowBlockStats, Table, Task
+from neuroshard_jax.costs.registry import make_cost_model
+from neuroshard_jax.costs.scoring import plan_arrays, score_plan
+from neuroshard_jax.kernels.processes import ComputeWorker
+from neuroshard_jax.measure.plans import EvaluateConfig, device_tables, measure_plans
+from neuroshard_jax.search.pipeline import search_plan, search_with_rows
+from neuroshard_jax.search.row_split import hot_tables, oversized, row_split_choices
+from neuroshard_jax.workloads.pool import PoolSpec, load_pool, pool_streams
+from neuroshard_jax.workloads.streams import TableSpec, restrict_rows, spec_stream
 
 POOL = PoolSpec(num_tables=120)
 
@@ -153,7 +153,7 @@ def test_the_comm_benchmark_reduce_scatters_row_groups_on_gloo():
     """Real gloo ranks: the same all-to-all with a wide row-split table over 2 of 3 ranks (a subgroup) takes
     longer on those two, forward (reduce-scatter) and backward (all-gather); the third rank, outside the group, is
     done sooner."""
-    from neuroshard_jax.executors import ExecutorConfig, open_executor
+    from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
 
     plain = {"dim_sums": [16, 16, 16], "batch_size": 4096, "warmup": 2, "iters": 5, "delays_ms": [0.0] * 3}
     wide = {**plain, "row_groups": [[1024, [0, 2]]]}

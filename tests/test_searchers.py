@@ -5,11 +5,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from neuroshard_jax.analytic import analytic_model
-from neuroshard_jax.constants import BYTES_PER_ELEMENT
-from neuroshard_jax.errors import InfeasibleError, PlanError
-from neuroshard_jax.sharding import Shard
-from neuroshard_jax.types import Device, Plan, Task
+from neuroshard_jax.core.constants import BYTES_PER_ELEMENT
+from neuroshard_jax.core.errors import InfeasibleError, PlanError
+from neuroshard_jax.core.sharding import Shard
+from neuroshard_jax.core.types import Device, Plan, Task
+from neuroshard_jax.costs.analytic import analytic_model
 from searchers import make_searcher, searcher_names
 from searchers.registry import register
 
@@ -80,7 +80,7 @@ def check_valid_plans(name, tables, num_devices, fill, seed, devices, heterogene
 
 @pytest.mark.parametrize("name", SEARCHERS)
 def test_same_seed_same_plan(name, small_pool):
-    from neuroshard_jax.tasks import TaskConfig, generate_task
+    from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
 
     task = generate_task(
         small_pool, TaskConfig(num_tables=30, mem_cap_gb=0.05, pool=small_pool.spec, batch_size=512), 1

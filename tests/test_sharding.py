@@ -1,12 +1,12 @@
-"""Shard geometry (neuroshard_jax/sharding.py) against plain-Python oracles, and its users agreeing with it."""
+"""Shard geometry (neuroshard_jax/core/sharding.py) against plain-Python oracles, and its users agreeing with it."""
 
 import numpy as np
 import pytest
 
-from neuroshard_jax.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT
-from neuroshard_jax.errors import PlanError
-from neuroshard_jax.features import FEATURE_INDEX
-from neuroshard_jax.sharding import (
+from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT
+from neuroshard_jax.core.errors import PlanError
+from neuroshard_jax.core.features import FEATURE_INDEX
+from neuroshard_jax.core.sharding import (
     Shard,
     column_shards,
     device_mem_bytes,
@@ -19,7 +19,7 @@ from neuroshard_jax.sharding import (
     split_counts,
     tiling_error,
 )
-from neuroshard_jax.types import Plan
+from neuroshard_jax.core.types import Plan
 
 from .conftest import make_table, make_task
 

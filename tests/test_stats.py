@@ -5,10 +5,17 @@ import json
 import numpy as np
 import pytest
 
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.plans import format_plan
-from neuroshard_jax.stats import StatsAccumulator, estimated_stats, file_stats, read_stats_file, stats_file, zipf_ids
-from neuroshard_jax.types import Task
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.plan_file import format_plan
+from neuroshard_jax.core.types import Task
+from neuroshard_jax.workloads.statistics import (
+    StatsAccumulator,
+    estimated_stats,
+    file_stats,
+    read_stats_file,
+    stats_file,
+    zipf_ids,
+)
 
 from .conftest import run_cli
 

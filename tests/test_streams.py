@@ -1,12 +1,12 @@
-"""Index streams synthesised from table specs (neuroshard_jax/streams.py) match the spec they came from."""
+"""Index streams synthesised from table specs (neuroshard_jax/workloads/streams.py) match the spec they came from."""
 
 import numpy as np
 import pytest
 
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.features import NUM_BINS, bin_shares
-from neuroshard_jax.streams import TableSpec, block_statistics, spec_stream
-from neuroshard_jax.tables import stream_histogram
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.features import NUM_BINS, bin_shares
+from neuroshard_jax.workloads.pool import stream_histogram
+from neuroshard_jax.workloads.streams import TableSpec, block_statistics, spec_stream
 
 
 def _one_bin(k):

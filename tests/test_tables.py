@@ -4,20 +4,21 @@ import sys
 import numpy as np
 import pytest
 
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.stats import file_stats
-from neuroshard_jax.tables import (
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.workloads.pool import (
     PoolSpec,
     SyntheticStreams,
     calibration_report,
     load_pool,
     synthetic_table_params,
 )
+from neuroshard_jax.workloads.statistics import file_stats
 
 
 def test_calibrated_against_published_2021_statistics():
     """The default 856-table pool, streamed at batch 65536, matches the published pooled statistics (a third of
-    the tables streamed here, 3x faster: tools/calibrate_pool.py gives the whole pool's figures in the README)."""
+    the tables streamed here, 3x faster: python -m tools.calibrate_pool gives the whole pool's figures in
+    docs/results/pool.md)."""
     report = calibration_report(PoolSpec(), every=3)
     assert report["unique_row_share_l1"] <= 0.15, report
     assert report["access_share_l1"] <= 0.15, report
@@ -113,7 +114,7 @@ def test_bad_dlrm_file_is_a_clear_error(tmp_path):
 
 def test_a_recalibrated_generator_never_reuses_cached_features(small_pool):
     """The cache key holds the generator's parameters: other settings, other streams, other features."""
-    from neuroshard_jax.tables import SyntheticPoolConfig
+    from neuroshard_jax.workloads.pool import SyntheticPoolConfig
 
     base = synthetic_table_params(0, 120)
     other = synthetic_table_params(0, 120, SyntheticPoolConfig(pooling_sigma=0.3))

@@ -3,11 +3,11 @@ import json
 import numpy as np
 import pytest
 
-from neuroshard_jax.constants import GIB_BYTES
-from neuroshard_jax.datasets import write_json
-from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.tasks import TaskConfig, check_feasible, generate_task, load_task, split_table_ids
-from neuroshard_jax.types import Task
+from neuroshard_jax.core.constants import GIB_BYTES
+from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.types import Task
+from neuroshard_jax.workloads.tasks import TaskConfig, check_feasible, generate_task, load_task, split_table_ids
 
 from .conftest import make_table, make_task
 

@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from neuroshard_jax.analytic import analytic_model
-from neuroshard_jax.constraints import violations
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.sharding import Shard
-from neuroshard_jax.types import Device, Task
+from neuroshard_jax.core.constraints import violations
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.sharding import Shard
+from neuroshard_jax.core.types import Device, Task
+from neuroshard_jax.costs.analytic import analytic_model
 from searchers import make_searcher
 from searchers.torchrec import plan_from_torchrec
 
@@ -45,7 +45,8 @@ def test_unequal_torchrec_splits_are_refused_clearly():
 
 def test_missing_torchrec_is_a_clear_message(tmp_path):
     code = (
-        "import sys, json; sys.modules['torchrec'] = None; from neuroshard_jax.worker import torchrec_plan; "
+        "import sys, json; sys.modules['torchrec'] = None; "
+        "from neuroshard_jax.kernels.worker.torchrec_jobs import torchrec_plan; "
         "print(json.dumps(torchrec_plan({})))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

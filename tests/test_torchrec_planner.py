@@ -14,9 +14,9 @@ torchrec = pytest.importorskip("torchrec")
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor  # noqa: E402
 from torchrec.distributed.planner.types import CustomTopologyData, Topology  # noqa: E402
 
-from neuroshard_jax.stats import zipf_ids  # noqa: E402
-from neuroshard_jax.torchrec_planner import NeuroShardPlanner, batch_statistics  # noqa: E402
-from neuroshard_jax.torchrec_plans import plan_shards  # noqa: E402
+from neuroshard_jax.kernels.torchrec_format import plan_shards, to_torchrec  # noqa: E402
+from neuroshard_jax.torchrec.planner import NeuroShardPlanner, batch_statistics  # noqa: E402
+from neuroshard_jax.workloads.statistics import zipf_ids  # noqa: E402
 
 from .conftest import REPO  # noqa: E402
 
@@ -86,8 +86,8 @@ def test_a_module_gets_a_sharding_plan_equal_to_ours():
                 for s in sharding.sharding_spec.shards
             )
             assert got == want and sharding.sharding_type in ("table_wise", "column_wise")
-    # our plan converts on its own too (Plan.to_torchrec: a meta collection of the task's tables)
-    again = plan_shards(ours.to_torchrec(device="cpu"))
+    # our plan converts on its own too (to_torchrec: a meta collection of the task's tables)
+    again = plan_shards(to_torchrec(ours, device="cpu"))
     assert set(again) == {"users/t0", "t1", "items/t0"}
 
 
@@ -148,8 +148,8 @@ def test_readme_torchrec_example_runs(capsys):
 
 def test_statistics_by_feature_name_are_used_and_unknown_names_refused():
     """A statistics file of the stats CLI names features: a single-feature table takes its feature's entry."""
-    from neuroshard_jax.errors import UserError
-    from neuroshard_jax.stats import estimated_stats
+    from neuroshard_jax.core.errors import UserError
+    from neuroshard_jax.workloads.statistics import estimated_stats
 
     model = EmbeddingBagCollection(
         tables=[EmbeddingBagConfig(name="a", embedding_dim=16, num_embeddings=1000, feature_names=["a_id"])],

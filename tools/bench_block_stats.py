@@ -1,6 +1,6 @@
 """Row blocks of tables whose ids are numbered by frequency, planned knowing their blocks' statistics or not, measured.
 
-    python tools/bench_block_stats.py [--tasks 3] [--devices 4] [--repeats 3] [--searcher beam] [--model neural]
+    python -m tools.bench_block_stats [--tasks 3] [--devices 4] [--repeats 3] [--searcher beam] [--model neural]
 
 Many pipelines number a table's ids by frequency (id 0 the most looked up), so TorchRec's row-wise layout puts all
 of a table's hot rows in its first block. Each task here has two large tables whose ids are Zipf-distributed in
@@ -12,7 +12,7 @@ block priced as its rows' share of the table's lookups with the table's histogra
 Both plans are measured on the task with the statistics (each block measured as its own lookups, which is what its
 device does), compute and comm, ``--repeats`` interleaved times (each device's median). Reported per plan: the
 measured step and slowest device compute, and the device compute MAPE of the plan's own predictions. Run it with
-nothing else running. Writes bench/row_blocks/block_stats.json.
+nothing else running. Writes outputs/bench/row_blocks/block_stats.json.
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.cli import fail
-from neuroshard_jax.datasets import hardware, write_json
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.evaluation import EvaluateConfig, measure_plans
-from neuroshard_jax.executors import ExecutorConfig
-from neuroshard_jax.search import search_with_rows
-from neuroshard_jax.stats import StatsAccumulator, zipf_ids
-from neuroshard_jax.types import Plan, Task
+from neuroshard_jax.core.cli import fail
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import hardware, write_json
+from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.kernels.executors import ExecutorConfig
+from neuroshard_jax.measure.plans import EvaluateConfig, measure_plans
+from neuroshard_jax.search.pipeline import search_with_rows
+from neuroshard_jax.workloads.statistics import StatsAccumulator, zipf_ids
 
-OUT = Path(__file__).resolve().parent.parent / "bench" / "row_blocks"
+OUT = Path(__file__).resolve().parents[1] / "outputs" / "bench" / "row_blocks"
 BATCH = 4096
 BIG = ((1_000_000, 32, 60.0), (400_000, 64, 30.0))  # (rows, dim, pooling factor) of the two row-split tables
 

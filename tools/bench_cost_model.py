@@ -1,6 +1,7 @@
 """Accuracy of the cost models against real measurements: held-out shards and evaluator-measured plans.
 
-    python tools/bench_cost_model.py [--checkpoint DIR] [--sweep bench/compare/default] [--out bench/cost_model]
+    python -m tools.bench_cost_model [--checkpoint DIR] [--sweep outputs/bench/compare/default]
+        [--out outputs/bench/cost_model]
 
 1. Shards: the checkpoint's held-out test split of its compute dataset (the split is re-derived from
    the seed and fractions saved in the checkpoint), neural vs analytic: MAPE, RMSE, Kendall tau.
@@ -20,23 +21,22 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.checkpoints import ENSEMBLE_FORMAT, read_meta
-from neuroshard_jax.constants import SHIPPED_CHECKPOINT
-from neuroshard_jax.cost_models import plan_cost_ms
-from neuroshard_jax.datasets import JsonlLog, write_json
-from neuroshard_jax.models import expected_cost_model, make_cost_model
-from neuroshard_jax.scoring import score_plan
-from neuroshard_jax.training import (
+from neuroshard_jax.core.constants import SHIPPED_CHECKPOINT
+from neuroshard_jax.core.files import JsonlLog, resolve_dataset, write_json
+from neuroshard_jax.core.types import Plan
+from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, read_meta
+from neuroshard_jax.costs.cost_model import plan_cost_ms
+from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model
+from neuroshard_jax.costs.scoring import score_plan
+from neuroshard_jax.learn.fit import (
     TrainConfig,
     analytic_shard_ms,
     compute_arrays,
     kendall_tau,
     metrics,
     predict_shard_ms,
-    resolve_dataset,
     split_indices,
 )
-from neuroshard_jax.types import Plan
 
 
 def shipped_checkpoint() -> str:
@@ -70,7 +70,7 @@ def spearman(a, b) -> float:
 
 
 def plan_metrics(sweep: str, checkpoint: str) -> dict:
-    from neuroshard_jax.suite import MEASURED, RESULTS, SETTINGS, find_runs, suite_task
+    from neuroshard_jax.measure.suite import MEASURED, RESULTS, SETTINGS, find_runs, suite_task
 
     rows = []
     for run in find_runs(sweep):
@@ -112,8 +112,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", default=None, help="default: the checkpoint shipped in the package")
     parser.add_argument("--dataset", default=None, help="default: the dataset the checkpoint was trained on")
-    parser.add_argument("--sweep", default="bench/compare/default", help="a measured suite sweep ('': shards only)")
-    parser.add_argument("--out", default="bench/cost_model")
+    parser.add_argument(
+        "--sweep", default="outputs/bench/compare/default", help="a measured suite sweep ('': shards only)"
+    )
+    parser.add_argument("--out", default="outputs/bench/cost_model")
     args = parser.parse_args()
     checkpoint = os.path.abspath(args.checkpoint or shipped_checkpoint())
     name = args.checkpoint or f"neuroshard_jax/{SHIPPED_CHECKPOINT}"  # as given: no machine paths in the summary

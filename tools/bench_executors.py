@@ -1,6 +1,6 @@
 """Labels per second, local pool against Ray on the same cores, and the driver's cost per label.
 
-    python tools/bench_executors.py [--samples 40] [--workers 2] [--overhead 200] [--address ADDR]
+    python -m tools.bench_executors [--samples 40] [--workers 2] [--overhead 200] [--address ADDR]
 
 ``throughput``: the same ``--samples`` compute samples (the collection sampler at batch 4096, the label protocol:
 5 warm-ups, 10 timed iterations) measured by ``--workers`` kernel workers of ``executor=local`` (unpinned, as a
@@ -13,7 +13,7 @@ iteration) through one worker of each executor: seconds per request, and the dri
 
 From them, an estimate for a fleet: with ``W`` workers each measuring a label in ``t`` seconds, a driver that
 costs ``c`` CPU seconds per answer takes in min(W / (t + o), 1 / c) labels per second (``o``: Ray's round trip
-beyond the local pool's). The figures and the estimate go to ``bench/executors/executors.json``.
+beyond the local pool's). The figures and the estimate go to ``outputs/bench/executors/executors.json``.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import dataclasses
 import time
 from pathlib import Path
 
-from neuroshard_jax.datasets import hardware, write_json
-from neuroshard_jax.executors import ExecutorConfig, open_executor
-from neuroshard_jax.profiling import ComputeSamplerConfig, compute_request, sample_shard
-from neuroshard_jax.tables import PoolSpec, pool_streams
+from neuroshard_jax.core.files import hardware, write_json
+from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
+from neuroshard_jax.kernels.processes import ComputeSamplerConfig, compute_request, sample_shard
+from neuroshard_jax.workloads.pool import PoolSpec, pool_streams
 
-OUT = Path("bench/executors/executors.json")
+OUT = Path("outputs/bench/executors/executors.json")
 FLEET = {"hosts": 8, "gpus": 64}
 
 
@@ -138,7 +138,7 @@ def main() -> None:
             "results": results,
             "ray_vs_local": round(remote["labels_per_s"] / local["labels_per_s"], 3),
             "fleet_estimate": estimate,
-            "how": "python tools/bench_executors.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items() if v),
+            "how": "python -m tools.bench_executors " + " ".join(f"--{k} {v}" for k, v in vars(args).items() if v),
             "when": time.strftime("%Y-%m-%d"),
         },
         OUT,

@@ -1,9 +1,9 @@
 """The cost model on the plans searchers produce for held-out tasks, against the median of interleaved repeats.
 
-    python tools/bench_plan_accuracy.py measure [--tasks 5] [--devices 4,8] [--repeats 5] [--variants 8] \
-        [--model xeon-union] [--references 6] [--polish beam,size_lookup_greedy] [--out bench/plan_accuracy/RUN]
-    python tools/bench_plan_accuracy.py report --models xeon-union,cpu-b4096[,CHECKPOINT] [--tie 0.03] \
-        [--out bench/plan_accuracy/RUN]
+    python -m tools.bench_plan_accuracy measure [--tasks 5] [--devices 4,8] [--repeats 5] [--variants 8] \
+        [--model xeon-union] [--references 6] [--polish beam,size_lookup_greedy] [--out outputs/bench/plan_accuracy/RUN]
+    python -m tools.bench_plan_accuracy report --models xeon-union,cpu-b4096[,CHECKPOINT] [--tie 0.03] \
+        [--out outputs/bench/plan_accuracy/RUN]
 
 ``measure`` takes the suite's held-out tasks (conf/experiment/compare.yaml: seeds 20000.., the pool's test half,
 10-59 tables; never seen by training or the label loop), has every searcher of the plan-label collection plan each
@@ -37,14 +37,15 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.cost_models import DeviceCosts
-from neuroshard_jax.datasets import JsonlLog, hardware, read_jsonl, read_records, write_json
-from neuroshard_jax.drift import references as reference_records
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_tables, measure_tables
-from neuroshard_jax.executors import ExecutorConfig, open_executor
-from neuroshard_jax.models import expected_cost_model, make_cost_model
-from neuroshard_jax.plan_labels import (
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import JsonlLog, hardware, read_jsonl, read_records, write_json
+from neuroshard_jax.core.types import Plan, Shard, Task
+from neuroshard_jax.costs.cost_model import DeviceCosts
+from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model
+from neuroshard_jax.costs.scoring import score_plans_devices
+from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
+from neuroshard_jax.learn.fit import noise_floor, ranking_tau
+from neuroshard_jax.learn.plan_labels import (
     PlanLabelConfig,
     device_errors,
     plan_devices,
@@ -53,15 +54,14 @@ from neuroshard_jax.plan_labels import (
     row_plans,
     task_rows,
 )
-from neuroshard_jax.polish import POLISHED, PolishConfig, polish_plan
-from neuroshard_jax.scoring import score_plans_devices
-from neuroshard_jax.tables import load_pool
-from neuroshard_jax.tasks import TaskConfig, generate_task
-from neuroshard_jax.training import noise_floor, ranking_tau
-from neuroshard_jax.types import Plan, Shard, Task
+from neuroshard_jax.measure.drift import references as reference_records
+from neuroshard_jax.measure.plans import EvaluateConfig, device_key, device_tables, measure_tables
+from neuroshard_jax.measure.polish import POLISHED, PolishConfig, polish_plan
+from neuroshard_jax.workloads.pool import load_pool
+from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
 
 FIRST_SEED = 20000  # conf/experiment/compare.yaml: the suite's held-out tasks
-S14_PLANS = Path("bench/plan_accuracy/s14/plans.jsonl")  # session 14's plans of 20 suite tasks (committed)
+S14_PLANS = Path(__file__).resolve().parent / "data" / "s14-plans.jsonl"  # session 14's 20 suite tasks' plans
 BEST = "(best measured plan)"  # plan_quality's row for each task's measured plan with the lowest slowest device
 
 
@@ -334,7 +334,7 @@ def main() -> None:
     r.add_argument("--models", required=True, help="comma-separated shipped names or checkpoint directories")
     r.add_argument("--tie", type=float, default=0.03, help="plans closer than this (relative) have no order")
     for p in (m, r):
-        p.add_argument("--out", default="bench/plan_accuracy")
+        p.add_argument("--out", default="outputs/bench/plan_accuracy")
     args = parser.parse_args()
     try:
         if args.command == "measure":

@@ -1,9 +1,9 @@
 """Polishing settings compared on the same plans: beam's plans of held-out suite tasks polished under each setting.
 
-    python tools/bench_polish.py --devices 8 --tasks 10 --settings anchors=1 anchors=3 [--out bench/polish/NAME]
+    python -m tools.bench_polish --devices 8 --tasks 10 --settings anchors=1 anchors=3 [--out outputs/bench/polish/NAME]
 
-Beam's searched plans of the suite's first ``--tasks`` held-out tasks at ``--devices`` devices (bench/plan_accuracy/
-s14/plans.jsonl, committed) are polished with ``polish=measured``'s defaults changed by each setting (``FIELD=VALUE``
+Beam's searched plans of the suite's first ``--tasks`` held-out tasks at ``--devices`` devices (tools/data/
+s14-plans.jsonl, committed) are polished with ``polish=measured``'s defaults changed by each setting (``FIELD=VALUE``
 of ``PolishConfig``), the settings taking turns to go first from task to task so that the machine's drift falls on
 all alike. Per setting: the mean of polishing's own fresh improvement of the slowest device's compute (the polished
 and the unpolished plan re-measured in one interleaved batch), changes kept and undone, the steps measured, and the
@@ -18,13 +18,12 @@ import dataclasses
 import statistics
 from pathlib import Path
 
-from bench_plan_accuracy import S14_PLANS, polished
-
-from neuroshard_jax.cli import fail
-from neuroshard_jax.datasets import JsonlLog, hardware, read_jsonl, write_json
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.plan_labels import row_plans
-from neuroshard_jax.polish import PolishConfig
+from neuroshard_jax.core.cli import fail
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import JsonlLog, hardware, read_jsonl, write_json
+from neuroshard_jax.learn.plan_labels import row_plans
+from neuroshard_jax.measure.polish import PolishConfig
+from tools.bench_plan_accuracy import S14_PLANS, polished
 
 
 def setting(text: str) -> tuple[str, object]:
@@ -47,7 +46,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=10)
     parser.add_argument("--settings", nargs="+", required=True)
     parser.add_argument("--model", default="xeon-union")
-    parser.add_argument("--out", default="bench/polish/anchors")
+    parser.add_argument("--out", default="outputs/bench/polish/anchors")
     args = parser.parse_args()
     try:
         settings = {text: dict([setting(text)]) for text in args.settings}

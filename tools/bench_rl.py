@@ -1,6 +1,6 @@
 """Inference time of the rl searcher (after compilation) and the shipped policy's training record.
 
-    python tools/bench_rl.py [--policy DIR] [--tables 60] [--devices 8] [--repeats 20]
+    python -m tools.bench_rl [--policy DIR] [--tables 60] [--devices 8] [--repeats 20]
 
 Times ``searcher=rl`` on one task (conf/task/neuroshard.yaml at the given size, test half of the pool):
 greedy decoding alone (samples=0) and best-of-16, each the median of ``--repeats`` calls after a
@@ -12,8 +12,8 @@ import json
 import statistics
 import time
 
-from neuroshard_jax.models import make_cost_model
-from neuroshard_jax.tasks import TaskConfig, make_task
+from neuroshard_jax.costs.registry import make_cost_model
+from neuroshard_jax.workloads.tasks import TaskConfig, make_task
 from searchers import make_searcher
 
 

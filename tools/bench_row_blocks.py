@@ -2,7 +2,7 @@
 
     python -m neuroshard_jax.collect kind=compute source=specs specs.row_share=0.5 specs.max_tables=4 \
         num_samples=160 out_dir=neuroshard_jax/data/profiles/xeon-rowblocks      # labels (resumable)
-    python tools/bench_row_blocks.py neuroshard_jax/data/profiles/xeon-rowblocks [--checkpoint xeon-union]
+    python -m tools.bench_row_blocks neuroshard_jax/data/profiles/xeon-rowblocks [--checkpoint xeon-union]
 
 A row block does the lookups that land in its rows. The labels measure the block on the table's stream restricted
 to its rows (the worker), and training reads a block's features from those lookups (its pooling factor and its own
@@ -11,7 +11,7 @@ of its rows doing their share of the pooling factor with the table's histogram (
 splits the dataset's samples into those holding a row block and those without, and reports the model's MAPE and
 mean signed error on each, the blocks scored both ways (the samples without blocks are the control: the same
 generator, the same session), and where the blocks' error lies (how their lookups fell against the uniform share).
-Writes bench/row_blocks/NAME--CHECKPOINT.json.
+Writes outputs/bench/row_blocks/NAME--CHECKPOINT.json.
 """
 
 from __future__ import annotations
@@ -22,15 +22,16 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.checkpoints import load_ensemble
-from neuroshard_jax.cli import fail
-from neuroshard_jax.datasets import hardware, read_records, write_json
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.models import checkpoint_path
-from neuroshard_jax.streams import block_statistics, request_spec
-from neuroshard_jax.training import MIN_CPU_SHARE, compute_batches, ensemble_ms
+from neuroshard_jax.core.cli import fail
+from neuroshard_jax.core.constants import MIN_CPU_SHARE
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import hardware, read_records, write_json
+from neuroshard_jax.costs.checkpoints import load_ensemble
+from neuroshard_jax.costs.registry import checkpoint_path
+from neuroshard_jax.learn.fit import compute_batches, ensemble_ms
+from neuroshard_jax.workloads.streams import block_statistics, request_spec
 
-OUT = Path(__file__).resolve().parent.parent / "bench" / "row_blocks"
+OUT = Path(__file__).resolve().parents[1] / "outputs" / "bench" / "row_blocks"
 
 
 def figures(pred: np.ndarray, true: np.ndarray) -> dict:

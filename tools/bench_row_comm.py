@@ -1,13 +1,13 @@
 """What a row-split table's comm costs, measured, against the all-to-all width the cost model prices it as.
 
-    python tools/bench_row_comm.py [--worlds 2,4,8] [--widths 32,128,512] [--batch 4096] [--repeats 3]
+    python -m tools.bench_row_comm [--worlds 2,4,8] [--widths 32,128,512] [--batch 4096] [--repeats 3]
 
 The cost model has no labels for TorchRec's row-wise output dist (a reduce-scatter of partial pooled sums forward,
 an all-gather backward): it counts a row block's width in its device's all-to-all width (``dim_sums``). This
 measures both on real gloo ranks (the comm benchmark of ``worker.run_rank``): every rank with a base all-to-all
 width of 64 plus one row-split table of width W over all ranks (a) as the reduce-scatter it is and (b) as W more
 all-to-all width, and reports the ratio of their times, per world size and width (median of ``--repeats``
-interleaved runs, the slowest rank). Run it with nothing else running. Writes bench/row_comm/row_comm.json.
+interleaved runs, the slowest rank). Run it with nothing else running. Writes outputs/bench/row_comm/row_comm.json.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import statistics
 import time
 from pathlib import Path
 
-from neuroshard_jax.datasets import hardware, write_json
-from neuroshard_jax.executors import ExecutorConfig, open_executor
+from neuroshard_jax.core.files import hardware, write_json
+from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
 
-OUT = Path(__file__).resolve().parent.parent / "bench" / "row_comm"
+OUT = Path(__file__).resolve().parents[1] / "outputs" / "bench" / "row_comm"
 BASE_WIDTH = 64
 
 

@@ -1,6 +1,6 @@
 """Row splits of hot tables, measured: cutting them into row blocks against the default plan, compute and comm.
 
-    python tools/bench_row_split.py [--devices 4,8] [--tasks 5] [--scan 60] [--repeats 3] [--searcher beam]
+    python -m tools.bench_row_split [--devices 4,8] [--tasks 5] [--scan 60] [--repeats 3] [--searcher beam]
 
 ``row_split=hot`` also tries cutting into row blocks every table whose predicted compute alone exceeds a device's
 fair share of the task (``row_split.hot_tables``): no placement of whole tables balances those. It is not the
@@ -11,7 +11,7 @@ the hot tables cut into row blocks over every device whatever the model thinks (
 are measured with the evaluator (every device's compute on the FBGEMM kernels and the all-to-all and row groups'
 collectives on gloo ranks), ``--repeats`` interleaved times; the figure is each plan's median step (its slowest
 device). So it tells whether cutting hot tables pays here, and whether the model's choice is the faster one. Run it
-with nothing else running. Writes bench/row_split/row_split.json.
+with nothing else running. Writes outputs/bench/row_split/row_split.json.
 """
 
 from __future__ import annotations
@@ -24,17 +24,17 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.datasets import hardware, write_json
-from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.evaluation import EvaluateConfig, measured_steps
-from neuroshard_jax.executors import ExecutorConfig
-from neuroshard_jax.models import make_cost_model
-from neuroshard_jax.row_split import hot_tables
-from neuroshard_jax.search import search_plan, search_with_rows, whole_table_ms
-from neuroshard_jax.tables import load_pool
-from neuroshard_jax.tasks import TaskConfig, generate_task
+from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.files import hardware, write_json
+from neuroshard_jax.costs.registry import make_cost_model
+from neuroshard_jax.kernels.executors import ExecutorConfig
+from neuroshard_jax.measure.plans import EvaluateConfig, measured_steps
+from neuroshard_jax.search.pipeline import search_plan, search_with_rows, whole_table_ms
+from neuroshard_jax.search.row_split import hot_tables
+from neuroshard_jax.workloads.pool import load_pool
+from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
 
-OUT = Path(__file__).resolve().parent.parent / "bench" / "row_split"
+OUT = Path(__file__).resolve().parents[1] / "outputs" / "bench" / "row_split"
 
 
 def main() -> None:

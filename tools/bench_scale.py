@@ -1,9 +1,9 @@
 """Planning at production scale: thousands of tables over hundreds of devices, some tables larger than a device.
 
-    python tools/bench_scale.py task  [--tables 5000 --devices 512 --per-host 8 --seed 0]   # the task (~20 s)
-    python tools/bench_scale.py plan  [--searchers grid,size_lookup_greedy,beam,beam@60 --cost-model neural]
-    python tools/bench_scale.py torchrec [--timeout 900]                    # TorchRec's planner, same task
-    python tools/bench_scale.py dmp [--devices 8 --cap-gib 0.25]   # tables up to 4x a device: plan, export, run DMP
+    python -m tools.bench_scale task  [--tables 5000 --devices 512 --per-host 8 --seed 0]   # the task (~20 s)
+    python -m tools.bench_scale plan  [--searchers grid,size_lookup_greedy,beam,beam@60 --cost-model neural]
+    python -m tools.bench_scale torchrec [--timeout 900]                    # TorchRec's planner, same task
+    python -m tools.bench_scale dmp [--devices 8 --cap-gib 0.25]   # tables up to 4x a device: plan, export, run DMP
 
 task: tables drawn by this file's own law (not the training sampler's, not the foreign benchmark's): rows
   log-uniform over 1e2..5e7 with 1% of tables at 5e7..2e8 (production's largest: several GB at dim 128), dims
@@ -11,15 +11,15 @@ task: tables drawn by this file's own law (not the training sampler's, not the f
   histogram of one batch of 4096 drawn from that law. Devices: ``--cap-gib`` each (16 GiB: the largest tables
   do not fit one device and are cut into row blocks), 8 per host (300 GB/s within a host, 25 GB/s between
   hosts: NVLink and a 200 Gb/s NIC per GPU; the comm model scales to them, ``Links.comm_scale``). Written to
-  bench/scale/task-TxN.json (gitignored; the same seed gives the same file).
+  outputs/bench/scale/task-TxN.json (gitignored; the same seed gives the same file).
 plan: one subprocess per searcher (``beam@60``: beam with ``searcher.budget_s=60``), with an empty JAX compilation
   cache, so each figure is a cold run as a new user sees it (compilation included) with its own peak resident
   memory. Quality at this scale is predicted only.
 torchrec: ``searcher=torchrec`` on the same task with its time limit; what it returns (or the limit) is recorded.
 dmp: a task whose largest table is 4x a device's cap (and one 2x) is planned by beam (row blocks), exported to a
   TorchRec ShardingPlan and run in DistributedModelParallel on gloo (one process per device; forward checked
-  against a known weight pattern, backward), then measured on the kernels. bench/scale/dmp.json.
-Results: bench/scale/scale.json (one entry per run, the latest per searcher kept).
+  against a known weight pattern, backward), then measured on the kernels. outputs/bench/scale/dmp.json.
+Results: outputs/bench/scale/scale.json (one entry per run, the latest per searcher kept).
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.datasets import hardware, read_json, write_json
-from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.features import bin_shares, count_histogram
-from neuroshard_jax.types import Task
+from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.features import bin_shares, count_histogram
+from neuroshard_jax.core.files import hardware, read_json, write_json
+from neuroshard_jax.core.types import Task
 
-OUT = Path(__file__).resolve().parents[1] / "bench" / "scale"
+OUT = Path(__file__).resolve().parents[1] / "outputs" / "bench" / "scale"
 BATCH_SIZE = 4096
 DIMS = (16, 32, 64, 128)
 
@@ -99,7 +99,7 @@ def make_task_file(args) -> dict:
 
 def plan_one(args) -> dict:
     """In its own process: load the task, search, report wall time, peak RSS and the predicted plan cost."""
-    from neuroshard_jax.search import search_plan
+    from neuroshard_jax.search.pipeline import search_plan
 
     task = Task.from_json(read_json(task_path(args.tables, args.devices), "scale task"), where="scale task")
     start = time.perf_counter()
@@ -165,8 +165,8 @@ def run_each(args, searchers: list[str]) -> list[dict]:
 
 def dmp(args) -> dict:
     """Plan, export and run in DistributedModelParallel a task with tables of 4x and 2x a device's cap."""
-    from neuroshard_jax.evaluation import EvaluateConfig, measure_plans
-    from neuroshard_jax.search import search_plan
+    from neuroshard_jax.measure.plans import EvaluateConfig, measure_plans
+    from neuroshard_jax.search.pipeline import search_plan
 
     rng = np.random.default_rng([args.seed, 4242])
     cap_rows = int(args.cap_gib * 2**30 / (128 * 4))  # rows of a dim-128 fp32 table that fill a device

@@ -1,6 +1,6 @@
 """Throughput of batched shard scoring with the neural cost model on this machine.
 
-    python tools/bench_scoring.py [--checkpoint DIR] [--batch 16384] [--tables 15] [--repeats 20]
+    python -m tools.bench_scoring [--checkpoint DIR] [--batch 16384] [--tables 15] [--repeats 20]
 
 Full path: 15-table shards (padded to 16) -> per-table embeddings -> masked sum -> head, one jitted
 call per batch (``scoring.shard_costs``: chunks of 1024 shards in a ``lax.map``). Incremental path:
@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from neuroshard_jax.features import NUM_FEATURES
-from neuroshard_jax.neural import NetConfig, init_nets, neural_fns
-from neuroshard_jax.scoring import shard_costs
+from neuroshard_jax.core.features import NUM_FEATURES
+from neuroshard_jax.costs.neural import NetConfig, init_nets, neural_fns
+from neuroshard_jax.costs.scoring import shard_costs
 
 
 def timed(fn, *args, repeats: int) -> tuple[float, float]:
@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     if args.checkpoint:
-        from neuroshard_jax.checkpoints import load_checkpoint
+        from neuroshard_jax.costs.checkpoints import load_checkpoint
 
         _, nets, params, _ = load_checkpoint(args.checkpoint)
     else:

@@ -1,8 +1,8 @@
 """Speed and scale of the NeuroShard searchers (plan quality: the suite, ``-m experiment=compare``).
 
-    python tools/bench_search.py speed   [--cost-model neural]      # beam vs the plain-Python oracle
-    python tools/bench_search.py scale   [--devices 64,128]          # 856 tables; time and peak memory
-    python tools/bench_search.py explain [--devices 64]              # explaining the 856-table plan
+    python -m tools.bench_search speed   [--cost-model neural]      # beam vs the plain-Python oracle
+    python -m tools.bench_search scale   [--devices 64,128]          # 856 tables; time and peak memory
+    python -m tools.bench_search explain [--devices 64]              # explaining the 856-table plan
 
 speed: for T = 10, 30, 60 tables and N = 4, 8 devices, beam search (defaults k=3, n=10,
   max_length=10) in JAX, after compilation (compile time reported separately), against the oracle of
@@ -22,14 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/oracle.py
-
-from neuroshard_jax.cost_models import plan_cost_ms  # noqa: E402
-from neuroshard_jax.datasets import write_json  # noqa: E402
-from neuroshard_jax.explain import explanation  # noqa: E402
-from neuroshard_jax.models import expected_cost_model, make_cost_model  # noqa: E402
-from neuroshard_jax.scoring import score_plan  # noqa: E402
-from neuroshard_jax.tasks import TaskConfig, make_task  # noqa: E402
+from neuroshard_jax.core.files import write_json  # noqa: E402
+from neuroshard_jax.costs.cost_model import plan_cost_ms  # noqa: E402
+from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model  # noqa: E402
+from neuroshard_jax.costs.scoring import score_plan  # noqa: E402
+from neuroshard_jax.measure.explain import explanation  # noqa: E402
+from neuroshard_jax.workloads.tasks import TaskConfig, make_task  # noqa: E402
 from searchers import make_searcher  # noqa: E402
 
 
@@ -125,7 +123,7 @@ def main() -> None:
     parser.add_argument("--cost-model", default="neural")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--devices", type=_ints, default=None)
-    parser.add_argument("--out", default="bench/search")
+    parser.add_argument("--out", default="outputs/bench/search")
     args = parser.parse_args()
     if args.what == "scale-one":
         print(json.dumps(scale_one(args)))

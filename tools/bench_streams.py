@@ -1,6 +1,6 @@
-"""How closely streams synthesised from table specs match the specs (neuroshard_jax/streams.py).
+"""How closely streams synthesised from table specs match the specs (neuroshard_jax/workloads/streams.py).
 
-    python tools/bench_streams.py [--tables 856] [--batch-size 4096]
+    python -m tools.bench_streams [--tables 856] [--batch-size 4096]
 
 Every table of the synthetic pool is re-described by its spec (rows, pooling factor, histogram at the batch
 size), a stream is synthesised from the spec alone, and its measured histogram and pooling factor are compared
@@ -15,9 +15,9 @@ import time
 
 import numpy as np
 
-from neuroshard_jax.features import bin_shares
-from neuroshard_jax.streams import TableSpec, spec_stream
-from neuroshard_jax.tables import PoolSpec, load_pool, stream_histogram
+from neuroshard_jax.core.features import bin_shares
+from neuroshard_jax.workloads.pool import PoolSpec, load_pool, stream_histogram
+from neuroshard_jax.workloads.streams import TableSpec, spec_stream
 
 
 def main() -> None:

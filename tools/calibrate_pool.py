@@ -1,6 +1,6 @@
 """Compare the synthetic table pool with the published DLRM 2021 statistics.
 
-    python tools/calibrate_pool.py [--seed 0] [--num-tables 856]
+    python -m tools.calibrate_pool [--seed 0] [--num-tables 856]
 
 Generates every table's index stream at the published batch size (65536) and prints the L1
 distances of the pooled unique-row and access shares per bin, the mean pooling factor, and the
@@ -11,7 +11,7 @@ import argparse
 import json
 import time
 
-from neuroshard_jax.tables import PoolSpec, calibration_report
+from neuroshard_jax.workloads.pool import PoolSpec, calibration_report
 
 
 def main() -> None:

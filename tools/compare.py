@@ -1,6 +1,6 @@
 """Compare searchers from a Hydra multirun directory: a markdown table and PNG plots.
 
-    python tools/compare.py MULTIRUN_DIR [--out DIR]
+    python -m tools.compare MULTIRUN_DIR [--out DIR]
 
 Reads suite runs (``-m experiment=compare``: suite.json, results.jsonl and measured.jsonl in each job
 directory) and single-task runs (``plan.json``, with ``evaluation.json`` beside it when measured). A run
@@ -26,8 +26,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from neuroshard_jax.datasets import read_json, read_jsonl
-from neuroshard_jax.errors import UserError
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import read_json, read_jsonl
 
 GREEDY = ("dim_greedy", "size_greedy", "lookup_greedy", "size_lookup_greedy")
 TASK_OVERRIDES = ("task.", "task=", "seed=", "output=")  # these choose tasks, not searchers

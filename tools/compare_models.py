@@ -1,7 +1,7 @@
 """Two cost models on the in-pool suite's tasks, measured side by side: is a new default a regression?
 
-    python tools/compare_models.py --models xeon-union,cpu-b4096 [--devices 8] [--tasks 10] [--repeats 3] \
-        [--searcher beam] [--out bench/compare/models.json]
+    python -m tools.compare_models --models xeon-union,cpu-b4096 [--devices 8] [--tasks 10] [--repeats 3] \
+        [--searcher beam] [--out outputs/bench/compare/models.json]
 
 Plans the suite's held-out tasks (conf/experiment/compare.yaml: seeds 20000.., the pool's test half, 10-59 tables)
 with ``--searcher`` under each model, then measures every plan with the evaluator (each device's compute on the
@@ -22,13 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.datasets import hardware, write_json
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.evaluation import EvaluateConfig, measured_steps
-from neuroshard_jax.executors import ExecutorConfig
-from neuroshard_jax.search import search_plan
-from neuroshard_jax.tables import load_pool
-from neuroshard_jax.tasks import TaskConfig, generate_task
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import hardware, write_json
+from neuroshard_jax.kernels.executors import ExecutorConfig
+from neuroshard_jax.measure.plans import EvaluateConfig, measured_steps
+from neuroshard_jax.search.pipeline import search_plan
+from neuroshard_jax.workloads.pool import load_pool
+from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
 
 FIRST_SEED = 20000  # conf/experiment/compare.yaml: the suite's held-out tasks
 
@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--searcher", default="beam")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--out", default="bench/compare/models.json")
+    parser.add_argument("--out", default="outputs/bench/compare/models.json")
     args = parser.parse_args()
     try:
         result = compare(args)

@@ -1,11 +1,11 @@
 """Fit the analytic (roofline) model's constants to a measured dataset, so it is a fair baseline.
 
-    python tools/fit_analytic.py [--dataset neuroshard_jax/data/profiles/cpu-b4096] [--steps 3000]
+    python -m tools.fit_analytic [--dataset neuroshard_jax/data/profiles/cpu-b4096] [--steps 3000]
 
 Fits memory bandwidth, kernel and per-table overheads (compute labels) and all-to-all bandwidth and
 latency (comm labels) by minimising the squared log error on the training split (the same seeded
 80/10/10 split as the neural model), then prints the test-split metrics and the constants to put in
-neuroshard_jax/constants.py and conf/cost_model/analytic.yaml. The backward/forward byte ratio stays
+neuroshard_jax/core/constants.py and conf/cost_model/analytic.yaml. The backward/forward byte ratio stays
 at TorchRec's 2 (it is not identifiable from fwd+bwd totals apart from the bandwidth).
 """
 
@@ -20,10 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from neuroshard_jax.analytic import ANALYTIC_FNS, AnalyticConfig, AnalyticParams
-from neuroshard_jax.constants import BYTES_PER_ELEMENT
-from neuroshard_jax.cost_models import device_compute_ms
-from neuroshard_jax.training import TrainConfig, comm_arrays, compute_arrays, metrics, split_indices
+from neuroshard_jax.core.constants import BYTES_PER_ELEMENT
+from neuroshard_jax.costs.analytic import ANALYTIC_FNS, AnalyticConfig, AnalyticParams
+from neuroshard_jax.costs.cost_model import device_compute_ms
+from neuroshard_jax.learn.fit import TrainConfig, comm_arrays, compute_arrays, metrics, split_indices
 
 FITTED = ("mem_bw_gbps", "kernel_overhead_ms", "table_overhead_ms", "comm_bw_gbps", "comm_latency_ms")
 

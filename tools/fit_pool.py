@@ -1,7 +1,7 @@
 """Fit the synthetic pool's generator settings to the published DLRM 2021 statistics.
 
     pip install scipy   # only this tool needs it
-    python tools/fit_pool.py [--evals 300] [--start name=value ...]
+    python -m tools.fit_pool [--evals 300] [--start name=value ...]
 
 Sampling 887M indices per try is too slow for a search, so each table's expected access histogram at
 batch 65536 is computed in closed form: row r of a table with popularity sigma s has a Poisson
@@ -21,7 +21,7 @@ from scipy.optimize import minimize
 from scipy.special import pdtr
 from scipy.stats import norm
 
-from neuroshard_jax.tables import SyntheticPoolConfig, published_statistics, synthetic_table_params
+from neuroshard_jax.workloads.pool import SyntheticPoolConfig, published_statistics, synthetic_table_params
 
 REF = published_statistics()
 BATCH = REF["batch_size"]

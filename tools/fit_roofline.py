@@ -1,6 +1,6 @@
 """How much each roofline term of the physics ensemble explains, on measured shards.
 
-    python tools/fit_roofline.py [--datasets DIR ...]   (default: the shipped cpu-b4096 and cpu-specs datasets)
+    python -m tools.fit_roofline [--datasets DIR ...]   (default: the shipped cpu-b4096 and cpu-specs datasets)
 
 Fits the non-negative least-squares roofline of ``training.fit_roofline`` (relative error) per dataset, with all
 its columns and without the lookups x shards interaction, and prints the MAPE of each fit: the evidence for the
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import nnls
 
-from neuroshard_jax.training import compute_batches, roofline_design
+from neuroshard_jax.learn.fit import compute_batches, roofline_design
 
 COLUMNS = ("table", "lookup", "gather", "update", "output", "kernel", "lookups x shards")
 

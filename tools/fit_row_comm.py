@@ -1,8 +1,8 @@
-"""Fit the row-split comm model (``neuroshard_jax/row_comm.py``) on comm labels with row groups; ship it by name.
+"""Fit the row-split comm model (``neuroshard_jax/costs/row_comm.py``) on comm labels with row groups; ship it by name.
 
     python -m neuroshard_jax.collect kind=comm comm.row_share=1.0 num_samples=240 \
         out_dir=neuroshard_jax/data/profiles/xeon-rowcomm             # labels on real gloo ranks (resumable)
-    python tools/fit_row_comm.py neuroshard_jax/data/profiles/xeon-rowcomm --name xeon-gloo
+    python -m tools.fit_row_comm neuroshard_jax/data/profiles/xeon-rowcomm --name xeon-gloo
 
 Fits on 4 of every 5 records (by id), reports the held-out records' error per rank (MAPE of fwd and bwd), then
 fits on every record and writes ``neuroshard_jax/data/row_comm/NAME.json`` with its manifest (the dataset, its
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.datasets import git_commit, hardware_kind, package_path, read_json, read_records, write_json
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.row_comm import SHIPPED, RowComm, fit, rank_ms
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import git_commit, hardware_kind, package_path, read_json, read_records, write_json
+from neuroshard_jax.costs.row_comm import SHIPPED, RowComm, fit, rank_ms
 
 
 def held_out_error(model: RowComm, records: list[dict]) -> dict:
@@ -54,7 +54,7 @@ def main() -> None:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     manifest = {
-        "how": f"python tools/fit_row_comm.py {folder.as_posix()} --name {args.name}",
+        "how": f"python -m tools.fit_row_comm {folder.as_posix()} --name {args.name}",
         "dataset": {
             "dir": folder.as_posix(),
             "created": source.get("created"),

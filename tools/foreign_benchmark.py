@@ -1,17 +1,17 @@
 """The foreign benchmark: tasks from table generators that share nothing with the training data, every
 searcher's plans (and TorchRec's) measured on the real kernels.
 
-    python tools/foreign_benchmark.py plan --model neural        # plans of every searcher (resumable)
-    python tools/foreign_benchmark.py plan --searchers beam+polish,size_lookup_greedy+polish   # polished on the kernels
-    python tools/foreign_benchmark.py measure --repeats 5         # every device, 5 interleaved repeats (resumable)
-    python tools/foreign_benchmark.py report --model neural       # the table in the README (and report.json)
-    python tools/foreign_benchmark.py measure --only-model --checkpoint A --also B --searchers beam,torchrec \
+    python -m tools.foreign_benchmark plan --model neural        # plans of every searcher (resumable)
+    python -m tools.foreign_benchmark plan --searchers beam+polish,size_lookup_greedy+polish   # polished on the kernels
+    python -m tools.foreign_benchmark measure --repeats 5         # every device, 5 interleaved repeats (resumable)
+    python -m tools.foreign_benchmark report --model neural       # docs/results/foreign-benchmark.md's table
+    python -m tools.foreign_benchmark measure --only-model --checkpoint A --also B --searchers beam,torchrec \
         --session S --repeats 2                                   # afresh, in one session: plans compared side by side
-    python tools/foreign_benchmark.py calibrate --checkpoint A --session S   # A calibrated on each task (calibrate.py)
-    python tools/foreign_benchmark.py measure ... --session S --calibration 8 --pin   # calibration devices measured
-    python tools/foreign_benchmark.py report ... --session S --calibration 8          #   among the plans' (no drift)
-    python tools/foreign_benchmark.py report --checkpoint A --searchers beam,torchrec --session S
-    python tools/foreign_benchmark.py merge --checkpoint NAME     # beam's slices on one device: merged or not, measured
+    python -m tools.foreign_benchmark calibrate --checkpoint A --session S   # A calibrated on each task (calibrate.py)
+    python -m tools.foreign_benchmark measure ... --session S --calibration 8 --pin   # calibration devices measured
+    python -m tools.foreign_benchmark report ... --session S --calibration 8          #   among the plans' (no drift)
+    python -m tools.foreign_benchmark report --checkpoint A --searchers beam,torchrec --session S
+    python -m tools.foreign_benchmark merge --checkpoint NAME     # beam's slices on one device: merged or not, measured
 
 The generators below are written apart from the training sampler (``collect source=specs``): their
 own laws for rows, pooling factors and access, their own seeds, and tables described only by their specs
@@ -47,19 +47,20 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.calibrate import CalibrateConfig, calibrate, predicted_compute_ms, sample_devices, whole
-from neuroshard_jax.datasets import JsonlLog, hardware, hardware_kind, write_json
-from neuroshard_jax.errors import InfeasibleError, UserError
-from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_request, device_tables
-from neuroshard_jax.executors import ExecutorConfig, map_requests, open_executor
-from neuroshard_jax.features import bin_shares, count_histogram
-from neuroshard_jax.models import checkpoint_path, expected_cost_model, make_cost_model
-from neuroshard_jax.polish import POLISHED, PolishConfig, polish_plan
-from neuroshard_jax.scoring import score_plan
-from neuroshard_jax.search import search_plan
-from neuroshard_jax.sharding import merge_colocated
-from neuroshard_jax.training import MIN_CPU_SHARE, noise_floor, ranking_tau
-from neuroshard_jax.types import Plan, Task
+from neuroshard_jax.core.constants import MIN_CPU_SHARE
+from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.features import bin_shares, count_histogram
+from neuroshard_jax.core.files import JsonlLog, hardware, hardware_kind, write_json
+from neuroshard_jax.core.sharding import merge_colocated
+from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.costs.registry import checkpoint_path, expected_cost_model, make_cost_model
+from neuroshard_jax.costs.scoring import score_plan
+from neuroshard_jax.kernels.executors import ExecutorConfig, map_requests, open_executor
+from neuroshard_jax.learn.fit import noise_floor, ranking_tau
+from neuroshard_jax.measure.calibration import CalibrateConfig, calibrate, predicted_compute_ms, sample_devices, whole
+from neuroshard_jax.measure.plans import EvaluateConfig, device_key, device_request, device_tables
+from neuroshard_jax.measure.polish import POLISHED, PolishConfig, polish_plan
+from neuroshard_jax.search.pipeline import search_plan
 from searchers import make_searcher
 
 SEARCHERS = (
@@ -710,7 +711,7 @@ def _pct(x) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("stage", choices=("tasks", "plan", "measure", "calibrate", "report", "merge"))
-    parser.add_argument("--out", default="bench/foreign")
+    parser.add_argument("--out", default="outputs/bench/foreign")
     parser.add_argument("--model", default="neural", help="cost model: neural or analytic")
     parser.add_argument("--checkpoint", default=None, help="a neural checkpoint directory or shipped name")
     parser.add_argument(

@@ -1,6 +1,6 @@
 """Is this machine the kind of hardware a dataset was measured on? Re-measure some of its records here and compare.
 
-    python tools/hardware_probe.py DATASET_DIR [--samples 24] [--workers 2] [--seed 0] [--out FILE] [--record]
+    python -m tools.hardware_probe DATASET_DIR [--samples 24] [--workers 2] [--seed 0] [--out FILE] [--record]
 
 Cost labels belong to one kind of hardware, and a CPU's name does not tell kinds apart: this project's machines
 all print "AMD EPYC", and a Zen 4 one measured the AMD pool shards (``epyc-b4096``) at 0.57x their labels.
@@ -10,7 +10,7 @@ iterations and pinning), and reports the ratio here / there of each record's fwd
 A median within ``SAME`` of 1 says this machine measures like the dataset's (the repeat noise of one label is
 2-15%); anything else says its labels would not mix with this machine's. Run it with nothing else running.
 Writes the figures, both machines' hardware records and the verdict to ``--out``
-(default ``bench/hardware/<dataset name>--<this CPU's id>.json``). ``--record`` also appends the verdict to the
+(default ``outputs/bench/hardware/<dataset name>--<this CPU's id>.json``). ``--record`` also appends the verdict to the
 dataset's manifest (``probes``): where it says "same", training, the loop and resumed collections then take the
 dataset as of this machine's kind too (``datasets.manifest_kinds``), with the measured ratio kept as evidence.
 """
@@ -25,11 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.datasets import hardware, hardware_kind, read_json, write_json
-from neuroshard_jax.drift import references
-from neuroshard_jax.errors import UserError
-from neuroshard_jax.executors import ExecutorConfig, map_requests
-from neuroshard_jax.training import resolve_dataset
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import hardware, hardware_kind, read_json, resolve_dataset, write_json
+from neuroshard_jax.kernels.executors import ExecutorConfig, map_requests
+from neuroshard_jax.measure.drift import references
 
 SAME = 0.12  # |log ratio| of the median within this: the same kind (noise between sessions 2-15% per label)
 
@@ -90,12 +89,12 @@ def main(argv: list[str] | None = None) -> None:
         "same_kind": bool(same),
         "here": {"kind": hardware_kind(here, device), **here},
         "there": {"kind": hardware_kind(there, device), **(there or {})},
-        "how": f"python tools/hardware_probe.py {args.dataset} --samples {args.samples} --workers {args.workers} "
+        "how": f"python -m tools.hardware_probe {args.dataset} --samples {args.samples} --workers {args.workers} "
         f"--seed {args.seed}",
         "when": datetime.date.today().isoformat(),
     }
     here_slug = re.sub(r"[^a-z0-9]+", "-", here.get("cpu_id", "unknown").lower()).strip("-")
-    out = Path(args.out) if args.out else Path("bench/hardware") / f"{dataset.name}--{here_slug}.json"
+    out = Path(args.out) if args.out else Path("outputs/bench/hardware") / f"{dataset.name}--{here_slug}.json"
     write_json(result, out)
     if args.record:
         record_verdict(dataset / "manifest-compute.json", result)

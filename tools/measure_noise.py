@@ -1,8 +1,8 @@
 """Measurement noise of compute labels: how far one measurement lies from the median of several, per protocol.
 
-    python tools/measure_noise.py protocols [--sets 16] [--repeats 5]   # the noise floor under the cost model
-    python tools/measure_noise.py processes [--sample 1]                # one shard set in 5 fresh processes
-    python tools/measure_noise.py steps [--tasks 3] [--batches 4]       # what a polishing step can resolve
+    python -m tools.measure_noise protocols [--sets 16] [--repeats 5]   # the noise floor under the cost model
+    python -m tools.measure_noise processes [--sample 1]                # one shard set in 5 fresh processes
+    python -m tools.measure_noise steps [--tasks 3] [--batches 4]       # what a polishing step can resolve
 
 ``protocols``: draws ``--sets`` shard sets with the collection sampler (conf/collect.yaml defaults, the pool at
 batch 4096) and measures each ``--repeats`` times under every protocol, the repeats and the protocols interleaved
@@ -10,21 +10,21 @@ batch 4096) and measures each ``--repeats`` times under every protocol, the repe
 falls on all alike. A protocol is a number of workers (2: the collection's two workers side by side; 1: no
 neighbour), pinned to cores of their own or not, and the timed iterations of the label protocol (warm-up 5). The
 noise of a protocol is the MAPE of one measurement against the median of its set's repeats, with the 90th
-percentile, and the seconds of worker time per measurement. Results: ``bench/noise/noise.json`` (the raw
+percentile, and the seconds of worker time per measurement. Results: ``outputs/bench/noise/noise.json`` (the raw
 measurements too) and a table on stdout.
 
 ``processes``: one shard set measured in ``--processes`` fresh worker processes one after another (the spread
 between processes).
 
 ``steps``: what one step of measured polishing (``polish=measured``) can resolve. Beam's plans of the first
-``--tasks`` held-out suite tasks at 4 and at 8 devices (bench/plan_accuracy/s14/plans.jsonl, committed) have their
+``--tasks`` held-out suite tasks at 4 and at 8 devices (tools/data/s14-plans.jsonl, committed) have their
 devices measured in ``--batches`` consecutive batches, each of polishing's interleaved repeats, under each step
 protocol (``STEP_PROTOCOLS``; the batches of the protocols interleaved). Per protocol: one repeat against its
 batch's median (the noise a step reads off its own repeats); a device's median in a later batch against the first,
 as measured (``between``), with the batch's common factor removed (``common_removed``: what a perfect anchor would
 leave) and divided by the first batch's slowest device's ratio as polishing's anchor does (``anchored``); how often
 the slowest device of a later batch is the first batch's; and the plan's measured max / mean. A change whose gain
-is below ``anchored`` cannot be told from noise in one step. Results: ``bench/noise/steps.json``.
+is below ``anchored`` cannot be told from noise in one step. Results: ``outputs/bench/noise/steps.json``.
 """
 
 from __future__ import annotations
@@ -37,15 +37,21 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_plan_accuracy import FIRST_SEED, S14_PLANS
 
-from neuroshard_jax.datasets import hardware, read_jsonl, write_json
-from neuroshard_jax.evaluation import EvaluateConfig, device_key, device_tables, measure_tables
-from neuroshard_jax.executors import ExecutorConfig, open_executor
-from neuroshard_jax.plan_labels import row_plans
-from neuroshard_jax.polish import PolishConfig
-from neuroshard_jax.profiling import ComputeSamplerConfig, ComputeWorker, KernelPool, compute_request, sample_shard
-from neuroshard_jax.tables import PoolSpec, pool_streams
+from neuroshard_jax.core.files import hardware, read_jsonl, write_json
+from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
+from neuroshard_jax.kernels.processes import (
+    ComputeSamplerConfig,
+    ComputeWorker,
+    KernelPool,
+    compute_request,
+    sample_shard,
+)
+from neuroshard_jax.learn.plan_labels import row_plans
+from neuroshard_jax.measure.plans import EvaluateConfig, device_key, device_tables, measure_tables
+from neuroshard_jax.measure.polish import PolishConfig
+from neuroshard_jax.workloads.pool import PoolSpec, pool_streams
+from tools.bench_plan_accuracy import FIRST_SEED, S14_PLANS
 
 # name: (workers, pinned, timed iterations)
 PROTOCOLS = {
@@ -240,7 +246,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--tasks", type=int, default=3, help="steps: suite tasks at each device count")
     parser.add_argument("--batches", type=int, default=4, help="steps: consecutive batches per plan")
-    parser.add_argument("--out", default="bench/noise")
+    parser.add_argument("--out", default="outputs/bench/noise")
     args = parser.parse_args()
     if args.mode == "protocols":
         protocols(args.sets, args.repeats, args.batch_size, Path(args.out))

@@ -1,6 +1,6 @@
 """Record the array digests (``checkpoints.tree_digest``) of checkpoints written before digests existed.
 
-    python tools/record_digests.py neuroshard_jax/data/models/cpu-ensemble [...]
+    python -m tools.record_digests neuroshard_jax/data/models/cpu-ensemble [...]
 
 Each checkpoint is restored as it is, and the digest of what was restored is added to its meta.json
 (``digests``), so that later loads detect a garbled tensor file. Run it only on checkpoints known to be good
@@ -15,8 +15,14 @@ from pathlib import Path
 
 from flax import nnx
 
-from neuroshard_jax.checkpoints import ENSEMBLE_FORMAT, _ensemble_tree, load_checkpoint, load_ensemble, tree_digest
-from neuroshard_jax.policies import load_policy
+from neuroshard_jax.costs.checkpoints import (
+    ENSEMBLE_FORMAT,
+    _ensemble_tree,
+    load_checkpoint,
+    load_ensemble,
+    tree_digest,
+)
+from searchers.policy_store import load_policy
 
 
 def digests_of(path: Path, meta: dict) -> dict:

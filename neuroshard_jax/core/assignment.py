@@ -1,0 +1,70 @@
+"""A plan as the devices of each table's column slices, and back: what perturbations, polishing and plan labels
+move. A row-split table's row blocks are not slices: they stay where they are."""
+
+from __future__ import annotations
+
+from neuroshard_jax.core.sharding import Shard, column_shards
+from neuroshard_jax.core.types import Plan, Task
+
+
+def assignment(plan: Plan) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """(slices per table, each table's slice devices in column order) of a plan's column slices. A row-split table
+    has none: its row blocks stay where they are (``row_blocks_in``), perturbations move column slices only."""
+    by_table: dict[int, list[Shard]] = {t: [] for t in range(plan.task.num_tables)}
+    for s in plan.shards:
+        by_table[s.table].append(s)
+    rows = plan.task.table_rows()
+    devices = tuple(
+        ()
+        if any(not s.whole_rows(rows[t]) for s in by_table[t])
+        else tuple(s.device for s in sorted(by_table[t], key=lambda s: s.col_offset))
+        for t in by_table
+    )
+    return tuple(len(d) for d in devices), devices
+
+
+def row_blocks_in(plan: Plan) -> tuple[Shard, ...]:
+    """The shards of the plan's row-split tables."""
+    rows = plan.task.table_rows()
+    split = {s.table for s in plan.shards if not s.whole_rows(rows[s.table])}
+    return tuple(s for s in plan.shards if s.table in split)
+
+
+def plan_of(task: Task, devices, row_blocks: tuple[Shard, ...] = ()) -> Plan:
+    """The plan of the tables' column slice devices (``assignment``) and the row-split tables' ``row_blocks``."""
+    shards = [s for t, devs in enumerate(devices) if devs for s in column_shards(t, task.tables[t].dim, devs)]
+    return Plan(task, tuple(shards) + row_blocks)
+
+
+def row_groups(plan: Plan) -> list[tuple[int, list[int]]]:
+    """The plan's row-split groups: (width, sorted devices) per set of devices holding row blocks, the widths of
+    every column range cut into row blocks over that set added up (TorchRec fuses a sharding group's outputs)."""
+    rows = plan.task.table_rows()
+    ranges: dict[tuple[int, int, int], set[int]] = {}
+    for s in plan.shards:
+        if not s.whole_rows(rows[s.table]):
+            ranges.setdefault((s.table, s.col_offset, s.dim), set()).add(s.device)
+    widths: dict[tuple[int, ...], int] = {}
+    for (_, _, dim), devices in ranges.items():
+        key = tuple(sorted(devices))
+        widths[key] = widths.get(key, 0) + dim
+    return [(width, list(devices)) for devices, width in sorted(widths.items())]
+
+
+def comm_layout(plan: Plan) -> dict:
+    """What the comm benchmark exchanges for ``plan``: each device's all-to-all width (``dim_sums``: its whole-row
+    shards) and the row-split tables' groups (``row_groups``: [width, sorted devices], one per set of devices, the
+    widths of every column range cut into row blocks over them added up: TorchRec fuses a sharding group's outputs
+    into one reduce-scatter of partial sums forward and one all-gather backward, row_wise and table_row_wise)."""
+    rows = plan.task.table_rows()
+    dims = [0] * plan.task.num_devices
+    for s in plan.shards:
+        if s.whole_rows(rows[s.table]):
+            dims[s.device] += s.dim
+    groups = [[width, devices] for width, devices in row_groups(plan)]
+    return {"dim_sums": dims, **({"row_groups": groups} if groups else {})}
+
+
+def crosses_hosts(plan: Plan, devices: list[int]) -> bool:
+    hosts = plan.task.hosts()
+    return len({hosts[d] for d in devices}) > 1

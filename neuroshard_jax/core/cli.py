@@ -1,0 +1,170 @@
+"""What the Hydra entry points share: checking a command line before any work, and user-facing failures.
+
+Every entry point runs as ``run_app(main, config_name, validate)``: the command line's group choices are
+checked against ``conf/``, then the config is composed once per value of every override (each value of a
+sweep too) and turned into the app's typed dataclasses by ``validate``, so a bad override (``seed=abc``,
+``searcher.k=2.5``, ``searcher.nope=1``) is one ``error:`` line and exit 2 before anything runs. Hydra's own
+multi-line messages (exit 1) never reach the user.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any, NoReturn
+
+from hydra import compose, initialize_config_module
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Glob, Override
+from omegaconf import DictConfig, OmegaConf
+
+from neuroshard_jax.core.config import nearest
+from neuroshard_jax.core.errors import UserError, first_line
+
+CONFIG_GROUPS = ("searcher", "task", "cost_model", "experiment")
+CONFIG_MODULE = "neuroshard_jax.conf"
+
+
+def fail(err: Exception) -> NoReturn:
+    """Print a one-line error and exit with code 2 (no traceback: the input was wrong, not the code).
+
+    Background threads' late complaints while the process ends are not shown (after a damaged checkpoint,
+    orbax's pending read coroutines report a closed event loop at shutdown)."""
+    sys.unraisablehook = lambda _: None  # before the line: nothing that comes after it is shown
+    threading.excepthook = lambda _: None
+    print(f"error: {err}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def group_options(group: str) -> list[str]:
+    """Names of the options of a config group (the YAML stems under conf/<group>/)."""
+    folder = resources.files(CONFIG_MODULE) / group
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def check_group_overrides(argv: list[str]) -> None:
+    """Reject ``searcher=nope`` before Hydra does (Hydra exits 1 with a multi-line message)."""
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep or key.lstrip("+~") not in CONFIG_GROUPS or value.startswith(("glob(", "choice(", "range(")):
+            continue
+        known = group_options(key.lstrip("+~"))
+        for name in value.split(","):
+            if name not in known:
+                fail(UserError(f"{key.lstrip('+~')}: got {name!r}, expected one of {', '.join(known)}"))
+
+
+def resolved(cfg: DictConfig) -> dict:
+    """A composed config as plain, resolved containers (the input of ``typed``)."""
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def _values(override: Override) -> list[str]:
+    """The values a (sweep) override stands for, as override strings."""
+    if isinstance(override.value(), Glob):
+        group = override.get_key_element().lstrip("+~")
+        return [f"{group}={name}" for name in override.value().filter(group_options(group))]
+    if override.is_sweep_override():
+        return [f"{override.get_key_element()}={value}" for value in override.sweep_string_iterator()]
+    return [override.input_line]
+
+
+def _one_line(err: Exception) -> str:
+    """Hydra's and OmegaConf's multi-line messages, cut to their first line and their cause's."""
+    lines = [first_line(err)]
+    if err.__cause__ is not None and str(err.__cause__).strip():
+        lines.append(first_line(err.__cause__))
+    return "; ".join(lines)
+
+
+def check_command_line(config_name: str, argv: list[str], validate: Callable[[DictConfig], Any]) -> None:
+    """Compose the config for every value of every override and ``validate`` it; fail in one line if any is bad.
+
+    Flags other than -m / --multirun (``--help``, ``--cfg``, ...) are left to Hydra.
+    """
+    flags = [a for a in argv if a.startswith("-")]
+    if any(f not in ("-m", "--multirun") for f in flags):
+        return
+    parser = OverridesParser.create()
+    overrides = []
+    for arg in (a for a in argv if not a.startswith("-")):
+        try:
+            overrides.extend(parser.parse_overrides([arg]))
+        except Exception as err:  # Hydra's OverrideParseException and friends
+            fail(UserError(f"{arg}: {_one_line(err)}, expected key=value"))
+    fixed = [o.input_line for o in overrides if not o.is_sweep_override() and not _is_hydra(o)]
+    variants = [fixed]
+    for o in overrides:
+        if o.is_sweep_override() and not _is_hydra(o):
+            variants.extend([*fixed, value] for value in _values(o))
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+        for variant in variants:
+            try:
+                cfg = compose(config_name=config_name, overrides=variant)
+            except Exception as err:  # a key that does not exist, a value Hydra cannot parse
+                fail(UserError(_composition_error(config_name, variant, err)))
+            try:
+                validate(cfg)
+            except UserError as err:
+                fail(err)
+
+
+def _composition_error(config_name: str, overrides: list[str], err: Exception) -> str:
+    """One line for a failed composition; an unknown key names the keys its parent has."""
+    for line in overrides:
+        key = line.partition("=")[0]
+        if f"'{key}'" in str(err) and "not in struct" in str(err.__cause__ or err):
+            parent, _, leaf = key.rpartition(".")
+            rest = [o for o in overrides if o != line]
+            node = compose(config_name=config_name, overrides=rest)
+            known = OmegaConf.select(node, parent) if parent else node
+            options = sorted(known) if isinstance(known, DictConfig) else []
+            return f"{key}: unknown key {leaf!r}, {nearest(leaf, options)}"
+    return f"{' '.join(overrides) or config_name}: {_one_line(err)}"
+
+
+def _is_hydra(override: Override) -> bool:
+    return override.get_key_element().lstrip("+~").startswith(("hydra.", "hydra/"))
+
+
+def writable_folder(path: str | Path, key: str) -> None:
+    """Fail in one line unless ``path`` is, or can be made as, a folder we can write in (checked on its nearest
+    existing ancestor, so nothing is created here)."""
+    path = Path(path).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        fail(UserError(f"{key}: {str(path)!r} is under the file {str(existing)!r}, expected a folder"))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        fail(UserError(f"{key}: cannot write in {str(existing)!r} (permission denied), expected a writable folder"))
+
+
+def check_output_folder(argv: list[str]) -> None:
+    """The run's (or the sweep's) output folder, checked writable before any work (Hydra makes it later and
+    would fail with a traceback; a finished search would be lost)."""
+    key = "hydra.sweep.dir" if any(a in ("-m", "--multirun") for a in argv) else "hydra.run.dir"
+    given = [a.partition("=")[2] for a in argv if a.lstrip("+").startswith(f"{key}=")]
+    writable_folder(given[-1] if given else ".", key)
+
+
+def run_app(main: Callable[[], None], config_name: str, validate: Callable[[DictConfig], Any]) -> None:
+    """Check the command line (``check_group_overrides``, ``check_command_line``, ``check_output_folder``), then
+    run the Hydra ``main``."""
+    argv = sys.argv[1:]
+    check_group_overrides(argv)
+    check_command_line(config_name, argv, validate)
+    check_output_folder(argv)
+    try:
+        main()
+    except SystemExit as done:
+        if done.code != 2:
+            raise
+        # an expected failure, already said in one line (``fail``): end now, so that no background thread of a
+        # library (orbax's readers after a damaged checkpoint) prints its late complaints while Python shuts down;
+        # every output was closed as the error left its ``with`` blocks
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(2)

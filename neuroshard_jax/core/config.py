@@ -1,0 +1,164 @@
+"""Typed configs: every config group and entry point maps a plain dict (a resolved Hydra config, a user's
+options) to its frozen dataclass in one way, ``typed``, which checks every field's type before any work
+starts and names the key, the value and what was expected in a one-line ``UserError``.
+
+Types understood: int, float, bool, str, ``X | None``, ``tuple[X, ...]``, ``dict``, ``Any`` and nested
+dataclasses. Value checks beyond the type (ranges, choices) stay in each dataclass's ``__post_init__``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import math
+import types
+import typing
+from typing import Any
+
+from neuroshard_jax.core.errors import UserError
+
+
+@functools.cache
+def _hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _describe(tp) -> str:
+    """What a value of type ``tp`` looks like, for error messages."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is bool:
+        return "true or false"
+    if tp is int:
+        return "an integer"
+    if tp is float:
+        return "a number"
+    if tp is str:
+        return "a string"
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return " or ".join(_describe(a) for a in inner) + (" or null" if len(inner) < len(args) else "")
+    if origin is tuple:
+        return f"a list of {_describe(args[0]).removeprefix('an ').removeprefix('a ')}s"
+    if dataclasses.is_dataclass(tp):
+        return f"an object with keys {', '.join(f.name for f in dataclasses.fields(tp))}"
+    if tp is dict or origin is dict:
+        return "an object"
+    return "a value"
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def _convert(value, tp, where: str):
+    """``value`` as type ``tp`` (lists to tuples, dicts to dataclasses); raises _Mismatch or UserError."""
+    if tp is Any:
+        return value
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _convert(value, option, where)
+            except _Mismatch:
+                continue
+        raise _Mismatch
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        raise _Mismatch
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise _Mismatch
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise _Mismatch
+        return tuple(_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise _Mismatch
+        return typed(tp, value, where)
+    if tp is dict or origin is dict:
+        if isinstance(value, dict):
+            return value
+        raise _Mismatch
+    return value
+
+
+def at_least(obj, minimum: int, fields: tuple[str, ...], prefix: str = "") -> None:
+    """Every integer field of ``obj`` named in ``fields`` is >= ``minimum``; else the configs' one-line error."""
+    for name in fields:
+        if getattr(obj, name) < minimum:
+            raise UserError(f"{prefix}{name}: got {getattr(obj, name)}, expected an integer >= {minimum}")
+
+
+def above_zero(obj, fields: tuple[str, ...], prefix: str = "", strict: bool = True) -> None:
+    """Every number field of ``obj`` named in ``fields`` is > 0 (``strict``) or >= 0 (NaN fails either)."""
+    for name in fields:
+        value = getattr(obj, name)
+        if not (value > 0 if strict else value >= 0):
+            raise UserError(f"{prefix}{name}: got {value}, expected a number {'>' if strict else '>='} 0")
+
+
+def nearest(key: str, known: list[str]) -> str:
+    """``did you mean 'x'? expected one of ...`` for an unknown ``key`` (the close match only if there is one)."""
+    near = difflib.get_close_matches(str(key), known, n=1)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    return f"{hint}expected one of {', '.join(known) or 'none'}"
+
+
+def typed(cls, options: dict | None, where: str = "", ignore: tuple[str, ...] = ()):
+    """``cls(**options)`` with every field type-checked (and lists made tuples, objects made dataclasses).
+
+    ``where`` prefixes key names in errors (``searcher`` -> ``searcher.k``); keys in ``ignore`` are skipped.
+    Unknown keys and wrong types raise UserError; so do the class's own checks in ``__post_init__``.
+    """
+    options = dict(options or {})
+    prefix = f"{where}." if where else ""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(k for k in options if k not in fields and k not in ignore)
+    if unknown:
+        raise UserError(f"{prefix}{unknown[0]}: unknown key, {nearest(unknown[0], sorted(fields))}")
+    hints = _hints(cls)
+    values = {}
+    for name in fields:
+        if name not in options:
+            continue
+        value = options[name]
+        try:
+            values[name] = _convert(value, hints[name], f"{prefix}{name}")
+        except _Mismatch:
+            raise UserError(f"{prefix}{name}: got {value!r:.60}, expected {_describe(hints[name])}") from None
+    try:
+        return cls(**values)
+    except TypeError as err:  # a required field left out
+        raise UserError(f"{where or cls.__name__}: {err}") from None
+    except UserError as err:
+        raise UserError(_located(str(err), where, fields)) from None
+
+
+def _located(message: str, where: str, fields) -> str:
+    """A class's own error message with the key's full path: ``pool.source`` under ``task.pool`` becomes
+    ``task.pool.source``, ``workers`` under ``evaluator`` becomes ``evaluator.workers``."""
+    if not where:
+        return message
+    first = message.split(":", 1)[0].split(".")[0]
+    parent, _, leaf = where.rpartition(".")
+    if first == leaf:
+        return f"{parent}.{message}" if parent else message
+    if first in fields:
+        return f"{where}.{message}"
+    return message

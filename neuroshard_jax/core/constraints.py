@@ -1,0 +1,144 @@
+"""Placement constraints users set per table, in one place: what they allow, whether a plan keeps them, and the
+smallest conflicting part of a set that no plan can keep.
+
+Per table (task file and Python API; all optional):
+
+* ``pin: D`` -- every shard of the table on device D;
+* ``exclude: [D, ...]`` -- none of its shards on these devices;
+* ``no_split: true`` -- one shard (table-wise); ``max_shards: K`` -- at most K column shards (the largest
+  power of two <= K, within the table's legal halvings);
+* ``colocate: "GROUP"`` -- every shard of every table of the group on one device (so the group's tables stay
+  whole: slices of one table on one device are merged, ``sharding.merge_colocated``).
+
+The searchers honour them through ``allowed_devices`` (a device mask per table, a group's the AND of its
+tables'), ``max_levels`` (halvings per table) and ``groups``; ``Plan.validate`` refuses a plan that breaks one
+(``violations``), so polishing keeps them too. NumPy only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from neuroshard_jax.core.constants import GIB_BYTES
+from neuroshard_jax.core.sharding import Shard, max_halvings
+
+KEYS = ("pin", "exclude", "no_split", "max_shards", "colocate")
+
+
+class Constrained(Protocol):
+    """What this module reads of a table (``types.Table``)."""
+
+    dim: int
+    pin: int | None
+    exclude: tuple[int, ...]
+    no_split: bool
+    max_shards: int | None
+    colocate: str | None
+
+
+def has_constraints(tables: Sequence[Constrained]) -> bool:
+    return any(t.pin is not None or t.exclude or t.no_split or t.max_shards or t.colocate for t in tables)
+
+
+def groups(tables: Sequence[Constrained]) -> dict[str, list[int]]:
+    """Colocation groups: name -> table indices, in task order."""
+    out: dict[str, list[int]] = {}
+    for i, t in enumerate(tables):
+        if t.colocate is not None:
+            out.setdefault(t.colocate, []).append(i)
+    return out
+
+
+def allowed_devices(tables: Sequence[Constrained], num_devices: int) -> np.ndarray:
+    """bool[T, N]: where each table's shards may go (pin, exclude; a colocated table: its group's intersection)."""
+    allowed = np.ones((len(tables), num_devices), dtype=bool)
+    for i, t in enumerate(tables):
+        if t.pin is not None:
+            allowed[i] = np.arange(num_devices) == t.pin
+        allowed[i, list(t.exclude)] = False
+    for members in groups(tables).values():
+        allowed[members] = allowed[members].all(axis=0)
+    return allowed
+
+
+def max_levels(tables: Sequence[Constrained]) -> np.ndarray:
+    """i64[T]: how many times each table may be halved (its legal halvings, no_split, max_shards, colocate)."""
+    out = []
+    for t in tables:
+        level = max_halvings(t.dim)
+        if t.no_split or t.colocate is not None:
+            level = 0
+        elif t.max_shards is not None:
+            level = min(level, int(t.max_shards).bit_length() - 1)
+        out.append(level)
+    return np.array(out, dtype=np.int64)
+
+
+def violations(tables: Sequence[Constrained], shards: Sequence[Shard], names: Sequence[str]) -> list[str]:
+    """One line per broken constraint of a plan's shards (empty: the plan keeps them all)."""
+    by_table: dict[int, list[Shard]] = {}
+    for s in shards:
+        by_table.setdefault(s.table, []).append(s)
+    out = []
+    for i, t in enumerate(tables):
+        devices = sorted({s.device for s in by_table.get(i, [])})
+        count = len(by_table.get(i, []))
+        if t.pin is not None and devices != [t.pin]:
+            out.append(f"table {names[i]}: pinned to device {t.pin}, has shards on {devices}")
+        if set(devices) & set(t.exclude):
+            out.append(f"table {names[i]}: excluded from devices {sorted(t.exclude)}, has shards on {devices}")
+        if t.no_split and count > 1:
+            out.append(f"table {names[i]}: no_split, cut into {count} shards")
+        if t.max_shards is not None and count > t.max_shards:
+            out.append(f"table {names[i]}: at most {t.max_shards} shards, cut into {count}")
+    for group, members in groups(tables).items():
+        devices = sorted({s.device for m in members for s in by_table.get(m, [])})
+        if len(devices) > 1:
+            out.append(
+                f"colocate group {group!r} (tables {', '.join(names[m] for m in members)}): on devices {devices}"
+            )
+    return out
+
+
+def conflicts(
+    tables: Sequence[Constrained], names: Sequence[str], mem_bytes: Sequence[int], cap_bytes: Sequence[int]
+) -> str | None:
+    """The smallest conflicting part of the constraints found, or None: a table (or group) allowed on no device;
+    a group whose tables are pinned apart; tables pinned to one device (with their groups) over its memory; a
+    group too large for any device it may go to. ``mem_bytes``: each table's whole memory; ``cap_bytes``: each
+    device's cap."""
+    num_devices = len(cap_bytes)
+    for i, t in enumerate(tables):
+        if t.pin is not None and t.pin in t.exclude:
+            return f"table {names[i]}: pinned to device {t.pin}, which it also excludes"
+    for group, members in groups(tables).items():
+        pins = sorted({tables[m].pin for m in members if tables[m].pin is not None})
+        if len(pins) > 1:
+            return f"colocate group {group!r}: its tables are pinned to devices {pins}, expected one device"
+    allowed = allowed_devices(tables, num_devices)
+    for i in range(len(tables)):
+        if not allowed[i].any():
+            where = f"colocate group {tables[i].colocate!r}" if tables[i].colocate else f"table {names[i]}"
+            return f"{where}: allowed on no device (pin and exclude leave none of 0..{num_devices - 1})"
+    gib = GIB_BYTES
+    for group, members in groups(tables).items():
+        need = sum(mem_bytes[m] for m in members)
+        room = max(cap_bytes[d] for d in np.flatnonzero(allowed[members[0]]))
+        if need > room:
+            return (
+                f"colocate group {group!r}: its tables need {need / gib:.2f} GiB together, the largest device it "
+                f"may go to holds {room / gib:.2f} GiB"
+            )
+    for d in range(num_devices):
+        forced = [i for i in range(len(tables)) if allowed[i].sum() == 1 and allowed[i, d]]
+        need = sum(mem_bytes[i] for i in forced)
+        if need > cap_bytes[d]:
+            listed = ", ".join(names[i] for i in forced[:6]) + (", ..." if len(forced) > 6 else "")
+            return (
+                f"tables pinned to device {d} ({listed}) need {need / gib:.2f} GiB, its cap is "
+                f"{cap_bytes[d] / gib:.2f} GiB"
+            )
+    return None

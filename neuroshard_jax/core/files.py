@@ -1,0 +1,288 @@
+"""Files: measured datasets (append-only JSONL files that survive kill -9, plus their manifest), atomic JSON
+writes, and the paths of what ships inside the package.
+
+A record is one line. Appends are flushed and fsynced one by one; on open, a torn last line (a
+write cut by a kill) is cut off, so a file holds only whole records. Each record has a unique
+``id``; a resumed collection skips the ids it finds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from neuroshard_jax.core.errors import UserError
+
+
+class JsonlLog:
+    """Append-only record log keyed by ``id`` (thread-safe appends)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._repair()
+        self.ids = {record["id"] for record in self.records()}
+        self._lock = threading.Lock()
+
+    def _repair(self) -> None:
+        """Cut a torn last line (an interrupted append) before appending again, and say what was dropped."""
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            keep = data.rfind(b"\n") + 1
+            print(
+                f"warning: {self.path}: dropped a torn last line ({len(data) - keep} bytes, no newline) left by an "
+                "interrupted write; its record is made again",
+                file=sys.stderr,
+            )
+            with open(self.path, "r+b") as f:
+                f.truncate(keep)
+
+    def records(self) -> Iterator[dict]:
+        if not self.path.exists():
+            return
+        with open(self.path) as f:
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    yield _record(line, self.path, number)
+
+    def append(self, record: dict) -> None:
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        with self._lock:
+            if record["id"] in self.ids:
+                return
+            with open(self.path, "a") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+            self.ids.add(record["id"])
+
+
+def read_json(path: str | Path, key: str, expected: str = "a JSON file") -> dict:
+    """The JSON object in ``path``; a missing, unreadable, torn or non-object file is one UserError naming
+    ``key`` (the setting or file kind), the file, the line and what was expected."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{key}: {str(path)!r} does not exist, expected {expected}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"{key}: cannot read {str(path)!r} ({err}), expected {expected}") from None
+    except json.JSONDecodeError as err:
+        raise UserError(
+            f"{key}: {str(path)!r} line {err.lineno} is not valid JSON ({err.msg}; torn by an interrupted write?), "
+            f"expected {expected}"
+        ) from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{key}: {str(path)!r} holds a JSON {type(obj).__name__}, expected {expected} with an object")
+    return obj
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The whole records of a JSONL file, read without modifying it (a writer may still be appending): a torn
+    last line is left out and said on stderr; a corrupt line before it is an error naming the file and line."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"dataset: {str(path)!r} does not exist")
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    torn = lines.pop()  # b"" when the file ends with a newline
+    if torn.strip():
+        print(f"warning: {path}: left out a torn last line ({len(torn)} bytes, no newline)", file=sys.stderr)
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        records.append(_record(line, path, number))
+    return records
+
+
+def _record(line: str | bytes, path: Path, number: int) -> dict:
+    """One JSONL line as a record (a JSON object with an ``id``); else a UserError naming the file and line."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        record = None
+    if not isinstance(record, dict) or "id" not in record:
+        raise UserError(f"dataset: {str(path)!r} line {number} is not a JSON record; expected one object per line")
+    return record
+
+
+def read_records(path: str | Path, ok_only: bool = True) -> list[dict]:
+    return [r for r in read_jsonl(path) if r.get("ok", True) or not ok_only]
+
+
+ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_tile")
+
+
+def hardware() -> dict[str, Any]:
+    """This machine as a dataset's manifest records it. ``cpu`` (the model name) is not enough to tell kinds
+    apart: this project's machines all print "AMD EPYC", from Zen 3 (family 25 model 1) to Zen 4 (model 17), and
+    the same shard measures 1.75x faster on the latter. So ``cpu_id`` (vendor, family, model: the
+    microarchitecture), the ISA extensions the kernels can use, the clock and the GPU (where ``nvidia-smi`` runs)
+    are recorded too; ``hardware_kind`` is what must match."""
+    info = _cpuinfo()
+    found = {
+        "cpu": info.get("model name") or platform.processor() or "unknown",
+        "cores": os.cpu_count(),
+        "machine": platform.machine(),
+        "system": platform.system(),
+    }
+    if "cpu family" in info and "model" in info:
+        found["cpu_id"] = f"{info.get('vendor_id', '?')} family {info['cpu family']} model {info['model']}"
+        found["stepping"] = info.get("stepping")
+        flags = set(info.get("flags", "").split())
+        found["isa"] = [f for f in ISA_FLAGS if f in flags]
+        found["mhz"] = round(float(info["cpu MHz"])) if "cpu MHz" in info else None
+    gpu = _gpu_name()
+    if gpu:
+        found["gpu"] = gpu
+    return found
+
+
+def hardware_kind(found: dict | None, device: str | None = "cpu") -> str:
+    """One string per kind of hardware: the CPU's name and its microarchitecture where recorded, and on
+    ``device="cuda"`` the GPU. Manifests written before 2026-11-24 lack ``cpu_id``; theirs reads
+    "<name> [model not recorded]", a kind of its own."""
+    found = found or {}
+    kind = f"{found.get('cpu', 'unknown')} [{found.get('cpu_id', 'model not recorded')}]"
+    return f"{kind} + {found.get('gpu', 'GPU not recorded')}" if device == "cuda" else kind
+
+
+def manifest_kinds(manifest: dict) -> list[str]:
+    """The kinds of hardware a dataset's labels hold for: the kind it was measured on, then every kind a
+    ``tools/hardware_probe.py --record`` run found to measure like it (``probes`` in the manifest, each with its
+    measured ratio): one CPU name spans several kinds, and one kind may be recorded under two names (a dataset
+    from before ``cpu_id`` was recorded)."""
+    device = manifest.get("settings", {}).get("device")
+    probed = [p["kind"] for p in manifest.get("probes", ()) if p.get("same_kind") and p.get("kind")]
+    return list(dict.fromkeys([hardware_kind(manifest.get("hardware"), device), *probed]))
+
+
+def common_kinds(manifests: list[dict]) -> list[str]:
+    """The kinds of hardware every dataset's labels hold for (``manifest_kinds``), in the first one's order."""
+    kinds = manifest_kinds(manifests[0])
+    return [k for k in kinds if all(k in manifest_kinds(m) for m in manifests[1:])]
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if not line.strip():
+                if info:
+                    break
+                continue
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return info
+
+
+def _gpu_name() -> str | None:
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = sorted({line.strip() for line in done.stdout.splitlines() if line.strip()})
+    return ", ".join(names) if done.returncode == 0 and names else None
+
+
+def git_commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+        return done.stdout.strip() or None
+    except OSError:
+        return None
+
+
+def write_manifest(path: Path, settings: dict, extra: dict) -> dict:
+    """Create the manifest, or check that a resumed run uses the same settings; then update it."""
+    path = Path(path)
+    settings = json.loads(json.dumps(settings))  # tuples -> lists, as they read back
+    if path.exists():
+        manifest = read_json(path, "dataset", "a manifest written by neuroshard_jax.collect")
+        device = settings.get("device", "cpu")
+        was, now = hardware_kind(manifest.get("hardware"), device), hardware_kind(extra.get("hardware"), device)
+        both = "hardware" in extra and "hardware" in manifest
+        if both and now not in manifest_kinds(manifest):
+            raise UserError(
+                f"hardware: this machine is {now!r}, but the dataset in {str(path.parent)!r} was measured on {was!r}; "
+                "expected the same kind of hardware (labels differ 1.2-2.8x between them), another out_dir, or "
+                "a tools/hardware_probe.py --record verdict that this machine measures like it"
+            )
+        if both and now != was:
+            # a probed kind resumes the dataset: its own hardware stays, the resuming machine is noted beside it
+            resumed = [h for h in manifest.get("resumed_on", []) if h != extra["hardware"]]
+            extra = {**extra, "resumed_on": [*resumed, extra["hardware"]]}
+            extra.pop("hardware")
+        for key, value in settings.items():
+            if manifest["settings"].get(key) != value:
+                raise UserError(
+                    f"{key}: got {value!r}, but the dataset in {str(path.parent)!r} was collected with "
+                    f"{manifest['settings'].get(key)!r}; expected the same settings or another out_dir"
+                )
+    else:
+        manifest = {"settings": settings, "created": _now()}
+    manifest.update(extra)
+    manifest["updated"] = _now()
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    tmp.replace(path)
+    return manifest
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def write_json(obj: dict[str, Any], path: str | Path) -> Path:
+    """Write atomically (a reader never sees half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def package_path(relative: str) -> Path:
+    """A path inside the installed neuroshard_jax package (its shipped data)."""
+    return Path(str(resources.files("neuroshard_jax"))) / relative
+
+
+def resolve_dataset(path: str | Path) -> Path:
+    """A dataset directory as given, or, if relative and absent here, relative to the package's parent
+    (so the shipped ``neuroshard_jax/data/profiles/...`` recorded in checkpoints resolves from anywhere)."""
+    path = Path(path)
+    if path.exists() or path.is_absolute():
+        return path
+    return package_path("").parent / path
+
+
+def load_manifest(dataset_dir: Path, kind: str) -> dict:
+    path = Path(dataset_dir) / f"manifest-{kind}.json"
+    return read_json(path, "dataset", f"the manifest of a {kind} dataset collected by neuroshard_jax.collect")
+
+
+def pool_file_digest(path: Path) -> str:
+    """A DLRM benchmark file's identity (path, size, mtime): its pool id and its cache key."""
+    if not path.is_file():
+        raise UserError(f"pool.path: {str(path)!r} does not exist or is not a file, expected a DLRM benchmark file")
+    stat = path.stat()
+    return hashlib.sha1(f"{path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:12]

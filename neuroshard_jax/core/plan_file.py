@@ -1,0 +1,86 @@
+"""Plans as files: read a plan.json, and print a plan's per-device summary.
+
+The ``Plan`` type, its validity rules (``Plan.validate``, by ``sharding``) and the plan.json contract
+(``Plan.to_json`` / ``Plan.from_json``) live in ``types.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from neuroshard_jax.core.files import read_json
+from neuroshard_jax.core.types import Plan
+
+
+def load_plan(path: str | Path, key: str = "plan") -> Plan:
+    """Read and validate a plan.json file (errors name ``key``, the setting that gave the path)."""
+    path = Path(path)
+    obj = read_json(path, key, "a plan.json file")
+    return Plan.from_json(obj, where=f"{key} {path.name}")
+
+
+def format_plan(plan_json: dict[str, Any]) -> str:
+    """A per-device summary table of a plan.json object."""
+    task = plan_json["task"]
+    hetero = task.get("devices")  # heterogeneous devices: each one's cap and speed are columns
+    cap = "caps per device" if hetero else f"cap={task['mem_cap_gb']} GiB"
+    lines = [
+        f"searcher={plan_json['searcher']} cost_model={plan_json['cost_model']} seed={plan_json['seed']} "
+        f"tables={len(task['tables'])} devices={task['num_devices']} {cap} batch={task['batch_size']}",
+        f"{'device':>6} {'shards':>6} {'dim_sum':>7} {'mem_GB':>7}"
+        + (f" {'cap_GB':>7} {'speed':>6}" if hetero else "")
+        + f" {'compute':>9} {'fwd_comm':>9} {'bwd_comm':>9} {'total_ms':>9}",
+    ]
+    polish = plan_json.get("polish")
+    if polish:
+        lines[1] += f" {'measured':>9}"
+    for d in plan_json["devices"]:
+        c = d["cost_ms"]
+        spec = hetero[d["device"]] if hetero else None
+        line = (
+            f"{d['device']:>6} {d['num_shards']:>6} {d['dim_sum']:>7} {d['mem_gb']:>7.3f}"
+            + (f" {spec['mem_cap_gb']:>7.3f} {spec['speed']:>6.2f}" if spec else "")
+            + f" {c['compute']:>9.3f} {c['fwd_comm']:>9.3f} {c['bwd_comm']:>9.3f} {c['total']:>9.3f}"
+        )
+        lines.append(line + (f" {polish['devices'][d['device']]['total']:>9.3f}" if polish else ""))
+    lines.append(
+        f"predicted cost: {plan_json['cost_ms']:.3f} ms (max over devices); search {plan_json['search_time_s']:.2f} s"
+    )
+    if polish:
+        lines.append(
+            f"measured cost: {polish['measured_ms']:.3f} ms, unpolished {polish['unpolished_measured_ms']:.3f} ms "
+            f"({100 * polish['improvement']:+.1f}% better); polishing kept {polish['changes_kept']} changes, "
+            f"{polish['measurements']} device measurements, {polish['time_s']:.1f} s"
+        )
+    if plan_json.get("calibration"):
+        lines.append(calibration_line(plan_json["calibration"]))
+    unsure = [d for d in plan_json["devices"] if d.get("model_trust", 1.0) < 1.0]
+    for d in unsure:
+        lines.append(
+            f"device {d['device']}: the model is unsure here (its members disagree by {100 * d['model_spread']:.0f}%); "
+            f"its compute leans on the roofline fallback (trust {d['model_trust']:.2f})"
+        )
+    estimated = [t.get("name", t["id"]) for t in task["tables"] if t.get("estimated")]
+    if estimated:
+        names = ", ".join(str(n) for n in estimated[:5]) + (", ..." if len(estimated) > 5 else "")
+        lines.append(
+            f"warning: {len(estimated)} of {len(task['tables'])} tables have estimated access statistics ({names}): "
+            "no data was given for them; the costs assume a Zipf law (python -m neuroshard_jax.stats measures them)"
+        )
+    return "\n".join(lines)
+
+
+def calibration_line(record: dict) -> str:
+    """One line on a plan's calibration (``calibrate.py``): the factor, its spread and what it came from."""
+    if record.get("given"):
+        return f"calibrated: predicted compute x{record['factor']:.3f} (cost_model.calibration, given)"
+    r = record["ratios"]
+    line = (
+        f"calibrated on this machine: predicted compute x{record['factor']:.3f} (measured / predicted over "
+        f"{record['devices']} devices of the task's tables: p10 {r['p10']:.2f}, p90 {r['p90']:.2f}; "
+        f"{record['seconds']:.0f} s)"
+    )
+    if record.get("far"):
+        line += "; far from 1: the model was trained on other hardware, a model of this kind would predict better"
+    return line

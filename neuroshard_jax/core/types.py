@@ -1,0 +1,836 @@
+"""Shared host-side types: tables, tasks, shards and plans (frozen; nothing is mutated in place).
+
+JSON (de)serialisation lives with the types so that a task file is exactly the object found under
+``"task"`` in plan.json, and plan.json is ``Plan.to_json()``. Validation of untrusted input raises
+``UserError`` naming the field, the value and what was expected. The rules of shard geometry (splits,
+memory, tiling) are ``neuroshard_jax.core.sharding``'s; the types only call them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from neuroshard_jax.core.config import nearest
+from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GENERATOR_VERSION, GIB_BYTES
+from neuroshard_jax.core.constraints import KEYS as CONSTRAINT_KEYS
+from neuroshard_jax.core.constraints import violations
+from neuroshard_jax.core.errors import PlanError, UserError
+from neuroshard_jax.core.features import NUM_BINS, feature_matrix
+from neuroshard_jax.core.files import pool_file_digest
+from neuroshard_jax.core.sharding import (
+    Shard,
+    column_shards,
+    device_dim_sums,
+    device_mem_bytes,
+    is_legal_dim,
+    mem_bytes,
+    row_blocks,
+    tiling_error,
+)
+
+__all__ = ["Device", "Links", "Plan", "PlanCosts", "RowBlockStats", "Shard", "Table", "Task"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolSpec:
+    """How to obtain a pool; stored in task files so that streams can be regenerated."""
+
+    source: str = "synthetic"
+    seed: int = 0
+    num_tables: int = 856
+    path: str | None = None
+
+    def __post_init__(self):
+        if self.source not in ("synthetic", "dlrm"):
+            raise UserError(f"pool.source: got {self.source!r}, expected 'synthetic' or 'dlrm'")
+        if self.source == "synthetic" and self.num_tables < 1:
+            raise UserError(f"pool.num_tables: got {self.num_tables}, expected a positive integer")
+        if self.source == "dlrm" and not self.path:
+            raise UserError("pool.path: missing, expected the path of a DLRM benchmark file for source 'dlrm'")
+
+    @property
+    def pool_id(self) -> str:
+        if self.source == "synthetic":
+            return f"synthetic-v{GENERATOR_VERSION}-s{self.seed}-n{self.num_tables}"
+        return f"dlrm-{pool_file_digest(Path(self.path))}"
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> PoolSpec:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in obj.items() if k in known})
+
+
+@dataclasses.dataclass(frozen=True)
+class RowBlockStats:
+    """Statistics of a table's ``count`` row blocks (TorchRec's row-wise layout, ``sharding.row_blocks``) measured
+    from the user's data: per block, its pooling factor (its lookups per sample; they sum to the table's) and its
+    own access histogram (``bins``: 17 shares, all 0 for a block never looked up). Hot rows are rarely spread
+    evenly over row ranges: ids sorted by frequency put them all in the first block, hashed ids put a very hot row
+    in one block, and a block's cost follows its own lookups."""
+
+    count: int
+    pooling_factors: tuple[float, ...]
+    bins: tuple[tuple[float, ...], ...]
+
+    def __post_init__(self):
+        if len(self.pooling_factors) != self.count or len(self.bins) != self.count:
+            raise ValueError(f"RowBlockStats: {self.count} blocks, expected as many pooling factors and histograms")
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """One embedding table of a task. ``id`` is its id in the pool it was drawn from (or its position, for
+    tables given by the user); ``name`` is the user's name for it, if any."""
+
+    id: int
+    rows: int
+    dim: int
+    pooling_factor: float
+    bins: tuple[float, ...]
+    name: str | None = None
+    # statistics assumed (``stats.estimated_stats``), not measured from the user's data: the plan warns
+    estimated: bool = False
+    # placement constraints (``constraints.py``): a device for every shard, devices to avoid, no column split or at
+    # most K shards, a group of tables kept on one device
+    pin: int | None = None
+    exclude: tuple[int, ...] = ()
+    no_split: bool = False
+    max_shards: int | None = None
+    colocate: str | None = None
+    # measured statistics of its row blocks, per block count (``stats``: from the user's data); a block of a count
+    # not given is assumed to do its rows' share of the lookups with the table's histogram
+    row_blocks: tuple[RowBlockStats, ...] = ()
+
+    @property
+    def size(self) -> int:
+        """Elements (rows * dim)."""
+        return self.rows * self.dim
+
+    def block_stats(self, row_offset: int, num_rows: int) -> tuple[float, tuple[float, ...]] | None:
+        """(pooling factor, bins) measured for the row block [row_offset, row_offset + num_rows), or None when no
+        block count given in ``row_blocks`` has that block."""
+        for stats in self.row_blocks:
+            layout = row_blocks(self.rows, stats.count)
+            if (row_offset, num_rows) in layout:
+                i = layout.index((row_offset, num_rows))
+                return stats.pooling_factors[i], stats.bins[i]
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """One device of a heterogeneous task: its memory cap for tables, its relative compute speed (a device's
+    predicted compute is divided by its speed: 2.0 computes twice as fast as 1.0) and the host it sits in (a
+    task's ``links`` say how fast devices talk within a host and between hosts)."""
+
+    mem_cap_gb: float
+    speed: float = 1.0
+    host: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Links:
+    """A multi-host task's bandwidths per device in GB/s: between devices of one host (NVLink, shared memory) and
+    between hosts (the network)."""
+
+    intra_host_gbps: float
+    inter_host_gbps: float
+    # hosts of consecutive devices, for a task whose devices carry no host of their own: device d is in host
+    # d // devices_per_host (8 GPUs per host: 512 devices are 64 hosts)
+    devices_per_host: int | None = None
+
+    def comm_scale(self, hosts: list[int]) -> np.ndarray:
+        """f64[N]: how much longer each device's all-to-all takes than on one host (``hosts``: each device's host).
+
+        Every device exchanges with every other, so a share ``f = off-host peers / (N - 1)`` of its bytes crosses
+        the network: its time is ``(1 - f) + f * intra / inter`` times the one-host time the comm labels measure
+        (bytes over bandwidth, the two links used in turn). An analytic extrapolation, stated as such: the labels
+        are all-to-alls of at most 8 ranks on one machine."""
+        n = len(hosts)
+        if n < 2:
+            return np.ones(n)
+        per_host = {h: hosts.count(h) for h in set(hosts)}
+        off_host = np.array([(n - per_host[h]) / (n - 1) for h in hosts])
+        return (1.0 - off_host) + off_host * (self.intra_host_gbps / self.inter_host_gbps)
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """Tables to shard over ``num_devices`` devices with ``mem_cap_gb`` GiB each; or, where ``devices`` is given,
+    over those devices (heterogeneous caps and speeds; ``mem_cap_gb`` is then the largest cap)."""
+
+    num_devices: int
+    mem_cap_gb: float
+    batch_size: int
+    tables: tuple[Table, ...]
+    precision: str = "fp32"
+    pool: PoolSpec | None = None
+    devices: tuple[Device, ...] | None = None
+    links: Links | None = None
+
+    def __post_init__(self):
+        if self.devices is not None:
+            if any(not (d.mem_cap_gb > 0 and d.speed > 0) for d in self.devices):
+                raise ValueError(f"task: device caps and speeds must be > 0, got {self.devices}")
+            if all(d == Device(self.mem_cap_gb) for d in self.devices):  # identical devices of speed 1: a plain task
+                object.__setattr__(self, "devices", None)
+        if self.devices is not None:
+            if len(self.devices) != self.num_devices:
+                raise ValueError(f"task: {len(self.devices)} devices given for num_devices {self.num_devices}")
+            if self.mem_cap_gb != max(d.mem_cap_gb for d in self.devices):
+                raise ValueError(f"task: mem_cap_gb {self.mem_cap_gb} is not the largest device cap")
+        if self.links is not None:
+            if not (self.links.intra_host_gbps > 0 and self.links.inter_host_gbps > 0):
+                raise ValueError(f"task: link bandwidths must be > 0, got {self.links}")
+            if self.links.devices_per_host and self.devices and any(d.host for d in self.devices):
+                raise ValueError("task: devices_per_host given beside the devices' own hosts; expected one")
+
+    @classmethod
+    def on_devices(
+        cls, devices, batch_size: int, tables, precision: str = "fp32", pool=None, links: Links | None = None
+    ) -> Task:
+        """A task over the given devices (``Device`` objects); identical devices of speed 1 give a plain task."""
+        devices = tuple(devices)
+        cap = max(d.mem_cap_gb for d in devices)
+        return cls(len(devices), cap, batch_size, tuple(tables), precision, pool, devices, links)
+
+    @property
+    def num_tables(self) -> int:
+        return len(self.tables)
+
+    @property
+    def mem_cap_bytes(self) -> int:
+        """The largest device's cap in bytes (every device's, for a task of identical devices)."""
+        return int(self.mem_cap_gb * GIB_BYTES)
+
+    @property
+    def has_speeds(self) -> bool:
+        """Whether some device's speed is not 1 (its compute is scaled)."""
+        return self.devices is not None and any(d.speed != 1.0 for d in self.devices)
+
+    def cap_bytes(self) -> np.ndarray:
+        """i64[N]: each device's memory cap in bytes."""
+        return np.array([int(cap * GIB_BYTES) for cap in self.caps_gb()], dtype=np.int64)
+
+    def caps_gb(self) -> list[float]:
+        """Each device's memory cap in GiB."""
+        return [self.mem_cap_gb] * self.num_devices if self.devices is None else [d.mem_cap_gb for d in self.devices]
+
+    def speeds(self) -> np.ndarray:
+        """f64[N]: each device's relative compute speed (1 for a task of identical devices)."""
+        if self.devices is None:
+            return np.ones(self.num_devices)
+        return np.array([d.speed for d in self.devices], dtype=np.float64)
+
+    def hosts(self) -> list[int]:
+        """Each device's host: the devices' own, else consecutive groups of ``links.devices_per_host``, else 0."""
+        if self.links is not None and self.links.devices_per_host:
+            return [d // self.links.devices_per_host for d in range(self.num_devices)]
+        return [0] * self.num_devices if self.devices is None else [d.host for d in self.devices]
+
+    def comm_scale(self) -> np.ndarray:
+        """f64[N]: each device's all-to-all time relative to one host (``Links.comm_scale``; 1 without links)."""
+        if self.links is None:
+            return np.ones(self.num_devices)
+        return self.links.comm_scale(self.hosts())
+
+    def local_size(self) -> int | None:
+        """Devices per host where the task spans several hosts of equal size, each holding consecutive devices (the
+        layout TorchRec's topology assumes); None for one host or any other layout."""
+        hosts = self.hosts()
+        if not self.multi_host:
+            return None
+        local = hosts.count(hosts[0])
+        regular = self.num_devices % local == 0 and all(h == hosts[(d // local) * local] for d, h in enumerate(hosts))
+        return local if regular and len(set(hosts)) == self.num_devices // local else None
+
+    @property
+    def multi_host(self) -> bool:
+        """Whether the devices sit in more than one host (the comm is then scaled by ``comm_scale``)."""
+        return self.links is not None and len(set(self.hosts())) > 1
+
+    def describe_devices(self) -> str:
+        """The devices in a few words, for messages: ``4 x 2.0 GiB`` or ``4 devices of 1.0-8.0 GiB``."""
+        if self.devices is None:
+            return f"{self.num_devices} x {self.mem_cap_gb} GiB"
+        caps = self.caps_gb()
+        return f"{self.num_devices} devices of {min(caps)}-{max(caps)} GiB ({sum(caps):.2f} GiB in all)"
+
+    def table_mem_bytes(self, index: int, dim: int | None = None) -> int:
+        """Memory of table ``index`` (of a column shard of it when ``dim`` is given), by ``sharding.mem_bytes``."""
+        table = self.tables[index]
+        return mem_bytes(table.rows, table.dim if dim is None else dim, self.precision)
+
+    def table_names(self) -> list[str]:
+        """Each table's name, else its id, as text (for messages)."""
+        return [t.name if t.name is not None else str(t.id) for t in self.tables]
+
+    def table_rows(self) -> list[int]:
+        return [t.rows for t in self.tables]
+
+    def features(self) -> np.ndarray:
+        """Raw features f64[T, 21] in FEATURE_NAMES order."""
+        return feature_matrix(
+            [t.rows for t in self.tables],
+            [t.dim for t in self.tables],
+            [t.pooling_factor for t in self.tables],
+            [t.bins for t in self.tables],
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "num_devices": self.num_devices,
+            "mem_cap_gb": self.mem_cap_gb,
+            **({"devices": _devices_json(self.devices)} if self.devices is not None else {}),
+            **({"links": _links_json(self.links)} if self.links is not None else {}),
+            "batch_size": self.batch_size,
+            "precision": self.precision,
+            "tables": [
+                {
+                    "id": t.id,
+                    **({"name": t.name} if t.name is not None else {}),
+                    "rows": t.rows,
+                    "dim": t.dim,
+                    "pooling_factor": t.pooling_factor,
+                    "size": t.size,
+                    "bins": list(t.bins),
+                    **({"estimated": True} if t.estimated else {}),
+                    **_constraints_json(t),
+                    **({"row_blocks": row_blocks_json(t.row_blocks)} if t.row_blocks else {}),
+                }
+                for t in self.tables
+            ],
+        }
+        if self.pool is not None:
+            out["pool"] = self.pool.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "task") -> Task:
+        """Parse and validate a task object; errors name ``where.field``."""
+        if not isinstance(obj, dict):
+            raise UserError(f"{where}: got {type(obj).__name__}, expected a JSON object")
+        _known_keys(obj, TASK_KEYS, where)
+        devices = _devices_field(obj, where)
+        if devices is None:
+            num_devices = _int_field(obj, "num_devices", where, minimum=1)
+            mem_cap_gb = _float_field(obj, "mem_cap_gb", where, positive=True)
+        else:
+            num_devices, mem_cap_gb = len(devices), max(d.mem_cap_gb for d in devices)
+        batch_size = _int_field(obj, "batch_size", where, minimum=1)
+        precision = obj.get("precision", "fp32")
+        if precision not in BYTES_PER_ELEMENT:
+            raise UserError(f"{where}.precision: got {precision!r}, expected one of {', '.join(BYTES_PER_ELEMENT)}")
+        raw_tables = _field(obj, "tables", where)
+        if not isinstance(raw_tables, list) or not raw_tables:
+            raise UserError(f"{where}.tables: got {raw_tables!r:.60}, expected a non-empty list of tables")
+        tables = tuple(_table_from_json(t, f"{where}.tables[{i}]") for i, t in enumerate(raw_tables))
+        seen: set[int] = set()
+        names: set[str] = set()
+        for i, t in enumerate(tables):
+            if t.id in seen:
+                raise UserError(f"{where}.tables[{i}].id: got {t.id}, expected ids unique within a task")
+            if t.name is not None and t.name in names:
+                raise UserError(f"{where}.tables[{i}].name: got {t.name!r}, expected names unique within a task")
+            seen.add(t.id)
+            names.add(t.name)
+        for i, t in enumerate(tables):
+            for d in ((t.pin,) if t.pin is not None else ()) + t.exclude:
+                if not 0 <= d < num_devices:
+                    key = "pin" if d == t.pin else "exclude"
+                    raise UserError(f"{where}.tables[{i}].{key}: got device {d}, expected 0..{num_devices - 1}")
+        pool = obj.get("pool")
+        if pool is not None and not isinstance(pool, dict):
+            raise UserError(
+                f"{where}.pool: got {pool!r:.60}, expected an object like {{'source': 'synthetic', 'seed': 0}}"
+            )
+        pool_spec = PoolSpec.from_json(pool) if pool else None
+        links = _links_field(obj, devices, where)
+        if devices is not None:
+            return cls.on_devices(devices, batch_size, tables, precision, pool_spec, links)
+        return cls(num_devices, mem_cap_gb, batch_size, tables, precision, pool_spec, links=links)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanCosts:
+    """A plan's predicted costs in ms by the cost model ``cost_model``: per device (tuples of N floats) and the
+    plan cost (``cost_models.plan_cost_ms``: the slowest device)."""
+
+    compute_ms: tuple[float, ...]
+    fwd_comm_ms: tuple[float, ...]
+    bwd_comm_ms: tuple[float, ...]
+    total_ms: tuple[float, ...]
+    cost_ms: float
+    cost_model: str
+    # An ensemble's per-device relative spread of compute, and the weight its nets kept against the roofline
+    # fallback (1: trusted; below 1: the members disagree, the prediction leans on the roofline). None otherwise.
+    compute_spread: tuple[float, ...] | None = None
+    trust: tuple[float, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A sharding plan: every column of every table of ``task`` on exactly one device.
+
+    ``costs`` (predicted, when the plan was scored), ``searcher``, ``seed`` and ``search_time_s`` say where it
+    came from; they do not take part in equality. ``to_json`` / ``from_json`` are the plan.json contract.
+    """
+
+    task: Task
+    shards: tuple[Shard, ...]
+    costs: PlanCosts | None = dataclasses.field(default=None, compare=False)
+    searcher: str | None = dataclasses.field(default=None, compare=False)
+    seed: int | None = dataclasses.field(default=None, compare=False)
+    search_time_s: float | None = dataclasses.field(default=None, compare=False)
+    # measured polishing's record (``polish.py``): measured per-device costs, measurements, time, improvement
+    polish: dict | None = dataclasses.field(default=None, compare=False)
+    # the cost model's calibration to the measuring machine (``calibrate.py``): factor, its spread, what was measured
+    calibration: dict | None = dataclasses.field(default=None, compare=False)
+
+    @classmethod
+    def from_assignment(cls, task: Task, num_splits: list[int], devices: list[list[int]]) -> Plan:
+        """Plan from per-table shard counts (legal splits) and per-table lists of shard devices."""
+        shards = []
+        for t, (count, devs) in enumerate(zip(num_splits, devices)):
+            if len(devs) != count:
+                raise ValueError(f"table {t}: {len(devs)} devices for {count} shards")
+            shards.extend(column_shards(t, task.tables[t].dim, devs))
+        return cls(task, tuple(shards))
+
+    def device_shards(self, device: int) -> list[Shard]:
+        return [s for s in self.shards if s.device == device]
+
+    def shards_of(self, table: int) -> list[Shard]:
+        """The shards of task table ``table`` (an index), in column order (then row order)."""
+        return sorted((s for s in self.shards if s.table == table), key=lambda s: (s.col_offset, s.row_offset))
+
+    def placement(self) -> dict[str | int, list[tuple[int, ...]]]:
+        """Per table (its name, else its id): its shards as (col_offset, dim, device), in column order; a row-split
+        table's as (col_offset, dim, device, row_offset, num_rows), in column then row order."""
+        out: dict[str | int, list[tuple[int, ...]]] = {}
+        for s in sorted(self.shards, key=_shard_order):
+            table = self.task.tables[s.table]
+            where = (s.col_offset, s.dim, s.device)
+            if not s.whole_rows(table.rows):
+                where += (s.row_offset, s.rows(table.rows))
+            out.setdefault(table.id if table.name is None else table.name, []).append(where)
+        return out
+
+    def torchrec_shards(self) -> list[list[dict[str, int]]]:
+        """Per task table: its shards as ``torchrec_format`` takes them, {col_offset, dim, rank} (and row_offset,
+        num_rows for a row block), in column then row order."""
+        out: list[list[dict[str, int]]] = [[] for _ in self.task.tables]
+        for s in sorted(self.shards, key=_shard_order):
+            shard = {"col_offset": s.col_offset, "dim": s.dim, "rank": s.device}
+            rows = self.task.tables[s.table].rows
+            if not s.whole_rows(rows):
+                shard.update(row_offset=s.row_offset, num_rows=s.rows(rows))
+            out[s.table].append(shard)
+        return out
+
+    def torchrec_names(self) -> list[str]:
+        """The tables' names in TorchRec: their names, else ``t{index}``."""
+        return [t.name if t.name is not None else f"t{i}" for i, t in enumerate(self.task.tables)]
+
+    def dim_sums(self) -> np.ndarray:
+        """i64[N]: pooled output width of each device."""
+        return device_dim_sums(self.shards, self.task.num_devices)
+
+    def mem_bytes(self) -> np.ndarray:
+        """i64[N]: weight memory of each device."""
+        return device_mem_bytes(self.shards, self.task.table_rows(), self.task.precision, self.task.num_devices)
+
+    def validate(self) -> Plan:
+        """Raise PlanError unless every table is tiled exactly once (``sharding.tiling_error``) by shards on
+        known devices, within every device's memory. Returns the plan."""
+        task = self.task
+        by_table: dict[int, list[Shard]] = {t: [] for t in range(task.num_tables)}
+        for s in self.shards:
+            if s.table not in by_table:
+                raise PlanError(f"plan shard: table index {s.table} is not in the task (0..{task.num_tables - 1})")
+            if not 0 <= s.device < task.num_devices:
+                raise PlanError(
+                    f"plan shard of table {task.tables[s.table].id}: device {s.device}, "
+                    f"expected 0..{task.num_devices - 1}"
+                )
+            by_table[s.table].append(s)
+        for t, shards in by_table.items():
+            table = task.tables[t]
+            error = tiling_error(table.dim, table.rows, shards)
+            if error:
+                raise PlanError(f"plan: table {table.id} {error}")
+        caps = task.cap_bytes()
+        for d, used in enumerate(self.mem_bytes()):
+            if used > caps[d]:
+                raise PlanError(
+                    f"plan: device {d} holds {used / GIB_BYTES:.3f} GiB, expected at most {task.caps_gb()[d]} GiB"
+                )
+        broken = violations(task.tables, self.shards, task.table_names())
+        if broken:
+            raise PlanError(f"plan breaks {len(broken)} constraints: {broken[0]}")
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan.json object (docs/plans.md: the contract read by the evaluator and outside tools)."""
+        task = self.task
+        mem = self.mem_bytes()
+        dim_sums = self.dim_sums()
+        out: dict[str, Any] = {}
+        if self.searcher is not None:
+            out["searcher"] = self.searcher
+        if self.costs is not None:
+            out["cost_model"] = self.costs.cost_model
+        if self.seed is not None:
+            out["seed"] = self.seed
+        out["task"] = task.to_json()
+        out["shards"] = [_shard_json(task, s) for s in sorted(self.shards, key=_shard_order)]
+        devices = []
+        for d in range(task.num_devices):
+            device = {
+                "device": d,
+                "num_shards": len(self.device_shards(d)),
+                "mem_gb": float(mem[d] / GIB_BYTES),
+                "dim_sum": int(dim_sums[d]),
+            }
+            if self.costs is not None:
+                c = self.costs
+                device["cost_ms"] = {
+                    "compute": c.compute_ms[d],
+                    "fwd_comm": c.fwd_comm_ms[d],
+                    "bwd_comm": c.bwd_comm_ms[d],
+                    "total": c.total_ms[d],
+                }
+                if c.compute_spread is not None:
+                    device["model_spread"] = c.compute_spread[d]
+                    device["model_trust"] = c.trust[d]
+            devices.append(device)
+        out["devices"] = devices
+        if self.costs is not None:
+            out["cost_ms"] = self.costs.cost_ms
+        if self.search_time_s is not None:
+            out["search_time_s"] = float(self.search_time_s)
+        if self.polish is not None:
+            out["polish"] = self.polish
+        if self.calibration is not None:
+            out["calibration"] = self.calibration
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "plan") -> Plan:
+        """Parse and validate a plan.json object (costs and provenance are kept when present)."""
+        if not isinstance(obj, dict) or "task" not in obj or "shards" not in obj:
+            raise UserError(f"{where}: expected a plan.json object with 'task' and 'shards'")
+        task = Task.from_json(obj["task"], where=f"{where}.task")
+        index = {t.id: i for i, t in enumerate(task.tables)}
+        if not isinstance(obj["shards"], list):
+            raise UserError(f"{where}.shards: got {obj['shards']!r:.60}, expected a list of shards")
+        shards = []
+        for i, s in enumerate(obj["shards"]):
+            try:
+                table, col_offset, dim, device = (int(s[k]) for k in ("table", "col_offset", "dim", "device"))
+                row_offset, num_rows = int(s.get("row_offset", 0)), s.get("num_rows")
+                num_rows = None if num_rows is None else int(num_rows)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                raise UserError(
+                    f"{where}.shards[{i}]: got {s!r:.80}, expected table, col_offset, dim, device integers "
+                    "(and row_offset, num_rows for a row block)"
+                ) from None
+            if table not in index:
+                raise UserError(f"{where}.shards[{i}].table: got {table}, expected a table id of the task")
+            if row_offset < 0 or (num_rows is not None and num_rows < 0):
+                raise UserError(f"{where}.shards[{i}]: row_offset {row_offset}, num_rows {num_rows}, expected >= 0")
+            shards.append(Shard(index[table], col_offset, dim, device, row_offset, num_rows))
+        return cls(
+            task,
+            tuple(shards),
+            _costs_from_json(obj, task.num_devices),
+            obj.get("searcher"),
+            obj.get("seed"),
+            obj.get("search_time_s"),
+            obj.get("polish") if isinstance(obj.get("polish"), dict) else None,
+            obj.get("calibration") if isinstance(obj.get("calibration"), dict) else None,
+        ).validate()
+
+
+def _shard_order(s: Shard) -> tuple[int, int, int]:
+    return s.table, s.col_offset, s.row_offset
+
+
+def _shard_json(task: Task, s: Shard) -> dict[str, int]:
+    """A plan.json shard: the row range only for a row block, so a column-wise plan's file is unchanged."""
+    out = {"table": task.tables[s.table].id, "col_offset": s.col_offset, "dim": s.dim, "device": s.device}
+    rows = task.tables[s.table].rows
+    if not s.whole_rows(rows):
+        out.update(row_offset=s.row_offset, num_rows=s.rows(rows))
+    return out
+
+
+def _costs_from_json(obj: dict, num_devices: int) -> PlanCosts | None:
+    """The predicted costs of a plan.json object, or None when it has none (or not all of them)."""
+    devices = obj.get("devices")
+    try:
+        per_device = [devices[d]["cost_ms"] for d in range(num_devices)]
+        columns = [tuple(float(c[k]) for c in per_device) for k in ("compute", "fwd_comm", "bwd_comm", "total")]
+        unsure = [None, None]
+        if all("model_spread" in devices[d] for d in range(num_devices)):
+            unsure = [tuple(float(devices[d][k]) for d in range(num_devices)) for k in ("model_spread", "model_trust")]
+        return PlanCosts(*columns, float(obj["cost_ms"]), str(obj["cost_model"]), *unsure)
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+
+
+# The task file schema, in one place: the keys a task object and its tables may have (``size`` is written by
+# ``to_json`` for readers and ignored on input: rows x dim; ``samples`` and ``batches``, written by the statistics
+# tool, are provenance and ignored too). The histogram is ``bins`` (a list) or ``bin_0`` .. ``bin_16`` (the
+# feature names). Anything else is refused, naming the nearest key.
+TASK_KEYS = ("num_devices", "mem_cap_gb", "devices", "links", "batch_size", "precision", "tables", "pool")
+DEVICE_KEYS = ("mem_cap_gb", "speed", "host")
+LINK_KEYS = ("intra_host_gbps", "inter_host_gbps", "devices_per_host")
+BIN_KEYS = tuple(f"bin_{k}" for k in range(NUM_BINS))
+TABLE_KEYS = (
+    ("id", "name", "rows", "dim", "pooling_factor", "size", "bins", "estimated", "samples", "batches", "row_blocks")
+    + BIN_KEYS
+    + CONSTRAINT_KEYS
+)
+ROW_BLOCK_KEYS = ("count", "pooling_factors", "bins")
+BINS_TOLERANCE = 0.01  # the access-histogram shares of a looked-up table sum to 1 within this
+
+
+def _known_keys(obj: dict, known: tuple[str, ...], where: str) -> None:
+    for key in obj:
+        if key not in known:
+            raise UserError(f"{where}.{key}: unknown key, {nearest(key, list(known))}")
+
+
+def _field(obj: dict, name: str, where: str) -> Any:
+    if name not in obj:
+        raise UserError(f"{where}.{name}: missing, expected a value")
+    return obj[name]
+
+
+def _devices_field(obj: dict, where: str) -> list[Device] | None:
+    """The task's ``devices`` list (None when absent); ``num_devices`` and ``mem_cap_gb``, if given beside it,
+    must agree with it (the number of devices, the largest cap: what ``to_json`` writes)."""
+    raw = obj.get("devices")
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not raw:
+        raise UserError(
+            f"{where}.devices: got {raw!r:.60}, expected a non-empty list like [{{'mem_cap_gb': 16, 'speed': 1.0}}]"
+        )
+    devices = []
+    for i, d in enumerate(raw):
+        at = f"{where}.devices[{i}]"
+        if isinstance(d, Device):
+            d = dataclasses.asdict(d)
+        if not isinstance(d, dict):
+            raise UserError(f"{at}: got {d!r:.60}, expected an object like {{'mem_cap_gb': 16, 'speed': 1.0}}")
+        _known_keys(d, DEVICE_KEYS, at)
+        speed = _float_field(d, "speed", at, positive=True) if "speed" in d else 1.0
+        host = _int_field(d, "host", at, minimum=0) if "host" in d else 0
+        devices.append(Device(_float_field(d, "mem_cap_gb", at, positive=True), speed, host))
+    if "num_devices" in obj and obj["num_devices"] != len(devices):
+        raise UserError(f"{where}.num_devices: got {obj['num_devices']!r}, expected {len(devices)} (the devices given)")
+    largest = max(d.mem_cap_gb for d in devices)
+    if "mem_cap_gb" in obj and obj["mem_cap_gb"] != largest:
+        raise UserError(
+            f"{where}.mem_cap_gb: got {obj['mem_cap_gb']!r}, expected {largest} (the largest of the devices' caps) "
+            f"or no mem_cap_gb beside devices"
+        )
+    return devices
+
+
+def _devices_json(devices: tuple[Device, ...]) -> list[dict[str, Any]]:
+    """The devices as plan.json writes them: their hosts only where they sit in several."""
+    several = len({d.host for d in devices}) > 1
+    return [{"mem_cap_gb": d.mem_cap_gb, "speed": d.speed, **({"host": d.host} if several else {})} for d in devices]
+
+
+def _links_json(links: Links) -> dict[str, Any]:
+    return {key: value for key, value in dataclasses.asdict(links).items() if value is not None}
+
+
+def _links_field(obj: dict, devices: list[Device] | None, where: str) -> Links | None:
+    """The task's ``links`` (None when absent): required when the devices sit in more than one host."""
+    raw = obj.get("links")
+    hosts = sorted({d.host for d in devices or ()})
+    if raw is None:
+        if len(hosts) > 1:
+            raise UserError(
+                f"{where}.links: missing, but the devices sit in {len(hosts)} hosts; expected "
+                "{'intra_host_gbps': ..., 'inter_host_gbps': ...} (GB/s per device within a host and between hosts)"
+            )
+        return None
+    if not isinstance(raw, dict):
+        raise UserError(
+            f"{where}.links: got {raw!r:.60}, expected an object like {{'intra_host_gbps': 300, 'inter_host_gbps': 25}}"
+        )
+    at = f"{where}.links"
+    _known_keys(raw, LINK_KEYS, at)
+    speeds = [_float_field(raw, key, at, positive=True) for key in ("intra_host_gbps", "inter_host_gbps")]
+    per_host = _int_field(raw, "devices_per_host", at, minimum=1) if raw.get("devices_per_host") is not None else None
+    if per_host is not None and len(hosts) > 1:
+        raise UserError(f"{at}.devices_per_host: got {per_host}, but the devices name their hosts; expected one")
+    if per_host is None and len(hosts) < 2:
+        raise UserError(
+            f"{at}: the devices sit in one host; expected a host per device (devices[i].host) or links.devices_per_host"
+        )
+    return Links(*speeds, per_host)
+
+
+def _int_field(obj: dict, name: str, where: str, minimum: int) -> int:
+    value = _field(obj, name, where)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise UserError(f"{where}.{name}: got {value!r}, expected an integer >= {minimum}")
+    return value
+
+
+def _float_field(obj: dict, name: str, where: str, positive: bool = False) -> float:
+    value = _field(obj, name, where)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (positive and value == 0):
+        expected = "a finite number > 0" if positive else "a finite number >= 0"
+        raise UserError(f"{where}.{name}: got {value!r}, expected {expected}")
+    return float(value)
+
+
+def _table_from_json(obj: Any, where: str) -> Table:
+    if not isinstance(obj, dict):
+        raise UserError(f"{where}: got {obj!r:.60}, expected a table object")
+    _known_keys(obj, TABLE_KEYS, where)
+    table_id = _int_field(obj, "id", where, minimum=0)
+    rows = _int_field(obj, "rows", where, minimum=1)
+    dim = _int_field(obj, "dim", where, minimum=DIM_ALIGNMENT)
+    if not is_legal_dim(dim):
+        raise UserError(f"{where}.dim: got {dim}, expected a multiple of {DIM_ALIGNMENT}")
+    pooling = _float_field(obj, "pooling_factor", where)
+    bins = _checked_bins(_bins_field(obj, where), pooling, f"{where}.bins")
+    name = obj.get("name")
+    if name is not None and not (isinstance(name, str) and name):
+        raise UserError(f"{where}.name: got {name!r:.60}, expected a non-empty string")
+    estimated = obj.get("estimated", False)
+    if not isinstance(estimated, bool):
+        raise UserError(f"{where}.estimated: got {estimated!r:.60}, expected true or false")
+    table = Table(table_id, rows, dim, pooling, bins, name, estimated)
+    blocks = row_blocks_from_json(obj.get("row_blocks", []), rows, pooling, f"{where}.row_blocks")
+    return dataclasses.replace(table, row_blocks=blocks, **_constraints_from_json(obj, where))
+
+
+def _checked_bins(bins: Any, pooling: float, where: str) -> tuple[float, ...]:
+    """An access histogram: 17 shares in [0, 1] summing to 1 (or all 0 where nothing is looked up)."""
+    if (
+        not isinstance(bins, list)
+        or len(bins) != NUM_BINS
+        or not all(isinstance(b, (int, float)) and math.isfinite(b) and 0 <= b <= 1 for b in bins)
+    ):
+        raise UserError(f"{where}: got {bins!r:.60}, expected {NUM_BINS} shares in [0, 1]")
+    total = math.fsum(bins)
+    if pooling > 0 and abs(total - 1) > BINS_TOLERANCE:
+        raise UserError(
+            f"{where}: the shares sum to {total:.4g}, expected 1 (within {BINS_TOLERANCE}) for a pooling_factor of "
+            f"{pooling:g}"
+        )
+    if pooling == 0 and total > 0 and abs(total - 1) > BINS_TOLERANCE:
+        raise UserError(f"{where}: the shares sum to {total:.4g}, expected 1 (within {BINS_TOLERANCE}) or all 0")
+    return tuple(float(b) for b in bins)
+
+
+def row_blocks_from_json(raw: Any, rows: int, pooling: float, where: str) -> tuple[RowBlockStats, ...]:
+    """A table's ``row_blocks``: a list of {count, pooling_factors, bins} (one per block count), the block pooling
+    factors summing to the table's (within 1%)."""
+    if not isinstance(raw, list):
+        raise UserError(f"{where}: got {raw!r:.60}, expected a list of {{count, pooling_factors, bins}}")
+    out, counts = [], set()
+    for k, entry in enumerate(raw):
+        at = f"{where}[{k}]"
+        if not isinstance(entry, dict):
+            raise UserError(f"{at}: got {entry!r:.60}, expected an object with count, pooling_factors, bins")
+        _known_keys(entry, ROW_BLOCK_KEYS, at)
+        count = _int_field(entry, "count", at, minimum=2)
+        if count > rows or count in counts:
+            why = f"at most the table's {rows} rows" if count > rows else "one entry per count"
+            raise UserError(f"{at}.count: got {count}, expected {why}")
+        counts.add(count)
+        factors, hists = _field(entry, "pooling_factors", at), _field(entry, "bins", at)
+        for name, value in (("pooling_factors", factors), ("bins", hists)):
+            if not isinstance(value, list) or len(value) != count:
+                raise UserError(f"{at}.{name}: got {value!r:.60}, expected a list of {count} (one per block)")
+        for i, f in enumerate(factors):
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f < 0:
+                raise UserError(f"{at}.pooling_factors[{i}]: got {f!r:.60}, expected a finite number >= 0")
+        factors = [float(f) for f in factors]
+        if abs(math.fsum(factors) - pooling) > 0.01 * pooling + 1e-9:
+            raise UserError(
+                f"{at}.pooling_factors: they sum to {math.fsum(factors):.4g}, expected the table's pooling_factor "
+                f"{pooling:g} (within 1%)"
+            )
+        bins = tuple(_checked_bins(b, f, f"{at}.bins[{i}]") for i, (b, f) in enumerate(zip(hists, factors)))
+        out.append(RowBlockStats(count, tuple(factors), bins))
+    return tuple(sorted(out, key=lambda b: b.count))
+
+
+def row_blocks_json(blocks: tuple[RowBlockStats, ...]) -> list[dict]:
+    """``row_blocks`` as task-file objects."""
+    return [
+        {"count": b.count, "pooling_factors": list(b.pooling_factors), "bins": [list(x) for x in b.bins]}
+        for b in blocks
+    ]
+
+
+def _constraints_from_json(obj: dict, where: str) -> dict:
+    """A table's constraint keys, checked (device ranges are checked by the task, which knows its devices)."""
+    out: dict[str, Any] = {}
+    if obj.get("pin") is not None:
+        out["pin"] = _int_field(obj, "pin", where, minimum=0)
+    exclude = obj.get("exclude", [])
+    if not isinstance(exclude, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in exclude):
+        raise UserError(f"{where}.exclude: got {exclude!r:.60}, expected a list of device indices")
+    out["exclude"] = tuple(sorted(set(exclude)))
+    for key in ("no_split",):
+        if not isinstance(obj.get(key, False), bool):
+            raise UserError(f"{where}.{key}: got {obj[key]!r:.60}, expected true or false")
+        out[key] = obj.get(key, False)
+    if obj.get("max_shards") is not None:
+        out["max_shards"] = _int_field(obj, "max_shards", where, minimum=1)
+    group = obj.get("colocate")
+    if group is not None and not (isinstance(group, str) and group):
+        raise UserError(f"{where}.colocate: got {group!r:.60}, expected a group name (a non-empty string)")
+    out["colocate"] = group
+    return out
+
+
+def _constraints_json(table: Table) -> dict:
+    """The table's constraints as task-file keys (only those set)."""
+    out: dict[str, Any] = {}
+    if table.pin is not None:
+        out["pin"] = table.pin
+    if table.exclude:
+        out["exclude"] = list(table.exclude)
+    if table.no_split:
+        out["no_split"] = True
+    if table.max_shards is not None:
+        out["max_shards"] = table.max_shards
+    if table.colocate is not None:
+        out["colocate"] = table.colocate
+    return out
+
+
+def _bins_field(obj: dict, where: str) -> Any:
+    """The histogram as ``bins`` or as ``bin_0`` .. ``bin_16`` (not both)."""
+    given = [k for k in BIN_KEYS if k in obj]
+    if not given:
+        return _field(obj, "bins", where)
+    if "bins" in obj:
+        raise UserError(f"{where}: both bins and {given[0]}.. given, expected one form of the histogram")
+    missing = [k for k in BIN_KEYS if k not in obj]
+    if missing:
+        raise UserError(f"{where}.{missing[0]}: missing, expected all of bin_0 .. bin_{NUM_BINS - 1} (or bins)")
+    return [obj[k] for k in BIN_KEYS]

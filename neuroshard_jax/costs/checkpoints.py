@@ -1,0 +1,282 @@
+"""Orbax checkpoints of the neural cost models: params + net config + feature statistics + provenance.
+
+Layout of a checkpoint directory:
+  state/         orbax StandardCheckpointer: the nnx states as pure dicts, the input statistics (and scalars)
+  meta.json      format version, model family, net config, feature names (the schema), batch sizes, datasets,
+                 metrics
+Two formats load: 3, the per-table MLP of ``neural.py`` (the first shipped model, kept for the ablation), and
+4, the physics ensemble of ``ensemble.py``. Restoring into nets of another config, a checkpoint of another
+feature schema or of an unknown format is a one-line error saying why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from neuroshard_jax.core.errors import UserError, first_line
+from neuroshard_jax.core.features import FEATURE_NAMES
+from neuroshard_jax.costs.ensemble import (
+    INPUT_NAMES,
+    NUM_COEFS,
+    EnsembleConfig,
+    EnsembleNets,
+    EnsembleParams,
+    InputStats,
+    init_ensemble,
+)
+from neuroshard_jax.costs.neural import FeatureStats, NetConfig, NeuralNets, NeuralParams, init_nets
+
+FORMAT_VERSION = 3  # 2: compute head on mean latent + log count; 3: comm nets learn the transfer, not the wait
+ENSEMBLE_FORMAT = 4  # the physics ensemble: roofline x bounded correction, K members, batch size an input
+SCALARS = ("batch_size", "comm_batch_size", "trust_lo", "trust_hi", "risk")
+
+
+def tree_digest(tree) -> str:
+    """sha256 of a pytree's arrays (dtype, shape and bytes of every leaf, in tree order): recorded in meta.json
+    at save time, checked at load time (orbax's compressed chunks carry no checksum: a garbled byte in a tensor
+    file decodes silently into other weights)."""
+    digest = hashlib.sha256()
+    for leaf in jax.tree_util.tree_leaves(tree):
+        array = np.ascontiguousarray(np.asarray(leaf))
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def save_tree(path: Path, tree) -> str:
+    """Save a pytree of arrays with orbax (``path`` must not exist); returns its ``tree_digest``."""
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(Path(path).resolve(), tree)
+    return tree_digest(tree)
+
+
+def restore_tree(path: Path, template, key: str = "cost_model.checkpoint", digest: str | None = None):
+    """Restore a pytree saved by ``save_tree`` into the structure, shapes and dtypes of ``template``; a missing,
+    damaged or mismatched state (a truncated or garbled tensor file or _METADATA, other shapes, arrays whose
+    ``tree_digest`` is not ``digest`` when one is given) is one UserError."""
+    path = Path(path).resolve()
+    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, template)
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:
+            tree = checkpointer.restore(path, abstract)
+    except Exception as err:  # orbax, tensorstore and JSON errors of every kind: the files are not what we wrote
+        tree, reason = None, _first_line(err)
+        _drop_closed_loop_reports()
+    else:
+        reason = None if digest is None or tree_digest(tree) == digest else "its arrays differ from those saved"
+    if reason is not None:
+        raise UserError(
+            f"{key}: {str(path.parent)!r}: its {path.name}/ could not be restored ({reason}); expected "
+            "the folder written with its meta.json: retrain or copy the checkpoint again"
+        )
+    return tree
+
+
+def _drop_closed_loop_reports() -> None:
+    """After a failed restore, tensorstore's reads still pending complete on orbax's closed event loop and report
+    ``RuntimeError: Event loop is closed`` from their threads, at any moment (before the caller's one-line error
+    was printed, in one test run of many). Those reports, and only those, are dropped from then on; every other
+    report goes to the hook that was there."""
+
+    def closed_loop(exc) -> bool:
+        return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+
+    if getattr(sys.excepthook, "drops_closed_loop", False):
+        return
+    excepthook, unraisablehook, thread_hook = sys.excepthook, sys.unraisablehook, threading.excepthook
+
+    def on_exception(kind, value, tb):
+        if not closed_loop(value):
+            excepthook(kind, value, tb)
+
+    on_exception.drops_closed_loop = True
+    sys.excepthook = on_exception
+    sys.unraisablehook = lambda report: closed_loop(report.exc_value) or unraisablehook(report)
+    threading.excepthook = lambda args: closed_loop(args.exc_value) or thread_hook(args)
+
+
+def _first_line(err: Exception) -> str:
+    return first_line(err)[:200].rstrip(".")
+
+
+def save_checkpoint(path: str | Path, config: NetConfig, params: NeuralParams, meta: dict) -> Path:
+    """Write a checkpoint (replacing one at ``path``)."""
+    path = Path(path).resolve()
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    tree = {
+        "compute": nnx.to_pure_dict(params.compute),
+        "fwd": nnx.to_pure_dict(params.fwd),
+        "bwd": nnx.to_pure_dict(params.bwd),
+        "stats": {"mean": params.stats.mean, "std": params.stats.std},
+    }
+    digest = save_tree(path / "state", tree)
+    full_meta = {
+        "format": FORMAT_VERSION,
+        "net_config": dataclasses.asdict(config),
+        "feature_names": list(FEATURE_NAMES),
+        **meta,
+        "digests": {"state": digest},
+    }
+    (path / "meta.json").write_text(json.dumps(full_meta, indent=1) + "\n")
+    return path
+
+
+def read_meta(path: str | Path, key: str = "cost_model.checkpoint") -> dict:
+    """The meta.json of a checkpoint as a dict (a missing or unreadable one is a UserError naming ``key``)."""
+    meta_path = Path(path) / "meta.json"
+    if not meta_path.exists():
+        raise UserError(f"{key}: {str(path)!r} has no meta.json, expected a checkpoint directory")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(
+            f"{key}: {str(meta_path)!r} could not be read ({_first_line(err)}); expected a JSON object"
+        ) from None
+    if not isinstance(meta, dict):
+        raise UserError(f"{key}: {str(meta_path)!r} holds {type(meta).__name__}, expected a JSON object")
+    return meta
+
+
+def load_checkpoint(
+    path: str | Path, config: NetConfig | None = None
+) -> tuple[NetConfig, NeuralNets, NeuralParams, dict]:
+    """Restore a checkpoint. ``config``, if given, must equal the saved net config."""
+    path = Path(path).resolve()
+    meta = read_meta(path)
+    if meta.get("format") == ENSEMBLE_FORMAT:
+        raise UserError(
+            f"cost_model.checkpoint: {str(path)!r} is a physics ensemble (format 4); load it with load_ensemble"
+        )
+    if meta.get("format") != FORMAT_VERSION:
+        raise UserError(
+            f"cost_model.checkpoint: {str(path)!r} has checkpoint format {meta.get('format')}, expected "
+            f"{FORMAT_VERSION}; retrain it with python -m neuroshard_jax.train"
+        )
+    if meta.get("feature_names") != list(FEATURE_NAMES):
+        raise UserError(
+            f"cost_model.checkpoint: {str(path)!r} scores features {meta.get('feature_names')}, expected the schema "
+            f"{list(FEATURE_NAMES)}"
+        )
+    saved = _parsed(path, lambda: _net_config(meta["net_config"]))
+    if config is not None and config != saved:
+        raise UserError(
+            f"cost_model: net config {dataclasses.asdict(config)} does not match the checkpoint's "
+            f"{dataclasses.asdict(saved)}"
+        )
+    nets, template = init_nets(saved)
+    target = {
+        "compute": nnx.to_pure_dict(template.compute),
+        "fwd": nnx.to_pure_dict(template.fwd),
+        "bwd": nnx.to_pure_dict(template.bwd),
+        "stats": {"mean": template.stats.mean, "std": template.stats.std},
+    }
+    tree = restore_tree(path / "state", target, digest=_digest_of(meta, "state"))
+    states = []
+    for name, state in (("compute", template.compute), ("fwd", template.fwd), ("bwd", template.bwd)):
+        nnx.replace_by_pure_dict(state, tree[name])
+        states.append(state)
+    stats = FeatureStats(jnp.asarray(tree["stats"]["mean"]), jnp.asarray(tree["stats"]["std"]))
+    return saved, nets, NeuralParams(*states, stats), meta
+
+
+def _digest_of(meta: dict, name: str) -> str | None:
+    """The recorded digest of a checkpoint's ``name``/ folder (None for checkpoints written before digests)."""
+    digests = meta.get("digests")
+    return digests.get(name) if isinstance(digests, dict) else None
+
+
+def _parsed(path: Path, read):
+    """``read()`` of a meta.json's net config; a missing key or a wrong value is one UserError naming the file."""
+    try:
+        return read()
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise UserError(
+            f"cost_model.checkpoint: {str(Path(path) / 'meta.json')!r} has no valid net_config ({err!r:.120}); "
+            "expected the one training wrote"
+        ) from None
+
+
+def _net_config(obj: dict) -> NetConfig:
+    return NetConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in obj.items()})
+
+
+def ensemble_config_of(meta: dict) -> EnsembleConfig:
+    obj = dict(meta["net_config"])
+    return EnsembleConfig(
+        members=obj["members"],
+        hidden=tuple(obj["hidden"]),
+        max_correction=obj["max_correction"],
+        comm=_net_config(obj["comm"]),
+    )
+
+
+def _ensemble_tree(params: EnsembleParams) -> dict:
+    return {
+        "members": nnx.to_pure_dict(params.members),
+        "fwd": nnx.to_pure_dict(params.fwd),
+        "bwd": nnx.to_pure_dict(params.bwd),
+        "stats": {"mean": params.stats.mean, "std": params.stats.std},
+        "scalars": {name: getattr(params, name) for name in SCALARS},
+    }
+
+
+def save_ensemble(path: str | Path, config: EnsembleConfig, params: EnsembleParams, meta: dict) -> Path:
+    """Write a physics-ensemble checkpoint (replacing one at ``path``); ``risk`` is saved as 0."""
+    path = Path(path).resolve()
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    digest = save_tree(path / "state", _ensemble_tree(params._replace(risk=jnp.float32(0.0))))
+    full_meta = {
+        "format": ENSEMBLE_FORMAT,
+        "family": "ensemble",
+        "net_config": dataclasses.asdict(config),
+        "feature_names": list(FEATURE_NAMES),
+        "inputs": list(INPUT_NAMES),
+        **meta,
+        "digests": {"state": digest},
+    }
+    (path / "meta.json").write_text(json.dumps(full_meta, indent=1) + "\n")
+    return path
+
+
+def load_ensemble(path: str | Path) -> tuple[EnsembleConfig, EnsembleNets, EnsembleParams, dict]:
+    """Restore a physics-ensemble checkpoint (format 4)."""
+    path = Path(path).resolve()
+    meta = read_meta(path)
+    if meta.get("format") != ENSEMBLE_FORMAT:
+        raise UserError(
+            f"cost_model.checkpoint: {str(path)!r} has checkpoint format {meta.get('format')}, expected "
+            f"{ENSEMBLE_FORMAT} (a physics ensemble)"
+        )
+    for key, expected in (("feature_names", list(FEATURE_NAMES)), ("inputs", list(INPUT_NAMES))):
+        if meta.get(key) != expected:
+            raise UserError(
+                f"cost_model.checkpoint: {str(path)!r} was trained on {key} {meta.get(key)}, expected {expected}; "
+                "retrain it with python -m neuroshard_jax.train"
+            )
+    config = _parsed(path, lambda: ensemble_config_of(meta))
+    nets, template = init_ensemble(config, np.zeros(NUM_COEFS, np.float32))
+    tree = restore_tree(path / "state", _ensemble_tree(template), digest=_digest_of(meta, "state"))
+    states = []
+    for name in ("members", "fwd", "bwd"):
+        state = getattr(template, name)
+        nnx.replace_by_pure_dict(state, tree[name])
+        states.append(state)
+    stats = InputStats(jnp.asarray(tree["stats"]["mean"]), jnp.asarray(tree["stats"]["std"]))
+    scalars = {name: jnp.asarray(tree["scalars"][name], jnp.float32) for name in SCALARS}
+    return config, nets, EnsembleParams(*states, stats, **scalars), meta

@@ -1,0 +1,183 @@
+"""Cost models: the interface every model implements and the plan-cost formula (defined once, here).
+
+A cost model is four pure functions over a params pytree (``CostFns``):
+
+* ``embed(params, feats f32[..., F]) -> f32[..., D]``: a latent per table (shard) from its raw
+  features (FEATURE_NAMES order, ``dim`` the shard's width);
+* ``head(params, latent_sum f32[..., D]) -> f32[...]``: fused-kernel fwd+bwd compute ms of a device
+  from the *sum* of its tables' latents. Sum pooling makes the model order-free and lets a search
+  add a table to a device by adding its latent and rerunning only the head;
+* ``bwd_comm(params, dim_sums f32[..., N], device_mask bool[..., N]) -> f32[..., N]`` ms;
+* ``fwd_comm(params, dim_sums, delays_ms f32[..., N], device_mask) -> f32[..., N]`` ms, including
+  the wait for the slowest peer given each device's straggler delay.
+
+``device_costs`` combines them with NeuroShard's simulator formula, once for every model, searcher
+and report: a device's fwd delay is (compute + bwd comm) minus the minimum over devices, and
+the plan cost is the max over devices of compute + fwd comm + bwd comm (``plan_cost_ms``).
+
+The models themselves: ``analytic.py`` (a roofline) and ``neural.py`` (Flax nets); ``models.py`` builds
+either by name; ``scoring.py`` is the jitted API over padded plans.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from neuroshard_jax.costs.row_comm import RowComm
+
+
+class CostFns(NamedTuple):
+    embed: Callable
+    head: Callable
+    bwd_comm: Callable
+    fwd_comm: Callable
+    # Optional fast path: embed_sum(params, feats f32[..., T, F], mask bool[..., T]) -> f32[..., D], equal to
+    # the masked sum of embed (a model whose last embedding layer is linear sums before it: fewer FLOPs).
+    embed_sum: Callable | None = None
+    # Optional: uncertainty(params, latent_sum f32[..., D]) -> (relative spread f32[...], trust f32[...]): how much
+    # an ensemble's members disagree on a device's compute, and the weight (0..1) its prediction kept against
+    # its fallback. Models without one are taken as certain.
+    uncertainty: Callable | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """A named cost model: static functions plus their parameters (a pytree)."""
+
+    name: str
+    fns: CostFns
+    params: Any
+    row_comm: RowComm | None = None  # row-split groups' collectives priced apart (None: as all-to-all width)
+
+    @property
+    def prices_rows(self) -> bool:
+        """Whether row blocks leave the all-to-all width, their groups' collectives priced by ``row_comm``."""
+        return self.row_comm is not None
+
+
+class DeviceCosts(NamedTuple):
+    """Per-device costs in ms, each f32[..., N]; padded devices are 0."""
+
+    compute_ms: jax.Array
+    fwd_comm_ms: jax.Array
+    bwd_comm_ms: jax.Array
+    total_ms: jax.Array
+
+
+def combine_costs(fns: CostFns, params, compute_ms, dim_sums, device_mask, speed=None, rows_ms=None) -> DeviceCosts:
+    """The simulator formula: compute f32[..., N] and dim sums f32[..., N] -> DeviceCosts. ``speed`` f32[..., N]
+    (optional): heterogeneous devices' relative compute speeds, which divide their compute (comm is not scaled).
+    ``rows_ms`` (optional): (fwd, bwd) f32[..., N] of row-split groups' collectives (``row_comm.py``), added to the
+    all-to-all's before the forward's straggler delays are worked out."""
+    if speed is not None:
+        compute_ms = compute_ms / speed
+    compute_ms = jnp.where(device_mask, compute_ms, 0.0)
+    exchanging = device_mask & (device_mask.sum(-1, keepdims=True) > 1)  # one device alone sends nothing
+    rows_fwd, rows_bwd = (0.0, 0.0) if rows_ms is None else rows_ms
+    bwd = jnp.where(exchanging, fns.bwd_comm(params, dim_sums, device_mask) + rows_bwd, 0.0)
+    ready = compute_ms + bwd
+    earliest = jnp.min(jnp.where(device_mask, ready, jnp.inf), axis=-1, keepdims=True)
+    delays = jnp.where(device_mask, ready - earliest, 0.0)
+    fwd = jnp.where(exchanging, fns.fwd_comm(params, dim_sums, delays, device_mask) + rows_fwd, 0.0)
+    return DeviceCosts(compute_ms, fwd, bwd, compute_ms + fwd + bwd)
+
+
+def device_compute_ms(fns: CostFns, params, feats, table_mask):
+    """Compute ms f32[..., N] of devices holding feats f32[..., N, T, F] (table_mask bool[..., N, T])."""
+    if fns.embed_sum is not None:
+        latent_sums = fns.embed_sum(params, feats, table_mask)
+    else:
+        latent_sums = jnp.where(table_mask[..., None], fns.embed(params, feats), 0.0).sum(-2)
+    return jnp.where(table_mask.any(-1), fns.head(params, latent_sums), 0.0)
+
+
+def device_costs(
+    fns: CostFns, params, feats, table_mask, dim_sums, device_mask, speed=None, rows_ms=None
+) -> DeviceCosts:
+    """Per-device costs of padded plans; any leading batch dims broadcast.
+
+    feats f32[..., N, T, F]; table_mask bool[..., N, T]; dim_sums f32[..., N]; device_mask bool[..., N]; speed
+    f32[..., N] (optional, heterogeneous devices: divides each device's compute); rows_ms (optional: the row
+    groups' collectives, ``combine_costs``).
+    """
+    compute = device_compute_ms(fns, params, feats, table_mask)
+    return combine_costs(fns, params, compute, dim_sums, device_mask, speed, rows_ms)
+
+
+def plan_cost_ms(costs: DeviceCosts) -> jax.Array:
+    """Plan cost f32[...]: the slowest device gates the step."""
+    return costs.total_ms.max(-1)
+
+
+def straggler_wait(delays_ms, device_mask):
+    """ms f32[..., N] a device waits in the forward all-to-all for the slowest peer: max delay - own delay."""
+    latest = jnp.where(device_mask, delays_ms, -jnp.inf).max(-1, keepdims=True)
+    return jnp.where(device_mask, latest - delays_ms, 0.0)
+
+
+class Scaled(NamedTuple):
+    """Params of a model whose all-to-all times are scaled per device and whose compute is scaled by one factor
+    (``with_scales``)."""
+
+    inner: Any
+    comm_scale: jax.Array  # f32[N]: device d's comm time is comm_scale[d] x the model's one-host time
+    compute_scale: jax.Array  # f32[]: every device's compute is compute_scale x the model's (a measured calibration)
+
+
+def with_scales(model: CostModel, comm_scale: np.ndarray, compute_scale: float = 1.0) -> CostModel:
+    """``model`` with each device's transfer time (bwd comm, and fwd comm less the straggler wait) multiplied by
+    ``comm_scale`` f64[N] (``Task.comm_scale``: devices in several hosts) and every device's compute by
+    ``compute_scale`` (this machine's measured / predicted compute, ``calibrate.py``); ``model`` itself where
+    every scale is 1. The scales are parameters, not constants: one compilation serves every task."""
+    if np.allclose(comm_scale, 1.0) and compute_scale == 1.0:
+        return model
+    params = Scaled(model.params, jnp.asarray(comm_scale, jnp.float32), jnp.asarray(compute_scale, jnp.float32))
+    return CostModel(model.name, _scaled(model.fns), params, model.row_comm)
+
+
+def map_inner_params(model: CostModel, change: Callable) -> CostModel:
+    """``model`` with ``change`` applied to its own params (under a ``Scaled`` wrapper, if any)."""
+    if isinstance(model.params, Scaled):
+        return dataclasses.replace(model, params=model.params._replace(inner=change(model.params.inner)))
+    return dataclasses.replace(model, params=change(model.params))
+
+
+def inner_params(params):
+    """A model's own params, under a ``Scaled`` wrapper or not."""
+    return params.inner if isinstance(params, Scaled) else params
+
+
+@functools.cache
+def _scaled(fns: CostFns) -> CostFns:
+    """``fns`` over ``Scaled`` params (cached: the same functions, so jitted callers compile once)."""
+
+    def scale(p: Scaled, like):
+        n, have = like.shape[-1], p.comm_scale.shape[0]  # padded device axes: scale 1 on the padding
+        return p.comm_scale[:n] if have >= n else jnp.pad(p.comm_scale, (0, n - have), constant_values=1.0)
+
+    def head(p: Scaled, latent_sums):
+        return fns.head(p.inner, latent_sums) * p.compute_scale
+
+    def bwd_comm(p: Scaled, dim_sums, device_mask):
+        return fns.bwd_comm(p.inner, dim_sums, device_mask) * scale(p, dim_sums)
+
+    def fwd_comm(p: Scaled, dim_sums, delays_ms, device_mask):
+        wait = straggler_wait(delays_ms, device_mask)  # waiting for a late peer takes no bandwidth
+        return wait + (fns.fwd_comm(p.inner, dim_sums, delays_ms, device_mask) - wait) * scale(p, dim_sums)
+
+    def inner(fn):
+        return None if fn is None else lambda p, *args: fn(p.inner, *args)
+
+    return CostFns(inner(fns.embed), head, bwd_comm, fwd_comm, inner(fns.embed_sum), inner(fns.uncertainty))
+
+
+def bucket(n: int, minimum: int = 4) -> int:
+    """Smallest power of two >= max(n, minimum): fixed shapes, few compilations."""
+    return max(minimum, 1 << max(0, int(n) - 1).bit_length())

@@ -1,0 +1,223 @@
+"""Cost models by name (``conf/cost_model/``): the analytic roofline, or a trained neural checkpoint.
+
+    model = make_cost_model("neural", task)            # checked against the task's batch size and precision
+    model = make_cost_model("cpu-b4096", task)         # a shipped checkpoint by name (data/models/NAME)
+    model = load_cost_model("neural")                  # the shipped default, for use in your own JAX code
+    model = load_cost_model("path/to/checkpoint")      # a checkpoint of python -m neuroshard_jax.train
+    model = load_cost_model("analytic", batch_size=4096)
+
+Two checkpoint formats load (``checkpoints.py``): the physics ensemble (4, the default ``xeon-union``;
+batch size is an input, its spread makes searchers cautious: ``risk``) and the first per-table MLP (3,
+``cpu-b4096``, batch 4096 only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from neuroshard_jax.core.config import typed
+from neuroshard_jax.core.constants import SHIPPED_CHECKPOINT, SHIPPED_MODELS
+from neuroshard_jax.core.errors import UserError, first_line
+from neuroshard_jax.core.files import package_path
+from neuroshard_jax.core.types import Task
+from neuroshard_jax.costs.analytic import ANALYTIC_FNS, AnalyticConfig, analytic_model, analytic_params
+from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_checkpoint, load_ensemble, read_meta
+from neuroshard_jax.costs.cost_model import CostModel, inner_params, map_inner_params, with_scales
+from neuroshard_jax.costs.ensemble import ensemble_cost_model
+from neuroshard_jax.costs.neural import neural_cost_model
+from neuroshard_jax.costs.row_comm import for_kinds as row_comm_for
+
+
+@dataclasses.dataclass(frozen=True)
+class NeuralConfig:
+    checkpoint: str | None = None  # None: the model named by cost_model.name (``neural``: the shipped default)
+    risk: float = 1.0  # an ensemble's score = its prediction + risk x the members' spread (0: trust the mean)
+
+    def __post_init__(self):
+        if not (isinstance(self.risk, (int, float)) and 0 <= self.risk < float("inf")):
+            raise UserError(f"cost_model.risk: got {self.risk!r}, expected a finite number >= 0")
+
+
+def shipped_names() -> list[str]:
+    """Names of the checkpoints shipped in the package (``cost_model.name=NAME``)."""
+    root = package_path(SHIPPED_MODELS)
+    return sorted(p.name for p in root.iterdir() if (p / "meta.json").exists()) if root.exists() else []
+
+
+def checkpoint_path(model: str) -> str:
+    """A shipped model's checkpoint directory, else ``model`` (a directory)."""
+    return str(package_path(f"{SHIPPED_MODELS}/{model}")) if model in shipped_names() else model
+
+
+@functools.lru_cache(maxsize=8)
+def _load_neural(path: str) -> tuple[CostModel, dict]:
+    if read_meta(path).get("format") == ENSEMBLE_FORMAT:
+        _, nets, params, meta = load_ensemble(path)
+        return ensemble_cost_model(nets, params, "neural"), meta
+    _, nets, params, meta = load_checkpoint(path)
+    return neural_cost_model(nets, params), meta
+
+
+def neural_checkpoint(config: NeuralConfig = NeuralConfig()) -> tuple[CostModel, dict, str]:
+    """(model, meta.json, path) of the configured checkpoint (the shipped default when none is given)."""
+    path = config.checkpoint or str(package_path(SHIPPED_CHECKPOINT))
+    if not (Path(path) / "meta.json").exists():
+        raise UserError(
+            f"cost_model.checkpoint: no neural cost model at {path!r}; expected a checkpoint written by "
+            f"python -m neuroshard_jax.train, or a shipped name ({', '.join(shipped_names())}), or cost_model=analytic"
+        )
+    model, meta = _load_neural(str(Path(path).resolve()))
+    if not (meta.get("datasets") or {}).get("comm"):
+        raise UserError(
+            f"cost_model.checkpoint: {path!r} has no trained comm nets (it was trained without a comm dataset); "
+            "expected a checkpoint trained with one (a dataset folder with comm.jsonl), or cost_model=analytic"
+        )
+    return model, meta, path
+
+
+def _trains(meta: dict, batch_size: int, precision: str) -> bool:
+    """Whether a checkpoint (its meta) was trained at this precision and a batch size range holding ``batch_size``."""
+    sizes = meta.get("batch_sizes") or [meta["batch_size"]]
+    return min(sizes) <= batch_size <= max(sizes) and meta.get("precision", "fp32") == precision
+
+
+def fitting_models(batch_size: int, precision: str) -> list[str]:
+    """The shipped checkpoints trained where a task at ``batch_size`` and ``precision`` is."""
+    metas = {n: read_meta(package_path(f"{SHIPPED_MODELS}/{n}")) for n in shipped_names()}
+    return [n for n, meta in metas.items() if _trains(meta, batch_size, precision)]
+
+
+def _way_forward(task: Task) -> str:
+    fits = fitting_models(task.batch_size, task.precision)
+    return f"cost_model={fits[0]} or cost_model=analytic" if fits else "cost_model=analytic"
+
+
+def _check_trained(task: Task, meta: dict, path: str) -> None:
+    """The task's batch size and precision must be ones the checkpoint was trained at (a batch size within the
+    range of an ensemble's training batch sizes); the error names a shipped model that fits, if any."""
+    sizes = meta.get("batch_sizes") or [meta["batch_size"]]
+    if not min(sizes) <= task.batch_size <= max(sizes):
+        expected = f"{sizes[0]}" if len(sizes) == 1 else f"one in {min(sizes)}..{max(sizes)}"
+        raise UserError(
+            f"task.batch_size: got {task.batch_size}, but the neural cost model at {path!r} was trained at batch "
+            f"sizes {sizes}; expected {expected} (or {_way_forward(task)})"
+        )
+    trained = meta.get("precision", "fp32")
+    if task.precision != trained:
+        raise UserError(
+            f"task.precision: got {task.precision!r}, but the neural cost model at {path!r} was trained at "
+            f"precision {trained!r}; expected the same (or {_way_forward(task)})"
+        )
+
+
+def usable_cost_model(name: str, options: dict | None, task: Task) -> tuple[str, dict | None, str | None]:
+    """``(name, options)`` if that model can score ``task``; otherwise a shipped model trained at the task's batch
+    size and precision, else the analytic model, with a warning line saying why (for callers, like the TorchRec
+    planner, that must plan whatever the batch size)."""
+    try:
+        make_cost_model(name, task, options)
+        return name, options, None
+    except UserError as err:
+        if not str(err).startswith(("task.batch_size", "task.precision")):
+            raise
+        fits = fitting_models(task.batch_size, task.precision)
+        fallback = fits[0] if fits else "analytic"
+        return fallback, None, f"{first_line(err)}; planning with cost_model={fallback} instead"
+
+
+def neural_model(task: Task, config: NeuralConfig = NeuralConfig()) -> CostModel:
+    """The trained Flax cost model at the task's batch size (an ensemble scores with ``config.risk``), pricing row
+    groups' collectives with the shipped fit of its labels' hardware kind, where there is one (``row_comm.py``)."""
+    model, meta, path = neural_checkpoint(config)
+    _check_trained(task, meta, path)
+    model = dataclasses.replace(model, row_comm=row_comm_for(meta.get("hardware_kinds") or []))
+    if meta.get("format") == ENSEMBLE_FORMAT:
+        params = model.params._replace(batch_size=float(task.batch_size), risk=float(config.risk))
+        return dataclasses.replace(model, params=params)
+    return model
+
+
+def expected_cost_model(model: CostModel) -> CostModel:
+    """``model`` without its risk term: the costs a plan reports are expectations, not the search's score."""
+    if hasattr(inner_params(model.params), "risk"):
+        return map_inner_params(model, lambda params: params._replace(risk=0.0))
+    return model
+
+
+COST_MODELS = {"analytic": (analytic_model, AnalyticConfig), "neural": (neural_model, NeuralConfig)}
+
+
+def _resolve(name: str, options: dict | None) -> tuple[str, dict | None]:
+    """A shipped checkpoint's name is the neural model with that checkpoint."""
+    if name in COST_MODELS:
+        return name, options
+    if name in shipped_names():
+        options = dict(options or {})
+        if options.get("checkpoint"):
+            raise UserError(
+                f"cost_model: name {name!r} and checkpoint {options['checkpoint']!r} both given; expected one"
+            )
+        return "neural", {**options, "checkpoint": str(package_path(f"{SHIPPED_MODELS}/{name}"))}
+    raise UserError(
+        f"cost_model: got {name!r}, expected one of {', '.join(sorted(COST_MODELS))} or a shipped model "
+        f"({', '.join(shipped_names())})"
+    )
+
+
+def split_calibration(options: dict | None) -> tuple[float, dict | None]:
+    """``options``' ``calibration`` (this machine's measured / predicted compute, ``calibrate.py``; 1: none) and
+    the rest of them, the model family's own."""
+    rest = dict(options or {})
+    factor = rest.pop("calibration", None)
+    factor = 1.0 if factor is None else factor
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < float("inf"):
+        raise UserError(
+            f"cost_model.calibration: got {factor!r}, expected a finite number > 0 (measured / predicted compute)"
+        )
+    return float(factor), rest or None
+
+
+def cost_model_config(name: str, options: dict | None = None):
+    """The typed config of cost model ``name`` from ``options`` (unknown names or options raise UserError)."""
+    name, options = _resolve(name, split_calibration(options)[1])
+    return typed(COST_MODELS[name][1], options, "cost_model")
+
+
+def make_cost_model(name: str, task: Task, options: dict | None = None) -> CostModel:
+    """Build a cost model by name (``analytic``, ``neural`` or a shipped checkpoint's name) with ``options``
+    (the fields of its config, from conf/cost_model/, and ``calibration``: every device's compute scaled by it)."""
+    factor, own = split_calibration(options)
+    family, _ = _resolve(name, own)
+    return with_scales(COST_MODELS[family][0](task, cost_model_config(name, own)), task.comm_scale(), factor)
+
+
+def load_cost_model(
+    name_or_path: str = "neural", *, batch_size: int = 4096, precision: str = "fp32", **options
+) -> CostModel:
+    """A cost model to call from your own code: ``"neural"`` (the shipped default), a shipped name, a checkpoint
+    directory, or ``"analytic"`` (at ``batch_size`` and ``precision``, with AnalyticConfig ``options``).
+
+    A neural model scores at ``batch_size`` if it was trained there (the ensemble: any size in its trained
+    range; the format-3 MLP: its one size); ``options`` may set ``risk`` for an ensemble, and ``calibration`` (every
+    device's compute scaled by it, ``calibrate.py``) for any model.
+    """
+    factor, options = split_calibration(options)
+    options = options or {}
+    if name_or_path == "analytic":
+        config = typed(AnalyticConfig, options, "load_cost_model")
+        model = CostModel("analytic", ANALYTIC_FNS, analytic_params(batch_size, precision, config))
+        return with_scales(model, np.ones(1), factor)
+    if name_or_path == "neural" or name_or_path in shipped_names():
+        name, resolved = _resolve(name_or_path, {})
+    else:
+        resolved = {"checkpoint": name_or_path}
+    unknown = sorted(set(options) - {"risk"})
+    if unknown:
+        raise UserError(f"load_cost_model: options {unknown} apply to 'analytic' only")
+    config = typed(NeuralConfig, {**(resolved or {}), **options}, "load_cost_model")
+    task = Task(1, 1.0, batch_size, (), precision)
+    return with_scales(neural_model(task, config), np.ones(1), factor)

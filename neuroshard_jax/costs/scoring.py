@@ -1,0 +1,262 @@
+"""The scoring API: pure, jitted functions over padded arrays, for searchers and for other JAX code;
+and host-side scoring of ``Plan`` objects (``score_plan``, ``score_plans``, ``with_costs``).
+
+Every function takes ``fns`` (a ``CostFns``, static: pass ``model.fns``) and ``params`` (a pytree:
+``model.params``), then arrays; any leading batch dimensions broadcast, so a whole batch of
+candidate plans is scored in one call. Padded tables/devices are masked out. Same padded shapes never
+recompile. Everything is differentiable with respect to the float inputs.
+
+    import neuroshard_jax as nsj
+    from neuroshard_jax.costs import scoring
+    model = nsj.load_cost_model("neural")                     # or "analytic", or a checkpoint directory
+    z = scoring.table_latents(model.fns, model.params, feats)  # f32[B, N, T, F] -> f32[B, N, T, D]
+    costs = scoring.costs_from_latents(model.fns, model.params, (z * mask[..., None]).sum(-2),
+                                       mask.any(-1), dim_sums, device_mask)   # DeviceCosts of f32[B, N]
+    cost_ms = scoring.plan_costs(model.fns, model.params, feats, mask, dim_sums, device_mask)  # f32[B]
+    shard_ms = scoring.shard_costs(model.fns, model.params, shard_feats, shard_mask)  # f32[S, T, F] -> f32[S]
+
+The jitted functions price the all-to-all of the widths they are given. A neural model with a row comm fit
+(``model.row_comm``, ``row_comm.py``) prices the collectives of row-split tables apart: the host-side functions
+below (``score_plan``, ``score_plans``) add them (``rows_arrays``) and leave row blocks out of the all-to-all width
+(``plan_arrays(..., rows_apart=True)``); from your own JAX code pass those as ``rows_ms`` to ``plan_costs`` or
+``costs_from_latents``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from neuroshard_jax.core.assignment import comm_layout, crosses_hosts, row_groups
+from neuroshard_jax.core.features import NUM_FEATURES
+from neuroshard_jax.core.sharding import shard_features
+from neuroshard_jax.core.types import Plan, PlanCosts
+from neuroshard_jax.costs.cost_model import (
+    CostFns,
+    CostModel,
+    DeviceCosts,
+    bucket,
+    combine_costs,
+    device_compute_ms,
+    device_costs,
+    plan_cost_ms,
+)
+from neuroshard_jax.costs.row_comm import RowComm
+
+CHUNK = 1024  # items per step of the big-batch paths: activations stay in cache (4x faster than one pass on CPU)
+
+
+def map_chunks(fn, arrays, item_ndims, chunk: int = CHUNK):
+    """Apply ``fn`` to ``arrays`` in chunks of ``chunk`` items along the flattened leading batch dims.
+
+    ``item_ndims[i]``: trailing dims of one item of ``arrays[i]``. Equivalent to ``fn(*arrays)`` for fns
+    that treat batch items independently; large batches run as a ``lax.map`` over chunks.
+    """
+    batch_shape = arrays[0].shape[: arrays[0].ndim - item_ndims[0]]
+    count = 1
+    for d in batch_shape:
+        count *= d
+    if count <= chunk:
+        return fn(*arrays)
+    pad = -count % chunk
+    flat = []
+    for a, k in zip(arrays, item_ndims):
+        a = a.reshape((count, *a.shape[a.ndim - k :]))
+        a = jnp.concatenate([a, jnp.repeat(a[:1], pad, axis=0)]) if pad else a
+        flat.append(a.reshape((-1, chunk, *a.shape[1:])))
+    out = jax.lax.map(lambda xs: fn(*xs), tuple(flat))
+    return jax.tree_util.tree_map(
+        lambda o: o.reshape((-1, *o.shape[2:]))[:count].reshape(batch_shape + o.shape[2:]), out
+    )
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def shard_costs(fns: CostFns, params, feats: jax.Array, mask: jax.Array) -> jax.Array:
+    """Fused-kernel compute ms f32[...] of shards: feats f32[..., T, F], mask bool[..., T] (chunked)."""
+    return map_chunks(lambda f, m: device_compute_ms(fns, params, f, m), (feats, mask), (2, 1))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def table_latents(fns: CostFns, params, feats: jax.Array) -> jax.Array:
+    """Per-table (shard) latents: raw features f32[..., F] -> f32[..., D]."""
+    return fns.embed(params, feats)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def single_shard_costs(fns: CostFns, params, feats: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Latents f32[..., D] and compute ms f32[...] of shards on their own (raw features f32[..., F]):
+    the ordering key of the greedy searchers and the RL MDP."""
+    z = fns.embed(params, feats)
+    return z, fns.head(params, z)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def costs_from_latents(
+    fns: CostFns,
+    params,
+    latent_sums: jax.Array,
+    has_tables: jax.Array,
+    dim_sums: jax.Array,
+    device_mask: jax.Array,
+    speed: jax.Array | None = None,
+    rows_ms: tuple[jax.Array, jax.Array] | None = None,
+) -> DeviceCosts:
+    """Per-device costs from summed latents f32[..., N, D], has_tables bool[..., N], dim_sums f32[..., N]
+    (``speed`` f32[..., N]: heterogeneous devices' relative compute speeds, optional; ``rows_ms``: the row groups'
+    collectives (fwd, bwd) f32[..., N], optional, ``rows_arrays``)."""
+    compute = jnp.where(has_tables, fns.head(params, latent_sums), 0.0)
+    return combine_costs(fns, params, compute, dim_sums, device_mask, speed, rows_ms)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def plan_costs(
+    fns: CostFns,
+    params,
+    feats: jax.Array,
+    table_mask: jax.Array,
+    dim_sums: jax.Array,
+    device_mask: jax.Array,
+    speed: jax.Array | None = None,
+    rows_ms: tuple[jax.Array, jax.Array] | None = None,
+) -> jax.Array:
+    """Plan costs f32[...] of padded plans: feats f32[..., N, T, F], table_mask bool[..., N, T],
+    dim_sums f32[..., N], device_mask bool[..., N], speed f32[..., N] (optional: heterogeneous devices' relative
+    compute speeds), rows_ms (optional: the row groups' collectives (fwd, bwd) f32[..., N], ``rows_arrays``)
+    (chunked over plans)."""
+    speed = jnp.broadcast_to(jnp.ones_like(dim_sums) if speed is None else speed, dim_sums.shape)
+    rows_fwd, rows_bwd = (jnp.broadcast_to(jnp.asarray(r, dim_sums.dtype), dim_sums.shape) for r in rows_ms or (0, 0))
+
+    def one_chunk(f, m, d, dm, sp, rf, rb):
+        return plan_cost_ms(device_costs(fns, params, f, m, d, dm, sp, (rf, rb)))
+
+    arrays = (feats, table_mask, dim_sums, device_mask, speed, rows_fwd, rows_bwd)
+    return map_chunks(one_chunk, arrays, (3, 2, 1, 1, 1, 1, 1), max(1, CHUNK // 8))
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side: Plan objects to padded arrays, scored in one call
+
+
+def plan_arrays(plan: Plan, max_tables: int | None = None, rows_apart: bool = False):
+    """Padded arrays of one plan: feats f32[N, T, F], table_mask bool[N, T], dim_sums f32[N], device_mask bool[N].
+    ``rows_apart``: row blocks left out of the all-to-all width (a model with ``row_comm`` prices them apart)."""
+    task = plan.task
+    n = task.num_devices
+    per_device = [plan.device_shards(d) for d in range(n)]
+    width = max_tables or bucket(max(len(s) for s in per_device))
+    feats = np.zeros((n, width, NUM_FEATURES), dtype=np.float32)
+    mask = np.zeros((n, width), dtype=bool)
+    task_feats = task.features()
+    for d, shards in enumerate(per_device):
+        for j, s in enumerate(shards):
+            table = task.tables[s.table]
+            block = None if s.whole_rows(table.rows) else s.rows(table.rows)
+            stats = table.block_stats(s.row_offset, block) if block else None
+            feats[d, j] = shard_features(task_feats[s.table], s.dim, block, stats)
+            mask[d, j] = block != 0  # an empty row block does no work
+    return feats, mask, _all_to_all_dims(plan, rows_apart), np.ones(n, dtype=bool)
+
+
+def _all_to_all_dims(plan: Plan, rows_apart: bool) -> np.ndarray:
+    dims = np.asarray(comm_layout(plan)["dim_sums"]) if rows_apart else plan.dim_sums()
+    return dims.astype(np.float32)
+
+
+def plan_dim_sums(plan: Plan, model: CostModel) -> np.ndarray:
+    """f32[N]: each device's all-to-all width as ``model`` prices it (row blocks apart where it has ``row_comm``)."""
+    return _all_to_all_dims(plan, model.prices_rows)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _device_costs_jit(fns, params, feats, table_mask, dim_sums, device_mask, speed, rows_ms):
+    return device_costs(fns, params, feats, table_mask, dim_sums, device_mask, speed, rows_ms)
+
+
+def rows_arrays(model: CostModel, plans: list[Plan]) -> tuple[np.ndarray, np.ndarray]:
+    """(fwd, bwd) f32[K, N]: each plan's row groups' collectives by the model's ``row_comm`` (0 without it)."""
+    n = plans[0].task.num_devices
+    out = np.zeros((2, len(plans), n), np.float32)
+    if model.prices_rows:
+        for i, plan in enumerate(plans):
+            out[:, i] = device_row_ms(model.row_comm, plan)
+    return out[0], out[1]
+
+
+def score_plan(model: CostModel, plan: Plan) -> DeviceCosts:
+    """Predicted per-device costs of one plan, as numpy arrays f64[N] (compute divided by the devices' speeds)."""
+    arrays = plan_arrays(plan, rows_apart=model.prices_rows)
+    rows = tuple(r[0] for r in rows_arrays(model, [plan]))
+    costs = _device_costs_jit(model.fns, model.params, *arrays, plan.task.speeds().astype(np.float32), rows)
+    return DeviceCosts(*(np.asarray(c, dtype=np.float64) for c in costs))
+
+
+def score_plans(model: CostModel, plans: list[Plan]) -> np.ndarray:
+    """Predicted plan costs f64[K] of many plans of one task, in one batched call."""
+    costs, _ = score_plans_devices(model, plans, uncertainty=False)
+    return np.asarray(plan_cost_ms(costs), dtype=np.float64)
+
+
+def score_plans_devices(
+    model: CostModel, plans: list[Plan], uncertainty: bool = True
+) -> tuple[DeviceCosts, np.ndarray | None]:
+    """Predicted per-device costs of many plans of one task (DeviceCosts of f64[K, N]) and, for an ensemble
+    (and ``uncertainty``), each device's relative spread f64[K, N] (else None); batched calls of one padded
+    shape."""
+    width = bucket(max(max(len(p.device_shards(d)) for d in range(p.task.num_devices)) for p in plans))
+    arrays = [plan_arrays(p, width, model.prices_rows) for p in plans]
+    stacked = [np.stack(a) for a in zip(*arrays)] + list(rows_arrays(model, plans))
+    pad = bucket(len(plans), 8) - len(plans)
+    stacked = [np.concatenate([a, np.repeat(a[:1], pad, axis=0)]) for a in stacked]
+    speed = np.broadcast_to(plans[0].task.speeds().astype(np.float32), stacked[2].shape)
+    costs = _device_costs_jit(model.fns, model.params, *stacked[:4], speed, tuple(stacked[4:]))
+    costs = DeviceCosts(*(np.asarray(c, dtype=np.float64)[: len(plans)] for c in costs))
+    if not uncertainty or model.fns.uncertainty is None:
+        return costs, None
+    spread, _ = _uncertainty_jit(model.fns, model.params, stacked[0], stacked[1])
+    return costs, np.asarray(spread, np.float64)[: len(plans)]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _uncertainty_jit(fns, params, feats, table_mask):
+    latent_sums = jnp.where(table_mask[..., None], fns.embed(params, feats), 0.0).sum(-2)
+    spread, trust = fns.uncertainty(params, latent_sums)
+    has = table_mask.any(-1)
+    return jnp.where(has, spread, 0.0), jnp.where(has, trust, 1.0)
+
+
+def device_uncertainty(model: CostModel, plan: Plan) -> tuple[np.ndarray, np.ndarray] | None:
+    """(relative spread, trust) f64[N] of each device's predicted compute, or None for a model without an
+    ensemble (``CostFns.uncertainty``)."""
+    if model.fns.uncertainty is None:
+        return None
+    feats, mask, _, _ = plan_arrays(plan)
+    spread, trust = _uncertainty_jit(model.fns, model.params, feats, mask)
+    return np.asarray(spread, np.float64), np.asarray(trust, np.float64)
+
+
+def with_costs(model: CostModel, plan: Plan) -> Plan:
+    """``plan`` with its predicted per-device costs (``Plan.costs``) by ``model``, and where the model is an
+    ensemble, how sure it is of each device."""
+    costs = score_plan(model, plan)
+    columns = [tuple(float(x) for x in c) for c in costs]
+    unsure = device_uncertainty(model, plan)
+    spread, trust = (tuple(float(x) for x in u) for u in unsure) if unsure else (None, None)
+    return dataclasses.replace(plan, costs=PlanCosts(*columns, float(plan_cost_ms(costs)), model.name, spread, trust))
+
+
+def device_row_ms(model: RowComm, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """(fwd, bwd) f64[N]: each device's row-group collectives, a group spanning hosts scaled by its devices' links."""
+    n = plan.task.num_devices
+    fwd, bwd = np.zeros(n), np.zeros(n)
+    groups = row_groups(plan)
+    scale = plan.task.comm_scale() if groups else None
+    for width, devices in groups:
+        f, b = model.group_ms(len(devices), width, plan.task.batch_size)
+        s = scale[devices] if crosses_hosts(plan, devices) else 1.0
+        fwd[devices] += f * s
+        bwd[devices] += b * s
+    return fwd, bwd

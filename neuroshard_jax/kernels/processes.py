@@ -1,0 +1,517 @@
+"""Profiling, host side: run the torch worker subprocesses, isolate their crashes, sample what to measure.
+
+No torch here. ``ComputeWorker`` keeps one ``python -m neuroshard_jax.kernels.worker serve`` process and
+restarts it after a crash or a timeout; ``run_comm`` launches one process per rank for a batch of
+all-to-all requests. Samplers are deterministic per (seed, sample index), so a resumed collection
+draws exactly the samples it would have drawn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+
+from neuroshard_jax.core.constants import GIB_BYTES
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.features import bin_shares, count_histogram
+from neuroshard_jax.core.sharding import mem_bytes, row_blocks
+from neuroshard_jax.workloads.pool import PoolSpec
+
+# One thread per process everywhere below torch (FBGEMM, OpenMP, MKL).
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+PARENT_ENV = "NEUROSHARD_PARENT_PID"  # a worker dies with the process that started it (worker.die_with_parent)
+
+
+class WorkerFailure(Exception):
+    """The worker died or timed out on a request; ``reason`` says how."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _exit_reason(returncode: int | None) -> str:
+    if returncode is None:
+        return "worker stopped answering"
+    if returncode < 0:
+        sig = signal.Signals(-returncode).name
+        hint = " (likely out of memory)" if sig == "SIGKILL" else ""
+        return f"worker killed by {sig}{hint}"
+    return f"worker exited with code {returncode}"
+
+
+class ComputeWorker:
+    """A persistent profiling worker. ``request`` returns the answer or raises WorkerFailure."""
+
+    def __init__(
+        self,
+        device: str = "cpu",
+        log_path: str | Path | None = None,
+        extra_env: dict | None = None,
+        core: int | None = None,
+    ):
+        self.device = device
+        self.log_path = Path(log_path) if log_path else None
+        self.extra_env = extra_env or {}
+        self.core = core  # pinned to this CPU core (Linux), else the scheduler moves it
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+        self.served = 0  # requests answered by the running process (0: a cold process)
+
+    def _start(self) -> None:
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "neuroshard_jax.kernels.worker", "serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env={**os.environ, **WORKER_ENV, PARENT_ENV: str(os.getpid()), **self.extra_env},
+        )
+        if log is not subprocess.DEVNULL:
+            log.close()
+        self.served = 0
+        if self.core is not None and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(self.proc.pid, {self.core})
+
+    def ensure_started(self) -> None:
+        """Start the process unless it runs (from the thread that should own it: on Linux it dies with that
+        thread, ``worker.die_with_parent``)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+
+    def request(self, request: dict, timeout_s: float) -> dict:
+        self.ensure_started()
+        try:
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise self._fail(_exit_reason(self.proc.wait())) from None
+        line = self._readline(timeout_s)
+        if line is None:
+            self._kill()
+            raise self._fail(f"timeout after {timeout_s:.0f} s")
+        if not line:
+            raise self._fail(_exit_reason(self.proc.wait()))
+        self.served += 1
+        return json.loads(line)
+
+    def _readline(self, timeout_s: float) -> bytes | None:
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            if not sel.select(timeout_s):
+                return None
+        return self.proc.stdout.readline()
+
+    def _fail(self, reason: str) -> WorkerFailure:
+        self.proc = None
+        self.restarts += 1
+        return WorkerFailure(reason)
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._kill()
+        self.proc = None
+
+
+def compute_request(
+    request_id,
+    tables: list,
+    pool: PoolSpec | None,
+    batch_size: int,
+    device: str = "cpu",
+    optimizer: str = "exact_sgd",
+    precision: str = "fp32",
+    warmup: int = 5,
+    iters: int = 10,
+) -> dict:
+    """A worker request: time one fused TBE over ``tables`` ([[pool table id, dim], ...] with the ``pool``, or
+    table specs {rows, pooling_factor, bins, dim, seed} with pool None)."""
+    return {
+        "id": request_id,
+        "device": device,
+        "pool": pool.to_json() if pool is not None else None,
+        "batch_size": batch_size,
+        "tables": tables,
+        "optimizer": optimizer,
+        "precision": precision,
+        "warmup": warmup,
+        "iters": iters,
+    }
+
+
+def measure_on(worker: ComputeWorker, request: dict, timeout_s: float, warm: bool = True) -> dict:
+    """``worker``'s answer to ``request``; a crash or timeout becomes {"id", "ok": False, "error": reason} (the
+    worker restarts on its next request). ``warm``: a cold process (new or restarted) first runs a timed request
+    once at one iteration and throws the answer away: a cold process's first measurement reads 4-5% high
+    (``tools/measure_noise.py protocols``)."""
+    try:
+        if warm and worker.served == 0 and "iters" in request:
+            worker.request({**request, "id": "warm-up", "warmup": 1, "iters": 1}, timeout_s)
+        return worker.request(request, timeout_s)
+    except WorkerFailure as failure:
+        return {"id": request["id"], "ok": False, "error": failure.reason}
+
+
+def pinned_cores(count: int) -> list[int | None]:
+    """A distinct core of this process's allowed cores for each of ``count`` workers, the last cores first (the
+    driver tends to run on the first); no pinning (None each) where there are fewer cores than workers."""
+    if not hasattr(os, "sched_getaffinity"):
+        return [None] * count
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < count:
+        return [None] * count
+    return allowed[len(allowed) - count :]
+
+
+class KernelPool:
+    """``workers`` persistent kernel workers (one thread each feeds one): started on first use, kept across
+    ``map`` calls (a polishing loop measures a few devices at a time), closed by ``close`` or ``with``."""
+
+    def __init__(
+        self,
+        workers: int,
+        device: str,
+        timeout_s: float,
+        log_dir: Path | None = None,
+        pin: bool = False,
+        warm: bool = True,
+    ):
+        """``pin``: each CPU worker on a core of its own (``pinned_cores``), where there are enough cores.
+        ``warm``: warm up cold worker processes (``measure_on``)."""
+        self.device, self.timeout_s, self.warm = device, timeout_s, warm
+        count = max(1, workers)
+        cores = pinned_cores(count) if pin and device == "cpu" else [None] * count
+        self.workers = [
+            ComputeWorker(device, log_dir / f"worker-{w}.log" if log_dir else None, core=cores[w]) for w in range(count)
+        ]
+
+    def map(self, requests: Iterable[dict], on_answer: Callable[[dict, dict], None]) -> None:
+        """Send requests to the workers; ``on_answer(request, answer)`` gets each answer.
+
+        A crash or timeout becomes the answer {"ok": False, "error": reason} and the worker restarts;
+        an exception raised by ``on_answer`` stops every worker's feed and is re-raised here.
+        """
+        jobs = iter(requests)  # drawn lazily: a sampler's requests are built as workers free up
+        lock = threading.Lock()
+        errors: list[BaseException] = []
+
+        def work(worker: ComputeWorker) -> None:
+            try:
+                while not errors:
+                    with lock:
+                        request = next(jobs, None)
+                    if request is None:
+                        return
+                    answer = measure_on(worker, request, self.timeout_s, self.warm)
+                    on_answer(request, answer)
+            except BaseException as err:
+                errors.append(err)
+
+        for worker in self.workers:  # started here, not in the feeding threads, so they outlive this call
+            worker.ensure_started()
+        threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in self.workers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+
+    def comm(self, requests: list[dict], world: int, timeout_s: float) -> dict[int, list[dict]]:
+        """A comm batch on ``world`` rank processes of this host (``run_comm``)."""
+        return run_comm(requests, world, timeout_s, self.device)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.close()
+
+    def __enter__(self) -> KernelPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def worker_versions() -> dict:
+    """Library versions the worker sees (torch, fbgemm_gpu), asked of a subprocess."""
+    code = (
+        "import json, torch, fbgemm_gpu; print(json.dumps({'torch': torch.__version__, "
+        "'fbgemm_gpu': getattr(fbgemm_gpu, '__version__', 'unknown'), 'cuda': torch.cuda.is_available()}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **WORKER_ENV}
+    )
+    if done.returncode != 0:
+        raise UserError(
+            "profiling needs torch and fbgemm_gpu: install the 'cpu' (or 'gpu') extra, e.g. pip install -e '.[cpu]'"
+        )
+    return json.loads(done.stdout)
+
+
+# ---------------------------------------------------------------------------------------------
+# All-to-all benchmark
+
+
+def run_worker(args: list[str], timeout_s: float, what: str) -> subprocess.CompletedProcess:
+    """Run one ``python -m neuroshard_jax.kernels.worker ARGS`` command to completion; a timeout or a failed exit
+    is a one-line UserError naming ``what`` ran."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "neuroshard_jax.kernels.worker", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        raise UserError(f"{what}: the torch worker ran past its timeout of {timeout_s} s") from None
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UserError(f"{what}: the torch worker failed (exit {done.returncode}): {tail}")
+    return done
+
+
+def run_ranks(command: list[str], world: int, tmp: Path, timeout_s: float) -> None:
+    """Run ``python -m neuroshard_jax.kernels.worker COMMAND RANK WORLD INIT ...`` for every rank and wait for all;
+    ``{rank}`` in an argument is replaced by the rank. Raises WorkerFailure if a rank crashes or the ranks
+    run past ``timeout_s`` (all ranks are killed)."""
+    init = f"file://{tmp / 'rendezvous'}"
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "neuroshard_jax.kernels.worker",
+                command[0],
+                str(rank),
+                str(world),
+                init,
+                *(arg.replace("{rank}", str(rank)) for arg in command[1:]),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp / f"err.{rank}", "wb"),
+            env={**os.environ, **WORKER_ENV, PARENT_ENV: str(os.getpid())},
+        )
+        for rank in range(world)
+    ]
+    deadline = time.monotonic() + timeout_s
+    failure = None
+    for rank, proc in enumerate(procs):
+        try:
+            code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            failure = f"{command[0]} timeout after {timeout_s:.0f} s"
+            break
+        if code != 0:
+            tail = (tmp / f"err.{rank}").read_text(errors="replace").strip().splitlines()[-1:] or [""]
+            failure = f"rank {rank}: {_exit_reason(code)} {tail[0]}".strip()
+            break
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if failure:
+        raise WorkerFailure(failure)
+
+
+def run_comm(requests: list[dict], world: int, timeout_s: float, device: str = "cpu") -> dict[int, list[dict]]:
+    """Run comm requests on ``world`` rank processes; returns request id -> per-rank results.
+
+    Raises WorkerFailure if any rank crashes or the batch exceeds ``timeout_s`` (all ranks are killed).
+    """
+    with tempfile.TemporaryDirectory(prefix="neuroshard-comm-") as tmp:
+        tmp = Path(tmp)
+        (tmp / "requests.jsonl").write_text("".join(json.dumps({**r, "device": device}) + "\n" for r in requests))
+        run_ranks(["comm", str(tmp / "requests.jsonl"), str(tmp / "out.{rank}")], world, tmp, timeout_s)
+        results: dict[int, list[dict]] = {r["id"]: [None] * world for r in requests}
+        for rank in range(world):
+            for line in (tmp / f"out.{rank}").read_text().splitlines():
+                row = json.loads(line)
+                results[row["id"]][rank] = row
+        return results
+
+
+# ---------------------------------------------------------------------------------------------
+# Samplers
+
+
+@dataclasses.dataclass(frozen=True)
+class ComputeSamplerConfig:
+    """Shards as in the NeuroShard reference: 1..max_tables table configs, dims augmented, within memory."""
+
+    min_tables: int = 1
+    max_tables: int = 15
+    dims: tuple[int, ...] = (4, 8, 16, 32, 64, 128)
+    mem_cap_gb: float = 4.0
+    precision: str = "fp32"
+
+
+def sample_shard(pool_rows: np.ndarray, config: ComputeSamplerConfig, seed: int, index: int) -> list[list[int]]:
+    """Sample ``index``: distinct pool tables with a dim each, total memory within the cap."""
+    rng = np.random.default_rng([seed, 31337, index])
+    cap = config.mem_cap_gb * GIB_BYTES
+    count = int(rng.integers(config.min_tables, config.max_tables + 1))
+    shard, used = [], 0.0
+    for table in rng.permutation(len(pool_rows)):
+        dims = [d for d in config.dims if used + mem_bytes(pool_rows[table], d, config.precision) <= cap]
+        if not dims:
+            continue
+        dim = int(rng.choice(dims))
+        shard.append([int(table), dim])
+        used += mem_bytes(pool_rows[table], dim, config.precision)
+        if len(shard) == count:
+            break
+    return shard
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecSamplerConfig:
+    """Shards of table specs drawn over the whole range users bring, not a calibrated pool: rows log-uniform,
+    pooling factors log-uniform (a heavy tail past 100, some below 1), access from uniform to extreme skew
+    (Zipf exponents, or a hot set of rows taking most lookups), several batch sizes; ``split_share`` of the
+    shards hold column slices of a table (2, 4 or 8 slices of one table side by side, as a search cuts it);
+    ``row_share`` of them hold a row block of one or two of their tables (one of its 2, 4 or 8 blocks in TorchRec's
+    row layout: the worker measures the block on its own lookups)."""
+
+    min_tables: int = 1
+    max_tables: int = 16
+    log10_rows: tuple[float, float] = (2.0, 7.0)
+    log10_pooling: tuple[float, float] = (-0.5, 2.4)
+    dims: tuple[int, ...] = (8, 16, 32, 64, 128)
+    batch_sizes: tuple[int, ...] = (2048, 4096, 4096, 8192)
+    max_zipf: float = 1.6
+    hot_share: float = 0.25  # share of tables with a hot set instead of a Zipf law
+    split_share: float = 0.35
+    mem_cap_gb: float = 2.0
+    precision: str = "fp32"
+    row_share: float = 0.0
+
+    def __post_init__(self):
+        if not 0.0 <= self.row_share <= 1.0:
+            raise UserError(f"specs.row_share: got {self.row_share}, expected a share in [0, 1]")
+
+
+def _zipf_ranks(rng: np.random.Generator, rows: int, exponent: float, size: int) -> np.ndarray:
+    """``size`` ranks in [0, rows) with P(rank r) ~ (r + 1)^-exponent, by the inverse CDF of the continuous law."""
+    u = rng.random(size)
+    if abs(exponent - 1.0) < 1e-6:
+        x = np.exp(u * np.log(rows + 1.0))
+    else:
+        a = 1.0 - exponent
+        x = (1.0 + u * ((rows + 1.0) ** a - 1.0)) ** (1.0 / a)
+    return np.minimum(np.floor(x).astype(np.int64) - 1, rows - 1)
+
+
+def draw_table_spec(rng: np.random.Generator, config: SpecSamplerConfig, batch_size: int) -> dict:
+    """A table spec {rows, pooling_factor, bins} whose histogram is that of one batch drawn from an access law."""
+    rows = int(round(10 ** rng.uniform(*config.log10_rows)))
+    pooling = float(np.round(10 ** rng.uniform(*config.log10_pooling), 3))
+    lookups = max(1, int(round(pooling * batch_size)))
+    if rng.random() < config.hot_share:  # a hot set of rows takes most of the lookups
+        hot_rows = max(1, int(rows * 10 ** rng.uniform(-4, -1)))
+        hot = rng.random(lookups) < rng.uniform(0.5, 0.99)
+        ranks = np.where(hot, rng.integers(0, hot_rows, lookups), rng.integers(0, rows, lookups))
+    else:
+        ranks = _zipf_ranks(rng, rows, rng.uniform(0.0, config.max_zipf), lookups)
+    _, counts = np.unique(ranks, return_counts=True)
+    shares = bin_shares(count_histogram(counts)[0])
+    return {"rows": rows, "pooling_factor": pooling, "bins": [round(float(x), 5) for x in shares]}
+
+
+def sample_spec_shard(config: SpecSamplerConfig, seed: int, index: int) -> tuple[int, list[dict]]:
+    """Sample ``index``: (batch size, table specs {rows, pooling_factor, bins, dim, seed}) within the memory cap.
+    A column-split sample holds every slice of one to three tables (their slices share the table's stream seed)."""
+    rng = np.random.default_rng([seed, 60013, index])
+    batch_size = int(rng.choice(config.batch_sizes))
+    cap = config.mem_cap_gb * GIB_BYTES
+    count = int(rng.integers(config.min_tables, config.max_tables + 1))
+    split_tables = int(rng.integers(1, 4)) if rng.random() < config.split_share else 0
+    tables, used, attempts = [], 0.0, 0
+    while len(tables) < count and attempts < 4 * config.max_tables:
+        attempts += 1
+        spec = draw_table_spec(rng, config, batch_size)
+        dims = [d for d in config.dims if used + mem_bytes(spec["rows"], d, config.precision) <= cap]
+        if not dims:
+            continue
+        dim = int(rng.choice(dims))
+        stream_seed = int(rng.integers(0, 2**31))
+        slices = 1
+        if split_tables:
+            split_tables -= 1
+            slices = int(rng.choice([k for k in (2, 4, 8) if dim // k >= 4] or [1]))
+        for _ in range(slices):
+            tables.append({**spec, "dim": dim // slices, "seed": stream_seed})
+        used += mem_bytes(spec["rows"], dim, config.precision)
+    if config.row_share > 0 and rng.random() < config.row_share:  # drawn after the rest: older samples unchanged
+        whole = [i for i, t in enumerate(tables) if sum(u["seed"] == t["seed"] for u in tables) == 1 and t["rows"] > 1]
+        for i in rng.permutation(whole)[: int(rng.integers(1, 3))] if whole else ():
+            count = int(rng.choice([k for k in (2, 4, 8) if k <= tables[i]["rows"]]))
+            offset, num_rows = row_blocks(tables[i]["rows"], count)[int(rng.integers(0, count))]
+            if num_rows:
+                tables[i] = {**tables[i], "row_offset": offset, "num_rows": num_rows}
+    return batch_size, tables
+
+
+@dataclasses.dataclass(frozen=True)
+class CommSamplerConfig:
+    """Dim sums of 10..60 tables spread over N devices at varied balance, with straggler delays; ``row_share`` of
+    the samples also carry 1-2 row groups (row-split tables' reduce-scatters over 2..N of the devices,
+    ``row_comm.py``)."""
+
+    world_sizes: tuple[int, ...] = (2, 4, 8)
+    min_tables: int = 10
+    max_tables: int = 60
+    dims: tuple[int, ...] = (4, 8, 16, 32, 64, 128)
+    max_delay_ms: float = 20.0
+    row_share: float = 0.0
+
+    def __post_init__(self):
+        if not 0.0 <= self.row_share <= 1.0:
+            raise UserError(f"comm.row_share: got {self.row_share}, expected a share in [0, 1]")
+        if not self.world_sizes or min(self.world_sizes) < 2:
+            raise UserError(f"comm.world_sizes: got {list(self.world_sizes)}, expected sizes >= 2 (an exchange)")
+
+
+def sample_comm(config: CommSamplerConfig, seed: int, index: int) -> dict:
+    """Sample ``index``: world size, per-device dim sums and delays (min delay 0)."""
+    rng = np.random.default_rng([seed, 4099, index])
+    world = int(config.world_sizes[index % len(config.world_sizes)])
+    dims = rng.choice(np.asarray(config.dims), size=int(rng.integers(config.min_tables, config.max_tables + 1)))
+    # balance: a Dirichlet concentration from very skewed (0.1) to near uniform (100)
+    weights = rng.dirichlet(np.full(world, 10 ** rng.uniform(-1, 2)))
+    owners = rng.choice(world, size=len(dims), p=weights)
+    dim_sums = np.bincount(owners, weights=dims, minlength=world).astype(int)
+    delays = rng.uniform(0, config.max_delay_ms, size=world)
+    delays -= delays.min()
+    sample = {"world": world, "dim_sums": dim_sums.tolist(), "delays_ms": np.round(delays, 3).tolist()}
+    if config.row_share > 0 and rng.random() < config.row_share:  # drawn after the rest: older samples unchanged
+        # disjoint groups, as a plan's are (every device, or hosts): one collective per device set (TorchRec fuses)
+        free, groups = list(rng.permutation(world)), []
+        for _ in range(int(rng.integers(1, 3))):
+            if len(free) < 2:
+                break
+            k = int(rng.integers(2, len(free) + 1))
+            ranks, free = sorted(int(r) for r in free[:k]), free[k:]
+            groups.append([int(rng.choice(np.asarray(config.dims), size=int(rng.integers(1, 5))).sum()), ranks])
+        sample["row_groups"] = groups
+    return sample

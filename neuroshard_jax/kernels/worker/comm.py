@@ -1,0 +1,118 @@
+"""One rank of the all-to-all (and row-group reduce-scatter / all-gather) benchmark, on gloo or NCCL."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+from neuroshard_jax.kernels.worker.tbe import setup_torch
+
+
+def batch_splits(batch_size: int, world: int) -> list[int]:
+    """Rows of the batch each rank owns after the forward all-to-all (the batch split evenly)."""
+    return [batch_size // world + (r < batch_size % world) for r in range(world)]
+
+
+def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str) -> None:
+    """One rank of the comm benchmark; writes one JSON line per request to ``out_path``.
+
+    Forward: sleep this rank's straggler delay, then all_to_all_single of the pooled outputs
+    [B, dim_sum_rank] split along the batch; the time includes waiting for the slowest peer.
+    Backward: the gradients go the other way, no delay. Raw collectives on preallocated buffers.
+    A request's ``row_groups`` ([[width, [ranks]], ...]: the row-split tables, TorchRec's row_wise and
+    table_row_wise) add, for each group this rank is in, a reduce-scatter of its partial pooled sums [B, width]
+    over the group to the forward (each rank keeps its batch slice) and the mirror all-gather of the gradients to
+    the backward, after the all-to-all, in the group's order (the same on every rank); their time is also
+    reported apart (``fwd_rows_ms``, ``bwd_rows_ms``).
+    """
+    requests = [json.loads(line) for line in open(requests_path) if line.strip()]
+    device = requests[0].get("device", "cpu") if requests else "cpu"
+    torch = setup_torch(device)
+    import torch.distributed as dist
+
+    backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
+    target = torch.device(f"cuda:{rank}" if device == "cuda" else "cpu")
+    # a rank sends B x its dim sum and receives its batch slice of every peer's outputs: ceil(B / world) x the sum
+    # of the dim sums, which is more than B x the largest dim sum when the batch does not split evenly
+    largest = max(
+        (
+            max(r["batch_size"] * max(r["dim_sums"]), batch_splits(r["batch_size"], world)[0] * sum(r["dim_sums"]))
+            for r in requests
+        ),
+        default=1,
+    )
+    send_buf = torch.full((largest,), 1e-3, device=target)
+    recv_buf = torch.zeros(largest, device=target)
+    sync = (lambda: torch.cuda.synchronize(target)) if device == "cuda" else (lambda: None)
+    # every rank creates every subgroup, in one order (torch.distributed's rule); the whole world is the default group
+    members = sorted({tuple(g[1]) for r in requests for g in r.get("row_groups", ()) if len(g[1]) < world})
+    subgroups = {ranks: dist.new_group(list(ranks)) for ranks in members}
+    with open(out_path, "w") as out:
+        for request in requests:
+            dims = [int(d) for d in request["dim_sums"]]
+            rows = batch_splits(int(request["batch_size"]), world)
+            mine = dims[rank]
+            fwd_in = [rows[j] * mine for j in range(world)]  # my pooled outputs, one batch slice per peer
+            fwd_out = [rows[rank] * dims[j] for j in range(world)]  # my batch slice of every peer's outputs
+            reduced = _row_group_buffers(torch, request, rank, world, subgroups, target)
+            delay_s = float(request["delays_ms"][rank]) / 1e3
+            fwd_runs, bwd_runs, fwd_rows, bwd_rows = [], [], [], []
+            for step in range(int(request.get("warmup", 3)) + int(request.get("iters", 10))):
+                dist.barrier()
+                time.sleep(delay_s)
+                t0 = time.perf_counter()
+                dist.all_to_all_single(recv_buf[: sum(fwd_out)], send_buf[: sum(fwd_in)], fwd_out, fwd_in)
+                sync()
+                ta = time.perf_counter()
+                for partial, slice_, group in reduced:
+                    dist.reduce_scatter_tensor(slice_, partial, group=group)
+                sync()
+                t1 = time.perf_counter()
+                dist.barrier()
+                t2 = time.perf_counter()
+                dist.all_to_all_single(send_buf[: sum(fwd_in)], recv_buf[: sum(fwd_out)], fwd_in, fwd_out)
+                sync()
+                tb = time.perf_counter()
+                for partial, slice_, group in reduced:
+                    dist.all_gather_into_tensor(partial, slice_, group=group)
+                sync()
+                t3 = time.perf_counter()
+                if step >= int(request.get("warmup", 3)):
+                    fwd_runs.append((t1 - t0) * 1e3)
+                    bwd_runs.append((t3 - t2) * 1e3)
+                    fwd_rows.append((t1 - ta) * 1e3)
+                    bwd_rows.append((t3 - tb) * 1e3)
+            out.write(
+                json.dumps(
+                    {
+                        "id": request["id"],
+                        "rank": rank,
+                        "fwd_ms": statistics.median(fwd_runs),
+                        "bwd_ms": statistics.median(bwd_runs),
+                        # of which the row groups' reduce-scatters and all-gathers (0 without row groups)
+                        "fwd_rows_ms": statistics.median(fwd_rows),
+                        "bwd_rows_ms": statistics.median(bwd_rows),
+                    }
+                )
+                + "\n"
+            )
+            out.flush()
+    dist.destroy_process_group()
+
+
+def _row_group_buffers(torch, request: dict, rank: int, world: int, subgroups: dict, target) -> list[tuple]:
+    """(partial sums [k x ceil(B / k) x width], this rank's slice, process group) of each row group of ``request``
+    that holds ``rank``; the batch is padded to a multiple of the group's size k."""
+    out = []
+    for width, ranks in request.get("row_groups", ()):
+        ranks = tuple(int(r) for r in ranks)
+        if rank not in ranks:
+            continue
+        rows = -(-int(request["batch_size"]) // len(ranks))
+        partial = torch.full((len(ranks) * rows * int(width),), 1e-3, device=target)
+        out.append((partial, torch.zeros(rows * int(width), device=target), subgroups.get(ranks)))
+    return out

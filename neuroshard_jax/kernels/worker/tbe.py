@@ -1,0 +1,237 @@
+"""Fused table-batched embedding kernels (FBGEMM TBE) timed fwd+bwd on one table set: the serve loop's job."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.sharding import is_legal_dim
+from neuroshard_jax.workloads.pool import PoolSpec, pool_streams
+from neuroshard_jax.workloads.streams import request_spec, restrict_rows, spec_stream
+
+OPTIMIZERS = ("exact_sgd", "exact_row_wise_adagrad", "exact_adagrad", "sgd")
+PRECISIONS = ("fp32", "fp16", "bf16")
+LEARNING_RATE = 0.01
+INIT_SCALE = 0.01  # weights start at zero on CPU; zeros would make the SGD updates denormal-heavy
+
+
+class RequestError(Exception):
+    """A request the worker refuses (answered, the worker keeps serving)."""
+
+
+def setup_torch(device: str):
+    import torch
+
+    torch.set_num_threads(1)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RequestError("device 'cuda' requested but torch sees no CUDA device")
+    return torch
+
+
+_STREAMS: dict = {}
+
+
+def _pool_streams(pool: dict):
+    """(rows i64[P], StreamSource) of a pool, cached for the life of the worker."""
+    key = json.dumps(pool, sort_keys=True)
+    if key not in _STREAMS:
+        _STREAMS[key] = pool_streams(PoolSpec.from_json(pool))
+    return _STREAMS[key]
+
+
+def shard_inputs(request: dict) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
+    """The shard's (rows, dim) specs and its tables' index streams (a pool's real ones, or synthesised from
+    a table spec), concatenated table-major."""
+    batch = int(request["batch_size"])
+    specs, all_indices, all_offsets, base = [], [], [np.zeros(1, dtype=np.int64)], 0
+    for i, table in enumerate(request["tables"]):
+        num_rows, dim, (indices, offsets) = _table_stream(table, request, batch, f"table {i}")
+        if not is_legal_dim(dim):
+            raise RequestError(f"table {i}: dim {dim} is not a legal width (a positive multiple of 4)")
+        specs.append((num_rows, int(dim)))
+        all_indices.append(indices)
+        all_offsets.append(offsets[1:] + base)
+        base += len(indices)
+    return specs, np.concatenate(all_indices), np.concatenate(all_offsets)
+
+
+def _table_stream(table, request: dict, batch: int, where: str):
+    """(rows, dim, (indices, offsets)) of one table of a request: a pool table id or a table spec, whole or one
+    row block of it (``row_offset``, ``num_rows``: the block's own lookups, ``streams.restrict_rows``)."""
+    if isinstance(table, dict):
+        try:
+            spec, seed = request_spec(table, batch)
+            rows, dim, stream = spec.rows, int(table["dim"]), spec_stream(spec, seed, where)
+            block = (int(table["row_offset"]), int(table["num_rows"])) if "num_rows" in table else None
+        except UserError as err:
+            raise RequestError(str(err)) from None
+        except (KeyError, TypeError, ValueError):
+            raise RequestError(f"{where}: got {table!r:.80}, expected rows, pooling_factor, bins, dim") from None
+    else:
+        try:
+            table_id, dim, *block = (int(x) for x in table)
+        except (TypeError, ValueError):
+            raise RequestError(
+                f"{where}: got {table!r:.80}, expected [pool table id, dim(, row_offset, num_rows)]"
+            ) from None
+        pool_rows, streams = _pool_streams(request["pool"])
+        if not 0 <= table_id < len(pool_rows):
+            raise RequestError(f"table id {table_id} is not in the pool (0..{len(pool_rows) - 1})")
+        if len(block) not in (0, 2):
+            raise RequestError(f"{where}: got {table!r:.80}, expected [pool table id, dim(, row_offset, num_rows)]")
+        rows, stream, block = int(pool_rows[table_id]), streams.stream(table_id, batch), block or None
+    if block is None:
+        return rows, dim, stream
+    offset, count = block
+    if not (0 <= offset and 0 < count and offset + count <= rows):
+        raise RequestError(f"{where}: row block [{offset}, {offset + count}), expected rows within [0, {rows})")
+    return count, dim, restrict_rows(*stream, offset, count)
+
+
+def profile_compute(request: dict) -> dict:
+    """Time forward and backward of one fused TBE over the shard's tables (median of ``iters``)."""
+    device = request.get("device", "cpu")
+    torch = setup_torch(device)
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
+    from fbgemm_gpu.tbe.config.embedding_config import ComputeDevice
+
+    optimizer = request.get("optimizer", "exact_sgd")
+    precision = request.get("precision", "fp32")
+    if optimizer not in OPTIMIZERS:
+        raise RequestError(f"optimizer {optimizer!r}, expected one of {', '.join(OPTIMIZERS)}")
+    if precision not in PRECISIONS:
+        raise RequestError(f"precision {precision!r}, expected one of {', '.join(PRECISIONS)}")
+    specs, indices, offsets = shard_inputs(request)
+    on_gpu = device == "cuda"
+    location, compute = (
+        (EmbeddingLocation.DEVICE, ComputeDevice.CUDA) if on_gpu else (EmbeddingLocation.HOST, ComputeDevice.CPU)
+    )
+    tbe = SplitTableBatchedEmbeddingBagsCodegen(
+        embedding_specs=[(rows, dim, location, compute) for rows, dim in specs],
+        optimizer=EmbOptimType(optimizer),
+        learning_rate=LEARNING_RATE,
+        weights_precision=SparseType(precision),
+        pooling_mode=PoolingMode.SUM,
+        device=torch.device("cuda" if on_gpu else "cpu"),
+    )
+    with torch.no_grad():
+        for weights in tbe.split_embedding_weights():
+            weights.uniform_(-INIT_SCALE, INIT_SCALE)
+    target = torch.device("cuda" if on_gpu else "cpu")
+    indices_t = torch.from_numpy(indices).to(target)
+    offsets_t = torch.from_numpy(offsets).to(target)
+    grad = None
+    timer = _CudaTimer(torch) if on_gpu else _CpuTimer()
+    fwd_runs, bwd_runs = [], []
+    warmup = int(request.get("warmup", 5))
+    for step in range(warmup + int(request.get("iters", 10))):
+        if step == warmup:  # the CPU share of the timed iterations: below 1, something else took the core
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+        timer.flush()
+        timer.start()
+        out = tbe(indices_t, offsets_t)
+        timer.mark()
+        if grad is None:
+            grad = torch.full_like(out, 1e-3)
+        out.backward(grad)
+        fwd_ms, bwd_ms = timer.stop()
+        if step >= warmup:
+            fwd_runs.append(fwd_ms)
+            bwd_runs.append(bwd_ms)
+    cpu_share = (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
+    totals = [f + b for f, b in zip(fwd_runs, bwd_runs)]
+    return {
+        "ok": True,
+        "fwd_ms": statistics.median(fwd_runs),
+        "bwd_ms": statistics.median(bwd_runs),
+        "total_ms": statistics.median(totals),
+        "fwd_runs_ms": [round(x, 4) for x in fwd_runs],
+        "bwd_runs_ms": [round(x, 4) for x in bwd_runs],
+        "num_indices": int(len(indices)),
+        **({} if on_gpu else {"cpu_share": round(cpu_share, 3)}),
+    }
+
+
+class _CpuTimer:
+    def flush(self):
+        pass
+
+    def start(self):
+        self.t0 = time.perf_counter()
+
+    def mark(self):
+        self.t1 = time.perf_counter()
+
+    def stop(self):
+        t2 = time.perf_counter()
+        return (self.t1 - self.t0) * 1e3, (t2 - self.t1) * 1e3
+
+
+class _CudaTimer:
+    """CUDA events around fwd and bwd, with the L2 cache flushed by writing a buffer on the GPU itself."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        l2_bytes = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 * 2**20)
+        self.flush_buffer = torch.empty(2 * l2_bytes // 4, dtype=torch.float32, device="cuda")
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+
+    def flush(self):
+        self.flush_buffer.zero_()
+
+    def start(self):
+        self.events[0].record()
+
+    def mark(self):
+        self.events[1].record()
+
+    def stop(self):
+        self.events[2].record()
+        self.torch.cuda.synchronize()
+        return self.events[0].elapsed_time(self.events[1]), self.events[1].elapsed_time(self.events[2])
+
+
+def _inject_fault(request_id) -> None:
+    """Deliberate failures, for testing crash isolation only.
+
+    NEUROSHARD_WORKER_FAULTS="3:segfault,5:hang,7:exit" makes the request with id 3 crash the worker
+    with SIGSEGV, id 5 hang, id 7 exit with code 3. Unset in normal use.
+    """
+    spec = os.environ.get("NEUROSHARD_WORKER_FAULTS")
+    if not spec:
+        return
+    faults = dict(item.split(":") for item in spec.split(","))
+    fault = faults.get(str(request_id))
+    if fault == "segfault":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    elif fault == "hang":
+        time.sleep(3600)
+    elif fault == "exit":
+        os._exit(3)
+
+
+def serve() -> None:
+    """Answer compute requests, one JSON line in, one JSON line out, until stdin closes."""
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        _inject_fault(request.get("id"))
+        try:
+            answer = profile_compute(request)
+        except RequestError as err:
+            answer = {"ok": False, "error": str(err)}
+        except Exception as err:  # e.g. an allocation failure in torch: report it, keep serving
+            answer = {"ok": False, "error": f"{type(err).__name__}: {err}"[:500]}
+        answer["id"] = request.get("id")
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()

@@ -1,0 +1,226 @@
+"""TorchRec's planner on a task, our plan exported as its ShardingPlan, and one DistributedModelParallel rank
+running an exported plan."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from neuroshard_jax.kernels.torchrec_format import (
+    TORCHREC_MISSING,
+    embedding_bag_collection,
+    mismatch,
+    plan_shards,
+    sharding_plan,
+)
+from neuroshard_jax.kernels.worker.tbe import setup_torch
+
+
+def torchrec_plan(request: dict) -> dict:
+    """TorchRec's EmbeddingShardingPlanner on a task: tables on the meta device, N ranks with the task's
+    memory caps (per device), pooling factors as constraints, the allowed sharding types, the fused kernel.
+    Returns per table its shards [{col_offset, dim, rank}] or {"error": ...}."""
+    try:
+        import torch
+        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+        from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+        from torchrec.distributed.planner.types import CustomTopologyData, PlannerError
+        from torchrec.modules.embedding_configs import DataType
+    except ImportError as err:
+        return {"error": f"{TORCHREC_MISSING} ({err})"}
+    data_type = {"fp32": DataType.FP32, "fp16": DataType.FP16, "bf16": DataType.BF16, "int8": DataType.INT8}
+    tables = request["tables"]
+    configs = [
+        EmbeddingBagConfig(
+            name=f"t{i}",
+            embedding_dim=int(t["dim"]),
+            num_embeddings=int(t["rows"]),
+            feature_names=[f"f{i}"],
+            data_type=data_type[request["precision"]],
+        )
+        for i, t in enumerate(tables)
+    ]
+    constraints = {
+        f"t{i}": ParameterConstraints(
+            sharding_types=list(t.get("sharding_types", request["sharding_types"])),
+            compute_kernels=["fused"],
+            pooling_factors=[float(t["pooling_factor"])],
+            **({"min_partition": int(t["min_partition"])} if "min_partition" in t else {}),
+        )
+        for i, t in enumerate(tables)
+    }
+    world_size = int(request["num_devices"])
+    caps = [int(c) for c in request["mem_caps_bytes"]]
+    links = request.get("links")  # devices in hosts: TorchRec's local world size and bandwidths (bytes per ms)
+    hosts = (
+        {
+            "local_world_size": int(links["local_size"]),
+            "intra_host_bw": links["intra_host_gbps"] * 1024**3 / 1000,
+            "inter_host_bw": links["inter_host_gbps"] * 1024**3 / 1000,
+        }
+        if links
+        else {}
+    )
+    topology = Topology(
+        world_size=world_size,
+        compute_device="cuda",
+        hbm_cap=max(caps),
+        custom_topology_data=CustomTopologyData(data={"hbm_cap": caps}, world_size=world_size),
+        **hosts,
+    )
+    reservation = None  # TorchRec's default: HeuristicalStorageReservation(0.15), inputs and dense parts included
+    if request.get("reservation", "heuristic") == "percent":
+        reservation = FixedPercentageStorageReservation(0.15)
+    planner = EmbeddingShardingPlanner(
+        topology=topology, constraints=constraints, batch_size=request["batch_size"], storage_reservation=reservation
+    )
+    model = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    start = time.perf_counter()
+    try:
+        plan = planner.plan(model, [EmbeddingBagCollectionSharder()])
+    except PlannerError as err:
+        return {"error": f"torchrec planner: {str(err).splitlines()[0]}", "infeasible": True}
+    planner_s = time.perf_counter() - start
+    by_name = plan_shards(plan)
+    return {"shards": [by_name[f"t{i}"] for i in range(len(tables))], "planner_s": planner_s}
+
+
+def torchrec_export(request: dict, out_path: str) -> dict:
+    """Our plan as a TorchRec ShardingPlan, written with torch.save; the plan is read back and its shards
+    checked against the request. request: {tables: [{name, rows, dim}], shards: per table [{col_offset,
+    dim, rank} (and row_offset, num_rows: a row block)], world_size, device, compute_kernel, module_path}."""
+    try:
+        import torch
+        import torchrec  # noqa: F401 (a missing torchrec is reported, not raised)
+    except ImportError as err:
+        return {"error": f"{TORCHREC_MISSING} ({err})"}
+    shards = {t["name"]: s for t, s in zip(request["tables"], request["shards"])}
+    module = embedding_bag_collection(request["tables"], "meta")
+    world = int(request["world_size"])
+    try:
+        plan = sharding_plan(
+            {request["module_path"]: (module, shards)},
+            world,
+            request["device"],
+            request["compute_kernel"],
+            local_size=request.get("local_size"),
+        )
+    except ValueError as err:  # a row split TorchRec does not run (``torchrec_plans.row_split_host``)
+        return {"error": str(err)}
+    torch.save(plan, out_path)
+    error = mismatch(torch.load(out_path, weights_only=False), shards)
+    return {"error": error} if error else {"ok": True, "plan": str(plan)}
+
+
+def _pattern(rows, cols):
+    """The weights the DMP check writes: w[r, c] = ((r % 97) + 1) * 1e-3 + c * 1e-5 (exact in fp32 sums)."""
+    return ((rows % 97) + 1)[:, None] * 1e-3 + cols[None, :] * 1e-5
+
+
+def torchrec_run(rank: int, world: int, init: str, request_path: str, out_path: str) -> None:
+    """One rank of DistributedModelParallel (gloo, CPU) over an exported ShardingPlan.
+
+    Every rank builds the request's EmbeddingBagCollection on the meta device and wraps it with the plan;
+    the weights of its local shards are set to a known pattern (``_pattern`` of the global row and
+    column), then a forward pass on this rank's batch (random bags) is checked against the pooled sums
+    computed from the pattern, and a backward pass runs. Writes {rank, local_shards, output_shape,
+    max_abs_error} to ``out_path``.
+    """
+    request = json.loads(Path(request_path).read_text())
+    torch = setup_torch("cpu")
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    model, collection = _distributed_model(request, torch.load(request["plan"], weights_only=False))
+    local = _write_pattern(model)
+    out, expected = _forward(collection, request["tables"], int(request["batch_size"]), rank)
+    error = float(np.abs(out.detach().numpy() - expected).max())
+    out.sum().backward()
+    Path(out_path).write_text(
+        json.dumps(
+            {"rank": rank, "local_shards": sorted(local), "output_shape": list(out.shape), "max_abs_error": error}
+        )
+    )
+    # Every rank is done; leave without the interpreter's teardown, where a still-joinable C++ thread of
+    # the distributed stack occasionally aborts the process (SIGABRT, "terminate called without an active
+    # exception") after the work succeeded.
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _distributed_model(request: dict, plan):
+    """(DistributedModelParallel, its EmbeddingBagCollection) of the request's tables, with the collection at
+    the plan's module path (e.g. sparse_arch.embedding_bag_collection)."""
+    import torch
+    import torch.distributed as dist
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+
+    path = [p for p in request.get("module_path", "").split(".") if p]
+    root = embedding_bag_collection(request["tables"], "meta")
+    for name in reversed(path):
+        parent = torch.nn.Module()
+        parent.add_module(name, root)
+        root = parent
+    model = DistributedModelParallel(
+        module=root,
+        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        device=torch.device("cpu"),
+        plan=plan,
+        sharders=[EmbeddingBagCollectionSharder()],
+    )
+    collection = model.module
+    for name in path:
+        collection = getattr(collection, name)
+    return model, collection
+
+
+def _write_pattern(model) -> list[list]:
+    """Set every local shard's weights to ``_pattern`` of its global rows and columns; returns the local
+    shards as [table name, col_offset, dim, row_offset, num_rows]."""
+    import torch
+
+    local = []
+    with torch.no_grad():
+        for key, value in model.state_dict().items():
+            for shard in getattr(value, "local_shards", lambda: [])():
+                r0, c0 = shard.metadata.shard_offsets
+                n_rows, n_cols = shard.metadata.shard_sizes
+                weights = _pattern(np.arange(r0, r0 + n_rows), np.arange(c0, c0 + n_cols))
+                shard.tensor.copy_(torch.from_numpy(weights.astype(np.float32)))
+                local.append([key.split(".")[-2], int(c0), int(n_cols), int(r0), int(n_rows)])
+    return local
+
+
+def _forward(collection, tables: list[dict], batch: int, rank: int):
+    """The pooled outputs f32[B, sum dims] of a random batch of bags (this rank's seed), in table order, and
+    the sums the pattern weights should give."""
+    import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    rng = np.random.default_rng(1000 + rank)
+    lengths = rng.integers(0, 4, size=(len(tables), batch))
+    values = [rng.integers(0, t["rows"], size=int(lengths[i].sum())) for i, t in enumerate(tables)]
+    features = KeyedJaggedTensor.from_lengths_sync(
+        keys=[t["name"] for t in tables],
+        values=torch.from_numpy(np.concatenate(values)).long(),
+        lengths=torch.from_numpy(lengths.reshape(-1)).int(),
+    )
+    pooled = collection(features)  # a KeyedTensor; its column order groups tables by sharding type
+    out = torch.cat([pooled[t["name"]] for t in tables], dim=1)
+    expected = []
+    for i, t in enumerate(tables):
+        bags = np.split(values[i], np.cumsum(lengths[i])[:-1])
+        cols = np.arange(t["dim"])
+        expected.append(np.stack([_pattern(b, cols).sum(0) if len(b) else np.zeros(t["dim"]) for b in bags]))
+    return out, np.concatenate(expected, axis=1)

@@ -1,0 +1,326 @@
+"""Collect cost labels on real kernels.
+
+    python -m neuroshard_jax.collect kind=compute num_samples=5000 executor.workers=2
+    python -m neuroshard_jax.collect kind=compute num_samples=5000 executor=ray executor.address=auto pin=false
+    python -m neuroshard_jax.collect kind=comm num_samples=1000
+    python -m neuroshard_jax.collect source=specs num_samples=3000 out_dir=datasets/cpu-specs
+    python -m neuroshard_jax.collect kind=plans num_samples=30 plans.round=0 out_dir=datasets/cpu-plans
+
+``source=pool`` measures shards of the calibrated pool's tables at ``batch_size``; ``source=specs`` measures
+shards of table specs drawn over the whole range users bring (``SpecSamplerConfig``), each sample at a batch
+size of its own (recorded in its row). ``kind=plans`` labels the devices of the plans searchers produce on
+tasks of the training side (``plan_labels.py``): ``num_samples`` tasks per round.
+
+Where the kernels run is the executor (``executor=local``, processes on this host, or ``executor=ray``, actors
+on a Ray cluster: neuroshard_jax/kernels/executors.py); either way the driver alone writes the dataset.
+
+Resumable: rerun the same command after a stop (even kill -9) and it continues where it was; samples
+are drawn per (seed, index), written one fsynced JSONL line each, and skipped once present.
+A sample whose worker crashes, runs out of memory or times out is recorded with the reason and the
+worker is restarted. Settings live in conf/collect.yaml.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from neuroshard_jax.core.cli import resolved
+from neuroshard_jax.core.config import above_zero, at_least, typed
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import JsonlLog, git_commit, hardware, write_manifest
+from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, map_requests, open_executor, protocol
+from neuroshard_jax.kernels.processes import (
+    CommSamplerConfig,
+    ComputeSamplerConfig,
+    SpecSamplerConfig,
+    WorkerFailure,
+    compute_request,
+    sample_comm,
+    sample_shard,
+    sample_spec_shard,
+    worker_versions,
+)
+from neuroshard_jax.learn.plan_labels import PlanLabelConfig, collect_plans
+from neuroshard_jax.measure.plans import EvaluateConfig
+from neuroshard_jax.workloads.pool import PoolSpec, pool_streams
+
+KINDS = ("compute", "comm", "plans")
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectConfig:
+    kind: str = "compute"
+    source: str = "pool"
+    num_samples: int = 100
+    seed: int = 0
+    device: str = "cpu"
+    executor: ExecutorConfig = ExecutorConfig()  # where the kernels run (conf/executor/): local or ray
+    timeout_s: float = 300.0
+    out_dir: str = "datasets/cpu-b4096"
+    batch_size: int = 4096
+    pool: PoolSpec = PoolSpec()
+    optimizer: str = "exact_sgd"
+    precision: str = "fp32"
+    warmup: int = 5
+    iters: int = 10
+    sampler: ComputeSamplerConfig = ComputeSamplerConfig()
+    specs: SpecSamplerConfig = SpecSamplerConfig()
+    comm: CommSamplerConfig = CommSamplerConfig()
+    plans: PlanLabelConfig = PlanLabelConfig()
+    comm_chunk: int = 20
+    progress: bool = True
+    pin: bool = True  # each local CPU kernel worker on a core of its own: 13% less label noise at no cost
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise UserError(f"kind: got {self.kind!r}, expected one of {', '.join(KINDS)}")
+        if self.source not in ("pool", "specs"):
+            raise UserError(f"source: got {self.source!r}, expected 'pool' or 'specs'")
+        at_least(self, 1, ("num_samples", "batch_size", "iters", "comm_chunk"))
+        at_least(self, 0, ("seed", "warmup"))
+        above_zero(self, ("timeout_s",))
+        if self.device not in ("cpu", "cuda"):
+            raise UserError(f"device: got {self.device!r}, expected 'cpu' or 'cuda'")
+        if self.pin and self.device == "cpu" and self.executor.name == "ray":
+            raise UserError(
+                "pin: got true with executor=ray, expected pin=false (Ray places actors on logical CPUs, not cores;"
+                " a dataset keeps one protocol, so a Ray collection is an unpinned one)"
+            )
+
+
+def _settings(config: CollectConfig) -> dict:
+    """What must not change within one dataset (checked on resume)."""
+    common = {
+        "kind": config.kind,
+        "seed": config.seed,
+        "device": config.device,
+        "batch_size": config.batch_size,
+        "pool": config.pool.to_json(),
+        "pool_id": config.pool.pool_id,
+        "warmup": config.warmup,
+        "iters": config.iters,
+        **protocol(config.executor, config.pin, config.device),  # no "pin": the unpinned protocol
+    }
+    if config.kind == "plans":  # its devices are a compute dataset (any round, any model)
+        return {
+            **common,
+            "kind": "compute",
+            "source": "plans",
+            "optimizer": config.optimizer,
+            "specs": _without_unset(dataclasses.asdict(config.specs), "row_share"),
+        }
+    if config.kind == "compute" and config.source == "specs":
+        return {
+            **common,
+            "source": "specs",
+            "optimizer": config.optimizer,
+            "precision": config.precision,
+            "specs": _without_unset(dataclasses.asdict(config.specs), "row_share"),
+        }
+    if config.kind == "compute":
+        return {
+            **common,
+            "optimizer": config.optimizer,
+            "precision": config.precision,
+            "sampler": dataclasses.asdict(config.sampler),
+        }
+    return {**common, "comm": _without_unset(dataclasses.asdict(config.comm), "row_share")}
+
+
+def _without_unset(settings: dict, key: str) -> dict:
+    """``settings`` without ``key`` where it is 0 (off): the settings of datasets from before it existed, which
+    resume as they were."""
+    return {k: v for k, v in settings.items() if k != key or v}
+
+
+def collect(config: CollectConfig) -> dict:
+    """Collect up to ``num_samples`` records of ``kind`` into ``out_dir``; returns a summary."""
+    if config.kind == "plans":
+        return _collect_plans(config)
+    out = Path(config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    versions = worker_versions()
+    log = JsonlLog(out / f"{config.kind}.jsonl")
+    manifest_extra = {
+        "hardware": hardware(),
+        "versions": versions,
+        "git_commit": git_commit(),
+        "how": f"python -m neuroshard_jax.collect kind={config.kind}"
+        + (" source=specs" if config.kind == "compute" and config.source == "specs" else "")
+        + (f" comm.row_share={config.comm.row_share}" if config.kind == "comm" and config.comm.row_share else "")
+        + (f" specs.row_share={config.specs.row_share}" if config.source == "specs" and config.specs.row_share else "")
+        + " (conf/collect.yaml)",
+    }
+    write_manifest(out / f"manifest-{config.kind}.json", _settings(config), manifest_extra)
+    todo = [i for i in range(config.num_samples) if i not in log.ids]
+    bar = tqdm(
+        total=config.num_samples,
+        initial=config.num_samples - len(todo),
+        desc=config.kind,
+        disable=not config.progress,
+        smoothing=0.05,
+    )
+    run = _collect_compute if config.kind == "compute" else _collect_comm
+    try:
+        run(config, log, todo, bar)
+    finally:  # also on Ctrl-C / SIGTERM: the manifest counts what the file holds
+        bar.close()
+        records = list(log.records())
+        failed = sum(1 for r in records if not r.get("ok", True))
+        counts = {"num_records": len(records), "num_failed": failed}
+        write_manifest(out / f"manifest-{config.kind}.json", _settings(config), {**manifest_extra, **counts})
+    return {"records": len(records), "failed": failed, "path": str(log.path)}
+
+
+def _collect_plans(config: CollectConfig) -> dict:
+    out = Path(config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "manifest-compute.json"
+    extra = {
+        "hardware": hardware(),
+        "versions": worker_versions(),
+        "git_commit": git_commit(),
+        "how": "python -m neuroshard_jax.collect kind=plans (conf/collect.yaml)",
+    }
+    manifest = write_manifest(path, _settings(config), extra)
+    evaluate = EvaluateConfig(
+        device=config.device,
+        executor=config.executor,
+        timeout_s=config.timeout_s,
+        optimizer=config.optimizer,
+        warmup=config.warmup,
+        iters=config.iters,
+        pin=config.pin,
+    )
+
+    def progress(line: str) -> None:
+        if config.progress:
+            print(line, file=sys.stderr, flush=True)
+
+    summary = collect_plans(
+        config.plans,
+        config.specs,
+        config.pool,
+        config.batch_size,
+        config.seed,
+        config.num_samples,
+        out,
+        evaluate,
+        progress,
+    )
+    before = manifest.get("rounds", {}).get(str(config.plans.round), {})
+    added = ("search_s", "compute_s", "comm_s", "devices_measured", "comm_measured")  # a resumed round adds up
+    total = {**summary, **{k: round(summary[k] + before.get(k, 0), 1) for k in added}}
+    this_round = {**total, "plans": dataclasses.asdict(config.plans)}
+    rounds = {**manifest.get("rounds", {}), str(config.plans.round): this_round}
+    records = list(JsonlLog(out / "compute.jsonl").records())
+    failed = sum(1 for r in records if not r.get("ok", True))
+    write_manifest(
+        path, _settings(config), {**extra, "rounds": rounds, "num_records": len(records), "num_failed": failed}
+    )
+    return {"records": len(records), "failed": failed, "path": str(out / "compute.jsonl"), **summary}  # this call's
+
+
+def _collect_compute(config: CollectConfig, log: JsonlLog, todo: list[int], bar) -> None:
+    pool_rows = pool_streams(config.pool)[0] if config.source == "pool" else None
+
+    def request(i: int) -> dict:
+        if config.source == "specs":
+            batch_size, tables = sample_spec_shard(config.specs, config.seed, i)
+            pool = None
+        else:
+            batch_size, pool = config.batch_size, config.pool
+            tables = sample_shard(pool_rows, config.sampler, config.seed, i)
+        return compute_request(
+            i, tables, pool, batch_size, config.device, config.optimizer, config.precision, config.warmup, config.iters
+        )
+
+    def record(request: dict, answer: dict) -> None:
+        row = {"id": request["id"], "tables": request["tables"]}
+        if config.source == "specs":
+            row["batch_size"] = request["batch_size"]
+        log.append({**row, **{k: v for k, v in answer.items() if k != "id"}})
+        bar.update(1)
+
+    requests = (request(i) for i in todo)
+
+    map_requests(
+        requests, record, config.executor, config.device, config.timeout_s, Path(config.out_dir), pin=config.pin
+    )
+
+
+def _collect_comm(config: CollectConfig, log: JsonlLog, todo: list[int], bar) -> None:
+    samples = {i: sample_comm(config.comm, config.seed, i) for i in todo}
+    by_world: dict[int, list[int]] = {}
+    for i, s in samples.items():
+        by_world.setdefault(s["world"], []).append(i)
+    with open_executor(config.executor, config.device, config.timeout_s) as executor:
+        for world, ids in sorted(by_world.items()):
+            for start in range(0, len(ids), config.comm_chunk):
+                _collect_comm_chunk(config, log, samples, ids[start : start + config.comm_chunk], world, executor)
+                bar.update(min(config.comm_chunk, len(ids) - start))
+
+
+def _collect_comm_chunk(
+    config: CollectConfig, log: JsonlLog, samples: dict, chunk: list[int], world: int, executor: Executor
+) -> None:
+    """One launch of ``world`` ranks for ``chunk``; after a failure, one launch per request to isolate the culprit."""
+    try:
+        _run_comm_chunk(config, log, samples, chunk, world, executor)
+    except WorkerFailure:
+        for i in chunk:  # isolate the culprit: one request per launch
+            try:
+                _run_comm_chunk(config, log, samples, [i], world, executor)
+            except WorkerFailure as failure:
+                log.append(
+                    {"id": i, **samples[i], "batch_size": config.batch_size, "ok": False, "error": failure.reason}
+                )
+
+
+def _run_comm_chunk(
+    config: CollectConfig, log: JsonlLog, samples: dict, chunk: list[int], world: int, executor: Executor
+) -> None:
+    requests = [
+        {
+            "id": i,
+            "dim_sums": samples[i]["dim_sums"],
+            "delays_ms": samples[i]["delays_ms"],
+            **({"row_groups": samples[i]["row_groups"]} if "row_groups" in samples[i] else {}),
+            "batch_size": config.batch_size,
+            "warmup": config.warmup,
+            "iters": config.iters,
+        }
+        for i in chunk
+    ]
+    results = executor.comm(requests, world, config.timeout_s * max(1, len(chunk)) / 4)
+    for i in chunk:
+        per_rank = results[i]
+        log.append(
+            {
+                "id": i,
+                **samples[i],
+                "batch_size": config.batch_size,
+                "ok": True,
+                "fwd_ms": [r["fwd_ms"] for r in per_rank],
+                "bwd_ms": [r["bwd_ms"] for r in per_rank],
+                # of which the row groups' collectives (row_comm.py)
+                **(
+                    {k: [r[k] for r in per_rank] for k in ("fwd_rows_ms", "bwd_rows_ms")}
+                    if "row_groups" in samples[i]
+                    else {}
+                ),
+            }
+        )
+
+
+def config_from(cfg: DictConfig) -> CollectConfig:
+    return typed(CollectConfig, resolved(cfg))
+
+
+def stop_on_sigterm(signum, frame):
+    raise KeyboardInterrupt

@@ -1,0 +1,150 @@
+"""``python -m neuroshard_jax.loop [out=DIR rounds=3 tasks=30]``: pre-train, search, measure, learn.
+
+Round r: the searchers plan ``tasks`` fresh tasks of the training side with model r (the shipped default for
+r = 0), the devices of their plans and of selected variants are measured (``collect kind=plans`` into
+``out/labels``), model r's figures on those labels are recorded (held out: it never saw them), and model r+1
+is model r fine-tuned on the union of the base datasets and every label so far (``out/models/round-{r+1}``).
+``scratch=true`` also trains a model from scratch on the union after the last round, for comparison.
+Everything is resumable: a rerun skips finished collections and trained rounds. ``out/loop.json`` holds the
+table of every round's figures. Settings live in conf/loop.yaml.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from neuroshard_jax.core.cli import resolved
+from neuroshard_jax.core.config import typed
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import (
+    hardware,
+    hardware_kind,
+    load_manifest,
+    manifest_kinds,
+    resolve_dataset,
+    write_json,
+)
+from neuroshard_jax.costs.ensemble import EnsembleConfig
+from neuroshard_jax.costs.registry import checkpoint_path
+from neuroshard_jax.kernels.executors import ExecutorConfig
+from neuroshard_jax.learn.collect import CollectConfig, collect
+from neuroshard_jax.learn.fit import TrainConfig, train_ensemble
+from neuroshard_jax.learn.plan_labels import plan_label_report
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """conf/loop.yaml."""
+
+    out: str = "runs/loop"
+    rounds: int = 3
+    tasks: int = 30  # tasks per round (each: every searcher's plan + ``plans.variants`` variants)
+    start_model: str = "xeon-union"
+    base_datasets: tuple[str, ...] = ()  # datasets of this machine's kind (checked before measuring)
+    label_weight: float = 2.0  # loss weight of a plan label against a base record
+    scratch: bool = False
+    allow_mixed_hardware: bool = False  # train on base datasets measured on another kind of hardware than the labels
+    collect: CollectConfig = CollectConfig(kind="plans")
+    executor: ExecutorConfig = ExecutorConfig(workers=2)  # where the plans are measured (conf/executor/)
+    ensemble: EnsembleConfig = EnsembleConfig()
+    finetune: TrainConfig = TrainConfig(epochs=60, learning_rate=1e-3)
+
+    def __post_init__(self):
+        if self.rounds < 1:
+            raise UserError(f"rounds: got {self.rounds}, expected an integer >= 1")
+        if self.tasks < 1:
+            raise UserError(f"tasks: got {self.tasks}, expected an integer >= 1")
+        if not self.label_weight > 0:
+            raise UserError(f"label_weight: got {self.label_weight}, expected a number > 0")
+
+
+def model_dir(out: Path, round_: int) -> Path:
+    return out / "models" / f"round-{round_}"
+
+
+def run_loop(config: LoopConfig, progress=print) -> dict:
+    """Every round (resumable); returns the per-round table also written to ``out/loop.json``."""
+    out = Path(config.out)
+    labels = out / "labels"
+    if not config.allow_mixed_hardware:
+        check_base_hardware(config.base_datasets, config.collect.device)
+    datasets = [*config.base_datasets, str(labels)]
+    scale = (1.0,) * len(config.base_datasets) + (config.label_weight,)
+    table = _read(out / "loop.json")
+    model = config.start_model
+    for r in range(config.rounds):
+        plans = dataclasses.replace(config.collect.plans, round=r, model=model)
+        collected = collect(
+            dataclasses.replace(
+                config.collect,
+                kind="plans",
+                num_samples=config.tasks,
+                out_dir=str(labels),
+                plans=plans,
+                executor=config.executor,
+            )
+        )
+        entry = table.setdefault(str(r), {})
+        entry.update(model=model, collected=collected, held_out=plan_label_report(labels, r).get(str(r)))
+        write_json(table, out / "loop.json")
+        progress(f"round {r}: model {model}: {json.dumps(entry['held_out'])}")
+        nxt = model_dir(out, r + 1)
+        if not (nxt / "meta.json").exists():
+            how = f"python -m neuroshard_jax.loop out={config.out} (round {r + 1}, fine-tuned from {model})"
+            report = train_ensemble(
+                datasets,
+                config.ensemble,
+                config.finetune,
+                nxt,
+                f"loop-round-{r + 1}",
+                how,
+                init=checkpoint_path(model),
+                dataset_scale=scale,
+                allow_mixed_hardware=config.allow_mixed_hardware,
+            )
+            entry["next_model_test"] = report["compute"]
+            write_json(table, out / "loop.json")
+        model = str(nxt)
+    if config.scratch and not (out / "models" / "scratch" / "meta.json").exists():
+        how = f"python -m neuroshard_jax.loop out={config.out} scratch=true (from scratch on every label)"
+        report = train_ensemble(
+            datasets,
+            config.ensemble,
+            TrainConfig(),
+            out / "models" / "scratch",
+            "loop-scratch",
+            how,
+            dataset_scale=scale,
+            allow_mixed_hardware=config.allow_mixed_hardware,
+        )
+        table["scratch"] = {"test": report["compute"]}
+        write_json(table, out / "loop.json")
+    return table
+
+
+def check_base_hardware(base_datasets: tuple[str, ...], device: str) -> None:
+    """Before any measuring: the labels this machine will add must be of the base datasets' kind of hardware, or
+    training would refuse them after the round's measurements (``training.check_one_hardware``)."""
+    here = hardware_kind(hardware(), device)
+    for base in base_datasets:
+        manifest = load_manifest(resolve_dataset(base), "compute")
+        there = hardware_kind(manifest.get("hardware"), manifest["settings"].get("device"))
+        if here not in manifest_kinds(manifest):
+            raise UserError(
+                f"base_datasets: {base!r} was measured on {there}, this machine is {here}; expected base datasets "
+                "of this machine's kind (base_datasets=[] fine-tunes on this machine's labels only; "
+                "tools/hardware_probe.py --record BASE records that this machine measures like it; "
+                "allow_mixed_hardware=true mixes them anyway)"
+            )
+
+
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def app_config(cfg: DictConfig) -> LoopConfig:
+    return typed(LoopConfig, resolved(cfg))

@@ -1,0 +1,557 @@
+"""Plan-level cost labels: the devices of the plans searchers produce, measured on the real kernels.
+
+    python -m neuroshard_jax.collect kind=plans num_samples=30 out_dir=datasets/plans plans.round=0
+
+Task ``i`` of round ``r`` comes from the training side only: the pool's train half and the spec sampler
+(``profiling.SpecSamplerConfig``), alternating, at 4 or 8 devices; never the foreign benchmark. Every searcher
+of ``plans.searchers`` plans it with the cost model ``plans.model``; each plan gets ``plans.candidates``
+perturbed variants (a shard moved, two shards swapped, a table halved once more, or a halving undone: the
+plan format's equal 2^k slices stay the rule), of which ``plans.variants`` per task are kept:
+``select=spread`` keeps the near-best ones (predicted within ``near`` of the task's best) the ensemble is least
+sure of, ``select=random`` draws them uniformly. Then:
+
+* ``plans.jsonl``: one row per task (id ``r/i``): the task, every kept plan's shards and its predicted
+  per-device compute, comm and spread, the searcher and variant that made it, and the model;
+* ``compute.jsonl``: one row per distinct device (id: its content key), the label protocol's fused TBE fwd+bwd,
+  in the form ``collect`` writes (``tables``, ``batch_size``), with the round, task, plan and model that
+  first produced it: ``train datasets=[..., DIR]`` trains on it as on any compute dataset;
+* ``comm.jsonl``: every plan's all-to-all (dims and straggler delays from its measured compute), the form of
+  ``collect kind=comm``.
+
+Searching is stage one, measuring stage two; both are resumable and exactly-once (rows are keyed; a rerun
+of the same command continues). ``plan_label_report`` compares each round's predictions with its labels: the
+model of round r never trained on round r's tasks, so its figures are held out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from neuroshard_jax.core.assignment import assignment, plan_of, row_blocks_in, row_groups
+from neuroshard_jax.core.constants import GIB_BYTES
+from neuroshard_jax.core.errors import PlanError, UserError
+from neuroshard_jax.core.files import JsonlLog, read_jsonl, read_records
+from neuroshard_jax.core.sharding import Shard, mem_bytes, split_counts
+from neuroshard_jax.core.types import Plan, Table, Task
+from neuroshard_jax.costs.cost_model import DeviceCosts, plan_cost_ms
+from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model, shipped_names
+from neuroshard_jax.costs.scoring import score_plans_devices
+from neuroshard_jax.kernels.executors import Executor, open_executor
+from neuroshard_jax.kernels.processes import SpecSamplerConfig, draw_table_spec
+from neuroshard_jax.learn.fit import kendall_tau
+from neuroshard_jax.measure.drift import References, references
+from neuroshard_jax.measure.plans import EvaluateConfig, device_key, device_request, device_tables, measure_comm
+from neuroshard_jax.search.pipeline import search_plan
+from neuroshard_jax.workloads.pool import PoolSpec, load_pool
+from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
+
+SOURCES = ("pool", "specs")
+SELECTIONS = ("spread", "random")
+PERTURBATIONS = ("move", "swap", "halve", "merge")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanLabelConfig:
+    """conf/collect.yaml ``plans:``."""
+
+    round: int = 0
+    model: str = "xeon-union"  # a shipped model's name or a checkpoint directory
+    searchers: tuple[str, ...] = (
+        "beam",
+        "grid",
+        "rl",
+        "size_greedy",
+        "lookup_greedy",
+        "dim_greedy",
+        "size_lookup_greedy",
+        "torchrec",
+    )
+    sources: tuple[str, ...] = SOURCES
+    num_devices: tuple[int, ...] = (4, 8)
+    min_tables: int = 10
+    max_tables: int = 40
+    pool_mem_cap_gb: float = 4.0
+    max_device_gib: float = 4.0  # spec tasks: a device's weights stay measurable beside a second worker
+    candidates: int = 48  # perturbed variants drawn per searched plan
+    variants: int = 8  # of which this many per task are measured
+    select: str = "spread"
+    near: float = 0.1  # near-best: predicted within this fraction of the task's best plan
+    comm: bool = True
+    references: int = 0  # records of ``reference`` measured with every ``chunk`` devices: each label's ``speed``
+    reference: str = ""  # a compute dataset of this machine's kind (drift.py)
+    chunk: int = 64
+
+    def __post_init__(self):
+        if self.round < 0:
+            raise UserError(f"plans.round: got {self.round}, expected an integer >= 0")
+        bad = [s for s in self.sources if s not in SOURCES]
+        if bad or not self.sources:
+            raise UserError(f"plans.sources: got {list(self.sources)}, expected some of {', '.join(SOURCES)}")
+        if self.select not in SELECTIONS:
+            raise UserError(f"plans.select: got {self.select!r}, expected one of {', '.join(SELECTIONS)}")
+        if not self.num_devices or min(self.num_devices) < 2:
+            raise UserError(f"plans.num_devices: got {list(self.num_devices)}, expected device counts >= 2")
+        if not 1 <= self.min_tables <= self.max_tables:
+            raise UserError(
+                f"plans.min_tables/max_tables: got {self.min_tables}/{self.max_tables}, expected 1 <= min <= max"
+            )
+        for name in ("candidates", "variants"):
+            if getattr(self, name) < 0:
+                raise UserError(f"plans.{name}: got {getattr(self, name)}, expected an integer >= 0")
+        if not self.searchers:
+            raise UserError("plans.searchers: got [], expected at least one searcher")
+        if self.references < 0:
+            raise UserError(f"plans.references: got {self.references}, expected an integer >= 0")
+        if self.chunk < 1:
+            raise UserError(f"plans.chunk: got {self.chunk}, expected an integer >= 1")
+        if self.references and not self.reference:
+            raise UserError(
+                f"plans.reference: got none with plans.references={self.references}, expected a compute dataset "
+                "of this machine's kind (e.g. neuroshard_jax/data/profiles/xeon-plans)"
+            )
+
+    def cost_model(self) -> tuple[str, dict | None]:
+        """(cost_model name, options) of ``model``: a shipped name, else a checkpoint directory."""
+        return (self.model, None) if self.model in shipped_names() else ("neural", {"checkpoint": self.model})
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks of the training side
+
+
+def label_task(
+    config: PlanLabelConfig, specs: SpecSamplerConfig, pool: PoolSpec, batch_size: int, seed: int, index: int
+) -> tuple[str, Task]:
+    """(source, task) of task ``index`` of round ``config.round``: sources alternate, then device counts. A pool
+    task replays the pool's streams at ``batch_size``; a spec task has a batch size of its own."""
+    source = config.sources[index % len(config.sources)]
+    devices = config.num_devices[(index // len(config.sources)) % len(config.num_devices)]
+    task_seed = int(np.random.default_rng([seed, 5003, config.round, index]).integers(2**31))
+    if source == "pool":
+        task_config = TaskConfig(
+            num_tables=None,
+            min_tables=config.min_tables,
+            max_tables=config.max_tables,
+            num_devices=devices,
+            mem_cap_gb=config.pool_mem_cap_gb,
+            batch_size=batch_size,
+            split="train",
+            pool=pool,
+        )
+        return source, generate_task(load_pool(pool, batch_size), task_config, task_seed)
+    return source, spec_task(config, specs, devices, task_seed)
+
+
+def spec_task(config: PlanLabelConfig, specs: SpecSamplerConfig, devices: int, seed: int) -> Task:
+    """Tables drawn by the spec sampler; each device's cap is roomy (2x the mean load, 1.5x the largest table)
+    and within ``max_device_gib``, so every plan is measurable."""
+    rng = np.random.default_rng([seed, 7727])
+    batch_size = int(rng.choice(specs.batch_sizes))
+    count = int(rng.integers(config.min_tables, config.max_tables + 1))
+    largest_allowed = config.max_device_gib / 1.5 * GIB_BYTES
+    total_allowed = devices * config.max_device_gib / 2 * GIB_BYTES
+    tables: list[Table] = []
+    total = 0.0
+    for _ in range(20 * count):
+        if len(tables) == count:
+            break
+        spec = draw_table_spec(rng, specs, batch_size)
+        dim = int(rng.choice(specs.dims))
+        size = float(mem_bytes(spec["rows"], dim, specs.precision))
+        if size > largest_allowed or total + size > total_allowed:
+            continue
+        tables.append(Table(len(tables), spec["rows"], dim, spec["pooling_factor"], tuple(spec["bins"])))
+        total += size
+    largest = max(mem_bytes(t.rows, t.dim, specs.precision) for t in tables)
+    cap_gib = min(config.max_device_gib, max(1.5 * largest, 2.0 * total / devices) / GIB_BYTES)
+    return Task(devices, float(np.ceil(cap_gib * 100) / 100), batch_size, tuple(tables), specs.precision)
+
+
+# ---------------------------------------------------------------------------------------------
+# Perturbations
+
+
+def perturb(task: Task, devices: tuple[tuple[int, ...], ...], kind: str, rng: np.random.Generator):
+    """One perturbation ``kind`` of a plan's slice devices (None where it does not apply)."""
+    n = task.num_devices
+    out = [list(d) for d in devices]
+    slices = [(t, i) for t, d in enumerate(out) for i in range(len(d))]
+    if kind == "move":
+        t, i = slices[rng.integers(len(slices))]
+        out[t][i] = int((out[t][i] + rng.integers(1, n)) % n)
+    elif kind == "swap":
+        (t, i), (u, j) = (slices[k] for k in rng.choice(len(slices), 2, replace=False))
+        if out[t][i] == out[u][j]:
+            return None
+        out[t][i], out[u][j] = out[u][j], out[t][i]
+    elif kind == "halve":
+        t = int(rng.integers(len(out)))
+        if 2 * len(out[t]) not in split_counts(task.tables[t].dim):
+            return None
+        out[t] = [d for dev in out[t] for d in (dev, int(rng.integers(n)))]
+    else:  # merge: undo one halving, each merged slice on the device of one of its halves
+        splits = [t for t, d in enumerate(out) if len(d) > 1]
+        if not splits:
+            return None
+        t = splits[rng.integers(len(splits))]
+        out[t] = [out[t][2 * j + int(rng.integers(2))] for j in range(len(out[t]) // 2)]
+    return tuple(tuple(d) for d in out)
+
+
+def variants_of(plan: Plan, count: int, rng: np.random.Generator) -> list[tuple[str, Plan]]:
+    """Up to ``count`` distinct valid perturbations of ``plan``: (kind, plan)."""
+    _, devices = assignment(plan)
+    seen = {devices}
+    out = []
+    for _ in range(4 * count):
+        if len(out) == count:
+            break
+        kind = PERTURBATIONS[int(rng.choice(len(PERTURBATIONS), p=[0.4, 0.3, 0.15, 0.15]))]
+        changed = perturb(plan.task, devices, kind, rng)
+        if changed is None or changed in seen:
+            continue
+        seen.add(changed)
+        try:
+            out.append((kind, plan_of(plan.task, changed, row_blocks_in(plan)).validate()))
+        except PlanError:  # over a device's memory
+            continue
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage one: search, perturb, select
+
+
+def plan_task(config: PlanLabelConfig, task: Task, seed: int, progress: Callable[[str], None] = print) -> list[dict]:
+    """Every searcher's plan of ``task`` and the selected variants, each with its predictions."""
+    name, options = config.cost_model()
+    searched: list[tuple[str, str, Plan]] = []
+    for searcher in config.searchers:
+        try:
+            plan = search_plan(task, searcher, name, seed, None, options)
+        except UserError as err:  # infeasible, or e.g. rl's own model is trained at batch 4096 only
+            progress(f"  {searcher} skipped: {err}")
+            continue
+        searched.append((searcher, "searched", plan))
+    rng = np.random.default_rng([seed, 31, config.round])
+    candidates = [(s, kind, p) for s, _, parent in searched for kind, p in variants_of(parent, config.candidates, rng)]
+    everything = searched + candidates
+    if not everything:
+        return []
+    model = expected_cost_model(make_cost_model(name, task, options))
+    costs, spread = score_plans_devices(model, [p for *_, p in everything])
+    plan_ms = np.asarray(plan_cost_ms(costs))
+    chosen = select_variants(config, plan_ms[len(searched) :], spread, costs, len(searched), rng)
+    rows = []
+    for k in list(range(len(searched))) + [len(searched) + c for c in chosen]:
+        searcher, kind, plan = everything[k]
+        name = searcher if kind == "searched" else f"{searcher}~{kind}{k}"
+        costs_k = DeviceCosts(*(c[k] for c in costs))
+        rows.append(plan_entry(name, searcher, kind, plan, costs_k, None if spread is None else spread[k]))
+    return rows
+
+
+def plan_entry(name: str, searcher: str, variant: str, plan: Plan, costs: DeviceCosts, spread=None) -> dict:
+    """A plan as plans.jsonl keeps it: who made it, its shards, its predicted per-device costs and spread."""
+
+    def ms(values) -> list[float]:
+        return [round(float(x), 5) for x in values]
+
+    return {
+        "name": name,
+        "searcher": searcher,
+        "variant": variant,
+        "shards": [[s.table, s.col_offset, s.dim, s.device] for s in plan.shards],
+        "compute": ms(costs.compute_ms),
+        "fwd_comm": ms(costs.fwd_comm_ms),
+        "bwd_comm": ms(costs.bwd_comm_ms),
+        "spread": None if spread is None else ms(spread),
+    }
+
+
+def select_variants(config: PlanLabelConfig, plan_ms, spread, costs, offset: int, rng) -> list[int]:
+    """Indices (into the candidates) of the variants to measure."""
+    count = min(config.variants, len(plan_ms))
+    if count == 0:
+        return []
+    if config.select == "random" or spread is None:
+        return sorted(rng.choice(len(plan_ms), count, replace=False).tolist())
+    searched = np.asarray(plan_cost_ms(DeviceCosts(*(c[:offset] for c in costs))))
+    best = min(float(plan_ms.min()), float(searched.min()) if offset else np.inf)
+    near = np.flatnonzero(plan_ms <= (1 + config.near) * best)
+    unsure = spread[offset:].max(-1)
+    ranked = sorted(near.tolist(), key=lambda c: -unsure[c])
+    rest = sorted(set(range(len(plan_ms))) - set(ranked), key=lambda c: plan_ms[c])
+    return sorted((ranked + rest)[:count])
+
+
+# ---------------------------------------------------------------------------------------------
+# The collection
+
+
+def task_rows(log: JsonlLog) -> dict[str, dict]:
+    return {r["id"]: r for r in log.records()}
+
+
+def row_plans(row: dict) -> tuple[Task, list[Plan]]:
+    task = Task.from_json(row["task"], where="plans.jsonl task")
+    plans = [Plan(task, tuple(Shard(t, c, d, dev) for t, c, d, dev in p["shards"])) for p in row["plans"]]
+    return task, plans
+
+
+def collect_plans(
+    config: PlanLabelConfig,
+    specs: SpecSamplerConfig,
+    pool: PoolSpec,
+    batch_size: int,
+    seed: int,
+    num_tasks: int,
+    out: Path,
+    evaluate: EvaluateConfig,
+    progress: Callable[[str], None] = print,
+) -> dict:
+    """Stage one (search and select) then stage two (measure) for tasks 0..num_tasks-1 of ``config.round``.
+    Returns counts and the wall time of each stage."""
+    plans_log = JsonlLog(out / "plans.jsonl")
+    started = time.perf_counter()
+    for i in range(num_tasks):
+        row_id = f"{config.round}/{i}"
+        if row_id in plans_log.ids:
+            continue
+        source, task = label_task(config, specs, pool, batch_size, seed, i)
+        plans = plan_task(config, task, seed + i, progress)
+        plans_log.append(
+            {
+                "id": row_id,
+                "round": config.round,
+                "index": i,
+                "source": source,
+                "model": config.model,
+                "task": task.to_json(),
+                "plans": plans,
+            }
+        )
+        progress(
+            f"searched {row_id}: {len(plans)} plans ({source}, {task.num_tables} tables, {task.num_devices} devices)"
+        )
+    search_s = time.perf_counter() - started
+    rows = [r for r in task_rows(plans_log).values() if r["round"] == config.round and r["index"] < num_tasks]
+    return {
+        "tasks": len(rows),
+        "plans": sum(len(r["plans"]) for r in rows),
+        "search_s": round(search_s, 1),
+        **label_rows(rows, out, evaluate, config.model, config.comm, progress, drift_references(config)),
+    }
+
+
+def drift_references(config: PlanLabelConfig) -> tuple[References | None, int]:
+    """(``config.references`` records of its reference dataset, or None; the chunk they are measured with)."""
+    refs = references(config.reference, config.references) if config.references else None
+    return refs, config.chunk
+
+
+def label_rows(
+    rows: list[dict],
+    out: Path,
+    evaluate: EvaluateConfig,
+    model: str,
+    comm: bool,
+    progress,
+    drift: tuple[References | None, int] = (None, 64),
+) -> dict:
+    """Measure the devices (and with ``comm``, the all-to-alls) of the plans of plans.jsonl ``rows`` not yet in
+    ``out``'s compute.jsonl (comm.jsonl); returns the counts and the wall time of each part. ``drift``: reference
+    records measured with every chunk of devices, and the chunk (``measure_devices``)."""
+    with open_executor(evaluate.executor, evaluate.device, evaluate.timeout_s, pin=evaluate.pin) as executor:
+        started = time.perf_counter()
+        devices = measure_devices(rows, out / "compute.jsonl", evaluate, model, progress, executor, *drift)
+        compute_s = time.perf_counter() - started
+        started = time.perf_counter()
+        comms = measure_plan_comm(rows, out, evaluate, progress, executor) if comm else 0
+    return {
+        "devices_measured": devices,
+        "comm_measured": comms,
+        "compute_s": round(compute_s, 1),
+        "comm_s": round(time.perf_counter() - started, 1),
+    }
+
+
+def plan_devices(row: dict) -> Iterator[tuple[str, str, Task, list]]:
+    """(key, plan name, task, device tables) of every non-empty device of every plan of a task row."""
+    task, plans = row_plans(row)
+    for spec, plan in zip(row["plans"], plans):
+        for d in range(task.num_devices):
+            tables = device_tables(task, plan.device_shards(d))
+            if tables:
+                yield device_key(task, tables), spec["name"], task, tables
+
+
+def measure_devices(
+    rows: list[dict],
+    path: Path,
+    evaluate: EvaluateConfig,
+    model: str,
+    progress,
+    executor: Executor,
+    refs: References | None = None,
+    chunk: int = 64,
+) -> int:
+    """Measure every distinct device of ``rows`` not yet in ``path``; returns how many were measured. With
+    ``refs``, the devices go in chunks of ``chunk``, each measured together with the reference records, and a
+    chunk's labels are written at its end with the machine's ``speed`` of that chunk (``drift.References``)."""
+    log = JsonlLog(path)
+    todo: dict[str, dict] = {}
+    for row in rows:
+        for key, name, task, tables in plan_devices(row):
+            if key not in log.ids and key not in todo:
+                todo[key] = {
+                    **device_request(key, task, tables, evaluate),
+                    "meta": {"round": row["round"], "task": row["id"], "plan": name, "model": model},
+                }
+    order = np.random.default_rng([len(todo), 17]).permutation(len(todo))  # interleave tasks and plans
+    requests = [list(todo.values())[i] for i in order]
+
+    def label(request: dict, answer: dict) -> dict:
+        row = {"id": request["id"], "tables": request["tables"], "batch_size": request["batch_size"]}
+        return {**row, **request["meta"], **{k: v for k, v in answer.items() if k != "id"}}
+
+    if requests:
+        with_refs = f", {len(refs.requests)} references with every {chunk}" if refs else ""
+        progress(f"measuring {len(requests)} devices{with_refs}")
+    if refs is None:
+        executor.map(requests, lambda request, answer: log.append(label(request, answer)))
+        return len(requests)
+    for start in range(0, len(requests), chunk):
+        labels, speed = _with_references(executor, requests[start : start + chunk], refs, label)
+        for row in labels:
+            log.append(row | ({"speed": round(speed, 4), "reference": refs.dataset} if speed else {}))
+    return len(requests)
+
+
+def _with_references(executor: Executor, requests: list[dict], refs: References, label) -> tuple[list[dict], float]:
+    """``requests`` measured together with the reference records: their labels, and the machine's speed."""
+    labels, answers = [], {}
+
+    def record(request: dict, answer: dict) -> None:
+        if request["id"] in refs.recorded:
+            answers[request["id"]] = answer
+        else:
+            labels.append(label(request, answer))
+
+    executor.map(requests + list(refs.requests), record)
+    return labels, refs.speed(answers)
+
+
+def measure_plan_comm(
+    rows: list[dict], out: Path, evaluate: EvaluateConfig, progress, executor: Executor, chunk: int = 16
+) -> int:
+    """Each plan's all-to-all (backward, then forward with its straggler delays from the measured compute) into
+    comm.jsonl, ``chunk`` plans per launch of the rank processes."""
+    log = JsonlLog(out / "comm.jsonl")
+    compute = {r["id"]: r for r in JsonlLog(out / "compute.jsonl").records()}
+    pending: list[tuple[str, dict, Plan, list[float]]] = []
+    for row in rows:
+        task, plans = row_plans(row)
+        for j, (spec, plan) in enumerate(zip(row["plans"], plans)):
+            comm_id = f"{row['id']}/{j}"
+            if comm_id in log.ids or row_groups(plan):  # row groups: not all-to-all labels (row_comm.py)
+                continue
+            per_device = []
+            for d in range(task.num_devices):
+                tables = device_tables(task, plan.device_shards(d))
+                answer = compute.get(device_key(task, tables)) if tables else {"ok": True, "total_ms": 0.0}
+                per_device.append(answer["total_ms"] if answer and answer.get("ok") else None)
+            if None not in per_device:
+                pending.append((comm_id, spec, plan, per_device))
+    for start in range(0, len(pending), chunk):
+        part = pending[start : start + chunk]
+        fwd, bwd = measure_comm([p for _, _, p, _ in part], [c for *_, c in part], evaluate, executor)
+        for (comm_id, spec, plan, compute_ms), f, b in zip(part, fwd, bwd):
+            ready = [c + x for c, x in zip(compute_ms, b)]
+            log.append(
+                {
+                    "id": comm_id,
+                    "world": plan.task.num_devices,
+                    "dim_sums": [int(x) for x in plan.dim_sums()],
+                    "delays_ms": [round(r - min(ready), 4) for r in ready],
+                    "batch_size": plan.task.batch_size,
+                    "plan": spec["name"],
+                    "ok": True,
+                    "fwd_ms": f,
+                    "bwd_ms": b,
+                }
+            )
+        progress(f"comm: {min(start + chunk, len(pending))}/{len(pending)} plans")
+    return len(pending)
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures
+
+
+def plan_label_report(out: Path, round_: int | None = None) -> dict:
+    """Per round: the searching model's predictions against the labels of that round (held out: the model never
+    saw them; a label with a ``speed`` at the reference's speed, as training takes it). Device compute MAPE and
+    mean signed error overall, per searcher, for variants and for devices holding split slices; the per-task
+    Kendall tau of the plans' slowest-device compute."""
+    measured = {r["id"]: r["total_ms"] / r.get("speed", 1.0) for r in read_records(out / "compute.jsonl")}
+    rounds: dict[int, dict] = {}
+    for row in read_jsonl(out / "plans.jsonl"):
+        if round_ is not None and row["round"] != round_:
+            continue
+        task, plans = row_plans(row)
+        entry = rounds.setdefault(row["round"], {"errors": {}, "taus": [], "plans": 0, "devices": set()})
+        pred_max, meas_max = [], []
+        for spec, plan in zip(row["plans"], plans):
+            errors, slowest = device_errors(task, spec, plan, spec["compute"], measured)
+            if slowest is None:
+                continue
+            entry["plans"] += 1
+            entry["devices"].update(errors.pop("keys"))
+            for group, values in errors.items():
+                entry["errors"].setdefault(group, []).extend(values)
+            pred_max.append(slowest[0])
+            meas_max.append(slowest[1])
+        if len(meas_max) >= 3 and max(meas_max) > 1.1 * min(meas_max):
+            entry["taus"].append(kendall_tau(np.asarray(pred_max), np.asarray(meas_max)))
+    report = {}
+    for r, entry in sorted(rounds.items()):
+        groups = {
+            g: {"devices": len(e), "mape": float(np.mean(np.abs(e))), "mean_signed": float(np.mean(e))}
+            for g, e in sorted(entry["errors"].items())
+        }
+        report[str(r)] = {
+            "plans_measured": entry["plans"],
+            "distinct_devices": len(entry["devices"]),
+            "device_error": groups,
+            "per_task_tau": float(np.mean(entry["taus"])) if entry["taus"] else None,
+            "tasks_with_tau": len(entry["taus"]),
+        }
+    return report
+
+
+def device_errors(task: Task, spec: dict, plan: Plan, predicted, measured: dict[str, float]):
+    """A plan's device compute errors (predicted / measured - 1) by group: all, its searcher, searched or variants,
+    and split devices (holding a column slice); the measured device keys under "keys"; and its slowest device
+    (predicted, measured). ({}, None) where a device of the plan is not measured."""
+    errors: dict[str, list] = {"keys": []}
+    values = []
+    for d in range(task.num_devices):
+        shards = plan.device_shards(d)
+        if not shards:
+            continue
+        key = device_key(task, device_tables(task, shards))
+        if key not in measured:
+            return {}, None
+        split = any(s.dim < task.tables[s.table].dim for s in shards)
+        values.append((float(predicted[d]), measured[key]))
+        errors["keys"].append(key)
+        groups = ["all", spec["searcher"], "variants" if spec["variant"] != "searched" else "searched"]
+        for g in groups + (["split devices"] if split else []):
+            errors.setdefault(g, []).append(values[-1][0] / values[-1][1] - 1)
+    return errors, (max(p for p, _ in values), max(m for _, m in values))

@@ -1,0 +1,137 @@
+"""Calibration: the cost model scaled to the machine that measures, from a few measurements of the task's own tables.
+
+    python -m neuroshard_jax searcher=beam calibrate=measured [calibrate.samples=8]
+    python -m neuroshard_jax searcher=beam cost_model.calibration=0.91     # a factor measured before
+
+A cost model predicts the label protocol's kernel time on the machine its labels came from. Machines of one
+kind drift 5-14% from one day to the next, and a user's tables may sit where the model is off by a steady
+factor: either way every device is predicted too fast or too slow by about the same ratio. ``calibrate=measured``
+draws ``samples`` devices' worth of the task's own tables (whole tables, shuffled and dealt to the devices by
+memory, each group within the smallest device's cap), measures them on the real kernels with the evaluator's
+protocol and scales every device's predicted compute by the median of measured / predicted (the
+``calibration`` option of the cost model; plan.json records it). One factor changes no ranking of compute; it
+makes predicted costs the ones this machine measures and weighs compute against the all-to-all (whose model is
+not scaled) as measured. A factor far from 1 says the model is not a model of this machine (``FAR``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from neuroshard_jax.core.config import at_least
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.sharding import Shard
+from neuroshard_jax.core.types import Task
+from neuroshard_jax.costs.cost_model import CostModel, device_compute_ms
+from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model
+from neuroshard_jax.kernels.executors import Executor, ExecutorConfig
+from neuroshard_jax.measure.plans import Measuring, measure_devices
+from neuroshard_jax.workloads.tasks import check_feasible
+
+MODES = ("off", "measured")
+FAR = 0.5  # |log factor| past this (x0.61 .. x1.65): the model measures another machine; the plan says so
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrateConfig(Measuring):
+    """conf/calibrate/*.yaml (``name``: off | measured)."""
+
+    name: str = "off"
+    samples: int = 8  # devices' worth of the task's tables measured
+    warmup: int = 5  # the label protocol, which the models predict
+    iters: int = 10
+    executor: ExecutorConfig = ExecutorConfig(workers=2)  # the main job's executor (conf/executor/)
+    device: str = "cpu"
+    timeout_s: float = 600.0
+
+    def __post_init__(self):
+        if self.name not in MODES:
+            raise UserError(f"calibrate: got {self.name!r}, expected one of {', '.join(MODES)}")
+        self.check_measuring("calibrate")
+        at_least(self, 1, ("samples",), "calibrate.")
+
+
+def sample_devices(task: Task, samples: int, seed: int) -> list[list[int]]:
+    """Up to ``samples`` distinct groups of the task's table indices, each one device's worth: the tables that fit
+    the smallest device (whole), shuffled and dealt to ``num_devices`` groups, each table to the group with the
+    least memory where it fits; as many shuffles as ``samples`` needs (a few more where groups recur), empty groups
+    skipped."""
+    cap = int(task.cap_bytes().min())
+    sizes = np.array([task.table_mem_bytes(t) for t in range(task.num_tables)], np.int64)
+    fitting = np.flatnonzero(sizes <= cap)
+    if not fitting.size:
+        raise UserError(
+            "calibrate: no table of the task fits a device whole, expected at least one to measure; plan with "
+            "calibrate=off, or give a factor measured before (cost_model.calibration=F)"
+        )
+    rng = np.random.default_rng([seed, 7127])
+    groups: dict[tuple[int, ...], None] = {}
+    for _ in range(4 * samples):
+        dealt: list[list[int]] = [[] for _ in range(task.num_devices)]
+        used = np.zeros(task.num_devices, np.int64)
+        for t in rng.permutation(fitting):
+            room = np.flatnonzero(used + sizes[t] <= cap)
+            if room.size:
+                d = room[np.argmin(used[room])]
+                dealt[d].append(int(t))
+                used[d] += sizes[t]
+        groups.update((tuple(sorted(g)), None) for g in dealt if g)
+        if len(groups) >= samples:
+            break
+    return [list(g) for g in list(groups)[:samples]]
+
+
+def predicted_compute_ms(model: CostModel, task: Task, groups: list[list[int]]) -> np.ndarray:
+    """f64[G]: the model's expected compute of each group of whole tables on one device."""
+    feats = task.features().astype(np.float32)
+    width = max(len(g) for g in groups)
+    index = np.zeros((len(groups), width), np.int32)
+    mask = np.zeros((len(groups), width), bool)
+    for i, g in enumerate(groups):
+        index[i, : len(g)], mask[i, : len(g)] = g, True
+    expected = expected_cost_model(model)
+    return np.asarray(device_compute_ms(expected.fns, expected.params, feats[index], mask), np.float64)
+
+
+def whole(task: Task, group: list[int]) -> list[Shard]:
+    """The tables of ``group``, whole, as one device's shards."""
+    return [Shard(t, 0, task.tables[t].dim, 0) for t in group]
+
+
+def calibrate(
+    task: Task, model: CostModel, config: CalibrateConfig, seed: int = 0, executor: Executor | None = None
+) -> dict:
+    """Measure ``config.samples`` devices' worth of ``task``'s tables (on ``executor``, or kernel workers opened as
+    ``config.executor`` says) and compare with ``model`` (uncalibrated): the record plan.json keeps (``factor``: the
+    median measured / predicted, the ratios' spread, what was measured, the seconds it took)."""
+    started = time.perf_counter()
+    groups = sample_devices(task, config.samples, seed)
+    predicted = predicted_compute_ms(model, task, groups)
+    measured = measure_devices(task, [whole(task, g) for g in groups], config.evaluator(), executor)
+    ratios = measured / np.maximum(predicted, 1e-9)
+    factor = float(f"{np.median(ratios):.4g}")  # four significant digits: never rounded to 0
+    return {
+        "factor": factor,
+        "ratios": {q: float(f"{np.quantile(ratios, p):.4g}") for q, p in (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))},
+        "devices": len(groups),
+        "tables_per_device": round(float(np.mean([len(g) for g in groups])), 1),
+        "measured_ms": [round(float(m), 3) for m in measured],
+        "predicted_ms": [round(float(p), 3) for p in predicted],
+        "protocol": {"device": config.device, "warmup": config.warmup, "iters": config.iters},
+        "seconds": round(time.perf_counter() - started, 1),
+        "far": bool(abs(np.log(factor)) > FAR),
+    }
+
+
+def calibrated(
+    task: Task, cost_model: str, options: dict | None, config: CalibrateConfig, seed: int = 0
+) -> tuple[dict, dict]:
+    """``options`` of ``cost_model`` with its ``calibration`` measured on ``task`` (the model as trained is what is
+    calibrated; an infeasible task is refused before any measurement), and the record plan.json keeps."""
+    check_feasible(task)
+    raw = {**(options or {}), "calibration": None}
+    record = calibrate(task, make_cost_model(cost_model, task, raw), config, seed)
+    return {**(options or {}), "calibration": record["factor"]}, record

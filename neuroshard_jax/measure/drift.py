@@ -1,0 +1,86 @@
+"""The machine's speed while it measures: quiet records of a dataset re-measured among new measurements.
+
+A machine of one kind does not keep one speed: on this project's 2-core Xeon the same devices measured 6.5%
+slower in one 9-minute window than 18 minutes later (bench/plan_accuracy, session 13), more than the noise of a
+median of 5 repeats. ``References`` are records of a dataset of the same kind whose times are known; measured in
+the same batch as new devices, the median of (now / recorded) over them is the machine's speed relative to that
+dataset's session. ``tools/hardware_probe.py`` uses them to tell kinds of hardware apart; plan labels
+(``plans.references``) record the speed of each batch with its labels (``speed``), and training divides a label by
+its speed, so labels of a slow hour and of a fast one join on one scale; ``tools/bench_plan_accuracy.py`` reads a
+model against the machine's state of each task's moment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from neuroshard_jax.core.constants import MIN_CPU_SHARE
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import load_manifest, read_records, resolve_dataset
+from neuroshard_jax.kernels.processes import compute_request
+from neuroshard_jax.workloads.pool import PoolSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class References:
+    """Worker requests re-measuring records of ``dataset`` with its own protocol, and each one's recorded ms."""
+
+    dataset: str
+    requests: tuple[dict, ...]
+    recorded: dict[str, float]  # request id -> the record's fwd+bwd ms in its dataset
+    manifest: dict
+
+    def ratios(self, answers: dict[str, dict]) -> dict[str, float]:
+        """Request id -> measured now / recorded, of the quiet answers (``ok``, the worker's CPU share held)."""
+        return {
+            k: a["total_ms"] / self.recorded[k]
+            for k, a in answers.items()
+            if k in self.recorded and a.get("ok") and a.get("cpu_share", 1.0) >= MIN_CPU_SHARE
+        }
+
+    def speed(self, answers: dict[str, dict]) -> float | None:
+        """The machine's speed now relative to the dataset's session (the median ratio); None if none was quiet."""
+        ratios = self.ratios(answers)
+        return float(statistics.median(ratios.values())) if ratios else None
+
+
+def references(dataset: str | Path, samples: int, seed: int = 0) -> References:
+    """``samples`` quiet records of ``dataset`` (``ok``, ``cpu_share`` >= MIN_CPU_SHARE where recorded; seeded) as
+    requests with the dataset's protocol (its manifest's pool, batch size, optimizer, precision, warm-ups,
+    iterations), ids ``probe-<record index>``."""
+    path = resolve_dataset(dataset)
+    manifest = load_manifest(path, "compute")
+    settings = manifest["settings"]
+    records = [
+        r
+        for r in read_records(path / "compute.jsonl")
+        if r.get("total_ms") and r.get("cpu_share", 1.0) >= MIN_CPU_SHARE
+    ]
+    if not records:
+        raise UserError(f"dataset: {str(dataset)!r} has no measured records, expected a collected dataset")
+    chosen = np.random.default_rng(seed).permutation(len(records))[:samples]
+    pool = PoolSpec(**settings["pool"]) if settings.get("pool") else None
+    requests, recorded = [], {}
+    for i in sorted(int(i) for i in chosen):
+        record = records[i]
+        request_id = f"probe-{i}"
+        specs = bool(record["tables"]) and isinstance(record["tables"][0], dict)
+        requests.append(
+            compute_request(
+                request_id,
+                record["tables"],
+                None if specs else pool,
+                int(record.get("batch_size", settings["batch_size"])),
+                settings.get("device", "cpu"),
+                settings.get("optimizer", "exact_sgd"),
+                settings.get("precision", "fp32"),
+                int(settings.get("warmup", 5)),
+                int(settings.get("iters", 10)),
+            )
+        )
+        recorded[request_id] = float(record["total_ms"])
+    return References(str(dataset), tuple(requests), recorded, manifest)

@@ -1,0 +1,348 @@
+"""Measure plans on the real kernels (library; ``evaluate.py`` is the command line).
+
+Each device's shards run as one fused TBE (fwd+bwd, the collection protocol) replaying the tables'
+index streams from the task's pool; the plan's dim sums go through the all-to-all benchmark, backward
+first, then forward with each device's straggler delay = (compute + bwd comm) - min over devices, so
+the forward time includes waiting for the slowest peer, exactly as the simulator's formula does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from neuroshard_jax.core.assignment import comm_layout, crosses_hosts
+from neuroshard_jax.core.config import above_zero, at_least
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import hardware, write_json
+from neuroshard_jax.core.plan_file import load_plan
+from neuroshard_jax.core.sharding import Shard
+from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.costs.cost_model import DeviceCosts, plan_cost_ms
+from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, opened
+from neuroshard_jax.kernels.processes import WorkerFailure, compute_request, worker_versions
+
+DEVICES = ("cpu", "cuda")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateConfig:
+    """conf/evaluator/default.yaml (``plan``: the plan.json that ``python -m neuroshard_jax.evaluate`` measures)."""
+
+    plan: str | None = None
+    device: str = "cpu"
+    executor: ExecutorConfig = ExecutorConfig()  # where the kernels run (conf/executor/): local processes or Ray
+    timeout_s: float = 600.0
+    optimizer: str = "exact_sgd"
+    warmup: int = 5
+    iters: int = 10
+    comm_warmup: int = 3
+    comm_iters: int = 10
+    pin: bool = False  # each CPU kernel worker on a core of its own (collection pins; see conf/collect.yaml)
+
+    def __post_init__(self):
+        if self.device not in DEVICES:
+            raise UserError(f"device: got {self.device!r}, expected one of {', '.join(DEVICES)}")
+        at_least(self, 1, ("iters", "comm_iters"))
+        at_least(self, 0, ("warmup", "comm_warmup"))
+        above_zero(self, ("timeout_s",))
+
+
+class Measuring:
+    """The methods of a stage's config that measures devices itself (``calibrate``, ``polish``): its fields
+    ``device``, ``executor``, ``timeout_s``, ``warmup`` and ``iters`` checked, and the evaluator they make."""
+
+    def check_measuring(self, stage: str) -> None:
+        if self.device not in DEVICES:
+            raise UserError(f"{stage}.device: got {self.device!r}, expected one of {', '.join(DEVICES)}")
+        at_least(self, 1, ("iters",), f"{stage}.")
+        at_least(self, 0, ("warmup",), f"{stage}.")
+        above_zero(self, ("timeout_s",), f"{stage}.")
+
+    def evaluator(self) -> EvaluateConfig:
+        return EvaluateConfig(
+            device=self.device, executor=self.executor, timeout_s=self.timeout_s, warmup=self.warmup, iters=self.iters
+        )
+
+
+HOSTS_NOTE = (
+    "the task's devices sit in several hosts: the all-to-all was measured between processes of this one machine and "
+    "each device's transfer time scaled by the task's links (Task.comm_scale: an analytic model, not a measurement)"
+)
+SPEED_NOTE = (
+    "the task's devices have relative speeds: each device's compute was measured on this machine's identical devices "
+    "and divided by its speed (the comm is measured as is)"
+)
+
+
+def measure_plans(plans: list[Plan], config: EvaluateConfig) -> list[dict]:
+    """Measured per-device costs (ms) of many plans: compute, fwd_comm, bwd_comm, total; and their max.
+
+    Every device's compute of every plan goes through one executor of ``config.executor.workers`` kernel
+    workers; the all-to-alls of all plans with the same number of devices share one set of rank processes
+    (backward for all of them first, then forward with each plan's straggler delays).
+    """
+    with opened(None, config.executor, config.device, config.timeout_s, config.pin) as executor:
+        compute, kernels = measure_compute(plans, config, executor)
+        fwd, bwd = measure_comm(plans, compute, config, executor)
+    results = []
+    for i, plan in enumerate(plans):
+        total = [c + f + b for c, f, b in zip(compute[i], fwd[i], bwd[i])]
+        cost_ms = float(plan_cost_ms(DeviceCosts(*(np.asarray(x) for x in (compute[i], fwd[i], bwd[i], total)))))
+        devices = [
+            {
+                "device": d,
+                "compute": compute[i][d],
+                "fwd_comm": fwd[i][d],
+                "bwd_comm": bwd[i][d],
+                "total": total[d],
+                "kernel": kernels[i][d],
+            }
+            for d in range(plan.task.num_devices)
+        ]
+        result = {"devices": devices, "cost_ms": cost_ms}
+        if plan.task.has_speeds:
+            result["speed_note"] = SPEED_NOTE
+        if plan.task.multi_host:
+            result["hosts_note"] = HOSTS_NOTE
+        results.append(result)
+    return results
+
+
+def measure_compute(
+    plans: list[Plan], config: EvaluateConfig, executor: Executor | None = None
+) -> tuple[list[list[float]], list[list[dict | None]]]:
+    """Measured fused-kernel ms of every device of every plan ([plan][device]; 0 for an empty device), and
+    the fwd / bwd split of each kernel. One executor (``executor``, or one opened as ``config.executor`` says)
+    serves all plans; a device that recurs (the same shards in plans of several searchers) is measured once. The
+    kernels run on this machine's identical devices: a heterogeneous task's device gets the measured ms divided by
+    its speed (the plan's record says so)."""
+    compute = [[0.0] * p.task.num_devices for p in plans]
+    kernels: list[list[dict | None]] = [[None] * p.task.num_devices for p in plans]
+    jobs: dict[str, tuple[Task, list]] = {}
+    users: dict[str, list[tuple[int, int]]] = {}  # device key -> the (plan, device) pairs it measures
+    for i, plan in enumerate(plans):
+        for d in range(plan.task.num_devices):
+            tables = device_tables(plan.task, plan.device_shards(d))
+            if tables:
+                key = device_key(plan.task, tables)
+                jobs.setdefault(key, (plan.task, tables))
+                users.setdefault(key, []).append((i, d))
+    answers = measure_tables(jobs, config, executor, what="evaluation failed")
+    for key, pairs in users.items():
+        answer = answers[key][0]
+        for i, d in pairs:
+            speed = plans[i].task.speeds()[d]
+            compute[i][d] = answer["total_ms"] / speed
+            kernels[i][d] = {"fwd_ms": answer["fwd_ms"] / speed, "bwd_ms": answer["bwd_ms"] / speed}
+    return compute, kernels
+
+
+def measure_tables(
+    jobs: dict[str, tuple[Task, list]],
+    config: EvaluateConfig,
+    executor: Executor | None = None,
+    repeats: int = 1,
+    what: str = "a device measurement failed",
+    others: dict[str, dict] | None = None,
+) -> dict[str, list[dict]]:
+    """Each job (key -> (task, its ``device_tables``)) measured as one device ``repeats`` times, interleaved (repeat
+    r of every job before r + 1), on ``executor`` or one opened as ``config.executor`` says: key -> the worker's
+    answers in repeat order. ``others``: ready worker requests (key -> request) measured alongside in the same
+    interleaved repeats, e.g. reference records that track the machine's drift. A failed measurement is a
+    UserError: ``what``, and the worker's error."""
+    others = others or {}
+    answers: dict[str, list[dict]] = {key: [] for key in [*jobs, *others]}
+    requests = [
+        {**(others[key] if key in others else device_request(None, *jobs[key], config)), "id": f"{key}/{r}", "key": key}
+        for r in range(repeats)
+        for key in [*jobs, *others]
+    ]
+
+    def record(request: dict, answer: dict) -> None:
+        if not answer.get("ok"):
+            raise UserError(f"{what}: {answer.get('error')}")
+        answers[request["key"]].append(answer)
+
+    with opened(executor, config.executor, config.device, config.timeout_s, config.pin) as pool:
+        pool.map(requests, record)
+    return answers
+
+
+def device_request(request_id, task: Task, tables: list, config: EvaluateConfig) -> dict:
+    """The worker request that measures one device holding ``tables`` (``device_tables``) of ``task``."""
+    return compute_request(
+        request_id,
+        tables,
+        task.pool,
+        task.batch_size,
+        config.device,
+        config.optimizer,
+        task.precision,
+        config.warmup,
+        config.iters,
+    )
+
+
+def device_tables(task: Task, shards: list[Shard]) -> list:
+    """A device's tables as the worker takes them, in a canonical order: [pool table id, dim] when the task
+    has a pool (its real streams), else table specs whose streams are synthesised (seeded by the table id). A row
+    block adds its row_offset and num_rows (the worker restricts the table's stream to it); a block whose own
+    statistics the table carries (``Table.block_stats``) is the spec of those, as the cost model scores it; an
+    empty block (the tail of TorchRec's row layout) holds nothing to measure."""
+    out = []
+    for s in shards:
+        t = task.tables[s.table]
+        block = () if s.whole_rows(t.rows) else (s.row_offset, s.rows(t.rows))
+        if block and block[1] == 0:
+            continue
+        if task.pool is not None:
+            out.append([t.id, s.dim, *block])
+        elif block and (stats := t.block_stats(*block)) is not None:
+            out.append(
+                {"rows": block[1], "pooling_factor": stats[0], "bins": list(stats[1]), "dim": s.dim, "seed": t.id}
+            )
+        else:
+            spec = {
+                "rows": t.rows,
+                "pooling_factor": t.pooling_factor,
+                "bins": list(t.bins),
+                "dim": s.dim,
+                "seed": t.id,
+            }
+            out.append(spec | (dict(zip(("row_offset", "num_rows"), block))))
+    if task.pool is not None:
+        return sorted(out)
+    return sorted(out, key=lambda x: (x["seed"], x["dim"], x.get("row_offset", 0), x["rows"]))
+
+
+def measure_devices(
+    task: Task, devices: list[list[Shard]], config: EvaluateConfig, executor: Executor | None = None
+) -> np.ndarray:
+    """Kernel ms f64[G] of each list of ``task``'s shards measured as one device (this machine's, no speed
+    applied), on ``executor`` or one opened for them as ``config.executor`` says."""
+    jobs = {str(i): (task, device_tables(task, shards)) for i, shards in enumerate(devices)}
+    answers = measure_tables(jobs, config, executor)
+    return np.array([answers[str(i)][0]["total_ms"] for i in range(len(devices))], np.float64)
+
+
+def device_key(task: Task, tables: list) -> str:
+    """A device's content key (``device_tables``): what its kernel measures, the tables, the batch size, the
+    precision, and the pool whose streams a pool task replays."""
+    content = [task.batch_size, task.precision, tables]
+    if task.pool is not None:
+        content.insert(0, task.pool.pool_id)
+    return hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def measure_comm(
+    plans: list[Plan], compute: list[list[float]], config: EvaluateConfig, executor: Executor | None = None
+) -> tuple[list[list[float]], list[list[float]]]:
+    """Measured fwd and bwd all-to-all ms of every device of every plan ([plan][device]). The plans with the
+    same number of devices share one set of rank processes (on one node of the executor): backward for all of
+    them first, then forward with each plan's straggler delays ((compute + bwd comm) - min over devices, from
+    ``compute``)."""
+    fwd = [[0.0] * p.task.num_devices for p in plans]
+    bwd = [[0.0] * p.task.num_devices for p in plans]
+    worlds = sorted({p.task.num_devices for p in plans} - {1})
+    if worlds:
+        with opened(executor, config.executor, config.device, config.timeout_s, config.pin) as pool:
+            for n in worlds:
+                _measure_comm_group(plans, compute, config, pool, n, fwd, bwd)
+    return fwd, bwd
+
+
+def _measure_comm_group(
+    plans: list[Plan], compute: list[list[float]], config: EvaluateConfig, pool: Executor, n: int, fwd, bwd
+) -> None:
+    """``measure_comm`` for the plans of ``n`` devices (fills ``fwd`` and ``bwd`` in place)."""
+    group = [i for i, p in enumerate(plans) if p.task.num_devices == n]
+    # rank processes of one machine: a multi-host task's transfers are scaled to its links (Task.comm_scale)
+    scales = {i: plans[i].task.comm_scale() for i in group}
+    base = {
+        i: {
+            **comm_layout(plans[i]),
+            "batch_size": plans[i].task.batch_size,
+            "warmup": config.comm_warmup,
+            "iters": config.comm_iters,
+        }
+        for i in group
+    }
+    row_scales = {i: rows_scale(plans[i], base[i].get("row_groups", ()), scales[i]) for i in group}
+    try:
+        first = pool.comm([{**base[i], "id": i, "delays_ms": [0.0] * n} for i in group], n, config.timeout_s)
+        second_requests = []
+        delays = {}
+        for i in group:
+            bwd[i] = [
+                (r["bwd_ms"] - r.get("bwd_rows_ms", 0.0)) * s + r.get("bwd_rows_ms", 0.0) * rs
+                for r, s, rs in zip(first[i], scales[i], row_scales[i])
+            ]
+            ready = [c + b for c, b in zip(compute[i], bwd[i])]
+            delays[i] = [r - min(ready) for r in ready]
+            second_requests.append({**base[i], "id": i, "delays_ms": delays[i]})
+        second = pool.comm(second_requests, n, config.timeout_s)
+    except WorkerFailure as failure:
+        raise UserError(f"evaluation failed in the all-to-all benchmark: {failure.reason}") from None
+    for i in group:
+        # the wait for the latest peer takes no bandwidth: only the transfer after it is scaled
+        waits = [max(delays[i]) - own for own in delays[i]]
+        fwd[i] = [
+            w + max(r["fwd_ms"] - r.get("fwd_rows_ms", 0.0) - w, 0.0) * s + r.get("fwd_rows_ms", 0.0) * rs
+            for r, w, s, rs in zip(second[i], waits, scales[i], row_scales[i])
+        ]
+
+
+def rows_scale(plan: Plan, groups: list, scale: np.ndarray) -> np.ndarray:
+    """f64[N]: the scale of each device's row-group collectives (``row_groups`` of ``comm_layout``): its
+    ``comm_scale`` where one of its groups spans hosts, 1 where they all stay within its host (table_row_wise)."""
+    out = np.ones(plan.task.num_devices)
+    for _, devices in groups:
+        if crosses_hosts(plan, devices):
+            out[devices] = scale[devices]
+    return out
+
+
+def measured_steps(plans: list[Plan], config: EvaluateConfig, repeats: int) -> list[list[float]]:
+    """Each plan's measured step (``measure_plans``' cost_ms, the slowest device) in ``repeats`` runs, interleaved
+    (every plan once per run: the machine's drift hits every plan alike)."""
+    runs: list[list[float]] = [[] for _ in plans]
+    for _ in range(repeats):
+        for i, measured in enumerate(measure_plans(plans, config)):
+            runs[i].append(measured["cost_ms"])
+    return runs
+
+
+def measure_plan(plan: Plan, config: EvaluateConfig) -> dict:
+    """``measure_plans`` of one plan."""
+    return measure_plans([plan], config)[0]
+
+
+def evaluate_file(path: str | Path, config: EvaluateConfig) -> dict:
+    """Measure the plan at ``path`` and write evaluation.json beside it."""
+    path = Path(path)
+    plan = load_plan(path)
+    predicted = plan.to_json()  # the file as parsed and validated (costs and provenance kept), not read twice
+    measured = measure_plan(plan, config)
+    by_device = {d["device"]: d["cost_ms"] for d in predicted.get("devices", [])}
+    result = {
+        "plan": str(path),
+        "searcher": predicted.get("searcher"),
+        "cost_model": predicted.get("cost_model"),
+        "cost_ms": measured["cost_ms"],
+        "predicted_cost_ms": predicted.get("cost_ms"),
+        "devices": [{**d, "predicted": by_device.get(d["device"])} for d in measured["devices"]],
+        **({"speed_note": measured["speed_note"]} if "speed_note" in measured else {}),
+        "measurement": {
+            **dataclasses.asdict(config),
+            "batch_size": plan.task.batch_size,
+            "hardware": hardware(),
+            "versions": worker_versions(),
+        },
+    }
+    write_json(result, path.with_name("evaluation.json"))
+    return result

@@ -1,0 +1,189 @@
+"""The search stage: check the task, build the cost model, run a searcher, validate and score the plan."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import numpy as np
+
+from neuroshard_jax.core.constraints import KEYS, conflicts, has_constraints
+from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.sharding import merge_colocated
+from neuroshard_jax.core.types import Device, Plan, Task
+from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model, split_calibration
+from neuroshard_jax.costs.scoring import score_plan, score_plans, single_shard_costs, with_costs
+from neuroshard_jax.search.row_split import (
+    host_groups,
+    hot_tables,
+    join,
+    rest_task,
+    row_blocks_of,
+    row_split_choices,
+    settle,
+)
+from neuroshard_jax.workloads.pool import cache_dir
+from neuroshard_jax.workloads.tasks import check_feasible
+from searchers import make_searcher, searcher_names
+
+
+def enable_compilation_cache(min_compile_s: float = 0.2) -> None:
+    """Keep XLA's compiled search kernels on disk (``$NEUROSHARD_CACHE_DIR/jax``, default
+    ``~/.cache/neuroshard_jax/jax``): a later run of the same shapes skips compilation, most of a first search's
+    time on a CPU. A cache directory the process already set (``jax_compilation_cache_dir``) is kept."""
+    if jax.config.jax_compilation_cache_dir:
+        return
+    jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_s)
+
+
+def search_plan(
+    task: Task,
+    searcher: str,
+    cost_model: str,
+    seed: int,
+    searcher_options: dict | None = None,
+    cost_model_options: dict | None = None,
+    row_split: str = "fit",
+) -> Plan:
+    """Search a plan for ``task``: validated, with its costs predicted by ``cost_model`` and its provenance.
+    ``row_split``: which tables row blocks are tried for (``row_split.py``: fit | hot | off)."""
+    check_feasible(task)
+    model = make_cost_model(cost_model, task, cost_model_options)
+    algorithm = make_searcher(searcher, searcher_options)
+    if has_constraints(task.tables):
+        check_constraints(task, searcher, algorithm)
+    start = time.perf_counter()
+    if getattr(algorithm, "own_row_splits", False):  # TorchRec's planner chooses its own sharding types
+        choices = [()]
+    else:
+        # the hot tables need every table's predicted compute: worked out only where they are asked for
+        hot = hot_tables(whole_table_ms(model, task), task.num_devices) if row_split == "hot" else ()
+        choices = row_split_choices(task, row_split, hot)
+    plans, refusal = [], None
+    # on several hosts a table's row blocks may also stay within one host (TorchRec's table_row_wise)
+    ways = (False, True) if host_groups(task) is not None else (False,)
+    runs = [(split, within_host) for split in choices for within_host in (ways if split else (False,))]
+    budget = getattr(algorithm, "budget_s", None)
+    for i, (split, within_host) in enumerate(runs):
+        run = algorithm
+        if budget is not None:  # a searcher's time budget is the whole search's: shared by the runs left
+            share = (budget - (time.perf_counter() - start)) / (len(runs) - i)
+            run = dataclasses.replace(algorithm, budget_s=max(share, 1e-6))
+        try:
+            plans.append(_search_around(task, run, model, seed, split, within_host, cost_model, cost_model_options))
+        except InfeasibleError as err:  # this way of cutting leaves no plan; another may
+            refusal = refusal or err
+    if not plans:
+        raise refusal
+    # the cheaper by the search's own score (an ensemble's risk term included), the first on a tie
+    plan = plans[int(np.argmin(score_plans(model, plans)))] if len(plans) > 1 else plans[0]
+    elapsed_s = time.perf_counter() - start
+    # the reported costs are expectations: the search's risk term (an ensemble's spread) is not part of them
+    scored = with_costs(expected_cost_model(model), plan)
+    factor = split_calibration(cost_model_options)[0]
+    given = {"factor": factor, "given": True} if factor != 1.0 else None  # calibrate=measured replaces it
+    return dataclasses.replace(scored, searcher=searcher, seed=seed, search_time_s=elapsed_s, calibration=given)
+
+
+def search_with_rows(
+    task: Task,
+    searcher: str,
+    cost_model: str,
+    seed: int,
+    tables: tuple[int, ...],
+    cost_model_options: dict | None = None,
+) -> Plan:
+    """The searcher's plan of ``task`` with exactly ``tables`` (task indices) cut into row blocks over every device,
+    whatever the model thinks of it (what ``row_split`` would weigh against the other ways), with its costs."""
+    check_feasible(task)
+    model = make_cost_model(cost_model, task, cost_model_options)
+    algorithm = make_searcher(searcher)
+    plan = _search_around(task, algorithm, model, seed, tables, False, cost_model, cost_model_options)
+    return dataclasses.replace(with_costs(expected_cost_model(model), plan), searcher=searcher, seed=seed)
+
+
+def whole_table_ms(model, task: Task) -> np.ndarray:
+    """f64[T]: each table's predicted compute alone and whole (the model's expectation)."""
+    expected = expected_cost_model(model)
+    feats = task.features().astype(np.float32)
+    return np.asarray(single_shard_costs(expected.fns, expected.params, feats)[1], dtype=np.float64)
+
+
+def _search_around(task, algorithm, model, seed, split, within_host, cost_model, cost_model_options) -> Plan:
+    """The searcher's plan of ``task`` with the tables ``split`` cut into row blocks first (none: the plain search),
+    over every device or, ``within_host``, over one host's devices; validated."""
+    if split:
+        blocks = row_blocks_of(task, settle(task, split, within_host), within_host)
+        rest, index = rest_task(task, blocks)
+        if not rest.num_tables:
+            return join(task, None, index, blocks).validate()
+        # blocks of tables with their own statistics may be far from alike: also planned around (loaded_rest)
+        known = any(task.tables[s.table].row_blocks for s in blocks)
+        arounds = [rest, *filter(None, [loaded_rest(task, rest, blocks, model) if known else None])]
+        if len(arounds) > 1 and getattr(algorithm, "budget_s", None) is not None:  # the run's budget shared
+            algorithm = dataclasses.replace(algorithm, budget_s=algorithm.budget_s / len(arounds))
+        plans = []
+        for around in arounds:
+            rest_plan = algorithm.search(around, make_cost_model(cost_model, around, cost_model_options), seed)
+            rest_plan = Plan(rest, merge_colocated(rest_plan.shards))
+            plans.append(join(task, rest_plan, index, blocks).validate())
+        return plans[int(np.argmin(score_plans(model, plans)))] if len(plans) > 1 else plans[0]
+    plan = algorithm.search(task, model, seed)
+    # slices of one table left on one device are one shard's work done in pieces: undo those halvings
+    return dataclasses.replace(plan, shards=merge_colocated(plan.shards)).validate()
+
+
+UNEVEN_BLOCKS = 0.05  # blocks whose predicted compute spreads more than this (of the mean) are planned around
+
+
+def loaded_rest(task: Task, rest: Task, blocks: tuple, model) -> Task | None:
+    """``rest`` (``row_split.rest_task``) with each device's speed scaled to the room its row blocks leave, when
+    their predicted compute is uneven (a block holding the table's hot rows, known from its own statistics:
+    ``Table.row_blocks``), else None. The searcher then gives a device in proportion to what the balanced step
+    leaves it after its blocks; ``_search_around`` keeps this plan only where the whole plan scores cheaper."""
+    block_ms = score_plan(expected_cost_model(model), Plan(task, blocks)).compute_ms
+    mean = float(block_ms.mean())
+    if mean <= 0 or float(block_ms.max() - block_ms.min()) <= UNEVEN_BLOCKS * mean:
+        return None
+    speeds = task.speeds()
+    rest_ms = float(whole_table_ms(model, rest).sum())  # on a device of speed 1
+    # the balanced step: every device busy for it, the blocks' work (block_ms x speed at speed 1) included
+    target = (rest_ms + float((block_ms * speeds).sum())) / float(speeds.sum())
+    room = np.maximum(target - block_ms, 0.05 * target)  # a device its blocks fill still takes a little
+    scale = room / room.mean()
+    devices = [
+        Device(cap, float(speed * f), host) for cap, speed, f, host in zip(rest.caps_gb(), speeds, scale, rest.hosts())
+    ]
+    return Task.on_devices(devices, rest.batch_size, rest.tables, rest.precision, rest.pool, rest.links)
+
+
+def check_constraints(task: Task, searcher: str, algorithm) -> None:
+    """A constrained task: its constraints must leave a placement (else InfeasibleError naming the smallest
+    conflicting part found) and the searcher must honour them (else a UserError naming those that do)."""
+    mem = [task.table_mem_bytes(i) for i in range(task.num_tables)]
+    conflict = conflicts(task.tables, task.table_names(), mem, task.cap_bytes())
+    if conflict:
+        raise InfeasibleError(f"constraints cannot all hold: {conflict}")
+    used = [k for k in KEYS if any(getattr(t, k) not in (None, False, ()) for t in task.tables)]
+    missing = [k for k in used if k not in getattr(algorithm, "constraints", ())]
+    if missing:
+        able = [n for n in searcher_names() if set(used) <= set(getattr(make_searcher(n), "constraints", ()))]
+        raise UserError(
+            f"searcher {searcher}: does not take the constraint {missing[0]} (it takes "
+            f"{', '.join(getattr(algorithm, 'constraints', ())) or 'none'}); expected one of {', '.join(able)}"
+        )
+
+
+def shard_task(
+    task: Task,
+    searcher: str,
+    cost_model: str,
+    seed: int,
+    searcher_options: dict | None = None,
+    cost_model_options: dict | None = None,
+    row_split: str = "fit",
+) -> dict:
+    """``search_plan`` as the plan.json object."""
+    return search_plan(task, searcher, cost_model, seed, searcher_options, cost_model_options, row_split).to_json()

@@ -1,0 +1,192 @@
+"""Row splits, the stage before a searcher: tables cut row-wise over every device, where that may beat columns.
+
+A table larger than the largest device's cap is either cut into narrow column slices (each slice does every
+lookup of the table: on FBGEMM CPU 8 slices cost 2.7-10.5x the whole table) or into N row blocks, one per
+device in order (``sharding.row_shards``, TorchRec's ``row_wise``), each doing only the lookups that land in its
+rows. So is a table hotter than a device's fair share of the task (``hot_tables``), which no placement of whole
+tables balances. With ``row_split=fit`` (the default) the first cuts, with ``hot`` also the hot tables, are tried
+beside the plain search (``row_split_choices``):
+for each, the searcher plans the other tables on what the blocks leave of each device's memory (``rest_task``);
+the plans are scored with the search's own cost model and the cheapest is kept. A table whose narrowest column
+slice fits nowhere can only be cut into rows. ``row_split=off``: column splits only, as before row splits
+existed. ``hot`` is not the default: it changes plans of tasks whose tables all fit, and has not been measured yet.
+
+On several hosts of equal size each cut is also tried with its blocks within one host (``table_row_wise``); tables
+that no device holds once the blocks are placed are cut too (``settle``).
+
+The searcher does not see the blocks' compute: over every device they add about 1/N of the table's work to every
+device alike, which shifts every device and leaves the balance it seeks (within one host they do not: that choice
+is kept only where the whole plan, scored with the blocks, comes out cheaper). Blocks of a table with its own block
+statistics (``Table.row_blocks``) may be far from alike: ``search.loaded_rest`` then also plans the rest on the
+room they leave each device. NumPy only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from neuroshard_jax.core.constants import GIB_BYTES
+from neuroshard_jax.core.constraints import has_constraints
+from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.sharding import Shard, device_mem_bytes, narrowest_dim, row_shards
+from neuroshard_jax.core.types import Device, Plan, Task
+
+MODES = ("fit", "hot", "off")  # fit: tables larger than every device; hot: and the hot ones; off: none
+
+
+def check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise UserError(f"row_split: got {mode!r}, expected one of {', '.join(MODES)}")
+
+
+def oversized(task: Task) -> tuple[list[int], list[int]]:
+    """(tables that only a row split fits: even their narrowest column slice exceeds every cap, tables that a row
+    split or column slices fit: larger than every cap whole), as task indices."""
+    cap = int(task.cap_bytes().max())
+    must, may = [], []
+    for i, table in enumerate(task.tables):
+        if task.table_mem_bytes(i) > cap:
+            (must if task.table_mem_bytes(i, narrowest_dim(table.dim)) > cap else may).append(i)
+    return must, may
+
+
+def hot_tables(single_ms: Sequence[float], num_devices: int) -> list[int]:
+    """Tables (task indices) whose predicted compute alone (``single_ms``, ms per table whole) is more than a
+    device's fair share of the whole task's (the sum over tables / N): no placement of whole tables balances them."""
+    share = float(sum(single_ms)) / num_devices
+    return [i for i, ms in enumerate(single_ms) if num_devices > 1 and ms > share]
+
+
+def row_split_choices(task: Task, mode: str, hot: Sequence[int] = ()) -> list[tuple[int, ...]]:
+    """The sets of tables to cut row-wise that the stage tries, the plain search (no row split) first when it is
+    one of them: the tables only rows fit; and those plus the tables larger than every device; and those plus the
+    ``hot`` tables (``hot_tables``). A constrained table is never cut into rows by choice (its constraints name
+    devices or shard counts of column splits); one that only rows can fit is refused with its constraint."""
+    check_mode(mode)
+    must, may = oversized(task)
+    for i in must:
+        table = task.tables[i]
+        where = f"table {table.id} ({task.table_mem_bytes(i) / GIB_BYTES:.2f} GiB)"
+        if mode == "off":
+            raise InfeasibleError(
+                f"task infeasible: {where} fits no device even in its narrowest column slices; expected "
+                "row_split=fit (row blocks over every device)"
+            )
+        if _constrained(table):
+            raise InfeasibleError(
+                f"task infeasible: {where} fits no device even in its narrowest column slices, and its constraints "
+                "(pin, exclude, no_split, max_shards, colocate) rule out the row split over every device it needs"
+            )
+    if mode == "off":
+        return [tuple(must)]
+    choices = [tuple(must)]
+    for more in (may, [*may, *hot]) if mode == "hot" else (may,):
+        choice = tuple(sorted(set(must) | {i for i in more if _row_splittable(task, i)}))
+        if choice not in choices:
+            choices.append(choice)
+    return choices
+
+
+def _row_splittable(task: Task, table: int) -> bool:
+    """A table that may be cut into rows by choice: unconstrained, with a row for every device."""
+    return not _constrained(task.tables[table]) and task.tables[table].rows >= task.num_devices
+
+
+def _constrained(table) -> bool:
+    return has_constraints([table])
+
+
+def row_blocks_of(task: Task, tables: Sequence[int], within_host: bool = False) -> tuple[Shard, ...]:
+    """The row blocks of ``tables`` (task indices), each cut over every device in order (TorchRec's ``row_wise``);
+    ``within_host``: over the devices of one host instead (``table_row_wise``: the table's ids and partial sums
+    stay on the host's fast links), the host whose devices are least full after the blocks, largest table first;
+    a table no host holds is cut over every device."""
+    groups = host_groups(task) if within_host else None
+    if groups is None:
+        devices = range(task.num_devices)
+        return tuple(s for t in tables for s in row_shards(t, task.tables[t].rows, task.tables[t].dim, devices))
+    caps, rows = task.cap_bytes(), task.table_rows()
+    used = np.zeros(task.num_devices, dtype=np.int64)
+    blocks: list[Shard] = []
+    for t in sorted(tables, key=lambda t: (-task.table_mem_bytes(t), t)):
+        table = task.tables[t]
+        best = None
+        for group in groups:
+            cut = row_shards(t, table.rows, table.dim, group) if table.rows >= len(group) else ()
+            need = device_mem_bytes(cut, rows, task.precision, task.num_devices)
+            fullest = float(((used + need) / caps)[group].max())
+            if cut and np.all(used + need <= caps) and (best is None or fullest < best[0]):
+                best = (fullest, cut, need)
+        if best is None:
+            cut = row_shards(t, table.rows, table.dim, range(task.num_devices))
+            best = (0.0, cut, device_mem_bytes(cut, rows, task.precision, task.num_devices))
+        blocks.extend(best[1])
+        used += best[2]
+    return tuple(blocks)
+
+
+def settle(task: Task, tables: Sequence[int], within_host: bool = False) -> tuple[int, ...]:
+    """``tables`` and the tables that no device holds whole once their row blocks are placed (the blocks take a
+    share of every device: on a full task a table a little under the cap then fits nowhere), until none is left;
+    constrained tables are not added (their constraints speak of whole tables and column slices)."""
+    split = set(tables)
+    while True:
+        blocks = row_blocks_of(task, sorted(split), within_host)
+        room = int(
+            (task.cap_bytes() - device_mem_bytes(blocks, task.table_rows(), task.precision, task.num_devices)).max()
+        )
+        more = {
+            i
+            for i in range(task.num_tables)
+            if i not in split and task.table_mem_bytes(i) > room and _row_splittable(task, i)
+        }
+        if not more:
+            return tuple(sorted(split))
+        split |= more
+
+
+def host_groups(task: Task) -> list[list[int]] | None:
+    """Each host's devices, where the task spans several hosts of the same size holding consecutive devices (the
+    layout TorchRec's ``table_row_wise`` runs on); None otherwise."""
+    local = task.local_size()
+    if local is None:
+        return None
+    return [list(range(h * local, (h + 1) * local)) for h in range(task.num_devices // local)]
+
+
+def rest_task(task: Task, blocks: Sequence[Shard]) -> tuple[Task, list[int]]:
+    """The task the searcher plans around ``blocks``: the other tables (and their task indices), on devices whose
+    caps lose the blocks' memory. InfeasibleError if a device cannot hold its blocks."""
+    split = {s.table for s in blocks}
+    used = device_mem_bytes(blocks, task.table_rows(), task.precision, task.num_devices)
+    caps = task.cap_bytes()
+    for d in range(task.num_devices):
+        if used[d] > caps[d]:
+            names = ", ".join(str(task.tables[t].id) for t in sorted(split))
+            raise InfeasibleError(
+                f"task infeasible: the row blocks of table(s) {names} over all {task.num_devices} devices need "
+                f"{used[d] / GIB_BYTES:.3f} GiB on device {d}, which holds {task.caps_gb()[d]} GiB"
+            )
+    rest = [i for i in range(task.num_tables) if i not in split]
+    speeds, hosts = task.speeds(), task.hosts()
+    # a device the blocks fill leaves a cap of one byte: nothing else fits there, and the task stays well-formed
+    devices = [
+        Device(max(int(caps[d] - used[d]), 1) / GIB_BYTES, float(speeds[d]), hosts[d]) for d in range(task.num_devices)
+    ]
+    links = None if task.links is None else dataclasses.replace(task.links, devices_per_host=None)  # hosts given
+    tables = [task.tables[i] for i in rest]
+    return Task.on_devices(devices, task.batch_size, tables, task.precision, task.pool, links), rest
+
+
+def join(task: Task, rest_plan: Plan | None, rest: Sequence[int], blocks: Sequence[Shard]) -> Plan:
+    """The whole task's plan: ``rest_plan``'s shards (of ``rest_task``'s tables) renumbered to the task's, and the
+    row blocks."""
+    shards = () if rest_plan is None else tuple(_renumber(s, rest[s.table]) for s in rest_plan.shards)
+    return Plan(task, shards + tuple(blocks))
+
+
+def _renumber(shard: Shard, table: int) -> Shard:
+    return Shard(table, shard.col_offset, shard.dim, shard.device, shard.row_offset, shard.num_rows)

@@ -1,0 +1,301 @@
+"""TorchRec in, TorchRec out: a planner that stands where TorchRec's ``EmbeddingShardingPlanner`` does.
+
+    from neuroshard_jax.torchrec.planner import NeuroShardPlanner, batch_statistics
+
+    stats = batch_statistics(model, loader, batch_size=512 * world_size)   # KeyedJaggedTensor batches
+    planner = NeuroShardPlanner(topology=Topology(world_size=2, compute_device="cpu"), batch_size=512, stats=stats)
+    plan = planner.collective_plan(model, sharders, pg)     # rank 0 plans, every rank gets the plan
+    model = DistributedModelParallel(model, plan=plan, sharders=sharders, ...)
+
+The planner reads every ``EmbeddingBagCollection`` of the module (table names, rows, dims, features, data type),
+the topology (world size, memory per device, compute device) and each table's statistics (``stats``: measured
+from your batches by ``batch_statistics``, or a statistics file of ``python -m neuroshard_jax.stats``), plans them
+with ``neuroshard_jax.plan`` and returns table-wise and column-wise ``ParameterSharding``s. A table without
+statistics gets an estimate from its rows and pooling factor (``stats.estimated_stats``) and the plan says so.
+
+Batch size, as in TorchRec: ``batch_size`` is per rank; a device looks up its tables for the whole batch of
+``batch_size x world_size`` samples, which is the batch the cost model sees and the statistics are taken at.
+
+This module and the worker are the only ones that import torch; nothing in the JAX core imports this one.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
+from torchrec.distributed.planner.constants import BATCH_SIZE, POOLING_FACTOR
+from torchrec.distributed.planner.types import Topology
+from torchrec.distributed.types import ShardingPlan, ShardingPlanner
+from torchrec.modules.embedding_configs import DataType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from neuroshard_jax.core.constants import GIB_BYTES
+from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.plan_file import format_plan
+from neuroshard_jax.core.types import Plan, row_blocks_json
+from neuroshard_jax.costs.registry import usable_cost_model
+from neuroshard_jax.kernels.torchrec_format import module_plan
+from neuroshard_jax.search.pipeline import enable_compilation_cache, search_plan
+from neuroshard_jax.workloads.statistics import (
+    DEFAULT_ZIPF,
+    ROW_BLOCK_COUNTS,
+    StatsAccumulator,
+    TableStats,
+    estimated_stats,
+    read_stats_file,
+)
+from neuroshard_jax.workloads.tasks import task_from_tables
+
+PRECISIONS = {DataType.FP32: "fp32", DataType.FP16: "fp16", DataType.BF16: "bf16", DataType.INT8: "int8"}
+
+
+def collections(module: torch.nn.Module) -> list[tuple[str, EmbeddingBagCollection]]:
+    """Every EmbeddingBagCollection of ``module`` with its path (``""`` for the module itself)."""
+    found = [(path, m) for path, m in module.named_modules() if isinstance(m, EmbeddingBagCollection)]
+    if not found:
+        raise UserError(f"module: no EmbeddingBagCollection in {type(module).__name__}, expected at least one")
+    return found
+
+
+def table_configs(module: torch.nn.Module) -> list[tuple[str, str, object]]:
+    """(collection path, our table name, EmbeddingBagConfig) of every table; a name shared by two collections is
+    qualified by its collection's path (path/name)."""
+    rows = [(path, config) for path, ebc in collections(module) for config in ebc.embedding_bag_configs()]
+    counts: dict[str, int] = {}
+    for _, config in rows:
+        counts[config.name] = counts.get(config.name, 0) + 1
+    return [
+        (path, config.name if counts[config.name] == 1 else f"{path}/{config.name}", config) for path, config in rows
+    ]
+
+
+def feature_tables(module: torch.nn.Module) -> dict[str, str]:
+    """Feature name -> our table name (a feature read by tables of two collections is refused)."""
+    out: dict[str, str] = {}
+    for _, name, config in table_configs(module):
+        for feature in config.feature_names:
+            if feature in out:
+                raise UserError(f"feature {feature!r}: read by tables {out[feature]!r} and {name!r}, expected one")
+            out[feature] = name
+    return out
+
+
+def batch_statistics(
+    module: torch.nn.Module,
+    batches: Iterable,
+    batch_size: int,
+    max_batches: int = 0,
+    progress: bool = True,
+    row_blocks: Sequence[int] = ROW_BLOCK_COUNTS,
+) -> list[TableStats]:
+    """Each table's pooling factor and access histogram at ``batch_size`` (the planning batch: per-rank batch x
+    world size) from an iterable of ``KeyedJaggedTensor``s (or of objects with a ``sparse_features`` KJT, as
+    TorchRec's DLRM ``Batch``); reads at most ``max_batches`` of them (0: all). Rows are the tables'. ``row_blocks``:
+    the row-block counts whose statistics are measured too (a row-wise table is cut into world-size blocks: give
+    yours where it is not 2, 4 or 8)."""
+    rows = {name: int(config.num_embeddings) for _, name, config in table_configs(module)}
+    accumulator = StatsAccumulator(batch_size, feature_tables(module), rows, row_blocks)
+    for i, batch in enumerate(batches):
+        if max_batches and i >= max_batches:
+            break
+        kjt = getattr(batch, "sparse_features", batch)
+        lengths = kjt.lengths().detach().cpu().numpy().reshape(len(kjt.keys()), -1)
+        values = kjt.values().detach().cpu().numpy()
+        starts = np.concatenate([[0], np.cumsum(lengths.sum(axis=1))])
+        accumulator.add({key: (values[starts[k] : starts[k + 1]], lengths[k]) for k, key in enumerate(kjt.keys())})
+        if progress:
+            print(f"\rstatistics: {i + 1} batches", end="", file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    return accumulator.result()
+
+
+class NeuroShardPlanner(ShardingPlanner):
+    """A TorchRec ``ShardingPlanner`` backed by neuroshard_jax's searchers and cost models.
+
+    ``topology``: TorchRec's (world size, compute device, memory per device: HBM on cuda, DDR on cpu); or
+    ``world_size`` and ``mem_cap_gb``. ``batch_size``: per rank (TorchRec's meaning; default TorchRec's 512).
+    ``stats``: per table statistics (``batch_statistics``, a list of TableStats, or a statistics file's path),
+    taken at the planning batch; ``pooling_factors``: per table (or feature) for tables without statistics,
+    estimated with a Zipf law of exponent ``zipf``. ``searcher``/``searcher_options``, ``cost_model``/
+    ``cost_model_options`` and ``seed`` as in ``neuroshard_jax.plan``. After ``plan``, ``last_plan`` holds our
+    ``Plan`` (predicted costs, ``to_json()``).
+    """
+
+    def __init__(
+        self,
+        topology: Topology | None = None,
+        batch_size: int | None = None,
+        stats: Iterable[TableStats] | str | Path | None = None,
+        *,
+        world_size: int | None = None,
+        mem_cap_gb: float | None = None,
+        pooling_factors: Mapping[str, float] | None = None,
+        zipf: float = DEFAULT_ZIPF,
+        searcher: str = "beam",
+        searcher_options: dict | None = None,
+        cost_model: str = "neural",
+        cost_model_options: dict | None = None,
+        seed: int = 0,
+        compute_kernel: str = "fused",
+        verbose: bool = True,
+    ):
+        if topology is None and world_size is None:
+            raise UserError("topology: missing, expected a TorchRec Topology or world_size=N")
+        self.topology = topology or Topology(world_size=world_size, compute_device="cuda")
+        self.batch_size = BATCH_SIZE if batch_size is None else batch_size
+        self.mem_cap_gb = mem_cap_gb
+        self.stats = {t.name: t for t in (read_stats_file(stats) if isinstance(stats, (str, Path)) else stats or [])}
+        self.pooling_factors = dict(pooling_factors or {})
+        self.zipf = zipf
+        self.searcher, self.searcher_options = searcher, dict(searcher_options or {})
+        self.cost_model, self.cost_model_options = cost_model, cost_model_options
+        self.seed = seed
+        self.compute_kernel = compute_kernel
+        self.verbose = verbose
+        self.last_plan: Plan | None = None
+
+    @property
+    def planning_batch(self) -> int:
+        """Samples a device looks up per step for each of its tables: the per-rank batch x world size."""
+        return self.batch_size * self.topology.world_size
+
+    def device_mem_gb(self) -> list[float]:
+        """Memory of each device for tables: ``mem_cap_gb``, else the topology's (per device: TorchRec's
+        ``CustomTopologyData`` may give devices of unequal memory, which the plan then keeps)."""
+        if self.mem_cap_gb is not None:
+            return [self.mem_cap_gb] * self.topology.world_size
+        kind = "hbm" if self.topology.compute_device in ("cuda", "mtia") else "ddr"
+        return [getattr(d.storage, kind) / GIB_BYTES for d in self.topology.devices]
+
+    def tables(self, module: torch.nn.Module) -> tuple[list[dict], str]:
+        """Our table specs of the module's tables (statistics measured or estimated) and their precision."""
+        specs, precisions = [], set()
+        configs = table_configs(module)
+        self._check_stats_names(configs)
+        for _, name, config in configs:
+            precisions.add(PRECISIONS.get(config.data_type, str(config.data_type)))
+            # statistics of a table: by its name, or by its feature's name (a file of the stats CLI names features)
+            single = config.feature_names[0] if len(config.feature_names) == 1 else None
+            stats = self.stats.get(name, self.stats.get(single))
+            if stats is not None and stats.batch_size != self.planning_batch:
+                raise UserError(
+                    f"stats: table {name!r} was measured at batch {stats.batch_size}, expected the planning batch "
+                    f"{self.planning_batch} (batch_size {self.batch_size} x world size {self.topology.world_size})"
+                )
+            if stats is None:
+                stats = estimated_stats(
+                    name,
+                    int(config.num_embeddings),
+                    self._pooling(name, config),
+                    self.planning_batch,
+                    self.zipf,
+                    self.seed,
+                )
+            specs.append(
+                {
+                    "name": name,
+                    "rows": int(config.num_embeddings),
+                    "dim": int(config.embedding_dim),
+                    "pooling_factor": stats.pooling_factor,
+                    "bins": list(stats.bins),
+                    "estimated": stats.estimated,
+                    # row blocks measured over the table's own rows (TorchRec's row-wise layout of them)
+                    **(
+                        {"row_blocks": row_blocks_json(stats.row_blocks)}
+                        if stats.row_blocks and stats.rows == int(config.num_embeddings)
+                        else {}
+                    ),
+                }
+            )
+        multi = [name for _, name, c in configs if len(c.feature_names) > 1]
+        if multi and self.verbose:
+            print(
+                f"warning: {len(multi)} tables are read by several features ({', '.join(multi[:3])}): each feature "
+                "adds a pooled output of the table's dim, the plan's comm counts one",
+                file=sys.stderr,
+            )
+        if len(precisions) != 1:
+            raise UserError(f"module: tables of data types {sorted(precisions)}, expected one data type for all")
+        return specs, precisions.pop()
+
+    def _check_stats_names(self, configs) -> None:
+        """Statistics must name a table, or the one feature of a single-feature table."""
+        known = {name for _, name, _ in configs}
+        known |= {c.feature_names[0] for _, _, c in configs if len(c.feature_names) == 1}
+        unknown = sorted(set(self.stats) - known)
+        if unknown:
+            multi = [name for _, name, c in configs if len(c.feature_names) > 1]
+            hint = f"; tables read by several features ({', '.join(multi[:3])}) need batch_statistics" if multi else ""
+            raise UserError(
+                f"stats: {', '.join(unknown[:5])} name no table of the module, expected a table name or the feature "
+                f"of a single-feature table ({', '.join(sorted(known)[:6])}){hint}"
+            )
+
+    def _pooling(self, name: str, config) -> float:
+        """A table's pooling factor without data: given for the table, or the sum over its features (TorchRec's
+        default 1.0 each)."""
+        if name in self.pooling_factors:
+            return float(self.pooling_factors[name])
+        return float(sum(self.pooling_factors.get(f, POOLING_FACTOR) for f in config.feature_names))
+
+    def plan(self, module: torch.nn.Module, sharders: list | None = None) -> ShardingPlan:
+        """Plan every EmbeddingBagCollection of ``module``; ``sharders``: TorchRec's (their EBC sharder, if any,
+        builds the parameter shardings)."""
+        specs, precision = self.tables(module)
+        caps = self.device_mem_gb()
+        devices = None if len(set(caps)) == 1 else [{"mem_cap_gb": c} for c in caps]
+        task = task_from_tables(specs, len(caps), max(caps), self.planning_batch, precision, devices)
+        name, options, warning = usable_cost_model(self.cost_model, self.cost_model_options, task)
+        enable_compilation_cache()
+        if warning and self.verbose:
+            print(f"warning: {warning}", file=sys.stderr)
+        ours = search_plan(task, self.searcher, name, self.seed, self.searcher_options, options)
+        self.last_plan = ours
+        if self.verbose:
+            print(format_plan(ours.to_json()), file=sys.stderr)
+        return self.to_sharding_plan(module, ours, sharders)
+
+    def to_sharding_plan(self, module: torch.nn.Module, ours: Plan, sharders: list | None = None) -> ShardingPlan:
+        """Our plan of the module's tables as TorchRec ``ParameterSharding``s, per collection."""
+        index = {spec_name: i for i, spec_name in enumerate(t.name for t in ours.task.tables)}
+        per_table: dict[int, list[dict]] = {}
+        for s in ours.shards:
+            per_table.setdefault(s.table, []).append({"col_offset": s.col_offset, "dim": s.dim, "rank": s.device})
+        sharder = next((s for s in sharders or [] if getattr(s, "module_type", None) is EmbeddingBagCollection), None)
+        modules = {}
+        for path, ebc in collections(module):
+            shards = {config.name: per_table[index[name]] for p, name, config in table_configs(module) if p == path}
+            modules[path] = module_plan(
+                ebc,
+                shards,
+                ours.task.num_devices,
+                self.topology.compute_device,
+                self.compute_kernel,
+                sharder,
+                local_size=self.topology.local_world_size,
+            )
+        return ShardingPlan(modules)
+
+    def collective_plan(self, module: torch.nn.Module, sharders: list | None = None, pg=None) -> ShardingPlan:
+        """Plan on rank 0 of ``pg`` (default: the world) and broadcast the plan to every rank."""
+        if pg is None:
+            if not dist.is_initialized():
+                raise UserError("collective_plan: torch.distributed is not initialised, expected a process group")
+            pg = dist.GroupMember.WORLD
+        result = invoke_on_rank_and_broadcast_result(pg, 0, self._plan_or_error, module, sharders)
+        if isinstance(result, Exception):  # rank 0 failed: every rank raises it, none waits forever
+            raise result
+        return result
+
+    def _plan_or_error(self, module: torch.nn.Module, sharders: list | None):
+        try:
+            return self.plan(module, sharders)
+        except (UserError, InfeasibleError) as err:
+            return err

@@ -1,0 +1,204 @@
+"""Tasks: generate them from a pool (NeuroShard or DreamShard style), load them, check feasibility."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from neuroshard_jax.core.config import typed
+from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GIB_BYTES, TASK_DIMS
+from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.files import read_json
+from neuroshard_jax.core.sharding import is_legal_dim, mem_bytes, narrowest_dim, row_blocks
+from neuroshard_jax.core.types import Table, Task
+from neuroshard_jax.workloads.pool import PoolSpec, TablePool, load_pool
+
+SPLITS = ("all", "train", "test")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    """What ``conf/task/*.yaml`` holds. ``num_tables=None`` draws it from [min_tables, max_tables]."""
+
+    num_tables: int | None = 50
+    min_tables: int = 10
+    max_tables: int = 59
+    num_devices: int = 4
+    mem_cap_gb: float = 4.0
+    batch_size: int = 4096
+    dims: tuple[int, ...] = TASK_DIMS
+    precision: str = "fp32"
+    max_fill: float = 0.9
+    split: str = "all"
+    pool: PoolSpec = PoolSpec()
+
+    def __post_init__(self):
+        if self.num_devices < 1:
+            raise UserError(f"task.num_devices: got {self.num_devices}, expected an integer >= 1")
+        if not self.mem_cap_gb > 0:
+            raise UserError(f"task.mem_cap_gb: got {self.mem_cap_gb}, expected a number > 0")
+        if self.num_tables is not None and self.num_tables < 1:
+            raise UserError(f"task.num_tables: got {self.num_tables}, expected an integer >= 1 or null")
+        if not 1 <= self.min_tables <= self.max_tables:
+            raise UserError(
+                f"task.min_tables/max_tables: got {self.min_tables}/{self.max_tables}, expected 1 <= min <= max"
+            )
+        bad = [d for d in self.dims if not is_legal_dim(d)]
+        if bad or not self.dims:
+            raise UserError(f"task.dims: got {list(self.dims)}, expected positive multiples of {DIM_ALIGNMENT}")
+        if not 0 < self.max_fill <= 1:
+            raise UserError(f"task.max_fill: got {self.max_fill}, expected a number in (0, 1]")
+        if self.batch_size < 1:
+            raise UserError(f"task.batch_size: got {self.batch_size}, expected an integer >= 1")
+        if self.split not in SPLITS:
+            raise UserError(f"task.split: got {self.split!r}, expected one of {', '.join(SPLITS)}")
+        if self.precision not in BYTES_PER_ELEMENT:
+            raise UserError(f"task.precision: got {self.precision!r}, expected one of {', '.join(BYTES_PER_ELEMENT)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskGroupConfig(TaskConfig):
+    """``conf/task/*.yaml``: how to draw the task (TaskConfig) and the draw's ``seed``, or ``path``: a task file.
+    ``style`` names the paper whose task setup the file follows."""
+
+    path: str | None = None
+    seed: int = 0
+    style: str = "neuroshard"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.seed < 0:
+            raise UserError(f"task.seed: got {self.seed}, expected an integer >= 0")
+
+
+def split_table_ids(pool: TablePool, split: str) -> np.ndarray:
+    """Disjoint train/test halves of the pool (DreamShard style), fixed by the pool's seed."""
+    if split not in SPLITS:
+        raise UserError(f"task.split: got {split!r}, expected one of {', '.join(SPLITS)}")
+    ids = np.arange(pool.num_tables)
+    if split == "all":
+        return ids
+    perm = np.random.default_rng([pool.spec.seed, 7919]).permutation(ids)
+    half = pool.num_tables // 2
+    return np.sort(perm[:half] if split == "train" else perm[half:])
+
+
+def generate_task(pool: TablePool, config: TaskConfig, seed: int, max_attempts: int = 1000) -> Task:
+    """Draw a task: tables without replacement, a dim per table, total within max_fill of all memory.
+
+    Every table fits one device at its dim (drawn uniformly among the task dims that fit);
+    draws whose total breaks the budget are redrawn.
+    """
+    rng = np.random.default_rng([seed, 104729])
+    cap_bytes = config.mem_cap_gb * GIB_BYTES
+    budget_bytes = config.max_fill * config.num_devices * cap_bytes
+    dims = np.sort(np.asarray(config.dims))
+    # Only tables that fit one device at the smallest dim are eligible; each gets a dim that fits.
+    candidates = split_table_ids(pool, config.split)
+    candidates = candidates[mem_bytes(pool.rows[candidates], dims[0], config.precision) <= cap_bytes]
+    for _ in range(max_attempts):
+        num_tables = config.num_tables or int(rng.integers(config.min_tables, config.max_tables + 1))
+        if num_tables > len(candidates):
+            raise UserError(
+                f"task.num_tables: got {num_tables}, expected at most {len(candidates)} "
+                f"(tables of split {config.split!r} that fit {config.mem_cap_gb} GiB)"
+            )
+        ids = rng.choice(candidates, size=num_tables, replace=False)
+        fitting = mem_bytes(pool.rows[ids, None], dims[None, :], config.precision) <= cap_bytes  # [T, D]
+        choice = (rng.random(num_tables) * fitting.sum(1)).astype(int)
+        table_dims = dims[choice]  # dims that fit are a prefix of the sorted dims
+        if mem_bytes(pool.rows[ids], table_dims, config.precision).sum() <= budget_bytes:
+            tables = tuple(
+                Table(int(i), int(pool.rows[i]), int(d), float(pool.pooling_factor[i]), tuple(map(float, pool.bins[i])))
+                for i, d in zip(ids, table_dims)
+            )
+            return Task(
+                config.num_devices, float(config.mem_cap_gb), pool.batch_size, tables, config.precision, pool.spec
+            )
+    raise UserError(
+        f"task: no draw of {config.num_tables or 'random'} tables fit {config.num_devices} x {config.mem_cap_gb} GiB "
+        f"(max_fill {config.max_fill}) in {max_attempts} attempts; expected fewer tables or more memory"
+    )
+
+
+def make_task(config: TaskConfig, seed: int, path: str | None = None) -> Task:
+    """The task of a run: loaded from ``path`` if given, else generated from the configured pool."""
+    if path:
+        return load_task(path)
+    return generate_task(load_pool(config.pool, config.batch_size), config, seed)
+
+
+def load_task(path: str | Path) -> Task:
+    """Read a task file (the object under "task" in plan.json; a whole plan.json is accepted too)."""
+    path = Path(path)
+    obj = read_json(path, "task.path", "a task JSON file")
+    if "task" in obj and "tables" not in obj:
+        obj = obj["task"]
+    return Task.from_json(obj, where=f"task file {path.name}")
+
+
+def check_feasible(task: Task) -> None:
+    """Raise InfeasibleError if no plan can exist: a table that fits nowhere even split, or too much in total."""
+    caps = task.cap_bytes()
+    cap = int(caps.max())
+    for i, table in enumerate(task.tables):
+        narrowest = task.table_mem_bytes(i, narrowest_dim(table.dim))
+        whole = task.table_mem_bytes(i)
+        blocks = [mem_bytes(n, table.dim, task.precision) for _, n in row_blocks(table.rows, task.num_devices)]
+        rows_fit = all(b <= c for b, c in zip(blocks, caps))
+        if (narrowest > cap and not rows_fit) or (whole > cap and whole > int(caps.sum())):
+            where = f"devices of {task.mem_cap_gb} GiB" if task.devices is None else task.describe_devices()
+            raise InfeasibleError(
+                f"task infeasible: table {table.id} needs {whole / GIB_BYTES:.2f} GiB, which no split fits (column "
+                f"slices, or row blocks over every device) in {where}"
+            )
+    total = sum(task.table_mem_bytes(i) for i in range(task.num_tables))
+    if total > caps.sum():
+        raise InfeasibleError(
+            f"task infeasible: tables need {total / GIB_BYTES:.2f} GiB in total, expected at most "
+            + (
+                f"{task.describe_devices()} = {sum(task.caps_gb()):.2f} GiB"
+                if task.devices is None
+                else task.describe_devices()
+            )
+        )
+
+
+def task_config(options: dict) -> TaskGroupConfig:
+    """The typed ``task`` group (a TaskConfig plus the file path and the draw's seed)."""
+    return typed(TaskGroupConfig, options, "task")
+
+
+TableSpecs = Mapping[str, Mapping[str, Any]] | Sequence[Mapping[str, Any]]
+
+
+def task_from_tables(
+    tables: TableSpecs,
+    num_devices: int,
+    mem_cap_gb: float,
+    batch_size: int = 4096,
+    precision: str = "fp32",
+    devices: Sequence[Mapping[str, float]] | None = None,
+) -> Task:
+    """A task of the user's tables: ``{name: {rows, dim, pooling_factor, bins}}`` or a list of such objects
+    each with a ``name``. ``bins``: 17 shares of the rows accessed in a batch by access count (docs/plans.md,
+    "Tables and features"). Table ids are the positions in the given order. ``devices``: heterogeneous devices,
+    ``[{"mem_cap_gb": 16, "speed": 1.0}, ...]``, in place of ``num_devices`` x ``mem_cap_gb``."""
+    if isinstance(tables, Mapping):
+        items = [{"name": name, **dict(spec)} for name, spec in tables.items()]
+    elif isinstance(tables, Sequence) and not isinstance(tables, str):
+        items = [dict(spec) if isinstance(spec, Mapping) else spec for spec in tables]
+    else:
+        raise UserError(f"tables: got {type(tables).__name__}, expected a mapping of name -> table spec or a list")
+    shape = {"num_devices": num_devices, "mem_cap_gb": mem_cap_gb} if devices is None else {"devices": list(devices)}
+    obj = {
+        **shape,
+        "batch_size": batch_size,
+        "precision": precision,
+        "tables": [{**spec, "id": i} if isinstance(spec, dict) else spec for i, spec in enumerate(items)],
+    }
+    return Task.from_json(obj, where="plan")

@@ -1,0 +1,175 @@
+"""NeuroShard's table-wise greedy grid search, batched: one ``lax.scan`` over shards, vmapped over
+(candidate column split, alpha).
+
+The greedy (paper, section "search"): shards go in descending order of their predicted
+single-shard compute cost; each goes to the device with the lowest *current* predicted compute cost
+among devices where it still fits in memory and whose dim sum stays <= alpha x (total dim / N). Devices of
+unequal speed: the device where the shard would finish first (its load plus the shard's cost alone, both divided
+by the device's speed). A
+device's cost is cached and only its head is rerun when a shard joins it (its latent sum grows by
+the shard's embedding). The plan cost of every (candidate, alpha) is the simulator's formula.
+
+Exact integer rules, shared with the plain-Python oracle in the tests:
+* memory in ``MEM_UNIT_BYTES`` units, each shard rounded *up* and each device's cap rounded *down*, so a
+  placement accepted here never exceeds the cap in bytes (int32 holds caps up to 2 TiB);
+* the dim bound of alpha is ``floor(alpha * total_dim / N)`` (``dim_bounds``);
+* ties go to the lowest device index, equal shard costs keep their slot order.
+If no device is eligible for a shard, that (candidate, alpha) is infeasible (cost +inf). A last,
+memory-only bound (``MEMORY_ONLY``) can be appended to the alpha grid as a fallback; a candidate that no bound places
+can then be packed by memory (``by_memory``: largest first, each shard on the device with the most memory left where
+it fits, worst-fit decreasing: tight caps that the cost order cannot pack).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from neuroshard_jax.costs.cost_model import CostFns, combine_costs, plan_cost_ms
+
+MEM_UNIT_BYTES = 1024
+MEMORY_ONLY = np.iinfo(np.int32).max  # a dim bound that never binds
+
+
+MAX_UNITS = 2**29  # the cap and a whole task's tables stay below this: a device's i32 load + a shard cannot overflow
+
+
+def unit_bytes(task) -> int:
+    """Bytes per memory unit for ``task``: 1 KiB, or the smallest larger power of two that keeps its cap and its
+    tables' total memory below MAX_UNITS units (caps of 2 TiB and more: host memory, offloaded tables)."""
+    largest = max(task.mem_cap_bytes, sum(task.table_mem_bytes(i) for i in range(task.num_tables)))
+    unit = MEM_UNIT_BYTES
+    while largest // unit >= MAX_UNITS:
+        unit *= 2
+    return unit
+
+
+def mem_units(nbytes, unit: int = MEM_UNIT_BYTES) -> np.ndarray:
+    """Shard memory in units, rounded up (i64 values; i32 safe for the units of ``unit_bytes``)."""
+    return -(-np.asarray(nbytes, dtype=np.int64) // unit)
+
+
+def cap_units(cap_bytes, unit: int = MEM_UNIT_BYTES) -> np.ndarray:
+    """Caps in units, rounded down (i64 values of the shape of ``cap_bytes``: one cap, or one per device)."""
+    return np.asarray(cap_bytes, dtype=np.int64) // unit
+
+
+def dim_bounds(alphas, total_dim: int, num_devices: int, memory_only_fallback: bool) -> np.ndarray:
+    """i32[A]: floor(alpha * total_dim / N) per alpha (plus MEMORY_ONLY as the fallback)."""
+    bounds = [min(math.floor(a * total_dim / num_devices + 1e-9), MEMORY_ONLY) for a in alphas]
+    return np.array(bounds + ([MEMORY_ONLY] if memory_only_fallback else []), dtype=np.int32)
+
+
+class ShardBatch(NamedTuple):
+    """Candidate shard lists, padded: C candidates x S shard slots.
+
+    feats f32[C, S, F] raw shard features; mem i32[C, S] memory units; dims i32[C, S]; valid bool[C, S];
+    allowed bool[C, S, N] the devices a slot may go to (placement constraints); leader i32[C, S] the slot that
+    places it (its own index, or the first slot of its colocation group: the group goes to one device as one item).
+    """
+
+    feats: np.ndarray
+    mem: np.ndarray
+    dims: np.ndarray
+    valid: np.ndarray
+    allowed: np.ndarray
+    leader: np.ndarray
+
+
+class GridResult(NamedTuple):
+    """cost_ms f32[C, A] (+inf where infeasible); devices i32[C, A, S] per shard slot (-1: padding)."""
+
+    cost_ms: jax.Array
+    devices: jax.Array
+
+
+def _place(fns: CostFns, params, z, mem, dims, valid, allowed, single, bound, cap, device_mask, speed, by_memory=False):
+    """Greedy placement of shards already in placement order (one candidate, one alpha; ``by_memory``: each on the
+    eligible device with the most memory left).
+
+    z f32[S, D], mem/dims i32[S], valid bool[S], allowed bool[S, N], single f32[S] each shard's cost alone; cap
+    i32[N]; speed f32[N]; returns (compute f32[N] (divided by the devices' speeds), dim sums i32[N], ok,
+    devices i32[S]).
+    """
+    n = device_mask.shape[0]
+
+    uniform = jnp.all(speed == speed[0])
+
+    def step(carry, shard):
+        latents, used, dim_sums, compute, ok = carry
+        z_s, m, d, v, a, alone = shard
+        eligible = device_mask & a & (used + m <= cap) & (dim_sums + d <= bound)
+        found = eligible.any()
+        # identical devices: the least loaded (the paper's rule); devices of unequal speed: where the shard would
+        # finish first (its cost alone, divided by the device's speed, on top of the device's load)
+        key = used - cap if by_memory else jnp.where(uniform, compute, compute + alone / speed)
+        choice = jnp.argmin(jnp.where(eligible, key, jnp.inf))
+        take = v & found
+        row = latents[choice] + z_s
+        latents = latents.at[choice].set(jnp.where(take, row, latents[choice]))
+        onehot = (jnp.arange(n) == choice) & take
+        used = used + onehot * m
+        dim_sums = dim_sums + onehot * d
+        compute = jnp.where(onehot, fns.head(params, row) / speed, compute)
+        return (latents, used, dim_sums, compute, ok & (found | ~v)), jnp.where(take, choice, -1)
+
+    init = (
+        jnp.zeros((n, z.shape[-1]), z.dtype),
+        jnp.zeros(n, jnp.int32),
+        jnp.zeros(n, jnp.int32),
+        jnp.zeros(n, jnp.float32),
+        jnp.array(True),
+    )
+    (_, _, dim_sums, compute, ok), devices = jax.lax.scan(step, init, (z, mem, dims, valid, allowed, single))
+    return compute, dim_sums, ok, devices
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames="by_memory")
+def grid_search(
+    fns: CostFns, params, batch: ShardBatch, bounds, cap, device_mask, speed, by_memory: bool = False
+) -> GridResult:
+    """Run the greedy for every candidate of ``batch`` and every dim bound of ``bounds`` (i32[A]).
+
+    ``cap``: memory units of each device (i32[N]); ``device_mask`` bool[N]; ``speed`` f32[N] each device's relative
+    compute speed (its predicted compute is divided by it). Costs by the cost model ``fns``. ``by_memory`` (the
+    packing fallback, compiled apart): shards in descending order of memory, each on the eligible device with the
+    most memory left.
+    """
+    num_slots = batch.valid.shape[1]
+    z = fns.embed(params, batch.feats) * batch.valid[..., None]  # [C, S, D]
+    # a colocation group is one item: its leader slot carries the sum of its slots' latents (a device's latent is
+    # the sum of its shards'), memory and dims; the other slots are placed with it
+    items = jax.vmap(functools.partial(jax.ops.segment_sum, num_segments=num_slots))
+    z, mem, dims = (
+        items(z, batch.leader),
+        items(batch.mem * batch.valid, batch.leader),
+        items(batch.dims * batch.valid, batch.leader),
+    )
+    valid = batch.valid & (batch.leader == jnp.arange(num_slots))
+    single = jnp.where(valid, fns.head(params, z), 0.0)  # [C, S]
+    first = jnp.where(valid, -mem, jnp.iinfo(jnp.int32).max) if by_memory else jnp.where(valid, -single, jnp.inf)
+    order = jnp.argsort(first, axis=-1, stable=True)
+    take = functools.partial(jnp.take_along_axis, axis=1)
+    z_sorted = jnp.take_along_axis(z, order[..., None], axis=1)
+    allowed_sorted = jnp.take_along_axis(batch.allowed, order[..., None], axis=1)
+    sorted_ = (z_sorted, take(mem, order), take(dims, order), take(valid, order), allowed_sorted, take(single, order))
+
+    def one(z_c, mem_c, dims_c, valid_c, allowed_c, single_c, bound):
+        return _place(
+            fns, params, z_c, mem_c, dims_c, valid_c, allowed_c, single_c, bound, cap, device_mask, speed, by_memory
+        )
+
+    over_alphas = jax.vmap(one, in_axes=(None, None, None, None, None, None, 0))
+    compute, dim_sums, ok, placed = jax.vmap(over_alphas, in_axes=(0, 0, 0, 0, 0, 0, None))(*sorted_, bounds)
+    costs = combine_costs(fns, params, compute, dim_sums.astype(jnp.float32), device_mask)
+    cost_ms = jnp.where(ok, plan_cost_ms(costs), jnp.inf)
+    # back from placement order to slot order: devices[c, a, order[c, s]] = placed[c, a, s]
+    inverse = jnp.argsort(order, axis=-1)
+    devices = jnp.take_along_axis(placed, inverse[:, None, :], axis=-1)
+    devices = jnp.take_along_axis(devices, batch.leader[:, None, :], axis=-1)  # a group's slots: its leader's device
+    return GridResult(cost_ms, jnp.where(batch.valid[:, None, :], devices, -1))
