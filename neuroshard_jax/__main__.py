@@ -2,7 +2,7 @@
 
 Searches a sharding plan, prints a per-device table and writes plan.json in the Hydra run directory.
 With a ``suite`` (``-m experiment=compare``) a run searches a whole task suite instead
-(neuroshard_jax/measure/suite.py), measuring every plan when ``evaluate=true``.
+(neuroshard_jax/search/suite.py), measuring every plan when ``evaluate=true``.
 """
 
 from __future__ import annotations
@@ -23,17 +23,15 @@ from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.plan_file import format_plan
-from neuroshard_jax.costs.registry import cost_model_config, make_cost_model
 from neuroshard_jax.kernels.executors import ExecutorConfig
-from neuroshard_jax.measure.calibration import CalibrateConfig, calibrated
+from neuroshard_jax.measure.calibration import CalibrateConfig
 from neuroshard_jax.measure.explain import ExplainConfig, explain_file
 from neuroshard_jax.measure.plans import EvaluateConfig
-from neuroshard_jax.measure.polish import PolishConfig, polish_plan
-from neuroshard_jax.measure.suite import SuiteConfig, run_suite
-from neuroshard_jax.search.pipeline import enable_compilation_cache, search_plan
+from neuroshard_jax.measure.polish import PolishConfig
+from neuroshard_jax.search.planner import Planner
 from neuroshard_jax.search.row_split import check_mode
+from neuroshard_jax.search.suite import SuiteConfig, run_suite
 from neuroshard_jax.workloads.tasks import TaskGroupConfig, make_task
-from searchers import make_searcher
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,9 +89,22 @@ def main_config(cfg: DictConfig) -> MainConfig:
         polish=dataclasses.replace(config.polish, executor=config.executor),
         calibrate=dataclasses.replace(config.calibrate, executor=config.executor),
     )
-    make_searcher(config.searcher["name"], config.options("searcher"))
-    cost_model_config(config.cost_model["name"], config.options("cost_model"))
+    planner_of(config)  # the searcher's and the cost model's options checked before any work
     return config
+
+
+def planner_of(config: MainConfig) -> Planner:
+    """The run's planner: its searcher, cost model, row splits, calibration and polishing."""
+    return Planner(
+        searcher=config.searcher["name"],
+        cost_model=config.cost_model["name"],
+        seed=config.seed,
+        searcher_options=config.options("searcher"),
+        cost_model_options=config.options("cost_model"),
+        row_split=config.row_split,
+        calibrate=config.calibrate,
+        polish=config.polish,
+    )
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="config")
@@ -108,27 +119,10 @@ def main(cfg: DictConfig) -> None:
         run_suite_job(config, out_dir, multirun)
         return
     task = None
-    enable_compilation_cache()
     try:
         task = make_task(config.task, config.task.seed, config.task.path)
-        cost_model = (config.cost_model["name"], config.options("cost_model"))
-        if config.calibrate.name == "measured":
-            options, record = calibrated(task, cost_model[0], cost_model[1], config.calibrate, config.seed)
-            cost_model = (cost_model[0], options)
-        plan = search_plan(
-            task,
-            config.searcher["name"],
-            cost_model[0],
-            config.seed,
-            config.options("searcher"),
-            cost_model[1],
-            config.row_split,
-        )
-        if config.polish.name == "measured":
-            plan = polish_plan(plan, make_cost_model(cost_model[0], task, cost_model[1]), config.polish, config.seed)
-        if config.calibrate.name == "measured":
-            plan = dataclasses.replace(plan, calibration=record)
-        result = plan.to_json()
+        planned = planner_of(config).run(task)
+        result = planned.plan.to_json()
     except InfeasibleError as err:
         if not multirun:
             fail(err)
@@ -144,7 +138,7 @@ def main(cfg: DictConfig) -> None:
     print(f"plan written to {written}")
     if config.explain:
         try:
-            print(explain_file(ExplainConfig(plan=str(written)), make_cost_model(cost_model[0], task, cost_model[1])))
+            print(explain_file(ExplainConfig(plan=str(written)), planned.cost_model))
         except UserError as err:
             fail(err)
 

@@ -10,12 +10,12 @@ plan.costs.cost_ms, plan.placement()["item_id"], plan.to_json()
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 
 from neuroshard_jax.core.types import Plan
-from neuroshard_jax.measure.calibration import CalibrateConfig, calibrated
-from neuroshard_jax.search.pipeline import enable_compilation_cache, search_plan
+from neuroshard_jax.measure.calibration import CalibrateConfig
+from neuroshard_jax.measure.polish import PolishConfig
+from neuroshard_jax.search.planner import Planner, stage_config
 from neuroshard_jax.workloads.tasks import TableSpecs, task_from_tables
 
 
@@ -32,6 +32,8 @@ def plan(
     cost_model_options: dict | None = None,
     devices: Sequence[Mapping[str, float]] | None = None,
     calibrate: bool | CalibrateConfig = False,
+    polish: bool | PolishConfig = False,
+    row_split: str = "fit",
     **options,
 ) -> Plan:
     """Shard ``tables`` over ``num_devices`` devices of ``mem_cap_gb`` GiB each (or over ``devices``:
@@ -42,15 +44,21 @@ def plan(
     with ``cost_model_options`` (``{"checkpoint": DIR}``). The same seed gives the same plan. Raises
     ``UserError`` (bad input) or ``InfeasibleError`` (the tables fit no placement). The returned plan carries
     its predicted per-device costs (``plan.costs``). Compiled search kernels are kept on disk
-    (``search.enable_compilation_cache``), so a second call on the same shapes in a new process skips compiling.
-    ``calibrate=True`` (or a ``CalibrateConfig``) first scales the cost model to this machine from measurements of
-    the tables on the real kernels (``calibrate.py``; ``plan.calibration`` says by how much).
+    (``search.pipeline.enable_compilation_cache``), so a second call on the same shapes in a new process skips
+    compiling. ``calibrate=True`` (or a ``CalibrateConfig``) first scales the cost model to this machine from
+    measurements of the tables on the real kernels (``plan.calibration`` says by how much); ``polish=True`` (or a
+    ``PolishConfig``) then improves the plan on the real kernels (``plan.polish`` records what was measured).
+    Both run the same ``Planner`` as the main job and the TorchRec adapter (``search.planner``).
     """
     task = task_from_tables(tables, num_devices, mem_cap_gb, batch_size, precision, devices)
-    enable_compilation_cache()
-    record = None
-    if calibrate:
-        config = calibrate if isinstance(calibrate, CalibrateConfig) else CalibrateConfig(name="measured")
-        cost_model_options, record = calibrated(task, cost_model, cost_model_options, config, seed)
-    found = search_plan(task, searcher, cost_model, seed, options, cost_model_options)
-    return dataclasses.replace(found, calibration=record) if record else found
+    planner = Planner(
+        searcher=searcher,
+        cost_model=cost_model,
+        seed=seed,
+        searcher_options=options,
+        cost_model_options=dict(cost_model_options or {}),
+        row_split=row_split,
+        calibrate=stage_config(CalibrateConfig, calibrate, "calibrate"),
+        polish=stage_config(PolishConfig, polish, "polish"),
+    )
+    return planner.plan(task)

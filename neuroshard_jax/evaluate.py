@@ -19,7 +19,7 @@ from neuroshard_jax.core.cli import fail, resolved, run_app
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.measure.plans import EvaluateConfig, evaluate_file
-from neuroshard_jax.measure.suite import measure_sweep
+from neuroshard_jax.search.suite import measure_sweep
 
 
 def app_config(cfg: DictConfig) -> tuple[EvaluateConfig, str | None]:

@@ -90,7 +90,7 @@ def test_each_rule_lives_in_one_function():
 
 
 # Stages from the ground up: a module imports its own stage and the ones below it, never one above.
-STAGES = ("core", "workloads", "kernels", "costs", "searchers", "search", "measure", "learn", "torchrec", "entry")
+STAGES = ("core", "workloads", "kernels", "costs", "searchers", "measure", "search", "learn", "torchrec", "entry")
 # The top level of the package: the public API, the main job and the other commands (thin Hydra mains).
 ENTRIES = {"__init__", "__main__", "api", "collect", "evaluate", "explain", "export", "loop", "stats", "train"}
 ENTRIES |= {"train_policy"}

@@ -14,6 +14,7 @@ from neuroshard_jax.costs.registry import make_cost_model
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrate, predicted_compute_ms, sample_devices, whole
 from neuroshard_jax.measure.plans import measure_devices
+from neuroshard_jax.measure.polish import PolishConfig
 from tests.conftest import make_table, make_task, run_cli
 
 
@@ -76,11 +77,20 @@ def test_the_main_job_records_and_prints_its_calibration(tmp_path):
     assert record["factor"] == pytest.approx(np.median(np.divide(record["measured_ms"], record["predicted_ms"])), 1e-2)
 
 
-def test_the_python_api_calibrates_too():
+def test_the_python_api_calibrates_and_polishes_too():
+    """The API runs the main job's planner: calibrate, search, polish, each recorded in the plan."""
     import neuroshard_jax as nsj
 
     bins = [0.6, 0.3, 0.1] + [0.0] * 14
     tables = [{"rows": 20000 + 1000 * i, "dim": 16, "pooling_factor": 4.0, "bins": bins} for i in range(6)]
     config = CalibrateConfig(name="measured", samples=2, warmup=1, iters=2, executor=ExecutorConfig())
-    plan = nsj.plan(tables, num_devices=2, searcher="size_lookup_greedy", cost_model="analytic", calibrate=config)
+    polish = PolishConfig(
+        name="measured", max_measurements=12, repeats=1, warmup=1, iters=2, anchors=1, executor=ExecutorConfig()
+    )
+    plan = nsj.plan(
+        tables, num_devices=2, searcher="size_lookup_greedy", cost_model="analytic", calibrate=config, polish=polish
+    )
     assert plan.calibration["devices"] == 2 and plan.to_json()["calibration"]["factor"] == plan.calibration["factor"]
+    assert plan.polish["measurements"] <= 12 and plan.to_json()["polish"] == plan.polish
+    with pytest.raises(nsj.UserError, match="polish: got 'yes', expected True, False or a PolishConfig"):
+        nsj.plan(tables, num_devices=2, polish="yes")

@@ -14,7 +14,7 @@ from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.torchrec_format import to_torchrec
 from neuroshard_jax.measure.explain import explanation, format_explanation
 from neuroshard_jax.search.pipeline import search_plan
-from neuroshard_jax.search.row_split import host_groups, row_blocks_of
+from neuroshard_jax.search.row_split import row_blocks_of
 
 LINKS = {"intra_host_gbps": 200.0, "inter_host_gbps": 25.0}
 
@@ -82,7 +82,7 @@ def test_the_model_scales_transfers_but_not_the_wait_for_a_late_peer():
 def test_row_blocks_stay_in_the_least_full_host_and_export_as_table_row_wise():
     tables = [Table(0, 200_000, 4, 3.0, (0.5, 0.5) + (0.0,) * 15, name="big"), *_tables(6)[1:]]
     task = Task(8, 2 / 1024, 512, tuple(tables), links=Links(200, 25, devices_per_host=4))  # 3.2 MB: no device holds it
-    assert host_groups(task) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert task.host_groups() == [[0, 1, 2, 3], [4, 5, 6, 7]]
     blocks = row_blocks_of(task, [0], within_host=True)
     assert [s.device for s in blocks] == [0, 1, 2, 3] and sum(s.num_rows for s in blocks) == 200_000
     assert [s.device for s in row_blocks_of(task, [0])] == list(range(8))
@@ -93,7 +93,7 @@ def test_row_blocks_stay_in_the_least_full_host_and_export_as_table_row_wise():
     types = {name: p.sharding_type for name, p in to_torchrec(within, device="cpu").plan[""].items()}
     assert types["big"] == "table_row_wise"
     one_host = Task(8, 2 / 1024, 512, tuple(tables))
-    assert host_groups(one_host) is None and one_host.local_size() is None
+    assert one_host.host_groups() is None and one_host.local_size() is None
 
 
 def test_torchrec_planner_sees_the_hosts_and_explain_says_how_comm_is_scaled():

@@ -1,6 +1,6 @@
-"""Plans pinned for a few (searcher, seed) pairs: a refactor must not change them. A change of the cost model,
-a searcher or the task generator that changes them on purpose re-pins them (``python -m tests.test_pinned_plans``
-rewrites tests/data/pinned_plans.json) and says so in its commit."""
+"""Plans pinned for a few (searcher, seed) pairs, made by the main job's planner: a refactor must not change
+them. A change of the cost model, a searcher or the task generator that changes them on purpose re-pins them
+(``python -m tests.test_pinned_plans`` rewrites tests/data/pinned_plans.json) and says so in its commit."""
 
 import json
 import sys
@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 
-from neuroshard_jax.__main__ import main_config
-from neuroshard_jax.search.pipeline import shard_task
+from neuroshard_jax.__main__ import main_config, planner_of
 from neuroshard_jax.workloads.tasks import make_task
 
 PINS = Path(__file__).parent / "data" / "pinned_plans.json"
@@ -21,9 +20,7 @@ def plan_of(searcher: str, seed: int, overrides: list[str]) -> dict:
         cfg = compose(config_name="config", overrides=[f"searcher={searcher}", f"seed={seed}", *overrides])
     config = main_config(cfg)
     task = make_task(config.task, config.task.seed)
-    result = shard_task(
-        task, searcher, config.cost_model["name"], seed, config.options("searcher"), config.options("cost_model")
-    )
+    result = planner_of(config).plan(task).to_json()  # the main job's planner
     return {
         "searcher": searcher,
         "seed": seed,

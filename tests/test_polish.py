@@ -15,6 +15,7 @@ from neuroshard_jax.core.types import Links, Plan
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.measure.plans import device_key, device_tables
 from neuroshard_jax.measure.polish import PolishConfig, polish_plan, proposals, step_anchors
+from neuroshard_jax.search.planner import Planner
 from tests.conftest import make_table, make_task
 
 
@@ -86,18 +87,22 @@ def test_polishing_an_unbalanced_plan_on_the_kernels():
 
 
 def test_a_balanced_plan_is_never_made_worse():
-    """Real kernels: polishing a plan already spread by a greedy baseline returns a plan whose fresh measurement
-    is no slower than the plan as it came (changes the fresh measurement does not confirm are undone)."""
-    from neuroshard_jax.costs.registry import make_cost_model
+    """Real kernels, through the one planner (the main job's, the API's, the TorchRec adapter's): polishing a plan
+    already spread by a greedy baseline returns a plan whose fresh measurement is no slower than the plan as it came
+    (changes the fresh measurement does not confirm are undone)."""
     from neuroshard_jax.search.pipeline import search_plan
 
     task = _task()
-    plan = search_plan(task, "size_lookup_greedy", "analytic", 0)
     # one anchor: room in 24 measurements for a measured step besides both plans' fresh re-measurement
     config = PolishConfig(
         name="measured", max_measurements=24, repeats=2, warmup=1, iters=3, anchors=1, executor=ExecutorConfig()
     )
-    record = polish_plan(plan, make_cost_model("analytic", task), config).polish
+    planned = Planner(searcher="size_lookup_greedy", cost_model="analytic", polish=config).run(task)
+    record = planned.plan.polish
+    assert planned.plan.searcher == "size_lookup_greedy" and planned.plan.calibration is None
+    assert planned.cost_model.name == "analytic" and planned.plan.costs is not None
+    if record["changes_kept"] == 0 or record["reverted"]:  # nothing kept: the searcher's own plan comes back
+        assert assignment(planned.plan) == assignment(search_plan(task, "size_lookup_greedy", "analytic", 0))
     assert record["measured_compute_ms"] <= record["unpolished_measured_compute_ms"]
     if record["reverted"]:
         assert record["rejected_measured_compute_ms"] > record["unpolished_measured_compute_ms"]

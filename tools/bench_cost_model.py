@@ -70,7 +70,7 @@ def spearman(a, b) -> float:
 
 
 def plan_metrics(sweep: str, checkpoint: str) -> dict:
-    from neuroshard_jax.measure.suite import MEASURED, RESULTS, SETTINGS, find_runs, suite_task
+    from neuroshard_jax.search.suite import MEASURED, RESULTS, SETTINGS, find_runs, suite_task
 
     rows = []
     for run in find_runs(sweep):

@@ -252,6 +252,14 @@ class Task:
         regular = self.num_devices % local == 0 and all(h == hosts[(d // local) * local] for d, h in enumerate(hosts))
         return local if regular and len(set(hosts)) == self.num_devices // local else None
 
+    def host_groups(self) -> list[list[int]] | None:
+        """Each host's devices, where the task spans several hosts of the same size holding consecutive devices (the
+        layout TorchRec's ``table_row_wise`` runs on); None otherwise."""
+        local = self.local_size()
+        if local is None:
+            return None
+        return [list(range(h * local, (h + 1) * local)) for h in range(self.num_devices // local)]
+
     @property
     def multi_host(self) -> bool:
         """Whether the devices sit in more than one host (the comm is then scaled by ``comm_scale``)."""

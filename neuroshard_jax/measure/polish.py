@@ -38,7 +38,6 @@ from neuroshard_jax.costs.registry import expected_cost_model
 from neuroshard_jax.costs.scoring import plan_dim_sums, rows_arrays, score_plan, score_plans_devices, with_costs
 from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, open_executor
 from neuroshard_jax.measure.plans import Measuring, device_key, device_tables, measure_comm, measure_tables
-from neuroshard_jax.search.row_split import host_groups
 
 MODES = ("off", "measured")
 POLISHED = "+polish"  # in benchmarks, a searcher name with this suffix: its plan polished (polish=measured)
@@ -207,8 +206,8 @@ def proposals(plan: Plan, slow: int, rng: np.random.Generator, count: int) -> li
 
 def _row_layouts(task, blocks: tuple, slow: int) -> list[tuple]:
     """The row blocks with one whole-width row-split table that has a block on ``slow`` laid out over every device
-    or over another host's devices (``row_split.host_groups``); none on one host."""
-    groups = host_groups(task)
+    or over another host's devices (``Task.host_groups``); none on one host."""
+    groups = task.host_groups()
     if groups is None:
         return []
     out = []

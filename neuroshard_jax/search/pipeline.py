@@ -12,10 +12,10 @@ from neuroshard_jax.core.constraints import KEYS, conflicts, has_constraints
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.sharding import merge_colocated
 from neuroshard_jax.core.types import Device, Plan, Task
+from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model, split_calibration
 from neuroshard_jax.costs.scoring import score_plan, score_plans, single_shard_costs, with_costs
 from neuroshard_jax.search.row_split import (
-    host_groups,
     hot_tables,
     join,
     rest_task,
@@ -46,11 +46,14 @@ def search_plan(
     searcher_options: dict | None = None,
     cost_model_options: dict | None = None,
     row_split: str = "fit",
+    model: CostModel | None = None,
 ) -> Plan:
     """Search a plan for ``task``: validated, with its costs predicted by ``cost_model`` and its provenance.
-    ``row_split``: which tables row blocks are tried for (``row_split.py``: fit | hot | off)."""
+    ``row_split``: which tables row blocks are tried for (``row_split.py``: fit | hot | off); ``model``: the cost
+    model already built for ``task`` from ``cost_model`` and its options (built here if None)."""
     check_feasible(task)
-    model = make_cost_model(cost_model, task, cost_model_options)
+    if model is None:
+        model = make_cost_model(cost_model, task, cost_model_options)
     algorithm = make_searcher(searcher, searcher_options)
     if has_constraints(task.tables):
         check_constraints(task, searcher, algorithm)
@@ -63,7 +66,7 @@ def search_plan(
         choices = row_split_choices(task, row_split, hot)
     plans, refusal = [], None
     # on several hosts a table's row blocks may also stay within one host (TorchRec's table_row_wise)
-    ways = (False, True) if host_groups(task) is not None else (False,)
+    ways = (False, True) if task.host_groups() is not None else (False,)
     runs = [(split, within_host) for split in choices for within_host in (ways if split else (False,))]
     budget = getattr(algorithm, "budget_s", None)
     for i, (split, within_host) in enumerate(runs):

@@ -104,7 +104,7 @@ def row_blocks_of(task: Task, tables: Sequence[int], within_host: bool = False) 
     ``within_host``: over the devices of one host instead (``table_row_wise``: the table's ids and partial sums
     stay on the host's fast links), the host whose devices are least full after the blocks, largest table first;
     a table no host holds is cut over every device."""
-    groups = host_groups(task) if within_host else None
+    groups = task.host_groups() if within_host else None
     if groups is None:
         devices = range(task.num_devices)
         return tuple(s for t in tables for s in row_shards(t, task.tables[t].rows, task.tables[t].dim, devices))
@@ -146,15 +146,6 @@ def settle(task: Task, tables: Sequence[int], within_host: bool = False) -> tupl
         if not more:
             return tuple(sorted(split))
         split |= more
-
-
-def host_groups(task: Task) -> list[list[int]] | None:
-    """Each host's devices, where the task spans several hosts of the same size holding consecutive devices (the
-    layout TorchRec's ``table_row_wise`` runs on); None otherwise."""
-    local = task.local_size()
-    if local is None:
-        return None
-    return [list(range(h * local, (h + 1) * local)) for h in range(task.num_devices // local)]
 
 
 def rest_task(task: Task, blocks: Sequence[Shard]) -> tuple[Task, list[int]]:

@@ -41,7 +41,9 @@ from neuroshard_jax.core.plan_file import format_plan
 from neuroshard_jax.core.types import Plan, row_blocks_json
 from neuroshard_jax.costs.registry import usable_cost_model
 from neuroshard_jax.kernels.torchrec_format import module_plan
-from neuroshard_jax.search.pipeline import enable_compilation_cache, search_plan
+from neuroshard_jax.measure.calibration import CalibrateConfig
+from neuroshard_jax.measure.polish import PolishConfig
+from neuroshard_jax.search.planner import Planner, stage_config
 from neuroshard_jax.workloads.statistics import (
     DEFAULT_ZIPF,
     ROW_BLOCK_COUNTS,
@@ -124,8 +126,9 @@ class NeuroShardPlanner(ShardingPlanner):
     ``stats``: per table statistics (``batch_statistics``, a list of TableStats, or a statistics file's path),
     taken at the planning batch; ``pooling_factors``: per table (or feature) for tables without statistics,
     estimated with a Zipf law of exponent ``zipf``. ``searcher``/``searcher_options``, ``cost_model``/
-    ``cost_model_options`` and ``seed`` as in ``neuroshard_jax.plan``. After ``plan``, ``last_plan`` holds our
-    ``Plan`` (predicted costs, ``to_json()``).
+    ``cost_model_options``, ``calibrate``, ``polish``, ``row_split`` and ``seed`` as in ``neuroshard_jax.plan``: every
+    plan runs the one ``Planner`` (calibrate -> row split -> search -> polish). After ``plan``, ``last_plan`` holds
+    our ``Plan`` (predicted costs, ``to_json()``).
     """
 
     def __init__(
@@ -142,6 +145,9 @@ class NeuroShardPlanner(ShardingPlanner):
         searcher_options: dict | None = None,
         cost_model: str = "neural",
         cost_model_options: dict | None = None,
+        calibrate: bool | CalibrateConfig = False,
+        polish: bool | PolishConfig = False,
+        row_split: str = "fit",
         seed: int = 0,
         compute_kernel: str = "fused",
         verbose: bool = True,
@@ -156,6 +162,9 @@ class NeuroShardPlanner(ShardingPlanner):
         self.zipf = zipf
         self.searcher, self.searcher_options = searcher, dict(searcher_options or {})
         self.cost_model, self.cost_model_options = cost_model, cost_model_options
+        self.calibrate = stage_config(CalibrateConfig, calibrate, "calibrate")
+        self.polish = stage_config(PolishConfig, polish, "polish")
+        self.row_split = row_split
         self.seed = seed
         self.compute_kernel = compute_kernel
         self.verbose = verbose
@@ -253,10 +262,19 @@ class NeuroShardPlanner(ShardingPlanner):
         devices = None if len(set(caps)) == 1 else [{"mem_cap_gb": c} for c in caps]
         task = task_from_tables(specs, len(caps), max(caps), self.planning_batch, precision, devices)
         name, options, warning = usable_cost_model(self.cost_model, self.cost_model_options, task)
-        enable_compilation_cache()
         if warning and self.verbose:
             print(f"warning: {warning}", file=sys.stderr)
-        ours = search_plan(task, self.searcher, name, self.seed, self.searcher_options, options)
+        planner = Planner(
+            searcher=self.searcher,
+            cost_model=name,
+            seed=self.seed,
+            searcher_options=self.searcher_options,
+            cost_model_options=dict(options or {}),
+            row_split=self.row_split,
+            calibrate=self.calibrate,
+            polish=self.polish,
+        )
+        ours = planner.plan(task)
         self.last_plan = ours
         if self.verbose:
             print(format_plan(ours.to_json()), file=sys.stderr)
