@@ -9,52 +9,15 @@ Settings live in conf/train.yaml.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, resolved, run_app
-from neuroshard_jax.core.config import typed
+from neuroshard_jax.core.cli import fail, run_app
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.costs.ensemble import EnsembleConfig
-from neuroshard_jax.costs.neural import NetConfig
 from neuroshard_jax.costs.registry import checkpoint_path
-from neuroshard_jax.learn.fit import TrainConfig, train_ensemble, train_models
-
-FAMILIES = ("ensemble", "mlp")
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainAppConfig:
-    """conf/train.yaml."""
-
-    family: str = "ensemble"
-    datasets: tuple[str, ...] = (
-        "neuroshard_jax/data/profiles/cpu-b4096",
-        "neuroshard_jax/data/profiles/xeon-specs",
-        "neuroshard_jax/data/profiles/xeon-plans",
-    )
-    out: str = "checkpoints/xeon-union"
-    name: str = "xeon-union"
-    net: NetConfig = NetConfig()
-    ensemble: EnsembleConfig = EnsembleConfig()
-    train: TrainConfig = TrainConfig()
-    allow_mixed_hardware: bool = False  # datasets measured on different processors (refused by default)
-    init: str | None = None  # ensemble: fine-tune this checkpoint (a shipped name or a directory)
-
-    def __post_init__(self):
-        if self.family not in FAMILIES:
-            raise UserError(f"family: got {self.family!r}, expected one of {', '.join(FAMILIES)}")
-        if not self.datasets:
-            raise UserError("datasets: got [], expected at least one dataset directory")
-        if self.init and self.family != "ensemble":
-            raise UserError(f"init: got {self.init!r}, but only family=ensemble fine-tunes; expected null")
-
-
-def app_config(cfg: DictConfig) -> TrainAppConfig:
-    return typed(TrainAppConfig, resolved(cfg))
+from neuroshard_jax.learn.fit import app_config, train_ensemble, train_models
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="train")

@@ -108,9 +108,9 @@ class RandomSearch:
     room. Samples that run out of room are redrawn (up to ``max_attempts_per_sample`` each).
     """
 
-    num_samples: int = 64
-    column_wise: bool = True
-    max_halvings: int = 2
+    num_samples: int = 64  # plans drawn (K)
+    column_wise: bool = True  # also draw random column splits
+    max_halvings: int = 2  # a table is split into at most 2^max_halvings column shards
     max_attempts_per_sample: int = 20
     constraints: ClassVar[tuple[str, ...]] = CONSTRAINT_KEYS
 

@@ -201,10 +201,11 @@ class BeamSearch(GridConfig):
     speed (how many candidates fit), not only on the task and the model.
     """
 
-    k: int = 3
-    n: int = 10
-    max_length: int = 10
-    column_wise: bool = True
+    k: int = 3  # beam width
+    n: int = 10  # candidates per plan: top-n tables by shard size and by predicted compute (union)
+    max_length: int = 10  # halving steps at most
+    column_wise: bool = True  # false: no column splits (ablation; the grid search's plan)
+    # seconds: a level scores only the candidates left time allows (thousands of tables); null: none
     budget_s: float | None = None
     constraints: ClassVar[tuple[str, ...]] = CONSTRAINT_KEYS
 

@@ -37,6 +37,11 @@ def searcher_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def registered() -> dict[str, type]:
+    """Every registered searcher's class (its fields: the searcher's options and their defaults), by name."""
+    return dict(sorted(_REGISTRY.items()))
+
+
 def make_searcher(name: str, options: dict | None = None) -> Searcher:
     """Construct a registered searcher with ``options`` (its config fields); unknown names or options raise."""
     if name not in _REGISTRY:

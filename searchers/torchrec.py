@@ -58,7 +58,7 @@ class TorchRecSearch:
     timeout_s: float = 600.0
     # heuristic: TorchRec's default reservation (15% plus its estimate of input and dense storage);
     # percent: a flat 15% (tiny, very hot tables make the heuristic reserve GBs for inputs and find no plan)
-    reservation: str = "heuristic"
+    reservation: str = "heuristic"  # heuristic: TorchRec's default (15% + inputs + dense) | percent: a flat 15%
     # what TorchRec's ParameterConstraints can say; pin, exclude and colocate it cannot (refused in one line)
     constraints: ClassVar[tuple[str, ...]] = ("no_split", "max_shards")
     # the search stage's row splits (row_split.py) are not applied: TorchRec's planner picks its own sharding types

@@ -76,8 +76,8 @@ def test_memory_units_stay_within_int32_and_round_safely():
     ],
 )
 def test_overrides_are_checked_before_any_work(capsys, argv, fragment):
-    from neuroshard_jax.__main__ import main_config
     from neuroshard_jax.core.cli import check_command_line
+    from neuroshard_jax.search.job import main_config
 
     _exit_2(capsys, lambda: check_command_line("config", argv, main_config), fragment)
 

@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from neuroshard_jax.__main__ import main_config
 from neuroshard_jax.core.cli import check_command_line
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.evaluate import app_config as evaluate_config
 from neuroshard_jax.learn.collect import config_from as collect_config
 from neuroshard_jax.learn.policy_training import app_config as policy_config
+from neuroshard_jax.search.job import main_config
 from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.torchrec.export import app_config as export_config
 from neuroshard_jax.train import app_config as train_config

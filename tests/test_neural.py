@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
 
-from neuroshard_jax.__main__ import main_config
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.types import Plan
 from neuroshard_jax.costs.checkpoints import load_checkpoint, save_checkpoint
@@ -19,6 +18,7 @@ from neuroshard_jax.costs.neural import NetConfig, init_nets, neural_fns
 from neuroshard_jax.costs.registry import NeuralConfig, make_cost_model
 from neuroshard_jax.costs.scoring import plan_arrays
 from neuroshard_jax.learn.fit import kendall_tau, mape
+from neuroshard_jax.search.job import main_config
 from neuroshard_jax.search.pipeline import shard_task
 from neuroshard_jax.workloads.tasks import load_task
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 
-from neuroshard_jax.__main__ import main_config, planner_of
+from neuroshard_jax.search.job import main_config, planner_of
 from neuroshard_jax.workloads.tasks import make_task
 
 PINS = Path(__file__).parent / "data" / "pinned_plans.json"

@@ -40,7 +40,7 @@ __all__ = ["Device", "Links", "Plan", "PlanCosts", "RowBlockStats", "Shard", "Ta
 class PoolSpec:
     """How to obtain a pool; stored in task files so that streams can be regenerated."""
 
-    source: str = "synthetic"
+    source: str = "synthetic"  # synthetic (from the seed) | dlrm (a DLRM benchmark file at pool.path)
     seed: int = 0
     num_tables: int = 856
     path: str | None = None

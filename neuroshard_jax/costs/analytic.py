@@ -64,12 +64,12 @@ ANALYTIC_FNS = CostFns(_analytic_embed, _analytic_head, _analytic_bwd_comm, _ana
 
 @dataclasses.dataclass(frozen=True)
 class AnalyticConfig:
-    mem_bw_gbps: float = C.ANALYTIC_MEM_BW_GBPS
-    bwd_fwd_ratio: float = C.ANALYTIC_BWD_FWD_RATIO
-    kernel_overhead_ms: float = C.ANALYTIC_KERNEL_OVERHEAD_MS
-    table_overhead_ms: float = C.ANALYTIC_TABLE_OVERHEAD_MS
-    comm_bw_gbps: float = C.ANALYTIC_COMM_BW_GBPS
-    comm_latency_ms: float = C.ANALYTIC_COMM_LATENCY_MS
+    mem_bw_gbps: float = C.ANALYTIC_MEM_BW_GBPS  # GB/s of row gathers and updates
+    bwd_fwd_ratio: float = C.ANALYTIC_BWD_FWD_RATIO  # backward bytes over forward bytes
+    kernel_overhead_ms: float = C.ANALYTIC_KERNEL_OVERHEAD_MS  # per fused TBE call (fwd + bwd)
+    table_overhead_ms: float = C.ANALYTIC_TABLE_OVERHEAD_MS  # per table in the fused kernel
+    comm_bw_gbps: float = C.ANALYTIC_COMM_BW_GBPS  # all-to-all GB/s per device
+    comm_latency_ms: float = C.ANALYTIC_COMM_LATENCY_MS  # per all-to-all
 
 
 def analytic_params(batch_size: int, precision: str, config: AnalyticConfig = AnalyticConfig()) -> AnalyticParams:

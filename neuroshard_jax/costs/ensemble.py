@@ -64,15 +64,15 @@ BIN_MID = np.sqrt(_lo * np.minimum(_hi, 4 * _lo)).astype(np.float32)  # a typica
 class EnsembleConfig:
     """conf/train.yaml ``ensemble:``."""
 
-    members: int = 5
-    hidden: tuple[int, ...] = (64, 64)
+    members: int = 5  # K nets, stacked parameters, one vmapped call; their spread flags unfamiliar inputs
+    hidden: tuple[int, ...] = (64, 64)  # the correction MLP per shard: 28 physics inputs -> 64 -> 64 -> 1
     latent: int = 8  # per-shard latent the device head pools (interactions between a device's shards)
-    head_hidden: tuple[int, ...] = (32,)
+    head_hidden: tuple[int, ...] = (32,)  # device head: mean latent + log count + log roofline -> 32 -> 1
     max_correction: float = 1.1  # C: the net moves a shard's cost by at most exp(+-C) (3x) from its roofline
     max_device_correction: float = 0.7  # the device head moves the device's sum by at most exp(+-0.7) (2x)
     max_label_spread: float = 0.25  # drop training records whose timed runs spread more (IQR / median)
     max_dataset_weight: float = 1.0  # a smaller dataset may count up to this many times per record
-    comm: NetConfig = NetConfig()
+    comm: NetConfig = NetConfig()  # the comm nets (as family=mlp)
 
 
 def physics(feats, batch_size):

@@ -168,12 +168,15 @@ def _resolve(name: str, options: dict | None) -> tuple[str, dict | None]:
     )
 
 
+NO_CALIBRATION = 1.0  # a cost model's calibration factor as trained: every device's compute as predicted
+
+
 def split_calibration(options: dict | None) -> tuple[float, dict | None]:
     """``options``' ``calibration`` (this machine's measured / predicted compute, ``calibrate.py``; 1: none) and
     the rest of them, the model family's own."""
     rest = dict(options or {})
     factor = rest.pop("calibration", None)
-    factor = 1.0 if factor is None else factor
+    factor = NO_CALIBRATION if factor is None else factor
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < float("inf"):
         raise UserError(
             f"cost_model.calibration: got {factor!r}, expected a finite number > 0 (measured / predicted compute)"

@@ -395,16 +395,16 @@ class SpecSamplerConfig:
 
     min_tables: int = 1
     max_tables: int = 16
-    log10_rows: tuple[float, float] = (2.0, 7.0)
-    log10_pooling: tuple[float, float] = (-0.5, 2.4)
+    log10_rows: tuple[float, float] = (2.0, 7.0)  # rows log-uniform over 1e2..1e7
+    log10_pooling: tuple[float, float] = (-0.5, 2.4)  # pooling factor log-uniform over 0.3..250
     dims: tuple[int, ...] = (8, 16, 32, 64, 128)
     batch_sizes: tuple[int, ...] = (2048, 4096, 4096, 8192)
-    max_zipf: float = 1.6
+    max_zipf: float = 1.6  # Zipf exponents uniform in [0, max_zipf] (0: uniform access)
     hot_share: float = 0.25  # share of tables with a hot set instead of a Zipf law
-    split_share: float = 0.35
-    mem_cap_gb: float = 2.0
+    split_share: float = 0.35  # samples holding every column slice (2, 4 or 8) of one to three tables
+    mem_cap_gb: float = 2.0  # weights are initialised in full: memory is most of a sample's time
     precision: str = "fp32"
-    row_share: float = 0.0
+    row_share: float = 0.0  # samples holding a row block (one of 2, 4 or 8) of one or two of their tables
 
     def __post_init__(self):
         if not 0.0 <= self.row_share <= 1.0:
@@ -483,7 +483,7 @@ class CommSamplerConfig:
     max_tables: int = 60
     dims: tuple[int, ...] = (4, 8, 16, 32, 64, 128)
     max_delay_ms: float = 20.0
-    row_share: float = 0.0
+    row_share: float = 0.0  # share of samples with row groups (reduce-scatters of row-split tables: row_comm.py)
 
     def __post_init__(self):
         if not 0.0 <= self.row_share <= 1.0:

@@ -54,25 +54,32 @@ KINDS = ("compute", "comm", "plans")
 
 @dataclasses.dataclass(frozen=True)
 class CollectConfig:
+    # compute: fused TBE fwd+bwd of sampled shards | comm: all-to-all of sampled dim sums | plans: the devices of
+    # searched plans and their variants (plans:, below)
     kind: str = "compute"
+    # compute shards of: pool (the calibrated pool, at batch_size) | specs (table specs, see specs:)
     source: str = "pool"
     num_samples: int = 100
     seed: int = 0
-    device: str = "cpu"
+    device: str = "cpu"  # cpu (fbgemm-gpu-cpu, gloo) | cuda (fbgemm-gpu, NCCL)
     executor: ExecutorConfig = ExecutorConfig()  # where the kernels run (conf/executor/): local or ray
-    timeout_s: float = 300.0
+    timeout_s: float = 300.0  # per compute sample; a comm launch gets a share per request
     out_dir: str = "datasets/cpu-b4096"
     batch_size: int = 4096
     pool: PoolSpec = PoolSpec()
-    optimizer: str = "exact_sgd"
-    precision: str = "fp32"
+    optimizer: str = "exact_sgd"  # exact_sgd (the paper) | exact_row_wise_adagrad | exact_adagrad | sgd
+    precision: str = "fp32"  # weights: fp32 | fp16 | bf16
     warmup: int = 5
-    iters: int = 10
+    iters: int = 10  # timed iterations; the label is the median
+    # compute shards: min..max table configs, dims augmented, total within memory
     sampler: ComputeSamplerConfig = ComputeSamplerConfig()
+    # source=specs: table specs over the whole range, each sample at its own batch size
     specs: SpecSamplerConfig = SpecSamplerConfig()
+    # comm samples: N devices, dim sums of 10..60 tables at varied balance, delays
     comm: CommSamplerConfig = CommSamplerConfig()
+    # kind=plans: num_samples tasks per round of the training side, searched and measured
     plans: PlanLabelConfig = PlanLabelConfig()
-    comm_chunk: int = 20
+    comm_chunk: int = 20  # comm requests per launch of the rank processes
     progress: bool = True
     pin: bool = True  # each local CPU kernel worker on a core of its own: 13% less label noise at no cost
 

@@ -19,10 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from omegaconf import DictConfig
 from scipy.optimize import nnls
 from tqdm import tqdm
 
-from neuroshard_jax.core.config import above_zero, at_least
+from neuroshard_jax.core.cli import resolved
+from neuroshard_jax.core.config import above_zero, at_least, typed
 from neuroshard_jax.core.constants import MIN_CPU_SHARE
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_FEATURES, feature_matrix
@@ -52,6 +54,7 @@ from neuroshard_jax.costs.ensemble import (
 )
 from neuroshard_jax.costs.neural import (
     FeatureStats,
+    NetConfig,
     NeuralParams,
     comm_time,
     fit_stats,
@@ -67,7 +70,7 @@ from neuroshard_jax.workloads.streams import block_statistics, request_spec
 class TrainConfig:
     epochs: int = 300
     batch_size: int = 32  # small batches generalise better here (test MAPE 7.4% vs 11.5% at 256)
-    learning_rate: float = 3e-3
+    learning_rate: float = 3e-3  # AdamW, cosine decay to final_lr_fraction x this
     weight_decay: float = 1e-4  # AdamW
     final_lr_fraction: float = 0.01  # cosine decay of the learning rate to this fraction at the last epoch
     seed: int = 0
@@ -689,3 +692,38 @@ def train_ensemble(
     }
     save_ensemble(out, ens_config, params, meta)
     return report
+
+
+FAMILIES = ("ensemble", "mlp")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainAppConfig:
+    """conf/train.yaml."""
+
+    family: str = "ensemble"  # ensemble: physics roofline x bounded correction, K members | mlp: the first model
+    datasets: tuple[str, ...] = (  # collect out_dirs (compute.jsonl; comm.jsonl from the first that has one)
+        "neuroshard_jax/data/profiles/cpu-b4096",
+        "neuroshard_jax/data/profiles/xeon-specs",
+        "neuroshard_jax/data/profiles/xeon-plans",
+    )
+    out: str = "checkpoints/xeon-union"  # the orbax checkpoint directory (replaced)
+    name: str = "xeon-union"
+    # family=mlp, the paper's sizes: table MLP 21 -> 128 -> 32, head (32 + log count) -> 64 -> 1
+    net: NetConfig = NetConfig()
+    ensemble: EnsembleConfig = EnsembleConfig()
+    train: TrainConfig = TrainConfig()
+    allow_mixed_hardware: bool = False  # datasets measured on different processors (refused by default)
+    init: str | None = None  # ensemble: fine-tune this checkpoint (a shipped name or a directory)
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise UserError(f"family: got {self.family!r}, expected one of {', '.join(FAMILIES)}")
+        if not self.datasets:
+            raise UserError("datasets: got [], expected at least one dataset directory")
+        if self.init and self.family != "ensemble":
+            raise UserError(f"init: got {self.init!r}, but only family=ensemble fine-tunes; expected null")
+
+
+def app_config(cfg: DictConfig) -> TrainAppConfig:
+    return typed(TrainAppConfig, resolved(cfg))

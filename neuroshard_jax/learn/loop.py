@@ -43,14 +43,15 @@ class LoopConfig:
     out: str = "runs/loop"
     rounds: int = 3
     tasks: int = 30  # tasks per round (each: every searcher's plan + ``plans.variants`` variants)
-    start_model: str = "xeon-union"
+    start_model: str = "xeon-union"  # model 0: a shipped name or a checkpoint directory
     base_datasets: tuple[str, ...] = ()  # datasets of this machine's kind (checked before measuring)
     label_weight: float = 2.0  # loss weight of a plan label against a base record
-    scratch: bool = False
+    scratch: bool = False  # also train from scratch on the union after the last round (reported)
     allow_mixed_hardware: bool = False  # train on base datasets measured on another kind of hardware than the labels
+    # as conf/collect.yaml (kind=plans); plans.round and plans.model are set per round
     collect: CollectConfig = CollectConfig(kind="plans")
     executor: ExecutorConfig = ExecutorConfig(workers=2)  # where the plans are measured (conf/executor/)
-    ensemble: EnsembleConfig = EnsembleConfig()
+    ensemble: EnsembleConfig = EnsembleConfig()  # as conf/train.yaml (a fine-tune keeps the checkpoint's own net sizes)
     finetune: TrainConfig = TrainConfig(epochs=60, learning_rate=1e-3)
 
     def __post_init__(self):

@@ -59,7 +59,7 @@ PERTURBATIONS = ("move", "swap", "halve", "merge")
 class PlanLabelConfig:
     """conf/collect.yaml ``plans:``."""
 
-    round: int = 0
+    round: int = 0  # rows record it; each round draws its own tasks
     model: str = "xeon-union"  # a shipped model's name or a checkpoint directory
     searchers: tuple[str, ...] = (
         "beam",
@@ -71,7 +71,7 @@ class PlanLabelConfig:
         "size_lookup_greedy",
         "torchrec",
     )
-    sources: tuple[str, ...] = SOURCES
+    sources: tuple[str, ...] = SOURCES  # the pool's train half | the spec sampler (specs:), alternating
     num_devices: tuple[int, ...] = (4, 8)
     min_tables: int = 10
     max_tables: int = 40
@@ -79,9 +79,9 @@ class PlanLabelConfig:
     max_device_gib: float = 4.0  # spec tasks: a device's weights stay measurable beside a second worker
     candidates: int = 48  # perturbed variants drawn per searched plan
     variants: int = 8  # of which this many per task are measured
-    select: str = "spread"
+    select: str = "spread"  # spread: the near-best variants the ensemble is least sure of | random
     near: float = 0.1  # near-best: predicted within this fraction of the task's best plan
-    comm: bool = True
+    comm: bool = True  # also each plan's all-to-all (comm.jsonl)
     references: int = 0  # records of ``reference`` measured with every ``chunk`` devices: each label's ``speed``
     reference: str = ""  # a compute dataset of this machine's kind (drift.py)
     chunk: int = 64

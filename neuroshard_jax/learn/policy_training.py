@@ -311,11 +311,11 @@ class TrainPolicyAppConfig:
     """conf/train_policy.yaml. ``cost_model``: the neural checkpoint to start from (None: the shipped one)."""
 
     out: str = "checkpoints/policy"
-    cost_model: str | None = None
+    cost_model: str | None = None  # the neural cost model checkpoint to start from (null: the shipped one)
     policy: PolicyConfig = PolicyConfig()
     train: PolicyTrainConfig = PolicyTrainConfig()
-    tasks: TaskSetConfig = TaskSetConfig()
-    refine: RefineConfig = RefineConfig()
+    tasks: TaskSetConfig = TaskSetConfig()  # training tasks: the train half of the pool
+    refine: RefineConfig = RefineConfig()  # hardware in the loop, per round
     executor: ExecutorConfig = ExecutorConfig()  # where refinement measures its plans (conf/executor/)
 
 

@@ -44,7 +44,7 @@ class CalibrateConfig(Measuring):
     warmup: int = 5  # the label protocol, which the models predict
     iters: int = 10
     executor: ExecutorConfig = ExecutorConfig(workers=2)  # the main job's executor (conf/executor/)
-    device: str = "cpu"
+    device: str = "cpu"  # cpu (FBGEMM CPU) | cuda (FBGEMM GPU)
     timeout_s: float = 600.0
 
     def __post_init__(self):

@@ -42,12 +42,12 @@ from neuroshard_jax.costs.scoring import plan_arrays, score_plan, score_plans, s
 class ExplainConfig:
     """conf/explain.yaml."""
 
-    plan: str | None = None
-    base: str | None = None
-    model: str = "neural"
-    top: int = 5
-    chart: bool = True
-    other_share: float = 0.03
+    plan: str | None = None  # the plan.json to explain
+    base: str | None = None  # another plan.json of the same task: print what changed between them instead
+    model: str = "neural"  # the cost model whose predictions explain the plan (analytic, neural or a shipped name)
+    top: int = 5  # how many of the slowest device's tables to name
+    chart: bool = True  # write PLAN.png beside the plan: a stacked bar per device of its tables' compute
+    other_share: float = 0.03  # tables below this share of every device's compute are drawn as "other"
 
     def __post_init__(self):
         at_least(self, 1, ("top",))

@@ -34,7 +34,7 @@ class EvaluateConfig:
     """conf/evaluator/default.yaml (``plan``: the plan.json that ``python -m neuroshard_jax.evaluate`` measures)."""
 
     plan: str | None = None
-    device: str = "cpu"
+    device: str = "cpu"  # cpu (fbgemm-gpu-cpu + gloo) | cuda (fbgemm-gpu + NCCL)
     executor: ExecutorConfig = ExecutorConfig()  # where the kernels run (conf/executor/): local processes or Ray
     timeout_s: float = 600.0
     optimizer: str = "exact_sgd"

@@ -51,13 +51,13 @@ class PolishConfig(Measuring):
 
     name: str = "off"
     max_measurements: int = 60  # device measurements, every repeat counted, the final re-measurement included
-    budget_s: float = 600.0
+    budget_s: float = 600.0  # wall-clock budget of the polishing loop
     repeats: int = 2  # interleaved runs per device measurement; the figure is their median
-    warmup: int = 2
+    warmup: int = 2  # the cheaper protocol (the label protocol: 5 warm-ups, 10 iterations)
     iters: int = 5
     executor: ExecutorConfig = ExecutorConfig(workers=2)  # the main job's executor (conf/executor/)
     pin: bool = True  # local CPU workers each on a core of their own (less noise; conf/collect.yaml's protocol)
-    device: str = "cpu"
+    device: str = "cpu"  # cpu (FBGEMM CPU, gloo) | cuda (FBGEMM GPU, NCCL)
     candidates: int = 64  # proposals ranked per step
     tries: int = 8  # of which the best this many are measured (best first) before polishing stops
     anchors: int = 3  # devices re-measured with each step for its drift factor: the slowest, then the next slowest

@@ -47,8 +47,9 @@ PLAN_CACHE = "plan_measurements.jsonl"  # in the sweep directory: measurements b
 class SuiteConfig:
     tasks: int = 50  # tasks per device count
     devices: tuple[int, ...] = (4, 8)
-    first_seed: int = 20_000  # task seeds first_seed .. first_seed + tasks - 1
-    chunk: int = 25  # plans searched (and measured, with evaluate=true) per batch
+    # task seeds first_seed .. first_seed + tasks - 1: held-out tasks, the same in tools/bench_search
+    first_seed: int = 20_000
+    chunk: int = 25  # plans searched (and measured, with evaluate=true) per batch; a stopped run resumes
 
     def __post_init__(self):
         object.__setattr__(self, "devices", tuple(self.devices))

@@ -43,14 +43,16 @@ class ExportConfig:
     """conf/export.yaml."""
 
     plan: str | None = None
-    format: str = "torchrec"
-    output: str | None = None
-    device: str = "cuda"
-    compute_kernel: str = "fused"
+    format: str = "torchrec"  # torchrec: a ShardingPlan (torch.save) for DistributedModelParallel
+    output: str | None = None  # default: beside the plan, <plan>.torchrec.pt
+    device: str = "cuda"  # the shards' device type (cpu: DistributedModelParallel on CPU, as check=true needs)
+    compute_kernel: str = "fused"  # TorchRec's embedding compute kernel (fused: FBGEMM TBE with the optimizer fused)
+    # where the EmbeddingBagCollection sits in your model, e.g. sparse_arch.embedding_bag_collection
     module_path: str = ""
+    # the tables' names in your collection: {index} = position in the task, {id} = pool id
     table_names: str = "t{index}"
-    check: bool = False
-    check_batch_size: int = 8
+    check: bool = False  # load the plan into DistributedModelParallel here (gloo, one process per rank): fwd + bwd
+    check_batch_size: int = 8  # bags per rank in the check's forward pass
     timeout_s: float = 600.0
 
     def __post_init__(self):

@@ -443,12 +443,15 @@ def _head(feature: tuple[np.ndarray, np.ndarray], samples: int) -> tuple[np.ndar
 class StatsConfig:
     """conf/stats.yaml."""
 
+    # an .npz with NAME/indices + NAME/offsets (or NAME/lengths) per feature, or a DLRM benchmark file
     data: str | None = None
-    out: str = "tables.json"
+    out: str = "tables.json"  # the statistics file (per table: rows, pooling_factor, bins, samples, batches)
+    # the batch the statistics are taken at: the planning batch (per-rank batch x ranks in TorchRec)
     batch_size: int = 4096
-    format: str = "auto"
-    max_batches: int = 0
-    progress: bool = True
+    format: str = "auto"  # auto (.npz by suffix, else DLRM), npz or dlrm
+    max_batches: int = 0  # read at most this many batches (0: all)
+    progress: bool = True  # a progress bar on stderr
+    # tables with rows given (NAME/rows): statistics of their row blocks cut in this many
     row_blocks: tuple[int, ...] = ROW_BLOCK_COUNTS
 
     def __post_init__(self):

@@ -65,7 +65,7 @@ class TaskGroupConfig(TaskConfig):
     """``conf/task/*.yaml``: how to draw the task (TaskConfig) and the draw's ``seed``, or ``path``: a task file.
     ``style`` names the paper whose task setup the file follows."""
 
-    path: str | None = None
+    path: str | None = None  # a task JSON file (the "task" object of plan.json); overrides everything below
     seed: int = 0
     style: str = "neuroshard"
 
