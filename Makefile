@@ -26,7 +26,7 @@ test: $(VENV)/.installed
 compare: $(VENV)/.installed
 	$(PY) -m neuroshard_jax -m experiment=compare hydra.sweep.dir=$(SWEEP) $(ARGS)
 	$(PY) -m neuroshard_jax.evaluate sweep=$(SWEEP) executor.workers=2
-	$(PY) -m tools.compare $(SWEEP)
+	$(PY) -m neuroshard_jax.compare sweep=$(SWEEP)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check neuroshard_jax searchers tests tools

@@ -22,10 +22,13 @@ from neuroshard_jax.learn.fit import TrainAppConfig
 from neuroshard_jax.learn.loop import LoopConfig
 from neuroshard_jax.learn.policy_training import TrainPolicyAppConfig
 from neuroshard_jax.measure.calibration import CalibrateConfig
+from neuroshard_jax.measure.compare import CompareConfig
 from neuroshard_jax.measure.explain import ExplainConfig
 from neuroshard_jax.measure.plans import EvaluateConfig
 from neuroshard_jax.measure.polish import PolishConfig
+from neuroshard_jax.measure.probe import ProbeConfig
 from neuroshard_jax.search.job import MainConfig
+from neuroshard_jax.search.model_comparison import ModelComparisonConfig
 from neuroshard_jax.search.suite import SuiteConfig
 from neuroshard_jax.torchrec.export import ExportConfig
 from neuroshard_jax.workloads.statistics import StatsConfig
@@ -51,6 +54,9 @@ COMMANDS = {
     "explain": ExplainConfig,
     "export": ExportConfig,
     "stats": StatsConfig,
+    "compare": CompareConfig,
+    "probe": ProbeConfig,
+    "compare_models": ModelComparisonConfig,
 }
 COMPOSED = {"config": ("searcher", "cost_model", *GROUPS), "collect": ("executor",), "loop": ("executor",)}
 COMPOSED["train_policy"] = ("executor",)
@@ -65,6 +71,20 @@ def plain(value) -> Any:
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
     return value
+
+
+def defaults(cls) -> dict:
+    """A dataclass's field defaults as Hydra takes them, read off its fields (a class may refuse to be built with
+    its defaults alone, e.g. one that needs two cost models named)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = plain(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = plain(f.default_factory())
+    return out
 
 
 def changed(value, default) -> dict:
@@ -82,10 +102,11 @@ def changed(value, default) -> dict:
 
 
 def command_schema(name: str, cls) -> dict:
-    default, composed = cls(), COMPOSED.get(name, ())
-    node = {k: v for k, v in plain(default).items() if k not in composed}
+    composed = COMPOSED.get(name, ())
+    node = {k: v for k, v in defaults(cls).items() if k not in composed}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     for key in composed:
-        value = getattr(default, key, None)
+        value = fields[key].default if key in fields else None
         if dataclasses.is_dataclass(value):
             diff = changed(value, type(value)())
             if diff:
@@ -95,14 +116,14 @@ def command_schema(name: str, cls) -> dict:
 
 def schemas() -> list[tuple[str | None, str, dict]]:
     """(group, name, node) of every schema."""
-    out: list[tuple[str | None, str, dict]] = [(g, "_schema", plain(cls())) for g, cls in GROUPS.items()]
-    out += [("searcher", f"_{name}", plain(cls())) for name, cls in registered().items()]
+    out: list[tuple[str | None, str, dict]] = [(g, "_schema", defaults(cls)) for g, cls in GROUPS.items()]
+    out += [("searcher", f"_{name}", defaults(cls)) for name, cls in registered().items()]
     out += [
-        ("cost_model", f"_{name}", {**plain(cls()), "calibration": NO_CALIBRATION})
+        ("cost_model", f"_{name}", {**defaults(cls), "calibration": NO_CALIBRATION})
         for name, (_, cls) in COST_MODELS.items()
     ]
     out += [(None, f"_schema_{name}", command_schema(name, cls)) for name, cls in COMMANDS.items()]
-    out.append((None, "_suite", plain(SuiteConfig())))  # experiment=compare's suite
+    out.append((None, "_suite", defaults(SuiteConfig)))  # experiment=compare's suite
     return out
 
 

@@ -77,7 +77,7 @@ def keep_result(result: dict, path: Path) -> Path:
 
 
 def job_overrides() -> list[str]:
-    """This job's command-line overrides, less the suite, evaluator and Hydra settings (tools/compare.py
+    """This job's command-line overrides, less the suite, evaluator and Hydra settings (neuroshard_jax.compare
     names a run by its searcher plus the overrides that differ between the runs of a sweep)."""
     skip = ("searcher=", "experiment=", "suite.", "evaluate", "evaluator.", "executor", "hydra.", "hydra/")
     return [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith(skip)]

@@ -4,7 +4,9 @@
 (compute.jsonl of each; comm.jsonl of the first that has one). ``family=mlp``: the first shipped model, the
 per-table MLP of ``neural.py``, on ``datasets[0]`` (kept for the ablation). Trains in log space with optax,
 keeps the best-validation weights, prints test metrics per dataset, and saves an orbax checkpoint to ``out``.
-Settings live in conf/train.yaml.
+``family=row_comm``: the row-split comm fit of a comm dataset (``learn.row_comm_fit``), written to
+``out/NAME.json``; ``family=analytic``: the roofline's constants fitted to a dataset (``learn.analytic_fit``).
+Settings: ``TrainAppConfig`` (conf/train.yaml).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from omegaconf import DictConfig
 from neuroshard_jax.core.cli import fail, run_app
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.costs.registry import checkpoint_path
+from neuroshard_jax.learn.analytic_fit import fit_analytic
 from neuroshard_jax.learn.fit import app_config, train_ensemble, train_models
+from neuroshard_jax.learn.row_comm_fit import fit_row_comm
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="train")
@@ -38,8 +42,22 @@ def main(cfg: DictConfig) -> None:
                 allow_mixed_hardware=config.allow_mixed_hardware,
                 init=checkpoint_path(config.init) if config.init else None,
             )
-        else:
+        elif config.family == "mlp":
             report = train_models(config.datasets[0], config.net, config.train, config.out)
+        elif config.family == "row_comm":
+            how = f"python -m neuroshard_jax.train family=row_comm datasets=[{config.datasets[0]}] name={config.name}"
+            model, figures, path = fit_row_comm(config.datasets[0], config.name, config.out, how)
+            for k in model.sizes:
+                f, b = model.group_ms(k, 128, model.batch_size)
+                print(f"group of {k}: width 128 at batch {model.batch_size}: fwd {f:.2f} ms, bwd {b:.2f} ms")
+            print(f"held out: {figures}; written {path}")
+            return
+        else:
+            report = fit_analytic(config.datasets[0], config.steps, config.train.split)
+            print(json.dumps(report, indent=1))
+            overrides = " ".join(f"cost_model.{k}={v}" for k, v in report["constants"].items())
+            print(f"use them: python -m neuroshard_jax cost_model=analytic {overrides}")
+            return
     except UserError as err:
         fail(err)
     print(json.dumps(report, indent=1))

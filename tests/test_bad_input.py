@@ -274,9 +274,9 @@ def test_a_torn_plan_file_is_one_line(tmp_path, content, fragment):
     _one_line(str(err.value), "plan.json", fragment)
 
 
-def test_compare_reports_a_torn_plan_and_counts_a_bare_infeasible_record(tmp_path, capsys):
+def test_compare_reports_a_torn_plan_and_counts_a_bare_infeasible_record(tmp_path):
+    from neuroshard_jax.measure.compare import CompareConfig, compare_sweep
     from neuroshard_jax.search.pipeline import search_plan
-    from tools.compare import main as compare
 
     task = make_task([make_table(i, rows=1000 + i) for i in range(4)], num_devices=2)
     for name, searcher in (("0", "random"), ("1", "size_greedy")):
@@ -285,14 +285,14 @@ def test_compare_reports_a_torn_plan_and_counts_a_bare_infeasible_record(tmp_pat
     (tmp_path / "2" / ".hydra").mkdir(parents=True)
     (tmp_path / "2" / ".hydra" / "overrides.yaml").write_text("- searcher=beam\n")
     (tmp_path / "2" / "plan.json").write_text(json.dumps({"infeasible": "no split fits"}))
-    assert compare([str(tmp_path), "--out", str(tmp_path / "report")]) == 0
-    assert "beam" in capsys.readouterr().out
+    assert "beam" in compare_sweep(CompareConfig(sweep=str(tmp_path), out=str(tmp_path / "report")))
     summary = json.loads((tmp_path / "report" / "compare.json").read_text())
     rows = [r for table in summary.values() for r in table.get("rows", [])] if isinstance(summary, dict) else []
     assert any(r["label"] == "beam" and r["infeasible"] == 1 for r in rows), summary
     (tmp_path / "1" / "plan.json").write_text('{"searcher": "size_greedy", "task": {')
-    assert compare([str(tmp_path)]) == 2
-    _one_line(capsys.readouterr().err, "error: plan:", "1/plan.json", "not valid JSON")
+    with pytest.raises(UserError) as err:
+        compare_sweep(CompareConfig(sweep=str(tmp_path)))
+    _one_line(str(err.value), "plan:", "1/plan.json", "not valid JSON")
 
 
 # --- 6. bad input that used to be accepted silently ----------------------------------------------------------

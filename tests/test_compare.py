@@ -1,9 +1,14 @@
-"""tools/compare.py on a real (small) Hydra multirun of the CLI."""
+"""python -m neuroshard_jax.compare on a real (small) Hydra multirun of the CLI."""
 
 import subprocess
 import sys
 
-from .conftest import REPO, run_cli
+import pytest
+
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.measure.compare import CompareConfig, compare_sweep
+
+from .conftest import run_cli
 
 SMALL = ["cost_model=analytic", "task.num_tables=12", "task.pool.num_tables=120", "task.batch_size=512"]
 
@@ -13,7 +18,7 @@ def test_compare_a_multirun(tmp_path):
     done = run_cli("-m", "searcher=grid,size_lookup_greedy,random", "seed=0,1", *SMALL, f"hydra.sweep.dir={sweep}")
     assert done.returncode == 0, done.stderr
     out = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "compare.py"), str(sweep)], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "neuroshard_jax.compare", f"sweep={sweep}"], capture_output=True, text=True, check=True
     )
     assert "2 tasks, 2 solved by every run, 0 of them measured for every run. Ranked by predicted cost" in out.stdout
     assert "`grid`" in out.stdout and "`size_lookup_greedy`" in out.stdout
@@ -22,7 +27,7 @@ def test_compare_a_multirun(tmp_path):
 
 
 def test_compare_refuses_a_directory_without_plans(tmp_path):
-    out = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "compare.py"), str(tmp_path)], capture_output=True, text=True
-    )
-    assert out.returncode == 2 and out.stderr.startswith("error: ")
+    with pytest.raises(UserError, match="sweep: .* holds no suite run or plan.json, expected a multirun directory"):
+        compare_sweep(CompareConfig(sweep=str(tmp_path)))
+    with pytest.raises(UserError, match="sweep: missing"):
+        compare_sweep(CompareConfig())

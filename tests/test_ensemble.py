@@ -325,7 +325,7 @@ def test_a_probed_kind_resumes_a_dataset_and_keeps_its_provenance(tmp_path):
     old = {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2}
     here = {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2, "cpu_id": "GenuineIntel family 6 model 167"}
     write_manifest(path, {"device": "cpu"}, {"hardware": old})
-    with pytest.raises(UserError, match=r"was measured on .*model not recorded.*hardware_probe.py --record"):
+    with pytest.raises(UserError, match=r"was measured on .*model not recorded.*neuroshard_jax.probe record=true"):
         write_manifest(path, {"device": "cpu"}, {"hardware": here})
     manifest = json.loads(path.read_text())
     write_json({**manifest, "probes": [{"kind": hardware_kind(here), "same_kind": True}]}, path)
@@ -335,14 +335,14 @@ def test_a_probed_kind_resumes_a_dataset_and_keeps_its_provenance(tmp_path):
     assert manifest_kinds(resumed) == [hardware_kind(old), hardware_kind(here)]
 
 
-def test_hardware_probe_remeasures_a_dataset_with_its_own_protocol(tiny_checkpoint, tiny_ensemble, tmp_path, capsys):
-    """Real kernels: ``tools/hardware_probe.py`` re-measures records of a pool dataset and of a spec dataset (each
-    at its recorded batch size) here and writes the ratio; this machine measured them, so it is of their kind."""
+def test_hardware_probe_remeasures_a_dataset_with_its_own_protocol(tiny_checkpoint, tiny_ensemble, tmp_path):
+    """Real kernels: ``python -m neuroshard_jax.probe`` re-measures records of a pool dataset and of a spec dataset
+    (each at its recorded batch size) here and writes the ratio; this machine measured them, so it is of their kind."""
     import json
 
     from neuroshard_jax.core.files import hardware, hardware_kind
     from neuroshard_jax.measure.drift import references
-    from tools.hardware_probe import main
+    from neuroshard_jax.measure.probe import ProbeConfig, probe
 
     spec_dir = tiny_ensemble[0]
     refs = references(spec_dir, 4, 0)
@@ -353,18 +353,17 @@ def test_hardware_probe_remeasures_a_dataset_with_its_own_protocol(tiny_checkpoi
     assert refs.speed(answers) == pytest.approx(2.0)  # the machine's speed: now / recorded
     assert refs.speed({k: {"ok": False} for k in recorded}) is None
     for name, dataset in (("pool", tiny_checkpoint[0]), ("specs", spec_dir)):
-        main([str(dataset), "--samples", "3", "--workers", "1", "--out", str(tmp_path / f"{name}.json")])
-        result = json.loads((tmp_path / f"{name}.json").read_text())
+        _, out = probe(ProbeConfig(str(dataset), samples=3, workers=1, out=str(tmp_path / f"{name}.json")))
+        result = json.loads(out.read_text())
         assert result["quiet"] >= 1 and 0 < result["ratio_here_over_there"]["median"] < 10
         assert result["here"]["kind"] == result["there"]["kind"] == hardware_kind(hardware())
-        assert "measure" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="no manifest-compute.json"):
-        main([str(tmp_path), "--samples", "3"])
+    with pytest.raises(UserError, match="no manifest-compute.json"):
+        probe(ProbeConfig(str(tmp_path), samples=3))
     # --record: the verdict lands in a copy's manifest, beside its own kind, and a second probe replaces it
     copy = tmp_path / "copy"
     shutil.copytree(tiny_checkpoint[0], copy)
     for _ in range(2):
-        main([str(copy), "--samples", "2", "--workers", "1", "--out", str(tmp_path / "copy.json"), "--record"])
+        probe(ProbeConfig(str(copy), samples=2, workers=1, out=str(tmp_path / "copy.json"), record=True))
     manifest = json.loads((copy / "manifest-compute.json").read_text())
     [probe] = manifest["probes"]
     assert probe["kind"] == hardware_kind(hardware()) and probe["ratio_here_over_there"]["median"] > 0

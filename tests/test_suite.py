@@ -1,10 +1,10 @@
 """experiment=compare: a smoke-size suite sweep of the real CLI, measured by the real evaluator, compared."""
 
 import json
-import subprocess
-import sys
 
-from .conftest import REPO, run_cli
+from neuroshard_jax.measure.compare import CompareConfig, compare_sweep
+
+from .conftest import run_cli
 
 SMALL = [
     "cost_model=analytic",
@@ -27,9 +27,7 @@ def lines(path):
 
 
 def compare(sweep):
-    return subprocess.run(
-        [sys.executable, str(REPO / "tools" / "compare.py"), str(sweep)], capture_output=True, text=True, check=True
-    ).stdout
+    return compare_sweep(CompareConfig(sweep=str(sweep)))
 
 
 def test_suite_sweep_measures_resumes_and_compares(tmp_path):

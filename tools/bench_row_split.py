@@ -67,7 +67,7 @@ def run(args) -> None:
             if not model.prices_rows:
                 raise UserError(
                     f"--model {args.model}: prices row groups as all-to-all width (no row comm fit of its hardware "
-                    "kind is shipped), expected a model with one (tools/fit_row_comm.py)"
+                    "kind is shipped), expected a model with one (python -m neuroshard_jax.train family=row_comm)"
                 )
             if not hot_tables(whole_table_ms(model, task), n):
                 continue

@@ -11,8 +11,8 @@ DIM_ALIGNMENT = 4
 TASK_DIMS = (4, 8, 16, 32, 64, 128)
 
 # Analytic (roofline) cost model defaults, for one CPU core running FBGEMM's TBE with one thread
-# and gloo all-to-all over loopback, fitted to the shipped CPU dataset by tools/fit_analytic.py (squared log
-# error, training split); conf/cost_model/analytic.yaml repeats them (a test keeps the two equal).
+# and gloo all-to-all over loopback, fitted to the shipped CPU dataset by python -m neuroshard_jax.train
+# family=analytic (squared log error, training split); AnalyticConfig's defaults.
 ANALYTIC_MEM_BW_GBPS = 10.7  # effective bandwidth of row gathers and updates, GB/s (1e9 bytes)
 ANALYTIC_BWD_FWD_RATIO = 2.0  # backward (gradient + SGD row update) over forward bytes, as TorchRec assumes
 ANALYTIC_KERNEL_OVERHEAD_MS = 0.001  # fixed cost of one fused TBE call (fwd + bwd), ms

@@ -162,8 +162,8 @@ def hardware_kind(found: dict | None, device: str | None = "cpu") -> str:
 
 def manifest_kinds(manifest: dict) -> list[str]:
     """The kinds of hardware a dataset's labels hold for: the kind it was measured on, then every kind a
-    ``tools/hardware_probe.py --record`` run found to measure like it (``probes`` in the manifest, each with its
-    measured ratio): one CPU name spans several kinds, and one kind may be recorded under two names (a dataset
+    ``python -m neuroshard_jax.probe record=true`` run found to measure like it (``probes`` in the manifest, each
+    with its measured ratio): one CPU name spans several kinds, and one kind may be recorded under two names (a dataset
     from before ``cpu_id`` was recorded)."""
     device = manifest.get("settings", {}).get("device")
     probed = [p["kind"] for p in manifest.get("probes", ()) if p.get("same_kind") and p.get("kind")]
@@ -224,7 +224,7 @@ def write_manifest(path: Path, settings: dict, extra: dict) -> dict:
             raise UserError(
                 f"hardware: this machine is {now!r}, but the dataset in {str(path.parent)!r} was measured on {was!r}; "
                 "expected the same kind of hardware (labels differ 1.2-2.8x between them), another out_dir, or "
-                "a tools/hardware_probe.py --record verdict that this machine measures like it"
+                "a python -m neuroshard_jax.probe record=true verdict that this machine measures like it"
             )
         if both and now != was:
             # a probed kind resumes the dataset: its own hardware stays, the resuming machine is noted beside it

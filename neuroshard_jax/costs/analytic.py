@@ -3,7 +3,8 @@
 Compute: the bytes a fused TBE moves (row gathers of B x pooling rows plus the pooled output, backward a
 fixed multiple of forward) over a memory bandwidth, plus a fixed cost per table and per kernel. Comm: an
 all-to-all of [B, dim_sum] split along the batch, max(bytes sent, received) over a bandwidth plus a latency.
-The defaults are fitted to the shipped CPU dataset (``tools/fit_analytic.py``; ``constants.py``).
+The defaults are fitted to the shipped CPU dataset (``python -m neuroshard_jax.train family=analytic``;
+``constants.py``).
 """
 
 from __future__ import annotations

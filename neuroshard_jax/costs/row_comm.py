@@ -1,7 +1,7 @@
 """What a row-split table's comm costs: a fit of measured reduce-scatters and all-gathers, per group size.
 
     python -m neuroshard_jax.collect kind=comm comm.row_share=1.0 num_samples=240 out_dir=DIR   # labels (gloo)
-    python -m tools.fit_row_comm DIR --name xeon-gloo                                        # this fit, shipped
+    python -m neuroshard_jax.train family=row_comm datasets=[DIR] name=xeon-gloo out=neuroshard_jax/data/row_comm
 
 TorchRec's row_wise and table_row_wise output dist combines a row-split table's partial pooled sums with a
 reduce-scatter over the devices holding its row blocks (forward) and all-gathers the gradients (backward); tables
@@ -169,9 +169,12 @@ def load(name_or_path: str) -> RowComm:
         raise UserError(
             f"row comm: {name_or_path!r} is neither a shipped fit ({', '.join(shipped_names()) or 'none'}) nor a file"
         )
-    obj = read_json(path, "row comm", "a row comm fit written by tools/fit_row_comm.py")
+    obj = read_json(path, "row comm", "a row comm fit written by python -m neuroshard_jax.train family=row_comm")
     if not isinstance(obj.get("fit"), dict):
-        raise UserError(f"row comm: {str(path)!r} has no 'fit' object, expected one written by tools/fit_row_comm.py")
+        raise UserError(
+            f"row comm: {str(path)!r} has no 'fit' object, expected one written by "
+            "python -m neuroshard_jax.train family=row_comm"
+        )
     return RowComm.from_json(obj["fit"], f"row comm {str(path)!r}")
 
 

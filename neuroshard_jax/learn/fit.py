@@ -582,7 +582,7 @@ def check_one_hardware(dataset_dirs: list[Path], manifests: list[dict]) -> None:
             raise UserError(
                 f"datasets: {earlier} hold for {' or '.join(shared)} ({device}), {str(d)!r} for "
                 f"{' or '.join(manifest_kinds(m))} ({m['settings'].get('device')}); expected datasets from one kind "
-                "of hardware (a tools/hardware_probe.py --record verdict makes two kinds one, or "
+                "of hardware (a python -m neuroshard_jax.probe record=true verdict makes two kinds one, or "
                 "allow_mixed_hardware=true)"
             )
         shared = [k for k in shared if k in kinds]
@@ -694,7 +694,7 @@ def train_ensemble(
     return report
 
 
-FAMILIES = ("ensemble", "mlp")
+FAMILIES = ("ensemble", "mlp", "row_comm", "analytic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -715,6 +715,7 @@ class TrainAppConfig:
     train: TrainConfig = TrainConfig()
     allow_mixed_hardware: bool = False  # datasets measured on different processors (refused by default)
     init: str | None = None  # ensemble: fine-tune this checkpoint (a shipped name or a directory)
+    steps: int = 3000  # family=analytic: optimizer steps of the constants' fit
 
     def __post_init__(self):
         if self.family not in FAMILIES:

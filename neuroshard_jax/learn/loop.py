@@ -138,7 +138,7 @@ def check_base_hardware(base_datasets: tuple[str, ...], device: str) -> None:
             raise UserError(
                 f"base_datasets: {base!r} was measured on {there}, this machine is {here}; expected base datasets "
                 "of this machine's kind (base_datasets=[] fine-tunes on this machine's labels only; "
-                "tools/hardware_probe.py --record BASE records that this machine measures like it; "
+                "python -m neuroshard_jax.probe record=true BASE records that this machine measures like it; "
                 "allow_mixed_hardware=true mixes them anyway)"
             )
 

@@ -4,7 +4,7 @@ A machine of one kind does not keep one speed: on this project's 2-core Xeon the
 slower in one 9-minute window than 18 minutes later (bench/plan_accuracy, session 13), more than the noise of a
 median of 5 repeats. ``References`` are records of a dataset of the same kind whose times are known; measured in
 the same batch as new devices, the median of (now / recorded) over them is the machine's speed relative to that
-dataset's session. ``tools/hardware_probe.py`` uses them to tell kinds of hardware apart; plan labels
+dataset's session. ``python -m neuroshard_jax.probe`` uses them to tell kinds of hardware apart; plan labels
 (``plans.references``) record the speed of each batch with its labels (``speed``), and training divides a label by
 its speed, so labels of a slow hour and of a fast one join on one scale; ``tools/bench_plan_accuracy.py`` reads a
 model against the machine's state of each task's moment.

@@ -23,6 +23,7 @@ from neuroshard_jax.measure.calibration import CalibrateConfig, calibrated
 from neuroshard_jax.measure.polish import PolishConfig, polish_plan
 from neuroshard_jax.search.pipeline import enable_compilation_cache, search_plan
 from neuroshard_jax.search.row_split import check_mode
+from neuroshard_jax.workloads.tasks import check_feasible
 from searchers import make_searcher
 
 
@@ -59,6 +60,7 @@ class Planner:
     def run(self, task: Task) -> Planned:
         """Plan ``task``: calibrate the cost model on its tables (if asked), build the model once, search (row
         splits tried first where they may pay), polish on the real kernels (if asked)."""
+        check_feasible(task)  # an infeasible task is refused before any model is built or kernel measured
         enable_compilation_cache()
         options, record = dict(self.cost_model_options), None
         if self.calibrate.name == "measured":

@@ -2,7 +2,7 @@
 
     python -m neuroshard_jax -m experiment=compare 'searcher=glob(*)' [evaluate=true] [suite.tasks=10]
     python -m neuroshard_jax.evaluate sweep=MULTIRUN_DIR      # measure a finished sweep's plans later
-    python -m tools.compare MULTIRUN_DIR                      # the table and the plots
+    python -m neuroshard_jax.compare sweep=MULTIRUN_DIR       # the table and the plots
 
 A run (one searcher with its options) writes into its Hydra job directory:
   suite.json       what it ran: searcher, cost model, their options, the task options, the job's overrides

@@ -1,27 +1,23 @@
-"""Fit the analytic (roofline) model's constants to a measured dataset, so it is a fair baseline.
+"""The analytic (roofline) model's constants fitted to a measured dataset, so that it is a fair baseline.
 
-    python -m tools.fit_analytic [--dataset neuroshard_jax/data/profiles/cpu-b4096] [--steps 3000]
+    python -m neuroshard_jax.train family=analytic datasets=[neuroshard_jax/data/profiles/cpu-b4096] steps=3000
 
-Fits memory bandwidth, kernel and per-table overheads (compute labels) and all-to-all bandwidth and
-latency (comm labels) by minimising the squared log error on the training split (the same seeded
-80/10/10 split as the neural model), then prints the test-split metrics and the constants to put in
-neuroshard_jax/core/constants.py and conf/cost_model/analytic.yaml. The backward/forward byte ratio stays
-at TorchRec's 2 (it is not identifiable from fwd+bwd totals apart from the bandwidth).
+Fits memory bandwidth, kernel and per-table overheads (compute labels) and all-to-all bandwidth and latency (comm
+labels) by minimising the squared log error on the training split (the same seeded 80/10/10 split as the neural
+model); reports the test split's metrics and the constants, which ``cost_model=analytic cost_model.NAME=VALUE``
+takes (the shipped defaults are ``core.constants``' ``ANALYTIC_*``). The backward/forward byte ratio stays at
+TorchRec's 2 (it is not identifiable from fwd+bwd totals apart from the bandwidth).
 """
 
 from __future__ import annotations
-
-import argparse
-import dataclasses
-import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from neuroshard_jax.core.constants import BYTES_PER_ELEMENT
-from neuroshard_jax.costs.analytic import ANALYTIC_FNS, AnalyticConfig, AnalyticParams
+from neuroshard_jax.core.files import resolve_dataset
+from neuroshard_jax.costs.analytic import ANALYTIC_FNS, AnalyticConfig, AnalyticParams, analytic_params
 from neuroshard_jax.costs.cost_model import device_compute_ms
 from neuroshard_jax.learn.fit import TrainConfig, comm_arrays, compute_arrays, metrics, split_indices
 
@@ -32,23 +28,16 @@ def params_of(log_values, base: AnalyticParams) -> AnalyticParams:
     return base._replace(**{name: jnp.exp(log_values[i]) for i, name in enumerate(FITTED)})
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset", default="neuroshard_jax/data/profiles/cpu-b4096")
-    parser.add_argument("--steps", type=int, default=3000)
-    args = parser.parse_args()
-    split = TrainConfig().split
-    feats, mask, target, manifest = compute_arrays(args.dataset)
-    dims, delays, cmask, fwd_ms, bwd_ms, _ = comm_arrays(args.dataset)
+def fit_analytic(dataset: str, steps: int, split: tuple[float, float, float] = TrainConfig().split) -> dict:
+    """The fitted constants, the final training loss and the test split's metrics (compute, fwd and bwd comm)."""
+    dataset = resolve_dataset(dataset)
+    feats, mask, target, manifest = compute_arrays(dataset)
+    dims, delays, cmask, fwd_ms, bwd_ms, _ = comm_arrays(dataset)
     train, _, test = split_indices(len(target), split, 0)
     ctrain, _, ctest = split_indices(len(dims), split, 0)
     settings = manifest["settings"]
     start = AnalyticConfig()
-    base = AnalyticParams(
-        float(settings["batch_size"]),
-        float(BYTES_PER_ELEMENT[settings.get("precision", "fp32")]),
-        **dataclasses.asdict(start),
-    )
+    base = analytic_params(int(settings["batch_size"]), settings.get("precision", "fp32"), start)
 
     def predict(p, idx, cidx):
         compute = device_compute_ms(ANALYTIC_FNS, p, feats[idx], mask[idx])
@@ -67,28 +56,26 @@ def main() -> None:
         compute_err = jnp.mean((jnp.log(compute) - jnp.log(target[train])) ** 2)
         return compute_err + comm_err(fwd, fwd_ms[ctrain]) + comm_err(bwd, bwd_ms[ctrain])
 
-    log_values = jnp.log(jnp.array([getattr(start, name) for name in FITTED]))
     tx = optax.adam(0.02)
-    state = tx.init(log_values)
     value_and_grad = jax.jit(jax.value_and_grad(loss))
-    for _ in range(args.steps):
+
+    def step(carry, _):
+        log_values, state = carry
         value, grad = value_and_grad(log_values)
         updates, state = tx.update(grad, state)
-        log_values = optax.apply_updates(log_values, updates)
+        return (optax.apply_updates(log_values, updates), state), value
+
+    log_values = jnp.log(jnp.array([getattr(start, name) for name in FITTED]))
+    (log_values, _), losses = jax.lax.scan(step, (log_values, tx.init(log_values)), None, length=steps)
     fitted = params_of(log_values, base)
     compute, fwd, bwd = predict(fitted, test, ctest)
     m = cmask[ctest]
-    report = {
+    return {
         "constants": {name: round(float(getattr(fitted, name)), 4) for name in FITTED},
-        "train_loss": float(value),
+        "train_loss": float(losses[-1]),
         "test": {
             "compute": metrics(np.asarray(compute), target[test]),
             "fwd_comm": metrics(np.asarray(fwd)[m], fwd_ms[ctest][m]),
             "bwd_comm": metrics(np.asarray(bwd)[m], bwd_ms[ctest][m]),
         },
     }
-    print(json.dumps(report, indent=1))
-
-
-if __name__ == "__main__":
-    main()

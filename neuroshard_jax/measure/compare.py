@@ -1,6 +1,6 @@
 """Compare searchers from a Hydra multirun directory: a markdown table and PNG plots.
 
-    python -m tools.compare MULTIRUN_DIR [--out DIR]
+    python -m neuroshard_jax.compare sweep=MULTIRUN_DIR [out=DIR]
 
 Reads suite runs (``-m experiment=compare``: suite.json, results.jsonl and measured.jsonl in each job
 directory) and single-task runs (``plan.json``, with ``evaluation.json`` beside it when measured). A run
@@ -18,14 +18,17 @@ Writes ``compare.md``, ``cost_by_searcher.png`` (cost distribution per device co
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import hashlib
 import json
 import statistics
-import sys
 from collections import defaultdict
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
+from neuroshard_jax.core.cli import resolved
+from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_json, read_jsonl
 
@@ -46,8 +49,6 @@ def _raw_overrides(run_dir: Path) -> list[str]:
     path = run_dir / ".hydra" / "overrides.yaml"
     if not path.exists():
         return []
-    from omegaconf import OmegaConf
-
     return [str(o) for o in OmegaConf.load(path)]
 
 
@@ -245,33 +246,33 @@ def plots(entries: list[dict], summaries: dict, out: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("multirun_dir")
-    parser.add_argument("--out", default=None, help="default: the multirun directory")
-    args = parser.parse_args(argv)
-    root = Path(args.multirun_dir)
-    try:
-        entries = load_runs(root) if root.is_dir() else []
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+@dataclasses.dataclass(frozen=True)
+class CompareConfig:
+    """conf/compare.yaml."""
+
+    sweep: str | None = None  # a Hydra multirun directory of python -m neuroshard_jax -m (suite runs or plans)
+    out: str | None = None  # where compare.md, compare.json and the plots go (null: the sweep directory)
+
+
+def app_config(cfg) -> CompareConfig:
+    return typed(CompareConfig, resolved(cfg))
+
+
+def compare_sweep(config: CompareConfig) -> str:
+    """Read the sweep's runs, write compare.md, compare.json and the plots; the markdown report."""
+    if not config.sweep:
+        raise UserError("sweep: missing, expected sweep=PATH of a multirun directory of python -m neuroshard_jax -m")
+    root = Path(config.sweep)
+    entries = load_runs(root) if root.is_dir() else []
     if not entries:
-        print(
-            f"error: {str(root)!r} holds no suite run or plan.json, expected a multirun directory of "
-            "python -m neuroshard_jax -m",
-            file=sys.stderr,
+        raise UserError(
+            f"sweep: {str(root)!r} holds no suite run or plan.json, expected a multirun directory of "
+            "python -m neuroshard_jax -m"
         )
-        return 2
-    out = Path(args.out or root)
+    out = Path(config.out or root)
     out.mkdir(parents=True, exist_ok=True)
     text, summaries = report(entries)
     (out / "compare.md").write_text(text)
     (out / "compare.json").write_text(json.dumps(summaries, indent=1) + "\n")
     plots(entries, summaries, out)
-    print(text, end="")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return text

@@ -1,0 +1,24 @@
+"""Compare searchers from a Hydra multirun directory: a markdown table and PNG plots.
+
+    python -m neuroshard_jax.compare sweep=multirun/compare/<time> [out=DIR]
+
+The command line only; the library is ``neuroshard_jax.measure.compare``."""
+
+import hydra
+from omegaconf import DictConfig
+
+from neuroshard_jax.core.cli import fail, run_app
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.measure.compare import app_config, compare_sweep
+
+
+@hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="compare")
+def main(cfg: DictConfig) -> None:
+    try:
+        print(compare_sweep(app_config(cfg)), end="")
+    except UserError as err:
+        fail(err)
+
+
+if __name__ == "__main__":
+    run_app(main, "compare", app_config)
