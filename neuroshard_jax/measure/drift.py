@@ -1,7 +1,7 @@
 """The machine's speed while it measures: quiet records of a dataset re-measured among new measurements.
 
 A machine of one kind does not keep one speed: on this project's 2-core Xeon the same devices measured 6.5%
-slower in one 9-minute window than 18 minutes later (bench/plan_accuracy, session 13), more than the noise of a
+slower in one 9-minute window than 18 minutes later (docs/results/plan-accuracy.md), more than the noise of a
 median of 5 repeats. ``References`` are records of a dataset of the same kind whose times are known; measured in
 the same batch as new devices, the median of (now / recorded) over them is the machine's speed relative to that
 dataset's session. ``python -m neuroshard_jax.probe`` uses them to tell kinds of hardware apart; plan labels
