@@ -44,6 +44,7 @@ def main(cfg: DictConfig) -> None:
     try:
         task = make_task(config.task, config.task.seed, config.task.path)
         planned = planner_of(config).run(task)
+        print(planned.choice.line(), file=sys.stderr)
         result = planned.plan.to_json()
     except InfeasibleError as err:
         if not multirun:

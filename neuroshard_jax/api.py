@@ -10,6 +10,7 @@ plan.costs.cost_ms, plan.placement()["item_id"], plan.to_json()
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 
 from neuroshard_jax.core.types import Plan
@@ -48,7 +49,8 @@ def plan(
     compiling. ``calibrate=True`` (or a ``CalibrateConfig``) first scales the cost model to this machine from
     measurements of the tables on the real kernels (``plan.calibration`` says by how much); ``polish=True`` (or a
     ``PolishConfig``) then improves the plan on the real kernels (``plan.polish`` records what was measured).
-    Both run the same ``Planner`` as the main job and the TorchRec adapter (``search.planner``).
+    Both run the same ``Planner`` as the main job and the TorchRec adapter (``search.planner``). A model trained on
+    another kind of hardware than this machine's plans with a ``UserWarning`` saying so (``choose_cost_model``).
     """
     task = task_from_tables(tables, num_devices, mem_cap_gb, batch_size, precision, devices)
     planner = Planner(
@@ -61,4 +63,7 @@ def plan(
         calibrate=stage_config(CalibrateConfig, calibrate, "calibrate"),
         polish=stage_config(PolishConfig, polish, "polish"),
     )
-    return planner.plan(task)
+    planned = planner.run(task)
+    if planned.choice.kinds and not planned.choice.matches:  # a model of other hardware: say so, once per call
+        warnings.warn(planned.choice.line(), UserWarning, stacklevel=2)
+    return planned.plan

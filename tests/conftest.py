@@ -57,10 +57,10 @@ def run_cli(*args, cwd=None, module="neuroshard_jax", timeout=300):
 def tiny_checkpoint(tmp_path_factory):
     """A real (tiny) measured dataset and a neural cost model trained on it: (dataset dir, checkpoint dir)."""
     from neuroshard_jax.costs.neural import NetConfig
-    from neuroshard_jax.kernels.processes import CommSamplerConfig, ComputeSamplerConfig
     from neuroshard_jax.learn.collect import CollectConfig, collect
     from neuroshard_jax.learn.fit import TrainConfig, train_models
     from neuroshard_jax.workloads.pool import PoolSpec
+    from neuroshard_jax.workloads.samplers import CommSamplerConfig, ComputeSamplerConfig
 
     root = tmp_path_factory.mktemp("tiny")
     pool = PoolSpec(num_tables=120)
@@ -84,9 +84,9 @@ def tiny_ensemble(tiny_checkpoint, tmp_path_factory):
     a tiny spec dataset (batches 128 and 256): (spec dataset dir, checkpoint dir, report)."""
     from neuroshard_jax.costs.ensemble import EnsembleConfig
     from neuroshard_jax.costs.neural import NetConfig
-    from neuroshard_jax.kernels.processes import SpecSamplerConfig
     from neuroshard_jax.learn.collect import CollectConfig, collect
     from neuroshard_jax.learn.fit import TrainConfig, train_ensemble
+    from neuroshard_jax.workloads.samplers import SpecSamplerConfig
 
     root = tmp_path_factory.mktemp("tiny-ensemble")
     specs = SpecSamplerConfig(

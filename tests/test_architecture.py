@@ -150,7 +150,7 @@ def test_torch_stays_behind_its_walls():
 def test_the_foreign_benchmark_shares_no_table_drawing_with_training():
     """Its generators are written apart from the training sampler: no shared code for drawing specs, no shared seeds."""
     text = (REPO / "tools" / "foreign_benchmark.py").read_text()
-    for name in ("sample_spec_shard", "draw_table_spec", "SpecSamplerConfig", "_zipf_ranks", "synthetic_table_params"):
+    for name in ("sample_spec_shard", "draw_table_spec", "SpecSamplerConfig", "zipf_ids", "synthetic_table_params"):
         assert name not in text
     assert "60013" not in text  # the spec sampler's seed constant
 

@@ -49,6 +49,9 @@ def test_default_run_prints_and_writes_a_plan(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "predicted cost" in done.stdout and "mem_GB" in done.stdout
     assert "INFO" not in done.stdout + done.stderr  # no library log lines (orbax, JAX) around the plan
+    # one line says which model planned, what it was trained on, and whether that is this machine's kind
+    [line] = [x for x in done.stderr.splitlines() if x.startswith("cost model: ")]
+    assert line.startswith("cost model: xeon-union, ") and "GenuineIntel family 6 model 167" in line
     plan = json.loads((tmp_path / "plan.json").read_text())
     _check_contract(plan)
     assert plan["searcher"] == "beam" and plan["cost_model"] == "neural" and len(plan["task"]["tables"]) == 50

@@ -30,9 +30,9 @@ from neuroshard_jax.costs.ensemble import (
 from neuroshard_jax.costs.neural import NetConfig
 from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model, shipped_names
 from neuroshard_jax.costs.scoring import score_plan, with_costs
-from neuroshard_jax.kernels.processes import SpecSamplerConfig, sample_spec_shard
 from neuroshard_jax.learn.fit import compute_batches, shard_feature_matrix
 from neuroshard_jax.search.pipeline import search_plan
+from neuroshard_jax.workloads.samplers import SpecSamplerConfig, sample_spec_shard
 from neuroshard_jax.workloads.streams import TableSpec, block_statistics
 from tests.conftest import make_table, make_task
 
@@ -368,3 +368,61 @@ def test_hardware_probe_remeasures_a_dataset_with_its_own_protocol(tiny_checkpoi
     [probe] = manifest["probes"]
     assert probe["kind"] == hardware_kind(hardware()) and probe["ratio_here_over_there"]["median"] > 0
     assert manifest_kinds(manifest)[0] == hardware_kind(hardware())
+
+
+XEON = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_id": "GenuineIntel family 6 model 167"}
+EPYC = {"cpu": "AMD EPYC", "cpu_id": "AuthenticAMD family 25 model 17"}
+
+
+def test_the_model_of_this_machines_hardware_is_chosen_and_named_in_one_line(monkeypatch):
+    """``neural`` is the shipped model of this machine's kind: on the Xeon kind of the labels the default, named
+    as matching; on another kind (an AMD EPYC, a GPU) the default with a line saying it does not match and how to
+    profile this machine; a shipped model of this kind where the default is not; a named model kept as named."""
+    from neuroshard_jax.costs import registry
+
+    monkeypatch.setattr(registry, "hardware", lambda: XEON)
+    here = registry.choose_cost_model("neural")
+    assert here.name == "neural" and here.matches and here.chosen
+    assert here.line() == f"cost model: xeon-union, chosen for this machine: {XEON['cpu']} [{XEON['cpu_id']}]"
+    monkeypatch.setattr(registry, "hardware", lambda: EPYC)
+    other = registry.choose_cost_model("neural")
+    assert other.name == "neural" and not other.matches
+    line = other.line()
+    assert (
+        "\n" not in line and "this machine is AMD EPYC [AuthenticAMD family 25 model 17]: no model of its kind" in line
+    )
+    assert "python -m neuroshard_jax.collect" in line and "python -m neuroshard_jax.train" in line
+    monkeypatch.setattr(registry, "hardware", lambda: {**XEON, "gpu": "NVIDIA H200"})
+    gpu = registry.choose_cost_model("neural", device="cuda")
+    assert not gpu.matches and gpu.here.endswith("+ NVIDIA H200") and "no model of its kind" in gpu.line()
+    # a shipped model of this machine's kind is chosen over a default of another kind
+    monkeypatch.setattr(registry, "hardware", lambda: EPYC)
+    epyc_kind = f"{EPYC['cpu']} [{EPYC['cpu_id']}]"
+    kinds = registry.model_kinds
+    monkeypatch.setattr(registry, "model_kinds", lambda p: (epyc_kind,) if p.endswith("xeon-blocks") else kinds(p))
+    chosen = registry.choose_cost_model("neural")
+    assert chosen.name == "xeon-blocks" and chosen.matches and "chosen for this machine" in chosen.line()
+    named = registry.choose_cost_model("cpu-b4096")
+    assert named.name == "cpu-b4096" and not named.chosen and not named.matches
+    assert registry.choose_cost_model("analytic").line().startswith("cost model: analytic (the roofline")
+
+
+def test_a_shipped_name_is_taken_under_the_checkpoint_key_too():
+    from neuroshard_jax.costs.registry import make_cost_model
+
+    task = make_task([make_table(0), make_table(1)], batch_size=4096)
+    assert make_cost_model("neural", task, {"checkpoint": "xeon-blocks"}).name == "neural"
+
+
+def test_the_planner_says_which_model_planned(monkeypatch):
+    from neuroshard_jax.costs import registry
+    from neuroshard_jax.search.planner import Planner
+
+    monkeypatch.setattr(registry, "hardware", lambda: EPYC)
+    task = make_task([make_table(i, rows=1000 + i) for i in range(4)], num_devices=2, batch_size=4096)
+    planned = Planner(searcher="size_greedy").run(task)
+    assert not planned.choice.matches and planned.plan.to_json()["cost_model"] == "neural"
+    with pytest.warns(UserWarning, match="no model of its kind"):
+        import neuroshard_jax as nsj
+
+        nsj.plan({"a": {"rows": 1000, "dim": 16, "pooling_factor": 1.0, "bins": [1.0] + [0.0] * 16}}, 1)

@@ -99,11 +99,11 @@ def test_collect_plans_measures_searched_devices_once_and_fine_tunes(tiny_ensemb
     from neuroshard_jax.core.files import read_jsonl
     from neuroshard_jax.costs.checkpoints import read_meta
     from neuroshard_jax.costs.ensemble import EnsembleConfig
-    from neuroshard_jax.kernels.processes import SpecSamplerConfig
     from neuroshard_jax.learn.collect import CollectConfig, collect
     from neuroshard_jax.learn.fit import TrainConfig, train_ensemble
     from neuroshard_jax.learn.plan_labels import plan_label_report
     from neuroshard_jax.workloads.pool import PoolSpec
+    from neuroshard_jax.workloads.samplers import SpecSamplerConfig
 
     spec_dir, ckpt, _ = tiny_ensemble
     specs = SpecSamplerConfig(

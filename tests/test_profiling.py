@@ -14,20 +14,12 @@ import pytest
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.types import Device, Table, Task
-from neuroshard_jax.kernels.processes import (
-    CommSamplerConfig,
-    ComputeSamplerConfig,
-    ComputeWorker,
-    KernelPool,
-    WorkerFailure,
-    run_comm,
-    sample_comm,
-    sample_shard,
-)
+from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, WorkerFailure, run_comm
 from neuroshard_jax.learn.collect import CollectConfig, collect
 from neuroshard_jax.measure.plans import EvaluateConfig, evaluate_file, measure_plans
 from neuroshard_jax.search.pipeline import search_plan, shard_task
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool, pool_streams
+from neuroshard_jax.workloads.samplers import CommSamplerConfig, ComputeSamplerConfig, sample_comm, sample_shard
 from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
 
 POOL = PoolSpec(num_tables=120)

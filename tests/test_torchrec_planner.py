@@ -16,7 +16,7 @@ from torchrec.distributed.planner.types import CustomTopologyData, Topology  # n
 
 from neuroshard_jax.kernels.torchrec_format import plan_shards, to_torchrec  # noqa: E402
 from neuroshard_jax.torchrec.planner import NeuroShardPlanner, batch_statistics  # noqa: E402
-from neuroshard_jax.workloads.statistics import zipf_ids  # noqa: E402
+from neuroshard_jax.workloads.streams import zipf_ids  # noqa: E402
 
 from .conftest import REPO  # noqa: E402
 

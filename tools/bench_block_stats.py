@@ -32,7 +32,8 @@ from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.measure.plans import EvaluateConfig, measure_plans
 from neuroshard_jax.search.pipeline import search_with_rows
-from neuroshard_jax.workloads.statistics import StatsAccumulator, zipf_ids
+from neuroshard_jax.workloads.statistics import StatsAccumulator
+from neuroshard_jax.workloads.streams import zipf_ids
 
 OUT = Path(__file__).resolve().parents[1] / "outputs" / "bench" / "row_blocks"
 BATCH = 4096

@@ -25,8 +25,9 @@ from pathlib import Path
 
 from neuroshard_jax.core.files import hardware, write_json
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
-from neuroshard_jax.kernels.processes import ComputeSamplerConfig, compute_request, sample_shard
+from neuroshard_jax.kernels.processes import compute_request
 from neuroshard_jax.workloads.pool import PoolSpec, pool_streams
+from neuroshard_jax.workloads.samplers import ComputeSamplerConfig, sample_shard
 
 OUT = Path("outputs/bench/executors/executors.json")
 FLEET = {"hosts": 8, "gpus": 64}

@@ -40,17 +40,12 @@ import numpy as np
 
 from neuroshard_jax.core.files import hardware, read_jsonl, write_json
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
-from neuroshard_jax.kernels.processes import (
-    ComputeSamplerConfig,
-    ComputeWorker,
-    KernelPool,
-    compute_request,
-    sample_shard,
-)
+from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, compute_request
 from neuroshard_jax.learn.plan_labels import row_plans
 from neuroshard_jax.measure.plans import EvaluateConfig, device_key, device_tables, measure_tables
 from neuroshard_jax.measure.polish import PolishConfig
 from neuroshard_jax.workloads.pool import PoolSpec, pool_streams
+from neuroshard_jax.workloads.samplers import ComputeSamplerConfig, sample_shard
 from tools.bench_plan_accuracy import FIRST_SEED, S14_PLANS
 
 # name: (workers, pinned, timed iterations)

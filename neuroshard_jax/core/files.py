@@ -238,16 +238,17 @@ def write_manifest(path: Path, settings: dict, extra: dict) -> dict:
                     f"{manifest['settings'].get(key)!r}; expected the same settings or another out_dir"
                 )
     else:
-        manifest = {"settings": settings, "created": _now()}
+        manifest = {"settings": settings, "created": now_utc()}
     manifest.update(extra)
-    manifest["updated"] = _now()
+    manifest["updated"] = now_utc()
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(manifest, indent=1) + "\n")
     tmp.replace(path)
     return manifest
 
 
-def _now() -> str:
+def now_utc() -> str:
+    """This moment in UTC, ISO 8601 to the second: when a manifest or checkpoint was written."""
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from neuroshard_jax.core.config import typed
-from neuroshard_jax.core.constants import SHIPPED_CHECKPOINT, SHIPPED_MODELS
+from neuroshard_jax.core.constants import SHIPPED_CHECKPOINT, SHIPPED_MODEL_NAME, SHIPPED_MODELS
 from neuroshard_jax.core.errors import UserError, first_line
-from neuroshard_jax.core.files import package_path
+from neuroshard_jax.core.files import hardware, hardware_kind, package_path
 from neuroshard_jax.core.types import Task
 from neuroshard_jax.costs.analytic import ANALYTIC_FNS, AnalyticConfig, analytic_model, analytic_params
 from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_checkpoint, load_ensemble, read_meta
@@ -64,7 +64,7 @@ def _load_neural(path: str) -> tuple[CostModel, dict]:
 
 def neural_checkpoint(config: NeuralConfig = NeuralConfig()) -> tuple[CostModel, dict, str]:
     """(model, meta.json, path) of the configured checkpoint (the shipped default when none is given)."""
-    path = config.checkpoint or str(package_path(SHIPPED_CHECKPOINT))
+    path = checkpoint_path(config.checkpoint) if config.checkpoint else str(package_path(SHIPPED_CHECKPOINT))
     if not (Path(path) / "meta.json").exists():
         raise UserError(
             f"cost_model.checkpoint: no neural cost model at {path!r}; expected a checkpoint written by "
@@ -224,3 +224,61 @@ def load_cost_model(
     config = typed(NeuralConfig, {**(resolved or {}), **options}, "load_cost_model")
     task = Task(1, 1.0, batch_size, (), precision)
     return with_scales(neural_model(task, config), np.ones(1), factor)
+
+
+PROFILE_HERE = (
+    "python -m neuroshard_jax.collect kind=compute source=specs num_samples=2000 out_dir=datasets/here && "
+    "python -m neuroshard_jax.train datasets=[datasets/here] init=xeon-union out=checkpoints/here"
+)
+
+
+def model_kinds(path: str) -> tuple[str, ...]:
+    """The hardware kinds a checkpoint's labels hold for (``hardware_kinds`` of its meta; a model from before they
+    were recorded: the kind of the machine it names, its microarchitecture unknown)."""
+    meta = read_meta(path)
+    return tuple(meta.get("hardware_kinds") or [hardware_kind(meta.get("hardware"), meta.get("device", "cpu"))])
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelChoice:
+    """Which cost model plans on this machine: ``name`` and ``options`` for ``make_cost_model``, the kinds of
+    hardware its labels came from, this machine's kind, and whether the two match."""
+
+    name: str
+    options: dict
+    kinds: tuple[str, ...]
+    here: str
+    matches: bool
+    chosen: bool  # picked for this machine (the user named none)
+
+    def line(self) -> str:
+        """One line: the model, what it was trained on, whether it matches, and the way forward where not."""
+        label = self.options.get("checkpoint") or (SHIPPED_MODEL_NAME if self.name == "neural" else self.name)
+        if not self.kinds:
+            return f"cost model: {label} (the roofline, not trained on this machine's labels)"
+        trained = " or ".join(self.kinds)
+        if self.matches:
+            how = "chosen for this machine" if self.chosen else "trained on"
+            return f"cost model: {label}, {how}: {trained}"
+        return (
+            f"cost model: {label}, trained on {trained}; this machine is {self.here}: no model of its kind, so "
+            f"predictions may be far off (another AMD EPYC read 15-34% low); profile it: {PROFILE_HERE}"
+        )
+
+
+def choose_cost_model(name: str, options: dict | None = None, device: str = "cpu") -> ModelChoice:
+    """The cost model for this machine: ``neural`` without a checkpoint is the shipped model whose labels are of
+    this machine's kind (the default ``xeon-union`` where none is); a named model or checkpoint is kept as given.
+    ``device``: the compute device the plan is for (``cuda``: the kind includes the GPU)."""
+    options = dict(options or {})
+    here = hardware_kind(hardware(), device)
+    if name == "analytic":
+        return ModelChoice(name, options, (), here, False, False)
+    chosen = name == "neural" and not options.get("checkpoint")
+    if chosen:  # the default stays "neural"; another shipped model only where it, not the default, is of this kind
+        matching = [n for n in shipped_names() if here in model_kinds(checkpoint_path(n))]
+        if matching and SHIPPED_MODEL_NAME not in matching:
+            name = matching[0]
+    path = checkpoint_path(options.get("checkpoint") or (SHIPPED_MODEL_NAME if name == "neural" else name))
+    kinds = model_kinds(path) if (Path(path) / "meta.json").exists() else ()
+    return ModelChoice(name, options, kinds, here, here in kinds, chosen)

@@ -1,4 +1,4 @@
-"""Profiling, host side: run the torch worker subprocesses, isolate their crashes, sample what to measure.
+"""Kernel processes, host side: run the torch worker subprocesses and isolate their crashes.
 
 No torch here. ``ComputeWorker`` keeps one ``python -m neuroshard_jax.kernels.worker serve`` process and
 restarts it after a crash or a timeout; ``run_comm`` launches one process per rank for a batch of
@@ -8,7 +8,6 @@ draws exactly the samples it would have drawn.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import selectors
@@ -21,12 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import numpy as np
-
-from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.features import bin_shares, count_histogram
-from neuroshard_jax.core.sharding import mem_bytes, row_blocks
 from neuroshard_jax.workloads.pool import PoolSpec
 
 # One thread per process everywhere below torch (FBGEMM, OpenMP, MKL).
@@ -349,169 +343,3 @@ def run_comm(requests: list[dict], world: int, timeout_s: float, device: str = "
                 row = json.loads(line)
                 results[row["id"]][rank] = row
         return results
-
-
-# ---------------------------------------------------------------------------------------------
-# Samplers
-
-
-@dataclasses.dataclass(frozen=True)
-class ComputeSamplerConfig:
-    """Shards as in the NeuroShard reference: 1..max_tables table configs, dims augmented, within memory."""
-
-    min_tables: int = 1
-    max_tables: int = 15
-    dims: tuple[int, ...] = (4, 8, 16, 32, 64, 128)
-    mem_cap_gb: float = 4.0
-    precision: str = "fp32"
-
-
-def sample_shard(pool_rows: np.ndarray, config: ComputeSamplerConfig, seed: int, index: int) -> list[list[int]]:
-    """Sample ``index``: distinct pool tables with a dim each, total memory within the cap."""
-    rng = np.random.default_rng([seed, 31337, index])
-    cap = config.mem_cap_gb * GIB_BYTES
-    count = int(rng.integers(config.min_tables, config.max_tables + 1))
-    shard, used = [], 0.0
-    for table in rng.permutation(len(pool_rows)):
-        dims = [d for d in config.dims if used + mem_bytes(pool_rows[table], d, config.precision) <= cap]
-        if not dims:
-            continue
-        dim = int(rng.choice(dims))
-        shard.append([int(table), dim])
-        used += mem_bytes(pool_rows[table], dim, config.precision)
-        if len(shard) == count:
-            break
-    return shard
-
-
-@dataclasses.dataclass(frozen=True)
-class SpecSamplerConfig:
-    """Shards of table specs drawn over the whole range users bring, not a calibrated pool: rows log-uniform,
-    pooling factors log-uniform (a heavy tail past 100, some below 1), access from uniform to extreme skew
-    (Zipf exponents, or a hot set of rows taking most lookups), several batch sizes; ``split_share`` of the
-    shards hold column slices of a table (2, 4 or 8 slices of one table side by side, as a search cuts it);
-    ``row_share`` of them hold a row block of one or two of their tables (one of its 2, 4 or 8 blocks in TorchRec's
-    row layout: the worker measures the block on its own lookups)."""
-
-    min_tables: int = 1
-    max_tables: int = 16
-    log10_rows: tuple[float, float] = (2.0, 7.0)  # rows log-uniform over 1e2..1e7
-    log10_pooling: tuple[float, float] = (-0.5, 2.4)  # pooling factor log-uniform over 0.3..250
-    dims: tuple[int, ...] = (8, 16, 32, 64, 128)
-    batch_sizes: tuple[int, ...] = (2048, 4096, 4096, 8192)
-    max_zipf: float = 1.6  # Zipf exponents uniform in [0, max_zipf] (0: uniform access)
-    hot_share: float = 0.25  # share of tables with a hot set instead of a Zipf law
-    split_share: float = 0.35  # samples holding every column slice (2, 4 or 8) of one to three tables
-    mem_cap_gb: float = 2.0  # weights are initialised in full: memory is most of a sample's time
-    precision: str = "fp32"
-    row_share: float = 0.0  # samples holding a row block (one of 2, 4 or 8) of one or two of their tables
-
-    def __post_init__(self):
-        if not 0.0 <= self.row_share <= 1.0:
-            raise UserError(f"specs.row_share: got {self.row_share}, expected a share in [0, 1]")
-
-
-def _zipf_ranks(rng: np.random.Generator, rows: int, exponent: float, size: int) -> np.ndarray:
-    """``size`` ranks in [0, rows) with P(rank r) ~ (r + 1)^-exponent, by the inverse CDF of the continuous law."""
-    u = rng.random(size)
-    if abs(exponent - 1.0) < 1e-6:
-        x = np.exp(u * np.log(rows + 1.0))
-    else:
-        a = 1.0 - exponent
-        x = (1.0 + u * ((rows + 1.0) ** a - 1.0)) ** (1.0 / a)
-    return np.minimum(np.floor(x).astype(np.int64) - 1, rows - 1)
-
-
-def draw_table_spec(rng: np.random.Generator, config: SpecSamplerConfig, batch_size: int) -> dict:
-    """A table spec {rows, pooling_factor, bins} whose histogram is that of one batch drawn from an access law."""
-    rows = int(round(10 ** rng.uniform(*config.log10_rows)))
-    pooling = float(np.round(10 ** rng.uniform(*config.log10_pooling), 3))
-    lookups = max(1, int(round(pooling * batch_size)))
-    if rng.random() < config.hot_share:  # a hot set of rows takes most of the lookups
-        hot_rows = max(1, int(rows * 10 ** rng.uniform(-4, -1)))
-        hot = rng.random(lookups) < rng.uniform(0.5, 0.99)
-        ranks = np.where(hot, rng.integers(0, hot_rows, lookups), rng.integers(0, rows, lookups))
-    else:
-        ranks = _zipf_ranks(rng, rows, rng.uniform(0.0, config.max_zipf), lookups)
-    _, counts = np.unique(ranks, return_counts=True)
-    shares = bin_shares(count_histogram(counts)[0])
-    return {"rows": rows, "pooling_factor": pooling, "bins": [round(float(x), 5) for x in shares]}
-
-
-def sample_spec_shard(config: SpecSamplerConfig, seed: int, index: int) -> tuple[int, list[dict]]:
-    """Sample ``index``: (batch size, table specs {rows, pooling_factor, bins, dim, seed}) within the memory cap.
-    A column-split sample holds every slice of one to three tables (their slices share the table's stream seed)."""
-    rng = np.random.default_rng([seed, 60013, index])
-    batch_size = int(rng.choice(config.batch_sizes))
-    cap = config.mem_cap_gb * GIB_BYTES
-    count = int(rng.integers(config.min_tables, config.max_tables + 1))
-    split_tables = int(rng.integers(1, 4)) if rng.random() < config.split_share else 0
-    tables, used, attempts = [], 0.0, 0
-    while len(tables) < count and attempts < 4 * config.max_tables:
-        attempts += 1
-        spec = draw_table_spec(rng, config, batch_size)
-        dims = [d for d in config.dims if used + mem_bytes(spec["rows"], d, config.precision) <= cap]
-        if not dims:
-            continue
-        dim = int(rng.choice(dims))
-        stream_seed = int(rng.integers(0, 2**31))
-        slices = 1
-        if split_tables:
-            split_tables -= 1
-            slices = int(rng.choice([k for k in (2, 4, 8) if dim // k >= 4] or [1]))
-        for _ in range(slices):
-            tables.append({**spec, "dim": dim // slices, "seed": stream_seed})
-        used += mem_bytes(spec["rows"], dim, config.precision)
-    if config.row_share > 0 and rng.random() < config.row_share:  # drawn after the rest: older samples unchanged
-        whole = [i for i, t in enumerate(tables) if sum(u["seed"] == t["seed"] for u in tables) == 1 and t["rows"] > 1]
-        for i in rng.permutation(whole)[: int(rng.integers(1, 3))] if whole else ():
-            count = int(rng.choice([k for k in (2, 4, 8) if k <= tables[i]["rows"]]))
-            offset, num_rows = row_blocks(tables[i]["rows"], count)[int(rng.integers(0, count))]
-            if num_rows:
-                tables[i] = {**tables[i], "row_offset": offset, "num_rows": num_rows}
-    return batch_size, tables
-
-
-@dataclasses.dataclass(frozen=True)
-class CommSamplerConfig:
-    """Dim sums of 10..60 tables spread over N devices at varied balance, with straggler delays; ``row_share`` of
-    the samples also carry 1-2 row groups (row-split tables' reduce-scatters over 2..N of the devices,
-    ``row_comm.py``)."""
-
-    world_sizes: tuple[int, ...] = (2, 4, 8)
-    min_tables: int = 10
-    max_tables: int = 60
-    dims: tuple[int, ...] = (4, 8, 16, 32, 64, 128)
-    max_delay_ms: float = 20.0
-    row_share: float = 0.0  # share of samples with row groups (reduce-scatters of row-split tables: row_comm.py)
-
-    def __post_init__(self):
-        if not 0.0 <= self.row_share <= 1.0:
-            raise UserError(f"comm.row_share: got {self.row_share}, expected a share in [0, 1]")
-        if not self.world_sizes or min(self.world_sizes) < 2:
-            raise UserError(f"comm.world_sizes: got {list(self.world_sizes)}, expected sizes >= 2 (an exchange)")
-
-
-def sample_comm(config: CommSamplerConfig, seed: int, index: int) -> dict:
-    """Sample ``index``: world size, per-device dim sums and delays (min delay 0)."""
-    rng = np.random.default_rng([seed, 4099, index])
-    world = int(config.world_sizes[index % len(config.world_sizes)])
-    dims = rng.choice(np.asarray(config.dims), size=int(rng.integers(config.min_tables, config.max_tables + 1)))
-    # balance: a Dirichlet concentration from very skewed (0.1) to near uniform (100)
-    weights = rng.dirichlet(np.full(world, 10 ** rng.uniform(-1, 2)))
-    owners = rng.choice(world, size=len(dims), p=weights)
-    dim_sums = np.bincount(owners, weights=dims, minlength=world).astype(int)
-    delays = rng.uniform(0, config.max_delay_ms, size=world)
-    delays -= delays.min()
-    sample = {"world": world, "dim_sums": dim_sums.tolist(), "delays_ms": np.round(delays, 3).tolist()}
-    if config.row_share > 0 and rng.random() < config.row_share:  # drawn after the rest: older samples unchanged
-        # disjoint groups, as a plan's are (every device, or hosts): one collective per device set (TorchRec fuses)
-        free, groups = list(rng.permutation(world)), []
-        for _ in range(int(rng.integers(1, 3))):
-            if len(free) < 2:
-                break
-            k = int(rng.integers(2, len(free) + 1))
-            ranks, free = sorted(int(r) for r in free[:k]), free[k:]
-            groups.append([int(rng.choice(np.asarray(config.dims), size=int(rng.integers(1, 5))).sum()), ranks])
-        sample["row_groups"] = groups
-    return sample

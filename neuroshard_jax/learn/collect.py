@@ -34,20 +34,18 @@ from neuroshard_jax.core.config import above_zero, at_least, typed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JsonlLog, git_commit, hardware, write_manifest
 from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, map_requests, open_executor, protocol
-from neuroshard_jax.kernels.processes import (
-    CommSamplerConfig,
-    ComputeSamplerConfig,
-    SpecSamplerConfig,
-    WorkerFailure,
-    compute_request,
-    sample_comm,
-    sample_shard,
-    sample_spec_shard,
-    worker_versions,
-)
+from neuroshard_jax.kernels.processes import WorkerFailure, compute_request, worker_versions
 from neuroshard_jax.learn.plan_labels import PlanLabelConfig, collect_plans
 from neuroshard_jax.measure.plans import EvaluateConfig
 from neuroshard_jax.workloads.pool import PoolSpec, pool_streams
+from neuroshard_jax.workloads.samplers import (
+    CommSamplerConfig,
+    ComputeSamplerConfig,
+    SpecSamplerConfig,
+    sample_comm,
+    sample_shard,
+    sample_spec_shard,
+)
 
 KINDS = ("compute", "comm", "plans")
 

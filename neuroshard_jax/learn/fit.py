@@ -8,7 +8,6 @@ the best validation loss are kept.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import functools
 import statistics
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from neuroshard_jax.core.files import (
     common_kinds,
     load_manifest,
     manifest_kinds,
+    now_utc,
     package_path,
     read_records,
     resolve_dataset,
@@ -456,7 +456,7 @@ def checkpoint_meta(dataset_dir: Path, config: TrainConfig, report: dict, datase
         "train_config": dataclasses.asdict(config),
         "metrics": report,
         "how": how,
-        "trained": _now(),
+        "trained": now_utc(),
     }
 
 
@@ -471,10 +471,6 @@ def train_models(dataset_dir: str | Path, net_config, config: TrainConfig, out: 
     how = f"python -m neuroshard_jax.train dataset={dataset_dir}"
     save_checkpoint(out, net_config, trained, checkpoint_meta(dataset_dir, config, report, datasets, how))
     return report
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -687,7 +683,7 @@ def train_ensemble(
         "train_config": dataclasses.asdict(config),
         "metrics": report,
         "how": how,
-        "trained": _now(),
+        "trained": now_utc(),
         **({"fine_tuned_from": portable_path(init)} if init is not None else {}),
     }
     save_ensemble(out, ens_config, params, meta)

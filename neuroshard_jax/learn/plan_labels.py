@@ -42,12 +42,12 @@ from neuroshard_jax.costs.cost_model import DeviceCosts, plan_cost_ms
 from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model, shipped_names
 from neuroshard_jax.costs.scoring import score_plans_devices
 from neuroshard_jax.kernels.executors import Executor, open_executor
-from neuroshard_jax.kernels.processes import SpecSamplerConfig, draw_table_spec
 from neuroshard_jax.learn.fit import kendall_tau
 from neuroshard_jax.measure.drift import References, references
 from neuroshard_jax.measure.plans import EvaluateConfig, device_key, device_request, device_tables, measure_comm
 from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool
+from neuroshard_jax.workloads.samplers import SpecSamplerConfig, draw_table_spec
 from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
 
 SOURCES = ("pool", "specs")
@@ -366,10 +366,10 @@ def label_rows(
 ) -> dict:
     """Measure the devices (and with ``comm``, the all-to-alls) of the plans of plans.jsonl ``rows`` not yet in
     ``out``'s compute.jsonl (comm.jsonl); returns the counts and the wall time of each part. ``drift``: reference
-    records measured with every chunk of devices, and the chunk (``measure_devices``)."""
+    records measured with every chunk of devices, and the chunk (``label_devices``)."""
     with open_executor(evaluate.executor, evaluate.device, evaluate.timeout_s, pin=evaluate.pin) as executor:
         started = time.perf_counter()
-        devices = measure_devices(rows, out / "compute.jsonl", evaluate, model, progress, executor, *drift)
+        devices = label_devices(rows, out / "compute.jsonl", evaluate, model, progress, executor, *drift)
         compute_s = time.perf_counter() - started
         started = time.perf_counter()
         comms = measure_plan_comm(rows, out, evaluate, progress, executor) if comm else 0
@@ -391,7 +391,7 @@ def plan_devices(row: dict) -> Iterator[tuple[str, str, Task, list]]:
                 yield device_key(task, tables), spec["name"], task, tables
 
 
-def measure_devices(
+def label_devices(
     rows: list[dict],
     path: Path,
     evaluate: EvaluateConfig,

@@ -18,7 +18,7 @@ from typing import Any
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel
-from neuroshard_jax.costs.registry import cost_model_config, make_cost_model
+from neuroshard_jax.costs.registry import ModelChoice, choose_cost_model, cost_model_config, make_cost_model
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrated
 from neuroshard_jax.measure.polish import PolishConfig, polish_plan
 from neuroshard_jax.search.pipeline import enable_compilation_cache, search_plan
@@ -34,6 +34,7 @@ class Planned:
 
     plan: Plan
     cost_model: CostModel
+    choice: ModelChoice  # which model planned, trained on what, and whether it matches this machine (``line()``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +42,9 @@ class Planner:
     """The settings of a planning run. ``searcher``/``searcher_options``: a registered searcher and its options
     (conf/searcher/); ``cost_model``/``cost_model_options``: a model's name and options (conf/cost_model/);
     ``row_split``: which tables row blocks are tried for (fit | hot | off); ``calibrate``, ``polish``: the measured
-    stages before and after the search (``name="off"`` skips them); ``seed``: the same seed gives the same plan."""
+    stages before and after the search (``name="off"`` skips them); ``seed``: the same seed gives the same plan;
+    ``device``: the compute device the plan is for (cpu | cuda): ``neural`` is the shipped model of this machine's
+    kind of hardware where there is one (``costs.registry.choose_cost_model``)."""
 
     searcher: str = "beam"
     cost_model: str = "neural"
@@ -51,8 +54,11 @@ class Planner:
     row_split: str = "fit"
     calibrate: CalibrateConfig = CalibrateConfig()
     polish: PolishConfig = PolishConfig()
+    device: str = "cpu"
 
     def __post_init__(self):
+        if self.device not in ("cpu", "cuda"):
+            raise UserError(f"device: got {self.device!r}, expected cpu or cuda")
         check_mode(self.row_split)
         make_searcher(self.searcher, dict(self.searcher_options))
         cost_model_config(self.cost_model, dict(self.cost_model_options))
@@ -62,18 +68,19 @@ class Planner:
         splits tried first where they may pay), polish on the real kernels (if asked)."""
         check_feasible(task)  # an infeasible task is refused before any model is built or kernel measured
         enable_compilation_cache()
-        options, record = dict(self.cost_model_options), None
+        choice = choose_cost_model(self.cost_model, self.cost_model_options, self.device)
+        name, options, record = choice.name, dict(choice.options), None
         if self.calibrate.name == "measured":
-            options, record = calibrated(task, self.cost_model, options, self.calibrate, self.seed)
-        model = make_cost_model(self.cost_model, task, options)
+            options, record = calibrated(task, name, options, self.calibrate, self.seed)
+        model = make_cost_model(name, task, options)
         plan = search_plan(
-            task, self.searcher, self.cost_model, self.seed, dict(self.searcher_options), options, self.row_split, model
+            task, self.searcher, name, self.seed, dict(self.searcher_options), options, self.row_split, model
         )
         if self.polish.name == "measured":
             plan = polish_plan(plan, model, self.polish, self.seed)
         if record is not None:
             plan = dataclasses.replace(plan, calibration=record)
-        return Planned(plan, model)
+        return Planned(plan, model, choice)
 
     def plan(self, task: Task) -> Plan:
         """``run(task).plan``."""

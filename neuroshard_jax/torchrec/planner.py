@@ -273,8 +273,12 @@ class NeuroShardPlanner(ShardingPlanner):
             row_split=self.row_split,
             calibrate=self.calibrate,
             polish=self.polish,
+            device="cuda" if self.topology.compute_device == "cuda" else "cpu",
         )
-        ours = planner.plan(task)
+        planned = planner.run(task)
+        ours = planned.plan
+        if self.verbose:
+            print(planned.choice.line(), file=sys.stderr)
         self.last_plan = ours
         if self.verbose:
             print(format_plan(ours.to_json()), file=sys.stderr)

@@ -30,13 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.core.constants import GENERATOR_VERSION
+from neuroshard_jax.core.constants import GENERATOR_VERSION, MIN_ROWS
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_BINS, access_histogram, bin_shares, count_histogram
 from neuroshard_jax.core.files import pool_file_digest
 from neuroshard_jax.core.types import PoolSpec
-
-MIN_ROWS = 100  # DLRM rule: rows = max(100, largest index + 1)
 
 
 @dataclasses.dataclass(frozen=True)

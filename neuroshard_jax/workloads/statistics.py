@@ -32,14 +32,15 @@ from tqdm import tqdm
 
 from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import at_least, typed
+from neuroshard_jax.core.constants import MIN_ROWS
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_BINS, bin_shares, count_bins, count_histogram
 from neuroshard_jax.core.files import read_json
 from neuroshard_jax.core.sharding import row_block_size
 from neuroshard_jax.core.types import RowBlockStats, row_blocks_from_json, row_blocks_json
 from neuroshard_jax.workloads.pool import load_dlrm_arrays
+from neuroshard_jax.workloads.streams import zipf_ids
 
-MIN_ROWS = 100  # the DLRM rule: rows = max(100, largest index + 1)
 DEFAULT_ZIPF = 1.05  # the estimate's assumed exponent; published DLRM tables span roughly 0.6..1.4
 FORMATS = ("auto", "npz", "dlrm")
 ROW_BLOCK_COUNTS = (2, 4, 8)  # the row-block counts whose statistics are measured (rows known up front)
@@ -296,18 +297,6 @@ def estimated_stats(
     ids = zipf_ids(rng, rows, zipf, lookups)
     bins = bin_shares(count_histogram(np.unique(ids, return_counts=True)[1])[0]) if lookups else np.zeros(NUM_BINS)
     return TableStats(name, rows, float(pooling_factor), tuple(float(b) for b in bins), batch_size, 0, 0, True)
-
-
-def zipf_ids(rng: np.random.Generator, rows: int, s: float, size: int) -> np.ndarray:
-    """i64[size] ids in [0, rows) with P(id = r) ~ (r + 1)^-s, by inverting the continuous law's CDF on [1, rows+1)
-    (O(size), no row-sized table)."""
-    u = rng.random(size)
-    n = rows + 1.0
-    if abs(s - 1.0) < 1e-9:
-        x = np.exp(u * np.log(n))
-    else:
-        x = (1.0 + u * (n ** (1.0 - s) - 1.0)) ** (1.0 / (1.0 - s))
-    return np.clip(np.floor(x).astype(np.int64) - 1, 0, rows - 1)
 
 
 # ---------------------------------------------------------------------------------------------

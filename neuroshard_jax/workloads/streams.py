@@ -194,3 +194,15 @@ def block_statistics(spec: TableSpec, seed: int, row_offset: int, num_rows: int)
     indices, offsets = spec_stream(spec, seed)
     kept, _ = restrict_rows(indices, offsets, row_offset, num_rows)
     return len(kept) / spec.batch_size, bin_shares(access_histogram(kept, num_rows)[0])
+
+
+def zipf_ids(rng: np.random.Generator, rows: int, s: float, size: int) -> np.ndarray:
+    """i64[size] ids in [0, rows) with P(id = r) ~ (r + 1)^-s, by inverting the continuous law's CDF on [1, rows+1)
+    (O(size), no row-sized table)."""
+    u = rng.random(size)
+    n = rows + 1.0
+    if abs(s - 1.0) < 1e-9:
+        x = np.exp(u * np.log(n))
+    else:
+        x = (1.0 + u * (n ** (1.0 - s) - 1.0)) ** (1.0 / (1.0 - s))
+    return np.clip(np.floor(x).astype(np.int64) - 1, 0, rows - 1)
