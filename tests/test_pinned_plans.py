@@ -17,7 +17,9 @@ PINS = Path(__file__).parent / "data" / "pinned_plans.json"
 
 def plan_of(searcher: str, seed: int, overrides: list[str]) -> dict:
     with initialize_config_module(config_module="neuroshard_jax.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"searcher={searcher}", f"seed={seed}", *overrides])
+        # the pins are xeon-union's: named, so that a machine with a model of its own kind plans them alike
+        named = [] if any(o.startswith("cost_model") for o in overrides) else ["cost_model.checkpoint=xeon-union"]
+        cfg = compose(config_name="config", overrides=[f"searcher={searcher}", f"seed={seed}", *overrides, *named])
     config = main_config(cfg)
     task = make_task(config.task, config.task.seed)
     result = planner_of(config).plan(task).to_json()  # the main job's planner
