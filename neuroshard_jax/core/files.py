@@ -8,7 +8,9 @@ write cut by a kill) is cut off, so a file holds only whole records. Each record
 
 from __future__ import annotations
 
+import copy
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -127,6 +129,12 @@ ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vn
 
 
 def hardware() -> dict[str, Any]:
+    """``_hardware()``, read once per process (a copy: /proc/cpuinfo and ``nvidia-smi`` do not change under it)."""
+    return copy.deepcopy(_hardware())
+
+
+@functools.cache
+def _hardware() -> dict[str, Any]:
     """This machine as a dataset's manifest records it. ``cpu`` (the model name) is not enough to tell kinds
     apart: this project's machines all print "AMD EPYC", from Zen 3 (family 25 model 1) to Zen 4 (model 17), and
     the same shard measures 1.75x faster on the latter. So ``cpu_id`` (vendor, family, model: the

@@ -232,6 +232,7 @@ PROFILE_HERE = (
 )
 
 
+@functools.lru_cache(maxsize=32)
 def model_kinds(path: str) -> tuple[str, ...]:
     """The hardware kinds a checkpoint's labels hold for (``hardware_kinds`` of its meta; a model from before they
     were recorded: the kind of the machine it names, its microarchitecture unknown)."""
