@@ -263,7 +263,7 @@ class ModelChoice:
             return f"cost model: {label}, {how}: {trained}"
         return (
             f"cost model: {label}, trained on {trained}; this machine is {self.here}: no model of its kind, so "
-            f"predictions may be far off (another AMD EPYC read 15-34% low); profile it: {PROFILE_HERE}"
+            f"predictions may be far off; profile it: {PROFILE_HERE}"
         )
 
 
