@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 
 from neuroshard_jax.costs.registry import COST_MODELS, NO_CALIBRATION
 from neuroshard_jax.kernels.executors import ExecutorConfig
+from neuroshard_jax.learn.adapt import AdaptConfig
 from neuroshard_jax.learn.collect import CollectConfig
 from neuroshard_jax.learn.fit import TrainAppConfig
 from neuroshard_jax.learn.loop import LoopConfig
@@ -57,9 +58,11 @@ COMMANDS = {
     "compare": CompareConfig,
     "probe": ProbeConfig,
     "compare_models": ModelComparisonConfig,
+    "adapt": AdaptConfig,
 }
 COMPOSED = {"config": ("searcher", "cost_model", *GROUPS), "collect": ("executor",), "loop": ("executor",)}
 COMPOSED["train_policy"] = ("executor",)
+COMPOSED["adapt"] = ("executor",)
 
 
 def plain(value) -> Any:

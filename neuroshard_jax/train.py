@@ -31,7 +31,7 @@ def main(cfg: DictConfig) -> None:
         if config.family == "ensemble":
             how = f"python -m neuroshard_jax.train datasets=[{','.join(config.datasets)}] name={config.name}"
             if config.init:
-                how += f" init={config.init} train.epochs={config.train.epochs}"
+                how += f" init={config.init} train.epochs={config.train.epochs}" + (" reanchor=true" * config.reanchor)
             report = train_ensemble(
                 list(config.datasets),
                 config.ensemble,
@@ -41,6 +41,7 @@ def main(cfg: DictConfig) -> None:
                 how,
                 allow_mixed_hardware=config.allow_mixed_hardware,
                 init=checkpoint_path(config.init) if config.init else None,
+                reanchor=config.reanchor,
             )
         elif config.family == "mlp":
             report = train_models(config.datasets[0], config.net, config.train, config.out)

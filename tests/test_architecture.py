@@ -93,7 +93,7 @@ def test_each_rule_lives_in_one_function():
 STAGES = ("core", "workloads", "kernels", "costs", "searchers", "measure", "search", "learn", "torchrec", "entry")
 # The top level of the package: the public API, the main job and the other commands (thin Hydra mains).
 ENTRIES = {"__init__", "__main__", "api", "collect", "evaluate", "explain", "export", "loop", "stats", "train"}
-ENTRIES |= {"train_policy", "compare", "compare_models", "probe"}
+ENTRIES |= {"train_policy", "compare", "compare_models", "probe", "adapt"}
 TORCH = ("torch", "torchrec", "fbgemm_gpu")
 
 

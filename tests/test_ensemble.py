@@ -259,7 +259,7 @@ def test_shipped_models_by_name():
     assert "cpu-b4096" in names  # the first model stays loadable for the ablation
     task = make_task([make_table(i) for i in range(3)], batch_size=4096)
     assert make_cost_model("cpu-b4096", task).name == "neural"
-    with pytest.raises(UserError, match="shipped model"):
+    with pytest.raises(UserError, match=r"a model.s name \(cpu-b4096"):
         make_cost_model("no-such-model", task)
 
 
@@ -377,7 +377,8 @@ EPYC = {"cpu": "AMD EPYC", "cpu_id": "AuthenticAMD family 25 model 17"}
 def test_the_model_of_this_machines_hardware_is_chosen_and_named_in_one_line(monkeypatch):
     """``neural`` is the shipped model of this machine's kind: on the Xeon kind of the labels the default, named
     as matching; on another kind (an AMD EPYC, a GPU) the default with a line saying it does not match and how to
-    profile this machine; a shipped model of this kind where the default is not; a named model kept as named."""
+    adapt a model to this machine; a shipped model of this kind where the default is not; a named model kept as
+    named."""
     from neuroshard_jax.costs import registry
 
     monkeypatch.setattr(registry, "hardware", lambda: XEON)
@@ -391,10 +392,11 @@ def test_the_model_of_this_machines_hardware_is_chosen_and_named_in_one_line(mon
     assert (
         "\n" not in line and "this machine is AMD EPYC [AuthenticAMD family 25 model 17]: no model of its kind" in line
     )
-    assert "python -m neuroshard_jax.collect" in line and "python -m neuroshard_jax.train" in line
+    assert line.endswith("make one in minutes: python -m neuroshard_jax.adapt budget_min=10")
     monkeypatch.setattr(registry, "hardware", lambda: {**XEON, "gpu": "NVIDIA H200"})
     gpu = registry.choose_cost_model("neural", device="cuda")
     assert not gpu.matches and gpu.here.endswith("+ NVIDIA H200") and "no model of its kind" in gpu.line()
+    assert gpu.line().endswith("python -m neuroshard_jax.adapt budget_min=10 device=cuda")
     # a shipped model of this machine's kind is chosen over a default of another kind
     monkeypatch.setattr(registry, "hardware", lambda: EPYC)
     epyc_kind = f"{EPYC['cpu']} [{EPYC['cpu_id']}]"

@@ -4,64 +4,33 @@
         [--heldout 400] [--init xeon-union] [--out outputs/bench/adapt]
 
 The dataset's last ``--heldout`` samples (by id, quiet ones: ``cpu_share`` >= MIN_CPU_SHARE) are held out; for each
-size N the first N samples (and the dataset's comm labels) make a dataset of their own, on which the shipped model
-``--init`` is fine-tuned (60 epochs at 1e-3, what the loop does) and a model is trained from scratch (the train
-command's defaults). Every model, ``--init`` as shipped (zero labels) and ``--init`` scaled by one factor (the median
-measured / predicted over the N samples, what ``calibrate=measured`` does) are scored on the held-out samples:
-MAPE and Kendall tau. Training runs the real command (``python -m neuroshard_jax.train``) in a subprocess.
+size N the first N samples make a dataset of their own, on which the shipped model ``--init`` is fine-tuned (60
+epochs at 1e-3, what the loop and ``adapt`` do), fine-tuned after moving onto the roofline fitted to the N samples
+(``reanchor=true``, ``adapt``'s default), and a model is trained from scratch (the train command's defaults). Every
+model, ``--init`` as shipped (zero labels) and ``--init`` scaled by one factor (the median measured / predicted over
+the N samples, what ``calibrate=measured`` does) are scored on the held-out samples: MAPE and Kendall tau.
+Training runs the real command (``python -m neuroshard_jax.train``) in a subprocess.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from neuroshard_jax.core.constants import MIN_CPU_SHARE
 from neuroshard_jax.core.files import hardware, read_records, resolve_dataset, write_json
-from neuroshard_jax.costs.checkpoints import load_ensemble
 from neuroshard_jax.costs.registry import checkpoint_path
-from neuroshard_jax.learn.fit import compute_batches, ensemble_ms, kendall_tau
+from neuroshard_jax.learn.adapt import heldout_scores, median_factor, subset
 
 
-def subset(source: Path, ids: set[int], out: Path) -> Path:
-    """A dataset folder of ``source``'s compute records with these ids, its manifests and comm labels."""
-    out.mkdir(parents=True, exist_ok=True)
-    records = [r for r in read_records(source / "compute.jsonl") if r["id"] in ids]
-    (out / "compute.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    for name in ("manifest-compute.json", "comm.jsonl", "manifest-comm.json"):
-        if (source / name).exists():
-            shutil.copy(source / name, out / name)
-    return out
-
-
-def scores(checkpoint: str, heldout: Path, factor: float = 1.0) -> dict:
-    _, nets, params, _ = load_ensemble(checkpoint)
-    feats, mask, batch, target, _ = compute_batches(heldout)
-    pred = ensemble_ms(nets, params, feats, mask, batch)[0] * factor
-    return {
-        "mape": round(float(np.mean(np.abs(pred - target) / target)), 4),
-        "bias": round(float(np.mean((pred - target) / target)), 4),
-        "kendall_tau": round(kendall_tau(pred, target), 4),
-        "count": int(len(target)),
-    }
-
-
-def median_factor(checkpoint: str, labelled: Path) -> float:
-    _, nets, params, _ = load_ensemble(checkpoint)
-    feats, mask, batch, target, _ = compute_batches(labelled)
-    return float(np.median(target / ensemble_ms(nets, params, feats, mask, batch)[0]))
-
-
-def train(datasets: Path, out: Path, init: str | None) -> float:
+def train(datasets: Path, out: Path, init: str | None, reanchor: bool = False) -> float:
     args = [sys.executable, "-m", "neuroshard_jax.train", f"datasets=[{datasets}]", f"out={out}", f"name={out.name}"]
     args += [f"init={init}", "train.epochs=60", "train.learning_rate=0.001"] if init else []
+    args += ["reanchor=true"] if reanchor else []
     start = time.perf_counter()
     done = subprocess.run([*args, "train.progress=false"], capture_output=True, text=True)
     if done.returncode != 0:
@@ -81,19 +50,23 @@ def main() -> None:
     work = Path(args.out) / source.name
     records = sorted(read_records(source / "compute.jsonl"), key=lambda r: r["id"])
     held = {r["id"] for r in records[-args.heldout :] if r.get("ok") and r.get("cpu_share", 1.0) >= MIN_CPU_SHARE}
-    heldout = subset(source, held, work / "heldout")
+    heldout = subset(source, lambda r: r["id"] in held, work / "heldout")
     init = checkpoint_path(args.init)
-    rows = [{"labels": 0, "shipped": scores(init, heldout)}]
+    rows = [{"labels": 0, "shipped": heldout_scores(init, heldout)}]
     print(json.dumps(rows[-1]), flush=True)
     for n in (int(s) for s in args.sizes.split(",")):
         ids = {r["id"] for r in records[: len(records) - args.heldout][:n]}
-        labelled = subset(source, ids, work / f"n{n}")
+        labelled = subset(source, lambda r, ids=ids: r["id"] in ids, work / f"n{n}")
         row = {"labels": len(ids)}
-        row["calibrated"] = {**scores(init, heldout, median_factor(init, labelled))}
-        for how, base in (("finetuned", args.init), ("scratch", None)):
+        row["calibrated"] = {**heldout_scores(init, heldout, median_factor(init, labelled))}
+        for how, base, reanchor in (
+            ("finetuned", args.init, False),
+            ("reanchored", args.init, True),
+            ("scratch", None, False),
+        ):
             ckpt = work / f"{how}-n{n}"
-            seconds = train(labelled, ckpt, base)
-            row[how] = {**scores(str(ckpt), heldout), "train_s": seconds}
+            seconds = train(labelled, ckpt, base, reanchor)
+            row[how] = {**heldout_scores(str(ckpt), heldout), "train_s": seconds}
         rows.append(row)
         print(json.dumps(row), flush=True)
     result = {

@@ -270,6 +270,17 @@ def write_json(obj: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
+def cache_dir() -> Path:
+    """This user's folder for what the project makes and keeps (pool features, compiled search kernels, the models
+    ``adapt`` made): ``$NEUROSHARD_CACHE_DIR``, default ``~/.cache/neuroshard_jax``."""
+    return Path(os.environ.get("NEUROSHARD_CACHE_DIR", Path.home() / ".cache" / "neuroshard_jax"))
+
+
+def user_models_dir() -> Path:
+    """Where ``python -m neuroshard_jax.adapt`` registers the models it makes, one folder per name."""
+    return cache_dir() / "models"
+
+
 def package_path(relative: str) -> Path:
     """A path inside the installed neuroshard_jax package (its shipped data)."""
     return Path(str(resources.files("neuroshard_jax"))) / relative

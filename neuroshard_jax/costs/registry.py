@@ -22,7 +22,7 @@ import numpy as np
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.constants import SHIPPED_CHECKPOINT, SHIPPED_MODEL_NAME, SHIPPED_MODELS
 from neuroshard_jax.core.errors import UserError, first_line
-from neuroshard_jax.core.files import hardware, hardware_kind, package_path
+from neuroshard_jax.core.files import hardware, hardware_kind, package_path, user_models_dir
 from neuroshard_jax.core.types import Task
 from neuroshard_jax.costs.analytic import ANALYTIC_FNS, AnalyticConfig, analytic_model, analytic_params
 from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_checkpoint, load_ensemble, read_meta
@@ -42,15 +42,33 @@ class NeuralConfig:
             raise UserError(f"cost_model.risk: got {self.risk!r}, expected a finite number >= 0")
 
 
+def _models_in(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if (p / "meta.json").exists()) if root.is_dir() else []
+
+
 def shipped_names() -> list[str]:
     """Names of the checkpoints shipped in the package (``cost_model.name=NAME``)."""
-    root = package_path(SHIPPED_MODELS)
-    return sorted(p.name for p in root.iterdir() if (p / "meta.json").exists()) if root.exists() else []
+    return _models_in(package_path(SHIPPED_MODELS))
+
+
+def user_names() -> list[str]:
+    """Names of the models this user made with ``python -m neuroshard_jax.adapt`` (``user_models_dir``)."""
+    return [n for n in _models_in(user_models_dir()) if n not in COST_MODELS]
+
+
+def model_names() -> list[str]:
+    """Every name ``cost_model.name`` and ``cost_model.checkpoint`` accept: the shipped models, then the user's."""
+    shipped = shipped_names()
+    return shipped + [n for n in user_names() if n not in shipped]
 
 
 def checkpoint_path(model: str) -> str:
-    """A shipped model's checkpoint directory, else ``model`` (a directory)."""
-    return str(package_path(f"{SHIPPED_MODELS}/{model}")) if model in shipped_names() else model
+    """A shipped or user model's checkpoint directory by its name, else ``model`` (a directory)."""
+    if model in shipped_names():
+        return str(package_path(f"{SHIPPED_MODELS}/{model}"))
+    if model in user_names():
+        return str(user_models_dir() / model)
+    return model
 
 
 @functools.lru_cache(maxsize=8)
@@ -68,7 +86,8 @@ def neural_checkpoint(config: NeuralConfig = NeuralConfig()) -> tuple[CostModel,
     if not (Path(path) / "meta.json").exists():
         raise UserError(
             f"cost_model.checkpoint: no neural cost model at {path!r}; expected a checkpoint written by "
-            f"python -m neuroshard_jax.train, or a shipped name ({', '.join(shipped_names())}), or cost_model=analytic"
+            f"python -m neuroshard_jax.train or adapt, or a model's name ({', '.join(model_names())}), or "
+            "cost_model=analytic"
         )
     model, meta = _load_neural(str(Path(path).resolve()))
     if not (meta.get("datasets") or {}).get("comm"):
@@ -152,19 +171,19 @@ COST_MODELS = {"analytic": (analytic_model, AnalyticConfig), "neural": (neural_m
 
 
 def _resolve(name: str, options: dict | None) -> tuple[str, dict | None]:
-    """A shipped checkpoint's name is the neural model with that checkpoint."""
+    """A shipped or user model's name is the neural model with that checkpoint."""
     if name in COST_MODELS:
         return name, options
-    if name in shipped_names():
+    if name in model_names():
         options = dict(options or {})
         if options.get("checkpoint"):
             raise UserError(
                 f"cost_model: name {name!r} and checkpoint {options['checkpoint']!r} both given; expected one"
             )
-        return "neural", {**options, "checkpoint": str(package_path(f"{SHIPPED_MODELS}/{name}"))}
+        return "neural", {**options, "checkpoint": checkpoint_path(name)}
     raise UserError(
-        f"cost_model: got {name!r}, expected one of {', '.join(sorted(COST_MODELS))} or a shipped model "
-        f"({', '.join(shipped_names())})"
+        f"cost_model: got {name!r}, expected one of {', '.join(sorted(COST_MODELS))} or a model's name "
+        f"({', '.join(model_names())})"
     )
 
 
@@ -214,7 +233,7 @@ def load_cost_model(
         config = typed(AnalyticConfig, options, "load_cost_model")
         model = CostModel("analytic", ANALYTIC_FNS, analytic_params(batch_size, precision, config))
         return with_scales(model, np.ones(1), factor)
-    if name_or_path == "neural" or name_or_path in shipped_names():
+    if name_or_path == "neural" or name_or_path in model_names():
         name, resolved = _resolve(name_or_path, {})
     else:
         resolved = {"checkpoint": name_or_path}
@@ -226,10 +245,9 @@ def load_cost_model(
     return with_scales(neural_model(task, config), np.ones(1), factor)
 
 
-PROFILE_HERE = (
-    "python -m neuroshard_jax.collect kind=compute source=specs num_samples=2000 out_dir=datasets/here && "
-    "python -m neuroshard_jax.train datasets=[datasets/here] init=xeon-union out=checkpoints/here"
-)
+def adapt_here(device: str = "cpu") -> str:
+    """The command that makes a model of this machine (``learn/adapt.py``)."""
+    return "python -m neuroshard_jax.adapt budget_min=10" + (" device=cuda" if device == "cuda" else "")
 
 
 @functools.lru_cache(maxsize=32)
@@ -251,10 +269,13 @@ class ModelChoice:
     here: str
     matches: bool
     chosen: bool  # picked for this machine (the user named none)
+    device: str = "cpu"
 
     def line(self) -> str:
         """One line: the model, what it was trained on, whether it matches, and the way forward where not."""
         label = self.options.get("checkpoint") or (SHIPPED_MODEL_NAME if self.name == "neural" else self.name)
+        if label in user_names() and label not in shipped_names():
+            label += " (yours, made by adapt)"
         if not self.kinds:
             return f"cost model: {label} (the roofline, not trained on this machine's labels)"
         trained = " or ".join(self.kinds)
@@ -263,23 +284,32 @@ class ModelChoice:
             return f"cost model: {label}, {how}: {trained}"
         return (
             f"cost model: {label}, trained on {trained}; this machine is {self.here}: no model of its kind, so "
-            f"predictions may be far off; profile it: {PROFILE_HERE}"
+            f"predictions may be far off; make one in minutes: {adapt_here(self.device)}"
         )
 
 
 def choose_cost_model(name: str, options: dict | None = None, device: str = "cpu") -> ModelChoice:
-    """The cost model for this machine: ``neural`` without a checkpoint is the shipped model whose labels are of
-    this machine's kind (the default ``xeon-union`` where none is); a named model or checkpoint is kept as given.
-    ``device``: the compute device the plan is for (``cuda``: the kind includes the GPU)."""
+    """The cost model for this machine: ``neural`` without a checkpoint is the user's latest model of this
+    machine's kind (made by ``adapt``), else the shipped model of its kind (the default ``xeon-union`` where none
+    is); a named model or checkpoint is kept as given. ``device``: the compute device the plan is for (``cuda``:
+    the kind includes the GPU)."""
     options = dict(options or {})
     here = hardware_kind(hardware(), device)
     if name == "analytic":
-        return ModelChoice(name, options, (), here, False, False)
+        return ModelChoice(name, options, (), here, False, False, device)
     chosen = name == "neural" and not options.get("checkpoint")
-    if chosen:  # the default stays "neural"; another shipped model only where it, not the default, is of this kind
-        matching = [n for n in shipped_names() if here in model_kinds(checkpoint_path(n))]
-        if matching and SHIPPED_MODEL_NAME not in matching:
-            name = matching[0]
+    if chosen:  # the default stays "neural" unless another model, not the default, is of this kind
+        name = _model_of_kind(here) or name
     path = checkpoint_path(options.get("checkpoint") or (SHIPPED_MODEL_NAME if name == "neural" else name))
     kinds = model_kinds(path) if (Path(path) / "meta.json").exists() else ()
-    return ModelChoice(name, options, kinds, here, here in kinds, chosen)
+    return ModelChoice(name, options, kinds, here, here in kinds, chosen, device)
+
+
+def _model_of_kind(here: str) -> str | None:
+    """The user's most recently made model of kind ``here``, else the first shipped one, unless that is the
+    default (None: keep ``neural``)."""
+    mine = [n for n in user_names() if here in model_kinds(checkpoint_path(n))]
+    if mine:
+        return max(mine, key=lambda n: read_meta(checkpoint_path(n)).get("trained", ""))
+    shipped = [n for n in shipped_names() if here in model_kinds(checkpoint_path(n))]
+    return shipped[0] if shipped and SHIPPED_MODEL_NAME not in shipped else None

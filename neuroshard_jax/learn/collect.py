@@ -23,7 +23,10 @@ worker is restarted. Settings live in conf/collect.yaml.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -143,8 +146,10 @@ def _without_unset(settings: dict, key: str) -> dict:
     return {k: v for k, v in settings.items() if k != key or v}
 
 
-def collect(config: CollectConfig) -> dict:
-    """Collect up to ``num_samples`` records of ``kind`` into ``out_dir``; returns a summary."""
+def collect(config: CollectConfig, ids: Iterable[int] | None = None, until: float | None = None) -> dict:
+    """Collect up to ``num_samples`` records of ``kind`` into ``out_dir``; returns a summary. ``ids`` (compute):
+    the samples to measure instead, in this order (drawn lazily: an order may be long or chosen as it goes);
+    ``until``: a ``time.monotonic()`` deadline after which no sample is started (those started finish)."""
     if config.kind == "plans":
         return _collect_plans(config)
     out = Path(config.out_dir)
@@ -162,14 +167,22 @@ def collect(config: CollectConfig) -> dict:
         + " (conf/collect.yaml)",
     }
     write_manifest(out / f"manifest-{config.kind}.json", _settings(config), manifest_extra)
-    todo = [i for i in range(config.num_samples) if i not in log.ids]
-    bar = tqdm(
-        total=config.num_samples,
-        initial=config.num_samples - len(todo),
-        desc=config.kind,
-        disable=not config.progress,
-        smoothing=0.05,
-    )
+    if ids is None:
+        todo = [i for i in range(config.num_samples) if i not in log.ids]
+        bar = tqdm(
+            total=config.num_samples,
+            initial=config.num_samples - len(todo),
+            desc=config.kind,
+            disable=not config.progress,
+            smoothing=0.05,
+        )
+    elif config.kind == "compute":
+        todo = (i for i in ids if i not in log.ids)
+        bar = tqdm(initial=len(log.ids), desc="labels", unit=" labels", disable=not config.progress, mininterval=2)
+    else:
+        raise ValueError("collect: ids are for kind=compute")
+    if until is not None:
+        todo = itertools.takewhile(lambda _: time.monotonic() < until, todo)
     run = _collect_compute if config.kind == "compute" else _collect_comm
     try:
         run(config, log, todo, bar)
@@ -231,7 +244,7 @@ def _collect_plans(config: CollectConfig) -> dict:
     return {"records": len(records), "failed": failed, "path": str(out / "compute.jsonl"), **summary}  # this call's
 
 
-def _collect_compute(config: CollectConfig, log: JsonlLog, todo: list[int], bar) -> None:
+def _collect_compute(config: CollectConfig, log: JsonlLog, todo: Iterable[int], bar) -> None:
     pool_rows = pool_streams(config.pool)[0] if config.source == "pool" else None
 
     def request(i: int) -> dict:

@@ -41,6 +41,7 @@ from neuroshard_jax.costs.analytic import ANALYTIC_FNS, analytic_params
 from neuroshard_jax.costs.checkpoints import load_checkpoint, load_ensemble, read_meta, save_checkpoint, save_ensemble
 from neuroshard_jax.costs.cost_model import bucket, device_compute_ms
 from neuroshard_jax.costs.ensemble import (
+    ROOF_TERMS,
     EnsembleConfig,
     EnsembleNets,
     EnsembleParams,
@@ -587,6 +588,25 @@ def check_one_hardware(dataset_dirs: list[Path], manifests: list[dict]) -> None:
 MEMBER_COEFS = ("log_coef", "log_kernel", "log_interaction")  # the roofline's fitted parameters of a member
 
 
+def member_roofline(members) -> np.ndarray:
+    """The members' mean roofline f32[7] (ROOF_TERMS, the kernel overhead, the interaction), as ``fit_roofline``."""
+    mean_coefs = [np.atleast_1d(np.asarray(members[k].get_value()).mean(0)) for k in MEMBER_COEFS]
+    return np.concatenate(mean_coefs).astype(np.float32)
+
+
+def reanchored(members, log_coef: np.ndarray):
+    """``members`` (a copy) moved onto the roofline ``log_coef`` f32[7]: each member keeps its offset from the
+    members' mean and its learned correction nets. A new machine's kernels differ from the old one's mostly by
+    the roofline's constants (a GPU's fixed launch cost against a CPU's per-lookup cost); the corrections are
+    the shape the prior carries over."""
+    members = jax.tree.map(lambda x: x, members)
+    parts = np.split(np.asarray(log_coef, np.float32), np.cumsum([len(ROOF_TERMS), 1]))
+    for key, value in zip(MEMBER_COEFS, parts):
+        old = np.asarray(members[key].get_value())
+        members[key].set_value(jnp.asarray(old - old.mean(0) + value.reshape(old.shape[1:]), jnp.float32))
+    return members
+
+
 def train_ensemble(
     dataset_dirs: list[str | Path],
     ens_config: EnsembleConfig,
@@ -597,14 +617,16 @@ def train_ensemble(
     init: str | Path | None = None,
     dataset_scale: tuple[float, ...] = (),
     allow_mixed_hardware: bool = False,
+    reanchor: bool = False,
 ) -> dict:
     """Train the physics ensemble on every compute dataset (and the comm nets on the first dataset with comm
     samples); calibrate its trust thresholds on the validation split; save a checkpoint. Returns the report.
 
     ``init``: fine-tune the ensemble at that checkpoint (its members, input statistics and comm nets) instead
-    of fitting a roofline and starting fresh. ``dataset_scale``: a loss weight per dataset (default 1 each),
-    on top of ``max_dataset_weight``. Cost labels belong to one kind of hardware: datasets measured on different
-    processors are refused unless ``allow_mixed_hardware`` (``check_one_hardware``)."""
+    of fitting a roofline and starting fresh; ``reanchor`` (with ``init``): first move its members onto the roofline
+    fitted to these datasets (``reanchored``), then fine-tune. ``dataset_scale``: a loss weight per dataset (default
+    1 each), on top of ``max_dataset_weight``. Cost labels belong to one kind of hardware: datasets measured on
+    different processors are refused unless ``allow_mixed_hardware`` (``check_one_hardware``)."""
     dataset_dirs = [resolve_dataset(d) for d in dataset_dirs]
     feats, mask, batch, target, source, manifests = ensemble_arrays(dataset_dirs, ens_config.max_label_spread)
     if not allow_mixed_hardware:
@@ -621,8 +643,10 @@ def train_ensemble(
     else:
         ens_config, nets, params, _ = load_ensemble(init)
         stats = params.stats
-        mean_coefs = [np.atleast_1d(np.asarray(params.members[k].get_value()).mean(0)) for k in MEMBER_COEFS]
-        log_coef = np.concatenate(mean_coefs).astype(np.float32)  # reported: the members' mean roofline
+        if reanchor:
+            log_coef = fit_roofline(feats[train], mask[train], batch[train], target[train], balance[train])
+            params = params._replace(members=reanchored(params.members, log_coef))
+        log_coef = member_roofline(params.members)  # reported: the members' mean roofline
     weights = np.random.default_rng([config.seed, 5151]).poisson(1.0, size=(len(target), ens_config.members))
     weights = weights.astype(np.float32) * balance[:, None]
     members, history = fit(
@@ -673,7 +697,8 @@ def train_ensemble(
     settings = manifests[0]["settings"]
     meta = {
         "name": name,
-        "batch_sizes": sorted({int(b) for b in batch}),
+        # a fine-tuned model keeps its prior's range of batch sizes, and adds its labels'
+        "batch_sizes": sorted({int(b) for b in batch} | set(read_meta(init).get("batch_sizes", []) if init else [])),
         "precision": settings.get("precision", "fp32"),
         "optimizer": settings.get("optimizer"),
         "device": settings.get("device"),
@@ -685,6 +710,7 @@ def train_ensemble(
         "how": how,
         "trained": now_utc(),
         **({"fine_tuned_from": portable_path(init)} if init is not None else {}),
+        **({"reanchored": True} if init is not None and reanchor else {}),
     }
     save_ensemble(out, ens_config, params, meta)
     return report
@@ -711,6 +737,7 @@ class TrainAppConfig:
     train: TrainConfig = TrainConfig()
     allow_mixed_hardware: bool = False  # datasets measured on different processors (refused by default)
     init: str | None = None  # ensemble: fine-tune this checkpoint (a shipped name or a directory)
+    reanchor: bool = False  # with init: first move its members onto the roofline fitted to these datasets
     steps: int = 3000  # family=analytic: optimizer steps of the constants' fit
 
     def __post_init__(self):
@@ -720,6 +747,8 @@ class TrainAppConfig:
             raise UserError("datasets: got [], expected at least one dataset directory")
         if self.init and self.family != "ensemble":
             raise UserError(f"init: got {self.init!r}, but only family=ensemble fine-tunes; expected null")
+        if self.reanchor and not self.init:
+            raise UserError("reanchor: got true without init, expected init=MODEL (a model to fine-tune)")
 
 
 def app_config(cfg: DictConfig) -> TrainAppConfig:

@@ -10,6 +10,7 @@ import numpy as np
 
 from neuroshard_jax.core.constraints import KEYS, conflicts, has_constraints
 from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.files import cache_dir
 from neuroshard_jax.core.sharding import merge_colocated
 from neuroshard_jax.core.types import Device, Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel
@@ -23,7 +24,6 @@ from neuroshard_jax.search.row_split import (
     row_split_choices,
     settle,
 )
-from neuroshard_jax.workloads.pool import cache_dir
 from neuroshard_jax.workloads.tasks import check_feasible
 from searchers import make_searcher, searcher_names
 

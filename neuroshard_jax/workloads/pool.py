@@ -33,7 +33,7 @@ import numpy as np
 from neuroshard_jax.core.constants import GENERATOR_VERSION, MIN_ROWS
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_BINS, access_histogram, bin_shares, count_histogram
-from neuroshard_jax.core.files import pool_file_digest
+from neuroshard_jax.core.files import cache_dir, pool_file_digest
 from neuroshard_jax.core.types import PoolSpec
 
 
@@ -282,10 +282,6 @@ def load_dlrm_arrays(path: Path) -> ArrayStreams:
 
 # ---------------------------------------------------------------------------------------------
 # Features and caching
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("NEUROSHARD_CACHE_DIR", Path.home() / ".cache" / "neuroshard_jax"))
 
 
 def measure_features(streams: StreamSource, rows: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:

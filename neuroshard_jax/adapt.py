@@ -1,0 +1,32 @@
+"""``python -m neuroshard_jax.adapt budget_min=10 [device=cuda]``: a cost model of this machine in minutes.
+
+The command line only; the library is ``neuroshard_jax.learn.adapt``."""
+
+import signal
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from neuroshard_jax.core.cli import fail, run_app
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.learn.adapt import adapt, app_config, progress_line
+from neuroshard_jax.learn.collect import stop_on_sigterm
+
+
+@hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="adapt")
+def main(cfg: DictConfig) -> None:
+    signal.signal(signal.SIGTERM, stop_on_sigterm)  # a polite stop keeps the time spent
+    try:
+        report = adapt(app_config(cfg), progress_line)
+    except UserError as err:
+        fail(err)
+    except KeyboardInterrupt:
+        print("stopped; rerun the same command to continue", file=sys.stderr)
+        sys.exit(130)
+    where = report.get("registered") or f"{report['name']} (not registered: register=false)"
+    print(f"model: {where}")
+
+
+if __name__ == "__main__":
+    run_app(main, "adapt", app_config)

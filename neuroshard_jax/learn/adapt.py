@@ -1,0 +1,400 @@
+"""A cost model of this machine in minutes: pre-train, adapt, and search.
+
+    python -m neuroshard_jax.adapt budget_min=10                 # this CPU
+    python -m neuroshard_jax.adapt budget_min=10 device=cuda     # this machine's GPU
+
+Within ``budget_min`` minutes of wall time, in three steps:
+
+1. **Labels.** Spec shards (tables over the whole range users bring, ``SpecSamplerConfig``) measured on this
+   machine's kernels, in an order fixed by the seed: picks that cover the space (sample 0, 1, 2, ... of the spec
+   sampler) take turns with picks where the start model is least sure (of ``draws`` fresh samples, the one its
+   members disagree on most); every ``heldout_every``-th covering pick is held out. Then, for ``plan_share`` of
+   the measuring time, the devices of plans that beam and grid search with the start model (``collect
+   kind=plans``): the shards a search will ask about.
+2. **Fine-tune** the start model (the model chosen for this machine, else the default) on the labels that are
+   not held out: the pre-trained model is the prior. ``reanchor`` first moves it onto the roofline fitted to the
+   new labels (``fit.reanchored``): a GPU's fixed launch cost is not a CPU's per-lookup cost.
+3. **Report** MAPE, bias and Kendall tau on the held-out labels: the start model as shipped, the start model
+   scaled by one factor (what ``calibrate=measured`` does), the adapted model and any ``compare`` models. Then
+   **register** the model in the user's cache (``user_models_dir``) under ``name``: later runs on this kind of
+   machine choose it (``registry.choose_cost_model``).
+
+Resumable: the labels are datasets like ``collect``'s (``out/labels/specs``, ``out/labels/plans``) and
+``out/adapt.json`` keeps the measuring time spent; rerun the same command and it measures for what is left of the
+budget, then trains again. The comm nets come with the start model (no all-to-all is measured here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig
+
+from neuroshard_jax.core.cli import resolved
+from neuroshard_jax.core.config import above_zero, at_least, typed
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.features import NUM_FEATURES
+from neuroshard_jax.core.files import (
+    hardware,
+    hardware_kind,
+    read_json,
+    read_records,
+    user_models_dir,
+    write_json,
+)
+from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_ensemble, read_meta
+from neuroshard_jax.costs.cost_model import bucket
+from neuroshard_jax.costs.ensemble import EnsembleConfig
+from neuroshard_jax.costs.registry import COST_MODELS, checkpoint_path, choose_cost_model, model_kinds, shipped_names
+from neuroshard_jax.kernels.executors import ExecutorConfig
+from neuroshard_jax.learn.collect import CollectConfig, collect
+from neuroshard_jax.learn.fit import (
+    TrainConfig,
+    compute_batches,
+    ensemble_ms,
+    kendall_tau,
+    shard_feature_matrix,
+    train_ensemble,
+)
+from neuroshard_jax.learn.plan_labels import PlanLabelConfig
+from neuroshard_jax.workloads.samplers import SpecSamplerConfig, sample_spec_shard
+
+UNCERTAIN_IDS = 1_000_000  # spec samples from here on are the candidates of uncertain picks (ids stay apart)
+CHUNK_PICKS = 16  # uncertain picks scored together (one call of the start model)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptConfig:
+    """conf/adapt.yaml."""
+
+    budget_min: float = 10.0  # wall-clock minutes: measuring, fine-tuning and the report (a rerun spends what is left)
+    start: str | None = None  # the model adapted: a name or a checkpoint; null: the model chosen for this machine
+    name: str | None = None  # the adapted model's name; null: adapted-<this machine's kind>, e.g. adapted-amd-f26m2
+    out: str | None = None  # labels, report and the model before it is registered; null: runs/adapt/<name>
+    device: str = "cpu"  # cpu (fbgemm-gpu-cpu) | cuda (fbgemm-gpu): the kernels the model is of
+    seed: int = 0
+    uncertain_share: float = 0.5  # spec picks where the start model is least sure; the rest cover the space
+    draws: int = 4  # fresh samples per uncertain pick; the one whose members' predictions spread most is measured
+    heldout_every: int = 3  # every Nth covering pick is held out: scored, never trained on
+    label_share: float = 0.85  # of the budget spent measuring; the rest fine-tunes and reports
+    plan_share: float = 0.2  # of the measuring time: the devices of plans searched with the start model (0: none)
+    reanchor: bool = True  # move the start model onto the roofline of the new labels before fine-tuning
+    label_weight: float = 2.0  # loss weight of a plan device against a spec label
+    min_labels: int = 20  # training labels needed to fine-tune (fewer: the run says how many it got and stops)
+    register: bool = True  # add the model to the user's models (later runs on this kind of machine choose it)
+    compare: tuple[str, ...] = ()  # other models scored on the same held-out labels (names or checkpoints)
+    specs: SpecSamplerConfig = SpecSamplerConfig()  # the spec shards drawn (as collect source=specs)
+    # as collect kind=plans; plans.model is the start model
+    plans: PlanLabelConfig = PlanLabelConfig(searchers=("beam", "grid"), sources=("specs",), variants=4, comm=False)
+    executor: ExecutorConfig = ExecutorConfig(workers=2)
+    pin: bool = True  # each local CPU kernel worker on a core of its own
+    warmup: int = 5
+    iters: int = 10  # timed iterations; the label is the median
+    timeout_s: float = 300.0
+    finetune: TrainConfig = TrainConfig(epochs=60, learning_rate=1e-3)
+    progress: bool = True
+
+    def __post_init__(self):
+        above_zero(self, ("budget_min", "label_share", "label_weight", "timeout_s"))
+        at_least(self, 1, ("draws", "heldout_every", "min_labels", "iters"))
+        at_least(self, 0, ("seed", "warmup"))
+        for key in ("uncertain_share", "plan_share", "label_share"):
+            if not 0 <= getattr(self, key) <= 1 or (key == "uncertain_share" and getattr(self, key) == 1):
+                upper = "< 1" if key == "uncertain_share" else "<= 1"
+                raise UserError(f"{key}: got {getattr(self, key)!r}, expected a share >= 0 and {upper}")
+        if self.device not in ("cpu", "cuda"):
+            raise UserError(f"device: got {self.device!r}, expected 'cpu' or 'cuda'")
+        if self.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.name):
+            raise UserError(f"name: got {self.name!r}, expected letters, digits, '.', '_' or '-' (a folder name)")
+        if self.name in shipped_names() or self.name in COST_MODELS:
+            raise UserError(f"name: got {self.name!r}, which is a shipped model's; expected a name of your own")
+
+
+def kind_slug(found: dict, device: str) -> str:
+    """A short name for a kind of hardware: ``amd-f26m2``, ``intel-f6m207``, ``nvidia-h200``."""
+    if device == "cuda" and found.get("gpu"):
+        return re.sub(r"[^a-z0-9]+", "-", found["gpu"].lower()).strip("-")
+    match = re.match(r"(\w+) family (\d+) model (\d+)", found.get("cpu_id", ""))
+    if not match:
+        return re.sub(r"[^a-z0-9]+", "-", str(found.get("cpu", "cpu")).lower()).strip("-")[:40]
+    vendor = {"AuthenticAMD": "amd", "GenuineIntel": "intel"}.get(match[1], match[1].lower())
+    return f"{vendor}-f{match[2]}m{match[3]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Which spec samples are measured, in which order
+
+
+def spec_order(config: AdaptConfig, start: str, done: set[int]) -> Iterator[int]:
+    """Spec sample ids in measuring order: covering picks (0, 1, 2, ...) and uncertain picks (the sample of
+    ``draws`` candidates, ids from UNCERTAIN_IDS, whose start-model members spread most) in the proportion
+    ``uncertain_share``. Deterministic for a seed and start model; a pick already in ``done`` costs nothing."""
+    uncertain = _uncertain_picks(config, start, done)
+    share, taken = config.uncertain_share, 0
+    for step in itertools.count():
+        if share > 0 and (taken + 1) <= share * (step + 1):  # keep the uncertain picks at their share
+            taken += 1
+            yield next(uncertain)
+        else:
+            yield step - taken
+
+
+def is_heldout(config: AdaptConfig, sample_id: int) -> bool:
+    """Held out: every ``heldout_every``-th covering pick (the first one included), never an uncertain pick."""
+    return sample_id < UNCERTAIN_IDS and sample_id % config.heldout_every == 0
+
+
+def _uncertain_picks(config: AdaptConfig, start: str, done: set[int]) -> Iterator[int]:
+    """Uncertain pick k: of candidates UNCERTAIN_IDS + k * draws + j (j < draws), the one the start model is least
+    sure of (its members' relative spread); picks already measured are not scored again."""
+    _, nets, params, _ = load_ensemble(start)
+    for first in itertools.count(0, CHUNK_PICKS):
+        picks = range(first, first + CHUNK_PICKS)
+        open_picks = [k for k in picks if not any(_candidate(config, k, j) in done for j in range(config.draws))]
+        if not open_picks:
+            continue
+        ids = [_candidate(config, k, j) for k in open_picks for j in range(config.draws)]
+        drawn = [sample_spec_shard(config.specs, config.seed, i) for i in ids]
+        width = bucket(max(len(tables) for _, tables in drawn))  # one compiled shape per power of two
+        feats = np.zeros((len(ids), width, NUM_FEATURES), np.float32)
+        mask = np.zeros((len(ids), width), bool)
+        for n, (batch_size, tables) in enumerate(drawn):
+            feats[n, : len(tables)] = shard_feature_matrix(tables, None, batch_size, block_stats=True)
+            mask[n, : len(tables)] = True
+        batch = np.array([b for b, _ in drawn], np.float32)
+        _, spread = ensemble_ms(nets, params, feats, mask, batch)
+        for n, _k in enumerate(open_picks):
+            yield ids[n * config.draws + int(np.argmax(spread[n * config.draws : (n + 1) * config.draws]))]
+
+
+def _candidate(config: AdaptConfig, pick: int, j: int) -> int:
+    return UNCERTAIN_IDS + pick * config.draws + j
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring on held-out labels
+
+
+def subset(source: Path, keep: Callable[[dict], bool], out: Path) -> Path:
+    """A dataset folder of ``source``'s compute records that ``keep`` accepts, with its compute manifest."""
+    out.mkdir(parents=True, exist_ok=True)
+    records = [r for r in read_records(source / "compute.jsonl") if keep(r)]
+    (out / "compute.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    shutil.copy(source / "manifest-compute.json", out / "manifest-compute.json")
+    return out
+
+
+def heldout_scores(checkpoint: str | Path, heldout: Path, factor: float = 1.0) -> dict:
+    """MAPE, bias (mean signed relative error) and Kendall tau of a checkpoint (x ``factor``) on ``heldout``."""
+    _, nets, params, _ = load_ensemble(checkpoint)
+    feats, mask, batch, target, _ = compute_batches(heldout)
+    pred = ensemble_ms(nets, params, feats, mask, batch)[0] * factor
+    return {
+        "mape": round(float(np.mean(np.abs(pred - target) / target)), 4),
+        "bias": round(float(np.mean((pred - target) / target)), 4),
+        "kendall_tau": round(kendall_tau(pred, target), 4),
+        "count": int(len(target)),
+    }
+
+
+def median_factor(checkpoint: str | Path, labelled: Path) -> float:
+    """Measured / predicted compute of a checkpoint over ``labelled``, the median: one factor for a machine."""
+    _, nets, params, _ = load_ensemble(checkpoint)
+    feats, mask, batch, target, _ = compute_batches(labelled)
+    return float(np.median(target / ensemble_ms(nets, params, feats, mask, batch)[0]))
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+def start_model(config: AdaptConfig) -> tuple[str, str]:
+    """(label, checkpoint path) of the model adapted: ``start``, else the model chosen for this machine."""
+    if config.start:
+        path = checkpoint_path(config.start)
+        label = config.start
+    else:
+        choice = choose_cost_model("neural", {}, config.device)
+        label = choice.options.get("checkpoint") or (choice.name if choice.name != "neural" else "xeon-union")
+        path = checkpoint_path(label)
+    if not (Path(path) / "meta.json").exists():
+        raise UserError(f"start: no model at {path!r}; expected a model's name or a checkpoint directory")
+    if read_meta(path, "start").get("format") != ENSEMBLE_FORMAT:
+        raise UserError(f"start: {label!r} is not a physics ensemble (format 4); expected one, e.g. start=xeon-union")
+    return label, path
+
+
+def adapt(config: AdaptConfig, say: Callable[[str], None] = print) -> dict:
+    """Measure, fine-tune, report and register (see the module); returns the report written to adapt.json."""
+    began = time.monotonic()
+    found = hardware()
+    here = hardware_kind(found, config.device)
+    name = config.name or f"adapted-{kind_slug(found, config.device)}"
+    out = Path(config.out or Path("runs") / "adapt" / name)
+    label, start = start_model(config)
+    state_path = out / "adapt.json"
+    state = read_json(state_path, "out", "adapt.json written by neuroshard_jax.adapt") if state_path.exists() else {}
+    spent = dict(state.get("spent_s", {}))
+    say(f"adapt: this machine is {here}; adapting {label} (trained on {' or '.join(model_kinds(start))}) into {name}")
+    measure_s = config.budget_min * 60 * config.label_share
+    specs_dir, plans_dir = out / "labels" / "specs", out / "labels" / "plans"
+    common = dict(
+        device=config.device,
+        seed=config.seed,
+        executor=config.executor,
+        pin=config.pin,
+        warmup=config.warmup,
+        iters=config.iters,
+        timeout_s=config.timeout_s,
+        specs=config.specs,
+        progress=config.progress,
+    )
+    plan_left = measure_s * config.plan_share - spent.get("plans", 0.0)
+    if plan_left > 0:
+        say(f"measuring the devices of plans searched with {label} for up to {plan_left / 60:.1f} min")
+        _measure_plans(config, CollectConfig(kind="plans", out_dir=str(plans_dir), **common), start, plan_left, spent)
+        write_json({**state, "spent_s": spent}, state_path)
+    spec_left = measure_s - spent.get("plans", 0.0) - spent.get("specs", 0.0)
+    if spec_left > 0:
+        say(f"measuring spec shards for {spec_left / 60:.1f} min (uncertain picks: {config.uncertain_share:.0%})")
+        spec_config = CollectConfig(kind="compute", source="specs", out_dir=str(specs_dir), **common)
+        labels = specs_dir / "compute.jsonl"
+        done = {r["id"] for r in read_records(labels, ok_only=False)} if labels.exists() else set()
+        started = time.monotonic()
+        try:
+            collect(spec_config, spec_order(config, start, done), until=started + spec_left)
+        finally:
+            spent["specs"] = spent.get("specs", 0.0) + time.monotonic() - started
+            write_json({**state, "spent_s": spent}, state_path)
+    report = _fit_and_report(config, name, out, label, start, specs_dir, plans_dir, say)
+    report.update(
+        budget_min=config.budget_min,
+        spent_s={k: round(v, 1) for k, v in spent.items()},
+        this_run_s=round(time.monotonic() - began, 1),
+        machine=found,
+        kind=here,
+    )
+    write_json(report, state_path)
+    return report
+
+
+def _measure_plans(config: AdaptConfig, collect_config: CollectConfig, start: str, left_s: float, spent: dict) -> None:
+    """Plan tasks one at a time (each resumable) until ``left_s`` is spent or ``plans`` tasks are done."""
+    plans = dataclasses.replace(config.plans, model=start)
+    started = time.monotonic()
+    try:
+        for tasks in itertools.count(1):
+            if time.monotonic() - started >= left_s:
+                break
+            collect(dataclasses.replace(collect_config, num_samples=tasks, plans=plans))
+    finally:
+        spent["plans"] = spent.get("plans", 0.0) + time.monotonic() - started
+
+
+def _fit_and_report(
+    config: AdaptConfig,
+    name: str,
+    out: Path,
+    label: str,
+    start: str,
+    specs_dir: Path,
+    plans_dir: Path,
+    say: Callable[[str], None],
+) -> dict:
+    if not (specs_dir / "compute.jsonl").exists():
+        raise UserError(
+            f"budget_min: got {config.budget_min}, and no spec label was measured in it; expected a larger budget"
+        )
+    train_dir = subset(specs_dir, lambda r: not is_heldout(config, r["id"]), out / "split" / "train")
+    heldout_dir = subset(specs_dir, lambda r: is_heldout(config, r["id"]), out / "split" / "heldout")
+    counts = {
+        "train": len(read_records(train_dir / "compute.jsonl")),
+        "heldout": len(read_records(heldout_dir / "compute.jsonl")),
+        "plan_devices": len(read_records(plans_dir / "compute.jsonl")) if (plans_dir / "compute.jsonl").exists() else 0,
+    }
+    if counts["train"] + counts["plan_devices"] < config.min_labels or counts["heldout"] < 2:
+        raise UserError(
+            f"budget_min: got {config.budget_min}, which measured {counts['train']} training and "
+            f"{counts['heldout']} held-out labels; expected at least {config.min_labels} and 2 (rerun with a larger "
+            "budget: the labels so far are kept)"
+        )
+    datasets = [train_dir] + ([plans_dir] if counts["plan_devices"] else [])
+    scale = (1.0, config.label_weight)[: len(datasets)]
+    model_dir = out / "model"
+    say(
+        f"fine-tuning {label} on {counts['train']} spec labels and {counts['plan_devices']} plan devices"
+        + (" (reanchored)" if config.reanchor else "")
+    )
+    started = time.monotonic()
+    how = f"python -m neuroshard_jax.adapt name={name} start={label} budget_min={config.budget_min}"
+    train_ensemble(
+        datasets,
+        EnsembleConfig(),
+        config.finetune,
+        model_dir,
+        name,
+        how,
+        init=start,
+        dataset_scale=scale,
+        reanchor=config.reanchor,
+    )
+    train_s = time.monotonic() - started
+    rows = {
+        f"{label} as it was": heldout_scores(start, heldout_dir),
+        f"{label} x one factor": heldout_scores(start, heldout_dir, median_factor(start, train_dir)),
+        name: heldout_scores(model_dir, heldout_dir),
+    }
+    for other in config.compare:
+        rows[other] = heldout_scores(checkpoint_path(other), heldout_dir)
+    say(f"held out: {counts['heldout']} spec labels of this machine, never trained on")
+    say(f"  {'model':<40} {'MAPE':>7} {'bias':>7} {'tau':>6}")
+    for row, s in rows.items():
+        say(f"  {row:<40} {s['mape']:>7.1%} {s['bias']:>+7.1%} {s['kendall_tau']:>6.3f}")
+    report = {"name": name, "start": label, "labels": counts, "heldout": rows, "train_s": round(train_s, 1)}
+    _annotate(model_dir, report)
+    if config.register:
+        report["registered"] = str(_register(model_dir, name))
+        say(f"registered {name} in {user_models_dir()}: later runs on this kind of machine choose it")
+    return report
+
+
+def _annotate(model_dir: Path, report: dict) -> None:
+    """The checkpoint's meta gains what adapt measured (its held-out figures, the labels it saw)."""
+    meta_path = model_dir / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["adapt"] = {k: report[k] for k in ("start", "labels", "heldout")}
+    write_json(meta, meta_path)
+
+
+def _register(model_dir: Path, name: str) -> Path:
+    """Copy the model into the user's models under ``name``: beside the old one first, then swapped by rename,
+    so that a stop at any moment leaves a loadable model there."""
+    target = user_models_dir() / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fresh = target.with_name(f".{name}.new")
+    old = target.with_name(f".{name}.old")
+    for leftover in (fresh, old):
+        shutil.rmtree(leftover, ignore_errors=True)
+    shutil.copytree(model_dir, fresh)
+    if target.exists():
+        target.rename(old)
+    fresh.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def progress_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def app_config(cfg: DictConfig) -> AdaptConfig:
+    return typed(AdaptConfig, resolved(cfg))

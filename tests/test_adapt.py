@@ -1,0 +1,112 @@
+"""``adapt``: a model of this machine from a small budget of real labels, fine-tuned, reported and registered."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from neuroshard_jax.core.errors import UserError
+
+
+def small_config(tmp_path, **changes):
+    """Tiny spec shards at a batch size the shipped models know, a short plan phase and a short fine-tune."""
+    from neuroshard_jax.kernels.executors import ExecutorConfig
+    from neuroshard_jax.learn.adapt import AdaptConfig
+    from neuroshard_jax.learn.fit import TrainConfig
+    from neuroshard_jax.learn.plan_labels import PlanLabelConfig
+    from neuroshard_jax.workloads.samplers import SpecSamplerConfig
+
+    specs = SpecSamplerConfig(max_tables=3, log10_rows=(2.0, 4.0), log10_pooling=(-0.5, 1.0), batch_sizes=(2048,))
+    plans = PlanLabelConfig(
+        searchers=("grid",), sources=("specs",), num_devices=(2,), min_tables=4, max_tables=5, candidates=2, variants=1
+    )
+    settings = dict(
+        budget_min=1.0,
+        start="xeon-union",
+        name="adapted-test",
+        out=str(tmp_path / "run"),
+        plan_share=0.3,
+        specs=specs,
+        plans=plans,
+        executor=ExecutorConfig(workers=1),
+        pin=False,
+        warmup=1,
+        iters=2,
+        finetune=TrainConfig(epochs=3, learning_rate=1e-3, progress=False),
+        progress=False,
+    )
+    return AdaptConfig(**{**settings, **changes})
+
+
+def test_adapt_measures_fine_tunes_reports_and_registers_a_model_later_runs_choose(tmp_path, monkeypatch):
+    from neuroshard_jax.core.files import hardware, hardware_kind, read_records
+    from neuroshard_jax.costs import registry
+    from neuroshard_jax.learn.adapt import adapt, is_heldout
+
+    monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path / "cache"))  # this test's user, no other test's
+    config = small_config(tmp_path)
+    lines = []
+    report = adapt(config, lines.append)
+    labels = report["labels"]
+    assert labels["train"] >= config.min_labels and labels["heldout"] >= 2 and labels["plan_devices"] > 0
+    specs = read_records(tmp_path / "run" / "labels" / "specs" / "compute.jsonl")
+    assert {r["id"] for r in specs if is_heldout(config, r["id"])}  # held out by id, apart from the training split
+    held = [json.loads(x) for x in (tmp_path / "run" / "split" / "heldout" / "compute.jsonl").read_text().splitlines()]
+    trained = (tmp_path / "run" / "split" / "train" / "compute.jsonl").read_text()
+    assert held and all(f'"id": {r["id"]},' not in trained for r in held)
+    rows = report["heldout"]
+    assert set(rows) == {"xeon-union as it was", "xeon-union x one factor", "adapted-test"}
+    for row in rows.values():
+        assert 0 <= row["mape"] < 10 and -1 <= row["kendall_tau"] <= 1 and row["count"] == labels["heldout"]
+    assert any(line.startswith("held out:") for line in lines) and any("adapted-test" in line for line in lines)
+    # registered: chosen for this machine, named in the line as the user's, usable by name
+    here = hardware_kind(hardware())
+    meta = json.loads((tmp_path / "cache" / "models" / "adapted-test" / "meta.json").read_text())
+    assert here in meta["hardware_kinds"] and meta["adapt"]["heldout"] == rows and meta["reanchored"]
+    choice = registry.choose_cost_model("neural")
+    assert choice.name == "adapted-test" and choice.matches and "(yours, made by adapt)" in choice.line()
+    from tests.conftest import make_table, make_task
+
+    task = make_task([make_table(0), make_table(1)], batch_size=4096)
+    assert registry.make_cost_model("adapted-test", task).name == "neural"
+    # resumable: a rerun spends no more measuring time than the budget's and keeps every label
+    again = adapt(config, lines.append)
+    assert again["labels"] == labels
+    assert len(read_records(tmp_path / "run" / "labels" / "specs" / "compute.jsonl")) == len(specs)
+
+
+def test_the_measuring_order_is_fixed_by_the_seed_and_mixes_covering_and_uncertain_picks(tmp_path):
+    from neuroshard_jax.costs.registry import checkpoint_path
+    from neuroshard_jax.learn.adapt import UNCERTAIN_IDS, spec_order
+
+    config = small_config(tmp_path)
+    first = list(itertools.islice(spec_order(config, checkpoint_path("xeon-union"), set()), 12))
+    assert first == list(itertools.islice(spec_order(config, checkpoint_path("xeon-union"), set()), 12))
+    covering = [i for i in first if i < UNCERTAIN_IDS]
+    assert covering == list(range(6)) and len(set(first)) == 12
+    none = small_config(tmp_path, uncertain_share=0.0)
+    assert list(itertools.islice(spec_order(none, checkpoint_path("xeon-union"), set()), 5)) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"budget_min": 0}, "budget_min: got 0"),
+        ({"uncertain_share": 1.0}, "uncertain_share: got 1.0"),
+        ({"name": "xeon-union"}, "name: got 'xeon-union', which is a shipped model's"),
+        ({"name": "../x"}, "name: got '../x', expected letters"),
+        ({"device": "tpu"}, "device: got 'tpu'"),
+    ],
+)
+def test_bad_settings_get_one_line(tmp_path, changes, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        small_config(tmp_path, **changes)
+
+
+def test_a_start_that_is_no_model_is_refused(tmp_path):
+    from neuroshard_jax.learn.adapt import adapt
+
+    with pytest.raises(UserError, match="start: no model at"):
+        adapt(small_config(tmp_path, start=str(tmp_path / "nothing")))
