@@ -428,3 +428,17 @@ def test_the_planner_says_which_model_planned(monkeypatch):
         import neuroshard_jax as nsj
 
         nsj.plan({"a": {"rows": 1000, "dim": 16, "pooling_factor": 1.0, "bins": [1.0] + [0.0] * 16}}, 1)
+
+
+def test_every_shipped_model_records_its_hardware_and_label_protocol():
+    from neuroshard_jax.core.files import PROTOCOL_KEYS
+    from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, read_meta
+    from neuroshard_jax.costs.registry import checkpoint_path
+
+    for name in shipped_names():
+        meta = read_meta(checkpoint_path(name))
+        if meta.get("format") != ENSEMBLE_FORMAT:
+            continue  # the first MLP (cpu-b4096) names its one machine only
+        assert meta["hardware_kinds"], name
+        for dataset in meta["datasets"]["compute"]:
+            assert set(dataset["protocol"]) == set(PROTOCOL_KEYS) and dataset["protocol"]["device"] == "cpu", name

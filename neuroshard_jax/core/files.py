@@ -168,6 +168,17 @@ def hardware_kind(found: dict | None, device: str | None = "cpu") -> str:
     return f"{kind} + {found.get('gpu', 'GPU not recorded')}" if device == "cuda" else kind
 
 
+PROTOCOL_KEYS = ("device", "optimizer", "precision", "warmup", "iters", "pin")
+
+
+def label_protocol(settings: dict) -> dict:
+    """How a dataset's labels were timed, from its manifest's settings: the device, the step measured (optimizer,
+    precision), warm-up and timed iterations (the label is their median), and whether each worker had a core of
+    its own (``pin``; absent: not pinned). Plan labels record no precision: theirs is collect's fp32."""
+    absent = {"pin": False, "precision": "fp32"}
+    return {k: settings.get(k, absent.get(k)) for k in PROTOCOL_KEYS}
+
+
 def manifest_kinds(manifest: dict) -> list[str]:
     """The kinds of hardware a dataset's labels hold for: the kind it was measured on, then every kind a
     ``python -m neuroshard_jax.probe record=true`` run found to measure like it (``probes`` in the manifest, each

@@ -29,6 +29,7 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_FEATURES, feature_matrix
 from neuroshard_jax.core.files import (
     common_kinds,
+    label_protocol,
     load_manifest,
     manifest_kinds,
     now_utc,
@@ -682,7 +683,13 @@ def train_ensemble(
     )
     datasets = {
         "compute": [
-            {"dir": str(d), "created": m["created"], "records": int((source == i).sum()), "hardware": m.get("hardware")}
+            {
+                "dir": str(d),
+                "created": m["created"],
+                "records": int((source == i).sum()),
+                "hardware": m.get("hardware"),
+                "protocol": label_protocol(m["settings"]),
+            }
             for i, (d, m) in enumerate(zip(dataset_dirs, manifests))
         ]
     }
