@@ -105,8 +105,16 @@ def test_bad_settings_get_one_line(tmp_path, changes, message):
         small_config(tmp_path, **changes)
 
 
-def test_a_start_that_is_no_model_is_refused(tmp_path):
-    from neuroshard_jax.learn.adapt import adapt
+def test_a_start_or_comparison_that_is_no_ensemble_and_a_missing_gpu_are_refused_before_measuring(tmp_path):
+    from neuroshard_jax.learn.adapt import adapt, check_device
 
     with pytest.raises(UserError, match="start: no model at"):
         adapt(small_config(tmp_path, start=str(tmp_path / "nothing")))
+    with pytest.raises(UserError, match="start: 'cpu-b4096' is not a physics ensemble"):
+        adapt(small_config(tmp_path, start="cpu-b4096"))
+    with pytest.raises(UserError, match="compare: no model at"):
+        adapt(small_config(tmp_path, compare=("no-such-model",)))
+    assert not (tmp_path / "run").exists()  # nothing measured, nothing written
+    with pytest.raises(UserError, match="device: got 'cuda', but nvidia-smi finds no GPU"):
+        check_device("cuda", {"cpu": "AMD EPYC"})
+    check_device("cuda", {"cpu": "AMD EPYC", "gpu": "NVIDIA H200"})

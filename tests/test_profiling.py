@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.files import read_records, write_json
 from neuroshard_jax.core.types import Device, Table, Task
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, WorkerFailure, run_comm
 from neuroshard_jax.learn.collect import CollectConfig, collect
@@ -46,6 +46,37 @@ def test_worker_times_a_two_table_shard(worker):
     )
     _, streams = pool_streams(POOL)
     assert answer["num_indices"] == sum(len(streams.stream(t, 256)[0]) for t in (3, 7))
+
+
+def test_the_timed_protocol_fills_a_kernel_time_and_keeps_a_sample_of_its_runs(worker):
+    """``protocol=timed``: warm-up and timed iterations by kernel time, at least ``iters``, at most ``max_iters``; a
+    row keeps at most 64 evenly spaced runs, its medians are over all of them."""
+    timed = dict(protocol="timed", warmup_ms=2.0, measure_ms=20.0, max_iters=200)
+    answer = worker.request(_request([[3, 8]], **timed), timeout_s=120)
+    assert answer["ok"] and answer["protocol"] == "timed" and answer["timed_iters"] >= TINY["iters"]
+    runs = np.add(answer["fwd_runs_ms"], answer["bwd_runs_ms"])
+    assert len(runs) == min(answer["timed_iters"], 64)
+    assert answer["timed_iters"] == 200 or answer["timed_iters"] * np.median(runs) >= 20.0 * 0.5
+    capped = worker.request(_request([[3, 8]], **{**timed, "measure_ms": 1e6, "max_iters": 5}), timeout_s=120)
+    assert capped["timed_iters"] == 5 and len(capped["fwd_runs_ms"]) == 5
+    fixed = worker.request(_request([[3, 8]]), timeout_s=120)
+    assert "protocol" not in fixed and len(fixed["fwd_runs_ms"]) == TINY["iters"]
+
+
+def test_a_dataset_keeps_one_protocol(tmp_path):
+    """The timed protocol is recorded in the manifest (the fixed one is not: older datasets resume), and a rerun
+    with another protocol is refused; timed is for compute labels only."""
+    timed = dict(protocol="timed", warmup_ms=2.0, measure_ms=10.0, max_iters=50)
+    collect(_collect_config(tmp_path, 2, **timed))
+    manifest = json.loads((tmp_path / "manifest-compute.json").read_text())
+    assert manifest["settings"]["protocol"] == "timed" and manifest["settings"]["measure_ms"] == 10.0
+    assert all(r["protocol"] == "timed" for r in read_records(tmp_path / "compute.jsonl"))
+    with pytest.raises(UserError, match="protocol: got None, but the dataset .* was collected with 'timed'"):
+        collect(_collect_config(tmp_path, 3))
+    with pytest.raises(UserError, match="protocol: got 'timed' with kind=comm, expected fixed"):
+        CollectConfig(kind="comm", **timed)
+    with pytest.raises(UserError, match="protocol: got 'graphs', expected one of fixed, timed"):
+        CollectConfig(protocol="graphs")
 
 
 def test_a_pinned_pool_puts_each_worker_on_a_core_of_its_own():

@@ -168,15 +168,18 @@ def hardware_kind(found: dict | None, device: str | None = "cpu") -> str:
     return f"{kind} + {found.get('gpu', 'GPU not recorded')}" if device == "cuda" else kind
 
 
-PROTOCOL_KEYS = ("device", "optimizer", "precision", "warmup", "iters", "pin")
+PROTOCOL_KEYS = ("device", "optimizer", "precision", "protocol", "warmup", "iters", "pin")
+TIMED_KEYS = ("warmup_ms", "measure_ms", "max_iters")  # the ``timed`` protocol's own
 
 
 def label_protocol(settings: dict) -> dict:
     """How a dataset's labels were timed, from its manifest's settings: the device, the step measured (optimizer,
-    precision), warm-up and timed iterations (the label is their median), and whether each worker had a core of
-    its own (``pin``; absent: not pinned). Plan labels record no precision: theirs is collect's fp32."""
-    absent = {"pin": False, "precision": "fp32"}
-    return {k: settings.get(k, absent.get(k)) for k in PROTOCOL_KEYS}
+    precision), the protocol (``fixed``: warm-up and timed iterations, the label their median; ``timed``: warm-up
+    and timed iterations by kernel time), and whether each worker had a core of its own (``pin``; absent: not
+    pinned). Plan labels record no precision: theirs is collect's fp32."""
+    absent = {"pin": False, "precision": "fp32", "protocol": "fixed"}
+    found = {k: settings.get(k, absent.get(k)) for k in PROTOCOL_KEYS}
+    return {**found, **{k: settings[k] for k in TIMED_KEYS if found["protocol"] == "timed"}}
 
 
 def manifest_kinds(manifest: dict) -> list[str]:
@@ -250,7 +253,10 @@ def write_manifest(path: Path, settings: dict, extra: dict) -> dict:
             resumed = [h for h in manifest.get("resumed_on", []) if h != extra["hardware"]]
             extra = {**extra, "resumed_on": [*resumed, extra["hardware"]]}
             extra.pop("hardware")
-        for key, value in settings.items():
+        # the protocol's keys count when absent too: a dataset keeps one protocol (absent: fixed, unpinned)
+        keys = [*settings, *(k for k in ("protocol", *TIMED_KEYS, "pin") if k in manifest["settings"])]
+        for key in dict.fromkeys(keys):
+            value = settings.get(key)
             if manifest["settings"].get(key) != value:
                 raise UserError(
                     f"{key}: got {value!r}, but the dataset in {str(path.parent)!r} was collected with "

@@ -138,10 +138,13 @@ def compute_request(
     precision: str = "fp32",
     warmup: int = 5,
     iters: int = 10,
+    timing: dict | None = None,
 ) -> dict:
     """A worker request: time one fused TBE over ``tables`` ([[pool table id, dim], ...] with the ``pool``, or
-    table specs {rows, pooling_factor, bins, dim, seed} with pool None)."""
+    table specs {rows, pooling_factor, bins, dim, seed} with pool None). ``timing``: the fields of another protocol
+    than warm-up + ``iters`` (``timing_fields``)."""
     return {
+        **(timing or {}),
         "id": request_id,
         "device": device,
         "pool": pool.to_json() if pool is not None else None,
@@ -154,6 +157,19 @@ def compute_request(
     }
 
 
+PROTOCOLS = ("fixed", "timed")
+
+
+def timing_fields(protocol: str, warmup_ms: float, measure_ms: float, max_iters: int) -> dict:
+    """A request's protocol fields beyond ``warmup`` and ``iters`` (none for ``fixed``, the default); the worker's
+    ``timed_runs`` says what each protocol does."""
+    if protocol not in PROTOCOLS:
+        raise UserError(f"protocol: got {protocol!r}, expected one of {', '.join(PROTOCOLS)}")
+    if protocol == "fixed":
+        return {}
+    return {"protocol": protocol, "warmup_ms": warmup_ms, "measure_ms": measure_ms, "max_iters": max_iters}
+
+
 def measure_on(worker: ComputeWorker, request: dict, timeout_s: float, warm: bool = True) -> dict:
     """``worker``'s answer to ``request``; a crash or timeout becomes {"id", "ok": False, "error": reason} (the
     worker restarts on its next request). ``warm``: a cold process (new or restarted) first runs a timed request
@@ -161,7 +177,7 @@ def measure_on(worker: ComputeWorker, request: dict, timeout_s: float, warm: boo
     (``tools/measure_noise.py protocols``)."""
     try:
         if warm and worker.served == 0 and "iters" in request:
-            worker.request({**request, "id": "warm-up", "warmup": 1, "iters": 1}, timeout_s)
+            worker.request({**request, "id": "warm-up", "protocol": "fixed", "warmup": 1, "iters": 1}, timeout_s)
         return worker.request(request, timeout_s)
     except WorkerFailure as failure:
         return {"id": request["id"], "ok": False, "error": failure.reason}

@@ -226,11 +226,22 @@ def start_model(config: AdaptConfig) -> tuple[str, str]:
         choice = choose_cost_model("neural", {}, config.device)
         label = choice.options.get("checkpoint") or (choice.name if choice.name != "neural" else "xeon-union")
         path = checkpoint_path(label)
+    return label, ensemble_path("start", label, path)
+
+
+def ensemble_path(key: str, label: str, path: str) -> str:
+    """``path`` if a physics-ensemble checkpoint is there; else one UserError naming ``key``."""
     if not (Path(path) / "meta.json").exists():
-        raise UserError(f"start: no model at {path!r}; expected a model's name or a checkpoint directory")
-    if read_meta(path, "start").get("format") != ENSEMBLE_FORMAT:
-        raise UserError(f"start: {label!r} is not a physics ensemble (format 4); expected one, e.g. start=xeon-union")
-    return label, path
+        raise UserError(f"{key}: no model at {path!r}; expected a model's name or a checkpoint directory")
+    if read_meta(path, key).get("format") != ENSEMBLE_FORMAT:
+        raise UserError(f"{key}: {label!r} is not a physics ensemble (format 4); expected one, e.g. xeon-union")
+    return path
+
+
+def check_device(device: str, found: dict) -> None:
+    """Before any measuring: ``device=cuda`` needs a GPU here (else every sample would fail, one by one)."""
+    if device == "cuda" and not found.get("gpu"):
+        raise UserError("device: got 'cuda', but nvidia-smi finds no GPU on this machine; expected device=cpu")
 
 
 def adapt(config: AdaptConfig, say: Callable[[str], None] = print) -> dict:
@@ -240,7 +251,9 @@ def adapt(config: AdaptConfig, say: Callable[[str], None] = print) -> dict:
     here = hardware_kind(found, config.device)
     name = config.name or f"adapted-{kind_slug(found, config.device)}"
     out = Path(config.out or Path("runs") / "adapt" / name)
+    check_device(config.device, found)
     label, start = start_model(config)
+    compare = {other: ensemble_path("compare", other, checkpoint_path(other)) for other in config.compare}
     state_path = out / "adapt.json"
     state = read_json(state_path, "out", "adapt.json written by neuroshard_jax.adapt") if state_path.exists() else {}
     spent = dict(state.get("spent_s", {}))
@@ -275,7 +288,7 @@ def adapt(config: AdaptConfig, say: Callable[[str], None] = print) -> dict:
         finally:
             spent["specs"] = spent.get("specs", 0.0) + time.monotonic() - started
             write_json({**state, "spent_s": spent}, state_path)
-    report = _fit_and_report(config, name, out, label, start, specs_dir, plans_dir, say)
+    report = _fit_and_report(config, name, out, (label, start), compare, (specs_dir, plans_dir), say)
     report.update(
         budget_min=config.budget_min,
         spent_s={k: round(v, 1) for k, v in spent.items()},
@@ -304,12 +317,12 @@ def _fit_and_report(
     config: AdaptConfig,
     name: str,
     out: Path,
-    label: str,
-    start: str,
-    specs_dir: Path,
-    plans_dir: Path,
+    start_at: tuple[str, str],
+    compare: dict[str, str],
+    label_dirs: tuple[Path, Path],
     say: Callable[[str], None],
 ) -> dict:
+    (label, start), (specs_dir, plans_dir) = start_at, label_dirs
     if not (specs_dir / "compute.jsonl").exists():
         raise UserError(
             f"budget_min: got {config.budget_min}, and no spec label was measured in it; expected a larger budget"
@@ -353,8 +366,8 @@ def _fit_and_report(
         f"{label} x one factor": heldout_scores(start, heldout_dir, median_factor(start, train_dir)),
         name: heldout_scores(model_dir, heldout_dir),
     }
-    for other in config.compare:
-        rows[other] = heldout_scores(checkpoint_path(other), heldout_dir)
+    for other, path in compare.items():
+        rows[other] = heldout_scores(path, heldout_dir)
     say(f"held out: {counts['heldout']} spec labels of this machine, never trained on")
     say(f"  {'model':<40} {'MAPE':>7} {'bias':>7} {'tau':>6}")
     for row, s in rows.items():

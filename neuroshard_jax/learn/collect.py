@@ -37,7 +37,7 @@ from neuroshard_jax.core.config import above_zero, at_least, typed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JsonlLog, git_commit, hardware, write_manifest
 from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, map_requests, open_executor, protocol
-from neuroshard_jax.kernels.processes import WorkerFailure, compute_request, worker_versions
+from neuroshard_jax.kernels.processes import WorkerFailure, compute_request, timing_fields, worker_versions
 from neuroshard_jax.learn.plan_labels import PlanLabelConfig, collect_plans
 from neuroshard_jax.measure.plans import EvaluateConfig
 from neuroshard_jax.workloads.pool import PoolSpec, pool_streams
@@ -72,6 +72,12 @@ class CollectConfig:
     precision: str = "fp32"  # weights: fp32 | fp16 | bf16
     warmup: int = 5
     iters: int = 10  # timed iterations; the label is the median
+    # fixed: warmup, then iters timed | timed: warm up until warmup_ms of kernel time has run, then time iterations
+    # until measure_ms is filled (at least iters, at most max_iters): sub-millisecond GPU shards get ~100 of them
+    protocol: str = "fixed"
+    warmup_ms: float = 25.0
+    measure_ms: float = 100.0
+    max_iters: int = 1000
     # compute shards: min..max table configs, dims augmented, total within memory
     sampler: ComputeSamplerConfig = ComputeSamplerConfig()
     # source=specs: table specs over the whole range, each sample at its own batch size
@@ -89,9 +95,13 @@ class CollectConfig:
             raise UserError(f"kind: got {self.kind!r}, expected one of {', '.join(KINDS)}")
         if self.source not in ("pool", "specs"):
             raise UserError(f"source: got {self.source!r}, expected 'pool' or 'specs'")
-        at_least(self, 1, ("num_samples", "batch_size", "iters", "comm_chunk"))
+        at_least(self, 1, ("num_samples", "batch_size", "iters", "comm_chunk", "max_iters"))
         at_least(self, 0, ("seed", "warmup"))
-        above_zero(self, ("timeout_s",))
+        above_zero(self, ("timeout_s", "warmup_ms", "measure_ms"))
+        if self.timing() and self.kind != "compute":
+            raise UserError(
+                f"protocol: got {self.protocol!r} with kind={self.kind}, expected fixed (timed is for compute labels)"
+            )
         if self.device not in ("cpu", "cuda"):
             raise UserError(f"device: got {self.device!r}, expected 'cpu' or 'cuda'")
         if self.pin and self.device == "cpu" and self.executor.name == "ray":
@@ -99,6 +109,10 @@ class CollectConfig:
                 "pin: got true with executor=ray, expected pin=false (Ray places actors on logical CPUs, not cores;"
                 " a dataset keeps one protocol, so a Ray collection is an unpinned one)"
             )
+
+    def timing(self) -> dict:
+        """The compute requests' protocol fields beyond warmup and iters (none for ``fixed``)."""
+        return timing_fields(self.protocol, self.warmup_ms, self.measure_ms, self.max_iters)
 
 
 def _settings(config: CollectConfig) -> dict:
@@ -113,6 +127,7 @@ def _settings(config: CollectConfig) -> dict:
         "warmup": config.warmup,
         "iters": config.iters,
         **protocol(config.executor, config.pin, config.device),  # no "pin": the unpinned protocol
+        **config.timing(),  # none for the fixed protocol: older datasets resume
     }
     if config.kind == "plans":  # its devices are a compute dataset (any round, any model)
         return {
@@ -255,7 +270,16 @@ def _collect_compute(config: CollectConfig, log: JsonlLog, todo: Iterable[int], 
             batch_size, pool = config.batch_size, config.pool
             tables = sample_shard(pool_rows, config.sampler, config.seed, i)
         return compute_request(
-            i, tables, pool, batch_size, config.device, config.optimizer, config.precision, config.warmup, config.iters
+            i,
+            tables,
+            pool,
+            batch_size,
+            config.device,
+            config.optimizer,
+            config.precision,
+            config.warmup,
+            config.iters,
+            config.timing(),
         )
 
     def record(request: dict, answer: dict) -> None:

@@ -96,14 +96,15 @@ def _table_stream(table, request: dict, batch: int, where: str):
 
 
 def profile_compute(request: dict) -> dict:
-    """Time forward and backward of one fused TBE over the shard's tables (median of ``iters``)."""
+    """Time forward and backward of one fused TBE over the shard's tables: the medians of the timed iterations of
+    the request's protocol (``timed_runs``)."""
     device = request.get("device", "cpu")
     torch = setup_torch(device)
     from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
-    from fbgemm_gpu.tbe.config.embedding_config import ComputeDevice
 
+    devices = compute_device_enum()
     optimizer = request.get("optimizer", "exact_sgd")
     precision = request.get("precision", "fp32")
     if optimizer not in OPTIMIZERS:
@@ -112,9 +113,7 @@ def profile_compute(request: dict) -> dict:
         raise RequestError(f"precision {precision!r}, expected one of {', '.join(PRECISIONS)}")
     specs, indices, offsets = shard_inputs(request)
     on_gpu = device == "cuda"
-    location, compute = (
-        (EmbeddingLocation.DEVICE, ComputeDevice.CUDA) if on_gpu else (EmbeddingLocation.HOST, ComputeDevice.CPU)
-    )
+    location, compute = (EmbeddingLocation.DEVICE, devices.CUDA) if on_gpu else (EmbeddingLocation.HOST, devices.CPU)
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
         embedding_specs=[(rows, dim, location, compute) for rows, dim in specs],
         optimizer=EmbOptimType(optimizer),
@@ -129,36 +128,73 @@ def profile_compute(request: dict) -> dict:
     target = torch.device("cuda" if on_gpu else "cpu")
     indices_t = torch.from_numpy(indices).to(target)
     offsets_t = torch.from_numpy(offsets).to(target)
-    grad = None
     timer = _CudaTimer(torch) if on_gpu else _CpuTimer()
-    fwd_runs, bwd_runs = [], []
-    warmup = int(request.get("warmup", 5))
-    for step in range(warmup + int(request.get("iters", 10))):
-        if step == warmup:  # the CPU share of the timed iterations: below 1, something else took the core
-            cpu0, wall0 = time.process_time(), time.perf_counter()
+    grad = []
+
+    def step() -> tuple[float, float]:
         timer.flush()
         timer.start()
         out = tbe(indices_t, offsets_t)
         timer.mark()
-        if grad is None:
-            grad = torch.full_like(out, 1e-3)
-        out.backward(grad)
-        fwd_ms, bwd_ms = timer.stop()
-        if step >= warmup:
-            fwd_runs.append(fwd_ms)
-            bwd_runs.append(bwd_ms)
-    cpu_share = (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
-    totals = [f + b for f, b in zip(fwd_runs, bwd_runs)]
+        if not grad:
+            grad.append(torch.full_like(out, 1e-3))
+        out.backward(grad[0])
+        return timer.stop()
+
+    runs, cpu_share = timed_runs(step, request)
+    fwd_runs, bwd_runs = [f for f, _ in runs], [b for _, b in runs]
+    totals = [f + b for f, b in runs]
+    kept = np.unique(np.linspace(0, len(runs) - 1, min(len(runs), MAX_KEPT_RUNS)).round().astype(int))
     return {
         "ok": True,
         "fwd_ms": statistics.median(fwd_runs),
         "bwd_ms": statistics.median(bwd_runs),
         "total_ms": statistics.median(totals),
-        "fwd_runs_ms": [round(x, 4) for x in fwd_runs],
-        "bwd_runs_ms": [round(x, 4) for x in bwd_runs],
+        "fwd_runs_ms": [round(fwd_runs[i], 4) for i in kept],
+        "bwd_runs_ms": [round(bwd_runs[i], 4) for i in kept],
         "num_indices": int(len(indices)),
         **({} if on_gpu else {"cpu_share": round(cpu_share, 3)}),
+        **({"protocol": "timed", "timed_iters": len(runs)} if request.get("protocol") == "timed" else {}),
     }
+
+
+def compute_device_enum():
+    """FBGEMM's ``ComputeDevice``: in ``fbgemm_gpu.tbe.config.embedding_config`` from 1.8 (the pinned release), in
+    ``split_table_batched_embeddings_ops_common`` in 1.6 and 1.7 (the releases paired with torch 2.11/2.12)."""
+    try:
+        from fbgemm_gpu.tbe.config.embedding_config import ComputeDevice
+    except ImportError:
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import ComputeDevice
+    return ComputeDevice
+
+
+MAX_KEPT_RUNS = 64  # timed runs a row keeps (evenly spaced; the medians are over all of them)
+
+
+def timed_runs(step, request: dict) -> tuple[list[tuple[float, float]], float]:
+    """The (fwd, bwd) ms of the timed iterations of ``step`` under the request's protocol, and the CPU share of the
+    timed part (below 1: something else took the core).
+
+    ``fixed`` (the default): ``warmup`` iterations, then ``iters`` timed. ``timed``: iterations until ``warmup_ms``
+    of kernel time has run (clocks and caches warm whatever the shard's size), then timed iterations until
+    ``measure_ms`` of kernel time is filled, at least ``iters`` and at most ``max_iters`` (a 0.9 ms GPU shard gets
+    ~110 timed iterations at 100 ms, a 200 ms CPU shard ``iters``)."""
+    if request.get("protocol", "fixed") == "fixed":
+        for _ in range(int(request.get("warmup", 5))):
+            step()
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        runs = [step() for _ in range(int(request.get("iters", 10)))]
+    else:
+        warmed = 0.0
+        while warmed < float(request["warmup_ms"]) or warmed == 0.0:
+            warmed += sum(step())
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        runs, filled = [], 0.0
+        least, most = int(request.get("iters", 10)), int(request["max_iters"])
+        while (filled < float(request["measure_ms"]) or len(runs) < least) and len(runs) < most:
+            runs.append(step())
+            filled += sum(runs[-1])
+    return runs, (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
 
 
 class _CpuTimer:
