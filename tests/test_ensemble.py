@@ -393,9 +393,15 @@ def test_the_model_of_this_machines_hardware_is_chosen_and_named_in_one_line(mon
         "\n" not in line and "this machine is AMD EPYC [AuthenticAMD family 25 model 17]: no model of its kind" in line
     )
     assert line.endswith("make one in minutes: python -m neuroshard_jax.adapt budget_min=10")
+    # a GPU request: the H200's model on an H200 (whichever host CPU), none for another GPU
     monkeypatch.setattr(registry, "hardware", lambda: {**XEON, "gpu": "NVIDIA H200"})
+    h200 = registry.choose_cost_model("neural", device="cuda")
+    assert h200.name == "h200-union" and h200.matches and h200.here.endswith("+ NVIDIA H200")
+    assert "h200-union, chosen for this machine" in h200.line()
+    assert not registry.choose_cost_model("neural", device="cpu").name.startswith("h200")  # its CPU is a CPU
+    monkeypatch.setattr(registry, "hardware", lambda: {**XEON, "gpu": "NVIDIA A100-SXM4-80GB"})
     gpu = registry.choose_cost_model("neural", device="cuda")
-    assert not gpu.matches and gpu.here.endswith("+ NVIDIA H200") and "no model of its kind" in gpu.line()
+    assert not gpu.matches and gpu.here.endswith("+ NVIDIA A100-SXM4-80GB") and "no model of its kind" in gpu.line()
     assert gpu.line().endswith("python -m neuroshard_jax.adapt budget_min=10 device=cuda")
     # a shipped model of this machine's kind is chosen over a default of another kind
     monkeypatch.setattr(registry, "hardware", lambda: EPYC)
@@ -441,4 +447,7 @@ def test_every_shipped_model_records_its_hardware_and_label_protocol():
             continue  # the first MLP (cpu-b4096) names its one machine only
         assert meta["hardware_kinds"], name
         for dataset in meta["datasets"]["compute"]:
-            assert set(dataset["protocol"]) == set(PROTOCOL_KEYS) and dataset["protocol"]["device"] == "cpu", name
+            assert set(PROTOCOL_KEYS) <= set(dataset["protocol"]), name
+            assert dataset["protocol"]["device"] == meta["device"] and (" + " in meta["hardware_kinds"][0]) == (
+                meta["device"] == "cuda"
+            )

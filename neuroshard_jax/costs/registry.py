@@ -302,14 +302,21 @@ def choose_cost_model(name: str, options: dict | None = None, device: str = "cpu
         name = _model_of_kind(here) or name
     path = checkpoint_path(options.get("checkpoint") or (SHIPPED_MODEL_NAME if name == "neural" else name))
     kinds = model_kinds(path) if (Path(path) / "meta.json").exists() else ()
-    return ModelChoice(name, options, kinds, here, here in kinds, chosen, device)
+    return ModelChoice(name, options, kinds, here, of_kind(here, kinds), chosen, device)
+
+
+def of_kind(here: str, kinds: tuple[str, ...]) -> bool:
+    """Whether a model of ``kinds`` is of this machine's kind ``here``. A GPU kind ("CPU [id] + GPU") matches by
+    its GPU: a GPU's kernels are the GPU's, whichever host CPU launched them."""
+    gpu = here.partition(" + ")[2]
+    return here in kinds or (bool(gpu) and gpu != "GPU not recorded" and any(k.endswith(f" + {gpu}") for k in kinds))
 
 
 def _model_of_kind(here: str) -> str | None:
     """The user's most recently made model of kind ``here``, else the first shipped one, unless that is the
     default (None: keep ``neural``)."""
-    mine = [n for n in user_names() if here in model_kinds(checkpoint_path(n))]
+    mine = [n for n in user_names() if of_kind(here, model_kinds(checkpoint_path(n)))]
     if mine:
         return max(mine, key=lambda n: read_meta(checkpoint_path(n)).get("trained", ""))
-    shipped = [n for n in shipped_names() if here in model_kinds(checkpoint_path(n))]
+    shipped = [n for n in shipped_names() if of_kind(here, model_kinds(checkpoint_path(n)))]
     return shipped[0] if shipped and SHIPPED_MODEL_NAME not in shipped else None
