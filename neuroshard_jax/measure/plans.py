@@ -24,7 +24,7 @@ from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.cost_model import DeviceCosts, plan_cost_ms
 from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, opened
-from neuroshard_jax.kernels.processes import WorkerFailure, compute_request, worker_versions
+from neuroshard_jax.kernels.processes import WorkerFailure, compute_request, timing_fields, worker_versions
 
 DEVICES = ("cpu", "cuda")
 
@@ -43,13 +43,22 @@ class EvaluateConfig:
     comm_warmup: int = 3
     comm_iters: int = 10
     pin: bool = False  # each CPU kernel worker on a core of its own (collection pins; see conf/collect.yaml)
+    protocol: str = "fixed"  # as collect's: fixed (warmup, iters) | timed (warmup_ms, measure_ms, max_iters)
+    warmup_ms: float = 25.0
+    measure_ms: float = 100.0
+    max_iters: int = 1000
 
     def __post_init__(self):
         if self.device not in DEVICES:
             raise UserError(f"device: got {self.device!r}, expected one of {', '.join(DEVICES)}")
-        at_least(self, 1, ("iters", "comm_iters"))
+        at_least(self, 1, ("iters", "comm_iters", "max_iters"))
         at_least(self, 0, ("warmup", "comm_warmup"))
-        above_zero(self, ("timeout_s",))
+        above_zero(self, ("timeout_s", "warmup_ms", "measure_ms"))
+        self.timing()
+
+    def timing(self) -> dict:
+        """The device requests' protocol fields beyond warmup and iters (none for ``fixed``)."""
+        return timing_fields(self.protocol, self.warmup_ms, self.measure_ms, self.max_iters)
 
 
 class Measuring:
@@ -185,6 +194,7 @@ def device_request(request_id, task: Task, tables: list, config: EvaluateConfig)
         task.precision,
         config.warmup,
         config.iters,
+        config.timing(),
     )
 
 

@@ -1,0 +1,326 @@
+"""The prepared GPU check: one command on a lent GPU machine, the same steps dry on this CPU.
+
+    python -m tools.gpu_check pack .gpu          # here: TorchRec's plans of the check's tasks (the GPU machine has no
+                                                 # TorchRec), then FBGEMM GPU pruned for the card and hydra
+                                                 # (../shared/gpu/prepare.sh, where this workplace has it)
+    bash tools/gpu_check.sh                      # there (the device tool's command): unpack .gpu, then run
+    python -m tools.gpu_check run OUT --dry      # here, on CPU, tiny: what the tests run
+    python -m tools.gpu_check table OUT          # the README's GPU table from a run's files
+
+``run`` takes steps in order, each within its share of ``--budget-s`` (it stops a step at its deadline and keeps what
+it has), and writes one file per step into OUT (6 files in all):
+
+a. ``smoke.json``: one fused TBE fwd+bwd on the device through the project's worker;
+b. ``protocols.json``: the ``fixed`` and ``timed`` label protocols interleaved on the same spec requests, twice:
+   each protocol's run-to-run noise (the same request, one run against the other) and its spread within a run;
+c. ``labels.tgz``: spec labels with the ``timed`` protocol (``collect``, resumable; a dataset like any other);
+d. ``plans.json``: the devices of the plans of 8 foreign-benchmark tasks (beam and grid with the model chosen for
+   this device, size_lookup_greedy, and TorchRec's plans packed beside, with the tasks), every device measured 3
+   times interleaved (once where planning ran past the step's deadline);
+e. ``search.json``: the main job's search (856 tables x 64 devices; dry: 60 x 8) on each JAX backend, cold (a fresh
+   compilation cache) and warm, wall and search seconds;
+and ``log.txt``. ``--dry`` runs every step on the CPU with tiny sizes and budgets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import JsonlLog, hardware, read_jsonl, write_json
+from neuroshard_jax.core.types import Plan
+from neuroshard_jax.costs.registry import choose_cost_model
+from neuroshard_jax.kernels.executors import ExecutorConfig
+from neuroshard_jax.kernels.processes import ComputeWorker, compute_request, timing_fields
+from neuroshard_jax.learn.collect import CollectConfig, collect
+from neuroshard_jax.measure.plans import EvaluateConfig, device_key, device_tables, measure_tables
+from neuroshard_jax.search.pipeline import search_plan
+from neuroshard_jax.workloads.samplers import SpecSamplerConfig, sample_spec_shard
+from tools.foreign_benchmark import SEARCHER_OPTIONS, TASKS_FILE, benchmark_tasks
+
+TIMED = timing_fields("timed", 25.0, 100.0, 1000)
+SHARES = {"smoke": 0.05, "protocols": 0.3, "labels": 0.15, "plans": 0.3, "search": 0.2}  # of --budget-s
+TASKS = ("d4-00", "d4-01", "d4-02", "d4-03", "d8-00", "d8-01", "d8-02", "d8-03")
+MODEL_SEARCHERS = ("beam", "grid")
+TORCHREC_PLANS = "torchrec-plans.jsonl"
+
+
+def log(out: Path, line: str) -> None:
+    line = f"[{time.strftime('%H:%M:%S')}] {line}"
+    print(line, flush=True)
+    with open(out / "log.txt", "a") as f:
+        f.write(line + "\n")
+
+
+def smoke(out: Path, device: str) -> None:
+    spec = {"rows": 100_000, "pooling_factor": 20.0, "bins": [0.2] * 4 + [0.1] * 2 + [0.0] * 11, "dim": 64, "seed": 1}
+    worker = ComputeWorker(device)
+    try:
+        answer = worker.request(compute_request("smoke", [spec], None, 4096, device, warmup=5, iters=10), 120)
+    finally:
+        worker.close()
+    write_json({"device": device, "answer": answer, "hardware": hardware()}, out / "smoke.json")
+    if not answer.get("ok"):
+        raise UserError(f"smoke: the worker failed on {device}: {answer.get('error')}")
+
+
+def protocols(out: Path, device: str, count: int, deadline: float) -> None:
+    """Both protocols on the same ``count`` spec requests, interleaved (the order alternates), in two rounds."""
+    specs = SpecSamplerConfig()
+    requests = []
+    for i in range(count):
+        batch_size, tables = sample_spec_shard(specs, 0, i)
+        requests.append(compute_request(i, tables, None, batch_size, device, warmup=5, iters=10))
+    runs: dict[str, list[dict]] = {"fixed": [{}, {}], "timed": [{}, {}]}
+    worker = ComputeWorker(device)
+    try:
+        for round_ in (0, 1):
+            for i, request in enumerate(requests):
+                if time.monotonic() > deadline:
+                    break
+                order = ("fixed", "timed") if (i + round_) % 2 == 0 else ("timed", "fixed")
+                for name in order:
+                    answer = worker.request({**request, **(TIMED if name == "timed" else {})}, 300)
+                    if answer.get("ok"):
+                        runs[name][round_][i] = answer
+    finally:
+        worker.close()
+    write_json({"device": device, "requests": count, **{k: noise(*v) for k, v in runs.items()}}, out / "protocols.json")
+
+
+def noise(first: dict[int, dict], second: dict[int, dict]) -> dict:
+    """Run-to-run noise of one protocol: the same requests' labels, one run against the other; and the spread of
+    the timed iterations within a run (IQR over median)."""
+    both = sorted(set(first) & set(second))
+    a = np.array([first[i]["total_ms"] for i in both])
+    b = np.array([second[i]["total_ms"] for i in both])
+    within = [spread(r) for r in [*first.values(), *second.values()]]
+    if not both:
+        return {"requests": 0}
+    change = np.abs(b / a - 1)
+    return {
+        "requests": len(both),
+        "median_label_ms": round(float(np.median(a)), 4),
+        "run_to_run_median": round(float(np.median(change)), 4),
+        "run_to_run_p90": round(float(np.quantile(change, 0.9)), 4),
+        "second_over_first_median": round(float(np.median(b / a)), 4),
+        "within_run_spread_median": round(float(np.median(within)), 4),
+        "timed_iters_median": statistics.median(r.get("timed_iters", len(r["fwd_runs_ms"])) for r in first.values()),
+    }
+
+
+def spread(answer: dict) -> float:
+    totals = np.add(answer["fwd_runs_ms"], answer["bwd_runs_ms"])
+    q1, q3 = np.quantile(totals, [0.25, 0.75])
+    return float((q3 - q1) / np.median(totals))
+
+
+def labels(out: Path, work: Path, device: str, deadline: float, dry: bool) -> None:
+    config = CollectConfig(
+        kind="compute",
+        source="specs",
+        device=device,
+        num_samples=100_000,
+        out_dir=str(work / f"{device}-specs-timed"),
+        executor=ExecutorConfig(workers=1),
+        pin=False,
+        protocol="timed",
+        measure_ms=10.0 if dry else 100.0,
+        progress=False,
+        **({"specs": SpecSamplerConfig(max_tables=3, log10_rows=(2.0, 4.0))} if dry else {}),
+    )
+    collect(config, range(config.num_samples), until=deadline)
+    with tarfile.open(out / "labels.tgz", "w:gz") as tar:
+        tar.add(config.out_dir, arcname=Path(config.out_dir).name)
+
+
+def torchrec_plans(tasks: dict, path: Path, only: tuple[str, ...] = TASKS) -> None:
+    """TorchRec's plans of the check's tasks (made here: the GPU machine has no TorchRec)."""
+    log_ = JsonlLog(path)
+    for task_id in only:
+        if task_id not in log_.ids:
+            plan = search_plan(tasks[task_id], "torchrec", "neural", 0, SEARCHER_OPTIONS.get("torchrec"))
+            log_.append({"id": task_id, "plan": plan.to_json()})
+
+
+def plans(out: Path, pack: Path, device: str, deadline: float, dry: bool) -> None:
+    """Every device of every plan of the check's tasks, 3 repeats interleaved, on ``device``."""
+    tasks = {task_id: task for task_id, _, task in benchmark_tasks(pack / TASKS_FILE if pack else None)}
+    choice = choose_cost_model("neural", {}, device)
+    made: dict[str, dict[str, Plan]] = {}
+    for task_id in TASKS[:1] if dry else TASKS:
+        made[task_id] = {}
+        for searcher in (*MODEL_SEARCHERS, "size_lookup_greedy"):
+            plan = search_plan(tasks[task_id], searcher, choice.name, 0, None, choice.options)
+            made[task_id][searcher] = plan
+    carried = {r["id"]: Plan.from_json(r["plan"]) for r in read_jsonl(pack / TORCHREC_PLANS)} if pack else {}
+    for task_id in made:
+        if task_id in carried:
+            made[task_id]["torchrec"] = carried[task_id]
+    config = EvaluateConfig(device=device, executor=ExecutorConfig(workers=1), **_timed_evaluation(dry))
+    jobs = {}
+    for by_searcher in made.values():
+        for plan in by_searcher.values():
+            for d in range(plan.task.num_devices):
+                tables = device_tables(plan.task, plan.device_shards(d))
+                if tables:
+                    jobs.setdefault(device_key(plan.task, tables), (plan.task, tables))
+    repeats = 3 if time.monotonic() < deadline else 1  # planning ran late: one repeat, said in the file
+    answers = measure_tables(jobs, config, repeats=repeats)
+    rows = {}
+    for task_id, by_searcher in made.items():
+        rows[task_id] = {}
+        for searcher, plan in by_searcher.items():
+            measured, predicted = [], plan.costs.compute_ms if plan.costs is not None else None
+            for d in range(plan.task.num_devices):
+                tables = device_tables(plan.task, plan.device_shards(d))
+                ms = [a["total_ms"] for a in answers[device_key(plan.task, tables)]] if tables else [0.0]
+                measured.append(float(np.median(ms)))
+            rows[task_id][searcher] = {
+                "measured_ms": measured,
+                "predicted_ms": None if predicted is None else [float(x) for x in predicted],
+                "slowest_ms": max(measured),
+            }
+    write_json({"device": device, "model": choice.line(), "repeats": repeats, "tasks": rows}, out / "plans.json")
+
+
+def _timed_evaluation(dry: bool) -> dict:
+    return {"protocol": "timed", "measure_ms": 10.0 if dry else 100.0}
+
+
+def search(out: Path, platforms: list[str], dry: bool, deadline: float) -> None:
+    """The main job's search on each JAX backend, cold (a fresh compilation cache) then warm."""
+    size = ["task.num_tables=60", "task.num_devices=8"] if dry else ["task.num_tables=856", "task.num_devices=64"]
+    rows = []
+    for platform in platforms:
+        with tempfile.TemporaryDirectory() as cache:
+            for searcher in MODEL_SEARCHERS:
+                for state in ("cold", "warm"):
+                    if time.monotonic() > deadline:
+                        break
+                    env = {**os.environ, "JAX_PLATFORMS": platform, "NEUROSHARD_CACHE_DIR": cache}
+                    args = [sys.executable, "-m", "neuroshard_jax", f"searcher={searcher}", *size]
+                    started = time.perf_counter()
+                    done = subprocess.run(
+                        [*args, f"hydra.run.dir={cache}/run"], capture_output=True, text=True, env=env, timeout=300
+                    )
+                    wall = time.perf_counter() - started
+                    found = re.search(r"search ([0-9.]+) s", done.stdout + done.stderr)
+                    rows.append(
+                        {
+                            "platform": platform,
+                            "searcher": searcher,
+                            "state": state,
+                            "wall_s": round(wall, 2),
+                            "search_s": float(found[1]) if found else None,
+                            "ok": done.returncode == 0,
+                        }
+                    )
+    write_json({"size": size, "runs": rows}, out / "search.json")
+
+
+def run(out: Path, dry: bool, budget_s: float, pack: Path | None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    device = "cpu" if dry else "cuda"
+    start = time.monotonic()
+    deadline = start
+    log(out, f"gpu check on {hardware().get('gpu') or hardware().get('cpu')}, device={device}, budget {budget_s} s")
+    work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    steps = [
+        ("smoke", lambda until: smoke(out, device)),
+        ("protocols", lambda until: protocols(out, device, 6 if dry else 60, until)),
+        ("labels", lambda until: labels(out, work, device, until, dry)),
+        ("plans", lambda until: plans(out, pack, device, until, dry)),
+        ("search", lambda until: search(out, ["cpu"] if dry else ["cuda", "cpu"], dry, until)),
+    ]
+    for name, step in steps:
+        deadline += SHARES[name] * budget_s
+        log(out, f"{name}: until {deadline - start:.0f} s")
+        try:
+            step(deadline)
+        except UserError as err:
+            log(out, f"{name} failed: {err}")
+            if name == "smoke":
+                raise
+        log(out, f"{name}: done at {time.monotonic() - start:.0f} s")
+
+
+def table(out: Path) -> str:
+    """The README's GPU table from a run's files."""
+    lines = []
+    proto = json.loads((out / "protocols.json").read_text())
+    lines += ["| protocol | requests | median label | run-to-run (median, p90) | within a run | timed iterations |"]
+    lines += ["| --- | --- | --- | --- | --- | --- |"]
+    for name in ("fixed", "timed"):
+        p = proto[name]
+        if p.get("requests"):
+            lines.append(
+                f"| {name} | {p['requests']} | {p['median_label_ms']:.3f} ms | {p['run_to_run_median']:.1%}, "
+                f"{p['run_to_run_p90']:.1%} | {p['within_run_spread_median']:.1%} | {p['timed_iters_median']} |"
+            )
+    plans_ = json.loads((out / "plans.json").read_text())
+    searchers = (*MODEL_SEARCHERS, "size_lookup_greedy", "torchrec")
+    lines += ["", "| task | " + " | ".join(f"{s}: slowest device (of TorchRec's)" for s in searchers) + " |"]
+    lines += ["| --- " * 5 + "|"]
+    for task_id, rows in plans_["tasks"].items():
+        base = rows.get("torchrec", {}).get("slowest_ms")
+        cells = []
+        for s in searchers:
+            ms = rows.get(s, {}).get("slowest_ms")
+            cells.append("-" if ms is None else f"{ms:.3f} ms" + (f" ({ms / base:.0%})" if base else ""))
+        lines.append(f"| {task_id} | " + " | ".join(cells) + " |")
+    runs = json.loads((out / "search.json").read_text())["runs"]
+    lines += ["", "| backend | searcher | cold wall / search s | warm wall / search s |", "| --- | --- | --- | --- |"]
+    for platform in dict.fromkeys(r["platform"] for r in runs):
+        for s in MODEL_SEARCHERS:
+            got = {r["state"]: r for r in runs if r["platform"] == platform and r["searcher"] == s}
+            cells = [f"{got[k]['wall_s']} / {got[k]['search_s']}" if k in got else "-" for k in ("cold", "warm")]
+            lines.append(f"| {platform} | {s} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
+def pack(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    tasks = {task_id: task for task_id, _, task in benchmark_tasks(out / TASKS_FILE)}  # carried: 24 s to draw
+    torchrec_plans(tasks, out / TORCHREC_PLANS)
+    prepare = Path(__file__).resolve().parents[1].parent / "shared" / "gpu" / "prepare.sh"
+    if prepare.exists():
+        subprocess.run(["bash", str(prepare), str(out)], check=True)
+    else:
+        print(f"no {prepare}: pack FBGEMM GPU (pruned for the card) and hydra into {out} by hand", file=sys.stderr)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=("pack", "run", "table"))
+    parser.add_argument("out")
+    parser.add_argument("--dry", action="store_true", help="run: every step on this CPU, tiny")
+    parser.add_argument("--budget-s", type=float, default=540.0, help="run: wall seconds for every step together")
+    parser.add_argument("--pack", default=None, help="run: the folder pack made (TorchRec's plans)")
+    args = parser.parse_args()
+    try:
+        if args.stage == "pack":
+            pack(Path(args.out))
+        elif args.stage == "run":
+            run(Path(args.out), args.dry, args.budget_s, Path(args.pack) if args.pack else None)
+        else:
+            print(table(Path(args.out)))
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

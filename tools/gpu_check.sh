@@ -1,0 +1,17 @@
+#!/bin/bash
+# The prepared GPU check on a lent GPU machine (tools/gpu_check.py): the device tool runs, from the repository root,
+#   OUT=$OUT bash tools/gpu_check.sh          (carry: .gpu, made here by python -m tools.gpu_check pack .gpu)
+# The machine has python3, torch, jax, flax, optax, orbax, numpy, scipy; it lacks FBGEMM GPU, hydra and the project:
+# they come unpacked from .gpu, and the project is copied with conf/ inside the package (as the wheel ships it).
+set -euo pipefail
+REPO=$(pwd); OUT=${OUT:?set OUT to the folder that comes back}; SITE=/tmp/nsj-site; PROJ=/tmp/nsj-proj
+mkdir -p "$SITE" "$PROJ" "$OUT"
+tar -xJf .gpu/fbgemm-sm90.tar.xz -C "$SITE"
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/whl/*.whl
+tar -xzf .gpu/whl/antlr4-python3-runtime-4.9.3.tar.gz -C /tmp
+cp -r /tmp/antlr4-python3-runtime-4.9.3/src/antlr4 "$SITE/"
+cp -r neuroshard_jax searchers tools "$PROJ/" && cp -r conf "$PROJ/neuroshard_jax/conf"
+cd "$PROJ"
+export PYTHONPATH="$PROJ:$SITE" CUDA_MODULE_LOADING=LAZY XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+python3 -m tools.gpu_check run "$OUT" --pack "$REPO/.gpu" --budget-s "${BUDGET_S:-540}"
+python3 -m tools.gpu_check table "$OUT" > "$OUT/table.md"
