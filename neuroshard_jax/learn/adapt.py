@@ -41,6 +41,7 @@ from omegaconf import DictConfig
 
 from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import above_zero, at_least, typed
+from neuroshard_jax.core.constants import SHIPPED_MODEL_NAME
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_FEATURES
 from neuroshard_jax.core.files import (
@@ -224,7 +225,7 @@ def start_model(config: AdaptConfig) -> tuple[str, str]:
         label = config.start
     else:
         choice = choose_cost_model("neural", {}, config.device)
-        label = choice.options.get("checkpoint") or (choice.name if choice.name != "neural" else "xeon-union")
+        label = choice.options.get("checkpoint") or (choice.name if choice.name != "neural" else SHIPPED_MODEL_NAME)
         path = checkpoint_path(label)
     return label, ensemble_path("start", label, path)
 
