@@ -98,10 +98,8 @@ class CollectConfig:
         at_least(self, 1, ("num_samples", "batch_size", "iters", "comm_chunk", "max_iters"))
         at_least(self, 0, ("seed", "warmup"))
         above_zero(self, ("timeout_s", "warmup_ms", "measure_ms"))
-        if self.timing() and self.kind != "compute":
-            raise UserError(
-                f"protocol: got {self.protocol!r} with kind={self.kind}, expected fixed (timed is for compute labels)"
-            )
+        if self.timing() and self.kind == "comm":
+            raise UserError(f"protocol: got {self.protocol!r} with kind=comm, expected fixed (timed is for compute)")
         if self.device not in ("cpu", "cuda"):
             raise UserError(f"device: got {self.device!r}, expected 'cpu' or 'cuda'")
         if self.pin and self.device == "cpu" and self.executor.name == "ray":
@@ -229,6 +227,10 @@ def _collect_plans(config: CollectConfig) -> dict:
         warmup=config.warmup,
         iters=config.iters,
         pin=config.pin,
+        protocol=config.protocol,
+        warmup_ms=config.warmup_ms,
+        measure_ms=config.measure_ms,
+        max_iters=config.max_iters,
     )
 
     def progress(line: str) -> None:
