@@ -68,12 +68,12 @@ def restore_tree(path: Path, template, key: str = "cost_model.checkpoint", diges
     ``tree_digest`` is not ``digest`` when one is given) is one UserError."""
     path = Path(path).resolve()
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, template)
+    _drop_closed_loop_reports()  # before: a failing restore's pending reads may report while it still unwinds
     try:
         with ocp.StandardCheckpointer() as checkpointer:
             tree = checkpointer.restore(path, abstract)
     except Exception as err:  # orbax, tensorstore and JSON errors of every kind: the files are not what we wrote
         tree, reason = None, _first_line(err)
-        _drop_closed_loop_reports()
     else:
         reason = None if digest is None or tree_digest(tree) == digest else "its arrays differ from those saved"
     if reason is not None:
@@ -86,9 +86,9 @@ def restore_tree(path: Path, template, key: str = "cost_model.checkpoint", diges
 
 def _drop_closed_loop_reports() -> None:
     """After a failed restore, tensorstore's reads still pending complete on orbax's closed event loop and report
-    ``RuntimeError: Event loop is closed`` from their threads, at any moment (before the caller's one-line error
-    was printed, in one test run of many). Those reports, and only those, are dropped from then on; every other
-    report goes to the hook that was there."""
+    ``RuntimeError: Event loop is closed`` from their threads, at any moment: before the caller's one-line error
+    was printed (one test run of many), even before the restore call had returned (another). Those reports, and
+    only those, are dropped from the first restore on; every other report goes to the hook that was there."""
 
     def closed_loop(exc) -> bool:
         return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
