@@ -451,3 +451,11 @@ def test_every_shipped_model_records_its_hardware_and_label_protocol():
             assert dataset["protocol"]["device"] == meta["device"] and (" + " in meta["hardware_kinds"][0]) == (
                 meta["device"] == "cuda"
             )
+
+
+def test_no_shipped_model_names_a_path_of_the_machine_that_wrote_it():
+    """orbax writes the absolute path it saved to into ``commit_success.txt``; a shipped model's must be relative."""
+    from neuroshard_jax.core.files import package_path
+
+    for marker in package_path("data").rglob("commit_success.txt"):
+        assert "successful to /" not in marker.read_text(), marker
