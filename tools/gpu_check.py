@@ -170,24 +170,27 @@ def plans(out: Path, pack: Path, device: str, deadline: float, dry: bool) -> Non
         if task_id in carried:
             made[task_id]["torchrec"] = carried[task_id]
     config = EvaluateConfig(device=device, executor=ExecutorConfig(workers=1), **_timed_evaluation(dry))
-    jobs = {}
-    for by_searcher in made.values():
-        for plan in by_searcher.values():
+    jobs, keys = {}, {}  # keys[(task, searcher)]: each device's job key (None: an empty device)
+    for task_id, by_searcher in made.items():
+        for searcher, plan in by_searcher.items():
+            keys[task_id, searcher] = []
             for d in range(plan.task.num_devices):
                 tables = device_tables(plan.task, plan.device_shards(d))
-                if tables:
-                    jobs.setdefault(device_key(plan.task, tables), (plan.task, tables))
+                key = device_key(plan.task, tables) if tables else None
+                if key is not None:
+                    jobs.setdefault(key, (plan.task, tables))
+                keys[task_id, searcher].append(key)
     repeats = 3 if time.monotonic() < deadline else 1  # planning ran late: one repeat, said in the file
     answers = measure_tables(jobs, config, repeats=repeats)
     rows = {}
     for task_id, by_searcher in made.items():
         rows[task_id] = {}
         for searcher, plan in by_searcher.items():
-            measured, predicted = [], plan.costs.compute_ms if plan.costs is not None else None
-            for d in range(plan.task.num_devices):
-                tables = device_tables(plan.task, plan.device_shards(d))
-                ms = [a["total_ms"] for a in answers[device_key(plan.task, tables)]] if tables else [0.0]
-                measured.append(float(np.median(ms)))
+            predicted = plan.costs.compute_ms if plan.costs is not None else None
+            measured = [
+                float(np.median([a["total_ms"] for a in answers[key]])) if key else 0.0
+                for key in keys[task_id, searcher]
+            ]
             rows[task_id][searcher] = {
                 "measured_ms": measured,
                 "predicted_ms": None if predicted is None else [float(x) for x in predicted],

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import TIMED_KEYS
 from neuroshard_jax.workloads.pool import PoolSpec
 
 # One thread per process everywhere below torch (FBGEMM, OpenMP, MKL).
@@ -167,7 +168,7 @@ def timing_fields(protocol: str, warmup_ms: float, measure_ms: float, max_iters:
         raise UserError(f"protocol: got {protocol!r}, expected one of {', '.join(PROTOCOLS)}")
     if protocol == "fixed":
         return {}
-    return {"protocol": protocol, "warmup_ms": warmup_ms, "measure_ms": measure_ms, "max_iters": max_iters}
+    return {"protocol": protocol, **dict(zip(TIMED_KEYS, (warmup_ms, measure_ms, max_iters)))}
 
 
 def measure_on(worker: ComputeWorker, request: dict, timeout_s: float, warm: bool = True) -> dict:

@@ -43,7 +43,6 @@ from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import above_zero, at_least, typed
 from neuroshard_jax.core.constants import SHIPPED_MODEL_NAME
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.features import NUM_FEATURES
 from neuroshard_jax.core.files import (
     hardware,
     hardware_kind,
@@ -53,7 +52,6 @@ from neuroshard_jax.core.files import (
     write_json,
 )
 from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_ensemble, read_meta
-from neuroshard_jax.costs.cost_model import bucket
 from neuroshard_jax.costs.ensemble import EnsembleConfig
 from neuroshard_jax.costs.registry import COST_MODELS, checkpoint_path, choose_cost_model, model_kinds, shipped_names
 from neuroshard_jax.kernels.executors import ExecutorConfig
@@ -64,7 +62,8 @@ from neuroshard_jax.learn.fit import (
     compute_batches,
     ensemble_ms,
     kendall_tau,
-    shard_feature_matrix,
+    mape,
+    padded_shards,
     train_ensemble,
 )
 from neuroshard_jax.learn.plan_labels import PlanLabelConfig
@@ -170,13 +169,8 @@ def _uncertain_picks(config: AdaptConfig, start: str, done: set[int]) -> Iterato
             continue
         ids = [_candidate(config, k, j) for k in open_picks for j in range(config.draws)]
         drawn = [sample_spec_shard(config.specs, config.seed, i) for i in ids]
-        width = bucket(max(len(tables) for _, tables in drawn))  # one compiled shape per power of two
-        feats = np.zeros((len(ids), width, NUM_FEATURES), np.float32)
-        mask = np.zeros((len(ids), width), bool)
-        for n, (batch_size, tables) in enumerate(drawn):
-            feats[n, : len(tables)] = shard_feature_matrix(tables, None, batch_size, block_stats=True)
-            mask[n, : len(tables)] = True
         batch = np.array([b for b, _ in drawn], np.float32)
+        feats, mask = padded_shards([tables for _, tables in drawn], batch, None)  # one shape per power of two
         _, spread = ensemble_ms(nets, params, feats, mask, batch)
         for n, _k in enumerate(open_picks):
             yield ids[n * config.draws + int(np.argmax(spread[n * config.draws : (n + 1) * config.draws]))]
@@ -199,24 +193,33 @@ def subset(source: Path, keep: Callable[[dict], bool], out: Path) -> Path:
     return out
 
 
-def heldout_scores(checkpoint: str | Path, heldout: Path, factor: float = 1.0) -> dict:
-    """MAPE, bias (mean signed relative error) and Kendall tau of a checkpoint (x ``factor``) on ``heldout``."""
+def predicted(checkpoint: str | Path, dataset: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted, measured) ms f64[S] of a checkpoint on a compute dataset's records."""
     _, nets, params, _ = load_ensemble(checkpoint)
-    feats, mask, batch, target, _ = compute_batches(heldout)
-    pred = ensemble_ms(nets, params, feats, mask, batch)[0] * factor
+    feats, mask, batch, target, _ = compute_batches(dataset)
+    return ensemble_ms(nets, params, feats, mask, batch)[0], target.astype(np.float64)
+
+
+def scores(pred: np.ndarray, target: np.ndarray) -> dict:
+    """MAPE, bias (mean signed relative error) and Kendall tau of predictions against measurements."""
     return {
-        "mape": round(float(np.mean(np.abs(pred - target) / target)), 4),
+        "mape": round(mape(pred, target), 4),
         "bias": round(float(np.mean((pred - target) / target)), 4),
         "kendall_tau": round(kendall_tau(pred, target), 4),
         "count": int(len(target)),
     }
 
 
+def heldout_scores(checkpoint: str | Path, heldout: Path, factor: float = 1.0) -> dict:
+    """``scores`` of a checkpoint (x ``factor``) on ``heldout``."""
+    pred, target = predicted(checkpoint, heldout)
+    return scores(pred * factor, target)
+
+
 def median_factor(checkpoint: str | Path, labelled: Path) -> float:
     """Measured / predicted compute of a checkpoint over ``labelled``, the median: one factor for a machine."""
-    _, nets, params, _ = load_ensemble(checkpoint)
-    feats, mask, batch, target, _ = compute_batches(labelled)
-    return float(np.median(target / ensemble_ms(nets, params, feats, mask, batch)[0]))
+    pred, target = predicted(checkpoint, labelled)
+    return float(np.median(target / pred))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,9 +371,10 @@ def _fit_and_report(
         reanchor=config.reanchor,
     )
     train_s = time.monotonic() - started
+    start_pred, target = predicted(start, heldout_dir)
     rows = {
-        f"{label} as it was": heldout_scores(start, heldout_dir),
-        f"{label} x one factor": heldout_scores(start, heldout_dir, median_factor(start, train_dir)),
+        f"{label} as it was": scores(start_pred, target),
+        f"{label} x one factor": scores(start_pred * median_factor(start, train_dir), target),
         name: heldout_scores(model_dir, heldout_dir),
     }
     for other, path in compare.items():

@@ -148,17 +148,26 @@ def compute_batches(
     settings = manifest["settings"]
     uses_pool = any(not isinstance(t, dict) for r in records for t in r["tables"])
     pool = load_pool(PoolSpec.from_json(settings["pool"]), settings["batch_size"]) if uses_pool else None
-    width = width or bucket(max(len(r["tables"]) for r in records))
-    feats = np.zeros((len(records), width, NUM_FEATURES), dtype=np.float32)
-    mask = np.zeros((len(records), width), dtype=bool)
     batch = np.array([r.get("batch_size", settings["batch_size"]) for r in records], dtype=np.float32)
-    for i, r in enumerate(records):
-        feats[i, : len(r["tables"])] = shard_feature_matrix(r["tables"], pool, int(batch[i]), block_stats)
-        mask[i, : len(r["tables"])] = True
+    feats, mask = padded_shards([r["tables"] for r in records], batch, pool, block_stats, width)
     # a label measured with references is taken at the reference dataset's speed (drift.py): the machine's drift
     # between the hours of a collection does not become label noise
     target = np.array([r["total_ms"] / r.get("speed", 1.0) for r in records], dtype=np.float32)
     return feats, mask, batch, target, manifest
+
+
+def padded_shards(
+    shards: list[list], batch: np.ndarray, pool, block_stats: bool = True, width: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Features f32[S, W, F] and mask bool[S, W] of shard sets (each a list of tables as ``shard_feature_matrix``
+    takes them, at its batch size ``batch[s]``), padded to ``width`` (default: the power of two above the largest)."""
+    width = width or bucket(max(len(tables) for tables in shards))
+    feats = np.zeros((len(shards), width, NUM_FEATURES), dtype=np.float32)
+    mask = np.zeros((len(shards), width), dtype=bool)
+    for i, tables in enumerate(shards):
+        feats[i, : len(tables)] = shard_feature_matrix(tables, pool, int(batch[i]), block_stats)
+        mask[i, : len(tables)] = True
+    return feats, mask
 
 
 def shard_feature_matrix(tables: list, pool, batch_size: int | None = None, block_stats: bool = False) -> np.ndarray:
