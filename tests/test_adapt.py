@@ -98,7 +98,8 @@ def test_the_measuring_order_is_fixed_by_the_seed_and_mixes_covering_and_uncerta
         ({"name": "xeon-union"}, "name: got 'xeon-union', which is a shipped model's"),
         ({"name": "../x"}, "name: got '../x', expected letters"),
         ({"device": "tpu"}, "device: got 'tpu'"),
-        ({"protocol": "graphs"}, "protocol: got 'graphs', expected null or one of fixed, timed"),
+        ({"protocol": "graphs"}, "protocol: got 'graphs', expected one of fixed, timed, queued, graph"),
+        ({"protocol": "graph"}, "protocol: got 'graph' with device=cpu, expected device=cuda"),
     ],
 )
 def test_bad_settings_get_one_line(tmp_path, changes, message):

@@ -61,6 +61,8 @@ def test_the_timed_protocol_fills_a_kernel_time_and_keeps_a_sample_of_its_runs(w
     assert capped["timed_iters"] == 5 and len(capped["fwd_runs_ms"]) == 5
     fixed = worker.request(_request([[3, 8]]), timeout_s=120)
     assert "protocol" not in fixed and len(fixed["fwd_runs_ms"]) == TINY["iters"]
+    graph = worker.request(_request([[3, 8]], **{**timed, "protocol": "graph"}), timeout_s=120)
+    assert not graph["ok"] and "protocol 'graph' (CUDA graph replay) needs device 'cuda'" in graph["error"]
 
 
 def test_a_dataset_keeps_one_protocol(tmp_path):
@@ -75,8 +77,10 @@ def test_a_dataset_keeps_one_protocol(tmp_path):
         collect(_collect_config(tmp_path, 3))
     with pytest.raises(UserError, match="protocol: got 'timed' with kind=comm, expected fixed"):
         CollectConfig(kind="comm", **timed)
-    with pytest.raises(UserError, match="protocol: got 'graphs', expected one of fixed, timed"):
+    with pytest.raises(UserError, match="protocol: got 'graphs', expected one of fixed, timed, queued, graph"):
         CollectConfig(protocol="graphs")
+    with pytest.raises(UserError, match="protocol: got 'graph' with device=cpu, expected device=cuda"):
+        CollectConfig(protocol="graph")
 
 
 def test_a_pinned_pool_puts_each_worker_on_a_core_of_its_own():

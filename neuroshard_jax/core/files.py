@@ -169,17 +169,17 @@ def hardware_kind(found: dict | None, device: str | None = "cpu") -> str:
 
 
 PROTOCOL_KEYS = ("device", "optimizer", "precision", "protocol", "warmup", "iters", "pin")
-TIMED_KEYS = ("warmup_ms", "measure_ms", "max_iters")  # the ``timed`` protocol's own
+TIMED_KEYS = ("warmup_ms", "measure_ms", "max_iters")  # the ``timed`` and ``graph`` protocols' own
 
 
 def label_protocol(settings: dict) -> dict:
     """How a dataset's labels were timed, from its manifest's settings: the device, the step measured (optimizer,
     precision), the protocol (``fixed``: warm-up and timed iterations, the label their median; ``timed``: warm-up
-    and timed iterations by kernel time), and whether each worker had a core of its own (``pin``; absent: not
-    pinned). Plan labels record no precision: theirs is collect's fp32."""
+    and timed iterations by kernel time; ``graph``: ``timed`` over CUDA-graph replays), and whether each worker had
+    a core of its own (``pin``; absent: not pinned). Plan labels record no precision: theirs is collect's fp32."""
     absent = {"pin": False, "precision": "fp32", "protocol": "fixed"}
     found = {k: settings.get(k, absent.get(k)) for k in PROTOCOL_KEYS}
-    return {**found, **{k: settings[k] for k in TIMED_KEYS if found["protocol"] == "timed"}}
+    return {**found, **{k: settings[k] for k in TIMED_KEYS if found["protocol"] != "fixed"}}
 
 
 def manifest_kinds(manifest: dict) -> list[str]:

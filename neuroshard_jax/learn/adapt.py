@@ -55,7 +55,7 @@ from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_ensemble, rea
 from neuroshard_jax.costs.ensemble import EnsembleConfig
 from neuroshard_jax.costs.registry import COST_MODELS, checkpoint_path, choose_cost_model, model_kinds, shipped_names
 from neuroshard_jax.kernels.executors import ExecutorConfig
-from neuroshard_jax.kernels.processes import PROTOCOLS
+from neuroshard_jax.kernels.processes import timing_fields
 from neuroshard_jax.learn.collect import CollectConfig, collect
 from neuroshard_jax.learn.fit import (
     TrainConfig,
@@ -100,7 +100,7 @@ class AdaptConfig:
     pin: bool = True  # each local CPU kernel worker on a core of its own
     warmup: int = 5
     iters: int = 10  # timed iterations; the label is the median
-    # the label protocol (collect's): null: timed on cuda (sub-millisecond shards), fixed on cpu (the shipped data's)
+    # the label protocol (collect's); null: the device's own, queued on cuda (the GPU's time), fixed on cpu
     protocol: str | None = None
     timeout_s: float = 300.0
     finetune: TrainConfig = TrainConfig(epochs=60, learning_rate=1e-3)
@@ -116,8 +116,7 @@ class AdaptConfig:
                 raise UserError(f"{key}: got {getattr(self, key)!r}, expected a share >= 0 and {upper}")
         if self.device not in ("cpu", "cuda"):
             raise UserError(f"device: got {self.device!r}, expected 'cpu' or 'cuda'")
-        if self.protocol is not None and self.protocol not in PROTOCOLS:
-            raise UserError(f"protocol: got {self.protocol!r}, expected null or one of {', '.join(PROTOCOLS)}")
+        timing_fields(self.protocol, 1.0, 1.0, 1, self.device)  # refuses an unknown one, or queued/graph on a CPU
         if self.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.name):
             raise UserError(f"name: got {self.name!r}, expected letters, digits, '.', '_' or '-' (a folder name)")
         if self.name in shipped_names() or self.name in COST_MODELS:
@@ -279,7 +278,7 @@ def adapt(config: AdaptConfig, say: Callable[[str], None] = print) -> dict:
         timeout_s=config.timeout_s,
         specs=config.specs,
         progress=config.progress,
-        protocol=config.protocol or ("timed" if config.device == "cuda" else "fixed"),
+        protocol=config.protocol,  # null: the device's own
     )
     plan_left = measure_s * config.plan_share - spent.get("plans", 0.0)
     if plan_left > 0:

@@ -73,8 +73,11 @@ class CollectConfig:
     warmup: int = 5
     iters: int = 10  # timed iterations; the label is the median
     # fixed: warmup, then iters timed | timed: warm up until warmup_ms of kernel time has run, then time iterations
-    # until measure_ms is filled (at least iters, at most max_iters): sub-millisecond GPU shards get ~100 of them
-    protocol: str = "fixed"
+    # until measure_ms is filled (at least iters, at most max_iters): sub-millisecond GPU shards get ~100 of them |
+    # queued (device=cuda): timed, the GPU's own time, the host enqueueing each batch of iterations ahead of it |
+    # graph (device=cuda): timed over CUDA-graph replays (FBGEMM 1.6's backward cannot be captured) |
+    # null: the device's own, fixed on a CPU, queued on a GPU (kernels/processes.py: default_protocol)
+    protocol: str | None = None
     warmup_ms: float = 25.0
     measure_ms: float = 100.0
     max_iters: int = 1000
@@ -98,7 +101,8 @@ class CollectConfig:
         at_least(self, 1, ("num_samples", "batch_size", "iters", "comm_chunk", "max_iters"))
         at_least(self, 0, ("seed", "warmup"))
         above_zero(self, ("timeout_s", "warmup_ms", "measure_ms"))
-        if self.timing() and self.kind == "comm":
+        self.timing()  # refuses an unknown protocol, or queued/graph on a CPU
+        if self.protocol not in (None, "fixed") and self.kind == "comm":
             raise UserError(f"protocol: got {self.protocol!r} with kind=comm, expected fixed (timed is for compute)")
         if self.device not in ("cpu", "cuda"):
             raise UserError(f"device: got {self.device!r}, expected 'cpu' or 'cuda'")
@@ -109,8 +113,9 @@ class CollectConfig:
             )
 
     def timing(self) -> dict:
-        """The compute requests' protocol fields beyond warmup and iters (none for ``fixed``)."""
-        return timing_fields(self.protocol, self.warmup_ms, self.measure_ms, self.max_iters)
+        """The compute requests' protocol fields beyond warmup and iters (none for ``fixed`` and for comm)."""
+        fields = timing_fields(self.protocol, self.warmup_ms, self.measure_ms, self.max_iters, self.device)
+        return {} if self.kind == "comm" else fields
 
 
 def _settings(config: CollectConfig) -> dict:

@@ -20,7 +20,7 @@ import numpy as np
 
 from neuroshard_jax.core.constants import MIN_CPU_SHARE
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import load_manifest, read_records, resolve_dataset
+from neuroshard_jax.core.files import TIMED_KEYS, load_manifest, read_records, resolve_dataset
 from neuroshard_jax.kernels.processes import compute_request
 from neuroshard_jax.workloads.pool import PoolSpec
 
@@ -64,6 +64,7 @@ def references(dataset: str | Path, samples: int, seed: int = 0) -> References:
         raise UserError(f"dataset: {str(dataset)!r} has no measured records, expected a collected dataset")
     chosen = np.random.default_rng(seed).permutation(len(records))[:samples]
     pool = PoolSpec(**settings["pool"]) if settings.get("pool") else None
+    timing = {k: settings[k] for k in ("protocol", *TIMED_KEYS) if settings.get("protocol", "fixed") != "fixed"}
     requests, recorded = [], {}
     for i in sorted(int(i) for i in chosen):
         record = records[i]
@@ -81,6 +82,7 @@ def references(dataset: str | Path, samples: int, seed: int = 0) -> References:
                 int(settings.get("warmup", 5)),
                 int(settings.get("iters", 10)),
             )
+            | timing
         )
         recorded[request_id] = float(record["total_ms"])
     return References(str(dataset), tuple(requests), recorded, manifest)

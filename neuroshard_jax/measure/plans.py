@@ -43,7 +43,9 @@ class EvaluateConfig:
     comm_warmup: int = 3
     comm_iters: int = 10
     pin: bool = False  # each CPU kernel worker on a core of its own (collection pins; see conf/collect.yaml)
-    protocol: str = "fixed"  # as collect's: fixed (warmup, iters) | timed (warmup_ms, measure_ms, max_iters)
+    # as collect's: fixed (warmup, iters) | timed, queued, graph (warmup_ms, measure_ms, max_iters) | null: the
+    # device's own (fixed on a CPU, queued on a GPU)
+    protocol: str | None = None
     warmup_ms: float = 25.0
     measure_ms: float = 100.0
     max_iters: int = 1000
@@ -58,7 +60,7 @@ class EvaluateConfig:
 
     def timing(self) -> dict:
         """The device requests' protocol fields beyond warmup and iters (none for ``fixed``)."""
-        return timing_fields(self.protocol, self.warmup_ms, self.measure_ms, self.max_iters)
+        return timing_fields(self.protocol, self.warmup_ms, self.measure_ms, self.max_iters, self.device)
 
 
 class Measuring:

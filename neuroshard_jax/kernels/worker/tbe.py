@@ -141,7 +141,17 @@ def profile_compute(request: dict) -> dict:
         out.backward(grad[0])
         return timer.stop()
 
-    runs, cpu_share = timed_runs(step, request)
+    protocol = request.get("protocol", "fixed")
+    if protocol in GPU_PROTOCOLS and not on_gpu:
+        raise RequestError(f"protocol {protocol!r} ({GPU_PROTOCOLS[protocol]}) needs device 'cuda'")
+    ahead = None
+    if protocol == "graph":
+        step = _graphed_step(torch, tbe, indices_t, offsets_t, timer)
+    if protocol == "queued":
+        runs, ahead = _queued_runs(torch, tbe, indices_t, offsets_t, timer, request)
+        cpu_share = 1.0
+    else:
+        runs, cpu_share = timed_runs(step, request)
     fwd_runs, bwd_runs = [f for f, _ in runs], [b for _, b in runs]
     totals = [f + b for f, b in runs]
     kept = np.unique(np.linspace(0, len(runs) - 1, min(len(runs), MAX_KEPT_RUNS)).round().astype(int))
@@ -154,8 +164,47 @@ def profile_compute(request: dict) -> dict:
         "bwd_runs_ms": [round(bwd_runs[i], 4) for i in kept],
         "num_indices": int(len(indices)),
         **({} if on_gpu else {"cpu_share": round(cpu_share, 3)}),
-        **({"protocol": "timed", "timed_iters": len(runs)} if request.get("protocol") == "timed" else {}),
+        **({"protocol": protocol, "timed_iters": len(runs)} if protocol != "fixed" else {}),
+        **({"ahead": round(ahead, 3)} if ahead is not None else {}),
     }
+
+
+GPU_PROTOCOLS = {"graph": "CUDA graph replay", "queued": "the host enqueues ahead of the GPU"}
+
+
+def _graphed_step(torch, tbe, indices, offsets, timer):
+    """The ``graph`` protocol's step: forward and backward (with its fused optimizer update) each captured once as a
+    CUDA graph, then replayed between the timer's events; the L2 flush runs outside the graphs. A replay is one
+    launch, so the label is the kernels' GPU time without the host's per-kernel launch gaps, as in a training step
+    whose host runs ahead of the GPU (or that replays graphs itself)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream before capture, as torch.cuda.graphs asks
+        for _ in range(3):
+            out = tbe(indices, offsets)
+            grad = torch.full_like(out, 1e-3)
+            out.backward(grad)
+    torch.cuda.current_stream().wait_stream(side)
+    forward, backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    phase = "forward"
+    try:  # relaxed: calls that are unsafe only for other threads' captures do not end this one
+        with torch.cuda.graph(forward, capture_error_mode="relaxed"):
+            out = tbe(indices, offsets)
+        phase = "backward"
+        with torch.cuda.graph(backward, pool=forward.pool(), capture_error_mode="relaxed"):
+            out.backward(grad)
+    except RuntimeError as err:
+        raise RequestError(f"protocol 'graph': FBGEMM's {phase} cannot be captured as a CUDA graph: {err}") from None
+
+    def step() -> tuple[float, float]:
+        timer.flush()
+        timer.start()
+        forward.replay()
+        timer.mark()
+        backward.replay()
+        return timer.stop()
+
+    return step
 
 
 def compute_device_enum():
@@ -178,7 +227,8 @@ def timed_runs(step, request: dict) -> tuple[list[tuple[float, float]], float]:
     ``fixed`` (the default): ``warmup`` iterations, then ``iters`` timed. ``timed``: iterations until ``warmup_ms``
     of kernel time has run (clocks and caches warm whatever the shard's size), then timed iterations until
     ``measure_ms`` of kernel time is filled, at least ``iters`` and at most ``max_iters`` (a 0.9 ms GPU shard gets
-    ~110 timed iterations at 100 ms, a 200 ms CPU shard ``iters``)."""
+    ~110 timed iterations at 100 ms, a 200 ms CPU shard ``iters``). CUDA only: ``graph``, ``timed`` over CUDA-graph
+    replays of the step (``_graphed_step``); ``queued``, the GPU's time with the host ahead (``_queued_runs``)."""
     if request.get("protocol", "fixed") == "fixed":
         for _ in range(int(request.get("warmup", 5))):
             step()
@@ -195,6 +245,55 @@ def timed_runs(step, request: dict) -> tuple[list[tuple[float, float]], float]:
             runs.append(step())
             filled += sum(runs[-1])
     return runs, (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
+
+
+def _queued_runs(torch, tbe, indices, offsets, timer, request: dict) -> tuple[list[tuple[float, float]], float]:
+    """The ``queued`` protocol (CUDA only): ``timed``'s warm-up and measuring time, but the GPU's own time. Each
+    batch of iterations starts behind a GPU sleep long enough for the host to enqueue the whole batch (flush, events,
+    fwd, bwd) before the GPU reaches it; one synchronisation per batch. The kernels then run back to back, as in a
+    training step whose host runs ahead of the GPU, and the host's launch jitter is out of the label. Also returns
+    the share of batches the host stayed ahead in (below 1: something in the step waited for the GPU)."""
+    grad = torch.full_like(tbe(indices, offsets), 1e-3)
+    cycles_per_ms = 2.0e6  # at the H100/H200's top SM clock (1.98 GHz); a slower clock only sleeps longer
+
+    def enqueue(events) -> None:
+        timer.flush()
+        events[0].record()
+        out = tbe(indices, offsets)
+        events[1].record()
+        out.backward(grad)
+        events[2].record()
+
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(3):
+        enqueue([torch.cuda.Event(enable_timing=True) for _ in range(3)])
+    host_ms = (time.perf_counter() - started) * 1e3 / 3  # the host's time to enqueue one iteration
+    torch.cuda.synchronize()
+    ahead = []
+
+    def batch(count: int) -> list[tuple[float, float]]:
+        events = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(count)]
+        asleep = torch.cuda.Event()
+        torch.cuda._sleep(int(2.0 * host_ms * count * cycles_per_ms) + 10_000)
+        asleep.record()
+        for e in events:
+            enqueue(e)
+        ahead.append(not asleep.query())  # the GPU still asleep: the host enqueued the batch ahead of it
+        torch.cuda.synchronize()
+        return [(a.elapsed_time(b), b.elapsed_time(c)) for a, b, c in events]
+
+    warmed = 0.0
+    while warmed < float(request["warmup_ms"]):
+        warmed += sum(f + b for f, b in batch(8))
+    ahead.clear()
+    runs, filled = [], 0.0
+    least, most = int(request.get("iters", 10)), int(request["max_iters"])
+    while (filled < float(request["measure_ms"]) or len(runs) < least) and len(runs) < most:
+        got = batch(min(32, most - len(runs)))
+        runs += got
+        filled += sum(f + b for f, b in got)
+    return runs, sum(ahead) / len(ahead)
 
 
 class _CpuTimer:
