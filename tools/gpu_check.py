@@ -11,7 +11,7 @@
 it has), and writes one file per step into OUT (6 files in all):
 
 a. ``smoke.json``: one fused TBE fwd+bwd on the device through the project's worker;
-b. ``protocols.json``: the label protocols (``fixed``, ``timed``, and on a GPU ``graph``) interleaved on the same spec
+b. ``protocols.json``: the label protocols (``fixed``, ``timed``; on a GPU ``queued``, ``graph``) interleaved on the same spec
    requests, twice (the second round starts when half the step's time is spent): each protocol's run-to-run noise
    (the same request, one run against the other) and its spread within a run; the quietest one is ``chosen`` and
    the next steps use it;
