@@ -61,8 +61,13 @@ def test_the_timed_protocol_fills_a_kernel_time_and_keeps_a_sample_of_its_runs(w
     assert capped["timed_iters"] == 5 and len(capped["fwd_runs_ms"]) == 5
     fixed = worker.request(_request([[3, 8]]), timeout_s=120)
     assert "protocol" not in fixed and len(fixed["fwd_runs_ms"]) == TINY["iters"]
-    graph = worker.request(_request([[3, 8]], **{**timed, "protocol": "graph"}), timeout_s=120)
-    assert not graph["ok"] and "protocol 'graph' (CUDA graph replay) needs device 'cuda'" in graph["error"]
+    for gpu_only in ("graph", "queued"):  # the GPU's own time: refused on a CPU, the worker keeps serving
+        answer = worker.request(_request([[3, 8]], **{**timed, "protocol": gpu_only}), timeout_s=120)
+        assert (
+            not answer["ok"]
+            and f"protocol {gpu_only!r}" in answer["error"]
+            and "needs device 'cuda'" in answer["error"]
+        )
 
 
 def test_a_dataset_keeps_one_protocol(tmp_path):
