@@ -8,7 +8,11 @@ Per table (task file and Python API; all optional):
 * ``no_split: true`` -- one shard (table-wise); ``max_shards: K`` -- at most K column shards (the largest
   power of two <= K, within the table's legal halvings);
 * ``colocate: "GROUP"`` -- every shard of every table of the group on one device (so the group's tables stay
-  whole: slices of one table on one device are merged, ``sharding.merge_colocated``).
+  whole: slices of one table on one device are merged, ``sharding.merge_colocated``);
+* ``sharding_types: [...]`` -- the ways the table may be sharded, as TorchRec's ``ParameterConstraints`` says them
+  (``SHARDING_TYPES``): without ``column_wise`` it is not cut into column shards, without ``row_wise`` and
+  ``table_row_wise`` not into row blocks, without ``data_parallel`` not replicated; ``[data_parallel]`` alone makes
+  it data-parallel. Table-wise and column-wise are one family here (a table-wise table is one column shard).
 
 The searchers honour them through ``allowed_devices`` (a device mask per table, a group's the AND of its
 tables'), ``max_levels`` (halvings per table) and ``groups``; ``Plan.validate`` refuses a plan that breaks one
@@ -25,7 +29,11 @@ import numpy as np
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.sharding import Shard, max_halvings
 
-KEYS = ("pin", "exclude", "no_split", "max_shards", "colocate")
+KEYS = ("pin", "exclude", "no_split", "max_shards", "colocate", "sharding_types")
+# TorchRec's sharding types: table_wise (one shard), column_wise (column slices), row_wise (row blocks over every
+# device), table_row_wise (row blocks over one host's devices), data_parallel (every device holds the whole table and
+# looks up its own slice of the batch; the gradients are all-reduced)
+SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
 
 
 class Constrained(Protocol):
@@ -37,10 +45,28 @@ class Constrained(Protocol):
     no_split: bool
     max_shards: int | None
     colocate: str | None
+    sharding_types: tuple[str, ...] | None
 
 
 def has_constraints(tables: Sequence[Constrained]) -> bool:
     return any(t.pin is not None or t.exclude or t.no_split or t.max_shards or t.colocate for t in tables)
+
+
+def may_be_data_parallel(table: Constrained) -> bool:
+    """Whether a plan may replicate the table on every device: its sharding types allow it, and no constraint
+    keeps it off a device or beside a group."""
+    allowed = table.sharding_types is None or "data_parallel" in table.sharding_types
+    return allowed and table.pin is None and not table.exclude and table.colocate is None
+
+
+def must_be_data_parallel(table: Constrained) -> bool:
+    return table.sharding_types == ("data_parallel",)
+
+
+def may_split_rows(table: Constrained) -> bool:
+    """Whether the table's sharding types allow row blocks (row_wise or table_row_wise)."""
+    types = table.sharding_types
+    return types is None or "row_wise" in types or "table_row_wise" in types
 
 
 def groups(tables: Sequence[Constrained]) -> dict[str, list[int]]:
@@ -69,7 +95,11 @@ def max_levels(tables: Sequence[Constrained]) -> np.ndarray:
     out = []
     for t in tables:
         level = max_halvings(t.dim)
-        if t.no_split or t.colocate is not None:
+        if (
+            t.no_split
+            or t.colocate is not None
+            or (t.sharding_types is not None and "column_wise" not in t.sharding_types)
+        ):
             level = 0
         elif t.max_shards is not None:
             level = min(level, int(t.max_shards).bit_length() - 1)
@@ -77,13 +107,28 @@ def max_levels(tables: Sequence[Constrained]) -> np.ndarray:
     return np.array(out, dtype=np.int64)
 
 
-def violations(tables: Sequence[Constrained], shards: Sequence[Shard], names: Sequence[str]) -> list[str]:
-    """One line per broken constraint of a plan's shards (empty: the plan keeps them all)."""
+def violations(
+    tables: Sequence[Constrained], shards: Sequence[Shard], names: Sequence[str], data_parallel: Sequence[int] = ()
+) -> list[str]:
+    """One line per broken constraint of a plan's shards and data-parallel tables (empty: the plan keeps them
+    all)."""
     by_table: dict[int, list[Shard]] = {}
     for s in shards:
         by_table.setdefault(s.table, []).append(s)
     out = []
+    replicated = set(data_parallel)
     for i, t in enumerate(tables):
+        if i in replicated:
+            if not may_be_data_parallel(t):
+                out.append(f"table {names[i]}: data_parallel (on every device), which its constraints do not allow")
+            continue
+        if must_be_data_parallel(t):
+            out.append(f"table {names[i]}: sharding_types [data_parallel], but it is sharded")
+        cut_rows = any(s.row_offset != 0 or s.num_rows is not None for s in by_table.get(i, []))
+        if cut_rows and not may_split_rows(t):
+            out.append(
+                f"table {names[i]}: cut into row blocks, its sharding_types {list(t.sharding_types)} do not allow it"
+            )
         devices = sorted({s.device for s in by_table.get(i, [])})
         count = len(by_table.get(i, []))
         if t.pin is not None and devices != [t.pin]:

@@ -18,7 +18,7 @@ import numpy as np
 from neuroshard_jax.core.config import nearest
 from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GENERATOR_VERSION, GIB_BYTES
 from neuroshard_jax.core.constraints import KEYS as CONSTRAINT_KEYS
-from neuroshard_jax.core.constraints import violations
+from neuroshard_jax.core.constraints import SHARDING_TYPES, violations
 from neuroshard_jax.core.errors import PlanError, UserError
 from neuroshard_jax.core.features import NUM_BINS, feature_matrix
 from neuroshard_jax.core.files import pool_file_digest
@@ -105,6 +105,7 @@ class Table:
     no_split: bool = False
     max_shards: int | None = None
     colocate: str | None = None
+    sharding_types: tuple[str, ...] | None = None  # TorchRec's names (constraints.SHARDING_TYPES); None: any
     # measured statistics of its row blocks, per block count (``stats``: from the user's data); a block of a count
     # not given is assumed to do its rows' share of the lookups with the table's histogram
     row_blocks: tuple[RowBlockStats, ...] = ()
@@ -386,7 +387,9 @@ class PlanCosts:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """A sharding plan: every column of every table of ``task`` on exactly one device.
+    """A sharding plan: every column of every table of ``task`` on exactly one device, but the ``data_parallel``
+    tables (task indices, ascending), which every device holds whole: each device looks up its own slice of the
+    batch (batch / N) and their gradients are all-reduced (TorchRec's data_parallel). They have no shards.
 
     ``costs`` (predicted, when the plan was scored), ``searcher``, ``seed`` and ``search_time_s`` say where it
     came from; they do not take part in equality. ``to_json`` / ``from_json`` are the plan.json contract.
@@ -402,6 +405,7 @@ class Plan:
     polish: dict | None = dataclasses.field(default=None, compare=False)
     # the cost model's calibration to the measuring machine (``calibrate.py``): factor, its spread, what was measured
     calibration: dict | None = dataclasses.field(default=None, compare=False)
+    data_parallel: tuple[int, ...] = ()
 
     @classmethod
     def from_assignment(cls, task: Task, num_splits: list[int], devices: list[list[int]]) -> Plan:
@@ -422,9 +426,13 @@ class Plan:
 
     def placement(self) -> dict[str | int, list[tuple[int, ...]]]:
         """Per table (its name, else its id): its shards as (col_offset, dim, device), in column order; a row-split
-        table's as (col_offset, dim, device, row_offset, num_rows), in column then row order."""
+        table's as (col_offset, dim, device, row_offset, num_rows), in column then row order; a data-parallel
+        table's as (0, dim, device) for every device (each holds it whole)."""
         out: dict[str | int, list[tuple[int, ...]]] = {}
-        for s in sorted(self.shards, key=_shard_order):
+        replicated = [
+            Shard(t, 0, self.task.tables[t].dim, d) for t in self.data_parallel for d in range(self.task.num_devices)
+        ]
+        for s in sorted([*self.shards, *replicated], key=_shard_order):
             table = self.task.tables[s.table]
             where = (s.col_offset, s.dim, s.device)
             if not s.whole_rows(table.rows):
@@ -434,8 +442,10 @@ class Plan:
 
     def torchrec_shards(self) -> list[list[dict[str, int]]]:
         """Per task table: its shards as ``torchrec_format`` takes them, {col_offset, dim, rank} (and row_offset,
-        num_rows for a row block), in column then row order."""
+        num_rows for a row block), in column then row order; a data-parallel table's is [{data_parallel: 1}]."""
         out: list[list[dict[str, int]]] = [[] for _ in self.task.tables]
+        for t in self.data_parallel:  # every rank holds it: TorchRec's data_parallel
+            out[t].append({"data_parallel": 1})
         for s in sorted(self.shards, key=_shard_order):
             shard = {"col_offset": s.col_offset, "dim": s.dim, "rank": s.device}
             rows = self.task.tables[s.table].rows
@@ -453,14 +463,29 @@ class Plan:
         return device_dim_sums(self.shards, self.task.num_devices)
 
     def mem_bytes(self) -> np.ndarray:
-        """i64[N]: weight memory of each device."""
-        return device_mem_bytes(self.shards, self.task.table_rows(), self.task.precision, self.task.num_devices)
+        """i64[N]: weight memory of each device (a data-parallel table counts on every device)."""
+        task = self.task
+        sharded = device_mem_bytes(self.shards, task.table_rows(), task.precision, task.num_devices)
+        return sharded + self.replicated_bytes()
+
+    def replicated_bytes(self) -> int:
+        """Weight memory of the data-parallel tables, which every device holds."""
+        task = self.task
+        whole = [Shard(t, 0, task.tables[t].dim, 0) for t in self.data_parallel]
+        return int(device_mem_bytes(whole, task.table_rows(), task.precision, 1)[0]) if whole else 0
 
     def validate(self) -> Plan:
         """Raise PlanError unless every table is tiled exactly once (``sharding.tiling_error``) by shards on
         known devices, within every device's memory. Returns the plan."""
         task = self.task
         by_table: dict[int, list[Shard]] = {t: [] for t in range(task.num_tables)}
+        if list(self.data_parallel) != sorted(set(self.data_parallel)) or not all(
+            0 <= t < task.num_tables for t in self.data_parallel
+        ):
+            raise PlanError(
+                f"plan: data_parallel {list(self.data_parallel)}, expected distinct ascending table indices "
+                f"0..{task.num_tables - 1}"
+            )
         for s in self.shards:
             if s.table not in by_table:
                 raise PlanError(f"plan shard: table index {s.table} is not in the task (0..{task.num_tables - 1})")
@@ -472,6 +497,10 @@ class Plan:
             by_table[s.table].append(s)
         for t, shards in by_table.items():
             table = task.tables[t]
+            if t in self.data_parallel:
+                if shards:
+                    raise PlanError(f"plan: table {table.id} is data-parallel (on every device) and also has shards")
+                continue
             error = tiling_error(table.dim, table.rows, shards)
             if error:
                 raise PlanError(f"plan: table {table.id} {error}")
@@ -481,7 +510,7 @@ class Plan:
                 raise PlanError(
                     f"plan: device {d} holds {used / GIB_BYTES:.3f} GiB, expected at most {task.caps_gb()[d]} GiB"
                 )
-        broken = violations(task.tables, self.shards, task.table_names())
+        broken = violations(task.tables, self.shards, task.table_names(), self.data_parallel)
         if broken:
             raise PlanError(f"plan breaks {len(broken)} constraints: {broken[0]}")
         return self
@@ -500,6 +529,8 @@ class Plan:
             out["seed"] = self.seed
         out["task"] = task.to_json()
         out["shards"] = [_shard_json(task, s) for s in sorted(self.shards, key=_shard_order)]
+        if self.data_parallel:  # absent when none: a file without them reads as before
+            out["data_parallel"] = [task.tables[t].id for t in self.data_parallel]
         devices = []
         for d in range(task.num_devices):
             device = {
@@ -556,6 +587,11 @@ class Plan:
             if row_offset < 0 or (num_rows is not None and num_rows < 0):
                 raise UserError(f"{where}.shards[{i}]: row_offset {row_offset}, num_rows {num_rows}, expected >= 0")
             shards.append(Shard(index[table], col_offset, dim, device, row_offset, num_rows))
+        replicated = obj.get("data_parallel", [])
+        if not isinstance(replicated, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t in index for t in replicated
+        ):
+            raise UserError(f"{where}.data_parallel: got {replicated!r:.80}, expected a list of table ids of the task")
         return cls(
             task,
             tuple(shards),
@@ -565,6 +601,7 @@ class Plan:
             obj.get("search_time_s"),
             obj.get("polish") if isinstance(obj.get("polish"), dict) else None,
             obj.get("calibration") if isinstance(obj.get("calibration"), dict) else None,
+            tuple(sorted({index[t] for t in replicated})),
         ).validate()
 
 
@@ -812,6 +849,24 @@ def _constraints_from_json(obj: dict, where: str) -> dict:
     if group is not None and not (isinstance(group, str) and group):
         raise UserError(f"{where}.colocate: got {group!r:.60}, expected a group name (a non-empty string)")
     out["colocate"] = group
+    types = obj.get("sharding_types")
+    if types is not None:
+        if (
+            not isinstance(types, list)
+            or not types
+            or not all(isinstance(x, str) and x in SHARDING_TYPES for x in types)
+            or len(set(types)) != len(types)
+        ):
+            raise UserError(
+                f"{where}.sharding_types: got {types!r:.80}, expected a non-empty list of distinct names among "
+                f"{', '.join(SHARDING_TYPES)}"
+            )
+        if not set(types) & {"table_wise", "column_wise", "data_parallel"}:
+            raise UserError(
+                f"{where}.sharding_types: got {types}, expected table_wise, column_wise or data_parallel among them "
+                "(row blocks alone are not planned here: a table that cannot be placed whole has no fallback)"
+            )
+        out["sharding_types"] = tuple(x for x in SHARDING_TYPES if x in types)
     return out
 
 
@@ -828,6 +883,8 @@ def _constraints_json(table: Table) -> dict:
         out["max_shards"] = table.max_shards
     if table.colocate is not None:
         out["colocate"] = table.colocate
+    if table.sharding_types is not None:
+        out["sharding_types"] = list(table.sharding_types)
     return out
 
 
