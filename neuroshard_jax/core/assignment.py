@@ -38,7 +38,8 @@ def plan_of(task: Task, devices, row_blocks: tuple[Shard, ...] = ()) -> Plan:
 
 def row_groups(plan: Plan) -> list[tuple[int, list[int]]]:
     """The plan's row-split groups: (width, sorted devices) per set of devices holding row blocks, the widths of
-    every column range cut into row blocks over that set added up (TorchRec fuses a sharding group's outputs)."""
+    every column range cut into row blocks over that set added up (TorchRec fuses a sharding group's outputs). The
+    data-parallel tables' gradient all-reduce is a group over every device (``replica_width``)."""
     rows = plan.task.table_rows()
     ranges: dict[tuple[int, int, int], set[int]] = {}
     for s in plan.shards:
@@ -48,7 +49,19 @@ def row_groups(plan: Plan) -> list[tuple[int, list[int]]]:
     for (_, _, dim), devices in ranges.items():
         key = tuple(sorted(devices))
         widths[key] = widths.get(key, 0) + dim
+    if plan.data_parallel and plan.task.num_devices > 1:
+        every = tuple(range(plan.task.num_devices))
+        widths[every] = widths.get(every, 0) + replica_width(plan)
     return [(width, list(devices)) for devices, width in sorted(widths.items())]
+
+
+def replica_width(plan: Plan) -> int:
+    """The data-parallel tables' gradient all-reduce as a row group's width: a ring all-reduce of E elements is a
+    reduce-scatter and an all-gather of them, and a row group of width w moves batch x w elements each way, so
+    w = ceil(E / batch). The row groups' fitted collectives (``row_comm.py``) and the comm benchmark price and
+    measure it that way."""
+    elements = sum(plan.task.tables[t].size for t in plan.data_parallel)
+    return -(-elements // plan.task.batch_size)
 
 
 def comm_layout(plan: Plan) -> dict:

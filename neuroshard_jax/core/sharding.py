@@ -173,6 +173,15 @@ def shard_features(
     return out
 
 
+def replica_features(table_features: np.ndarray, num_devices: int) -> np.ndarray:
+    """Features f64[F] of one device's part of a data-parallel table: the whole table, looked up by the device's
+    slice of the batch, priced as the table with its pooling factor divided by the devices (the same lookups per
+    step; the histogram is kept)."""
+    out = shard_features(table_features, int(table_features[FEATURE_INDEX["dim"]]))
+    out[FEATURE_INDEX["pooling_factor"]] /= num_devices
+    return out
+
+
 def row_split_count(shards: Sequence[Shard], table_rows: int) -> int:
     """Row blocks per column slice of a table's shards: 1 when every shard holds all the rows, else the number of
     shards at column offset 0 (``tiling_error`` checks that the rest agrees)."""

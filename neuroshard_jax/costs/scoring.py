@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from neuroshard_jax.core.assignment import comm_layout, crosses_hosts, row_groups
+from neuroshard_jax.core.assignment import comm_layout, crosses_hosts, replica_width, row_groups
 from neuroshard_jax.core.features import NUM_FEATURES
-from neuroshard_jax.core.sharding import shard_features
+from neuroshard_jax.core.sharding import replica_features, shard_features
 from neuroshard_jax.core.types import Plan, PlanCosts
 from neuroshard_jax.costs.cost_model import (
     CostFns,
@@ -147,10 +147,11 @@ def plan_arrays(plan: Plan, max_tables: int | None = None, rows_apart: bool = Fa
     task = plan.task
     n = task.num_devices
     per_device = [plan.device_shards(d) for d in range(n)]
-    width = max_tables or bucket(max(len(s) for s in per_device))
+    width = max_tables or device_width(plan)
     feats = np.zeros((n, width, NUM_FEATURES), dtype=np.float32)
     mask = np.zeros((n, width), dtype=bool)
     task_feats = task.features()
+    replicas = [replica_features(task_feats[t], n) for t in plan.data_parallel]
     for d, shards in enumerate(per_device):
         for j, s in enumerate(shards):
             table = task.tables[s.table]
@@ -158,12 +159,23 @@ def plan_arrays(plan: Plan, max_tables: int | None = None, rows_apart: bool = Fa
             stats = table.block_stats(s.row_offset, block) if block else None
             feats[d, j] = shard_features(task_feats[s.table], s.dim, block, stats)
             mask[d, j] = block != 0  # an empty row block does no work
+        for j, replica in enumerate(replicas, start=len(shards)):  # every device's part of each data-parallel table
+            feats[d, j] = replica
+            mask[d, j] = True
     return feats, mask, _all_to_all_dims(plan, rows_apart), np.ones(n, dtype=bool)
 
 
+def device_width(plan: Plan) -> int:
+    """The padded table axis of ``plan_arrays``: the most tables one device holds (data-parallel ones included)."""
+    return bucket(max(len(plan.device_shards(d)) for d in range(plan.task.num_devices)) + len(plan.data_parallel))
+
+
 def _all_to_all_dims(plan: Plan, rows_apart: bool) -> np.ndarray:
-    dims = np.asarray(comm_layout(plan)["dim_sums"]) if rows_apart else plan.dim_sums()
-    return dims.astype(np.float32)
+    if rows_apart:
+        return np.asarray(comm_layout(plan)["dim_sums"], dtype=np.float32)
+    # without a row-comm fit, row blocks and the data-parallel all-reduce are priced as all-to-all width
+    replicated = replica_width(plan) if plan.data_parallel and plan.task.num_devices > 1 else 0
+    return (plan.dim_sums() + replicated).astype(np.float32)
 
 
 def plan_dim_sums(plan: Plan, model: CostModel) -> np.ndarray:
@@ -206,7 +218,7 @@ def score_plans_devices(
     """Predicted per-device costs of many plans of one task (DeviceCosts of f64[K, N]) and, for an ensemble
     (and ``uncertainty``), each device's relative spread f64[K, N] (else None); batched calls of one padded
     shape."""
-    width = bucket(max(max(len(p.device_shards(d)) for d in range(p.task.num_devices)) for p in plans))
+    width = max(device_width(p) for p in plans)
     arrays = [plan_arrays(p, width, model.prices_rows) for p in plans]
     stacked = [np.stack(a) for a in zip(*arrays)] + list(rows_arrays(model, plans))
     pad = bucket(len(plans), 8) - len(plans)
