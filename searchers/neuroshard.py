@@ -162,6 +162,7 @@ class GridSearch(GridConfig):
     """Table-wise greedy over the alpha grid; the plan with the lowest predicted cost."""
 
     constraints: ClassVar[tuple[str, ...]] = CONSTRAINT_KEYS
+    replicates: ClassVar[bool] = True  # the pipeline tries its hot small tables data-parallel (search/replicas.py)
 
     def __post_init__(self):
         self.check()
@@ -208,6 +209,7 @@ class BeamSearch(GridConfig):
     # seconds: a level scores only the candidates left time allows (thousands of tables); null: none
     budget_s: float | None = None
     constraints: ClassVar[tuple[str, ...]] = CONSTRAINT_KEYS
+    replicates: ClassVar[bool] = True  # the pipeline tries its hot small tables data-parallel (search/replicas.py)
 
     def __post_init__(self):
         self.check()

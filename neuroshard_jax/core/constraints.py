@@ -49,7 +49,10 @@ class Constrained(Protocol):
 
 
 def has_constraints(tables: Sequence[Constrained]) -> bool:
-    return any(t.pin is not None or t.exclude or t.no_split or t.max_shards or t.colocate for t in tables)
+    return any(
+        t.pin is not None or t.exclude or t.no_split or t.max_shards or t.colocate or t.sharding_types is not None
+        for t in tables
+    )
 
 
 def may_be_data_parallel(table: Constrained) -> bool:

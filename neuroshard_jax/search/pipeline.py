@@ -16,6 +16,7 @@ from neuroshard_jax.core.types import Device, Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model, split_calibration
 from neuroshard_jax.costs.scoring import score_plan, score_plans, single_shard_costs, with_costs
+from neuroshard_jax.search.replicas import replica_choices, replica_rest, with_replicas
 from neuroshard_jax.search.row_split import (
     hot_tables,
     join,
@@ -58,26 +59,44 @@ def search_plan(
     if has_constraints(task.tables):
         check_constraints(task, searcher, algorithm)
     start = time.perf_counter()
-    if getattr(algorithm, "own_row_splits", False):  # TorchRec's planner chooses its own sharding types
-        choices = [()]
-    else:
-        # the hot tables need every table's predicted compute: worked out only where they are asked for
-        hot = hot_tables(whole_table_ms(model, task), task.num_devices) if row_split == "hot" else ()
-        choices = row_split_choices(task, row_split, hot)
-    plans, refusal = [], None
-    # on several hosts a table's row blocks may also stay within one host (TorchRec's table_row_wise)
-    ways = (False, True) if task.host_groups() is not None else (False,)
-    runs = [(split, within_host) for split in choices for within_host in (ways if split else (False,))]
+    own = getattr(algorithm, "own_row_splits", False)  # TorchRec's planner chooses its own sharding types
+    chooses = getattr(algorithm, "replicates", False)
+    table_ms = whole_table_ms(model, task) if chooses or row_split == "hot" else None
+    runs, refusal = [], None  # (replicated, the task around them, its table indices, its model, split, within host)
+    for replicated in [()] if own else replica_choices(task, table_ms, chooses):
+        try:
+            base, index = replica_rest(task, replicated) if replicated else (task, None)
+        except InfeasibleError as err:
+            refusal = refusal or err
+            continue
+        base_model = model if not replicated else make_cost_model(cost_model, base, cost_model_options)
+        if own:
+            choices = [()]
+        else:
+            # the hot tables need every table's predicted compute: worked out only where they are asked for
+            base_ms = None if row_split != "hot" else table_ms if not replicated else whole_table_ms(base_model, base)
+            hot = hot_tables(base_ms, base.num_devices) if row_split == "hot" else ()
+            choices = row_split_choices(base, row_split, hot)
+        # on several hosts a table's row blocks may also stay within one host (TorchRec's table_row_wise)
+        ways = (False, True) if base.host_groups() is not None else (False,)
+        runs += [
+            (replicated, base, index, base_model, split, within_host)
+            for split in choices
+            for within_host in (ways if split else (False,))
+        ]
+    plans = []
     budget = getattr(algorithm, "budget_s", None)
-    for i, (split, within_host) in enumerate(runs):
+    for i, (replicated, base, index, base_model, split, within_host) in enumerate(runs):
         run = algorithm
         if budget is not None:  # a searcher's time budget is the whole search's: shared by the runs left
             share = (budget - (time.perf_counter() - start)) / (len(runs) - i)
             run = dataclasses.replace(algorithm, budget_s=max(share, 1e-6))
         try:
-            plans.append(_search_around(task, run, model, seed, split, within_host, cost_model, cost_model_options))
+            plan = _search_around(base, run, base_model, seed, split, within_host, cost_model, cost_model_options)
         except InfeasibleError as err:  # this way of cutting leaves no plan; another may
             refusal = refusal or err
+            continue
+        plans.append(with_replicas(task, plan, index, replicated).validate() if replicated else plan)
     if not plans:
         raise refusal
     # the cheaper by the search's own score (an ensemble's risk term included), the first on a tie

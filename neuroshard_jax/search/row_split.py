@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from neuroshard_jax.core.constants import GIB_BYTES
-from neuroshard_jax.core.constraints import has_constraints
+from neuroshard_jax.core.constraints import has_constraints, may_split_rows
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.sharding import Shard, device_mem_bytes, narrowest_dim, row_shards
 from neuroshard_jax.core.types import Device, Plan, Task
@@ -78,7 +78,8 @@ def row_split_choices(task: Task, mode: str, hot: Sequence[int] = ()) -> list[tu
         if _constrained(table):
             raise InfeasibleError(
                 f"task infeasible: {where} fits no device even in its narrowest column slices, and its constraints "
-                "(pin, exclude, no_split, max_shards, colocate) rule out the row split over every device it needs"
+                "(pin, exclude, no_split, max_shards, colocate, sharding_types) rule out the row split over every "
+                "device it needs"
             )
     if mode == "off":
         return [tuple(must)]
@@ -96,7 +97,8 @@ def _row_splittable(task: Task, table: int) -> bool:
 
 
 def _constrained(table) -> bool:
-    return has_constraints([table])
+    """Constraints that rule out cutting the table into rows by choice: any but sharding types that allow rows."""
+    return has_constraints([dataclasses.replace(table, sharding_types=None)]) or not may_split_rows(table)
 
 
 def row_blocks_of(task: Task, tables: Sequence[int], within_host: bool = False) -> tuple[Shard, ...]:
