@@ -3,9 +3,11 @@
 The planner runs in the torch worker subprocess (``python -m neuroshard_jax.kernels.worker torchrec-plan``), the only
 place torch is imported:
 tables as EmbeddingBagConfigs on the meta device, a Topology of N ranks with the task's memory cap, pooling
-factors as constraints, sharding types table_wise and column_wise (and row_wise when asked:
-``searcher.sharding_types``), the fused kernel. Its plan is converted to ours (a table's column shards must be
-2^k equal widths) and then scored and measured like any other. Needs the ``torchrec`` install (docs/installing.md).
+factors as constraints, sharding types table_wise and column_wise (more when asked: ``searcher.sharding_types``),
+the fused kernel (the dense one for data_parallel). ``searcher=torchrec_default`` is the planner with every sharding
+type its users get by default: data_parallel, table_wise, column_wise, row_wise, table_row_wise. Its plan is
+converted to ours (a table's column shards must be 2^k equal widths; a data-parallel table is one of the plan's
+``data_parallel``) and then scored and measured like any other. Needs the ``torchrec`` install (docs/installing.md).
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ from typing import ClassVar
 from neuroshard_jax.core.constants import TORCHREC_INSTALL
 from neuroshard_jax.core.constraints import max_levels
 from neuroshard_jax.core.errors import InfeasibleError, UserError
-from neuroshard_jax.core.sharding import Shard, tiling_error
+from neuroshard_jax.core.sharding import Shard, row_shards, tiling_error
 from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.kernels.processes import run_worker
 from searchers.registry import register
 
-SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise")
+SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise")
 DEFAULT_SHARDING_TYPES = ("table_wise", "column_wise")
 RESERVATIONS = ("heuristic", "percent")
 
@@ -33,13 +35,18 @@ RESERVATIONS = ("heuristic", "percent")
 def plan_from_torchrec(task: Task, shards: list[list[dict]]) -> Plan:
     """Our plan from TorchRec's per-table shards; a table's shards must tile it by our split rule
     (``sharding.tiling_error``: 2^k equal column slices; row-wise: TorchRec's row blocks over every rank)."""
-    out = []
+    out, replicated = [], []
     for t, table_shards in enumerate(shards):
         table = task.tables[t]
+        if table_shards and table_shards[0].get("data_parallel"):
+            replicated.append(t)
+            continue
         ours = [
             Shard(t, s["col_offset"], s["dim"], s["rank"], s.get("row_offset", 0), s.get("num_rows"))
             for s in table_shards
         ]
+        if tiling_error(table.dim, table.rows, ours):
+            ours = _recut_row_blocks(t, table, table_shards) or ours
         error = tiling_error(table.dim, table.rows, ours)
         if error:
             widths = [s["dim"] for s in sorted(table_shards, key=lambda s: s["col_offset"])]
@@ -48,13 +55,28 @@ def plan_from_torchrec(task: Task, shards: list[list[dict]]) -> Plan:
                 f"plan format of this project): {error}"
             )
         out.extend(sorted(ours, key=lambda s: (s.col_offset, s.row_offset)))
-    return Plan(task, tuple(out))
+    return Plan(task, tuple(out), data_parallel=tuple(replicated))
+
+
+def _recut_row_blocks(t: int, table, shards: list[dict]) -> list[Shard] | None:
+    """TorchRec's table_row_wise cuts rows // k rows per block, the last taking the rest; its row_wise, and this
+    project's row blocks, ceil(rows / k) (``sharding.row_blocks``). Whole-width blocks of the first layout become the
+    second on the same ranks in the same order (each block within k rows of TorchRec's); None for anything else."""
+    ordered = sorted(shards, key=lambda s: s.get("row_offset", 0))
+    k = len(ordered)
+    if k < 2 or any(s["col_offset"] != 0 or s["dim"] != table.dim or "num_rows" not in s for s in ordered):
+        return None
+    block = table.rows // k
+    floor = [(i * block, block if i < k - 1 else table.rows - (k - 1) * block) for i in range(k)]
+    if [(s["row_offset"], s["num_rows"]) for s in ordered] != floor:
+        return None
+    return list(row_shards(t, table.rows, table.dim, [s["rank"] for s in ordered]))
 
 
 @register("torchrec")
 @dataclasses.dataclass(frozen=True)
 class TorchRecSearch:
-    sharding_types: tuple[str, ...] = DEFAULT_SHARDING_TYPES  # row_wise, table_row_wise: on request
+    sharding_types: tuple[str, ...] = DEFAULT_SHARDING_TYPES  # data_parallel, row_wise, table_row_wise: on request
     timeout_s: float = 600.0
     # heuristic: TorchRec's default reservation (15% plus its estimate of input and dense storage);
     # percent: a flat 15% (tiny, very hot tables make the heuristic reserve GBs for inputs and find no plan)
@@ -122,3 +144,12 @@ class TorchRecSearch:
                 raise InfeasibleError(result["error"])
             raise UserError(f"searcher=torchrec: {result['error']}; install it with {TORCHREC_INSTALL}")
         return plan_from_torchrec(task, result["shards"])
+
+
+@register("torchrec_default")
+@dataclasses.dataclass(frozen=True)
+class TorchRecDefaultSearch(TorchRecSearch):
+    """TorchRec's planner with the sharding types its users get by default (data_parallel, table_wise, column_wise,
+    row_wise, table_row_wise): the anchor a TorchRec user compares with."""
+
+    sharding_types: tuple[str, ...] = SHARDING_TYPES

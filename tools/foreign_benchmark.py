@@ -58,7 +58,7 @@ from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import ExecutorConfig, map_requests, open_executor
 from neuroshard_jax.learn.fit import noise_floor, ranking_tau
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrate, predicted_compute_ms, sample_devices, whole
-from neuroshard_jax.measure.plans import EvaluateConfig, device_key, device_request, device_tables
+from neuroshard_jax.measure.plans import EvaluateConfig, device_kernels, device_key, device_request, device_tables
 from neuroshard_jax.measure.polish import POLISHED, PolishConfig, polish_plan
 from neuroshard_jax.search.pipeline import search_plan
 from searchers import make_searcher
@@ -346,22 +346,19 @@ def measure_all(
     for repeat in range(repeats):
         for task_id in order:  # 4 and 8 devices alternating: a stopped run covers both
             task = tasks[task_id]
-            devices: dict[str, list] = {}
+            devices: dict[str, tuple[Task, list]] = {}  # kernel key -> (the task it runs at, its tables)
             for row in rows:
                 plan = plan_of(row, tasks) if row["task"] == task_id else None
                 for d in range(task.num_devices) if plan else ():
-                    tables = device_tables(task, plan.device_shards(d))
-                    if tables:
-                        devices.setdefault(device_key(task, tables), tables)
+                    for key, at, tables in device_kernels(plan, d):
+                        devices.setdefault(key, (at, tables))
             for tables in calibration_groups(task, calibration).values():
-                devices.setdefault(device_key(task, tables), tables)
+                devices.setdefault(device_key(task, tables), (task, tables))
             todo = [k for k in devices if measurement_id(f"{k}/{repeat}", kind, session) not in log.ids]
             shuffled = np.random.default_rng([BASE_SEED, repeat, len(todo)]).permutation(len(todo))
             requests = [
                 {
-                    **device_request(
-                        measurement_id(f"{todo[i]}/{repeat}", kind, session), task, devices[todo[i]], config
-                    ),
+                    **device_request(measurement_id(f"{todo[i]}/{repeat}", kind, session), *devices[todo[i]], config),
                     "key": todo[i],
                     "repeat": repeat,
                 }
@@ -543,11 +540,11 @@ def report(
             predicted = [float(x) for x in score_plan(scorer, plan).compute_ms]
             compute, spread = [], []
             for d in range(task.num_devices):
-                tables = device_tables(task, plan.device_shards(d))
-                runs = measured.get(device_key(task, tables), []) if tables else [0.0]
-                compute.append(statistics.median(runs) if runs else None)
-                if len(runs) > 1 and statistics.median(runs) > 0:
-                    spread.append((max(runs) - min(runs)) / 2 / statistics.median(runs))
+                kernels = [measured.get(key, []) for key, _, _ in device_kernels(plan, d)]  # none: an empty device
+                compute.append(sum(statistics.median(runs) for runs in kernels) if all(kernels) else None)
+                for runs in kernels:
+                    if len(runs) > 1 and statistics.median(runs) > 0:
+                        spread.append((max(runs) - min(runs)) / 2 / statistics.median(runs))
             entry.update(predicted=predicted, measured=compute, noise=max(spread) if spread else None)
             if row["task"] in factors:  # the model calibrated on this task's own tables in this session
                 entry["calibrated"] = [p * factors[row["task"]] for p in predicted]

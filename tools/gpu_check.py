@@ -11,10 +11,10 @@
 it has), and writes one file per step into OUT (6 files in all):
 
 a. ``smoke.json``: one fused TBE fwd+bwd on the device through the project's worker;
-b. ``protocols.json``: the label protocols (``fixed``, ``timed``; on a GPU ``queued``, ``graph``) interleaved on the same spec
-   requests, twice (the second round starts when half the step's time is spent): each protocol's run-to-run noise
-   (the same request, one run against the other) and its spread within a run; the quietest one is ``chosen`` and
-   the next steps use it;
+b. ``protocols.json``: the label protocols (``fixed``, ``timed``; on a GPU ``queued``, ``graph``) interleaved on the
+   same spec requests, twice (the second round starts when half the step's time is spent): each protocol's
+   run-to-run noise (the same request, one run against the other) and its spread within a run; the quietest one is
+   ``chosen`` and the next steps use it;
 c. ``search.json``: the main job's search (856 tables x 64 devices; dry: 60 x 8) on each JAX backend, cold (a fresh
    compilation cache) and warm, wall and search seconds;
 d. ``labels.tgz``: spec labels with the chosen protocol (``collect``, resumable; a dataset like any other);
@@ -49,7 +49,7 @@ from neuroshard_jax.costs.registry import choose_cost_model
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.kernels.processes import ComputeWorker, compute_request, measure_on, timing_fields
 from neuroshard_jax.learn.collect import CollectConfig, collect
-from neuroshard_jax.measure.plans import EvaluateConfig, device_key, device_tables, measure_tables
+from neuroshard_jax.measure.plans import EvaluateConfig, device_kernels, measure_tables
 from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.workloads.samplers import SpecSamplerConfig, sample_spec_shard
 from tools.foreign_benchmark import SEARCHER_OPTIONS, TASKS_FILE, benchmark_tasks
@@ -196,16 +196,15 @@ def plans(out: Path, pack: Path, device: str, protocol: str, deadline: float, dr
             made[task_id]["torchrec"] = carried[task_id]
     measuring = {"protocol": protocol, "measure_ms": 10.0 if dry else 100.0}
     config = EvaluateConfig(device=device, executor=ExecutorConfig(workers=1), **measuring)
-    jobs, keys = {}, {}  # keys[(task, searcher)]: each device's job key (None: an empty device)
+    jobs, keys = {}, {}  # keys[(task, searcher)]: each device's kernel keys (none: an empty device)
     for task_id, by_searcher in made.items():
         for searcher, plan in by_searcher.items():
             keys[task_id, searcher] = []
             for d in range(plan.task.num_devices):
-                tables = device_tables(plan.task, plan.device_shards(d))
-                key = device_key(plan.task, tables) if tables else None
-                if key is not None:
-                    jobs.setdefault(key, (plan.task, tables))
-                keys[task_id, searcher].append(key)
+                kernels = device_kernels(plan, d)
+                for key, at, tables in kernels:
+                    jobs.setdefault(key, (at, tables))
+                keys[task_id, searcher].append([key for key, _, _ in kernels])
     answers: dict[str, list[dict]] = {key: [] for key in jobs}
     for round_ in range(3):
         if round_ and time.monotonic() > deadline:
@@ -218,8 +217,8 @@ def plans(out: Path, pack: Path, device: str, protocol: str, deadline: float, dr
             for searcher, plan in by_searcher.items():
                 predicted = plan.costs.compute_ms if plan.costs is not None else None
                 measured = [
-                    float(np.median([a["total_ms"] for a in answers[key]])) if key else 0.0
-                    for key in keys[task_id, searcher]
+                    sum(float(np.median([a["total_ms"] for a in answers[key]])) for key in device)
+                    for device in keys[task_id, searcher]
                 ]
                 rows[task_id][searcher] = {
                     "measured_ms": measured,

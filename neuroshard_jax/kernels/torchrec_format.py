@@ -5,7 +5,8 @@ A shard list per table is ``[{col_offset, dim, rank}]`` in column order: one sha
 2^k equal column slices are ``column_wise(ranks)`` (TorchRec cuts equal slices in rank-list order, ours are
 equal by construction). A row-split table's shards also carry ``row_offset, num_rows`` (``sharding.row_blocks``,
 TorchRec's own layout): its blocks in rank order over every rank are ``row_wise()``, over the ranks of one host
-``table_row_wise(host)``; row blocks of column slices (TorchRec's grid sharding) are not exported. torch and
+``table_row_wise(host)``; row blocks of column slices (TorchRec's grid sharding) are not exported. A data-parallel
+table's list is ``[{data_parallel: 1}]`` (``data_parallel()``: every rank holds it, TorchRec's dense kernel). torch and
 torchrec are imported inside the functions: they run in a torch process (the worker, or a user's), and importing
 this module costs nothing.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 TORCHREC_MISSING = "torchrec is not installed"
-SHARD_KEYS = ("col_offset", "dim", "rank", "row_offset", "num_rows")
+SHARD_KEYS = ("col_offset", "dim", "rank", "row_offset", "num_rows", "data_parallel")
 
 
 def module_plan(
@@ -33,6 +34,7 @@ def module_plan(
     from torchrec.distributed.sharding_plan import (
         column_wise,
         construct_module_sharding_plan,
+        data_parallel,
         row_wise,
         table_row_wise,
         table_wise,
@@ -41,6 +43,9 @@ def module_plan(
     local_size = local_size or world_size
     per_table = {}
     for name, table_shards in shards.items():
+        if table_shards and table_shards[0].get("data_parallel"):
+            per_table[name] = data_parallel()
+            continue
         ordered = sorted(table_shards, key=lambda s: (s["col_offset"], s.get("row_offset", 0)))
         ranks = [int(s["rank"]) for s in ordered]
         if "num_rows" in ordered[0]:
@@ -110,10 +115,14 @@ def embedding_bag_collection(tables: Sequence[Mapping], device: str = "meta"):
 
 def plan_shards(plan) -> dict[str, list[dict]]:
     """Per table name of a TorchRec ShardingPlan (every module): its shards [{col_offset, dim, rank}] by column
-    offset; a row-split table's (row-wise, table-row-wise) also carry row_offset, num_rows, in row order."""
+    offset; a row-split table's (row-wise, table-row-wise) also carry row_offset, num_rows, in row order; a
+    data-parallel table's is [{data_parallel: 1}]."""
     out: dict[str, list[dict]] = {}
     for module_plan_ in plan.plan.values():
         for name, sharding in module_plan_.items():
+            if sharding.sharding_type == "data_parallel":  # no shards: every rank holds the whole table
+                out[name] = [{"data_parallel": 1}]
+                continue
             row_split = sharding.sharding_type in ("row_wise", "table_row_wise", "grid_shard")
             shards = []
             for shard in sharding.sharding_spec.shards:
@@ -130,7 +139,7 @@ def plan_shards(plan) -> dict[str, list[dict]]:
 
 
 def _order(shard: Mapping) -> tuple[int, int]:
-    return int(shard["col_offset"]), int(shard.get("row_offset", 0))
+    return int(shard.get("col_offset", 0)), int(shard.get("row_offset", 0))
 
 
 def mismatch(plan, shards: Mapping[str, Sequence[Mapping]]) -> str | None:

@@ -135,21 +135,23 @@ def measure_compute(
     compute = [[0.0] * p.task.num_devices for p in plans]
     kernels: list[list[dict | None]] = [[None] * p.task.num_devices for p in plans]
     jobs: dict[str, tuple[Task, list]] = {}
-    users: dict[str, list[tuple[int, int]]] = {}  # device key -> the (plan, device) pairs it measures
+    users: dict[str, list[tuple[int, int]]] = {}  # kernel key -> the (plan, device) pairs that run it
     for i, plan in enumerate(plans):
         for d in range(plan.task.num_devices):
-            tables = device_tables(plan.task, plan.device_shards(d))
-            if tables:
-                key = device_key(plan.task, tables)
-                jobs.setdefault(key, (plan.task, tables))
+            for key, task, tables in device_kernels(plan, d):
+                jobs.setdefault(key, (task, tables))
                 users.setdefault(key, []).append((i, d))
     answers = measure_tables(jobs, config, executor, what="evaluation failed")
     for key, pairs in users.items():
         answer = answers[key][0]
-        for i, d in pairs:
+        for i, d in pairs:  # a device that runs two kernels (its shards', the data-parallel tables') sums them
             speed = plans[i].task.speeds()[d]
-            compute[i][d] = answer["total_ms"] / speed
-            kernels[i][d] = {"fwd_ms": answer["fwd_ms"] / speed, "bwd_ms": answer["bwd_ms"] / speed}
+            compute[i][d] += answer["total_ms"] / speed
+            was = kernels[i][d] or {"fwd_ms": 0.0, "bwd_ms": 0.0}
+            kernels[i][d] = {
+                "fwd_ms": was["fwd_ms"] + answer["fwd_ms"] / speed,
+                "bwd_ms": was["bwd_ms"] + answer["bwd_ms"] / speed,
+            }
     return compute, kernels
 
 
@@ -230,6 +232,32 @@ def device_tables(task: Task, shards: list[Shard]) -> list:
     if task.pool is not None:
         return sorted(out)
     return sorted(out, key=lambda x: (x["seed"], x["dim"], x.get("row_offset", 0), x["rows"]))
+
+
+def replica_kernel(plan: Plan) -> tuple[Task, list] | None:
+    """The kernel of the plan's data-parallel tables, which every device runs: each table whole, looked up by the
+    device's slice of the batch (ceil(batch / N)), in a fused kernel of their own (TorchRec runs data-parallel tables
+    apart from the sharded ones, with its dense kernel; the labels' fused one stands in for it). (task at that
+    batch size, its ``device_tables``); None without data-parallel tables."""
+    if not plan.data_parallel:
+        return None
+    task = plan.task
+    local = dataclasses.replace(task, batch_size=-(-task.batch_size // task.num_devices))
+    return local, device_tables(local, [Shard(t, 0, task.tables[t].dim, 0) for t in plan.data_parallel])
+
+
+def device_kernels(plan: Plan, device: int) -> list[tuple[str, Task, list]]:
+    """The kernels ``device`` of ``plan`` runs, each (content key ``device_key``, the task it is measured at, its
+    ``device_tables``): its shards' fused kernel (none for an empty device) and the data-parallel tables'
+    (``replica_kernel``). The device's compute is their sum."""
+    out = []
+    tables = device_tables(plan.task, plan.device_shards(device))
+    if tables:
+        out.append((device_key(plan.task, tables), plan.task, tables))
+    replicas = replica_kernel(plan)
+    if replicas is not None:
+        out.append((device_key(*replicas), *replicas))
+    return out
 
 
 def measure_devices(

@@ -7,7 +7,8 @@ Writes a TorchRec ``ShardingPlan`` (``torch.save``; load it with ``torch.load(pa
 and pass it as ``DistributedModelParallel(..., plan=plan)``) for an EmbeddingBagCollection whose tables
 are the task's tables, named by ``table_names`` ({index}: position in the task, {id}: pool id). A
 table-wise shard becomes ``table_wise(rank)``, a table split into 2^k equal column shards
-``column_wise(ranks)`` in column order, a table's row blocks over every rank in order ``row_wise()``. The
+``column_wise(ranks)`` in column order, a table's row blocks over every rank in order ``row_wise()``, a
+data-parallel table ``data_parallel()`` (TorchRec's dense kernel, its gradients all-reduced). The
 plan is built in the torch worker subprocess (torch is never imported here) and read back there: its shards
 must equal ours.
 
@@ -77,7 +78,7 @@ def torchrec_request(plan: Plan, config: ExportConfig) -> dict:
     names = [config.table_names.format(index=i, id=t.id) for i, t in enumerate(task.tables)]
     shards = plan.torchrec_shards()
     for name, table_shards in zip(names, shards):
-        if "num_rows" in table_shards[0]:
+        if "num_rows" in table_shards[0]:  # row blocks (a data-parallel table's [{data_parallel: 1}] has none)
             try:
                 row_split_host(name, table_shards, task.num_devices, task.local_size() or task.num_devices)
             except ValueError as err:
@@ -137,10 +138,16 @@ def check_torchrec(exported: str | Path, request: dict, batch_size: int, timeout
 def expected_local_shards(request: dict, rank: int) -> list[list]:
     """[table name, col_offset, dim, row_offset, num_rows] of the shards the plan puts on ``rank``, sorted."""
     return sorted(
-        [t["name"], s["col_offset"], s["dim"], s.get("row_offset", 0), s.get("num_rows", t["rows"])]
+        [
+            t["name"],
+            s.get("col_offset", 0),
+            s.get("dim", t["dim"]),
+            s.get("row_offset", 0),
+            s.get("num_rows", t["rows"]),
+        ]
         for t, shards in zip(request["tables"], request["shards"])
         for s in shards
-        if s["rank"] == rank
+        if s.get("data_parallel") or s["rank"] == rank  # a data-parallel table: whole on every rank
     )
 
 

@@ -50,7 +50,10 @@ def torchrec_plan(request: dict) -> dict:
     constraints = {
         f"t{i}": ParameterConstraints(
             sharding_types=list(t.get("sharding_types", request["sharding_types"])),
-            compute_kernels=["fused"],
+            # data_parallel runs TorchRec's dense kernel only; every other type the fused one
+            compute_kernels=["fused", "dense"]
+            if "data_parallel" in t.get("sharding_types", request["sharding_types"])
+            else ["fused"],
             pooling_factors=[float(t["pooling_factor"])],
             **({"min_partition": int(t["min_partition"])} if "min_partition" in t else {}),
         )
@@ -187,12 +190,18 @@ def _distributed_model(request: dict, plan):
 
 def _write_pattern(model) -> list[list]:
     """Set every local shard's weights to ``_pattern`` of its global rows and columns; returns the local
-    shards as [table name, col_offset, dim, row_offset, num_rows]."""
+    shards as [table name, col_offset, dim, row_offset, num_rows]. A data-parallel table is a plain tensor, whole
+    on every rank."""
     import torch
 
     local = []
     with torch.no_grad():
         for key, value in model.state_dict().items():
+            if key.endswith(".weight") and not hasattr(value, "local_shards") and value.dim() == 2:
+                n_rows, n_cols = value.shape
+                value.copy_(torch.from_numpy(_pattern(np.arange(n_rows), np.arange(n_cols)).astype(np.float32)))
+                local.append([key.split(".")[-2], 0, int(n_cols), 0, int(n_rows)])
+                continue
             for shard in getattr(value, "local_shards", lambda: [])():
                 r0, c0 = shard.metadata.shard_offsets
                 n_rows, n_cols = shard.metadata.shard_sizes
