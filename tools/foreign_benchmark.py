@@ -73,10 +73,11 @@ SEARCHERS = (
     "dim_greedy",
     "size_lookup_greedy",
     "torchrec",
+    "torchrec_default",
 )
 # TorchRec's default storage reservation sets aside GBs for the input tensors of tiny, very hot tables (13 of the
 # 48 tasks found no plan at all, with devices whose tables take MBs); a flat 15% lets it plan every task.
-SEARCHER_OPTIONS = {"torchrec": {"reservation": "percent"}}
+SEARCHER_OPTIONS = {"torchrec": {"reservation": "percent"}, "torchrec_default": {"reservation": "percent"}}
 LEGACY_SESSIONS = ("s10",)  # sessions measured into measurements.jsonl
 LEGACY_CPU = "AMD EPYC"  # rows without "cpu" were all measured in one session, on an AMD EPYC machine
 
@@ -98,7 +99,7 @@ def measurement_id(base: str, kind: str, session: str | None = None) -> str:
 
 POLISH = PolishConfig(name="measured", executor=ExecutorConfig(workers=2))
 GREEDY = {"size_greedy", "lookup_greedy", "dim_greedy", "size_lookup_greedy"}  # the greedy baselines
-MODEL_FREE = GREEDY | {"torchrec"}
+MODEL_FREE = GREEDY | {"torchrec", "torchrec_default"}
 FAMILIES = (
     "zipf_hashed",
     "pooling_follows_rows",
@@ -593,12 +594,15 @@ def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
                     s,
                     {"ratio": [], "bound": [], "time": [], "measurements": [], "wins": 0, "infeasible": 0, "failed": 0}
                     | {"ape": [], "over2x": 0, "vs_greedy": 0, "greedy_tasks": 0, "signed": []}
-                    | {"ape_cal": [], "signed_cal": [], "over2x_cal": 0},
+                    | {"ape_cal": [], "signed_cal": [], "over2x_cal": 0, "ratio_default": [], "max_over_mean": []},
                 )
                 if "measured" not in e:
                     stats["infeasible" if "infeasible" in e else "failed"] += 1
                     continue
                 stats["ratio"].append(slow[s] / slow["torchrec"])
+                if "torchrec_default" in slow:  # TorchRec's planner with its default sharding types
+                    stats["ratio_default"].append(slow[s] / slow["torchrec_default"])
+                stats["max_over_mean"].append(slow[s] / (sum(e["measured"]) / devices))
                 stats["bound"].append(slow[s] / bound)
                 stats["time"].append(e["time_s"])
                 stats["measurements"].append(e["measurements"])
@@ -637,6 +641,8 @@ def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
             "searchers": {
                 s: {
                     "slowest_vs_torchrec": _mean(v["ratio"]),
+                    "slowest_vs_torchrec_default": _mean(v["ratio_default"]),
+                    "slowest_over_mean_device": _mean(v["max_over_mean"]),
                     "slowest_vs_bound": _mean(v["bound"]),
                     "mean_time_s": _mean(v["time"]),
                     "mean_measurements": _mean(v["measurements"]),
@@ -684,12 +690,14 @@ def print_summary(summary: dict) -> None:
                 f"{s['calibrated_devices_off_2x']} off by > 2x"
             )
         print(
-            f"{'searcher':24s} {'slowest/torchrec':>16s} {'slowest/bound':>13s} {'best':>5s} {'<=grdy':>6s} "
-            f"{'infeas':>6s} {'MAPE':>7s} {'>2x':>5s} {'time_s':>7s} {'meas':>5s}"
+            f"{'searcher':24s} {'slowest/torchrec':>16s} {'/trec_default':>13s} {'max/mean':>8s} "
+            f"{'slowest/bound':>13s} "
+            f"{'best':>5s} {'<=grdy':>6s} {'infeas':>6s} {'MAPE':>7s} {'>2x':>5s} {'time_s':>7s} {'meas':>5s}"
         )
         for name, v in sorted(s["searchers"].items(), key=lambda kv: kv[1]["slowest_vs_torchrec"] or 9):
             print(
-                f"{name:24s} {_pct(v['slowest_vs_torchrec']):>16s} {_pct(v['slowest_vs_bound']):>13s} "
+                f"{name:24s} {_pct(v['slowest_vs_torchrec']):>16s} {_pct(v.get('slowest_vs_torchrec_default')):>13s} "
+                f"{v.get('slowest_over_mean_device') or 0:8.2f} {_pct(v['slowest_vs_bound']):>13s} "
                 f"{v['best_or_tied']:>5d} {v['no_worse_than_best_greedy']:>3d}/{v['greedy_tasks']:<2d} "
                 f"{v['infeasible']:>6d} "
                 f"{_pct(v['device_mape']):>7s} {v['devices_off_2x']:>5d} "
