@@ -2,6 +2,7 @@
 
     python examples/torchrec_dlrm.py            # 12 tables, 2 ranks, per-rank batch 1024, 30 timed steps
     python examples/torchrec_dlrm.py --tables 4 --rows 2000 --steps 3 --warmup 1 --batch-size 256   # quick
+    python examples/torchrec_dlrm.py --hot-pooling 300 --world-size 4   # the 100-row table looked up 300 times a sample
 
 1. Statistics: each table's pooling factor and access histogram from generated, skewed KeyedJaggedTensor batches
    (``batch_statistics``, at the planning batch: per-rank batch x world size).
@@ -59,8 +60,13 @@ def table_configs(args) -> list[EmbeddingBagConfig]:
 
 
 def pooling_factors(args) -> np.ndarray:
-    """Skewed lookups per sample: a few tables looked up tens of times, most a few times."""
-    return np.geomspace(1, args.max_pooling, args.tables)[np.random.default_rng(7).permutation(args.tables)]
+    """Skewed lookups per sample: a few tables looked up tens of times, most a few times; with ``--hot-pooling``,
+    the smallest table (100 rows) that many times (a small, very hot table: whichever rank holds it whole does all
+    its lookups)."""
+    out = np.geomspace(1, args.max_pooling, args.tables)[np.random.default_rng(7).permutation(args.tables)]
+    if args.hot_pooling:
+        out[0] = args.hot_pooling
+    return out
 
 
 def batches(configs, args, count: int, batch: int, seed: int):
@@ -120,6 +126,7 @@ def run_rank(rank: int, world: int, init: str, planners: list[str], args, stats_
         start = time.perf_counter()
         plan = planner.collective_plan(dlrm(configs, args.dim), sharders, dist.GroupMember.WORLD)
         runs[name] = {"plan_s": time.perf_counter() - start, "plan": str(plan), "step_s": [], "losses": []}
+        runs[name]["types"] = sharding_types(plan)
         runs[name]["model"] = trainer(configs, args, plan, sharders)
     for i, batch in enumerate(batches(configs, args, args.warmup + args.steps, args.batch_size, seed=rank)):
         for run in runs.values():
@@ -143,6 +150,9 @@ def run_rank(rank: int, world: int, init: str, planners: list[str], args, stats_
                 "planner": name,
                 "plan_s": run["plan_s"],
                 "step_ms": 1e3 * statistics.median(slowest),
+                # the spread of the slowest rank's step over the timed steps: its quartiles
+                "step_ms_q1_q3": [1e3 * float(q) for q in np.quantile(slowest, [0.25, 0.75])],
+                "types": run["types"],
                 "loss": float(np.mean(run["losses"])),
                 "plan": run["plan"],
             }
@@ -156,6 +166,15 @@ def run_rank(rank: int, world: int, init: str, planners: list[str], args, stats_
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def sharding_types(plan) -> dict[str, int]:
+    """How many tables of the plan each sharding type holds."""
+    out: dict[str, int] = {}
+    for module_plan in plan.plan.values():
+        for sharding in module_plan.values():
+            out[sharding.sharding_type] = out.get(sharding.sharding_type, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def quiet() -> None:
@@ -172,6 +191,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--rows", type=int, default=200_000, help="rows of the largest table")
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--max-pooling", type=float, default=40.0)
+    parser.add_argument("--hot-pooling", type=float, default=0.0, help="the smallest table's pooling factor (0: drawn)")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=1024, help="per rank, as in TorchRec")
     parser.add_argument("--stats-batches", type=int, default=4, help="planning batches the statistics read")
@@ -197,10 +217,12 @@ def main(argv=None) -> list[dict]:
         mp.spawn(run_rank, (args.world_size, init, planners, args, str(stats_path), str(out)), nprocs=args.world_size)
         results = json.loads(out.read_text())
         for result in results:
+            q1, q3 = result["step_ms_q1_q3"]
+            types = ", ".join(f"{k} {v}" for k, v in result["types"].items())
             print(
-                f"{result['planner']:>10}: median step {result['step_ms']:8.2f} ms (slowest of {args.world_size} "
-                f"ranks, {args.steps} steps interleaved), planned in {result['plan_s']:.1f} s, "
-                f"mean loss {result['loss']:.4f}"
+                f"{result['planner']:>10}: median step {result['step_ms']:8.2f} ms (quartiles {q1:.2f}-{q3:.2f}; "
+                f"slowest of {args.world_size} ranks, {args.steps} steps interleaved), planned in "
+                f"{result['plan_s']:.1f} s, mean loss {result['loss']:.4f}; tables: {types}"
             )
     return results
 

@@ -58,7 +58,7 @@ def test_a_data_parallel_table_is_whole_on_every_device_and_round_trips(hot_task
     assert Plan.from_json(alone.to_json()).data_parallel == ()
     with pytest.raises(PlanError, match="table 0 is data-parallel .* and also has shards"):
         Plan(hot_task, alone.shards, data_parallel=(0,)).validate()
-    with pytest.raises(UserError, match=r"plan.data_parallel: got \[99\], expected a list of table ids"):
+    with pytest.raises(UserError, match=r"plan.data_parallel: got \[99\], expected a list of distinct table ids"):
         Plan.from_json({**written, "data_parallel": [99]})
     assert plan.torchrec_shards()[0] == [{"data_parallel": 1}]
 

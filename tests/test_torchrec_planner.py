@@ -123,6 +123,8 @@ def test_the_dlrm_example_trains_with_both_planners(tmp_path):
             "1",
             "--stats-batches",
             "2",
+            "--hot-pooling",  # the smallest table looked up 200 times a sample: a candidate to be data-parallel
+            "200",
         ],
         capture_output=True,
         text=True,
@@ -133,6 +135,7 @@ def test_the_dlrm_example_trains_with_both_planners(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if "median step" in line]
     assert [line.split(":")[0].strip() for line in lines] == ["neuroshard", "torchrec"], done.stdout
+    assert all("quartiles" in line and "tables: " in line for line in lines), done.stdout
 
 
 def test_readme_torchrec_example_runs(capsys):

@@ -30,10 +30,11 @@ def row_blocks_in(plan: Plan) -> tuple[Shard, ...]:
     return tuple(s for s in plan.shards if s.table in split)
 
 
-def plan_of(task: Task, devices, row_blocks: tuple[Shard, ...] = ()) -> Plan:
-    """The plan of the tables' column slice devices (``assignment``) and the row-split tables' ``row_blocks``."""
+def plan_of(task: Task, devices, row_blocks: tuple[Shard, ...] = (), data_parallel: tuple[int, ...] = ()) -> Plan:
+    """The plan of the tables' column slice devices (``assignment``), the row-split tables' ``row_blocks`` and the
+    ``data_parallel`` tables (which have no slices: they stay on every device)."""
     shards = [s for t, devs in enumerate(devices) if devs for s in column_shards(t, task.tables[t].dim, devs)]
-    return Plan(task, tuple(shards) + row_blocks)
+    return Plan(task, tuple(shards) + row_blocks, data_parallel=data_parallel)
 
 
 def row_groups(plan: Plan) -> list[tuple[int, list[int]]]:

@@ -44,6 +44,11 @@ def format_plan(plan_json: dict[str, Any]) -> str:
             + f" {c['compute']:>9.3f} {c['fwd_comm']:>9.3f} {c['bwd_comm']:>9.3f} {c['total']:>9.3f}"
         )
         lines.append(line + (f" {polish['devices'][d['device']]['total']:>9.3f}" if polish else ""))
+    replicated = plan_json.get("data_parallel")
+    if replicated:  # not in the device rows' shard counts: every device holds them whole
+        names = {t["id"]: t.get("name", t["id"]) for t in task["tables"]}
+        listed = ", ".join(str(names[t]) for t in replicated[:8]) + (", ..." if len(replicated) > 8 else "")
+        lines.append(f"data-parallel on every device (batch / {task['num_devices']} each): tables {listed}")
     lines.append(
         f"predicted cost: {plan_json['cost_ms']:.3f} ms (max over devices); search {plan_json['search_time_s']:.2f} s"
     )

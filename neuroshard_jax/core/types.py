@@ -588,10 +588,14 @@ class Plan:
                 raise UserError(f"{where}.shards[{i}]: row_offset {row_offset}, num_rows {num_rows}, expected >= 0")
             shards.append(Shard(index[table], col_offset, dim, device, row_offset, num_rows))
         replicated = obj.get("data_parallel", [])
-        if not isinstance(replicated, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and t in index for t in replicated
+        if (
+            not isinstance(replicated, list)
+            or not all(isinstance(t, int) and not isinstance(t, bool) and t in index for t in replicated)
+            or len(set(replicated)) != len(replicated)
         ):
-            raise UserError(f"{where}.data_parallel: got {replicated!r:.80}, expected a list of table ids of the task")
+            raise UserError(
+                f"{where}.data_parallel: got {replicated!r:.80}, expected a list of distinct table ids of the task"
+            )
         return cls(
             task,
             tuple(shards),
@@ -867,6 +871,11 @@ def _constraints_from_json(obj: dict, where: str) -> dict:
                 "(row blocks alone are not planned here: a table that cannot be placed whole has no fallback)"
             )
         out["sharding_types"] = tuple(x for x in SHARDING_TYPES if x in types)
+        if types == ["data_parallel"] and (out.get("pin") is not None or out["exclude"] or out["colocate"]):
+            raise UserError(
+                f"{where}.sharding_types: got ['data_parallel'] (on every device) with pin, exclude or colocate, "
+                "expected one or the other"
+            )
     return out
 
 

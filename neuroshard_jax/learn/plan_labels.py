@@ -217,7 +217,7 @@ def variants_of(plan: Plan, count: int, rng: np.random.Generator) -> list[tuple[
             continue
         seen.add(changed)
         try:
-            out.append((kind, plan_of(plan.task, changed, row_blocks_in(plan)).validate()))
+            out.append((kind, plan_of(plan.task, changed, row_blocks_in(plan), plan.data_parallel).validate()))
         except PlanError:  # over a device's memory
             continue
     return out
@@ -267,6 +267,7 @@ def plan_entry(name: str, searcher: str, variant: str, plan: Plan, costs: Device
         "searcher": searcher,
         "variant": variant,
         "shards": [[s.table, s.col_offset, s.dim, s.device] for s in plan.shards],
+        **({"data_parallel": list(plan.data_parallel)} if plan.data_parallel else {}),
         "compute": ms(costs.compute_ms),
         "fwd_comm": ms(costs.fwd_comm_ms),
         "bwd_comm": ms(costs.bwd_comm_ms),
@@ -300,7 +301,14 @@ def task_rows(log: JsonlLog) -> dict[str, dict]:
 
 def row_plans(row: dict) -> tuple[Task, list[Plan]]:
     task = Task.from_json(row["task"], where="plans.jsonl task")
-    plans = [Plan(task, tuple(Shard(t, c, d, dev) for t, c, d, dev in p["shards"])) for p in row["plans"]]
+    plans = [
+        Plan(
+            task,
+            tuple(Shard(t, c, d, dev) for t, c, d, dev in p["shards"]),
+            data_parallel=tuple(p.get("data_parallel", ())),
+        )
+        for p in row["plans"]
+    ]
     return task, plans
 
 
@@ -508,6 +516,8 @@ def plan_label_report(out: Path, round_: int | None = None) -> dict:
         entry = rounds.setdefault(row["round"], {"errors": {}, "taus": [], "plans": 0, "devices": set()})
         pred_max, meas_max = [], []
         for spec, plan in zip(row["plans"], plans):
+            if plan.data_parallel:  # its predictions include the replicas' kernel, which plan labels do not measure
+                continue
             errors, slowest = device_errors(task, spec, plan, spec["compute"], measured)
             if slowest is None:
                 continue

@@ -65,8 +65,11 @@ def table_compute_ms(model: CostModel, plan: Plan, compute_ms: np.ndarray) -> np
     n, t = plan.task.num_devices, plan.task.num_tables
     out = np.zeros((n, t))
     for d in range(n):
-        for j, s in enumerate(plan.device_shards(d)):
+        shards = plan.device_shards(d)
+        for j, s in enumerate(shards):
             out[d, s.table] += alone[d, j]
+        for j, t in enumerate(plan.data_parallel, start=len(shards)):  # each device's part of a replica
+            out[d, t] += alone[d, j]
     totals = out.sum(axis=1, keepdims=True)
     return np.divide(out * compute_ms[:, None], totals, out=np.zeros_like(out), where=totals > 0)
 
@@ -291,6 +294,8 @@ def plan_diff(plan: Plan, base: Plan, model: CostModel) -> dict:
         out: dict[int, list[tuple[int, int]]] = {}
         for s in sorted(p.shards, key=lambda s: (s.table, s.col_offset)):
             out.setdefault(s.table, []).append((s.dim, s.device))
+        for t in p.data_parallel:  # whole on every device
+            out[t] = [(p.task.tables[t].dim, d) for d in range(p.task.num_devices)]
         return out
 
     new, old = layout(plan), layout(base)
@@ -298,6 +303,8 @@ def plan_diff(plan: Plan, base: Plan, model: CostModel) -> dict:
     for t in range(len(names)):
         if new[t] != old[t]:
             kind = "moved" if len(new[t]) == len(old[t]) else ("split" if len(new[t]) > len(old[t]) else "merged")
+            if (t in plan.data_parallel) != (t in base.data_parallel):
+                kind = "data-parallel" if t in plan.data_parallel else "sharded"
             changes.append(
                 {
                     "table": names[t],

@@ -32,12 +32,19 @@ from neuroshard_jax.core.assignment import assignment, plan_of, row_blocks_in
 from neuroshard_jax.core.config import above_zero, at_least
 from neuroshard_jax.core.errors import PlanError, UserError
 from neuroshard_jax.core.sharding import row_shards, split_counts
-from neuroshard_jax.core.types import Plan
+from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel, DeviceCosts, combine_costs, plan_cost_ms
 from neuroshard_jax.costs.registry import expected_cost_model
 from neuroshard_jax.costs.scoring import plan_dim_sums, rows_arrays, score_plan, score_plans_devices, with_costs
 from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, open_executor
-from neuroshard_jax.measure.plans import Measuring, device_key, device_tables, measure_comm, measure_tables
+from neuroshard_jax.measure.plans import (
+    Measuring,
+    device_kernels,
+    device_key,
+    device_tables,
+    measure_comm,
+    measure_tables,
+)
 
 MODES = ("off", "measured")
 POLISHED = "+polish"  # in benchmarks, a searcher name with this suffix: its plan polished (polish=measured)
@@ -84,14 +91,15 @@ class Meter:
         self.count = 0
         self.drift: list[float] = []  # each anchored step's factor: its anchors' median fresh / first median
 
-    def _missing(self, plans: list[Plan], fresh: bool = False) -> dict[str, list]:
+    def _missing(self, plans: list[Plan], fresh: bool = False) -> dict[str, tuple[Task, list]]:
+        """The kernels of the plans' devices (``device_kernels``: a device's shards', its replicas') to measure:
+        key -> (the task it runs at, its tables)."""
         out = {}
         for plan in plans:
             for d in range(self.task.num_devices):
-                tables = device_tables(self.task, plan.device_shards(d))
-                key = device_key(self.task, tables) if tables else None
-                if key and (fresh or key not in self.cache):
-                    out[key] = tables
+                for key, at, tables in device_kernels(plan, d):
+                    if fresh or key not in self.cache:
+                        out[key] = (at, tables)
         return out
 
     def cost(self, plan: Plan, anchors: list[tuple[str, list]] = ()) -> int:
@@ -117,8 +125,7 @@ class Meter:
         medians, and the new medians are divided by the median of the last ``ANCHOR_WINDOW`` steps' factors, so
         that devices measured minutes apart compare on one scale (this machine's speed moves by 14% between batches
         seconds apart, a device against one anchor still by 7.5%: ``tools/measure_noise.py steps``)."""
-        missing = self._missing(plans, fresh)
-        jobs = {k: (self.task, tables) for k, tables in missing.items()}
+        jobs = self._missing(plans, fresh)
         anchors = self._usable(anchors, jobs) if jobs else []
         for i, (_, tables) in enumerate(anchors):
             jobs[f"{ANCHOR}{i}"] = (self.task, tables)
@@ -146,9 +153,9 @@ class Meter:
         for plan in plans:
             compute, noise = np.zeros(self.task.num_devices), np.zeros(self.task.num_devices)
             for d in range(self.task.num_devices):
-                tables = device_tables(self.task, plan.device_shards(d))
-                if tables:
-                    compute[d], noise[d] = self.cache[device_key(self.task, tables)]
+                kernels = [self.cache[key] for key, _, _ in device_kernels(plan, d)]  # its kernels add up
+                compute[d] = sum(ms for ms, _ in kernels)
+                noise[d] = max((n for _, n in kernels), default=0.0)
             out.append((compute / speed, noise))
         return out
 
@@ -195,7 +202,7 @@ def proposals(plan: Plan, slow: int, rng: np.random.Generator, count: int) -> li
         if key in seen:  # the same devices up to their order (and blocks where they were): the same measured plan
             continue
         try:
-            out.append((kind, plan_of(task, changed, laid).validate()))
+            out.append((kind, plan_of(task, changed, laid, plan.data_parallel).validate()))
         except PlanError:  # over a device's memory, or a constraint
             continue
         seen.add(key)
@@ -258,12 +265,9 @@ def corrected(model: CostModel, base: Plan, measured: np.ndarray, candidates: li
     speeds = base.task.speeds()
     for c, plan in enumerate(candidates):
         for d in range(plan.task.num_devices):
-            tables = device_tables(plan.task, plan.device_shards(d))
-            key = device_key(plan.task, tables) if tables else None
-            if key in meter.cache:  # the cache holds raw kernel ms: divided by the device's speed like ``measure``
-                estimate[c, d] = meter.cache[key][0] / speeds[d]
-            elif not tables:
-                estimate[c, d] = 0.0
+            keys = [key for key, _, _ in device_kernels(plan, d)]
+            if all(key in meter.cache for key in keys):  # raw kernel ms: divided by the device's speed like ``measure``
+                estimate[c, d] = sum(meter.cache[key][0] for key in keys) / speeds[d]  # 0 for an empty device
     return estimate
 
 

@@ -63,20 +63,27 @@ def search_plan(
     chooses = getattr(algorithm, "replicates", False)
     table_ms = whole_table_ms(model, task) if chooses or row_split == "hot" else None
     runs, refusal = [], None  # (replicated, the task around them, its table indices, its model, split, within host)
+    plans = []
     for replicated in [()] if own else replica_choices(task, table_ms, chooses):
+        if len(replicated) == task.num_tables:  # every table on every device: nothing left to search
+            if sum(task.table_mem_bytes(i) for i in replicated) <= task.cap_bytes().min():
+                plans.append(Plan(task, (), data_parallel=replicated).validate())
+            continue
         try:
             base, index = replica_rest(task, replicated) if replicated else (task, None)
-        except InfeasibleError as err:
+            base_model = model if not replicated else make_cost_model(cost_model, base, cost_model_options)
+            if own:
+                choices = [()]
+            else:
+                # the hot tables need every table's predicted compute: worked out only where they are asked for
+                base_ms = None
+                if row_split == "hot":
+                    base_ms = table_ms if not replicated else whole_table_ms(base_model, base)
+                hot = hot_tables(base_ms, base.num_devices) if row_split == "hot" else ()
+                choices = row_split_choices(base, row_split, hot)
+        except InfeasibleError as err:  # this choice of replicas leaves no plan; another may
             refusal = refusal or err
             continue
-        base_model = model if not replicated else make_cost_model(cost_model, base, cost_model_options)
-        if own:
-            choices = [()]
-        else:
-            # the hot tables need every table's predicted compute: worked out only where they are asked for
-            base_ms = None if row_split != "hot" else table_ms if not replicated else whole_table_ms(base_model, base)
-            hot = hot_tables(base_ms, base.num_devices) if row_split == "hot" else ()
-            choices = row_split_choices(base, row_split, hot)
         # on several hosts a table's row blocks may also stay within one host (TorchRec's table_row_wise)
         ways = (False, True) if base.host_groups() is not None else (False,)
         runs += [
@@ -84,7 +91,6 @@ def search_plan(
             for split in choices
             for within_host in (ways if split else (False,))
         ]
-    plans = []
     budget = getattr(algorithm, "budget_s", None)
     for i, (replicated, base, index, base_model, split, within_host) in enumerate(runs):
         run = algorithm

@@ -135,6 +135,8 @@ def run_suite(
                     results.append({**record, "infeasible": str(err)})
                     continue
                 record.update(predicted_ms=plan["cost_ms"], search_s=plan["search_time_s"], shards=plan["shards"])
+                if plan.get("data_parallel"):  # absent without any: older records read alike
+                    record["data_parallel"] = plan["data_parallel"]
                 results.append(record)
         if evaluate is not None:
             measure_run(run_dir, evaluate, lock_dir)
@@ -174,7 +176,10 @@ def plan_key(settings: dict, record: dict, config: EvaluateConfig) -> str:
     if config.executor.name != "local":
         evaluator["executor"] = config.executor.name
     task = {"options": settings["task"], "devices": record["devices"], "seed": record["task_seed"]}
-    blob = json.dumps({"task": task, "shards": record["shards"], "evaluator": evaluator}, sort_keys=True)
+    content = {"task": task, "shards": record["shards"], "evaluator": evaluator}
+    if record.get("data_parallel"):  # a plan's data-parallel tables are part of what is measured
+        content["data_parallel"] = record["data_parallel"]
+    blob = json.dumps(content, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -195,7 +200,11 @@ def measure_pending(
         new = {key: item for key, item in zip(keys, batch) if key not in known}
         plans = [
             Plan.from_json(
-                {"task": suite_task(s["task"], r["devices"], r["task_seed"]).to_json(), "shards": r["shards"]},
+                {
+                    "task": suite_task(s["task"], r["devices"], r["task_seed"]).to_json(),
+                    "shards": r["shards"],
+                    "data_parallel": r.get("data_parallel", []),
+                },
                 where=f"{run}/{RESULTS} {r['id']}",
             )
             for run, s, r in new.values()

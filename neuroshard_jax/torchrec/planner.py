@@ -287,9 +287,8 @@ class NeuroShardPlanner(ShardingPlanner):
     def to_sharding_plan(self, module: torch.nn.Module, ours: Plan, sharders: list | None = None) -> ShardingPlan:
         """Our plan of the module's tables as TorchRec ``ParameterSharding``s, per collection."""
         index = {spec_name: i for i, spec_name in enumerate(t.name for t in ours.task.tables)}
-        per_table: dict[int, list[dict]] = {}
-        for s in ours.shards:
-            per_table.setdefault(s.table, []).append({"col_offset": s.col_offset, "dim": s.dim, "rank": s.device})
+        # column shards, row blocks (with their rows) and data-parallel tables, as torchrec_format takes them
+        per_table = dict(enumerate(ours.torchrec_shards()))
         sharder = next((s for s in sharders or [] if getattr(s, "module_type", None) is EmbeddingBagCollection), None)
         modules = {}
         for path, ebc in collections(module):
