@@ -243,7 +243,10 @@ def replica_kernel(plan: Plan) -> tuple[Task, list] | None:
         return None
     task = plan.task
     local = dataclasses.replace(task, batch_size=-(-task.batch_size // task.num_devices))
-    return local, device_tables(local, [Shard(t, 0, task.tables[t].dim, 0) for t in plan.data_parallel])
+    tables = device_tables(local, [Shard(t, 0, task.tables[t].dim, 0) for t in plan.data_parallel])
+    if task.pool is None:  # a spec's histogram describes the task's batch: the first bags of that batch's stream
+        tables = [{**spec, "stream_batch": task.batch_size} for spec in tables]
+    return local, tables
 
 
 def device_kernels(plan: Plan, device: int) -> list[tuple[str, Task, list]]:

@@ -67,8 +67,16 @@ def _table_stream(table, request: dict, batch: int, where: str):
     row block of it (``row_offset``, ``num_rows``: the block's own lookups, ``streams.restrict_rows``)."""
     if isinstance(table, dict):
         try:
-            spec, seed = request_spec(table, batch)
+            # stream_batch: the batch the spec's histogram describes, of which this request runs the first ``batch``
+            # bags (a data-parallel table: each device's slice of the batch)
+            stream_batch = int(table.get("stream_batch", batch))
+            if stream_batch < batch:
+                raise RequestError(f"{where}: stream_batch {stream_batch}, expected at least the batch size {batch}")
+            spec, seed = request_spec(table, stream_batch)
             rows, dim, stream = spec.rows, int(table["dim"]), spec_stream(spec, seed, where)
+            if stream_batch != batch:
+                indices, offsets = stream
+                stream = indices[: offsets[batch]], offsets[: batch + 1]
             block = (int(table["row_offset"]), int(table["num_rows"])) if "num_rows" in table else None
         except UserError as err:
             raise RequestError(str(err)) from None
