@@ -162,3 +162,14 @@ def test_torchrec_plans_with_replicas_and_table_row_wise_blocks_become_ours():
         (2, 98, 49),
         (3, 147, 47),
     ]
+
+
+def test_torchrec_default_plans_with_every_sharding_type(hot_task):
+    """TorchRec's planner with its default types (a subprocess): its plan converts to ours, valid, and loads back."""
+    plan = search_plan(hot_task, "torchrec_default", "analytic", 0, {"reservation": "percent"})
+    assert Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan.validate()
+    rows = hot_task.table_rows()
+    for t in range(hot_task.num_tables):  # each table: data-parallel, row blocks, or 2^k column slices
+        shards = plan.shards_of(t)
+        assert (t in plan.data_parallel) != bool(shards)
+        assert all(s.whole_rows(rows[t]) for s in shards) or len({s.device for s in shards}) == len(shards)

@@ -15,8 +15,9 @@ from searchers.registry import register
 
 from .conftest import make_table, make_task
 
-# rl needs a policy at the task's batch size (test_rl.py); torchrec runs a subprocess planner (test_torchrec.py)
-SEARCHERS = [s for s in searcher_names() if s not in ("rl", "torchrec")]
+# rl needs a policy at the task's batch size (test_rl.py); torchrec and torchrec_default run a subprocess planner
+# (test_torchrec.py, test_data_parallel.py)
+SEARCHERS = [s for s in searcher_names() if s not in ("rl", "torchrec", "torchrec_default")]
 
 
 def assert_every_column_once_within_memory(plan: Plan):
