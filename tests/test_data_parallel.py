@@ -17,7 +17,7 @@ from neuroshard_jax.costs.analytic import analytic_model
 from neuroshard_jax.costs.registry import make_cost_model
 from neuroshard_jax.costs.scoring import device_row_ms, score_plan
 from neuroshard_jax.kernels.executors import ExecutorConfig
-from neuroshard_jax.measure.plans import EvaluateConfig, device_kernels, measure_plans
+from neuroshard_jax.measure.plans import EvaluateConfig, measure_plans, plan_kernels
 from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.torchrec.export import ExportConfig, check_torchrec, expected_local_shards, export_torchrec
 from searchers.torchrec import plan_from_torchrec
@@ -127,7 +127,7 @@ def test_the_evaluator_measures_the_replicas_kernel_on_every_device_and_their_al
     tables = [hot_table(0, rows=64, dim=8, pooling=20.0, batch=64), make_table(1, rows=500, dim=8)]
     task = make_task(tables, num_devices=2, batch_size=64)
     plan = Plan(task, (Shard(1, 0, 8, 0),), data_parallel=(0,)).validate()
-    kernels = [device_kernels(plan, d) for d in range(2)]
+    kernels = plan_kernels(plan)
     assert len(kernels[0]) == 2 and len(kernels[1]) == 1  # device 1 runs the replica's kernel only
     assert kernels[1][0][1].batch_size == 32  # its slice of the batch
     config = EvaluateConfig(warmup=1, iters=3, comm_warmup=1, comm_iters=2, executor=ExecutorConfig(workers=1))

@@ -58,7 +58,7 @@ from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import ExecutorConfig, map_requests, open_executor
 from neuroshard_jax.learn.fit import noise_floor, ranking_tau
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrate, predicted_compute_ms, sample_devices, whole
-from neuroshard_jax.measure.plans import EvaluateConfig, device_kernels, device_key, device_request, device_tables
+from neuroshard_jax.measure.plans import EvaluateConfig, device_key, device_request, device_tables, plan_kernels
 from neuroshard_jax.measure.polish import POLISHED, PolishConfig, polish_plan
 from neuroshard_jax.search.pipeline import search_plan
 from searchers import make_searcher
@@ -350,8 +350,8 @@ def measure_all(
             devices: dict[str, tuple[Task, list]] = {}  # kernel key -> (the task it runs at, its tables)
             for row in rows:
                 plan = plan_of(row, tasks) if row["task"] == task_id else None
-                for d in range(task.num_devices) if plan else ():
-                    for key, at, tables in device_kernels(plan, d):
+                for device in plan_kernels(plan) if plan else ():
+                    for key, at, tables in device:
                         devices.setdefault(key, (at, tables))
             for tables in calibration_groups(task, calibration).values():
                 devices.setdefault(device_key(task, tables), (task, tables))
@@ -540,8 +540,8 @@ def report(
             scorer = models.setdefault(row["task"], expected_cost_model(make_cost_model(model, task, model_options)))
             predicted = [float(x) for x in score_plan(scorer, plan).compute_ms]
             compute, spread = [], []
-            for d in range(task.num_devices):
-                kernels = [measured.get(key, []) for key, _, _ in device_kernels(plan, d)]  # none: an empty device
+            for device in plan_kernels(plan):
+                kernels = [measured.get(key, []) for key, _, _ in device]  # none: an empty device
                 compute.append(sum(statistics.median(runs) for runs in kernels) if all(kernels) else None)
                 for runs in kernels:
                     if len(runs) > 1 and statistics.median(runs) > 0:

@@ -49,7 +49,7 @@ from neuroshard_jax.costs.registry import choose_cost_model
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.kernels.processes import ComputeWorker, compute_request, measure_on, timing_fields
 from neuroshard_jax.learn.collect import CollectConfig, collect
-from neuroshard_jax.measure.plans import EvaluateConfig, device_kernels, measure_tables
+from neuroshard_jax.measure.plans import EvaluateConfig, measure_tables, plan_kernels
 from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.workloads.samplers import SpecSamplerConfig, sample_spec_shard
 from tools.foreign_benchmark import SEARCHER_OPTIONS, TASKS_FILE, benchmark_tasks
@@ -200,8 +200,7 @@ def plans(out: Path, pack: Path, device: str, protocol: str, deadline: float, dr
     for task_id, by_searcher in made.items():
         for searcher, plan in by_searcher.items():
             keys[task_id, searcher] = []
-            for d in range(plan.task.num_devices):
-                kernels = device_kernels(plan, d)
+            for kernels in plan_kernels(plan):
                 for key, at, tables in kernels:
                     jobs.setdefault(key, (at, tables))
                 keys[task_id, searcher].append([key for key, _, _ in kernels])

@@ -470,9 +470,7 @@ class Plan:
 
     def replicated_bytes(self) -> int:
         """Weight memory of the data-parallel tables, which every device holds."""
-        task = self.task
-        whole = [Shard(t, 0, task.tables[t].dim, 0) for t in self.data_parallel]
-        return int(device_mem_bytes(whole, task.table_rows(), task.precision, 1)[0]) if whole else 0
+        return sum(self.task.table_mem_bytes(t) for t in self.data_parallel)
 
     def validate(self) -> Plan:
         """Raise PlanError unless every table is tiled exactly once (``sharding.tiling_error``) by shards on

@@ -137,8 +137,8 @@ def measure_compute(
     jobs: dict[str, tuple[Task, list]] = {}
     users: dict[str, list[tuple[int, int]]] = {}  # kernel key -> the (plan, device) pairs that run it
     for i, plan in enumerate(plans):
-        for d in range(plan.task.num_devices):
-            for key, task, tables in device_kernels(plan, d):
+        for d, device in enumerate(plan_kernels(plan)):
+            for key, task, tables in device:
                 jobs.setdefault(key, (task, tables))
                 users.setdefault(key, []).append((i, d))
     answers = measure_tables(jobs, config, executor, what="evaluation failed")
@@ -249,17 +249,16 @@ def replica_kernel(plan: Plan) -> tuple[Task, list] | None:
     return local, tables
 
 
-def device_kernels(plan: Plan, device: int) -> list[tuple[str, Task, list]]:
-    """The kernels ``device`` of ``plan`` runs, each (content key ``device_key``, the task it is measured at, its
+def plan_kernels(plan: Plan) -> list[list[tuple[str, Task, list]]]:
+    """Per device of ``plan``, the kernels it runs, each (content key ``device_key``, the task it is measured at, its
     ``device_tables``): its shards' fused kernel (none for an empty device) and the data-parallel tables'
-    (``replica_kernel``). The device's compute is their sum."""
-    out = []
-    tables = device_tables(plan.task, plan.device_shards(device))
-    if tables:
-        out.append((device_key(plan.task, tables), plan.task, tables))
+    (``replica_kernel``, the same on every device). A device's compute is the sum of its kernels'."""
     replicas = replica_kernel(plan)
-    if replicas is not None:
-        out.append((device_key(*replicas), *replicas))
+    shared = [] if replicas is None else [(device_key(*replicas), *replicas)]
+    out = []
+    for d in range(plan.task.num_devices):
+        tables = device_tables(plan.task, plan.device_shards(d))
+        out.append(([(device_key(plan.task, tables), plan.task, tables)] if tables else []) + shared)
     return out
 
 

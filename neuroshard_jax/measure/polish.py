@@ -39,11 +39,11 @@ from neuroshard_jax.costs.scoring import plan_dim_sums, rows_arrays, score_plan,
 from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, open_executor
 from neuroshard_jax.measure.plans import (
     Measuring,
-    device_kernels,
     device_key,
     device_tables,
     measure_comm,
     measure_tables,
+    plan_kernels,
 )
 
 MODES = ("off", "measured")
@@ -92,12 +92,12 @@ class Meter:
         self.drift: list[float] = []  # each anchored step's factor: its anchors' median fresh / first median
 
     def _missing(self, plans: list[Plan], fresh: bool = False) -> dict[str, tuple[Task, list]]:
-        """The kernels of the plans' devices (``device_kernels``: a device's shards', its replicas') to measure:
+        """The kernels of the plans' devices (``plan_kernels``: a device's shards', its replicas') to measure:
         key -> (the task it runs at, its tables)."""
         out = {}
         for plan in plans:
-            for d in range(self.task.num_devices):
-                for key, at, tables in device_kernels(plan, d):
+            for device in plan_kernels(plan):
+                for key, at, tables in device:
                     if fresh or key not in self.cache:
                         out[key] = (at, tables)
         return out
@@ -152,8 +152,8 @@ class Meter:
         speed = self.task.speeds()  # heterogeneous devices: measured on identical ones, divided by their speeds
         for plan in plans:
             compute, noise = np.zeros(self.task.num_devices), np.zeros(self.task.num_devices)
-            for d in range(self.task.num_devices):
-                kernels = [self.cache[key] for key, _, _ in device_kernels(plan, d)]  # its kernels add up
+            for d, device in enumerate(plan_kernels(plan)):
+                kernels = [self.cache[key] for key, _, _ in device]  # its kernels add up
                 compute[d] = sum(ms for ms, _ in kernels)
                 noise[d] = max((n for _, n in kernels), default=0.0)
             out.append((compute / speed, noise))
@@ -264,8 +264,8 @@ def corrected(model: CostModel, base: Plan, measured: np.ndarray, candidates: li
     estimate = costs.compute_ms * ratio[None, :]
     speeds = base.task.speeds()
     for c, plan in enumerate(candidates):
-        for d in range(plan.task.num_devices):
-            keys = [key for key, _, _ in device_kernels(plan, d)]
+        for d, device in enumerate(plan_kernels(plan)):
+            keys = [key for key, _, _ in device]
             if all(key in meter.cache for key in keys):  # raw kernel ms: divided by the device's speed like ``measure``
                 estimate[c, d] = sum(meter.cache[key][0] for key in keys) / speeds[d]  # 0 for an empty device
     return estimate

@@ -16,7 +16,7 @@ from neuroshard_jax.core.types import Device, Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model, split_calibration
 from neuroshard_jax.costs.scoring import score_plan, score_plans, single_shard_costs, with_costs
-from neuroshard_jax.search.replicas import replica_choices, replica_rest, with_replicas
+from neuroshard_jax.search.replicas import replica_choices, replica_rest, replicas_fit, with_replicas
 from neuroshard_jax.search.row_split import (
     hot_tables,
     join,
@@ -65,11 +65,11 @@ def search_plan(
     runs, refusal = [], None  # (replicated, the task around them, its table indices, its model, split, within host)
     plans = []
     for replicated in [()] if own else replica_choices(task, table_ms, chooses):
-        if len(replicated) == task.num_tables:  # every table on every device: nothing left to search
-            if sum(task.table_mem_bytes(i) for i in replicated) <= task.cap_bytes().min():
-                plans.append(Plan(task, (), data_parallel=replicated).validate())
-            continue
         try:
+            if len(replicated) == task.num_tables:  # every table on every device: nothing left to search
+                replicas_fit(task, replicated)
+                plans.append(Plan(task, (), data_parallel=replicated).validate())
+                continue
             base, index = replica_rest(task, replicated) if replicated else (task, None)
             base_model = model if not replicated else make_cost_model(cost_model, base, cost_model_options)
             if own:

@@ -22,7 +22,8 @@ import numpy as np
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.constraints import may_be_data_parallel, must_be_data_parallel
 from neuroshard_jax.core.errors import InfeasibleError
-from neuroshard_jax.core.types import Device, Plan, Task
+from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.search.row_split import join, task_around
 
 
 def replica_choices(task: Task, table_ms: np.ndarray | None, chooses: bool) -> list[tuple[int, ...]]:
@@ -50,9 +51,9 @@ def replica_choices(task: Task, table_ms: np.ndarray | None, chooses: bool) -> l
     return choices
 
 
-def replica_rest(task: Task, replicated: Sequence[int]) -> tuple[Task, list[int]]:
-    """The task the searcher plans around the data-parallel tables ``replicated``: the other tables (and their task
-    indices), on devices whose caps lose the replicas' memory. InfeasibleError if a device cannot hold them."""
+def replicas_fit(task: Task, replicated: Sequence[int]) -> int:
+    """The bytes the data-parallel tables ``replicated`` take on every device; InfeasibleError if a device cannot
+    hold them."""
     need = sum(task.table_mem_bytes(i) for i in replicated)
     caps = task.cap_bytes()
     short = int(np.argmin(caps))
@@ -62,19 +63,17 @@ def replica_rest(task: Task, replicated: Sequence[int]) -> tuple[Task, list[int]
             f"task infeasible: data-parallel table(s) {names} need {need / GIB_BYTES:.3f} GiB on every device; "
             f"device {short} holds {task.caps_gb()[short]} GiB"
         )
-    rest = [i for i in range(task.num_tables) if i not in set(replicated)]
-    speeds, hosts = task.speeds(), task.hosts()
-    devices = [
-        Device(max(int(caps[d] - need), 1) / GIB_BYTES, float(speeds[d]), hosts[d]) for d in range(task.num_devices)
-    ]
-    links = None if task.links is None else dataclasses.replace(task.links, devices_per_host=None)  # hosts given
-    return Task.on_devices(
-        devices, task.batch_size, [task.tables[i] for i in rest], task.precision, task.pool, links
-    ), rest
+    return need
+
+
+def replica_rest(task: Task, replicated: Sequence[int]) -> tuple[Task, list[int]]:
+    """The task the searcher plans around the data-parallel tables ``replicated``: the other tables (and their task
+    indices), on devices whose caps lose the replicas' memory. InfeasibleError if a device cannot hold them."""
+    need = replicas_fit(task, replicated)
+    return task_around(task, np.full(task.num_devices, need, dtype=np.int64), set(replicated))
 
 
 def with_replicas(task: Task, rest_plan: Plan, rest: Sequence[int], replicated: Sequence[int]) -> Plan:
-    """The whole task's plan: ``rest_plan``'s shards renumbered to the task's tables, and ``replicated``
-    data-parallel."""
-    shards = tuple(dataclasses.replace(s, table=rest[s.table]) for s in rest_plan.shards)
-    return Plan(task, shards, data_parallel=tuple(sorted(replicated)))
+    """The whole task's plan: ``rest_plan``'s shards renumbered to the task's tables (``row_split.join``), and
+    ``replicated`` data-parallel."""
+    return dataclasses.replace(join(task, rest_plan, rest, ()), data_parallel=tuple(sorted(replicated)))

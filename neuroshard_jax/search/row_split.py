@@ -163,7 +163,14 @@ def rest_task(task: Task, blocks: Sequence[Shard]) -> tuple[Task, list[int]]:
                 f"task infeasible: the row blocks of table(s) {names} over all {task.num_devices} devices need "
                 f"{used[d] / GIB_BYTES:.3f} GiB on device {d}, which holds {task.caps_gb()[d]} GiB"
             )
-    rest = [i for i in range(task.num_tables) if i not in split]
+    return task_around(task, used, split)
+
+
+def task_around(task: Task, used: np.ndarray, removed: set[int]) -> tuple[Task, list[int]]:
+    """``task`` without the tables ``removed`` (task indices), and the task indices of those left, on devices whose
+    caps lose ``used`` bytes each (i64[N]: what a stage placed before the search, row blocks or replicas)."""
+    caps = task.cap_bytes()
+    rest = [i for i in range(task.num_tables) if i not in removed]
     speeds, hosts = task.speeds(), task.hosts()
     # a device the blocks fill leaves a cap of one byte: nothing else fits there, and the task stays well-formed
     devices = [

@@ -243,16 +243,33 @@ def timed_runs(step, request: dict) -> tuple[list[tuple[float, float]], float]:
         cpu0, wall0 = time.process_time(), time.perf_counter()
         runs = [step() for _ in range(int(request.get("iters", 10)))]
     else:
-        warmed = 0.0
-        while warmed < float(request["warmup_ms"]) or warmed == 0.0:
-            warmed += sum(step())
+
+        def one(_size: int) -> list[tuple[float, float]]:  # the timed protocol's batch: one synchronised iteration
+            return [step()]
+
+        _warm_up(one, request, 1)
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        runs, filled = [], 0.0
-        least, most = int(request.get("iters", 10)), int(request["max_iters"])
-        while (filled < float(request["measure_ms"]) or len(runs) < least) and len(runs) < most:
-            runs.append(step())
-            filled += sum(runs[-1])
+        runs = _fill(one, request, 1)
     return runs, (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
+
+
+def _warm_up(batch, request: dict, size: int) -> None:
+    """Run ``batch(size)`` (it returns its iterations' (fwd, bwd) ms) until ``warmup_ms`` of kernel time has run."""
+    warmed = 0.0
+    while warmed < float(request["warmup_ms"]) or warmed == 0.0:
+        warmed += sum(f + b for f, b in batch(size))
+
+
+def _fill(batch, request: dict, size: int) -> list[tuple[float, float]]:
+    """Timed iterations from ``batch(k)``, at most ``size`` a call, until ``measure_ms`` of kernel time is filled: at
+    least ``iters``, at most ``max_iters``."""
+    runs, filled = [], 0.0
+    least, most = int(request.get("iters", 10)), int(request["max_iters"])
+    while (filled < float(request["measure_ms"]) or len(runs) < least) and len(runs) < most:
+        got = batch(min(size, most - len(runs)))
+        runs += got
+        filled += sum(f + b for f, b in got)
+    return runs
 
 
 def _queued_runs(torch, tbe, indices, offsets, timer, request: dict) -> tuple[list[tuple[float, float]], float]:
@@ -291,16 +308,9 @@ def _queued_runs(torch, tbe, indices, offsets, timer, request: dict) -> tuple[li
         torch.cuda.synchronize()
         return [(a.elapsed_time(b), b.elapsed_time(c)) for a, b, c in events]
 
-    warmed = 0.0
-    while warmed < float(request["warmup_ms"]):
-        warmed += sum(f + b for f, b in batch(8))
+    _warm_up(batch, request, 8)
     ahead.clear()
-    runs, filled = [], 0.0
-    least, most = int(request.get("iters", 10)), int(request["max_iters"])
-    while (filled < float(request["measure_ms"]) or len(runs) < least) and len(runs) < most:
-        got = batch(min(32, most - len(runs)))
-        runs += got
-        filled += sum(f + b for f, b in got)
+    runs = _fill(batch, request, 32)
     return runs, sum(ahead) / len(ahead)
 
 

@@ -50,10 +50,8 @@ def torchrec_plan(request: dict) -> dict:
     constraints = {
         f"t{i}": ParameterConstraints(
             sharding_types=list(t.get("sharding_types", request["sharding_types"])),
-            # data_parallel runs TorchRec's dense kernel only; every other type the fused one
-            compute_kernels=["fused", "dense"]
-            if "data_parallel" in t.get("sharding_types", request["sharding_types"])
-            else ["fused"],
+            # the fused kernel; dense is the only one TorchRec's sharder offers data_parallel, and only it
+            compute_kernels=["fused", "dense"],
             pooling_factors=[float(t["pooling_factor"])],
             **({"min_partition": int(t["min_partition"])} if "min_partition" in t else {}),
         )
