@@ -10,12 +10,15 @@ SWEEP ?= multirun/compare/default
 
 .PHONY: run test compare lint clean
 
+# pip's output goes to $(VENV)/install.log, shown only if a step fails (then make stops with pip's exit status)
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[cpu,dev,torchrec,report]'
-	$(PY) -m pip install -q --no-deps torchrec==1.8.0
-	touch $@
+	@echo "installing $(VENV) (a few minutes; pip's log: $(VENV)/install.log)"
+	@$(PYTHON) -m venv $(VENV)
+	@{ $(PY) -m pip install --upgrade pip \
+	  && $(PY) -m pip install -e '.[cpu,dev,torchrec,report]' \
+	  && $(PY) -m pip install --no-deps torchrec==1.8.0; } > $(VENV)/install.log 2>&1 \
+	  || { status=$$?; tail -n 50 $(VENV)/install.log; echo "error: installing $(VENV) failed, full log: $(VENV)/install.log" >&2; exit $$status; }
+	@touch $@
 
 run: $(VENV)/.installed
 	$(PY) -m neuroshard_jax searcher=$(SEARCHER) $(ARGS)

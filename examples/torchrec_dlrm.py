@@ -7,7 +7,8 @@
 1. Statistics: each table's pooling factor and access histogram from generated, skewed KeyedJaggedTensor batches
    (``batch_statistics``, at the planning batch: per-rank batch x world size).
 2. One process per rank (gloo): each planner (ours: ``NeuroShardPlanner``; TorchRec's: ``EmbeddingShardingPlanner``)
-   plans with ``collective_plan`` (rank 0 plans, every rank gets the plan); one ``DistributedModelParallel`` model
+   plans with ``collective_plan`` (rank 0 plans, every rank gets the plan) on one Topology (``TopologyFactory``;
+   memory per rank: TorchRec's default, 128 GiB, the ``cap`` our planner prints); one ``DistributedModelParallel`` model
    per plan; ``--warmup`` steps, then ``--steps`` timed steps (SGD, the embeddings' update fused into the backward
    pass), the models' steps interleaved so that the machine's drifts hit both alike. A step's time is the slowest
    rank's; the line printed per planner gives the median step.
@@ -37,7 +38,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
-from torchrec.distributed.planner.types import Topology
+from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
@@ -116,7 +117,10 @@ def run_rank(rank: int, world: int, init: str, planners: list[str], args, stats_
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     configs = table_configs(args)
     sharders = [EmbeddingBagCollectionSharder()]
-    topology = Topology(world_size=world, compute_device="cpu")
+    # memory per rank: TorchRec's default (128 GiB of DDR on cpu), far more than the tables need, for both planners
+    topology = TopologyFactory.create_topology(
+        TrainerConfig(world_size=world), kernel_config=KernelConfig(compute_device="cpu")
+    )
     runs = {}
     for name in planners:
         if name == "neuroshard":

@@ -1,6 +1,7 @@
 """``python -m neuroshard_jax searcher=<name> [task.num_tables=40 task.num_devices=8 seed=3 | task.path=FILE]``.
 
-Searches a sharding plan, prints a per-device table and writes plan.json in the Hydra run directory.
+Searches a sharding plan, prints a per-device table (beyond 32 devices: the slowest few and a summary) and writes
+plan.json in the Hydra run directory; a plan on far more devices than the cost model was trained on says so.
 With a ``suite`` (``-m experiment=compare``) a run searches a whole task suite instead
 (neuroshard_jax/search/suite.py), measuring every plan when ``evaluate=true``.
 """
@@ -23,7 +24,7 @@ from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.plan_file import format_plan
 from neuroshard_jax.costs.registry import NO_CALIBRATION
-from neuroshard_jax.measure.explain import ExplainConfig, explain_file
+from neuroshard_jax.measure.explain import ExplainConfig, explain_file, far_devices_warning
 from neuroshard_jax.search.job import MainConfig, main_config, planner_of
 from neuroshard_jax.search.suite import run_suite
 from neuroshard_jax.workloads.tasks import make_task
@@ -45,6 +46,9 @@ def main(cfg: DictConfig) -> None:
         task = make_task(config.task, config.task.seed, config.task.path)
         planned = planner_of(config).run(task)
         print(planned.choice.line(), file=sys.stderr)
+        far = far_devices_warning(task.num_devices, planned.choice.name, planned.choice.options)
+        if far:
+            print(f"warning: {far}", file=sys.stderr)
         result = planned.plan.to_json()
     except InfeasibleError as err:
         if not multirun:
@@ -56,7 +60,7 @@ def main(cfg: DictConfig) -> None:
         return
     except UserError as err:
         fail(err)
-    print(format_plan(result))
+    print(format_plan(result, config.output))
     written = keep_result(result, Path(out_dir) / config.output)
     print(f"plan written to {written}")
     if config.explain:

@@ -13,10 +13,12 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 
+from neuroshard_jax.core.plan_file import estimated_line
 from neuroshard_jax.core.types import Plan
 from neuroshard_jax.measure.calibration import CalibrateConfig
 from neuroshard_jax.measure.polish import PolishConfig
 from neuroshard_jax.search.planner import Planner, stage_config
+from neuroshard_jax.workloads.statistics import DEFAULT_ZIPF
 from neuroshard_jax.workloads.tasks import TableSpecs, task_from_tables
 
 
@@ -35,6 +37,7 @@ def plan(
     calibrate: bool | CalibrateConfig = False,
     polish: bool | PolishConfig = False,
     row_split: str = "fit",
+    zipf: float = DEFAULT_ZIPF,
     **options,
 ) -> Plan:
     """Shard ``tables`` over ``num_devices`` devices of ``mem_cap_gb`` GiB each (or over ``devices``:
@@ -42,7 +45,10 @@ def plan(
 
     ``searcher``: a registered name (``searcher_names()``), with its options as keyword arguments (``k=5`` for
     beam); ``cost_model``: ``"neural"`` (the shipped checkpoint, trained at batch 4096, fp32) or ``"analytic"``,
-    with ``cost_model_options`` (``{"checkpoint": DIR}``). The same seed gives the same plan. Raises
+    with ``cost_model_options`` (``{"checkpoint": DIR}``). The same seed gives the same plan. A table without
+    ``bins`` gets estimated ones from its rows and pooling factor (a Zipf law of exponent ``zipf``, as the TorchRec
+    adapter's), with a ``UserWarning`` naming it; ``python -m neuroshard_jax.stats`` measures them. Numpy numbers
+    and arrays are taken wherever Python's are. Raises
     ``UserError`` (bad input) or ``InfeasibleError`` (the tables fit no placement). The returned plan carries
     its predicted per-device costs (``plan.costs``). Compiled search kernels are kept on disk
     (``search.pipeline.enable_compilation_cache``), so a second call on the same shapes in a new process skips
@@ -52,7 +58,10 @@ def plan(
     Both run the same ``Planner`` as the main job and the TorchRec adapter (``search.planner``). A model trained on
     another kind of hardware than this machine's plans with a ``UserWarning`` saying so (``choose_cost_model``).
     """
-    task = task_from_tables(tables, num_devices, mem_cap_gb, batch_size, precision, devices)
+    task = task_from_tables(tables, num_devices, mem_cap_gb, batch_size, precision, devices, zipf, seed)
+    estimated = [t.name or t.id for t in task.tables if t.estimated]
+    if estimated:
+        warnings.warn(estimated_line(estimated, task.num_tables), UserWarning, stacklevel=2)
     planner = Planner(
         searcher=searcher,
         cost_model=cost_model,

@@ -1,10 +1,11 @@
 """The CLI as a user runs it: real subprocesses, real Hydra, real files."""
 
 import json
+from pathlib import Path
 
 import pytest
 
-from neuroshard_jax.core.cli import check_command_line
+from neuroshard_jax.core.cli import check_command_line, check_output_folder
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.costs.registry import choose_cost_model
 from neuroshard_jax.evaluate import app_config as evaluate_config
@@ -158,6 +159,8 @@ def test_bad_override_value(tmp_path):
         ("config", main_config, ["searcher=grid", "searcher.alphas=[1,x]"], "searcher.alphas: got [1, 'x']"),
         ("config", main_config, ["task.num_device=3"], "unknown key 'num_device', did you mean 'num_devices'?"),
         ("config", main_config, ["+task.num_device=3"], "task.num_device: unknown key, did you mean 'num_devices'?"),
+        ("config", main_config, ["sercher.k=5"], "sercher: unknown key 'sercher', did you mean 'searcher'?"),
+        ("collect", collect_config, ["executor.connect_timeout_s=0"], "executor.connect_timeout_s: got 0.0"),
         ("config", main_config, ["-m", "seed=0,1,x"], "seed: got 'x'"),
         ("config", main_config, ["executor.workers=0"], "executor.workers: got 0, expected an integer >= 1"),
         ("config", main_config, ["task.num_tables=[3"], "task.num_tables=[3"),
@@ -180,6 +183,19 @@ def test_every_override_is_checked_before_any_work(capsys, config_name, validate
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and fragment in err, err
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs /proc, where no folder can be made")
+def test_an_output_folder_that_cannot_be_made_is_one_line(capsys):
+    """Root may write everywhere by access(), yet /proc takes no folder: the check makes and removes one."""
+    with pytest.raises(SystemExit) as exit_:
+        check_output_folder(["hydra.run.dir=/proc/nsj"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err == "error: hydra.run.dir: cannot make a folder in '/proc' (No such file or directory), expected a "
+        "writable folder"
+    ), err
 
 
 def test_a_good_command_line_passes_the_check():

@@ -75,7 +75,7 @@ def test_ray_collection_draws_the_local_samples_and_survives_a_killed_actor(clus
 
     killer = threading.Thread(target=kill_one_actor, daemon=True)
     killer.start()
-    summary = collect(dataclasses.replace(_collect_config(out, 10, pin=False, executor=RAY), iters=20))
+    summary = collect(dataclasses.replace(_collect_config(out, 10, executor=RAY), iters=20))
     killer.join()
     assert killed, "no actor process was found to kill"
     rows = _records(out / "compute.jsonl")
@@ -105,7 +105,6 @@ def test_ray_driver_killed_with_kill_9_resumes(cluster, tmp_path):
         f"out_dir={tmp_path}",
         "num_samples=24",
         "progress=false",
-        "pin=false",
         "executor=ray",
         "executor.address=auto",
         "pool.num_tables=120",
@@ -139,4 +138,6 @@ def test_bad_executor_options_are_one_line_errors():
     with pytest.raises(UserError, match=r"executor.address: set with executor=local"):
         typed(ExecutorConfig, {"address": "auto"}, "executor")
     with pytest.raises(UserError, match=r"pin: got true with executor=ray, expected pin=false"):
-        dataclasses.replace(_collect_config("unused", 1), executor=RAY)
+        dataclasses.replace(_collect_config("unused", 1, pin=True), executor=RAY)
+    # pin left out is what the executor supports: pinned local workers, unpinned Ray actors
+    assert _collect_config("unused", 1).pinned() and not _collect_config("unused", 1, executor=RAY).pinned()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from importlib import resources
@@ -118,12 +119,13 @@ def _composition_error(config_name: str, overrides: list[str], err: Exception) -
     for line in overrides:
         key = line.partition("=")[0]
         if f"'{key}'" in str(err) and "not in struct" in str(err.__cause__ or err):
-            parent, _, leaf = key.rpartition(".")
-            rest = [o for o in overrides if o != line]
-            node = compose(config_name=config_name, overrides=rest)
-            known = OmegaConf.select(node, parent) if parent else node
-            options = sorted(known) if isinstance(known, DictConfig) else []
-            return f"{key}: unknown key {leaf!r}, {nearest(leaf, options)}"
+            node = compose(config_name=config_name, overrides=[o for o in overrides if o != line])
+            parts = key.lstrip("+~").split(".")
+            for depth, part in enumerate(parts):  # the first part that is not there: ``sercher`` in sercher.k
+                if not (isinstance(node, DictConfig) and part in node):
+                    options = sorted(node) if isinstance(node, DictConfig) else []
+                    return f"{'.'.join(parts[: depth + 1])}: unknown key {part!r}, {nearest(part, options)}"
+                node = node[part]
     return f"{' '.join(overrides) or config_name}: {_one_line(err)}"
 
 
@@ -140,6 +142,11 @@ def writable_folder(path: str | Path, key: str) -> None:
         fail(UserError(f"{key}: {str(path)!r} is under the file {str(existing)!r}, expected a folder"))
     if not os.access(existing, os.W_OK | os.X_OK):
         fail(UserError(f"{key}: cannot write in {str(existing)!r} (permission denied), expected a writable folder"))
+    try:  # access() says yes to root everywhere, and /proc or a read-only mount say no only when asked to
+        os.rmdir(tempfile.mkdtemp(prefix=".neuroshard-probe-", dir=existing))
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        fail(UserError(f"{key}: cannot make a folder in {str(existing)!r} ({reason}), expected a writable folder"))
 
 
 def check_output_folder(argv: list[str]) -> None:

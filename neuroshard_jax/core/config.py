@@ -4,6 +4,7 @@ starts and names the key, the value and what was expected in a one-line ``UserEr
 
 Types understood: int, float, bool, str, ``X | None``, ``tuple[X, ...]``, ``dict``, ``Any`` and nested
 dataclasses. Value checks beyond the type (ranges, choices) stay in each dataclass's ``__post_init__``.
+Numpy scalars and arrays are taken where Python numbers and lists are (``plain``, which ``Task.from_json`` uses too).
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import functools
 import math
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from neuroshard_jax.core.errors import UserError
 
@@ -120,13 +124,28 @@ def nearest(key: str, known: list[str]) -> str:
     return f"{hint}expected one of {', '.join(known) or 'none'}"
 
 
+def plain(value):
+    """``value`` with numpy scalars and arrays made Python numbers and lists, in nested mappings, lists and tuples
+    too: the checks downstream know Python's types only. A numpy bool becomes a bool, which no integer check takes;
+    NaN stays NaN for the checks to refuse."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return plain(value.tolist()) if value.dtype == object else value.tolist()
+    if isinstance(value, Mapping):
+        return {plain(k): plain(v) for k, v in value.items()}
+    if type(value) in (list, tuple):  # not a NamedTuple: its fields are not a list
+        return type(value)(plain(v) for v in value)
+    return value
+
+
 def typed(cls, options: dict | None, where: str = "", ignore: tuple[str, ...] = ()):
     """``cls(**options)`` with every field type-checked (and lists made tuples, objects made dataclasses).
 
     ``where`` prefixes key names in errors (``searcher`` -> ``searcher.k``); keys in ``ignore`` are skipped.
     Unknown keys and wrong types raise UserError; so do the class's own checks in ``__post_init__``.
     """
-    options = dict(options or {})
+    options = plain(dict(options or {}))
     prefix = f"{where}." if where else ""
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(k for k in options if k not in fields and k not in ignore)

@@ -1,5 +1,7 @@
 """Errors that speak to the user: the CLI prints them on one line and exits with code 2."""
 
+import errno
+
 
 def first_line(err: BaseException) -> str:
     """The first line of an exception's message (libraries' messages run to many lines), or its type's name."""
@@ -17,3 +19,16 @@ class InfeasibleError(UserError):
 
 class PlanError(UserError):
     """A plan that breaks the rules (columns not tiled, memory exceeded, unknown device)."""
+
+
+def os_error(err: BaseException, path, doing: str) -> UserError:
+    """An OS refusal while ``doing`` something to ``path`` as one line: the path and the cause, "disk full" said
+    as such (``Errno 28`` reads like a bug; orbax reports it as a ValueError quoting the OS)."""
+    cause = (
+        "disk full: no space left on device" if is_disk_full(err) else getattr(err, "strerror", None) or first_line(err)
+    )
+    return UserError(f"{doing} {str(path)!r} failed: {cause}; what was written before stays")
+
+
+def is_disk_full(err: BaseException) -> bool:
+    return getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(err)

@@ -8,22 +8,29 @@ write cut by a kill) is cut off, so a file holds only whole records. Each record
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import ctypes
 import datetime
+import errno
+import fcntl
 import functools
 import hashlib
 import json
 import os
 import platform
+import shutil
+import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.errors import UserError, is_disk_full, os_error
 
 
 class JsonlLog:
@@ -60,14 +67,23 @@ class JsonlLog:
                     yield _record(line, self.path, number)
 
     def append(self, record: dict) -> None:
+        """Append one record (skipped if its id is in the log). A write the OS refuses (a full disk) is cut back
+        to the last whole record and raised as one UserError naming the file and the cause: the records before
+        it stay, and a rerun once there is room makes this one again."""
         line = json.dumps(record, separators=(",", ":")) + "\n"
         with self._lock:
             if record["id"] in self.ids:
                 return
-            with open(self.path, "a") as f:
-                f.write(line)
-                f.flush()
-                os.fsync(f.fileno())
+            size = self.path.stat().st_size if self.path.exists() else 0
+            try:
+                with open(self.path, "a") as f:
+                    f.write(line)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as err:
+                with contextlib.suppress(OSError), open(self.path, "r+b") as f:
+                    f.truncate(size)
+                raise os_error(err, self.path, "appending a record to") from None
             self.ids.add(record["id"])
 
 
@@ -102,11 +118,22 @@ def read_jsonl(path: str | Path) -> list[dict]:
     torn = lines.pop()  # b"" when the file ends with a newline
     if torn.strip():
         print(f"warning: {path}: left out a torn last line ({len(torn)} bytes, no newline)", file=sys.stderr)
-    records = []
+    records, seen, repeated = [], set(), 0
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        records.append(_record(line, path, number))
+        record = _record(line, path, number)
+        if record["id"] in seen:
+            repeated += 1
+            continue
+        seen.add(record["id"])
+        records.append(record)
+    if repeated:
+        print(
+            f"warning: {path}: left out {repeated} records whose id an earlier line has (two writers at once?); "
+            "the first of each is kept",
+            file=sys.stderr,
+        )
     return records
 
 
@@ -266,9 +293,7 @@ def write_manifest(path: Path, settings: dict, extra: dict) -> dict:
         manifest = {"settings": settings, "created": now_utc()}
     manifest.update(extra)
     manifest["updated"] = now_utc()
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    tmp.replace(path)
+    write_text(path, json.dumps(manifest, indent=1) + "\n")
     return manifest
 
 
@@ -279,12 +304,160 @@ def now_utc() -> str:
 
 def write_json(obj: dict[str, Any], path: str | Path) -> Path:
     """Write atomically (a reader never sees half a file)."""
+    return write_text(path, json.dumps(obj, indent=1) + "\n")
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically: into ``path.tmp``, then renamed over ``path``. A write the OS refuses
+    (a full disk, no permission) leaves ``path`` as it was, removes the ``.tmp`` and is one UserError naming the
+    path and the cause."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise os_error(err, path, "writing") from None
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Folders replaced whole, and one writer per dataset
+
+
+def replace_dir(path: str | Path, write: Callable[[Path], object]) -> Path:
+    """Make the folder ``path`` anew with ``write(folder)``, replacing any there, so that a stop at any moment
+    leaves the old folder or the new one whole at ``path``: ``write`` fills ``.NAME.new`` beside it, which
+    then trades places with the old folder in one atomic exchange (``renameat2``; where the file system has
+    none, two renames, and ``recover_dir`` puts the old folder back if a stop falls between them). What is
+    left beside it by a stop is removed by the next call."""
+    path = Path(path).absolute()
+    fresh, old = path.with_name(f".{path.name}.new"), path.with_name(f".{path.name}.old")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        recover_dir(path)
+        for leftover in (fresh, old):
+            shutil.rmtree(leftover, ignore_errors=True)
+        fresh.mkdir()
+        write(fresh)
+        pause_point("replace_dir:written")
+        if path.exists() and _exchange(fresh, path):
+            pause_point("replace_dir:exchanged")
+            shutil.rmtree(fresh)  # now the old folder
+            return path
+        if path.exists():
+            path.rename(old)
+            pause_point("replace_dir:moved_old")
+        fresh.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException as err:  # the half-made folder goes, the old one stays; an OS refusal is one line
+        shutil.rmtree(fresh, ignore_errors=True)
+        recover_dir(path)
+        if isinstance(err, OSError) or is_disk_full(err):
+            raise os_error(err, path, "writing the folder") from None
+        raise
+    return path
+
+
+def recover_dir(path: str | Path) -> None:
+    """Put back the old folder that a stop between ``replace_dir``'s two renames left as ``.NAME.old``."""
+    path = Path(path)
+    old = path.with_name(f".{path.name}.old")
+    if not path.exists() and old.is_dir():
+        old.rename(path)
+
+
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where that is not available."""
+    renameat2 = getattr(_libc(), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_cwd = -100
+    done = renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), _RENAME_EXCHANGE)
+    if done == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+@functools.cache
+def _libc():
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def pause_point(name: str) -> None:
+    """Where a test stops a writer at a dangerous moment: with ``NEUROSHARD_PAUSE_AT=name`` in the environment,
+    touch ``$NEUROSHARD_PAUSE_FILE`` and wait there until killed. Nothing otherwise."""
+    if os.environ.get("NEUROSHARD_PAUSE_AT") != name:
+        return
+    Path(os.environ["NEUROSHARD_PAUSE_FILE"]).touch()
+    while True:
+        time.sleep(1)
+
+
+def _command(width: int = 100) -> str:
+    """This process's command line as typed (``python -m MODULE ...``), cut to ``width`` characters."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    head = f"python -m {spec.name.removesuffix('.__main__')}" if spec else " ".join(sys.argv[:1]) or "python"
+    line = " ".join([head, *sys.argv[1:]])
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+WRITER_FILE = ".writer"
+_held: dict[Path, int] = {}  # folders this process holds the writer lock of, and how many holders deep
+
+
+@contextlib.contextmanager
+def one_writer(folder: str | Path, key: str = "out_dir") -> Iterator[Path]:
+    """Hold ``folder``'s writer lock for the block (made if absent; an advisory ``flock`` on ``folder/.writer``,
+    released by the OS even on kill -9). A second process that asks is refused in one UserError naming the
+    folder and the process writing it; the same process may nest (collect inside adapt)."""
+    folder = Path(folder).resolve()
+    if folder in _held:
+        _held[folder] += 1
+        try:
+            yield folder
+        finally:
+            _held[folder] -= 1
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / WRITER_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise os_error(err, folder, "making the output folder") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            raise UserError(
+                f"{key}: {str(folder)!r} is being written by {holder}; expected one writer per dataset: wait for "
+                "it to end or give another folder"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} ({_command()}), since {now_utc()}\n".encode(), 0)
+        _held[folder] = 1
+        pause_point("one_writer:held")
+        try:
+            yield folder
+        finally:
+            del _held[folder]
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def cache_dir() -> Path:

@@ -6,8 +6,11 @@ The ``Plan`` type, its validity rules (``Plan.validate``, by ``sharding``) and t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from neuroshard_jax.core.files import read_json
 from neuroshard_jax.core.types import Plan
@@ -20,8 +23,39 @@ def load_plan(path: str | Path, key: str = "plan") -> Plan:
     return Plan.from_json(obj, where=f"{key} {path.name}")
 
 
-def format_plan(plan_json: dict[str, Any]) -> str:
-    """A per-device summary table of a plan.json object."""
+PRINTED_DEVICES = 32  # a printout lists every device of a plan up to this many; beyond, the slowest few
+SLOWEST_PRINTED = 5  # devices listed (slowest first) in a summarised printout, the fastest after them
+
+
+def printed_devices(total_ms: Sequence[float]) -> list[int]:
+    """The devices a printout lists: every one up to ``PRINTED_DEVICES``, else the ``SLOWEST_PRINTED`` slowest
+    (slowest first) and the fastest (``total_ms`` f64[N]: each device's cost)."""
+    total_ms = np.asarray(total_ms, dtype=np.float64)
+    if len(total_ms) <= PRINTED_DEVICES:
+        return list(range(len(total_ms)))
+    shown = np.argsort(-total_ms, kind="stable")[:SLOWEST_PRINTED].tolist()
+    fastest = int(np.argmin(total_ms))
+    return shown + ([fastest] if fastest not in shown else [])
+
+
+def devices_summary(total_ms: Sequence[float], shown: Sequence[int], rest: str) -> list[str]:
+    """The lines that close a summarised device table (none if every device is ``shown``): how many are left out
+    and where they are (``rest``), and the slowest, fastest and mean cost over all of them."""
+    total_ms = np.asarray(total_ms, dtype=np.float64)
+    n = len(total_ms)
+    if len(shown) >= n:
+        return []
+    slowest, fastest = int(np.argmax(total_ms)), int(np.argmin(total_ms))
+    return [
+        f"... {n - len(shown)} more devices {rest}",
+        f"total_ms over {n} devices: slowest {total_ms[slowest]:.3f} (device {slowest}), fastest "
+        f"{total_ms[fastest]:.3f} (device {fastest}), mean {total_ms.mean():.3f}",
+    ]
+
+
+def format_plan(plan_json: dict[str, Any], file_name: str = "plan.json") -> str:
+    """A per-device summary table of a plan.json object (written as ``file_name``): every device, or beyond
+    ``PRINTED_DEVICES`` the slowest few and the spread, the rest left to the file."""
     task = plan_json["task"]
     hetero = task.get("devices")  # heterogeneous devices: each one's cap and speed are columns
     cap = "caps per device" if hetero else f"cap={task['mem_cap_gb']} GiB"
@@ -35,7 +69,10 @@ def format_plan(plan_json: dict[str, Any]) -> str:
     polish = plan_json.get("polish")
     if polish:
         lines[1] += f" {'measured':>9}"
-    for d in plan_json["devices"]:
+    devices = plan_json["devices"]
+    total_ms = [d["cost_ms"]["total"] for d in devices]
+    shown = printed_devices(total_ms)
+    for d in (devices[i] for i in shown):
         c = d["cost_ms"]
         spec = hetero[d["device"]] if hetero else None
         line = (
@@ -44,6 +81,7 @@ def format_plan(plan_json: dict[str, Any]) -> str:
             + f" {c['compute']:>9.3f} {c['fwd_comm']:>9.3f} {c['bwd_comm']:>9.3f} {c['total']:>9.3f}"
         )
         lines.append(line + (f" {polish['devices'][d['device']]['total']:>9.3f}" if polish else ""))
+    lines.extend(devices_summary(total_ms, shown, f"in {file_name}"))
     replicated = plan_json.get("data_parallel")
     if replicated:  # not in the device rows' shard counts: every device holds them whole
         names = {t["id"]: t.get("name", t["id"]) for t in task["tables"]}
@@ -60,20 +98,29 @@ def format_plan(plan_json: dict[str, Any]) -> str:
         )
     if plan_json.get("calibration"):
         lines.append(calibration_line(plan_json["calibration"]))
-    unsure = [d for d in plan_json["devices"] if d.get("model_trust", 1.0) < 1.0]
-    for d in unsure:
+    unsure = [d for d in devices if d.get("model_trust", 1.0) < 1.0]
+    named = unsure if len(devices) <= PRINTED_DEVICES else unsure[:SLOWEST_PRINTED]
+    for d in named:
         lines.append(
             f"device {d['device']}: the model is unsure here (its members disagree by {100 * d['model_spread']:.0f}%); "
             f"its compute leans on the roofline fallback (trust {d['model_trust']:.2f})"
         )
+    if len(unsure) > len(named):
+        lines.append(f"... the model is unsure on {len(unsure) - len(named)} more devices (model_trust in {file_name})")
     estimated = [t.get("name", t["id"]) for t in task["tables"] if t.get("estimated")]
     if estimated:
-        names = ", ".join(str(n) for n in estimated[:5]) + (", ..." if len(estimated) > 5 else "")
-        lines.append(
-            f"warning: {len(estimated)} of {len(task['tables'])} tables have estimated access statistics ({names}): "
-            "no data was given for them; the costs assume a Zipf law (python -m neuroshard_jax.stats measures them)"
-        )
+        lines.append(f"warning: {estimated_line(estimated, len(task['tables']))}")
     return "\n".join(lines)
+
+
+def estimated_line(names: list[str | int], num_tables: int) -> str:
+    """The warning on tables whose access statistics are estimated (``names``: theirs, or their ids), the same from
+    the printed plan, the TorchRec adapter and ``neuroshard_jax.plan``."""
+    shown = ", ".join(str(n) for n in names[:5]) + (", ..." if len(names) > 5 else "")
+    return (
+        f"{len(names)} of {num_tables} tables have estimated access statistics ({shown}): no data was given for "
+        "them; the costs assume a Zipf law (python -m neuroshard_jax.stats measures them)"
+    )
 
 
 def calibration_line(record: dict) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from neuroshard_jax.core.config import nearest
+from neuroshard_jax.core.config import nearest, plain
 from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GENERATOR_VERSION, GIB_BYTES
 from neuroshard_jax.core.constraints import KEYS as CONSTRAINT_KEYS
 from neuroshard_jax.core.constraints import SHARDING_TYPES, violations
@@ -324,7 +324,9 @@ class Task:
 
     @classmethod
     def from_json(cls, obj: Any, where: str = "task") -> Task:
-        """Parse and validate a task object; errors name ``where.field``."""
+        """Parse and validate a task object (numpy numbers and arrays taken as Python's); errors name
+        ``where.field``, and a table by its name where it has one (``where.tables['user_id'].rows``)."""
+        obj = plain(obj)
         if not isinstance(obj, dict):
             raise UserError(f"{where}: got {type(obj).__name__}, expected a JSON object")
         _known_keys(obj, TASK_KEYS, where)
@@ -341,12 +343,13 @@ class Task:
         raw_tables = _field(obj, "tables", where)
         if not isinstance(raw_tables, list) or not raw_tables:
             raise UserError(f"{where}.tables: got {raw_tables!r:.60}, expected a non-empty list of tables")
-        tables = tuple(_table_from_json(t, f"{where}.tables[{i}]") for i, t in enumerate(raw_tables))
+        at = [_table_where(t, i, where) for i, t in enumerate(raw_tables)]
+        tables = tuple(_table_from_json(t, at[i]) for i, t in enumerate(raw_tables))
         seen: set[int] = set()
         names: set[str] = set()
         for i, t in enumerate(tables):
             if t.id in seen:
-                raise UserError(f"{where}.tables[{i}].id: got {t.id}, expected ids unique within a task")
+                raise UserError(f"{at[i]}.id: got {t.id}, expected ids unique within a task")
             if t.name is not None and t.name in names:
                 raise UserError(f"{where}.tables[{i}].name: got {t.name!r}, expected names unique within a task")
             seen.add(t.id)
@@ -355,7 +358,7 @@ class Task:
             for d in ((t.pin,) if t.pin is not None else ()) + t.exclude:
                 if not 0 <= d < num_devices:
                     key = "pin" if d == t.pin else "exclude"
-                    raise UserError(f"{where}.tables[{i}].{key}: got device {d}, expected 0..{num_devices - 1}")
+                    raise UserError(f"{at[i]}.{key}: got device {d}, expected 0..{num_devices - 1}")
         pool = obj.get("pool")
         if pool is not None and not isinstance(pool, dict):
             raise UserError(
@@ -562,7 +565,9 @@ class Plan:
 
     @classmethod
     def from_json(cls, obj: Any, where: str = "plan") -> Plan:
-        """Parse and validate a plan.json object (costs and provenance are kept when present)."""
+        """Parse and validate a plan.json object (costs and provenance are kept when present; numpy numbers and
+        arrays are taken as Python's)."""
+        obj = plain(obj)
         if not isinstance(obj, dict) or "task" not in obj or "shards" not in obj:
             raise UserError(f"{where}: expected a plan.json object with 'task' and 'shards'")
         task = Task.from_json(obj["task"], where=f"{where}.task")
@@ -747,6 +752,12 @@ def _float_field(obj: dict, name: str, where: str, positive: bool = False) -> fl
         expected = "a finite number > 0" if positive else "a finite number >= 0"
         raise UserError(f"{where}.{name}: got {value!r}, expected {expected}")
     return float(value)
+
+
+def _table_where(obj: Any, index: int, where: str) -> str:
+    """How errors name a table: by its name where it has one (``plan.tables['user_id']``), else by position."""
+    name = obj.get("name") if isinstance(obj, dict) else None
+    return f"{where}.tables[{name!r}]" if isinstance(name, str) and name else f"{where}.tables[{index}]"
 
 
 def _table_from_json(obj: Any, where: str) -> Table:

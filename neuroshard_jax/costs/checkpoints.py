@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import shutil
 import sys
 import threading
 from pathlib import Path
@@ -27,6 +26,7 @@ from flax import nnx
 
 from neuroshard_jax.core.errors import UserError, first_line
 from neuroshard_jax.core.features import FEATURE_NAMES
+from neuroshard_jax.core.files import recover_dir, replace_dir
 from neuroshard_jax.costs.ensemble import (
     INPUT_NAMES,
     NUM_COEFS,
@@ -113,30 +113,30 @@ def _first_line(err: Exception) -> str:
 
 def save_checkpoint(path: str | Path, config: NetConfig, params: NeuralParams, meta: dict) -> Path:
     """Write a checkpoint (replacing one at ``path``)."""
-    path = Path(path).resolve()
-    if path.exists():
-        shutil.rmtree(path)
-    path.mkdir(parents=True)
     tree = {
         "compute": nnx.to_pure_dict(params.compute),
         "fwd": nnx.to_pure_dict(params.fwd),
         "bwd": nnx.to_pure_dict(params.bwd),
         "stats": {"mean": params.stats.mean, "std": params.stats.std},
     }
-    digest = save_tree(path / "state", tree)
-    full_meta = {
-        "format": FORMAT_VERSION,
-        "net_config": dataclasses.asdict(config),
-        "feature_names": list(FEATURE_NAMES),
-        **meta,
-        "digests": {"state": digest},
-    }
-    (path / "meta.json").write_text(json.dumps(full_meta, indent=1) + "\n")
-    return path
+    head = {"format": FORMAT_VERSION, "net_config": dataclasses.asdict(config), "feature_names": list(FEATURE_NAMES)}
+    return _save(path, tree, {**head, **meta})
+
+
+def _save(path: str | Path, tree: dict, meta: dict) -> Path:
+    """A checkpoint folder (``state/`` by orbax, ``meta.json`` with the state's digest) made beside ``path`` and
+    swapped in whole (``replace_dir``): a stop at any moment leaves the old model or the new one loadable."""
+
+    def write(folder: Path) -> None:
+        digest = save_tree(folder / "state", tree)
+        (folder / "meta.json").write_text(json.dumps({**meta, "digests": {"state": digest}}, indent=1) + "\n")
+
+    return replace_dir(Path(path).resolve(), write)
 
 
 def read_meta(path: str | Path, key: str = "cost_model.checkpoint") -> dict:
     """The meta.json of a checkpoint as a dict (a missing or unreadable one is a UserError naming ``key``)."""
+    recover_dir(path)  # a stop inside save_checkpoint's fallback swap
     meta_path = Path(path) / "meta.json"
     if not meta_path.exists():
         raise UserError(f"{key}: {str(path)!r} has no meta.json, expected a checkpoint directory")
@@ -236,22 +236,14 @@ def _ensemble_tree(params: EnsembleParams) -> dict:
 
 def save_ensemble(path: str | Path, config: EnsembleConfig, params: EnsembleParams, meta: dict) -> Path:
     """Write a physics-ensemble checkpoint (replacing one at ``path``); ``risk`` is saved as 0."""
-    path = Path(path).resolve()
-    if path.exists():
-        shutil.rmtree(path)
-    path.mkdir(parents=True)
-    digest = save_tree(path / "state", _ensemble_tree(params._replace(risk=jnp.float32(0.0))))
-    full_meta = {
+    head = {
         "format": ENSEMBLE_FORMAT,
         "family": "ensemble",
         "net_config": dataclasses.asdict(config),
         "feature_names": list(FEATURE_NAMES),
         "inputs": list(INPUT_NAMES),
-        **meta,
-        "digests": {"state": digest},
     }
-    (path / "meta.json").write_text(json.dumps(full_meta, indent=1) + "\n")
-    return path
+    return _save(path, _ensemble_tree(params._replace(risk=jnp.float32(0.0))), {**head, **meta})
 
 
 def load_ensemble(path: str | Path) -> tuple[EnsembleConfig, EnsembleNets, EnsembleParams, dict]:

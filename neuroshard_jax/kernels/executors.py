@@ -17,13 +17,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import os
+import socket
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
 from neuroshard_jax.core.config import at_least
-from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.errors import UserError, first_line
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, WorkerFailure, measure_on, run_comm
 
 NAMES = ("local", "ray")
@@ -39,12 +43,15 @@ class ExecutorConfig:
     address: str | None = None  # ray: null starts a local cluster here, "auto" joins a running one, or ray://HOST:PORT
     num_cpus: int | None = None  # ray, a local cluster only: logical CPUs declared (default max(cores, 8))
     max_retries: int = 3  # ray: a request whose actor died is retried on a fresh actor this many times
+    connect_timeout_s: float = 30.0  # ray: an address where no cluster answers within this is one error line
 
     def __post_init__(self):
         if self.name not in NAMES:
             raise UserError(f"executor.name: got {self.name!r}, expected one of {', '.join(NAMES)}")
         at_least(self, 1, ("workers",), "executor.")
         at_least(self, 0, ("max_retries",), "executor.")
+        if not self.connect_timeout_s > 0:
+            raise UserError(f"executor.connect_timeout_s: got {self.connect_timeout_s}, expected seconds > 0")
         if self.num_cpus is not None and self.num_cpus < 1:
             raise UserError(f"executor.num_cpus: got {self.num_cpus}, expected an integer >= 1 or null")
         if self.name == "local" and (self.address is not None or self.num_cpus is not None):
@@ -152,27 +159,78 @@ def _comm_task():
     return _ray().remote(max_retries=0)(run_comm)
 
 
+def connect(config: ExecutorConfig) -> bool:
+    """Reach the executor's cluster before anything is written: on Ray, join ``address`` (or start a local cluster
+    for ``address=null``) unless this process is joined already; an address where no cluster answers within
+    ``connect_timeout_s`` is one UserError (Ray itself retries for ever). Returns whether this call started the
+    connection (its opener shuts it down). Local workers need nothing."""
+    if config.name != "ray":
+        return False
+    ray = _ray()
+    if ray.is_initialized():
+        return False
+    deadline = time.monotonic() + config.connect_timeout_s
+    if config.address not in (None, "auto"):
+        _answers(config.address, config.connect_timeout_s)
+    local = config.address is None
+    cpus = config.num_cpus or max(os.cpu_count() or 1, LOCAL_CLUSTER_MIN_CPUS) if local else None
+    done: dict = {}
+
+    def start() -> None:
+        try:
+            ray.init(
+                address=config.address,
+                num_cpus=cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+        except Exception as err:  # handed to the caller's thread
+            done["error"] = err
+        done["ok"] = True
+
+    if local:  # nothing to wait on: Ray starts its processes here
+        start()
+    else:  # Ray's worker warns that a thread cannot set its SIGTERM handler: ours is the caller's own
+        logging.getLogger("ray._private.worker").setLevel(logging.ERROR)
+        thread = threading.Thread(target=start, daemon=True, name="ray-connect")
+        thread.start()
+        thread.join(max(deadline - time.monotonic(), 1.0))
+    if "ok" not in done:
+        raise UserError(
+            f"executor.address: got {config.address!r}, no Ray cluster answered within {config.connect_timeout_s:g} s "
+            "(executor.connect_timeout_s); expected a running cluster's address, auto on one of its nodes, or null "
+            "for a local cluster"
+        )
+    if "error" in done:
+        err = done["error"]
+        raise UserError(f"executor.address: got {config.address!r}, Ray could not connect: {first_line(err)}")
+    return True
+
+
+def _answers(address: str, timeout_s: float) -> None:
+    """Fail in one line unless something accepts a TCP connection at ``address`` (``HOST:PORT`` or
+    ``ray://HOST:PORT``) within ``timeout_s``: the quick answer for a wrong host or port."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"executor.address: got {address!r}, expected HOST:PORT, ray://HOST:PORT, auto or null")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        reason = "timed out" if isinstance(err, TimeoutError) else (err.strerror or first_line(err))
+        raise UserError(
+            f"executor.address: got {address!r}, nothing answers there ({reason}); expected a running Ray "
+            "cluster's address (ray start --head prints it), auto on one of its nodes, or null for a local cluster"
+        ) from None
+
+
 class RayExecutor:
     """``workers`` Ray actors, each feeding one torch kernel worker; the driver keeps one request in flight per
     actor, draws requests lazily, and hands each answer to ``on_answer`` in the calling thread."""
 
     def __init__(self, config: ExecutorConfig, device: str, timeout_s: float):
-        ray = _ray()
         self.config, self.device, self.timeout_s = config, device, timeout_s
-        self.owns_cluster = not ray.is_initialized()
-        if self.owns_cluster:
-            local = config.address is None
-            cpus = config.num_cpus or max(os.cpu_count() or 1, LOCAL_CLUSTER_MIN_CPUS) if local else None
-            try:
-                ray.init(
-                    address=config.address,
-                    num_cpus=cpus,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    configure_logging=False,
-                )
-            except (ConnectionError, RuntimeError, ValueError) as err:
-                raise UserError(f"executor.address: got {config.address!r}, Ray could not connect: {err}") from None
+        self.owns_cluster = connect(config)
         self.retried = 0  # requests sent again after their actor died
         self.actors = [self._actor() for _ in range(config.workers)]
 

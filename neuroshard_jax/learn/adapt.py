@@ -46,15 +46,17 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import (
     hardware,
     hardware_kind,
+    one_writer,
     read_json,
     read_records,
+    replace_dir,
     user_models_dir,
     write_json,
 )
 from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_ensemble, read_meta
 from neuroshard_jax.costs.ensemble import EnsembleConfig
 from neuroshard_jax.costs.registry import COST_MODELS, checkpoint_path, choose_cost_model, model_kinds, shipped_names
-from neuroshard_jax.kernels.executors import ExecutorConfig
+from neuroshard_jax.kernels.executors import ExecutorConfig, connect
 from neuroshard_jax.kernels.processes import timing_fields
 from neuroshard_jax.learn.collect import CollectConfig, collect
 from neuroshard_jax.learn.fit import (
@@ -97,7 +99,7 @@ class AdaptConfig:
     # as collect kind=plans; plans.model is the start model
     plans: PlanLabelConfig = PlanLabelConfig(searchers=("beam", "grid"), sources=("specs",), variants=4, comm=False)
     executor: ExecutorConfig = ExecutorConfig(workers=2)
-    pin: bool = True  # each local CPU kernel worker on a core of its own
+    pin: bool | None = None  # each local CPU kernel worker on a core of its own; null: pinned locally, not on Ray
     warmup: int = 5
     iters: int = 10  # timed iterations; the label is the median
     # the label protocol (collect's); null: the device's own, queued on cuda (the GPU's time), fixed on cpu
@@ -253,15 +255,30 @@ def check_device(device: str, found: dict) -> None:
 
 
 def adapt(config: AdaptConfig, say: Callable[[str], None] = print) -> dict:
-    """Measure, fine-tune, report and register (see the module); returns the report written to adapt.json."""
+    """Measure, fine-tune, report and register (see the module); returns the report written to adapt.json. The
+    executor is reached before anything is written, and ``out`` is held for this run alone (``one_writer``)."""
+    check_device(config.device, hardware())
+    start = start_model(config)
+    compare = {other: ensemble_path("compare", other, checkpoint_path(other)) for other in config.compare}
+    connect(config.executor)
+    with one_writer(out_dir(config), "out"):
+        return _adapt(config, start, compare, say)
+
+
+def model_name(config: AdaptConfig) -> str:
+    return config.name or f"adapted-{kind_slug(hardware(), config.device)}"
+
+
+def out_dir(config: AdaptConfig) -> Path:
+    return Path(config.out or Path("runs") / "adapt" / model_name(config))
+
+
+def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict, say: Callable[[str], None]) -> dict:
     began = time.monotonic()
     found = hardware()
     here = hardware_kind(found, config.device)
-    name = config.name or f"adapted-{kind_slug(found, config.device)}"
-    out = Path(config.out or Path("runs") / "adapt" / name)
-    check_device(config.device, found)
-    label, start = start_model(config)
-    compare = {other: ensemble_path("compare", other, checkpoint_path(other)) for other in config.compare}
+    name, out = model_name(config), out_dir(config)
+    label, start = start_of
     state_path = out / "adapt.json"
     state = read_json(state_path, "out", "adapt.json written by neuroshard_jax.adapt") if state_path.exists() else {}
     spent = dict(state.get("spent_s", {}))
@@ -399,20 +416,9 @@ def _annotate(model_dir: Path, report: dict) -> None:
 
 
 def _register(model_dir: Path, name: str) -> Path:
-    """Copy the model into the user's models under ``name``: beside the old one first, then swapped by rename,
-    so that a stop at any moment leaves a loadable model there."""
-    target = user_models_dir() / name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fresh = target.with_name(f".{name}.new")
-    old = target.with_name(f".{name}.old")
-    for leftover in (fresh, old):
-        shutil.rmtree(leftover, ignore_errors=True)
-    shutil.copytree(model_dir, fresh)
-    if target.exists():
-        target.rename(old)
-    fresh.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
-    return target
+    """Copy the model into the user's models under ``name`` (``replace_dir``: a stop at any moment leaves a
+    loadable model there)."""
+    return replace_dir(user_models_dir() / name, lambda folder: shutil.copytree(model_dir, folder, dirs_exist_ok=True))
 
 
 def progress_line(line: str) -> None:

@@ -1,7 +1,7 @@
 """Collect cost labels on real kernels.
 
     python -m neuroshard_jax.collect kind=compute num_samples=5000 executor.workers=2
-    python -m neuroshard_jax.collect kind=compute num_samples=5000 executor=ray executor.address=auto pin=false
+    python -m neuroshard_jax.collect kind=compute num_samples=5000 executor=ray executor.address=auto
     python -m neuroshard_jax.collect kind=comm num_samples=1000
     python -m neuroshard_jax.collect source=specs num_samples=3000 out_dir=datasets/cpu-specs
     python -m neuroshard_jax.collect kind=plans num_samples=30 plans.round=0 out_dir=datasets/cpu-plans
@@ -22,6 +22,7 @@ worker is restarted. Settings live in conf/collect.yaml.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import sys
@@ -35,8 +36,8 @@ from tqdm import tqdm
 from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import above_zero, at_least, typed
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import JsonlLog, git_commit, hardware, write_manifest
-from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, map_requests, open_executor, protocol
+from neuroshard_jax.core.files import JsonlLog, git_commit, hardware, one_writer, write_manifest
+from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, connect, map_requests, open_executor, protocol
 from neuroshard_jax.kernels.processes import WorkerFailure, compute_request, timing_fields, worker_versions
 from neuroshard_jax.learn.plan_labels import PlanLabelConfig, collect_plans
 from neuroshard_jax.measure.plans import EvaluateConfig
@@ -91,7 +92,9 @@ class CollectConfig:
     plans: PlanLabelConfig = PlanLabelConfig()
     comm_chunk: int = 20  # comm requests per launch of the rank processes
     progress: bool = True
-    pin: bool = True  # each local CPU kernel worker on a core of its own: 13% less label noise at no cost
+    # each local CPU kernel worker on a core of its own (13% less label noise at no cost); null: what the
+    # executor supports (pinned local workers, unpinned Ray actors: Ray places them on logical CPUs, not cores)
+    pin: bool | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -112,6 +115,10 @@ class CollectConfig:
                 " a dataset keeps one protocol, so a Ray collection is an unpinned one)"
             )
 
+    def pinned(self) -> bool:
+        """``pin``, or where null what the executor supports."""
+        return self.executor.name == "local" if self.pin is None else self.pin
+
     def timing(self) -> dict:
         """The compute requests' protocol fields beyond warmup and iters (none for ``fixed`` and for comm)."""
         fields = timing_fields(self.protocol, self.warmup_ms, self.measure_ms, self.max_iters, self.device)
@@ -129,7 +136,7 @@ def _settings(config: CollectConfig) -> dict:
         "pool_id": config.pool.pool_id,
         "warmup": config.warmup,
         "iters": config.iters,
-        **protocol(config.executor, config.pin, config.device),  # no "pin": the unpinned protocol
+        **protocol(config.executor, config.pinned(), config.device),  # no "pin": the unpinned protocol
         **config.timing(),  # none for the fixed protocol: older datasets resume
     }
     if config.kind == "plans":  # its devices are a compute dataset (any round, any model)
@@ -167,11 +174,17 @@ def _without_unset(settings: dict, key: str) -> dict:
 def collect(config: CollectConfig, ids: Iterable[int] | None = None, until: float | None = None) -> dict:
     """Collect up to ``num_samples`` records of ``kind`` into ``out_dir``; returns a summary. ``ids`` (compute):
     the samples to measure instead, in this order (drawn lazily: an order may be long or chosen as it goes);
-    ``until``: a ``time.monotonic()`` deadline after which no sample is started (those started finish)."""
-    if config.kind == "plans":
-        return _collect_plans(config)
+    ``until``: a ``time.monotonic()`` deadline after which no sample is started (those started finish).
+
+    The executor is reached first (a Ray address where nothing answers fails before anything is written), then
+    ``out_dir`` is held for this writer alone (``one_writer``: a second collect into it is refused in one line)."""
+    connect(config.executor)
+    with one_writer(config.out_dir):
+        return _collect_plans(config) if config.kind == "plans" else _collect(config, ids, until)
+
+
+def _collect(config: CollectConfig, ids: Iterable[int] | None, until: float | None) -> dict:
     out = Path(config.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     versions = worker_versions()
     log = JsonlLog(out / f"{config.kind}.jsonl")
     manifest_extra = {
@@ -202,20 +215,28 @@ def collect(config: CollectConfig, ids: Iterable[int] | None = None, until: floa
     if until is not None:
         todo = itertools.takewhile(lambda _: time.monotonic() < until, todo)
     run = _collect_compute if config.kind == "compute" else _collect_comm
-    try:
-        run(config, log, todo, bar)
-    finally:  # also on Ctrl-C / SIGTERM: the manifest counts what the file holds
-        bar.close()
+
+    def count() -> dict:
+        """The manifest counts what the file holds."""
         records = list(log.records())
         failed = sum(1 for r in records if not r.get("ok", True))
         counts = {"num_records": len(records), "num_failed": failed}
         write_manifest(out / f"manifest-{config.kind}.json", _settings(config), {**manifest_extra, **counts})
-    return {"records": len(records), "failed": failed, "path": str(log.path)}
+        return {"records": len(records), "failed": failed, "path": str(log.path)}
+
+    try:
+        run(config, log, todo, bar)
+    except BaseException:  # also Ctrl-C / SIGTERM; a count that fails too (a full disk) does not hide the cause
+        bar.close()
+        with contextlib.suppress(UserError):
+            count()
+        raise
+    bar.close()
+    return count()
 
 
 def _collect_plans(config: CollectConfig) -> dict:
     out = Path(config.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     path = out / "manifest-compute.json"
     extra = {
         "hardware": hardware(),
@@ -231,7 +252,7 @@ def _collect_plans(config: CollectConfig) -> dict:
         optimizer=config.optimizer,
         warmup=config.warmup,
         iters=config.iters,
-        pin=config.pin,
+        pin=config.pinned(),
         protocol=config.protocol,
         warmup_ms=config.warmup_ms,
         measure_ms=config.measure_ms,
@@ -299,7 +320,7 @@ def _collect_compute(config: CollectConfig, log: JsonlLog, todo: Iterable[int], 
     requests = (request(i) for i in todo)
 
     map_requests(
-        requests, record, config.executor, config.device, config.timeout_s, Path(config.out_dir), pin=config.pin
+        requests, record, config.executor, config.device, config.timeout_s, Path(config.out_dir), pin=config.pinned()
     )
 
 

@@ -34,7 +34,15 @@ from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.constants import SHIPPED_MLP_CHECKPOINT
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import JsonlLog, hardware, package_path, read_jsonl, read_records, resolve_dataset
+from neuroshard_jax.core.files import (
+    JsonlLog,
+    hardware,
+    one_writer,
+    package_path,
+    read_jsonl,
+    read_records,
+    resolve_dataset,
+)
 from neuroshard_jax.costs.checkpoints import load_checkpoint, save_checkpoint
 from neuroshard_jax.costs.cost_model import bucket
 from neuroshard_jax.costs.neural import fit_stats, neural_cost_model
@@ -192,8 +200,19 @@ def train_policy(
     refine: RefineConfig,
     cost_model_path: str | None = None,
 ) -> dict:
-    out = Path(out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    """Train the policy in rounds into ``out`` (resumable; held for this run alone, ``one_writer``)."""
+    with one_writer(out, "out") as out:
+        return _train(out, policy_config, config, task_config, refine, cost_model_path)
+
+
+def _train(
+    out: Path,
+    policy_config: PolicyConfig,
+    config: PolicyTrainConfig,
+    task_config: TaskSetConfig,
+    refine: RefineConfig,
+    cost_model_path: str | None,
+) -> dict:
     settings = {
         "policy_config": dataclasses.asdict(policy_config),
         "train": dataclasses.asdict(config),

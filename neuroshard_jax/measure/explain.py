@@ -12,30 +12,46 @@ device share the kernel's fixed costs). A split's predicted gain is how much the
 if the table were whole again, on the best device that holds one of its slices and has the memory for it.
 
 ``chart=true`` (the default) writes PLAN.png beside the plan: a stacked bar per device of its tables' compute,
-tables below ``other_share`` of every device's compute drawn as one "other" block, so 64 devices stay readable
-(matplotlib: the ``report`` extra).
+tables below ``other_share`` of every device's compute drawn as one "other" block, so 64 devices stay readable;
+beyond ``BARS_UP_TO`` devices the bars become stacked areas (matplotlib: the ``report`` extra).
+
+A plan on many devices prints the slowest few and a summary (``core.plan_file.printed_devices``), and a plan on
+far more devices than the cost model's comm was trained on says so (``far_devices_warning``). Everything here is
+linear in the devices: shards are grouped by device once, and a split's variants rescore only the devices that
+change, the comm of every device in one jitted call per chunk of variants.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
+import jax
 import numpy as np
 from omegaconf import DictConfig
 
 from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import above_zero, at_least, typed
-from neuroshard_jax.core.constants import GIB_BYTES
+from neuroshard_jax.core.constants import GIB_BYTES, SHIPPED_MLP_CHECKPOINT, SHIPPED_MODEL_NAME
 from neuroshard_jax.core.constraints import allowed_devices, groups, max_levels
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.plan_file import load_plan
-from neuroshard_jax.core.sharding import Shard, row_split_count
-from neuroshard_jax.core.types import Plan
-from neuroshard_jax.costs.cost_model import CostModel
-from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model, usable_cost_model
-from neuroshard_jax.costs.scoring import plan_arrays, score_plan, score_plans, shard_costs
+from neuroshard_jax.core.features import NUM_FEATURES
+from neuroshard_jax.core.files import package_path, read_json, resolve_dataset
+from neuroshard_jax.core.plan_file import PRINTED_DEVICES, SLOWEST_PRINTED, devices_summary, load_plan, printed_devices
+from neuroshard_jax.core.sharding import Shard, mem_bytes, replica_features, row_split_count, shard_features
+from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.costs.analytic import AnalyticConfig
+from neuroshard_jax.costs.cost_model import CostFns, CostModel, DeviceCosts, bucket, combine_costs, plan_cost_ms
+from neuroshard_jax.costs.registry import checkpoint_path, expected_cost_model, make_cost_model, usable_cost_model
+from neuroshard_jax.costs.scoring import plan_dim_sums, rows_arrays, score_plan, shard_costs
+from neuroshard_jax.workloads.samplers import CommSamplerConfig
+
+FAR_PAST_TRAINED = 4  # a plan on more devices than this x the largest all-to-all a model was trained on: "far past"
+BARS_UP_TO = 256  # the chart draws a bar per device up to this many devices, stacked areas beyond
+VARIANT_CHUNK = 8  # split variants whose every device's comm is priced in one step (bounds memory at many devices)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,52 +72,189 @@ class ExplainConfig:
             raise UserError(f"other_share: got {self.other_share}, expected a share below 1")
 
 
+def shards_by_device(plan: Plan) -> list[list[Shard]]:
+    """Each device's shards in plan order: ``Plan.device_shards`` of every device in one pass (O(S + N), not
+    O(S x N))."""
+    out: list[list[Shard]] = [[] for _ in range(plan.task.num_devices)]
+    for s in plan.shards:
+        out[s.device].append(s)
+    return out
+
+
+def _shard_row(task: Task, task_feats: np.ndarray, s: Shard) -> tuple[np.ndarray, bool]:
+    """A shard's features f64[F] and whether it does work (an empty row block does none), as ``plan_arrays``."""
+    table = task.tables[s.table]
+    block = None if s.whole_rows(table.rows) else s.rows(table.rows)
+    stats = table.block_stats(s.row_offset, block) if block else None
+    return shard_features(task_feats[s.table], s.dim, block, stats), block != 0
+
+
+def _compute_ms(model: CostModel, rows: list[list[tuple[np.ndarray, bool]]]) -> np.ndarray:
+    """f64[K]: the predicted compute of K devices, each holding ``rows[k]`` (features and mask of its shards) before
+    the devices' speeds; one batched call, padded to power-of-two buckets (few compilations)."""
+    width = bucket(max(len(r) for r in rows))
+    feats = np.zeros((bucket(len(rows)), width, NUM_FEATURES), np.float32)
+    mask = np.zeros(feats.shape[:2], bool)
+    for k, row in enumerate(rows):
+        for j, (f, m) in enumerate(row):
+            feats[k, j], mask[k, j] = f, m
+    return np.asarray(shard_costs(model.fns, model.params, feats, mask), np.float64)[: len(rows)]
+
+
 def table_compute_ms(model: CostModel, plan: Plan, compute_ms: np.ndarray) -> np.ndarray:
     """f64[N, T]: each table's share of each device's predicted compute (its shards' cost alone, scaled to add up
-    to the device's compute)."""
-    feats, mask, _, _ = plan_arrays(plan)
-    alone = np.asarray(shard_costs(model.fns, model.params, feats[..., None, :], mask[..., None]), dtype=np.float64)
-    alone = np.where(mask, alone, 0.0)
-    n, t = plan.task.num_devices, plan.task.num_tables
-    out = np.zeros((n, t))
-    for d in range(n):
-        shards = plan.device_shards(d)
-        for j, s in enumerate(shards):
-            out[d, s.table] += alone[d, j]
-        for j, t in enumerate(plan.data_parallel, start=len(shards)):  # each device's part of a replica
-            out[d, t] += alone[d, j]
+    to the device's compute). Each shard is priced once, a data-parallel table's part once for every device."""
+    task = plan.task
+    task_feats = task.features()
+    alone_rows = [[_shard_row(task, task_feats, s)] for s in plan.shards]
+    alone_rows += [[(replica_features(task_feats[t], task.num_devices), True)] for t in plan.data_parallel]
+    alone = _compute_ms(model, alone_rows)
+    out = np.zeros((task.num_devices, task.num_tables))
+    count = len(plan.shards)
+    if count:
+        index = np.array([(s.device, s.table) for s in plan.shards]).T
+        np.add.at(out, (index[0], index[1]), alone[:count])
+    for j, t in enumerate(plan.data_parallel):  # each device's part of a replica
+        out[:, t] += alone[count + j]
     totals = out.sum(axis=1, keepdims=True)
     return np.divide(out * compute_ms[:, None], totals, out=np.zeros_like(out), where=totals > 0)
 
 
-def split_gains(model: CostModel, plan: Plan) -> dict[int, dict]:
+@functools.partial(jax.jit, static_argnums=0)
+def _plan_costs_ms(fns: CostFns, params, compute_ms, dim_sums, device_mask, speed, rows_fwd, rows_bwd):
+    """Plan costs f32[B] of B plans of one task that differ on a few devices: their compute f32[B, N] (before the
+    speeds), all-to-all widths and row groups' collectives f32[B, N]; one plan at a time (memory O(N))."""
+
+    def one(args):
+        compute, dims, fwd, bwd = args
+        return plan_cost_ms(combine_costs(fns, params, compute, dims, device_mask, speed, (fwd, bwd)))
+
+    return jax.lax.map(one, (compute_ms, dim_sums, rows_fwd, rows_bwd))
+
+
+def split_gains(model: CostModel, plan: Plan, costs: DeviceCosts | None = None) -> dict[int, dict]:
     """Per split table: the predicted plan cost if it were whole on the best device holding one of its slices (that
-    has the memory), and the gain of the split (that cost minus the plan's; ``None`` if it fits nowhere whole). All
-    variants are scored in one batched call."""
+    has the memory), and the gain of the split (that cost minus the plan's; ``None`` if it fits nowhere whole).
+
+    A variant changes the compute of the devices that held the table's slices only: those are rescored, the rest
+    keep the plan's (``costs``: the plan's ``score_plan``, if the caller has it); every device's comm is priced
+    again (the widths change), variants in chunks."""
+    task, n = plan.task, plan.task.num_devices
+    by_table: dict[int, list[Shard]] = {}
+    for s in plan.shards:
+        by_table.setdefault(s.table, []).append(s)
     out, variants = {}, []
-    for table in sorted({s.table for s in plan.shards}):
-        slices = [s for s in plan.shards if s.table == table]
-        if len(slices) == 1:
-            continue
+    mem, caps = plan.mem_bytes(), task.cap_bytes()
+    for table in sorted(t for t, slices in by_table.items() if len(slices) > 1):
+        slices = by_table[table]
         devices = sorted({s.device for s in slices})
-        rows = plan.task.tables[table].rows
+        rows = task.tables[table].rows
         out[table] = {"slices": len(slices), "devices": devices, "whole_on": None, "gain_ms": None}
         if any(not s.whole_rows(rows) for s in slices):
             out[table]["row_blocks"] = row_split_count(slices, rows)
-        others = [s for s in plan.shards if s.table != table]
+        held = dict.fromkeys(devices, 0)  # bytes of the table's slices on each of its devices
+        for s in slices:
+            held[s.device] += mem_bytes(s.rows(rows), s.dim, task.precision)
         for device in devices:
-            whole = Shard(table, 0, plan.task.tables[table].dim, device)
-            variant = dataclasses.replace(plan, shards=(*others, whole))  # only this table changes
-            if variant.mem_bytes()[device] <= plan.task.cap_bytes()[device]:
-                variants.append((table, device, variant))
+            if mem[device] - held[device] + task.table_mem_bytes(table) <= caps[device]:
+                variants.append((table, device))
     if not variants:
         return out
-    costs = score_plans(model, [plan, *(v for _, _, v in variants)])
-    for (table, device, _), cost in zip(variants, costs[1:]):
-        gain = float(cost - costs[0])
+    by_device = shards_by_device(plan)
+    task_feats = task.features()
+    replicas = [(replica_features(task_feats[t], n), True) for t in plan.data_parallel]
+    changed_rows, changed_at = [], []
+    plans = []
+    for table, device in variants:
+        whole = Shard(table, 0, task.tables[table].dim, device)
+        plans.append(dataclasses.replace(plan, shards=(*[s for s in plan.shards if s.table != table], whole)))
+        slice_devices = sorted({s.device for s in by_table[table]})
+        changed_at.append(slice_devices)
+        for d in slice_devices:
+            kept = [s for s in by_device[d] if s.table != table] + ([whole] if d == device else [])
+            changed_rows.append([_shard_row(task, task_feats, s) for s in kept] + replicas)
+    changed = iter(_compute_ms(model, changed_rows))
+    costs = score_plan(model, plan) if costs is None else costs
+    base = np.asarray(costs.compute_ms) * task.speeds()  # the plan's compute before the speeds
+    computes = [base]
+    for slice_devices in changed_at:
+        compute = base.copy()
+        compute[slice_devices] = [next(changed) for _ in slice_devices]
+        computes.append(compute)
+    totals = _variant_costs(model, plan, [plan, *plans], computes)
+    for (table, device), cost in zip(variants, totals[1:]):
+        gain = float(cost - totals[0])
         if out[table]["gain_ms"] is None or gain < out[table]["gain_ms"]:
             out[table].update(whole_on=device, gain_ms=gain)
     return out
+
+
+def _variant_costs(model: CostModel, plan: Plan, plans: list[Plan], computes: list[np.ndarray]) -> np.ndarray:
+    """f64[K]: the predicted costs of ``plans`` (of ``plan``'s task) from their devices' compute f64[N] (before the
+    speeds), their widths and row groups' collectives worked out here; chunks of ``VARIANT_CHUNK``."""
+    n = plan.task.num_devices
+    mask, speed = np.ones(n, bool), plan.task.speeds().astype(np.float32)
+    out = []
+    for start in range(0, len(plans), VARIANT_CHUNK):
+        chunk = plans[start : start + VARIANT_CHUNK]
+        compute = np.stack(computes[start : start + VARIANT_CHUNK]).astype(np.float32)
+        dims = np.stack([plan_dim_sums(p, model) for p in chunk]).astype(np.float32)
+        fwd, bwd = rows_arrays(model, chunk)
+        pad = VARIANT_CHUNK - len(chunk)  # one padded shape: one compilation
+        arrays = [np.concatenate([a, np.repeat(a[:1], pad, axis=0)]) for a in (compute, dims, fwd, bwd)]
+        out.append(np.asarray(_plan_costs_ms(model.fns, model.params, arrays[0], arrays[1], mask, speed, *arrays[2:])))
+    return np.concatenate(out)[: len(plans)].astype(np.float64)
+
+
+@functools.lru_cache(maxsize=16)
+def comm_worlds(checkpoint: str) -> tuple[tuple[int, ...], str | None]:
+    """The all-to-all sizes (device counts) a checkpoint's comm nets were trained on, and the comm dataset that
+    says so (None: not found, the comm sampler's default sizes).
+
+    A meta.json records its comm dataset by creation time and record count only (``datasets.comm``), so the
+    dataset is the one whose manifest-comm.json has that creation time, among the folders the meta names and the
+    shipped profiles; its ``settings.comm.world_sizes`` are the sizes."""
+    meta = read_json(Path(checkpoint) / "meta.json", "cost_model.checkpoint", "a checkpoint's meta.json")
+    datasets = meta.get("datasets") or {}
+    created = (datasets.get("comm") or {}).get("created")
+    compute = datasets.get("compute") if isinstance(datasets.get("compute"), list) else []
+    named = [meta.get("dataset_dir"), *(d.get("dir") for d in compute if isinstance(d, dict))]
+    profiles = package_path("data/profiles")
+    folders = [resolve_dataset(d) for d in named if d] + (sorted(profiles.iterdir()) if profiles.is_dir() else [])
+    for manifest in (f / "manifest-comm.json" for f in folders if created):
+        if manifest.is_file():
+            obj = read_json(manifest, "dataset", "the manifest of a comm dataset")
+            worlds = ((obj.get("settings") or {}).get("comm") or {}).get("world_sizes")
+            if obj.get("created") == created and worlds:
+                return tuple(sorted(int(w) for w in worlds)), manifest.parent.name
+    return tuple(CommSamplerConfig().world_sizes), None
+
+
+def far_devices_warning(num_devices: int, name: str, options: dict | None) -> str | None:
+    """One line if ``num_devices`` is far past (over ``FAR_PAST_TRAINED`` x) the largest all-to-all the comm of
+    cost model ``name`` with ``options`` (a ``ModelChoice``'s or ``make_cost_model``'s) was trained on: its comm
+    costs there are an extrapolation. None otherwise, and where no data bounds them (an analytic model with the
+    user's own comm bandwidth or latency, a checkpoint that is not there)."""
+    options = options or {}
+    if name == "analytic":  # its comm defaults were fitted to the shipped CPU dataset, the format-3 model's
+        fitted = AnalyticConfig()
+        if any(options.get(k, getattr(fitted, k)) != getattr(fitted, k) for k in ("comm_bw_gbps", "comm_latency_ms")):
+            return None
+        trained, path = "the analytic model's comm defaults were fitted to", package_path(SHIPPED_MLP_CHECKPOINT)
+    else:
+        label = str(options.get("checkpoint") or (SHIPPED_MODEL_NAME if name == "neural" else name))
+        trained, path = f"cost model {label} was trained on", Path(checkpoint_path(label))
+        if not (path / "meta.json").is_file():
+            return None
+    worlds, dataset = comm_worlds(str(path.resolve()))
+    if num_devices <= FAR_PAST_TRAINED * max(worlds):
+        return None
+    source = f"comm dataset {dataset}" if dataset else "not recorded: the comm sampler's default assumed"
+    return (
+        f"task.num_devices {num_devices} is far past the device counts {trained} "
+        f"(all-to-alls of {', '.join(map(str, worlds))} devices, {source}): its comm costs, and so the plan's, are "
+        "extrapolated, not learned"
+    )
 
 
 def measured_devices(plan_path: Path, plan: Plan) -> tuple[list[dict] | None, str | None]:
@@ -155,7 +308,8 @@ def constraint_binds(plan: Plan, critical: int, fastest: int) -> list[str]:
 
 
 def explanation(plan: Plan, model: CostModel, measured: list[dict] | None = None, top: int = 5) -> dict:
-    """Everything the printout and the chart say, as a JSON-able dict."""
+    """Everything the printout and the chart say: plain values, but ``table_compute_ms`` (f64[N, T], each table's
+    share of each device's compute: N x T floats are too many for lists at 100,000 devices)."""
     costs = score_plan(model, plan)
     compute, total = np.asarray(costs.compute_ms), np.asarray(costs.total_ms)
     per_table = table_compute_ms(model, plan, compute)
@@ -186,28 +340,25 @@ def explanation(plan: Plan, model: CostModel, measured: list[dict] | None = None
                 f"{plan.task.caps_gb()[fastest]} GiB)"
             )
     binds += constraint_binds(plan, critical, fastest)
-    splits = {names[t]: g for t, g in split_gains(model, plan).items()}
+    splits = {names[t]: g for t, g in split_gains(model, plan, costs).items()}
+    n = plan.task.num_devices
+    columns = {  # one list per field, then a dict per device: no per-device numpy indexing
+        "device": list(range(n)),
+        "shards": np.bincount([s.device for s in plan.shards], minlength=n).tolist(),
+        "compute_ms": compute.tolist(),
+        "fwd_comm_ms": np.asarray(costs.fwd_comm_ms).tolist(),
+        "bwd_comm_ms": np.asarray(costs.bwd_comm_ms).tolist(),
+        "total_ms": total.tolist(),
+        "mem_gb": (mem / GIB_BYTES).tolist(),
+        "headroom_gb": ((caps - mem) / GIB_BYTES).tolist(),
+        "speed": speeds.astype(np.float64).tolist(),
+    }
+    if measured:
+        columns["measured_ms"] = [float(m["total"]) for m in measured]
+        columns["measured_compute_ms"] = [float(m["compute"]) for m in measured]
     return {
         "cost_model": model.name,
-        "devices": [
-            {
-                "device": d,
-                "shards": len(plan.device_shards(d)),
-                "compute_ms": float(compute[d]),
-                "fwd_comm_ms": float(costs.fwd_comm_ms[d]),
-                "bwd_comm_ms": float(costs.bwd_comm_ms[d]),
-                "total_ms": float(total[d]),
-                "mem_gb": float(mem[d] / GIB_BYTES),
-                "headroom_gb": float((caps[d] - mem[d]) / GIB_BYTES),
-                "speed": float(speeds[d]),
-                **(
-                    {"measured_ms": float(measured[d]["total"]), "measured_compute_ms": float(measured[d]["compute"])}
-                    if measured
-                    else {}
-                ),
-            }
-            for d in range(plan.task.num_devices)
-        ],
+        "devices": [dict(zip(columns, row)) for row in zip(*columns.values())],
         "speeds_differ": plan.task.has_speeds,
         **({"hosts": _hosts_line(plan.task)} if plan.task.multi_host else {}),
         "critical_device": critical,
@@ -216,7 +367,7 @@ def explanation(plan: Plan, model: CostModel, measured: list[dict] | None = None
         "top_tables": top_tables,
         "splits": splits,
         "binds": binds,
-        "table_compute_ms": per_table.tolist(),
+        "table_compute_ms": per_table,
         "tables": names,
     }
 
@@ -231,7 +382,18 @@ def _hosts_line(task) -> str:
     )
 
 
+def device_list(devices: Sequence[int], shown: int = 8) -> str:
+    """A list of device indices for a printout: whole up to ``shown``, else its ends and how many (a data-parallel
+    table is on every device)."""
+    if len(devices) <= shown:
+        return str(list(devices))
+    head, tail = ", ".join(map(str, devices[: shown - 2])), ", ".join(map(str, devices[-2:]))
+    return f"[{head}, ..., {tail}] ({len(devices)} devices)"
+
+
 def format_explanation(expl: dict, measured_from: str | None = None) -> str:
+    """The printout of ``explanation``: a row per device (beyond ``PRINTED_DEVICES``: the slowest few, the fastest
+    and a summary), what binds, and the split tables' gains."""
     has_measured = "measured_ms" in expl["devices"][0]
     speeds = expl.get("speeds_differ", False)
     head = (
@@ -249,8 +411,12 @@ def format_explanation(expl: dict, measured_from: str | None = None) -> str:
         *([expl["hosts"]] if "hosts" in expl else []),
         head,
     ]
-    for d in expl["devices"]:
+    total_ms = [d["total_ms"] for d in expl["devices"]]
+    shown = printed_devices(total_ms)
+    fastest = shown[-1] if len(shown) < len(total_ms) else None  # a summarised table ends with the fastest
+    for d in (expl["devices"][i] for i in shown):
         mark = " <- slowest" if d["device"] == expl["critical_device"] else ""
+        mark = " <- fastest" if d["device"] == fastest and not mark else mark
         lines.append(
             f"{d['device']:>6} {d['shards']:>6} {d['compute_ms']:>9.3f} {d['fwd_comm_ms']:>9.3f} "
             f"{d['bwd_comm_ms']:>9.3f} {d['total_ms']:>9.3f} {d['mem_gb']:>7.3f} {d['headroom_gb']:>7.3f}"
@@ -258,6 +424,7 @@ def format_explanation(expl: dict, measured_from: str | None = None) -> str:
             + (f" {d['measured_ms']:>9.3f}" if has_measured else "")
             + mark
         )
+    lines.extend(devices_summary(total_ms, shown, "not shown (plan.json holds every device's predicted cost)"))
     lines.append(
         f"imbalance: max/mean {expl['max_over_mean']:.3f}, spread {expl['spread_ms']:.3f} ms, "
         f"critical device {expl['critical_device']}"
@@ -273,7 +440,7 @@ def format_explanation(expl: dict, measured_from: str | None = None) -> str:
                 else f"gain {s['gain_ms']:+.3f} ms (whole on device {s['whole_on']})"
             )
             kind = f"{s['slices']} slices" if "row_blocks" not in s else f"{s['row_blocks']} row blocks (row-wise)"
-            lines.append(f"  {name}: {kind} on devices {s['devices']}, {gain}")
+            lines.append(f"  {name}: {kind} on devices {device_list(s['devices'])}, {gain}")
     else:
         lines.append("no table is split")
     lines.extend(f"binds: {b}" for b in expl["binds"]) if expl["binds"] else lines.append(
@@ -323,15 +490,22 @@ def plan_diff(plan: Plan, base: Plan, model: CostModel) -> dict:
 
 
 def format_diff(diff: dict) -> str:
+    """The printout of ``plan_diff``: the changed tables, then a row per device (beyond ``PRINTED_DEVICES``: the
+    devices whose cost changed most, and a summary of the plan's)."""
     lines = [f"{len(diff['changes'])} tables changed"]
     for c in diff["changes"]:
         lines.append(
-            f"  {c['table']}: {c['change']}, devices {c['base']} -> {c['plan']}"
+            f"  {c['table']}: {c['change']}, devices {device_list(c['base'])} -> {device_list(c['plan'])}"
             + (f" ({c['slices'][0]} -> {c['slices'][1]} slices)" if c["change"] != "moved" else "")
         )
     lines.append(f"{'device':>6} {'base_ms':>9} {'plan_ms':>9} {'change':>8}")
-    for d, (b, a) in enumerate(zip(diff["base_total_ms"], diff["plan_total_ms"])):
-        lines.append(f"{d:>6} {b:>9.3f} {a:>9.3f} {a - b:>+8.3f}")
+    base, ours = np.asarray(diff["base_total_ms"]), np.asarray(diff["plan_total_ms"])
+    shown = list(range(len(ours)))
+    if len(ours) > PRINTED_DEVICES:  # the devices whose cost changed most
+        shown = np.argsort(-np.abs(ours - base), kind="stable")[:SLOWEST_PRINTED].tolist()
+    for d in shown:
+        lines.append(f"{d:>6} {base[d]:>9.3f} {ours[d]:>9.3f} {ours[d] - base[d]:>+8.3f}")
+    lines.extend(devices_summary(ours, shown, "not shown (those whose cost changed least)"))
     lines.append(
         f"{'max':>6} {max(diff['base_total_ms']):>9.3f} {max(diff['plan_total_ms']):>9.3f} "
         f"{max(diff['plan_total_ms']) - max(diff['base_total_ms']):>+8.3f}"
@@ -340,7 +514,9 @@ def format_diff(diff: dict) -> str:
 
 
 def write_chart(expl: dict, path: Path, other_share: float) -> Path:
-    """A stacked bar per device of its tables' predicted compute; small tables grouped as "other"."""
+    """A stacked bar per device of its tables' predicted compute; small tables grouped as "other". Beyond
+    ``BARS_UP_TO`` devices, stacked areas in a figure of fixed width (a patch per device and table would take
+    minutes to draw at 100,000 devices, and a bar would be narrower than a pixel)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -350,19 +526,30 @@ def write_chart(expl: dict, path: Path, other_share: float) -> Path:
     share = costs / np.maximum(costs.sum(axis=1, keepdims=True), 1e-12)
     shown = [t for t in np.argsort(-costs.max(axis=0)) if share[:, t].max() >= other_share][:12]
     n = costs.shape[0]
-    fig, ax = plt.subplots(figsize=(max(7.0, 0.22 * n + 4), 4.5))
+    bars = n <= BARS_UP_TO
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.22 * n + 4) if bars else 14.0, 4.5))
+    x = np.arange(n)
+
+    def stack(values, bottom, **style):
+        if bars:
+            ax.bar(x, values, bottom=bottom, **style)
+        else:
+            ax.fill_between(x, bottom, bottom + values, step="mid", linewidth=0, **style)
+
     bottom = np.zeros(n)
     colors = plt.get_cmap("tab20").colors
     for i, t in enumerate(shown):
-        ax.bar(range(n), costs[:, t], bottom=bottom, color=colors[i % len(colors)], label=expl["tables"][t])
-        bottom += costs[:, t]
+        stack(costs[:, t], bottom, color=colors[i % len(colors)], label=expl["tables"][t])
+        bottom = bottom + costs[:, t]
     other = costs.sum(axis=1) - bottom
-    ax.bar(range(n), other, bottom=bottom, color="lightgrey", label="other")
+    stack(other, bottom, color="lightgrey", label="other")
     comm = np.array([d["fwd_comm_ms"] + d["bwd_comm_ms"] for d in expl["devices"]])
-    ax.bar(range(n), comm, bottom=bottom + other, color="white", edgecolor="grey", hatch="//", label="comm")
+    stack(comm, bottom + other, facecolor="white", edgecolor="grey", hatch="//", label="comm")
     ax.set_xlabel("device")
     ax.set_ylabel("predicted ms")
     ax.set_xticks(range(n) if n <= 32 else range(0, n, max(1, n // 16)))
+    if not bars:
+        ax.set_xlim(-0.5, n - 0.5)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(f"predicted cost per device ({expl['cost_model']}); slowest: device {expl['critical_device']}")
     fig.tight_layout()
@@ -373,12 +560,14 @@ def write_chart(expl: dict, path: Path, other_share: float) -> Path:
 
 def explain_file(config: ExplainConfig, model: CostModel | None = None) -> str:
     """The printout for ``config`` (and the chart beside the plan); ``model``: the cost model to explain with
-    (default: ``config.model``, or a model trained at the plan's batch size, with a warning)."""
+    (default: ``config.model``, or a model trained at the plan's batch size, with a warning; and a warning if
+    the plan is on far more devices than it was trained on: a caller that passes ``model`` has said its own)."""
     path = Path(config.plan)
     plan = load_plan(path)
-    warning = None
+    warnings = []
     if model is None:
         name, options, warning = usable_cost_model(config.model, None, plan.task)
+        warnings = [w for w in (warning, far_devices_warning(plan.task.num_devices, name, options)) if w]
         if plan.calibration and name == config.model:  # the factor the plan was searched with
             options = {**(options or {}), "calibration": plan.calibration["factor"]}
         model = make_cost_model(name, plan.task, options)
@@ -391,7 +580,7 @@ def explain_file(config: ExplainConfig, model: CostModel | None = None) -> str:
         text = format_explanation(expl, source)
         if config.chart:
             text += "\n" + chart(expl, path.with_suffix(".png"), config.other_share)
-    return (f"warning: {warning}\n" if warning else "") + text
+    return "".join(f"warning: {w}\n" for w in warnings) + text
 
 
 def chart(expl: dict, path: Path, other_share: float) -> str:

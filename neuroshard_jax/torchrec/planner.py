@@ -3,7 +3,8 @@
     from neuroshard_jax.torchrec.planner import NeuroShardPlanner, batch_statistics
 
     stats = batch_statistics(model, loader, batch_size=512 * world_size)   # KeyedJaggedTensor batches
-    planner = NeuroShardPlanner(topology=Topology(world_size=2, compute_device="cpu"), batch_size=512, stats=stats)
+    topology = TopologyFactory.create_topology(TrainerConfig(world_size=2), kernel_config=KernelConfig("cuda"))
+    planner = NeuroShardPlanner(topology, batch_size=512, stats=stats)
     plan = planner.collective_plan(model, sharders, pg)     # rank 0 plans, every rank gets the plan
     model = DistributedModelParallel(model, plan=plan, sharders=sharders, ...)
 
@@ -11,7 +12,8 @@ The planner reads every ``EmbeddingBagCollection`` of the module (table names, r
 the topology (world size, memory per device, compute device) and each table's statistics (``stats``: measured
 from your batches by ``batch_statistics``, or a statistics file of ``python -m neuroshard_jax.stats``), plans them
 with ``neuroshard_jax.plan`` and returns table-wise and column-wise ``ParameterSharding``s. A table without
-statistics gets an estimate from its rows and pooling factor (``stats.estimated_stats``) and the plan says so.
+statistics gets an estimate from its rows and pooling factor (``tasks.task_from_tables``, as ``neuroshard_jax.plan``
+does) and the plan says so.
 
 Batch size, as in TorchRec: ``batch_size`` is per rank; a device looks up its tables for the whole batch of
 ``batch_size x world_size`` samples, which is the batch the cost model sees and the statistics are taken at.
@@ -30,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
 from torchrec.distributed.planner.constants import BATCH_SIZE, POOLING_FACTOR
-from torchrec.distributed.planner.types import Topology
+from torchrec.distributed.planner.types import KernelConfig, Topology, TopologyFactory, TrainerConfig
 from torchrec.distributed.types import ShardingPlan, ShardingPlanner
 from torchrec.modules.embedding_configs import DataType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
@@ -49,7 +51,6 @@ from neuroshard_jax.workloads.statistics import (
     ROW_BLOCK_COUNTS,
     StatsAccumulator,
     TableStats,
-    estimated_stats,
     read_stats_file,
 )
 from neuroshard_jax.workloads.tasks import task_from_tables
@@ -154,7 +155,9 @@ class NeuroShardPlanner(ShardingPlanner):
     ):
         if topology is None and world_size is None:
             raise UserError("topology: missing, expected a TorchRec Topology or world_size=N")
-        self.topology = topology or Topology(world_size=world_size, compute_device="cuda")
+        self.topology = topology or TopologyFactory.create_topology(  # TorchRec's defaults for a GPU trainer
+            TrainerConfig(world_size=world_size), kernel_config=KernelConfig(compute_device="cuda")
+        )
         self.batch_size = BATCH_SIZE if batch_size is None else batch_size
         self.mem_cap_gb = mem_cap_gb
         self.stats = {t.name: t for t in (read_stats_file(stats) if isinstance(stats, (str, Path)) else stats or [])}
@@ -184,7 +187,8 @@ class NeuroShardPlanner(ShardingPlanner):
         return [getattr(d.storage, kind) / GIB_BYTES for d in self.topology.devices]
 
     def tables(self, module: torch.nn.Module) -> tuple[list[dict], str]:
-        """Our table specs of the module's tables (statistics measured or estimated) and their precision."""
+        """Our table specs of the module's tables and their precision; a table without statistics has its pooling
+        factor only, and ``task_from_tables`` estimates its histogram (as ``neuroshard_jax.plan`` does)."""
         specs, precisions = [], set()
         configs = table_configs(module)
         self._check_stats_names(configs)
@@ -198,31 +202,14 @@ class NeuroShardPlanner(ShardingPlanner):
                     f"stats: table {name!r} was measured at batch {stats.batch_size}, expected the planning batch "
                     f"{self.planning_batch} (batch_size {self.batch_size} x world size {self.topology.world_size})"
                 )
+            spec = {"name": name, "rows": int(config.num_embeddings), "dim": int(config.embedding_dim)}
             if stats is None:
-                stats = estimated_stats(
-                    name,
-                    int(config.num_embeddings),
-                    self._pooling(name, config),
-                    self.planning_batch,
-                    self.zipf,
-                    self.seed,
-                )
-            specs.append(
-                {
-                    "name": name,
-                    "rows": int(config.num_embeddings),
-                    "dim": int(config.embedding_dim),
-                    "pooling_factor": stats.pooling_factor,
-                    "bins": list(stats.bins),
-                    "estimated": stats.estimated,
-                    # row blocks measured over the table's own rows (TorchRec's row-wise layout of them)
-                    **(
-                        {"row_blocks": row_blocks_json(stats.row_blocks)}
-                        if stats.row_blocks and stats.rows == int(config.num_embeddings)
-                        else {}
-                    ),
-                }
-            )
+                spec["pooling_factor"] = self._pooling(name, config)
+            else:
+                spec.update(pooling_factor=stats.pooling_factor, bins=list(stats.bins), estimated=stats.estimated)
+                if stats.row_blocks and stats.rows == spec["rows"]:  # measured over the table's own rows
+                    spec["row_blocks"] = row_blocks_json(stats.row_blocks)
+            specs.append(spec)
         multi = [name for _, name, c in configs if len(c.feature_names) > 1]
         if multi and self.verbose:
             print(
@@ -260,7 +247,9 @@ class NeuroShardPlanner(ShardingPlanner):
         specs, precision = self.tables(module)
         caps = self.device_mem_gb()
         devices = None if len(set(caps)) == 1 else [{"mem_cap_gb": c} for c in caps]
-        task = task_from_tables(specs, len(caps), max(caps), self.planning_batch, precision, devices)
+        task = task_from_tables(
+            specs, len(caps), max(caps), self.planning_batch, precision, devices, self.zipf, self.seed
+        )
         name, options, warning = usable_cost_model(self.cost_model, self.cost_model_options, task)
         if warning and self.verbose:
             print(f"warning: {warning}", file=sys.stderr)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -31,7 +32,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from neuroshard_jax.core.cli import resolved
-from neuroshard_jax.core.config import at_least, typed
+from neuroshard_jax.core.config import at_least, plain, typed
 from neuroshard_jax.core.constants import MIN_ROWS
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_BINS, bin_shares, count_bins, count_histogram
@@ -290,8 +291,9 @@ def estimated_stats(
         raise UserError(f"table {name!r}: rows {rows!r}, expected an integer >= 1")
     if not (math.isfinite(pooling_factor) and pooling_factor >= 0):
         raise UserError(f"table {name!r}: pooling_factor {pooling_factor!r}, expected a finite number >= 0")
-    if not (math.isfinite(zipf) and zipf >= 0):
-        raise UserError(f"zipf: got {zipf!r}, expected a finite exponent >= 0")
+    zipf = plain(zipf)
+    if isinstance(zipf, bool) or not isinstance(zipf, (int, float)) or not (math.isfinite(zipf) and zipf >= 0):
+        raise UserError(f"zipf: got {zipf!r:.60}, expected a finite exponent >= 0")
     rng = np.random.default_rng(seed)
     lookups = int(rng.poisson(pooling_factor, size=batch_size).sum())
     ids = zipf_ids(rng, rows, zipf, lookups)
@@ -346,6 +348,17 @@ def read_npz(path: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict
                 if value < 1:
                     raise UserError(f"data: {name}/rows of {str(path)!r} is {int(value)}, expected a row count >= 1")
                 rows[name] = int(value)
+    empty = [name for name, (_, lengths) in features.items() if len(lengths) == 0]
+    if len(empty) == len(features):
+        raise UserError(f"data: every feature of {str(path)!r} has 0 samples, expected at least one batch of samples")
+    if empty:  # nothing to measure, but said: a feature missing from the statistics file is otherwise a surprise
+        print(
+            f"warning: data: features of {str(path)!r} with 0 samples are left out of the statistics: "
+            f"{', '.join(empty)}",
+            file=sys.stderr,
+        )
+        features = {name: f for name, f in features.items() if name not in empty}
+        rows = {name: n for name, n in rows.items() if name not in empty}
     sizes = {len(v[1]) for v in features.values()}
     if len(sizes) != 1:
         raise UserError(f"data: the features of {str(path)!r} have different sample counts {sorted(sizes)}")

@@ -12,10 +12,12 @@ import numpy as np
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GIB_BYTES, TASK_DIMS
 from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.features import NUM_BINS
 from neuroshard_jax.core.files import read_json
 from neuroshard_jax.core.sharding import is_legal_dim, mem_bytes, narrowest_dim, row_blocks
-from neuroshard_jax.core.types import Table, Task
+from neuroshard_jax.core.types import BIN_KEYS, Table, Task
 from neuroshard_jax.workloads.pool import PoolSpec, TablePool, load_pool
+from neuroshard_jax.workloads.statistics import DEFAULT_ZIPF, estimated_stats
 
 SPLITS = ("all", "train", "test")
 
@@ -174,6 +176,7 @@ def task_config(options: dict) -> TaskGroupConfig:
 
 
 TableSpecs = Mapping[str, Mapping[str, Any]] | Sequence[Mapping[str, Any]]
+STAND_IN_BINS = [1.0] + [0.0] * (NUM_BINS - 1)  # a histogram to be estimated, while the task checks the rest
 
 
 def task_from_tables(
@@ -183,22 +186,67 @@ def task_from_tables(
     batch_size: int = 4096,
     precision: str = "fp32",
     devices: Sequence[Mapping[str, float]] | None = None,
+    zipf: float = DEFAULT_ZIPF,
+    seed: int = 0,
 ) -> Task:
     """A task of the user's tables: ``{name: {rows, dim, pooling_factor, bins}}`` or a list of such objects
     each with a ``name``. ``bins``: 17 shares of the rows accessed in a batch by access count (docs/plans.md,
-    "Tables and features"). Table ids are the positions in the given order. ``devices``: heterogeneous devices,
+    "Tables and features"); a table without them gets an estimate from its rows and pooling factor, a Zipf law of
+    exponent ``zipf`` drawn with ``seed`` (``statistics.estimated_stats``, as the TorchRec adapter's), and is
+    marked estimated. Table ids are the positions in the given order. ``devices``: heterogeneous devices,
     ``[{"mem_cap_gb": 16, "speed": 1.0}, ...]``, in place of ``num_devices`` x ``mem_cap_gb``."""
-    if isinstance(tables, Mapping):
-        items = [{"name": name, **dict(spec)} for name, spec in tables.items()]
-    elif isinstance(tables, Sequence) and not isinstance(tables, str):
-        items = [dict(spec) if isinstance(spec, Mapping) else spec for spec in tables]
-    else:
-        raise UserError(f"tables: got {type(tables).__name__}, expected a mapping of name -> table spec or a list")
+    specs = _table_specs(tables)
+    unmeasured = {i for i, spec in enumerate(specs) if isinstance(spec, dict) and not _has_histogram(spec)}
     shape = {"num_devices": num_devices, "mem_cap_gb": mem_cap_gb} if devices is None else {"devices": list(devices)}
     obj = {
         **shape,
         "batch_size": batch_size,
         "precision": precision,
-        "tables": [{**spec, "id": i} if isinstance(spec, dict) else spec for i, spec in enumerate(items)],
+        "tables": [
+            {**spec, "id": i, **({"bins": STAND_IN_BINS, "estimated": True} if i in unmeasured else {})}
+            if isinstance(spec, dict)
+            else spec
+            for i, spec in enumerate(specs)
+        ],
     }
-    return Task.from_json(obj, where="plan")
+    task = Task.from_json(obj, where="plan")  # rows and pooling factors checked before anything is estimated
+    if not unmeasured:
+        return task
+    estimated = [
+        dataclasses.replace(
+            t, bins=estimated_stats(t.name or str(t.id), t.rows, t.pooling_factor, task.batch_size, zipf, seed).bins
+        )
+        if i in unmeasured
+        else t
+        for i, t in enumerate(task.tables)
+    ]
+    return dataclasses.replace(task, tables=tuple(estimated))
+
+
+def _table_specs(tables: TableSpecs) -> list:
+    """The tables as a list of objects; a mapping's keys become the tables' names."""
+    if isinstance(tables, Mapping):
+        if not tables:
+            raise UserError("plan.tables: got {}, expected at least one table")
+        specs = []
+        for name, spec in tables.items():
+            if not isinstance(spec, Mapping):
+                raise UserError(
+                    f"plan.tables[{name!r}]: got {spec!r:.60}, expected a table object like "
+                    "{'rows': 1000, 'dim': 64, 'pooling_factor': 1.0}"
+                )
+            if spec.get("name", name) != name:
+                raise UserError(
+                    f"plan.tables[{name!r}].name: got {spec['name']!r:.60}, expected its key {name!r} or no name"
+                )
+            specs.append({**spec, "name": name})
+        return specs
+    if isinstance(tables, Sequence) and not isinstance(tables, str):
+        return [dict(spec) if isinstance(spec, Mapping) else spec for spec in tables]
+    raise UserError(
+        f"plan.tables: got {type(tables).__name__}, expected a mapping of name -> table object or a list of them"
+    )
+
+
+def _has_histogram(spec: dict) -> bool:
+    return "bins" in spec or any(key in spec for key in BIN_KEYS)
