@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, run_app
+from neuroshard_jax.core.cli import fail, one_line_errors, run_app
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.plan_file import format_plan
@@ -31,6 +31,7 @@ from neuroshard_jax.workloads.tasks import make_task
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="config")
+@one_line_errors
 def main(cfg: DictConfig) -> None:
     out_dir = HydraConfig.get().runtime.output_dir
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
@@ -55,7 +56,7 @@ def main(cfg: DictConfig) -> None:
             fail(err)
         # A sweep goes on: the infeasible run is recorded, to be counted, never dropped.
         record = {"searcher": config.searcher["name"], "seed": config.seed, "infeasible": str(err)}
-        write_json({**record, "task": task.to_json() if task else None}, f"{out_dir}/plan.json")
+        keep_result({**record, "task": task.to_json() if task else None}, Path(out_dir) / "plan.json")
         print(f"infeasible: {err}", file=sys.stderr)
         return
     except UserError as err:
@@ -75,10 +76,13 @@ def keep_result(result: dict, path: Path) -> Path:
     saying where it is (a finished search is never lost)."""
     try:
         return write_json(result, path)
-    except OSError as err:
+    except UserError as err:  # write_json's one line: the path and the OS's reason (a full disk, no permission)
         spare = Path(tempfile.gettempdir()) / f"neuroshard-{path.stem}-{os.getpid()}{path.suffix}"
-        write_json(result, spare)
-        fail(UserError(f"output: could not write {str(path)!r} ({err.strerror or err}); the result is in {spare}"))
+        try:
+            write_json(result, spare)
+        except UserError:
+            fail(UserError(f"output: {err}; nor could it be kept in {spare}"))
+        fail(UserError(f"output: {err}; the result is in {spare}"))
 
 
 def job_overrides() -> list[str]:

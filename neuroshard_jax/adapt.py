@@ -8,13 +8,14 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, run_app
+from neuroshard_jax.core.cli import fail, one_line_errors, run_app
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.learn.adapt import adapt, app_config, progress_line
 from neuroshard_jax.learn.collect import stop_on_sigterm
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="adapt")
+@one_line_errors
 def main(cfg: DictConfig) -> None:
     signal.signal(signal.SIGTERM, stop_on_sigterm)  # a polite stop keeps the time spent
     try:

@@ -8,12 +8,13 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, run_app
+from neuroshard_jax.core.cli import fail, one_line_errors, run_app
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.learn.collect import collect, config_from, stop_on_sigterm
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="collect")
+@one_line_errors
 def main(cfg: DictConfig) -> None:
     signal.signal(signal.SIGTERM, stop_on_sigterm)  # a polite stop still updates the manifest
     try:

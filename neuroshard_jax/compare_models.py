@@ -9,13 +9,14 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, run_app
+from neuroshard_jax.core.cli import fail, one_line_errors, run_app
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.search.model_comparison import app_config, compare_models
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="compare_models")
+@one_line_errors
 def main(cfg: DictConfig) -> None:
     try:
         config = app_config(cfg)

@@ -15,7 +15,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, resolved, run_app
+from neuroshard_jax.core.cli import fail, one_line_errors, resolved, run_app
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.measure.plans import EvaluateConfig, evaluate_file
@@ -35,6 +35,7 @@ def app_config(cfg: DictConfig) -> tuple[EvaluateConfig, str | None]:
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="evaluate")
+@one_line_errors
 def main(cfg: DictConfig) -> None:
     try:
         config, sweep = app_config(cfg)

@@ -5,12 +5,13 @@ The command line only; the library is ``neuroshard_jax.measure.explain``."""
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, run_app
+from neuroshard_jax.core.cli import fail, one_line_errors, run_app
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.measure.explain import app_config, explain_file
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="explain")
+@one_line_errors
 def main(cfg: DictConfig) -> None:
     try:
         config = app_config(cfg)

@@ -9,12 +9,13 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, run_app
+from neuroshard_jax.core.cli import fail, one_line_errors, run_app
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.measure.probe import app_config, probe
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="probe")
+@one_line_errors
 def main(cfg: DictConfig) -> None:
     try:
         result, out = probe(app_config(cfg))

@@ -7,13 +7,14 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, run_app, writable_folder
+from neuroshard_jax.core.cli import fail, one_line_errors, run_app, writable_folder
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.workloads.statistics import app_config, file_stats, stats_file
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="stats")
+@one_line_errors
 def main(cfg: DictConfig) -> None:
     try:
         config = app_config(cfg)

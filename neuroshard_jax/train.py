@@ -16,7 +16,7 @@ import json
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, run_app
+from neuroshard_jax.core.cli import fail, one_line_errors, run_app
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.costs.registry import checkpoint_path
 from neuroshard_jax.learn.analytic_fit import fit_analytic
@@ -25,6 +25,7 @@ from neuroshard_jax.learn.row_comm_fit import fit_row_comm
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="train")
+@one_line_errors
 def main(cfg: DictConfig) -> None:
     try:
         config = app_config(cfg)

@@ -8,12 +8,13 @@ import json
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, run_app
+from neuroshard_jax.core.cli import fail, one_line_errors, run_app
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.learn.policy_training import app_config, train_policy
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="train_policy")
+@one_line_errors
 def main(cfg: DictConfig) -> None:
     try:
         config = app_config(cfg)

@@ -8,19 +8,21 @@ import errno
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from neuroshard_jax.core import files
 from neuroshard_jax.core.constants import SHIPPED_MODEL_NAME
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JsonlLog, one_writer, read_records, replace_dir, write_json, write_manifest
-from neuroshard_jax.costs.checkpoints import load_ensemble, read_meta, save_ensemble
+from neuroshard_jax.costs.checkpoints import load_ensemble, save_ensemble
 from neuroshard_jax.costs.registry import checkpoint_path
 from neuroshard_jax.learn.collect import collect
 from tests.conftest import REPO
@@ -94,12 +96,65 @@ def test_a_second_collect_into_a_dataset_being_written_is_refused_and_nothing_is
     assert summary["records"] == 6 and sorted(ids) == list(range(6))
 
 
-def test_one_writer_nests_in_one_process_and_frees_the_folder_after():
-    folder = Path(os.environ["NEUROSHARD_CACHE_DIR"]) / "nested"
+HOLD = (
+    "import sys, time\n"
+    "from neuroshard_jax.core.files import one_writer\n"
+    "with one_writer(sys.argv[1]):\n"
+    "    print('held', flush=True)\n"
+    "    time.sleep(600)\n"
+)
+
+
+def _held_by_another(folder: Path) -> subprocess.Popen:
+    """A process holding ``folder``'s writer lock until killed."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_one_writer_nests_in_one_process_and_frees_the_folder_for_others_after(tmp_path):
+    folder = tmp_path / "nested"
     with one_writer(folder), one_writer(folder / "."):  # collect inside adapt, the same folder
-        assert "pid" in (folder / files.WRITER_FILE).read_text()
-    with one_writer(folder):
+        assert f"pid {os.getpid()}" in (folder / files.WRITER_FILE).read_text()
+    other = _held_by_another(folder)  # taken by another process once this one let go
+    try:
+        with pytest.raises(UserError, match=rf"is being written by pid {other.pid} on .*python -c"):
+            with one_writer(folder):
+                pass
+    finally:
+        _kill(other)
+    with one_writer(folder):  # freed by the kill
         pass
+
+
+def test_adapt_into_a_folder_being_written_is_refused_before_measuring(tmp_path):
+    from neuroshard_jax.learn.adapt import adapt
+    from tests.test_adapt import small_config
+
+    other = _held_by_another(tmp_path / "run")
+    try:
+        with pytest.raises(UserError, match=r"out: '.*run' is being written by pid .*expected one writer per dataset"):
+            adapt(small_config(tmp_path))
+    finally:
+        _kill(other)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [files.WRITER_FILE]
+
+
+def test_training_reads_a_doubled_dataset_as_the_single_one(tmp_path, capsys):
+    """What ``train`` reads of a dataset whose every record is there twice equals what it reads of the dataset:
+    the same arrays, so the seeded split puts each sample in one part."""
+    from neuroshard_jax.learn.fit import compute_batches
+
+    shipped = REPO / "neuroshard_jax" / "data" / "profiles" / "epyc26-specs"
+    lines = (shipped / "compute.jsonl").read_text().splitlines()[:40]
+    for name, copies in (("single", 1), ("doubled", 2)):
+        (tmp_path / name).mkdir()
+        shutil.copy(shipped / "manifest-compute.json", tmp_path / name)
+        (tmp_path / name / "compute.jsonl").write_text("\n".join(lines * copies) + "\n")
+    single, doubled = (compute_batches(tmp_path / name) for name in ("single", "doubled"))
+    assert "left out 40 records whose id an earlier line has" in capsys.readouterr().err
+    for a, b in zip(single[:4], doubled[:4]):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_readers_drop_repeated_ids_with_a_warning_and_training_splits_by_sample(tmp_path, capsys):
@@ -147,16 +202,37 @@ def test_a_kill_9_inside_a_checkpoint_save_leaves_a_loadable_model(tmp_path, shi
     _kill(proc)
     assert load_ensemble(target)[3]["name"] == survivor
     _saved_old(shipped, target)
-    assert sorted(p.name for p in tmp_path.iterdir() if "model" in p.name) == ["model"]
+    assert _beside(tmp_path) == ["model"]
 
 
-def test_a_stop_between_the_fallback_renames_is_mended_on_load(tmp_path, shipped):
-    """Where the file system cannot exchange two folders, the old one is renamed aside first: a stop before the
-    new one takes its name leaves ``.model.old``, which the next load puts back."""
+def _beside(folder: Path) -> list[str]:
+    """What a save left in ``folder``, its lock file aside."""
+    return sorted(p.name for p in folder.iterdir() if "model" in p.name and not p.name.endswith(".lock"))
+
+
+def test_a_kill_9_between_the_fallback_renames_is_mended_on_load(tmp_path, shipped):
+    """Where the file system cannot exchange two folders, the old one is renamed aside first: a save killed before
+    the new one takes its name leaves ``.model.old``, which the next load, by path or by name, puts back."""
+    from neuroshard_jax.costs.registry import checkpoint_path
+
     target = tmp_path / "model"
     _saved_old(shipped, target)
-    target.rename(tmp_path / ".model.old")
-    assert read_meta(target)["name"] == "old" and load_ensemble(target)[3]["name"] == "old"
+    no_exchange = "import neuroshard_jax.core.files as f\nf._exchange = lambda a, b: False\n" + SAVE
+    _kill(_paused([sys.executable, "-c", no_exchange, shipped, str(target)], "replace_dir:moved_old", tmp_path / "p"))
+    assert not target.exists() and (tmp_path / ".model.old").is_dir()
+    assert load_ensemble(checkpoint_path(str(target)))[3]["name"] == "old"
+
+
+def test_a_second_save_into_a_folder_being_saved_is_refused(tmp_path, shipped):
+    target = tmp_path / "model"
+    _saved_old(shipped, target)
+    proc = _paused([sys.executable, "-c", SAVE, shipped, str(target)], "replace_dir:written", tmp_path / "paused")
+    try:
+        with pytest.raises(UserError, match=rf"'.*model' is being written by pid {proc.pid} .*one writer of a folder"):
+            _saved_old(shipped, target)
+    finally:
+        _kill(proc)
+    assert load_ensemble(target)[3]["name"] == "old"
 
 
 def test_a_failing_write_leaves_the_old_folder_and_no_half_made_one(tmp_path):
@@ -169,7 +245,7 @@ def test_a_failing_write_leaves_the_old_folder_and_no_half_made_one(tmp_path):
 
     with pytest.raises(UserError, match=r"writing the folder '.*out' failed: Input/output error"):
         replace_dir(target, broken)
-    assert (target / "a").read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert (target / "a").read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", "out"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,6 +335,31 @@ def test_a_collect_that_fills_the_disk_stops_in_one_line_and_resumes(small_disk,
     assert sorted(r["id"] for r in read_records(out / "compute.jsonl", ok_only=False)) == list(range(6))
 
 
+def test_a_plan_that_cannot_be_written_is_kept_elsewhere_in_one_line(small_disk):
+    """The main job on a full disk: the finished search is not lost (written to the temporary folder, which the
+    line names); exit 2, no traceback."""
+    if not small_disk.real:
+        pytest.skip("no tmpfs can be mounted here (needs root)")
+    small_disk.fill()
+    run = small_disk.path / "run"
+    line = _error_line(
+        _cli(
+            "neuroshard_jax",
+            "searcher=random",
+            "cost_model=analytic",
+            "task.num_tables=6",
+            f"hydra.run.dir={run}",
+            "hydra.output_subdir=null",
+            "hydra/job_logging=disabled",
+        )
+    )
+    match = re.search(r"output: writing '.*plan.json' failed: disk full: .*; the result is in (\S+)$", line)
+    assert match, line
+    spare = Path(match.group(1))
+    assert json.loads(spare.read_text())["searcher"] == "random"
+    spare.unlink()
+
+
 def test_a_checkpoint_save_on_a_full_disk_leaves_the_old_model(small_disk, shipped):
     if not small_disk.real:
         pytest.skip("no tmpfs can be mounted here (needs root)")
@@ -269,7 +370,7 @@ def test_a_checkpoint_save_on_a_full_disk_leaves_the_old_model(small_disk, shipp
     with pytest.raises(UserError, match=r"disk full"):
         save_ensemble(target, config, params, {**meta, "name": "new"})
     assert load_ensemble(target)[3]["name"] == "old"
-    assert sorted(p.name for p in small_disk.path.iterdir()) == ["filler", "model"]
+    assert _beside(small_disk.path) == ["model"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,3 +411,20 @@ def socket_listening():
         yield server.getsockname()[1]
     finally:
         server.close()
+
+
+def test_an_os_refusal_anywhere_in_a_command_is_one_line(capsys):
+    """What no writer above converts (a report written with ``write_text``, a folder made on a full disk) still
+    ends a command in one line: every Hydra main is wrapped by ``one_line_errors``."""
+    from neuroshard_jax.core.cli import one_line_errors
+
+    @one_line_errors
+    def main(cfg):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "outputs/compare.md")
+
+    with pytest.raises(SystemExit) as exit_:
+        main(None)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: using 'outputs/compare.md' failed: disk full: no space left on device; what was written before stays\n"
+    )

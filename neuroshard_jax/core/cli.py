@@ -9,6 +9,7 @@ multi-line messages (exit 1) never reach the user.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import tempfile
@@ -24,7 +25,7 @@ from hydra.core.override_parser.types import Glob, Override
 from omegaconf import DictConfig, OmegaConf
 
 from neuroshard_jax.core.config import nearest
-from neuroshard_jax.core.errors import UserError, first_line
+from neuroshard_jax.core.errors import UserError, first_line, os_error
 
 CONFIG_GROUPS = ("searcher", "task", "cost_model", "experiment")
 CONFIG_MODULE = "neuroshard_jax.conf"
@@ -39,6 +40,22 @@ def fail(err: Exception) -> NoReturn:
     threading.excepthook = lambda _: None
     print(f"error: {err}", file=sys.stderr, flush=True)
     sys.exit(2)
+
+
+def one_line_errors(main: Callable[[DictConfig], None]) -> Callable[[DictConfig], None]:
+    """A Hydra main whose UserErrors and OS refusals (a full disk, a folder it may not write in) end in one
+    ``error:`` line (``fail``), below ``@hydra.main``, which would print a traceback of anything else."""
+
+    @functools.wraps(main)
+    def run(cfg: DictConfig) -> None:
+        try:
+            main(cfg)
+        except UserError as err:
+            fail(err)
+        except OSError as err:
+            fail(os_error(err, err.filename or "a file", "using"))
+
+    return run
 
 
 def group_options(group: str) -> list[str]:

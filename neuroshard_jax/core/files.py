@@ -59,12 +59,17 @@ class JsonlLog:
                 f.truncate(keep)
 
     def records(self) -> Iterator[dict]:
+        """The log's records, the first of each id (a log two writers of an older version doubled)."""
         if not self.path.exists():
             return
+        seen = set()
         with open(self.path) as f:
             for number, line in enumerate(f, 1):
                 if line.strip():
-                    yield _record(line, self.path, number)
+                    record = _record(line, self.path, number)
+                    if record["id"] not in seen:
+                        seen.add(record["id"])
+                        yield record
 
     def append(self, record: dict) -> None:
         """Append one record (skipped if its id is in the log). A write the OS refuses (a full disk) is cut back
@@ -338,9 +343,17 @@ def replace_dir(path: str | Path, write: Callable[[Path], object]) -> Path:
     none, two renames, and ``recover_dir`` puts the old folder back if a stop falls between them). What is
     left beside it by a stop is removed by the next call."""
     path = Path(path).absolute()
-    fresh, old = path.with_name(f".{path.name}.new"), path.with_name(f".{path.name}.old")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise os_error(err, path.parent, "making the folder") from None
+    with _locked(path.with_name(f".{path.name}.lock"), repr(str(path)), "one writer of a folder"):
+        return _replace_dir(path, write)
+
+
+def _replace_dir(path: Path, write: Callable[[Path], object]) -> Path:
+    fresh, old = path.with_name(f".{path.name}.new"), path.with_name(f".{path.name}.old")
+    try:
         recover_dir(path)
         for leftover in (fresh, old):
             shutil.rmtree(leftover, ignore_errors=True)
@@ -368,9 +381,12 @@ def replace_dir(path: str | Path, write: Callable[[Path], object]) -> Path:
 def recover_dir(path: str | Path) -> None:
     """Put back the old folder that a stop between ``replace_dir``'s two renames left as ``.NAME.old``."""
     path = Path(path)
+    if not path.name:
+        return
     old = path.with_name(f".{path.name}.old")
     if not path.exists() and old.is_dir():
-        old.rename(path)
+        with contextlib.suppress(OSError):  # a folder we may not write in: left as it is, said by its reader
+            old.rename(path)
 
 
 _RENAME_EXCHANGE = 2
@@ -412,13 +428,16 @@ def pause_point(name: str) -> None:
 def _command(width: int = 100) -> str:
     """This process's command line as typed (``python -m MODULE ...``), cut to ``width`` characters."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    head = f"python -m {spec.name.removesuffix('.__main__')}" if spec else " ".join(sys.argv[:1]) or "python"
+    if spec:
+        head = f"python -m {spec.name.removesuffix('.__main__')}"
+    else:
+        head = "python -c" if sys.argv[:1] == ["-c"] else " ".join(sys.argv[:1]) or "python"
     line = " ".join([head, *sys.argv[1:]])
     return line if len(line) <= width else line[: width - 3] + "..."
 
 
 WRITER_FILE = ".writer"
-_held: dict[Path, int] = {}  # folders this process holds the writer lock of, and how many holders deep
+_held: dict[Path, int] = {}  # lock files this process holds, and how many holders deep
 
 
 @contextlib.contextmanager
@@ -427,35 +446,47 @@ def one_writer(folder: str | Path, key: str = "out_dir") -> Iterator[Path]:
     released by the OS even on kill -9). A second process that asks is refused in one UserError naming the
     folder and the process writing it; the same process may nest (collect inside adapt)."""
     folder = Path(folder).resolve()
-    if folder in _held:
-        _held[folder] += 1
-        try:
-            yield folder
-        finally:
-            _held[folder] -= 1
-        return
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder / WRITER_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as err:
         raise os_error(err, folder, "making the output folder") from None
+    with _locked(folder / WRITER_FILE, f"{key}: {str(folder)!r}", "one writer per dataset"):
+        pause_point("one_writer:held")
+        yield folder
+
+
+@contextlib.contextmanager
+def _locked(lock_file: Path, what: str, expected: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``lock_file`` for the block, or one UserError "``what`` is being written by
+    <its holder>; expected ``expected``" (the holder's pid, host, command and start are in the file)."""
+    if lock_file in _held:
+        _held[lock_file] += 1
+        try:
+            yield
+        finally:
+            _held[lock_file] -= 1
+        return
+    try:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise os_error(err, lock_file, "opening the lock file") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
             raise UserError(
-                f"{key}: {str(folder)!r} is being written by {holder}; expected one writer per dataset: wait for "
-                "it to end or give another folder"
+                f"{what} is being written by {holder}; expected {expected}: wait for it to end or give another folder"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} ({_command()}), since {now_utc()}\n".encode(), 0)
-        _held[folder] = 1
-        pause_point("one_writer:held")
+        with contextlib.suppress(OSError):  # who holds it is said to the next writer if there is room to say it
+            line = f"pid {os.getpid()} on {socket.gethostname()} ({_command()}), since {now_utc()}\n".encode()
+            os.pwrite(fd, line, 0)
+            os.ftruncate(fd, len(line))
+        _held[lock_file] = 1
         try:
-            yield folder
+            yield
         finally:
-            del _held[folder]
+            del _held[lock_file]
     finally:
         os.close(fd)  # closing releases the lock
 

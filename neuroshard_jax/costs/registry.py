@@ -22,7 +22,7 @@ import numpy as np
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.constants import SHIPPED_CHECKPOINT, SHIPPED_MODEL_NAME, SHIPPED_MODELS
 from neuroshard_jax.core.errors import UserError, first_line
-from neuroshard_jax.core.files import hardware, hardware_kind, package_path, user_models_dir
+from neuroshard_jax.core.files import hardware, hardware_kind, package_path, recover_dir, user_models_dir
 from neuroshard_jax.core.types import Task
 from neuroshard_jax.costs.analytic import ANALYTIC_FNS, AnalyticConfig, analytic_model, analytic_params
 from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_checkpoint, load_ensemble, read_meta
@@ -43,7 +43,11 @@ class NeuralConfig:
 
 
 def _models_in(root: Path) -> list[str]:
-    return sorted(p.name for p in root.iterdir() if (p / "meta.json").exists()) if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    for stopped in root.glob(".*.old"):  # a save stopped between its two renames (replace_dir): the old model back
+        recover_dir(root / stopped.name[1 : -len(".old")])
+    return sorted(p.name for p in root.iterdir() if (p / "meta.json").exists())
 
 
 def shipped_names() -> list[str]:
@@ -63,11 +67,13 @@ def model_names() -> list[str]:
 
 
 def checkpoint_path(model: str) -> str:
-    """A shipped or user model's checkpoint directory by its name, else ``model`` (a directory)."""
+    """A shipped or user model's checkpoint directory by its name, else ``model`` (a directory, put back first if a
+    save was stopped between its two renames: ``recover_dir``)."""
     if model in shipped_names():
         return str(package_path(f"{SHIPPED_MODELS}/{model}"))
     if model in user_names():
         return str(user_models_dir() / model)
+    recover_dir(model)
     return model
 
 

@@ -170,16 +170,19 @@ def connect(config: ExecutorConfig) -> bool:
     if ray.is_initialized():
         return False
     deadline = time.monotonic() + config.connect_timeout_s
-    if config.address not in (None, "auto"):
-        _answers(config.address, config.connect_timeout_s)
-    local = config.address is None
+    address = config.address
+    if address in (None, "auto") and os.environ.get("RAY_ADDRESS"):  # where ray.init would go, waited on alike
+        address = os.environ["RAY_ADDRESS"]
+    if address not in (None, "auto"):
+        _answers(address, config.connect_timeout_s)
+    local = address is None
     cpus = config.num_cpus or max(os.cpu_count() or 1, LOCAL_CLUSTER_MIN_CPUS) if local else None
     done: dict = {}
 
     def start() -> None:
         try:
             ray.init(
-                address=config.address,
+                address=address,
                 num_cpus=cpus,
                 include_dashboard=False,
                 log_to_driver=False,
@@ -198,14 +201,25 @@ def connect(config: ExecutorConfig) -> bool:
         thread.join(max(deadline - time.monotonic(), 1.0))
     if "ok" not in done:
         raise UserError(
-            f"executor.address: got {config.address!r}, no Ray cluster answered within {config.connect_timeout_s:g} s "
+            f"executor.address: got {address!r}, no Ray cluster answered within {config.connect_timeout_s:g} s "
             "(executor.connect_timeout_s); expected a running cluster's address, auto on one of its nodes, or null "
             "for a local cluster"
         )
     if "error" in done:
         err = done["error"]
-        raise UserError(f"executor.address: got {config.address!r}, Ray could not connect: {first_line(err)}")
+        raise UserError(f"executor.address: got {address!r}, Ray could not connect: {first_line(err)}")
     return True
+
+
+@contextlib.contextmanager
+def connected(config: ExecutorConfig) -> Iterator[None]:
+    """``connect`` for the block; a Ray connection it started (a local cluster included) is shut down after."""
+    started = connect(config)
+    try:
+        yield
+    finally:
+        if started:
+            _ray().shutdown()
 
 
 def _answers(address: str, timeout_s: float) -> None:

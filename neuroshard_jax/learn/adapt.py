@@ -56,7 +56,7 @@ from neuroshard_jax.core.files import (
 from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_ensemble, read_meta
 from neuroshard_jax.costs.ensemble import EnsembleConfig
 from neuroshard_jax.costs.registry import COST_MODELS, checkpoint_path, choose_cost_model, model_kinds, shipped_names
-from neuroshard_jax.kernels.executors import ExecutorConfig, connect
+from neuroshard_jax.kernels.executors import ExecutorConfig, connected
 from neuroshard_jax.kernels.processes import timing_fields
 from neuroshard_jax.learn.collect import CollectConfig, collect
 from neuroshard_jax.learn.fit import (
@@ -260,8 +260,7 @@ def adapt(config: AdaptConfig, say: Callable[[str], None] = print) -> dict:
     check_device(config.device, hardware())
     start = start_model(config)
     compare = {other: ensemble_path("compare", other, checkpoint_path(other)) for other in config.compare}
-    connect(config.executor)
-    with one_writer(out_dir(config), "out"):
+    with connected(config.executor), one_writer(out_dir(config), "out"):
         return _adapt(config, start, compare, say)
 
 

@@ -37,7 +37,7 @@ from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import above_zero, at_least, typed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JsonlLog, git_commit, hardware, one_writer, write_manifest
-from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, connect, map_requests, open_executor, protocol
+from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, connected, map_requests, open_executor, protocol
 from neuroshard_jax.kernels.processes import WorkerFailure, compute_request, timing_fields, worker_versions
 from neuroshard_jax.learn.plan_labels import PlanLabelConfig, collect_plans
 from neuroshard_jax.measure.plans import EvaluateConfig
@@ -178,8 +178,7 @@ def collect(config: CollectConfig, ids: Iterable[int] | None = None, until: floa
 
     The executor is reached first (a Ray address where nothing answers fails before anything is written), then
     ``out_dir`` is held for this writer alone (``one_writer``: a second collect into it is refused in one line)."""
-    connect(config.executor)
-    with one_writer(config.out_dir):
+    with connected(config.executor), one_writer(config.out_dir):
         return _collect_plans(config) if config.kind == "plans" else _collect(config, ids, until)
 
 

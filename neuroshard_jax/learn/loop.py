@@ -31,7 +31,7 @@ from neuroshard_jax.core.files import (
 )
 from neuroshard_jax.costs.ensemble import EnsembleConfig
 from neuroshard_jax.costs.registry import checkpoint_path
-from neuroshard_jax.kernels.executors import ExecutorConfig, connect
+from neuroshard_jax.kernels.executors import ExecutorConfig, connected
 from neuroshard_jax.learn.collect import CollectConfig, collect
 from neuroshard_jax.learn.fit import TrainConfig, train_ensemble
 from neuroshard_jax.learn.plan_labels import plan_label_report
@@ -71,16 +71,15 @@ def model_dir(out: Path, round_: int) -> Path:
 def run_loop(config: LoopConfig, progress=print) -> dict:
     """Every round (resumable); returns the per-round table also written to ``out/loop.json``. The executor is
     reached before anything is written, and ``out`` is held for this run alone (``one_writer``)."""
-    connect(config.executor)
-    with one_writer(config.out, "out"):
+    if not config.allow_mixed_hardware:
+        check_base_hardware(config.base_datasets, config.collect.device)
+    with connected(config.executor), one_writer(config.out, "out"):
         return _rounds(config, progress)
 
 
 def _rounds(config: LoopConfig, progress) -> dict:
     out = Path(config.out)
     labels = out / "labels"
-    if not config.allow_mixed_hardware:
-        check_base_hardware(config.base_datasets, config.collect.device)
     datasets = [*config.base_datasets, str(labels)]
     scale = (1.0,) * len(config.base_datasets) + (config.label_weight,)
     table = _read(out / "loop.json")

@@ -16,6 +16,7 @@ once that round is complete; older rounds are then removed). A policy path may b
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -47,7 +48,7 @@ from neuroshard_jax.costs.checkpoints import load_checkpoint, save_checkpoint
 from neuroshard_jax.costs.cost_model import bucket
 from neuroshard_jax.costs.neural import fit_stats, neural_cost_model
 from neuroshard_jax.costs.scoring import score_plan
-from neuroshard_jax.kernels.executors import ExecutorConfig
+from neuroshard_jax.kernels.executors import ExecutorConfig, connected
 from neuroshard_jax.learn.fit import TrainConfig, fit_nets
 from neuroshard_jax.learn.plan_labels import label_rows, plan_entry
 from neuroshard_jax.measure.plans import EvaluateConfig
@@ -201,7 +202,8 @@ def train_policy(
     cost_model_path: str | None = None,
 ) -> dict:
     """Train the policy in rounds into ``out`` (resumable; held for this run alone, ``one_writer``)."""
-    with one_writer(out, "out") as out:
+    measures = refine.plans_per_round > 0  # the executor reached before anything is written
+    with connected(refine.executor) if measures else contextlib.nullcontext(), one_writer(out, "out") as out:
         return _train(out, policy_config, config, task_config, refine, cost_model_path)
 
 

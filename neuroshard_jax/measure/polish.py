@@ -63,7 +63,9 @@ class PolishConfig(Measuring):
     warmup: int = 2  # the cheaper protocol (the label protocol: 5 warm-ups, 10 iterations)
     iters: int = 5
     executor: ExecutorConfig = ExecutorConfig(workers=2)  # the main job's executor (conf/executor/)
-    pin: bool = True  # local CPU workers each on a core of their own (less noise; conf/collect.yaml's protocol)
+    # local CPU workers each on a core of their own (less noise; conf/collect.yaml's protocol); null: what the
+    # executor supports (pinned local workers, unpinned Ray actors)
+    pin: bool | None = None
     device: str = "cpu"  # cpu (FBGEMM CPU, gloo) | cuda (FBGEMM GPU, NCCL)
     candidates: int = 64  # proposals ranked per step
     tries: int = 8  # of which the best this many are measured (best first) before polishing stops
@@ -304,7 +306,8 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
     rng = np.random.default_rng([seed, 4441])
     n = plan.task.num_devices
     steps = []
-    with open_executor(config.executor, config.device, config.timeout_s, pin=config.pin) as pool:
+    pinned = config.executor.name == "local" if config.pin is None else config.pin
+    with open_executor(config.executor, config.device, config.timeout_s, pin=pinned) as pool:
         meter = Meter(pool, plan, config)
         [(measured, noise)] = meter.measure([plan])
         current = plan
@@ -378,7 +381,7 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
             "warmup": config.warmup,
             "iters": config.iters,
             "repeats": config.repeats,
-            "pin": config.pin,
+            "pin": pinned,
             "anchors": config.anchors,
         },
         "drift": meter.drift,  # per measured step: its anchors' median fresh / first median (1: no drift)
