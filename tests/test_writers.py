@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,13 +20,17 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.core import files
+from neuroshard_jax.core.cli import one_line_errors
 from neuroshard_jax.core.constants import SHIPPED_MODEL_NAME
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JsonlLog, one_writer, read_records, replace_dir, write_json, write_manifest
 from neuroshard_jax.costs.checkpoints import load_ensemble, save_ensemble
 from neuroshard_jax.costs.registry import checkpoint_path
+from neuroshard_jax.learn.adapt import adapt
 from neuroshard_jax.learn.collect import collect
+from neuroshard_jax.learn.fit import compute_batches, split_indices
 from tests.conftest import REPO
+from tests.test_adapt import small_config
 from tests.test_profiling import _collect_config
 
 COLLECT_ARGS = [
@@ -128,8 +133,6 @@ def test_one_writer_nests_in_one_process_and_frees_the_folder_for_others_after(t
 
 
 def test_adapt_into_a_folder_being_written_is_refused_before_measuring(tmp_path):
-    from neuroshard_jax.learn.adapt import adapt
-    from tests.test_adapt import small_config
 
     other = _held_by_another(tmp_path / "run")
     try:
@@ -143,7 +146,6 @@ def test_adapt_into_a_folder_being_written_is_refused_before_measuring(tmp_path)
 def test_training_reads_a_doubled_dataset_as_the_single_one(tmp_path, capsys):
     """What ``train`` reads of a dataset whose every record is there twice equals what it reads of the dataset:
     the same arrays, so the seeded split puts each sample in one part."""
-    from neuroshard_jax.learn.fit import compute_batches
 
     shipped = REPO / "neuroshard_jax" / "data" / "profiles" / "epyc26-specs"
     lines = (shipped / "compute.jsonl").read_text().splitlines()[:40]
@@ -160,7 +162,6 @@ def test_training_reads_a_doubled_dataset_as_the_single_one(tmp_path, capsys):
 def test_readers_drop_repeated_ids_with_a_warning_and_training_splits_by_sample(tmp_path, capsys):
     """A dataset that two writers of an older version doubled: each sample is read once (the first line of its
     id), so no sample is in two of the train / validation / test splits."""
-    from neuroshard_jax.learn.fit import split_indices
 
     lines = [json.dumps({"id": i % 20, "ok": True, "ms": float(i)}) for i in range(40)]
     (tmp_path / "compute.jsonl").write_text("\n".join(lines) + "\n")
@@ -213,7 +214,6 @@ def _beside(folder: Path) -> list[str]:
 def test_a_kill_9_between_the_fallback_renames_is_mended_on_load(tmp_path, shipped):
     """Where the file system cannot exchange two folders, the old one is renamed aside first: a save killed before
     the new one takes its name leaves ``.model.old``, which the next load, by path or by name, puts back."""
-    from neuroshard_jax.costs.registry import checkpoint_path
 
     target = tmp_path / "model"
     _saved_old(shipped, target)
@@ -402,7 +402,6 @@ def test_a_ray_address_where_nothing_answers_is_one_line_before_anything_is_writ
 @contextlib.contextmanager
 def socket_listening():
     """A TCP port that accepts connections and says nothing (not a Ray cluster)."""
-    import socket
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -416,7 +415,6 @@ def socket_listening():
 def test_an_os_refusal_anywhere_in_a_command_is_one_line(capsys):
     """What no writer above converts (a report written with ``write_text``, a folder made on a full disk) still
     ends a command in one line: every Hydra main is wrapped by ``one_line_errors``."""
-    from neuroshard_jax.core.cli import one_line_errors
 
     @one_line_errors
     def main(cfg):
