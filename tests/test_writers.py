@@ -26,6 +26,7 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JsonlLog, one_writer, read_records, replace_dir, write_json, write_manifest
 from neuroshard_jax.costs.checkpoints import load_ensemble, save_ensemble
 from neuroshard_jax.costs.registry import checkpoint_path
+from neuroshard_jax.kernels.executors import ExecutorConfig, connect
 from neuroshard_jax.learn.adapt import adapt
 from neuroshard_jax.learn.collect import collect
 from neuroshard_jax.learn.fit import compute_batches, split_indices
@@ -397,6 +398,9 @@ def test_a_ray_address_where_nothing_answers_is_one_line_before_anything_is_writ
         )
     assert "no Ray cluster answered within 2 s (executor.connect_timeout_s)" in line
     assert not out.exists()
+    for address, fragment in (("[::1]:1", "nothing answers there"), ("head-node", "expected HOST:PORT")):
+        with pytest.raises(UserError, match=re.escape(f"executor.address: got {address!r}, ") + f".*{fragment}"):
+            connect(ExecutorConfig(name="ray", address=address, connect_timeout_s=2))
 
 
 @contextlib.contextmanager

@@ -226,6 +226,7 @@ def _answers(address: str, timeout_s: float) -> None:
     """Fail in one line unless something accepts a TCP connection at ``address`` (``HOST:PORT`` or
     ``ray://HOST:PORT``) within ``timeout_s``: the quick answer for a wrong host or port."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")  # [::1]:6379
     if not host or not port.isdigit():
         raise UserError(f"executor.address: got {address!r}, expected HOST:PORT, ray://HOST:PORT, auto or null")
     try:
