@@ -35,10 +35,7 @@ from neuroshard_jax.workloads.tasks import make_task
 def main(cfg: DictConfig) -> None:
     out_dir = HydraConfig.get().runtime.output_dir
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-    try:
-        config = main_config(cfg)
-    except UserError as err:
-        fail(err)
+    config = main_config(cfg)
     if config.suite is not None:
         run_suite_job(config, out_dir, multirun)
         return
@@ -59,16 +56,11 @@ def main(cfg: DictConfig) -> None:
         keep_result({**record, "task": task.to_json() if task else None}, Path(out_dir) / "plan.json")
         print(f"infeasible: {err}", file=sys.stderr)
         return
-    except UserError as err:
-        fail(err)
     print(format_plan(result, config.output))
     written = keep_result(result, Path(out_dir) / config.output)
     print(f"plan written to {written}")
     if config.explain:
-        try:
-            print(explain_file(ExplainConfig(plan=str(written)), planned.cost_model))
-        except UserError as err:
-            fail(err)
+        print(explain_file(ExplainConfig(plan=str(written)), planned.cost_model))
 
 
 def keep_result(result: dict, path: Path) -> Path:

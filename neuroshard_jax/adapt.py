@@ -8,8 +8,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, one_line_errors, run_app
-from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.cli import one_line_errors, run_app
 from neuroshard_jax.learn.adapt import adapt, app_config, progress_line
 from neuroshard_jax.learn.collect import stop_on_sigterm
 
@@ -20,8 +19,6 @@ def main(cfg: DictConfig) -> None:
     signal.signal(signal.SIGTERM, stop_on_sigterm)  # a polite stop keeps the time spent
     try:
         report = adapt(app_config(cfg), progress_line)
-    except UserError as err:
-        fail(err)
     except KeyboardInterrupt:
         print("stopped; rerun the same command to continue", file=sys.stderr)
         sys.exit(130)

@@ -8,8 +8,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, one_line_errors, run_app
-from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.cli import one_line_errors, run_app
 from neuroshard_jax.learn.collect import collect, config_from, stop_on_sigterm
 
 
@@ -19,8 +18,6 @@ def main(cfg: DictConfig) -> None:
     signal.signal(signal.SIGTERM, stop_on_sigterm)  # a polite stop still updates the manifest
     try:
         summary = collect(config_from(cfg))
-    except UserError as err:
-        fail(err)
     except KeyboardInterrupt:
         print("stopped; rerun the same command to continue", file=sys.stderr)
         sys.exit(130)

@@ -7,18 +7,14 @@ The command line only; the library is ``neuroshard_jax.measure.compare``."""
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, one_line_errors, run_app
-from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.cli import one_line_errors, run_app
 from neuroshard_jax.measure.compare import app_config, compare_sweep
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="compare")
 @one_line_errors
 def main(cfg: DictConfig) -> None:
-    try:
-        print(compare_sweep(app_config(cfg)), end="")
-    except UserError as err:
-        fail(err)
+    print(compare_sweep(app_config(cfg)), end="")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, one_line_errors, run_app
-from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.cli import one_line_errors, run_app
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.search.model_comparison import app_config, compare_models
 
@@ -18,12 +17,9 @@ from neuroshard_jax.search.model_comparison import app_config, compare_models
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="compare_models")
 @one_line_errors
 def main(cfg: DictConfig) -> None:
-    try:
-        config = app_config(cfg)
-        result = compare_models(config)
-        write_json(result, Path(config.out))
-    except UserError as err:
-        fail(err)
+    config = app_config(cfg)
+    result = compare_models(config)
+    write_json(result, Path(config.out))
     for n, summary in result["summary"].items():
         print(f"{n} devices: {summary}")
     print(f"written to {config.out}")

@@ -15,7 +15,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, one_line_errors, resolved, run_app
+from neuroshard_jax.core.cli import one_line_errors, resolved, run_app
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.measure.plans import EvaluateConfig, evaluate_file
@@ -37,15 +37,12 @@ def app_config(cfg: DictConfig) -> tuple[EvaluateConfig, str | None]:
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="evaluate")
 @one_line_errors
 def main(cfg: DictConfig) -> None:
-    try:
-        config, sweep = app_config(cfg)
-        if sweep:
-            count = measure_sweep(sweep, config)
-            print(f"{count} plans measured; measured.jsonl in each run of {sweep}", file=sys.stderr)
-            return
-        result = evaluate_file(config.plan, config)
-    except UserError as err:
-        fail(err)
+    config, sweep = app_config(cfg)
+    if sweep:
+        count = measure_sweep(sweep, config)
+        print(f"{count} plans measured; measured.jsonl in each run of {sweep}", file=sys.stderr)
+        return
+    result = evaluate_file(config.plan, config)
     print(f"{'device':>6} {'compute':>9} {'fwd_comm':>9} {'bwd_comm':>9} {'total':>9} {'predicted':>9}")
     for d in result["devices"]:
         pred = d["predicted"]["total"] if d["predicted"] else float("nan")

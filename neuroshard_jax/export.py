@@ -7,7 +7,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, one_line_errors, run_app
+from neuroshard_jax.core.cli import one_line_errors, run_app
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.plan_file import load_plan
 from neuroshard_jax.torchrec.export import app_config, check_torchrec, expected_local_shards, export_torchrec
@@ -16,28 +16,25 @@ from neuroshard_jax.torchrec.export import app_config, check_torchrec, expected_
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="export")
 @one_line_errors
 def main(cfg: DictConfig) -> None:
-    try:
-        config = app_config(cfg)
-        if not config.plan:
-            raise UserError("plan: missing, expected plan=PATH of a plan.json")
-        plan = load_plan(config.plan)
-        output = Path(config.output or Path(config.plan).with_suffix(".torchrec.pt"))
-        request, _ = export_torchrec(plan, output, config)
-        tables, ranks = len(request["tables"]), request["world_size"]
-        print(f"TorchRec ShardingPlan of {tables} tables on {ranks} ranks written to {output}")
-        if config.check:
-            for report in check_torchrec(output, request, config.check_batch_size, config.timeout_s):
-                rank = report["rank"]
-                if report["local_shards"] != expected_local_shards(request, rank):
-                    raise UserError(f"check: rank {rank} holds {report['local_shards']}, expected the plan's shards")
-                if report["max_abs_error"] > 1e-4:
-                    raise UserError(f"check: rank {rank} pooled outputs differ by {report['max_abs_error']:.2e}")
-                print(
-                    f"rank {rank}: {len(report['local_shards'])} shards, forward {report['output_shape']} "
-                    f"(max abs error {report['max_abs_error']:.1e}), backward ok"
-                )
-    except UserError as err:
-        fail(err)
+    config = app_config(cfg)
+    if not config.plan:
+        raise UserError("plan: missing, expected plan=PATH of a plan.json")
+    plan = load_plan(config.plan)
+    output = Path(config.output or Path(config.plan).with_suffix(".torchrec.pt"))
+    request, _ = export_torchrec(plan, output, config)
+    tables, ranks = len(request["tables"]), request["world_size"]
+    print(f"TorchRec ShardingPlan of {tables} tables on {ranks} ranks written to {output}")
+    if config.check:
+        for report in check_torchrec(output, request, config.check_batch_size, config.timeout_s):
+            rank = report["rank"]
+            if report["local_shards"] != expected_local_shards(request, rank):
+                raise UserError(f"check: rank {rank} holds {report['local_shards']}, expected the plan's shards")
+            if report["max_abs_error"] > 1e-4:
+                raise UserError(f"check: rank {rank} pooled outputs differ by {report['max_abs_error']:.2e}")
+            print(
+                f"rank {rank}: {len(report['local_shards'])} shards, forward {report['output_shape']} "
+                f"(max abs error {report['max_abs_error']:.1e}), backward ok"
+            )
 
 
 if __name__ == "__main__":

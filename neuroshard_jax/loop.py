@@ -7,18 +7,14 @@ import json
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, one_line_errors, run_app
-from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.cli import one_line_errors, run_app
 from neuroshard_jax.learn.loop import app_config, run_loop
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="loop")
 @one_line_errors
 def main(cfg: DictConfig) -> None:
-    try:
-        table = run_loop(app_config(cfg))
-    except UserError as err:
-        fail(err)
+    table = run_loop(app_config(cfg))
     print(json.dumps(table, indent=1))
 
 

@@ -9,8 +9,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, one_line_errors, run_app
-from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.cli import one_line_errors, run_app
 from neuroshard_jax.measure.probe import app_config, probe
 
 
@@ -19,8 +18,6 @@ from neuroshard_jax.measure.probe import app_config, probe
 def main(cfg: DictConfig) -> None:
     try:
         result, out = probe(app_config(cfg))
-    except UserError as err:
-        fail(err)
     except KeyboardInterrupt:
         sys.exit(130)
     verdict = "measures like" if result["same_kind"] else "does NOT measure like"

@@ -16,8 +16,7 @@ import json
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, one_line_errors, run_app
-from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.cli import one_line_errors, run_app
 from neuroshard_jax.costs.registry import checkpoint_path
 from neuroshard_jax.learn.analytic_fit import fit_analytic
 from neuroshard_jax.learn.fit import app_config, train_ensemble, train_models
@@ -27,41 +26,38 @@ from neuroshard_jax.learn.row_comm_fit import fit_row_comm
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="train")
 @one_line_errors
 def main(cfg: DictConfig) -> None:
-    try:
-        config = app_config(cfg)
-        if config.family == "ensemble":
-            how = f"python -m neuroshard_jax.train datasets=[{','.join(config.datasets)}] name={config.name}"
-            if config.init:
-                how += f" init={config.init} train.epochs={config.train.epochs}" + (" reanchor=true" * config.reanchor)
-            report = train_ensemble(
-                list(config.datasets),
-                config.ensemble,
-                config.train,
-                config.out,
-                config.name,
-                how,
-                allow_mixed_hardware=config.allow_mixed_hardware,
-                init=checkpoint_path(config.init) if config.init else None,
-                reanchor=config.reanchor,
-            )
-        elif config.family == "mlp":
-            report = train_models(config.datasets[0], config.net, config.train, config.out)
-        elif config.family == "row_comm":
-            how = f"python -m neuroshard_jax.train family=row_comm datasets=[{config.datasets[0]}] name={config.name}"
-            model, figures, path = fit_row_comm(config.datasets[0], config.name, config.out, how)
-            for k in model.sizes:
-                f, b = model.group_ms(k, 128, model.batch_size)
-                print(f"group of {k}: width 128 at batch {model.batch_size}: fwd {f:.2f} ms, bwd {b:.2f} ms")
-            print(f"held out: {figures}; written {path}")
-            return
-        else:
-            report = fit_analytic(config.datasets[0], config.steps, config.train.split)
-            print(json.dumps(report, indent=1))
-            overrides = " ".join(f"cost_model.{k}={v}" for k, v in report["constants"].items())
-            print(f"use them: python -m neuroshard_jax cost_model=analytic {overrides}")
-            return
-    except UserError as err:
-        fail(err)
+    config = app_config(cfg)
+    if config.family == "ensemble":
+        how = f"python -m neuroshard_jax.train datasets=[{','.join(config.datasets)}] name={config.name}"
+        if config.init:
+            how += f" init={config.init} train.epochs={config.train.epochs}" + (" reanchor=true" * config.reanchor)
+        report = train_ensemble(
+            list(config.datasets),
+            config.ensemble,
+            config.train,
+            config.out,
+            config.name,
+            how,
+            allow_mixed_hardware=config.allow_mixed_hardware,
+            init=checkpoint_path(config.init) if config.init else None,
+            reanchor=config.reanchor,
+        )
+    elif config.family == "mlp":
+        report = train_models(config.datasets[0], config.net, config.train, config.out)
+    elif config.family == "row_comm":
+        how = f"python -m neuroshard_jax.train family=row_comm datasets=[{config.datasets[0]}] name={config.name}"
+        model, figures, path = fit_row_comm(config.datasets[0], config.name, config.out, how)
+        for k in model.sizes:
+            f, b = model.group_ms(k, 128, model.batch_size)
+            print(f"group of {k}: width 128 at batch {model.batch_size}: fwd {f:.2f} ms, bwd {b:.2f} ms")
+        print(f"held out: {figures}; written {path}")
+        return
+    else:
+        report = fit_analytic(config.datasets[0], config.steps, config.train.split)
+        print(json.dumps(report, indent=1))
+        overrides = " ".join(f"cost_model.{k}={v}" for k, v in report["constants"].items())
+        print(f"use them: python -m neuroshard_jax cost_model=analytic {overrides}")
+        return
     print(json.dumps(report, indent=1))
     print(f"checkpoint written to {config.out}")
 

@@ -8,19 +8,15 @@ import json
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, one_line_errors, run_app
-from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.cli import one_line_errors, run_app
 from neuroshard_jax.learn.policy_training import app_config, train_policy
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="train_policy")
 @one_line_errors
 def main(cfg: DictConfig) -> None:
-    try:
-        config = app_config(cfg)
-        result = train_policy(config.out, config.policy, config.train, config.tasks, config.refine, config.cost_model)
-    except UserError as err:
-        fail(err)
+    config = app_config(cfg)
+    result = train_policy(config.out, config.policy, config.train, config.tasks, config.refine, config.cost_model)
     print(json.dumps(result["history"][-1:], indent=1))
     print(f"policy written to {config.out} (rounds done: {result['rounds_done']})")
 

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -62,14 +62,8 @@ class JsonlLog:
         """The log's records, the first of each id (a log two writers of an older version doubled)."""
         if not self.path.exists():
             return
-        seen = set()
         with open(self.path) as f:
-            for number, line in enumerate(f, 1):
-                if line.strip():
-                    record = _record(line, self.path, number)
-                    if record["id"] not in seen:
-                        seen.add(record["id"])
-                        yield record
+            yield from _first_of_each_id(_record(line, self.path, n) for n, line in enumerate(f, 1) if line.strip())
 
     def append(self, record: dict) -> None:
         """Append one record (skipped if its id is in the log). A write the OS refuses (a full disk) is cut back
@@ -123,23 +117,24 @@ def read_jsonl(path: str | Path) -> list[dict]:
     torn = lines.pop()  # b"" when the file ends with a newline
     if torn.strip():
         print(f"warning: {path}: left out a torn last line ({len(torn)} bytes, no newline)", file=sys.stderr)
-    records, seen, repeated = [], set(), 0
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        record = _record(line, path, number)
-        if record["id"] in seen:
-            repeated += 1
-            continue
-        seen.add(record["id"])
-        records.append(record)
-    if repeated:
+    every = [_record(line, path, n) for n, line in enumerate(lines, 1) if line.strip()]
+    records = list(_first_of_each_id(every))
+    if len(records) < len(every):
         print(
-            f"warning: {path}: left out {repeated} records whose id an earlier line has (two writers at once?); "
-            "the first of each is kept",
+            f"warning: {path}: left out {len(every) - len(records)} records whose id an earlier line has (two "
+            "writers at once?); the first of each is kept",
             file=sys.stderr,
         )
     return records
+
+
+def _first_of_each_id(records: Iterable[dict]) -> Iterator[dict]:
+    """The first record of each id (a dataset two writers of an older version doubled holds each twice)."""
+    seen = set()
+    for record in records:
+        if record["id"] not in seen:
+            seen.add(record["id"])
+            yield record
 
 
 def _record(line: str | bytes, path: Path, number: int) -> dict:

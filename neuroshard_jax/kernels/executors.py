@@ -114,6 +114,12 @@ def opened(
         yield fresh
 
 
+def pinned(pin: bool | None, executor: ExecutorConfig) -> bool:
+    """``pin``, or where it is null what the executor supports: pinned local workers, unpinned Ray actors (Ray
+    places them on logical CPUs, not cores)."""
+    return executor.name == "local" if pin is None else pin
+
+
 def protocol(executor: ExecutorConfig, pin: bool, device: str) -> dict:
     """What a dataset records about where its labels were measured (pinning holds only for local CPU workers)."""
     return {"pin": True} if pin and device == "cpu" and executor.name == "local" else {}

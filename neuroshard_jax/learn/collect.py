@@ -37,7 +37,15 @@ from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import above_zero, at_least, typed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JsonlLog, git_commit, hardware, one_writer, write_manifest
-from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, connected, map_requests, open_executor, protocol
+from neuroshard_jax.kernels.executors import (
+    Executor,
+    ExecutorConfig,
+    connected,
+    map_requests,
+    open_executor,
+    pinned,
+    protocol,
+)
 from neuroshard_jax.kernels.processes import WorkerFailure, compute_request, timing_fields, worker_versions
 from neuroshard_jax.learn.plan_labels import PlanLabelConfig, collect_plans
 from neuroshard_jax.measure.plans import EvaluateConfig
@@ -116,8 +124,7 @@ class CollectConfig:
             )
 
     def pinned(self) -> bool:
-        """``pin``, or where null what the executor supports."""
-        return self.executor.name == "local" if self.pin is None else self.pin
+        return pinned(self.pin, self.executor)
 
     def timing(self) -> dict:
         """The compute requests' protocol fields beyond warmup and iters (none for ``fixed`` and for comm)."""

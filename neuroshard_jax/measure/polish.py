@@ -36,7 +36,7 @@ from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel, DeviceCosts, combine_costs, plan_cost_ms
 from neuroshard_jax.costs.registry import expected_cost_model
 from neuroshard_jax.costs.scoring import plan_dim_sums, rows_arrays, score_plan, score_plans_devices, with_costs
-from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, open_executor
+from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, open_executor, pinned
 from neuroshard_jax.measure.plans import (
     Measuring,
     device_key,
@@ -194,9 +194,9 @@ def proposals(plan: Plan, slow: int, rng: np.random.Generator, count: int) -> li
     ]
     # devices interchangeable for a plan's cost: of one cap, speed and comm scale (hosts), and (where tables are
     # pinned or exclude devices) only each device with itself
-    pinned = any(t.pin is not None or t.exclude for t in task.tables)
+    placed_by_user = any(t.pin is not None or t.exclude for t in task.tables)
     alike = zip(task.caps_gb(), task.speeds(), task.comm_scale())
-    kinds = [(cap, speed, scale, d if pinned else -1) for d, (cap, speed, scale) in enumerate(alike)]
+    kinds = [(cap, speed, scale, d if placed_by_user else -1) for d, (cap, speed, scale) in enumerate(alike)]
     seen, out = {(_contents(devices, kinds), _placed(blocks))}, []
     for k in rng.permutation(len(moves)):
         kind, changed, laid = moves[k]
@@ -306,8 +306,8 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
     rng = np.random.default_rng([seed, 4441])
     n = plan.task.num_devices
     steps = []
-    pinned = config.executor.name == "local" if config.pin is None else config.pin
-    with open_executor(config.executor, config.device, config.timeout_s, pin=pinned) as pool:
+    pin = pinned(config.pin, config.executor)
+    with open_executor(config.executor, config.device, config.timeout_s, pin=pin) as pool:
         meter = Meter(pool, plan, config)
         [(measured, noise)] = meter.measure([plan])
         current = plan
@@ -381,7 +381,7 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
             "warmup": config.warmup,
             "iters": config.iters,
             "repeats": config.repeats,
-            "pin": pinned,
+            "pin": pin,
             "anchors": config.anchors,
         },
         "drift": meter.drift,  # per measured step: its anchors' median fresh / first median (1: no drift)
