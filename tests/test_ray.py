@@ -9,13 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import JsonlLog
 from neuroshard_jax.core.types import Plan
 from neuroshard_jax.kernels.executors import ExecutorConfig, RayExecutor
 from neuroshard_jax.learn.collect import collect
@@ -53,7 +53,7 @@ def _actor_pids() -> list[int]:
     return pids
 
 
-def test_ray_collection_draws_the_local_samples_and_survives_a_killed_actor(cluster, tmp_path):
+def test_ray_collection_draws_the_local_samples_and_survives_a_killed_actor(cluster, tmp_path, monkeypatch):
     """Specs are drawn by the driver per (seed, index): Ray and the local pool label the same shards. An actor
     process SIGKILLed mid-run: its request goes to a fresh actor, counted in the row; nothing lost or doubled."""
     local = collect(_collect_config(tmp_path / "local", 10, pin=False))
@@ -61,22 +61,19 @@ def test_ray_collection_draws_the_local_samples_and_survives_a_killed_actor(clus
     out = tmp_path / "ray"
     killed: list[int] = []
     earlier = set(_actor_pids())  # other tests' actors on the shared cluster: killing an idle one retries nothing
+    append = JsonlLog.append
 
-    def kill_one_actor() -> None:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            pids = [p for p in _actor_pids() if p not in earlier]
-            log = out / "compute.jsonl"
-            if pids and log.exists() and log.read_text().count("\n") >= 2:
-                os.kill(pids[0], signal.SIGKILL)
-                killed.append(pids[0])
-                return
-            time.sleep(0.05)
+    def append_then_kill(log: JsonlLog, record: dict) -> None:
+        """The kill happens in the driver's second append, with 8 requests left: whichever actor it hits has a
+        request in flight or gets the next one (a kill timed from another thread could land after the last)."""
+        append(log, record)
+        if not killed and log.path == out / "compute.jsonl" and log.path.read_text().count("\n") == 2:
+            [pid, *_] = [p for p in _actor_pids() if p not in earlier]
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
 
-    killer = threading.Thread(target=kill_one_actor, daemon=True)
-    killer.start()
+    monkeypatch.setattr(JsonlLog, "append", append_then_kill)
     summary = collect(dataclasses.replace(_collect_config(out, 10, executor=RAY), iters=20))
-    killer.join()
     assert killed, "no actor process was found to kill"
     rows = _records(out / "compute.jsonl")
     assert sorted(r["id"] for r in rows) == list(range(10)) and summary["failed"] == 0
