@@ -148,6 +148,28 @@ def test_a_data_parallel_table_runs_in_distributed_model_parallel(tmp_path):
         assert report["max_abs_error"] < 1e-4 and report["output_shape"] == [4, 56]
 
 
+def test_plans_of_one_task_are_timed_in_distributed_model_parallel_steps():
+    """tools.dmp_steps: two plans of one task (the hot table on rank 0, or data-parallel) trained side by side in
+    DMP on 2 gloo ranks; each rank holds what its plan gives it, the replica whole on both; plans of other tasks are
+    refused before any rank starts."""
+    from neuroshard_jax.torchrec.steps import dmp_steps
+
+    tables = [hot_table(0, batch=1024), make_table(1, rows=3000, dim=16), make_table(2, rows=2500, dim=32)]
+    task = make_task(tables, num_devices=2, batch_size=1024)
+    sharded = Plan(task, (Shard(0, 0, 8, 0), Shard(1, 0, 16, 1), Shard(2, 0, 32, 0))).validate()
+    replicated = Plan(task, (Shard(1, 0, 16, 1), Shard(2, 0, 32, 0)), data_parallel=(0,)).validate()
+    results = dmp_steps([sharded, replicated], warmup=1, steps=3, timeout_s=300)
+    for r in results:
+        q1, q3 = r["step_ms_q1_q3"]
+        assert 0 < q1 <= r["step_ms"] <= q3 and len(r["rank_ms"]) == 2 and max(r["rank_ms"]) >= r["step_ms"] * 0.5
+    hot, cold, warm = (t.rows * t.dim * 4 / 2**30 for t in tables)
+    assert results[0]["local_gb"] == pytest.approx([hot + warm, cold])
+    assert results[1]["local_gb"] == pytest.approx([hot + warm, cold + hot])  # the replica on both ranks
+    other = make_task(tables[:2], num_devices=2, batch_size=1024)
+    with pytest.raises(UserError, match=r"plans\[1\]: its task differs from plans\[0\]'s"):
+        dmp_steps([sharded, Plan(other, (Shard(0, 0, 8, 0), Shard(1, 0, 16, 1)))])
+
+
 def test_torchrec_plans_with_replicas_and_table_row_wise_blocks_become_ours():
     task = make_task([make_table(0, rows=194, dim=32), make_table(1, rows=40, dim=8)], num_devices=4)
     # TorchRec's table_row_wise cuts 194 rows as 48, 48, 48, 50; ours (and its row_wise) 49, 49, 49, 47

@@ -13,6 +13,8 @@ Commands:
                         write our plan as a TorchRec ShardingPlan (torch.save) (neuroshard_jax/torchrec/export.py)
   torchrec-run RANK WORLD INIT IN OUT
                         one rank of DistributedModelParallel with an exported plan: forward + backward
+  torchrec-steps RANK WORLD INIT IN OUT
+                        one rank of timed DistributedModelParallel training steps of several exported plans
 
 A compute request: {"id", "device": "cpu"|"cuda", "pool": {...PoolSpec} (when tables name pool ids), "batch_size",
 "tables": [[pool table id, dim] | {"rows", "pooling_factor", "bins", "dim", "seed"}, ...], "optimizer",

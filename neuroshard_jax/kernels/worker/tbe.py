@@ -52,7 +52,7 @@ def shard_inputs(request: dict) -> tuple[list[tuple[int, int]], np.ndarray, np.n
     batch = int(request["batch_size"])
     specs, all_indices, all_offsets, base = [], [], [np.zeros(1, dtype=np.int64)], 0
     for i, table in enumerate(request["tables"]):
-        num_rows, dim, (indices, offsets) = _table_stream(table, request, batch, f"table {i}")
+        num_rows, dim, (indices, offsets) = table_stream(table, request, batch, f"table {i}")
         if not is_legal_dim(dim):
             raise RequestError(f"table {i}: dim {dim} is not a legal width (a positive multiple of 4)")
         specs.append((num_rows, int(dim)))
@@ -62,7 +62,7 @@ def shard_inputs(request: dict) -> tuple[list[tuple[int, int]], np.ndarray, np.n
     return specs, np.concatenate(all_indices), np.concatenate(all_offsets)
 
 
-def _table_stream(table, request: dict, batch: int, where: str):
+def table_stream(table, request: dict, batch: int, where: str):
     """(rows, dim, (indices, offsets)) of one table of a request: a pool table id or a table spec, whole or one
     row block of it (``row_offset``, ``num_rows``: the block's own lookups, ``streams.restrict_rows``)."""
     if isinstance(table, dict):

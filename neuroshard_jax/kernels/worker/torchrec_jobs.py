@@ -1,5 +1,5 @@
-"""TorchRec's planner on a task, our plan exported as its ShardingPlan, and one DistributedModelParallel rank
-running an exported plan."""
+"""TorchRec's planner on a task, our plan exported as its ShardingPlan, one DistributedModelParallel rank running an
+exported plan (checked), and one rank timing training steps of several exported plans of one task."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from neuroshard_jax.kernels.torchrec_format import (
     plan_shards,
     sharding_plan,
 )
-from neuroshard_jax.kernels.worker.tbe import setup_torch
+from neuroshard_jax.kernels.worker.tbe import setup_torch, table_stream
 
 
 def torchrec_plan(request: dict) -> dict:
@@ -158,9 +158,9 @@ def torchrec_run(rank: int, world: int, init: str, request_path: str, out_path: 
     os._exit(0)
 
 
-def _distributed_model(request: dict, plan):
-    """(DistributedModelParallel, its EmbeddingBagCollection) of the request's tables, with the collection at
-    the plan's module path (e.g. sparse_arch.embedding_bag_collection)."""
+def _distributed_model(request: dict, plan, root=None):
+    """(DistributedModelParallel, its EmbeddingBagCollection) of the request's tables (or ``root``, a collection built
+    by the caller), with the collection at the plan's module path (e.g. sparse_arch.embedding_bag_collection)."""
     import torch
     import torch.distributed as dist
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -168,7 +168,7 @@ def _distributed_model(request: dict, plan):
     from torchrec.distributed.types import ShardingEnv
 
     path = [p for p in request.get("module_path", "").split(".") if p]
-    root = embedding_bag_collection(request["tables"], "meta")
+    root = embedding_bag_collection(request["tables"], "meta") if root is None else root
     for name in reversed(path):
         parent = torch.nn.Module()
         parent.add_module(name, root)
@@ -231,3 +231,76 @@ def _forward(collection, tables: list[dict], batch: int, rank: int):
         cols = np.arange(t["dim"])
         expected.append(np.stack([_pattern(b, cols).sum(0) if len(b) else np.zeros(t["dim"]) for b in bags]))
     return out, np.concatenate(expected, axis=1)
+
+
+def torchrec_steps(rank: int, world: int, init: str, request_path: str, out_path: str) -> None:
+    """One rank of timed DistributedModelParallel training steps (gloo, CPU), for every exported plan of one task.
+
+    The request: {"tables": [{name, rows, dim, table}] (``table``: the worker's table, a spec or a pool id, whose
+    stream at the global batch is cut into one slice of bags per rank), "pool" (for pool ids), "batch_size" (global),
+    "plans": [exported ShardingPlan paths], "warmup", "steps"}. One EmbeddingBagCollection per plan, SGD fused into
+    the backward pass (a data-parallel table's gradient all-reduced by DMP's data-parallel wrapper); per step, every
+    plan's step in turn (after a barrier: fwd, loss = sum of the pooled outputs, bwd), so drifts of the machine hit
+    all plans alike. Writes {rank, step_s: [[s per timed step] per plan], cpu_s: (the same in this process's CPU time:
+    its own work, its communication threads' included, without the time it waited for other ranks or for a core),
+    local_bytes: [per plan]} to ``out_path``.
+    """
+    request = json.loads(Path(request_path).read_text())
+    torch = setup_torch("cpu")
+    import torch.distributed as dist
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    features = _rank_features(request, rank, world)
+    models = []
+    for path in request["plans"]:
+        root = embedding_bag_collection(request["tables"], "meta")
+        apply_optimizer_in_backward(torch.optim.SGD, root.parameters(), {"lr": 0.01})
+        model, _ = _distributed_model({**request, "module_path": ""}, torch.load(path, weights_only=False), root)
+        models.append(model)
+    step_s: list[list[float]] = [[] for _ in models]
+    cpu_s: list[list[float]] = [[] for _ in models]
+    for i in range(int(request["warmup"]) + int(request["steps"])):
+        for p, model in enumerate(models):
+            dist.barrier()
+            start, start_cpu = time.perf_counter(), time.process_time()
+            model(features).values().sum().backward()
+            if i >= int(request["warmup"]):
+                step_s[p].append(time.perf_counter() - start)
+                cpu_s[p].append(time.process_time() - start_cpu)
+    local = [sum(v.numel() * v.element_size() for v in _local_tensors(m)) for m in models]
+    Path(out_path).write_text(json.dumps({"rank": rank, "step_s": step_s, "cpu_s": cpu_s, "local_bytes": local}))
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # as torchrec_run: no interpreter teardown
+
+
+def _rank_features(request: dict, rank: int, world: int):
+    """This rank's KeyedJaggedTensor: bags [rank * b, (rank + 1) * b) of every table's stream at the global batch
+    (b = batch / world), the slice the evaluator's data-parallel kernel also measures for rank 0."""
+    import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    batch = int(request["batch_size"])
+    local = batch // world
+    values, lengths = [], []
+    for i, table in enumerate(request["tables"]):
+        _, _, (indices, offsets) = table_stream(table["table"], request, batch, f"table {i}")
+        lo, hi = offsets[rank * local], offsets[(rank + 1) * local]
+        values.append(indices[lo:hi])
+        lengths.append(np.diff(offsets[rank * local : (rank + 1) * local + 1]))
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=[t["name"] for t in request["tables"]],
+        values=torch.from_numpy(np.concatenate(values).astype(np.int64)),
+        lengths=torch.from_numpy(np.concatenate(lengths).astype(np.int32)),
+    )
+
+
+def _local_tensors(model) -> list:
+    """The tensors of the model's embedding weights this rank holds (local shards, or a data-parallel table whole)."""
+    out = []
+    for value in model.state_dict().values():
+        shards = getattr(value, "local_shards", None)
+        out.extend([s.tensor for s in shards()] if shards else [value])
+    return out

@@ -1,0 +1,101 @@
+"""Plans of one task timed as TorchRec runs them: DistributedModelParallel training steps on gloo, one process per
+device, every plan's steps interleaved.
+
+The evaluator (``measure/plans.py``) prices a plan from its parts, each device's fused kernel and the all-to-all
+benchmark; this is the whole step as a TorchRec user's job runs it (TorchRec's input distribution, its kernels, the
+pooled-embedding all-to-all, a data-parallel table's gradient all-reduce, the fused SGD update), so it can settle
+what the parts cannot see. Each plan is exported (``export.export_torchrec``, device cpu, fused kernel) and loaded
+into its own DistributedModelParallel on every rank; rank r looks up bags [r * b, (r + 1) * b) of every table's
+stream at the task's batch (b = batch / devices); a step (after a barrier) is forward, the sum of the pooled
+outputs, backward; a step's time is its slowest rank's. The ranks allocate every plan's shards, so the task's tables
+must fit this machine's memory once per plan.
+
+With fewer cores than ranks (8 ranks on this project's 2-core machines) the wall time of a step is the work of every
+rank shared out over the cores, not the slowest device's: it rewards the plan with the least total work and cannot
+see balance. Each rank's CPU time per step (its kernels and its communication threads, not its waits) is recorded
+beside it; the busiest rank's is the figure that stands for the slowest device there, with the caches and memory
+bandwidth still shared.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.sharding import Shard
+from neuroshard_jax.core.types import Plan
+from neuroshard_jax.kernels.processes import WorkerFailure, run_ranks
+from neuroshard_jax.measure.plans import device_tables
+from neuroshard_jax.torchrec.export import ExportConfig, export_torchrec
+
+
+def _worker_tables(plan: Plan, names: list[str]) -> list[dict]:
+    """{name, rows, dim, table}: ``table`` is the worker's form of the whole table, as the evaluator's kernels take it
+    (``measure.plans.device_tables``: a pool id, or its spec seeded by its id)."""
+    task = plan.task
+    return [
+        {"name": name, "rows": t.rows, "dim": t.dim, "table": device_tables(task, [Shard(i, 0, t.dim, 0)])[0]}
+        for i, (name, t) in enumerate(zip(names, task.tables))
+    ]
+
+
+def dmp_steps(plans: list[Plan], warmup: int = 3, steps: int = 20, timeout_s: float = 1800.0) -> list[dict]:
+    """Per plan: {step_ms (median over the timed steps of the slowest rank's wall time), step_ms_q1_q3, rank_ms (each
+    rank's median), busiest_cpu_ms (median over steps of the largest rank's CPU time), rank_cpu_ms, local_gb (each
+    rank's embedding weights)}, the plans' steps interleaved on one set of rank processes."""
+    if not plans:
+        raise UserError("plans: got none, expected at least one plan of the task")
+    task = plans[0].task
+    for i, plan in enumerate(plans[1:], 1):
+        if plan.task.to_json() != task.to_json():
+            raise UserError(f"plans[{i}]: its task differs from plans[0]'s, expected plans of one task")
+    if task.batch_size % task.num_devices:
+        raise UserError(
+            f"task.batch_size: got {task.batch_size}, expected a multiple of the {task.num_devices} devices "
+            "(each rank looks up an equal slice)"
+        )
+    if warmup < 0 or steps < 1:
+        raise UserError(f"steps: got warmup {warmup}, steps {steps}; expected warmup >= 0 and steps >= 1")
+    config = ExportConfig(device="cpu", compute_kernel="fused")
+    names = [config.table_names.format(index=i, id=t.id) for i, t in enumerate(task.tables)]
+    world = task.num_devices
+    with tempfile.TemporaryDirectory(prefix="neuroshard-steps-") as tmp:
+        tmp = Path(tmp)
+        paths = []
+        for i, plan in enumerate(plans):
+            export_torchrec(plan, tmp / f"plan{i}.pt", config)
+            paths.append(str(tmp / f"plan{i}.pt"))
+        request = {
+            "tables": _worker_tables(plans[0], names),
+            "pool": task.pool.to_json() if task.pool is not None else None,
+            "batch_size": task.batch_size,
+            "plans": paths,
+            "warmup": warmup,
+            "steps": steps,
+        }
+        (tmp / "request.json").write_text(json.dumps(request))
+        try:
+            run_ranks(["torchrec-steps", str(tmp / "request.json"), str(tmp / "out.{rank}")], world, tmp, timeout_s)
+        except WorkerFailure as failure:
+            raise UserError(f"DistributedModelParallel steps failed: {failure.reason}") from None
+        ranks = [json.loads((tmp / f"out.{rank}").read_text()) for rank in range(world)]
+    out = []
+    for p in range(len(plans)):
+        wall, cpu = (np.array([r[key][p] for r in ranks]) * 1e3 for key in ("step_s", "cpu_s"))  # [ranks, steps] ms
+        slowest = wall.max(axis=0)
+        out.append(
+            {
+                "step_ms": float(statistics.median(slowest)),
+                "step_ms_q1_q3": [float(q) for q in np.quantile(slowest, [0.25, 0.75])],
+                "rank_ms": [float(np.median(r)) for r in wall],
+                "busiest_cpu_ms": float(statistics.median(cpu.max(axis=0))),
+                "rank_cpu_ms": [float(np.median(r)) for r in cpu],
+                "local_gb": [r["local_bytes"][p] / 2**30 for r in ranks],
+            }
+        )
+    return out

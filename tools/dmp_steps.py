@@ -1,0 +1,97 @@
+"""Time plans of one task in TorchRec's DistributedModelParallel on this machine (gloo, one process per device).
+
+    python -m tools.dmp_steps outputs/a/plan.json outputs/b/plan.json [--warmup 3 --steps 20 --out FILE]
+    python -m tools.dmp_steps 'outputs/bench/foreign-s19/plans.jsonl:d8-09:beam' \\
+        'outputs/bench/foreign-s19/plans.jsonl:d8-09:torchrec_default' --repeats 2
+
+A plan is a plan.json, or ``FILE.jsonl:TASK:SEARCHER`` (a foreign-benchmark ``plans.jsonl`` line). The plans must be
+of one task; their steps are interleaved (``neuroshard_jax/torchrec/steps.py`` says how a step is timed).
+``--repeats`` starts the ranks that many times (fresh processes, the plans' order rotated) and reports each run and
+the median of the runs' medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import hardware, write_json
+from neuroshard_jax.core.plan_file import load_plan
+from neuroshard_jax.core.types import Plan
+from neuroshard_jax.torchrec.steps import dmp_steps
+
+
+def read_plan(spec: str) -> Plan:
+    """A plan.json, or one line of a plans.jsonl chosen by ``FILE:TASK:SEARCHER``."""
+    path, _, rest = spec.partition(":")
+    if not rest:
+        return load_plan(path)
+    task, _, searcher = rest.partition(":")
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as err:
+        raise UserError(f"plan: cannot read {path!r} ({err.strerror})") from None
+    for line in lines:
+        row = json.loads(line)
+        if row.get("task") == task and row.get("searcher") == searcher:
+            return Plan.from_json(row["plan"])
+    raise UserError(f"plan: {path!r} has no plan of task {task!r} by {searcher!r}, expected FILE.jsonl:TASK:SEARCHER")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("plans", nargs="+", help="plan.json files, or FILE.jsonl:TASK:SEARCHER")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=1, help="fresh sets of rank processes, the order rotated")
+    parser.add_argument("--out", help="write the results here (JSON)")
+    args = parser.parse_args(argv)
+    plans = [read_plan(spec) for spec in args.plans]
+    runs: list[list[dict]] = []
+    for r in range(args.repeats):
+        order = [(i + r) % len(plans) for i in range(len(plans))]
+        results = dmp_steps([plans[i] for i in order], args.warmup, args.steps)
+        runs.append([results[order.index(i)] for i in range(len(plans))])
+        for spec, result in zip(args.plans, runs[-1]):
+            q1, q3 = result["step_ms_q1_q3"]
+            print(
+                f"run {r}: step {result['step_ms']:8.2f} ms (quartiles {q1:.2f}-{q3:.2f}), busiest rank's CPU "
+                f"{result['busiest_cpu_ms']:7.2f} ms  {spec}",
+                flush=True,
+            )
+    summary = {
+        "hardware": hardware(),
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "plans": [
+            {
+                "plan": spec,
+                "searcher": plan.searcher,
+                "step_ms": statistics.median(run[i]["step_ms"] for run in runs),
+                "busiest_cpu_ms": statistics.median(run[i]["busiest_cpu_ms"] for run in runs),
+                "runs": [run[i] for run in runs],
+            }
+            for i, (spec, plan) in enumerate(zip(args.plans, plans))
+        ],
+    }
+    if args.repeats > 1:
+        for entry in summary["plans"]:
+            print(
+                f"median of {args.repeats} runs: step {entry['step_ms']:8.2f} ms, busiest rank's CPU "
+                f"{entry['busiest_cpu_ms']:7.2f} ms  {entry['plan']}"
+            )
+    if args.out:
+        write_json(summary, args.out)
+    return summary
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
