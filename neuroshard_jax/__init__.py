@@ -9,7 +9,7 @@ The public API (everything else is internal and may move):
   ``load_plan(path)``; ``to_torchrec(plan, ...)``: a plan as a TorchRec ``ShardingPlan`` (imports torch on call)
 * ``load_cost_model(name_or_path)`` -> ``CostModel`` (``.fns``, ``.params``), and the jitted scoring functions
   that take them: ``plan_costs``, ``shard_costs``, ``table_latents``, ``costs_from_latents``, ``device_costs``,
-  ``plan_cost_ms``; host-side ``plan_arrays``, ``score_plan``, ``score_plans``
+  ``plan_cost_ms``; host-side ``plan_arrays``, ``apart_arrays``, ``score_plan``, ``score_plans``
 * ``searcher_names()``; the errors ``UserError``, ``InfeasibleError``, ``PlanError``
 
 Names load on first use, so ``import neuroshard_jax`` is cheap and the torch worker (which imports a few numpy-only
@@ -43,6 +43,7 @@ _EXPORTS = {
     "table_latents": "neuroshard_jax.costs.scoring",
     "costs_from_latents": "neuroshard_jax.costs.scoring",
     "plan_arrays": "neuroshard_jax.costs.scoring",
+    "apart_arrays": "neuroshard_jax.costs.scoring",
     "score_plan": "neuroshard_jax.costs.scoring",
     "score_plans": "neuroshard_jax.costs.scoring",
     "searcher_names": "searchers",

@@ -67,6 +67,7 @@ class SplitSpace:
         valid = np.zeros((num_c, num_s), dtype=bool)
         allowed = np.ones((num_c, num_s, self.task.num_devices), dtype=bool)
         leader = np.tile(np.arange(num_s, dtype=np.int32), (num_c, 1))
+        split = np.zeros((num_c, num_s), dtype=bool)
         for c, levels in enumerate(candidates):
             counts = [1 << k for k in levels]
             tables = np.repeat(np.arange(len(levels)), counts)
@@ -76,10 +77,11 @@ class SplitSpace:
             mem[c, :s] = self.mem[tables, ks]
             dims[c, :s] = self.shard_dim[tables, ks]
             valid[c, :s] = True
+            split[c, :s] = ks > 0  # a table cut in columns: TorchRec's column_wise, an all-to-all of its own
             allowed[c, :s] = self.allowed[tables]
             first_slot = np.cumsum([0, *counts])[:-1]  # colocated tables are whole: one slot each
             leader[c, :s] = np.where(self.group_of[tables] == tables, np.arange(s), first_slot[self.group_of[tables]])
-        return ShardBatch(feats, mem, dims, valid, allowed, leader)
+        return ShardBatch(feats, mem, dims, valid, allowed, leader, split)
 
     def plan(self, levels: tuple[int, ...], slot_devices: np.ndarray) -> Plan:
         splits = [1 << k for k in levels]

@@ -53,8 +53,9 @@ def test_grid_and_beam_match_the_oracle(small_pool, tiny_checkpoint, model_name)
 
 
 def test_beam_splits_when_splitting_pays():
-    # One wide, hot table and 2 devices: table-wise, one device gets all of it; halving it balances.
-    tables = [make_table(0, rows=5000, dim=128, pooling=40.0), make_table(1, rows=100, dim=4, pooling=1.0)]
+    # One wide, hot table and 2 devices: table-wise, one device gets all of it; halving it balances, for the price of
+    # a second all-to-all (the column-wise tables'), which it pays many times over.
+    tables = [make_table(0, rows=5000, dim=128, pooling=80.0), make_table(1, rows=100, dim=4, pooling=1.0)]
     task = make_task(tables, num_devices=2, mem_cap_gb=1.0, batch_size=4096)
     model = analytic_model(task)
     grid = make_searcher("grid").search(task, model, 0)

@@ -65,18 +65,41 @@ def replica_width(plan: Plan) -> int:
     return -(-elements // plan.task.batch_size)
 
 
+def column_wise_dims(plan: Plan) -> list[int]:
+    """Each device's width in the column-wise all-to-all: its slices of tables cut in columns (whole rows, more than
+    one slice). TorchRec runs one input distribution and one output all-to-all per sharding type, so a plan with
+    column-wise tables beside table-wise ones runs two all-to-alls a step; all zero without column-wise tables."""
+    rows = plan.task.table_rows()
+    slices: dict[int, int] = {}
+    for s in plan.shards:
+        if s.whole_rows(rows[s.table]):
+            slices[s.table] = slices.get(s.table, 0) + 1
+    dims = [0] * plan.task.num_devices
+    for s in plan.shards:
+        if slices.get(s.table, 0) > 1:
+            dims[s.device] += s.dim
+    return dims
+
+
 def comm_layout(plan: Plan) -> dict:
     """What the comm benchmark exchanges for ``plan``: each device's all-to-all width (``dim_sums``: its whole-row
-    shards) and the row-split tables' groups (``row_groups``: [width, sorted devices], one per set of devices, the
-    widths of every column range cut into row blocks over them added up: TorchRec fuses a sharding group's outputs
-    into one reduce-scatter of partial sums forward and one all-gather backward, row_wise and table_row_wise)."""
+    shards), of which ``column_wise`` (present where the plan has column-wise tables: ``column_wise_dims``) is an
+    all-to-all of its own after the table-wise one, and the row-split tables' groups (``row_groups``: [width, sorted
+    devices], one per set of devices, the widths of every column range cut into row blocks over them added up:
+    TorchRec fuses a sharding group's outputs into one reduce-scatter of partial sums forward and one all-gather
+    backward, row_wise and table_row_wise)."""
     rows = plan.task.table_rows()
     dims = [0] * plan.task.num_devices
     for s in plan.shards:
         if s.whole_rows(rows[s.table]):
             dims[s.device] += s.dim
+    column_wise = column_wise_dims(plan)
     groups = [[width, devices] for width, devices in row_groups(plan)]
-    return {"dim_sums": dims, **({"row_groups": groups} if groups else {})}
+    return {
+        "dim_sums": dims,
+        **({"column_wise": column_wise} if any(column_wise) else {}),
+        **({"row_groups": groups} if groups else {}),
+    }
 
 
 def crosses_hosts(plan: Plan, devices: list[int]) -> bool:

@@ -71,21 +71,38 @@ class DeviceCosts(NamedTuple):
     total_ms: jax.Array
 
 
-def combine_costs(fns: CostFns, params, compute_ms, dim_sums, device_mask, speed=None, rows_ms=None) -> DeviceCosts:
+def combine_costs(
+    fns: CostFns, params, compute_ms, dim_sums, device_mask, speed=None, rows_ms=None, apart=None
+) -> DeviceCosts:
     """The simulator formula: compute f32[..., N] and dim sums f32[..., N] -> DeviceCosts. ``speed`` f32[..., N]
     (optional): heterogeneous devices' relative compute speeds, which divide their compute (comm is not scaled).
     ``rows_ms`` (optional): (fwd, bwd) f32[..., N] of row-split groups' collectives (``row_comm.py``), added to the
-    all-to-all's before the forward's straggler delays are worked out."""
+    all-to-all's before the forward's straggler delays are worked out. ``apart`` (optional) f32[..., G, N]: parts of
+    ``dim_sums`` that are all-to-alls of their own (TorchRec runs one per sharding type: the column-wise tables'
+    apart from the table-wise ones); each all-to-all that moves anything is priced by the comm nets and they add
+    up, the first of them taking the wait for the slowest peer."""
     if speed is not None:
         compute_ms = compute_ms / speed
     compute_ms = jnp.where(device_mask, compute_ms, 0.0)
     exchanging = device_mask & (device_mask.sum(-1, keepdims=True) > 1)  # one device alone sends nothing
     rows_fwd, rows_bwd = (0.0, 0.0) if rows_ms is None else rows_ms
-    bwd = jnp.where(exchanging, fns.bwd_comm(params, dim_sums, device_mask) + rows_bwd, 0.0)
+    if apart is None:
+        parts, moves = dim_sums[..., None, :], jnp.ones(dim_sums.shape[:-1] + (1,), bool)
+    else:
+        parts = jnp.concatenate([(dim_sums - apart.sum(-2))[..., None, :], apart], axis=-2)  # [..., 1 + G, N]
+        moves = jnp.where(device_mask[..., None, :], parts, 0.0).sum(-1) > 0  # [..., 1 + G]
+        # a plan with nothing apart prices its one all-to-all as before, even with no width at all
+        moves = moves.at[..., 0].set(moves[..., 0] | ~moves[..., 1:].any(-1))
+    mask = jnp.broadcast_to(device_mask[..., None, :], parts.shape)
+    bwd_parts = jnp.where(moves[..., None], fns.bwd_comm(params, parts, mask), 0.0)
+    bwd = jnp.where(exchanging, bwd_parts.sum(-2) + rows_bwd, 0.0)
     ready = compute_ms + bwd
     earliest = jnp.min(jnp.where(device_mask, ready, jnp.inf), axis=-1, keepdims=True)
     delays = jnp.where(device_mask, ready - earliest, 0.0)
-    fwd = jnp.where(exchanging, fns.fwd_comm(params, dim_sums, delays, device_mask) + rows_fwd, 0.0)
+    first = jnp.cumsum(moves, axis=-1) == 1  # the first all-to-all that moves anything waits for the slowest peer
+    part_delays = jnp.where((first & moves)[..., None], delays[..., None, :], 0.0)
+    fwd_parts = jnp.where(moves[..., None], fns.fwd_comm(params, parts, part_delays, mask), 0.0)
+    fwd = jnp.where(exchanging, fwd_parts.sum(-2) + rows_fwd, 0.0)
     return DeviceCosts(compute_ms, fwd, bwd, compute_ms + fwd + bwd)
 
 
@@ -99,16 +116,17 @@ def device_compute_ms(fns: CostFns, params, feats, table_mask):
 
 
 def device_costs(
-    fns: CostFns, params, feats, table_mask, dim_sums, device_mask, speed=None, rows_ms=None
+    fns: CostFns, params, feats, table_mask, dim_sums, device_mask, speed=None, rows_ms=None, apart=None
 ) -> DeviceCosts:
     """Per-device costs of padded plans; any leading batch dims broadcast.
 
     feats f32[..., N, T, F]; table_mask bool[..., N, T]; dim_sums f32[..., N]; device_mask bool[..., N]; speed
     f32[..., N] (optional, heterogeneous devices: divides each device's compute); rows_ms (optional: the row
-    groups' collectives, ``combine_costs``).
+    groups' collectives, ``combine_costs``); apart (optional f32[..., G, N]: the all-to-alls of their own,
+    ``combine_costs``).
     """
     compute = device_compute_ms(fns, params, feats, table_mask)
-    return combine_costs(fns, params, compute, dim_sums, device_mask, speed, rows_ms)
+    return combine_costs(fns, params, compute, dim_sums, device_mask, speed, rows_ms, apart)
 
 
 def plan_cost_ms(costs: DeviceCosts) -> jax.Array:

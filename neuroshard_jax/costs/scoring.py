@@ -19,7 +19,9 @@ The jitted functions price the all-to-all of the widths they are given. A neural
 (``model.row_comm``, ``row_comm.py``) prices the collectives of row-split tables apart: the host-side functions
 below (``score_plan``, ``score_plans``) add them (``rows_arrays``) and leave row blocks out of the all-to-all width
 (``plan_arrays(..., rows_apart=True)``); from your own JAX code pass those as ``rows_ms`` to ``plan_costs`` or
-``costs_from_latents``.
+``costs_from_latents``. TorchRec runs one all-to-all per sharding type: the host-side functions price the
+column-wise tables' all-to-all apart from the table-wise one (``apart_arrays``); from your own JAX code pass it as
+``apart`` (without it, every width is priced as one all-to-all).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from neuroshard_jax.core.assignment import comm_layout, crosses_hosts, replica_width, row_groups
+from neuroshard_jax.core.assignment import column_wise_dims, comm_layout, crosses_hosts, replica_width, row_groups
 from neuroshard_jax.core.features import NUM_FEATURES
 from neuroshard_jax.core.sharding import replica_features, shard_features
 from neuroshard_jax.core.types import Plan, PlanCosts
@@ -104,12 +106,14 @@ def costs_from_latents(
     device_mask: jax.Array,
     speed: jax.Array | None = None,
     rows_ms: tuple[jax.Array, jax.Array] | None = None,
+    apart: jax.Array | None = None,
 ) -> DeviceCosts:
     """Per-device costs from summed latents f32[..., N, D], has_tables bool[..., N], dim_sums f32[..., N]
     (``speed`` f32[..., N]: heterogeneous devices' relative compute speeds, optional; ``rows_ms``: the row groups'
-    collectives (fwd, bwd) f32[..., N], optional, ``rows_arrays``)."""
+    collectives (fwd, bwd) f32[..., N], optional, ``rows_arrays``; ``apart`` f32[..., G, N]: the parts of the widths
+    that are all-to-alls of their own, optional, ``apart_arrays``)."""
     compute = jnp.where(has_tables, fns.head(params, latent_sums), 0.0)
-    return combine_costs(fns, params, compute, dim_sums, device_mask, speed, rows_ms)
+    return combine_costs(fns, params, compute, dim_sums, device_mask, speed, rows_ms, apart)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -122,19 +126,22 @@ def plan_costs(
     device_mask: jax.Array,
     speed: jax.Array | None = None,
     rows_ms: tuple[jax.Array, jax.Array] | None = None,
+    apart: jax.Array | None = None,
 ) -> jax.Array:
     """Plan costs f32[...] of padded plans: feats f32[..., N, T, F], table_mask bool[..., N, T],
     dim_sums f32[..., N], device_mask bool[..., N], speed f32[..., N] (optional: heterogeneous devices' relative
-    compute speeds), rows_ms (optional: the row groups' collectives (fwd, bwd) f32[..., N], ``rows_arrays``)
-    (chunked over plans)."""
+    compute speeds), rows_ms (optional: the row groups' collectives (fwd, bwd) f32[..., N], ``rows_arrays``), apart
+    (optional f32[..., G, N]: all-to-alls of their own, ``apart_arrays``) (chunked over plans)."""
     speed = jnp.broadcast_to(jnp.ones_like(dim_sums) if speed is None else speed, dim_sums.shape)
     rows_fwd, rows_bwd = (jnp.broadcast_to(jnp.asarray(r, dim_sums.dtype), dim_sums.shape) for r in rows_ms or (0, 0))
+    groups = jnp.zeros(dim_sums.shape[:-1] + (APART, dim_sums.shape[-1]), dim_sums.dtype) if apart is None else apart
+    groups = jnp.broadcast_to(groups, dim_sums.shape[:-1] + groups.shape[-2:])
 
-    def one_chunk(f, m, d, dm, sp, rf, rb):
-        return plan_cost_ms(device_costs(fns, params, f, m, d, dm, sp, (rf, rb)))
+    def one_chunk(f, m, d, dm, sp, rf, rb, g):
+        return plan_cost_ms(device_costs(fns, params, f, m, d, dm, sp, (rf, rb), g))
 
-    arrays = (feats, table_mask, dim_sums, device_mask, speed, rows_fwd, rows_bwd)
-    return map_chunks(one_chunk, arrays, (3, 2, 1, 1, 1, 1, 1), max(1, CHUNK // 8))
+    arrays = (feats, table_mask, dim_sums, device_mask, speed, rows_fwd, rows_bwd, groups)
+    return map_chunks(one_chunk, arrays, (3, 2, 1, 1, 1, 1, 1, 2), max(1, CHUNK // 8))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,8 +181,26 @@ def _all_to_all_dims(plan: Plan, rows_apart: bool) -> np.ndarray:
     if rows_apart:
         return np.asarray(comm_layout(plan)["dim_sums"], dtype=np.float32)
     # without a row-comm fit, row blocks and the data-parallel all-reduce are priced as all-to-all width
-    replicated = replica_width(plan) if plan.data_parallel and plan.task.num_devices > 1 else 0
-    return (plan.dim_sums() + replicated).astype(np.float32)
+    return (plan.dim_sums() + _replicated(plan)).astype(np.float32)
+
+
+def _replicated(plan: Plan) -> int:
+    return replica_width(plan) if plan.data_parallel and plan.task.num_devices > 1 else 0
+
+
+APART = 2  # the all-to-alls apart from the table-wise one: the column-wise tables', the replicas' (as width)
+
+
+def apart_arrays(plan: Plan, rows_apart: bool = False) -> np.ndarray:
+    """f32[APART, N]: the parts of ``plan_arrays``' all-to-all widths that are collectives of their own, priced as
+    all-to-alls (``combine_costs``' ``apart``): the column-wise tables' widths (``column_wise_dims``: TorchRec runs
+    one all-to-all per sharding type) and, for a model without a row-comm fit, the data-parallel tables' all-reduce
+    as width on every device (with one, it is a row group: ``rows_arrays``)."""
+    out = np.zeros((APART, plan.task.num_devices), np.float32)
+    out[0] = column_wise_dims(plan)
+    if not rows_apart:
+        out[1] = _replicated(plan)
+    return out
 
 
 def plan_dim_sums(plan: Plan, model: CostModel) -> np.ndarray:
@@ -184,8 +209,8 @@ def plan_dim_sums(plan: Plan, model: CostModel) -> np.ndarray:
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _device_costs_jit(fns, params, feats, table_mask, dim_sums, device_mask, speed, rows_ms):
-    return device_costs(fns, params, feats, table_mask, dim_sums, device_mask, speed, rows_ms)
+def _device_costs_jit(fns, params, feats, table_mask, dim_sums, device_mask, speed, rows_ms, apart):
+    return device_costs(fns, params, feats, table_mask, dim_sums, device_mask, speed, rows_ms, apart)
 
 
 def rows_arrays(model: CostModel, plans: list[Plan]) -> tuple[np.ndarray, np.ndarray]:
@@ -202,7 +227,9 @@ def score_plan(model: CostModel, plan: Plan) -> DeviceCosts:
     """Predicted per-device costs of one plan, as numpy arrays f64[N] (compute divided by the devices' speeds)."""
     arrays = plan_arrays(plan, rows_apart=model.prices_rows)
     rows = tuple(r[0] for r in rows_arrays(model, [plan]))
-    costs = _device_costs_jit(model.fns, model.params, *arrays, plan.task.speeds().astype(np.float32), rows)
+    speed = plan.task.speeds().astype(np.float32)
+    apart = apart_arrays(plan, model.prices_rows)
+    costs = _device_costs_jit(model.fns, model.params, *arrays, speed, rows, apart)
     return DeviceCosts(*(np.asarray(c, dtype=np.float64) for c in costs))
 
 
@@ -221,10 +248,11 @@ def score_plans_devices(
     width = max(device_width(p) for p in plans)
     arrays = [plan_arrays(p, width, model.prices_rows) for p in plans]
     stacked = [np.stack(a) for a in zip(*arrays)] + list(rows_arrays(model, plans))
+    stacked.append(np.stack([apart_arrays(p, model.prices_rows) for p in plans]))
     pad = bucket(len(plans), 8) - len(plans)
     stacked = [np.concatenate([a, np.repeat(a[:1], pad, axis=0)]) for a in stacked]
     speed = np.broadcast_to(plans[0].task.speeds().astype(np.float32), stacked[2].shape)
-    costs = _device_costs_jit(model.fns, model.params, *stacked[:4], speed, tuple(stacked[4:]))
+    costs = _device_costs_jit(model.fns, model.params, *stacked[:4], speed, tuple(stacked[4:6]), stacked[6])
     costs = DeviceCosts(*(np.asarray(c, dtype=np.float64)[: len(plans)] for c in costs))
     if not uncertainty or model.fns.uncertainty is None:
         return costs, None

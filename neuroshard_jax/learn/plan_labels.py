@@ -478,7 +478,8 @@ def measure_plan_comm(
                 pending.append((comm_id, spec, plan, per_device))
     for start in range(0, len(pending), chunk):
         part = pending[start : start + chunk]
-        fwd, bwd = measure_comm([p for _, _, p, _ in part], [c for *_, c in part], evaluate, executor)
+        # one all-to-all of every width: a label of the form the comm nets learn (``collect kind=comm``)
+        fwd, bwd = measure_comm([p for _, _, p, _ in part], [c for *_, c in part], evaluate, executor, by_type=False)
         for (comm_id, spec, plan, compute_ms), f, b in zip(part, fwd, bwd):
             ready = [c + x for c, x in zip(compute_ms, b)]
             log.append(

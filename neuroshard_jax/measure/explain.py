@@ -46,7 +46,7 @@ from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.analytic import AnalyticConfig
 from neuroshard_jax.costs.cost_model import CostFns, CostModel, DeviceCosts, bucket, combine_costs, plan_cost_ms
 from neuroshard_jax.costs.registry import checkpoint_path, expected_cost_model, make_cost_model, usable_cost_model
-from neuroshard_jax.costs.scoring import plan_dim_sums, rows_arrays, score_plan, shard_costs
+from neuroshard_jax.costs.scoring import apart_arrays, plan_dim_sums, rows_arrays, score_plan, shard_costs
 from neuroshard_jax.workloads.samplers import CommSamplerConfig
 
 FAR_PAST_TRAINED = 4  # a plan on more devices than this x the largest all-to-all a model was trained on: "far past"
@@ -121,15 +121,16 @@ def table_compute_ms(model: CostModel, plan: Plan, compute_ms: np.ndarray) -> np
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _plan_costs_ms(fns: CostFns, params, compute_ms, dim_sums, device_mask, speed, rows_fwd, rows_bwd):
+def _plan_costs_ms(fns: CostFns, params, compute_ms, dim_sums, device_mask, speed, rows_fwd, rows_bwd, apart):
     """Plan costs f32[B] of B plans of one task that differ on a few devices: their compute f32[B, N] (before the
-    speeds), all-to-all widths and row groups' collectives f32[B, N]; one plan at a time (memory O(N))."""
+    speeds), all-to-all widths, row groups' collectives f32[B, N] and all-to-alls apart f32[B, G, N]; one plan at a
+    time (memory O(N))."""
 
     def one(args):
-        compute, dims, fwd, bwd = args
-        return plan_cost_ms(combine_costs(fns, params, compute, dims, device_mask, speed, (fwd, bwd)))
+        compute, dims, fwd, bwd, own = args
+        return plan_cost_ms(combine_costs(fns, params, compute, dims, device_mask, speed, (fwd, bwd), own))
 
-    return jax.lax.map(one, (compute_ms, dim_sums, rows_fwd, rows_bwd))
+    return jax.lax.map(one, (compute_ms, dim_sums, rows_fwd, rows_bwd, apart))
 
 
 def split_gains(model: CostModel, plan: Plan, costs: DeviceCosts | None = None) -> dict[int, dict]:
@@ -200,8 +201,9 @@ def _variant_costs(model: CostModel, plan: Plan, plans: list[Plan], computes: li
         compute = np.stack(computes[start : start + VARIANT_CHUNK]).astype(np.float32)
         dims = np.stack([plan_dim_sums(p, model) for p in chunk]).astype(np.float32)
         fwd, bwd = rows_arrays(model, chunk)
+        apart = np.stack([apart_arrays(p, model.prices_rows) for p in chunk])
         pad = VARIANT_CHUNK - len(chunk)  # one padded shape: one compilation
-        arrays = [np.concatenate([a, np.repeat(a[:1], pad, axis=0)]) for a in (compute, dims, fwd, bwd)]
+        arrays = [np.concatenate([a, np.repeat(a[:1], pad, axis=0)]) for a in (compute, dims, fwd, bwd, apart)]
         out.append(np.asarray(_plan_costs_ms(model.fns, model.params, arrays[0], arrays[1], mask, speed, *arrays[2:])))
     return np.concatenate(out)[: len(plans)].astype(np.float64)
 

@@ -282,24 +282,29 @@ def device_key(task: Task, tables: list) -> str:
 
 
 def measure_comm(
-    plans: list[Plan], compute: list[list[float]], config: EvaluateConfig, executor: Executor | None = None
+    plans: list[Plan],
+    compute: list[list[float]],
+    config: EvaluateConfig,
+    executor: Executor | None = None,
+    by_type: bool = True,
 ) -> tuple[list[list[float]], list[list[float]]]:
     """Measured fwd and bwd all-to-all ms of every device of every plan ([plan][device]). The plans with the
     same number of devices share one set of rank processes (on one node of the executor): backward for all of
     them first, then forward with each plan's straggler delays ((compute + bwd comm) - min over devices, from
-    ``compute``)."""
+    ``compute``). ``by_type``: the column-wise tables' all-to-all apart from the table-wise one, as TorchRec runs
+    them (``comm_layout``); else one all-to-all of every width (an all-to-all label, as ``collect kind=comm``)."""
     fwd = [[0.0] * p.task.num_devices for p in plans]
     bwd = [[0.0] * p.task.num_devices for p in plans]
     worlds = sorted({p.task.num_devices for p in plans} - {1})
     if worlds:
         with opened(executor, config.executor, config.device, config.timeout_s, config.pin) as pool:
             for n in worlds:
-                _measure_comm_group(plans, compute, config, pool, n, fwd, bwd)
+                _measure_comm_group(plans, compute, config, pool, n, fwd, bwd, by_type)
     return fwd, bwd
 
 
 def _measure_comm_group(
-    plans: list[Plan], compute: list[list[float]], config: EvaluateConfig, pool: Executor, n: int, fwd, bwd
+    plans: list[Plan], compute: list[list[float]], config: EvaluateConfig, pool: Executor, n: int, fwd, bwd, by_type
 ) -> None:
     """``measure_comm`` for the plans of ``n`` devices (fills ``fwd`` and ``bwd`` in place)."""
     group = [i for i, p in enumerate(plans) if p.task.num_devices == n]
@@ -307,7 +312,7 @@ def _measure_comm_group(
     scales = {i: plans[i].task.comm_scale() for i in group}
     base = {
         i: {
-            **comm_layout(plans[i]),
+            **{k: v for k, v in comm_layout(plans[i]).items() if by_type or k != "column_wise"},
             "batch_size": plans[i].task.batch_size,
             "warmup": config.comm_warmup,
             "iters": config.comm_iters,

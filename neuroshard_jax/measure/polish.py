@@ -35,7 +35,14 @@ from neuroshard_jax.core.sharding import row_shards, split_counts
 from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel, DeviceCosts, combine_costs, plan_cost_ms
 from neuroshard_jax.costs.registry import expected_cost_model
-from neuroshard_jax.costs.scoring import plan_dim_sums, rows_arrays, score_plan, score_plans_devices, with_costs
+from neuroshard_jax.costs.scoring import (
+    apart_arrays,
+    plan_dim_sums,
+    rows_arrays,
+    score_plan,
+    score_plans_devices,
+    with_costs,
+)
 from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, open_executor, pinned
 from neuroshard_jax.measure.plans import (
     Measuring,
@@ -291,7 +298,8 @@ def simulate(model: CostModel, plans: list[Plan], compute: np.ndarray) -> Device
     dim_sums = np.stack([plan_dim_sums(p, model) for p in plans])
     mask = np.ones_like(dim_sums, bool)
     rows = rows_arrays(model, plans)
-    costs = _combine(model.fns, model.params, jnp.asarray(compute, jnp.float32), dim_sums, mask, None, rows)
+    apart = np.stack([apart_arrays(p, model.prices_rows) for p in plans])
+    costs = _combine(model.fns, model.params, jnp.asarray(compute, jnp.float32), dim_sums, mask, None, rows, apart)
     return DeviceCosts(*(np.asarray(c, np.float64) for c in costs))
 
 

@@ -19,7 +19,9 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
 
     Forward: sleep this rank's straggler delay, then all_to_all_single of the pooled outputs
     [B, dim_sum_rank] split along the batch; the time includes waiting for the slowest peer.
-    Backward: the gradients go the other way, no delay. Raw collectives on preallocated buffers.
+    Backward: the gradients go the other way, no delay. Raw collectives on preallocated buffers. A request's
+    ``column_wise`` (per rank, the part of ``dim_sums`` that is column-wise tables) makes that part an all-to-all of its
+    own after the table-wise one, as TorchRec runs one per sharding type (``all_to_alls``).
     A request's ``row_groups`` ([[width, [ranks]], ...]: the row-split tables, TorchRec's row_wise and
     table_row_wise) add, for each group this rank is in, a reduce-scatter of its partial pooled sums [B, width]
     over the group to the forward (each rank keeps its batch slice) and the mirror all-gather of the gradients to
@@ -53,11 +55,12 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
     subgroups = {ranks: dist.new_group(list(ranks)) for ranks in members}
     with open(out_path, "w") as out:
         for request in requests:
-            dims = [int(d) for d in request["dim_sums"]]
             rows = batch_splits(int(request["batch_size"]), world)
-            mine = dims[rank]
-            fwd_in = [rows[j] * mine for j in range(world)]  # my pooled outputs, one batch slice per peer
-            fwd_out = [rows[rank] * dims[j] for j in range(world)]  # my batch slice of every peer's outputs
+            # my pooled outputs, one batch slice per peer; my batch slice of every peer's outputs: per all-to-all
+            splits = [
+                ([rows[j] * dims[rank] for j in range(world)], [rows[rank] * dims[j] for j in range(world)])
+                for dims in all_to_alls(request)
+            ]
             reduced = _row_group_buffers(torch, request, rank, world, subgroups, target)
             delay_s = float(request["delays_ms"][rank]) / 1e3
             fwd_runs, bwd_runs, fwd_rows, bwd_rows = [], [], [], []
@@ -65,7 +68,8 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
                 dist.barrier()
                 time.sleep(delay_s)
                 t0 = time.perf_counter()
-                dist.all_to_all_single(recv_buf[: sum(fwd_out)], send_buf[: sum(fwd_in)], fwd_out, fwd_in)
+                for fwd_in, fwd_out in splits:
+                    dist.all_to_all_single(recv_buf[: sum(fwd_out)], send_buf[: sum(fwd_in)], fwd_out, fwd_in)
                 sync()
                 ta = time.perf_counter()
                 for partial, slice_, group in reduced:
@@ -74,7 +78,8 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
                 t1 = time.perf_counter()
                 dist.barrier()
                 t2 = time.perf_counter()
-                dist.all_to_all_single(send_buf[: sum(fwd_in)], recv_buf[: sum(fwd_out)], fwd_in, fwd_out)
+                for fwd_in, fwd_out in reversed(splits):
+                    dist.all_to_all_single(send_buf[: sum(fwd_in)], recv_buf[: sum(fwd_out)], fwd_in, fwd_out)
                 sync()
                 tb = time.perf_counter()
                 for partial, slice_, group in reduced:
@@ -102,6 +107,18 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
             )
             out.flush()
     dist.destroy_process_group()
+
+
+def all_to_alls(request: dict) -> list[list[int]]:
+    """The widths of each all-to-all a request runs, in order: the table-wise one (``dim_sums`` less
+    ``column_wise``), then the column-wise one (TorchRec runs one per sharding type); one that would move nothing is
+    left out, and a request without ``column_wise`` runs its one all-to-all as it always did."""
+    dims = [int(d) for d in request["dim_sums"]]
+    column_wise = [int(d) for d in request.get("column_wise", ())]
+    if not any(column_wise):
+        return [dims]
+    table_wise = [d - c for d, c in zip(dims, column_wise)]
+    return [part for part in (table_wise, column_wise) if any(part)]
 
 
 def _row_group_buffers(torch, request: dict, rank: int, world: int, subgroups: dict, target) -> list[tuple]:
