@@ -71,8 +71,10 @@ class ShardBatch(NamedTuple):
     feats f32[C, S, F] raw shard features; mem i32[C, S] memory units; dims i32[C, S]; valid bool[C, S];
     allowed bool[C, S, N] the devices a slot may go to (placement constraints); leader i32[C, S] the slot that
     places it (its own index, or the first slot of its colocation group: the group goes to one device as one item);
-    split bool[C, S] (optional) whether a slot is a column slice of a table cut in more than one: its width goes in
-    the column-wise all-to-all, apart from the table-wise one (``combine_costs``' ``apart``).
+    column_table i32[C, S] (optional): for a column slice of a table cut in more than one, the table's index, else
+    -1: where the slices of a table end on more than one device, their widths go in the column-wise all-to-all, apart
+    from the table-wise one (``combine_costs``' ``apart``); all on one device, ``merge_colocated`` makes the table
+    whole again and it stays table-wise.
     """
 
     feats: np.ndarray
@@ -81,7 +83,7 @@ class ShardBatch(NamedTuple):
     valid: np.ndarray
     allowed: np.ndarray
     leader: np.ndarray
-    split: np.ndarray | None = None
+    column_table: np.ndarray | None = None
 
 
 class GridResult(NamedTuple):
@@ -91,23 +93,21 @@ class GridResult(NamedTuple):
     devices: jax.Array
 
 
-def _place(
-    fns: CostFns, params, z, mem, dims, split, valid, allowed, single, bound, cap, device_mask, speed, by_memory=False
-):
+def _place(fns: CostFns, params, z, mem, dims, valid, allowed, single, bound, cap, device_mask, speed, by_memory=False):
     """Greedy placement of shards already in placement order (one candidate, one alpha; ``by_memory``: each on the
     eligible device with the most memory left).
 
-    z f32[S, D], mem/dims i32[S] (split i32[S]: the width of a column slice, 0 for a whole table), valid bool[S],
-    allowed bool[S, N], single f32[S] each shard's cost alone; cap i32[N]; speed f32[N]; returns (compute f32[N]
-    (divided by the devices' speeds), dim sums i32[N], column-wise dim sums i32[N], ok, devices i32[S]).
+    z f32[S, D], mem/dims i32[S], valid bool[S], allowed bool[S, N], single f32[S] each shard's cost alone; cap
+    i32[N]; speed f32[N]; returns (compute f32[N] (divided by the devices' speeds), dim sums i32[N], ok,
+    devices i32[S]).
     """
     n = device_mask.shape[0]
 
     uniform = jnp.all(speed == speed[0])
 
     def step(carry, shard):
-        latents, used, dim_sums, split_sums, compute, ok = carry
-        z_s, m, d, w, v, a, alone = shard
+        latents, used, dim_sums, compute, ok = carry
+        z_s, m, d, v, a, alone = shard
         eligible = device_mask & a & (used + m <= cap) & (dim_sums + d <= bound)
         found = eligible.any()
         # identical devices: the least loaded (the paper's rule); devices of unequal speed: where the shard would
@@ -120,22 +120,30 @@ def _place(
         onehot = (jnp.arange(n) == choice) & take
         used = used + onehot * m
         dim_sums = dim_sums + onehot * d
-        split_sums = split_sums + onehot * w
         compute = jnp.where(onehot, fns.head(params, row) / speed, compute)
-        return (latents, used, dim_sums, split_sums, compute, ok & (found | ~v)), jnp.where(take, choice, -1)
+        return (latents, used, dim_sums, compute, ok & (found | ~v)), jnp.where(take, choice, -1)
 
     init = (
         jnp.zeros((n, z.shape[-1]), z.dtype),
         jnp.zeros(n, jnp.int32),
         jnp.zeros(n, jnp.int32),
-        jnp.zeros(n, jnp.int32),
         jnp.zeros(n, jnp.float32),
         jnp.array(True),
     )
-    (_, _, dim_sums, split_sums, compute, ok), devices = jax.lax.scan(
-        step, init, (z, mem, dims, split, valid, allowed, single)
-    )
-    return compute, dim_sums, split_sums, ok, devices
+    (_, _, dim_sums, compute, ok), devices = jax.lax.scan(step, init, (z, mem, dims, valid, allowed, single))
+    return compute, dim_sums, ok, devices
+
+
+def _column_wise_sums(devices, dims, column_table, n: int):
+    """i32[N]: each device's widths in the column-wise all-to-all, from one placement (devices i32[S] in slot order,
+    -1 for padding): the slices of tables whose slices ended on more than one device (``column_wise_dims``)."""
+    slots = devices.shape[0]
+    sliced = column_table >= 0
+    table = jnp.where(sliced, column_table, slots)  # out of range: dropped by the segment ops
+    lowest = jax.ops.segment_min(devices, table, num_segments=slots)
+    highest = jax.ops.segment_max(devices, table, num_segments=slots)
+    spread = sliced & (lowest[jnp.minimum(table, slots - 1)] != highest[jnp.minimum(table, slots - 1)])
+    return jax.ops.segment_sum(jnp.where(spread, dims, 0), jnp.where(devices >= 0, devices, n), num_segments=n)
 
 
 @functools.partial(jax.jit, static_argnums=0, static_argnames="by_memory")
@@ -154,12 +162,10 @@ def grid_search(
     # a colocation group is one item: its leader slot carries the sum of its slots' latents (a device's latent is
     # the sum of its shards'), memory and dims; the other slots are placed with it
     items = jax.vmap(functools.partial(jax.ops.segment_sum, num_segments=num_slots))
-    split = jnp.zeros_like(batch.valid) if batch.split is None else batch.split
-    z, mem, dims, split_dims = (
+    z, mem, dims = (
         items(z, batch.leader),
         items(batch.mem * batch.valid, batch.leader),
         items(batch.dims * batch.valid, batch.leader),
-        items(batch.dims * (batch.valid & split), batch.leader),
     )
     valid = batch.valid & (batch.leader == jnp.arange(num_slots))
     single = jnp.where(valid, fns.head(params, z), 0.0)  # [C, S]
@@ -168,41 +174,27 @@ def grid_search(
     take = functools.partial(jnp.take_along_axis, axis=1)
     z_sorted = jnp.take_along_axis(z, order[..., None], axis=1)
     allowed_sorted = jnp.take_along_axis(batch.allowed, order[..., None], axis=1)
-    sorted_ = (
-        z_sorted,
-        take(mem, order),
-        take(dims, order),
-        take(split_dims, order),
-        take(valid, order),
-        allowed_sorted,
-        take(single, order),
-    )
+    sorted_ = (z_sorted, take(mem, order), take(dims, order), take(valid, order), allowed_sorted, take(single, order))
 
-    def one(z_c, mem_c, dims_c, split_c, valid_c, allowed_c, single_c, bound):
+    def one(z_c, mem_c, dims_c, valid_c, allowed_c, single_c, bound):
         return _place(
-            fns,
-            params,
-            z_c,
-            mem_c,
-            dims_c,
-            split_c,
-            valid_c,
-            allowed_c,
-            single_c,
-            bound,
-            cap,
-            device_mask,
-            speed,
-            by_memory,
+            fns, params, z_c, mem_c, dims_c, valid_c, allowed_c, single_c, bound, cap, device_mask, speed, by_memory
         )
 
-    over_alphas = jax.vmap(one, in_axes=(None,) * 7 + (0,))
-    compute, dim_sums, split_sums, ok, placed = jax.vmap(over_alphas, in_axes=(0,) * 7 + (None,))(*sorted_, bounds)
-    apart = split_sums.astype(jnp.float32)[..., None, :]  # the column-wise tables' all-to-all
-    costs = combine_costs(fns, params, compute, dim_sums.astype(jnp.float32), device_mask, apart=apart)
-    cost_ms = jnp.where(ok, plan_cost_ms(costs), jnp.inf)
+    over_alphas = jax.vmap(one, in_axes=(None, None, None, None, None, None, 0))
+    compute, dim_sums, ok, placed = jax.vmap(over_alphas, in_axes=(0, 0, 0, 0, 0, 0, None))(*sorted_, bounds)
     # back from placement order to slot order: devices[c, a, order[c, s]] = placed[c, a, s]
     inverse = jnp.argsort(order, axis=-1)
     devices = jnp.take_along_axis(placed, inverse[:, None, :], axis=-1)
     devices = jnp.take_along_axis(devices, batch.leader[:, None, :], axis=-1)  # a group's slots: its leader's device
-    return GridResult(cost_ms, jnp.where(batch.valid[:, None, :], devices, -1))
+    devices = jnp.where(batch.valid[:, None, :], devices, -1)
+    if batch.column_table is None:
+        apart = None
+    else:  # the column-wise tables' all-to-all, from where their slices ended
+        n = device_mask.shape[0]
+        per_alpha = jax.vmap(_column_wise_sums, in_axes=(0, None, None, None))
+        sums = jax.vmap(per_alpha, in_axes=(0, 0, 0, None))(devices, batch.dims, batch.column_table, n)
+        apart = sums.astype(jnp.float32)[..., None, :]
+    costs = combine_costs(fns, params, compute, dim_sums.astype(jnp.float32), device_mask, apart=apart)
+    cost_ms = jnp.where(ok, plan_cost_ms(costs), jnp.inf)
+    return GridResult(cost_ms, devices)

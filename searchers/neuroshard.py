@@ -67,7 +67,7 @@ class SplitSpace:
         valid = np.zeros((num_c, num_s), dtype=bool)
         allowed = np.ones((num_c, num_s, self.task.num_devices), dtype=bool)
         leader = np.tile(np.arange(num_s, dtype=np.int32), (num_c, 1))
-        split = np.zeros((num_c, num_s), dtype=bool)
+        column_table = np.full((num_c, num_s), -1, dtype=np.int32)
         for c, levels in enumerate(candidates):
             counts = [1 << k for k in levels]
             tables = np.repeat(np.arange(len(levels)), counts)
@@ -77,11 +77,11 @@ class SplitSpace:
             mem[c, :s] = self.mem[tables, ks]
             dims[c, :s] = self.shard_dim[tables, ks]
             valid[c, :s] = True
-            split[c, :s] = ks > 0  # a table cut in columns: TorchRec's column_wise, an all-to-all of its own
+            column_table[c, :s] = np.where(ks > 0, tables, -1)  # cut in columns: TorchRec's column_wise
             allowed[c, :s] = self.allowed[tables]
             first_slot = np.cumsum([0, *counts])[:-1]  # colocated tables are whole: one slot each
             leader[c, :s] = np.where(self.group_of[tables] == tables, np.arange(s), first_slot[self.group_of[tables]])
-        return ShardBatch(feats, mem, dims, valid, allowed, leader, split)
+        return ShardBatch(feats, mem, dims, valid, allowed, leader, column_table)
 
     def plan(self, levels: tuple[int, ...], slot_devices: np.ndarray) -> Plan:
         splits = [1 << k for k in levels]

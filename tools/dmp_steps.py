@@ -35,11 +35,12 @@ def read_plan(spec: str) -> Plan:
         lines = Path(path).read_text().splitlines()
     except OSError as err:
         raise UserError(f"plan: cannot read {path!r} ({err.strerror})") from None
-    for line in lines:
-        row = json.loads(line)
-        if row.get("task") == task and row.get("searcher") == searcher:
-            return Plan.from_json(row["plan"])
-    raise UserError(f"plan: {path!r} has no plan of task {task!r} by {searcher!r}, expected FILE.jsonl:TASK:SEARCHER")
+    rows = [json.loads(line) for line in lines if line.strip()]
+    found = [r for r in rows if r.get("task") == task and r.get("searcher") == searcher and "plan" in r]
+    if len(found) != 1:
+        what = "no plan" if not found else f"{len(found)} plans (models {sorted({r.get('model') for r in found})})"
+        raise UserError(f"plan: {path!r} has {what} of task {task!r} by {searcher!r}, expected one")
+    return Plan.from_json(found[0]["plan"])
 
 
 def main(argv: list[str] | None = None) -> dict:

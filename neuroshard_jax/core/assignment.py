@@ -66,17 +66,19 @@ def replica_width(plan: Plan) -> int:
 
 
 def column_wise_dims(plan: Plan) -> list[int]:
-    """Each device's width in the column-wise all-to-all: its slices of tables cut in columns (whole rows, more than
-    one slice). TorchRec runs one input distribution and one output all-to-all per sharding type, so a plan with
-    column-wise tables beside table-wise ones runs two all-to-alls a step; all zero without column-wise tables."""
+    """Each device's width in the column-wise all-to-all: its slices of tables cut in columns (whole rows) over more
+    than one device. TorchRec runs one input distribution and one output all-to-all per sharding type, so a plan with
+    column-wise tables beside table-wise ones runs two all-to-alls a step; all zero without column-wise tables. A
+    table whose slices all sit on one device is table-wise: the pipeline merges them back into one shard
+    (``sharding.merge_colocated``), and the searchers price it so."""
     rows = plan.task.table_rows()
-    slices: dict[int, int] = {}
+    devices: dict[int, set[int]] = {}
     for s in plan.shards:
         if s.whole_rows(rows[s.table]):
-            slices[s.table] = slices.get(s.table, 0) + 1
+            devices.setdefault(s.table, set()).add(s.device)
     dims = [0] * plan.task.num_devices
     for s in plan.shards:
-        if slices.get(s.table, 0) > 1:
+        if len(devices.get(s.table, ())) > 1:
             dims[s.device] += s.dim
     return dims
 

@@ -86,9 +86,15 @@ def combine_costs(
     compute_ms = jnp.where(device_mask, compute_ms, 0.0)
     exchanging = device_mask & (device_mask.sum(-1, keepdims=True) > 1)  # one device alone sends nothing
     rows_fwd, rows_bwd = (0.0, 0.0) if rows_ms is None else rows_ms
+    shapes = [compute_ms.shape[:-1], dim_sums.shape[:-1], device_mask.shape[:-1]]
+    batch = jnp.broadcast_shapes(*shapes, *([] if apart is None else [apart.shape[:-2]]))
+    dim_sums = jnp.broadcast_to(dim_sums, batch + dim_sums.shape[-1:])
+    device_mask = jnp.broadcast_to(device_mask, batch + device_mask.shape[-1:])
+    exchanging = jnp.broadcast_to(exchanging, batch + exchanging.shape[-1:])
     if apart is None:
         parts, moves = dim_sums[..., None, :], jnp.ones(dim_sums.shape[:-1] + (1,), bool)
     else:
+        apart = jnp.broadcast_to(apart, batch + apart.shape[-2:])
         parts = jnp.concatenate([(dim_sums - apart.sum(-2))[..., None, :], apart], axis=-2)  # [..., 1 + G, N]
         moves = jnp.where(device_mask[..., None, :], parts, 0.0).sum(-1) > 0  # [..., 1 + G]
         # a plan with nothing apart prices its one all-to-all as before, even with no width at all

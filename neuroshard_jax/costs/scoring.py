@@ -188,18 +188,19 @@ def _replicated(plan: Plan) -> int:
     return replica_width(plan) if plan.data_parallel and plan.task.num_devices > 1 else 0
 
 
-APART = 2  # the all-to-alls apart from the table-wise one: the column-wise tables', the replicas' (as width)
+APART = 3  # all-to-alls apart from the table-wise one: the column-wise tables', and as width the replicas', rows'
 
 
 def apart_arrays(plan: Plan, rows_apart: bool = False) -> np.ndarray:
-    """f32[APART, N]: the parts of ``plan_arrays``' all-to-all widths that are collectives of their own, priced as
-    all-to-alls (``combine_costs``' ``apart``): the column-wise tables' widths (``column_wise_dims``: TorchRec runs
-    one all-to-all per sharding type) and, for a model without a row-comm fit, the data-parallel tables' all-reduce
-    as width on every device (with one, it is a row group: ``rows_arrays``)."""
+    """f32[APART, N]: the parts of ``plan_arrays``' all-to-all widths that are collectives of their own (TorchRec runs
+    one per sharding type), priced as all-to-alls (``combine_costs``' ``apart``): the column-wise tables' widths
+    (``column_wise_dims``) and, for a model without a row-comm fit (with one, they are row groups: ``rows_arrays``),
+    the data-parallel tables' all-reduce and the row-split tables' widths."""
     out = np.zeros((APART, plan.task.num_devices), np.float32)
     out[0] = column_wise_dims(plan)
     if not rows_apart:
         out[1] = _replicated(plan)
+        out[2] = plan.dim_sums() - np.asarray(comm_layout(plan)["dim_sums"])  # row blocks' widths
     return out
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.core.types import Plan
@@ -54,6 +55,8 @@ def dmp_steps(plans: list[Plan], warmup: int = 3, steps: int = 20, timeout_s: fl
     for i, plan in enumerate(plans[1:], 1):
         if plan.task.to_json() != task.to_json():
             raise UserError(f"plans[{i}]: its task differs from plans[0]'s, expected plans of one task")
+    if task.precision != "fp32":
+        raise UserError(f"task.precision: got {task.precision!r}, expected fp32 (the steps build fp32 tables)")
     if task.batch_size % task.num_devices:
         raise UserError(
             f"task.batch_size: got {task.batch_size}, expected a multiple of the {task.num_devices} devices "
@@ -95,7 +98,7 @@ def dmp_steps(plans: list[Plan], warmup: int = 3, steps: int = 20, timeout_s: fl
                 "rank_ms": [float(np.median(r)) for r in wall],
                 "busiest_cpu_ms": float(statistics.median(cpu.max(axis=0))),
                 "rank_cpu_ms": [float(np.median(r)) for r in cpu],
-                "local_gb": [r["local_bytes"][p] / 2**30 for r in ranks],
+                "local_gb": [r["local_bytes"][p] / GIB_BYTES for r in ranks],
             }
         )
     return out

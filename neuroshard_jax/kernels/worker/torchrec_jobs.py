@@ -239,7 +239,7 @@ def torchrec_steps(rank: int, world: int, init: str, request_path: str, out_path
     The request: {"tables": [{name, rows, dim, table}] (``table``: the worker's table, a spec or a pool id, whose
     stream at the global batch is cut into one slice of bags per rank), "pool" (for pool ids), "batch_size" (global),
     "plans": [exported ShardingPlan paths], "warmup", "steps"}. One EmbeddingBagCollection per plan, SGD fused into
-    the backward pass (a data-parallel table's gradient all-reduced by DMP's data-parallel wrapper); per step, every
+    the backward pass (a data-parallel table's gradient all-reduced by DDP, then its SGD step); per step, every
     plan's step in turn (after a barrier: fwd, loss = sum of the pooled outputs, bwd), so drifts of the machine hit
     all plans alike. Writes {rank, step_s: [[s per timed step] per plan], cpu_s: (the same in this process's CPU time:
     its own work, its communication threads' included, without the time it waited for other ranks or for a core),
@@ -249,22 +249,30 @@ def torchrec_steps(rank: int, world: int, init: str, request_path: str, out_path
     torch = setup_torch("cpu")
     import torch.distributed as dist
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     features = _rank_features(request, rank, world)
-    models = []
+    models, dense = [], []
     for path in request["plans"]:
         root = embedding_bag_collection(request["tables"], "meta")
         apply_optimizer_in_backward(torch.optim.SGD, root.parameters(), {"lr": 0.01})
         model, _ = _distributed_model({**request, "module_path": ""}, torch.load(path, weights_only=False), root)
         models.append(model)
+        # a data-parallel table is a dense parameter of DMP (its gradient all-reduced by DDP in the backward pass):
+        # the fused update does not reach it, so it gets SGD here, as a training loop's dense optimizer does
+        params = [p for _, p in in_backward_optimizer_filter(model.named_parameters())]
+        dense.append(torch.optim.SGD(params, lr=0.01) if params else None)
     step_s: list[list[float]] = [[] for _ in models]
     cpu_s: list[list[float]] = [[] for _ in models]
     for i in range(int(request["warmup"]) + int(request["steps"])):
-        for p, model in enumerate(models):
+        for p, (model, optimizer) in enumerate(zip(models, dense)):
             dist.barrier()
             start, start_cpu = time.perf_counter(), time.process_time()
             model(features).values().sum().backward()
+            if optimizer is not None:
+                optimizer.step()
+                optimizer.zero_grad()
             if i >= int(request["warmup"]):
                 step_s[p].append(time.perf_counter() - start)
                 cpu_s[p].append(time.process_time() - start_cpu)
