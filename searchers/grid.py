@@ -142,7 +142,8 @@ def _column_wise_sums(devices, dims, column_table, n: int):
     table = jnp.where(sliced, column_table, slots)  # out of range: dropped by the segment ops
     lowest = jax.ops.segment_min(devices, table, num_segments=slots)
     highest = jax.ops.segment_max(devices, table, num_segments=slots)
-    spread = sliced & (lowest[jnp.minimum(table, slots - 1)] != highest[jnp.minimum(table, slots - 1)])
+    own = jnp.minimum(table, slots - 1)  # each slot's table (a whole table's slot: masked by ``sliced``)
+    spread = sliced & (lowest[own] != highest[own])
     return jax.ops.segment_sum(jnp.where(spread, dims, 0), jnp.where(devices >= 0, devices, n), num_segments=n)
 
 

@@ -65,6 +65,17 @@ def replica_width(plan: Plan) -> int:
     return -(-elements // plan.task.batch_size)
 
 
+def whole_row_dims(plan: Plan) -> list[int]:
+    """Each device's all-to-all width: the widths of its whole-row shards (table-wise and column-wise; row blocks are
+    row groups, ``row_groups``)."""
+    rows = plan.task.table_rows()
+    dims = [0] * plan.task.num_devices
+    for s in plan.shards:
+        if s.whole_rows(rows[s.table]):
+            dims[s.device] += s.dim
+    return dims
+
+
 def column_wise_dims(plan: Plan) -> list[int]:
     """Each device's width in the column-wise all-to-all: its slices of tables cut in columns (whole rows) over more
     than one device. TorchRec runs one input distribution and one output all-to-all per sharding type, so a plan with
@@ -90,15 +101,10 @@ def comm_layout(plan: Plan) -> dict:
     devices], one per set of devices, the widths of every column range cut into row blocks over them added up:
     TorchRec fuses a sharding group's outputs into one reduce-scatter of partial sums forward and one all-gather
     backward, row_wise and table_row_wise)."""
-    rows = plan.task.table_rows()
-    dims = [0] * plan.task.num_devices
-    for s in plan.shards:
-        if s.whole_rows(rows[s.table]):
-            dims[s.device] += s.dim
     column_wise = column_wise_dims(plan)
     groups = [[width, devices] for width, devices in row_groups(plan)]
     return {
-        "dim_sums": dims,
+        "dim_sums": whole_row_dims(plan),
         **({"column_wise": column_wise} if any(column_wise) else {}),
         **({"row_groups": groups} if groups else {}),
     }

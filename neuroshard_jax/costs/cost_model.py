@@ -84,13 +84,12 @@ def combine_costs(
     if speed is not None:
         compute_ms = compute_ms / speed
     compute_ms = jnp.where(device_mask, compute_ms, 0.0)
-    exchanging = device_mask & (device_mask.sum(-1, keepdims=True) > 1)  # one device alone sends nothing
     rows_fwd, rows_bwd = (0.0, 0.0) if rows_ms is None else rows_ms
-    shapes = [compute_ms.shape[:-1], dim_sums.shape[:-1], device_mask.shape[:-1]]
-    batch = jnp.broadcast_shapes(*shapes, *([] if apart is None else [apart.shape[:-2]]))
+    leading = [compute_ms.shape[:-1], dim_sums.shape[:-1], device_mask.shape[:-1]]
+    batch = jnp.broadcast_shapes(*leading, *([] if apart is None else [apart.shape[:-2]]))
     dim_sums = jnp.broadcast_to(dim_sums, batch + dim_sums.shape[-1:])
     device_mask = jnp.broadcast_to(device_mask, batch + device_mask.shape[-1:])
-    exchanging = jnp.broadcast_to(exchanging, batch + exchanging.shape[-1:])
+    exchanging = device_mask & (device_mask.sum(-1, keepdims=True) > 1)  # one device alone sends nothing
     if apart is None:
         parts, moves = dim_sums[..., None, :], jnp.ones(dim_sums.shape[:-1] + (1,), bool)
     else:

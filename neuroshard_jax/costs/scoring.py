@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from neuroshard_jax.core.assignment import column_wise_dims, comm_layout, crosses_hosts, replica_width, row_groups
+from neuroshard_jax.core.assignment import column_wise_dims, crosses_hosts, replica_width, row_groups, whole_row_dims
 from neuroshard_jax.core.features import NUM_FEATURES
 from neuroshard_jax.core.sharding import replica_features, shard_features
 from neuroshard_jax.core.types import Plan, PlanCosts
@@ -134,14 +134,16 @@ def plan_costs(
     (optional f32[..., G, N]: all-to-alls of their own, ``apart_arrays``) (chunked over plans)."""
     speed = jnp.broadcast_to(jnp.ones_like(dim_sums) if speed is None else speed, dim_sums.shape)
     rows_fwd, rows_bwd = (jnp.broadcast_to(jnp.asarray(r, dim_sums.dtype), dim_sums.shape) for r in rows_ms or (0, 0))
-    groups = jnp.zeros(dim_sums.shape[:-1] + (APART, dim_sums.shape[-1]), dim_sums.dtype) if apart is None else apart
-    groups = jnp.broadcast_to(groups, dim_sums.shape[:-1] + groups.shape[-2:])
+    arrays = (feats, table_mask, dim_sums, device_mask, speed, rows_fwd, rows_bwd)
+    item_ndims = (3, 2, 1, 1, 1, 1, 1)
+    if apart is not None:  # without it, one all-to-all of every width: no comm nets run on parts that move nothing
+        arrays += (jnp.broadcast_to(apart, dim_sums.shape[:-1] + apart.shape[-2:]),)
+        item_ndims += (2,)
 
-    def one_chunk(f, m, d, dm, sp, rf, rb, g):
+    def one_chunk(f, m, d, dm, sp, rf, rb, g=None):
         return plan_cost_ms(device_costs(fns, params, f, m, d, dm, sp, (rf, rb), g))
 
-    arrays = (feats, table_mask, dim_sums, device_mask, speed, rows_fwd, rows_bwd, groups)
-    return map_chunks(one_chunk, arrays, (3, 2, 1, 1, 1, 1, 1, 2), max(1, CHUNK // 8))
+    return map_chunks(one_chunk, arrays, item_ndims, max(1, CHUNK // 8))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,7 +181,7 @@ def device_width(plan: Plan) -> int:
 
 def _all_to_all_dims(plan: Plan, rows_apart: bool) -> np.ndarray:
     if rows_apart:
-        return np.asarray(comm_layout(plan)["dim_sums"], dtype=np.float32)
+        return np.asarray(whole_row_dims(plan), dtype=np.float32)
     # without a row-comm fit, row blocks and the data-parallel all-reduce are priced as all-to-all width
     return (plan.dim_sums() + _replicated(plan)).astype(np.float32)
 
@@ -200,7 +202,7 @@ def apart_arrays(plan: Plan, rows_apart: bool = False) -> np.ndarray:
     out[0] = column_wise_dims(plan)
     if not rows_apart:
         out[1] = _replicated(plan)
-        out[2] = plan.dim_sums() - np.asarray(comm_layout(plan)["dim_sums"])  # row blocks' widths
+        out[2] = plan.dim_sums() - np.asarray(whole_row_dims(plan))  # row blocks' widths
     return out
 
 

@@ -65,14 +65,12 @@ def dmp_steps(plans: list[Plan], warmup: int = 3, steps: int = 20, timeout_s: fl
     if warmup < 0 or steps < 1:
         raise UserError(f"steps: got warmup {warmup}, steps {steps}; expected warmup >= 0 and steps >= 1")
     config = ExportConfig(device="cpu", compute_kernel="fused")
-    names = [config.table_names.format(index=i, id=t.id) for i, t in enumerate(task.tables)]
     world = task.num_devices
     with tempfile.TemporaryDirectory(prefix="neuroshard-steps-") as tmp:
         tmp = Path(tmp)
-        paths = []
-        for i, plan in enumerate(plans):
-            export_torchrec(plan, tmp / f"plan{i}.pt", config)
-            paths.append(str(tmp / f"plan{i}.pt"))
+        paths = [str(tmp / f"plan{i}.pt") for i in range(len(plans))]
+        exported = [export_torchrec(plan, path, config)[0] for plan, path in zip(plans, paths)]
+        names = [t["name"] for t in exported[0]["tables"]]  # the names the exported plans use
         request = {
             "tables": _worker_tables(plans[0], names),
             "pool": task.pool.to_json() if task.pool is not None else None,

@@ -149,9 +149,15 @@ def torchrec_run(rank: int, world: int, init: str, request_path: str, out_path: 
             {"rank": rank, "local_shards": sorted(local), "output_shape": list(out.shape), "max_abs_error": error}
         )
     )
-    # Every rank is done; leave without the interpreter's teardown, where a still-joinable C++ thread of
-    # the distributed stack occasionally aborts the process (SIGABRT, "terminate called without an active
-    # exception") after the work succeeded.
+    _leave_rank()
+
+
+def _leave_rank() -> None:
+    """Every rank is done: leave without the interpreter's teardown, where a still-joinable C++ thread of the
+    distributed stack occasionally aborts the process (SIGABRT, "terminate called without an active exception") after
+    the work succeeded."""
+    import torch.distributed as dist
+
     dist.barrier()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -278,10 +284,7 @@ def torchrec_steps(rank: int, world: int, init: str, request_path: str, out_path
                 cpu_s[p].append(time.process_time() - start_cpu)
     local = [sum(v.numel() * v.element_size() for v in _local_tensors(m)) for m in models]
     Path(out_path).write_text(json.dumps({"rank": rank, "step_s": step_s, "cpu_s": cpu_s, "local_bytes": local}))
-    dist.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # as torchrec_run: no interpreter teardown
+    _leave_rank()
 
 
 def _rank_features(request: dict, rank: int, world: int):
