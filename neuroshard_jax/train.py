@@ -5,7 +5,8 @@
 per-table MLP of ``neural.py``, on ``datasets[0]`` (kept for the ablation). Trains in log space with optax,
 keeps the best-validation weights, prints test metrics per dataset, and saves an orbax checkpoint to ``out``.
 ``family=row_comm``: the row-split comm fit of a comm dataset (``learn.row_comm_fit``), written to
-``out/NAME.json``; ``family=analytic``: the roofline's constants fitted to a dataset (``learn.analytic_fit``).
+``out/NAME.json``; ``family=input_dist``: likewise the input distribution's fit (``costs.input_dist``);
+``family=analytic``: the roofline's constants fitted to a dataset (``learn.analytic_fit``).
 Settings: ``TrainAppConfig`` (conf/train.yaml).
 """
 
@@ -17,6 +18,7 @@ import hydra
 from omegaconf import DictConfig
 
 from neuroshard_jax.core.cli import one_line_errors, run_app
+from neuroshard_jax.costs.input_dist import InputDist
 from neuroshard_jax.costs.registry import checkpoint_path
 from neuroshard_jax.learn.analytic_fit import fit_analytic
 from neuroshard_jax.learn.fit import app_config, train_ensemble, train_models
@@ -44,12 +46,20 @@ def main(cfg: DictConfig) -> None:
         )
     elif config.family == "mlp":
         report = train_models(config.datasets[0], config.net, config.train, config.out)
-    elif config.family == "row_comm":
-        how = f"python -m neuroshard_jax.train family=row_comm datasets=[{config.datasets[0]}] name={config.name}"
-        model, figures, path = fit_row_comm(config.datasets[0], config.name, config.out, how)
+    elif config.family in ("row_comm", "input_dist"):
+        dataset = config.datasets[0]
+        how = f"python -m neuroshard_jax.train family={config.family} datasets=[{dataset}] name={config.name}"
+        model, figures, path = fit_row_comm(config.datasets[0], config.name, config.out, how, config.family)
         for k in model.sizes:
-            f, b = model.group_ms(k, 128, model.batch_size)
-            print(f"group of {k}: width 128 at batch {model.batch_size}: fwd {f:.2f} ms, bwd {b:.2f} ms")
+            if isinstance(model, InputDist):
+                a, b, c = model.terms(k, model.batch_size)
+                print(
+                    f"{k} devices at batch {model.batch_size}: {a:.2f} ms a distribution + {b * 100:.2f} ms per 100 ids "
+                    f"per sample taken + {c * 100:.2f} ms per 100 sent"
+                )
+            else:
+                f, b = model.group_ms(k, 128, model.batch_size)
+                print(f"group of {k}: width 128 at batch {model.batch_size}: fwd {f:.2f} ms, bwd {b:.2f} ms")
         print(f"held out: {figures}; written {path}")
         return
     else:

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from neuroshard_jax.costs.cost_model import CostFns, combine_costs, plan_cost_ms
+from neuroshard_jax.costs.cost_model import CostFns, combine_costs, input_dist_ms, plan_cost_ms
 
 MEM_UNIT_BYTES = 1024
 MEMORY_ONLY = np.iinfo(np.int32).max  # a dim bound that never binds
@@ -74,7 +74,9 @@ class ShardBatch(NamedTuple):
     column_table i32[C, S] (optional): for a column slice of a table cut in more than one, the table's index, else
     -1: where the slices of a table end on more than one device, their widths go in the column-wise all-to-all, apart
     from the table-wise one (``combine_costs``' ``apart``); all on one device, ``merge_colocated`` makes the table
-    whole again and it stays table-wise.
+    whole again and it stays table-wise;
+    ids f32[C, S] (optional): each slot's table's ids per sample (its pooling factor), what the slot's device takes in
+    TorchRec's input distribution (once per table and device: slices sharing a device are one shard).
     """
 
     feats: np.ndarray
@@ -84,6 +86,7 @@ class ShardBatch(NamedTuple):
     allowed: np.ndarray
     leader: np.ndarray
     column_table: np.ndarray | None = None
+    ids: np.ndarray | None = None
 
 
 class GridResult(NamedTuple):
@@ -134,29 +137,51 @@ def _place(fns: CostFns, params, z, mem, dims, valid, allowed, single, bound, ca
     return compute, dim_sums, ok, devices
 
 
-def _column_wise_sums(devices, dims, column_table, n: int):
-    """i32[N]: each device's widths in the column-wise all-to-all, from one placement (devices i32[S] in slot order,
-    -1 for padding): the slices of tables whose slices ended on more than one device (``column_wise_dims``)."""
+def _spread(devices, column_table):
+    """bool[S]: the slots of tables cut in columns whose slices ended on more than one device (``column_wise_dims``),
+    from one placement (devices i32[S] in slot order, -1 for padding)."""
     slots = devices.shape[0]
     sliced = column_table >= 0
     table = jnp.where(sliced, column_table, slots)  # out of range: dropped by the segment ops
     lowest = jax.ops.segment_min(devices, table, num_segments=slots)
     highest = jax.ops.segment_max(devices, table, num_segments=slots)
     own = jnp.minimum(table, slots - 1)  # each slot's table (a whole table's slot: masked by ``sliced``)
-    spread = sliced & (lowest[own] != highest[own])
+    return sliced & (lowest[own] != highest[own])
+
+
+def _column_wise_sums(devices, dims, column_table, n: int):
+    """i32[N]: each device's widths in the column-wise all-to-all, from one placement: the slices of tables whose
+    slices ended on more than one device."""
+    spread = _spread(devices, column_table)
     return jax.ops.segment_sum(jnp.where(spread, dims, 0), jnp.where(devices >= 0, devices, n), num_segments=n)
+
+
+def _input_taken(devices, ids, column_table, n: int):
+    """f32[2, N]: the ids per sample each device takes in the table-wise and the column-wise input distributions, from
+    one placement: a table's once per device holding any of its slices."""
+    slots = devices.shape[0]
+    spread = _spread(devices, column_table)
+    index = jnp.arange(slots)
+    table = jnp.where(column_table >= 0, column_table, slots + index)  # a whole table's slot is a table of its own
+    device = jnp.where(devices >= 0, devices, n)
+    key = table * (n + 1) + device
+    first = jax.ops.segment_min(index, key, num_segments=2 * slots * (n + 1))[key] == index
+    take = first & (devices >= 0)
+    per_kind = [jnp.where(take & kind, ids, 0.0) for kind in (~spread, spread)]
+    return jnp.stack([jax.ops.segment_sum(x, device, num_segments=n) for x in per_kind])
 
 
 @functools.partial(jax.jit, static_argnums=0, static_argnames="by_memory")
 def grid_search(
-    fns: CostFns, params, batch: ShardBatch, bounds, cap, device_mask, speed, by_memory: bool = False
+    fns: CostFns, params, batch: ShardBatch, bounds, cap, device_mask, speed, by_memory: bool = False, inputs=None
 ) -> GridResult:
     """Run the greedy for every candidate of ``batch`` and every dim bound of ``bounds`` (i32[A]).
 
     ``cap``: memory units of each device (i32[N]); ``device_mask`` bool[N]; ``speed`` f32[N] each device's relative
     compute speed (its predicted compute is divided by it). Costs by the cost model ``fns``. ``by_memory`` (the
     packing fallback, compiled apart): shards in descending order of memory, each on the eligible device with the
-    most memory left.
+    most memory left. ``inputs`` f32[3, N] (optional, with ``batch.ids``): each device's input distribution terms
+    (``scoring.input_terms``): the ids' all-to-alls of each placement are priced (``cost_model.input_dist_ms``).
     """
     num_slots = batch.valid.shape[1]
     z = fns.embed(params, batch.feats) * batch.valid[..., None]  # [C, S, D]
@@ -196,6 +221,13 @@ def grid_search(
         per_alpha = jax.vmap(_column_wise_sums, in_axes=(0, None, None, None))
         sums = jax.vmap(per_alpha, in_axes=(0, 0, 0, None))(devices, batch.dims, batch.column_table, n)
         apart = sums.astype(jnp.float32)[..., None, :]
-    costs = combine_costs(fns, params, compute, dim_sums.astype(jnp.float32), device_mask, apart=apart)
+    rows_ms = None
+    if inputs is not None:  # the ids' all-to-alls, table-wise and column-wise, from where each candidate's slots ended
+        n = device_mask.shape[0]
+        table = jnp.full_like(batch.valid, -1, jnp.int32) if batch.column_table is None else batch.column_table
+        per_alpha = jax.vmap(_input_taken, in_axes=(0, None, None, None))
+        taken = jax.vmap(per_alpha, in_axes=(0, 0, 0, None))(devices, batch.ids, table, n)
+        rows_ms = (input_dist_ms(inputs, taken, device_mask), 0.0)
+    costs = combine_costs(fns, params, compute, dim_sums.astype(jnp.float32), device_mask, rows_ms=rows_ms, apart=apart)
     cost_ms = jnp.where(ok, plan_cost_ms(costs), jnp.inf)
     return GridResult(cost_ms, devices)

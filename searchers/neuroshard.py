@@ -23,7 +23,7 @@ from neuroshard_jax.core.features import NUM_FEATURES
 from neuroshard_jax.core.sharding import shard_features
 from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel, bucket
-from neuroshard_jax.costs.scoring import single_shard_costs
+from neuroshard_jax.costs.scoring import input_terms, single_shard_costs
 from searchers.grid import MEMORY_ONLY, ShardBatch, cap_units, dim_bounds, grid_search, mem_units, unit_bytes
 from searchers.registry import register
 
@@ -54,6 +54,7 @@ class SplitSpace:
         shard_bytes = [[task.table_mem_bytes(t, int(d)) for d in row] for t, row in enumerate(self.shard_dim)]
         self.mem = mem_units(shard_bytes, self.unit)
         self.shard_size = np.array([[t.rows] for t in task.tables]) * self.shard_dim
+        self.pooling = np.array([t.pooling_factor for t in task.tables], dtype=np.float32)
         self.single_ms = np.asarray(single_shard_costs(model.fns, model.params, self.feats)[1], dtype=np.float64)
 
     def batch(self, candidates: list[tuple[int, ...]], min_candidates: int = 1) -> ShardBatch:
@@ -68,6 +69,7 @@ class SplitSpace:
         allowed = np.ones((num_c, num_s, self.task.num_devices), dtype=bool)
         leader = np.tile(np.arange(num_s, dtype=np.int32), (num_c, 1))
         column_table = np.full((num_c, num_s), -1, dtype=np.int32)
+        ids = np.zeros((num_c, num_s), dtype=np.float32)
         for c, levels in enumerate(candidates):
             counts = [1 << k for k in levels]
             tables = np.repeat(np.arange(len(levels)), counts)
@@ -78,10 +80,11 @@ class SplitSpace:
             dims[c, :s] = self.shard_dim[tables, ks]
             valid[c, :s] = True
             column_table[c, :s] = np.where(ks > 0, tables, -1)  # cut in columns: TorchRec's column_wise
+            ids[c, :s] = self.pooling[tables]
             allowed[c, :s] = self.allowed[tables]
             first_slot = np.cumsum([0, *counts])[:-1]  # colocated tables are whole: one slot each
             leader[c, :s] = np.where(self.group_of[tables] == tables, np.arange(s), first_slot[self.group_of[tables]])
-        return ShardBatch(feats, mem, dims, valid, allowed, leader, column_table)
+        return ShardBatch(feats, mem, dims, valid, allowed, leader, column_table, ids)
 
     def plan(self, levels: tuple[int, ...], slot_devices: np.ndarray) -> Plan:
         splits = [1 << k for k in levels]
@@ -116,6 +119,9 @@ class Scorer:
         self.cap = cap_units(task.cap_bytes(), space.unit).astype(np.int32)
         self.device_mask = np.ones(task.num_devices, dtype=bool)
         self.speed = task.speeds().astype(np.float32)
+        # the ids' all-to-alls before the lookups, where the model prices them (``input_dist.py``)
+        priced = model.input_dist is not None and task.num_devices > 1
+        self.inputs = input_terms(model.input_dist, task) if priced else None
         self.best: tuple[float, tuple[int, ...], np.ndarray] | None = None
         self.candidates_scored = 0
 
@@ -124,12 +130,18 @@ class Scorer:
         least ``min_candidates`` (fewer shapes to compile where calls of several sizes follow)."""
         batch = self.space.batch(candidates, min_candidates)
         args = (self.model.fns, self.model.params, batch)
-        out = grid_search(*args, self.bounds, self.cap, self.device_mask, self.speed)
+        out = grid_search(*args, self.bounds, self.cap, self.device_mask, self.speed, inputs=self.inputs)
         cost, devices = np.asarray(out.cost_ms, dtype=np.float64), np.asarray(out.devices)
         unplaced = np.isinf(cost[: len(candidates)]).all(axis=1)
         if self.memory_fallback and unplaced.any():  # packed by memory, compiled and run only where needed
             packed = grid_search(
-                *args, np.array([MEMORY_ONLY], np.int32), self.cap, self.device_mask, self.speed, by_memory=True
+                *args,
+                np.array([MEMORY_ONLY], np.int32),
+                self.cap,
+                self.device_mask,
+                self.speed,
+                by_memory=True,
+                inputs=self.inputs,
             )
             packed_cost = np.where(np.isinf(cost).all(axis=1), np.asarray(packed.cost_ms, np.float64)[:, 0], np.inf)
             cost = np.concatenate([cost, packed_cost[:, None]], axis=1)

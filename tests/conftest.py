@@ -69,7 +69,8 @@ def tiny_checkpoint(tmp_path_factory):
     )
     sampler = ComputeSamplerConfig(max_tables=4, mem_cap_gb=0.05)
     collect(CollectConfig(kind="compute", num_samples=40, sampler=sampler, **common))
-    comm = CommSamplerConfig(world_sizes=(2, 3), row_share=0.5)  # half the samples with row groups
+    # half the samples with row groups, half with input distributions
+    comm = CommSamplerConfig(world_sizes=(2, 3), row_share=0.5, input_share=0.5)
     collect(CollectConfig(kind="comm", num_samples=8, comm=comm, comm_chunk=4, **common))
     net = NetConfig(
         table_hidden=(16,), latent=8, head_hidden=(8,), comm_hidden=(8,), comm_latent=8, comm_head_hidden=(8,)

@@ -23,9 +23,9 @@ from neuroshard_jax.costs.row_comm import (
 )
 from neuroshard_jax.costs.scoring import (
     device_row_ms,
+    fitted_ms,
     plan_arrays,
     plan_costs,
-    rows_arrays,
     score_plan,
     score_plans_devices,
 )
@@ -95,12 +95,13 @@ def test_row_groups_are_labelled_on_gloo_apart_from_the_all_to_all(tiny_checkpoi
             assert 0 <= r["fwd_rows_ms"][rank] < r["fwd_ms"][rank] and 0 <= r["bwd_rows_ms"][rank] < r["bwd_ms"][rank]
             if rank not in inside:  # no collective of its own: nothing to time
                 assert r["fwd_rows_ms"][rank] < 0.05 and r["bwd_rows_ms"][rank] < 0.05
-    # the all-to-all nets train on the all-to-all alone: the row groups' collectives are taken out of the labels
+    # the all-to-all nets train on the all-to-all alone: the row groups' collectives (and the input distributions,
+    # forward: test_input_dist.py) are taken out of the labels
     _, _, _, fwd_ms, bwd_ms, _ = comm_arrays(tiny_checkpoint[0])
     for i, r in enumerate(records):
         w = r["world"]
         for label, k in ((fwd_ms, "fwd"), (bwd_ms, "bwd")):
-            apart = np.asarray(r.get(f"{k}_rows_ms", [0.0] * w))
+            apart = np.asarray(r.get(f"{k}_rows_ms", [0.0] * w)) + np.asarray(r.get(f"{k}_inputs_ms", [0.0] * w))
             np.testing.assert_allclose(label[i, :w], np.asarray(r[f"{k}_ms"]) - apart, rtol=1e-5, atol=1e-5)
 
 
@@ -152,7 +153,7 @@ def test_a_model_prices_row_groups_apart_from_the_all_to_all():
     np.testing.assert_allclose(batched.total_ms[1], with_rows.total_ms, rtol=1e-5)
     # the public jitted API, from one's own JAX code: the same plan cost with the row terms passed in
     feats, mask, dims, device_mask = plan_arrays(plan, rows_apart=True)
-    rows = tuple(r[0] for r in rows_arrays(priced, [plan]))
+    rows = tuple(r[0] for r in fitted_ms(priced, [plan]))
     cost = plan_costs(priced.fns, priced.params, feats, mask, dims, device_mask, rows_ms=rows)
     assert float(cost) == pytest.approx(with_rows.total_ms.max(), rel=1e-5)
     assert float(plan_costs(priced.fns, priced.params, feats, mask, dims, device_mask)) < float(cost)

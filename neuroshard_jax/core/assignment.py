@@ -83,15 +83,54 @@ def column_wise_dims(plan: Plan) -> list[int]:
     table whose slices all sit on one device is table-wise: the pipeline merges them back into one shard
     (``sharding.merge_colocated``), and the searchers price it so."""
     rows = plan.task.table_rows()
+    spread = column_wise_tables(plan)
+    dims = [0] * plan.task.num_devices
+    for s in plan.shards:
+        if s.table in spread and s.whole_rows(rows[s.table]):
+            dims[s.device] += s.dim
+    return dims
+
+
+INPUT_TYPES = ("table_wise", "column_wise", "row_wise")  # the input distributions a plan runs, in this order
+
+
+def input_features(plan: Plan) -> dict[str, list[list[float]]]:
+    """TorchRec's input distributions of ``plan``, one per sharding type that moves ids (``INPUT_TYPES``): for each
+    device, the ids per sample of each feature it takes. A table-wise table's feature goes to its one device (its
+    slices sitting there are one shard, ``sharding.merge_colocated``); a column-wise table's goes whole to every
+    device holding a slice of it; a row-split table's ids go to the row blocks holding their rows (a block's
+    measured pooling factor, else its rows' share); a data-parallel table's stay on the device that read them."""
+    rows = plan.task.table_rows()
+    spread = column_wise_tables(plan)
+    taken: dict[str, dict[tuple, float]] = {kind: {} for kind in INPUT_TYPES}
+    for s in plan.shards:
+        table = plan.task.tables[s.table]
+        if s.whole_rows(rows[s.table]):
+            kind = "column_wise" if s.table in spread else "table_wise"
+            taken[kind][(s.table, s.device)] = table.pooling_factor
+        else:
+            stats = table.block_stats(s.row_offset, s.rows(table.rows))
+            pooling = stats[0] if stats else table.pooling_factor * s.rows(table.rows) / table.rows
+            key = (s.table, s.col_offset, s.device)
+            taken["row_wise"][key] = taken["row_wise"].get(key, 0.0) + pooling
+    out = {}
+    for kind, features in taken.items():
+        if features:
+            per_device: list[list[float]] = [[] for _ in range(plan.task.num_devices)]
+            for key, pooling in sorted(features.items()):
+                per_device[key[-1]].append(round(pooling, 3))
+            out[kind] = per_device
+    return out
+
+
+def column_wise_tables(plan: Plan) -> set[int]:
+    """The tables cut in columns (whole rows) over more than one device: TorchRec's column_wise."""
+    rows = plan.task.table_rows()
     devices: dict[int, set[int]] = {}
     for s in plan.shards:
         if s.whole_rows(rows[s.table]):
             devices.setdefault(s.table, set()).add(s.device)
-    dims = [0] * plan.task.num_devices
-    for s in plan.shards:
-        if len(devices.get(s.table, ())) > 1:
-            dims[s.device] += s.dim
-    return dims
+    return {t for t, d in devices.items() if len(d) > 1}
 
 
 def comm_layout(plan: Plan) -> dict:
@@ -100,13 +139,16 @@ def comm_layout(plan: Plan) -> dict:
     all-to-all of its own after the table-wise one, and the row-split tables' groups (``row_groups``: [width, sorted
     devices], one per set of devices, the widths of every column range cut into row blocks over them added up:
     TorchRec fuses a sharding group's outputs into one reduce-scatter of partial sums forward and one all-gather
-    backward, row_wise and table_row_wise)."""
+    backward, row_wise and table_row_wise), and the input distributions before them (``inputs``: per sharding type,
+    each device's features' ids per sample, ``input_features``)."""
     column_wise = column_wise_dims(plan)
     groups = [[width, devices] for width, devices in row_groups(plan)]
+    inputs = list(input_features(plan).values())
     return {
         "dim_sums": whole_row_dims(plan),
         **({"column_wise": column_wise} if any(column_wise) else {}),
         **({"row_groups": groups} if groups else {}),
+        **({"inputs": inputs} if inputs else {}),
     }
 
 

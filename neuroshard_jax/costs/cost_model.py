@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from neuroshard_jax.costs.input_dist import InputDist
 from neuroshard_jax.costs.row_comm import RowComm
 
 
@@ -55,6 +56,7 @@ class CostModel:
     fns: CostFns
     params: Any
     row_comm: RowComm | None = None  # row-split groups' collectives priced apart (None: as all-to-all width)
+    input_dist: InputDist | None = None  # TorchRec's input distributions (ids' all-to-alls), priced (None: unpriced)
 
     @property
     def prices_rows(self) -> bool:
@@ -111,6 +113,18 @@ def combine_costs(
     return DeviceCosts(compute_ms, fwd, bwd, compute_ms + fwd + bwd)
 
 
+def input_dist_ms(terms, taken, device_mask):
+    """ms f32[..., N] each device spends in TorchRec's input distributions (``input_dist.py``): ``taken`` f32[..., G, N]
+    the ids per sample each device takes in each of G distributions, ``terms`` f32[3, N] each device's (ms per
+    distribution, per received id per sample, per sent id per sample: a device sends its batch slice of every
+    feature, the distribution's ids per sample over N); a distribution that moves nothing costs nothing."""
+    taken = jnp.where(device_mask[..., None, :], taken, 0.0)
+    total = taken.sum(-1, keepdims=True)
+    n = jnp.maximum(device_mask.sum(-1), 1)[..., None, None]
+    per = terms[0] + terms[1] * taken + terms[2] * total / n
+    return jnp.where(device_mask, jnp.where(total > 0, per, 0.0).sum(-2), 0.0)
+
+
 def device_compute_ms(fns: CostFns, params, feats, table_mask):
     """Compute ms f32[..., N] of devices holding feats f32[..., N, T, F] (table_mask bool[..., N, T])."""
     if fns.embed_sum is not None:
@@ -162,7 +176,7 @@ def with_scales(model: CostModel, comm_scale: np.ndarray, compute_scale: float =
     if np.allclose(comm_scale, 1.0) and compute_scale == 1.0:
         return model
     params = Scaled(model.params, jnp.asarray(comm_scale, jnp.float32), jnp.asarray(compute_scale, jnp.float32))
-    return CostModel(model.name, _scaled(model.fns), params, model.row_comm)
+    return dataclasses.replace(model, fns=_scaled(model.fns), params=params)
 
 
 def map_inner_params(model: CostModel, change: Callable) -> CostModel:

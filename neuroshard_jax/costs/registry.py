@@ -28,6 +28,7 @@ from neuroshard_jax.costs.analytic import ANALYTIC_FNS, AnalyticConfig, analytic
 from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_checkpoint, load_ensemble, read_meta
 from neuroshard_jax.costs.cost_model import CostModel, inner_params, map_inner_params, with_scales
 from neuroshard_jax.costs.ensemble import ensemble_cost_model
+from neuroshard_jax.costs.input_dist import for_kinds as input_dist_for
 from neuroshard_jax.costs.neural import neural_cost_model
 from neuroshard_jax.costs.row_comm import for_kinds as row_comm_for
 
@@ -156,10 +157,12 @@ def usable_cost_model(name: str, options: dict | None, task: Task) -> tuple[str,
 
 def neural_model(task: Task, config: NeuralConfig = NeuralConfig()) -> CostModel:
     """The trained Flax cost model at the task's batch size (an ensemble scores with ``config.risk``), pricing row
-    groups' collectives with the shipped fit of its labels' hardware kind, where there is one (``row_comm.py``)."""
+    groups' collectives and TorchRec's input distributions with the shipped fits of its labels' hardware kind, where
+    there are (``row_comm.py``, ``input_dist.py``)."""
     model, meta, path = neural_checkpoint(config)
     _check_trained(task, meta, path)
-    model = dataclasses.replace(model, row_comm=row_comm_for(meta.get("hardware_kinds") or []))
+    kinds = meta.get("hardware_kinds") or []
+    model = dataclasses.replace(model, row_comm=row_comm_for(kinds), input_dist=input_dist_for(kinds))
     if meta.get("format") == ENSEMBLE_FORMAT:
         params = model.params._replace(batch_size=float(task.batch_size), risk=float(config.risk))
         return dataclasses.replace(model, params=params)

@@ -50,7 +50,7 @@ class RowComm:
         """(fwd, bwd) ms each device of a row group of ``k`` devices spends on ``width`` columns of partial sums."""
         scale = width * batch_size / self.batch_size
         return tuple(
-            _interpolate(self.sizes, [a + b * scale for a, b in coefs], k)  # type: ignore[misc]
+            interpolate(self.sizes, [a + b * scale for a, b in coefs], k)  # type: ignore[misc]
             for coefs in (self.fwd, self.bwd)
         )
 
@@ -87,7 +87,7 @@ class RowComm:
         return out
 
 
-def _interpolate(sizes: tuple[int, ...], values: list[float], k: int) -> float:
+def interpolate(sizes: tuple[int, ...], values: list[float], k: int) -> float:
     """``values`` (one per measured group size) at ``k``: linear in log2 k between sizes; below the smallest its
     value; above the largest the last segment extended, never below the largest size's value."""
     x = np.log2(np.asarray(sizes, np.float64))
@@ -156,26 +156,29 @@ def fit(records: list[dict], name: str, kind: str = "") -> RowComm:
     )
 
 
-def shipped_names() -> list[str]:
-    root = package_path(SHIPPED)
+def shipped_names(folder: str = SHIPPED) -> list[str]:
+    root = package_path(folder)
     return sorted(p.stem for p in root.glob("*.json")) if root.exists() else []
+
+
+def read_fit(folder: str, name_or_path: str, what: str, family: str) -> tuple[dict, str]:
+    """(the fit object, where it came from) of a fit shipped under ``folder`` by name, or of a fit's JSON file
+    (``{"fit": ..., "manifest": ...}``) written by ``python -m neuroshard_jax.train family=FAMILY``."""
+    names = shipped_names(folder)
+    path = package_path(f"{folder}/{name_or_path}.json") if name_or_path in names else Path(name_or_path)
+    if not path.is_file():
+        raise UserError(f"{what}: {name_or_path!r} is neither a shipped fit ({', '.join(names) or 'none'}) nor a file")
+    written_by = f"a {what} fit written by python -m neuroshard_jax.train family={family}"
+    obj = read_json(path, what, written_by)
+    if not isinstance(obj.get("fit"), dict):
+        raise UserError(f"{what}: {str(path)!r} has no 'fit' object, expected {written_by}")
+    return obj["fit"], f"{what} {str(path)!r}"
 
 
 @functools.lru_cache(maxsize=8)
 def load(name_or_path: str) -> RowComm:
     """A shipped fit by name, or a fit's JSON file (``{"fit": ..., "manifest": ...}``)."""
-    path = package_path(f"{SHIPPED}/{name_or_path}.json") if name_or_path in shipped_names() else Path(name_or_path)
-    if not path.is_file():
-        raise UserError(
-            f"row comm: {name_or_path!r} is neither a shipped fit ({', '.join(shipped_names()) or 'none'}) nor a file"
-        )
-    obj = read_json(path, "row comm", "a row comm fit written by python -m neuroshard_jax.train family=row_comm")
-    if not isinstance(obj.get("fit"), dict):
-        raise UserError(
-            f"row comm: {str(path)!r} has no 'fit' object, expected one written by "
-            "python -m neuroshard_jax.train family=row_comm"
-        )
-    return RowComm.from_json(obj["fit"], f"row comm {str(path)!r}")
+    return RowComm.from_json(*read_fit(SHIPPED, name_or_path, "row comm", "row_comm"))
 
 
 def for_kinds(kinds: list[str]) -> RowComm | None:

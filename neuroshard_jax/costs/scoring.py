@@ -17,11 +17,14 @@ recompile. Everything is differentiable with respect to the float inputs.
 
 The jitted functions price the all-to-all of the widths they are given. A neural model with a row comm fit
 (``model.row_comm``, ``row_comm.py``) prices the collectives of row-split tables apart: the host-side functions
-below (``score_plan``, ``score_plans``) add them (``rows_arrays``) and leave row blocks out of the all-to-all width
+below (``score_plan``, ``score_plans``) add them (``fitted_ms``) and leave row blocks out of the all-to-all width
 (``plan_arrays(..., rows_apart=True)``); from your own JAX code pass those as ``rows_ms`` to ``plan_costs`` or
 ``costs_from_latents``. TorchRec runs one all-to-all per sharding type: the host-side functions price the
 column-wise tables' all-to-all apart from the table-wise one (``apart_arrays``); from your own JAX code pass it as
-``apart`` (without it, every width is priced as one all-to-all).
+``apart`` (without it, every width is priced as one all-to-all). A model with an input distribution fit
+(``model.input_dist``, ``input_dist.py``) also prices the ids' all-to-alls before the lookups, one per sharding type:
+the host-side functions add them to the forward (``fitted_ms``); from your own JAX code add
+``cost_model.input_dist_ms(input_terms(...), taken, device_mask)`` to ``rows_ms``' forward.
 """
 
 from __future__ import annotations
@@ -33,10 +36,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from neuroshard_jax.core.assignment import column_wise_dims, crosses_hosts, replica_width, row_groups, whole_row_dims
+from neuroshard_jax.core.assignment import (
+    INPUT_TYPES,
+    column_wise_dims,
+    crosses_hosts,
+    input_features,
+    replica_width,
+    row_groups,
+    whole_row_dims,
+)
 from neuroshard_jax.core.features import NUM_FEATURES
 from neuroshard_jax.core.sharding import replica_features, shard_features
-from neuroshard_jax.core.types import Plan, PlanCosts
+from neuroshard_jax.core.types import Plan, PlanCosts, Task
 from neuroshard_jax.costs.cost_model import (
     CostFns,
     CostModel,
@@ -45,8 +56,10 @@ from neuroshard_jax.costs.cost_model import (
     combine_costs,
     device_compute_ms,
     device_costs,
+    input_dist_ms,
     plan_cost_ms,
 )
+from neuroshard_jax.costs.input_dist import InputDist
 from neuroshard_jax.costs.row_comm import RowComm
 
 CHUNK = 1024  # items per step of the big-batch paths: activations stay in cache (4x faster than one pass on CPU)
@@ -110,7 +123,7 @@ def costs_from_latents(
 ) -> DeviceCosts:
     """Per-device costs from summed latents f32[..., N, D], has_tables bool[..., N], dim_sums f32[..., N]
     (``speed`` f32[..., N]: heterogeneous devices' relative compute speeds, optional; ``rows_ms``: the row groups'
-    collectives (fwd, bwd) f32[..., N], optional, ``rows_arrays``; ``apart`` f32[..., G, N]: the parts of the widths
+    collectives (fwd, bwd) f32[..., N], optional, ``fitted_ms``; ``apart`` f32[..., G, N]: the parts of the widths
     that are all-to-alls of their own, optional, ``apart_arrays``)."""
     compute = jnp.where(has_tables, fns.head(params, latent_sums), 0.0)
     return combine_costs(fns, params, compute, dim_sums, device_mask, speed, rows_ms, apart)
@@ -130,7 +143,7 @@ def plan_costs(
 ) -> jax.Array:
     """Plan costs f32[...] of padded plans: feats f32[..., N, T, F], table_mask bool[..., N, T],
     dim_sums f32[..., N], device_mask bool[..., N], speed f32[..., N] (optional: heterogeneous devices' relative
-    compute speeds), rows_ms (optional: the row groups' collectives (fwd, bwd) f32[..., N], ``rows_arrays``), apart
+    compute speeds), rows_ms (optional: the row groups' collectives (fwd, bwd) f32[..., N], ``fitted_ms``), apart
     (optional f32[..., G, N]: all-to-alls of their own, ``apart_arrays``) (chunked over plans)."""
     speed = jnp.broadcast_to(jnp.ones_like(dim_sums) if speed is None else speed, dim_sums.shape)
     rows_fwd, rows_bwd = (jnp.broadcast_to(jnp.asarray(r, dim_sums.dtype), dim_sums.shape) for r in rows_ms or (0, 0))
@@ -196,7 +209,7 @@ APART = 3  # all-to-alls apart from the table-wise one: the column-wise tables',
 def apart_arrays(plan: Plan, rows_apart: bool = False) -> np.ndarray:
     """f32[APART, N]: the parts of ``plan_arrays``' all-to-all widths that are collectives of their own (TorchRec runs
     one per sharding type), priced as all-to-alls (``combine_costs``' ``apart``): the column-wise tables' widths
-    (``column_wise_dims``) and, for a model without a row-comm fit (with one, they are row groups: ``rows_arrays``),
+    (``column_wise_dims``) and, for a model without a row-comm fit (with one, they are row groups: ``fitted_ms``),
     the data-parallel tables' all-reduce and the row-split tables' widths."""
     out = np.zeros((APART, plan.task.num_devices), np.float32)
     out[0] = column_wise_dims(plan)
@@ -216,20 +229,40 @@ def _device_costs_jit(fns, params, feats, table_mask, dim_sums, device_mask, spe
     return device_costs(fns, params, feats, table_mask, dim_sums, device_mask, speed, rows_ms, apart)
 
 
-def rows_arrays(model: CostModel, plans: list[Plan]) -> tuple[np.ndarray, np.ndarray]:
-    """(fwd, bwd) f32[K, N]: each plan's row groups' collectives by the model's ``row_comm`` (0 without it)."""
+def fitted_ms(model: CostModel, plans: list[Plan]) -> tuple[np.ndarray, np.ndarray]:
+    """(fwd, bwd) f32[K, N]: each plan's collectives priced by fits rather than the comm nets: its row groups' by the
+    model's ``row_comm`` and, forward, its input distributions by its ``input_dist`` (0 without them)."""
     n = plans[0].task.num_devices
     out = np.zeros((2, len(plans), n), np.float32)
     if model.prices_rows:
         for i, plan in enumerate(plans):
             out[:, i] = device_row_ms(model.row_comm, plan)
+    if model.input_dist is not None and n > 1:
+        terms = input_terms(model.input_dist, plans[0].task)
+        taken = np.stack([input_taken(p) for p in plans])
+        out[0] += np.asarray(input_dist_ms(terms, taken, np.ones(n, bool)))
     return out[0], out[1]
+
+
+def input_terms(fit: InputDist, task: Task) -> np.ndarray:
+    """f32[3, N]: each device's input distribution terms (``cost_model.input_dist_ms``) for ``task``: the fit's at the
+    task's devices and batch, scaled by each device's links (``Task.comm_scale``)."""
+    return (fit.terms(task.num_devices, task.batch_size)[:, None] * task.comm_scale()[None, :]).astype(np.float32)
+
+
+def input_taken(plan: Plan) -> np.ndarray:
+    """f32[len(INPUT_TYPES), N]: the ids per sample each device takes in each of the plan's input distributions (0 for
+    a sharding type the plan does not use)."""
+    features = input_features(plan)
+    return np.array(
+        [[sum(f) for f in features.get(kind, [[]] * plan.task.num_devices)] for kind in INPUT_TYPES], np.float32
+    )
 
 
 def score_plan(model: CostModel, plan: Plan) -> DeviceCosts:
     """Predicted per-device costs of one plan, as numpy arrays f64[N] (compute divided by the devices' speeds)."""
     arrays = plan_arrays(plan, rows_apart=model.prices_rows)
-    rows = tuple(r[0] for r in rows_arrays(model, [plan]))
+    rows = tuple(r[0] for r in fitted_ms(model, [plan]))
     speed = plan.task.speeds().astype(np.float32)
     apart = apart_arrays(plan, model.prices_rows)
     costs = _device_costs_jit(model.fns, model.params, *arrays, speed, rows, apart)
@@ -250,7 +283,7 @@ def score_plans_devices(
     shape."""
     width = max(device_width(p) for p in plans)
     arrays = [plan_arrays(p, width, model.prices_rows) for p in plans]
-    stacked = [np.stack(a) for a in zip(*arrays)] + list(rows_arrays(model, plans))
+    stacked = [np.stack(a) for a in zip(*arrays)] + list(fitted_ms(model, plans))
     stacked.append(np.stack([apart_arrays(p, model.prices_rows) for p in plans]))
     pad = bucket(len(plans), 8) - len(plans)
     stacked = [np.concatenate([a, np.repeat(a[:1], pad, axis=0)]) for a in stacked]

@@ -169,13 +169,13 @@ def _settings(config: CollectConfig) -> dict:
             "precision": config.precision,
             "sampler": dataclasses.asdict(config.sampler),
         }
-    return {**common, "comm": _without_unset(dataclasses.asdict(config.comm), "row_share")}
+    return {**common, "comm": _without_unset(dataclasses.asdict(config.comm), "row_share", "input_share")}
 
 
-def _without_unset(settings: dict, key: str) -> dict:
-    """``settings`` without ``key`` where it is 0 (off): the settings of datasets from before it existed, which
-    resume as they were."""
-    return {k: v for k, v in settings.items() if k != key or v}
+def _without_unset(settings: dict, *keys: str) -> dict:
+    """``settings`` without those of ``keys`` that are 0 (off): the settings of datasets from before they existed,
+    which resume as they were."""
+    return {k: v for k, v in settings.items() if k not in keys or v}
 
 
 def collect(config: CollectConfig, ids: Iterable[int] | None = None, until: float | None = None) -> dict:
@@ -200,6 +200,7 @@ def _collect(config: CollectConfig, ids: Iterable[int] | None, until: float | No
         "how": f"python -m neuroshard_jax.collect kind={config.kind}"
         + (" source=specs" if config.kind == "compute" and config.source == "specs" else "")
         + (f" comm.row_share={config.comm.row_share}" if config.kind == "comm" and config.comm.row_share else "")
+        + (f" comm.input_share={config.comm.input_share}" if config.kind == "comm" and config.comm.input_share else "")
         + (f" specs.row_share={config.specs.row_share}" if config.source == "specs" and config.specs.row_share else "")
         + " (conf/collect.yaml)",
     }
@@ -366,7 +367,7 @@ def _run_comm_chunk(
             "id": i,
             "dim_sums": samples[i]["dim_sums"],
             "delays_ms": samples[i]["delays_ms"],
-            **({"row_groups": samples[i]["row_groups"]} if "row_groups" in samples[i] else {}),
+            **{k: samples[i][k] for k in ("row_groups", "inputs") if k in samples[i]},
             "batch_size": config.batch_size,
             "warmup": config.warmup,
             "iters": config.iters,
@@ -390,6 +391,8 @@ def _run_comm_chunk(
                     if "row_groups" in samples[i]
                     else {}
                 ),
+                # and the input distributions (input_dist.py)
+                **({"fwd_inputs_ms": [r["fwd_inputs_ms"] for r in per_rank]} if "inputs" in samples[i] else {}),
             }
         )
 

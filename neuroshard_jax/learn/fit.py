@@ -207,8 +207,8 @@ def shard_feature_matrix(tables: list, pool, batch_size: int | None = None, bloc
 
 def comm_arrays(dataset_dir: Path, extra_records: list[dict] = ()):
     """Comm samples (then ``extra_records``) padded to the largest world: dim_sums, delays_ms, mask, fwd_ms,
-    bwd_ms (f32[S, N]: the all-to-all's; a sample's row groups' collectives are priced apart, ``row_comm.py``),
-    manifest."""
+    bwd_ms (f32[S, N]: the all-to-all's; a sample's row groups' collectives and input distributions are priced apart,
+    ``row_comm.py``, ``input_dist.py``), manifest."""
     manifest = load_manifest(dataset_dir, "comm")
     records = read_records(Path(dataset_dir) / "comm.jsonl") + list(extra_records)
     if not records:
@@ -220,8 +220,8 @@ def comm_arrays(dataset_dir: Path, extra_records: list[dict] = ()):
         w = r["world"]
         for k in out:
             out[k][i, :w] = r[k]
-        for k in ("fwd", "bwd"):
-            out[f"{k}_ms"][i, :w] -= np.asarray(r.get(f"{k}_rows_ms", np.zeros(w)), np.float32)
+        for key in ("fwd_rows_ms", "bwd_rows_ms", "fwd_inputs_ms"):
+            out[key[:3] + "_ms"][i, :w] -= np.asarray(r.get(key, np.zeros(w)), np.float32)
         mask[i, :w] = True
     return out["dim_sums"], out["delays_ms"], mask, out["fwd_ms"], out["bwd_ms"], manifest
 
@@ -732,7 +732,7 @@ def train_ensemble(
     return report
 
 
-FAMILIES = ("ensemble", "mlp", "row_comm", "analytic")
+FAMILIES = ("ensemble", "mlp", "row_comm", "input_dist", "analytic")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,7 +46,7 @@ from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.analytic import AnalyticConfig
 from neuroshard_jax.costs.cost_model import CostFns, CostModel, DeviceCosts, bucket, combine_costs, plan_cost_ms
 from neuroshard_jax.costs.registry import checkpoint_path, expected_cost_model, make_cost_model, usable_cost_model
-from neuroshard_jax.costs.scoring import apart_arrays, plan_dim_sums, rows_arrays, score_plan, shard_costs
+from neuroshard_jax.costs.scoring import apart_arrays, fitted_ms, plan_dim_sums, score_plan, shard_costs
 from neuroshard_jax.workloads.samplers import CommSamplerConfig
 
 FAR_PAST_TRAINED = 4  # a plan on more devices than this x the largest all-to-all a model was trained on: "far past"
@@ -200,7 +200,7 @@ def _variant_costs(model: CostModel, plan: Plan, plans: list[Plan], computes: li
         chunk = plans[start : start + VARIANT_CHUNK]
         compute = np.stack(computes[start : start + VARIANT_CHUNK]).astype(np.float32)
         dims = np.stack([plan_dim_sums(p, model) for p in chunk]).astype(np.float32)
-        fwd, bwd = rows_arrays(model, chunk)
+        fwd, bwd = fitted_ms(model, chunk)
         apart = np.stack([apart_arrays(p, model.prices_rows) for p in chunk])
         pad = VARIANT_CHUNK - len(chunk)  # one padded shape: one compilation
         arrays = [np.concatenate([a, np.repeat(a[:1], pad, axis=0)]) for a in (compute, dims, fwd, bwd, apart)]

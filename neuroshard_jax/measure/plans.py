@@ -281,6 +281,9 @@ def device_key(task: Task, tables: list) -> str:
     return hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()[:20]
 
 
+BY_TYPE = ("column_wise", "inputs")  # what ``comm_layout`` adds to one all-to-all of every width
+
+
 def measure_comm(
     plans: list[Plan],
     compute: list[list[float]],
@@ -291,8 +294,9 @@ def measure_comm(
     """Measured fwd and bwd all-to-all ms of every device of every plan ([plan][device]). The plans with the
     same number of devices share one set of rank processes (on one node of the executor): backward for all of
     them first, then forward with each plan's straggler delays ((compute + bwd comm) - min over devices, from
-    ``compute``). ``by_type``: the column-wise tables' all-to-all apart from the table-wise one, as TorchRec runs
-    them (``comm_layout``); else one all-to-all of every width (an all-to-all label, as ``collect kind=comm``)."""
+    ``compute``). ``by_type``: as TorchRec runs them (``comm_layout``), the column-wise tables' all-to-all apart from
+    the table-wise one and each sharding type's input distribution before them; else one all-to-all of every width
+    and no input distribution (an all-to-all label, as ``collect kind=comm``)."""
     fwd = [[0.0] * p.task.num_devices for p in plans]
     bwd = [[0.0] * p.task.num_devices for p in plans]
     worlds = sorted({p.task.num_devices for p in plans} - {1})
@@ -312,7 +316,7 @@ def _measure_comm_group(
     scales = {i: plans[i].task.comm_scale() for i in group}
     base = {
         i: {
-            **{k: v for k, v in comm_layout(plans[i]).items() if by_type or k != "column_wise"},
+            **{k: v for k, v in comm_layout(plans[i]).items() if by_type or k not in BY_TYPE},
             "batch_size": plans[i].task.batch_size,
             "warmup": config.comm_warmup,
             "iters": config.comm_iters,

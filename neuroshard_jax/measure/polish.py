@@ -37,8 +37,8 @@ from neuroshard_jax.costs.cost_model import CostModel, DeviceCosts, combine_cost
 from neuroshard_jax.costs.registry import expected_cost_model
 from neuroshard_jax.costs.scoring import (
     apart_arrays,
+    fitted_ms,
     plan_dim_sums,
-    rows_arrays,
     score_plan,
     score_plans_devices,
     with_costs,
@@ -297,7 +297,7 @@ def simulate(model: CostModel, plans: list[Plan], compute: np.ndarray) -> Device
     straggler wait from the given compute. DeviceCosts of f64[K, N]."""
     dim_sums = np.stack([plan_dim_sums(p, model) for p in plans])
     mask = np.ones_like(dim_sums, bool)
-    rows = rows_arrays(model, plans)
+    rows = fitted_ms(model, plans)
     apart = np.stack([apart_arrays(p, model.prices_rows) for p in plans])
     costs = _combine(model.fns, model.params, jnp.asarray(compute, jnp.float32), dim_sums, mask, None, rows, apart)
     return DeviceCosts(*(np.asarray(c, np.float64) for c in costs))

@@ -133,10 +133,12 @@ class CommSamplerConfig:
     dims: tuple[int, ...] = (4, 8, 16, 32, 64, 128)
     max_delay_ms: float = 20.0
     row_share: float = 0.0  # share of samples with row groups (reduce-scatters of row-split tables: row_comm.py)
+    input_share: float = 0.0  # share of samples with input distributions (TorchRec's ids all-to-alls: input_dist.py)
 
     def __post_init__(self):
-        if not 0.0 <= self.row_share <= 1.0:
-            raise UserError(f"comm.row_share: got {self.row_share}, expected a share in [0, 1]")
+        for name in ("row_share", "input_share"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise UserError(f"comm.{name}: got {getattr(self, name)}, expected a share in [0, 1]")
         if not self.world_sizes or min(self.world_sizes) < 2:
             raise UserError(f"comm.world_sizes: got {list(self.world_sizes)}, expected sizes >= 2 (an exchange)")
 
@@ -163,4 +165,22 @@ def sample_comm(config: CommSamplerConfig, seed: int, index: int) -> dict:
             ranks, free = sorted(int(r) for r in free[:k]), free[k:]
             groups.append([int(rng.choice(np.asarray(config.dims), size=int(rng.integers(1, 5))).sum()), ranks])
         sample["row_groups"] = groups
+    if config.input_share > 0 and rng.random() < config.input_share:  # drawn after the rest: older samples unchanged
+        sample["inputs"] = sample_inputs(rng, world)
     return sample
+
+
+def sample_inputs(rng: np.random.Generator, world: int) -> list:
+    """1-3 input distributions (sharding types), each giving every rank 0-8 features of 1-400 ids per sample (log
+    uniform: pooling factors are heavy-tailed), some types on a few ranks only, as column-wise tables are."""
+    out = []
+    for _ in range(int(rng.integers(1, 4))):
+        share = rng.uniform(0.2, 1.0)
+        per_rank = [
+            np.round(np.exp(rng.uniform(0, np.log(400), size=int(rng.integers(1, 9)))), 1).tolist()
+            if rng.random() < share
+            else []
+            for _ in range(world)
+        ]
+        out.append(per_rank)
+    return out

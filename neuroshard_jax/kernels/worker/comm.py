@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import sys
 import time
 
 from neuroshard_jax.kernels.worker.tbe import setup_torch
@@ -27,6 +29,11 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
     over the group to the forward (each rank keeps its batch slice) and the mirror all-gather of the gradients to
     the backward, after the all-to-all, in the group's order (the same on every rank); their time is also
     reported apart (``fwd_rows_ms``, ``bwd_rows_ms``).
+    A request's ``inputs`` (per sharding type, per rank, the ids per sample of each feature that rank's tables take)
+    add TorchRec's input distribution to the forward, one ``KJTAllToAll`` per type (``_input_dists``): the splits
+    exchange, the lengths' and the ids' all-to-alls and the recat permute of what arrived, timed from the step's
+    start (after the barrier, before the straggler delay: the wait for the slowest peer stays in the pooled
+    all-to-all) and reported apart (``fwd_inputs_ms``).
     """
     requests = [json.loads(line) for line in open(requests_path) if line.strip()]
     device = requests[0].get("device", "cpu") if requests else "cpu"
@@ -53,6 +60,7 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
     # every rank creates every subgroup, in one order (torch.distributed's rule); the whole world is the default group
     members = sorted({tuple(g[1]) for r in requests for g in r.get("row_groups", ()) if len(g[1]) < world})
     subgroups = {ranks: dist.new_group(list(ranks)) for ranks in members}
+    inputs = _InputDists(torch, rank, world) if any(r.get("inputs") for r in requests) else None
     with open(out_path, "w") as out:
         for request in requests:
             rows = batch_splits(int(request["batch_size"]), world)
@@ -62,10 +70,16 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
                 for dims in all_to_alls(request)
             ]
             reduced = _row_group_buffers(torch, request, rank, world, subgroups, target)
+            dists = inputs.prepare(request["inputs"], rows[rank]) if request.get("inputs") else []
             delay_s = float(request["delays_ms"][rank]) / 1e3
-            fwd_runs, bwd_runs, fwd_rows, bwd_rows = [], [], [], []
+            fwd_runs, bwd_runs, fwd_rows, bwd_rows, fwd_inputs = [], [], [], [], []
             for step in range(int(request.get("warmup", 3)) + int(request.get("iters", 10))):
                 dist.barrier()
+                ti = time.perf_counter()
+                for a2a, features in dists:
+                    a2a(features).wait().wait()
+                sync()
+                inputs_s = time.perf_counter() - ti
                 time.sleep(delay_s)
                 t0 = time.perf_counter()
                 for fwd_in, fwd_out in splits:
@@ -87,7 +101,8 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
                 sync()
                 t3 = time.perf_counter()
                 if step >= int(request.get("warmup", 3)):
-                    fwd_runs.append((t1 - t0) * 1e3)
+                    fwd_runs.append((t1 - t0 + inputs_s) * 1e3)
+                    fwd_inputs.append(inputs_s * 1e3)
                     bwd_runs.append((t3 - t2) * 1e3)
                     fwd_rows.append((t1 - ta) * 1e3)
                     bwd_rows.append((t3 - tb) * 1e3)
@@ -101,12 +116,29 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
                         # of which the row groups' reduce-scatters and all-gathers (0 without row groups)
                         "fwd_rows_ms": statistics.median(fwd_rows),
                         "bwd_rows_ms": statistics.median(bwd_rows),
+                        # and the input distribution (0 without inputs)
+                        "fwd_inputs_ms": statistics.median(fwd_inputs),
                     }
                 )
                 + "\n"
             )
             out.flush()
-    dist.destroy_process_group()
+    if inputs is None:
+        dist.destroy_process_group()
+    else:  # TorchRec's collectives ran here
+        leave_rank()
+
+
+def leave_rank() -> None:
+    """Every rank is done: leave without the interpreter's teardown, where a still-joinable C++ thread of the
+    distributed stack occasionally aborts the process (SIGABRT, "terminate called without an active exception") after
+    the work succeeded (seen after TorchRec's collectives: its DMP steps, its input distribution)."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def all_to_alls(request: dict) -> list[list[int]]:
@@ -133,3 +165,35 @@ def _row_group_buffers(torch, request: dict, rank: int, world: int, subgroups: d
         partial = torch.full((len(ranks) * rows * int(width),), 1e-3, device=target)
         out.append((partial, torch.zeros(rows * int(width), device=target), subgroups.get(ranks)))
     return out
+
+
+class _InputDists:
+    """TorchRec's input distribution, one ``KJTAllToAll`` per sharding type: every rank sends its batch slice of each
+    feature to the rank whose table takes it (an id per lookup), and the receiver regroups what arrived by feature."""
+
+    def __init__(self, torch, rank: int, world: int):
+        import torch.distributed as dist
+        from torchrec.distributed.dist_data import KJTAllToAll
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+        self.torch, self.rank, self.pg = torch, rank, dist.group.WORLD
+        self.kjt, self.a2a = KeyedJaggedTensor, KJTAllToAll
+
+    def prepare(self, inputs: list, rows: int) -> list[tuple]:
+        """(all-to-all module, this rank's features) per type of ``inputs`` ([type][rank] = ids per sample of each
+        feature that rank takes); ``rows``: this rank's batch slice. A feature of p ids per sample has floor((i + 1) p)
+        - floor(i p) ids in bag i: p on average."""
+        torch = self.torch
+        out = []
+        for per_rank in inputs:
+            poolings = [float(p) for features in per_rank for p in features]
+            if not poolings:
+                continue
+            bags = torch.arange(rows + 1, dtype=torch.float64)
+            lengths = torch.cat([(bags[1:] * p).floor() - (bags[:-1] * p).floor() for p in poolings]).int()
+            seeded = torch.Generator().manual_seed(self.rank)
+            values = torch.randint(0, 1 << 20, (int(lengths.sum()),), generator=seeded)
+            keys = [f"f{i}" for i in range(len(poolings))]
+            features = self.kjt.from_lengths_sync(keys=keys, values=values, lengths=lengths)
+            out.append((self.a2a(self.pg, [len(f) for f in per_rank]), features))
+        return out

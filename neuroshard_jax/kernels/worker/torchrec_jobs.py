@@ -4,8 +4,6 @@ exported plan (checked), and one rank timing training steps of several exported 
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from neuroshard_jax.kernels.torchrec_format import (
     plan_shards,
     sharding_plan,
 )
+from neuroshard_jax.kernels.worker.comm import leave_rank
 from neuroshard_jax.kernels.worker.tbe import setup_torch, table_stream
 
 
@@ -149,19 +148,7 @@ def torchrec_run(rank: int, world: int, init: str, request_path: str, out_path: 
             {"rank": rank, "local_shards": sorted(local), "output_shape": list(out.shape), "max_abs_error": error}
         )
     )
-    _leave_rank()
-
-
-def _leave_rank() -> None:
-    """Every rank is done: leave without the interpreter's teardown, where a still-joinable C++ thread of the
-    distributed stack occasionally aborts the process (SIGABRT, "terminate called without an active exception") after
-    the work succeeded."""
-    import torch.distributed as dist
-
-    dist.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_rank()
 
 
 def _distributed_model(request: dict, plan, root=None):
@@ -284,7 +271,7 @@ def torchrec_steps(rank: int, world: int, init: str, request_path: str, out_path
                 cpu_s[p].append(time.process_time() - start_cpu)
     local = [sum(v.numel() * v.element_size() for v in _local_tensors(m)) for m in models]
     Path(out_path).write_text(json.dumps({"rank": rank, "step_s": step_s, "cpu_s": cpu_s, "local_bytes": local}))
-    _leave_rank()
+    leave_rank()
 
 
 def _rank_features(request: dict, rank: int, world: int):
