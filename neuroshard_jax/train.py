@@ -18,10 +18,11 @@ import hydra
 from omegaconf import DictConfig
 
 from neuroshard_jax.core.cli import one_line_errors, run_app
+from neuroshard_jax.core.files import user_fits_dir
 from neuroshard_jax.costs.input_dist import InputDist
 from neuroshard_jax.costs.registry import checkpoint_path
 from neuroshard_jax.learn.analytic_fit import fit_analytic
-from neuroshard_jax.learn.fit import app_config, train_ensemble, train_models
+from neuroshard_jax.learn.fit import TrainAppConfig, app_config, train_ensemble, train_models
 from neuroshard_jax.learn.row_comm_fit import fit_row_comm
 
 
@@ -49,18 +50,22 @@ def main(cfg: DictConfig) -> None:
     elif config.family in ("row_comm", "input_dist"):
         dataset = config.datasets[0]
         how = f"python -m neuroshard_jax.train family={config.family} datasets=[{dataset}] name={config.name}"
-        model, figures, path = fit_row_comm(config.datasets[0], config.name, config.out, how, config.family)
+        mine = config.out == TrainAppConfig.out  # no out given: this user's fits, found by hardware kind
+        out = user_fits_dir(config.family) if mine else config.out
+        model, figures, path = fit_row_comm(dataset, config.name, out, how, config.family)
         for k in model.sizes:
             if isinstance(model, InputDist):
                 a, b, c = model.terms(k, model.batch_size)
                 print(
-                    f"{k} devices at batch {model.batch_size}: {a:.2f} ms a distribution + {b * 100:.2f} ms per 100 ids "
-                    f"per sample taken + {c * 100:.2f} ms per 100 sent"
+                    f"{k} devices at batch {model.batch_size}: {a:.2f} ms a distribution + {b * 100:.2f} ms per "
+                    f"100 ids per sample taken + {c * 100:.2f} ms per 100 sent"
                 )
             else:
                 f, b = model.group_ms(k, 128, model.batch_size)
                 print(f"group of {k}: width 128 at batch {model.batch_size}: fwd {f:.2f} ms, bwd {b:.2f} ms")
         print(f"held out: {figures}; written {path}")
+        if mine:
+            print(f"models of this hardware kind ({model.kind}) price with it from now on")
         return
     else:
         report = fit_analytic(config.datasets[0], config.steps, config.train.split)

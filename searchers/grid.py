@@ -161,11 +161,13 @@ def _input_taken(devices, ids, column_table, n: int):
     one placement: a table's once per device holding any of its slices."""
     slots = devices.shape[0]
     spread = _spread(devices, column_table)
-    index = jnp.arange(slots)
-    table = jnp.where(column_table >= 0, column_table, slots + index)  # a whole table's slot is a table of its own
+    table = jnp.where(column_table >= 0, column_table, slots + jnp.arange(slots))  # a whole table: a key of its own
     device = jnp.where(devices >= 0, devices, n)
-    key = table * (n + 1) + device
-    first = jax.ops.segment_min(index, key, num_segments=2 * slots * (n + 1))[key] == index
+    key = table * (n + 1) + device  # one per (table, device) pair; sorted, a pair's first slot starts a run
+    order = jnp.argsort(key, stable=True)
+    ordered = key[order]
+    starts = jnp.concatenate([jnp.ones(1, bool), ordered[1:] != ordered[:-1]])
+    first = jnp.zeros(slots, bool).at[order].set(starts)
     take = first & (devices >= 0)
     per_kind = [jnp.where(take & kind, ids, 0.0) for kind in (~spread, spread)]
     return jnp.stack([jax.ops.segment_sum(x, device, num_segments=n) for x in per_kind])

@@ -497,6 +497,12 @@ def user_models_dir() -> Path:
     return cache_dir() / "models"
 
 
+def user_fits_dir(family: str) -> Path:
+    """Where ``python -m neuroshard_jax.train family=FAMILY`` (``row_comm``, ``input_dist``) writes the fits of this
+    user's machines when no ``out`` is given: models of a fit's hardware kind price with it, as with a shipped one."""
+    return cache_dir() / family
+
+
 def package_path(relative: str) -> Path:
     """A path inside the installed neuroshard_jax package (its shipped data)."""
     return Path(str(resources.files("neuroshard_jax"))) / relative

@@ -29,7 +29,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.costs.row_comm import interpolate, read_fit, shipped_names
+from neuroshard_jax.costs.row_comm import interpolate, of_kinds, read_fit
 
 SHIPPED = "data/input_dist"
 TERMS = 3  # ms per distribution, per received id per sample, per sent id per sample
@@ -130,5 +130,6 @@ def load(name_or_path: str) -> InputDist:
 
 
 def for_kinds(kinds: list[str]) -> InputDist | None:
-    """The shipped fit whose labels' hardware kind is one of ``kinds`` (a model's ``hardware_kinds``), else None."""
-    return next((fit for fit in map(load, shipped_names(SHIPPED)) if fit.kind and fit.kind in kinds), None)
+    """The shipped (or this user's) fit whose labels' hardware kind is one of ``kinds`` (a model's
+    ``hardware_kinds``), else None."""
+    return of_kinds(SHIPPED, "input_dist", load, kinds)

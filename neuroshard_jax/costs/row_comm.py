@@ -29,7 +29,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import package_path, read_json
+from neuroshard_jax.core.files import package_path, read_json, user_fits_dir
 
 SHIPPED = "data/row_comm"
 
@@ -175,6 +175,14 @@ def read_fit(folder: str, name_or_path: str, what: str, family: str) -> tuple[di
     return obj["fit"], f"{what} {str(path)!r}"
 
 
+def of_kinds(folder: str, family: str, load, kinds: list[str]):
+    """The first fit of one of ``kinds`` (a model's ``hardware_kinds``): the shipped ones under ``folder`` by name,
+    then this user's (``files.user_fits_dir(family)``, by file name); None if none is of those kinds."""
+    mine = user_fits_dir(family)
+    paths = [*shipped_names(folder), *(str(p) for p in sorted(mine.glob("*.json")) if mine.is_dir())]
+    return next((fit for fit in map(load, paths) if fit.kind and fit.kind in kinds), None)
+
+
 @functools.lru_cache(maxsize=8)
 def load(name_or_path: str) -> RowComm:
     """A shipped fit by name, or a fit's JSON file (``{"fit": ..., "manifest": ...}``)."""
@@ -182,5 +190,5 @@ def load(name_or_path: str) -> RowComm:
 
 
 def for_kinds(kinds: list[str]) -> RowComm | None:
-    """The shipped fit whose labels' hardware kind is one of ``kinds`` (a model's ``hardware_kinds``), else None."""
-    return next((fit for fit in map(load, shipped_names()) if fit.kind and fit.kind in kinds), None)
+    """The shipped (or this user's) fit whose labels' hardware kind is one of ``kinds``, else None."""
+    return of_kinds(SHIPPED, "row_comm", load, kinds)

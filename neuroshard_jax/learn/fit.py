@@ -745,7 +745,9 @@ class TrainAppConfig:
         "neuroshard_jax/data/profiles/xeon-specs",
         "neuroshard_jax/data/profiles/xeon-plans",
     )
-    out: str = "checkpoints/xeon-union"  # the orbax checkpoint directory (replaced)
+    # the orbax checkpoint directory (replaced); family=row_comm or input_dist: the fit's folder, this user's fits
+    # (files.user_fits_dir) when left at this default
+    out: str = "checkpoints/xeon-union"
     name: str = "xeon-union"
     # family=mlp, the paper's sizes: table MLP 21 -> 128 -> 32, head (32 + log count) -> 64 -> 1
     net: NetConfig = NetConfig()
