@@ -33,6 +33,7 @@ import jax
 import numpy as np
 from omegaconf import DictConfig
 
+from neuroshard_jax.core.assignment import INPUT_TYPES
 from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import above_zero, at_least, typed
 from neuroshard_jax.core.constants import GIB_BYTES, SHIPPED_MLP_CHECKPOINT, SHIPPED_MODEL_NAME
@@ -44,9 +45,25 @@ from neuroshard_jax.core.plan_file import PRINTED_DEVICES, SLOWEST_PRINTED, devi
 from neuroshard_jax.core.sharding import Shard, mem_bytes, replica_features, row_split_count, shard_features
 from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.analytic import AnalyticConfig
-from neuroshard_jax.costs.cost_model import CostFns, CostModel, DeviceCosts, bucket, combine_costs, plan_cost_ms
+from neuroshard_jax.costs.cost_model import (
+    CostFns,
+    CostModel,
+    DeviceCosts,
+    bucket,
+    combine_costs,
+    input_dist_ms,
+    plan_cost_ms,
+)
 from neuroshard_jax.costs.registry import checkpoint_path, expected_cost_model, make_cost_model, usable_cost_model
-from neuroshard_jax.costs.scoring import apart_arrays, fitted_ms, plan_dim_sums, score_plan, shard_costs
+from neuroshard_jax.costs.scoring import (
+    apart_arrays,
+    fitted_ms,
+    input_taken,
+    input_terms,
+    plan_dim_sums,
+    score_plan,
+    shard_costs,
+)
 from neuroshard_jax.workloads.samplers import CommSamplerConfig
 
 FAR_PAST_TRAINED = 4  # a plan on more devices than this x the largest all-to-all a model was trained on: "far past"
@@ -363,6 +380,7 @@ def explanation(plan: Plan, model: CostModel, measured: list[dict] | None = None
         "devices": [dict(zip(columns, row)) for row in zip(*columns.values())],
         "speeds_differ": plan.task.has_speeds,
         **({"hosts": _hosts_line(plan.task)} if plan.task.multi_host else {}),
+        **_input_line(model, plan),
         "critical_device": critical,
         "max_over_mean": float(total.max() / max(total.mean(), 1e-12)),
         "spread_ms": float(total.max() - total.min()),
@@ -371,6 +389,20 @@ def explanation(plan: Plan, model: CostModel, measured: list[dict] | None = None
         "binds": binds,
         "table_compute_ms": per_table,
         "tables": names,
+    }
+
+
+def _input_line(model: CostModel, plan: Plan) -> dict:
+    """``{"inputs": line}``: the share of the forward comm that is TorchRec's input distribution, if priced."""
+    n = plan.task.num_devices
+    if model.input_dist is None or n < 2:
+        return {}
+    taken = input_taken(plan)
+    ms = np.asarray(input_dist_ms(input_terms(model.input_dist, plan.task), taken, np.ones(n, bool)))
+    kinds = [kind.replace("_", "-") for kind, row in zip(INPUT_TYPES, taken) if row.sum() > 0]
+    return {
+        "inputs": f"of fwd_comm, TorchRec's input distribution ({' and '.join(kinds)}: {len(kinds)} ids' all-to-all"
+        f"{'s' if len(kinds) > 1 else ''}): {ms.min():.3f}..{ms.max():.3f} ms per device (fit {model.input_dist.name})"
     }
 
 
@@ -411,6 +443,7 @@ def format_explanation(expl: dict, measured_from: str | None = None) -> str:
         + (f"; measured: {measured_from}" if has_measured else "")
         + ("; compute divided by each device's relative speed" if speeds else ""),
         *([expl["hosts"]] if "hosts" in expl else []),
+        *([expl["inputs"]] if "inputs" in expl else []),
         head,
     ]
     total_ms = [d["total_ms"] for d in expl["devices"]]
