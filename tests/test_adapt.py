@@ -16,7 +16,7 @@ def small_config(tmp_path, **changes):
     from neuroshard_jax.learn.adapt import AdaptConfig
     from neuroshard_jax.learn.fit import TrainConfig
     from neuroshard_jax.learn.plan_labels import PlanLabelConfig
-    from neuroshard_jax.workloads.samplers import SpecSamplerConfig
+    from neuroshard_jax.workloads.samplers import CommSamplerConfig, SpecSamplerConfig
 
     specs = SpecSamplerConfig(max_tables=3, log10_rows=(2.0, 4.0), log10_pooling=(-0.5, 1.0), batch_sizes=(2048,))
     plans = PlanLabelConfig(
@@ -36,6 +36,8 @@ def small_config(tmp_path, **changes):
         iters=2,
         finetune=TrainConfig(epochs=3, learning_rate=1e-3, progress=False),
         progress=False,
+        input_labels=5,
+        inputs=CommSamplerConfig(world_sizes=(2,), input_share=1.0),
     )
     return AdaptConfig(**{**settings, **changes})
 
@@ -71,6 +73,15 @@ def test_adapt_measures_fine_tunes_reports_and_registers_a_model_later_runs_choo
 
     task = make_task([make_table(0), make_table(1)], batch_size=4096)
     assert registry.make_cost_model("adapted-test", task).name == "neural"
+    # TorchRec's input distribution, measured on real gloo ranks and fitted: this user's fit, which models of this
+    # kind price with before any shipped fit of it
+    from neuroshard_jax.costs.input_dist import for_kinds, load
+
+    fitted = report["input_dist"]
+    mine = load(fitted["path"])
+    assert fitted["sizes"] == [2] and mine.kind == here and for_kinds([here]) == mine
+    assert registry.make_cost_model("adapted-test", task).input_dist == mine
+    assert any(line.startswith("input distribution:") for line in lines)
     # resumable: a rerun spends no more measuring time than the budget's and keeps every label
     again = adapt(config, lines.append)
     assert again["labels"] == labels

@@ -130,6 +130,6 @@ def load(name_or_path: str) -> InputDist:
 
 
 def for_kinds(kinds: list[str]) -> InputDist | None:
-    """The shipped (or this user's) fit whose labels' hardware kind is one of ``kinds`` (a model's
-    ``hardware_kinds``), else None."""
+    """This user's or the shipped fit whose labels' hardware kind is one of ``kinds`` (a model's ``hardware_kinds``),
+    else None (``row_comm.of_kinds``)."""
     return of_kinds(SHIPPED, "input_dist", load, kinds)

@@ -176,10 +176,11 @@ def read_fit(folder: str, name_or_path: str, what: str, family: str) -> tuple[di
 
 
 def of_kinds(folder: str, family: str, load, kinds: list[str]):
-    """The first fit of one of ``kinds`` (a model's ``hardware_kinds``): the shipped ones under ``folder`` by name,
-    then this user's (``files.user_fits_dir(family)``, by file name); None if none is of those kinds."""
+    """The first fit of one of ``kinds`` (a model's ``hardware_kinds``): this user's (``files.user_fits_dir(family)``,
+    by file name: measured on this very machine), then the shipped ones under ``folder`` by name; None if none is of
+    those kinds."""
     mine = user_fits_dir(family)
-    paths = [*shipped_names(folder), *(str(p) for p in sorted(mine.glob("*.json")) if mine.is_dir())]
+    paths = [*(str(p) for p in sorted(mine.glob("*.json")) if mine.is_dir()), *shipped_names(folder)]
     return next((fit for fit in map(load, paths) if fit.kind and fit.kind in kinds), None)
 
 
@@ -190,5 +191,5 @@ def load(name_or_path: str) -> RowComm:
 
 
 def for_kinds(kinds: list[str]) -> RowComm | None:
-    """The shipped (or this user's) fit whose labels' hardware kind is one of ``kinds``, else None."""
+    """This user's or the shipped fit whose labels' hardware kind is one of ``kinds``, else None (``of_kinds``)."""
     return of_kinds(SHIPPED, "row_comm", load, kinds)

@@ -21,7 +21,9 @@ Within ``budget_min`` minutes of wall time, in three steps:
 
 Resumable: the labels are datasets like ``collect``'s (``out/labels/specs``, ``out/labels/plans``) and
 ``out/adapt.json`` keeps the measuring time spent; rerun the same command and it measures for what is left of the
-budget, then trains again. The comm nets come with the start model (no all-to-all is measured here).
+budget, then trains again. The comm nets come with the start model; on a CPU, TorchRec's input distribution is
+measured first (``input_labels`` comm labels on gloo ranks, ``costs/input_dist.py``), fitted, and added to this
+user's fits, so that models of this kind price it.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from neuroshard_jax.core.files import (
     read_json,
     read_records,
     replace_dir,
+    user_fits_dir,
     user_models_dir,
     write_json,
 )
@@ -69,7 +72,8 @@ from neuroshard_jax.learn.fit import (
     train_ensemble,
 )
 from neuroshard_jax.learn.plan_labels import PlanLabelConfig
-from neuroshard_jax.workloads.samplers import SpecSamplerConfig, sample_spec_shard
+from neuroshard_jax.learn.row_comm_fit import fit_row_comm
+from neuroshard_jax.workloads.samplers import CommSamplerConfig, SpecSamplerConfig, sample_spec_shard
 
 UNCERTAIN_IDS = 1_000_000  # spec samples from here on are the candidates of uncertain picks (ids stay apart)
 CHUNK_PICKS = 16  # uncertain picks scored together (one call of the start model)
@@ -96,6 +100,11 @@ class AdaptConfig:
     register: bool = True  # add the model to the user's models (later runs on this kind of machine choose it)
     compare: tuple[str, ...] = ()  # other models scored on the same held-out labels (names or checkpoints)
     specs: SpecSamplerConfig = SpecSamplerConfig()  # the spec shards drawn (as collect source=specs)
+    # TorchRec's input distribution on this machine (``costs/input_dist.py``; cpu: gloo ranks): ``input_labels`` comm
+    # labels drawn by ``inputs`` (as collect kind=comm), fitted and, with ``register``, added to this user's fits,
+    # which models of this kind price with (before a shipped fit); 0: none (a run on cuda measures none)
+    input_labels: int = 60
+    inputs: CommSamplerConfig = CommSamplerConfig(input_share=1.0)
     # as collect kind=plans; plans.model is the start model
     plans: PlanLabelConfig = PlanLabelConfig(searchers=("beam", "grid"), sources=("specs",), variants=4, comm=False)
     executor: ExecutorConfig = ExecutorConfig(workers=2)
@@ -111,7 +120,11 @@ class AdaptConfig:
     def __post_init__(self):
         above_zero(self, ("budget_min", "label_share", "label_weight", "timeout_s"))
         at_least(self, 1, ("draws", "heldout_every", "min_labels", "iters"))
-        at_least(self, 0, ("seed", "warmup"))
+        at_least(self, 0, ("seed", "warmup", "input_labels"))
+        if self.input_labels and self.inputs.input_share != 1.0:
+            raise UserError(
+                f"inputs.input_share: got {self.inputs.input_share}, expected 1.0 (every label a distribution)"
+            )
         for key in ("uncertain_share", "plan_share", "label_share"):
             if not 0 <= getattr(self, key) <= 1 or (key == "uncertain_share" and getattr(self, key) == 1):
                 upper = "< 1" if key == "uncertain_share" else "<= 1"
@@ -296,12 +309,25 @@ def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict, say: C
         progress=config.progress,
         protocol=config.protocol,  # null: the device's own
     )
+    if config.input_labels and config.device == "cpu":
+        say(f"measuring TorchRec's input distribution: {config.input_labels} comm labels on gloo ranks")
+        inputs = dataclasses.replace(
+            CollectConfig(kind="comm", out_dir=str(out / "labels" / "inputs"), **common),
+            comm=config.inputs,
+            num_samples=config.input_labels,
+        )
+        started = time.monotonic()
+        try:
+            collect(inputs)
+        finally:
+            spent["inputs"] = spent.get("inputs", 0.0) + time.monotonic() - started
+            write_json({**state, "spent_s": spent}, state_path)
     plan_left = measure_s * config.plan_share - spent.get("plans", 0.0)
     if plan_left > 0:
         say(f"measuring the devices of plans searched with {label} for up to {plan_left / 60:.1f} min")
         _measure_plans(config, CollectConfig(kind="plans", out_dir=str(plans_dir), **common), start, plan_left, spent)
         write_json({**state, "spent_s": spent}, state_path)
-    spec_left = measure_s - spent.get("plans", 0.0) - spent.get("specs", 0.0)
+    spec_left = measure_s - sum(spent.get(k, 0.0) for k in ("plans", "specs", "inputs"))
     if spec_left > 0:
         say(f"measuring spec shards for {spec_left / 60:.1f} min (uncertain picks: {config.uncertain_share:.0%})")
         spec_config = CollectConfig(kind="compute", source="specs", out_dir=str(specs_dir), **common)
@@ -403,7 +429,24 @@ def _fit_and_report(
     if config.register:
         report["registered"] = str(_register(model_dir, name))
         say(f"registered {name} in {user_models_dir()}: later runs on this kind of machine choose it")
+    inputs_dir = out / "labels" / "inputs"
+    if (inputs_dir / "comm.jsonl").exists():
+        report["input_dist"] = _fit_inputs(config, name, inputs_dir, out, say)
     return report
+
+
+def _fit_inputs(config: AdaptConfig, name: str, labels: Path, out: Path, say: Callable[[str], None]) -> dict:
+    """The input distribution fit of this machine's labels, with its held-out figures; with ``register`` in this
+    user's fits (models of this kind price with it), else beside the model."""
+    where = user_fits_dir("input_dist") if config.register else out / "input_dist"
+    how = f"python -m neuroshard_jax.adapt name={name} input_labels={config.input_labels}"
+    fit, figures, path = fit_row_comm(labels, name, where, how, "input_dist")
+    a, b, c = fit.terms(fit.sizes[-1], fit.batch_size)
+    say(
+        f"input distribution: {a:.2f} ms + {100 * b:.2f} per 100 ids taken + {100 * c:.2f} per 100 sent at "
+        f"{fit.sizes[-1]} devices, held out {figures.get('fwd_mape', float('nan')):.1%}; written {path}"
+    )
+    return {"path": str(path), "sizes": list(fit.sizes), "held_out": figures}
 
 
 def _annotate(model_dir: Path, report: dict) -> None:
