@@ -149,18 +149,16 @@ def _spread(devices, column_table):
     return sliced & (lowest[own] != highest[own])
 
 
-def _column_wise_sums(devices, dims, column_table, n: int):
-    """i32[N]: each device's widths in the column-wise all-to-all, from one placement: the slices of tables whose
-    slices ended on more than one device."""
-    spread = _spread(devices, column_table)
+def _column_wise_sums(devices, dims, spread, n: int):
+    """i32[N]: each device's widths in the column-wise all-to-all, from one placement: the ``spread`` slots (slices
+    of tables whose slices ended on more than one device, ``_spread``)."""
     return jax.ops.segment_sum(jnp.where(spread, dims, 0), jnp.where(devices >= 0, devices, n), num_segments=n)
 
 
-def _input_taken(devices, ids, column_table, n: int):
-    """f32[2, N]: the ids per sample each device takes in the table-wise and the column-wise input distributions, from
-    one placement: a table's once per device holding any of its slices."""
+def _input_taken(devices, ids, column_table, spread, n: int):
+    """f32[2, N]: the ids per sample each device takes in the table-wise and the column-wise (``spread``, ``_spread``)
+    input distributions, from one placement: a table's once per device holding any of its slices."""
     slots = devices.shape[0]
-    spread = _spread(devices, column_table)
     table = jnp.where(column_table >= 0, column_table, slots + jnp.arange(slots))  # a whole table: a key of its own
     device = jnp.where(devices >= 0, devices, n)
     key = table * (n + 1) + device  # one per (table, device) pair; sorted, a pair's first slot starts a run
@@ -216,19 +214,19 @@ def grid_search(
     devices = jnp.take_along_axis(placed, inverse[:, None, :], axis=-1)
     devices = jnp.take_along_axis(devices, batch.leader[:, None, :], axis=-1)  # a group's slots: its leader's device
     devices = jnp.where(batch.valid[:, None, :], devices, -1)
-    if batch.column_table is None:
-        apart = None
-    else:  # the column-wise tables' all-to-all, from where their slices ended
-        n = device_mask.shape[0]
-        per_alpha = jax.vmap(_column_wise_sums, in_axes=(0, None, None, None))
-        sums = jax.vmap(per_alpha, in_axes=(0, 0, 0, None))(devices, batch.dims, batch.column_table, n)
+    n = device_mask.shape[0]
+    apart = rows_ms = None
+    if batch.column_table is None:  # no table cut in columns: everything table-wise
+        table, spread = jnp.full_like(batch.valid, -1, jnp.int32), jnp.zeros(devices.shape, bool)
+    else:  # where each candidate's slices ended (once for both uses), and the column-wise tables' all-to-all
+        table = batch.column_table
+        spread = jax.vmap(jax.vmap(_spread, in_axes=(0, None)))(devices, table)
+        per_alpha = jax.vmap(_column_wise_sums, in_axes=(0, None, 0, None))
+        sums = jax.vmap(per_alpha, in_axes=(0, 0, 0, None))(devices, batch.dims, spread, n)
         apart = sums.astype(jnp.float32)[..., None, :]
-    rows_ms = None
-    if inputs is not None:  # the ids' all-to-alls, table-wise and column-wise, from where each candidate's slots ended
-        n = device_mask.shape[0]
-        table = jnp.full_like(batch.valid, -1, jnp.int32) if batch.column_table is None else batch.column_table
-        per_alpha = jax.vmap(_input_taken, in_axes=(0, None, None, None))
-        taken = jax.vmap(per_alpha, in_axes=(0, 0, 0, None))(devices, batch.ids, table, n)
+    if inputs is not None:  # the ids' all-to-alls, table-wise and column-wise
+        per_alpha = jax.vmap(_input_taken, in_axes=(0, None, None, 0, None))
+        taken = jax.vmap(per_alpha, in_axes=(0, 0, 0, 0, None))(devices, batch.ids, table, spread, n)
         rows_ms = (input_dist_ms(inputs, taken, device_mask), 0.0)
     costs = combine_costs(fns, params, compute, dim_sums.astype(jnp.float32), device_mask, rows_ms=rows_ms, apart=apart)
     cost_ms = jnp.where(ok, plan_cost_ms(costs), jnp.inf)

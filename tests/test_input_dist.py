@@ -19,7 +19,7 @@ from neuroshard_jax.costs.scoring import input_taken, input_terms, score_plan, s
 from neuroshard_jax.learn.fit import comm_arrays
 from neuroshard_jax.learn.row_comm_fit import fit_row_comm
 from searchers import make_searcher
-from searchers.grid import _input_taken
+from searchers.grid import _input_taken, _spread
 from searchers.neuroshard import SplitSpace
 
 from .oracle import Oracle
@@ -164,7 +164,8 @@ def test_the_grid_prices_each_placement_s_input_distributions_as_the_host_does()
         for _ in range(10):
             devices = np.full(batch.valid.shape[1], -1, np.int32)
             devices[:count] = rng.integers(0, 3, size=count)
-            taken = jax.jit(_input_taken, static_argnums=3)(devices, batch.ids[c], batch.column_table[c], 3)
+            spread = _spread(devices, batch.column_table[c])
+            taken = jax.jit(_input_taken, static_argnums=4)(devices, batch.ids[c], batch.column_table[c], spread, 3)
             plan = space.plan(level, devices)
             np.testing.assert_allclose(np.asarray(taken), input_taken(plan)[:2], rtol=1e-6)
 

@@ -29,7 +29,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.costs.row_comm import interpolate, of_kinds, read_fit
+from neuroshard_jax.costs.row_comm import fit_records, interpolate, of_kinds, read_fit
 
 SHIPPED = "data/input_dist"
 TERMS = 3  # ms per distribution, per received id per sample, per sent id per sample
@@ -106,21 +106,18 @@ def design(record: dict) -> tuple[np.ndarray, np.ndarray]:
 def fit(records: list[dict], name: str, kind: str = "") -> InputDist:
     """The non-negative least-squares fit, per device count, of comm labels with input distributions (``collect
     kind=comm`` with ``comm.input_share``). Records of one batch size; a device count with no label is left out."""
-    usable = [r for r in records if r.get("ok") and r.get("inputs") and "fwd_inputs_ms" in r]
-    if not usable:
-        raise UserError(
-            "input dist fit: no comm record with input distributions and their times; expected labels collected "
-            "with comm.input_share > 0"
-        )
-    batches = {int(r["batch_size"]) for r in usable}
-    if len(batches) > 1:
-        raise UserError(f"input dist fit: records of batch sizes {sorted(batches)}, expected one")
+    usable, batch = fit_records(
+        records,
+        ("inputs", "fwd_inputs_ms"),
+        "input dist fit: no comm record with input distributions and their times; expected labels collected with "
+        "comm.input_share > 0",
+    )
     sizes = tuple(sorted({int(r["world"]) for r in usable}))
     coefs = []
     for n in sizes:
         xs, ys = zip(*(design(r) for r in usable if r["world"] == n))
         coefs.append(tuple(float(c) for c in nnls(np.concatenate(xs), np.concatenate(ys))[0]))
-    return InputDist(name, sizes, tuple(coefs), batches.pop(), kind)  # type: ignore[arg-type]
+    return InputDist(name, sizes, tuple(coefs), batch, kind)  # type: ignore[arg-type]
 
 
 @functools.lru_cache(maxsize=8)

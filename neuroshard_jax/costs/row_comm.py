@@ -115,21 +115,28 @@ def disjoint(groups: list) -> bool:
     return len(seen) == len(set(seen))
 
 
+def fit_records(records: list[dict], keys: tuple[str, ...], none: str) -> tuple[list[dict], int]:
+    """(the successful ``records`` that carry every one of ``keys``, their one batch size) for a fit; ``none``: the
+    error when there is no such record. Records of several batch sizes are refused."""
+    usable = [r for r in records if r.get("ok") and all(r.get(k) for k in keys)]
+    if not usable:
+        raise UserError(none)
+    batches = {int(r["batch_size"]) for r in usable}
+    if len(batches) > 1:
+        raise UserError(f"{none.split(':')[0]}: records of batch sizes {sorted(batches)}, expected one")
+    return usable, batches.pop()
+
+
 def fit(records: list[dict], name: str, kind: str = "") -> RowComm:
     """The non-negative least-squares fit of comm labels with row groups (``collect kind=comm`` with
     ``comm.row_share``): each rank's ``fwd_rows_ms`` and ``bwd_rows_ms`` as the sum over its groups of
     a(k) + b(k) x width. Records of one batch size with disjoint groups; a group size with no label is left out."""
-    usable = [
-        r for r in records if r.get("ok") and r.get("row_groups") and "fwd_rows_ms" in r and disjoint(r["row_groups"])
-    ]
-    if not usable:
-        raise UserError(
-            "row comm fit: no comm record with row groups and their times; expected labels collected "
-            "with comm.row_share > 0"
-        )
-    batches = {int(r["batch_size"]) for r in usable}
-    if len(batches) > 1:
-        raise UserError(f"row comm fit: records of batch sizes {sorted(batches)}, expected one")
+    usable, batch = fit_records(
+        [r for r in records if r.get("row_groups") and disjoint(r["row_groups"])],
+        ("row_groups", "fwd_rows_ms"),
+        "row comm fit: no comm record with row groups and their times; expected labels collected with "
+        "comm.row_share > 0",
+    )
     sizes = tuple(sorted({len(g[1]) for r in usable for g in r["row_groups"]}))
     column = {k: i for i, k in enumerate(sizes)}
     design, fwd, bwd = [], [], []
@@ -151,7 +158,7 @@ def fit(records: list[dict], name: str, kind: str = "") -> RowComm:
         sizes,
         tuple((float(c[0]), float(c[1])) for c in coefs[0]),
         tuple((float(c[0]), float(c[1])) for c in coefs[1]),
-        batches.pop(),
+        batch,
         kind,
     )
 

@@ -238,10 +238,15 @@ def fitted_ms(model: CostModel, plans: list[Plan]) -> tuple[np.ndarray, np.ndarr
         for i, plan in enumerate(plans):
             out[:, i] = device_row_ms(model.row_comm, plan)
     if model.input_dist is not None and n > 1:
-        terms = input_terms(model.input_dist, plans[0].task)
-        taken = np.stack([input_taken(p) for p in plans])
-        out[0] += np.asarray(input_dist_ms(terms, taken, np.ones(n, bool)))
+        out[0] += device_input_ms(model.input_dist, plans, np.stack([input_taken(p) for p in plans]))
     return out[0], out[1]
+
+
+def device_input_ms(fit: InputDist, plans: list[Plan], taken: np.ndarray) -> np.ndarray:
+    """f32[K, N]: each device's ms in the input distributions of plans of one task, whose ids taken are ``taken``
+    f32[K, len(INPUT_TYPES), N] (``input_taken``), by ``fit``."""
+    n = plans[0].task.num_devices
+    return np.asarray(input_dist_ms(input_terms(fit, plans[0].task), taken, np.ones(n, bool)))
 
 
 def input_terms(fit: InputDist, task: Task) -> np.ndarray:

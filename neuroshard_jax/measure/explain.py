@@ -51,15 +51,14 @@ from neuroshard_jax.costs.cost_model import (
     DeviceCosts,
     bucket,
     combine_costs,
-    input_dist_ms,
     plan_cost_ms,
 )
 from neuroshard_jax.costs.registry import checkpoint_path, expected_cost_model, make_cost_model, usable_cost_model
 from neuroshard_jax.costs.scoring import (
     apart_arrays,
+    device_input_ms,
     fitted_ms,
     input_taken,
-    input_terms,
     plan_dim_sums,
     score_plan,
     shard_costs,
@@ -398,7 +397,7 @@ def _input_line(model: CostModel, plan: Plan) -> dict:
     if model.input_dist is None or n < 2:
         return {}
     taken = input_taken(plan)
-    ms = np.asarray(input_dist_ms(input_terms(model.input_dist, plan.task), taken, np.ones(n, bool)))
+    ms = device_input_ms(model.input_dist, [plan], taken[None])[0]
     kinds = [kind.replace("_", "-") for kind, row in zip(INPUT_TYPES, taken) if row.sum() > 0]
     return {
         "inputs": f"of fwd_comm, TorchRec's input distribution ({' and '.join(kinds)}: {len(kinds)} ids' all-to-all"

@@ -123,16 +123,14 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
                 + "\n"
             )
             out.flush()
-    if inputs is None:
-        dist.destroy_process_group()
-    else:  # TorchRec's collectives ran here
-        leave_rank()
+    leave_rank()
 
 
 def leave_rank() -> None:
     """Every rank is done: leave without the interpreter's teardown, where a still-joinable C++ thread of the
     distributed stack occasionally aborts the process (SIGABRT, "terminate called without an active exception") after
-    the work succeeded (seen after TorchRec's collectives: its DMP steps, its input distribution)."""
+    the work succeeded (seen after TorchRec's collectives: its DMP steps, its input distribution). Every rank of every
+    distributed job leaves this way, its results already written and closed."""
     import torch.distributed as dist
 
     dist.barrier()
