@@ -19,9 +19,9 @@ from neuroshard_jax.costs.registry import COST_MODELS, NO_CALIBRATION
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.learn.adapt import AdaptConfig
 from neuroshard_jax.learn.collect import CollectConfig
-from neuroshard_jax.learn.fit import TrainAppConfig
 from neuroshard_jax.learn.loop import LoopConfig
 from neuroshard_jax.learn.policy_training import TrainPolicyAppConfig
+from neuroshard_jax.learn.train_job import TrainAppConfig
 from neuroshard_jax.measure.calibration import CalibrateConfig
 from neuroshard_jax.measure.compare import CompareConfig
 from neuroshard_jax.measure.explain import ExplainConfig

@@ -113,6 +113,8 @@ def run_rank(rank: int, world: int, init: str, planners: list[str], args, stats_
     """One rank: every planner plans (on rank 0, broadcast); one DistributedModelParallel model per plan; their
     training steps interleaved (step i of every model before step i + 1), so drifts of the machine hit all alike."""
     quiet()
+    logging.basicConfig(format="%(message)s")
+    logging.getLogger("neuroshard_jax").setLevel(logging.INFO)  # rank 0's planner (verbose) logs its plan at INFO
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     configs = table_configs(args)

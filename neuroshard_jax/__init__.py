@@ -9,7 +9,9 @@ The public API (everything else is internal and may move):
   ``load_plan(path)``; ``to_torchrec(plan, ...)``: a plan as a TorchRec ``ShardingPlan`` (imports torch on call)
 * ``load_cost_model(name_or_path)`` -> ``CostModel`` (``.fns``, ``.params``), and the jitted scoring functions
   that take them: ``plan_costs``, ``shard_costs``, ``table_latents``, ``costs_from_latents``, ``device_costs``,
-  ``plan_cost_ms``; host-side ``plan_arrays``, ``apart_arrays``, ``score_plan``, ``score_plans``
+  ``plan_cost_ms``, over a plan's ``PlanArrays`` (``DeviceArrays``); host-side ``plan_arrays``, ``apart_arrays``,
+  ``score_plan``, ``score_plans``
+* ``Planner`` (``planner=`` of ``plan``): a searcher, a ``CostModelSpec`` and the measured stages, built once
 * ``searcher_names()``; the errors ``UserError``, ``InfeasibleError``, ``PlanError``
 
 Names load on first use, so ``import neuroshard_jax`` is cheap and the torch worker (which imports a few numpy-only
@@ -22,6 +24,8 @@ import importlib
 
 _EXPORTS = {
     "plan": "neuroshard_jax.api",
+    "Planner": "neuroshard_jax.search.planner",
+    "CostModelSpec": "neuroshard_jax.costs.registry",
     "task_from_tables": "neuroshard_jax.workloads.tasks",
     "Plan": "neuroshard_jax.core.types",
     "PlanCosts": "neuroshard_jax.core.types",
@@ -36,6 +40,8 @@ _EXPORTS = {
     "CostModel": "neuroshard_jax.costs.cost_model",
     "CostFns": "neuroshard_jax.costs.cost_model",
     "DeviceCosts": "neuroshard_jax.costs.cost_model",
+    "PlanArrays": "neuroshard_jax.costs.cost_model",
+    "DeviceArrays": "neuroshard_jax.costs.cost_model",
     "device_costs": "neuroshard_jax.costs.cost_model",
     "plan_cost_ms": "neuroshard_jax.costs.cost_model",
     "plan_costs": "neuroshard_jax.costs.scoring",

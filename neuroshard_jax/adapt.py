@@ -9,7 +9,7 @@ import hydra
 from omegaconf import DictConfig
 
 from neuroshard_jax.core.cli import one_line_errors, run_app
-from neuroshard_jax.learn.adapt import adapt, app_config, progress_line
+from neuroshard_jax.learn.adapt import adapt, app_config
 from neuroshard_jax.learn.collect import stop_on_sigterm
 
 
@@ -18,7 +18,7 @@ from neuroshard_jax.learn.collect import stop_on_sigterm
 def main(cfg: DictConfig) -> None:
     signal.signal(signal.SIGTERM, stop_on_sigterm)  # a polite stop keeps the time spent
     try:
-        report = adapt(app_config(cfg), progress_line)
+        report = adapt(app_config(cfg))
     except KeyboardInterrupt:
         print("stopped; rerun the same command to continue", file=sys.stderr)
         sys.exit(130)

@@ -17,7 +17,7 @@ from neuroshard_jax.core.plan_file import estimated_line
 from neuroshard_jax.core.types import Plan
 from neuroshard_jax.measure.calibration import CalibrateConfig
 from neuroshard_jax.measure.polish import PolishConfig
-from neuroshard_jax.search.planner import Planner, stage_config
+from neuroshard_jax.search.planner import Planner, planner_or_keywords
 from neuroshard_jax.workloads.statistics import DEFAULT_ZIPF
 from neuroshard_jax.workloads.tasks import TableSpecs, task_from_tables
 
@@ -38,39 +38,43 @@ def plan(
     polish: bool | PolishConfig = False,
     row_split: str = "fit",
     zipf: float = DEFAULT_ZIPF,
+    planner: Planner | None = None,
     **options,
 ) -> Plan:
     """Shard ``tables`` over ``num_devices`` devices of ``mem_cap_gb`` GiB each (or over ``devices``:
     ``[{"mem_cap_gb": 16, "speed": 1.0}, ...]``, heterogeneous memory caps and relative compute speeds).
 
-    ``searcher``: a registered name (``searcher_names()``), with its options as keyword arguments (``k=5`` for
-    beam); ``cost_model``: ``"neural"`` (the shipped checkpoint, trained at batch 4096, fp32) or ``"analytic"``,
-    with ``cost_model_options`` (``{"checkpoint": DIR}``). The same seed gives the same plan. A table without
-    ``bins`` gets estimated ones from its rows and pooling factor (a Zipf law of exponent ``zipf``, as the TorchRec
-    adapter's), with a ``UserWarning`` naming it; ``python -m neuroshard_jax.stats`` measures them. Numpy numbers
-    and arrays are taken wherever Python's are. Raises
-    ``UserError`` (bad input) or ``InfeasibleError`` (the tables fit no placement). The returned plan carries
-    its predicted per-device costs (``plan.costs``). Compiled search kernels are kept on disk
-    (``search.pipeline.enable_compilation_cache``), so a second call on the same shapes in a new process skips
-    compiling. ``calibrate=True`` (or a ``CalibrateConfig``) first scales the cost model to this machine from
-    measurements of the tables on the real kernels (``plan.calibration`` says by how much); ``polish=True`` (or a
-    ``PolishConfig``) then improves the plan on the real kernels (``plan.polish`` records what was measured).
-    Both run the same ``Planner`` as the main job and the TorchRec adapter (``search.planner``). A model trained on
+    ``planner``: a ``Planner`` built from its parts (``search.planner``), planning every call alike; or, as a
+    convenience that builds one, ``searcher``: a registered name (``searcher_names()``), with its options as keyword
+    arguments (``k=5`` for beam); ``cost_model``: ``"neural"`` (the model chosen for this machine's kind) or
+    ``"analytic"`` or a model's name, with ``cost_model_options`` (``{"checkpoint": DIR}``); ``calibrate``,
+    ``polish``, ``row_split`` and ``seed`` (the same seed gives the same plan). A table without ``bins`` gets
+    estimated ones from its rows and pooling factor (a Zipf law of exponent ``zipf``, as the TorchRec adapter's),
+    with a ``UserWarning`` naming it; ``python -m neuroshard_jax.stats`` measures them. Numpy numbers and arrays are
+    taken wherever Python's are. Raises ``UserError`` (bad input) or ``InfeasibleError`` (the tables fit no
+    placement). The returned plan carries its predicted per-device costs (``plan.costs``). Compiled search kernels
+    are kept on disk (``search.pipeline.enable_compilation_cache``), so a second call on the same shapes in a new
+    process skips compiling. ``calibrate=True`` (or a ``CalibrateConfig``) first scales the cost model to this
+    machine from measurements of the tables on the real kernels (``plan.calibration`` says by how much);
+    ``polish=True`` (or a ``PolishConfig``) then improves the plan on the real kernels (``plan.polish`` records what
+    was measured). Both run the same ``Planner`` as the main job and the TorchRec adapter. A model trained on
     another kind of hardware than this machine's plans with a ``UserWarning`` saying so (``choose_cost_model``).
     """
+    seed = planner.seed if planner is not None else seed
     task = task_from_tables(tables, num_devices, mem_cap_gb, batch_size, precision, devices, zipf, seed)
     estimated = [t.name or t.id for t in task.tables if t.estimated]
     if estimated:
         warnings.warn(estimated_line(estimated, task.num_tables), UserWarning, stacklevel=2)
-    planner = Planner(
-        searcher=searcher,
-        cost_model=cost_model,
-        seed=seed,
+    planner = planner_or_keywords(
+        planner,
+        searcher,
+        cost_model,
         searcher_options=options,
-        cost_model_options=dict(cost_model_options or {}),
+        cost_model_options=cost_model_options,
+        calibrate=calibrate,
+        polish=polish,
         row_split=row_split,
-        calibrate=stage_config(CalibrateConfig, calibrate, "calibrate"),
-        polish=stage_config(PolishConfig, polish, "polish"),
+        seed=seed,
     )
     planned = planner.run(task)
     if planned.choice.kinds and not planned.choice.matches:  # a model of other hardware: say so, once per call

@@ -18,12 +18,14 @@ import hydra
 from omegaconf import DictConfig
 
 from neuroshard_jax.core.cli import one_line_errors, run_app
-from neuroshard_jax.core.files import user_fits_dir
+from neuroshard_jax.core.paths import user_fits_dir
 from neuroshard_jax.costs.input_dist import InputDist
 from neuroshard_jax.costs.registry import checkpoint_path
 from neuroshard_jax.learn.analytic_fit import fit_analytic
-from neuroshard_jax.learn.fit import TrainAppConfig, app_config, train_ensemble, train_models
+from neuroshard_jax.learn.ensemble_fit import train_ensemble
+from neuroshard_jax.learn.neural_fit import train_models
 from neuroshard_jax.learn.row_comm_fit import fit_row_comm
+from neuroshard_jax.learn.train_job import TrainAppConfig, app_config
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="train")

@@ -20,7 +20,7 @@ from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.scoring import score_plans
-from searchers.registry import register
+from searchers.registry import Searcher, register
 
 GREEDY_KEYS = {
     "dim": lambda t: float(t.dim),
@@ -84,7 +84,7 @@ def _make_greedy(key: str):
 
     @register(name)
     @dataclasses.dataclass(frozen=True)
-    class Greedy:
+    class Greedy(Searcher):
         __doc__ = f"Greedy table-wise placement by {key} (see GREEDY_KEYS)."
         constraints: ClassVar[tuple[str, ...]] = CONSTRAINT_KEYS
 
@@ -100,7 +100,7 @@ DimGreedy, SizeGreedy, LookupGreedy, SizeLookupGreedy = (_make_greedy(k) for k i
 
 @register("random")
 @dataclasses.dataclass(frozen=True)
-class RandomSearch:
+class RandomSearch(Searcher):
     """Best of ``num_samples`` random plans by the cost model.
 
     Each sample halves every table a random number of times (0..max_halvings, when

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from neuroshard_jax.costs.cost_model import CostFns, combine_costs, input_dist_ms, plan_cost_ms
+from neuroshard_jax.costs.cost_model import CostFns, DeviceArrays, combine_costs, input_dist_ms, plan_cost_ms
 
 MEM_UNIT_BYTES = 1024
 MEMORY_ONLY = np.iinfo(np.int32).max  # a dim bound that never binds
@@ -42,7 +42,7 @@ MAX_UNITS = 2**29  # the cap and a whole task's tables stay below this: a device
 def unit_bytes(task) -> int:
     """Bytes per memory unit for ``task``: 1 KiB, or the smallest larger power of two that keeps its cap and its
     tables' total memory below MAX_UNITS units (caps of 2 TiB and more: host memory, offloaded tables)."""
-    largest = max(task.mem_cap_bytes, sum(task.table_mem_bytes(i) for i in range(task.num_tables)))
+    largest = max(task.largest_cap_bytes, sum(task.table_mem_bytes(i) for i in range(task.num_tables)))
     unit = MEM_UNIT_BYTES
     while largest // unit >= MAX_UNITS:
         unit *= 2
@@ -228,6 +228,8 @@ def grid_search(
         per_alpha = jax.vmap(_input_taken, in_axes=(0, None, None, 0, None))
         taken = jax.vmap(per_alpha, in_axes=(0, 0, 0, 0, None))(devices, batch.ids, table, spread, n)
         rows_ms = (input_dist_ms(inputs, taken, device_mask), 0.0)
-    costs = combine_costs(fns, params, compute, dim_sums.astype(jnp.float32), device_mask, rows_ms=rows_ms, apart=apart)
+    costs = combine_costs(
+        fns, params, compute, DeviceArrays(dim_sums.astype(jnp.float32), device_mask, None, rows_ms, apart)
+    )
     cost_ms = jnp.where(ok, plan_cost_ms(costs), jnp.inf)
     return GridResult(cost_ms, devices)

@@ -9,7 +9,7 @@ cost model alone.
 from __future__ import annotations
 
 import dataclasses
-import sys
+import logging
 import time
 from typing import ClassVar
 
@@ -25,8 +25,9 @@ from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel, bucket
 from neuroshard_jax.costs.scoring import input_terms, single_shard_costs
 from searchers.grid import MEMORY_ONLY, ShardBatch, cap_units, dim_bounds, grid_search, mem_units, unit_bytes
-from searchers.registry import register
+from searchers.registry import Searcher, register
 
+logger = logging.getLogger(__name__)
 DEFAULT_ALPHAS = tuple(round(1.0 + 0.05 * i, 2) for i in range(11))  # 1.0, 1.05, ..., 1.5
 
 
@@ -172,7 +173,7 @@ class Scorer:
 
 @register("grid")
 @dataclasses.dataclass(frozen=True)
-class GridSearch(GridConfig):
+class GridSearch(GridConfig, Searcher):
     """Table-wise greedy over the alpha grid; the plan with the lowest predicted cost."""
 
     constraints: ClassVar[tuple[str, ...]] = CONSTRAINT_KEYS
@@ -202,7 +203,7 @@ def proposals(space: SplitSpace, levels: tuple[int, ...], n: int) -> list[int]:
 
 @register("beam")
 @dataclasses.dataclass(frozen=True)
-class BeamSearch(GridConfig):
+class BeamSearch(GridConfig, Searcher):
     """Beam search over column-wise splits; every candidate scored by the grid search.
 
     A step halves one table's shards (two of half the width, each a multiple of 4); candidates are
@@ -270,10 +271,14 @@ class BeamSearch(GridConfig):
         power-of-two batch of at least MIN_CANDIDATES; none where not even that fits."""
         room = int((self.budget_s - elapsed) / max(per_candidate, 1e-9))
         if room < MIN_CANDIDATES:
-            print(
-                f"beam: budget_s={self.budget_s:g} reached after {level} of {self.max_length} levels "
-                f"({elapsed:.1f} s, {per_candidate:.2f} s per candidate); the best plan so far is returned",
-                file=sys.stderr,
+            logger.info(
+                "beam: budget_s=%g reached after %s of %s levels (%.1f s, %.2f s per candidate); the best plan so far "
+                "is returned",
+                self.budget_s,
+                level,
+                self.max_length,
+                elapsed,
+                per_candidate,
             )
             return []
         if room >= bucket(len(candidates), MIN_CANDIDATES):  # the padded batch is what a call costs

@@ -28,7 +28,7 @@ from flax import nnx
 from neuroshard_jax.core.constraints import allowed_devices, groups
 from neuroshard_jax.core.features import NUM_FEATURES
 from neuroshard_jax.core.types import Plan, Task
-from neuroshard_jax.costs.cost_model import CostFns, CostModel, bucket, combine_costs, plan_cost_ms
+from neuroshard_jax.costs.cost_model import CostFns, CostModel, DeviceArrays, bucket, combine_costs, plan_cost_ms
 from neuroshard_jax.costs.neural import MLP, FeatureStats, normalize
 from neuroshard_jax.costs.scoring import single_shard_costs
 from searchers.grid import cap_units, mem_units, unit_bytes
@@ -223,7 +223,7 @@ def rollout(graph: nnx.GraphDef, params: PolicyParams, fns: CostFns, cost_params
     )
     xs = (table_latents, task.z, task.mem, task.dims, task.valid, keys, task.allowed, task.group)
     (_, _, _, dim_sums, compute, ok, log_prob, entropy, _), actions = jax.lax.scan(step, init, xs)
-    costs = combine_costs(fns, cost_params, compute, dim_sums.astype(jnp.float32), task.device_mask)
+    costs = combine_costs(fns, cost_params, compute, DeviceArrays(dim_sums.astype(jnp.float32), task.device_mask))
     cost = jnp.where(ok, plan_cost_ms(costs), task.penalty_ms)
     steps = jnp.maximum(task.valid.sum(), 1)
     return Rollout(cost, ok, log_prob, entropy / steps, actions)

@@ -21,7 +21,7 @@ from flax import nnx
 from neuroshard_jax.core.constants import SHIPPED_POLICY
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_FEATURES
-from neuroshard_jax.core.files import package_path
+from neuroshard_jax.core.paths import package_path
 from neuroshard_jax.costs.checkpoints import load_checkpoint, read_meta, restore_tree, save_tree
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.neural import FeatureStats, neural_cost_model

@@ -1,10 +1,16 @@
-"""The searcher interface and the name registry (a duplicate name is a programming error)."""
+"""The searcher interface and the name registry (a duplicate name is a programming error).
+
+Every searcher is a frozen dataclass (its fields: its options) deriving from ``Searcher``, which declares the whole
+interface the search stage uses: ``search``, and what the pipeline around it may do (``constraints`` it honours,
+whether its hot small tables are tried data-parallel, whether it picks its own row splits, its time budget). Names
+are turned into searchers here, once, at the edge (``make_searcher``); below that code receives a ``Searcher``.
+"""
 
 from __future__ import annotations
 
+import abc
 import dataclasses
-from collections.abc import Callable
-from typing import Protocol
+from typing import ClassVar
 
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.errors import UserError
@@ -12,13 +18,32 @@ from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel
 
 
-class Searcher(Protocol):
-    """Turns a task into a plan; the same seed gives the same plan."""
+class Searcher(abc.ABC):
+    """Turns a task into a plan; the same seed gives the same plan.
 
+    Capabilities (class attributes, declared by each searcher that has them; the defaults here are the plainest):
+    ``name`` (its registry key, set by ``register``); ``constraints``: the table constraints it honours
+    (``core.constraints.KEYS``); ``replicates``: the pipeline tries its hot small tables data-parallel first
+    (``search/replicas.py``); ``own_row_splits``: it picks its own sharding types, so the pipeline's row-split stage
+    is not applied; ``budget_s``: seconds the whole search may take (None: no limit; a searcher with a budget
+    declares it as an option field, and ``with_budget`` gives it a share)."""
+
+    name: ClassVar[str] = ""
+    constraints: ClassVar[tuple[str, ...]] = ()
+    replicates: ClassVar[bool] = False
+    own_row_splits: ClassVar[bool] = False
+    budget_s: ClassVar[float | None] = None
+
+    @abc.abstractmethod
     def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan: ...
 
+    def with_budget(self, budget_s: float) -> Searcher:
+        """This searcher with ``budget_s`` seconds, where it has a budget (the pipeline shares one budget among the
+        searches of one plan); itself where it has none."""
+        return self if self.budget_s is None else dataclasses.replace(self, budget_s=budget_s)
 
-_REGISTRY: dict[str, Callable[..., Searcher]] = {}
+
+_REGISTRY: dict[str, type[Searcher]] = {}
 
 
 def register(name: str):
@@ -27,6 +52,9 @@ def register(name: str):
     def wrap(cls):
         if name in _REGISTRY:
             raise ValueError(f"searcher {name!r} is registered twice ({_REGISTRY[name]} and {cls})")
+        if not (isinstance(cls, type) and issubclass(cls, Searcher) and dataclasses.is_dataclass(cls)):
+            raise TypeError(f"searcher {name!r}: expected a dataclass deriving from Searcher, got {cls}")
+        cls.name = name
         _REGISTRY[name] = cls
         return cls
 
@@ -37,7 +65,7 @@ def searcher_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def registered() -> dict[str, type]:
+def registered() -> dict[str, type[Searcher]]:
     """Every registered searcher's class (its fields: the searcher's options and their defaults), by name."""
     return dict(sorted(_REGISTRY.items()))
 
@@ -46,7 +74,4 @@ def make_searcher(name: str, options: dict | None = None) -> Searcher:
     """Construct a registered searcher with ``options`` (its config fields); unknown names or options raise."""
     if name not in _REGISTRY:
         raise UserError(f"searcher: got {name!r}, expected one of {', '.join(searcher_names())}")
-    cls = _REGISTRY[name]
-    if dataclasses.is_dataclass(cls):
-        return typed(cls, options, "searcher")  # every option type-checked, one-line errors
-    return cls(**(options or {}))
+    return typed(_REGISTRY[name], options, "searcher")  # every option type-checked, one-line errors

@@ -20,12 +20,12 @@ from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.scoring import score_plans
 from searchers.policy import decode, plan_from_actions, stack_tasks, task_arrays
 from searchers.policy_store import load_search_policy, resolve_policy
-from searchers.registry import register
+from searchers.registry import Searcher, register
 
 
 @register("rl")
 @dataclasses.dataclass(frozen=True)
-class RLSearch:
+class RLSearch(Searcher):
     policy: str | None = None  # a train_policy output or round directory; None: the policy shipped in the package
     samples: int = 16  # sampled episodes besides the greedy one (best-of-K); 0: greedy only
     constraints: ClassVar[tuple[str, ...]] = KEYS  # table-wise; illegal devices are masked out of the policy's choice

@@ -25,7 +25,7 @@ from neuroshard_jax.core.sharding import Shard, row_shards, tiling_error
 from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.kernels.processes import run_worker
-from searchers.registry import register
+from searchers.registry import Searcher, register
 
 SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise")
 DEFAULT_SHARDING_TYPES = ("table_wise", "column_wise")
@@ -75,7 +75,7 @@ def _recut_row_blocks(t: int, table, shards: list[dict]) -> list[Shard] | None:
 
 @register("torchrec")
 @dataclasses.dataclass(frozen=True)
-class TorchRecSearch:
+class TorchRecSearch(Searcher):
     sharding_types: tuple[str, ...] = DEFAULT_SHARDING_TYPES  # data_parallel, row_wise, table_row_wise: on request
     timeout_s: float = 600.0
     # heuristic: TorchRec's default reservation (15% plus its estimate of input and dense storage);
@@ -118,7 +118,8 @@ class TorchRecSearch:
             "tables": tables,
             "num_devices": task.num_devices,
             "mem_caps_bytes": [int(c) for c in task.cap_bytes()],  # per device (TorchRec's CustomTopologyData)
-            "batch_size": task.batch_size,
+            # TorchRec's batch_size is per rank; a task's is the batch each device's kernels see (ranks x per rank)
+            "batch_size": max(1, task.batch_size // task.num_devices),
             "precision": task.precision,
             "sharding_types": list(self.sharding_types),
             "reservation": self.reservation,

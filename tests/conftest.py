@@ -38,7 +38,7 @@ def make_table(table_id=0, rows=1000, dim=16, pooling=2.0):
 def make_task(tables, num_devices=2, mem_cap_gb=1.0, batch_size=512, precision="fp32"):
     from neuroshard_jax.core.types import Task
 
-    return Task(num_devices, mem_cap_gb, batch_size, tuple(tables), precision)
+    return Task.uniform(num_devices, mem_cap_gb, batch_size, tuple(tables), precision)
 
 
 def run_cli(*args, cwd=None, module="neuroshard_jax", timeout=300):
@@ -58,7 +58,8 @@ def tiny_checkpoint(tmp_path_factory):
     """A real (tiny) measured dataset and a neural cost model trained on it: (dataset dir, checkpoint dir)."""
     from neuroshard_jax.costs.neural import NetConfig
     from neuroshard_jax.learn.collect import CollectConfig, collect
-    from neuroshard_jax.learn.fit import TrainConfig, train_models
+    from neuroshard_jax.learn.neural_fit import train_models
+    from neuroshard_jax.learn.trainer import TrainConfig
     from neuroshard_jax.workloads.pool import PoolSpec
     from neuroshard_jax.workloads.samplers import CommSamplerConfig, ComputeSamplerConfig
 
@@ -86,7 +87,8 @@ def tiny_ensemble(tiny_checkpoint, tmp_path_factory):
     from neuroshard_jax.costs.ensemble import EnsembleConfig
     from neuroshard_jax.costs.neural import NetConfig
     from neuroshard_jax.learn.collect import CollectConfig, collect
-    from neuroshard_jax.learn.fit import TrainConfig, train_ensemble
+    from neuroshard_jax.learn.ensemble_fit import train_ensemble
+    from neuroshard_jax.learn.trainer import TrainConfig
     from neuroshard_jax.workloads.samplers import SpecSamplerConfig
 
     root = tmp_path_factory.mktemp("tiny-ensemble")

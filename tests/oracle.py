@@ -24,7 +24,7 @@ class Oracle:
         self.bounds = [int(b) for b in dim_bounds(alphas, total_dim, task.num_devices, memory_only_fallback)]
         self.memory_only_fallback = memory_only_fallback
         self.unit = unit_bytes(task)
-        self.cap = cap_units(task.mem_cap_bytes, self.unit)
+        self.cap = cap_units(task.largest_cap_bytes, self.unit)
 
     def shard(self, t, dim):
         z = np.asarray(self._embed(shard_features(self.feats[t], dim).astype(np.float32)))

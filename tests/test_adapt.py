@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 
 import pytest
 
@@ -14,8 +15,8 @@ def small_config(tmp_path, **changes):
     """Tiny spec shards at a batch size the shipped models know, a short plan phase and a short fine-tune."""
     from neuroshard_jax.kernels.executors import ExecutorConfig
     from neuroshard_jax.learn.adapt import AdaptConfig
-    from neuroshard_jax.learn.fit import TrainConfig
     from neuroshard_jax.learn.plan_labels import PlanLabelConfig
+    from neuroshard_jax.learn.trainer import TrainConfig
     from neuroshard_jax.workloads.samplers import CommSamplerConfig, SpecSamplerConfig
 
     specs = SpecSamplerConfig(max_tables=3, log10_rows=(2.0, 4.0), log10_pooling=(-0.5, 1.0), batch_sizes=(2048,))
@@ -42,15 +43,17 @@ def small_config(tmp_path, **changes):
     return AdaptConfig(**{**settings, **changes})
 
 
-def test_adapt_measures_fine_tunes_reports_and_registers_a_model_later_runs_choose(tmp_path, monkeypatch):
-    from neuroshard_jax.core.files import hardware, hardware_kind, read_records
+def test_adapt_measures_fine_tunes_reports_and_registers_a_model_later_runs_choose(tmp_path, monkeypatch, caplog):
+    from neuroshard_jax.core.files import read_records
+    from neuroshard_jax.core.hardware import hardware, hardware_kind
     from neuroshard_jax.costs import registry
     from neuroshard_jax.learn.adapt import adapt, is_heldout
 
     monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path / "cache"))  # this test's user, no other test's
     config = small_config(tmp_path)
-    lines = []
-    report = adapt(config, lines.append)
+    caplog.set_level(logging.INFO, logger="neuroshard_jax.learn.adapt")  # what it does and the held-out table
+    report = adapt(config)
+    lines = caplog.messages
     labels = report["labels"]
     assert labels["train"] >= config.min_labels and labels["heldout"] >= 2 and labels["plan_devices"] > 0
     specs = read_records(tmp_path / "run" / "labels" / "specs" / "compute.jsonl")
@@ -83,7 +86,7 @@ def test_adapt_measures_fine_tunes_reports_and_registers_a_model_later_runs_choo
     assert registry.make_cost_model("adapted-test", task).input_dist == mine
     assert any(line.startswith("input distribution:") for line in lines)
     # resumable: a rerun spends no more measuring time than the budget's and keeps every label
-    again = adapt(config, lines.append)
+    again = adapt(config)
     assert again["labels"] == labels
     assert len(read_records(tmp_path / "run" / "labels" / "specs" / "compute.jsonl")) == len(specs)
 

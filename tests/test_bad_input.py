@@ -11,6 +11,8 @@ import pytest
 
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.types import Task
+from neuroshard_jax.costs.registry import CostModelSpec
+from searchers import make_searcher
 from tests.conftest import REPO, make_table, make_task, run_cli
 
 SHIPPED = REPO / "neuroshard_jax" / "data" / "models" / "xeon-union"
@@ -45,7 +47,7 @@ def test_a_cap_of_terabytes_is_planned(searcher):
     for cap in (1024.0, 4096.0, 10.0**6):
         task = make_task(tables, num_devices=3, mem_cap_gb=cap, batch_size=4096 if searcher == "rl" else 512)
         model = "neural" if searcher == "rl" else "analytic"
-        plans.append(search_plan(task, searcher, model, 0).validate())
+        plans.append(search_plan(task, make_searcher(searcher), CostModelSpec(model), 0).validate())
     assert plans[0].shards == plans[1].shards == plans[2].shards
 
 
@@ -54,9 +56,9 @@ def test_memory_units_stay_within_int32_and_round_safely():
 
     task = make_task([make_table(0, rows=10**9, dim=128)], num_devices=2, mem_cap_gb=2.0**20)  # 1 PiB per device
     unit = unit_bytes(task)
-    assert unit > 1024 and cap_units(task.mem_cap_bytes, unit) < MAX_UNITS
+    assert unit > 1024 and cap_units(task.largest_cap_bytes, unit) < MAX_UNITS
     assert mem_units(task.table_mem_bytes(0), unit) * unit >= task.table_mem_bytes(0)  # a shard rounds up
-    assert cap_units(task.mem_cap_bytes, unit) * unit <= task.mem_cap_bytes  # the cap rounds down
+    assert cap_units(task.largest_cap_bytes, unit) * unit <= task.largest_cap_bytes  # the cap rounds down
     assert unit_bytes(make_task([make_table(0)], mem_cap_gb=4.0)) == 1024
 
 
@@ -239,7 +241,7 @@ def test_a_result_that_cannot_be_written_is_kept(tmp_path, capsys, monkeypatch):
 # --- 5. readers of torn or corrupt files -------------------------------------------------------------------
 
 
-def test_jsonl_readers_name_the_file_and_line_and_never_modify_a_read_dataset(tmp_path, capsys):
+def test_jsonl_readers_name_the_file_and_line_and_never_modify_a_read_dataset(tmp_path, caplog):
     from neuroshard_jax.core.files import JsonlLog, read_jsonl
 
     path = tmp_path / "compute.jsonl"
@@ -247,9 +249,10 @@ def test_jsonl_readers_name_the_file_and_line_and_never_modify_a_read_dataset(tm
     path.write_bytes(good + b'{"id": 2, "o')
     assert [r["id"] for r in read_jsonl(path)] == [0, 1]
     assert path.read_bytes() == good + b'{"id": 2, "o'  # a read-only use leaves the file as it is
-    assert "torn last line" in capsys.readouterr().err
+    assert "torn last line" in caplog.text and caplog.records[-1].levelname == "WARNING"
+    caplog.clear()
     JsonlLog(path)  # a writer cuts the torn line before appending, and says so
-    assert path.read_bytes() == good and "dropped a torn last line" in capsys.readouterr().err
+    assert path.read_bytes() == good and "dropped a torn last line" in caplog.text
     path.write_bytes(b'{"id": 0}\nnot json\n{"id": 2}\n')
     with pytest.raises(UserError, match="line 2 is not a JSON record"):
         read_jsonl(path)
@@ -281,7 +284,9 @@ def test_compare_reports_a_torn_plan_and_counts_a_bare_infeasible_record(tmp_pat
     task = make_task([make_table(i, rows=1000 + i) for i in range(4)], num_devices=2)
     for name, searcher in (("0", "random"), ("1", "size_greedy")):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "plan.json").write_text(json.dumps(search_plan(task, searcher, "analytic", 0).to_json()))
+        (tmp_path / name / "plan.json").write_text(
+            json.dumps(search_plan(task, make_searcher(searcher), CostModelSpec("analytic"), 0).to_json())
+        )
     (tmp_path / "2" / ".hydra").mkdir(parents=True)
     (tmp_path / "2" / ".hydra" / "overrides.yaml").write_text("- searcher=beam\n")
     (tmp_path / "2" / "plan.json").write_text(json.dumps({"infeasible": "no split fits"}))
@@ -343,7 +348,9 @@ def test_a_single_device_has_no_all_to_all():
 
     task = make_task([make_table(i, rows=2000, dim=32, pooling=4.0) for i in range(3)], num_devices=1, batch_size=4096)
     model = make_cost_model("neural", task)
-    costs = score_plan(model, search_plan(task, "size_greedy", "neural", 0))
+    costs = score_plan(model, search_plan(task, make_searcher("size_greedy"), CostModelSpec("neural"), 0))
     assert costs.compute_ms[0] > 0 and costs.fwd_comm_ms[0] == 0 and costs.bwd_comm_ms[0] == 0
     two = make_task(task.tables, num_devices=2, batch_size=4096)
-    assert np.all(score_plan(model, search_plan(two, "size_greedy", "neural", 0)).bwd_comm_ms > 0)
+    assert np.all(
+        score_plan(model, search_plan(two, make_searcher("size_greedy"), CostModelSpec("neural"), 0)).bwd_comm_ms > 0
+    )

@@ -46,8 +46,8 @@ def test_a_model_off_by_a_factor_is_calibrated_on_the_kernels():
     raw = make_cost_model("analytic", task, {"calibration": 3.0})
     config = CalibrateConfig(name="measured", samples=4, warmup=2, iters=4, executor=ExecutorConfig())
     record = calibrate(task, raw, config, seed=0)
-    assert record["devices"] == 4 and record["factor"] < 1.0 and len(record["measured_ms"]) == 4
-    calibrated = make_cost_model("analytic", task, {"calibration": 3.0 * record["factor"]})
+    assert record.devices == 4 and record.factor < 1.0 and len(record.measured_ms) == 4
+    calibrated = make_cost_model("analytic", task, {"calibration": 3.0 * record.factor})
 
     others = sample_devices(task, 4, seed=1)
     measured = measure_devices(task, [whole(task, g) for g in others], config.evaluator())
@@ -90,7 +90,7 @@ def test_the_python_api_calibrates_and_polishes_too():
     plan = nsj.plan(
         tables, num_devices=2, searcher="size_lookup_greedy", cost_model="analytic", calibrate=config, polish=polish
     )
-    assert plan.calibration["devices"] == 2 and plan.to_json()["calibration"]["factor"] == plan.calibration["factor"]
-    assert plan.polish["measurements"] <= 12 and plan.to_json()["polish"] == plan.polish
+    assert plan.calibration.devices == 2 and plan.to_json()["calibration"]["factor"] == plan.calibration.factor
+    assert plan.polish.measurements <= 12 and plan.to_json()["polish"] == plan.polish.to_json()
     with pytest.raises(nsj.UserError, match="polish: got 'yes', expected True, False or a PolishConfig"):
         nsj.plan(tables, num_devices=2, polish="yes")

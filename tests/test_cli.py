@@ -7,7 +7,7 @@ import pytest
 
 from neuroshard_jax.core.cli import check_command_line, check_output_folder
 from neuroshard_jax.core.constants import GIB_BYTES
-from neuroshard_jax.costs.registry import choose_cost_model
+from neuroshard_jax.costs.registry import CostModelSpec, choose_cost_model
 from neuroshard_jax.evaluate import app_config as evaluate_config
 from neuroshard_jax.learn.collect import config_from as collect_config
 from neuroshard_jax.learn.policy_training import app_config as policy_config
@@ -16,6 +16,7 @@ from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.torchrec.export import app_config as export_config
 from neuroshard_jax.train import app_config as train_config
 from neuroshard_jax.workloads.statistics import app_config as stats_config
+from searchers import make_searcher
 
 from .conftest import make_table, make_task, run_cli
 
@@ -132,9 +133,9 @@ def test_table_too_big_for_table_wise_greedy(tmp_path):
     args = ["cost_model=analytic", f"task.path={tmp_path / 'task.json'}", "row_split=off"]
     _one_line_error(run_cli("searcher=size_lookup_greedy", *args, f"hydra.run.dir={tmp_path}"), "fits on no device")
     for searcher in ("random", "beam"):  # column-wise searchers split it (in-process: the CLI path is above)
-        assert len(search_plan(task, searcher, "analytic", 0, row_split="off").shards) > 2
+        assert len(search_plan(task, make_searcher(searcher), CostModelSpec("analytic"), 0, row_split="off").shards) > 2
     # with row splits (the default) the table-wise greedy plans it as row blocks over both devices
-    rows = search_plan(task, "size_lookup_greedy", "analytic", 0).shards_of(0)
+    rows = search_plan(task, make_searcher("size_lookup_greedy"), CostModelSpec("analytic"), 0).shards_of(0)
     assert [(s.device, s.num_rows) for s in rows] == [(0, 50_000), (1, 50_000)]
 
 

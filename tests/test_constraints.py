@@ -11,9 +11,10 @@ from neuroshard_jax.core.constraints import violations
 from neuroshard_jax.core.errors import InfeasibleError, PlanError, UserError
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.core.types import Device, Plan, Task
-from neuroshard_jax.costs.registry import make_cost_model
+from neuroshard_jax.costs.registry import CostModelSpec, make_cost_model
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.search.pipeline import search_plan
+from searchers import make_searcher
 
 from .conftest import make_table, make_task
 
@@ -56,14 +57,14 @@ def constrained_task(seed: int) -> Task:
         tables.append(table)
     task = make_task(tables, num_devices=n, batch_size=4096)  # the rl policy's batch
     total = sum(task.table_mem_bytes(i) for i in range(task.num_tables))
-    return dataclasses.replace(task, mem_cap_gb=1.01 * total / GIB_BYTES)
+    return dataclasses.replace(task, devices=[Device(1.01 * total / GIB_BYTES)] * task.num_devices)
 
 
 @pytest.mark.parametrize("searcher", CONSTRAINED_SEARCHERS)
 def test_searchers_keep_every_constraint_on_20_tasks(searcher):
     for seed in range(20):
         task = constrained_task(seed)
-        plan = search_plan(task, searcher, "analytic", seed)
+        plan = search_plan(task, make_searcher(searcher), CostModelSpec("analytic"), seed)
         assert violations(task.tables, plan.shards, task.table_names()) == [], (searcher, seed)
         task_json = Task.from_json(task.to_json())  # the constraints survive the task file
         assert task_json.tables == task.tables
@@ -83,15 +84,20 @@ def test_violations_and_conflicts_are_named():
     heavy = make_table(2, rows=3_000_000, dim=64)  # 0.72 GiB each
     pinned = make_task([dataclasses.replace(heavy, pin=0), dataclasses.replace(heavy, id=3, pin=0)], num_devices=2)
     with pytest.raises(InfeasibleError, match=r"tables pinned to device 0 \(2, 3\) need 1.43 GiB, its cap is 1.00"):
-        search_plan(pinned, "beam", "analytic", 0)
+        search_plan(pinned, make_searcher("beam"), CostModelSpec("analytic"), 0)
     apart = make_task(
         [dataclasses.replace(tables[0], pin=0, colocate="g"), dataclasses.replace(tables[1], pin=1, colocate="g")],
         num_devices=2,
     )
     with pytest.raises(InfeasibleError, match="colocate group 'g': its tables are pinned to devices \\[0, 1\\]"):
-        search_plan(apart, "grid", "analytic", 0)
+        search_plan(apart, make_searcher("grid"), CostModelSpec("analytic"), 0)
     with pytest.raises(UserError, match="searcher torchrec: does not take the constraint pin .* one of beam"):
-        search_plan(make_task([dataclasses.replace(tables[0], pin=1)], num_devices=2), "torchrec", "analytic", 0)
+        search_plan(
+            make_task([dataclasses.replace(tables[0], pin=1)], num_devices=2),
+            make_searcher("torchrec"),
+            CostModelSpec("analytic"),
+            0,
+        )
     obj = make_task([tables[0]], num_devices=2).to_json()
     obj["tables"][0]["pin"] = 5
     with pytest.raises(UserError, match=r"task.tables\[0\].pin: got device 5, expected 0..1"):
@@ -104,32 +110,36 @@ def heterogeneous_task(speeds=(1.0, 1.0, 0.5)) -> Task:
     small = [make_table(t, rows=20_000 * t, dim=32, pooling=float(t)) for t in range(2, 10)]
     base = make_task(large + small, batch_size=4096)
     devices = [Device(0.3, speeds[0]), Device(1.0, speeds[1]), Device(1.0, speeds[2])]
-    return Task.on_devices(devices, base.batch_size, base.tables)
+    return Task(devices, base.batch_size, base.tables)
 
 
 @pytest.mark.parametrize("searcher", CONSTRAINED_SEARCHERS)
 def test_heterogeneous_devices_every_searcher_keeps_each_cap_and_scales_by_speed(searcher):
     task = heterogeneous_task()
     analytic_model = make_cost_model("analytic", task)
-    plan = search_plan(task, searcher, "analytic", 0)  # validated: each device within its own cap
+    plan = search_plan(
+        task, make_searcher(searcher), CostModelSpec("analytic"), 0
+    )  # validated: each device within its own cap
     assert (plan.mem_bytes() <= task.cap_bytes()).all()
     assert all(s.device != 0 for s in plan.shards if s.table < 2 and s.dim == 64)  # a large table whole: not on 0
-    same = Task(task.num_devices, task.mem_cap_gb, task.batch_size, task.tables)  # identical devices of speed 1
+    same = Task.uniform(
+        task.num_devices, task.devices[0].mem_cap_gb, task.batch_size, task.tables
+    )  # identical devices of speed 1
     raw = score_plan(analytic_model, dataclasses.replace(plan, task=same)).compute_ms
     np.testing.assert_allclose(plan.costs.compute_ms, raw / task.speeds(), rtol=1e-5)
 
 
 def test_faster_devices_get_more_work_and_the_schema_checks_devices():
-    task = Task.on_devices([Device(1.0, 0.5), Device(1.0, 3.0)], 4096, heterogeneous_task().tables[2:])
+    task = Task([Device(1.0, 0.5), Device(1.0, 3.0)], 4096, heterogeneous_task().tables[2:])
     for searcher in ("grid", "size_lookup_greedy"):  # the slow device first: empty devices are not all alike
-        plan = search_plan(task, searcher, "analytic", 0)
+        plan = search_plan(task, make_searcher(searcher), CostModelSpec("analytic"), 0)
         raw = plan.costs.compute_ms * task.speeds()
         assert raw[1] > 1.5 * raw[0], (searcher, raw)  # the 6x faster device carries more of the work
     obj = task.to_json()
     assert obj["num_devices"] == 2 and obj["devices"][1] == {"mem_cap_gb": 1.0, "speed": 3.0}
     assert Task.from_json({**obj, "devices": list(task.devices)}) == task  # Device objects are taken too
     assert Task.from_json(obj) == task and Task.from_json({k: v for k, v in obj.items() if k != "num_devices"}) == task
-    assert Task.on_devices([Device(2.0)] * 3, 512, task.tables).devices is None  # identical devices: a plain task
+    assert Task([Device(2.0)] * 3, 512, task.tables).is_uniform  # identical devices: a plain task
     for change, message in (
         ({"devices": [{"mem_cap_gb": 1.0, "speed": 0}]}, r"task.devices\[0\].speed: got 0, expected a finite number"),
         ({"devices": [{"mem_cap": 1.0}]}, r"task.devices\[0\].mem_cap: unknown key"),
@@ -140,7 +150,12 @@ def test_faster_devices_get_more_work_and_the_schema_checks_devices():
         with pytest.raises(UserError, match=message):
             Task.from_json({**obj, **change})
     with pytest.raises(UserError, match="searcher=torchrec: TorchRec's planner takes no per-device compute speed"):
-        search_plan(task, "torchrec", "analytic", 0)
-    small = Task.on_devices([Device(0.001), Device(1.0)], 4096, task.tables)
+        search_plan(task, make_searcher("torchrec"), CostModelSpec("analytic"), 0)
+    small = Task([Device(0.001), Device(1.0)], 4096, task.tables)
     with pytest.raises(InfeasibleError, match=r"tables need .* GiB in total, expected at most 2 devices of"):
-        search_plan(dataclasses.replace(small, tables=heterogeneous_task().tables), "beam", "analytic", 0)
+        search_plan(
+            dataclasses.replace(small, tables=heterogeneous_task().tables),
+            make_searcher("beam"),
+            CostModelSpec("analytic"),
+            0,
+        )

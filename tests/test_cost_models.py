@@ -6,7 +6,14 @@ import pytest
 
 from neuroshard_jax.core.types import Plan
 from neuroshard_jax.costs.analytic import analytic_model
-from neuroshard_jax.costs.cost_model import bucket, device_compute_ms, device_costs, plan_cost_ms
+from neuroshard_jax.costs.cost_model import (
+    DeviceArrays,
+    PlanArrays,
+    bucket,
+    device_compute_ms,
+    device_costs,
+    plan_cost_ms,
+)
 from neuroshard_jax.costs.scoring import apart_arrays, plan_arrays, score_plan, score_plans
 
 from .conftest import make_table, make_task
@@ -65,20 +72,21 @@ def test_eager_equals_jit_and_padding_is_inert():
     plan = _plan()
     model = analytic_model(plan.task)
     arrays = plan_arrays(plan)
-    eager = device_costs(model.fns, model.params, *map(jnp.asarray, arrays))
+    eager = device_costs(model.fns, model.params, jax.tree.map(jnp.asarray, arrays))
     padded = plan_arrays(plan, max_tables=16)
-    jitted = jax.jit(device_costs, static_argnums=0)(model.fns, model.params, *padded)
+    jitted = jax.jit(device_costs, static_argnums=0)(model.fns, model.params, padded)
     np.testing.assert_allclose(np.asarray(eager.total_ms), np.asarray(jitted.total_ms), rtol=1e-6)
 
 
 def test_padded_devices_do_not_change_the_cost():
     plan = _plan()
     model = analytic_model(plan.task)
-    feats, mask, dims, dev_mask = plan_arrays(plan)
+    arrays = plan_arrays(plan)
+    feats, mask, (dims, dev_mask, speed, _, _) = arrays
     pad = lambda a, v: np.concatenate([a, np.full((1,) + a.shape[1:], v, dtype=a.dtype)])
     apart = np.pad(apart_arrays(plan), ((0, 0), (0, 1)))  # the column-wise all-to-all, priced apart as score_plan does
-    padded = (pad(feats, 0), pad(mask, False), pad(dims, 0), pad(dev_mask, False))
-    costs = device_costs(model.fns, model.params, *padded, apart=apart)
+    devices = DeviceArrays(pad(dims, 0), pad(dev_mask, False), pad(speed, 1), None, apart)
+    costs = device_costs(model.fns, model.params, PlanArrays(pad(feats, 0), pad(mask, False), devices))
     assert float(plan_cost_ms(costs)) == pytest.approx(float(plan_cost_ms(score_plan(model, plan))), rel=1e-6)
     assert float(costs.total_ms[-1]) == 0.0
 
@@ -90,17 +98,19 @@ def test_batched_scoring_equals_one_by_one_without_retracing():
     batch = score_plans(model, [plan, other, plan])
     np.testing.assert_allclose(batch, [plan_cost_ms(score_plan(model, p)) for p in (plan, other, plan)], rtol=1e-6)
 
-    fn = jax.jit(chex.assert_max_traces(lambda *a: plan_cost_ms(device_costs(model.fns, *a)), n=1))
-    arrays = [np.stack(a) for a in zip(plan_arrays(plan, 8), plan_arrays(other, 8))]
-    fn(model.params, *arrays)
-    fn(model.params, *[a[::-1].copy() for a in arrays])  # same padded shape: no recompilation
+    fn = jax.jit(chex.assert_max_traces(lambda p, a: plan_cost_ms(device_costs(model.fns, p, a)), n=1))
+    arrays = jax.tree.map(lambda *a: np.stack(a), plan_arrays(plan, None, 8), plan_arrays(other, None, 8))
+    fn(model.params, arrays)
+    fn(model.params, jax.tree.map(lambda a: a[::-1].copy(), arrays))  # same padded shape: no recompilation
 
 
 def test_costs_are_differentiable_in_the_features():
     plan = _plan()
     model = analytic_model(plan.task)
-    feats, mask, dims, dev_mask = plan_arrays(plan)
-    grad = jax.grad(lambda f: plan_cost_ms(device_costs(model.fns, model.params, f, mask, dims, dev_mask)))(feats)
+    arrays = plan_arrays(plan)
+    grad = jax.grad(lambda f: plan_cost_ms(device_costs(model.fns, model.params, arrays._replace(feats=f))))(
+        arrays.feats
+    )
     assert np.isfinite(np.asarray(grad)).all() and np.abs(np.asarray(grad)).sum() > 0
 
 
@@ -113,11 +123,13 @@ def test_scoring_api_incremental_path_equals_full_path():
 
     plan = _plan()
     model = analytic_model(plan.task)
-    feats, mask, dims, dev_mask = plan_arrays(plan, 8)
+    arrays = plan_arrays(plan, model, 8)
+    feats, mask = arrays.feats, arrays.table_mask
     z = scoring.table_latents(model.fns, model.params, feats)
     sums = jnp.where(mask[..., None], z, 0.0).sum(-2)
-    incremental = scoring.costs_from_latents(model.fns, model.params, sums, mask.any(-1), dims, dev_mask)
-    full = scoring.plan_costs(model.fns, model.params, feats, mask, dims, dev_mask)
+    incremental = scoring.costs_from_latents(model.fns, model.params, sums, mask.any(-1), arrays.devices)
+    full = scoring.plan_costs(model.fns, model.params, arrays)
+    assert float(full) == pytest.approx(float(plan_cost_ms(score_plan(model, plan))), rel=1e-6)
     assert float(plan_cost_ms(incremental)) == pytest.approx(float(full), rel=1e-6)
     # adding one table to a device = adding its latent and rerunning the head
     extra = z[0, 0]

@@ -14,11 +14,13 @@ import pytest
 
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import FEATURE_INDEX, NUM_FEATURES, feature_matrix
-from neuroshard_jax.core.files import hardware_kind, manifest_kinds, write_json, write_manifest
+from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.hardware import hardware_kind
+from neuroshard_jax.core.manifests import manifest_kinds, write_manifest
 from neuroshard_jax.core.plan_file import format_plan
 from neuroshard_jax.core.types import Plan
 from neuroshard_jax.costs.checkpoints import load_checkpoint, load_ensemble
-from neuroshard_jax.costs.cost_model import device_costs
+from neuroshard_jax.costs.cost_model import DeviceArrays, PlanArrays, device_costs
 from neuroshard_jax.costs.ensemble import (
     EnsembleConfig,
     ensemble_fns,
@@ -28,12 +30,14 @@ from neuroshard_jax.costs.ensemble import (
     roof_terms,
 )
 from neuroshard_jax.costs.neural import NetConfig
-from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model, shipped_names
+from neuroshard_jax.costs.registry import CostModelSpec, expected_cost_model, make_cost_model, shipped_names
 from neuroshard_jax.costs.scoring import score_plan, with_costs
-from neuroshard_jax.learn.fit import compute_batches, shard_feature_matrix
+from neuroshard_jax.kernels.processes import table_ref
+from neuroshard_jax.learn.datasets import compute_batches, shard_feature_matrix
 from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.workloads.samplers import SpecSamplerConfig, sample_spec_shard
 from neuroshard_jax.workloads.streams import TableSpec, block_statistics
+from searchers import make_searcher
 from tests.conftest import make_table, make_task
 
 SMALL = EnsembleConfig(
@@ -118,16 +122,17 @@ def test_comm_is_zero_on_one_device_and_jit_vmap_equal_eager():
     nets, params = _untrained()
     fns = ensemble_fns(nets)
     feats = _random_feats(rng, (1, 4))
-    one = device_costs(fns, params, feats, np.ones((1, 4), bool), np.array([64.0]), np.array([True]))
+    one = device_costs(
+        fns, params, PlanArrays(feats, np.ones((1, 4), bool), DeviceArrays(np.array([64.0]), np.array([True])))
+    )
     assert float(one.fwd_comm_ms[0]) == 0.0 and float(one.bwd_comm_ms[0]) == 0.0
     plans = _random_feats(rng, (6, 4, 5))
     mask = rng.random((6, 4, 5)) < 0.7
     dims = rng.integers(8, 400, (6, 4)).astype(np.float32)
     dmask = np.ones((6, 4), bool)
-    eager = device_costs(fns, params, plans, mask, dims, dmask).total_ms
-    jitted = jax.jit(jax.vmap(lambda f, m, d, dm: device_costs(fns, params, f, m, d, dm).total_ms))(
-        plans, mask, dims, dmask
-    )
+    arrays = PlanArrays(plans, mask, DeviceArrays(dims, dmask))
+    eager = device_costs(fns, params, arrays).total_ms
+    jitted = jax.jit(jax.vmap(lambda a: device_costs(fns, params, a).total_ms))(arrays)
     np.testing.assert_allclose(np.asarray(eager), np.asarray(jitted), rtol=2e-5)
 
 
@@ -182,7 +187,8 @@ def test_spec_collection_records_specs_at_their_batch_sizes(tiny_ensemble):
     for r, i in blocks:
         table = r["tables"][i]
         assert 0 <= table["row_offset"] and 0 < table["num_rows"] < table["rows"]
-        block, whole = shard_feature_matrix([table], None)[0], shard_feature_matrix([{**table, "num_rows": None}], None)
+        block = shard_feature_matrix([table_ref(table)], None)[0]
+        whole = shard_feature_matrix([table_ref({**table, "num_rows": None})], None)
         assert block[FEATURE_INDEX["rows"]] == table["num_rows"]
         assert block[FEATURE_INDEX["pooling_factor"]] == pytest.approx(
             whole[0][FEATURE_INDEX["pooling_factor"]] * table["num_rows"] / table["rows"]
@@ -245,7 +251,7 @@ def test_risk_makes_the_search_cautious_but_reported_costs_are_expectations(tiny
     assert (
         score_plan(cautious, plan).compute_ms.max() >= score_plan(expected_cost_model(cautious), plan).compute_ms.max()
     )
-    found = search_plan(task, "beam", "neural", 0, None, {"checkpoint": str(ckpt), "risk": 2.0})
+    found = search_plan(task, make_searcher("beam"), CostModelSpec("neural", {"checkpoint": str(ckpt), "risk": 2.0}), 0)
     rescored = score_plan(expected_cost_model(cautious), found)
     np.testing.assert_allclose(found.costs.compute_ms, rescored.compute_ms, rtol=1e-5)
     assert found.costs.trust is not None and all(0 <= t <= 1 for t in found.costs.trust)
@@ -281,8 +287,8 @@ def test_datasets_from_different_hardware_are_refused():
     and one CPU name is not one kind (Zen 3 and Zen 4 EPYCs both print "AMD EPYC" and measure 1.75x apart)."""
     from pathlib import Path
 
-    from neuroshard_jax.core.files import hardware, hardware_kind
-    from neuroshard_jax.learn.fit import check_one_hardware
+    from neuroshard_jax.core.hardware import hardware, hardware_kind
+    from neuroshard_jax.learn.ensemble_fit import check_one_hardware
 
     def manifest(cpu, cpu_id=None, device="cpu"):
         found = {"cpu": cpu, "cores": 2, **({"cpu_id": cpu_id} if cpu_id else {}), "gpu": "NVIDIA H100"}
@@ -340,7 +346,7 @@ def test_hardware_probe_remeasures_a_dataset_with_its_own_protocol(tiny_checkpoi
     (each at its recorded batch size) here and writes the ratio; this machine measured them, so it is of their kind."""
     import json
 
-    from neuroshard_jax.core.files import hardware, hardware_kind
+    from neuroshard_jax.core.hardware import hardware, hardware_kind
     from neuroshard_jax.measure.drift import references
     from neuroshard_jax.measure.probe import ProbeConfig, probe
 
@@ -428,7 +434,7 @@ def test_the_planner_says_which_model_planned(monkeypatch):
 
     monkeypatch.setattr(registry, "hardware", lambda: EPYC)
     task = make_task([make_table(i, rows=1000 + i) for i in range(4)], num_devices=2, batch_size=4096)
-    planned = Planner(searcher="size_greedy").run(task)
+    planned = Planner.named("size_greedy").run(task)
     assert not planned.choice.matches and planned.plan.to_json()["cost_model"] == "neural"
     with pytest.warns(UserWarning, match="no model of its kind"):
         import neuroshard_jax as nsj
@@ -437,7 +443,7 @@ def test_the_planner_says_which_model_planned(monkeypatch):
 
 
 def test_every_shipped_model_records_its_hardware_and_label_protocol():
-    from neuroshard_jax.core.files import PROTOCOL_KEYS
+    from neuroshard_jax.core.manifests import PROTOCOL_KEYS
     from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, read_meta
     from neuroshard_jax.costs.registry import checkpoint_path
 
@@ -455,7 +461,7 @@ def test_every_shipped_model_records_its_hardware_and_label_protocol():
 
 def test_no_shipped_model_names_a_path_of_the_machine_that_wrote_it():
     """orbax writes the absolute path it saved to into ``commit_success.txt``; a shipped model's must be relative."""
-    from neuroshard_jax.core.files import package_path
+    from neuroshard_jax.core.paths import package_path
 
     for marker in package_path("data").rglob("commit_success.txt"):
         assert "successful to /" not in marker.read_text(), marker

@@ -12,14 +12,8 @@ from neuroshard_jax.core.sharding import Shard, column_shards
 from neuroshard_jax.core.types import Plan
 from neuroshard_jax.costs.analytic import analytic_model
 from neuroshard_jax.costs.scoring import score_plan, score_plans
-from neuroshard_jax.measure.explain import (
-    ExplainConfig,
-    constraint_binds,
-    explain_file,
-    explanation,
-    plan_diff,
-    split_gains,
-)
+from neuroshard_jax.measure.diff import TableChange, plan_diff
+from neuroshard_jax.measure.explain import ExplainConfig, constraint_binds, explain_file, explanation, split_gains
 
 from .conftest import make_table, make_task
 
@@ -43,14 +37,14 @@ def test_table_shares_add_up_and_split_gains_are_score_differences(plan_and_mode
     plan, model = plan_and_model
     expl = explanation(plan, model, top=3)
     costs = score_plan(model, plan)
-    np.testing.assert_allclose(np.sum(expl["table_compute_ms"], axis=1), costs.compute_ms, rtol=1e-5)
-    assert expl["critical_device"] == int(np.argmax(costs.total_ms)) and len(expl["top_tables"]) <= 3
+    np.testing.assert_allclose(np.sum(expl.table_compute_ms, axis=1), costs.compute_ms, rtol=1e-5)
+    assert expl.critical_device == int(np.argmax(costs.total_ms)) and len(expl.top_tables) <= 3
     gains = split_gains(model, plan)
     assert set(gains) == {0, 3}  # the two split tables
-    whole = Shard(0, 0, 32, gains[0]["whole_on"])
+    whole = Shard(0, 0, 32, gains[0].whole_on)
     variant = dataclasses.replace(plan, shards=(whole, *[s for s in plan.shards if s.table != 0]))
     expected = score_plans(model, [variant])[0] - score_plans(model, [plan])[0]
-    assert gains[0]["gain_ms"] == pytest.approx(expected, rel=1e-5)
+    assert gains[0].gain_ms == pytest.approx(expected, rel=1e-5)
 
 
 def test_explain_file_prints_measured_costs_and_writes_a_chart(plan_and_model, tmp_path):
@@ -74,10 +68,10 @@ def test_diff_names_moved_and_split_tables(plan_and_model):
         + (Shard(0, 0, 32, 2),),
     )
     diff = plan_diff(plan, base.validate(), model)
-    by_table = {c["table"]: c for c in diff["changes"]}
+    by_table = {c.table: c for c in diff.changes}
     assert set(by_table) == {"0", "5"}
-    assert by_table["0"]["change"] == "split" and by_table["0"]["slices"] == [1, 2]
-    assert by_table["5"] == {"table": "5", "change": "moved", "base": [0], "plan": [1], "slices": [1, 1]}
+    assert by_table["0"].change == "split" and by_table["0"].slices == [1, 2]
+    assert by_table["5"] == TableChange("5", "moved", [0], [1], [1, 1])
     other = Plan(make_task([make_table(0)], num_devices=3), (Shard(0, 0, 16, 0),))
     with pytest.raises(UserError, match="base: its task's tables differs"):
         plan_diff(plan, other, model)

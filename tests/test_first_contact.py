@@ -39,9 +39,12 @@ def run_example(code: str, cwd) -> subprocess.CompletedProcess:
 
 
 def warning_lines(stderr: str) -> list[str]:
-    return [
-        line for line in stderr.splitlines() if "warn" in line.lower() and not any(f in line for f in FOREIGN_WARNINGS)
-    ]
+    """The warnings a run printed, less those of other projects and, on a machine of a kind no shipped model is of
+    (the CPU kind of a test machine varies), the line that says so: that one is the right thing to print there."""
+    from neuroshard_jax.costs.registry import choose_cost_model
+
+    expected = FOREIGN_WARNINGS if choose_cost_model("neural").matches else (*FOREIGN_WARNINGS, "no model of its kind")
+    return [line for line in stderr.splitlines() if "warn" in line.lower() and not any(f in line for f in expected)]
 
 
 def test_python_api_example_prints_labelled_results_and_no_warning(tmp_path):

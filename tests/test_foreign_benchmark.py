@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.core.types import Task
-from neuroshard_jax.learn.fit import ranking_tau
+from neuroshard_jax.learn.metrics import ranking_tau
 from tools import foreign_benchmark as fb
 
 
@@ -56,19 +56,19 @@ def test_report_ratios_wins_bounds_and_errors_by_hand():
     }
     summary = fb.summarise(by_task, tasks, tie=0.03)[4]
     beam, grid, rl = (summary["searchers"][s] for s in ("beam", "grid", "rl"))
-    assert beam["slowest_vs_torchrec"] == pytest.approx((0.8 + 1.2) / 2)
-    assert grid["slowest_vs_torchrec"] == pytest.approx((8.1 / 10 + 1.0) / 2)
-    assert beam["best_or_tied"] == 1 and grid["best_or_tied"] == 2
+    assert beam.slowest_vs_torchrec == pytest.approx((0.8 + 1.2) / 2)
+    assert grid.slowest_vs_torchrec == pytest.approx((8.1 / 10 + 1.0) / 2)
+    assert beam.best_or_tied == 1 and grid.best_or_tied == 2
     # against the best greedy baseline, over the tasks where one was measured (d4-00 only)
-    assert beam["no_worse_than_best_greedy"] == 1 and beam["greedy_tasks"] == 1
-    assert summary["searchers"]["size_greedy"]["best_or_tied"] == 0
-    assert rl["infeasible"] == 1 and rl["slowest_vs_torchrec"] is None
-    assert beam["devices_off_2x"] == 0  # exactly 2x is within the bound
-    assert beam["device_mape"] == pytest.approx((0 + 1 + 0 + 0.5) / 8)
+    assert beam.no_worse_than_best_greedy == 1 and beam.greedy_tasks == 1
+    assert summary["searchers"]["size_greedy"].best_or_tied == 0
+    assert rl.infeasible == 1 and rl.slowest_vs_torchrec is None
+    assert beam.devices_off_2x == 0  # exactly 2x is within the bound
+    assert beam.device_mape == pytest.approx((0 + 1 + 0 + 0.5) / 8)
     # the balance bound: the lowest mean device compute of any plan, over TorchRec's slowest device
     assert summary["balance_bound_vs_torchrec"] == pytest.approx((26.1 / 4 / 10 + 18 / 4 / 5) / 2)
-    assert beam["slowest_vs_bound"] == pytest.approx((8 / (26.1 / 4) + 6 / (18 / 4)) / 2)
-    assert beam["mean_time_s"] == 2.0 and beam["mean_measurements"] == 6
+    assert beam.slowest_vs_bound == pytest.approx((8 / (26.1 / 4) + 6 / (18 / 4)) / 2)
+    assert beam.mean_time_s == 2.0 and beam.mean_measurements == 6
 
 
 def test_plan_ranking_counts_only_pairs_apart_by_more_than_the_tie():

@@ -1,40 +1,49 @@
-"""The prepared GPU check runs dry on this CPU: every step, every file, the table (``tools/gpu_check.py``)."""
+"""The prepared GPU check runs dry on this CPU: every step, every file, the table (``tools/gpu_check.py``): the real
+worker measures labels and plans, the real trainer fits a model on the tiny labels, beam and grid search with it."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from tests.conftest import run_cli
 
 
 def test_the_gpu_check_runs_dry_and_writes_its_files_and_table(tmp_path):
-    from tools.foreign_benchmark import TASKS_FILE, benchmark_tasks
-    from tools.gpu_check import TORCHREC_PLANS, torchrec_plans
+    from tools.gpu_check import DRY, PACK_SEARCHERS, SEARCHERS, pack_plans, pack_tasks
 
     pack = tmp_path / "pack"
     pack.mkdir()
-    tasks = {task_id: task for task_id, _, task in benchmark_tasks(pack / TASKS_FILE)}
-    torchrec_plans(tasks, pack / TORCHREC_PLANS, only=("d4-00",))  # what pack carries (no TorchRec there)
+    pack_plans(pack, pack_tasks(pack, DRY))  # what pack carries: the tasks, TorchRec's plans (no TorchRec there)
     out = tmp_path / "out"
-    done = run_cli("run", str(out), "--dry", "--budget-s", "90", "--pack", str(pack), module="tools.gpu_check")
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert sorted(p.name for p in out.iterdir()) == [
-        "labels.tgz",
-        "log.txt",
-        "plans.json",
-        "protocols.json",
-        "search.json",
-        "smoke.json",
-    ]
+    done = run_cli("run", str(out), "--dry", "--budget-s", "240", "--pack", str(pack), module="tools.gpu_check")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    names = {p.name for p in out.iterdir()}
+    assert {"smoke.json", "labels.json", "labels.tgz", "model.json", "model.tgz", "plans.json", "log.txt"} <= names
     assert json.loads((out / "smoke.json").read_text())["answer"]["ok"]
-    protocols = json.loads((out / "protocols.json").read_text())
-    assert protocols["fixed"]["requests"] > 0 and protocols["timed"]["requests"] > 0
-    assert protocols["timed"]["timed_iters_median"] >= 10  # iterations fill the time (at least iters)
-    assert protocols["chosen"] in ("fixed", "timed")  # the quietest: the labels and plans steps take it
-    plans = json.loads((out / "plans.json").read_text())["tasks"]
-    assert set(plans["d4-00"]) == {"beam", "grid", "size_lookup_greedy", "torchrec"}
-    assert all(row["slowest_ms"] > 0 for rows in plans.values() for row in rows.values())
-    runs = json.loads((out / "search.json").read_text())["runs"]
-    assert runs and all(r["ok"] and r["search_s"] is not None for r in runs)
+    labels = json.loads((out / "labels.json").read_text())
+    assert labels["labels"] >= 20 and labels["failed"] == 0 and labels["repeated"] > 0  # the floor: two runs
+    assert labels["protocol"] == "fixed"  # the CPU's; queued on a GPU
+    model = json.loads((out / "model.json").read_text())
+    assert model["held_out"]["ensemble"]["count"] >= 1 and model["comm"]["fwd_comm"] is not None
+    plans = json.loads((out / "plans.json").read_text())
+    rows = plans["tasks"]["t00"]["plans"]
+    assert set(rows) == set(SEARCHERS) and set(PACK_SEARCHERS) < set(SEARCHERS)
+    for row in rows.values():  # every device measured (twice, dry), compute and priced comm apart
+        assert row["complete"] and min(row["measurements"]) >= 2
+        assert row["slowest_compute_ms"] == max(row["compute_ms"]) > 0
+        assert row["priced_total_ms"] > row["slowest_compute_ms"] and min(row["fwd_comm_ms"]) > 0
     table = run_cli("table", str(out), module="tools.gpu_check")
-    assert table.returncode == 0 and "| timed" in table.stdout and "| d4-00 |" in table.stdout
+    assert table.returncode == 0 and "| 2 | beam |" in table.stdout and "| t00 | 2 |" in table.stdout
+    assert "torchrec_default" in table.stdout and "held out" in table.stdout
+
+
+def test_the_priced_all_to_all_follows_the_bytes():
+    from tools.gpu_check import COLLECTIVE_MS, NVLINK_BYTES_PER_MS, all_to_all_ms
+
+    balanced = all_to_all_ms([128] * 8, 32768)  # each sends 7/8 of 32768 x 128 fp32 and receives as much
+    np.testing.assert_allclose(balanced, COLLECTIVE_MS + 32768 * 128 * 4 * 7 / 8 / NVLINK_BYTES_PER_MS)
+    skewed = all_to_all_ms([512, 0, 0, 0], 4096)
+    assert skewed[0] > skewed[1] > COLLECTIVE_MS  # the wide device sends most; the others receive its outputs
+    assert not all_to_all_ms([0, 0], 4096).any() and not all_to_all_ms([64], 4096).any()

@@ -9,12 +9,13 @@ import pytest
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.types import Device, Links, Plan, Table, Task
 from neuroshard_jax.costs.cost_model import Scaled
-from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model
+from neuroshard_jax.costs.registry import CostModelSpec, expected_cost_model, make_cost_model
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.torchrec_format import to_torchrec
 from neuroshard_jax.measure.explain import explanation, format_explanation
 from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.search.row_split import row_blocks_of
+from searchers import make_searcher
 
 LINKS = {"intra_host_gbps": 200.0, "inter_host_gbps": 25.0}
 
@@ -29,7 +30,7 @@ def test_links_scale_each_device_by_its_off_host_peers():
     # a lone device in its host sends everything over the network; the others a third of it
     assert np.allclose(Links(200, 25).comm_scale([0, 0, 0, 1]), [2 / 3 + 8 / 3] * 3 + [8.0])
     assert np.allclose(Links(200, 25).comm_scale([0, 0]), 1.0) and Links(1, 1).comm_scale([0]).shape == (1,)
-    tables = Task(1, 1.0, 256, tuple(_tables(2))).to_json()["tables"]
+    tables = Task.uniform(1, 1.0, 256, tuple(_tables(2))).to_json()["tables"]
     links = {**LINKS, "devices_per_host": 8}
     task = Task.from_json({"num_devices": 16, "mem_cap_gb": 1, "batch_size": 256, "links": links, "tables": tables})
     assert task.hosts() == [0] * 8 + [1] * 8 and task.local_size() == 8 and task.multi_host
@@ -64,9 +65,9 @@ def test_bad_hosts_and_links_are_named(change, message):
 
 
 def test_the_model_scales_transfers_but_not_the_wait_for_a_late_peer():
-    flat = Task(4, 1.0, 512, tuple(_tables()))
-    hosts = Task.on_devices([Device(1.0, host=d // 2) for d in range(4)], 512, _tables(), links=Links(200, 25))
-    plan = search_plan(flat, "size_greedy", "analytic", 0)
+    flat = Task.uniform(4, 1.0, 512, tuple(_tables()))
+    hosts = Task([Device(1.0, host=d // 2) for d in range(4)], 512, _tables(), links=Links(200, 25))
+    plan = search_plan(flat, make_searcher("size_greedy"), CostModelSpec("analytic"), 0)
     spread = Plan(hosts, plan.shards)
     one, two = (make_cost_model("analytic", t) for t in (flat, hosts))
     assert isinstance(two.params, Scaled) and one is not two and expected_cost_model(two).params.comm_scale[0] > 5
@@ -81,30 +82,34 @@ def test_the_model_scales_transfers_but_not_the_wait_for_a_late_peer():
 
 def test_row_blocks_stay_in_the_least_full_host_and_export_as_table_row_wise():
     tables = [Table(0, 200_000, 4, 3.0, (0.5, 0.5) + (0.0,) * 15, name="big"), *_tables(6)[1:]]
-    task = Task(8, 2 / 1024, 512, tuple(tables), links=Links(200, 25, devices_per_host=4))  # 3.2 MB: no device holds it
+    task = Task.uniform(
+        8, 2 / 1024, 512, tuple(tables), links=Links(200, 25, devices_per_host=4)
+    )  # 3.2 MB: no device holds it
     assert task.host_groups() == [[0, 1, 2, 3], [4, 5, 6, 7]]
     blocks = row_blocks_of(task, [0], within_host=True)
     assert [s.device for s in blocks] == [0, 1, 2, 3] and sum(s.num_rows for s in blocks) == 200_000
     assert [s.device for s in row_blocks_of(task, [0])] == list(range(8))
-    plan = search_plan(task, "beam", "analytic", 0).validate()
+    plan = search_plan(task, make_searcher("beam"), CostModelSpec("analytic"), 0).validate()
     devices = sorted(s.device for s in plan.shards_of(0))
     assert devices in ([0, 1, 2, 3], [4, 5, 6, 7], list(range(8)))
     within = dataclasses.replace(plan, shards=tuple(s for s in plan.shards if s.table) + blocks)
     types = {name: p.sharding_type for name, p in to_torchrec(within, device="cpu").plan[""].items()}
     assert types["big"] == "table_row_wise"
-    one_host = Task(8, 2 / 1024, 512, tuple(tables))
+    one_host = Task.uniform(8, 2 / 1024, 512, tuple(tables))
     assert one_host.host_groups() is None and one_host.local_size() is None
 
 
 def test_torchrec_planner_sees_the_hosts_and_explain_says_how_comm_is_scaled():
     tables = [Table(0, 200_000, 4, 3.0, (0.5, 0.5) + (0.0,) * 15, name="big"), *_tables(6)[1:]]
-    task = Task(4, 3 / 1024, 512, tuple(tables), links=Links(200, 25, devices_per_host=2))  # 3 MiB: big fits no device
+    task = Task.uniform(
+        4, 3 / 1024, 512, tuple(tables), links=Links(200, 25, devices_per_host=2)
+    )  # 3 MiB: big fits no device
     options = {"sharding_types": ["table_wise", "table_row_wise"], "reservation": "percent"}
-    plan = search_plan(task, "torchrec", "analytic", 0, options).validate()
+    plan = search_plan(task, make_searcher("torchrec", options), CostModelSpec("analytic"), 0).validate()
     big = sorted(s.device for s in plan.shards_of(0))
     assert big in ([0, 1], [2, 3]), big  # TorchRec's table_row_wise: the blocks within one host of 2
     text = format_explanation(explanation(plan, make_cost_model("analytic", task)))
     assert "2 hosts (200 GB/s within, 25 GB/s between): comm predicted on one host and scaled x5.67..5.67" in text
-    skewed = Task.on_devices([Device(1.0, host=h) for h in (0, 0, 0, 1)], 512, _tables(), links=Links(200, 25))
+    skewed = Task([Device(1.0, host=h) for h in (0, 0, 0, 1)], 512, _tables(), links=Links(200, 25))
     with pytest.raises(UserError, match=r"searcher=torchrec: TorchRec's topology has hosts of equal size"):
-        search_plan(skewed, "torchrec", "analytic", 0)
+        search_plan(skewed, make_searcher("torchrec"), CostModelSpec("analytic"), 0)

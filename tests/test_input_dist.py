@@ -16,7 +16,7 @@ from neuroshard_jax.costs.analytic import analytic_model
 from neuroshard_jax.costs.cost_model import plan_cost_ms
 from neuroshard_jax.costs.input_dist import InputDist, design, fit, for_kinds, load, received
 from neuroshard_jax.costs.scoring import input_taken, input_terms, score_plan, score_plans
-from neuroshard_jax.learn.fit import comm_arrays
+from neuroshard_jax.learn.datasets import comm_arrays
 from neuroshard_jax.learn.row_comm_fit import fit_row_comm
 from searchers import make_searcher
 from searchers.grid import _input_taken, _spread
@@ -112,7 +112,7 @@ def _task(num_devices=4):
         Table(0, 200_000, 8, 30.0, (0.2, 0.3, 0.5) + (0.0,) * 14, name="rows"),
         *(Table(1 + i, 3000 + 500 * i, 16, 2.0 + 10 * i, (1.0,) + (0.0,) * 16) for i in range(6)),
     ]
-    return Task(num_devices, 1.0, 4096, tuple(tables))
+    return Task.uniform(num_devices, 1.0, 4096, tuple(tables))
 
 
 def _plan(task):
@@ -145,7 +145,7 @@ def test_a_model_prices_the_input_distributions_forward_only():
     expected = _hand_ms(FIT.terms(4, 4096), input_taken(plan))
     np.testing.assert_allclose(with_inputs.bwd_comm_ms, base.bwd_comm_ms, rtol=1e-6)
     np.testing.assert_allclose(with_inputs.fwd_comm_ms - base.fwd_comm_ms, expected, rtol=1e-4)
-    one = dataclasses.replace(task, num_devices=1)
+    one = dataclasses.replace(task, devices=task.devices[:1])
     alone = Plan(one, tuple(Shard(t, 0, one.tables[t].dim, 0) for t in range(one.num_tables)))
     assert score_plan(priced, alone).fwd_comm_ms.tolist() == [0.0]  # one device moves nothing
     assert np.array_equal(input_terms(FIT, task), np.tile(FIT.terms(4, 4096)[:, None], (1, 4)).astype(np.float32))
@@ -185,7 +185,8 @@ def test_grid_and_beam_match_the_oracle_with_the_input_distributions_priced(smal
 
 
 def test_the_shipped_fit_is_the_one_its_labels_make(tmp_path):
-    from neuroshard_jax.core.files import package_path, read_json
+    from neuroshard_jax.core.files import read_json
+    from neuroshard_jax.core.paths import package_path
     from neuroshard_jax.costs.input_dist import SHIPPED
     from neuroshard_jax.costs.row_comm import shipped_names
 

@@ -12,16 +12,10 @@ from neuroshard_jax.core.plan_file import PRINTED_DEVICES, SLOWEST_PRINTED, form
 from neuroshard_jax.core.sharding import Shard, column_shards
 from neuroshard_jax.core.types import Plan
 from neuroshard_jax.costs.analytic import analytic_model
+from neuroshard_jax.costs.coverage import far_devices_warning
 from neuroshard_jax.costs.scoring import score_plans, with_costs
-from neuroshard_jax.measure.explain import (
-    explanation,
-    far_devices_warning,
-    format_diff,
-    format_explanation,
-    plan_diff,
-    split_gains,
-    table_compute_ms,
-)
+from neuroshard_jax.measure.diff import format_diff, plan_diff
+from neuroshard_jax.measure.explain import explanation, format_explanation, split_gains, table_compute_ms
 
 from .conftest import make_table, make_task, run_cli
 
@@ -109,8 +103,8 @@ def test_split_gains_equal_rescoring_every_variant(split_plan):
     assert set(gains) == set(expected) == {0, 2}
     for table, costs in expected.items():
         best = min(costs, key=costs.get)
-        assert gains[table]["whole_on"] == best
-        assert gains[table]["gain_ms"] == pytest.approx(costs[best], rel=1e-4, abs=1e-4)
+        assert gains[table].whole_on == best
+        assert gains[table].gain_ms == pytest.approx(costs[best], rel=1e-4, abs=1e-4)
 
 
 def test_table_shares_at_many_devices_add_up_to_each_devices_compute(split_plan):

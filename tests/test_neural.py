@@ -15,12 +15,13 @@ from neuroshard_jax.core.types import Plan
 from neuroshard_jax.costs.checkpoints import load_checkpoint, save_checkpoint
 from neuroshard_jax.costs.cost_model import device_compute_ms, device_costs, plan_cost_ms
 from neuroshard_jax.costs.neural import NetConfig, init_nets, neural_fns
-from neuroshard_jax.costs.registry import NeuralConfig, make_cost_model
+from neuroshard_jax.costs.registry import CostModelSpec, NeuralConfig, make_cost_model
 from neuroshard_jax.costs.scoring import plan_arrays
-from neuroshard_jax.learn.fit import kendall_tau, mape
+from neuroshard_jax.learn.metrics import kendall_tau, mape
 from neuroshard_jax.search.job import main_config
-from neuroshard_jax.search.pipeline import shard_task
+from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.workloads.tasks import load_task
+from searchers import make_searcher
 
 from .conftest import make_table, make_task
 
@@ -68,13 +69,15 @@ def test_neural_model_scores_plans_jitted_without_retracing(tiny_checkpoint):
     model = make_cost_model("neural", task, {"checkpoint": str(ckpt)})
     one = Plan.from_assignment(task, [1] * 6, [[d % 3] for d in range(6)])
     two = Plan.from_assignment(task, [2, 1, 1, 1, 1, 1], [[0, 1], [1], [2], [2], [0], [1]])
-    arrays = [np.stack(a) for a in zip(plan_arrays(one, 8), plan_arrays(two, 8))]
-    score = jax.jit(chex.assert_max_traces(lambda p, *a: plan_cost_ms(device_costs(model.fns, p, *a)), n=1))
-    first = np.asarray(score(model.params, *arrays))
-    second = np.asarray(score(model.params, *[a[::-1].copy() for a in arrays]))  # same shapes: no retrace
+    arrays = jax.tree.map(lambda *a: np.stack(a), plan_arrays(one, model, 8), plan_arrays(two, model, 8))
+    score = jax.jit(chex.assert_max_traces(lambda p, a: plan_cost_ms(device_costs(model.fns, p, a)), n=1))
+    first = np.asarray(score(model.params, arrays))
+    second = np.asarray(score(model.params, jax.tree.map(lambda a: a[::-1].copy(), arrays)))  # no retrace
     np.testing.assert_allclose(first, second[::-1], rtol=1e-5)
     assert np.all(first > 0) and np.all(np.isfinite(first))
-    grad = jax.grad(lambda f: plan_cost_ms(device_costs(model.fns, model.params, f, *arrays[1:])).sum())(arrays[0])
+    grad = jax.grad(lambda f: plan_cost_ms(device_costs(model.fns, model.params, arrays._replace(feats=f))).sum())(
+        arrays.feats
+    )
     assert np.isfinite(np.asarray(grad)).all()
 
 
@@ -97,7 +100,12 @@ def test_the_main_config_takes_a_neural_checkpoint(tiny_checkpoint, tmp_path):
     with initialize_config_module(config_module="neuroshard_jax.conf", version_base="1.3"):
         config = main_config(compose(config_name="config", overrides=overrides))
     task = load_task(tmp_path / "task.json")
-    plan = shard_task(task, "beam", "neural", 0, config.options("searcher"), config.options("cost_model"))
+    plan = search_plan(
+        task,
+        make_searcher("beam", config.options("searcher")),
+        CostModelSpec("neural", config.options("cost_model")),
+        0,
+    ).to_json()
     assert plan["cost_model"] == "neural" and plan["task"] == task.to_json()
 
 

@@ -1,5 +1,7 @@
 """The vectorised NeuroShard searchers against the plain-Python oracle of the paper's algorithms."""
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -36,7 +38,7 @@ def test_grid_and_beam_match_the_oracle(small_pool, tiny_checkpoint, model_name)
     # 2 tasks per model (3 and 4 devices; the seed differs between the models): 4 tasks against the oracle in all
     for task in _tasks(small_pool, 1, first_seed=0 if model_name == "analytic" else 1):
         if model_name == "neural":  # the tiny checkpoint is trained at batch 256
-            task = make_task(task.tables, task.num_devices, task.mem_cap_gb, batch_size=256)
+            task = make_task(task.tables, task.num_devices, task.largest_cap_gb, batch_size=256)
             model = make_cost_model("neural", task, {"checkpoint": str(tiny_checkpoint[1])})
         else:
             model = analytic_model(task)
@@ -71,7 +73,7 @@ def test_tight_memory_uses_the_fallback_or_reports_infeasible(small_pool):
     biggest = max(task.table_mem_bytes(i) for i in range(task.num_tables))
     roomy = make_task(task.tables, 3, max(total / 3 * 1.05, biggest * 1.01) / 2**30, batch_size=512)
     plan = make_searcher("grid").search(roomy, analytic_model(roomy), 0)
-    assert (plan.mem_bytes() <= roomy.mem_cap_bytes).all()
+    assert (plan.mem_bytes() <= roomy.largest_cap_bytes).all()
     cramped = make_task(task.tables, 3, total / 3 * 0.9 / 2**30, batch_size=512)
     for name in ("grid", "beam"):
         with pytest.raises(InfeasibleError, match=f"{name}: no memory-feasible plan"):
@@ -110,7 +112,7 @@ def test_beam_scales_to_a_large_pool_quickly(_cache_dir):
     task = generate_task(pool, config, 0)
     plan = make_searcher("beam", {"max_length": 1, "alphas": [1.0, 1.2]}).search(task, analytic_model(task), 0)
     assert {s.table for s in plan.shards} == set(range(856))
-    assert (plan.mem_bytes() <= task.mem_cap_bytes).all()
+    assert (plan.mem_bytes() <= task.largest_cap_bytes).all()
 
 
 def test_grid_and_a_beam_level_do_not_retrace_within_a_bucket(small_pool):
@@ -149,13 +151,15 @@ def test_a_tight_cap_that_the_cost_order_cannot_pack_is_packed_by_memory():
     assert expected is not None and plan.shards == expected.shards
 
 
-def test_beam_within_a_budget_returns_its_best_plan_so_far(small_pool, capsys):
-    """A budget that leaves no room after the root: the grid's plan, said on stderr; a roomy one: beam's own plan."""
+def test_beam_within_a_budget_returns_its_best_plan_so_far(small_pool, caplog):
+    """A budget that leaves no room after the root: the grid's plan, said in a log line; a roomy one: beam's own
+    plan."""
+    caplog.set_level(logging.INFO, logger="searchers")
     task = generate_task(small_pool, TaskConfig(num_tables=12, num_devices=4, pool=small_pool.spec, batch_size=512), 0)
     model = analytic_model(task)
     grid = make_searcher("grid", {}).search(task, model, 0)
     assert make_searcher("beam", {"budget_s": 1e-6}).search(task, model, 0) == grid
-    assert "beam: budget_s=1e-06 reached after 0 of 10 levels" in capsys.readouterr().err
+    assert "beam: budget_s=1e-06 reached after 0 of 10 levels" in caplog.text
     roomy = make_searcher("beam", {"budget_s": 1e6}).search(task, model, 0)
     assert roomy == make_searcher("beam", {}).search(task, model, 0)
 
@@ -171,7 +175,7 @@ def test_packing_by_memory_puts_each_shard_where_most_memory_is_left():
         make_table(i, rows=1000 * n, dim=16, pooling=p) for i, (n, p) in enumerate([(10, 1), (7, 2), (7, 3), (4, 9)])
     ]
     devices = [Device(13 * unit / 2**30 * 1.001), Device(17 * unit / 2**30 * 1.001)]
-    task = Task.on_devices(devices, 512, tables)
+    task = Task(devices, 512, tables)
     with pytest.raises(InfeasibleError):
         make_searcher("grid", {"memory_only_fallback": False}).search(task, analytic_model(task), 0)
     plan = make_searcher("grid", {}).search(task, analytic_model(task), 0).validate()

@@ -100,8 +100,9 @@ def test_collect_plans_measures_searched_devices_once_and_fine_tunes(tiny_ensemb
     from neuroshard_jax.costs.checkpoints import read_meta
     from neuroshard_jax.costs.ensemble import EnsembleConfig
     from neuroshard_jax.learn.collect import CollectConfig, collect
-    from neuroshard_jax.learn.fit import TrainConfig, train_ensemble
+    from neuroshard_jax.learn.ensemble_fit import train_ensemble
     from neuroshard_jax.learn.plan_labels import plan_label_report
+    from neuroshard_jax.learn.trainer import TrainConfig
     from neuroshard_jax.workloads.pool import PoolSpec
     from neuroshard_jax.workloads.samplers import SpecSamplerConfig
 
@@ -144,7 +145,7 @@ def test_collect_plans_measures_searched_devices_once_and_fine_tunes(tiny_ensemb
     assert len({d["id"] for d in devices}) == len(devices) == summary["devices_measured"] > 0
     assert all(d["ok"] and d["total_ms"] > 0 and d["round"] == 0 and d["model"] == str(ckpt) for d in devices)
     assert all(0.2 < d["speed"] < 5 and d["reference"] == str(spec_dir) for d in devices)
-    from neuroshard_jax.learn.fit import compute_batches
+    from neuroshard_jax.learn.datasets import compute_batches
 
     target = compute_batches(tmp_path / "labels")[3]  # training takes each label at the reference's speed
     assert target == pytest.approx([d["total_ms"] / d["speed"] for d in devices], rel=1e-5)
@@ -167,7 +168,8 @@ def test_collect_plans_measures_searched_devices_once_and_fine_tunes(tiny_ensemb
 def test_loop_refuses_base_datasets_of_another_kind_of_hardware_before_measuring(tmp_path):
     """The loop's labels join its base datasets in training, which refuses another kind of hardware: the loop says
     so before its first measurement (a shipped dataset of this name but of another microarchitecture included)."""
-    from neuroshard_jax.core.files import hardware, write_json
+    from neuroshard_jax.core.files import write_json
+    from neuroshard_jax.core.hardware import hardware
     from neuroshard_jax.learn.loop import LoopConfig, check_base_hardware, run_loop
 
     base = tmp_path / "base"

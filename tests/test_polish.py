@@ -12,10 +12,12 @@ from neuroshard_jax.core.assignment import assignment, plan_of
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.sharding import Shard, row_shards
 from neuroshard_jax.core.types import Links, Plan
+from neuroshard_jax.costs.registry import CostModelSpec
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.measure.plans import device_key, device_tables
 from neuroshard_jax.measure.polish import PolishConfig, polish_plan, proposals, step_anchors
 from neuroshard_jax.search.planner import Planner
+from searchers import make_searcher
 from tests.conftest import make_table, make_task
 
 
@@ -77,13 +79,13 @@ def test_polishing_an_unbalanced_plan_on_the_kernels():
     polished = polish_plan(plan, model, config)
     record = polished.polish
     polished.validate()
-    assert record["changes_kept"] >= 1 and assignment(polished) != assignment(plan)
-    assert record["measured_compute_ms"] < record["unpolished_measured_compute_ms"]
-    assert record["measurements"] <= config.max_measurements
+    assert record.changes_kept >= 1 and assignment(polished) != assignment(plan)
+    assert record.measured_compute_ms < record.unpolished_measured_compute_ms
+    assert record.measurements <= config.max_measurements
     # every measured step re-measured the slowest devices as its anchors: the machine's speed between steps
-    assert 1 <= len(record["drift"]) <= len(record["steps"]) and all(0.5 < f < 2 for f in record["drift"])
-    assert len(record["devices"]) == 3 and all(d["compute"] >= 0 for d in record["devices"])
-    assert polished.costs is not None and polished.to_json()["polish"] == record
+    assert 1 <= len(record.drift) <= len(record.steps) and all(0.5 < f < 2 for f in record.drift)
+    assert len(record.devices) == 3 and all(d.compute >= 0 for d in record.devices)
+    assert polished.costs is not None and polished.to_json()["polish"] == record.to_json()
 
 
 def test_a_balanced_plan_is_never_made_worse():
@@ -97,15 +99,17 @@ def test_a_balanced_plan_is_never_made_worse():
     config = PolishConfig(
         name="measured", max_measurements=24, repeats=2, warmup=1, iters=3, anchors=1, executor=ExecutorConfig()
     )
-    planned = Planner(searcher="size_lookup_greedy", cost_model="analytic", polish=config).run(task)
+    planned = Planner.named("size_lookup_greedy", "analytic", polish=config).run(task)
     record = planned.plan.polish
     assert planned.plan.searcher == "size_lookup_greedy" and planned.plan.calibration is None
     assert planned.cost_model.name == "analytic" and planned.plan.costs is not None
-    if record["changes_kept"] == 0 or record["reverted"]:  # nothing kept: the searcher's own plan comes back
-        assert assignment(planned.plan) == assignment(search_plan(task, "size_lookup_greedy", "analytic", 0))
-    assert record["measured_compute_ms"] <= record["unpolished_measured_compute_ms"]
-    if record["reverted"]:
-        assert record["rejected_measured_compute_ms"] > record["unpolished_measured_compute_ms"]
+    if record.changes_kept == 0 or record.reverted:  # nothing kept: the searcher's own plan comes back
+        assert assignment(planned.plan) == assignment(
+            search_plan(task, make_searcher("size_lookup_greedy"), CostModelSpec("analytic"), 0)
+        )
+    assert record.measured_compute_ms <= record.unpolished_measured_compute_ms
+    if record.reverted:
+        assert record.rejected_measured_compute_ms > record.unpolished_measured_compute_ms
 
 
 def test_on_several_hosts_a_row_split_table_is_laid_out_again_whole():
@@ -138,8 +142,8 @@ def test_polishing_a_plan_with_row_blocks_on_two_hosts_keeps_them_exportable():
     config = PolishConfig(name="measured", max_measurements=60, repeats=2, warmup=1, iters=3, executor=ExecutorConfig())
     polished = polish_plan(plan, make_cost_model("analytic", task), config)
     polished.validate()
-    assert polished.polish["measurements"] <= 60 and polished.polish["steps"]
-    assert "rows" in {step["change"] for step in polished.polish["steps"]}  # the model's first pick here
+    assert polished.polish.measurements <= 60 and polished.polish.steps
+    assert "rows" in {step.change for step in polished.polish.steps}  # the model's first pick here
     table_shards = polished.torchrec_shards()[0]
     row_split_host("t0", table_shards, 4, 2)  # raises unless TorchRec runs this layout
-    assert polished.polish["measured_compute_ms"] <= polished.polish["unpolished_measured_compute_ms"]
+    assert polished.polish.measured_compute_ms <= polished.polish.unpolished_measured_compute_ms

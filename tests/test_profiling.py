@@ -14,13 +14,15 @@ import pytest
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_records, write_json
 from neuroshard_jax.core.types import Device, Table, Task
+from neuroshard_jax.costs.registry import CostModelSpec
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, WorkerFailure, run_comm
 from neuroshard_jax.learn.collect import CollectConfig, collect
 from neuroshard_jax.measure.plans import EvaluateConfig, evaluate_file, measure_plans
-from neuroshard_jax.search.pipeline import search_plan, shard_task
+from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool, pool_streams
 from neuroshard_jax.workloads.samplers import CommSamplerConfig, ComputeSamplerConfig, sample_comm, sample_shard
 from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
+from searchers import make_searcher
 
 POOL = PoolSpec(num_tables=120)
 TINY = dict(batch_size=256, warmup=1, iters=3)
@@ -225,7 +227,7 @@ def test_evaluator_measures_a_two_device_plan(tmp_path):
     task = generate_task(
         pool, TaskConfig(num_tables=4, num_devices=2, mem_cap_gb=0.05, dims=(4, 8, 16), pool=POOL, batch_size=256), 0
     )
-    plan = shard_task(task, "size_greedy", "analytic", 0)
+    plan = search_plan(task, make_searcher("size_greedy"), CostModelSpec("analytic"), 0).to_json()
     write_json(plan, tmp_path / "plan.json")
     result = evaluate_file(tmp_path / "plan.json", EvaluateConfig(warmup=1, iters=3, comm_warmup=1, comm_iters=3))
     assert len(result["devices"]) == 2
@@ -242,9 +244,9 @@ def test_evaluator_measures_a_task_without_a_pool_from_its_table_specs():
     same plan on devices of speeds 1 and 4 (measured in the same batch): device 1's compute is divided by 4."""
     pool = load_pool(POOL, 256)
     specs = [(int(pool.rows[t]), float(pool.pooling_factor[t]), tuple(pool.bins[t])) for t in (3, 5, 7)]
-    task = Task(2, 0.05, 256, tuple(Table(i, r, 8, p, b, name=f"t{i}") for i, (r, p, b) in enumerate(specs)))
-    plan = search_plan(task, "size_greedy", "analytic", 0)
-    fast = dataclasses.replace(plan, task=Task.on_devices([Device(0.05, 1.0), Device(0.05, 4.0)], 256, task.tables))
+    task = Task.uniform(2, 0.05, 256, tuple(Table(i, r, 8, p, b, name=f"t{i}") for i, (r, p, b) in enumerate(specs)))
+    plan = search_plan(task, make_searcher("size_greedy"), CostModelSpec("analytic"), 0)
+    fast = dataclasses.replace(plan, task=Task([Device(0.05, 1.0), Device(0.05, 4.0)], 256, task.tables))
     result, scaled = measure_plans([plan, fast], EvaluateConfig(warmup=1, iters=3, comm_warmup=1, comm_iters=3))
     for d in result["devices"]:
         assert (d["compute"] > 0) == bool(plan.device_shards(d["device"])) and d["bwd_comm"] > 0
@@ -261,7 +263,9 @@ def test_evaluator_measures_many_plans_in_one_batch():
     plans = []
     for seed, n in ((0, 2), (1, 3), (2, 2)):
         config = TaskConfig(num_tables=5, num_devices=n, mem_cap_gb=0.05, dims=(4, 8), pool=POOL, batch_size=256)
-        plans.append(search_plan(generate_task(pool, config, seed), "size_greedy", "analytic", 0))
+        plans.append(
+            search_plan(generate_task(pool, config, seed), make_searcher("size_greedy"), CostModelSpec("analytic"), 0)
+        )
     results = measure_plans(plans, EvaluateConfig(warmup=1, iters=3, comm_warmup=1, comm_iters=3))
     assert [len(r["devices"]) for r in results] == [2, 3, 2]
     for plan, result in zip(plans, results):

@@ -7,11 +7,12 @@ import pytest
 
 from neuroshard_jax.core.assignment import comm_layout
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import package_path, read_json, read_records, write_json
+from neuroshard_jax.core.files import read_json, read_records, write_json
+from neuroshard_jax.core.paths import package_path
 from neuroshard_jax.core.sharding import Shard, row_shards
-from neuroshard_jax.core.types import Links, Plan, Table, Task
+from neuroshard_jax.core.types import Device, Links, Plan, Table, Task
 from neuroshard_jax.costs.cost_model import Scaled, with_scales
-from neuroshard_jax.costs.registry import make_cost_model
+from neuroshard_jax.costs.registry import CostModelSpec, make_cost_model
 from neuroshard_jax.costs.row_comm import (
     RowComm,
     disjoint,
@@ -29,9 +30,10 @@ from neuroshard_jax.costs.scoring import (
     score_plan,
     score_plans_devices,
 )
-from neuroshard_jax.learn.fit import comm_arrays
+from neuroshard_jax.learn.datasets import comm_arrays
 from neuroshard_jax.learn.row_comm_fit import fit_row_comm
 from neuroshard_jax.search.pipeline import search_plan
+from searchers import make_searcher
 
 ROWS = RowComm("test", (2, 4), ((1.0, 0.01), (2.0, 0.02)), ((0.5, 0.005), (1.5, 0.01)), 4096)
 
@@ -132,18 +134,20 @@ def _task():
         Table(0, 200_000, 4, 3.0, (0.2, 0.3, 0.5) + (0.0,) * 14, name="huge"),
         *(Table(1 + i, 3000 + 500 * i, 16, 2.0 + i, (1.0,) + (0.0,) * 16) for i in range(6)),
     ]
-    return Task(4, 2 / 1024, 4096, tuple(tables))
+    return Task.uniform(4, 2 / 1024, 4096, tuple(tables))
 
 
 def test_a_model_prices_row_groups_apart_from_the_all_to_all():
-    plan = search_plan(_task(), "size_lookup_greedy", "analytic", 0)
+    plan = search_plan(_task(), make_searcher("size_lookup_greedy"), CostModelSpec("analytic"), 0)
     layout = comm_layout(plan)
     assert layout["row_groups"] == [[4, [0, 1, 2, 3]]]
-    _, _, dims, _ = plan_arrays(plan, rows_apart=True)
-    assert dims.tolist() == layout["dim_sums"] and plan_arrays(plan)[2].tolist() == plan.dim_sums().tolist()
     model = make_cost_model("analytic", plan.task)
     none = dataclasses.replace(model, row_comm=RowComm("zero", (2,), ((0.0, 0.0),), ((0.0, 0.0),), 4096))
     priced = dataclasses.replace(model, row_comm=ROWS)
+    dims = plan_arrays(plan, priced).devices.dim_sums
+    assert (
+        dims.tolist() == layout["dim_sums"] and plan_arrays(plan).devices.dim_sums.tolist() == plan.dim_sums().tolist()
+    )
     fwd, bwd = device_row_ms(ROWS, plan)
     assert np.allclose(fwd, ROWS.group_ms(4, 4, 4096)[0]) and np.allclose(bwd, ROWS.group_ms(4, 4, 4096)[1])
     base, with_rows = score_plan(none, plan), score_plan(priced, plan)
@@ -152,11 +156,13 @@ def test_a_model_prices_row_groups_apart_from_the_all_to_all():
     batched, _ = score_plans_devices(priced, [plan, plan], uncertainty=False)
     np.testing.assert_allclose(batched.total_ms[1], with_rows.total_ms, rtol=1e-5)
     # the public jitted API, from one's own JAX code: the same plan cost with the row terms passed in
-    feats, mask, dims, device_mask = plan_arrays(plan, rows_apart=True)
+    arrays = plan_arrays(plan, priced)
     rows = tuple(r[0] for r in fitted_ms(priced, [plan]))
-    cost = plan_costs(priced.fns, priced.params, feats, mask, dims, device_mask, rows_ms=rows)
+    np.testing.assert_allclose(arrays.devices.rows_ms, rows)
+    cost = plan_costs(priced.fns, priced.params, arrays)
     assert float(cost) == pytest.approx(with_rows.total_ms.max(), rel=1e-5)
-    assert float(plan_costs(priced.fns, priced.params, feats, mask, dims, device_mask)) < float(cost)
+    unpriced = arrays._replace(devices=arrays.devices._replace(rows_ms=None))
+    assert float(plan_costs(priced.fns, priced.params, unpriced)) < float(cost)
 
 
 def test_a_group_across_hosts_is_scaled_to_the_links_and_one_within_a_host_is_not():
@@ -186,7 +192,7 @@ def test_column_wise_tables_run_an_all_to_all_of_their_own():
     from neuroshard_jax.kernels.processes import run_comm
     from neuroshard_jax.kernels.worker.comm import all_to_alls
 
-    task = dataclasses.replace(_task(), mem_cap_gb=1.0)
+    task = dataclasses.replace(_task(), devices=[Device(1.0)] * 4)
     whole = tuple(Shard(t, 0, task.tables[t].dim, t % 4) for t in range(task.num_tables))
     cut = tuple(s for s in whole if s.table != 1) + (Shard(1, 0, 8, 0), Shard(1, 8, 8, 3))
     plain, split = Plan(task, whole).validate(), Plan(task, cut).validate()

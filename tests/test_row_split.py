@@ -11,7 +11,7 @@ from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import FEATURE_INDEX
 from neuroshard_jax.core.sharding import Shard, row_blocks, row_shards, shard_features, tiling_error
 from neuroshard_jax.core.types import Device, Plan, RowBlockStats, Table, Task
-from neuroshard_jax.costs.registry import make_cost_model
+from neuroshard_jax.costs.registry import CostModelSpec, make_cost_model
 from neuroshard_jax.costs.scoring import plan_arrays, score_plan
 from neuroshard_jax.kernels.processes import ComputeWorker
 from neuroshard_jax.measure.plans import EvaluateConfig, device_tables, measure_plans
@@ -19,6 +19,7 @@ from neuroshard_jax.search.pipeline import search_plan, search_with_rows
 from neuroshard_jax.search.row_split import hot_tables, oversized, row_split_choices
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool, pool_streams
 from neuroshard_jax.workloads.streams import TableSpec, restrict_rows, spec_stream
+from searchers import make_searcher
 
 POOL = PoolSpec(num_tables=120)
 
@@ -86,22 +87,22 @@ def _big_task(num_devices=4):
         Table(1, 10_000, 64, 12.0, (0.4, 0.3, 0.3) + (0.0,) * 14, name="wide"),
         *(Table(2 + i, 3000 + 500 * i, 16, 2.0 + i, (1.0,) + (0.0,) * 16) for i in range(6)),
     ]
-    return Task(num_devices, 2 / 1024, 512, tuple(tables))
+    return Task.uniform(num_devices, 2 / 1024, 512, tuple(tables))
 
 
 @pytest.mark.parametrize("searcher", ["beam", "grid", "size_lookup_greedy", "random"])
 def test_searchers_cut_a_table_larger_than_every_device_into_rows(searcher):
     task = _big_task()
     assert oversized(task) == ([0], [1])
-    plan = search_plan(task, searcher, "analytic", 0).validate()
+    plan = search_plan(task, make_searcher(searcher), CostModelSpec("analytic"), 0).validate()
     huge = plan.shards_of(0)
     assert [(s.device, s.row_offset, s.num_rows) for s in huge] == [(d, 50_000 * d, 50_000) for d in range(4)]
     assert np.all(plan.mem_bytes() <= task.cap_bytes())
     # table 1 is tried both ways and the plan the search's model scores cheaper is kept
     rest = dataclasses.replace(task, tables=task.tables[1:])
-    auto = search_plan(rest, searcher, "analytic", 0)
+    auto = search_plan(rest, make_searcher(searcher), CostModelSpec("analytic"), 0)
     try:
-        off = search_plan(rest, searcher, "analytic", 0, row_split="off")
+        off = search_plan(rest, make_searcher(searcher), CostModelSpec("analytic"), 0, row_split="off")
     except InfeasibleError:  # a searcher of whole tables (grid, the greedy baselines): table 1 fits only as rows
         assert len(auto.shards_of(0)) == 4 and not auto.shards_of(0)[0].whole_rows(10_000)
     else:
@@ -125,22 +126,27 @@ def test_choices_add_large_then_hot_tables_to_those_only_rows_fit():
 def test_row_split_off_or_a_constraint_refuses_what_only_rows_fit():
     task = _big_task()
     with pytest.raises(InfeasibleError, match="table 0 .* narrowest column slices; expected row_split=fit"):
-        search_plan(task, "beam", "analytic", 0, row_split="off")
+        search_plan(task, make_searcher("beam"), CostModelSpec("analytic"), 0, row_split="off")
     for constraint, message in (({"pin": 1}, r"pinned to device 1 \(huge\)"), ({"exclude": (0,)}, "rule out the row")):
         constrained = dataclasses.replace(task.tables[0], **constraint)
         with pytest.raises(InfeasibleError, match=message):
-            search_plan(dataclasses.replace(task, tables=(constrained, *task.tables[1:])), "size_greedy", "analytic", 0)
+            search_plan(
+                dataclasses.replace(task, tables=(constrained, *task.tables[1:])),
+                make_searcher("size_greedy"),
+                CostModelSpec("analytic"),
+                0,
+            )
     with pytest.raises(UserError, match="row_split: got 'rows', expected one of fit, hot, off"):
-        search_plan(task, "beam", "analytic", 0, row_split="rows")
-    tiny = dataclasses.replace(task, num_devices=2, mem_cap_gb=1 / 1024)  # 1.6 MB blocks on 1 MiB devices
+        search_plan(task, make_searcher("beam"), CostModelSpec("analytic"), 0, row_split="rows")
+    tiny = dataclasses.replace(task, devices=[Device(1 / 1024)] * 2)  # 1.6 MB blocks on 1 MiB devices
     with pytest.raises(InfeasibleError, match="table 0 needs .* no split fits .column slices, or row blocks"):
-        search_plan(tiny, "beam", "analytic", 0)
+        search_plan(tiny, make_searcher("beam"), CostModelSpec("analytic"), 0)
 
 
 def test_a_row_split_plan_is_measured_block_by_block():
     """A task without a pool: each device measures its row block of the spec's stream, restricted to its rows; the
     comm benchmark reduce-scatters the row-split table's partial sums over the devices holding its blocks."""
-    plan = search_plan(_big_task(), "size_lookup_greedy", "analytic", 0)
+    plan = search_plan(_big_task(), make_searcher("size_lookup_greedy"), CostModelSpec("analytic"), 0)
     layout = comm_layout(plan)
     # the huge table (dim 4) has a block on every device; row-split tables over one set of devices are fused
     assert [d for _, d in layout["row_groups"]] == [[0, 1, 2, 3]] and layout["row_groups"][0][0] >= 4
@@ -168,7 +174,7 @@ def test_the_comm_benchmark_reduce_scatters_row_groups_on_gloo():
 
 def test_a_forced_row_split_cuts_exactly_those_tables_and_is_scored():
     task = _big_task()
-    plan = search_with_rows(task, "size_lookup_greedy", "analytic", 0, (0, 1))
+    plan = search_with_rows(task, make_searcher("size_lookup_greedy"), CostModelSpec("analytic"), 0, (0, 1))
     cut = {s.table for s in plan.shards if not s.whole_rows(task.tables[s.table].rows)}
     assert cut == {0, 1} and plan.costs is not None and plan.validate() is plan
 
@@ -181,10 +187,10 @@ def test_measured_block_statistics_price_and_measure_each_block_as_its_own():
     cold = (1.0,) + (0.0,) * 16
     blocks = RowBlockStats(2, (9.0, 1.0), (hot, cold))
     table = Table(0, 100_000, 16, 10.0, (0.5,) + (0.0,) * 9 + (0.5,) + (0.0,) * 6, row_blocks=(blocks,))
-    task = Task(2, 1.0, 512, (table, Table(1, 1000, 16, 1.0, cold)))
+    task = Task.uniform(2, 1.0, 512, (table, Table(1, 1000, 16, 1.0, cold)))
     assert Task.from_json(task.to_json()) == task
     plan = Plan(task, (*row_shards(0, 100_000, 16, [0, 1]), Shard(1, 0, 16, 1))).validate()
-    feats = plan_arrays(plan)[0]
+    feats = plan_arrays(plan).feats
     (start, rows), (start1, rows1) = row_blocks(100_000, 2)
     np.testing.assert_allclose(feats[0, 0], shard_features(task.features()[0], 16, rows, (9.0, hot)))
     np.testing.assert_allclose(feats[1, 0], shard_features(task.features()[0], 16, rows1, (1.0, cold)))
@@ -196,14 +202,14 @@ def test_measured_block_statistics_price_and_measure_each_block_as_its_own():
         compute[0] > shared[0] and compute[1] < shared[1]
     )  # the hot block dearer than its rows' share, the cold cheaper
     specs = device_tables(task, plan.device_shards(1))
-    assert specs[0] == {"rows": rows1, "pooling_factor": 1.0, "bins": list(cold), "dim": 16, "seed": 0}
+    assert specs[0].to_json() == {"rows": rows1, "pooling_factor": 1.0, "bins": list(cold), "dim": 16, "seed": 0}
     four = Plan(
         task,
         (*row_shards(0, 100_000, 8, [0, 1, 0, 1], 0), *row_shards(0, 100_000, 8, [1, 0, 1, 0], 8), Shard(1, 0, 16, 0)),
     ).validate()
-    quarter = plan_arrays(four)[0][0, 0]  # four blocks: no statistics for that count, the table's share of lookups
+    quarter = plan_arrays(four).feats[0, 0]  # four blocks: no statistics for that count, the table's share of lookups
     assert quarter[FEATURE_INDEX["pooling_factor"]] == pytest.approx(10.0 * row_blocks(100_000, 4)[0][1] / 100_000)
-    assert "row_offset" in device_tables(task, four.device_shards(0))[0]
+    assert device_tables(task, four.device_shards(0))[0].row_offset is not None
 
 
 @pytest.mark.parametrize("speeds", [(1.0, 1.0, 1.0, 1.0), (2.0, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 2.0)])
@@ -216,11 +222,13 @@ def test_the_searcher_plans_around_a_hot_row_block_it_knows_of(speeds):
     big = Table(0, 400_000, 32, 40.0, (0.5,) + (0.0,) * 9 + (0.5,) + (0.0,) * 6, row_blocks=(stats,))
     small = [Table(1 + i, 20_000 + 3000 * i, 32, 3.0 + i, cold) for i in range(12)]
     devices = [Device(1.0, speed) for speed in speeds]  # a faster device, holding the hot block or not
-    task = Task.on_devices(devices, 4096, (big, *small))
-    blind = Task.on_devices(devices, 4096, (dataclasses.replace(big, row_blocks=()), *small))
+    task = Task(devices, 4096, (big, *small))
+    blind = Task(devices, 4096, (dataclasses.replace(big, row_blocks=()), *small))
     model = make_cost_model("analytic", task)
-    knowing = search_with_rows(task, "size_lookup_greedy", "analytic", 0, (0,))
-    unknowing = Plan(task, search_with_rows(blind, "size_lookup_greedy", "analytic", 0, (0,)).shards).validate()
+    knowing = search_with_rows(task, make_searcher("size_lookup_greedy"), CostModelSpec("analytic"), 0, (0,))
+    unknowing = Plan(
+        task, search_with_rows(blind, make_searcher("size_lookup_greedy"), CostModelSpec("analytic"), 0, (0,)).shards
+    ).validate()
     ours, theirs = score_plan(model, knowing).compute_ms, score_plan(model, unknowing).compute_ms
     assert ours.max() < 0.98 * theirs.max()
     assert len(knowing.device_shards(0)) <= len(unknowing.device_shards(0))  # no more of the rest beside the hot block

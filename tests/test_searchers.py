@@ -68,7 +68,7 @@ def check_valid_plans(name, tables, num_devices, fill, seed, devices, heterogene
     task = make_task(task_tables, num_devices=num_devices, mem_cap_gb=mem_cap_gb)
     if heterogeneous:
         specs = [Device(mem_cap_gb * scale, speed) for scale, speed in devices[:num_devices]]
-        task = Task.on_devices(specs, task.batch_size, task.tables)
+        task = Task(specs, task.batch_size, task.tables)
     searcher = make_searcher(name, OPTIONS.get(name))
     try:
         plan = searcher.search(task, analytic_model(task), seed)

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import numpy as np
@@ -6,7 +7,6 @@ import pytest
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import write_json
-from neuroshard_jax.core.types import Task
 from neuroshard_jax.workloads.tasks import TaskConfig, check_feasible, generate_task, load_task, split_table_ids
 
 from .conftest import make_table, make_task
@@ -20,7 +20,7 @@ def test_neuroshard_style_tasks(small_pool, seed):
     assert 10 <= len(ids) <= 59 and len(set(ids)) == len(ids)  # drawn without replacement
     assert all(t.dim in (4, 8, 16, 32, 64, 128) for t in task.tables)
     sizes = [task.table_mem_bytes(i) for i in range(task.num_tables)]
-    assert max(sizes) <= task.mem_cap_bytes and sum(sizes) <= 0.9 * 4 * task.mem_cap_bytes
+    assert max(sizes) <= task.largest_cap_bytes and sum(sizes) <= 0.9 * 4 * task.largest_cap_bytes
     for t in task.tables:  # features come from the pool
         assert t.rows == small_pool.rows[t.id] and t.pooling_factor == small_pool.pooling_factor[t.id]
 
@@ -100,6 +100,6 @@ def test_infeasible_tasks():
 
 def test_precision_changes_memory():
     t32 = make_task([make_table(0, rows=1000, dim=16)])
-    t16 = Task(t32.num_devices, t32.mem_cap_gb, t32.batch_size, t32.tables, "fp16")
+    t16 = dataclasses.replace(t32, precision="fp16")
     assert t32.table_mem_bytes(0) == 2 * t16.table_mem_bytes(0) == 64000
-    assert np.isclose(t32.mem_cap_bytes, GIB_BYTES)
+    assert np.isclose(t32.largest_cap_bytes, GIB_BYTES)

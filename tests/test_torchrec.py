@@ -28,7 +28,7 @@ def test_torchrec_planner_gives_a_valid_plan_of_ours():
         dataclasses.replace(tables[-1], max_shards=2)
     ]
     # and devices of unequal memory (TorchRec's per-device hbm caps): the small device 1 takes only what fits
-    constrained = Task.on_devices([Device(0.5), Device(0.01)], task.batch_size, kept)
+    constrained = Task([Device(0.5), Device(0.01)], task.batch_size, kept)
     plan = make_searcher("torchrec").search(constrained, analytic_model(constrained), 0).validate()
     assert violations(constrained.tables, plan.shards, constrained.table_names()) == []
     assert 0 < plan.mem_bytes()[1] <= constrained.cap_bytes()[1]

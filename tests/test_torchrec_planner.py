@@ -1,6 +1,7 @@
 """The TorchRec adapter: an EmbeddingBagCollection and batches in, a ShardingPlan out (torch in this process)."""
 
 import dataclasses
+import logging
 import os
 import subprocess
 import sys
@@ -91,16 +92,18 @@ def test_a_module_gets_a_sharding_plan_equal_to_ours():
     assert set(again) == {"users/t0", "t1", "items/t0"}
 
 
-def test_a_batch_size_outside_the_model_falls_back_with_a_warning(capsys):
+def test_a_batch_size_outside_the_model_falls_back_with_a_warning(caplog):
+    caplog.set_level(logging.INFO, logger="neuroshard_jax.torchrec.planner")  # the plan, which warns, at INFO
     model = EmbeddingBagCollection(
         tables=[EmbeddingBagConfig(name="a", embedding_dim=16, num_embeddings=1000, feature_names=["a"])],
         device=torch.device("meta"),
     )
     planner = NeuroShardPlanner(world_size=2, mem_cap_gb=1.0, batch_size=32, pooling_factors={"a": 3.0})
     planner.plan(model)
-    err = capsys.readouterr().err
-    assert "task.batch_size: got 64" in err and "planning with cost_model=analytic instead" in err
-    assert "warning: 1 of 1 tables have estimated access statistics" in err
+    ours = [r for r in caplog.records if r.name == "neuroshard_jax.torchrec.planner"]
+    [warning] = [r.getMessage() for r in ours if r.levelno == logging.WARNING]
+    assert "task.batch_size: got 64" in warning and "planning with cost_model=analytic instead" in warning
+    assert "warning: 1 of 1 tables have estimated access statistics" in caplog.text
     assert planner.last_plan.costs.cost_model == "analytic" and planner.last_plan.task.tables[0].pooling_factor == 3.0
 
 
@@ -138,7 +141,8 @@ def test_the_dlrm_example_trains_with_both_planners(tmp_path):
     assert all("quartiles" in line and "tables: " in line for line in lines), done.stdout
 
 
-def test_readme_torchrec_example_runs(capsys):
+def test_readme_torchrec_example_runs(capsys, caplog):
+    caplog.set_level(logging.NOTSET, logger="neuroshard_jax")  # its level as it was, after the example sets it
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("## From a TorchRec model") :]
     start = section.index("```python\n") + len("```python\n")
@@ -146,7 +150,7 @@ def test_readme_torchrec_example_runs(capsys):
     exec(compile(code, "README.md (From a TorchRec model)", "exec"), {})
     out = capsys.readouterr()
     assert "column_wise" in out.out or "table_wise" in out.out
-    assert "predicted cost" in out.err and "estimated" not in out.err
+    assert "predicted cost" in caplog.text and "estimated" not in caplog.text
 
 
 def test_statistics_by_feature_name_are_used_and_unknown_names_refused():

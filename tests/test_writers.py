@@ -19,17 +19,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from neuroshard_jax.core import files
+from neuroshard_jax.core import cli, folders
 from neuroshard_jax.core.cli import one_line_errors
 from neuroshard_jax.core.constants import SHIPPED_MODEL_NAME
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import JsonlLog, one_writer, read_records, replace_dir, write_json, write_manifest
+from neuroshard_jax.core.files import JsonlLog, read_records, write_json
+from neuroshard_jax.core.folders import one_writer, replace_dir
+from neuroshard_jax.core.manifests import write_manifest
 from neuroshard_jax.costs.checkpoints import load_ensemble, save_ensemble
 from neuroshard_jax.costs.registry import checkpoint_path
 from neuroshard_jax.kernels.executors import ExecutorConfig, connect
 from neuroshard_jax.learn.adapt import adapt
 from neuroshard_jax.learn.collect import collect
-from neuroshard_jax.learn.fit import compute_batches, split_indices
+from neuroshard_jax.learn.datasets import compute_batches, split_indices
 from tests.conftest import REPO
 from tests.test_adapt import small_config
 from tests.test_profiling import _collect_config
@@ -47,7 +49,7 @@ COLLECT_ARGS = [
 
 
 def _paused(cmd: list[str], where: str, pause_file: Path) -> subprocess.Popen:
-    """``cmd`` started and stopped at the pause point ``where`` (``files.pause_point``)."""
+    """``cmd`` started and stopped at the pause point ``where`` (``folders.pause_point``)."""
     env = {**os.environ, "NEUROSHARD_PAUSE_AT": where, "NEUROSHARD_PAUSE_FILE": str(pause_file)}
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
@@ -104,7 +106,7 @@ def test_a_second_collect_into_a_dataset_being_written_is_refused_and_nothing_is
 
 HOLD = (
     "import sys, time\n"
-    "from neuroshard_jax.core.files import one_writer\n"
+    "from neuroshard_jax.core.folders import one_writer\n"
     "with one_writer(sys.argv[1]):\n"
     "    print('held', flush=True)\n"
     "    time.sleep(600)\n"
@@ -121,7 +123,7 @@ def _held_by_another(folder: Path) -> subprocess.Popen:
 def test_one_writer_nests_in_one_process_and_frees_the_folder_for_others_after(tmp_path):
     folder = tmp_path / "nested"
     with one_writer(folder), one_writer(folder / "."):  # collect inside adapt, the same folder
-        assert f"pid {os.getpid()}" in (folder / files.WRITER_FILE).read_text()
+        assert f"pid {os.getpid()}" in (folder / folders.WRITER_FILE).read_text()
     other = _held_by_another(folder)  # taken by another process once this one let go
     try:
         with pytest.raises(UserError, match=rf"is being written by pid {other.pid} on .*python -c"):
@@ -141,10 +143,10 @@ def test_adapt_into_a_folder_being_written_is_refused_before_measuring(tmp_path)
             adapt(small_config(tmp_path))
     finally:
         _kill(other)
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [files.WRITER_FILE]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [folders.WRITER_FILE]
 
 
-def test_training_reads_a_doubled_dataset_as_the_single_one(tmp_path, capsys):
+def test_training_reads_a_doubled_dataset_as_the_single_one(tmp_path, caplog):
     """What ``train`` reads of a dataset whose every record is there twice equals what it reads of the dataset:
     the same arrays, so the seeded split puts each sample in one part."""
 
@@ -155,12 +157,12 @@ def test_training_reads_a_doubled_dataset_as_the_single_one(tmp_path, capsys):
         shutil.copy(shipped / "manifest-compute.json", tmp_path / name)
         (tmp_path / name / "compute.jsonl").write_text("\n".join(lines * copies) + "\n")
     single, doubled = (compute_batches(tmp_path / name) for name in ("single", "doubled"))
-    assert "left out 40 records whose id an earlier line has" in capsys.readouterr().err
+    assert "left out 40 records whose id an earlier line has" in caplog.text
     for a, b in zip(single[:4], doubled[:4]):
         np.testing.assert_array_equal(a, b)
 
 
-def test_readers_drop_repeated_ids_with_a_warning_and_training_splits_by_sample(tmp_path, capsys):
+def test_readers_drop_repeated_ids_with_a_warning_and_training_splits_by_sample(tmp_path, caplog):
     """A dataset that two writers of an older version doubled: each sample is read once (the first line of its
     id), so no sample is in two of the train / validation / test splits."""
 
@@ -168,7 +170,8 @@ def test_readers_drop_repeated_ids_with_a_warning_and_training_splits_by_sample(
     (tmp_path / "compute.jsonl").write_text("\n".join(lines) + "\n")
     records = read_records(tmp_path / "compute.jsonl")
     assert [r["id"] for r in records] == list(range(20)) and [r["ms"] for r in records] == [float(i) for i in range(20)]
-    assert "left out 20 records whose id an earlier line has" in capsys.readouterr().err
+    assert [(r.levelname, r.name) for r in caplog.records] == [("WARNING", "neuroshard_jax.core.files")]
+    assert "left out 20 records whose id an earlier line has" in caplog.text
     parts = [{records[i]["id"] for i in part} for part in split_indices(len(records), (0.8, 0.1, 0.1), 0)]
     assert sum(len(p) for p in parts) == 20 and not (parts[0] & parts[1] or parts[0] & parts[2] or parts[1] & parts[2])
 
@@ -218,7 +221,7 @@ def test_a_kill_9_between_the_fallback_renames_is_mended_on_load(tmp_path, shipp
 
     target = tmp_path / "model"
     _saved_old(shipped, target)
-    no_exchange = "import neuroshard_jax.core.files as f\nf._exchange = lambda a, b: False\n" + SAVE
+    no_exchange = "import neuroshard_jax.core.folders as f\nf._exchange = lambda a, b: False\n" + SAVE
     _kill(_paused([sys.executable, "-c", no_exchange, shipped, str(target)], "replace_dir:moved_old", tmp_path / "p"))
     assert not target.exists() and (tmp_path / ".model.old").is_dir()
     assert load_ensemble(checkpoint_path(str(target)))[3]["name"] == "old"
@@ -416,9 +419,10 @@ def socket_listening():
         server.close()
 
 
-def test_an_os_refusal_anywhere_in_a_command_is_one_line(capsys):
+def test_an_os_refusal_anywhere_in_a_command_is_one_line(capsys, monkeypatch):
     """What no writer above converts (a report written with ``write_text``, a folder made on a full disk) still
     ends a command in one line: every Hydra main is wrapped by ``one_line_errors``."""
+    monkeypatch.setattr(cli, "setup_logging", lambda: None)  # a command's logging would outlive the test (caplog)
 
     @one_line_errors
     def main(cfg):

@@ -22,7 +22,9 @@ import time
 from pathlib import Path
 
 from neuroshard_jax.core.constants import MIN_CPU_SHARE
-from neuroshard_jax.core.files import hardware, read_records, resolve_dataset, write_json
+from neuroshard_jax.core.files import read_records, write_json
+from neuroshard_jax.core.hardware import hardware
+from neuroshard_jax.core.paths import resolve_dataset
 from neuroshard_jax.costs.registry import checkpoint_path
 from neuroshard_jax.learn.adapt import heldout_scores, median_factor, subset
 

@@ -27,13 +27,16 @@ import numpy as np
 
 from neuroshard_jax.core.cli import fail
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import hardware, write_json
+from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.costs.registry import CostModelSpec
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.measure.plans import EvaluateConfig, measure_plans
 from neuroshard_jax.search.pipeline import search_with_rows
 from neuroshard_jax.workloads.statistics import StatsAccumulator
 from neuroshard_jax.workloads.streams import zipf_ids
+from searchers import make_searcher
 
 OUT = Path(__file__).resolve().parents[1] / "outputs" / "bench" / "row_blocks"
 BATCH = 4096
@@ -76,8 +79,8 @@ def run(args) -> dict:
     for seed in range(args.tasks):
         task = make_task(seed, args.devices)
         split = tuple(range(len(BIG)))
-        knowing = search_with_rows(task, args.searcher, args.model, 0, split)
-        unknowing = search_with_rows(blind(task), args.searcher, args.model, 0, split)
+        knowing = search_with_rows(task, make_searcher(args.searcher), CostModelSpec(args.model), 0, split)
+        unknowing = search_with_rows(blind(task), make_searcher(args.searcher), CostModelSpec(args.model), 0, split)
         plans = {"knowing": knowing, "blind": Plan(task, unknowing.shards)}  # both measured as they run
         predicted = {"knowing": knowing.costs.compute_ms, "blind": unknowing.costs.compute_ms}
         runs = {name: [] for name in plans}

@@ -23,7 +23,8 @@ import dataclasses
 import time
 from pathlib import Path
 
-from neuroshard_jax.core.files import hardware, write_json
+from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
 from neuroshard_jax.kernels.processes import compute_request
 from neuroshard_jax.workloads.pool import PoolSpec, pool_streams

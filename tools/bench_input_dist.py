@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import hardware, write_json
+from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.types import Plan
 from neuroshard_jax.costs.registry import make_cost_model
 from neuroshard_jax.costs.scoring import score_plan

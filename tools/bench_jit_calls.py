@@ -16,10 +16,12 @@ import time
 import jax
 
 import searchers.neuroshard as neuroshard
-from neuroshard_jax.core.files import hardware
+from neuroshard_jax.core.hardware import hardware
+from neuroshard_jax.costs.registry import CostModelSpec
 from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool
 from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
+from searchers import make_searcher
 
 
 def counted(calls: list[dict]) -> None:
@@ -54,7 +56,7 @@ def main() -> None:
         for state in ("cold", "warm"):  # the first run compiles
             calls.clear()
             started = time.perf_counter()
-            search_plan(task, searcher, "neural", 0)
+            search_plan(task, make_searcher(searcher), CostModelSpec("neural"), 0)
             grid = [c for c in calls if c["fn"] == "grid_search"]
             rows.append(
                 {

@@ -38,13 +38,14 @@ from pathlib import Path
 import numpy as np
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import JsonlLog, hardware, read_jsonl, read_records, write_json
+from neuroshard_jax.core.files import JsonlLog, read_jsonl, read_records, write_json
+from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.types import Plan, Shard, Task
 from neuroshard_jax.costs.cost_model import DeviceCosts
-from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model
+from neuroshard_jax.costs.registry import expected_cost_model
 from neuroshard_jax.costs.scoring import score_plans_devices
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
-from neuroshard_jax.learn.fit import noise_floor, ranking_tau
+from neuroshard_jax.learn.metrics import noise_floor, ranking_tau
 from neuroshard_jax.learn.plan_labels import (
     PlanLabelConfig,
     device_errors,
@@ -116,8 +117,7 @@ def polished(
     """The searched plans of ``searchers`` polished on the kernels (``config``: ``measure`` uses
     ``polish=measured``'s defaults), ranked with ``model``, as plan entries named ``SEARCHER+polish`` with the
     polishing record (every step tried, the drift its anchor saw)."""
-    name, options = PlanLabelConfig(model=model).cost_model()
-    scorer = make_cost_model(name, task, options)
+    scorer = PlanLabelConfig(model=model).cost_model().for_task(task)
     out = []
     for searcher in searchers:
         entry = next((e for e in entries if e["searcher"] == searcher and e["variant"] == "searched"), None)
@@ -128,10 +128,11 @@ def polished(
         record = done.polish
         c = done.costs
         costs = DeviceCosts(*(np.asarray(x) for x in (c.compute_ms, c.fwd_comm_ms, c.bwd_comm_ms, c.total_ms)))
-        out.append(plan_entry(searcher + POLISHED, searcher + POLISHED, "searched", done, costs) | {"polish": record})
+        row = plan_entry(searcher + POLISHED, searcher + POLISHED, "searched", done, costs)
+        out.append(row | {"polish": record.to_json()})  # JSON: the entries are the benchmark's JSONL rows
         print(
-            f"  {searcher}{POLISHED}: {record['changes_kept']} changes kept, {record['measurements']} measurements, "
-            f"{record['time_s']:.0f} s, measured compute {record['compute_improvement']:+.1%}",
+            f"  {searcher}{POLISHED}: {record.changes_kept} changes kept, {record.measurements} measurements, "
+            f"{record.time_s:.0f} s, measured compute {record.compute_improvement:+.1%}",
             flush=True,
         )
     return out
@@ -186,10 +187,10 @@ def task_speeds(records: list[dict]) -> dict[str, float]:
 
 def predictions(model: str, parsed: list[tuple[Task, list[Plan]]]) -> list[np.ndarray]:
     """The model's expected compute ms [plan, device] of every task's plans (``row_plans`` of each row)."""
-    name, options = PlanLabelConfig(model=model).cost_model()
+    spec = PlanLabelConfig(model=model).cost_model()
     out = []
     for task, plans in parsed:
-        scored = expected_cost_model(make_cost_model(name, task, options))
+        scored = expected_cost_model(spec.for_task(task))
         out.append(np.asarray(score_plans_devices(scored, plans)[0].compute_ms))
     return out
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from neuroshard_jax.core.cli import fail
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import JsonlLog, hardware, read_jsonl, write_json
+from neuroshard_jax.core.files import JsonlLog, read_jsonl, write_json
+from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.learn.plan_labels import row_plans
 from neuroshard_jax.measure.polish import PolishConfig
 from tools.bench_plan_accuracy import S14_PLANS, polished

@@ -17,7 +17,8 @@ import statistics
 import time
 from pathlib import Path
 
-from neuroshard_jax.core.files import hardware, write_json
+from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
 
 OUT = Path(__file__).resolve().parents[1] / "outputs" / "bench" / "row_comm"

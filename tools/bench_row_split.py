@@ -25,14 +25,16 @@ from pathlib import Path
 import numpy as np
 
 from neuroshard_jax.core.errors import InfeasibleError, UserError
-from neuroshard_jax.core.files import hardware, write_json
-from neuroshard_jax.costs.registry import make_cost_model
+from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.hardware import hardware
+from neuroshard_jax.costs.registry import CostModelSpec, make_cost_model
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.measure.plans import EvaluateConfig, measured_steps
 from neuroshard_jax.search.pipeline import search_plan, search_with_rows, whole_table_ms
 from neuroshard_jax.search.row_split import hot_tables
 from neuroshard_jax.workloads.pool import load_pool
 from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
+from searchers import make_searcher
 
 OUT = Path(__file__).resolve().parents[1] / "outputs" / "bench" / "row_split"
 
@@ -72,14 +74,14 @@ def run(args) -> None:
             if not hot_tables(whole_table_ms(model, task), n):
                 continue
             hot_count += 1
-            chosen = search_plan(task, args.searcher, args.model, 0, row_split="hot")
+            chosen = search_plan(task, make_searcher(args.searcher), CostModelSpec(args.model), 0, row_split="hot")
             hot = tuple(hot_tables(whole_table_ms(model, task), n))
             try:
-                cut = search_with_rows(task, args.searcher, args.model, 0, hot)
+                cut = search_with_rows(task, make_searcher(args.searcher), CostModelSpec(args.model), 0, hot)
             except InfeasibleError:  # the blocks leave no room for the rest
                 continue
             if set(chosen.shards) == set(cut.shards):  # the model chose the cut itself: compare with the plain plan
-                chosen = search_plan(task, args.searcher, args.model, 0, row_split="fit")
+                chosen = search_plan(task, make_searcher(args.searcher), CostModelSpec(args.model), 0, row_split="fit")
             pairs.append({"devices": n, "seed": seed, "hot": list(hot), "plans": {"fit": chosen, "hot": cut}})
             found += 1
             print(

@@ -38,7 +38,8 @@ import numpy as np
 
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import bin_shares, count_histogram
-from neuroshard_jax.core.files import hardware, read_json, write_json
+from neuroshard_jax.core.files import read_json, write_json
+from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.types import Task
 
 OUT = Path(__file__).resolve().parents[1] / "outputs" / "bench" / "scale"
@@ -83,7 +84,7 @@ def make_task_file(args) -> dict:
     task = scale_task(args.tables, args.devices, args.cap_gib, args.seed, {**links, "devices_per_host": args.per_host})
     path = write_json(task.to_json(), task_path(args.tables, args.devices))
     total = sum(task.table_mem_bytes(i) for i in range(task.num_tables)) / 2**30
-    over = sum(task.table_mem_bytes(i) > task.mem_cap_bytes for i in range(task.num_tables))
+    over = sum(task.table_mem_bytes(i) > task.largest_cap_bytes for i in range(task.num_tables))
     return {
         "task": str(path.relative_to(OUT.parents[1])),
         "tables": task.num_tables,
@@ -99,7 +100,9 @@ def make_task_file(args) -> dict:
 
 def plan_one(args) -> dict:
     """In its own process: load the task, search, report wall time, peak RSS and the predicted plan cost."""
+    from neuroshard_jax.costs.registry import CostModelSpec
     from neuroshard_jax.search.pipeline import search_plan
+    from searchers import make_searcher
 
     task = Task.from_json(read_json(task_path(args.tables, args.devices), "scale task"), where="scale task")
     start = time.perf_counter()
@@ -113,7 +116,7 @@ def plan_one(args) -> dict:
     if budget:
         options = {"budget_s": float(budget)}
     try:
-        plan = search_plan(task, name, args.cost_model, 0, options)
+        plan = search_plan(task, make_searcher(name, options), CostModelSpec(args.cost_model), 0)
     except (UserError, InfeasibleError) as err:
         return {"searcher": args.searcher, "error": str(err), "wall_s": round(time.perf_counter() - start, 1)}
     wall_s = time.perf_counter() - start
@@ -165,8 +168,10 @@ def run_each(args, searchers: list[str]) -> list[dict]:
 
 def dmp(args) -> dict:
     """Plan, export and run in DistributedModelParallel a task with tables of 4x and 2x a device's cap."""
+    from neuroshard_jax.costs.registry import CostModelSpec
     from neuroshard_jax.measure.plans import EvaluateConfig, measure_plans
     from neuroshard_jax.search.pipeline import search_plan
+    from searchers import make_searcher
 
     rng = np.random.default_rng([args.seed, 4242])
     cap_rows = int(args.cap_gib * 2**30 / (128 * 4))  # rows of a dim-128 fp32 table that fill a device
@@ -180,7 +185,7 @@ def dmp(args) -> dict:
         {"num_devices": args.devices, "mem_cap_gb": args.cap_gib, "batch_size": BATCH_SIZE, "tables": tables},
         where="dmp task",
     )
-    plan = search_plan(task, "beam", args.cost_model, 0)
+    plan = search_plan(task, make_searcher("beam"), CostModelSpec(args.cost_model), 0)
     rows = task.table_rows()
     path = write_json(plan.to_json(), OUT / "dmp-plan.json")
     cmd = [sys.executable, "-m", "neuroshard_jax.export", f"plan={path}", "device=cpu", "check=true"]

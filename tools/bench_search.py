@@ -99,7 +99,7 @@ def explain(args) -> dict:
     row = {
         "tables": 856,
         "devices": n,
-        "split_tables": len(expl["splits"]),
+        "split_tables": len(expl.splits),
         "first_s": round(first_s, 2),
         "second_s": round(second_s, 2),
     }

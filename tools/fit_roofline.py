@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import nnls
 
-from neuroshard_jax.learn.fit import compute_batches, roofline_design
+from neuroshard_jax.learn.datasets import compute_batches
+from neuroshard_jax.learn.ensemble_fit import roofline_design
 
 COLUMNS = ("table", "lookup", "gather", "update", "output", "kernel", "lookups x shards")
 

@@ -50,13 +50,14 @@ import numpy as np
 from neuroshard_jax.core.constants import MIN_CPU_SHARE
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import bin_shares, count_histogram
-from neuroshard_jax.core.files import JsonlLog, hardware, hardware_kind, write_json
+from neuroshard_jax.core.files import JsonlLog, write_json
+from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.core.sharding import merge_colocated
 from neuroshard_jax.core.types import Plan, Task
-from neuroshard_jax.costs.registry import checkpoint_path, expected_cost_model, make_cost_model
+from neuroshard_jax.costs.registry import CostModelSpec, checkpoint_path, expected_cost_model, make_cost_model
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import ExecutorConfig, map_requests, open_executor
-from neuroshard_jax.learn.fit import noise_floor, ranking_tau
+from neuroshard_jax.learn.metrics import noise_floor, ranking_tau
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrate, predicted_compute_ms, sample_devices, whole
 from neuroshard_jax.measure.plans import EvaluateConfig, device_key, device_request, device_tables, plan_kernels
 from neuroshard_jax.measure.polish import POLISHED, PolishConfig, polish_plan
@@ -251,7 +252,7 @@ def plan_all(out: Path, model: str, model_options: dict, searchers: list[str], o
     tasks = benchmark_tasks(out / TASKS_FILE)
     # a bad model is one error now, not an error row per task (model-free searchers do not need it)
     if any(s.endswith(POLISHED) or s not in MODEL_FREE for s in searchers):
-        make_cost_model(model, tasks[0][2], model_options)
+        CostModelSpec(model, model_options)
     for task_id, family, task in tasks:
         if task_id not in only:
             continue
@@ -264,10 +265,10 @@ def plan_all(out: Path, model: str, model_options: dict, searchers: list[str], o
                 continue
             row = {"id": key, "task": task_id, "family": family, "searcher": searcher, "model": label}
             try:
-                plan = search_plan(task, base, model, 0, options, model_options)
+                plan = search_plan(task, make_searcher(base, options), CostModelSpec(model, model_options), 0)
                 if polish:  # measured polishing on the real kernels, ranked with the model under test
                     plan = polish_plan(plan, make_cost_model(model, task, model_options), POLISH, 0)
-                    row.update(polish={k: v for k, v in plan.polish.items() if k != "steps"})
+                    row.update(polish={k: v for k, v in plan.polish.to_json().items() if k != "steps"})
                 row.update(plan=plan.to_json(), search_time_s=plan.search_time_s)
             except InfeasibleError as err:
                 row.update(infeasible=str(err))
@@ -306,8 +307,8 @@ def calibrate_all(out: Path, model: str, model_options: dict, config: CalibrateC
             row_id = f"{task_id}|{label}"
             if task_id in only and row_id not in log.ids:
                 record = calibrate(task, make_cost_model(model, task, model_options), config, BASE_SEED, pool)
-                log.append({"id": row_id, "task": task_id, "model": label, "session": session, **record})
-                print(f"{task_id}: x{record['factor']:.3f} ({record['seconds']:.0f} s)", flush=True)
+                log.append({"id": row_id, "task": task_id, "model": label, "session": session, **record.to_json()})
+                print(f"{task_id}: x{record.factor:.3f} ({record.seconds:.0f} s)", flush=True)
 
 
 def measurements_file(out: Path, session: str | None) -> Path:
@@ -559,9 +560,41 @@ def report(
     }
     subset = f"-{len(tasks)}tasks" if len(tasks) < 2 * TASKS_PER_SIZE else ""
     name = f"report-{label.replace(':', '_')}{subset}" + (f"-{session}" if session else "")
-    result = {"model": label, "tie": tie, "hardware": kind, "session": session, "tasks": by_task, "summary": summary}
+    written = {
+        k: {**v, "searchers": {s: dataclasses.asdict(st) for s, st in v["searchers"].items()}}
+        if "searchers" in v
+        else v
+        for k, v in summary.items()
+    }  # the stats as JSON only where the report is written
+    result = {"model": label, "tie": tie, "hardware": kind, "session": session, "tasks": by_task, "summary": written}
     write_json(result, out / f"{name}.json")
     return summary
+
+
+@dataclasses.dataclass(frozen=True)
+class SearcherStats:
+    """One searcher's figures on the tasks of one device count (measured compute; None where nothing was measured):
+    its slowest device against TorchRec's (TW+CW and default), against its own mean device and the balance bound;
+    time and measurements; tasks where it was best or tied (within the tie) and no worse than the best greedy
+    baseline; infeasible and failed tasks; the model's device compute error on its plans, as trained and calibrated."""
+
+    slowest_vs_torchrec: float | None
+    slowest_vs_torchrec_default: float | None
+    slowest_over_mean_device: float | None
+    slowest_vs_bound: float | None
+    mean_time_s: float | None
+    mean_measurements: float | None
+    best_or_tied: int
+    no_worse_than_best_greedy: int  # within the tie margin, of greedy_tasks
+    greedy_tasks: int  # measured tasks with a measured greedy baseline
+    infeasible: int
+    failed: int
+    device_mape: float | None
+    devices_off_2x: int
+    devices: int
+    device_signed_error: float | None
+    calibrated_device_mape: float | None
+    calibrated_signed_error: float | None
 
 
 def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
@@ -639,25 +672,25 @@ def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
             "plan_kendall_tau": _mean(taus),
             "plan_kendall_tau_tasks": len(taus),
             "searchers": {
-                s: {
-                    "slowest_vs_torchrec": _mean(v["ratio"]),
-                    "slowest_vs_torchrec_default": _mean(v["ratio_default"]),
-                    "slowest_over_mean_device": _mean(v["max_over_mean"]),
-                    "slowest_vs_bound": _mean(v["bound"]),
-                    "mean_time_s": _mean(v["time"]),
-                    "mean_measurements": _mean(v["measurements"]),
-                    "best_or_tied": v["wins"],
-                    "no_worse_than_best_greedy": v["vs_greedy"],  # within the tie margin, of greedy_tasks
-                    "greedy_tasks": v["greedy_tasks"],  # measured tasks with a measured greedy baseline
-                    "infeasible": v["infeasible"],
-                    "failed": v["failed"],
-                    "device_mape": _mean(v["ape"]),
-                    "devices_off_2x": v["over2x"],
-                    "devices": len(v["ape"]),
-                    "device_signed_error": _mean(v["signed"]),
-                    "calibrated_device_mape": _mean(v["ape_cal"]),
-                    "calibrated_signed_error": _mean(v["signed_cal"]),
-                }
+                s: SearcherStats(
+                    slowest_vs_torchrec=_mean(v["ratio"]),
+                    slowest_vs_torchrec_default=_mean(v["ratio_default"]),
+                    slowest_over_mean_device=_mean(v["max_over_mean"]),
+                    slowest_vs_bound=_mean(v["bound"]),
+                    mean_time_s=_mean(v["time"]),
+                    mean_measurements=_mean(v["measurements"]),
+                    best_or_tied=v["wins"],
+                    no_worse_than_best_greedy=v["vs_greedy"],
+                    greedy_tasks=v["greedy_tasks"],
+                    infeasible=v["infeasible"],
+                    failed=v["failed"],
+                    device_mape=_mean(v["ape"]),
+                    devices_off_2x=v["over2x"],
+                    devices=len(v["ape"]),
+                    device_signed_error=_mean(v["signed"]),
+                    calibrated_device_mape=_mean(v["ape_cal"]),
+                    calibrated_signed_error=_mean(v["signed_cal"]),
+                )
                 for s, v in sorted(per_searcher.items())
             },
         }
@@ -694,14 +727,14 @@ def print_summary(summary: dict) -> None:
             f"{'slowest/bound':>13s} "
             f"{'best':>5s} {'<=grdy':>6s} {'infeas':>6s} {'MAPE':>7s} {'>2x':>5s} {'time_s':>7s} {'meas':>5s}"
         )
-        for name, v in sorted(s["searchers"].items(), key=lambda kv: kv[1]["slowest_vs_torchrec"] or 9):
+        for name, v in sorted(s["searchers"].items(), key=lambda kv: kv[1].slowest_vs_torchrec or 9):
             print(
-                f"{name:24s} {_pct(v['slowest_vs_torchrec']):>16s} {_pct(v.get('slowest_vs_torchrec_default')):>13s} "
-                f"{v.get('slowest_over_mean_device') or 0:8.2f} {_pct(v['slowest_vs_bound']):>13s} "
-                f"{v['best_or_tied']:>5d} {v['no_worse_than_best_greedy']:>3d}/{v['greedy_tasks']:<2d} "
-                f"{v['infeasible']:>6d} "
-                f"{_pct(v['device_mape']):>7s} {v['devices_off_2x']:>5d} "
-                f"{v['mean_time_s'] or 0:7.1f} {v['mean_measurements'] or 0:5.0f}"
+                f"{name:24s} {_pct(v.slowest_vs_torchrec):>16s} {_pct(v.slowest_vs_torchrec_default):>13s} "
+                f"{v.slowest_over_mean_device or 0:8.2f} {_pct(v.slowest_vs_bound):>13s} "
+                f"{v.best_or_tied:>5d} {v.no_worse_than_best_greedy:>3d}/{v.greedy_tasks:<2d} "
+                f"{v.infeasible:>6d} "
+                f"{_pct(v.device_mape):>7s} {v.devices_off_2x:>5d} "
+                f"{v.mean_time_s or 0:7.1f} {v.mean_measurements or 0:5.0f}"
             )
 
 
@@ -757,7 +790,9 @@ def main() -> None:
         if args.stage == "tasks":
             for task_id, family, task in benchmark_tasks(out / TASKS_FILE):
                 mem = sum(task.table_mem_bytes(i) for i in range(task.num_tables)) / 2**30
-                print(f"{task_id} {family:22s} {task.num_tables:3d} tables {mem:7.2f} GiB cap {task.mem_cap_gb} GiB")
+                print(
+                    f"{task_id} {family:22s} {task.num_tables:3d} tables {mem:7.2f} GiB cap {task.largest_cap_gb} GiB"
+                )
         elif args.stage == "plan":
             names = (args.searchers or ",".join(SEARCHERS)).split(",")
             plan_all(out, args.model, options, names, chosen(out, args.tasks))

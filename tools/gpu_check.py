@@ -1,36 +1,44 @@
-"""The prepared GPU check: one command on a lent GPU machine, the same steps dry on this CPU.
+"""The prepared GPU check (issue 54): plans of GPU-sized tasks measured on a lent GPU, one command there, the same
+steps dry on this CPU.
 
-    python -m tools.gpu_check pack .gpu          # here: TorchRec's plans of the check's tasks (the GPU machine has no
-                                                 # TorchRec), then FBGEMM GPU pruned for the card and hydra
-                                                 # (../shared/gpu/prepare.sh, where this workplace has it)
-    bash tools/gpu_check.sh                      # there (the device tool's command): unpack .gpu, then run
+    python -m tools.gpu_check pack .gpu          # here: the GPU-sized tasks, TorchRec's and the greedy plans of them
+                                                 # (the GPU machine has no TorchRec), FBGEMM GPU pruned for the card
+                                                 # and hydra (../shared/gpu/prepare.sh, where this workplace has it)
+    OUT=$OUT bash tools/gpu_check.sh             # there (the device tool's command, carrying .gpu)
     python -m tools.gpu_check run OUT --dry      # here, on CPU, tiny: what the tests run
     python -m tools.gpu_check table OUT          # the README's GPU table from a run's files
 
-``run`` takes steps in order, each within its share of ``--budget-s`` (it stops a step at its deadline and keeps what
-it has), and writes one file per step into OUT (6 files in all):
+``run`` takes its steps in order, each within its share of ``--budget-s`` (a step stops at its deadline and keeps
+what it has), every file written as it goes:
 
 a. ``smoke.json``: one fused TBE fwd+bwd on the device through the project's worker;
-b. ``protocols.json``: the label protocols (``fixed``, ``timed``; on a GPU ``queued``, ``graph``) interleaved on the
-   same spec requests, twice (the second round starts when half the step's time is spent): each protocol's
-   run-to-run noise (the same request, one run against the other) and its spread within a run; the quietest one is
-   ``chosen`` and the next steps use it;
-c. ``search.json``: the main job's search (856 tables x 64 devices; dry: 60 x 8) on each JAX backend, cold (a fresh
-   compilation cache) and warm, wall and search seconds;
-d. ``labels.tgz``: spec labels with the chosen protocol (``collect``, resumable; a dataset like any other);
-e. ``plans.json``: the devices of the plans of 8 foreign-benchmark tasks (beam and grid with the model chosen for
-   this device, size_lookup_greedy, and TorchRec's plans packed beside, with the tasks), every device measured in up
-   to 3 interleaved rounds, the file rewritten after each (the rounds the step's deadline left are said);
-and ``log.txt``. A step that fails is logged and the next one runs (the GPU steps are skipped when the smoke
-request fails). ``--dry`` runs every step on the CPU with tiny sizes and budgets.
+b. ``labels.tgz`` and ``labels.json``: spec labels over the GPU-sized range (``collect``, the device's protocol:
+   ``queued`` on a GPU), then the first 40 requests measured again (``labels-repeat``): the labels' own floor;
+   the folder also holds ``comm.jsonl``, the all-to-alls of the comm sampler priced by ``nvlink_ms`` (a GPU's
+   all-to-all cannot be measured on one GPU; the cost model's comm nets learn the price the table reports);
+c. ``model.tgz`` and ``model.json``: the ensemble trained here on those labels (``python -m neuroshard_jax.train``,
+   on the CPU beside the next step), its held-out MAPE and Kendall tau; then beam and grid plans of the GPU tasks with
+   it (``model-plans.jsonl``);
+d. ``plans.json``: every device of every plan of the GPU tasks (``workloads/gpu_tasks.py``; TorchRec's default
+   planner, TorchRec table-wise + column-wise and size_lookup_greedy from the pack, beam and grid from step c as they
+   come) measured on the one GPU in turn, the devices least measured first, repeats for the devices that may be their
+   plan's slowest; rewritten after each plan's devices. Compute is measured; the all-to-alls are priced apart.
+
+and ``log.txt``. A step that fails is logged and the next one runs (the GPU steps are skipped when the smoke request
+fails). ``--dry`` runs every step on the CPU, tiny (``DRY``).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import dataclasses
+import gzip
 import json
+import multiprocessing
 import os
-import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -42,23 +50,103 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import JsonlLog, hardware, read_jsonl, write_json
-from neuroshard_jax.core.types import Plan
-from neuroshard_jax.costs.registry import choose_cost_model
+from neuroshard_jax.core.assignment import comm_layout
+from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.files import read_jsonl, write_json
+from neuroshard_jax.core.hardware import hardware
+from neuroshard_jax.core.manifests import write_manifest
+from neuroshard_jax.core.sharding import Shard
+from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.kernels.executors import ExecutorConfig
-from neuroshard_jax.kernels.processes import ComputeWorker, compute_request, measure_on, timing_fields
+from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, compute_request, default_protocol
 from neuroshard_jax.learn.collect import CollectConfig, collect
-from neuroshard_jax.measure.plans import EvaluateConfig, measure_tables, plan_kernels
-from neuroshard_jax.search.pipeline import search_plan
-from neuroshard_jax.workloads.samplers import SpecSamplerConfig, sample_spec_shard
-from tools.foreign_benchmark import SEARCHER_OPTIONS, TASKS_FILE, benchmark_tasks
+from neuroshard_jax.measure.plans import EvaluateConfig, device_request, plan_kernels
+from neuroshard_jax.search.planner import Planner
+from neuroshard_jax.workloads.gpu_tasks import (
+    GpuTaskConfig,
+    gpu_task,
+    task_summary,
+    with_stream_pool,
+    write_stream_pool,
+)
+from neuroshard_jax.workloads.samplers import CommSamplerConfig, SpecSamplerConfig, sample_comm
 
-SHARES = {"smoke": 0.03, "protocols": 0.27, "search": 0.25, "labels": 0.09, "plans": 0.36}  # of --budget-s, in order
-GPU_STEPS = ("protocols", "labels", "plans")  # need the worker: skipped when the smoke request fails
-TASKS = ("d4-00", "d4-01", "d4-02", "d4-03", "d8-00", "d8-01", "d8-02", "d8-03")
-MODEL_SEARCHERS = ("beam", "grid")
-TORCHREC_PLANS = "torchrec-plans.jsonl"
+SHARES = {"smoke": 0.02, "labels": 0.38, "model": 0.0, "plans": 0.60}  # of --budget-s; model runs inside plans'
+GPU_STEPS = ("labels", "plans")  # need the worker: skipped when the smoke request fails
+SEED = 54  # the GPU tasks' seed (issue 54)
+PACK_SEARCHERS = ("torchrec_default", "torchrec", "size_lookup_greedy")  # planned at pack time (no model needed)
+MODEL_SEARCHERS = ("beam", "grid")  # planned there with the model trained there
+SEARCHERS = (*MODEL_SEARCHERS, "size_lookup_greedy", "torchrec_default", "torchrec")  # the table's columns
+# TorchRec's reservation: a flat 15%, as the foreign benchmark runs it (tools/foreign_benchmark.py: its heuristic one
+# reserves GBs for the inputs of tiny hot tables and finds no plan); searchers/torchrec.py plans at the per-rank batch
+SEARCHER_OPTIONS = {"torchrec": {"reservation": "percent"}, "torchrec_default": {"reservation": "percent"}}
+TASKS_FILE = "gpu-tasks.json.gz"
+PACK_PLANS = "pack-plans.jsonl.gz"
+REPEATS = 3  # measurements of every device at most (the run stops early when every plan has them)
+TRAIN_EPOCHS = 300  # the trainer's default; ~150 labels and 600 priced comm samples: estimated 40-90 s on 16 cores
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """What a run measures: the GPU tasks, the label sampler, the protocol's time per request, training."""
+
+    tasks: GpuTaskConfig
+    num_tasks: int
+    specs: SpecSamplerConfig
+    comm: CommSamplerConfig
+    comm_samples: int
+    comm_batch_size: int
+    warmup_ms: float
+    measure_ms: float
+    max_iters: int
+    iters: int
+    epochs: int
+    max_labels: int  # labels of the first run at most (the GPU's: time-bound)
+    repeat: int  # of them measured again
+
+
+# The GPU run: 10 tasks (5 of 8 devices, 5 of 16; 400-512 tables, batch 16k-64k); labels at the same batches,
+# 2-48 tables a sample, pooling factors 0.5-40 (log-uniform, mean 9: the tasks' 8.3 and its tail), rows up to 4e7.
+# Each request times 8 warm-up iterations and 16 timed ones in one queue (queued's batches): ~0.1-0.2 s of GPU time
+# for a device of 10-30M lookups, whose host side (a slice of the cached streams) takes about as long.
+GPU = Sizes(
+    tasks=GpuTaskConfig(),
+    num_tasks=10,
+    specs=SpecSamplerConfig(
+        min_tables=2,
+        max_tables=48,
+        log10_rows=(3.0, 7.6),
+        log10_pooling=(-0.3, 1.6),
+        dims=(16, 32, 64, 128),
+        batch_sizes=(16384, 32768, 65536),
+        mem_cap_gb=40.0,
+    ),
+    comm=CommSamplerConfig(world_sizes=(8, 16), min_tables=400, max_tables=1280, dims=(32, 64, 128)),
+    comm_samples=600,
+    comm_batch_size=32768,
+    warmup_ms=20.0,
+    measure_ms=30.0,
+    max_iters=16,
+    iters=8,
+    epochs=TRAIN_EPOCHS,
+    max_labels=100_000,
+    repeat=40,
+)
+DRY = Sizes(
+    tasks=GpuTaskConfig(device_counts=(2,), tables=(6, 8), batch_sizes=(1024,), dims=(8, 16), log10_rows_max=4.0),
+    num_tasks=1,
+    specs=SpecSamplerConfig(max_tables=3, log10_rows=(2.0, 4.0), dims=(8, 16), batch_sizes=(1024,)),
+    comm=CommSamplerConfig(world_sizes=(2,), min_tables=4, max_tables=8, dims=(8, 16)),
+    comm_samples=40,
+    comm_batch_size=1024,
+    warmup_ms=5.0,
+    measure_ms=10.0,
+    max_iters=16,
+    iters=10,  # a CPU's fixed protocol: enough runs that the trainer's spread filter keeps most labels
+    epochs=5,
+    max_labels=60,
+    repeat=6,
+)
 
 
 def log(out: Path, line: str) -> None:
@@ -66,6 +154,108 @@ def log(out: Path, line: str) -> None:
     print(line, flush=True)
     with open(out / "log.txt", "a") as f:
         f.write(line + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# The all-to-alls, priced: one GPU cannot run them
+
+NVLINK_BYTES_PER_MS = 600 * 1024**3 / 1000  # TorchRec's INTRA_NODE_BANDWIDTH (planner/constants.py, torchrec 1.8.0)
+COLLECTIVE_MS = 0.02  # a fixed cost per collective (NCCL's small-message latency on one node; assumed, not measured)
+OUTPUT_BYTES = 4  # fp32 pooled embeddings and their gradients
+ID_BYTES = 8  # int64 ids (TorchRec's BIGINT_DTYPE)
+COMM_MODEL = (
+    f"one NVLink domain of N GPUs at TorchRec's INTRA_NODE_BANDWIDTH ({NVLINK_BYTES_PER_MS / 1e6:.0f} GB/s a GPU, "
+    f"each way) plus {COLLECTIVE_MS} ms per collective; a device's time in an all-to-all is the larger of what it "
+    "sends and receives over the bandwidth (pooled outputs fp32: it sends its tables' outputs for every other "
+    "device's batch slice, receives its slice of every other device's; the ids int64 likewise before them, one "
+    "exchange per sharding type as TorchRec runs them); row-wise groups a ring reduce-scatter forward and all-gather "
+    "backward; the step: the slowest device's compute + backward, then the forward all-to-alls (which wait for the "
+    "slowest peer)"
+)
+
+
+def exchange_ms(send_bytes: np.ndarray, recv_bytes: np.ndarray) -> np.ndarray:
+    """f64[N] ms of one collective in which device d sends ``send_bytes[d]`` and receives ``recv_bytes[d]``."""
+    return COLLECTIVE_MS + np.maximum(send_bytes, recv_bytes) / NVLINK_BYTES_PER_MS
+
+
+def all_to_all_ms(widths, batch_size: int) -> np.ndarray:
+    """f64[N] ms of the pooled-output all-to-all of per-device widths (sum of the dims of its shards)."""
+    widths = np.asarray(widths, np.float64)
+    n = len(widths)
+    if n < 2 or not widths.any():
+        return np.zeros(n)
+    share = (n - 1) / n
+    send = batch_size * widths * OUTPUT_BYTES * share
+    recv = batch_size / n * (widths.sum() - widths) * OUTPUT_BYTES
+    return exchange_ms(send, recv)
+
+
+def nvlink_ms(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """(fwd, bwd) f64[N] priced ms of a plan's collectives (``COMM_MODEL``), as ``comm_layout`` lays them out."""
+    n, batch = plan.task.num_devices, plan.task.batch_size
+    layout = comm_layout(plan)
+    fwd, bwd = np.zeros(n), np.zeros(n)
+    if n < 2:
+        return fwd, bwd
+    column_wise = np.asarray(layout.get("column_wise", [0] * n), np.float64)
+    for widths in (np.asarray(layout["dim_sums"], np.float64) - column_wise, column_wise):
+        fwd += all_to_all_ms(widths, batch)
+        bwd += all_to_all_ms(widths, batch)
+    for width, devices in layout.get("row_groups", []):
+        k = len(devices)
+        moved = np.zeros(n)
+        moved[devices] = batch * width * OUTPUT_BYTES * (k - 1) / k
+        cost = np.where(moved > 0, exchange_ms(moved, moved), 0.0)
+        fwd += cost
+        bwd += cost
+    for per_device in layout.get("inputs", []):
+        ids = np.array([sum(p) for p in per_device], np.float64)  # ids per sample each device's features take
+        recv = batch * ids * ID_BYTES * (n - 1) / n
+        send = batch / n * (ids.sum() - ids) * ID_BYTES
+        fwd += exchange_ms(send, recv)
+    return fwd, bwd
+
+
+def priced_total_ms(compute_ms, fwd_ms, bwd_ms) -> float:
+    """The step of measured compute and priced comm: the slowest device's compute + backward all-to-all, then the
+    forward all-to-all, which waits for the slowest peer (the project's plan-cost formula with the straggler wait)."""
+    return float(np.max(np.add(compute_ms, bwd_ms)) + np.max(fwd_ms))
+
+
+def priced_comm_records(sizes: Sizes, seed: int = 0) -> list[dict]:
+    """Comm samples of the comm sampler (dim sums over 8 and 16 devices, straggler delays) priced by
+    ``all_to_all_ms``, as ``collect kind=comm`` writes measured ones: the forward includes the wait for the
+    latest peer."""
+    out = []
+    for i in range(sizes.comm_samples):
+        sample = sample_comm(sizes.comm, seed, i)
+        transfer = all_to_all_ms(sample["dim_sums"], sizes.comm_batch_size)
+        delays = np.asarray(sample["delays_ms"])
+        fwd = delays.max() - delays + transfer
+        row = {"id": i, **sample, "batch_size": sizes.comm_batch_size, "ok": True}
+        out.append({**row, "fwd_ms": np.round(fwd, 5).tolist(), "bwd_ms": np.round(transfer, 5).tolist()})
+    return out
+
+
+def write_priced_comm(folder: Path, sizes: Sizes, device: str) -> None:
+    """``comm.jsonl`` and its manifest in a label folder: priced all-to-alls, said so in the manifest."""
+    records = priced_comm_records(sizes)
+    (folder / "comm.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    settings = {
+        "kind": "comm",
+        "seed": 0,
+        "device": device,
+        "batch_size": sizes.comm_batch_size,
+        "comm": dataclasses.asdict(sizes.comm),
+        "priced": COMM_MODEL,
+    }
+    how = "priced, not measured: tools/gpu_check.py nvlink_ms (one GPU cannot run an all-to-all)"
+    write_manifest(folder / "manifest-comm.json", settings, {"how": how, "num_records": len(records), "num_failed": 0})
+
+
+# ---------------------------------------------------------------------------------------------
+# Steps
 
 
 def smoke(out: Path, device: str) -> None:
@@ -80,202 +270,391 @@ def smoke(out: Path, device: str) -> None:
         raise UserError(f"smoke: the worker failed on {device}: {answer.get('error')}")
 
 
-def protocols(out: Path, device: str, count: int, deadline: float) -> str:
-    """The protocols on the same ``count`` spec requests, interleaved (the order rotates), in two rounds: the first
-    until half the time is spent, the second on the requests the first measured. Returns the quietest protocol
-    (the lowest median run-to-run change) of those measured on at least half the requests of the second round."""
-    names = ("fixed", "timed", "queued", "graph") if device == "cuda" else ("fixed", "timed")
-    fields = {name: {} if name == "fixed" else timing_fields(name, 25.0, 100.0, 1000, device) for name in names}
-    specs = SpecSamplerConfig()
-    requests = []
-    for i in range(count):
-        batch_size, tables = sample_spec_shard(specs, 0, i)
-        requests.append(compute_request(i, tables, None, batch_size, device, warmup=5, iters=10))
-    runs: dict[str, list[dict]] = {name: [{}, {}] for name in names}
-    errors: dict[str, list[str]] = {name: [] for name in names}
-    half = time.monotonic() + (deadline - time.monotonic()) / 2
-    worker = ComputeWorker(device)
-    graphs = ComputeWorker(device) if "graph" in names else worker  # a failed capture must not touch the others
-    try:
-        for round_, until in ((0, half), (1, deadline)):
-            for i, request in enumerate(requests):
-                if time.monotonic() > until or (round_ == 1 and not any(i in runs[n][0] for n in names)):
-                    break
-                for k in range(len(names)):
-                    name = names[(i + round_ + k) % len(names)]
-                    if len(errors[name]) >= 3 and not any(runs[name]):
-                        continue  # failed on its first 3 requests: not this device's protocol
-                    answer = measure_on(graphs if name == "graph" else worker, {**request, **fields[name]}, 300)
-                    if answer.get("ok"):
-                        runs[name][round_][i] = answer
-                    else:
-                        errors[name].append(str(answer.get("error"))[:300])
-    finally:
-        worker.close()
-        graphs.close()
-    found = {name: {**noise(*runs[name]), "failed": len(errors[name]), "errors": errors[name][:3]} for name in names}
-    for name in names:  # what each protocol reads against fixed on the same requests (first round)
-        both = [i for i in runs[name][0] if i in runs["fixed"][0]]
-        ratios = [runs[name][0][i]["total_ms"] / runs["fixed"][0][i]["total_ms"] for i in both]
-        found[name]["over_fixed_median"] = round(float(np.median(ratios)), 4) if ratios else None
-    measured = [n for n in names if found[n]["requests"] and found[n]["requests"] >= len(runs[names[0]][1]) / 2]
-    chosen = min(measured, key=lambda n: found[n]["run_to_run_median"]) if measured else "fixed"
-    write_json({"device": device, "requests": count, "chosen": chosen, **found}, out / "protocols.json")
-    return chosen
-
-
-def noise(first: dict[int, dict], second: dict[int, dict]) -> dict:
-    """Run-to-run noise of one protocol: the same requests' labels, one run against the other; and the spread of
-    the timed iterations within a run (IQR over median)."""
-    both = sorted(set(first) & set(second))
-    a = np.array([first[i]["total_ms"] for i in both])
-    b = np.array([second[i]["total_ms"] for i in both])
-    within = [spread(r) for r in [*first.values(), *second.values()]]
-    if not both:
-        return {"requests": 0}
-    change = np.abs(b / a - 1)
-    return {
-        "requests": len(both),
-        "median_label_ms": round(float(np.median(a)), 4),
-        "run_to_run_median": round(float(np.median(change)), 4),
-        "run_to_run_p90": round(float(np.quantile(change, 0.9)), 4),
-        "second_over_first_median": round(float(np.median(b / a)), 4),
-        "within_run_spread_median": round(float(np.median(within)), 4),
-        "timed_iters_median": statistics.median(r.get("timed_iters", len(r["fwd_runs_ms"])) for r in first.values()),
-    }
-
-
-def spread(answer: dict) -> float:
-    totals = np.add(answer["fwd_runs_ms"], answer["bwd_runs_ms"])
-    q1, q3 = np.quantile(totals, [0.25, 0.75])
-    return float((q3 - q1) / np.median(totals))
-
-
-def labels(out: Path, work: Path, device: str, protocol: str, deadline: float, dry: bool) -> None:
-    config = CollectConfig(
+def label_config(sizes: Sizes, device: str, out_dir: Path, seed: int = 0) -> CollectConfig:
+    return CollectConfig(
+        seed=seed,
         kind="compute",
         source="specs",
         device=device,
-        num_samples=100_000,
-        out_dir=str(work / f"{device}-specs-{protocol}"),
+        num_samples=sizes.max_labels,
+        out_dir=str(out_dir),
         executor=ExecutorConfig(workers=1),
         pin=False,
-        protocol=protocol,
-        measure_ms=10.0 if dry else 100.0,
+        protocol=default_protocol(device),
+        warmup_ms=sizes.warmup_ms,
+        measure_ms=sizes.measure_ms,
+        max_iters=sizes.max_iters,
+        iters=sizes.iters,
+        specs=sizes.specs,
         progress=False,
-        **({"specs": SpecSamplerConfig(max_tables=3, log10_rows=(2.0, 4.0))} if dry else {}),
     )
-    collect(config, range(config.num_samples), until=deadline)
+
+
+def labels(out: Path, work: Path, sizes: Sizes, device: str, deadline: float, seed: int = 0) -> Path:
+    """Spec labels until 75% of the step's time is spent, then the first ``sizes.repeat`` of them again into a folder of
+    their own; ``labels.tgz`` (both, and the priced comm) and ``labels.json`` (counts and the run-to-run floor).
+    ``seed``: the spec sampler's (another seed, other samples: a second run adds labels, it does not repeat them)."""
+    folder = work / "gpu-labels"
+    config = label_config(sizes, device, folder, seed)
+    started = time.monotonic()
+    first_until = started + 0.75 * (deadline - started)
+    collect(config, range(config.num_samples), until=first_until)
+    first_s = time.monotonic() - started
+    write_priced_comm(folder, sizes, device)
+    first = {r["id"]: r for r in read_jsonl(folder / "compute.jsonl")}
+    repeat_ids = sorted(i for i, r in first.items() if r.get("ok"))[: sizes.repeat]
+    repeat = work / "gpu-labels-repeat"
+    collect(dataclasses.replace(config, out_dir=str(repeat)), repeat_ids, until=deadline)
+    second = {r["id"]: r for r in read_jsonl(repeat / "compute.jsonl")} if (repeat / "compute.jsonl").exists() else {}
+    both = [i for i in repeat_ids if second.get(i, {}).get("ok")]
+    ratio = np.array([second[i]["total_ms"] / first[i]["total_ms"] for i in both])
+    measured = [r["total_ms"] for r in first.values() if r.get("ok")]
+    summary = {
+        "device": device,
+        "protocol": config.protocol,
+        "timing": {k: getattr(config, k) for k in ("warmup_ms", "measure_ms", "max_iters", "iters")},
+        "specs": dataclasses.asdict(sizes.specs),
+        "seed": seed,
+        "labels": len(first),
+        "failed": sum(1 for r in first.values() if not r.get("ok")),
+        "seconds": round(first_s, 1),
+        "median_label_ms": round(float(np.median(measured)), 4) if measured else None,
+        "repeated": len(both),
+        "run_to_run_median": round(float(np.median(np.abs(ratio - 1))), 5) if both else None,
+        "run_to_run_p90": round(float(np.quantile(np.abs(ratio - 1), 0.9)), 5) if both else None,
+        "second_over_first_median": round(float(np.median(ratio)), 5) if both else None,
+        "comm": "priced: " + COMM_MODEL,
+    }
+    write_json(summary, out / "labels.json")
     with tarfile.open(out / "labels.tgz", "w:gz") as tar:
-        tar.add(config.out_dir, arcname=Path(config.out_dir).name)
+        tar.add(folder, arcname=folder.name)
+        if repeat.exists():
+            tar.add(repeat, arcname=repeat.name)
+    return folder
 
 
-def torchrec_plans(tasks: dict, path: Path, only: tuple[str, ...] = TASKS) -> None:
-    """TorchRec's plans of the check's tasks (made here: the GPU machine has no TorchRec)."""
-    log_ = JsonlLog(path)
-    for task_id in only:
-        if task_id not in log_.ids:
-            plan = search_plan(tasks[task_id], "torchrec", "neural", 0, SEARCHER_OPTIONS.get("torchrec"))
-            log_.append({"id": task_id, "plan": plan.to_json()})
+def plan_task(task: Task, searcher: str, cost_model: str, options: dict | None, device: str) -> Plan:
+    """One plan through the project's planner (the one call site of its API here)."""
+    planner = Planner.named(
+        searcher=searcher,
+        cost_model=cost_model,
+        searcher_options=SEARCHER_OPTIONS.get(searcher),
+        cost_model_options=options,
+        device=device,
+    )
+    return planner.run(task).plan
 
 
-def plans(out: Path, pack: Path, device: str, protocol: str, deadline: float, dry: bool) -> None:
-    """Every device of every plan of the check's tasks on ``device``, in up to 3 interleaved rounds (every device
-    once per round), ``plans.json`` rewritten after each round; rounds stop at the deadline."""
-    tasks = {task_id: task for task_id, _, task in benchmark_tasks(pack / TASKS_FILE if pack else None)}
-    choice = choose_cost_model("neural", {}, device)
-    made: dict[str, dict[str, Plan]] = {}
-    for task_id in TASKS[:1] if dry else TASKS:
-        made[task_id] = {}
-        for searcher in (*MODEL_SEARCHERS, "size_lookup_greedy"):
-            plan = search_plan(tasks[task_id], searcher, choice.name, 0, None, choice.options)
-            made[task_id][searcher] = plan
-    carried = {r["id"]: Plan.from_json(r["plan"]) for r in read_jsonl(pack / TORCHREC_PLANS)} if pack else {}
-    for task_id in made:
-        if task_id in carried:
-            made[task_id]["torchrec"] = carried[task_id]
-    measuring = {"protocol": protocol, "measure_ms": 10.0 if dry else 100.0}
-    config = EvaluateConfig(device=device, executor=ExecutorConfig(workers=1), **measuring)
-    jobs, keys = {}, {}  # keys[(task, searcher)]: each device's kernel keys (none: an empty device)
-    for task_id, by_searcher in made.items():
-        for searcher, plan in by_searcher.items():
-            keys[task_id, searcher] = []
-            for kernels in plan_kernels(plan):
-                for key, at, tables in kernels:
-                    jobs.setdefault(key, (at, tables))
-                keys[task_id, searcher].append([key for key, _, _ in kernels])
-    answers: dict[str, list[dict]] = {key: [] for key in jobs}
-    for round_ in range(3):
-        if round_ and time.monotonic() > deadline:
-            break
-        for key, got in measure_tables(jobs, config).items():
-            answers[key] += got
-        rows = {}
-        for task_id, by_searcher in made.items():
-            rows[task_id] = {}
-            for searcher, plan in by_searcher.items():
-                predicted = plan.costs.compute_ms if plan.costs is not None else None
-                measured = [
-                    sum(float(np.median([a["total_ms"] for a in answers[key]])) for key in device)
-                    for device in keys[task_id, searcher]
-                ]
-                rows[task_id][searcher] = {
-                    "measured_ms": measured,
-                    "predicted_ms": None if predicted is None else [float(x) for x in predicted],
-                    "slowest_ms": max(measured),
-                }
-        summary = {"device": device, "model": choice.line(), "protocol": protocol, "repeats": round_ + 1}
-        write_json({**summary, "tasks": rows}, out / "plans.json")
+def plan_record(index: int, searcher: str, plan: Plan | None, error: str | None = None) -> dict:
+    """A plan as the pack and the model step carry it: the task's index, shards, data-parallel tables."""
+    if plan is None:
+        return {"id": f"{index}/{searcher}", "task": index, "searcher": searcher, "error": error}
+    shards = [[s.table, s.col_offset, s.dim, s.device, s.row_offset, s.num_rows] for s in plan.shards]
+    costs = plan.costs
+    return {
+        "id": f"{index}/{searcher}",
+        "task": index,
+        "searcher": searcher,
+        "shards": shards,
+        "data_parallel": list(plan.data_parallel),
+        "search_s": None if plan.search_time_s is None else round(plan.search_time_s, 2),
+        "predicted_compute_ms": None if costs is None else [round(float(x), 4) for x in costs.compute_ms],
+    }
 
 
-def search(out: Path, platforms: list[str], dry: bool, deadline: float) -> None:
-    """The main job's search on each JAX backend, cold (a fresh compilation cache per backend and searcher) then
-    warm, the backends interleaved so that a deadline cuts the same runs of each."""
-    size = ["task.num_tables=60", "task.num_devices=8"] if dry else ["task.num_tables=856", "task.num_devices=64"]
-    rows = []
-    with tempfile.TemporaryDirectory() as caches:
+def rebuilt(task: Task, record: dict) -> Plan:
+    shards = tuple(Shard(*s) for s in record["shards"])
+    return Plan(task, shards, data_parallel=tuple(record["data_parallel"])).validate()
+
+
+class ModelJob:
+    """The model step beside the plans step, in a process of its own (``model`` stage: train, then search; stopped
+    at the run's end): its plans are read from ``model-plans.jsonl`` as they come."""
+
+    def __init__(self, out: Path, work: Path, labels_dir: Path, pack: Path | None, dry: bool):
+        self.path = out / "model-plans.jsonl"
+        args = [sys.executable, "-m", "tools.gpu_check", "model", str(out), "--labels", str(labels_dir)]
+        args += ["--work", str(work), *(["--pack", str(pack)] if pack else []), *(["--dry"] if dry else [])]
+        self.proc = subprocess.Popen(args, start_new_session=True)  # its own group: stop() ends training too
+
+    def records(self) -> list[dict]:
+        return read_jsonl(self.path) if self.path.exists() else []
+
+    def done(self) -> bool:
+        return self.proc.poll() is not None
+
+    def stop(self) -> None:
+        if not self.done():
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def train_model(out: Path, labels_dir: Path, checkpoint: Path, sizes: Sizes) -> None:
+    """``python -m neuroshard_jax.train`` on the labels (compute.jsonl measured, comm.jsonl priced), on the CPU;
+    ``model.tgz`` (the checkpoint) and ``model.json`` (held-out MAPE and tau, the seconds, the command)."""
+    started = time.monotonic()
+    args = [
+        sys.executable,
+        "-m",
+        "neuroshard_jax.train",
+        f"datasets=[{labels_dir}]",
+        f"out={checkpoint}",
+        "name=gpu-queued",
+        f"train.epochs={sizes.epochs}",
+        "train.progress=false",
+    ]
+    done = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    seconds = round(time.monotonic() - started, 1)
+    if done.returncode != 0:
+        raise UserError(f"training failed after {seconds} s: {done.stderr[-1500:]}")
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    held_out = meta["metrics"]["compute"][labels_dir.name]
+    summary = {
+        "seconds": seconds,
+        "command": " ".join(args[1:]),
+        "held_out": held_out,
+        "samples": meta["metrics"]["compute"].get("samples"),
+        "batch_sizes": meta.get("batch_sizes"),
+        "comm": {k: meta["metrics"].get(k) for k in ("fwd_comm", "bwd_comm")},
+        "comm_note": "comm nets fitted to priced all-to-alls: " + COMM_MODEL,
+    }
+    write_json(summary, out / "model.json")
+    with tarfile.open(out / "model.tgz", "w:gz") as tar:
+        tar.add(checkpoint, arcname=checkpoint.name)
+    log(out, f"model: trained in {seconds} s, held out {held_out.get('ensemble')}")
+
+
+def model_stage(out: Path, labels_dir: Path, work: Path, pack: Path | None, dry: bool) -> None:
+    """The model step's process: train, then beam and grid plans of every task with the model, one JSONL line each
+    (task order, so that a deadline leaves whole tasks)."""
+    sizes = DRY if dry else GPU
+    device = "cpu" if dry else "cuda"
+    checkpoint = work / "gpu-model"
+    try:
+        train_model(out, labels_dir, checkpoint, sizes)
+    except UserError as err:
+        log(out, f"model failed: {err}")
+        raise
+    options = {"checkpoint": str(checkpoint)}
+    for index, task in carried_tasks(pack, sizes).items():
         for searcher in MODEL_SEARCHERS:
-            for state in ("cold", "warm"):
-                for platform in platforms:
-                    if rows and time.monotonic() > deadline:  # the first run always: a step that started late
-                        break
-                    cache = f"{caches}/{platform}-{searcher}"
-                    env = {**os.environ, "JAX_PLATFORMS": platform, "NEUROSHARD_CACHE_DIR": cache}
-                    args = [sys.executable, "-m", "neuroshard_jax", f"searcher={searcher}", *size]
-                    started = time.perf_counter()
-                    done = subprocess.run(
-                        [*args, f"hydra.run.dir={cache}/run"], capture_output=True, text=True, env=env, timeout=300
-                    )
-                    wall = time.perf_counter() - started
-                    found = re.search(r"search ([0-9.]+) s", done.stdout + done.stderr)
-                    rows.append(
-                        {
-                            "platform": platform,
-                            "searcher": searcher,
-                            "state": state,
-                            "wall_s": round(wall, 2),
-                            "search_s": float(found[1]) if found else None,
-                            "ok": done.returncode == 0,
-                            **({} if done.returncode == 0 else {"error": done.stderr[-600:]}),
-                        }
-                    )
-    write_json({"size": size, "runs": rows}, out / "search.json")
+            try:
+                record = plan_record(index, searcher, plan_task(task, searcher, "neural", options, device))
+            except (UserError, InfeasibleError) as err:
+                record = plan_record(index, searcher, None, str(err)[:300])
+            with open(out / "model-plans.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
 
 
-def run(out: Path, dry: bool, budget_s: float, pack: Path | None, only: tuple[str, ...] = ()) -> None:
+def stream_pools(tasks: dict[int, Task], sizes: Sizes, folder: Path, workers: int) -> dict:
+    """Write every task's streams (``write_stream_pool``) in ``workers`` processes; task index -> future of its
+    pool path. Started first: the host's spare cores write them while the GPU measures labels."""
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    futures = {
+        i: pool.submit(write_stream_pool, sizes.tasks, SEED, i, task, folder / f"gpu-task-{i}.json")
+        for i, task in tasks.items()
+    }
+    pool.shutdown(wait=False)
+    return futures
+
+
+class Measurements:
+    """Every device of every plan (``plan_kernels``), measured on one worker; the summary of ``plans.json``."""
+
+    def __init__(self, device: str, config: EvaluateConfig):
+        self.device, self.config = device, config
+        self.plans: dict[tuple[int, str], dict] = {}  # (task, searcher) -> plan, kernel keys per device, record
+        self.jobs: dict[str, tuple[Task, list]] = {}
+        self.answers: dict[str, list[float]] = {}
+        self.failed: dict[str, str] = {}
+
+    def add(self, index: int, task: Task, record: dict) -> None:
+        plan = rebuilt(task, record)
+        keys = []
+        for kernels in plan_kernels(plan):
+            for key, at, tables in kernels:
+                self.jobs.setdefault(key, (at, tables))
+                self.answers.setdefault(key, [])
+            keys.append([key for key, _, _ in kernels])
+        comm = nvlink_ms(plan)  # priced once: comm_layout walks every shard
+        self.plans[index, record["searcher"]] = {"plan": plan, "keys": keys, "record": record, "comm": comm}
+
+    def device_ms(self, keys: list[str]) -> float | None:
+        if any(not self.answers[k] for k in keys):
+            return None
+        return sum(statistics.median(self.answers[k]) for k in keys)
+
+    def next_batch(self, ready: set[int]) -> list[str]:
+        """The devices to measure next: of the plans whose tasks' streams are ready, the least measured device set
+        (a plan's devices together), first the devices never measured (task order, then searcher order), then
+        again those that may be their plan's slowest (within 3% of it), then the rest."""
+        best, best_rank = [], None
+        for (index, searcher), entry in self.plans.items():
+            if index not in ready:
+                continue
+            measured = [self.device_ms(keys) for keys in entry["keys"]]
+            slowest = max((m for m in measured if m is not None), default=None)
+            for keys, ms in zip(entry["keys"], measured):
+                todo = [k for k in keys if k not in self.failed]
+                if not todo:
+                    continue
+                count = min(len(self.answers[k]) for k in todo)
+                contender = ms is None or slowest is None or ms >= 0.97 * slowest
+                rank = (count, not contender, index, SEARCHERS.index(searcher))
+                if best_rank is None or rank < best_rank:
+                    best, best_rank = [], rank
+                if rank == best_rank:
+                    best += [k for k in todo if len(self.answers[k]) == count and k not in best]
+        return best
+
+    def measure(self, pool: KernelPool, keys: list[str]) -> None:
+        requests = [{**device_request(key, *self.jobs[key], self.config), "key": key} for key in keys]
+
+        def record(request: dict, answer: dict) -> None:
+            if answer.get("ok"):
+                self.answers[request["key"]].append(float(answer["total_ms"]))
+            else:
+                self.failed[request["key"]] = str(answer.get("error"))[:300]
+
+        pool.map(requests, record)
+
+    def summary(self, tasks: dict[int, Task]) -> dict:
+        rows: dict[str, dict] = {}
+        for (index, searcher), entry in sorted(self.plans.items()):
+            plan, keys = entry["plan"], entry["keys"]
+            measured = [self.device_ms(k) for k in keys]
+            complete = all(m is not None for m in measured)
+            fwd, bwd = entry["comm"]
+            row = {
+                "compute_ms": [None if m is None else round(m, 4) for m in measured],
+                "measurements": [min((len(self.answers[k]) for k in ks), default=0) for ks in keys],
+                "predicted_compute_ms": entry["record"].get("predicted_compute_ms"),
+                "search_s": entry["record"].get("search_s"),
+                "fwd_comm_ms": np.round(fwd, 4).tolist(),
+                "bwd_comm_ms": np.round(bwd, 4).tolist(),
+                "complete": complete,
+                "data_parallel": len(plan.data_parallel),
+                "row_split": sum(1 for s in plan.shards if s.num_rows is not None),
+            }
+            if complete:
+                row["slowest_compute_ms"] = round(max(measured), 4)
+                row["priced_total_ms"] = round(priced_total_ms(measured, fwd, bwd), 4)
+            task_row = rows.setdefault(f"t{index:02d}", {"summary": task_summary(tasks[index]), "plans": {}})
+            task_row["plans"][searcher] = row
+        failed = {k: v for k, v in list(self.failed.items())[:5]}
+        return {"tasks": rows, "failed_devices": len(self.failed), "failures": failed}
+
+
+def plans(
+    out: Path,
+    pack: Path | None,
+    tasks: dict[int, Task],
+    pools: dict,
+    sizes: Sizes,
+    device: str,
+    deadline: float,
+    model: ModelJob | None,
+    dry: bool,
+) -> None:
+    """Measure the devices of the pack's plans and, as they come, the model's, until the deadline; ``plans.json``
+    rewritten after each set of devices."""
+    config = EvaluateConfig(
+        device=device,
+        executor=ExecutorConfig(workers=1),
+        protocol=default_protocol(device),
+        warmup_ms=sizes.warmup_ms,
+        measure_ms=sizes.measure_ms,
+        max_iters=sizes.max_iters,
+        iters=sizes.iters,
+        timeout_s=300.0,
+    )
+    records = [json.loads(line) for line in gzip.open(pack / PACK_PLANS, "rt")] if pack else []
+    measuring = Measurements(device, config)
+    streams: dict[int, Task] = {}
+    taken = 0
+    head = {
+        "device": device,
+        "gpu": hardware().get("gpu"),
+        "protocol": config.protocol,
+        "timing": {k: getattr(config, k) for k in ("warmup_ms", "measure_ms", "max_iters", "iters")},
+        "comm_model": COMM_MODEL,
+        "model": "gpu-queued (model.json)" if model else None,
+    }
+    errors, seen = [], set()
+    with KernelPool(1, device, config.timeout_s, log_dir=out) as pool:  # the worker's stderr: out/worker-0.log
+        while time.monotonic() < deadline:
+            for index, future in pools.items():
+                if index not in streams and future.done():
+                    try:
+                        streams[index] = with_stream_pool(tasks[index], future.result())
+                    except Exception as err:  # noqa: BLE001 - that task is left out, the others measured
+                        streams[index] = None
+                        log(out, f"plans: task {index}'s streams failed: {err}")
+            if model is not None:
+                got = model.records()
+                records += got[taken:]
+                taken = len(got)
+            for record in records:
+                key = (record["task"], record["searcher"])
+                if key in seen or streams.get(record["task"]) is None:
+                    continue
+                seen.add(key)
+                if "shards" in record:
+                    measuring.add(record["task"], streams[record["task"]], record)
+                else:  # a searcher that found no plan of the task (said in plans.json)
+                    errors.append(record)
+            ready = {i for i, t in streams.items() if t is not None}
+            batch = measuring.next_batch(ready)
+            waiting = (model is not None and not model.done()) or len(streams) < len(pools)
+            if not batch or measuring_done(measuring, 2 if dry else REPEATS):
+                if not waiting:
+                    break
+                time.sleep(0.5)
+                continue
+            measuring.measure(pool, batch)
+            write_json({**head, **measuring.summary(tasks), "errors": errors}, out / "plans.json")
+    write_json({**head, **measuring.summary(tasks), "errors": errors}, out / "plans.json")
+
+
+def measuring_done(measuring: Measurements, repeats: int) -> bool:
+    """Every device of the plans so far measured ``repeats`` times (or failed)."""
+    return all(len(a) >= repeats for k, a in measuring.answers.items() if k not in measuring.failed)
+
+
+def carried_tasks(pack: Path | None, sizes: Sizes) -> dict[int, Task]:
+    """The GPU tasks: read from the pack (generating them takes a minute), else generated."""
+    if pack is not None and (pack / TASKS_FILE).exists():
+        rows = json.loads(gzip.open(pack / TASKS_FILE, "rt").read())
+        return {r["index"]: Task.from_json(r["task"]) for r in rows}
+    return {i: gpu_task(sizes.tasks, SEED, i) for i in range(sizes.num_tasks)}
+
+
+def run(
+    out: Path, dry: bool, budget_s: float, pack: Path | None, only: tuple[str, ...] = (), label_seed: int = 0
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
     device = "cpu" if dry else "cuda"
+    sizes = DRY if dry else GPU
     start = time.monotonic()
     deadline = start
     log(out, f"gpu check on {hardware().get('gpu') or hardware().get('cpu')}, device={device}, budget {budget_s} s")
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
-    chosen = ["fixed"]  # the protocols step replaces it with the quietest
+    tasks = carried_tasks(pack, sizes)
+    pools = {}
+    if not only or "plans" in only:
+        workers = 1 if dry else max(1, min(8, (os.cpu_count() or 2) - 6))
+        pools = stream_pools(tasks, sizes, work / "streams", workers)
+    labels_dir: list[Path] = []
+    model: list[ModelJob] = []
     steps = {
         "smoke": lambda until: smoke(out, device),
-        "protocols": lambda until: chosen.append(protocols(out, device, 6 if dry else 60, until)),
-        "search": lambda until: search(out, ["cpu"] if dry else ["cuda", "cpu"], dry, until),
-        "labels": lambda until: labels(out, work, device, chosen[-1], until, dry),
-        "plans": lambda until: plans(out, pack, device, chosen[-1], until, dry),
+        "labels": lambda until: labels_dir.append(labels(out, work, sizes, device, until, label_seed)),
+        "model": lambda until: (
+            model.append(ModelJob(out, work, labels_dir[-1], pack, dry))
+            if labels_dir
+            else log(out, "model: skipped (no labels in this run)")
+        ),
+        "plans": lambda until: plans(out, pack, tasks, pools, sizes, device, until, model[-1] if model else None, dry),
     }
     failed = set()
     for name, step in steps.items():
@@ -285,7 +664,7 @@ def run(out: Path, dry: bool, budget_s: float, pack: Path | None, only: tuple[st
         if name in GPU_STEPS and "smoke" in failed:
             log(out, f"{name}: skipped (the smoke request failed)")
             continue
-        log(out, f"{name}: until {deadline - start:.0f} s" + (f", protocol {chosen[-1]}" if name in GPU_STEPS else ""))
+        log(out, f"{name}: until {deadline - start:.0f} s")
         try:
             step(deadline)
         except Exception as err:  # noqa: BLE001 - one failed step must not cost the others their device time
@@ -293,56 +672,128 @@ def run(out: Path, dry: bool, budget_s: float, pack: Path | None, only: tuple[st
             detail = str(err) if isinstance(err, UserError) else traceback.format_exc()
             log(out, f"{name} failed: {detail}")
         log(out, f"{name}: done at {time.monotonic() - start:.0f} s")
+    if model and not model[-1].done():
+        log(out, "model: stopped at the deadline; the plans it made are in model-plans.jsonl")
+        model[-1].stop()
+    shutil.rmtree(work / "streams", ignore_errors=True)
     if failed:
         raise UserError(f"the GPU check's steps {', '.join(sorted(failed))} failed; {out / 'log.txt'} says why")
 
 
+# ---------------------------------------------------------------------------------------------
+# The table
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a / b
+
+
 def table(out: Path) -> str:
-    """The README's GPU table from a run's files."""
-    lines = []
+    """The README's GPU table from a run's files: the labels and the model, then per device count each searcher's
+    slowest device's compute and priced total against TorchRec's default planner and TorchRec table-wise +
+    column-wise (median of the per-task ratios over the tasks where both are complete), then every task."""
     read = {
         name: json.loads((out / f"{name}.json").read_text())
-        for name in ("protocols", "plans", "search")
+        for name in ("labels", "model", "plans")
         if (out / f"{name}.json").exists()
-    }  # a step that failed wrote no file: its table is left out
-    proto = read.get("protocols", {})
-    lines += ["| protocol | requests | median label | run-to-run (median, p90) | within a run | timed iterations |"]
-    lines += ["| --- | --- | --- | --- | --- | --- |"]
-    for name in ("fixed", "timed", "queued", "graph"):
-        p = proto.get(name, {})
-        mark = " (chosen)" if proto.get("chosen") == name else ""
-        if p.get("requests"):
-            lines.append(
-                f"| {name}{mark} | {p['requests']} | {p['median_label_ms']:.3f} ms | {p['run_to_run_median']:.1%}, "
-                f"{p['run_to_run_p90']:.1%} | {p['within_run_spread_median']:.1%} | {p['timed_iters_median']} |"
-            )
-        elif p.get("failed"):
-            lines.append(f"| {name} | failed {p['failed']} | {p['errors'][0][:120]} | | | |")
-    plans_ = read.get("plans", {"tasks": {}})
-    searchers = (*MODEL_SEARCHERS, "size_lookup_greedy", "torchrec")
-    lines += ["", "| task | " + " | ".join(f"{s}: slowest device (of TorchRec's)" for s in searchers) + " |"]
-    lines += ["| --- " * 5 + "|"]
-    for task_id, rows in plans_["tasks"].items():
-        base = rows.get("torchrec", {}).get("slowest_ms")
+    }
+    lines = []
+    lab, mod = read.get("labels"), read.get("model")
+    if lab:
+        lines += [
+            f"labels: {lab['labels']} ({lab['failed']} failed) in {lab['seconds']} s, protocol {lab['protocol']}, "
+            f"median label {lab['median_label_ms']} ms; the first {lab['repeated']} again: run to run "
+            f"{fmt_pct(lab['run_to_run_median'])} (median), {fmt_pct(lab['run_to_run_p90'])} (p90)"
+        ]
+    if mod:
+        held = mod["held_out"]
+        lines += [
+            f"model: trained in {mod['seconds']} s on {mod['samples']}; held out: ensemble MAPE "
+            f"{fmt_pct(held['ensemble']['mape'])}, Kendall tau {held['ensemble']['kendall_tau']:.3f} "
+            f"({held['ensemble']['count']} labels), roofline alone {fmt_pct(held['roofline']['mape'])}"
+        ]
+    rows = read.get("plans", {}).get("tasks", {})
+    if lines:
+        lines.append("")
+    lines += [
+        "| devices | searcher | slowest compute / TorchRec default | / TorchRec TW+CW "
+        "| priced total / TorchRec default | / TorchRec TW+CW | tasks |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    counts = sorted({r["summary"]["devices"] for r in rows.values()})
+    for n in counts:
+        for s in SEARCHERS:
+            cells, used = [], set()
+            for metric in ("slowest_compute_ms", "priced_total_ms"):
+                for base in ("torchrec_default", "torchrec"):
+                    ratios = []
+                    for task_id, r in rows.items():
+                        if r["summary"]["devices"] != n:
+                            continue
+                        value = ratio(r["plans"].get(s, {}).get(metric), r["plans"].get(base, {}).get(metric))
+                        if value is not None:
+                            ratios.append(value)
+                            used.add(task_id)
+                    cells.append(f"{statistics.median(ratios):.1%}" if ratios else "-")
+            lines.append(f"| {n} | {s} | " + " | ".join(cells) + f" | {len(used)} |")
+    lines += [
+        "",
+        "| task | devices | tables | batch | GiB / device | "
+        + " | ".join(f"{s}: compute / priced ms" for s in SEARCHERS)
+        + " |",
+        "| --- " * (5 + len(SEARCHERS)) + "|",
+    ]
+    for task_id, r in rows.items():
+        s_ = r["summary"]
         cells = []
-        for s in searchers:
-            ms = rows.get(s, {}).get("slowest_ms")
-            cells.append("-" if ms is None else f"{ms:.3f} ms" + (f" ({ms / base:.0%})" if base else ""))
-        lines.append(f"| {task_id} | " + " | ".join(cells) + " |")
-    runs = read.get("search", {"runs": []})["runs"]
-    lines += ["", "| backend | searcher | cold wall / search s | warm wall / search s |", "| --- | --- | --- | --- |"]
-    for platform in dict.fromkeys(r["platform"] for r in runs):
-        for s in MODEL_SEARCHERS:
-            got = {r["state"]: r for r in runs if r["platform"] == platform and r["searcher"] == s}
-            cells = [f"{got[k]['wall_s']} / {got[k]['search_s']}" if k in got else "-" for k in ("cold", "warm")]
-            lines.append(f"| {platform} | {s} | {cells[0]} | {cells[1]} |")
+        for s in SEARCHERS:
+            p = r["plans"].get(s, {})
+            done = "slowest_compute_ms" in p
+            cells.append(f"{p['slowest_compute_ms']:.2f} / {p['priced_total_ms']:.2f}" if done else "-")
+        lines.append(
+            f"| {task_id} | {s_['devices']} | {s_['tables']} | {s_['batch_size']} | {s_['table_gib_per_device']} | "
+            + " | ".join(cells)
+            + " |"
+        )
     return "\n".join(lines)
 
 
-def pack(out: Path) -> None:
+def fmt_pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2%}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The pack
+
+
+def pack_plans(out: Path, tasks: dict[int, Task], searchers: tuple[str, ...] = PACK_SEARCHERS) -> None:
+    """The plans that need no model of the GPU (TorchRec's, the greedy), made here (the GPU machine has no TorchRec);
+    scored with the roofline (their predictions are not used), written as ``PACK_PLANS``."""
+    records = []
+    for index, task in tasks.items():
+        for searcher in searchers:
+            started = time.monotonic()
+            try:
+                plan = plan_task(task, searcher, "analytic", None, "cpu")  # TorchRec's: at the per-rank batch
+                records.append(plan_record(index, searcher, plan))
+            except (UserError, InfeasibleError) as err:
+                records.append(plan_record(index, searcher, None, str(err)[:300]))
+            print(f"pack: task {index} {searcher}: {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    with gzip.open(out / PACK_PLANS, "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in records))
+
+
+def pack_tasks(out: Path, sizes: Sizes) -> dict[int, Task]:
+    tasks = {i: gpu_task(sizes.tasks, SEED, i) for i in range(sizes.num_tasks)}
+    rows = [{"index": i, "summary": task_summary(t), "task": t.to_json()} for i, t in tasks.items()]
+    with gzip.open(out / TASKS_FILE, "wt") as f:
+        f.write(json.dumps(rows))
+    return tasks
+
+
+def pack(out: Path, sizes: Sizes = GPU) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    tasks = {task_id: task for task_id, _, task in benchmark_tasks(out / TASKS_FILE)}  # carried: 24 s to draw
-    torchrec_plans(tasks, out / TORCHREC_PLANS)
+    pack_plans(out, pack_tasks(out, sizes))
     prepare = Path(__file__).resolve().parents[1].parent / "shared" / "gpu" / "prepare.sh"
     if prepare.exists():
         subprocess.run(["bash", str(prepare), str(out.resolve())], check=True)  # it cds
@@ -352,12 +803,15 @@ def pack(out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=("pack", "run", "table"))
+    parser.add_argument("stage", choices=("pack", "run", "table", "model"))
     parser.add_argument("out")
     parser.add_argument("--dry", action="store_true", help="run: every step on this CPU, tiny")
     parser.add_argument("--budget-s", type=float, default=450.0, help="run: wall seconds for every step together")
-    parser.add_argument("--pack", default=None, help="run: the folder pack made (TorchRec's plans)")
+    parser.add_argument("--pack", default=None, help="run: the folder pack made (the tasks, TorchRec's plans)")
+    parser.add_argument("--labels", default=None, help="model (run's own): the label folder")
+    parser.add_argument("--work", default=None, help="model (run's own): the run's work folder")
     parser.add_argument("--steps", default="", help=f"run: these steps only, comma-separated ({', '.join(SHARES)})")
+    parser.add_argument("--label-seed", type=int, default=0, help="run: the spec sampler's seed of the labels step")
     args = parser.parse_args()
     try:
         if args.stage == "pack":
@@ -366,7 +820,11 @@ def main() -> None:
             only = tuple(step for step in args.steps.split(",") if step)
             if set(only) - set(SHARES):
                 raise UserError(f"--steps: got {args.steps!r}, expected some of {', '.join(SHARES)}")
-            run(Path(args.out), args.dry, args.budget_s, Path(args.pack) if args.pack else None, only)
+            run(Path(args.out), args.dry, args.budget_s, Path(args.pack) if args.pack else None, only, args.label_seed)
+        elif args.stage == "model":
+            model_stage(
+                Path(args.out), Path(args.labels), Path(args.work), Path(args.pack) if args.pack else None, args.dry
+            )
         else:
             print(table(Path(args.out)))
     except UserError as err:

@@ -12,10 +12,13 @@ tar -xzf .gpu/whl/antlr4-python3-runtime-4.9.3.tar.gz -C /tmp
 cp -r /tmp/antlr4-python3-runtime-4.9.3/src/antlr4 "$SITE/"
 cp -r neuroshard_jax searchers tools "$PROJ/" && cp -r conf "$PROJ/neuroshard_jax/conf"
 cd "$PROJ"
-export PYTHONPATH="$PROJ:$SITE" CUDA_MODULE_LOADING=LAZY XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+# JAX on the host CPU (training, search): the GPU measures kernels alone. The tasks' streams go to the cache (~15 GB).
+export PYTHONPATH="$PROJ:$SITE" CUDA_MODULE_LOADING=LAZY XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 \
+  JAX_PLATFORMS=cpu NEUROSHARD_CACHE_DIR=/tmp/nsj-cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv || true
 status=0
-python3 -m tools.gpu_check run "$OUT" --pack "$REPO/.gpu" --budget-s "${BUDGET_S:-450}" --steps "${STEPS:-}" || status=$?
+python3 -m tools.gpu_check run "$OUT" --pack "$REPO/.gpu" --budget-s "${BUDGET_S:-450}" --steps "${STEPS:-}" \
+  --label-seed "${LABEL_SEED:-0}" || status=$?
 python3 -m tools.gpu_check table "$OUT" > "$OUT/table.md" || true   # what the steps that ran wrote
 cat "$OUT/table.md"
 exit $status

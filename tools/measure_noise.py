@@ -38,7 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.core.files import hardware, read_jsonl, write_json
+from neuroshard_jax.core.files import read_jsonl, write_json
+from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, compute_request
 from neuroshard_jax.learn.plan_labels import row_plans

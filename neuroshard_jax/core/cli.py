@@ -4,12 +4,14 @@ Every entry point runs as ``run_app(main, config_name, validate)``: the command 
 checked against ``conf/``, then the config is composed once per value of every override (each value of a
 sweep too) and turned into the app's typed dataclasses by ``validate``, so a bad override (``seed=abc``,
 ``searcher.k=2.5``, ``searcher.nope=1``) is one ``error:`` line and exit 2 before anything runs. Hydra's own
-multi-line messages (exit 1) never reach the user.
+multi-line messages (exit 1) never reach the user. ``setup_logging`` shows the library's log records on stderr as
+the lines a user reads (``warning: ...``, progress lines as they are), whatever Hydra does with the root logger.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 import tempfile
@@ -29,6 +31,42 @@ from neuroshard_jax.core.errors import UserError, first_line, os_error
 
 CONFIG_GROUPS = ("searcher", "task", "cost_model", "experiment")
 CONFIG_MODULE = "neuroshard_jax.conf"
+LIBRARY_LOGGERS = ("neuroshard_jax", "searchers")  # the packages whose module loggers a command shows
+
+
+class _Stderr(logging.StreamHandler):
+    """A handler on whatever ``sys.stderr`` is when a record comes (as logging's last resort), not the stream of
+    the moment it was made."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _):
+        pass
+
+
+class _UserLines(logging.Formatter):
+    """A record as the line a user reads: ``warning: ...`` (``error: ...``) above INFO, an INFO record as it is."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        return f"{record.levelname.lower()}: {line}" if record.levelno >= logging.WARNING else line
+
+
+def setup_logging() -> None:
+    """The library's INFO and WARNING records on stderr as plain lines (``_UserLines``), and not on Hydra's
+    handlers of the root logger (its job log prints them on stdout, stamped). Called where a command starts
+    (``run_app``) and in each job (``one_line_errors``: a launcher's worker process too); once is enough."""
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(h, _Stderr) for h in logger.handlers):
+            handler = _Stderr()
+            handler.setFormatter(_UserLines())
+            logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 def fail(err: Exception) -> NoReturn:
@@ -44,10 +82,12 @@ def fail(err: Exception) -> NoReturn:
 
 def one_line_errors(main: Callable[[DictConfig], None]) -> Callable[[DictConfig], None]:
     """A Hydra main whose UserErrors and OS refusals (a full disk, a folder it may not write in) end in one
-    ``error:`` line (``fail``), below ``@hydra.main``, which would print a traceback of anything else."""
+    ``error:`` line (``fail``), below ``@hydra.main``, which would print a traceback of anything else; the job's
+    log lines on stderr (``setup_logging``)."""
 
     @functools.wraps(main)
     def run(cfg: DictConfig) -> None:
+        setup_logging()
         try:
             main(cfg)
         except UserError as err:
@@ -176,7 +216,8 @@ def check_output_folder(argv: list[str]) -> None:
 
 def run_app(main: Callable[[], None], config_name: str, validate: Callable[[DictConfig], Any]) -> None:
     """Check the command line (``check_group_overrides``, ``check_command_line``, ``check_output_folder``), then
-    run the Hydra ``main``."""
+    run the Hydra ``main``; the library's log lines on stderr (``setup_logging``)."""
+    setup_logging()
     argv = sys.argv[1:]
     check_group_overrides(argv)
     check_command_line(config_name, argv, validate)

@@ -3,8 +3,11 @@ options) to its frozen dataclass in one way, ``typed``, which checks every field
 starts and names the key, the value and what was expected in a one-line ``UserError``.
 
 Types understood: int, float, bool, str, ``X | None``, ``tuple[X, ...]``, ``dict``, ``Any`` and nested
-dataclasses. Value checks beyond the type (ranges, choices) stay in each dataclass's ``__post_init__``.
-Numpy scalars and arrays are taken where Python numbers and lists are (``plain``, which ``Task.from_json`` uses too).
+dataclasses. A number's bounds are part of its type where a field declares them (``bounded``: ``at_least`` for an
+integer or a number, ``above`` for a number), and are checked and described with it. Value checks beyond those
+(choices, rules across fields) stay in each dataclass's ``__post_init__``, the schema's hooks. Numpy scalars and
+arrays are taken where Python numbers and lists are (``plain``). The same ``typed`` parses configs, task files and
+plan files (``core/types.py``): one mechanism, one kind of message.
 """
 
 from __future__ import annotations
@@ -28,20 +31,41 @@ def _hints(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _describe(tp) -> str:
-    """What a value of type ``tp`` looks like, for error messages."""
+def bounded(at_least: float | None = None, above: float | None = None, **field_options):
+    """A dataclass field whose number ``typed`` checks against its bounds (``at_least``: >=, ``above``: >) and
+    describes with them (``an integer >= 1``, ``a finite number > 0``); ``field_options``: ``dataclasses.field``'s."""
+    return dataclasses.field(metadata={"at_least": at_least, "above": above}, **field_options)
+
+
+def _bounds_text(bounds: dict | None) -> str:
+    if not bounds:
+        return ""
+    if bounds.get("above") is not None:
+        return f" > {bounds['above']:g}"
+    return f" >= {bounds['at_least']:g}" if bounds.get("at_least") is not None else ""
+
+
+def _within(value, bounds: dict | None) -> bool:
+    if not bounds:
+        return True
+    low, above = bounds.get("at_least"), bounds.get("above")
+    return (low is None or value >= low) and (above is None or value > above)
+
+
+def _describe(tp, bounds: dict | None = None) -> str:
+    """What a value of type ``tp`` (a number within ``bounds``) looks like, for error messages."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp is bool:
         return "true or false"
     if tp is int:
-        return "an integer"
+        return "an integer" + _bounds_text(bounds)
     if tp is float:
-        return "a number"
+        return f"a finite number{_bounds_text(bounds)}" if bounds else "a number"
     if tp is str:
         return "a string"
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
-        return " or ".join(_describe(a) for a in inner) + (" or null" if len(inner) < len(args) else "")
+        return " or ".join(_describe(a, bounds) for a in inner) + (" or null" if len(inner) < len(args) else "")
     if origin is tuple:
         return f"a list of {_describe(args[0]).removeprefix('an ').removeprefix('a ')}s"
     if dataclasses.is_dataclass(tp):
@@ -55,8 +79,9 @@ class _Mismatch(Exception):
     pass
 
 
-def _convert(value, tp, where: str):
-    """``value`` as type ``tp`` (lists to tuples, dicts to dataclasses); raises _Mismatch or UserError."""
+def _convert(value, tp, where: str, bounds: dict | None = None):
+    """``value`` as type ``tp`` (lists to tuples, dicts to dataclasses; a number within ``bounds``); raises
+    _Mismatch or UserError."""
     if tp is Any:
         return value
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -65,7 +90,7 @@ def _convert(value, tp, where: str):
             return None
         for option in (a for a in args if a is not type(None)):
             try:
-                return _convert(value, option, where)
+                return _convert(value, option, where, bounds)
             except _Mismatch:
                 continue
         raise _Mismatch
@@ -74,11 +99,12 @@ def _convert(value, tp, where: str):
             return value
         raise _Mismatch
     if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
+        if isinstance(value, int) and not isinstance(value, bool) and _within(value, bounds):
             return value
         raise _Mismatch
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if number and _within(value, bounds):
             return float(value)
         raise _Mismatch
     if tp is str:
@@ -153,18 +179,18 @@ def typed(cls, options: dict | None, where: str = "", ignore: tuple[str, ...] = 
         raise UserError(f"{prefix}{unknown[0]}: unknown key, {nearest(unknown[0], sorted(fields))}")
     hints = _hints(cls)
     values = {}
-    for name in fields:
+    for name, field in fields.items():
         if name not in options:
+            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+                raise UserError(f"{prefix}{name}: missing, expected a value")
             continue
-        value = options[name]
+        value, bounds = options[name], field.metadata or None
         try:
-            values[name] = _convert(value, hints[name], f"{prefix}{name}")
+            values[name] = _convert(value, hints[name], f"{prefix}{name}", bounds)
         except _Mismatch:
-            raise UserError(f"{prefix}{name}: got {value!r:.60}, expected {_describe(hints[name])}") from None
+            raise UserError(f"{prefix}{name}: got {value!r:.60}, expected {_describe(hints[name], bounds)}") from None
     try:
         return cls(**values)
-    except TypeError as err:  # a required field left out
-        raise UserError(f"{where or cls.__name__}: {err}") from None
     except UserError as err:
         raise UserError(_located(str(err), where, fields)) from None
 

@@ -55,6 +55,11 @@ def has_constraints(tables: Sequence[Constrained]) -> bool:
     )
 
 
+def constraints_used(tables: Sequence[Constrained]) -> list[str]:
+    """The constraint keys (``KEYS`` order) that at least one of ``tables`` sets."""
+    return [k for k in KEYS if any(getattr(t, k) not in (None, False, ()) for t in tables)]
+
+
 def may_be_data_parallel(table: Constrained) -> bool:
     """Whether a plan may replicate the table on every device: its sharding types allow it, and no constraint
     keeps it off a device or beside a group."""

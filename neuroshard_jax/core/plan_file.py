@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from neuroshard_jax.core.files import read_json
+from neuroshard_jax.core.records import CalibrationRecord, PolishRecord
 from neuroshard_jax.core.types import Plan
 
 
@@ -66,7 +67,7 @@ def format_plan(plan_json: dict[str, Any], file_name: str = "plan.json") -> str:
         + (f" {'cap_GB':>7} {'speed':>6}" if hetero else "")
         + f" {'compute':>9} {'fwd_comm':>9} {'bwd_comm':>9} {'total_ms':>9}",
     ]
-    polish = plan_json.get("polish")
+    polish = None if plan_json.get("polish") is None else PolishRecord.from_json(plan_json["polish"])
     if polish:
         lines[1] += f" {'measured':>9}"
     devices = plan_json["devices"]
@@ -80,7 +81,7 @@ def format_plan(plan_json: dict[str, Any], file_name: str = "plan.json") -> str:
             + (f" {spec['mem_cap_gb']:>7.3f} {spec['speed']:>6.2f}" if spec else "")
             + f" {c['compute']:>9.3f} {c['fwd_comm']:>9.3f} {c['bwd_comm']:>9.3f} {c['total']:>9.3f}"
         )
-        lines.append(line + (f" {polish['devices'][d['device']]['total']:>9.3f}" if polish else ""))
+        lines.append(line + (f" {polish.devices[d['device']].total:>9.3f}" if polish else ""))
     lines.extend(devices_summary(total_ms, shown, f"in {file_name}"))
     replicated = plan_json.get("data_parallel")
     if replicated:  # not in the device rows' shard counts: every device holds them whole
@@ -92,12 +93,12 @@ def format_plan(plan_json: dict[str, Any], file_name: str = "plan.json") -> str:
     )
     if polish:
         lines.append(
-            f"measured cost: {polish['measured_ms']:.3f} ms, unpolished {polish['unpolished_measured_ms']:.3f} ms "
-            f"({100 * polish['improvement']:+.1f}% better); polishing kept {polish['changes_kept']} changes, "
-            f"{polish['measurements']} device measurements, {polish['time_s']:.1f} s"
+            f"measured cost: {polish.measured_ms:.3f} ms, unpolished {polish.unpolished_measured_ms:.3f} ms "
+            f"({100 * polish.improvement:+.1f}% better); polishing kept {polish.changes_kept} changes, "
+            f"{polish.measurements} device measurements, {polish.time_s:.1f} s"
         )
     if plan_json.get("calibration"):
-        lines.append(calibration_line(plan_json["calibration"]))
+        lines.append(calibration_line(CalibrationRecord.from_json(plan_json["calibration"])))
     unsure = [d for d in devices if d.get("model_trust", 1.0) < 1.0]
     named = unsure if len(devices) <= PRINTED_DEVICES else unsure[:SLOWEST_PRINTED]
     for d in named:
@@ -123,16 +124,25 @@ def estimated_line(names: list[str | int], num_tables: int) -> str:
     )
 
 
-def calibration_line(record: dict) -> str:
+def calibration_line(record: CalibrationRecord) -> str:
     """One line on a plan's calibration (``calibrate.py``): the factor, its spread and what it came from."""
-    if record.get("given"):
-        return f"calibrated: predicted compute x{record['factor']:.3f} (cost_model.calibration, given)"
-    r = record["ratios"]
+    if record.given:
+        return f"calibrated: predicted compute x{record.factor:.3f} (cost_model.calibration, given)"
+    r = record.ratios
     line = (
-        f"calibrated on this machine: predicted compute x{record['factor']:.3f} (measured / predicted over "
-        f"{record['devices']} devices of the task's tables: p10 {r['p10']:.2f}, p90 {r['p90']:.2f}; "
-        f"{record['seconds']:.0f} s)"
+        f"calibrated on this machine: predicted compute x{record.factor:.3f} (measured / predicted over "
+        f"{record.devices} devices of the task's tables: p10 {r.p10:.2f}, p90 {r.p90:.2f}; "
+        f"{record.seconds:.0f} s)"
     )
-    if record.get("far"):
+    if record.far:
         line += "; far from 1: the model was trained on other hardware, a model of this kind would predict better"
     return line
+
+
+def device_list(devices: Sequence[int], shown: int = 8) -> str:
+    """A list of device indices for a printout: whole up to ``shown``, else its ends and how many (a data-parallel
+    table is on every device)."""
+    if len(devices) <= shown:
+        return str(list(devices))
+    head, tail = ", ".join(map(str, devices[: shown - 2])), ", ".join(map(str, devices[-2:]))
+    return f"[{head}, ..., {tail}] ({len(devices)} devices)"

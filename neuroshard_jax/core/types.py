@@ -1,9 +1,15 @@
-"""Shared host-side types: tables, tasks, shards and plans (frozen; nothing is mutated in place).
+"""Shared host-side types: tables, tasks, shards and plans (frozen; nothing is mutated in place), and their file
+schema.
 
-JSON (de)serialisation lives with the types so that a task file is exactly the object found under
-``"task"`` in plan.json, and plan.json is ``Plan.to_json()``. Validation of untrusted input raises
-``UserError`` naming the field, the value and what was expected. The rules of shard geometry (splits,
-memory, tiling) are ``neuroshard_jax.core.sharding``'s; the types only call them.
+A task file is exactly the object found under ``"task"`` in plan.json, and plan.json is ``Plan.to_json()``. Files are
+parsed by ``core.config.typed``, the one mechanism that parses configs too, through the file's schema (``TaskFile``,
+``TableFile``, ``RowBlocksFile``, ``PlanFile``, ``ShardFile``, and ``Device``, ``Links``, ``PoolSpec`` themselves):
+types and bounds from the fields, unknown keys refused naming the nearest, then the rules across fields. Validation
+of untrusted input raises ``UserError`` naming the field, the value and what was expected. The rules of shard
+geometry (splits, memory, tiling) are ``neuroshard_jax.core.sharding``'s; the types only call them.
+
+Why one module of ~900 lines: the schema of each file sits beside the type it reads into and writes from
+(``to_json``/``from_json``), so that the contract of plan.json is read, and changed, in one place.
 """
 
 from __future__ import annotations
@@ -15,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from neuroshard_jax.core.config import nearest, plain
+from neuroshard_jax.core.config import bounded, plain, typed
 from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GENERATOR_VERSION, GIB_BYTES
-from neuroshard_jax.core.constraints import KEYS as CONSTRAINT_KEYS
 from neuroshard_jax.core.constraints import SHARDING_TYPES, violations
 from neuroshard_jax.core.errors import PlanError, UserError
 from neuroshard_jax.core.features import NUM_BINS, feature_matrix
-from neuroshard_jax.core.files import pool_file_digest
+from neuroshard_jax.core.paths import pool_file_digest
+from neuroshard_jax.core.records import CalibrationRecord, PolishRecord
 from neuroshard_jax.core.sharding import (
     Shard,
     column_shards,
@@ -63,9 +69,9 @@ class PoolSpec:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
     @classmethod
-    def from_json(cls, obj: dict) -> PoolSpec:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in obj.items() if k in known})
+    def from_json(cls, obj: dict, where: str = "pool") -> PoolSpec:
+        """A task file's ``pool`` (its schema: this class; an unknown key is refused, naming the nearest)."""
+        return typed(cls, obj, where)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,9 +138,9 @@ class Device:
     predicted compute is divided by its speed: 2.0 computes twice as fast as 1.0) and the host it sits in (a
     task's ``links`` say how fast devices talk within a host and between hosts)."""
 
-    mem_cap_gb: float
-    speed: float = 1.0
-    host: int = 0
+    mem_cap_gb: float = bounded(above=0)
+    speed: float = bounded(above=0, default=1.0)
+    host: int = bounded(at_least=0, default=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,11 +148,11 @@ class Links:
     """A multi-host task's bandwidths per device in GB/s: between devices of one host (NVLink, shared memory) and
     between hosts (the network)."""
 
-    intra_host_gbps: float
-    inter_host_gbps: float
+    intra_host_gbps: float = bounded(above=0)
+    inter_host_gbps: float = bounded(above=0)
     # hosts of consecutive devices, for a task whose devices carry no host of their own: device d is in host
     # d // devices_per_host (8 GPUs per host: 512 devices are 64 hosts)
-    devices_per_host: int | None = None
+    devices_per_host: int | None = bounded(at_least=1, default=None)
 
     def comm_scale(self, hosts: list[int]) -> np.ndarray:
         """f64[N]: how much longer each device's all-to-all takes than on one host (``hosts``: each device's host).
@@ -165,57 +171,69 @@ class Links:
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-    """Tables to shard over ``num_devices`` devices with ``mem_cap_gb`` GiB each; or, where ``devices`` is given,
-    over those devices (heterogeneous caps and speeds; ``mem_cap_gb`` is then the largest cap)."""
+    """Tables to shard over ``devices`` (each with its memory cap for tables, relative compute speed and host);
+    ``Task.uniform(num_devices, mem_cap_gb, ...)`` builds a task of identical devices of speed 1."""
 
-    num_devices: int
-    mem_cap_gb: float
+    devices: tuple[Device, ...]
     batch_size: int
     tables: tuple[Table, ...]
     precision: str = "fp32"
     pool: PoolSpec | None = None
-    devices: tuple[Device, ...] | None = None
     links: Links | None = None
 
     def __post_init__(self):
-        if self.devices is not None:
-            if any(not (d.mem_cap_gb > 0 and d.speed > 0) for d in self.devices):
-                raise ValueError(f"task: device caps and speeds must be > 0, got {self.devices}")
-            if all(d == Device(self.mem_cap_gb) for d in self.devices):  # identical devices of speed 1: a plain task
-                object.__setattr__(self, "devices", None)
-        if self.devices is not None:
-            if len(self.devices) != self.num_devices:
-                raise ValueError(f"task: {len(self.devices)} devices given for num_devices {self.num_devices}")
-            if self.mem_cap_gb != max(d.mem_cap_gb for d in self.devices):
-                raise ValueError(f"task: mem_cap_gb {self.mem_cap_gb} is not the largest device cap")
+        object.__setattr__(self, "devices", tuple(self.devices))
+        if not self.devices:
+            raise ValueError("task: no devices, expected at least one")
+        if any(not (d.mem_cap_gb > 0 and d.speed > 0) for d in self.devices):
+            raise ValueError(f"task: device caps and speeds must be > 0, got {self.devices}")
         if self.links is not None:
             if not (self.links.intra_host_gbps > 0 and self.links.inter_host_gbps > 0):
                 raise ValueError(f"task: link bandwidths must be > 0, got {self.links}")
-            if self.links.devices_per_host and self.devices and any(d.host for d in self.devices):
+            if self.links.devices_per_host and any(d.host for d in self.devices):
                 raise ValueError("task: devices_per_host given beside the devices' own hosts; expected one")
 
     @classmethod
-    def on_devices(
-        cls, devices, batch_size: int, tables, precision: str = "fp32", pool=None, links: Links | None = None
+    def uniform(
+        cls,
+        num_devices: int,
+        mem_cap_gb: float,
+        batch_size: int,
+        tables,
+        precision: str = "fp32",
+        pool: PoolSpec | None = None,
+        links: Links | None = None,
     ) -> Task:
-        """A task over the given devices (``Device`` objects); identical devices of speed 1 give a plain task."""
-        devices = tuple(devices)
-        cap = max(d.mem_cap_gb for d in devices)
-        return cls(len(devices), cap, batch_size, tuple(tables), precision, pool, devices, links)
+        """A task of ``num_devices`` identical devices of ``mem_cap_gb`` GiB each and speed 1."""
+        return cls((Device(mem_cap_gb),) * num_devices, batch_size, tuple(tables), precision, pool, links)
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def is_uniform(self) -> bool:
+        """Whether every device is the same, of speed 1 in host 0 (a task file then names their count and cap)."""
+        return all(d == Device(self.devices[0].mem_cap_gb) for d in self.devices)
 
     @property
     def num_tables(self) -> int:
         return len(self.tables)
 
     @property
-    def mem_cap_bytes(self) -> int:
-        """The largest device's cap in bytes (every device's, for a task of identical devices)."""
-        return int(self.mem_cap_gb * GIB_BYTES)
+    def largest_cap_gb(self) -> float:
+        """The largest device's cap in GiB (every device's, for a uniform task)."""
+        return max(d.mem_cap_gb for d in self.devices)
+
+    @property
+    def largest_cap_bytes(self) -> int:
+        """The largest device's cap in bytes (every device's, for a uniform task)."""
+        return int(self.largest_cap_gb * GIB_BYTES)
 
     @property
     def has_speeds(self) -> bool:
         """Whether some device's speed is not 1 (its compute is scaled)."""
-        return self.devices is not None and any(d.speed != 1.0 for d in self.devices)
+        return any(d.speed != 1.0 for d in self.devices)
 
     def cap_bytes(self) -> np.ndarray:
         """i64[N]: each device's memory cap in bytes."""
@@ -223,19 +241,17 @@ class Task:
 
     def caps_gb(self) -> list[float]:
         """Each device's memory cap in GiB."""
-        return [self.mem_cap_gb] * self.num_devices if self.devices is None else [d.mem_cap_gb for d in self.devices]
+        return [d.mem_cap_gb for d in self.devices]
 
     def speeds(self) -> np.ndarray:
-        """f64[N]: each device's relative compute speed (1 for a task of identical devices)."""
-        if self.devices is None:
-            return np.ones(self.num_devices)
+        """f64[N]: each device's relative compute speed."""
         return np.array([d.speed for d in self.devices], dtype=np.float64)
 
     def hosts(self) -> list[int]:
-        """Each device's host: the devices' own, else consecutive groups of ``links.devices_per_host``, else 0."""
+        """Each device's host: consecutive groups of ``links.devices_per_host`` where given, else the devices' own."""
         if self.links is not None and self.links.devices_per_host:
             return [d // self.links.devices_per_host for d in range(self.num_devices)]
-        return [0] * self.num_devices if self.devices is None else [d.host for d in self.devices]
+        return [d.host for d in self.devices]
 
     def comm_scale(self) -> np.ndarray:
         """f64[N]: each device's all-to-all time relative to one host (``Links.comm_scale``; 1 without links)."""
@@ -268,8 +284,8 @@ class Task:
 
     def describe_devices(self) -> str:
         """The devices in a few words, for messages: ``4 x 2.0 GiB`` or ``4 devices of 1.0-8.0 GiB``."""
-        if self.devices is None:
-            return f"{self.num_devices} x {self.mem_cap_gb} GiB"
+        if self.is_uniform:
+            return f"{self.num_devices} x {self.devices[0].mem_cap_gb} GiB"
         caps = self.caps_gb()
         return f"{self.num_devices} devices of {min(caps)}-{max(caps)} GiB ({sum(caps):.2f} GiB in all)"
 
@@ -297,8 +313,8 @@ class Task:
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "num_devices": self.num_devices,
-            "mem_cap_gb": self.mem_cap_gb,
-            **({"devices": _devices_json(self.devices)} if self.devices is not None else {}),
+            "mem_cap_gb": self.largest_cap_gb,
+            **({"devices": _devices_json(self.devices)} if not self.is_uniform else {}),
             **({"links": _links_json(self.links)} if self.links is not None else {}),
             "batch_size": self.batch_size,
             "precision": self.precision,
@@ -324,27 +340,22 @@ class Task:
 
     @classmethod
     def from_json(cls, obj: Any, where: str = "task") -> Task:
-        """Parse and validate a task object (numpy numbers and arrays taken as Python's); errors name
+        """Parse and validate a task object (numpy numbers and arrays taken as Python's) through its schema
+        (``TaskFile``, ``TableFile``: ``core.config.typed``, then the rules across fields); errors name
         ``where.field``, and a table by its name where it has one (``where.tables['user_id'].rows``)."""
         obj = plain(obj)
         if not isinstance(obj, dict):
             raise UserError(f"{where}: got {type(obj).__name__}, expected a JSON object")
-        _known_keys(obj, TASK_KEYS, where)
-        devices = _devices_field(obj, where)
-        if devices is None:
-            num_devices = _int_field(obj, "num_devices", where, minimum=1)
-            mem_cap_gb = _float_field(obj, "mem_cap_gb", where, positive=True)
-        else:
-            num_devices, mem_cap_gb = len(devices), max(d.mem_cap_gb for d in devices)
-        batch_size = _int_field(obj, "batch_size", where, minimum=1)
-        precision = obj.get("precision", "fp32")
-        if precision not in BYTES_PER_ELEMENT:
-            raise UserError(f"{where}.precision: got {precision!r}, expected one of {', '.join(BYTES_PER_ELEMENT)}")
-        raw_tables = _field(obj, "tables", where)
-        if not isinstance(raw_tables, list) or not raw_tables:
-            raise UserError(f"{where}.tables: got {raw_tables!r:.60}, expected a non-empty list of tables")
-        at = [_table_where(t, i, where) for i, t in enumerate(raw_tables)]
-        tables = tuple(_table_from_json(t, at[i]) for i, t in enumerate(raw_tables))
+        raw = typed(TaskFile, obj, where)
+        devices = _devices_of(raw, where)
+        if raw.batch_size is None:
+            raise UserError(f"{where}.batch_size: missing, expected a value")
+        if raw.precision not in BYTES_PER_ELEMENT:
+            raise UserError(f"{where}.precision: got {raw.precision!r}, expected one of {', '.join(BYTES_PER_ELEMENT)}")
+        if not isinstance(raw.tables, list) or not raw.tables:
+            raise UserError(f"{where}.tables: got {raw.tables!r:.60}, expected a non-empty list of tables")
+        at = [_table_where(t, i, where) for i, t in enumerate(raw.tables)]
+        tables = tuple(_table_from_json(t, at[i]) for i, t in enumerate(raw.tables))
         seen: set[int] = set()
         names: set[str] = set()
         for i, t in enumerate(tables):
@@ -356,19 +367,11 @@ class Task:
             names.add(t.name)
         for i, t in enumerate(tables):
             for d in ((t.pin,) if t.pin is not None else ()) + t.exclude:
-                if not 0 <= d < num_devices:
+                if not 0 <= d < len(devices):
                     key = "pin" if d == t.pin else "exclude"
-                    raise UserError(f"{at[i]}.{key}: got device {d}, expected 0..{num_devices - 1}")
-        pool = obj.get("pool")
-        if pool is not None and not isinstance(pool, dict):
-            raise UserError(
-                f"{where}.pool: got {pool!r:.60}, expected an object like {{'source': 'synthetic', 'seed': 0}}"
-            )
-        pool_spec = PoolSpec.from_json(pool) if pool else None
-        links = _links_field(obj, devices, where)
-        if devices is not None:
-            return cls.on_devices(devices, batch_size, tables, precision, pool_spec, links)
-        return cls(num_devices, mem_cap_gb, batch_size, tables, precision, pool_spec, links=links)
+                    raise UserError(f"{at[i]}.{key}: got device {d}, expected 0..{len(devices) - 1}")
+        links = _checked_links(raw.links, devices, where)
+        return cls(tuple(devices), raw.batch_size, tables, raw.precision, raw.pool, links)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,9 +408,9 @@ class Plan:
     seed: int | None = dataclasses.field(default=None, compare=False)
     search_time_s: float | None = dataclasses.field(default=None, compare=False)
     # measured polishing's record (``polish.py``): measured per-device costs, measurements, time, improvement
-    polish: dict | None = dataclasses.field(default=None, compare=False)
+    polish: PolishRecord | None = dataclasses.field(default=None, compare=False)
     # the cost model's calibration to the measuring machine (``calibrate.py``): factor, its spread, what was measured
-    calibration: dict | None = dataclasses.field(default=None, compare=False)
+    calibration: CalibrationRecord | None = dataclasses.field(default=None, compare=False)
     data_parallel: tuple[int, ...] = ()
 
     @classmethod
@@ -532,11 +535,12 @@ class Plan:
         out["shards"] = [_shard_json(task, s) for s in sorted(self.shards, key=_shard_order)]
         if self.data_parallel:  # absent when none: a file without them reads as before
             out["data_parallel"] = [task.tables[t].id for t in self.data_parallel]
+        held = np.bincount([s.device for s in self.shards], minlength=task.num_devices)
         devices = []
         for d in range(task.num_devices):
             device = {
                 "device": d,
-                "num_shards": len(self.device_shards(d)),
+                "num_shards": int(held[d]),
                 "mem_gb": float(mem[d] / GIB_BYTES),
                 "dim_sum": int(dim_sums[d]),
             }
@@ -558,9 +562,9 @@ class Plan:
         if self.search_time_s is not None:
             out["search_time_s"] = float(self.search_time_s)
         if self.polish is not None:
-            out["polish"] = self.polish
+            out["polish"] = self.polish.to_json()
         if self.calibration is not None:
-            out["calibration"] = self.calibration
+            out["calibration"] = self.calibration.to_json()
         return out
 
     @classmethod
@@ -570,26 +574,20 @@ class Plan:
         obj = plain(obj)
         if not isinstance(obj, dict) or "task" not in obj or "shards" not in obj:
             raise UserError(f"{where}: expected a plan.json object with 'task' and 'shards'")
+        raw = typed(PlanFile, obj, where)  # its keys and provenance; the task, shards and records parsed below
         task = Task.from_json(obj["task"], where=f"{where}.task")
         index = {t.id: i for i, t in enumerate(task.tables)}
         if not isinstance(obj["shards"], list):
             raise UserError(f"{where}.shards: got {obj['shards']!r:.60}, expected a list of shards")
         shards = []
-        for i, s in enumerate(obj["shards"]):
-            try:
-                table, col_offset, dim, device = (int(s[k]) for k in ("table", "col_offset", "dim", "device"))
-                row_offset, num_rows = int(s.get("row_offset", 0)), s.get("num_rows")
-                num_rows = None if num_rows is None else int(num_rows)
-            except (KeyError, TypeError, ValueError, AttributeError):
-                raise UserError(
-                    f"{where}.shards[{i}]: got {s!r:.80}, expected table, col_offset, dim, device integers "
-                    "(and row_offset, num_rows for a row block)"
-                ) from None
-            if table not in index:
-                raise UserError(f"{where}.shards[{i}].table: got {table}, expected a table id of the task")
-            if row_offset < 0 or (num_rows is not None and num_rows < 0):
-                raise UserError(f"{where}.shards[{i}]: row_offset {row_offset}, num_rows {num_rows}, expected >= 0")
-            shards.append(Shard(index[table], col_offset, dim, device, row_offset, num_rows))
+        for i, shard in enumerate(obj["shards"]):
+            at = f"{where}.shards[{i}]"
+            if not isinstance(shard, dict):
+                raise UserError(f"{at}: got {shard!r:.80}, expected an object with keys {', '.join(SHARD_KEYS)}")
+            s = typed(ShardFile, shard, at)
+            if s.table not in index:
+                raise UserError(f"{at}.table: got {s.table}, expected a table id of the task")
+            shards.append(Shard(index[s.table], s.col_offset, s.dim, s.device, s.row_offset, s.num_rows))
         replicated = obj.get("data_parallel", [])
         if (
             not isinstance(replicated, list)
@@ -603,11 +601,13 @@ class Plan:
             task,
             tuple(shards),
             _costs_from_json(obj, task.num_devices),
-            obj.get("searcher"),
-            obj.get("seed"),
-            obj.get("search_time_s"),
-            obj.get("polish") if isinstance(obj.get("polish"), dict) else None,
-            obj.get("calibration") if isinstance(obj.get("calibration"), dict) else None,
+            raw.searcher,
+            raw.seed,
+            raw.search_time_s,
+            None if obj.get("polish") is None else PolishRecord.from_json(obj["polish"], f"{where}.polish"),
+            None
+            if obj.get("calibration") is None
+            else CalibrationRecord.from_json(obj["calibration"], f"{where}.calibration"),
             tuple(sorted({index[t] for t in replicated})),
         ).validate()
 
@@ -639,62 +639,113 @@ def _costs_from_json(obj: dict, num_devices: int) -> PlanCosts | None:
         return None
 
 
-# The task file schema, in one place: the keys a task object and its tables may have (``size`` is written by
-# ``to_json`` for readers and ignored on input: rows x dim; ``samples`` and ``batches``, written by the statistics
-# tool, are provenance and ignored too). The histogram is ``bins`` (a list) or ``bin_0`` .. ``bin_16`` (the
-# feature names). Anything else is refused, naming the nearest key.
-TASK_KEYS = ("num_devices", "mem_cap_gb", "devices", "links", "batch_size", "precision", "tables", "pool")
-DEVICE_KEYS = ("mem_cap_gb", "speed", "host")
-LINK_KEYS = ("intra_host_gbps", "inter_host_gbps", "devices_per_host")
+# The file schema, in one place: task, table, row-block and shard objects are the dataclasses below (and
+# ``Device``, ``Links``, ``PoolSpec``), parsed by ``core.config.typed`` like every config: types and bounds from the
+# fields, an unknown key refused naming the nearest. ``size`` is written by ``to_json`` for readers and ignored on
+# input (rows x dim); ``samples`` and ``batches``, written by the statistics tool, are provenance and ignored too. The
+# histogram is ``bins`` (a list) or ``bin_0`` .. ``bin_16`` (the feature names). The rules across fields (the
+# histogram's sum, unique ids, devices in range, hosts and links) are the hooks after the parse.
 BIN_KEYS = tuple(f"bin_{k}" for k in range(NUM_BINS))
-TABLE_KEYS = (
-    ("id", "name", "rows", "dim", "pooling_factor", "size", "bins", "estimated", "samples", "batches", "row_blocks")
-    + BIN_KEYS
-    + CONSTRAINT_KEYS
-)
-ROW_BLOCK_KEYS = ("count", "pooling_factors", "bins")
 BINS_TOLERANCE = 0.01  # the access-histogram shares of a looked-up table sum to 1 within this
 
 
-def _known_keys(obj: dict, known: tuple[str, ...], where: str) -> None:
-    for key in obj:
-        if key not in known:
-            raise UserError(f"{where}.{key}: unknown key, {nearest(key, list(known))}")
+@dataclasses.dataclass(frozen=True)
+class TaskFile:
+    """A task object (the one under ``"task"`` in plan.json): ``devices``, or ``num_devices`` x ``mem_cap_gb``."""
+
+    # a field left out stays None (an explicit null is refused with the field's type)
+    devices: tuple[Device, ...] | None = None
+    num_devices: int = bounded(at_least=1, default=None)
+    mem_cap_gb: float = bounded(above=0, default=None)
+    batch_size: int = bounded(at_least=1, default=None)
+    precision: str = "fp32"
+    tables: Any = None  # a list of TableFile objects, each parsed where errors can name it
+    pool: PoolSpec | None = None
+    links: Links | None = None
 
 
-def _field(obj: dict, name: str, where: str) -> Any:
-    if name not in obj:
-        raise UserError(f"{where}.{name}: missing, expected a value")
-    return obj[name]
+@dataclasses.dataclass(frozen=True)
+class TableFile:
+    """A table object of a task file (constraints: ``core.constraints``)."""
+
+    id: int = bounded(at_least=0)
+    rows: int = bounded(at_least=1)
+    dim: int = bounded(at_least=DIM_ALIGNMENT)
+    pooling_factor: float = bounded(at_least=0)
+    bins: Any = None  # 17 shares (``_checked_bins``); or bin_0 .. bin_16 (``_bins_field``)
+    name: str | None = None
+    size: Any = None
+    estimated: bool = False
+    samples: Any = None
+    batches: Any = None
+    row_blocks: Any = ()  # a list of RowBlocksFile objects
+    pin: int | None = bounded(at_least=0, default=None)
+    exclude: Any = ()
+    no_split: bool = False
+    max_shards: int | None = bounded(at_least=1, default=None)
+    colocate: Any = None
+    sharding_types: Any = None
 
 
-def _devices_field(obj: dict, where: str) -> list[Device] | None:
-    """The task's ``devices`` list (None when absent); ``num_devices`` and ``mem_cap_gb``, if given beside it,
-    must agree with it (the number of devices, the largest cap: what ``to_json`` writes)."""
-    raw = obj.get("devices")
-    if raw is None:
-        return None
-    if not isinstance(raw, list) or not raw:
-        raise UserError(
-            f"{where}.devices: got {raw!r:.60}, expected a non-empty list like [{{'mem_cap_gb': 16, 'speed': 1.0}}]"
-        )
-    devices = []
-    for i, d in enumerate(raw):
-        at = f"{where}.devices[{i}]"
-        if isinstance(d, Device):
-            d = dataclasses.asdict(d)
-        if not isinstance(d, dict):
-            raise UserError(f"{at}: got {d!r:.60}, expected an object like {{'mem_cap_gb': 16, 'speed': 1.0}}")
-        _known_keys(d, DEVICE_KEYS, at)
-        speed = _float_field(d, "speed", at, positive=True) if "speed" in d else 1.0
-        host = _int_field(d, "host", at, minimum=0) if "host" in d else 0
-        devices.append(Device(_float_field(d, "mem_cap_gb", at, positive=True), speed, host))
-    if "num_devices" in obj and obj["num_devices"] != len(devices):
-        raise UserError(f"{where}.num_devices: got {obj['num_devices']!r}, expected {len(devices)} (the devices given)")
+@dataclasses.dataclass(frozen=True)
+class RowBlocksFile:
+    """One entry of a table's ``row_blocks``: the statistics of its ``count`` row blocks."""
+
+    count: int = bounded(at_least=2)
+    pooling_factors: Any = None
+    bins: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanFile:
+    """A plan.json object (``Plan.to_json``): the task, the shards and the replicated tables; the predicted costs
+    (``devices``' ``cost_ms``, ``cost_ms``, ``cost_model``), provenance, the polishing and calibration records."""
+
+    task: Any
+    shards: Any
+    searcher: str | None = None
+    cost_model: str | None = None
+    seed: int | None = None
+    data_parallel: Any = None
+    devices: Any = None
+    cost_ms: Any = None
+    search_time_s: float | None = None
+    polish: Any = None
+    calibration: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardFile:
+    """A plan.json shard: a table's column slice on a device, and for a row block its row range."""
+
+    table: int
+    col_offset: int = bounded(at_least=0)
+    dim: int = bounded(at_least=1)
+    device: int = bounded(at_least=0)
+    row_offset: int = bounded(at_least=0, default=0)
+    num_rows: int | None = bounded(at_least=0, default=None)
+
+
+SHARD_KEYS = tuple(f.name for f in dataclasses.fields(ShardFile))
+
+
+def _devices_of(raw: TaskFile, where: str) -> list[Device]:
+    """The task's devices: ``devices`` (``num_devices`` and ``mem_cap_gb``, if given beside them, must agree: the
+    number of devices, the largest cap, as ``to_json`` writes them), else ``num_devices`` x ``mem_cap_gb``."""
+    if raw.devices is None:
+        for key in ("num_devices", "mem_cap_gb"):
+            if getattr(raw, key) is None:
+                raise UserError(f"{where}.{key}: missing, expected a value")
+        return [Device(raw.mem_cap_gb)] * raw.num_devices
+    devices = list(raw.devices)
+    if not devices:
+        raise UserError(f"{where}.devices: got [], expected a non-empty list like [{{'mem_cap_gb': 16, 'speed': 1.0}}]")
+    if raw.num_devices is not None and raw.num_devices != len(devices):
+        raise UserError(f"{where}.num_devices: got {raw.num_devices!r}, expected {len(devices)} (the devices given)")
     largest = max(d.mem_cap_gb for d in devices)
-    if "mem_cap_gb" in obj and obj["mem_cap_gb"] != largest:
+    if raw.mem_cap_gb is not None and raw.mem_cap_gb != largest:
         raise UserError(
-            f"{where}.mem_cap_gb: got {obj['mem_cap_gb']!r}, expected {largest} (the largest of the devices' caps) "
+            f"{where}.mem_cap_gb: got {raw.mem_cap_gb!r}, expected {largest} (the largest of the devices' caps) "
             f"or no mem_cap_gb beside devices"
         )
     return devices
@@ -710,48 +761,27 @@ def _links_json(links: Links) -> dict[str, Any]:
     return {key: value for key, value in dataclasses.asdict(links).items() if value is not None}
 
 
-def _links_field(obj: dict, devices: list[Device] | None, where: str) -> Links | None:
-    """The task's ``links`` (None when absent): required when the devices sit in more than one host."""
-    raw = obj.get("links")
-    hosts = sorted({d.host for d in devices or ()})
-    if raw is None:
+def _checked_links(links: Links | None, devices: list[Device], where: str) -> Links | None:
+    """The task's ``links`` (None when absent): required when the devices sit in more than one host, and hosts come
+    from the devices or from ``devices_per_host``, not both."""
+    hosts = sorted({d.host for d in devices})
+    if links is None:
         if len(hosts) > 1:
             raise UserError(
                 f"{where}.links: missing, but the devices sit in {len(hosts)} hosts; expected "
                 "{'intra_host_gbps': ..., 'inter_host_gbps': ...} (GB/s per device within a host and between hosts)"
             )
         return None
-    if not isinstance(raw, dict):
-        raise UserError(
-            f"{where}.links: got {raw!r:.60}, expected an object like {{'intra_host_gbps': 300, 'inter_host_gbps': 25}}"
-        )
     at = f"{where}.links"
-    _known_keys(raw, LINK_KEYS, at)
-    speeds = [_float_field(raw, key, at, positive=True) for key in ("intra_host_gbps", "inter_host_gbps")]
-    per_host = _int_field(raw, "devices_per_host", at, minimum=1) if raw.get("devices_per_host") is not None else None
-    if per_host is not None and len(hosts) > 1:
-        raise UserError(f"{at}.devices_per_host: got {per_host}, but the devices name their hosts; expected one")
-    if per_host is None and len(hosts) < 2:
+    if links.devices_per_host is not None and len(hosts) > 1:
+        raise UserError(
+            f"{at}.devices_per_host: got {links.devices_per_host}, but the devices name their hosts; expected one"
+        )
+    if links.devices_per_host is None and len(hosts) < 2:
         raise UserError(
             f"{at}: the devices sit in one host; expected a host per device (devices[i].host) or links.devices_per_host"
         )
-    return Links(*speeds, per_host)
-
-
-def _int_field(obj: dict, name: str, where: str, minimum: int) -> int:
-    value = _field(obj, name, where)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise UserError(f"{where}.{name}: got {value!r}, expected an integer >= {minimum}")
-    return value
-
-
-def _float_field(obj: dict, name: str, where: str, positive: bool = False) -> float:
-    value = _field(obj, name, where)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (positive and value == 0):
-        expected = "a finite number > 0" if positive else "a finite number >= 0"
-        raise UserError(f"{where}.{name}: got {value!r}, expected {expected}")
-    return float(value)
+    return links
 
 
 def _table_where(obj: Any, index: int, where: str) -> str:
@@ -763,23 +793,16 @@ def _table_where(obj: Any, index: int, where: str) -> str:
 def _table_from_json(obj: Any, where: str) -> Table:
     if not isinstance(obj, dict):
         raise UserError(f"{where}: got {obj!r:.60}, expected a table object")
-    _known_keys(obj, TABLE_KEYS, where)
-    table_id = _int_field(obj, "id", where, minimum=0)
-    rows = _int_field(obj, "rows", where, minimum=1)
-    dim = _int_field(obj, "dim", where, minimum=DIM_ALIGNMENT)
-    if not is_legal_dim(dim):
-        raise UserError(f"{where}.dim: got {dim}, expected a multiple of {DIM_ALIGNMENT}")
-    pooling = _float_field(obj, "pooling_factor", where)
-    bins = _checked_bins(_bins_field(obj, where), pooling, f"{where}.bins")
-    name = obj.get("name")
-    if name is not None and not (isinstance(name, str) and name):
-        raise UserError(f"{where}.name: got {name!r:.60}, expected a non-empty string")
-    estimated = obj.get("estimated", False)
-    if not isinstance(estimated, bool):
-        raise UserError(f"{where}.estimated: got {estimated!r:.60}, expected true or false")
-    table = Table(table_id, rows, dim, pooling, bins, name, estimated)
-    blocks = row_blocks_from_json(obj.get("row_blocks", []), rows, pooling, f"{where}.row_blocks")
-    return dataclasses.replace(table, row_blocks=blocks, **_constraints_from_json(obj, where))
+    bins = _bins_field(obj, where)
+    raw = typed(TableFile, {k: v for k, v in obj.items() if k not in BIN_KEYS}, where)
+    if not is_legal_dim(raw.dim):
+        raise UserError(f"{where}.dim: got {raw.dim}, expected a multiple of {DIM_ALIGNMENT}")
+    bins = _checked_bins(bins, raw.pooling_factor, f"{where}.bins")
+    if raw.name == "":
+        raise UserError(f"{where}.name: got '', expected a non-empty string")
+    table = Table(raw.id, raw.rows, raw.dim, raw.pooling_factor, bins, raw.name, raw.estimated)
+    blocks = row_blocks_from_json(raw.row_blocks, raw.rows, raw.pooling_factor, f"{where}.row_blocks")
+    return dataclasses.replace(table, row_blocks=blocks, **_constraints_of(raw, where))
 
 
 def _checked_bins(bins: Any, pooling: float, where: str) -> tuple[float, ...]:
@@ -804,33 +827,35 @@ def _checked_bins(bins: Any, pooling: float, where: str) -> tuple[float, ...]:
 def row_blocks_from_json(raw: Any, rows: int, pooling: float, where: str) -> tuple[RowBlockStats, ...]:
     """A table's ``row_blocks``: a list of {count, pooling_factors, bins} (one per block count), the block pooling
     factors summing to the table's (within 1%)."""
-    if not isinstance(raw, list):
+    if not isinstance(raw, list | tuple):
         raise UserError(f"{where}: got {raw!r:.60}, expected a list of {{count, pooling_factors, bins}}")
     out, counts = [], set()
-    for k, entry in enumerate(raw):
+    for k, obj in enumerate(raw):
         at = f"{where}[{k}]"
-        if not isinstance(entry, dict):
-            raise UserError(f"{at}: got {entry!r:.60}, expected an object with count, pooling_factors, bins")
-        _known_keys(entry, ROW_BLOCK_KEYS, at)
-        count = _int_field(entry, "count", at, minimum=2)
+        if not isinstance(obj, dict):
+            raise UserError(f"{at}: got {obj!r:.60}, expected an object with count, pooling_factors, bins")
+        entry = typed(RowBlocksFile, obj, at)
+        count = entry.count
         if count > rows or count in counts:
             why = f"at most the table's {rows} rows" if count > rows else "one entry per count"
             raise UserError(f"{at}.count: got {count}, expected {why}")
         counts.add(count)
-        factors, hists = _field(entry, "pooling_factors", at), _field(entry, "bins", at)
-        for name, value in (("pooling_factors", factors), ("bins", hists)):
+        for name in ("pooling_factors", "bins"):
+            value = getattr(entry, name)
+            if value is None:
+                raise UserError(f"{at}.{name}: missing, expected a value")
             if not isinstance(value, list) or len(value) != count:
                 raise UserError(f"{at}.{name}: got {value!r:.60}, expected a list of {count} (one per block)")
-        for i, f in enumerate(factors):
+        for i, f in enumerate(entry.pooling_factors):
             if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f < 0:
                 raise UserError(f"{at}.pooling_factors[{i}]: got {f!r:.60}, expected a finite number >= 0")
-        factors = [float(f) for f in factors]
+        factors = [float(f) for f in entry.pooling_factors]
         if abs(math.fsum(factors) - pooling) > 0.01 * pooling + 1e-9:
             raise UserError(
                 f"{at}.pooling_factors: they sum to {math.fsum(factors):.4g}, expected the table's pooling_factor "
                 f"{pooling:g} (within 1%)"
             )
-        bins = tuple(_checked_bins(b, f, f"{at}.bins[{i}]") for i, (b, f) in enumerate(zip(hists, factors)))
+        bins = tuple(_checked_bins(b, f, f"{at}.bins[{i}]") for i, (b, f) in enumerate(zip(entry.bins, factors)))
         out.append(RowBlockStats(count, tuple(factors), bins))
     return tuple(sorted(out, key=lambda b: b.count))
 
@@ -843,26 +868,19 @@ def row_blocks_json(blocks: tuple[RowBlockStats, ...]) -> list[dict]:
     ]
 
 
-def _constraints_from_json(obj: dict, where: str) -> dict:
-    """A table's constraint keys, checked (device ranges are checked by the task, which knows its devices)."""
-    out: dict[str, Any] = {}
-    if obj.get("pin") is not None:
-        out["pin"] = _int_field(obj, "pin", where, minimum=0)
-    exclude = obj.get("exclude", [])
-    if not isinstance(exclude, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in exclude):
+def _constraints_of(raw: TableFile, where: str) -> dict:
+    """A table's constraints, checked (device ranges are checked by the task, which knows its devices)."""
+    exclude = raw.exclude
+    indices = isinstance(exclude, list | tuple) and all(isinstance(d, int) and not isinstance(d, bool) for d in exclude)
+    if not indices:
         raise UserError(f"{where}.exclude: got {exclude!r:.60}, expected a list of device indices")
-    out["exclude"] = tuple(sorted(set(exclude)))
-    for key in ("no_split",):
-        if not isinstance(obj.get(key, False), bool):
-            raise UserError(f"{where}.{key}: got {obj[key]!r:.60}, expected true or false")
-        out[key] = obj.get(key, False)
-    if obj.get("max_shards") is not None:
-        out["max_shards"] = _int_field(obj, "max_shards", where, minimum=1)
-    group = obj.get("colocate")
+    out: dict[str, Any] = {"pin": raw.pin, "exclude": tuple(sorted(set(exclude))), "no_split": raw.no_split}
+    out["max_shards"] = raw.max_shards
+    group = raw.colocate
     if group is not None and not (isinstance(group, str) and group):
         raise UserError(f"{where}.colocate: got {group!r:.60}, expected a group name (a non-empty string)")
     out["colocate"] = group
-    types = obj.get("sharding_types")
+    types = raw.sharding_types
     if types is not None:
         if (
             not isinstance(types, list)
@@ -880,7 +898,7 @@ def _constraints_from_json(obj: dict, where: str) -> dict:
                 "(row blocks alone are not planned here: a table that cannot be placed whole has no fallback)"
             )
         out["sharding_types"] = tuple(x for x in SHARDING_TYPES if x in types)
-        if types == ["data_parallel"] and (out.get("pin") is not None or out["exclude"] or out["colocate"]):
+        if types == ["data_parallel"] and (out["pin"] is not None or out["exclude"] or out["colocate"]):
             raise UserError(
                 f"{where}.sharding_types: got ['data_parallel'] (on every device) with pin, exclude or colocate, "
                 "expected one or the other"
@@ -910,7 +928,9 @@ def _bins_field(obj: dict, where: str) -> Any:
     """The histogram as ``bins`` or as ``bin_0`` .. ``bin_16`` (not both)."""
     given = [k for k in BIN_KEYS if k in obj]
     if not given:
-        return _field(obj, "bins", where)
+        if "bins" not in obj:
+            raise UserError(f"{where}.bins: missing, expected a value")
+        return obj["bins"]
     if "bins" in obj:
         raise UserError(f"{where}: both bins and {given[0]}.. given, expected one form of the histogram")
     missing = [k for k in BIN_KEYS if k not in obj]

@@ -26,7 +26,7 @@ from flax import nnx
 
 from neuroshard_jax.core.errors import UserError, first_line
 from neuroshard_jax.core.features import FEATURE_NAMES
-from neuroshard_jax.core.files import recover_dir, replace_dir
+from neuroshard_jax.core.folders import recover_dir, replace_dir
 from neuroshard_jax.costs.ensemble import (
     INPUT_NAMES,
     NUM_COEFS,

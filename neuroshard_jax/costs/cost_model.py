@@ -73,16 +73,38 @@ class DeviceCosts(NamedTuple):
     total_ms: jax.Array
 
 
-def combine_costs(
-    fns: CostFns, params, compute_ms, dim_sums, device_mask, speed=None, rows_ms=None, apart=None
-) -> DeviceCosts:
-    """The simulator formula: compute f32[..., N] and dim sums f32[..., N] -> DeviceCosts. ``speed`` f32[..., N]
-    (optional): heterogeneous devices' relative compute speeds, which divide their compute (comm is not scaled).
-    ``rows_ms`` (optional): (fwd, bwd) f32[..., N] of row-split groups' collectives (``row_comm.py``), added to the
-    all-to-all's before the forward's straggler delays are worked out. ``apart`` (optional) f32[..., G, N]: parts of
-    ``dim_sums`` that are all-to-alls of their own (TorchRec runs one per sharding type: the column-wise tables'
-    apart from the table-wise ones); each all-to-all that moves anything is priced by the comm nets and they add
-    up, the first of them taking the wait for the slowest peer."""
+class DeviceArrays(NamedTuple):
+    """What the simulator formula reads of each device beside its compute, for one plan or a batch of plans (any
+    leading dims broadcast); a pytree. ``dim_sums`` f32[..., N]: each device's all-to-all width; ``device_mask``
+    bool[..., N]; ``speed`` f32[..., N] (None: all 1): heterogeneous devices' relative compute speeds, which divide
+    their compute (comm is not scaled); ``rows_ms`` (fwd, bwd) f32[..., N] (None: none): collectives priced by fits
+    (row-split groups', ``row_comm.py``; TorchRec's input distributions, forward, ``input_dist.py``), added to the
+    all-to-all's before the forward's straggler delays are worked out; ``apart`` f32[..., G, N] (None: one
+    all-to-all of every width): parts of ``dim_sums`` that are all-to-alls of their own (TorchRec runs one per
+    sharding type: the column-wise tables' apart from the table-wise ones)."""
+
+    dim_sums: Any
+    device_mask: Any
+    speed: Any = None
+    rows_ms: tuple[Any, Any] | None = None
+    apart: Any = None
+
+
+class PlanArrays(NamedTuple):
+    """A plan, or a batch of plans, as the padded arrays every scoring function takes (``scoring.plan_arrays`` builds
+    them once per plan); a pytree. ``feats`` f32[..., N, T, F]: each device's shards' features (FEATURE_NAMES order,
+    padding 0); ``table_mask`` bool[..., N, T]; ``devices``: the rest of what the formula reads (``DeviceArrays``)."""
+
+    feats: Any
+    table_mask: Any
+    devices: DeviceArrays
+
+
+def combine_costs(fns: CostFns, params, compute_ms, devices: DeviceArrays) -> DeviceCosts:
+    """The simulator formula: compute f32[..., N] and the devices' arrays -> DeviceCosts. Each all-to-all that moves
+    anything (``devices.apart``) is priced by the comm nets and they add up, the first of them taking the wait for
+    the slowest peer."""
+    dim_sums, device_mask, speed, rows_ms, apart = devices
     if speed is not None:
         compute_ms = compute_ms / speed
     compute_ms = jnp.where(device_mask, compute_ms, 0.0)
@@ -134,18 +156,10 @@ def device_compute_ms(fns: CostFns, params, feats, table_mask):
     return jnp.where(table_mask.any(-1), fns.head(params, latent_sums), 0.0)
 
 
-def device_costs(
-    fns: CostFns, params, feats, table_mask, dim_sums, device_mask, speed=None, rows_ms=None, apart=None
-) -> DeviceCosts:
-    """Per-device costs of padded plans; any leading batch dims broadcast.
-
-    feats f32[..., N, T, F]; table_mask bool[..., N, T]; dim_sums f32[..., N]; device_mask bool[..., N]; speed
-    f32[..., N] (optional, heterogeneous devices: divides each device's compute); rows_ms (optional: the row
-    groups' collectives, ``combine_costs``); apart (optional f32[..., G, N]: the all-to-alls of their own,
-    ``combine_costs``).
-    """
-    compute = device_compute_ms(fns, params, feats, table_mask)
-    return combine_costs(fns, params, compute, dim_sums, device_mask, speed, rows_ms, apart)
+def device_costs(fns: CostFns, params, arrays: PlanArrays) -> DeviceCosts:
+    """Per-device costs of padded plans (``PlanArrays``); any leading batch dims broadcast."""
+    compute = device_compute_ms(fns, params, arrays.feats, arrays.table_mask)
+    return combine_costs(fns, params, compute, arrays.devices)
 
 
 def plan_cost_ms(costs: DeviceCosts) -> jax.Array:

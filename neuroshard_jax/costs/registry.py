@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.constants import SHIPPED_CHECKPOINT, SHIPPED_MODEL_NAME, SHIPPED_MODELS
 from neuroshard_jax.core.errors import UserError, first_line
-from neuroshard_jax.core.files import hardware, hardware_kind, package_path, recover_dir, user_models_dir
+from neuroshard_jax.core.folders import recover_dir
+from neuroshard_jax.core.hardware import hardware, hardware_kind
+from neuroshard_jax.core.paths import package_path, user_models_dir
 from neuroshard_jax.core.types import Task
 from neuroshard_jax.costs.analytic import ANALYTIC_FNS, AnalyticConfig, analytic_model, analytic_params
 from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_checkpoint, load_ensemble, read_meta
@@ -140,19 +144,19 @@ def _check_trained(task: Task, meta: dict, path: str) -> None:
         )
 
 
-def usable_cost_model(name: str, options: dict | None, task: Task) -> tuple[str, dict | None, str | None]:
-    """``(name, options)`` if that model can score ``task``; otherwise a shipped model trained at the task's batch
-    size and precision, else the analytic model, with a warning line saying why (for callers, like the TorchRec
-    planner, that must plan whatever the batch size)."""
+def usable_cost_model(spec: CostModelSpec, task: Task) -> tuple[CostModelSpec, str | None]:
+    """``spec`` if that model can score ``task``; otherwise a shipped model trained at the task's batch size and
+    precision, else the analytic model, with a warning line saying why (for callers, like the TorchRec planner, that
+    must plan whatever the batch size)."""
     try:
-        make_cost_model(name, task, options)
-        return name, options, None
+        spec.for_task(task)
+        return spec, None
     except UserError as err:
         if not str(err).startswith(("task.batch_size", "task.precision")):
             raise
         fits = fitting_models(task.batch_size, task.precision)
         fallback = fits[0] if fits else "analytic"
-        return fallback, None, f"{first_line(err)}; planning with cost_model={fallback} instead"
+        return CostModelSpec(fallback), f"{first_line(err)}; planning with cost_model={fallback} instead"
 
 
 def neural_model(task: Task, config: NeuralConfig = NeuralConfig()) -> CostModel:
@@ -221,9 +225,40 @@ def cost_model_config(name: str, options: dict | None = None):
 def make_cost_model(name: str, task: Task, options: dict | None = None) -> CostModel:
     """Build a cost model by name (``analytic``, ``neural`` or a shipped checkpoint's name) with ``options``
     (the fields of its config, from conf/cost_model/, and ``calibration``: every device's compute scaled by it)."""
-    factor, own = split_calibration(options)
-    family, _ = _resolve(name, own)
-    return with_scales(COST_MODELS[family][0](task, cost_model_config(name, own)), task.comm_scale(), factor)
+    return CostModelSpec(name, options or {}).for_task(task)
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModelSpec:
+    """A cost model before it meets a task: the name it was asked by (``analytic``, ``neural`` or a model's name)
+    and its options (its config's fields, and ``calibration``), checked when made: an unknown name or option is a
+    ``UserError`` here, once. ``for_task(task)`` builds the ``CostModel`` that scores ``task`` (checked against its
+    batch size and precision, its hosts' comm scaled); the search stage builds one per task it plans (a task less its
+    replicated tables, the rest around row blocks) from the same spec. ``chosen``: picked for this machine's kind
+    (``choose_cost_model``), not named by the user."""
+
+    name: str = "neural"
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    chosen: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "options", dict(self.options))
+        cost_model_config(self.name, self.options)
+
+    @property
+    def calibration(self) -> float:
+        """Every device's compute is scaled by this (``NO_CALIBRATION``: as trained)."""
+        return split_calibration(self.options)[0]
+
+    def with_calibration(self, factor: float | None) -> CostModelSpec:
+        """This spec with every device's compute scaled by ``factor`` (None: as trained)."""
+        return dataclasses.replace(self, options={**self.options, "calibration": factor})
+
+    def for_task(self, task: Task) -> CostModel:
+        factor, own = split_calibration(self.options)
+        family, _ = _resolve(self.name, own)
+        model = COST_MODELS[family][0](task, cost_model_config(self.name, own))
+        return with_scales(model, task.comm_scale(), factor)
 
 
 def load_cost_model(
@@ -250,7 +285,7 @@ def load_cost_model(
     if unknown:
         raise UserError(f"load_cost_model: options {unknown} apply to 'analytic' only")
     config = typed(NeuralConfig, {**(resolved or {}), **options}, "load_cost_model")
-    task = Task(1, 1.0, batch_size, (), precision)
+    task = Task.uniform(1, 1.0, batch_size, (), precision)
     return with_scales(neural_model(task, config), np.ones(1), factor)
 
 
@@ -280,6 +315,11 @@ class ModelChoice:
     chosen: bool  # picked for this machine (the user named none)
     device: str = "cpu"
 
+    @property
+    def spec(self) -> CostModelSpec:
+        """The chosen model, ready to build for a task."""
+        return CostModelSpec(self.name, self.options, self.chosen)
+
     def line(self) -> str:
         """One line: the model, what it was trained on, whether it matches, and the way forward where not."""
         label = self.options.get("checkpoint") or (SHIPPED_MODEL_NAME if self.name == "neural" else self.name)
@@ -303,15 +343,22 @@ def choose_cost_model(name: str, options: dict | None = None, device: str = "cpu
     is); a named model or checkpoint is kept as given. ``device``: the compute device the plan is for (``cuda``:
     the kind includes the GPU)."""
     options = dict(options or {})
-    here = hardware_kind(hardware(), device)
-    if name == "analytic":
-        return ModelChoice(name, options, (), here, False, False, device)
     chosen = name == "neural" and not options.get("checkpoint")
     if chosen:  # the default stays "neural" unless another model, not the default, is of this kind
-        name = _model_of_kind(here) or name
-    path = checkpoint_path(options.get("checkpoint") or (SHIPPED_MODEL_NAME if name == "neural" else name))
+        name = _model_of_kind(hardware_kind(hardware(), device)) or name
+    return model_choice(CostModelSpec(name, options, chosen), device)
+
+
+def model_choice(spec: CostModelSpec, device: str = "cpu") -> ModelChoice:
+    """What ``spec`` is on this machine: the kinds of hardware its labels came from, this machine's kind (with
+    ``device``: ``cuda`` includes the GPU), and whether the two match."""
+    here = hardware_kind(hardware(), device)
+    if spec.name == "analytic":
+        return ModelChoice(spec.name, spec.options, (), here, False, False, device)
+    checkpoint = spec.options.get("checkpoint")
+    path = checkpoint_path(checkpoint or (SHIPPED_MODEL_NAME if spec.name == "neural" else spec.name))
     kinds = model_kinds(path) if (Path(path) / "meta.json").exists() else ()
-    return ModelChoice(name, options, kinds, here, of_kind(here, kinds), chosen, device)
+    return ModelChoice(spec.name, spec.options, kinds, here, of_kind(here, kinds), spec.chosen, device)
 
 
 def of_kind(here: str, kinds: tuple[str, ...]) -> bool:

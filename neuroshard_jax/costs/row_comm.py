@@ -29,7 +29,8 @@ import numpy as np
 from scipy.optimize import nnls
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import package_path, read_json, user_fits_dir
+from neuroshard_jax.core.files import read_json
+from neuroshard_jax.core.paths import package_path, user_fits_dir
 
 SHIPPED = "data/row_comm"
 

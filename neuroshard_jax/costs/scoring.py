@@ -9,22 +9,21 @@ recompile. Everything is differentiable with respect to the float inputs.
     import neuroshard_jax as nsj
     from neuroshard_jax.costs import scoring
     model = nsj.load_cost_model("neural")                     # or "analytic", or a checkpoint directory
-    z = scoring.table_latents(model.fns, model.params, feats)  # f32[B, N, T, F] -> f32[B, N, T, D]
-    costs = scoring.costs_from_latents(model.fns, model.params, (z * mask[..., None]).sum(-2),
-                                       mask.any(-1), dim_sums, device_mask)   # DeviceCosts of f32[B, N]
-    cost_ms = scoring.plan_costs(model.fns, model.params, feats, mask, dim_sums, device_mask)  # f32[B]
+    arrays = scoring.plan_arrays(plan, model)                  # PlanArrays: feats f32[N, T, F], table_mask, devices
+    z = scoring.table_latents(model.fns, model.params, arrays.feats)  # f32[N, T, F] -> f32[N, T, D]
+    costs = scoring.costs_from_latents(model.fns, model.params, (z * arrays.table_mask[..., None]).sum(-2),
+                                       arrays.table_mask.any(-1), arrays.devices)  # DeviceCosts of f32[N]
+    cost_ms = scoring.plan_costs(model.fns, model.params, arrays)  # f32[]; stacked PlanArrays: f32[B]
     shard_ms = scoring.shard_costs(model.fns, model.params, shard_feats, shard_mask)  # f32[S, T, F] -> f32[S]
 
 The jitted functions price the all-to-all of the widths they are given. A neural model with a row comm fit
 (``model.row_comm``, ``row_comm.py``) prices the collectives of row-split tables apart: the host-side functions
-below (``score_plan``, ``score_plans``) add them (``fitted_ms``) and leave row blocks out of the all-to-all width
-(``plan_arrays(..., rows_apart=True)``); from your own JAX code pass those as ``rows_ms`` to ``plan_costs`` or
-``costs_from_latents``. TorchRec runs one all-to-all per sharding type: the host-side functions price the
-column-wise tables' all-to-all apart from the table-wise one (``apart_arrays``); from your own JAX code pass it as
-``apart`` (without it, every width is priced as one all-to-all). A model with an input distribution fit
-(``model.input_dist``, ``input_dist.py``) also prices the ids' all-to-alls before the lookups, one per sharding type:
-the host-side functions add them to the forward (``fitted_ms``); from your own JAX code add
-``cost_model.input_dist_ms(input_terms(...), taken, device_mask)`` to ``rows_ms``' forward.
+below add them (``fitted_ms``) and leave row blocks out of the all-to-all width: ``plan_arrays(plan, model)`` puts
+both in its ``devices`` (``rows_ms``, ``dim_sums``). TorchRec runs one all-to-all per sharding type: the column-wise
+tables' all-to-all is priced apart from the table-wise one (``devices.apart``, ``apart_arrays``; without it, every
+width is priced as one all-to-all). A model with an input distribution fit (``model.input_dist``,
+``input_dist.py``) also prices the ids' all-to-alls before the lookups, one per sharding type, in ``rows_ms``'
+forward (``fitted_ms``). ``plan_arrays(plan)`` without a model gives the widths alone, every row block in them.
 """
 
 from __future__ import annotations
@@ -46,12 +45,14 @@ from neuroshard_jax.core.assignment import (
     whole_row_dims,
 )
 from neuroshard_jax.core.features import NUM_FEATURES
-from neuroshard_jax.core.sharding import replica_features, shard_features
+from neuroshard_jax.core.sharding import Shard, replica_features, shard_features
 from neuroshard_jax.core.types import Plan, PlanCosts, Task
 from neuroshard_jax.costs.cost_model import (
     CostFns,
     CostModel,
+    DeviceArrays,
     DeviceCosts,
+    PlanArrays,
     bucket,
     combine_costs,
     device_compute_ms,
@@ -110,86 +111,117 @@ def single_shard_costs(fns: CostFns, params, feats: jax.Array) -> tuple[jax.Arra
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def costs_from_latents(
-    fns: CostFns,
-    params,
-    latent_sums: jax.Array,
-    has_tables: jax.Array,
-    dim_sums: jax.Array,
-    device_mask: jax.Array,
-    speed: jax.Array | None = None,
-    rows_ms: tuple[jax.Array, jax.Array] | None = None,
-    apart: jax.Array | None = None,
-) -> DeviceCosts:
-    """Per-device costs from summed latents f32[..., N, D], has_tables bool[..., N], dim_sums f32[..., N]
-    (``speed`` f32[..., N]: heterogeneous devices' relative compute speeds, optional; ``rows_ms``: the row groups'
-    collectives (fwd, bwd) f32[..., N], optional, ``fitted_ms``; ``apart`` f32[..., G, N]: the parts of the widths
-    that are all-to-alls of their own, optional, ``apart_arrays``)."""
+def costs_from_latents(fns: CostFns, params, latent_sums: jax.Array, has_tables: jax.Array, devices: DeviceArrays):
+    """Per-device costs (``DeviceCosts``) from summed latents f32[..., N, D] and has_tables bool[..., N], with the
+    devices' arrays (``DeviceArrays``: widths, masks, speeds, collectives priced by fits, all-to-alls apart)."""
     compute = jnp.where(has_tables, fns.head(params, latent_sums), 0.0)
-    return combine_costs(fns, params, compute, dim_sums, device_mask, speed, rows_ms, apart)
+    return combine_costs(fns, params, compute, devices)
+
+
+def _filled(arrays: PlanArrays) -> PlanArrays:
+    """``arrays`` with every device array broadcast to the batch's shape: speeds of 1 and no collectives where none
+    are given (``apart`` stays None: then no comm nets run on parts that move nothing)."""
+    dim_sums = arrays.devices.dim_sums
+    shape = jnp.broadcast_shapes(arrays.feats.shape[:-2], dim_sums.shape)
+    speed, rows, apart = arrays.devices.speed, arrays.devices.rows_ms, arrays.devices.apart
+    devices = DeviceArrays(
+        jnp.broadcast_to(dim_sums, shape),
+        jnp.broadcast_to(arrays.devices.device_mask, shape),
+        jnp.broadcast_to(jnp.ones(shape, dim_sums.dtype) if speed is None else speed, shape),
+        tuple(jnp.broadcast_to(jnp.asarray(r, dim_sums.dtype), shape) for r in rows or (0.0, 0.0)),
+        None if apart is None else jnp.broadcast_to(apart, shape[:-1] + apart.shape[-2:]),
+    )
+    return PlanArrays(arrays.feats, arrays.table_mask, devices)
+
+
+# trailing dims of one plan in each array of ``PlanArrays`` (a None field has no leaf)
+_ITEM_NDIMS = PlanArrays(3, 2, DeviceArrays(1, 1, 1, (1, 1), 2))
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def plan_costs(
-    fns: CostFns,
-    params,
-    feats: jax.Array,
-    table_mask: jax.Array,
-    dim_sums: jax.Array,
-    device_mask: jax.Array,
-    speed: jax.Array | None = None,
-    rows_ms: tuple[jax.Array, jax.Array] | None = None,
-    apart: jax.Array | None = None,
-) -> jax.Array:
-    """Plan costs f32[...] of padded plans: feats f32[..., N, T, F], table_mask bool[..., N, T],
-    dim_sums f32[..., N], device_mask bool[..., N], speed f32[..., N] (optional: heterogeneous devices' relative
-    compute speeds), rows_ms (optional: the row groups' collectives (fwd, bwd) f32[..., N], ``fitted_ms``), apart
-    (optional f32[..., G, N]: all-to-alls of their own, ``apart_arrays``) (chunked over plans)."""
-    speed = jnp.broadcast_to(jnp.ones_like(dim_sums) if speed is None else speed, dim_sums.shape)
-    rows_fwd, rows_bwd = (jnp.broadcast_to(jnp.asarray(r, dim_sums.dtype), dim_sums.shape) for r in rows_ms or (0, 0))
-    arrays = (feats, table_mask, dim_sums, device_mask, speed, rows_fwd, rows_bwd)
-    item_ndims = (3, 2, 1, 1, 1, 1, 1)
-    if apart is not None:  # without it, one all-to-all of every width: no comm nets run on parts that move nothing
-        arrays += (jnp.broadcast_to(apart, dim_sums.shape[:-1] + apart.shape[-2:]),)
-        item_ndims += (2,)
+def plan_costs(fns: CostFns, params, arrays: PlanArrays) -> jax.Array:
+    """Plan costs f32[...] of padded plans (``PlanArrays`` with any leading batch dims; chunked over plans)."""
+    arrays = _filled(arrays)
+    treedef = jax.tree_util.tree_structure(arrays)
+    ndims = (
+        _ITEM_NDIMS
+        if arrays.devices.apart is not None
+        else _ITEM_NDIMS._replace(devices=_ITEM_NDIMS.devices._replace(apart=None))
+    )
 
-    def one_chunk(f, m, d, dm, sp, rf, rb, g=None):
-        return plan_cost_ms(device_costs(fns, params, f, m, d, dm, sp, (rf, rb), g))
+    def one_chunk(*leaves):
+        return plan_cost_ms(device_costs(fns, params, jax.tree_util.tree_unflatten(treedef, leaves)))
 
-    return map_chunks(one_chunk, arrays, item_ndims, max(1, CHUNK // 8))
+    leaves = jax.tree_util.tree_leaves(arrays)
+    return map_chunks(one_chunk, leaves, jax.tree_util.tree_leaves(ndims), max(1, CHUNK // 8))
 
 
 # ---------------------------------------------------------------------------------------------
 # Host side: Plan objects to padded arrays, scored in one call
 
 
-def plan_arrays(plan: Plan, max_tables: int | None = None, rows_apart: bool = False):
-    """Padded arrays of one plan: feats f32[N, T, F], table_mask bool[N, T], dim_sums f32[N], device_mask bool[N].
-    ``rows_apart``: row blocks left out of the all-to-all width (a model with ``row_comm`` prices them apart)."""
+def shard_row(task: Task, task_feats: np.ndarray, shard: Shard) -> tuple[np.ndarray, bool]:
+    """A shard's features f64[F] (``task_feats``: ``task.features()``) and whether it does work (an empty row block
+    does none): one row of ``PlanArrays.feats``, built here for every scorer."""
+    table = task.tables[shard.table]
+    block = None if shard.whole_rows(table.rows) else shard.rows(table.rows)
+    stats = table.block_stats(shard.row_offset, block) if block else None
+    return shard_features(task_feats[shard.table], shard.dim, block, stats), block != 0
+
+
+def plan_arrays(plan: Plan, model: CostModel | None = None, max_tables: int | None = None) -> PlanArrays:
+    """The padded arrays of one plan (``PlanArrays``, T = ``max_tables`` or ``device_width``), built in one pass
+    over its shards. With ``model``, everything it prices: row blocks out of the all-to-all width where it has
+    ``row_comm``, the collectives its fits price (``fitted_ms``), the all-to-alls apart (``apart_arrays``), the
+    devices' speeds; without, the all-to-all widths of every shard and the speeds alone."""
     task = plan.task
     n = task.num_devices
-    per_device = [plan.device_shards(d) for d in range(n)]
     width = max_tables or device_width(plan)
     feats = np.zeros((n, width, NUM_FEATURES), dtype=np.float32)
     mask = np.zeros((n, width), dtype=bool)
     task_feats = task.features()
-    replicas = [replica_features(task_feats[t], n) for t in plan.data_parallel]
-    for d, shards in enumerate(per_device):
-        for j, s in enumerate(shards):
-            table = task.tables[s.table]
-            block = None if s.whole_rows(table.rows) else s.rows(table.rows)
-            stats = table.block_stats(s.row_offset, block) if block else None
-            feats[d, j] = shard_features(task_feats[s.table], s.dim, block, stats)
-            mask[d, j] = block != 0  # an empty row block does no work
-        for j, replica in enumerate(replicas, start=len(shards)):  # every device's part of each data-parallel table
-            feats[d, j] = replica
-            mask[d, j] = True
-    return feats, mask, _all_to_all_dims(plan, rows_apart), np.ones(n, dtype=bool)
+    filled = np.zeros(n, dtype=int)  # tables placed on each device so far
+    for s in plan.shards:
+        j = filled[s.device]
+        feats[s.device, j], mask[s.device, j] = shard_row(task, task_feats, s)
+        filled[s.device] += 1
+    for t in plan.data_parallel:  # every device's part of each data-parallel table, after its own shards
+        replica = replica_features(task_feats[t], n)
+        feats[np.arange(n), filled] = replica
+        mask[np.arange(n), filled] = True
+        filled += 1
+    speed = task.speeds().astype(np.float32)
+    rows_apart = model is not None and model.prices_rows
+    devices = DeviceArrays(_all_to_all_dims(plan, rows_apart), np.ones(n, dtype=bool), speed)
+    if model is not None:
+        rows = tuple(r[0] for r in fitted_ms(model, [plan]))
+        devices = devices._replace(rows_ms=rows, apart=apart_arrays(plan, rows_apart))
+    return PlanArrays(feats, mask, devices)
+
+
+def stacked_arrays(model: CostModel, plans: list[Plan], size: int | None = None) -> PlanArrays:
+    """``PlanArrays`` of many plans of one task stacked on a leading axis f32[K, ...] (``fitted_ms`` worked out for
+    them at once) and padded to ``size`` plans (default: the power-of-two bucket of K, at least 8) by repeating
+    the first: one padded shape, few compilations."""
+    width = max(device_width(p) for p in plans)
+    one = [plan_arrays(p, None, width) for p in plans]
+    feats, mask = np.stack([a.feats for a in one]), np.stack([a.table_mask for a in one])
+    dims = np.stack([_all_to_all_dims(p, model.prices_rows) for p in plans])
+    apart = np.stack([apart_arrays(p, model.prices_rows) for p in plans])
+    speed = np.broadcast_to(plans[0].task.speeds().astype(np.float32), dims.shape)
+    devices = DeviceArrays(dims, np.ones_like(dims, bool), speed, fitted_ms(model, plans), apart)
+    return pad_plans(PlanArrays(feats, mask, devices), size or bucket(len(plans), 8))
+
+
+def pad_plans(tree, size: int):
+    """Every array of ``tree`` padded on its leading (plan) axis to ``size`` by repeating its first plan."""
+    return jax.tree_util.tree_map(lambda a: np.concatenate([a, np.repeat(a[:1], size - len(a), axis=0)]), tree)
 
 
 def device_width(plan: Plan) -> int:
     """The padded table axis of ``plan_arrays``: the most tables one device holds (data-parallel ones included)."""
-    return bucket(max(len(plan.device_shards(d)) for d in range(plan.task.num_devices)) + len(plan.data_parallel))
+    held = np.bincount([s.device for s in plan.shards], minlength=plan.task.num_devices)
+    return bucket(int(held.max(initial=0)) + len(plan.data_parallel))
 
 
 def _all_to_all_dims(plan: Plan, rows_apart: bool) -> np.ndarray:
@@ -225,8 +257,8 @@ def plan_dim_sums(plan: Plan, model: CostModel) -> np.ndarray:
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _device_costs_jit(fns, params, feats, table_mask, dim_sums, device_mask, speed, rows_ms, apart):
-    return device_costs(fns, params, feats, table_mask, dim_sums, device_mask, speed, rows_ms, apart)
+def _device_costs_jit(fns, params, arrays: PlanArrays) -> DeviceCosts:
+    return device_costs(fns, params, arrays)
 
 
 def fitted_ms(model: CostModel, plans: list[Plan]) -> tuple[np.ndarray, np.ndarray]:
@@ -266,11 +298,7 @@ def input_taken(plan: Plan) -> np.ndarray:
 
 def score_plan(model: CostModel, plan: Plan) -> DeviceCosts:
     """Predicted per-device costs of one plan, as numpy arrays f64[N] (compute divided by the devices' speeds)."""
-    arrays = plan_arrays(plan, rows_apart=model.prices_rows)
-    rows = tuple(r[0] for r in fitted_ms(model, [plan]))
-    speed = plan.task.speeds().astype(np.float32)
-    apart = apart_arrays(plan, model.prices_rows)
-    costs = _device_costs_jit(model.fns, model.params, *arrays, speed, rows, apart)
+    costs = _device_costs_jit(model.fns, model.params, plan_arrays(plan, model))
     return DeviceCosts(*(np.asarray(c, dtype=np.float64) for c in costs))
 
 
@@ -286,18 +314,12 @@ def score_plans_devices(
     """Predicted per-device costs of many plans of one task (DeviceCosts of f64[K, N]) and, for an ensemble
     (and ``uncertainty``), each device's relative spread f64[K, N] (else None); batched calls of one padded
     shape."""
-    width = max(device_width(p) for p in plans)
-    arrays = [plan_arrays(p, width, model.prices_rows) for p in plans]
-    stacked = [np.stack(a) for a in zip(*arrays)] + list(fitted_ms(model, plans))
-    stacked.append(np.stack([apart_arrays(p, model.prices_rows) for p in plans]))
-    pad = bucket(len(plans), 8) - len(plans)
-    stacked = [np.concatenate([a, np.repeat(a[:1], pad, axis=0)]) for a in stacked]
-    speed = np.broadcast_to(plans[0].task.speeds().astype(np.float32), stacked[2].shape)
-    costs = _device_costs_jit(model.fns, model.params, *stacked[:4], speed, tuple(stacked[4:6]), stacked[6])
+    arrays = stacked_arrays(model, plans)
+    costs = _device_costs_jit(model.fns, model.params, arrays)
     costs = DeviceCosts(*(np.asarray(c, dtype=np.float64)[: len(plans)] for c in costs))
     if not uncertainty or model.fns.uncertainty is None:
         return costs, None
-    spread, _ = _uncertainty_jit(model.fns, model.params, stacked[0], stacked[1])
+    spread, _ = _uncertainty_jit(model.fns, model.params, arrays.feats, arrays.table_mask)
     return costs, np.asarray(spread, np.float64)[: len(plans)]
 
 
@@ -314,8 +336,8 @@ def device_uncertainty(model: CostModel, plan: Plan) -> tuple[np.ndarray, np.nda
     ensemble (``CostFns.uncertainty``)."""
     if model.fns.uncertainty is None:
         return None
-    feats, mask, _, _ = plan_arrays(plan)
-    spread, trust = _uncertainty_jit(model.fns, model.params, feats, mask)
+    arrays = plan_arrays(plan)
+    spread, trust = _uncertainty_jit(model.fns, model.params, arrays.feats, arrays.table_mask)
     return np.asarray(spread, np.float64), np.asarray(trust, np.float64)
 
 

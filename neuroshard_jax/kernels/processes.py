@@ -8,6 +8,7 @@ draws exactly the samples it would have drawn.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import selectors
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import TIMED_KEYS
+from neuroshard_jax.core.manifests import TIMED_KEYS
 from neuroshard_jax.workloads.pool import PoolSpec
 
 # One thread per process everywhere below torch (FBGEMM, OpenMP, MKL).
@@ -129,6 +130,90 @@ class ComputeWorker:
         self.proc = None
 
 
+@dataclasses.dataclass(frozen=True)
+class PoolTableRef:
+    """A table of a pool task as the worker measures it: pool table ``table_id`` (its real stream) at width ``dim``,
+    whole or the row block [row_offset, row_offset + num_rows). The worker's form: [table_id, dim(, row_offset,
+    num_rows)]."""
+
+    table_id: int
+    dim: int
+    row_offset: int | None = None
+    num_rows: int | None = None
+
+    def to_json(self) -> list[int]:
+        block = [] if self.num_rows is None else [self.row_offset, self.num_rows]
+        return [self.table_id, self.dim, *block]
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecTableRef:
+    """A table the worker synthesises from its statistics: ``rows``, ``pooling_factor``, the access histogram
+    ``bins`` (``workloads.streams.request_spec``), width ``dim``, its stream seeded by ``seed``; whole or the row
+    block [row_offset, row_offset + num_rows); ``stream_batch``: the batch its histogram describes, of which the
+    request runs the first bags (a data-parallel table's slice; None: the request's batch). The worker's form:
+    {rows, pooling_factor, bins, dim, seed(, row_offset, num_rows)(, stream_batch)}."""
+
+    rows: int
+    pooling_factor: float
+    bins: tuple[float, ...]
+    dim: int
+    seed: int
+    row_offset: int | None = None
+    num_rows: int | None = None
+    stream_batch: int | None = None
+
+    def to_json(self) -> dict:
+        out = {
+            "rows": self.rows,
+            "pooling_factor": self.pooling_factor,
+            "bins": list(self.bins),
+            "dim": self.dim,
+            "seed": self.seed,
+        }
+        if self.num_rows is not None:
+            out.update(row_offset=self.row_offset, num_rows=self.num_rows)
+        if self.stream_batch is not None:
+            out["stream_batch"] = self.stream_batch
+        return out
+
+
+TableRef = PoolTableRef | SpecTableRef
+
+
+def table_ref(obj, where: str = "table") -> TableRef:
+    """A table of a request or a label (the worker's JSON form) as its host type; UserError naming ``where`` on a
+    malformed one."""
+    try:
+        if isinstance(obj, dict):
+            num_rows = obj.get("num_rows")
+            return SpecTableRef(
+                int(obj["rows"]),
+                float(obj["pooling_factor"]),
+                tuple(obj["bins"]),
+                int(obj["dim"]),
+                int(obj.get("seed", 0)),
+                None if num_rows is None else int(obj["row_offset"]),
+                None if num_rows is None else int(num_rows),
+                None if obj.get("stream_batch") is None else int(obj["stream_batch"]),
+            )
+        table_id, dim, *block = (int(x) for x in obj)
+        if len(block) not in (0, 2):
+            raise ValueError
+        return PoolTableRef(table_id, dim, *block)
+    except (KeyError, TypeError, ValueError):
+        raise UserError(
+            f"{where}: got {obj!r:.80}, expected [pool table id, dim(, row_offset, num_rows)] or a table spec "
+            "{rows, pooling_factor, bins, dim(, seed, row_offset, num_rows)}"
+        ) from None
+
+
+def worker_tables(tables) -> list:
+    """``tables`` in the worker's JSON form: a ``TableRef`` converted, a table already in that form (a sampler's
+    draw, which is what collect records as the label's tables) as it is."""
+    return [t.to_json() if isinstance(t, (PoolTableRef, SpecTableRef)) else t for t in tables]
+
+
 def compute_request(
     request_id,
     tables: list,
@@ -141,16 +226,16 @@ def compute_request(
     iters: int = 10,
     timing: dict | None = None,
 ) -> dict:
-    """A worker request: time one fused TBE over ``tables`` ([[pool table id, dim], ...] with the ``pool``, or
-    table specs {rows, pooling_factor, bins, dim, seed} with pool None). ``timing``: the fields of another protocol
-    than warm-up + ``iters`` (``timing_fields``)."""
+    """A worker request (the JSON the worker reads): time one fused TBE over ``tables`` (``PoolTableRef``s with the
+    ``pool``, or ``SpecTableRef``s with pool None; or either already in the worker's form, ``worker_tables``).
+    ``timing``: the fields of another protocol than warm-up + ``iters`` (``timing_fields``)."""
     return {
         **(timing or {}),
         "id": request_id,
         "device": device,
         "pool": pool.to_json() if pool is not None else None,
         "batch_size": batch_size,
-        "tables": tables,
+        "tables": worker_tables(tables),
         "optimizer": optimizer,
         "precision": precision,
         "warmup": warmup,

@@ -13,7 +13,7 @@ Within ``budget_min`` minutes of wall time, in three steps:
    kind=plans``): the shards a search will ask about.
 2. **Fine-tune** the start model (the model chosen for this machine, else the default) on the labels that are
    not held out: the pre-trained model is the prior. ``reanchor`` first moves it onto the roofline fitted to the
-   new labels (``fit.reanchored``): a GPU's fixed launch cost is not a CPU's per-lookup cost.
+   new labels (``ensemble_fit.reanchored``): a GPU's fixed launch cost is not a CPU's per-lookup cost.
 3. **Report** MAPE, bias and Kendall tau on the held-out labels: the start model as shipped, the start model
    scaled by one factor (what ``calibrate=measured`` does), the adapted model and any ``compare`` models. Then
    **register** the model in the user's cache (``user_models_dir``) under ``name``: later runs on this kind of
@@ -31,9 +31,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import logging
 import re
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -45,35 +45,25 @@ from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import above_zero, at_least, typed
 from neuroshard_jax.core.constants import SHIPPED_MODEL_NAME
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import (
-    hardware,
-    hardware_kind,
-    one_writer,
-    read_json,
-    read_records,
-    replace_dir,
-    user_fits_dir,
-    user_models_dir,
-    write_json,
-)
+from neuroshard_jax.core.files import read_json, read_records, write_json
+from neuroshard_jax.core.folders import one_writer, replace_dir
+from neuroshard_jax.core.hardware import hardware, hardware_kind
+from neuroshard_jax.core.paths import user_fits_dir, user_models_dir
 from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_ensemble, read_meta
 from neuroshard_jax.costs.ensemble import EnsembleConfig
 from neuroshard_jax.costs.registry import COST_MODELS, checkpoint_path, choose_cost_model, model_kinds, shipped_names
 from neuroshard_jax.kernels.executors import ExecutorConfig, connected
-from neuroshard_jax.kernels.processes import timing_fields
+from neuroshard_jax.kernels.processes import table_ref, timing_fields
 from neuroshard_jax.learn.collect import CollectConfig, collect
-from neuroshard_jax.learn.fit import (
-    TrainConfig,
-    compute_batches,
-    ensemble_ms,
-    kendall_tau,
-    mape,
-    padded_shards,
-    train_ensemble,
-)
+from neuroshard_jax.learn.datasets import compute_batches, padded_shards
+from neuroshard_jax.learn.ensemble_fit import ensemble_ms, train_ensemble
+from neuroshard_jax.learn.metrics import kendall_tau, mape
 from neuroshard_jax.learn.plan_labels import PlanLabelConfig
 from neuroshard_jax.learn.row_comm_fit import fit_row_comm
+from neuroshard_jax.learn.trainer import TrainConfig
 from neuroshard_jax.workloads.samplers import CommSamplerConfig, SpecSamplerConfig, sample_spec_shard
+
+logger = logging.getLogger(__name__)
 
 UNCERTAIN_IDS = 1_000_000  # spec samples from here on are the candidates of uncertain picks (ids stay apart)
 CHUNK_PICKS = 16  # uncertain picks scored together (one call of the start model)
@@ -184,7 +174,8 @@ def _uncertain_picks(config: AdaptConfig, start: str, done: set[int]) -> Iterato
         ids = [_candidate(config, k, j) for k in open_picks for j in range(config.draws)]
         drawn = [sample_spec_shard(config.specs, config.seed, i) for i in ids]
         batch = np.array([b for b, _ in drawn], np.float32)
-        feats, mask = padded_shards([tables for _, tables in drawn], batch, None)  # one shape per power of two
+        shard_sets = [[table_ref(t) for t in tables] for _, tables in drawn]  # the sampler's draws: the worker's form
+        feats, mask = padded_shards(shard_sets, batch, None)  # one shape per power of two
         _, spread = ensemble_ms(nets, params, feats, mask, batch)
         for n, _k in enumerate(open_picks):
             yield ids[n * config.draws + int(np.argmax(spread[n * config.draws : (n + 1) * config.draws]))]
@@ -267,14 +258,15 @@ def check_device(device: str, found: dict) -> None:
         raise UserError("device: got 'cuda', but nvidia-smi finds no GPU on this machine; expected device=cpu")
 
 
-def adapt(config: AdaptConfig, say: Callable[[str], None] = print) -> dict:
-    """Measure, fine-tune, report and register (see the module); returns the report written to adapt.json. The
-    executor is reached before anything is written, and ``out`` is held for this run alone (``one_writer``)."""
+def adapt(config: AdaptConfig) -> dict:
+    """Measure, fine-tune, report and register (see the module); returns the report written to adapt.json. What it
+    does and the held-out table are INFO lines of this module's logger. The executor is reached before anything is
+    written, and ``out`` is held for this run alone (``one_writer``)."""
     check_device(config.device, hardware())
     start = start_model(config)
     compare = {other: ensemble_path("compare", other, checkpoint_path(other)) for other in config.compare}
     with connected(config.executor), one_writer(out_dir(config), "out"):
-        return _adapt(config, start, compare, say)
+        return _adapt(config, start, compare)
 
 
 def model_name(config: AdaptConfig) -> str:
@@ -285,7 +277,7 @@ def out_dir(config: AdaptConfig) -> Path:
     return Path(config.out or Path("runs") / "adapt" / model_name(config))
 
 
-def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict, say: Callable[[str], None]) -> dict:
+def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict) -> dict:
     began = time.monotonic()
     found = hardware()
     here = hardware_kind(found, config.device)
@@ -294,7 +286,9 @@ def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict, say: C
     state_path = out / "adapt.json"
     state = read_json(state_path, "out", "adapt.json written by neuroshard_jax.adapt") if state_path.exists() else {}
     spent = dict(state.get("spent_s", {}))
-    say(f"adapt: this machine is {here}; adapting {label} (trained on {' or '.join(model_kinds(start))}) into {name}")
+    logger.info(
+        f"adapt: this machine is {here}; adapting {label} (trained on {' or '.join(model_kinds(start))}) into {name}"
+    )
     measure_s = config.budget_min * 60 * config.label_share
     specs_dir, plans_dir = out / "labels" / "specs", out / "labels" / "plans"
     common = dict(
@@ -310,7 +304,7 @@ def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict, say: C
         protocol=config.protocol,  # null: the device's own
     )
     if config.input_labels and config.device == "cpu":
-        say(f"measuring TorchRec's input distribution: {config.input_labels} comm labels on gloo ranks")
+        logger.info(f"measuring TorchRec's input distribution: {config.input_labels} comm labels on gloo ranks")
         inputs = dataclasses.replace(
             CollectConfig(kind="comm", out_dir=str(out / "labels" / "inputs"), **common),
             comm=config.inputs,
@@ -324,12 +318,14 @@ def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict, say: C
             write_json({**state, "spent_s": spent}, state_path)
     plan_left = measure_s * config.plan_share - spent.get("plans", 0.0)
     if plan_left > 0:
-        say(f"measuring the devices of plans searched with {label} for up to {plan_left / 60:.1f} min")
+        logger.info(f"measuring the devices of plans searched with {label} for up to {plan_left / 60:.1f} min")
         _measure_plans(config, CollectConfig(kind="plans", out_dir=str(plans_dir), **common), start, plan_left, spent)
         write_json({**state, "spent_s": spent}, state_path)
     spec_left = measure_s - sum(spent.get(k, 0.0) for k in ("plans", "specs", "inputs"))
     if spec_left > 0:
-        say(f"measuring spec shards for {spec_left / 60:.1f} min (uncertain picks: {config.uncertain_share:.0%})")
+        logger.info(
+            f"measuring spec shards for {spec_left / 60:.1f} min (uncertain picks: {config.uncertain_share:.0%})"
+        )
         spec_config = CollectConfig(kind="compute", source="specs", out_dir=str(specs_dir), **common)
         labels = specs_dir / "compute.jsonl"
         done = {r["id"] for r in read_records(labels, ok_only=False)} if labels.exists() else set()
@@ -339,7 +335,7 @@ def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict, say: C
         finally:
             spent["specs"] = spent.get("specs", 0.0) + time.monotonic() - started
             write_json({**state, "spent_s": spent}, state_path)
-    report = _fit_and_report(config, name, out, (label, start), compare, (specs_dir, plans_dir), say)
+    report = _fit_and_report(config, name, out, (label, start), compare, (specs_dir, plans_dir))
     report.update(
         budget_min=config.budget_min,
         spent_s={k: round(v, 1) for k, v in spent.items()},
@@ -371,7 +367,6 @@ def _fit_and_report(
     start_at: tuple[str, str],
     compare: dict[str, str],
     label_dirs: tuple[Path, Path],
-    say: Callable[[str], None],
 ) -> dict:
     (label, start), (specs_dir, plans_dir) = start_at, label_dirs
     if not (specs_dir / "compute.jsonl").exists():
@@ -394,7 +389,7 @@ def _fit_and_report(
     datasets = [train_dir] + ([plans_dir] if counts["plan_devices"] else [])
     scale = (1.0, config.label_weight)[: len(datasets)]
     model_dir = out / "model"
-    say(
+    logger.info(
         f"fine-tuning {label} on {counts['train']} spec labels and {counts['plan_devices']} plan devices"
         + (" (reanchored)" if config.reanchor else "")
     )
@@ -420,29 +415,29 @@ def _fit_and_report(
     }
     for other, path in compare.items():
         rows[other] = heldout_scores(path, heldout_dir)
-    say(f"held out: {counts['heldout']} spec labels of this machine, never trained on")
-    say(f"  {'model':<40} {'MAPE':>7} {'bias':>7} {'tau':>6}")
+    logger.info(f"held out: {counts['heldout']} spec labels of this machine, never trained on")
+    logger.info(f"  {'model':<40} {'MAPE':>7} {'bias':>7} {'tau':>6}")
     for row, s in rows.items():
-        say(f"  {row:<40} {s['mape']:>7.1%} {s['bias']:>+7.1%} {s['kendall_tau']:>6.3f}")
+        logger.info(f"  {row:<40} {s['mape']:>7.1%} {s['bias']:>+7.1%} {s['kendall_tau']:>6.3f}")
     report = {"name": name, "start": label, "labels": counts, "heldout": rows, "train_s": round(train_s, 1)}
     _annotate(model_dir, report)
     if config.register:
         report["registered"] = str(_register(model_dir, name))
-        say(f"registered {name} in {user_models_dir()}: later runs on this kind of machine choose it")
+        logger.info(f"registered {name} in {user_models_dir()}: later runs on this kind of machine choose it")
     inputs_dir = out / "labels" / "inputs"
     if (inputs_dir / "comm.jsonl").exists():
-        report["input_dist"] = _fit_inputs(config, name, inputs_dir, out, say)
+        report["input_dist"] = _fit_inputs(config, name, inputs_dir, out)
     return report
 
 
-def _fit_inputs(config: AdaptConfig, name: str, labels: Path, out: Path, say: Callable[[str], None]) -> dict:
+def _fit_inputs(config: AdaptConfig, name: str, labels: Path, out: Path) -> dict:
     """The input distribution fit of this machine's labels, with its held-out figures; with ``register`` in this
     user's fits (models of this kind price with it), else beside the model."""
     where = user_fits_dir("input_dist") if config.register else out / "input_dist"
     how = f"python -m neuroshard_jax.adapt name={name} input_labels={config.input_labels}"
     fit, figures, path = fit_row_comm(labels, name, where, how, "input_dist")
     a, b, c = fit.terms(fit.sizes[-1], fit.batch_size)
-    say(
+    logger.info(
         f"input distribution: {a:.2f} ms + {100 * b:.2f} per 100 ids taken + {100 * c:.2f} per 100 sent at "
         f"{fit.sizes[-1]} devices, held out {figures.get('fwd_mape', float('nan')):.1%}; written {path}"
     )
@@ -461,10 +456,6 @@ def _register(model_dir: Path, name: str) -> Path:
     """Copy the model into the user's models under ``name`` (``replace_dir``: a stop at any moment leaves a
     loadable model there)."""
     return replace_dir(user_models_dir() / name, lambda folder: shutil.copytree(model_dir, folder, dirs_exist_ok=True))
-
-
-def progress_line(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def app_config(cfg: DictConfig) -> AdaptConfig:

@@ -16,10 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from neuroshard_jax.core.files import resolve_dataset
+from neuroshard_jax.core.paths import resolve_dataset
 from neuroshard_jax.costs.analytic import ANALYTIC_FNS, AnalyticConfig, AnalyticParams, analytic_params
 from neuroshard_jax.costs.cost_model import device_compute_ms
-from neuroshard_jax.learn.fit import TrainConfig, comm_arrays, compute_arrays, metrics, split_indices
+from neuroshard_jax.learn.datasets import comm_arrays, compute_arrays, split_indices
+from neuroshard_jax.learn.metrics import metrics
+from neuroshard_jax.learn.trainer import TrainConfig
 
 FITTED = ("mem_bw_gbps", "kernel_overhead_ms", "table_overhead_ms", "comm_bw_gbps", "comm_latency_ms")
 

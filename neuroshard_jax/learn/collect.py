@@ -25,18 +25,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from omegaconf import DictConfig
-from tqdm import tqdm
 
 from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import above_zero, at_least, typed
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import JsonlLog, git_commit, hardware, one_writer, write_manifest
+from neuroshard_jax.core.files import JsonlLog
+from neuroshard_jax.core.folders import one_writer
+from neuroshard_jax.core.hardware import hardware
+from neuroshard_jax.core.manifests import git_commit, write_manifest
+from neuroshard_jax.core.progress import progress_bar
 from neuroshard_jax.kernels.executors import (
     Executor,
     ExecutorConfig,
@@ -207,16 +209,16 @@ def _collect(config: CollectConfig, ids: Iterable[int] | None, until: float | No
     write_manifest(out / f"manifest-{config.kind}.json", _settings(config), manifest_extra)
     if ids is None:
         todo = [i for i in range(config.num_samples) if i not in log.ids]
-        bar = tqdm(
+        bar = progress_bar(
             total=config.num_samples,
             initial=config.num_samples - len(todo),
             desc=config.kind,
-            disable=not config.progress,
+            enabled=config.progress,
             smoothing=0.05,
         )
     elif config.kind == "compute":
         todo = (i for i in ids if i not in log.ids)
-        bar = tqdm(initial=len(log.ids), desc="labels", unit=" labels", disable=not config.progress, mininterval=2)
+        bar = progress_bar(initial=len(log.ids), desc="labels", unit=" labels", enabled=config.progress, mininterval=2)
     else:
         raise ValueError("collect: ids are for kind=compute")
     if until is not None:
@@ -266,10 +268,6 @@ def _collect_plans(config: CollectConfig) -> dict:
         max_iters=config.max_iters,
     )
 
-    def progress(line: str) -> None:
-        if config.progress:
-            print(line, file=sys.stderr, flush=True)
-
     summary = collect_plans(
         config.plans,
         config.specs,
@@ -279,7 +277,7 @@ def _collect_plans(config: CollectConfig) -> dict:
         config.num_samples,
         out,
         evaluate,
-        progress,
+        config.progress,
     )
     before = manifest.get("rounds", {}).get(str(config.plans.round), {})
     added = ("search_s", "compute_s", "comm_s", "devices_measured", "comm_measured")  # a resumed round adds up

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -20,21 +21,20 @@ from omegaconf import DictConfig
 from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import (
-    hardware,
-    hardware_kind,
-    load_manifest,
-    manifest_kinds,
-    one_writer,
-    resolve_dataset,
-    write_json,
-)
+from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.folders import one_writer
+from neuroshard_jax.core.hardware import hardware, hardware_kind
+from neuroshard_jax.core.manifests import load_manifest, manifest_kinds
+from neuroshard_jax.core.paths import resolve_dataset
 from neuroshard_jax.costs.ensemble import EnsembleConfig
 from neuroshard_jax.costs.registry import checkpoint_path
 from neuroshard_jax.kernels.executors import ExecutorConfig, connected
 from neuroshard_jax.learn.collect import CollectConfig, collect
-from neuroshard_jax.learn.fit import TrainConfig, train_ensemble
+from neuroshard_jax.learn.ensemble_fit import train_ensemble
 from neuroshard_jax.learn.plan_labels import plan_label_report
+from neuroshard_jax.learn.trainer import TrainConfig
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,16 +68,17 @@ def model_dir(out: Path, round_: int) -> Path:
     return out / "models" / f"round-{round_}"
 
 
-def run_loop(config: LoopConfig, progress=print) -> dict:
-    """Every round (resumable); returns the per-round table also written to ``out/loop.json``. The executor is
-    reached before anything is written, and ``out`` is held for this run alone (``one_writer``)."""
+def run_loop(config: LoopConfig) -> dict:
+    """Every round (resumable; a line each, logged at INFO); returns the per-round table also written to
+    ``out/loop.json``. The executor is reached before anything is written, and ``out`` is held for this run alone
+    (``one_writer``)."""
     if not config.allow_mixed_hardware:
         check_base_hardware(config.base_datasets, config.collect.device)
     with connected(config.executor), one_writer(config.out, "out"):
-        return _rounds(config, progress)
+        return _rounds(config)
 
 
-def _rounds(config: LoopConfig, progress) -> dict:
+def _rounds(config: LoopConfig) -> dict:
     out = Path(config.out)
     labels = out / "labels"
     datasets = [*config.base_datasets, str(labels)]
@@ -99,7 +100,7 @@ def _rounds(config: LoopConfig, progress) -> dict:
         entry = table.setdefault(str(r), {})
         entry.update(model=model, collected=collected, held_out=plan_label_report(labels, r).get(str(r)))
         write_json(table, out / "loop.json")
-        progress(f"round {r}: model {model}: {json.dumps(entry['held_out'])}")
+        logger.info("round %s: model %s: %s", r, model, json.dumps(entry["held_out"]))
         nxt = model_dir(out, r + 1)
         if not (nxt / "meta.json").exists():
             how = f"python -m neuroshard_jax.loop out={config.out} (round {r + 1}, fine-tuned from {model})"
@@ -136,7 +137,7 @@ def _rounds(config: LoopConfig, progress) -> dict:
 
 def check_base_hardware(base_datasets: tuple[str, ...], device: str) -> None:
     """Before any measuring: the labels this machine will add must be of the base datasets' kind of hardware, or
-    training would refuse them after the round's measurements (``training.check_one_hardware``)."""
+    training would refuse them after the round's measurements (``ensemble_fit.check_one_hardware``)."""
     here = hardware_kind(hardware(), device)
     for base in base_datasets:
         manifest = load_manifest(resolve_dataset(base), "compute")

@@ -21,13 +21,17 @@ sure of, ``select=random`` draws them uniformly. Then:
 Searching is stage one, measuring stage two; both are resumable and exactly-once (rows are keyed; a rerun
 of the same command continues). ``plan_label_report`` compares each round's predictions with its labels: the
 model of round r never trained on round r's tasks, so its figures are held out.
+
+Why one module of ~580 lines: it is one pipeline with one record format (a ``plans.jsonl`` row), written by the
+search stage, read by the measuring stage and by the report; its sections follow the row's life.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -36,19 +40,23 @@ from neuroshard_jax.core.assignment import assignment, plan_of, row_blocks_in, r
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import PlanError, UserError
 from neuroshard_jax.core.files import JsonlLog, read_jsonl, read_records
+from neuroshard_jax.core.progress import progress_lines
 from neuroshard_jax.core.sharding import Shard, mem_bytes, split_counts
 from neuroshard_jax.core.types import Plan, Table, Task
 from neuroshard_jax.costs.cost_model import DeviceCosts, plan_cost_ms
-from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model, shipped_names
+from neuroshard_jax.costs.registry import CostModelSpec, expected_cost_model, shipped_names
 from neuroshard_jax.costs.scoring import score_plans_devices
 from neuroshard_jax.kernels.executors import Executor, open_executor
-from neuroshard_jax.learn.fit import kendall_tau
+from neuroshard_jax.learn.metrics import kendall_tau
 from neuroshard_jax.measure.drift import References, references
 from neuroshard_jax.measure.plans import EvaluateConfig, device_key, device_request, device_tables, measure_comm
 from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool
 from neuroshard_jax.workloads.samplers import SpecSamplerConfig, draw_table_spec
 from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
+from searchers import make_searcher
+
+logger = logging.getLogger(__name__)
 
 SOURCES = ("pool", "specs")
 SELECTIONS = ("spread", "random")
@@ -115,9 +123,11 @@ class PlanLabelConfig:
                 "of this machine's kind (e.g. neuroshard_jax/data/profiles/xeon-plans)"
             )
 
-    def cost_model(self) -> tuple[str, dict | None]:
-        """(cost_model name, options) of ``model``: a shipped name, else a checkpoint directory."""
-        return (self.model, None) if self.model in shipped_names() else ("neural", {"checkpoint": self.model})
+    def cost_model(self) -> CostModelSpec:
+        """The spec of ``model``: a shipped name, else a checkpoint directory."""
+        if self.model in shipped_names():
+            return CostModelSpec(self.model)
+        return CostModelSpec("neural", {"checkpoint": self.model})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,7 +179,7 @@ def spec_task(config: PlanLabelConfig, specs: SpecSamplerConfig, devices: int, s
         total += size
     largest = max(mem_bytes(t.rows, t.dim, specs.precision) for t in tables)
     cap_gib = min(config.max_device_gib, max(1.5 * largest, 2.0 * total / devices) / GIB_BYTES)
-    return Task(devices, float(np.ceil(cap_gib * 100) / 100), batch_size, tuple(tables), specs.precision)
+    return Task.uniform(devices, float(np.ceil(cap_gib * 100) / 100), batch_size, tuple(tables), specs.precision)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,15 +237,17 @@ def variants_of(plan: Plan, count: int, rng: np.random.Generator) -> list[tuple[
 # Stage one: search, perturb, select
 
 
-def plan_task(config: PlanLabelConfig, task: Task, seed: int, progress: Callable[[str], None] = print) -> list[dict]:
-    """Every searcher's plan of ``task`` and the selected variants, each with its predictions."""
-    name, options = config.cost_model()
+def plan_task(config: PlanLabelConfig, task: Task, seed: int, progress: bool = True) -> list[dict]:
+    """Every searcher's plan of ``task`` and the selected variants, each with its predictions; ``progress``: say
+    which searchers were skipped (step lines, ``core.progress.progress_lines``)."""
+    say = progress_lines(logger, progress)
+    spec = config.cost_model()
     searched: list[tuple[str, str, Plan]] = []
     for searcher in config.searchers:
         try:
-            plan = search_plan(task, searcher, name, seed, None, options)
+            plan = search_plan(task, make_searcher(searcher), spec, seed)
         except UserError as err:  # infeasible, or e.g. rl's own model is trained at batch 4096 only
-            progress(f"  {searcher} skipped: {err}")
+            say(f"  {searcher} skipped: {err}")
             continue
         searched.append((searcher, "searched", plan))
     rng = np.random.default_rng([seed, 31, config.round])
@@ -243,7 +255,7 @@ def plan_task(config: PlanLabelConfig, task: Task, seed: int, progress: Callable
     everything = searched + candidates
     if not everything:
         return []
-    model = expected_cost_model(make_cost_model(name, task, options))
+    model = expected_cost_model(spec.for_task(task))
     costs, spread = score_plans_devices(model, [p for *_, p in everything])
     plan_ms = np.asarray(plan_cost_ms(costs))
     chosen = select_variants(config, plan_ms[len(searched) :], spread, costs, len(searched), rng)
@@ -321,10 +333,12 @@ def collect_plans(
     num_tasks: int,
     out: Path,
     evaluate: EvaluateConfig,
-    progress: Callable[[str], None] = print,
+    progress: bool = True,
 ) -> dict:
     """Stage one (search and select) then stage two (measure) for tasks 0..num_tasks-1 of ``config.round``.
-    Returns counts and the wall time of each stage."""
+    Returns counts and the wall time of each stage; ``progress``: a line per step (``core.progress.progress_lines``).
+    """
+    say = progress_lines(logger, progress)
     plans_log = JsonlLog(out / "plans.jsonl")
     started = time.perf_counter()
     for i in range(num_tasks):
@@ -344,9 +358,7 @@ def collect_plans(
                 "plans": plans,
             }
         )
-        progress(
-            f"searched {row_id}: {len(plans)} plans ({source}, {task.num_tables} tables, {task.num_devices} devices)"
-        )
+        say(f"searched {row_id}: {len(plans)} plans ({source}, {task.num_tables} tables, {task.num_devices} devices)")
     search_s = time.perf_counter() - started
     rows = [r for r in task_rows(plans_log).values() if r["round"] == config.round and r["index"] < num_tasks]
     return {
@@ -369,7 +381,7 @@ def label_rows(
     evaluate: EvaluateConfig,
     model: str,
     comm: bool,
-    progress,
+    progress: bool = True,
     drift: tuple[References | None, int] = (None, 64),
 ) -> dict:
     """Measure the devices (and with ``comm``, the all-to-alls) of the plans of plans.jsonl ``rows`` not yet in
@@ -404,7 +416,7 @@ def label_devices(
     path: Path,
     evaluate: EvaluateConfig,
     model: str,
-    progress,
+    progress: bool,
     executor: Executor,
     refs: References | None = None,
     chunk: int = 64,
@@ -412,6 +424,7 @@ def label_devices(
     """Measure every distinct device of ``rows`` not yet in ``path``; returns how many were measured. With
     ``refs``, the devices go in chunks of ``chunk``, each measured together with the reference records, and a
     chunk's labels are written at its end with the machine's ``speed`` of that chunk (``drift.References``)."""
+    say = progress_lines(logger, progress)
     log = JsonlLog(path)
     todo: dict[str, dict] = {}
     for row in rows:
@@ -430,7 +443,7 @@ def label_devices(
 
     if requests:
         with_refs = f", {len(refs.requests)} references with every {chunk}" if refs else ""
-        progress(f"measuring {len(requests)} devices{with_refs}")
+        say(f"measuring {len(requests)} devices{with_refs}")
     if refs is None:
         executor.map(requests, lambda request, answer: log.append(label(request, answer)))
         return len(requests)
@@ -456,10 +469,11 @@ def _with_references(executor: Executor, requests: list[dict], refs: References,
 
 
 def measure_plan_comm(
-    rows: list[dict], out: Path, evaluate: EvaluateConfig, progress, executor: Executor, chunk: int = 16
+    rows: list[dict], out: Path, evaluate: EvaluateConfig, progress: bool, executor: Executor, chunk: int = 16
 ) -> int:
     """Each plan's all-to-all (backward, then forward with its straggler delays from the measured compute) into
     comm.jsonl, ``chunk`` plans per launch of the rank processes."""
+    say = progress_lines(logger, progress)
     log = JsonlLog(out / "comm.jsonl")
     compute = {r["id"]: r for r in JsonlLog(out / "compute.jsonl").records()}
     pending: list[tuple[str, dict, Plan, list[float]]] = []
@@ -495,7 +509,7 @@ def measure_plan_comm(
                     "bwd_ms": b,
                 }
             )
-        progress(f"comm: {min(start + chunk, len(pending))}/{len(pending)} plans")
+        say(f"comm: {min(start + chunk, len(pending))}/{len(pending)} plans")
     return len(pending)
 
 

@@ -29,28 +29,24 @@ import numpy as np
 import optax
 from flax import nnx
 from omegaconf import DictConfig
-from tqdm import tqdm
 
 from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.constants import SHIPPED_MLP_CHECKPOINT
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import (
-    JsonlLog,
-    hardware,
-    one_writer,
-    package_path,
-    read_jsonl,
-    read_records,
-    resolve_dataset,
-)
+from neuroshard_jax.core.files import JsonlLog, read_jsonl, read_records
+from neuroshard_jax.core.folders import one_writer
+from neuroshard_jax.core.hardware import hardware
+from neuroshard_jax.core.paths import package_path, resolve_dataset
+from neuroshard_jax.core.progress import progress_bar
 from neuroshard_jax.costs.checkpoints import load_checkpoint, save_checkpoint
 from neuroshard_jax.costs.cost_model import bucket
 from neuroshard_jax.costs.neural import fit_stats, neural_cost_model
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import ExecutorConfig, connected
-from neuroshard_jax.learn.fit import TrainConfig, fit_nets
+from neuroshard_jax.learn.neural_fit import fit_nets
 from neuroshard_jax.learn.plan_labels import label_rows, plan_entry
+from neuroshard_jax.learn.trainer import TrainConfig
 from neuroshard_jax.measure.plans import EvaluateConfig
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool
 from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
@@ -163,7 +159,7 @@ def measure_greedy_plans(graph, params, model, tasks, seeds, config: RefineConfi
         }
         log.append(row)
         rows.append(row)
-    label_rows(rows, labels, EvaluateConfig(executor=config.executor), "rl-refined", True, lambda line: None)
+    label_rows(rows, labels, EvaluateConfig(executor=config.executor), "rl-refined", True, progress=False)
 
 
 def refine_cost_model(nets, cost_params, dataset_dir: Path, refine: RefineConfig, labels: Path):
@@ -271,8 +267,8 @@ def _train(
     for round_ in range(start_round, config.rounds):
         started = time.perf_counter()
         stats = []
-        bar = tqdm(
-            range(config.iterations_per_round), desc=f"round {round_ + 1}/{config.rounds}", disable=not config.progress
+        bar = progress_bar(
+            range(config.iterations_per_round), enabled=config.progress, desc=f"round {round_ + 1}/{config.rounds}"
         )
         for it in bar:
             rng = np.random.default_rng([config.seed, round_, it])

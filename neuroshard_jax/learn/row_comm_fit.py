@@ -20,7 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import git_commit, hardware_kind, read_json, read_records, resolve_dataset, write_json
+from neuroshard_jax.core.files import read_json, read_records, write_json
+from neuroshard_jax.core.hardware import hardware_kind
+from neuroshard_jax.core.manifests import git_commit
+from neuroshard_jax.core.paths import resolve_dataset
 from neuroshard_jax.costs.input_dist import InputDist, design
 from neuroshard_jax.costs.input_dist import fit as fit_inputs
 from neuroshard_jax.costs.row_comm import RowComm, fit, rank_ms

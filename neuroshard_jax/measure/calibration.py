@@ -23,10 +23,11 @@ import numpy as np
 
 from neuroshard_jax.core.config import at_least
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.records import CalibrationProtocol, CalibrationRatios, CalibrationRecord
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.core.types import Task
 from neuroshard_jax.costs.cost_model import CostModel, device_compute_ms
-from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model
+from neuroshard_jax.costs.registry import CostModelSpec, expected_cost_model
 from neuroshard_jax.kernels.executors import Executor, ExecutorConfig
 from neuroshard_jax.measure.plans import Measuring, measure_devices
 from neuroshard_jax.workloads.tasks import check_feasible
@@ -103,7 +104,7 @@ def whole(task: Task, group: list[int]) -> list[Shard]:
 
 def calibrate(
     task: Task, model: CostModel, config: CalibrateConfig, seed: int = 0, executor: Executor | None = None
-) -> dict:
+) -> CalibrationRecord:
     """Measure ``config.samples`` devices' worth of ``task``'s tables (on ``executor``, or kernel workers opened as
     ``config.executor`` says) and compare with ``model`` (uncalibrated): the record plan.json keeps (``factor``: the
     median measured / predicted, the ratios' spread, what was measured, the seconds it took)."""
@@ -113,25 +114,26 @@ def calibrate(
     measured = measure_devices(task, [whole(task, g) for g in groups], config.evaluator(), executor)
     ratios = measured / np.maximum(predicted, 1e-9)
     factor = float(f"{np.median(ratios):.4g}")  # four significant digits: never rounded to 0
-    return {
-        "factor": factor,
-        "ratios": {q: float(f"{np.quantile(ratios, p):.4g}") for q, p in (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))},
-        "devices": len(groups),
-        "tables_per_device": round(float(np.mean([len(g) for g in groups])), 1),
-        "measured_ms": [round(float(m), 3) for m in measured],
-        "predicted_ms": [round(float(p), 3) for p in predicted],
-        "protocol": {"device": config.device, "warmup": config.warmup, "iters": config.iters},
-        "seconds": round(time.perf_counter() - started, 1),
-        "far": bool(abs(np.log(factor)) > FAR),
-    }
+    return CalibrationRecord(
+        factor=factor,
+        ratios=CalibrationRatios(
+            **{q: float(f"{np.quantile(ratios, p):.4g}") for q, p in (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))}
+        ),
+        devices=len(groups),
+        tables_per_device=round(float(np.mean([len(g) for g in groups])), 1),
+        measured_ms=tuple(round(float(m), 3) for m in measured),
+        predicted_ms=tuple(round(float(p), 3) for p in predicted),
+        protocol=CalibrationProtocol(device=config.device, warmup=config.warmup, iters=config.iters),
+        seconds=round(time.perf_counter() - started, 1),
+        far=bool(abs(np.log(factor)) > FAR),
+    )
 
 
 def calibrated(
-    task: Task, cost_model: str, options: dict | None, config: CalibrateConfig, seed: int = 0
-) -> tuple[dict, dict]:
-    """``options`` of ``cost_model`` with its ``calibration`` measured on ``task`` (the model as trained is what is
-    calibrated; an infeasible task is refused before any measurement), and the record plan.json keeps."""
+    task: Task, cost_model: CostModelSpec, config: CalibrateConfig, seed: int = 0
+) -> tuple[CostModelSpec, CalibrationRecord]:
+    """``cost_model`` with its ``calibration`` measured on ``task`` (the model as trained is what is calibrated; an
+    infeasible task is refused before any measurement), and the record plan.json keeps."""
     check_feasible(task)
-    raw = {**(options or {}), "calibration": None}
-    record = calibrate(task, make_cost_model(cost_model, task, raw), config, seed)
-    return {**(options or {}), "calibration": record["factor"]}, record
+    record = calibrate(task, cost_model.with_calibration(None).for_task(task), config, seed)
+    return cost_model.with_calibration(record.factor), record

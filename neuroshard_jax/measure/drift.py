@@ -20,7 +20,9 @@ import numpy as np
 
 from neuroshard_jax.core.constants import MIN_CPU_SHARE
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import TIMED_KEYS, load_manifest, read_records, resolve_dataset
+from neuroshard_jax.core.files import read_records
+from neuroshard_jax.core.manifests import TIMED_KEYS, load_manifest
+from neuroshard_jax.core.paths import resolve_dataset
 from neuroshard_jax.kernels.processes import compute_request
 from neuroshard_jax.workloads.pool import PoolSpec
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -36,37 +36,38 @@ from omegaconf import DictConfig
 from neuroshard_jax.core.assignment import INPUT_TYPES
 from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import above_zero, at_least, typed
-from neuroshard_jax.core.constants import GIB_BYTES, SHIPPED_MLP_CHECKPOINT, SHIPPED_MODEL_NAME
+from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.constraints import allowed_devices, groups, max_levels
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_FEATURES
-from neuroshard_jax.core.files import package_path, read_json, resolve_dataset
-from neuroshard_jax.core.plan_file import PRINTED_DEVICES, SLOWEST_PRINTED, devices_summary, load_plan, printed_devices
-from neuroshard_jax.core.sharding import Shard, mem_bytes, replica_features, row_split_count, shard_features
-from neuroshard_jax.core.types import Plan, Task
-from neuroshard_jax.costs.analytic import AnalyticConfig
+from neuroshard_jax.core.plan_file import device_list, devices_summary, load_plan, printed_devices
+from neuroshard_jax.core.sharding import Shard, mem_bytes, replica_features, row_split_count
+from neuroshard_jax.core.types import Plan
 from neuroshard_jax.costs.cost_model import (
     CostFns,
     CostModel,
+    DeviceArrays,
     DeviceCosts,
     bucket,
     combine_costs,
     plan_cost_ms,
 )
-from neuroshard_jax.costs.registry import checkpoint_path, expected_cost_model, make_cost_model, usable_cost_model
+from neuroshard_jax.costs.coverage import far_devices_warning
+from neuroshard_jax.costs.registry import CostModelSpec, expected_cost_model, usable_cost_model
 from neuroshard_jax.costs.scoring import (
     apart_arrays,
     device_input_ms,
     fitted_ms,
     input_taken,
+    pad_plans,
     plan_dim_sums,
     score_plan,
     shard_costs,
+    shard_row,
 )
-from neuroshard_jax.workloads.samplers import CommSamplerConfig
+from neuroshard_jax.measure.chart import ChartData, chart
+from neuroshard_jax.measure.diff import format_diff, plan_diff
 
-FAR_PAST_TRAINED = 4  # a plan on more devices than this x the largest all-to-all a model was trained on: "far past"
-BARS_UP_TO = 256  # the chart draws a bar per device up to this many devices, stacked areas beyond
 VARIANT_CHUNK = 8  # split variants whose every device's comm is priced in one step (bounds memory at many devices)
 
 
@@ -88,6 +89,78 @@ class ExplainConfig:
             raise UserError(f"other_share: got {self.other_share}, expected a share below 1")
 
 
+class Measured(NamedTuple):
+    """Measured costs of a plan's devices (f64[N] each, ms) and where they came from."""
+
+    compute_ms: np.ndarray
+    total_ms: np.ndarray
+    source: str
+
+
+class SplitGain(NamedTuple):
+    """A split table (``split_gains``): its slices and their devices, the best device to hold it whole (None: it
+    fits on none of them) and the predicted gain of the split there (the plan's cost with the table whole there minus
+    the plan's), and its row blocks where its slices are row blocks (None otherwise)."""
+
+    slices: int
+    devices: list[int]
+    whole_on: int | None = None
+    gain_ms: float | None = None
+    row_blocks: int | None = None
+
+
+class ExplainedDevice(NamedTuple):
+    """One device of an ``Explanation``: its shards, predicted costs (ms), memory and room (GiB), relative speed,
+    and its measured costs where there are some (None otherwise)."""
+
+    device: int
+    shards: int
+    compute_ms: float
+    fwd_comm_ms: float
+    bwd_comm_ms: float
+    total_ms: float
+    mem_gb: float
+    headroom_gb: float
+    speed: float
+    measured_ms: float | None = None
+    measured_compute_ms: float | None = None
+
+
+class TopTable(NamedTuple):
+    """A table of the slowest device: its predicted share of the device's compute, in ms and as a fraction."""
+
+    table: str
+    compute_ms: float
+    share: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """Everything the printout and the chart say of a plan (``explanation``). ``table_compute_ms`` f64[N, T]: each
+    table's share of each device's compute (N x T floats are too many for lists at 100,000 devices); ``hosts``,
+    ``inputs``: a line on how a multi-host task's comm is scaled and on TorchRec's input distribution (None where
+    they do not apply)."""
+
+    cost_model: str
+    devices: list[ExplainedDevice]
+    speeds_differ: bool
+    critical_device: int
+    max_over_mean: float
+    spread_ms: float
+    top_tables: list[TopTable]
+    splits: dict[str, SplitGain]  # by table name
+    binds: list[str]
+    table_compute_ms: np.ndarray
+    tables: list[str]
+    hosts: str | None = None
+    inputs: str | None = None
+
+    @property
+    def measured(self) -> bool:
+        """Whether the devices carry measured costs."""
+        return self.devices[0].measured_ms is not None
+
+
 def shards_by_device(plan: Plan) -> list[list[Shard]]:
     """Each device's shards in plan order: ``Plan.device_shards`` of every device in one pass (O(S + N), not
     O(S x N))."""
@@ -95,14 +168,6 @@ def shards_by_device(plan: Plan) -> list[list[Shard]]:
     for s in plan.shards:
         out[s.device].append(s)
     return out
-
-
-def _shard_row(task: Task, task_feats: np.ndarray, s: Shard) -> tuple[np.ndarray, bool]:
-    """A shard's features f64[F] and whether it does work (an empty row block does none), as ``plan_arrays``."""
-    table = task.tables[s.table]
-    block = None if s.whole_rows(table.rows) else s.rows(table.rows)
-    stats = table.block_stats(s.row_offset, block) if block else None
-    return shard_features(task_feats[s.table], s.dim, block, stats), block != 0
 
 
 def _compute_ms(model: CostModel, rows: list[list[tuple[np.ndarray, bool]]]) -> np.ndarray:
@@ -122,7 +187,7 @@ def table_compute_ms(model: CostModel, plan: Plan, compute_ms: np.ndarray) -> np
     to the device's compute). Each shard is priced once, a data-parallel table's part once for every device."""
     task = plan.task
     task_feats = task.features()
-    alone_rows = [[_shard_row(task, task_feats, s)] for s in plan.shards]
+    alone_rows = [[shard_row(task, task_feats, s)] for s in plan.shards]
     alone_rows += [[(replica_features(task_feats[t], task.num_devices), True)] for t in plan.data_parallel]
     alone = _compute_ms(model, alone_rows)
     out = np.zeros((task.num_devices, task.num_tables))
@@ -137,19 +202,19 @@ def table_compute_ms(model: CostModel, plan: Plan, compute_ms: np.ndarray) -> np
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _plan_costs_ms(fns: CostFns, params, compute_ms, dim_sums, device_mask, speed, rows_fwd, rows_bwd, apart):
+def _plan_costs_ms(fns: CostFns, params, compute_ms, devices: DeviceArrays, device_mask, speed):
     """Plan costs f32[B] of B plans of one task that differ on a few devices: their compute f32[B, N] (before the
     speeds), all-to-all widths, row groups' collectives f32[B, N] and all-to-alls apart f32[B, G, N]; one plan at a
     time (memory O(N))."""
 
     def one(args):
-        compute, dims, fwd, bwd, own = args
-        return plan_cost_ms(combine_costs(fns, params, compute, dims, device_mask, speed, (fwd, bwd), own))
+        compute, devices = args
+        return plan_cost_ms(combine_costs(fns, params, compute, devices._replace(device_mask=device_mask, speed=speed)))
 
-    return jax.lax.map(one, (compute_ms, dim_sums, rows_fwd, rows_bwd, apart))
+    return jax.lax.map(one, (compute_ms, devices))
 
 
-def split_gains(model: CostModel, plan: Plan, costs: DeviceCosts | None = None) -> dict[int, dict]:
+def split_gains(model: CostModel, plan: Plan, costs: DeviceCosts | None = None) -> dict[int, SplitGain]:
     """Per split table: the predicted plan cost if it were whole on the best device holding one of its slices (that
     has the memory), and the gain of the split (that cost minus the plan's; ``None`` if it fits nowhere whole).
 
@@ -166,9 +231,8 @@ def split_gains(model: CostModel, plan: Plan, costs: DeviceCosts | None = None) 
         slices = by_table[table]
         devices = sorted({s.device for s in slices})
         rows = task.tables[table].rows
-        out[table] = {"slices": len(slices), "devices": devices, "whole_on": None, "gain_ms": None}
-        if any(not s.whole_rows(rows) for s in slices):
-            out[table]["row_blocks"] = row_split_count(slices, rows)
+        blocks = row_split_count(slices, rows) if any(not s.whole_rows(rows) for s in slices) else None
+        out[table] = SplitGain(len(slices), devices, row_blocks=blocks)
         held = dict.fromkeys(devices, 0)  # bytes of the table's slices on each of its devices
         for s in slices:
             held[s.device] += mem_bytes(s.rows(rows), s.dim, task.precision)
@@ -189,7 +253,7 @@ def split_gains(model: CostModel, plan: Plan, costs: DeviceCosts | None = None) 
         changed_at.append(slice_devices)
         for d in slice_devices:
             kept = [s for s in by_device[d] if s.table != table] + ([whole] if d == device else [])
-            changed_rows.append([_shard_row(task, task_feats, s) for s in kept] + replicas)
+            changed_rows.append([shard_row(task, task_feats, s) for s in kept] + replicas)
     changed = iter(_compute_ms(model, changed_rows))
     costs = score_plan(model, plan) if costs is None else costs
     base = np.asarray(costs.compute_ms) * task.speeds()  # the plan's compute before the speeds
@@ -201,8 +265,8 @@ def split_gains(model: CostModel, plan: Plan, costs: DeviceCosts | None = None) 
     totals = _variant_costs(model, plan, [plan, *plans], computes)
     for (table, device), cost in zip(variants, totals[1:]):
         gain = float(cost - totals[0])
-        if out[table]["gain_ms"] is None or gain < out[table]["gain_ms"]:
-            out[table].update(whole_on=device, gain_ms=gain)
+        if out[table].gain_ms is None or gain < out[table].gain_ms:
+            out[table] = out[table]._replace(whole_on=device, gain_ms=gain)
     return out
 
 
@@ -216,68 +280,16 @@ def _variant_costs(model: CostModel, plan: Plan, plans: list[Plan], computes: li
         chunk = plans[start : start + VARIANT_CHUNK]
         compute = np.stack(computes[start : start + VARIANT_CHUNK]).astype(np.float32)
         dims = np.stack([plan_dim_sums(p, model) for p in chunk]).astype(np.float32)
-        fwd, bwd = fitted_ms(model, chunk)
         apart = np.stack([apart_arrays(p, model.prices_rows) for p in chunk])
-        pad = VARIANT_CHUNK - len(chunk)  # one padded shape: one compilation
-        arrays = [np.concatenate([a, np.repeat(a[:1], pad, axis=0)]) for a in (compute, dims, fwd, bwd, apart)]
-        out.append(np.asarray(_plan_costs_ms(model.fns, model.params, arrays[0], arrays[1], mask, speed, *arrays[2:])))
+        devices = DeviceArrays(dims, None, None, fitted_ms(model, chunk), apart)  # mask and speed: the task's
+        compute, devices = pad_plans((compute, devices), VARIANT_CHUNK)  # one padded shape: one compilation
+        out.append(np.asarray(_plan_costs_ms(model.fns, model.params, compute, devices, mask, speed)))
     return np.concatenate(out)[: len(plans)].astype(np.float64)
 
 
-@functools.lru_cache(maxsize=16)
-def comm_worlds(checkpoint: str) -> tuple[tuple[int, ...], str | None]:
-    """The all-to-all sizes (device counts) a checkpoint's comm nets were trained on, and the comm dataset that
-    says so (None: not found, the comm sampler's default sizes).
-
-    A meta.json records its comm dataset by creation time and record count only (``datasets.comm``), so the
-    dataset is the one whose manifest-comm.json has that creation time, among the folders the meta names and the
-    shipped profiles; its ``settings.comm.world_sizes`` are the sizes."""
-    meta = read_json(Path(checkpoint) / "meta.json", "cost_model.checkpoint", "a checkpoint's meta.json")
-    datasets = meta.get("datasets") or {}
-    created = (datasets.get("comm") or {}).get("created")
-    compute = datasets.get("compute") if isinstance(datasets.get("compute"), list) else []
-    named = [meta.get("dataset_dir"), *(d.get("dir") for d in compute if isinstance(d, dict))]
-    profiles = package_path("data/profiles")
-    folders = [resolve_dataset(d) for d in named if d] + (sorted(profiles.iterdir()) if profiles.is_dir() else [])
-    for manifest in (f / "manifest-comm.json" for f in folders if created):
-        if manifest.is_file():
-            obj = read_json(manifest, "dataset", "the manifest of a comm dataset")
-            worlds = ((obj.get("settings") or {}).get("comm") or {}).get("world_sizes")
-            if obj.get("created") == created and worlds:
-                return tuple(sorted(int(w) for w in worlds)), manifest.parent.name
-    return tuple(CommSamplerConfig().world_sizes), None
-
-
-def far_devices_warning(num_devices: int, name: str, options: dict | None) -> str | None:
-    """One line if ``num_devices`` is far past (over ``FAR_PAST_TRAINED`` x) the largest all-to-all the comm of
-    cost model ``name`` with ``options`` (a ``ModelChoice``'s or ``make_cost_model``'s) was trained on: its comm
-    costs there are an extrapolation. None otherwise, and where no data bounds them (an analytic model with the
-    user's own comm bandwidth or latency, a checkpoint that is not there)."""
-    options = options or {}
-    if name == "analytic":  # its comm defaults were fitted to the shipped CPU dataset, the format-3 model's
-        fitted = AnalyticConfig()
-        if any(options.get(k, getattr(fitted, k)) != getattr(fitted, k) for k in ("comm_bw_gbps", "comm_latency_ms")):
-            return None
-        trained, path = "the analytic model's comm defaults were fitted to", package_path(SHIPPED_MLP_CHECKPOINT)
-    else:
-        label = str(options.get("checkpoint") or (SHIPPED_MODEL_NAME if name == "neural" else name))
-        trained, path = f"cost model {label} was trained on", Path(checkpoint_path(label))
-        if not (path / "meta.json").is_file():
-            return None
-    worlds, dataset = comm_worlds(str(path.resolve()))
-    if num_devices <= FAR_PAST_TRAINED * max(worlds):
-        return None
-    source = f"comm dataset {dataset}" if dataset else "not recorded: the comm sampler's default assumed"
-    return (
-        f"task.num_devices {num_devices} is far past the device counts {trained} "
-        f"(all-to-alls of {', '.join(map(str, worlds))} devices, {source}): its comm costs, and so the plan's, are "
-        "extrapolated, not learned"
-    )
-
-
-def measured_devices(plan_path: Path, plan: Plan) -> tuple[list[dict] | None, str | None]:
-    """Measured per-device costs ({compute, fwd_comm, bwd_comm, total}) from evaluation.json beside the plan or the
-    plan's polishing record, and where they came from."""
+def measured_devices(plan_path: Path, plan: Plan) -> Measured | None:
+    """Measured per-device costs from evaluation.json beside the plan or the plan's polishing record (None: neither
+    has them)."""
     evaluation = plan_path.with_name("evaluation.json")
     if evaluation.exists():
         try:
@@ -286,15 +298,18 @@ def measured_devices(plan_path: Path, plan: Plan) -> tuple[list[dict] | None, st
             ours = Path(obj["plan"]).resolve() == plan_path.resolve()
             ours = ours and obj.get("predicted_cost_ms") == (plan.costs.cost_ms if plan.costs else None)
             if ours and len(devices) == plan.task.num_devices:
-                return [{k: float(d[k]) for k in ("compute", "total")} for d in devices], "evaluation.json"
+                compute, total = (np.array([float(d[k]) for d in devices]) for k in ("compute", "total"))
+                return Measured(compute, total, "evaluation.json")
         except (ValueError, KeyError, TypeError, AttributeError):
             raise UserError(
                 f"{evaluation}: not an evaluation.json of python -m neuroshard_jax.evaluate (plan, devices with "
                 "compute and total)"
             ) from None
-    if plan.polish and "devices" in plan.polish:
-        return plan.polish["devices"], "polishing record (compute measured, comm predicted until its final check)"
-    return None, None
+    if plan.polish is not None:
+        devices = plan.polish.devices
+        compute, total = np.array([d.compute for d in devices]), np.array([d.total for d in devices])
+        return Measured(compute, total, "polishing record (compute measured, comm predicted until its final check)")
+    return None
 
 
 def constraint_binds(plan: Plan, critical: int, fastest: int) -> list[str]:
@@ -325,9 +340,9 @@ def constraint_binds(plan: Plan, critical: int, fastest: int) -> list[str]:
     return out
 
 
-def explanation(plan: Plan, model: CostModel, measured: list[dict] | None = None, top: int = 5) -> dict:
-    """Everything the printout and the chart say: plain values, but ``table_compute_ms`` (f64[N, T], each table's
-    share of each device's compute: N x T floats are too many for lists at 100,000 devices)."""
+def explanation(plan: Plan, model: CostModel, measured: Measured | None = None, top: int = 5) -> Explanation:
+    """Everything the printout and the chart say of ``plan`` under ``model`` (and ``measured``, its devices'
+    measured costs, if any)."""
     costs = score_plan(model, plan)
     compute, total = np.asarray(costs.compute_ms), np.asarray(costs.total_ms)
     per_table = table_compute_ms(model, plan, compute)
@@ -339,70 +354,65 @@ def explanation(plan: Plan, model: CostModel, measured: list[dict] | None = None
     fastest = int(np.argmin(total))
     order = np.argsort(-per_table[critical])
     top_tables = [
-        {
-            "table": names[t],
-            "compute_ms": float(per_table[critical, t]),
-            "share": float(per_table[critical, t] / max(compute[critical], 1e-12)),
-        }
+        TopTable(names[t], float(per_table[critical, t]), float(per_table[critical, t] / max(compute[critical], 1e-12)))
         for t in order[:top]
         if per_table[critical, t] > 0
     ]
     binds = []
     for entry in top_tables:
-        t = names.index(entry["table"])
+        t = names.index(entry.table)
         moved = sum(plan.task.table_mem_bytes(t, s.dim) for s in plan.device_shards(critical) if s.table == t)
         if mem[fastest] + moved > caps[fastest]:
             binds.append(
-                f"memory: table {entry['table']} cannot move from device {critical} to the least loaded "
+                f"memory: table {entry.table} cannot move from device {critical} to the least loaded "
                 f"device {fastest} ({(mem[fastest] + moved) / GIB_BYTES:.3f} GiB > cap "
                 f"{plan.task.caps_gb()[fastest]} GiB)"
             )
     binds += constraint_binds(plan, critical, fastest)
     splits = {names[t]: g for t, g in split_gains(model, plan, costs).items()}
     n = plan.task.num_devices
-    columns = {  # one list per field, then a dict per device: no per-device numpy indexing
-        "device": list(range(n)),
-        "shards": np.bincount([s.device for s in plan.shards], minlength=n).tolist(),
-        "compute_ms": compute.tolist(),
-        "fwd_comm_ms": np.asarray(costs.fwd_comm_ms).tolist(),
-        "bwd_comm_ms": np.asarray(costs.bwd_comm_ms).tolist(),
-        "total_ms": total.tolist(),
-        "mem_gb": (mem / GIB_BYTES).tolist(),
-        "headroom_gb": ((caps - mem) / GIB_BYTES).tolist(),
-        "speed": speeds.astype(np.float64).tolist(),
-    }
-    if measured:
-        columns["measured_ms"] = [float(m["total"]) for m in measured]
-        columns["measured_compute_ms"] = [float(m["compute"]) for m in measured]
-    return {
-        "cost_model": model.name,
-        "devices": [dict(zip(columns, row)) for row in zip(*columns.values())],
-        "speeds_differ": plan.task.has_speeds,
-        **({"hosts": _hosts_line(plan.task)} if plan.task.multi_host else {}),
-        **_input_line(model, plan),
-        "critical_device": critical,
-        "max_over_mean": float(total.max() / max(total.mean(), 1e-12)),
-        "spread_ms": float(total.max() - total.min()),
-        "top_tables": top_tables,
-        "splits": splits,
-        "binds": binds,
-        "table_compute_ms": per_table,
-        "tables": names,
-    }
+    columns = [  # one list per field, then a record per device: no per-device numpy indexing
+        list(range(n)),
+        np.bincount([s.device for s in plan.shards], minlength=n).tolist(),
+        compute.tolist(),
+        np.asarray(costs.fwd_comm_ms).tolist(),
+        np.asarray(costs.bwd_comm_ms).tolist(),
+        total.tolist(),
+        (mem / GIB_BYTES).tolist(),
+        ((caps - mem) / GIB_BYTES).tolist(),
+        speeds.astype(np.float64).tolist(),
+    ]
+    if measured is not None:
+        columns += [np.asarray(measured.total_ms, np.float64).tolist(), np.asarray(measured.compute_ms).tolist()]
+    return Explanation(
+        cost_model=model.name,
+        devices=[ExplainedDevice(*row) for row in zip(*columns)],
+        speeds_differ=plan.task.has_speeds,
+        critical_device=critical,
+        max_over_mean=float(total.max() / max(total.mean(), 1e-12)),
+        spread_ms=float(total.max() - total.min()),
+        top_tables=top_tables,
+        splits=splits,
+        binds=binds,
+        table_compute_ms=per_table,
+        tables=names,
+        hosts=_hosts_line(plan.task) if plan.task.multi_host else None,
+        inputs=_input_line(model, plan),
+    )
 
 
-def _input_line(model: CostModel, plan: Plan) -> dict:
-    """``{"inputs": line}``: the share of the forward comm that is TorchRec's input distribution, if priced."""
+def _input_line(model: CostModel, plan: Plan) -> str | None:
+    """The share of the forward comm that is TorchRec's input distribution, if priced (None otherwise)."""
     n = plan.task.num_devices
     if model.input_dist is None or n < 2:
-        return {}
+        return None
     taken = input_taken(plan)
     ms = device_input_ms(model.input_dist, [plan], taken[None])[0]
     kinds = [kind.replace("_", "-") for kind, row in zip(INPUT_TYPES, taken) if row.sum() > 0]
-    return {
-        "inputs": f"of fwd_comm, TorchRec's input distribution ({' and '.join(kinds)}: {len(kinds)} ids' all-to-all"
+    return (
+        f"of fwd_comm, TorchRec's input distribution ({' and '.join(kinds)}: {len(kinds)} ids' all-to-all"
         f"{'s' if len(kinds) > 1 else ''}): {ms.min():.3f}..{ms.max():.3f} ms per device (fit {model.input_dist.name})"
-    }
+    )
 
 
 def _hosts_line(task) -> str:
@@ -415,20 +425,11 @@ def _hosts_line(task) -> str:
     )
 
 
-def device_list(devices: Sequence[int], shown: int = 8) -> str:
-    """A list of device indices for a printout: whole up to ``shown``, else its ends and how many (a data-parallel
-    table is on every device)."""
-    if len(devices) <= shown:
-        return str(list(devices))
-    head, tail = ", ".join(map(str, devices[: shown - 2])), ", ".join(map(str, devices[-2:]))
-    return f"[{head}, ..., {tail}] ({len(devices)} devices)"
-
-
-def format_explanation(expl: dict, measured_from: str | None = None) -> str:
+def format_explanation(expl: Explanation, measured_from: str | None = None) -> str:
     """The printout of ``explanation``: a row per device (beyond ``PRINTED_DEVICES``: the slowest few, the fastest
     and a summary), what binds, and the split tables' gains."""
-    has_measured = "measured_ms" in expl["devices"][0]
-    speeds = expl.get("speeds_differ", False)
+    has_measured = expl.measured
+    speeds = expl.speeds_differ
     head = (
         (
             f"{'device':>6} {'shards':>6} {'compute':>9} {'fwd_comm':>9} {'bwd_comm':>9} {'total_ms':>9} "
@@ -438,158 +439,49 @@ def format_explanation(expl: dict, measured_from: str | None = None) -> str:
         + (f" {'measured':>9}" if has_measured else "")
     )
     lines = [
-        f"predicted by cost_model={expl['cost_model']}"
+        f"predicted by cost_model={expl.cost_model}"
         + (f"; measured: {measured_from}" if has_measured else "")
         + ("; compute divided by each device's relative speed" if speeds else ""),
-        *([expl["hosts"]] if "hosts" in expl else []),
-        *([expl["inputs"]] if "inputs" in expl else []),
+        *([expl.hosts] if expl.hosts is not None else []),
+        *([expl.inputs] if expl.inputs is not None else []),
         head,
     ]
-    total_ms = [d["total_ms"] for d in expl["devices"]]
+    total_ms = [d.total_ms for d in expl.devices]
     shown = printed_devices(total_ms)
     fastest = shown[-1] if len(shown) < len(total_ms) else None  # a summarised table ends with the fastest
-    for d in (expl["devices"][i] for i in shown):
-        mark = " <- slowest" if d["device"] == expl["critical_device"] else ""
-        mark = " <- fastest" if d["device"] == fastest and not mark else mark
+    for d in (expl.devices[i] for i in shown):
+        mark = " <- slowest" if d.device == expl.critical_device else ""
+        mark = " <- fastest" if d.device == fastest and not mark else mark
         lines.append(
-            f"{d['device']:>6} {d['shards']:>6} {d['compute_ms']:>9.3f} {d['fwd_comm_ms']:>9.3f} "
-            f"{d['bwd_comm_ms']:>9.3f} {d['total_ms']:>9.3f} {d['mem_gb']:>7.3f} {d['headroom_gb']:>7.3f}"
-            + (f" {d['speed']:>6.2f}" if speeds else "")
-            + (f" {d['measured_ms']:>9.3f}" if has_measured else "")
+            f"{d.device:>6} {d.shards:>6} {d.compute_ms:>9.3f} {d.fwd_comm_ms:>9.3f} "
+            f"{d.bwd_comm_ms:>9.3f} {d.total_ms:>9.3f} {d.mem_gb:>7.3f} {d.headroom_gb:>7.3f}"
+            + (f" {d.speed:>6.2f}" if speeds else "")
+            + (f" {d.measured_ms:>9.3f}" if has_measured else "")
             + mark
         )
     lines.extend(devices_summary(total_ms, shown, "not shown (plan.json holds every device's predicted cost)"))
     lines.append(
-        f"imbalance: max/mean {expl['max_over_mean']:.3f}, spread {expl['spread_ms']:.3f} ms, "
-        f"critical device {expl['critical_device']}"
+        f"imbalance: max/mean {expl.max_over_mean:.3f}, spread {expl.spread_ms:.3f} ms, "
+        f"critical device {expl.critical_device}"
     )
-    tops = ", ".join(f"{t['table']} {t['compute_ms']:.2f} ms ({100 * t['share']:.0f}%)" for t in expl["top_tables"])
-    lines.append(f"device {expl['critical_device']}'s costliest tables: {tops}")
-    if expl["splits"]:
+    tops = ", ".join(f"{t.table} {t.compute_ms:.2f} ms ({100 * t.share:.0f}%)" for t in expl.top_tables)
+    lines.append(f"device {expl.critical_device}'s costliest tables: {tops}")
+    if expl.splits:
         lines.append("split tables (predicted gain: how much slower the plan would be with the table whole):")
-        for name, s in expl["splits"].items():
+        for name, s in expl.splits.items():
             gain = (
                 "fits on none of its devices whole"
-                if s["gain_ms"] is None
-                else f"gain {s['gain_ms']:+.3f} ms (whole on device {s['whole_on']})"
+                if s.gain_ms is None
+                else f"gain {s.gain_ms:+.3f} ms (whole on device {s.whole_on})"
             )
-            kind = f"{s['slices']} slices" if "row_blocks" not in s else f"{s['row_blocks']} row blocks (row-wise)"
-            lines.append(f"  {name}: {kind} on devices {device_list(s['devices'])}, {gain}")
+            kind = f"{s.slices} slices" if s.row_blocks is None else f"{s.row_blocks} row blocks (row-wise)"
+            lines.append(f"  {name}: {kind} on devices {device_list(s.devices)}, {gain}")
     else:
         lines.append("no table is split")
-    lines.extend(f"binds: {b}" for b in expl["binds"]) if expl["binds"] else lines.append(
+    lines.extend(f"binds: {b}" for b in expl.binds) if expl.binds else lines.append(
         "binds: nothing (the memory cap leaves room to move the slowest device's top tables)"
     )
     return "\n".join(lines)
-
-
-def plan_diff(plan: Plan, base: Plan, model: CostModel) -> dict:
-    """Which tables moved or were split between ``base`` and ``plan`` (same tables), and both plans' device costs."""
-    ours, theirs = plan.task.to_json(), base.task.to_json()
-    for key in ("num_devices", "mem_cap_gb", "devices", "links", "batch_size", "precision", "tables"):
-        if ours.get(key) != theirs.get(key):
-            raise UserError(f"base: its task's {key} differs from the plan's, expected two plans of one task")
-    names = plan.task.table_names()
-
-    def layout(p: Plan) -> dict[int, list[tuple[int, int]]]:
-        out: dict[int, list[tuple[int, int]]] = {}
-        for s in sorted(p.shards, key=lambda s: (s.table, s.col_offset)):
-            out.setdefault(s.table, []).append((s.dim, s.device))
-        for t in p.data_parallel:  # whole on every device
-            out[t] = [(p.task.tables[t].dim, d) for d in range(p.task.num_devices)]
-        return out
-
-    new, old = layout(plan), layout(base)
-    changes = []
-    for t in range(len(names)):
-        if new[t] != old[t]:
-            kind = "moved" if len(new[t]) == len(old[t]) else ("split" if len(new[t]) > len(old[t]) else "merged")
-            if (t in plan.data_parallel) != (t in base.data_parallel):
-                kind = "data-parallel" if t in plan.data_parallel else "sharded"
-            changes.append(
-                {
-                    "table": names[t],
-                    "change": kind,
-                    "base": [d for _, d in old[t]],
-                    "plan": [d for _, d in new[t]],
-                    "slices": [len(old[t]), len(new[t])],
-                }
-            )
-    a, b = score_plan(model, plan), score_plan(model, base)
-    return {
-        "changes": changes,
-        "plan_total_ms": np.asarray(a.total_ms).tolist(),
-        "base_total_ms": np.asarray(b.total_ms).tolist(),
-    }
-
-
-def format_diff(diff: dict) -> str:
-    """The printout of ``plan_diff``: the changed tables, then a row per device (beyond ``PRINTED_DEVICES``: the
-    devices whose cost changed most, and a summary of the plan's)."""
-    lines = [f"{len(diff['changes'])} tables changed"]
-    for c in diff["changes"]:
-        lines.append(
-            f"  {c['table']}: {c['change']}, devices {device_list(c['base'])} -> {device_list(c['plan'])}"
-            + (f" ({c['slices'][0]} -> {c['slices'][1]} slices)" if c["change"] != "moved" else "")
-        )
-    lines.append(f"{'device':>6} {'base_ms':>9} {'plan_ms':>9} {'change':>8}")
-    base, ours = np.asarray(diff["base_total_ms"]), np.asarray(diff["plan_total_ms"])
-    shown = list(range(len(ours)))
-    if len(ours) > PRINTED_DEVICES:  # the devices whose cost changed most
-        shown = np.argsort(-np.abs(ours - base), kind="stable")[:SLOWEST_PRINTED].tolist()
-    for d in shown:
-        lines.append(f"{d:>6} {base[d]:>9.3f} {ours[d]:>9.3f} {ours[d] - base[d]:>+8.3f}")
-    lines.extend(devices_summary(ours, shown, "not shown (those whose cost changed least)"))
-    lines.append(
-        f"{'max':>6} {max(diff['base_total_ms']):>9.3f} {max(diff['plan_total_ms']):>9.3f} "
-        f"{max(diff['plan_total_ms']) - max(diff['base_total_ms']):>+8.3f}"
-    )
-    return "\n".join(lines)
-
-
-def write_chart(expl: dict, path: Path, other_share: float) -> Path:
-    """A stacked bar per device of its tables' predicted compute; small tables grouped as "other". Beyond
-    ``BARS_UP_TO`` devices, stacked areas in a figure of fixed width (a patch per device and table would take
-    minutes to draw at 100,000 devices, and a bar would be narrower than a pixel)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    costs = np.asarray(expl["table_compute_ms"])  # [N, T]
-    share = costs / np.maximum(costs.sum(axis=1, keepdims=True), 1e-12)
-    shown = [t for t in np.argsort(-costs.max(axis=0)) if share[:, t].max() >= other_share][:12]
-    n = costs.shape[0]
-    bars = n <= BARS_UP_TO
-    fig, ax = plt.subplots(figsize=(max(7.0, 0.22 * n + 4) if bars else 14.0, 4.5))
-    x = np.arange(n)
-
-    def stack(values, bottom, **style):
-        if bars:
-            ax.bar(x, values, bottom=bottom, **style)
-        else:
-            ax.fill_between(x, bottom, bottom + values, step="mid", linewidth=0, **style)
-
-    bottom = np.zeros(n)
-    colors = plt.get_cmap("tab20").colors
-    for i, t in enumerate(shown):
-        stack(costs[:, t], bottom, color=colors[i % len(colors)], label=expl["tables"][t])
-        bottom = bottom + costs[:, t]
-    other = costs.sum(axis=1) - bottom
-    stack(other, bottom, color="lightgrey", label="other")
-    comm = np.array([d["fwd_comm_ms"] + d["bwd_comm_ms"] for d in expl["devices"]])
-    stack(comm, bottom + other, facecolor="white", edgecolor="grey", hatch="//", label="comm")
-    ax.set_xlabel("device")
-    ax.set_ylabel("predicted ms")
-    ax.set_xticks(range(n) if n <= 32 else range(0, n, max(1, n // 16)))
-    if not bars:
-        ax.set_xlim(-0.5, n - 0.5)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_title(f"predicted cost per device ({expl['cost_model']}); slowest: device {expl['critical_device']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def explain_file(config: ExplainConfig, model: CostModel | None = None) -> str:
@@ -600,31 +492,24 @@ def explain_file(config: ExplainConfig, model: CostModel | None = None) -> str:
     plan = load_plan(path)
     warnings = []
     if model is None:
-        name, options, warning = usable_cost_model(config.model, None, plan.task)
-        warnings = [w for w in (warning, far_devices_warning(plan.task.num_devices, name, options)) if w]
-        if plan.calibration and name == config.model:  # the factor the plan was searched with
-            options = {**(options or {}), "calibration": plan.calibration["factor"]}
-        model = make_cost_model(name, plan.task, options)
+        spec, warning = usable_cost_model(CostModelSpec(config.model), plan.task)
+        warnings = [w for w in (warning, far_devices_warning(plan.task.num_devices, spec.name, spec.options)) if w]
+        if plan.calibration is not None and spec.name == config.model:  # the factor the plan was searched with
+            spec = spec.with_calibration(plan.calibration.factor)
+        model = spec.for_task(plan.task)
     model = expected_cost_model(model)
     if config.base:
         text = format_diff(plan_diff(plan, load_plan(config.base, key="base"), model))
     else:
-        measured, source = measured_devices(path, plan)
+        measured = measured_devices(path, plan)
         expl = explanation(plan, model, measured, config.top)
-        text = format_explanation(expl, source)
+        text = format_explanation(expl, None if measured is None else measured.source)
         if config.chart:
-            text += "\n" + chart(expl, path.with_suffix(".png"), config.other_share)
+            comm = [d.fwd_comm_ms + d.bwd_comm_ms for d in expl.devices]
+            title = f"predicted cost per device ({expl.cost_model}); slowest: device {expl.critical_device}"
+            data = ChartData(np.asarray(expl.table_compute_ms), expl.tables, np.asarray(comm), title)
+            text += "\n" + chart(data, path.with_suffix(".png"), config.other_share)
     return "".join(f"warning: {w}\n" for w in warnings) + text
-
-
-def chart(expl: dict, path: Path, other_share: float) -> str:
-    """``write_chart``; a failure is a warning line, so the explanation is never lost to it."""
-    try:
-        return f"chart written to {write_chart(expl, path, other_share)}"
-    except ImportError as err:
-        return f"warning: chart not written: matplotlib is missing ({err}); install the report extra"
-    except OSError as err:
-        return f"warning: chart not written: cannot write {str(path)!r} ({err.strerror or err})"
 
 
 def app_config(cfg: DictConfig) -> ExplainConfig:

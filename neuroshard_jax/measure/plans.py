@@ -18,13 +18,23 @@ import numpy as np
 from neuroshard_jax.core.assignment import comm_layout, crosses_hosts
 from neuroshard_jax.core.config import above_zero, at_least
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import hardware, write_json
+from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.plan_file import load_plan
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.cost_model import DeviceCosts, plan_cost_ms
 from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, opened
-from neuroshard_jax.kernels.processes import WorkerFailure, compute_request, timing_fields, worker_versions
+from neuroshard_jax.kernels.processes import (
+    PoolTableRef,
+    SpecTableRef,
+    TableRef,
+    WorkerFailure,
+    compute_request,
+    timing_fields,
+    worker_tables,
+    worker_versions,
+)
 
 DEVICES = ("cpu", "cuda")
 
@@ -202,10 +212,10 @@ def device_request(request_id, task: Task, tables: list, config: EvaluateConfig)
     )
 
 
-def device_tables(task: Task, shards: list[Shard]) -> list:
-    """A device's tables as the worker takes them, in a canonical order: [pool table id, dim] when the task
-    has a pool (its real streams), else table specs whose streams are synthesised (seeded by the table id). A row
-    block adds its row_offset and num_rows (the worker restricts the table's stream to it); a block whose own
+def device_tables(task: Task, shards: list[Shard]) -> list[TableRef]:
+    """A device's tables as the worker measures them, in a canonical order: ``PoolTableRef``s when the task has a
+    pool (its real streams), else ``SpecTableRef``s whose streams are synthesised (seeded by the table id). A row
+    block has its row_offset and num_rows (the worker restricts the table's stream to it); a block whose own
     statistics the table carries (``Table.block_stats``) is the spec of those, as the cost model scores it; an
     empty block (the tail of TorchRec's row layout) holds nothing to measure."""
     out = []
@@ -215,23 +225,14 @@ def device_tables(task: Task, shards: list[Shard]) -> list:
         if block and block[1] == 0:
             continue
         if task.pool is not None:
-            out.append([t.id, s.dim, *block])
+            out.append(PoolTableRef(t.id, s.dim, *block))
         elif block and (stats := t.block_stats(*block)) is not None:
-            out.append(
-                {"rows": block[1], "pooling_factor": stats[0], "bins": list(stats[1]), "dim": s.dim, "seed": t.id}
-            )
+            out.append(SpecTableRef(block[1], stats[0], tuple(stats[1]), s.dim, t.id))
         else:
-            spec = {
-                "rows": t.rows,
-                "pooling_factor": t.pooling_factor,
-                "bins": list(t.bins),
-                "dim": s.dim,
-                "seed": t.id,
-            }
-            out.append(spec | (dict(zip(("row_offset", "num_rows"), block))))
+            out.append(SpecTableRef(t.rows, t.pooling_factor, tuple(t.bins), s.dim, t.id, *block))
     if task.pool is not None:
-        return sorted(out)
-    return sorted(out, key=lambda x: (x["seed"], x["dim"], x.get("row_offset", 0), x["rows"]))
+        return sorted(out, key=PoolTableRef.to_json)
+    return sorted(out, key=lambda x: (x.seed, x.dim, x.row_offset or 0, x.rows))
 
 
 def replica_kernel(plan: Plan) -> tuple[Task, list] | None:
@@ -245,7 +246,7 @@ def replica_kernel(plan: Plan) -> tuple[Task, list] | None:
     local = dataclasses.replace(task, batch_size=-(-task.batch_size // task.num_devices))
     tables = device_tables(local, [Shard(t, 0, task.tables[t].dim, 0) for t in plan.data_parallel])
     if task.pool is None:  # a spec's histogram describes the task's batch: the first bags of that batch's stream
-        tables = [{**spec, "stream_batch": task.batch_size} for spec in tables]
+        tables = [dataclasses.replace(spec, stream_batch=task.batch_size) for spec in tables]
     return local, tables
 
 
@@ -272,10 +273,10 @@ def measure_devices(
     return np.array([answers[str(i)][0]["total_ms"] for i in range(len(devices))], np.float64)
 
 
-def device_key(task: Task, tables: list) -> str:
-    """A device's content key (``device_tables``): what its kernel measures, the tables, the batch size, the
-    precision, and the pool whose streams a pool task replays."""
-    content = [task.batch_size, task.precision, tables]
+def device_key(task: Task, tables: list[TableRef]) -> str:
+    """A device's content key (``device_tables``): what its kernel measures, the tables (in the worker's form), the
+    batch size, the precision, and the pool whose streams a pool task replays."""
+    content = [task.batch_size, task.precision, worker_tables(tables)]
     if task.pool is not None:
         content.insert(0, task.pool.pool_id)
     return hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()[:20]

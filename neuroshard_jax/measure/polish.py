@@ -31,9 +31,10 @@ import numpy as np
 from neuroshard_jax.core.assignment import assignment, plan_of, row_blocks_in
 from neuroshard_jax.core.config import above_zero, at_least
 from neuroshard_jax.core.errors import PlanError, UserError
+from neuroshard_jax.core.records import MeasuredDevice, PolishProtocol, PolishRecord, PolishStep
 from neuroshard_jax.core.sharding import row_shards, split_counts
 from neuroshard_jax.core.types import Plan, Task
-from neuroshard_jax.costs.cost_model import CostModel, DeviceCosts, combine_costs, plan_cost_ms
+from neuroshard_jax.costs.cost_model import CostModel, DeviceArrays, DeviceCosts, combine_costs, plan_cost_ms
 from neuroshard_jax.costs.registry import expected_cost_model
 from neuroshard_jax.costs.scoring import (
     apart_arrays,
@@ -296,10 +297,9 @@ def simulate(model: CostModel, plans: list[Plan], compute: np.ndarray) -> Device
     """The simulator formula (``combine_costs``) on given compute f64[K, N]: predicted comm, each device's
     straggler wait from the given compute. DeviceCosts of f64[K, N]."""
     dim_sums = np.stack([plan_dim_sums(p, model) for p in plans])
-    mask = np.ones_like(dim_sums, bool)
-    rows = fitted_ms(model, plans)
     apart = np.stack([apart_arrays(p, model.prices_rows) for p in plans])
-    costs = _combine(model.fns, model.params, jnp.asarray(compute, jnp.float32), dim_sums, mask, None, rows, apart)
+    devices = DeviceArrays(dim_sums, np.ones_like(dim_sums, bool), None, fitted_ms(model, plans), apart)
+    costs = _combine(model.fns, model.params, jnp.asarray(compute, jnp.float32), devices)
     return DeviceCosts(*(np.asarray(c, np.float64) for c in costs))
 
 
@@ -348,15 +348,15 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
                     float(new_noise[new_slow] * new[new_slow]),
                 )
                 steps.append(
-                    {
-                        "change": kind,
-                        "estimated_ms": round(float(estimates[c]), 4),
-                        "measured_ms": round(after, 4),
-                        "before_ms": round(before, 4),
-                        "kept": before - after > margin,
-                    }
+                    PolishStep(
+                        change=kind,
+                        estimated_ms=round(float(estimates[c]), 4),
+                        measured_ms=round(after, 4),
+                        before_ms=round(before, 4),
+                        kept=before - after > margin,
+                    )
                 )
-                if steps[-1]["kept"]:
+                if steps[-1].kept:
                     current, measured, noise, kept = candidate, new, new_noise, True
                     break
             if not kept:
@@ -377,40 +377,36 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
     if rejected is not None:
         current, final, final_noise, fwd, bwd = plan, initial, initial_noise, (fwd[0],) * 2, (bwd[0],) * 2
         compute_after, after_ms = compute_before, before_ms
-    record = {
-        "mode": "measured",
-        "measurements": meter.count,
-        "time_s": round(time.perf_counter() - started, 2),
-        "changes_kept": sum(s["kept"] for s in steps),
-        "reverted": rejected is not None,  # the kept changes were undone after the fresh measurement
-        "rejected_measured_compute_ms": rejected,  # the changed plan's slowest device then (None: not reverted)
-        "steps": steps,
-        "protocol": {
-            "warmup": config.warmup,
-            "iters": config.iters,
-            "repeats": config.repeats,
-            "pin": pin,
-            "anchors": config.anchors,
-        },
-        "drift": meter.drift,  # per measured step: its anchors' median fresh / first median (1: no drift)
-        "unpolished_measured_ms": before_ms,
-        "measured_ms": after_ms,
-        "improvement": 1 - after_ms / before_ms if before_ms > 0 else 0.0,
-        "unpolished_measured_compute_ms": compute_before,  # the slowest device's compute, without the comm
-        "measured_compute_ms": compute_after,
-        "compute_improvement": 1 - compute_after / compute_before if compute_before > 0 else 0.0,
-        "devices": [
-            {
-                "device": d,
-                "compute": float(final[d]),
-                "noise": float(final_noise[d]),
-                "fwd_comm": float(fwd[1][d]),
-                "bwd_comm": float(bwd[1][d]),
-                "total": float(final[d] + fwd[1][d] + bwd[1][d]),
-            }
+    record = PolishRecord(
+        mode="measured",
+        measurements=meter.count,
+        time_s=round(time.perf_counter() - started, 2),
+        changes_kept=sum(s.kept for s in steps),
+        reverted=rejected is not None,
+        rejected_measured_compute_ms=rejected,
+        steps=tuple(steps),
+        protocol=PolishProtocol(
+            warmup=config.warmup, iters=config.iters, repeats=config.repeats, pin=pin, anchors=config.anchors
+        ),
+        drift=tuple(meter.drift),
+        unpolished_measured_ms=before_ms,
+        measured_ms=after_ms,
+        improvement=1 - after_ms / before_ms if before_ms > 0 else 0.0,
+        unpolished_measured_compute_ms=compute_before,
+        measured_compute_ms=compute_after,
+        compute_improvement=1 - compute_after / compute_before if compute_before > 0 else 0.0,
+        devices=tuple(
+            MeasuredDevice(
+                device=d,
+                compute=float(final[d]),
+                noise=float(final_noise[d]),
+                fwd_comm=float(fwd[1][d]),
+                bwd_comm=float(bwd[1][d]),
+                total=float(final[d] + fwd[1][d] + bwd[1][d]),
+            )
             for d in range(n)
-        ],
-    }
+        ),
+    )
     scored = with_costs(model, current)
     return dataclasses.replace(
         scored, searcher=plan.searcher, seed=plan.seed, search_time_s=plan.search_time_s, polish=record

@@ -27,7 +27,9 @@ import numpy as np
 from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import at_least, typed
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import hardware, hardware_kind, read_json, resolve_dataset, write_json
+from neuroshard_jax.core.files import read_json, write_json
+from neuroshard_jax.core.hardware import hardware, hardware_kind
+from neuroshard_jax.core.paths import resolve_dataset
 from neuroshard_jax.kernels.executors import ExecutorConfig, map_requests
 from neuroshard_jax.measure.drift import references
 

@@ -80,13 +80,14 @@ def main_config(cfg: DictConfig) -> MainConfig:
 
 
 def planner_of(config: MainConfig) -> Planner:
-    """The run's planner: its searcher, cost model, row splits, calibration and polishing."""
-    return Planner(
-        searcher=config.searcher["name"],
-        cost_model=config.cost_model["name"],
-        seed=config.seed,
+    """The run's planner: its searcher and cost model made from their names once, its row splits, calibration and
+    polishing."""
+    return Planner.named(
+        config.searcher["name"],
+        config.cost_model["name"],
         searcher_options=config.options("searcher"),
         cost_model_options=config.options("cost_model"),
+        seed=config.seed,
         row_split=config.row_split,
         calibrate=config.calibrate,
         polish=config.polish,

@@ -15,6 +15,7 @@ with nothing else running.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import statistics
 import time
 
@@ -23,13 +24,17 @@ import numpy as np
 from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import at_least, typed
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import hardware
+from neuroshard_jax.core.hardware import hardware
+from neuroshard_jax.costs.registry import CostModelSpec
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.measure.plans import EvaluateConfig, measured_steps
 from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.search.suite import SuiteConfig
 from neuroshard_jax.workloads.pool import load_pool
 from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
+from searchers import make_searcher
+
+logger = logging.getLogger(__name__)
 
 FIRST_SEED = SuiteConfig().first_seed  # the suite's held-out tasks (experiment=compare)
 
@@ -58,18 +63,20 @@ def app_config(cfg) -> ModelComparisonConfig:
     return typed(ModelComparisonConfig, resolved(cfg))
 
 
-def compare_models(config: ModelComparisonConfig, progress=print) -> dict:
+def compare_models(config: ModelComparisonConfig) -> dict:
     """Plan the suite's held-out tasks under each model, measure every plan interleaved; the report."""
     models = list(config.models)
+    searcher = make_searcher(config.searcher)
+    specs = {model: CostModelSpec(model) for model in models}
     pool = load_pool(TaskConfig().pool, TaskConfig().batch_size)
     plans, index = [], []
     for n in config.devices:
         for seed in range(FIRST_SEED, FIRST_SEED + config.tasks):
             task = generate_task(pool, TaskConfig(num_tables=None, num_devices=n, split="test"), seed)
             for model in models:
-                plans.append(search_plan(task, config.searcher, model, 0))
+                plans.append(search_plan(task, searcher, specs[model], 0))
                 index.append((n, seed, model))
-        progress(f"{n} devices: {config.tasks} tasks planned")
+        logger.info("%s devices: %s tasks planned", n, config.tasks)
     evaluator = EvaluateConfig(executor=ExecutorConfig(workers=config.workers), pin=True)
     runs = measured_steps(plans, evaluator, config.repeats)
     step = {key: statistics.median(r) for key, r in zip(index, runs)}

@@ -8,13 +8,14 @@ import time
 import jax
 import numpy as np
 
-from neuroshard_jax.core.constraints import KEYS, conflicts, has_constraints
+from neuroshard_jax.core.constraints import conflicts, constraints_used, has_constraints
 from neuroshard_jax.core.errors import InfeasibleError, UserError
-from neuroshard_jax.core.files import cache_dir
+from neuroshard_jax.core.paths import cache_dir
+from neuroshard_jax.core.records import CalibrationRecord
 from neuroshard_jax.core.sharding import merge_colocated
 from neuroshard_jax.core.types import Device, Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel
-from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model, split_calibration
+from neuroshard_jax.costs.registry import CostModelSpec, expected_cost_model
 from neuroshard_jax.costs.scoring import score_plan, score_plans, single_shard_costs, with_costs
 from neuroshard_jax.search.replicas import replica_choices, replica_rest, replicas_fit, with_replicas
 from neuroshard_jax.search.row_split import (
@@ -26,7 +27,7 @@ from neuroshard_jax.search.row_split import (
     settle,
 )
 from neuroshard_jax.workloads.tasks import check_feasible
-from searchers import make_searcher, searcher_names
+from searchers import Searcher, registered
 
 
 def enable_compilation_cache(min_compile_s: float = 0.2) -> None:
@@ -41,38 +42,33 @@ def enable_compilation_cache(min_compile_s: float = 0.2) -> None:
 
 def search_plan(
     task: Task,
-    searcher: str,
-    cost_model: str,
+    searcher: Searcher,
+    cost_model: CostModelSpec,
     seed: int,
-    searcher_options: dict | None = None,
-    cost_model_options: dict | None = None,
     row_split: str = "fit",
     model: CostModel | None = None,
 ) -> Plan:
     """Search a plan for ``task``: validated, with its costs predicted by ``cost_model`` and its provenance.
     ``row_split``: which tables row blocks are tried for (``row_split.py``: fit | hot | off); ``model``: the cost
-    model already built for ``task`` from ``cost_model`` and its options (built here if None)."""
+    model already built for ``task`` from ``cost_model`` (built here if None)."""
     check_feasible(task)
     if model is None:
-        model = make_cost_model(cost_model, task, cost_model_options)
-    algorithm = make_searcher(searcher, searcher_options)
+        model = cost_model.for_task(task)
     if has_constraints(task.tables):
-        check_constraints(task, searcher, algorithm)
+        check_constraints(task, searcher)
     start = time.perf_counter()
-    own = getattr(algorithm, "own_row_splits", False)  # TorchRec's planner chooses its own sharding types
-    chooses = getattr(algorithm, "replicates", False)
-    table_ms = whole_table_ms(model, task) if chooses or row_split == "hot" else None
+    table_ms = whole_table_ms(model, task) if searcher.replicates or row_split == "hot" else None
     runs, refusal = [], None  # (replicated, the task around them, its table indices, its model, split, within host)
     plans = []
-    for replicated in [()] if own else replica_choices(task, table_ms, chooses):
+    for replicated in [()] if searcher.own_row_splits else replica_choices(task, table_ms, searcher.replicates):
         try:
             if len(replicated) == task.num_tables:  # every table on every device: nothing left to search
                 replicas_fit(task, replicated)
                 plans.append(Plan(task, (), data_parallel=replicated).validate())
                 continue
             base, index = replica_rest(task, replicated) if replicated else (task, None)
-            base_model = model if not replicated else make_cost_model(cost_model, base, cost_model_options)
-            if own:
+            base_model = model if not replicated else cost_model.for_task(base)
+            if searcher.own_row_splits:  # TorchRec's planner chooses its own sharding types
                 choices = [()]
             else:
                 # the hot tables need every table's predicted compute: worked out only where they are asked for
@@ -91,14 +87,13 @@ def search_plan(
             for split in choices
             for within_host in (ways if split else (False,))
         ]
-    budget = getattr(algorithm, "budget_s", None)
     for i, (replicated, base, index, base_model, split, within_host) in enumerate(runs):
-        run = algorithm
-        if budget is not None:  # a searcher's time budget is the whole search's: shared by the runs left
-            share = (budget - (time.perf_counter() - start)) / (len(runs) - i)
-            run = dataclasses.replace(algorithm, budget_s=max(share, 1e-6))
+        run = searcher
+        if searcher.budget_s is not None:  # a searcher's time budget is the whole search's: shared by the runs left
+            share = (searcher.budget_s - (time.perf_counter() - start)) / (len(runs) - i)
+            run = searcher.with_budget(max(share, 1e-6))
         try:
-            plan = _search_around(base, run, base_model, seed, split, within_host, cost_model, cost_model_options)
+            plan = _search_around(base, run, base_model, seed, split, within_host, cost_model)
         except InfeasibleError as err:  # this way of cutting leaves no plan; another may
             refusal = refusal or err
             continue
@@ -110,26 +105,20 @@ def search_plan(
     elapsed_s = time.perf_counter() - start
     # the reported costs are expectations: the search's risk term (an ensemble's spread) is not part of them
     scored = with_costs(expected_cost_model(model), plan)
-    factor = split_calibration(cost_model_options)[0]
-    given = {"factor": factor, "given": True} if factor != 1.0 else None  # calibrate=measured replaces it
-    return dataclasses.replace(scored, searcher=searcher, seed=seed, search_time_s=elapsed_s, calibration=given)
+    factor = cost_model.calibration
+    given = CalibrationRecord.of_factor(factor) if factor != 1.0 else None  # calibrate=measured replaces it
+    return dataclasses.replace(scored, searcher=searcher.name, seed=seed, search_time_s=elapsed_s, calibration=given)
 
 
 def search_with_rows(
-    task: Task,
-    searcher: str,
-    cost_model: str,
-    seed: int,
-    tables: tuple[int, ...],
-    cost_model_options: dict | None = None,
+    task: Task, searcher: Searcher, cost_model: CostModelSpec, seed: int, tables: tuple[int, ...]
 ) -> Plan:
     """The searcher's plan of ``task`` with exactly ``tables`` (task indices) cut into row blocks over every device,
     whatever the model thinks of it (what ``row_split`` would weigh against the other ways), with its costs."""
     check_feasible(task)
-    model = make_cost_model(cost_model, task, cost_model_options)
-    algorithm = make_searcher(searcher)
-    plan = _search_around(task, algorithm, model, seed, tables, False, cost_model, cost_model_options)
-    return dataclasses.replace(with_costs(expected_cost_model(model), plan), searcher=searcher, seed=seed)
+    model = cost_model.for_task(task)
+    plan = _search_around(task, searcher, model, seed, tables, False, cost_model)
+    return dataclasses.replace(with_costs(expected_cost_model(model), plan), searcher=searcher.name, seed=seed)
 
 
 def whole_table_ms(model, task: Task) -> np.ndarray:
@@ -139,7 +128,9 @@ def whole_table_ms(model, task: Task) -> np.ndarray:
     return np.asarray(single_shard_costs(expected.fns, expected.params, feats)[1], dtype=np.float64)
 
 
-def _search_around(task, algorithm, model, seed, split, within_host, cost_model, cost_model_options) -> Plan:
+def _search_around(
+    task: Task, searcher: Searcher, model: CostModel, seed: int, split, within_host: bool, cost_model: CostModelSpec
+) -> Plan:
     """The searcher's plan of ``task`` with the tables ``split`` cut into row blocks first (none: the plain search),
     over every device or, ``within_host``, over one host's devices; validated."""
     if split:
@@ -150,15 +141,15 @@ def _search_around(task, algorithm, model, seed, split, within_host, cost_model,
         # blocks of tables with their own statistics may be far from alike: also planned around (loaded_rest)
         known = any(task.tables[s.table].row_blocks for s in blocks)
         arounds = [rest, *filter(None, [loaded_rest(task, rest, blocks, model) if known else None])]
-        if len(arounds) > 1 and getattr(algorithm, "budget_s", None) is not None:  # the run's budget shared
-            algorithm = dataclasses.replace(algorithm, budget_s=algorithm.budget_s / len(arounds))
+        if len(arounds) > 1 and searcher.budget_s is not None:  # the run's budget shared
+            searcher = searcher.with_budget(searcher.budget_s / len(arounds))
         plans = []
         for around in arounds:
-            rest_plan = algorithm.search(around, make_cost_model(cost_model, around, cost_model_options), seed)
+            rest_plan = searcher.search(around, cost_model.for_task(around), seed)
             rest_plan = Plan(rest, merge_colocated(rest_plan.shards))
             plans.append(join(task, rest_plan, index, blocks).validate())
         return plans[int(np.argmin(score_plans(model, plans)))] if len(plans) > 1 else plans[0]
-    plan = algorithm.search(task, model, seed)
+    plan = searcher.search(task, model, seed)
     # slices of one table left on one device are one shard's work done in pieces: undo those halvings
     return dataclasses.replace(plan, shards=merge_colocated(plan.shards)).validate()
 
@@ -184,34 +175,21 @@ def loaded_rest(task: Task, rest: Task, blocks: tuple, model) -> Task | None:
     devices = [
         Device(cap, float(speed * f), host) for cap, speed, f, host in zip(rest.caps_gb(), speeds, scale, rest.hosts())
     ]
-    return Task.on_devices(devices, rest.batch_size, rest.tables, rest.precision, rest.pool, rest.links)
+    return Task(devices, rest.batch_size, rest.tables, rest.precision, rest.pool, rest.links)
 
 
-def check_constraints(task: Task, searcher: str, algorithm) -> None:
+def check_constraints(task: Task, searcher: Searcher) -> None:
     """A constrained task: its constraints must leave a placement (else InfeasibleError naming the smallest
     conflicting part found) and the searcher must honour them (else a UserError naming those that do)."""
     mem = [task.table_mem_bytes(i) for i in range(task.num_tables)]
     conflict = conflicts(task.tables, task.table_names(), mem, task.cap_bytes())
     if conflict:
         raise InfeasibleError(f"constraints cannot all hold: {conflict}")
-    used = [k for k in KEYS if any(getattr(t, k) not in (None, False, ()) for t in task.tables)]
-    missing = [k for k in used if k not in getattr(algorithm, "constraints", ())]
+    used = constraints_used(task.tables)
+    missing = [k for k in used if k not in searcher.constraints]
     if missing:
-        able = [n for n in searcher_names() if set(used) <= set(getattr(make_searcher(n), "constraints", ()))]
+        able = [name for name, cls in registered().items() if set(used) <= set(cls.constraints)]
         raise UserError(
-            f"searcher {searcher}: does not take the constraint {missing[0]} (it takes "
-            f"{', '.join(getattr(algorithm, 'constraints', ())) or 'none'}); expected one of {', '.join(able)}"
+            f"searcher {searcher.name}: does not take the constraint {missing[0]} (it takes "
+            f"{', '.join(searcher.constraints) or 'none'}); expected one of {', '.join(able)}"
         )
-
-
-def shard_task(
-    task: Task,
-    searcher: str,
-    cost_model: str,
-    seed: int,
-    searcher_options: dict | None = None,
-    cost_model_options: dict | None = None,
-    row_split: str = "fit",
-) -> dict:
-    """``search_plan`` as the plan.json object."""
-    return search_plan(task, searcher, cost_model, seed, searcher_options, cost_model_options, row_split).to_json()

@@ -2,29 +2,30 @@
 the TorchRec adapter all run (TorchRec's ``EmbeddingShardingPlanner``, built once from its parts and asked to plan
 many times, is the model).
 
-    planner = Planner(searcher="beam", polish=PolishConfig(name="measured"))
-    planned = planner.run(task)        # Planned(plan, cost_model): the cost model the plan was scored with
+    planner = Planner(make_searcher("beam"), CostModelSpec("analytic"), polish=PolishConfig(name="measured"))
+    planner = Planner.named("beam", "neural")   # names turned into parts once: the model chosen for this machine
+    planned = planner.run(task)        # Planned(plan, cost_model, choice): the cost model the plan was scored with
     plan = planner.plan(task)          # the plan alone
 
-A ``Planner`` is a frozen value: its settings are checked when it is made (an unknown searcher option or cost model
-is a ``UserError`` before any work), and planning never changes it.
+A ``Planner`` is a frozen value built from its parts (a ``Searcher``, a ``CostModelSpec``, the measured stages'
+configs), each checked when it was made: an unknown searcher option or cost model is a ``UserError`` before any
+work, and planning never changes it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel
-from neuroshard_jax.costs.registry import ModelChoice, choose_cost_model, cost_model_config, make_cost_model
+from neuroshard_jax.costs.registry import CostModelSpec, ModelChoice, choose_cost_model, model_choice
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrated
 from neuroshard_jax.measure.polish import PolishConfig, polish_plan
 from neuroshard_jax.search.pipeline import enable_compilation_cache, search_plan
 from neuroshard_jax.search.row_split import check_mode
 from neuroshard_jax.workloads.tasks import check_feasible
-from searchers import make_searcher
+from searchers import Searcher, make_searcher
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,18 +40,15 @@ class Planned:
 
 @dataclasses.dataclass(frozen=True)
 class Planner:
-    """The settings of a planning run. ``searcher``/``searcher_options``: a registered searcher and its options
-    (conf/searcher/); ``cost_model``/``cost_model_options``: a model's name and options (conf/cost_model/);
+    """A planning run's parts. ``searcher``: a ``Searcher`` (``make_searcher(name, options)``); ``cost_model``: a
+    ``CostModelSpec`` (None: the model chosen for this machine's kind, ``costs.registry.choose_cost_model``);
     ``row_split``: which tables row blocks are tried for (fit | hot | off); ``calibrate``, ``polish``: the measured
     stages before and after the search (``name="off"`` skips them); ``seed``: the same seed gives the same plan;
-    ``device``: the compute device the plan is for (cpu | cuda): ``neural`` is the shipped model of this machine's
-    kind of hardware where there is one (``costs.registry.choose_cost_model``)."""
+    ``device``: the compute device the plan is for (cpu | cuda)."""
 
-    searcher: str = "beam"
-    cost_model: str = "neural"
+    searcher: Searcher = dataclasses.field(default_factory=lambda: make_searcher("beam"))
+    cost_model: CostModelSpec | None = None
     seed: int = 0
-    searcher_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    cost_model_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     row_split: str = "fit"
     calibrate: CalibrateConfig = CalibrateConfig()
     polish: PolishConfig = PolishConfig()
@@ -59,23 +57,51 @@ class Planner:
     def __post_init__(self):
         if self.device not in ("cpu", "cuda"):
             raise UserError(f"device: got {self.device!r}, expected cpu or cuda")
+        if not isinstance(self.searcher, Searcher):
+            raise UserError(
+                f"planner.searcher: got {self.searcher!r:.60}, expected a Searcher (make_searcher(name, options), or "
+                "Planner.named(searcher=name))"
+            )
+        if self.cost_model is None:
+            object.__setattr__(self, "cost_model", choose_cost_model("neural", {}, self.device).spec)
+        if not isinstance(self.cost_model, CostModelSpec):
+            raise UserError(
+                f"planner.cost_model: got {self.cost_model!r:.60}, expected a CostModelSpec (CostModelSpec(name, "
+                "options), or Planner.named(cost_model=name))"
+            )
         check_mode(self.row_split)
-        make_searcher(self.searcher, dict(self.searcher_options))
-        cost_model_config(self.cost_model, dict(self.cost_model_options))
+
+    @classmethod
+    def named(
+        cls,
+        searcher: str = "beam",
+        cost_model: str = "neural",
+        *,
+        searcher_options: dict | None = None,
+        cost_model_options: dict | None = None,
+        device: str = "cpu",
+        **settings,
+    ) -> Planner:
+        """A planner from names, as configs and keyword arguments give them: a registered searcher with its
+        options, and a cost model's name with its options (``neural`` without a checkpoint: the model chosen for
+        this machine's kind); ``settings``: the other fields."""
+        if device not in ("cpu", "cuda"):
+            raise UserError(f"device: got {device!r}, expected cpu or cuda")
+        algorithm = make_searcher(searcher, dict(searcher_options or {}))
+        spec = choose_cost_model(cost_model, cost_model_options, device).spec
+        return cls(algorithm, spec, device=device, **settings)
 
     def run(self, task: Task) -> Planned:
         """Plan ``task``: calibrate the cost model on its tables (if asked), build the model once, search (row
         splits tried first where they may pay), polish on the real kernels (if asked)."""
         check_feasible(task)  # an infeasible task is refused before any model is built or kernel measured
         enable_compilation_cache()
-        choice = choose_cost_model(self.cost_model, self.cost_model_options, self.device)
-        name, options, record = choice.name, dict(choice.options), None
+        choice = model_choice(self.cost_model, self.device)
+        spec, record = self.cost_model, None
         if self.calibrate.name == "measured":
-            options, record = calibrated(task, name, options, self.calibrate, self.seed)
-        model = make_cost_model(name, task, options)
-        plan = search_plan(
-            task, self.searcher, name, self.seed, dict(self.searcher_options), options, self.row_split, model
-        )
+            spec, record = calibrated(task, spec, self.calibrate, self.seed)
+        model = spec.for_task(task)
+        plan = search_plan(task, self.searcher, spec, self.seed, self.row_split, model)
         if self.polish.name == "measured":
             plan = polish_plan(plan, model, self.polish, self.seed)
         if record is not None:
@@ -85,6 +111,53 @@ class Planner:
     def plan(self, task: Task) -> Plan:
         """``run(task).plan``."""
         return self.run(task).plan
+
+
+def planner_or_keywords(
+    planner: Planner | None,
+    searcher: str = "beam",
+    cost_model: str = "neural",
+    *,
+    searcher_options: dict | None = None,
+    cost_model_options: dict | None = None,
+    calibrate: bool | CalibrateConfig = False,
+    polish: bool | PolishConfig = False,
+    row_split: str = "fit",
+    seed: int = 0,
+    device: str = "cpu",
+) -> Planner:
+    """What ``nsj.plan`` and the TorchRec adapter plan with: ``planner`` where given (then a planning keyword set as
+    well is refused in one line: which of the two plans would be ambiguous), else the planner the keywords build
+    (``Planner.named``; ``calibrate`` and ``polish`` as ``True``/``False`` or their configs)."""
+    if planner is None:
+        return Planner.named(
+            searcher,
+            cost_model,
+            searcher_options=searcher_options,
+            cost_model_options=cost_model_options,
+            seed=seed,
+            row_split=row_split,
+            calibrate=stage_config(CalibrateConfig, calibrate, "calibrate"),
+            polish=stage_config(PolishConfig, polish, "polish"),
+            device=device,
+        )
+    given = {
+        "searcher": searcher != "beam",
+        "cost_model": cost_model != "neural",
+        "cost_model_options": bool(cost_model_options),
+        "calibrate": calibrate is not False,
+        "polish": polish is not False,
+        "row_split": row_split != "fit",
+        "seed": seed not in (0, planner.seed),
+        **{name: True for name in searcher_options or {}},
+    }
+    clash = [name for name, set_ in given.items() if set_]
+    if clash:
+        raise UserError(
+            f"planner: given with {clash[0]}=...; expected the planner alone (its parts say how to plan) or its "
+            "settings as keywords"
+        )
+    return planner
 
 
 def stage_config(cls, value, key: str):

@@ -178,7 +178,7 @@ def task_around(task: Task, used: np.ndarray, removed: set[int]) -> tuple[Task, 
     ]
     links = None if task.links is None else dataclasses.replace(task.links, devices_per_host=None)  # hosts given
     tables = [task.tables[i] for i in rest]
-    return Task.on_devices(devices, task.batch_size, tables, task.precision, task.pool, links), rest
+    return Task(devices, task.batch_size, tables, task.precision, task.pool, links), rest
 
 
 def join(task: Task, rest_plan: Plan | None, rest: Sequence[int], blocks: Sequence[Shard]) -> Plan:

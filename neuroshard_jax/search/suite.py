@@ -25,16 +25,20 @@ import dataclasses
 import fcntl
 import hashlib
 import json
-import sys
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import JsonlLog, write_json
 from neuroshard_jax.core.types import Plan
+from neuroshard_jax.costs.registry import CostModelSpec
 from neuroshard_jax.measure.plans import EvaluateConfig, measure_plans
-from neuroshard_jax.search.pipeline import shard_task
+from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.workloads.tasks import make_task, task_config
+from searchers import make_searcher
+
+logger = logging.getLogger(__name__)
 
 RESULTS = "results.jsonl"
 MEASURED = "measured.jsonl"
@@ -108,8 +112,11 @@ def run_suite(
     sweep_dir: str | Path | None = None,
 ) -> dict:
     """Search every task of ``suite`` with the run's searcher; measure the plans when ``evaluate`` (an
-    EvaluateConfig) is given. ``settings``: searcher, searcher_options, cost_model, cost_model_options,
-    task (options), overrides. Returns counts: {"tasks", "infeasible", "measured"}."""
+    EvaluateConfig) is given. ``settings`` (what suite.json records, read where the run resumes): searcher,
+    searcher_options, cost_model, cost_model_options, task (options), overrides; the searcher and the cost model are
+    made from them once. Returns counts: {"tasks", "infeasible", "measured"}."""
+    searcher = make_searcher(settings["searcher"], settings["searcher_options"])
+    cost_model = CostModelSpec(settings["cost_model"], settings["cost_model_options"])
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     lock_dir = Path(sweep_dir or run_dir)
@@ -123,14 +130,7 @@ def run_suite(
                 record = {"id": record_id(devices, task_seed), "devices": devices, "task_seed": task_seed}
                 record["tables"] = task.num_tables
                 try:
-                    plan = shard_task(
-                        task,
-                        settings["searcher"],
-                        settings["cost_model"],
-                        task_seed,
-                        settings["searcher_options"],
-                        settings["cost_model_options"],
-                    )
+                    plan = search_plan(task, searcher, cost_model, task_seed).to_json()
                 except InfeasibleError as err:  # counted, never dropped
                     results.append({**record, "infeasible": str(err)})
                     continue
@@ -217,11 +217,7 @@ def measure_pending(
             JsonlLog(run / MEASURED).append(
                 {"id": record["id"], "measured_ms": m["measured_ms"], "devices": m["devices"], "plan_key": key}
             )
-        print(
-            f"{start + len(batch)} / {len(pending)} plans measured ({len(new)} new in this batch)",
-            file=sys.stderr,
-            flush=True,
-        )
+        logger.info("%d / %d plans measured (%d new in this batch)", start + len(batch), len(pending), len(new))
     return len(pending)
 
 

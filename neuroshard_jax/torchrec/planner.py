@@ -18,12 +18,19 @@ does) and the plan says so.
 Batch size, as in TorchRec: ``batch_size`` is per rank; a device looks up its tables for the whole batch of
 ``batch_size x world_size`` samples, which is the batch the cost model sees and the statistics are taken at.
 
+What the planner says (the cost model it chose, the plan's per-device summary, warnings) goes to this module's
+logger, the plan at INFO and warnings at WARNING, while ``verbose`` (the default). Your script shows them with
+``logging.basicConfig(level=logging.INFO)`` (every library's INFO lines too), or ours alone with
+``logging.basicConfig()`` and ``logging.getLogger("neuroshard_jax").setLevel(logging.INFO)``; without any logging
+setup Python shows the warnings alone. ``verbose=False`` logs nothing.
+
 This module and the worker are the only ones that import torch; nothing in the JAX core imports this one.
 """
 
 from __future__ import annotations
 
-import sys
+import dataclasses
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -40,12 +47,13 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.plan_file import format_plan
+from neuroshard_jax.core.progress import progress_bar
 from neuroshard_jax.core.types import Plan, row_blocks_json
 from neuroshard_jax.costs.registry import usable_cost_model
 from neuroshard_jax.kernels.torchrec_format import module_plan
 from neuroshard_jax.measure.calibration import CalibrateConfig
 from neuroshard_jax.measure.polish import PolishConfig
-from neuroshard_jax.search.planner import Planner, stage_config
+from neuroshard_jax.search.planner import Planner, planner_or_keywords
 from neuroshard_jax.workloads.statistics import (
     DEFAULT_ZIPF,
     ROW_BLOCK_COUNTS,
@@ -55,6 +63,7 @@ from neuroshard_jax.workloads.statistics import (
 )
 from neuroshard_jax.workloads.tasks import task_from_tables
 
+logger = logging.getLogger(__name__)
 PRECISIONS = {DataType.FP32: "fp32", DataType.FP16: "fp16", DataType.BF16: "bf16", DataType.INT8: "int8"}
 
 
@@ -99,23 +108,21 @@ def batch_statistics(
 ) -> list[TableStats]:
     """Each table's pooling factor and access histogram at ``batch_size`` (the planning batch: per-rank batch x
     world size) from an iterable of ``KeyedJaggedTensor``s (or of objects with a ``sparse_features`` KJT, as
-    TorchRec's DLRM ``Batch``); reads at most ``max_batches`` of them (0: all). Rows are the tables'. ``row_blocks``:
-    the row-block counts whose statistics are measured too (a row-wise table is cut into world-size blocks: give
-    yours where it is not 2, 4 or 8)."""
+    TorchRec's DLRM ``Batch``); reads at most ``max_batches`` of them (0: all), with a bar on stderr while
+    ``progress``. Rows are the tables'. ``row_blocks``: the row-block counts whose statistics are measured too (a
+    row-wise table is cut into world-size blocks: give yours where it is not 2, 4 or 8)."""
     rows = {name: int(config.num_embeddings) for _, name, config in table_configs(module)}
     accumulator = StatsAccumulator(batch_size, feature_tables(module), rows, row_blocks)
-    for i, batch in enumerate(batches):
-        if max_batches and i >= max_batches:
-            break
-        kjt = getattr(batch, "sparse_features", batch)
-        lengths = kjt.lengths().detach().cpu().numpy().reshape(len(kjt.keys()), -1)
-        values = kjt.values().detach().cpu().numpy()
-        starts = np.concatenate([[0], np.cumsum(lengths.sum(axis=1))])
-        accumulator.add({key: (values[starts[k] : starts[k + 1]], lengths[k]) for k, key in enumerate(kjt.keys())})
-        if progress:
-            print(f"\rstatistics: {i + 1} batches", end="", file=sys.stderr, flush=True)
-    if progress:
-        print(file=sys.stderr)
+    with progress_bar(desc="statistics", unit=" batches", enabled=progress) as bar:
+        for i, batch in enumerate(batches):
+            if max_batches and i >= max_batches:
+                break
+            kjt = getattr(batch, "sparse_features", batch)
+            lengths = kjt.lengths().detach().cpu().numpy().reshape(len(kjt.keys()), -1)
+            values = kjt.values().detach().cpu().numpy()
+            starts = np.concatenate([[0], np.cumsum(lengths.sum(axis=1))])
+            accumulator.add({key: (values[starts[k] : starts[k + 1]], lengths[k]) for k, key in enumerate(kjt.keys())})
+            bar.update(1)
     return accumulator.result()
 
 
@@ -126,10 +133,12 @@ class NeuroShardPlanner(ShardingPlanner):
     ``world_size`` and ``mem_cap_gb``. ``batch_size``: per rank (TorchRec's meaning; default TorchRec's 512).
     ``stats``: per table statistics (``batch_statistics``, a list of TableStats, or a statistics file's path),
     taken at the planning batch; ``pooling_factors``: per table (or feature) for tables without statistics,
-    estimated with a Zipf law of exponent ``zipf``. ``searcher``/``searcher_options``, ``cost_model``/
+    estimated with a Zipf law of exponent ``zipf``. ``planner``: a ``Planner`` built from its parts
+    (``search.planner``); or, as a convenience that builds one, ``searcher``/``searcher_options``, ``cost_model``/
     ``cost_model_options``, ``calibrate``, ``polish``, ``row_split`` and ``seed`` as in ``neuroshard_jax.plan``: every
     plan runs the one ``Planner`` (calibrate -> row split -> search -> polish). After ``plan``, ``last_plan`` holds
-    our ``Plan`` (predicted costs, ``to_json()``).
+    our ``Plan`` (predicted costs, ``to_json()``). ``verbose``: log the chosen cost model and the plan at INFO and
+    warnings at WARNING (``logging.basicConfig(level=logging.INFO)`` shows them); ``False``: log nothing.
     """
 
     def __init__(
@@ -152,6 +161,7 @@ class NeuroShardPlanner(ShardingPlanner):
         seed: int = 0,
         compute_kernel: str = "fused",
         verbose: bool = True,
+        planner: Planner | None = None,
     ):
         if topology is None and world_size is None:
             raise UserError("topology: missing, expected a TorchRec Topology or world_size=N")
@@ -163,12 +173,20 @@ class NeuroShardPlanner(ShardingPlanner):
         self.stats = {t.name: t for t in (read_stats_file(stats) if isinstance(stats, (str, Path)) else stats or [])}
         self.pooling_factors = dict(pooling_factors or {})
         self.zipf = zipf
-        self.searcher, self.searcher_options = searcher, dict(searcher_options or {})
-        self.cost_model, self.cost_model_options = cost_model, cost_model_options
-        self.calibrate = stage_config(CalibrateConfig, calibrate, "calibrate")
-        self.polish = stage_config(PolishConfig, polish, "polish")
-        self.row_split = row_split
-        self.seed = seed
+        planner = planner_or_keywords(
+            planner,
+            searcher,
+            cost_model,
+            searcher_options=searcher_options,
+            cost_model_options=cost_model_options,
+            calibrate=calibrate,
+            polish=polish,
+            row_split=row_split,
+            seed=seed,
+            device="cuda" if self.topology.compute_device == "cuda" else "cpu",
+        )
+        self.planner = planner
+        self.seed = planner.seed
         self.compute_kernel = compute_kernel
         self.verbose = verbose
         self.last_plan: Plan | None = None
@@ -212,10 +230,11 @@ class NeuroShardPlanner(ShardingPlanner):
             specs.append(spec)
         multi = [name for _, name, c in configs if len(c.feature_names) > 1]
         if multi and self.verbose:
-            print(
-                f"warning: {len(multi)} tables are read by several features ({', '.join(multi[:3])}): each feature "
-                "adds a pooled output of the table's dim, the plan's comm counts one",
-                file=sys.stderr,
+            logger.warning(
+                "%d tables are read by several features (%s): each feature adds a pooled output of the table's dim, "
+                "the plan's comm counts one",
+                len(multi),
+                ", ".join(multi[:3]),
             )
         if len(precisions) != 1:
             raise UserError(f"module: tables of data types {sorted(precisions)}, expected one data type for all")
@@ -250,27 +269,16 @@ class NeuroShardPlanner(ShardingPlanner):
         task = task_from_tables(
             specs, len(caps), max(caps), self.planning_batch, precision, devices, self.zipf, self.seed
         )
-        name, options, warning = usable_cost_model(self.cost_model, self.cost_model_options, task)
+        spec, warning = usable_cost_model(self.planner.cost_model, task)
         if warning and self.verbose:
-            print(f"warning: {warning}", file=sys.stderr)
-        planner = Planner(
-            searcher=self.searcher,
-            cost_model=name,
-            seed=self.seed,
-            searcher_options=self.searcher_options,
-            cost_model_options=dict(options or {}),
-            row_split=self.row_split,
-            calibrate=self.calibrate,
-            polish=self.polish,
-            device="cuda" if self.topology.compute_device == "cuda" else "cpu",
-        )
-        planned = planner.run(task)
+            logger.warning("%s", warning)
+        planned = dataclasses.replace(self.planner, cost_model=spec).run(task)
         ours = planned.plan
         if self.verbose:
-            print(planned.choice.line(), file=sys.stderr)
+            logger.info("%s", planned.choice.line())
         self.last_plan = ours
         if self.verbose:
-            print(format_plan(ours.to_json()), file=sys.stderr)
+            logger.info("%s", format_plan(ours.to_json()))
         return self.to_sharding_plan(module, ours, sharders)
 
     def to_sharding_plan(self, module: torch.nn.Module, ours: Plan, sharders: list | None = None) -> ShardingPlan:

@@ -37,10 +37,10 @@ from neuroshard_jax.torchrec.export import ExportConfig, export_torchrec
 
 def _worker_tables(plan: Plan, names: list[str]) -> list[dict]:
     """{name, rows, dim, table}: ``table`` is the worker's form of the whole table, as the evaluator's kernels take it
-    (``measure.plans.device_tables``: a pool id, or its spec seeded by its id)."""
+    (``measure.plans.device_tables``: a pool id, or its spec seeded by its id, in JSON: the job goes to the worker)."""
     task = plan.task
     return [
-        {"name": name, "rows": t.rows, "dim": t.dim, "table": device_tables(task, [Shard(i, 0, t.dim, 0)])[0]}
+        {"name": name, "rows": t.rows, "dim": t.dim, "table": device_tables(task, [Shard(i, 0, t.dim, 0)])[0].to_json()}
         for i, (name, t) in enumerate(zip(names, task.tables))
     ]
 

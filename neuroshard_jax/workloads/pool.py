@@ -33,7 +33,7 @@ import numpy as np
 from neuroshard_jax.core.constants import GENERATOR_VERSION, MIN_ROWS
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_BINS, access_histogram, bin_shares, count_histogram
-from neuroshard_jax.core.files import cache_dir, pool_file_digest
+from neuroshard_jax.core.paths import cache_dir, pool_file_digest
 from neuroshard_jax.core.types import PoolSpec
 
 

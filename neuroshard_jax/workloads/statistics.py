@@ -21,15 +21,14 @@ Without data, ``estimated_stats`` draws one batch from rows and a pooling factor
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
-import sys
 import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 from omegaconf import DictConfig
-from tqdm import tqdm
 
 from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import at_least, plain, typed
@@ -37,11 +36,13 @@ from neuroshard_jax.core.constants import MIN_ROWS
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_BINS, bin_shares, count_bins, count_histogram
 from neuroshard_jax.core.files import read_json
+from neuroshard_jax.core.progress import progress_bar
 from neuroshard_jax.core.sharding import row_block_size
 from neuroshard_jax.core.types import RowBlockStats, row_blocks_from_json, row_blocks_json
 from neuroshard_jax.workloads.pool import load_dlrm_arrays
 from neuroshard_jax.workloads.streams import zipf_ids
 
+logger = logging.getLogger(__name__)
 DEFAULT_ZIPF = 1.05  # the estimate's assumed exponent; published DLRM tables span roughly 0.6..1.4
 FORMATS = ("auto", "npz", "dlrm")
 ROW_BLOCK_COUNTS = (2, 4, 8)  # the row-block counts whose statistics are measured (rows known up front)
@@ -352,10 +353,8 @@ def read_npz(path: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict
     if len(empty) == len(features):
         raise UserError(f"data: every feature of {str(path)!r} has 0 samples, expected at least one batch of samples")
     if empty:  # nothing to measure, but said: a feature missing from the statistics file is otherwise a surprise
-        print(
-            f"warning: data: features of {str(path)!r} with 0 samples are left out of the statistics: "
-            f"{', '.join(empty)}",
-            file=sys.stderr,
+        logger.warning(
+            "data: features of %r with 0 samples are left out of the statistics: %s", str(path), ", ".join(empty)
         )
         features = {name: f for name, f in features.items() if name not in empty}
         rows = {name: n for name, n in rows.items() if name not in empty}
@@ -427,7 +426,7 @@ def file_stats(
     size = len(next(iter(features.values()))[1])
     limit = size if max_batches <= 0 else min(size, max_batches * batch_size)
     chunks = file_batches({n: _head(v, limit) for n, v in features.items()}, batch_size)
-    for chunk in tqdm(chunks, total=math.ceil(limit / batch_size), desc="batches", disable=not progress):
+    for chunk in progress_bar(chunks, enabled=progress, total=math.ceil(limit / batch_size), desc="batches"):
         accumulator.add(chunk)
     return accumulator.result()
 

@@ -118,7 +118,7 @@ def generate_task(pool: TablePool, config: TaskConfig, seed: int, max_attempts: 
                 Table(int(i), int(pool.rows[i]), int(d), float(pool.pooling_factor[i]), tuple(map(float, pool.bins[i])))
                 for i, d in zip(ids, table_dims)
             )
-            return Task(
+            return Task.uniform(
                 config.num_devices, float(config.mem_cap_gb), pool.batch_size, tables, config.precision, pool.spec
             )
     raise UserError(
@@ -153,7 +153,7 @@ def check_feasible(task: Task) -> None:
         blocks = [mem_bytes(n, table.dim, task.precision) for _, n in row_blocks(table.rows, task.num_devices)]
         rows_fit = all(b <= c for b, c in zip(blocks, caps))
         if (narrowest > cap and not rows_fit) or (whole > cap and whole > int(caps.sum())):
-            where = f"devices of {task.mem_cap_gb} GiB" if task.devices is None else task.describe_devices()
+            where = f"devices of {task.devices[0].mem_cap_gb} GiB" if task.is_uniform else task.describe_devices()
             raise InfeasibleError(
                 f"task infeasible: table {table.id} needs {whole / GIB_BYTES:.2f} GiB, which no split fits (column "
                 f"slices, or row blocks over every device) in {where}"
@@ -164,7 +164,7 @@ def check_feasible(task: Task) -> None:
             f"task infeasible: tables need {total / GIB_BYTES:.2f} GiB in total, expected at most "
             + (
                 f"{task.describe_devices()} = {sum(task.caps_gb()):.2f} GiB"
-                if task.devices is None
+                if task.is_uniform
                 else task.describe_devices()
             )
         )

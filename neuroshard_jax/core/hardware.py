@@ -1,0 +1,80 @@
+"""This machine's hardware as a dataset records it, and its kind: what must match for labels to hold."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_tile")
+
+
+def hardware() -> dict[str, Any]:
+    """``_hardware()``, read once per process (a copy: /proc/cpuinfo and ``nvidia-smi`` do not change under it)."""
+    return copy.deepcopy(_hardware())
+
+
+@functools.cache
+def _hardware() -> dict[str, Any]:
+    """This machine as a dataset's manifest records it. ``cpu`` (the model name) is not enough to tell kinds
+    apart: this project's machines all print "AMD EPYC", from Zen 3 (family 25 model 1) to Zen 4 (model 17), and
+    the same shard measures 1.75x faster on the latter. So ``cpu_id`` (vendor, family, model: the
+    microarchitecture), the ISA extensions the kernels can use, the clock and the GPU (where ``nvidia-smi`` runs)
+    are recorded too; ``hardware_kind`` is what must match."""
+    info = _cpuinfo()
+    found = {
+        "cpu": info.get("model name") or platform.processor() or "unknown",
+        "cores": os.cpu_count(),
+        "machine": platform.machine(),
+        "system": platform.system(),
+    }
+    if "cpu family" in info and "model" in info:
+        found["cpu_id"] = f"{info.get('vendor_id', '?')} family {info['cpu family']} model {info['model']}"
+        found["stepping"] = info.get("stepping")
+        flags = set(info.get("flags", "").split())
+        found["isa"] = [f for f in ISA_FLAGS if f in flags]
+        found["mhz"] = round(float(info["cpu MHz"])) if "cpu MHz" in info else None
+    gpu = _gpu_name()
+    if gpu:
+        found["gpu"] = gpu
+    return found
+
+
+def hardware_kind(found: dict | None, device: str | None = "cpu") -> str:
+    """One string per kind of hardware: the CPU's name and its microarchitecture where recorded, and on
+    ``device="cuda"`` the GPU. Manifests written before 2026-11-24 lack ``cpu_id``; theirs reads
+    "<name> [model not recorded]", a kind of its own."""
+    found = found or {}
+    kind = f"{found.get('cpu', 'unknown')} [{found.get('cpu_id', 'model not recorded')}]"
+    return f"{kind} + {found.get('gpu', 'GPU not recorded')}" if device == "cuda" else kind
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if not line.strip():
+                if info:
+                    break
+                continue
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return info
+
+
+def _gpu_name() -> str | None:
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = sorted({line.strip() for line in done.stdout.splitlines() if line.strip()})
+    return ", ".join(names) if done.returncode == 0 and names else None

@@ -1,0 +1,170 @@
+"""What a plan records of its measurements: measured polishing (``PolishRecord``) and the cost model's calibration
+to the measuring machine (``CalibrationRecord``), frozen. ``Plan`` holds them; ``to_json`` / ``from_json`` are their
+part of the plan.json contract, key for key (the fields are named as the keys, so a plan writes the bytes it wrote
+when they were dicts). Records of plan files written before a field existed read with its default. Times are in
+milliseconds (``*_ms``, a measured device's ``compute``, ``fwd_comm``, ``bwd_comm``, ``total``) or seconds
+(``*_s``, ``seconds``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from neuroshard_jax.core.config import typed
+from neuroshard_jax.core.errors import UserError
+
+__all__ = [
+    "CalibrationProtocol",
+    "CalibrationRatios",
+    "CalibrationRecord",
+    "MeasuredDevice",
+    "PolishProtocol",
+    "PolishRecord",
+    "PolishStep",
+]
+
+
+def _json(value: Any) -> Any:
+    """A record's value as JSON takes it: dataclasses as objects in field order, tuples as lists."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: _json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_json(v) for v in value]
+    return value
+
+
+def _parsed(cls, obj: Any, where: str):
+    """``cls`` from a plan.json object (``typed``: unknown keys and wrong types refused in one line)."""
+    if not isinstance(obj, dict):
+        raise UserError(f"{where}: got {obj!r:.60}, expected an object")
+    return typed(cls, obj, where)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PolishStep:
+    """One measured proposal of polishing: its kind (move, swap, halve, merge, rows), the plan cost the corrected
+    model estimated for it, the cost measured, the plan's cost before it, and whether it was kept."""
+
+    change: str
+    estimated_ms: float
+    measured_ms: float
+    before_ms: float
+    kept: bool
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PolishProtocol:
+    """How polishing measured a device (``PolishConfig``'s fields); ``pin``, ``anchors``: None in older files."""
+
+    warmup: int
+    iters: int
+    repeats: int
+    pin: bool | None = None
+    anchors: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeasuredDevice:
+    """A device of the polished plan as finally measured: compute (ms, its relative ``noise``), the all-to-all's
+    fwd_comm and bwd_comm (ms) and their sum ``total`` (ms)."""
+
+    device: int
+    compute: float
+    noise: float
+    fwd_comm: float
+    bwd_comm: float
+    total: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PolishRecord:
+    """Measured polishing of a plan (``measure.polish.polish_plan``): what it measured and the fresh measured
+    improvement. ``reverted``: the kept changes were undone after the fresh measurement, which put the changed plan's
+    slowest device at ``rejected_measured_compute_ms`` (None: not reverted); ``drift``: per measured step, its
+    anchors' median fresh / first median (1: no drift)."""
+
+    mode: str
+    measurements: int
+    time_s: float
+    changes_kept: int
+    reverted: bool = False
+    rejected_measured_compute_ms: float | None = None
+    steps: tuple[PolishStep, ...]
+    protocol: PolishProtocol
+    drift: tuple[float, ...] = ()
+    unpolished_measured_ms: float
+    measured_ms: float
+    improvement: float
+    unpolished_measured_compute_ms: float  # the slowest device's compute, without the comm
+    measured_compute_ms: float
+    compute_improvement: float
+    devices: tuple[MeasuredDevice, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan.json ``polish`` object."""
+        return _json(self)
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "plan.polish") -> PolishRecord:
+        """Parse a plan.json ``polish`` object (errors name ``where``)."""
+        return _parsed(cls, obj, where)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CalibrationRatios:
+    """Quantiles of the measured / predicted compute of the calibration's devices."""
+
+    p10: float
+    p50: float
+    p90: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CalibrationProtocol:
+    """How calibration measured (``CalibrateConfig``'s fields)."""
+
+    device: str
+    warmup: int
+    iters: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CalibrationRecord:
+    """The cost model's calibration factor (every device's predicted compute scaled by it), either ``given``
+    (``cost_model.calibration=F``: the factor alone) or measured (``measure.calibration.calibrate``: the median
+    measured / predicted compute over ``devices`` groups of the task's own tables, each measured and predicted ms,
+    its spread, the protocol, the seconds it took, and whether it is ``far`` from 1)."""
+
+    factor: float
+    given: bool = False
+    ratios: CalibrationRatios | None = None
+    devices: int | None = None
+    tables_per_device: float | None = None
+    measured_ms: tuple[float, ...] | None = None
+    predicted_ms: tuple[float, ...] | None = None
+    protocol: CalibrationProtocol | None = None
+    seconds: float | None = None
+    far: bool | None = None
+
+    def __post_init__(self):
+        measured = [f.name for f in dataclasses.fields(self)][2:]
+        if not self.given and any(getattr(self, name) is None for name in measured):
+            missing = next(name for name in measured if getattr(self, name) is None)
+            raise UserError(f"calibration.{missing}: missing, expected it in a measured calibration (or given: true)")
+
+    @classmethod
+    def of_factor(cls, factor: float) -> CalibrationRecord:
+        """A factor given by the user (``cost_model.calibration``), not measured here."""
+        return cls(factor=factor, given=True)
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan.json ``calibration`` object: {factor, given: true}, or the measured record (no ``given``)."""
+        if self.given:
+            return {"factor": self.factor, "given": True}
+        return {k: v for k, v in _json(self).items() if k != "given"}
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "plan.calibration") -> CalibrationRecord:
+        """Parse a plan.json ``calibration`` object (errors name ``where``)."""
+        return _parsed(cls, obj, where)

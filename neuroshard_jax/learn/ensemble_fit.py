@@ -1,0 +1,268 @@
+"""The physics ensemble trained (``family=ensemble``, ``costs.ensemble``): several compute datasets, each record at its
+own batch size; a roofline fitted by non-negative least squares, then bootstrap-weighted members trained in log space
+from it (or a checkpoint fine-tuned, optionally moved onto this data's roofline first), trust thresholds set on the
+validation split, held-out metrics per dataset, and the comm nets of ``neural_fit`` on the first comm dataset."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy.optimize import nnls
+
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import now_utc
+from neuroshard_jax.core.manifests import common_kinds, label_protocol, load_manifest, manifest_kinds
+from neuroshard_jax.core.paths import portable_path, resolve_dataset
+from neuroshard_jax.costs.checkpoints import load_ensemble, read_meta, save_ensemble
+from neuroshard_jax.costs.ensemble import (
+    ROOF_TERMS,
+    EnsembleConfig,
+    EnsembleNets,
+    EnsembleParams,
+    InputStats,
+    ensemble_fns,
+    init_ensemble,
+    member_devices,
+    member_latents,
+    net_inputs,
+    roof_terms,
+)
+from neuroshard_jax.learn.datasets import ensemble_arrays, split_indices
+from neuroshard_jax.learn.metrics import metrics
+from neuroshard_jax.learn.neural_fit import fit_comm
+from neuroshard_jax.learn.trainer import TrainConfig, fit
+
+
+def ensemble_splits(source: np.ndarray, config: TrainConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """80/10/10 within each dataset (seeded), so every dataset has its own held-out part."""
+    out = ([], [], [])
+    for i in np.unique(source):
+        idx = np.flatnonzero(source == i)
+        for part, chosen in zip(out, split_indices(len(idx), config.split, config.seed + int(i))):
+            part.append(idx[chosen])
+    return tuple(np.concatenate(p) for p in out)
+
+
+def roofline_design(feats, mask, batch) -> np.ndarray:
+    """Per-shard-set columns f64[S, 7] of the roofline: the summed ROOF_TERMS, the kernel (1 per non-empty set)
+    and the interaction lookups x shards (1e6 units)."""
+    terms = roof_terms(jnp.asarray(feats), jnp.asarray(batch)[:, None])
+    sums = np.asarray(jnp.where(jnp.asarray(mask)[..., None], terms, 0.0).sum(1), np.float64)
+    count = mask.sum(1).astype(np.float64)
+    return np.concatenate([sums, (count > 0)[:, None], (sums[:, 1] * count)[:, None]], 1)
+
+
+def dataset_weights(source: np.ndarray, max_weight: float) -> np.ndarray:
+    """f32[S] loss weights that let a smaller dataset count as much as the largest, up to ``max_weight`` x
+    (1: every record counts the same)."""
+    counts = np.bincount(source)
+    return np.minimum(counts.max() / counts[source], max_weight).astype(np.float32)
+
+
+def fit_roofline(feats, mask, batch, target, weights=None) -> np.ndarray:
+    """Log coefficients f32[7] (ROOF_TERMS, the kernel overhead, the interaction) of the roofline that
+    minimises the (weighted) squared relative error over shard sets (non-negative least squares); a coefficient
+    the data does not need gets a tiny floor, so every term stays positive."""
+    root = np.sqrt(np.ones(len(target)) if weights is None else np.asarray(weights, np.float64))
+    design = roofline_design(feats, mask, batch) / target[:, None] * root[:, None]
+    coef, _ = nnls(design, root)
+    return np.log(np.maximum(coef, 1e-6 * max(coef.max(), 1e-9))).astype(np.float32)
+
+
+def ensemble_loss(nets: EnsembleNets, stats: InputStats):
+    """Bootstrap-weighted squared log error of every member: members (stacked state), feats f32[S, T, F],
+    mask bool[S, T], batch f32[S], target f32[S], weights f32[S, K]."""
+
+    def loss(members, feats, mask, batch, target, weights):
+        latents = member_latents(nets, members, stats, feats, batch[:, None])  # [K, S, T, W]
+        sums = jnp.where(mask[..., None], latents, 0.0).sum(-2)
+        device, _ = member_devices(nets, members, sums, mask.sum(-1).astype(jnp.float32))  # [K, S]
+        err = (jnp.log(device) - jnp.log(target)) ** 2
+        return jnp.sum(weights.T * err) / jnp.sum(weights)
+
+    return loss
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _ensemble_chunk(nets: EnsembleNets, params: EnsembleParams, feats, mask, batch):
+    fns = ensemble_fns(nets)
+    latent = jnp.where(mask[..., None], fns.embed(params._replace(batch_size=batch[:, None]), feats), 0.0).sum(-2)
+    at_batch = params._replace(batch_size=batch)
+    return fns.head(at_batch, latent), fns.uncertainty(at_batch, latent)[0]
+
+
+def ensemble_ms(nets: EnsembleNets, params: EnsembleParams, feats, mask, batch) -> tuple[np.ndarray, np.ndarray]:
+    """(prediction, relative spread) f64[S] of padded shards at their batch sizes f32[S], in chunks of 1,024
+    (one compiled shape, whatever the params)."""
+    preds, spreads = [], []
+    for start in range(0, len(feats), 1024):
+        f, m, b = (np.asarray(x[start : start + 1024]) for x in (feats, mask, batch))
+        pad = 1024 - len(f)
+        f, m = np.pad(f, ((0, pad), (0, 0), (0, 0))), np.pad(m, ((0, pad), (0, 0)))
+        p, s = _ensemble_chunk(nets, params, f, m, np.pad(b, (0, pad), constant_values=1))
+        preds.append(np.asarray(p, float)[: 1024 - pad])
+        spreads.append(np.asarray(s, float)[: 1024 - pad])
+    return np.concatenate(preds), np.concatenate(spreads)
+
+
+def check_one_hardware(dataset_dirs: list[Path], manifests: list[dict]) -> None:
+    """Raise UserError unless every dataset holds for one kind of hardware (``manifest_kinds``: the processor's
+    name and microarchitecture, the GPU on cuda, or a kind a probe found to measure alike) and device: the same
+    shard takes 1.2-2.8x longer on this project's AMD EPYC machines than on its Intel Xeon ones, and 1.75x longer
+    on a Zen 3 EPYC than a Zen 4."""
+    device = manifests[0]["settings"].get("device")
+    shared = manifest_kinds(manifests[0])  # the kinds the datasets so far all hold for
+    for i in range(1, len(manifests)):
+        d, m = dataset_dirs[i], manifests[i]
+        kinds = manifest_kinds(m)
+        if not any(k in kinds for k in shared) or m["settings"].get("device") != device:
+            earlier = ", ".join(repr(str(x)) for x in dataset_dirs[:i])
+            raise UserError(
+                f"datasets: {earlier} hold for {' or '.join(shared)} ({device}), {str(d)!r} for "
+                f"{' or '.join(manifest_kinds(m))} ({m['settings'].get('device')}); expected datasets from one kind "
+                "of hardware (a python -m neuroshard_jax.probe record=true verdict makes two kinds one, or "
+                "allow_mixed_hardware=true)"
+            )
+        shared = [k for k in shared if k in kinds]
+
+
+MEMBER_COEFS = ("log_coef", "log_kernel", "log_interaction")  # the roofline's fitted parameters of a member
+
+
+def member_roofline(members) -> np.ndarray:
+    """The members' mean roofline f32[7] (ROOF_TERMS, the kernel overhead, the interaction), as ``fit_roofline``."""
+    mean_coefs = [np.atleast_1d(np.asarray(members[k].get_value()).mean(0)) for k in MEMBER_COEFS]
+    return np.concatenate(mean_coefs).astype(np.float32)
+
+
+def reanchored(members, log_coef: np.ndarray):
+    """``members`` (a copy) moved onto the roofline ``log_coef`` f32[7]: each member keeps its offset from the
+    members' mean and its learned correction nets. A new machine's kernels differ from the old one's mostly by
+    the roofline's constants (a GPU's fixed launch cost against a CPU's per-lookup cost); the corrections are
+    the shape the prior carries over."""
+    members = jax.tree.map(lambda x: x, members)
+    parts = np.split(np.asarray(log_coef, np.float32), np.cumsum([len(ROOF_TERMS), 1]))
+    for key, value in zip(MEMBER_COEFS, parts):
+        old = np.asarray(members[key].get_value())
+        members[key].set_value(jnp.asarray(old - old.mean(0) + value.reshape(old.shape[1:]), jnp.float32))
+    return members
+
+
+def train_ensemble(
+    dataset_dirs: list[str | Path],
+    ens_config: EnsembleConfig,
+    config: TrainConfig,
+    out: str | Path,
+    name: str,
+    how: str,
+    init: str | Path | None = None,
+    dataset_scale: tuple[float, ...] = (),
+    allow_mixed_hardware: bool = False,
+    reanchor: bool = False,
+) -> dict:
+    """Train the physics ensemble on every compute dataset (and the comm nets on the first dataset with comm
+    samples); calibrate its trust thresholds on the validation split; save a checkpoint. Returns the report.
+
+    ``init``: fine-tune the ensemble at that checkpoint (its members, input statistics and comm nets) instead
+    of fitting a roofline and starting fresh; ``reanchor`` (with ``init``): first move its members onto the roofline
+    fitted to these datasets (``reanchored``), then fine-tune. ``dataset_scale``: a loss weight per dataset (default
+    1 each), on top of ``max_dataset_weight``. Cost labels belong to one kind of hardware: datasets measured on
+    different processors are refused unless ``allow_mixed_hardware`` (``check_one_hardware``)."""
+    dataset_dirs = [resolve_dataset(d) for d in dataset_dirs]
+    feats, mask, batch, target, source, manifests = ensemble_arrays(dataset_dirs, ens_config.max_label_spread)
+    if not allow_mixed_hardware:
+        check_one_hardware(dataset_dirs, manifests)
+    train, val, test = ensemble_splits(source, config)
+    balance = dataset_weights(source, ens_config.max_dataset_weight)
+    if dataset_scale:
+        balance = balance * np.asarray(dataset_scale, np.float32)[source]
+    if init is None:
+        log_coef = fit_roofline(feats[train], mask[train], batch[train], target[train], balance[train])
+        nets, params = init_ensemble(ens_config, log_coef, config.seed)
+        inputs = np.asarray(net_inputs(jnp.asarray(feats[train]), jnp.asarray(batch[train])[:, None]))[mask[train]]
+        stats = InputStats(jnp.asarray(inputs.mean(0)), jnp.asarray(np.maximum(inputs.std(0), 1e-3)))
+    else:
+        ens_config, nets, params, _ = load_ensemble(init)
+        stats = params.stats
+        if reanchor:
+            log_coef = fit_roofline(feats[train], mask[train], batch[train], target[train], balance[train])
+            params = params._replace(members=reanchored(params.members, log_coef))
+        log_coef = member_roofline(params.members)  # reported: the members' mean roofline
+    weights = np.random.default_rng([config.seed, 5151]).poisson(1.0, size=(len(target), ens_config.members))
+    weights = weights.astype(np.float32) * balance[:, None]
+    members, history = fit(
+        None,
+        params.members,
+        ensemble_loss(nets, stats),
+        (feats, mask, batch, target, weights),
+        train,
+        val,
+        config,
+        "ensemble",
+    )
+    params = params._replace(members=members, stats=stats)
+    _, val_spread = ensemble_ms(nets, params, feats[val], mask[val], batch[val])
+    trust_lo = float(np.quantile(val_spread, 0.99))
+    params = params._replace(trust_lo=jnp.float32(trust_lo), trust_hi=jnp.float32(3 * trust_lo))
+    pred, spread = ensemble_ms(nets, params, feats[test], mask[test], batch[test])
+    roof = params._replace(trust_lo=jnp.float32(-2.0), trust_hi=jnp.float32(-1.0))  # weight 0: the roofline alone
+    roof_pred, _ = ensemble_ms(nets, roof, feats[test], mask[test], batch[test])
+    report = {"compute": {"fitted_roofline_log_coef": [round(float(x), 4) for x in log_coef]}}
+    for i, d in enumerate(dataset_dirs):
+        part = source[test] == i
+        report["compute"][Path(d).name] = {
+            "ensemble": metrics(pred[part], target[test][part]),
+            "roofline": metrics(roof_pred[part], target[test][part]),
+            "mean_rel_spread": float(spread[part].mean()),
+        }
+    report["compute"].update(
+        samples={"train": len(train), "val": len(val), "test": len(test)},
+        epochs=len(history),
+        best_val_loss=min(h["val_loss"] for h in history),
+        trust_lo=trust_lo,
+    )
+    datasets = {
+        "compute": [
+            {
+                "dir": str(d),
+                "created": m["created"],
+                "records": int((source == i).sum()),
+                "hardware": m.get("hardware"),
+                "protocol": label_protocol(m["settings"]),
+            }
+            for i, (d, m) in enumerate(zip(dataset_dirs, manifests))
+        ]
+    }
+    comm_dir = next((d for d in dataset_dirs if (d / "manifest-comm.json").exists()), None)
+    if init is not None:  # the comm nets come with the fine-tuned checkpoint
+        datasets["comm"] = read_meta(init).get("datasets", {}).get("comm")
+    elif comm_dir is not None:
+        fwd, bwd, comm_report, datasets["comm"] = fit_comm(nets.fwd, params.fwd, nets.bwd, params.bwd, comm_dir, config)
+        report.update(comm_report)
+        comm_batch = load_manifest(comm_dir, "comm")["settings"]["batch_size"]
+        params = params._replace(fwd=fwd, bwd=bwd, comm_batch_size=jnp.float32(comm_batch))
+    settings = manifests[0]["settings"]
+    meta = {
+        "name": name,
+        # a fine-tuned model keeps its prior's range of batch sizes, and adds its labels'
+        "batch_sizes": sorted({int(b) for b in batch} | set(read_meta(init).get("batch_sizes", []) if init else [])),
+        "precision": settings.get("precision", "fp32"),
+        "optimizer": settings.get("optimizer"),
+        "device": settings.get("device"),
+        "datasets": datasets,
+        "hardware": manifests[0].get("hardware"),
+        "hardware_kinds": common_kinds(manifests),  # the kinds every dataset holds for (probed ones included)
+        "train_config": dataclasses.asdict(config),
+        "metrics": report,
+        "how": how,
+        "trained": now_utc(),
+        **({"fine_tuned_from": portable_path(init)} if init is not None else {}),
+        **({"reanchored": True} if init is not None and reanchor else {}),
+    }
+    save_ensemble(out, ens_config, params, meta)
+    return report

@@ -1,0 +1,121 @@
+"""The planner is built from parts: a Searcher (its capabilities declared by the interface), a CostModelSpec, the
+measured stages; names turn into parts once, at the edge. Files are parsed by the one schema mechanism."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import ClassVar
+
+import pytest
+
+import neuroshard_jax as nsj
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.types import Device, Plan, PoolSpec, Task
+from neuroshard_jax.costs.registry import CostModelSpec
+from neuroshard_jax.search.pipeline import search_plan
+from neuroshard_jax.search.planner import Planner
+from searchers import Searcher, make_searcher
+from searchers.baselines import greedy_plan
+from searchers.neuroshard import BeamSearch
+from searchers.registry import register
+
+from .conftest import make_table, make_task
+
+TABLES = {
+    f"t{i}": {"rows": 2000 * (i + 1), "dim": 16, "pooling_factor": 1.0 + i, "bins": [1.0] + [0.0] * 16}
+    for i in range(5)
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Pinning(Searcher):
+    """A searcher of this test: table-wise by size, honouring pins only."""
+
+    constraints: ClassVar[tuple[str, ...]] = ("pin",)
+    name: ClassVar[str] = "pinning"
+
+    def search(self, task, cost_model, seed):
+        return greedy_plan(task, "size", self.name)
+
+
+def test_a_searcher_of_ones_own_plans_through_the_pipeline_with_its_declared_capabilities():
+    tables = [dataclasses.replace(make_table(i, rows=1000 + 100 * i), pin=i % 2) for i in range(4)]
+    task = make_task(tables)
+    plan = Planner(Pinning(), CostModelSpec("analytic")).plan(task)
+    assert plan.searcher == "pinning" and all(s.device == s.table % 2 for s in plan.shards)
+    # a constraint it does not declare is refused, naming the searchers that take it
+    colocated = make_task([dataclasses.replace(t, pin=None, colocate="g") for t in tables])
+    with pytest.raises(UserError, match=r"^searcher pinning: does not take the constraint colocate .* expected one of"):
+        search_plan(colocated, Pinning(), CostModelSpec("analytic"), 0)
+
+
+def test_only_searchers_register_and_a_budget_is_shared_through_the_interface():
+    with pytest.raises(TypeError, match="deriving from Searcher"):
+        register("not-a-searcher")(type("Plain", (), {}))
+    beam = make_searcher("beam", {"budget_s": 10.0})
+    assert isinstance(beam, BeamSearch) and beam.with_budget(2.5).budget_s == 2.5
+    grid = make_searcher("grid")
+    assert grid.budget_s is None and grid.with_budget(1.0) is grid  # no budget: itself
+    assert make_searcher("torchrec").own_row_splits and grid.replicates and not make_searcher("dim_greedy").replicates
+
+
+def test_the_planner_takes_parts_and_names_turn_into_parts_once():
+    with pytest.raises(UserError, match=r"^planner.searcher: got 'beam', expected a Searcher"):
+        Planner(searcher="beam")
+    with pytest.raises(UserError, match=r"^planner.cost_model: got 'analytic', expected a CostModelSpec"):
+        Planner(make_searcher("grid"), "analytic")
+    with pytest.raises(UserError, match=r"^cost_model: got 'nope', expected one of"):
+        CostModelSpec("nope")
+    with pytest.raises(UserError, match=r"^searcher.width: unknown key"):
+        Planner.named("beam", searcher_options={"width": 3})
+    planner = Planner(make_searcher("size_lookup_greedy"), CostModelSpec("analytic"), seed=3)
+    by_parts = nsj.plan(TABLES, num_devices=2, mem_cap_gb=1.0, planner=planner)
+    by_names = nsj.plan(
+        TABLES, num_devices=2, mem_cap_gb=1.0, searcher="size_lookup_greedy", cost_model="analytic", seed=3
+    )
+    assert (by_parts.shards, by_parts.costs) == (by_names.shards, by_names.costs)  # the same seed, the same plan
+    with pytest.raises(UserError, match=r"^planner: given with searcher=\.\.\."):
+        nsj.plan(TABLES, num_devices=2, planner=planner, searcher="grid")
+    with pytest.raises(UserError, match=r"^planner: given with k=\.\.\."):
+        nsj.plan(TABLES, num_devices=2, planner=planner, k=5)
+
+
+def test_a_task_has_one_representation_and_writes_as_before():
+    tables = (make_table(0), make_table(1))
+    uniform = Task.uniform(3, 2.0, 512, tables)
+    assert uniform == Task((Device(2.0),) * 3, 512, tables) and uniform.is_uniform and uniform.num_devices == 3
+    obj = uniform.to_json()
+    assert obj["num_devices"] == 3 and obj["mem_cap_gb"] == 2.0 and "devices" not in obj
+    assert Task.from_json(obj) == uniform
+    mixed = Task((Device(1.0), Device(4.0, 2.0)), 512, tables)
+    assert not mixed.is_uniform and mixed.largest_cap_gb == 4.0 and mixed.caps_gb() == [1.0, 4.0]
+    assert Task.from_json(mixed.to_json()) == mixed and mixed.to_json()["devices"][1] == {
+        "mem_cap_gb": 4.0,
+        "speed": 2.0,
+    }
+
+
+def test_plan_and_pool_files_refuse_unknown_keys_and_wrong_types_like_configs():
+    plan = search_plan(
+        make_task([make_table(0), make_table(1)]), make_searcher("dim_greedy"), CostModelSpec("analytic"), 0
+    )
+    obj = json.loads(json.dumps(plan.to_json()))
+    assert Plan.from_json(obj) == plan
+    cases = [
+        (lambda o: o["shards"][0].update(dimm=16), r"^plan.shards\[0\].dimm: unknown key, did you mean 'dim'\?"),
+        (lambda o: o["shards"][0].update(dim="16"), r"^plan.shards\[0\].dim: got '16', expected an integer >= 1$"),
+        (
+            lambda o: o["shards"][0].update(row_offset=-1),
+            r"^plan.shards\[0\].row_offset: got -1, expected an integer >= 0",
+        ),
+        (lambda o: o.update(cost_msec=1.0), r"^plan.cost_msec: unknown key, did you mean 'cost_ms'\?"),
+        (lambda o: o["task"].update(pool={"source": "synthetic", "seeds": 1}), r"^plan.task.pool.seeds: unknown key"),
+        (lambda o: o["task"].update(batch_size=None), r"^plan.task.batch_size: got None, expected an integer >= 1$"),
+    ]
+    for change, message in cases:
+        bad = json.loads(json.dumps(obj))
+        change(bad)
+        with pytest.raises(UserError, match=message):
+            Plan.from_json(bad)
+    assert PoolSpec.from_json({"source": "synthetic", "seed": 2}) == PoolSpec(seed=2)
