@@ -26,6 +26,9 @@ d. ``plans.json``: every device of every plan of the GPU tasks (``workloads/gpu_
 
 and ``log.txt``. A step that fails is logged and the next one runs (the GPU steps are skipped when the smoke request
 fails). ``--dry`` runs every step on the CPU, tiny (``DRY``).
+
+Why one module of ~840 lines: it is one prepared run for a machine lent minutes at a time, its steps sharing
+one budget, one work folder and the files that come back; reading it top to bottom is reading the run.
 """
 
 from __future__ import annotations
