@@ -402,8 +402,12 @@ def test_the_model_of_this_machines_hardware_is_chosen_and_named_in_one_line(mon
     # a GPU request: the H200's model on an H200 (whichever host CPU), none for another GPU
     monkeypatch.setattr(registry, "hardware", lambda: {**XEON, "gpu": "NVIDIA H200"})
     h200 = registry.choose_cost_model("neural", device="cuda")
-    assert h200.name == "h200-union" and h200.matches and h200.here.endswith("+ NVIDIA H200")
-    assert "h200-union, chosen for this machine" in h200.line()
+    assert h200.name.startswith("h200-") and h200.matches and h200.here.endswith("+ NVIDIA H200")
+    # of the H200's two models, the one trained at the task's batch: fixed labels at 2k-8k, queued at 16k-64k
+    small, large = (make_task([make_table(0)], batch_size=b) for b in (4096, 32768))
+    assert registry.choose_cost_model("neural", device="cuda", task=small).name == "h200-union"
+    queued = registry.choose_cost_model("neural", device="cuda", task=large)
+    assert queued.name == "h200-queued" and "h200-queued, chosen for this machine" in queued.line()
     assert not registry.choose_cost_model("neural", device="cpu").name.startswith("h200")  # its CPU is a CPU
     monkeypatch.setattr(registry, "hardware", lambda: {**XEON, "gpu": "NVIDIA A100-SXM4-80GB"})
     gpu = registry.choose_cost_model("neural", device="cuda")

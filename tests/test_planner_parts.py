@@ -119,3 +119,13 @@ def test_plan_and_pool_files_refuse_unknown_keys_and_wrong_types_like_configs():
         with pytest.raises(UserError, match=message):
             Plan.from_json(bad)
     assert PoolSpec.from_json({"source": "synthetic", "seed": 2}) == PoolSpec(seed=2)
+
+
+def test_a_planner_chosen_for_this_machine_takes_the_model_of_its_kind_trained_at_the_tasks_batch(monkeypatch):
+    from neuroshard_jax.costs import registry
+
+    monkeypatch.setattr(registry, "hardware", lambda: {"cpu": "Intel(R) Xeon(R) Processor", "gpu": "NVIDIA H200"})
+    planner = Planner.named("size_greedy", device="cuda")  # an H200 has two models: fixed labels 2k-8k, queued 16k-64k
+    for batch, name in ((4096, "h200-union"), (32768, "h200-queued")):
+        planned = planner.run(make_task([make_table(i) for i in range(3)], batch_size=batch))
+        assert planned.choice.name == name and planned.choice.matches and planned.plan.costs.cost_ms > 0

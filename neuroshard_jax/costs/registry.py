@@ -337,15 +337,18 @@ class ModelChoice:
         )
 
 
-def choose_cost_model(name: str, options: dict | None = None, device: str = "cpu") -> ModelChoice:
+def choose_cost_model(
+    name: str, options: dict | None = None, device: str = "cpu", task: Task | None = None
+) -> ModelChoice:
     """The cost model for this machine: ``neural`` without a checkpoint is the user's latest model of this
     machine's kind (made by ``adapt``), else the shipped model of its kind (the default ``xeon-union`` where none
-    is); a named model or checkpoint is kept as given. ``device``: the compute device the plan is for (``cuda``:
-    the kind includes the GPU)."""
+    is); of several, one trained at ``task``'s batch size and precision where given and one is; a named model or
+    checkpoint is kept as given. ``device``: the compute device the plan is for (``cuda``: the kind includes the
+    GPU)."""
     options = dict(options or {})
     chosen = name == "neural" and not options.get("checkpoint")
     if chosen:  # the default stays "neural" unless another model, not the default, is of this kind
-        name = _model_of_kind(hardware_kind(hardware(), device)) or name
+        name = _model_of_kind(hardware_kind(hardware(), device), task) or name
     return model_choice(CostModelSpec(name, options, chosen), device)
 
 
@@ -368,11 +371,19 @@ def of_kind(here: str, kinds: tuple[str, ...]) -> bool:
     return here in kinds or (bool(gpu) and gpu != "GPU not recorded" and any(k.endswith(f" + {gpu}") for k in kinds))
 
 
-def _model_of_kind(here: str) -> str | None:
+def _model_of_kind(here: str, task: Task | None = None) -> str | None:
     """The user's most recently made model of kind ``here``, else the first shipped one, unless that is the
-    default (None: keep ``neural``)."""
+    default (None: keep ``neural``); with ``task``, a model trained at its batch size and precision before one that
+    is not (an H200's ``h200-union`` plans 2k-8k batches, ``h200-queued`` 16k-64k)."""
+
+    def fits(name: str) -> bool:
+        return task is None or _trains(read_meta(checkpoint_path(name)), task.batch_size, task.precision)
+
     mine = [n for n in user_names() if of_kind(here, model_kinds(checkpoint_path(n)))]
     if mine:
-        return max(mine, key=lambda n: read_meta(checkpoint_path(n)).get("trained", ""))
+        newest = sorted(mine, key=lambda n: read_meta(checkpoint_path(n)).get("trained", ""), reverse=True)
+        return next((n for n in newest if fits(n)), newest[0])
     shipped = [n for n in shipped_names() if of_kind(here, model_kinds(checkpoint_path(n)))]
-    return shipped[0] if shipped and SHIPPED_MODEL_NAME not in shipped else None
+    if not shipped or SHIPPED_MODEL_NAME in shipped:
+        return None
+    return next((n for n in shipped if fits(n)), shipped[0])

@@ -96,8 +96,10 @@ class Planner:
         splits tried first where they may pay), polish on the real kernels (if asked)."""
         check_feasible(task)  # an infeasible task is refused before any model is built or kernel measured
         enable_compilation_cache()
-        choice = model_choice(self.cost_model, self.device)
         spec, record = self.cost_model, None
+        if spec.chosen:  # chosen for this machine: of its kind's models, one trained at this task's batch
+            spec = choose_cost_model("neural", spec.options, self.device, task).spec
+        choice = model_choice(spec, self.device)
         if self.calibrate.name == "measured":
             spec, record = calibrated(task, spec, self.calibrate, self.seed)
         model = spec.for_task(task)
