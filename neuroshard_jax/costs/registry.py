@@ -352,6 +352,12 @@ def choose_cost_model(
     return model_choice(CostModelSpec(name, options, chosen), device)
 
 
+def for_task_of_kind(spec: CostModelSpec, device: str, task: Task) -> CostModelSpec:
+    """``spec``, or where it was chosen for this machine (not named), its kind's model trained at ``task``'s batch size
+    and precision, if there is one (``choose_cost_model``'s rule, with the task known)."""
+    return choose_cost_model("neural", spec.options, device, task).spec if spec.chosen else spec
+
+
 def model_choice(spec: CostModelSpec, device: str = "cpu") -> ModelChoice:
     """What ``spec`` is on this machine: the kinds of hardware its labels came from, this machine's kind (with
     ``device``: ``cuda`` includes the GPU), and whether the two match."""

@@ -19,7 +19,13 @@ import dataclasses
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel
-from neuroshard_jax.costs.registry import CostModelSpec, ModelChoice, choose_cost_model, model_choice
+from neuroshard_jax.costs.registry import (
+    CostModelSpec,
+    ModelChoice,
+    choose_cost_model,
+    for_task_of_kind,
+    model_choice,
+)
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrated
 from neuroshard_jax.measure.polish import PolishConfig, polish_plan
 from neuroshard_jax.search.pipeline import enable_compilation_cache, search_plan
@@ -96,9 +102,7 @@ class Planner:
         splits tried first where they may pay), polish on the real kernels (if asked)."""
         check_feasible(task)  # an infeasible task is refused before any model is built or kernel measured
         enable_compilation_cache()
-        spec, record = self.cost_model, None
-        if spec.chosen:  # chosen for this machine: of its kind's models, one trained at this task's batch
-            spec = choose_cost_model("neural", spec.options, self.device, task).spec
+        spec, record = for_task_of_kind(self.cost_model, self.device, task), None
         choice = model_choice(spec, self.device)
         if self.calibrate.name == "measured":
             spec, record = calibrated(task, spec, self.calibrate, self.seed)

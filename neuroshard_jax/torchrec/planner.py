@@ -49,7 +49,7 @@ from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.plan_file import format_plan
 from neuroshard_jax.core.progress import progress_bar
 from neuroshard_jax.core.types import Plan, row_blocks_json
-from neuroshard_jax.costs.registry import choose_cost_model, usable_cost_model
+from neuroshard_jax.costs.registry import for_task_of_kind, usable_cost_model
 from neuroshard_jax.kernels.torchrec_format import module_plan
 from neuroshard_jax.measure.calibration import CalibrateConfig
 from neuroshard_jax.measure.polish import PolishConfig
@@ -269,10 +269,7 @@ class NeuroShardPlanner(ShardingPlanner):
         task = task_from_tables(
             specs, len(caps), max(caps), self.planning_batch, precision, devices, self.zipf, self.seed
         )
-        spec = self.planner.cost_model
-        if spec.chosen:  # chosen for this machine: of its kind's models, one trained at the planning batch
-            spec = choose_cost_model("neural", spec.options, self.planner.device, task).spec
-        spec, warning = usable_cost_model(spec, task)
+        spec, warning = usable_cost_model(for_task_of_kind(self.planner.cost_model, self.planner.device, task), task)
         if warning and self.verbose:
             logger.warning("%s", warning)
         planned = dataclasses.replace(self.planner, cost_model=spec).run(task)
