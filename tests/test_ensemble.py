@@ -157,15 +157,39 @@ def test_spec_sampler_is_deterministic_within_memory_and_keeps_slices_together()
 # Trained on tiny real measurements
 
 
-def test_training_beats_its_own_roofline_and_reports_per_dataset(tiny_ensemble):
+def test_training_reports_per_dataset_held_out_and_fitted(tiny_ensemble):
+    """Held-out parts of 3-5 tiny (0.5 ms, 3-iteration) labels are noise: their figures are reported, not judged
+    here (the cost-model benchmark judges accuracy); what training learns is judged below on a planted effect."""
     _, ckpt, report = tiny_ensemble
     for name in ("data", "specs"):
         part = report["compute"][name]
         assert part["ensemble"]["count"] > 0 and np.isfinite(part["ensemble"]["mape"])
-    pooled = report["compute"]["data"]
-    assert pooled["ensemble"]["mape"] < 1.5 * pooled["roofline"]["mape"] + 0.05
+        assert part["train"]["ensemble"]["count"] > part["ensemble"]["count"]
+        assert all(np.isfinite(part["train"][m]["log_rmse"]) for m in ("ensemble", "roofline"))
     meta = json.loads((ckpt / "meta.json").read_text())
     assert meta["format"] == 4 and meta["family"] == "ensemble" and meta["batch_sizes"] == [128, 256]
+
+
+def test_training_learns_what_its_roofline_cannot(tiny_checkpoint, tmp_path):
+    """The tiny real labels with a planted effect no non-negative roofline term follows: every table of width 4 or
+    8 costs 1.5 ms more (the roofline's width terms grow with the width). The members learn it: on the samples they
+    saw and on the held-out ones they beat the roofline fitted to the same samples by a wide margin."""
+    from neuroshard_jax.learn.ensemble_fit import train_ensemble
+    from neuroshard_jax.learn.trainer import TrainConfig
+
+    planted = tmp_path / "planted"
+    shutil.copytree(tiny_checkpoint[0], planted)
+    records = [json.loads(line) for line in (planted / "compute.jsonl").read_text().splitlines()]
+    for r in records:
+        r["total_ms"] += 1.5 * sum(dim <= 8 for _, dim in r["tables"])
+    (planted / "compute.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert sum(any(dim <= 8 for _, dim in r["tables"]) for r in records) >= len(records) // 3
+    config = EnsembleConfig(members=3, hidden=(16,), comm=NetConfig(comm_hidden=(8,), comm_latent=8, comm_head_hidden=(8,)))
+    report = train_ensemble([planted], config, TrainConfig(epochs=60, batch_size=8, progress=False), tmp_path / "ckpt",
+                            "planted", "test")
+    part = report["compute"]["planted"]
+    assert part["train"]["ensemble"]["log_rmse"] < 0.7 * part["train"]["roofline"]["log_rmse"]
+    assert part["ensemble"]["mape"] < part["roofline"]["mape"]
 
 
 def test_spec_collection_records_specs_at_their_batch_sizes(tiny_ensemble):

@@ -33,7 +33,7 @@ from neuroshard_jax.costs.ensemble import (
     roof_terms,
 )
 from neuroshard_jax.learn.datasets import ensemble_arrays, split_indices
-from neuroshard_jax.learn.metrics import metrics
+from neuroshard_jax.learn.metrics import log_rmse, metrics
 from neuroshard_jax.learn.neural_fit import fit_comm
 from neuroshard_jax.learn.trainer import TrainConfig, fit
 
@@ -209,16 +209,23 @@ def train_ensemble(
     _, val_spread = ensemble_ms(nets, params, feats[val], mask[val], batch[val])
     trust_lo = float(np.quantile(val_spread, 0.99))
     params = params._replace(trust_lo=jnp.float32(trust_lo), trust_hi=jnp.float32(3 * trust_lo))
-    pred, spread = ensemble_ms(nets, params, feats[test], mask[test], batch[test])
     roof = params._replace(trust_lo=jnp.float32(-2.0), trust_hi=jnp.float32(-1.0))  # weight 0: the roofline alone
+    pred, spread = ensemble_ms(nets, params, feats[test], mask[test], batch[test])
     roof_pred, _ = ensemble_ms(nets, roof, feats[test], mask[test], batch[test])
+    # on the samples the members were fitted to: what training reached, apart from how well it carries over
+    fit_pred, _ = ensemble_ms(nets, params, feats[train], mask[train], batch[train])
+    fit_roof, _ = ensemble_ms(nets, roof, feats[train], mask[train], batch[train])
     report = {"compute": {"fitted_roofline_log_coef": [round(float(x), 4) for x in log_coef]}}
     for i, d in enumerate(dataset_dirs):
-        part = source[test] == i
+        part, seen = source[test] == i, source[train] == i
         report["compute"][Path(d).name] = {
             "ensemble": metrics(pred[part], target[test][part]),
             "roofline": metrics(roof_pred[part], target[test][part]),
             "mean_rel_spread": float(spread[part].mean()),
+            "train": {
+                name: {**metrics(p[seen], target[train][seen]), "log_rmse": log_rmse(p[seen], target[train][seen])}
+                for name, p in (("ensemble", fit_pred), ("roofline", fit_roof))
+            },
         }
     report["compute"].update(
         samples={"train": len(train), "val": len(val), "test": len(test)},

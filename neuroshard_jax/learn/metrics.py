@@ -18,6 +18,12 @@ def rmse(pred, true) -> float:
     return float(np.sqrt(np.mean((np.asarray(pred, float) - np.asarray(true, float)) ** 2)))
 
 
+def log_rmse(pred, true) -> float:
+    """Root mean squared error of log(pred / true): the ensemble's training objective, unweighted."""
+    ratio = np.maximum(np.asarray(pred, float), 1e-12) / np.maximum(np.asarray(true, float), 1e-12)
+    return float(np.sqrt(np.mean(np.log(ratio) ** 2)))
+
+
 def kendall_tau(pred, true) -> float:
     """Kendall's tau-b of ``pred`` against ``true`` (ties counted as tau-b counts them; O(n log n)); 0 where it is
     undefined (fewer than two items, or one side all ties)."""
