@@ -184,9 +184,12 @@ def test_training_learns_what_its_roofline_cannot(tiny_checkpoint, tmp_path):
         r["total_ms"] += 1.5 * sum(dim <= 8 for _, dim in r["tables"])
     (planted / "compute.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     assert sum(any(dim <= 8 for _, dim in r["tables"]) for r in records) >= len(records) // 3
-    config = EnsembleConfig(members=3, hidden=(16,), comm=NetConfig(comm_hidden=(8,), comm_latent=8, comm_head_hidden=(8,)))
-    report = train_ensemble([planted], config, TrainConfig(epochs=60, batch_size=8, progress=False), tmp_path / "ckpt",
-                            "planted", "test")
+    config = EnsembleConfig(
+        members=3, hidden=(16,), comm=NetConfig(comm_hidden=(8,), comm_latent=8, comm_head_hidden=(8,))
+    )
+    report = train_ensemble(
+        [planted], config, TrainConfig(epochs=60, batch_size=8, progress=False), tmp_path / "ckpt", "planted", "test"
+    )
     part = report["compute"]["planted"]
     assert part["train"]["ensemble"]["log_rmse"] < 0.7 * part["train"]["roofline"]["log_rmse"]
     assert part["ensemble"]["mape"] < part["roofline"]["mape"]
