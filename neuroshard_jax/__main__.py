@@ -1,7 +1,8 @@
 """``python -m neuroshard_jax searcher=<name> [task.num_tables=40 task.num_devices=8 seed=3 | task.path=FILE]``.
 
 Searches a sharding plan, prints a per-device table (beyond 32 devices: the slowest few and a summary) and writes
-plan.json in the Hydra run directory; a plan on far more devices than the cost model was trained on says so.
+plan.json in the Hydra run directory; a plan on far more devices than the cost model was trained on, or of tables
+past its labels, says so.
 With a ``suite`` (``-m experiment=compare``) a run searches a whole task suite instead
 (neuroshard_jax/search/suite.py), measuring every plan when ``evaluate=true``.
 """
@@ -23,7 +24,7 @@ from neuroshard_jax.core.cli import fail, one_line_errors, run_app
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.plan_file import format_plan
-from neuroshard_jax.costs.coverage import far_devices_warning
+from neuroshard_jax.costs.coverage import far_devices_warning, out_of_depth_warning
 from neuroshard_jax.costs.registry import NO_CALIBRATION
 from neuroshard_jax.measure.explain import ExplainConfig, explain_file
 from neuroshard_jax.search.job import MainConfig, main_config, planner_of
@@ -44,10 +45,12 @@ def main(cfg: DictConfig) -> None:
     try:
         task = make_task(config.task, config.task.seed, config.task.path)
         planned = planner_of(config).run(task)
-        print(planned.choice.line(), file=sys.stderr)
-        far = far_devices_warning(task.num_devices, planned.choice.name, planned.choice.options)
-        if far:
-            print(f"warning: {far}", file=sys.stderr)
+        choice = planned.choice
+        print(choice.line(), file=sys.stderr)
+        far = far_devices_warning(task.num_devices, choice.name, choice.options)
+        depth = out_of_depth_warning(task, planned.plan, choice.name, choice.options, device=choice.device)
+        for warning in (w for w in (far, depth) if w):
+            print(f"warning: {warning}", file=sys.stderr)
         result = planned.plan.to_json()
     except InfeasibleError as err:
         if not multirun:

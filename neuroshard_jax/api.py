@@ -10,16 +10,20 @@ plan.costs.cost_ms, plan.placement()["item_id"], plan.to_json()
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Mapping, Sequence
 
 from neuroshard_jax.core.plan_file import estimated_line
 from neuroshard_jax.core.types import Plan
+from neuroshard_jax.costs.coverage import out_of_depth_warning
 from neuroshard_jax.measure.calibration import CalibrateConfig
 from neuroshard_jax.measure.polish import PolishConfig
 from neuroshard_jax.search.planner import Planner, planner_or_keywords
 from neuroshard_jax.workloads.statistics import DEFAULT_ZIPF
 from neuroshard_jax.workloads.tasks import TableSpecs, task_from_tables
+
+logger = logging.getLogger(__name__)
 
 
 def plan(
@@ -58,7 +62,9 @@ def plan(
     machine from measurements of the tables on the real kernels (``plan.calibration`` says by how much);
     ``polish=True`` (or a ``PolishConfig``) then improves the plan on the real kernels (``plan.polish`` records what
     was measured). Both run the same ``Planner`` as the main job and the TorchRec adapter. A model trained on
-    another kind of hardware than this machine's plans with a ``UserWarning`` saying so (``choose_cost_model``).
+    another kind of hardware than this machine's plans with a ``UserWarning`` saying so (``choose_cost_model``); a
+    task past the model's labels, or whose plan its ensemble's members disagree on, is logged as a warning
+    (``costs.coverage.out_of_depth_warning``, logger ``neuroshard_jax.api``).
     """
     seed = planner.seed if planner is not None else seed
     task = task_from_tables(tables, num_devices, mem_cap_gb, batch_size, precision, devices, zipf, seed)
@@ -77,6 +83,10 @@ def plan(
         seed=seed,
     )
     planned = planner.run(task)
-    if planned.choice.kinds and not planned.choice.matches:  # a model of other hardware: say so, once per call
-        warnings.warn(planned.choice.line(), UserWarning, stacklevel=2)
+    choice = planned.choice
+    if choice.kinds and not choice.matches:  # a model of other hardware: say so, once per call
+        warnings.warn(choice.line(), UserWarning, stacklevel=2)
+    depth = out_of_depth_warning(task, planned.plan, choice.name, choice.options, device=choice.device)
+    if depth:
+        logger.warning("%s", depth)
     return planned.plan

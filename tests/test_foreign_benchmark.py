@@ -76,3 +76,27 @@ def test_plan_ranking_counts_only_pairs_apart_by_more_than_the_tie():
     assert ranking_tau([(3.0, 10.0), (2.0, 20.0), (1.0, 30.0)], 0.03) == -1.0
     assert ranking_tau([(1.0, 10.0), (2.0, 10.1)], 0.03) is None  # within the tie: no order to get right
     assert ranking_tau([(1.0, 10.0), (2.0, 20.0), (1.5, 30.0)], 0.03) == pytest.approx(1 / 3)  # 2 right, 1 wrong
+
+
+def test_drift_labels_take_turns_and_their_speed_is_the_quiet_median():
+    requests = tuple({"id": f"d/probe-{i}"} for i in range(5))
+    drift = fb.DriftLabels(requests, {r["id"]: 10.0 for r in requests}, ("d",), per_task=2)
+    batches = [[r["id"] for r in drift.batch(i)] for i in range(3)]
+    assert batches == [["d/probe-0", "d/probe-1"], ["d/probe-2", "d/probe-3"], ["d/probe-4", "d/probe-0"]]
+    rows = [{"drift": f"d/probe-{i}", "label_ms": 10.0, "total_ms": ms} for i, ms in enumerate((9.0, 11.0, 12.0))]
+    rows.append({"drift": "d/probe-3", "label_ms": 10.0, "total_ms": 30.0, "cpu_share": 0.5})  # beside other work
+    speed = fb.label_speed(rows)
+    assert speed["speed_median"] == pytest.approx(1.1) and speed["retimings"] == 3 and speed["labels"] == 3
+    assert fb.label_speed([]) is None
+
+
+def test_the_drift_corrected_error_scales_predictions_by_the_speed():
+    class _Task:
+        num_devices = 4
+
+    entry = _entry([10, 10, 10, 10], predicted=[8, 8, 8, 8])
+    by_task = {"d4-00": {"torchrec": {**entry, "drift_corrected": [10, 10, 10, 10.5]}}}
+    summary = fb.summarise(by_task, {"d4-00": ("f", _Task())}, tie=0.03)[4]
+    assert summary["model_signed_error"] == pytest.approx(-0.2) and summary["model_worst_device"] == pytest.approx(1.25)
+    assert summary["drift_corrected_device_mape"] == pytest.approx(0.0125)
+    assert summary["drift_corrected_signed_error"] == pytest.approx(0.0125)

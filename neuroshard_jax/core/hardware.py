@@ -38,9 +38,39 @@ def _hardware() -> dict[str, Any]:
         flags = set(info.get("flags", "").split())
         found["isa"] = [f for f in ISA_FLAGS if f in flags]
         found["mhz"] = round(float(info["cpu MHz"])) if "cpu MHz" in info else None
+    caches = cache_bytes()
+    if caches:
+        found["caches"] = caches
     gpu = _gpu_name()
     if gpu:
         found["gpu"] = gpu
+    return found
+
+
+@functools.cache
+def cache_bytes() -> dict[str, int]:
+    """The first CPU's data and unified caches as Linux reports them (sysfs), in bytes: {"l1d", "l2", "l3"}
+    (what this machine has of them; {} elsewhere). The L2 is per core on the CPUs here, the L3 shared by the
+    cores (and by the kernel workers that run on them)."""
+    found: dict[str, int] = {}
+    root = Path("/sys/devices/system/cpu/cpu0/cache")
+    try:
+        entries = sorted(root.glob("index*"))
+    except OSError:
+        return found
+    for entry in entries:
+        try:
+            level = (entry / "level").read_text().strip()
+            kind = (entry / "type").read_text().strip()
+            size = (entry / "size").read_text().strip()
+        except OSError:
+            continue
+        if kind == "Instruction" or not size:
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1].upper(), 1)
+        digits = size[:-1] if unit != 1 else size
+        if digits.isdigit():
+            found["l1d" if level == "1" else f"l{level}"] = int(digits) * unit
     return found
 
 

@@ -3,6 +3,7 @@
 Layout of a checkpoint directory:
   state/         orbax StandardCheckpointer: the nnx states as pure dicts, the input statistics (and scalars)
   meta.json      format version, model family, net config, feature names (the schema), batch sizes, datasets,
+                 the range their labels span (``coverage.LabelCoverage``; older checkpoints: computed when asked),
                  metrics
 Two formats load: 3, the per-table MLP of ``neural.py`` (the first shipped model, kept for the ablation), and
 4, the physics ensemble of ``ensemble.py``. Restoring into nets of another config, a checkpoint of another
@@ -216,11 +217,17 @@ def _net_config(obj: dict) -> NetConfig:
 
 def ensemble_config_of(meta: dict) -> EnsembleConfig:
     obj = dict(meta["net_config"])
+    defaults = EnsembleConfig()
     return EnsembleConfig(
         members=obj["members"],
         hidden=tuple(obj["hidden"]),
+        latent=obj.get("latent", defaults.latent),
+        head_hidden=tuple(obj.get("head_hidden", defaults.head_hidden)),
         max_correction=obj["max_correction"],
+        max_device_correction=obj.get("max_device_correction", defaults.max_device_correction),
         comm=_net_config(obj["comm"]),
+        cache=bool(obj.get("cache", False)),  # checkpoints trained before the cache term have none
+        fusion=obj.get("fusion", "pairwise"),  # and the pairwise fusion term
     )
 
 

@@ -9,6 +9,11 @@ bounded factor that a small Flax MLP learns, plus a kernel overhead:
 with L = pooling factor x batch lookups, U the distinct rows one batch touches (from the access histogram),
 B the batch size; every coefficient is positive (exp of a learned log), so a device's cost is positive, finite
 and grows when a shard is added, and the net can move a shard's cost by at most exp(+-C) from its roofline.
+With ``EnsembleConfig.cache`` a device also pays for its working set: c_cache * G * S / (S + C_cache), G the
+elements its lookups gather and S the elements of the rows they touch, summed over its shards (a fused kernel's
+tables share one cache: docs/results/fusion.md), C_cache a fitted cache size. A device's tables interact: every
+lookup pays c_fused * f(k) more for k tables fused in one kernel, f(k) = k (``fusion="pairwise"``, checkpoints
+before 2026-11-27) or 1 - 1/k (``"saturating"``: bounded however many tables a device gets).
 Column slices pay what they cost on FBGEMM: every slice does every lookup (the c_lookup * L term).
 
 The batch size is an input (``EnsembleParams.batch_size``, set from the task), so one model serves every
@@ -35,13 +40,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import FEATURE_INDEX, NUM_BINS
 from neuroshard_jax.costs.cost_model import CostFns, CostModel
 from neuroshard_jax.costs.neural import MAX_LOG_MS, MLP, CommNet, NetConfig, comm_time
 from neuroshard_jax.workloads.streams import bin_bounds
 
 ROOF_TERMS = ("table", "lookup", "gather", "update", "output")
+FUSION_TERMS = ("pairwise", "saturating")
 NUM_COEFS = len(ROOF_TERMS) + 2  # the terms, the kernel overhead, the lookups x shards interaction
+# with the cache term, two more: its coefficient (ms per 1e6 gathered elements missed) and the cache's size (1e6
+# elements of the touched rows)
+NUM_CACHE_COEFS = NUM_COEFS + 2
 INPUT_NAMES = (
     "log_lookups",
     "log_distinct_rows",
@@ -73,6 +83,23 @@ class EnsembleConfig:
     max_label_spread: float = 0.25  # drop training records whose timed runs spread more (IQR / median)
     max_dataset_weight: float = 1.0  # a smaller dataset may count up to this many times per record
     comm: NetConfig = NetConfig()  # the comm nets (as family=mlp)
+    # the device's cache term (docs/results/fusion.md): its gathers slowed by the share of its working set past a
+    # fitted cache size; checkpoints trained before it have none
+    cache: bool = False
+    # how a fused kernel's tables interact: "pairwise", c * lookups * tables (what checkpoints trained before
+    # 2026-11-27 hold; it grows past any kernel the labels held) | "saturating", c * lookups * (1 - 1 / tables):
+    # nothing for one table, at most c per lookup however many are fused (docs/results/fusion.md)
+    fusion: str = "pairwise"
+
+    def __post_init__(self):
+        if self.fusion not in FUSION_TERMS:
+            raise UserError(f"ensemble.fusion: got {self.fusion!r}, expected one of {', '.join(FUSION_TERMS)}")
+
+    @property
+    def width(self) -> int:
+        """Each member's per-shard latent: corrected ms, roofline ms, lookups, the latent (Z) and, with the cache
+        term, the gathered and the touched elements (1e6)."""
+        return 3 + self.latent + (2 * self.cache)
 
 
 def physics(feats, batch_size):
@@ -123,6 +150,18 @@ def roof_terms(feats, batch_size):
     return jnp.moveaxis(terms, 0, -1)
 
 
+def _head_map(width: int, z: int) -> np.ndarray:
+    """f32[W, Z + 2]: slots 3..3+Z-1 of a per-shard latent (its Z latent values) into the head's inputs 0..Z-1."""
+    out = np.zeros((width, z + 2), np.float32)
+    out[3 : 3 + z, :z] = np.eye(z, dtype=np.float32)
+    return out
+
+
+# the cache term's start where a roofline fit gives none (a fine-tuned prior without it): a small coefficient and
+# a 32 MiB cache (8e6 fp32 elements, in 1e6)
+CACHE_PRIOR = np.log(np.array([1e-3, 8.0], np.float32))
+
+
 def _slot(x, index: int, width: int):
     """x f32[...] placed in slot ``index`` of f32[..., width] (zeros elsewhere). Built by broadcasting, not by a
     last-axis concatenation, which XLA on CPU compiles several times slower inside the search kernels."""
@@ -139,31 +178,60 @@ class MemberNet(nnx.Module):
         self.log_coef = nnx.Param(jnp.asarray(log_coef[: len(ROOF_TERMS)], jnp.float32))
         self.log_kernel = nnx.Param(jnp.asarray(log_coef[len(ROOF_TERMS)], jnp.float32))
         self.log_interaction = nnx.Param(jnp.asarray(log_coef[len(ROOF_TERMS) + 1], jnp.float32))
+        self.latent = config.latent
+        self.saturating = config.fusion == "saturating"
+        self.cache = config.cache
+        if config.cache:
+            coef = log_coef[NUM_COEFS:NUM_CACHE_COEFS] if len(log_coef) >= NUM_CACHE_COEFS else CACHE_PRIOR
+            self.log_cache_coef = nnx.Param(jnp.asarray(coef[0], jnp.float32))
+            self.log_cache_size = nnx.Param(jnp.asarray(coef[1], jnp.float32))
 
     def table_latent(self, normalized, terms, max_correction: float):
-        """f32[..., 3 + Z]: corrected ms, roofline ms, lookups (1e6), latent of each shard."""
+        """f32[..., W]: corrected ms, roofline ms, lookups (1e6), latent of each shard (and with the cache term its
+        gathered and touched elements, 1e6: the device sums them)."""
         roof = terms @ jnp.exp(self.log_coef[...])
         out = self.mlp(normalized)
         corrected = roof * jnp.exp(max_correction * jnp.tanh(out[..., 0] / max_correction))
-        width = out.shape[-1] + 2
-        return (
+        width = out.shape[-1] + 2 + 2 * self.cache
+        latent = (
             out @ jnp.eye(out.shape[-1], width, 2)  # the latent into slots 3.. (slot 2 gets out[0], zeroed below)
             + _slot(corrected, 0, width)
             + _slot(roof, 1, width)
             + _slot(terms[..., 1] - out[..., 0], 2, width)
         )
+        if self.cache:
+            latent = latent + _slot(terms[..., 2], width - 2, width) + _slot(terms[..., 3], width - 1, width)
+        return latent
+
+    def cache_ms(self, latent_sum):
+        """f32[...]: the device's gathers slowed by the share of its touched rows past the cache,
+        c * G * S / (S + C) (G gathered, S touched elements of all its shards; c and C fitted). It grows with every
+        lookup, width and table a device gets; 0 without the cache term."""
+        if not self.cache:
+            return jnp.zeros(latent_sum.shape[:-1])
+        gathered, touched = latent_sum[..., -2], latent_sum[..., -1]
+        missed = touched / (touched + jnp.exp(self.log_cache_size[...]))
+        return jnp.exp(self.log_cache_coef[...]) * gathered * missed
+
+    def fused(self, count):
+        """The interaction's factor of a device's lookups for ``count`` tables fused: count (pairwise) or
+        1 - 1/count (saturating; 0 for one table or none)."""
+        if self.saturating:
+            return jnp.where(count > 0, 1.0 - 1.0 / jnp.maximum(count, 1.0), 0.0)
+        return count
 
     def device_ms(self, latent_sum, count, max_device_correction: float):
-        """(ms, roofline ms) f32[...] of devices from their shards' summed latents f32[..., 3 + Z] and count."""
+        """(ms, roofline ms) f32[...] of devices from their shards' summed latents f32[..., W] and count."""
         base = (
             jnp.exp(self.log_kernel[...]) * (count > 0)
-            + jnp.exp(self.log_interaction[...]) * latent_sum[..., 2] * count
+            + jnp.exp(self.log_interaction[...]) * latent_sum[..., 2] * self.fused(count)
+            + self.cache_ms(latent_sum)
         )
         roof = latent_sum[..., 1] + base
         n = jnp.maximum(count, 1.0)[..., None]
-        z = latent_sum.shape[-1] - 3
+        z = self.latent
         head_in = (
-            (latent_sum / n) @ jnp.eye(z + 3, z + 2, -3)  # the mean latent into slots 0..Z-1
+            (latent_sum / n) @ jnp.asarray(_head_map(latent_sum.shape[-1], z))  # the mean latent into slots 0..Z-1
             + _slot(jnp.log(n[..., 0]), z, z + 2)
             + _slot(jnp.log1p(roof) / 5.0, z + 1, z + 2)
         )
@@ -198,7 +266,7 @@ class EnsembleNets:
     bwd: nnx.GraphDef
     max_correction: float
     max_device_correction: float
-    width: int  # 3 + latent: each member's per-shard latent
+    width: int  # each member's per-shard latent (EnsembleConfig.width)
 
 
 def init_ensemble(config: EnsembleConfig, log_coef: np.ndarray, seed: int = 0) -> tuple[EnsembleNets, EnsembleParams]:
@@ -215,28 +283,26 @@ def init_ensemble(config: EnsembleConfig, log_coef: np.ndarray, seed: int = 0) -
     stats = InputStats(jnp.zeros(NUM_INPUTS), jnp.ones(NUM_INPUTS))
     scalar = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     params = EnsembleParams(members, fwd, bwd, stats, scalar(4096), scalar(4096), scalar(0.2), scalar(0.4), scalar(0.0))
-    nets = EnsembleNets(
-        graph, fwd_graph, bwd_graph, config.max_correction, config.max_device_correction, 3 + config.latent
-    )
+    nets = EnsembleNets(graph, fwd_graph, bwd_graph, config.max_correction, config.max_device_correction, config.width)
     return nets, params
 
 
 def member_latents(nets: EnsembleNets, members, stats: InputStats, feats, batch_size):
-    """Per-shard latents f32[K, ..., 3 + Z] of every member (corrected ms, roofline ms, lookups, latent)."""
+    """Per-shard latents f32[K, ..., W] of every member (``MemberNet.table_latent``)."""
     normalized = (net_inputs(feats, batch_size) - stats.mean) / stats.std
     terms = roof_terms(feats, batch_size)
     return jax.vmap(lambda s: nnx.merge(nets.member, s).table_latent(normalized, terms, nets.max_correction))(members)
 
 
 def member_devices(nets: EnsembleNets, members, latent_sum, count):
-    """(ms, roofline ms) f32[K, ...] of devices: latent_sum f32[K, ..., 3 + Z], count f32[...]."""
+    """(ms, roofline ms) f32[K, ...] of devices: latent_sum f32[K, ..., W], count f32[...]."""
     return jax.vmap(lambda s, z: nnx.merge(nets.member, s).device_ms(z, count, nets.max_device_correction))(
         members, latent_sum
     )
 
 
 def device_stats(nets: EnsembleNets, p: EnsembleParams, latent_sum):
-    """(mean, spread, roofline) ms f32[...] of devices from summed flat latents f32[..., K * (3 + Z) + 1]."""
+    """(mean, spread, roofline) ms f32[...] of devices from summed flat latents f32[..., K * W + 1]."""
     k = p.members["log_kernel"].shape[0]
     count = latent_sum[..., -1]
     per_member = jnp.moveaxis(latent_sum[..., :-1].reshape(*latent_sum.shape[:-1], k, nets.width), -2, 0)
@@ -253,7 +319,7 @@ def trust(p: EnsembleParams, mean, spread):
 def ensemble_fns(nets: EnsembleNets) -> CostFns:
     def embed(p: EnsembleParams, feats):
         latents = jnp.moveaxis(member_latents(nets, p.members, p.stats, feats, p.batch_size), 0, -2)
-        flat = latents.reshape(*latents.shape[:-2], -1)  # [..., K * (3 + Z)]
+        flat = latents.reshape(*latents.shape[:-2], -1)  # [..., K * W]
         width = flat.shape[-1] + 1
         return flat @ jnp.eye(width - 1, width) + _slot(jnp.ones(flat.shape[:-1]), width - 1, width)
 

@@ -208,6 +208,11 @@ def table_ref(obj, where: str = "table") -> TableRef:
         ) from None
 
 
+def record_tables(record: dict) -> list[TableRef]:
+    """A label's tables (a request's, as the worker took them) as their host types."""
+    return [table_ref(t, f"record {record.get('id')!r}: tables[{i}]") for i, t in enumerate(record["tables"])]
+
+
 def worker_tables(tables) -> list:
     """``tables`` in the worker's JSON form: a ``TableRef`` converted, a table already in that form (a sampler's
     draw, which is what collect records as the label's tables) as it is."""

@@ -154,7 +154,7 @@ def _settings(config: CollectConfig) -> dict:
             "kind": "compute",
             "source": "plans",
             "optimizer": config.optimizer,
-            "specs": _without_unset(dataclasses.asdict(config.specs), "row_share"),
+            "specs": spec_settings(config.specs),
         }
     if config.kind == "compute" and config.source == "specs":
         return {
@@ -162,7 +162,7 @@ def _settings(config: CollectConfig) -> dict:
             "source": "specs",
             "optimizer": config.optimizer,
             "precision": config.precision,
-            "specs": _without_unset(dataclasses.asdict(config.specs), "row_share"),
+            "specs": spec_settings(config.specs),
         }
     if config.kind == "compute":
         return {
@@ -172,6 +172,16 @@ def _settings(config: CollectConfig) -> dict:
             "sampler": dataclasses.asdict(config.sampler),
         }
     return {**common, "comm": _without_unset(dataclasses.asdict(config.comm), "row_share", "input_share")}
+
+
+def spec_settings(specs: SpecSamplerConfig) -> dict:
+    """The spec sampler's settings as a dataset records them: the extensions a dataset from before them lacks
+    (``row_share``, ``many_share``, ``heavy_share``) only where they are on, ``many_tables`` only with
+    ``many_share``, so that older datasets resume."""
+    settings = _without_unset(dataclasses.asdict(specs), "row_share", "many_share", "heavy_share")
+    if not specs.many_share:
+        settings.pop("many_tables")
+    return settings
 
 
 def _without_unset(settings: dict, *keys: str) -> dict:

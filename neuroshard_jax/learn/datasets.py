@@ -15,7 +15,7 @@ from neuroshard_jax.core.files import read_records
 from neuroshard_jax.core.manifests import load_manifest
 from neuroshard_jax.core.sharding import shard_features
 from neuroshard_jax.costs.cost_model import bucket
-from neuroshard_jax.kernels.processes import PoolTableRef, SpecTableRef, TableRef, table_ref
+from neuroshard_jax.kernels.processes import PoolTableRef, SpecTableRef, TableRef, record_tables
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool
 from neuroshard_jax.workloads.streams import block_statistics, request_spec
 
@@ -74,11 +74,6 @@ def compute_batches(
     # between the hours of a collection does not become label noise
     target = np.array([r["total_ms"] / r.get("speed", 1.0) for r in records], dtype=np.float32)
     return feats, mask, batch, target, manifest
-
-
-def record_tables(record: dict) -> list[TableRef]:
-    """A label's tables (a request's, as the worker took them) as their host types."""
-    return [table_ref(t, f"record {record.get('id')!r}: tables[{i}]") for i, t in enumerate(record["tables"])]
 
 
 def padded_shards(

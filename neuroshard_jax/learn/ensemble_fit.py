@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from scipy.optimize import nnls
 
 from neuroshard_jax.core.errors import UserError
@@ -19,7 +20,10 @@ from neuroshard_jax.core.files import now_utc
 from neuroshard_jax.core.manifests import common_kinds, label_protocol, load_manifest, manifest_kinds
 from neuroshard_jax.core.paths import portable_path, resolve_dataset
 from neuroshard_jax.costs.checkpoints import load_ensemble, read_meta, save_ensemble
+from neuroshard_jax.costs.coverage import coverage_block
 from neuroshard_jax.costs.ensemble import (
+    CACHE_PRIOR,
+    NUM_COEFS,
     ROOF_TERMS,
     EnsembleConfig,
     EnsembleNets,
@@ -48,13 +52,24 @@ def ensemble_splits(source: np.ndarray, config: TrainConfig) -> tuple[np.ndarray
     return tuple(np.concatenate(p) for p in out)
 
 
-def roofline_design(feats, mask, batch) -> np.ndarray:
+def roofline_design(feats, mask, batch, cache_size: float | None = None, fusion: str = "pairwise") -> np.ndarray:
     """Per-shard-set columns f64[S, 7] of the roofline: the summed ROOF_TERMS, the kernel (1 per non-empty set)
-    and the interaction lookups x shards (1e6 units)."""
+    and the interaction, lookups (1e6) x ``MemberNet.fused`` of the shard count; with ``cache_size`` (1e6 elements)
+    an eighth, the cache term's gathered elements x the share of the touched ones past that cache
+    (``MemberNet.cache_ms``)."""
     terms = roof_terms(jnp.asarray(feats), jnp.asarray(batch)[:, None])
     sums = np.asarray(jnp.where(jnp.asarray(mask)[..., None], terms, 0.0).sum(1), np.float64)
     count = mask.sum(1).astype(np.float64)
-    return np.concatenate([sums, (count > 0)[:, None], (sums[:, 1] * count)[:, None]], 1)
+    fused = 1.0 - 1.0 / np.maximum(count, 1.0) if fusion == "saturating" else count
+    columns = [sums, (count > 0)[:, None], (sums[:, 1] * fused)[:, None]]
+    if cache_size is not None:
+        gathered, touched = sums[:, 2], sums[:, 3]
+        columns.append((gathered * touched / (touched + cache_size))[:, None])
+    return np.concatenate(columns, 1)
+
+
+# the cache sizes (MiB of fp32 rows) the roofline fit tries for the cache term: from an L2 to past an L3
+CACHE_GRID_MIB = (0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def dataset_weights(source: np.ndarray, max_weight: float) -> np.ndarray:
@@ -64,14 +79,26 @@ def dataset_weights(source: np.ndarray, max_weight: float) -> np.ndarray:
     return np.minimum(counts.max() / counts[source], max_weight).astype(np.float32)
 
 
-def fit_roofline(feats, mask, batch, target, weights=None) -> np.ndarray:
+def fit_roofline(feats, mask, batch, target, weights=None, cache: bool = False, fusion: str = "pairwise") -> np.ndarray:
     """Log coefficients f32[7] (ROOF_TERMS, the kernel overhead, the interaction) of the roofline that
     minimises the (weighted) squared relative error over shard sets (non-negative least squares); a coefficient
-    the data does not need gets a tiny floor, so every term stays positive."""
+    the data does not need gets a tiny floor, so every term stays positive. With ``cache``: f32[9], the cache
+    term's coefficient and its cache size (log of 1e6 elements) added, the size the best fit of CACHE_GRID_MIB."""
     root = np.sqrt(np.ones(len(target)) if weights is None else np.asarray(weights, np.float64))
-    design = roofline_design(feats, mask, batch) / target[:, None] * root[:, None]
-    coef, _ = nnls(design, root)
-    return np.log(np.maximum(coef, 1e-6 * max(coef.max(), 1e-9))).astype(np.float32)
+    best = None
+    for size in [elements_of_mib(m) for m in CACHE_GRID_MIB] if cache else [None]:
+        design = roofline_design(feats, mask, batch, size, fusion) / target[:, None] * root[:, None]
+        coef, residual = nnls(design, root)
+        if best is None or residual < best[1]:
+            best = (coef, residual, size)
+    coef, _, size = best
+    logs = np.log(np.maximum(coef, 1e-6 * max(coef.max(), 1e-9)))
+    return np.concatenate([logs, [np.log(size)] if cache else []]).astype(np.float32)
+
+
+def elements_of_mib(mib: float) -> float:
+    """A cache of ``mib`` MiB in the roofline's units: 1e6 fp32 elements."""
+    return mib * 2**20 / 4 / 1e6
 
 
 def ensemble_loss(nets: EnsembleNets, stats: InputStats):
@@ -131,12 +158,18 @@ def check_one_hardware(dataset_dirs: list[Path], manifests: list[dict]) -> None:
         shared = [k for k in shared if k in kinds]
 
 
-MEMBER_COEFS = ("log_coef", "log_kernel", "log_interaction")  # the roofline's fitted parameters of a member
+# the roofline's fitted parameters of a member, in ``fit_roofline``'s order (the last two with the cache term only)
+MEMBER_COEFS = ("log_coef", "log_kernel", "log_interaction", "log_cache_coef", "log_cache_size")
+
+
+def member_coefs(members) -> tuple[str, ...]:
+    return tuple(k for k in MEMBER_COEFS if k in members)
 
 
 def member_roofline(members) -> np.ndarray:
-    """The members' mean roofline f32[7] (ROOF_TERMS, the kernel overhead, the interaction), as ``fit_roofline``."""
-    mean_coefs = [np.atleast_1d(np.asarray(members[k].get_value()).mean(0)) for k in MEMBER_COEFS]
+    """The members' mean roofline f32[7] (ROOF_TERMS, the kernel overhead, the interaction; f32[9] with the cache
+    term), as ``fit_roofline``."""
+    mean_coefs = [np.atleast_1d(np.asarray(members[k].get_value()).mean(0)) for k in member_coefs(members)]
     return np.concatenate(mean_coefs).astype(np.float32)
 
 
@@ -146,11 +179,32 @@ def reanchored(members, log_coef: np.ndarray):
     the roofline's constants (a GPU's fixed launch cost against a CPU's per-lookup cost); the corrections are
     the shape the prior carries over."""
     members = jax.tree.map(lambda x: x, members)
-    parts = np.split(np.asarray(log_coef, np.float32), np.cumsum([len(ROOF_TERMS), 1]))
-    for key, value in zip(MEMBER_COEFS, parts):
+    parts = np.split(np.asarray(log_coef, np.float32), np.cumsum([len(ROOF_TERMS), 1, 1, 1]))
+    for key, value in zip(member_coefs(members), parts):
         old = np.asarray(members[key].get_value())
         members[key].set_value(jnp.asarray(old - old.mean(0) + value.reshape(old.shape[1:]), jnp.float32))
     return members
+
+
+def upgraded(prior: EnsembleConfig, asked: EnsembleConfig) -> EnsembleConfig:
+    """The config a fine-tune of a checkpoint trained with ``prior`` trains: the prior's net sizes, with the physics
+    ``asked`` adds (the cache term, the saturating fusion term); a fine-tune never takes physics away."""
+    saturating = "saturating" in (prior.fusion, asked.fusion)
+    fusion = "saturating" if saturating else "pairwise"
+    return dataclasses.replace(prior, cache=prior.cache or asked.cache, fusion=fusion)
+
+
+def with_physics(config: EnsembleConfig, params: EnsembleParams, seed: int) -> tuple[EnsembleNets, EnsembleParams]:
+    """A checkpoint's ensemble moved onto ``config`` (``upgraded``): every member keeps its nets and roofline; one
+    that gains the cache term starts it at CACHE_PRIOR (a fit moves it: ``reanchored``)."""
+    prior = np.asarray(member_roofline(params.members), np.float32)
+    log_coef = np.concatenate([prior, CACHE_PRIOR]) if config.cache and len(prior) == NUM_COEFS else prior
+    nets, template = init_ensemble(config, log_coef, seed)
+    values = nnx.to_pure_dict(template.members)
+    values.update(nnx.to_pure_dict(params.members))
+    members = template.members
+    nnx.replace_by_pure_dict(members, values)
+    return nets, params._replace(members=members)
 
 
 def train_ensemble(
@@ -181,16 +235,25 @@ def train_ensemble(
     balance = dataset_weights(source, ens_config.max_dataset_weight)
     if dataset_scale:
         balance = balance * np.asarray(dataset_scale, np.float32)[source]
+
+    def roofline(physics: EnsembleConfig) -> np.ndarray:  # fitted to the training split
+        return fit_roofline(
+            feats[train], mask[train], batch[train], target[train], balance[train], physics.cache, physics.fusion
+        )
+
     if init is None:
-        log_coef = fit_roofline(feats[train], mask[train], batch[train], target[train], balance[train])
+        log_coef = roofline(ens_config)
         nets, params = init_ensemble(ens_config, log_coef, config.seed)
         inputs = np.asarray(net_inputs(jnp.asarray(feats[train]), jnp.asarray(batch[train])[:, None]))[mask[train]]
         stats = InputStats(jnp.asarray(inputs.mean(0)), jnp.asarray(np.maximum(inputs.std(0), 1e-3)))
     else:
-        ens_config, nets, params, _ = load_ensemble(init)
+        prior_config, nets, params, _ = load_ensemble(init)
+        ens_config = upgraded(prior_config, ens_config)
+        if ens_config != prior_config:
+            nets, params = with_physics(ens_config, params, config.seed)
         stats = params.stats
         if reanchor:
-            log_coef = fit_roofline(feats[train], mask[train], batch[train], target[train], balance[train])
+            log_coef = roofline(ens_config)
             params = params._replace(members=reanchored(params.members, log_coef))
         log_coef = member_roofline(params.members)  # reported: the members' mean roofline
     weights = np.random.default_rng([config.seed, 5151]).poisson(1.0, size=(len(target), ens_config.members))
@@ -262,6 +325,7 @@ def train_ensemble(
         "optimizer": settings.get("optimizer"),
         "device": settings.get("device"),
         "datasets": datasets,
+        "coverage": coverage_block(dataset_dirs, init),  # the range its labels span: a task past it is warned
         "hardware": manifests[0].get("hardware"),
         "hardware_kinds": common_kinds(manifests),  # the kinds every dataset holds for (probed ones included)
         "train_config": dataclasses.asdict(config),

@@ -20,6 +20,7 @@ from neuroshard_jax.core.manifests import load_manifest
 from neuroshard_jax.costs.analytic import ANALYTIC_FNS, analytic_params
 from neuroshard_jax.costs.checkpoints import load_checkpoint, save_checkpoint
 from neuroshard_jax.costs.cost_model import device_compute_ms
+from neuroshard_jax.costs.coverage import coverage_block
 from neuroshard_jax.costs.neural import (
     FeatureStats,
     NeuralParams,
@@ -148,6 +149,7 @@ def checkpoint_meta(dataset_dir: Path, config: TrainConfig, report: dict, datase
         "device": settings.get("device"),
         "dataset_dir": str(dataset_dir),
         "datasets": datasets,
+        "coverage": coverage_block([dataset_dir]),  # the range its labels span: a task past it is warned
         "hardware": manifest.get("hardware"),
         "train_config": dataclasses.asdict(config),
         "metrics": report,

@@ -52,11 +52,12 @@ from neuroshard_jax.costs.cost_model import (
     combine_costs,
     plan_cost_ms,
 )
-from neuroshard_jax.costs.coverage import far_devices_warning
+from neuroshard_jax.costs.coverage import far_devices_warning, out_of_depth_warning
 from neuroshard_jax.costs.registry import CostModelSpec, expected_cost_model, usable_cost_model
 from neuroshard_jax.costs.scoring import (
     apart_arrays,
     device_input_ms,
+    device_uncertainty,
     fitted_ms,
     input_taken,
     pad_plans,
@@ -487,16 +488,21 @@ def format_explanation(expl: Explanation, measured_from: str | None = None) -> s
 def explain_file(config: ExplainConfig, model: CostModel | None = None) -> str:
     """The printout for ``config`` (and the chart beside the plan); ``model``: the cost model to explain with
     (default: ``config.model``, or a model trained at the plan's batch size, with a warning; and a warning if
-    the plan is on far more devices than it was trained on: a caller that passes ``model`` has said its own)."""
+    the plan is on far more devices than it was trained on, or past its labels: a caller that passes ``model`` has
+    said its own)."""
     path = Path(config.plan)
     plan = load_plan(path)
     warnings = []
     if model is None:
         spec, warning = usable_cost_model(CostModelSpec(config.model), plan.task)
-        warnings = [w for w in (warning, far_devices_warning(plan.task.num_devices, spec.name, spec.options)) if w]
+        far = far_devices_warning(plan.task.num_devices, spec.name, spec.options)
         if plan.calibration is not None and spec.name == config.model:  # the factor the plan was searched with
             spec = spec.with_calibration(plan.calibration.factor)
         model = spec.for_task(plan.task)
+        unsure = device_uncertainty(model, plan)  # this model's members, not those of the model that searched
+        trust = () if unsure is None else tuple(unsure[1])
+        depth = out_of_depth_warning(plan.task, plan, spec.name, spec.options, trust=trust)
+        warnings = [w for w in (warning, far, depth) if w]
     model = expected_cost_model(model)
     if config.base:
         text = format_diff(plan_diff(plan, load_plan(config.base, key="base"), model))

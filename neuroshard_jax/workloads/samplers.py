@@ -65,16 +65,38 @@ class SpecSamplerConfig:
     mem_cap_gb: float = 2.0  # weights are initialised in full: memory is most of a sample's time
     precision: str = "fp32"
     row_share: float = 0.0  # samples holding a row block (one of 2, 4 or 8) of one or two of their tables
+    # where users are and the labels were thin (docs/results/fusion.md): kernels fusing more tables than max_tables
+    # (up to many_tables), and tables with large working sets (rows 1e5..1e7 looked up 10..200 times per sample).
+    # Drawn from a stream of their own: at 0 the samples are those drawn before these existed.
+    many_share: float = 0.0  # samples fusing max_tables + 1 .. many_tables tables
+    many_tables: int = 48
+    heavy_share: float = 0.0  # tables drawn from the heavy corner instead of the whole range
 
     def __post_init__(self):
-        if not 0.0 <= self.row_share <= 1.0:
-            raise UserError(f"specs.row_share: got {self.row_share}, expected a share in [0, 1]")
+        for name in ("row_share", "many_share", "heavy_share"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise UserError(f"specs.{name}: got {getattr(self, name)}, expected a share in [0, 1]")
+        if self.many_share and self.many_tables <= self.max_tables:
+            raise UserError(
+                f"specs.many_tables: got {self.many_tables}, expected more than specs.max_tables ({self.max_tables})"
+            )
 
 
-def draw_table_spec(rng: np.random.Generator, config: SpecSamplerConfig, batch_size: int) -> dict:
-    """A table spec {rows, pooling_factor, bins} whose histogram is that of one batch drawn from an access law."""
+HEAVY_LOG10_ROWS = (5.0, 7.0)
+HEAVY_LOG10_POOLING = (1.0, 2.3)
+
+
+def draw_table_spec(
+    rng: np.random.Generator, config: SpecSamplerConfig, batch_size: int, heavy: np.random.Generator | None = None
+) -> dict:
+    """A table spec {rows, pooling_factor, bins} whose histogram is that of one batch drawn from an access law;
+    with ``heavy`` (the extensions' stream), its rows and pooling factor come from the heavy corner (drawn there;
+    ``rng`` draws its own as always, so the rest of the sample stays as it was)."""
     rows = int(round(10 ** rng.uniform(*config.log10_rows)))
     pooling = float(np.round(10 ** rng.uniform(*config.log10_pooling), 3))
+    if heavy is not None:
+        rows = int(round(10 ** heavy.uniform(*HEAVY_LOG10_ROWS)))
+        pooling = float(np.round(10 ** heavy.uniform(*HEAVY_LOG10_POOLING), 3))
     lookups = max(1, int(round(pooling * batch_size)))
     if rng.random() < config.hot_share:  # a hot set of rows takes most of the lookups
         hot_rows = max(1, int(rows * 10 ** rng.uniform(-4, -1)))
@@ -91,14 +113,18 @@ def sample_spec_shard(config: SpecSamplerConfig, seed: int, index: int) -> tuple
     """Sample ``index``: (batch size, table specs {rows, pooling_factor, bins, dim, seed}) within the memory cap.
     A column-split sample holds every slice of one to three tables (their slices share the table's stream seed)."""
     rng = np.random.default_rng([seed, 60013, index])
+    extension = np.random.default_rng([seed, 60013, index, 2])  # many_share and heavy_share draw here only
     batch_size = int(rng.choice(config.batch_sizes))
     cap = config.mem_cap_gb * GIB_BYTES
     count = int(rng.integers(config.min_tables, config.max_tables + 1))
+    if config.many_share and extension.random() < config.many_share:
+        count = int(extension.integers(config.max_tables + 1, config.many_tables + 1))
     split_tables = int(rng.integers(1, 4)) if rng.random() < config.split_share else 0
     tables, used, attempts = [], 0.0, 0
-    while len(tables) < count and attempts < 4 * config.max_tables:
+    while len(tables) < count and attempts < 4 * max(count, config.max_tables):
         attempts += 1
-        spec = draw_table_spec(rng, config, batch_size)
+        heavy = extension if config.heavy_share and extension.random() < config.heavy_share else None
+        spec = draw_table_spec(rng, config, batch_size, heavy)
         dims = [d for d in config.dims if used + mem_bytes(spec["rows"], d, config.precision) <= cap]
         if not dims:
             continue
