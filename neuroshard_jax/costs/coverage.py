@@ -11,6 +11,7 @@ import functools
 from collections.abc import Sequence
 from pathlib import Path
 
+from neuroshard_jax.core.config import bounded, typed
 from neuroshard_jax.core.constants import SHIPPED_MLP_CHECKPOINT, SHIPPED_MODEL_NAME
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_json, read_records
@@ -87,6 +88,11 @@ def trained_checkpoint(name: str, options: dict) -> tuple[str, Path] | None:
     return (label, path) if (path / "meta.json").is_file() else None
 
 
+# a device whose members disagree so much that at least half its compute is the roofline's fallback (trust below
+# this) is named in the warning; one just past ``trust_lo`` (the validation spread's 99th percentile) is only marked
+# in the printed plan ("the model is unsure here")
+UNSURE_TRUST = 0.5
+
 RANGES = ("rows", "pooling_factor", "dim", "tables", "batch_size")  # LabelCoverage's (smallest, largest) fields
 
 
@@ -106,7 +112,13 @@ class LabelCoverage:
     dim: tuple[int, int]
     tables: tuple[int, int]
     batch_size: tuple[int, int]
-    labels: int  # how many labels (successful records) span it
+    labels: int = bounded(at_least=1)  # how many labels (successful records) span it
+
+    def __post_init__(self):
+        for field in RANGES:
+            pair = getattr(self, field)
+            if len(pair) != 2 or pair[0] > pair[1]:
+                raise UserError(f"coverage.{field}: got {list(pair)}, expected [smallest, largest]")
 
     def joined(self, other: LabelCoverage) -> LabelCoverage:
         """The range of both (a fine-tuned model keeps what its prior learned, as it keeps its batch sizes)."""
@@ -121,21 +133,10 @@ class LabelCoverage:
 
     @classmethod
     def from_json(cls, obj, where: str = "coverage") -> LabelCoverage:
+        """meta.json's ``coverage`` block, checked by its schema (``typed``)."""
         if not isinstance(obj, dict):
             raise UserError(f"{where}: got {obj!r:.60}, expected an object with {', '.join(RANGES)} and labels")
-        ranges = {}
-        for field in RANGES:
-            pair = obj.get(field)
-            numbers = isinstance(pair, list) and len(pair) == 2
-            numbers = numbers and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in pair)
-            if not (numbers and pair[0] <= pair[1]):
-                raise UserError(f"{where}.{field}: got {pair!r:.60}, expected [smallest, largest]")
-            cast = float if field == "pooling_factor" else int
-            ranges[field] = (cast(pair[0]), cast(pair[1]))
-        labels = obj.get("labels")
-        if not isinstance(labels, int) or isinstance(labels, bool) or labels < 1:
-            raise UserError(f"{where}.labels: got {labels!r:.60}, expected an integer >= 1")
-        return cls(**ranges, labels=labels)
+        return typed(cls, obj, where)
 
 
 def label_coverage(dataset_dirs: Sequence[str | Path]) -> LabelCoverage:
@@ -217,17 +218,18 @@ def out_of_depth_warning(
     """One line where cost model ``name`` with ``options`` (a ``ModelChoice``'s or a ``CostModelSpec``'s) predicts
     ``task`` past what it learned: tables past its labels' range (``checkpoint_coverage``: with ``plan``, the rows
     and width each planned shard holds; without, the tables whole), devices of ``plan`` fusing more tables than any
-    label did, or devices where its ensemble's members disagree (``trust``: each device's, below 1 where the spread
-    passes ``trust_lo``; None: ``plan.costs.trust``). The line names the remedy, or where ``plan`` was calibrated on
-    this task's own tables (``calibrate=measured``), says that the calibration is correcting for it; ``device``: the
-    plan's (cpu | cuda), for the ``adapt`` command. None where nothing lies past, and for a model whose labels are
-    not known (the analytic model, a checkpoint whose datasets are not there)."""
+    label did, or devices where its ensemble's members disagree (``trust``: each device's; below UNSURE_TRUST where
+    the spread passes halfway from ``trust_lo`` to ``trust_hi``; None: ``plan.costs.trust``). The line names the
+    remedy, or where ``plan`` was calibrated on this task's own tables (``calibrate=measured``), says that the
+    calibration is correcting for it; ``device``: the plan's (cpu | cuda), for the ``adapt`` command. None where
+    nothing lies past, and for a model whose labels are not known (the analytic model, a checkpoint whose datasets
+    are not there)."""
     found = trained_checkpoint(name, options or {})
     coverage = checkpoint_coverage(str(found[1].resolve())) if found else None
     findings = past_labels(task, plan, coverage) if coverage is not None else []
     if trust is None and plan is not None and plan.costs is not None:
         trust = plan.costs.trust
-    unsure = sum(t < 1.0 for t in trust or ())
+    unsure = sum(t < UNSURE_TRUST for t in trust or ())
     if unsure:
         findings.append(f"its ensemble's members disagree on {unsure} of {task.num_devices} devices")
     if not findings:

@@ -86,10 +86,10 @@ class EnsembleConfig:
     # the device's cache term (docs/results/fusion.md): its gathers slowed by the share of its working set past a
     # fitted cache size; checkpoints trained before it have none
     cache: bool = False
-    # how a fused kernel's tables interact: "pairwise", c * lookups * tables (what checkpoints trained before
-    # 2026-11-27 hold; it grows past any kernel the labels held) | "saturating", c * lookups * (1 - 1 / tables):
-    # nothing for one table, at most c per lookup however many are fused (docs/results/fusion.md)
-    fusion: str = "pairwise"
+    # how a fused kernel's tables interact: "saturating", c * lookups * (1 - 1 / tables): nothing for one table, at
+    # most c per lookup however many are fused | "pairwise", c * lookups * tables (what checkpoints trained before
+    # 2026-11-27 hold; it grows past any kernel the labels held: docs/results/fusion.md)
+    fusion: str = "saturating"
 
     def __post_init__(self):
         if self.fusion not in FUSION_TERMS:

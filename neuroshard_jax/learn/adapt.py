@@ -89,7 +89,9 @@ class AdaptConfig:
     min_labels: int = 20  # training labels needed to fine-tune (fewer: the run says how many it got and stops)
     register: bool = True  # add the model to the user's models (later runs on this kind of machine choose it)
     compare: tuple[str, ...] = ()  # other models scored on the same held-out labels (names or checkpoints)
-    specs: SpecSamplerConfig = SpecSamplerConfig()  # the spec shards drawn (as collect source=specs)
+    # the spec shards drawn (as collect source=specs), with kernels of up to 48 tables, the heavy corner and dim 4
+    # (docs/results/fusion.md)
+    specs: SpecSamplerConfig = SpecSamplerConfig(dims=(4, 8, 16, 32, 64, 128), many_share=0.25, heavy_share=0.25)
     # TorchRec's input distribution on this machine (``costs/input_dist.py``; cpu: gloo ranks): ``input_labels`` comm
     # labels drawn by ``inputs`` (as collect kind=comm), fitted and, with ``register``, added to this user's fits,
     # which models of this kind price with (before a shipped fit); 0: none (a run on cuda measures none)

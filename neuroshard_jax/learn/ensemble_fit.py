@@ -224,8 +224,9 @@ def train_ensemble(
 
     ``init``: fine-tune the ensemble at that checkpoint (its members, input statistics and comm nets) instead
     of fitting a roofline and starting fresh; ``reanchor`` (with ``init``): first move its members onto the roofline
-    fitted to these datasets (``reanchored``), then fine-tune. ``dataset_scale``: a loss weight per dataset (default
-    1 each), on top of ``max_dataset_weight``. Cost labels belong to one kind of hardware: datasets measured on
+    fitted to these datasets (``reanchored``), then fine-tune; a fine-tune that adds physics the prior lacks (the
+    saturating fusion term, the cache term: ``upgraded``) always does. ``dataset_scale``: a loss weight per dataset
+    (default 1 each), on top of ``max_dataset_weight``. Cost labels belong to one kind of hardware: datasets measured on
     different processors are refused unless ``allow_mixed_hardware`` (``check_one_hardware``)."""
     dataset_dirs = [resolve_dataset(d) for d in dataset_dirs]
     feats, mask, batch, target, source, manifests = ensemble_arrays(dataset_dirs, ens_config.max_label_spread)
@@ -249,10 +250,11 @@ def train_ensemble(
     else:
         prior_config, nets, params, _ = load_ensemble(init)
         ens_config = upgraded(prior_config, ens_config)
-        if ens_config != prior_config:
+        added = ens_config != prior_config
+        if added:
             nets, params = with_physics(ens_config, params, config.seed)
         stats = params.stats
-        if reanchor:
+        if reanchor or added:  # a term the prior did not have (or read otherwise) is fitted before fine-tuning
             log_coef = roofline(ens_config)
             params = params._replace(members=reanchored(params.members, log_coef))
         log_coef = member_roofline(params.members)  # reported: the members' mean roofline
