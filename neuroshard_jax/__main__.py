@@ -24,7 +24,7 @@ from neuroshard_jax.core.cli import fail, one_line_errors, run_app
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.plan_file import format_plan
-from neuroshard_jax.costs.coverage import far_devices_warning, out_of_depth_warning
+from neuroshard_jax.costs.coverage import far_devices_warning
 from neuroshard_jax.costs.registry import NO_CALIBRATION
 from neuroshard_jax.measure.explain import ExplainConfig, explain_file
 from neuroshard_jax.search.job import MainConfig, main_config, planner_of
@@ -48,7 +48,7 @@ def main(cfg: DictConfig) -> None:
         choice = planned.choice
         print(choice.line(), file=sys.stderr)
         far = far_devices_warning(task.num_devices, choice.name, choice.options)
-        depth = out_of_depth_warning(task, planned.plan, choice.name, choice.options, device=choice.device)
+        depth = planned.depth_warning()
         for warning in (w for w in (far, depth) if w):
             print(f"warning: {warning}", file=sys.stderr)
         result = planned.plan.to_json()

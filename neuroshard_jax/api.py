@@ -16,7 +16,6 @@ from collections.abc import Mapping, Sequence
 
 from neuroshard_jax.core.plan_file import estimated_line
 from neuroshard_jax.core.types import Plan
-from neuroshard_jax.costs.coverage import out_of_depth_warning
 from neuroshard_jax.measure.calibration import CalibrateConfig
 from neuroshard_jax.measure.polish import PolishConfig
 from neuroshard_jax.search.planner import Planner, planner_or_keywords
@@ -86,7 +85,7 @@ def plan(
     choice = planned.choice
     if choice.kinds and not choice.matches:  # a model of other hardware: say so, once per call
         warnings.warn(choice.line(), UserWarning, stacklevel=2)
-    depth = out_of_depth_warning(task, planned.plan, choice.name, choice.options, device=choice.device)
+    depth = planned.depth_warning()
     if depth:
         logger.warning("%s", depth)
     return planned.plan

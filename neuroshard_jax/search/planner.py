@@ -19,6 +19,7 @@ import dataclasses
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel
+from neuroshard_jax.costs.coverage import out_of_depth_warning
 from neuroshard_jax.costs.registry import (
     CostModelSpec,
     ModelChoice,
@@ -42,6 +43,11 @@ class Planned:
     plan: Plan
     cost_model: CostModel
     choice: ModelChoice  # which model planned, trained on what, and whether it matches this machine (``line()``)
+
+    def depth_warning(self) -> str | None:
+        """One line where the plan lies past what its model learned (``costs.coverage.out_of_depth_warning``)."""
+        choice = self.choice
+        return out_of_depth_warning(self.plan.task, self.plan, choice.name, choice.options, device=choice.device)
 
 
 @dataclasses.dataclass(frozen=True)

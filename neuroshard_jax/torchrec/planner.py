@@ -49,7 +49,6 @@ from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.plan_file import format_plan
 from neuroshard_jax.core.progress import progress_bar
 from neuroshard_jax.core.types import Plan, row_blocks_json
-from neuroshard_jax.costs.coverage import out_of_depth_warning
 from neuroshard_jax.costs.registry import for_task_of_kind, usable_cost_model
 from neuroshard_jax.kernels.torchrec_format import module_plan
 from neuroshard_jax.measure.calibration import CalibrateConfig
@@ -278,7 +277,7 @@ class NeuroShardPlanner(ShardingPlanner):
         if self.verbose:
             choice = planned.choice
             logger.info("%s", choice.line())
-            depth = out_of_depth_warning(task, ours, choice.name, choice.options, device=choice.device)
+            depth = planned.depth_warning()
             if depth:
                 logger.warning("%s", depth)
         self.last_plan = ours
