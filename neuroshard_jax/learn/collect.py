@@ -176,9 +176,9 @@ def _settings(config: CollectConfig) -> dict:
 
 def spec_settings(specs: SpecSamplerConfig) -> dict:
     """The spec sampler's settings as a dataset records them: the extensions a dataset from before them lacks
-    (``row_share``, ``many_share``, ``heavy_share``) only where they are on, ``many_tables`` only with
-    ``many_share``, so that older datasets resume."""
-    settings = _without_unset(dataclasses.asdict(specs), "row_share", "many_share", "heavy_share")
+    (``row_share``, ``many_share``, ``heavy_share``, ``alone_share``) only where they are on, ``many_tables`` only
+    with ``many_share``, so that older datasets resume."""
+    settings = _without_unset(dataclasses.asdict(specs), "row_share", "many_share", "heavy_share", "alone_share")
     if not specs.many_share:
         settings.pop("many_tables")
     return settings

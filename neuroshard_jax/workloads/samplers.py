@@ -71,9 +71,11 @@ class SpecSamplerConfig:
     many_share: float = 0.0  # samples fusing max_tables + 1 .. many_tables tables
     many_tables: int = 48
     heavy_share: float = 0.0  # tables drawn from the heavy corner instead of the whole range
+    # one table alone, as a search places a heavy table on a device of its own (1 in max_tables samples otherwise)
+    alone_share: float = 0.0
 
     def __post_init__(self):
-        for name in ("row_share", "many_share", "heavy_share"):
+        for name in ("row_share", "many_share", "heavy_share", "alone_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise UserError(f"specs.{name}: got {getattr(self, name)}, expected a share in [0, 1]")
         if self.many_share and self.many_tables <= self.max_tables:
@@ -113,12 +115,14 @@ def sample_spec_shard(config: SpecSamplerConfig, seed: int, index: int) -> tuple
     """Sample ``index``: (batch size, table specs {rows, pooling_factor, bins, dim, seed}) within the memory cap.
     A column-split sample holds every slice of one to three tables (their slices share the table's stream seed)."""
     rng = np.random.default_rng([seed, 60013, index])
-    extension = np.random.default_rng([seed, 60013, index, 2])  # many_share and heavy_share draw here only
+    extension = np.random.default_rng([seed, 60013, index, 2])  # many_, heavy_ and alone_share draw here only
     batch_size = int(rng.choice(config.batch_sizes))
     cap = config.mem_cap_gb * GIB_BYTES
     count = int(rng.integers(config.min_tables, config.max_tables + 1))
     if config.many_share and extension.random() < config.many_share:
         count = int(extension.integers(config.max_tables + 1, config.many_tables + 1))
+    elif config.alone_share and extension.random() < config.alone_share:
+        count = 1
     split_tables = int(rng.integers(1, 4)) if rng.random() < config.split_share else 0
     tables, used, attempts = [], 0.0, 0
     while len(tables) < count and attempts < 4 * max(count, config.max_tables):
