@@ -40,6 +40,7 @@ from neuroshard_jax.workloads.samplers import SpecSamplerConfig, sample_spec_sha
 from neuroshard_jax.workloads.streams import TableSpec, block_statistics
 from searchers import make_searcher
 from tests.conftest import make_table, make_task
+from tools.monotone_probe import monotone_report
 
 SMALL = EnsembleConfig(
     members=3,
@@ -166,8 +167,6 @@ def test_the_shipped_model_of_this_kind_grows_as_the_kernels_do():
     """Over random devices of 1-32 spec tables (tools/monotone_probe.py): a table added, a pooling factor doubled
     or a table twice as wide never makes the shipped epyc-f25m17 read a device cheaper by more than the label noise
     (4 -> 8 wide is flat on FBGEMM's CPU kernels, +1% in the labels: read either side within 10%)."""
-    from tools.monotone_probe import monotone_report
-
     reports = {r.change: r for r in monotone_report(CostModelSpec("neural", {"checkpoint": "epyc-f25m17"}), 400)}
     assert reports["table added"].worst_fall <= 0.02 and reports["table added"].fell <= 0.02
     assert reports["pooling doubled"].worst_fall <= 0.02
