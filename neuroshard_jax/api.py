@@ -34,6 +34,8 @@ def plan(
     *,
     batch_size: int = 4096,
     precision: str = "fp32",
+    optimizer: str = "exact_sgd",
+    mem_reserve: float = 0.0,
     seed: int = 0,
     cost_model_options: dict | None = None,
     devices: Sequence[Mapping[str, float]] | None = None,
@@ -57,8 +59,12 @@ def plan(
     taken wherever Python's are. Raises ``UserError`` (bad input) or ``InfeasibleError`` (the tables fit no
     placement). The returned plan carries its predicted per-device costs (``plan.costs``). Compiled search kernels
     are kept on disk (``search.pipeline.enable_compilation_cache``), so a second call on the same shapes in a new
-    process skips compiling. ``calibrate=True`` (or a ``CalibrateConfig``) first scales the cost model to this
-    machine from measurements of the tables on the real kernels (``plan.calibration`` says by how much);
+    process skips compiling. ``precision`` (the weights'), ``optimizer`` (the fused optimizer the tables train
+    with, FBGEMM's or TorchRec's name: ``"exact_row_wise_adagrad"``, ``"EXACT_ROWWISE_ADAGRAD"``, ``"adam"``) and
+    ``mem_reserve`` (the share of every cap held back) decide what a device's tables hold while they train: weights,
+    optimizer state and the step's buffers (``core.memory``); every plan fits them. ``calibrate=True`` (or a
+    ``CalibrateConfig``) first scales the cost model to this machine from measurements of the tables on the real
+    kernels (``plan.calibration`` says by how much);
     ``polish=True`` (or a ``PolishConfig``) then improves the plan on the real kernels (``plan.polish`` records what
     was measured). Both run the same ``Planner`` as the main job and the TorchRec adapter. A model trained on
     another kind of hardware than this machine's plans with a ``UserWarning`` saying so (``choose_cost_model``); a
@@ -66,7 +72,9 @@ def plan(
     (``costs.coverage.out_of_depth_warning``, logger ``neuroshard_jax.api``).
     """
     seed = planner.seed if planner is not None else seed
-    task = task_from_tables(tables, num_devices, mem_cap_gb, batch_size, precision, devices, zipf, seed)
+    task = task_from_tables(
+        tables, num_devices, mem_cap_gb, batch_size, precision, devices, zipf, seed, optimizer, mem_reserve
+    )
     estimated = [t.name or t.id for t in task.tables if t.estimated]
     if estimated:
         warnings.warn(estimated_line(estimated, task.num_tables), UserWarning, stacklevel=2)

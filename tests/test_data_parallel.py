@@ -47,7 +47,8 @@ def hot_task() -> Task:
 def test_a_data_parallel_table_is_whole_on_every_device_and_round_trips(hot_task):
     shards = tuple(Shard(t, 0, hot_task.tables[t].dim, t % 4) for t in range(1, 12))
     plan = Plan(hot_task, shards, data_parallel=(0,)).validate()
-    replica = 300 * 8 * 4
+    replica = hot_task.table_mem_bytes(0)  # its weights (300 x 8 x 4 B) and the step's buffers, on every device
+    assert hot_task.rows_memory(0, 300, 8).weights == 300 * 8 * 4
     alone = Plan(hot_task, shards + (Shard(0, 0, 8, 0),)).validate()
     assert plan.replicated_bytes() == replica
     assert (plan.mem_bytes() - alone.mem_bytes()).tolist() == [0, replica, replica, replica]  # counts everywhere

@@ -80,14 +80,15 @@ def test_the_worker_measures_a_row_block_on_its_own_lookups():
 
 
 def _big_task(num_devices=4):
-    """A cap of 2 MiB: table 0 (dim 4, 3.2 MB) fits no device even in its narrowest slice, table 1 (dim 64, 2.6 MB)
-    fits as column slices or as rows, the rest fit whole."""
+    """A cap of 2.25 MiB: table 0 (dim 4, 3.2 MB) fits no device even in its narrowest slice, table 1 (dim 64, 2.6 MB)
+    fits as column slices or as rows, the rest fit whole (batch 128: a row block carries its table's whole pooled
+    output, so the step's buffers stay ~0.3 MB in all)."""
     tables = [
         Table(0, 200_000, 4, 3.0, (0.2, 0.3, 0.5) + (0.0,) * 14, name="huge"),
         Table(1, 10_000, 64, 12.0, (0.4, 0.3, 0.3) + (0.0,) * 14, name="wide"),
         *(Table(2 + i, 3000 + 500 * i, 16, 2.0 + i, (1.0,) + (0.0,) * 16) for i in range(6)),
     ]
-    return Task.uniform(num_devices, 2 / 1024, 512, tuple(tables))
+    return Task.uniform(num_devices, 2.25 / 1024, 128, tuple(tables))
 
 
 @pytest.mark.parametrize("searcher", ["beam", "grid", "size_lookup_greedy", "random"])

@@ -90,6 +90,11 @@ def test_same_seed_same_plan(name, small_pool):
     assert make_searcher(name).search(task, model, 7) == make_searcher(name).search(task, model, 7)
 
 
+def whole_bytes(table) -> int:
+    """A table's memory while it trains (weights and the step's buffers at the tests' batch, exact SGD)."""
+    return make_task([table]).table_mem_bytes(0)
+
+
 def test_greedy_follows_the_key_and_memory():
     # By dim: table 0 (64) goes to device 0, which is then full, so the rest must go to device 1.
     tables = [
@@ -98,7 +103,7 @@ def test_greedy_follows_the_key_and_memory():
         make_table(2, rows=10, dim=32),
         make_table(3, rows=10, dim=16),
     ]
-    task = make_task(tables, num_devices=2, mem_cap_gb=(1000 * 64 * 4 + 100) / 2**30)
+    task = make_task(tables, num_devices=2, mem_cap_gb=(whole_bytes(tables[0]) + 100) / 2**30)
     plan = make_searcher("dim_greedy").search(task, analytic_model(task), 0)
     devices = {s.table: s.device for s in plan.shards}
     assert devices == {0: 0, 1: 1, 2: 1, 3: 1}
@@ -106,14 +111,14 @@ def test_greedy_follows_the_key_and_memory():
 
 def test_greedy_raises_instead_of_overfilling():
     tables = [make_table(i, rows=1000, dim=64) for i in range(3)]
-    task = make_task(tables, num_devices=2, mem_cap_gb=(1000 * 64 * 4 * 1.5) / 2**30)
+    task = make_task(tables, num_devices=2, mem_cap_gb=whole_bytes(tables[0]) * 1.5 / 2**30)
     with pytest.raises(InfeasibleError, match="table 2 .* fits on no device"):
         make_searcher("size_greedy").search(task, analytic_model(task), 0)
 
 
 def test_random_respects_memory_and_splits_columns():
     tables = [make_table(i, rows=1000, dim=64) for i in range(4)]
-    task = make_task(tables, num_devices=4, mem_cap_gb=(1000 * 64 * 4) / 2**30)
+    task = make_task(tables, num_devices=4, mem_cap_gb=whole_bytes(tables[0]) / 2**30)
     plan = make_searcher("random", {"num_samples": 16, "max_halvings": 2}).search(task, analytic_model(task), 0)
     assert_every_column_once_within_memory(plan)
 

@@ -54,6 +54,24 @@ def devices_summary(total_ms: Sequence[float], shown: Sequence[int], rest: str) 
     ]
 
 
+def memory_lines(plan_json: dict[str, Any]) -> list[str]:
+    """One line on the fullest device's memory by part (plan files from before the parts were kept: none)."""
+    devices = [d for d in plan_json["devices"] if "mem_parts_gb" in d]
+    if not devices:
+        return []
+    task = plan_json["task"]
+    fullest = max(devices, key=lambda d: d["mem_gb"])
+    parts = fullest["mem_parts_gb"]
+    cap = (task.get("devices") or [{"mem_cap_gb": task["mem_cap_gb"]}] * task["num_devices"])[fullest["device"]]
+    reserve = task.get("mem_reserve", 0.0)
+    return [
+        f"memory of the fullest device ({fullest['device']}): weights {parts['weights']:.3f} + "
+        f"{task.get('optimizer', 'exact_sgd')} state {parts['optimizer_state']:.3f} + step buffers "
+        f"{parts['step_buffers']:.3f} = {fullest['mem_gb']:.3f} GiB of {cap['mem_cap_gb']:g} GiB"
+        + (f" less {100 * reserve:g}% reserved" if reserve else "")
+    ]
+
+
 def format_plan(plan_json: dict[str, Any], file_name: str = "plan.json") -> str:
     """A per-device summary table of a plan.json object (written as ``file_name``): every device, or beyond
     ``PRINTED_DEVICES`` the slowest few and the spread, the rest left to the file."""
@@ -83,6 +101,7 @@ def format_plan(plan_json: dict[str, Any], file_name: str = "plan.json") -> str:
         )
         lines.append(line + (f" {polish.devices[d['device']].total:>9.3f}" if polish else ""))
     lines.extend(devices_summary(total_ms, shown, f"in {file_name}"))
+    lines.extend(memory_lines(plan_json))
     replicated = plan_json.get("data_parallel")
     if replicated:  # not in the device rows' shard counts: every device holds them whole
         names = {t["id"]: t.get("name", t["id"]) for t in task["tables"]}

@@ -10,8 +10,9 @@ the torch worker all call them. NumPy only (the worker imports it).
   row-wise table (``row_blocks``: blocks of ceil(rows / R) rows, the last ones shorter or empty), block i on the
   i-th device of the group it is split over; each of its column slices is cut the same way. A row block does the
   lookups that land in its rows only (``shard_features``).
-* **Memory.** A shard holds its weights only: rows x dim x bytes per element of the precision
-  (``mem_bytes``); a device holds the sum over its shards (``device_mem_bytes``).
+* **Memory.** A shard's weights are rows x dim x bytes per element of the precision (``mem_bytes``); what it holds
+  while it trains (optimizer state, the step's buffers) is ``core.memory``'s, summed per device by
+  ``Task.device_memory``.
 * **Merging.** Sibling slices (the two halves of one halving) on the same device are one shard in all but cost:
   the same memory and output, more work per lookup. ``merge_colocated`` undoes every such halving.
 * **Tiling.** A plan is valid only if the shards of every table tile its columns and rows exactly once: 2^k equal
@@ -131,14 +132,6 @@ def merge_colocated(shards: Iterable[Shard]) -> tuple[Shard, ...]:
 def mem_bytes(rows, dim, precision: str):
     """Weight memory in bytes of ``rows`` x ``dim`` elements at ``precision`` (ints or arrays): the memory rule."""
     return rows * dim * BYTES_PER_ELEMENT[precision]
-
-
-def device_mem_bytes(shards: Iterable[Shard], table_rows: Sequence[int], precision: str, num_devices: int):
-    """i64[N]: weight memory of each device holding ``shards`` (``table_rows[t]``: rows of task table t)."""
-    out = np.zeros(num_devices, dtype=np.int64)
-    for s in shards:
-        out[s.device] += mem_bytes(s.rows(table_rows[s.table]), s.dim, precision)
-    return out
 
 
 def device_dim_sums(shards: Iterable[Shard], num_devices: int):

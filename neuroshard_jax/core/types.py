@@ -26,15 +26,14 @@ from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GENE
 from neuroshard_jax.core.constraints import SHARDING_TYPES, violations
 from neuroshard_jax.core.errors import PlanError, UserError
 from neuroshard_jax.core.features import NUM_BINS, feature_matrix
+from neuroshard_jax.core.memory import PLAIN_SGD, MemoryParts, Training, shard_memory
 from neuroshard_jax.core.paths import pool_file_digest
 from neuroshard_jax.core.records import CalibrationRecord, PolishRecord
 from neuroshard_jax.core.sharding import (
     Shard,
     column_shards,
     device_dim_sums,
-    device_mem_bytes,
     is_legal_dim,
-    mem_bytes,
     row_blocks,
     tiling_error,
 )
@@ -180,6 +179,7 @@ class Task:
     precision: str = "fp32"
     pool: PoolSpec | None = None
     links: Links | None = None
+    training: Training = PLAIN_SGD  # the fused optimizer and the cap's reserve: what memory holds (core.memory)
 
     def __post_init__(self):
         object.__setattr__(self, "devices", tuple(self.devices))
@@ -203,9 +203,10 @@ class Task:
         precision: str = "fp32",
         pool: PoolSpec | None = None,
         links: Links | None = None,
+        training: Training = PLAIN_SGD,
     ) -> Task:
         """A task of ``num_devices`` identical devices of ``mem_cap_gb`` GiB each and speed 1."""
-        return cls((Device(mem_cap_gb),) * num_devices, batch_size, tuple(tables), precision, pool, links)
+        return cls((Device(mem_cap_gb),) * num_devices, batch_size, tuple(tables), precision, pool, links, training)
 
     @property
     def num_devices(self) -> int:
@@ -236,8 +237,9 @@ class Task:
         return any(d.speed != 1.0 for d in self.devices)
 
     def cap_bytes(self) -> np.ndarray:
-        """i64[N]: each device's memory cap in bytes."""
-        return np.array([int(cap * GIB_BYTES) for cap in self.caps_gb()], dtype=np.int64)
+        """i64[N]: the bytes each device has for its tables: its cap less the training's reserve share."""
+        keep = 1.0 - self.training.reserve
+        return np.array([int(cap * keep * GIB_BYTES) for cap in self.caps_gb()], dtype=np.int64)
 
     def caps_gb(self) -> list[float]:
         """Each device's memory cap in GiB."""
@@ -290,9 +292,31 @@ class Task:
         return f"{self.num_devices} devices of {min(caps)}-{max(caps)} GiB ({sum(caps):.2f} GiB in all)"
 
     def table_mem_bytes(self, index: int, dim: int | None = None) -> int:
-        """Memory of table ``index`` (of a column shard of it when ``dim`` is given), by ``sharding.mem_bytes``."""
+        """Memory of table ``index`` while it trains (of a column shard of it when ``dim`` is given): weights,
+        optimizer state and the step's buffers (``core.memory``)."""
         table = self.tables[index]
-        return mem_bytes(table.rows, table.dim if dim is None else dim, self.precision)
+        return self.rows_memory(index, table.rows, table.dim if dim is None else dim).total
+
+    def rows_memory(self, index: int, rows: int, dim: int) -> MemoryParts:
+        """The parts of ``rows`` rows x ``dim`` columns of table ``index`` (a row block looks up its rows' share
+        of the table's ids, taken as even)."""
+        table = self.tables[index]
+        ids = table.pooling_factor * rows / table.rows
+        return shard_memory(rows, dim, ids, self.batch_size, self.precision, self.training.state)
+
+    def device_memory(self, shards, replicated: tuple[int, ...] = ()) -> list[MemoryParts]:
+        """Each device's memory by part, holding ``shards`` and the ``replicated`` tables (task indices) whole."""
+        out = [MemoryParts()] * self.num_devices
+        for s in shards:
+            out[s.device] = out[s.device] + self.rows_memory(s.table, s.rows(self.tables[s.table].rows), s.dim)
+        for t in replicated:
+            whole = self.rows_memory(t, self.tables[t].rows, self.tables[t].dim)
+            out = [parts + whole for parts in out]
+        return out
+
+    def device_mem_bytes(self, shards, replicated: tuple[int, ...] = ()) -> np.ndarray:
+        """i64[N]: each device's bytes holding ``shards`` (and ``replicated`` tables whole): ``device_memory``."""
+        return np.array([parts.total for parts in self.device_memory(shards, replicated)], dtype=np.int64)
 
     def table_names(self) -> list[str]:
         """Each table's name, else its id, as text (for messages)."""
@@ -318,6 +342,8 @@ class Task:
             **({"links": _links_json(self.links)} if self.links is not None else {}),
             "batch_size": self.batch_size,
             "precision": self.precision,
+            **({"optimizer": self.training.optimizer} if self.training.optimizer != Training.optimizer else {}),
+            **({"mem_reserve": self.training.reserve} if self.training.reserve else {}),
             "tables": [
                 {
                     "id": t.id,
@@ -371,7 +397,27 @@ class Task:
                     key = "pin" if d == t.pin else "exclude"
                     raise UserError(f"{at[i]}.{key}: got device {d}, expected 0..{len(devices) - 1}")
         links = _checked_links(raw.links, devices, where)
-        return cls(tuple(devices), raw.batch_size, tables, raw.precision, raw.pool, links)
+        training = training_of(raw.optimizer, raw.mem_reserve, where)
+        return cls(tuple(devices), raw.batch_size, tables, raw.precision, raw.pool, links, training)
+
+
+def memory_words(task: Task, parts: MemoryParts) -> str:
+    """``weights 0.900 + row-wise state 0.225 + step buffers 0.010 GiB``-like words of a device's memory."""
+    gib = GIB_BYTES
+    state = task.training.state
+    words = f"weights {parts.weights / gib:.3f}"
+    if parts.state or state.per_row or state.per_weight:
+        words += f" + {state.name} state {parts.state / gib:.3f}"
+    words += f" + step buffers {parts.buffers / gib:.3f} GiB"
+    return words + (f"; {100 * task.training.reserve:g}% of the cap reserved" if task.training.reserve else "")
+
+
+def training_of(optimizer: str, reserve: float, where: str = "task") -> Training:
+    """The ``Training`` of a task's optimizer and reserve; UserError naming ``where``'s field otherwise."""
+    try:
+        return Training(optimizer, reserve)
+    except UserError as err:
+        raise UserError(f"{where}.{str(err).removeprefix('task.')}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -469,13 +515,16 @@ class Plan:
         return device_dim_sums(self.shards, self.task.num_devices)
 
     def mem_bytes(self) -> np.ndarray:
-        """i64[N]: weight memory of each device (a data-parallel table counts on every device)."""
-        task = self.task
-        sharded = device_mem_bytes(self.shards, task.table_rows(), task.precision, task.num_devices)
-        return sharded + self.replicated_bytes()
+        """i64[N]: memory of each device while it trains (``Task.device_memory``; a data-parallel table counts on
+        every device)."""
+        return self.task.device_mem_bytes(self.shards, self.data_parallel)
+
+    def memory(self) -> list[MemoryParts]:
+        """Each device's memory by part: weights, optimizer state, the step's buffers."""
+        return self.task.device_memory(self.shards, self.data_parallel)
 
     def replicated_bytes(self) -> int:
-        """Weight memory of the data-parallel tables, which every device holds."""
+        """Memory of the data-parallel tables, which every device holds."""
         return sum(self.task.table_mem_bytes(t) for t in self.data_parallel)
 
     def validate(self) -> Plan:
@@ -512,7 +561,8 @@ class Plan:
         for d, used in enumerate(self.mem_bytes()):
             if used > caps[d]:
                 raise PlanError(
-                    f"plan: device {d} holds {used / GIB_BYTES:.3f} GiB, expected at most {task.caps_gb()[d]} GiB"
+                    f"plan: device {d} holds {used / GIB_BYTES:.3f} GiB while it trains, expected at most "
+                    f"{caps[d] / GIB_BYTES:.3f} GiB ({memory_words(task, self.memory()[d])})"
                 )
         broken = violations(task.tables, self.shards, task.table_names(), self.data_parallel)
         if broken:
@@ -522,7 +572,7 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         """The plan.json object (docs/plans.md: the contract read by the evaluator and outside tools)."""
         task = self.task
-        mem = self.mem_bytes()
+        parts = self.memory()
         dim_sums = self.dim_sums()
         out: dict[str, Any] = {}
         if self.searcher is not None:
@@ -541,7 +591,12 @@ class Plan:
             device = {
                 "device": d,
                 "num_shards": int(held[d]),
-                "mem_gb": float(mem[d] / GIB_BYTES),
+                "mem_gb": float(parts[d].total / GIB_BYTES),
+                "mem_parts_gb": {
+                    "weights": float(parts[d].weights / GIB_BYTES),
+                    "optimizer_state": float(parts[d].state / GIB_BYTES),
+                    "step_buffers": float(parts[d].buffers / GIB_BYTES),
+                },
                 "dim_sum": int(dim_sums[d]),
             }
             if self.costs is not None:
@@ -659,6 +714,8 @@ class TaskFile:
     mem_cap_gb: float = bounded(above=0, default=None)
     batch_size: int = bounded(at_least=1, default=None)
     precision: str = "fp32"
+    optimizer: str = Training.optimizer  # the fused optimizer, FBGEMM's or TorchRec's name (core.memory)
+    mem_reserve: float = bounded(at_least=0, default=0.0)  # share of every cap held back
     tables: Any = None  # a list of TableFile objects, each parsed where errors can name it
     pool: PoolSpec | None = None
     links: Links | None = None

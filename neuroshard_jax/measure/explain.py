@@ -41,8 +41,8 @@ from neuroshard_jax.core.constraints import allowed_devices, groups, max_levels
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_FEATURES
 from neuroshard_jax.core.plan_file import device_list, devices_summary, load_plan, printed_devices
-from neuroshard_jax.core.sharding import Shard, mem_bytes, replica_features, row_split_count
-from neuroshard_jax.core.types import Plan
+from neuroshard_jax.core.sharding import Shard, replica_features, row_split_count
+from neuroshard_jax.core.types import Plan, memory_words
 from neuroshard_jax.costs.cost_model import (
     CostFns,
     CostModel,
@@ -155,6 +155,7 @@ class Explanation:
     tables: list[str]
     hosts: str | None = None
     inputs: str | None = None
+    memory: str | None = None  # the fullest device's memory by part (weights, optimizer state, step buffers)
 
     @property
     def measured(self) -> bool:
@@ -236,7 +237,7 @@ def split_gains(model: CostModel, plan: Plan, costs: DeviceCosts | None = None) 
         out[table] = SplitGain(len(slices), devices, row_blocks=blocks)
         held = dict.fromkeys(devices, 0)  # bytes of the table's slices on each of its devices
         for s in slices:
-            held[s.device] += mem_bytes(s.rows(rows), s.dim, task.precision)
+            held[s.device] += task.rows_memory(table, s.rows(rows), s.dim).total
         for device in devices:
             if mem[device] - held[device] + task.table_mem_bytes(table) <= caps[device]:
                 variants.append((table, device))
@@ -398,6 +399,7 @@ def explanation(plan: Plan, model: CostModel, measured: Measured | None = None, 
         table_compute_ms=per_table,
         tables=names,
         hosts=_hosts_line(plan.task) if plan.task.multi_host else None,
+        memory=_memory_line(plan, mem),
         inputs=_input_line(model, plan),
     )
 
@@ -426,6 +428,14 @@ def _hosts_line(task) -> str:
     )
 
 
+def _memory_line(plan: Plan, mem: np.ndarray) -> str:
+    """The fullest device's memory by part, against its room (cap less the reserve)."""
+    fullest = int(np.argmax(mem))
+    room = plan.task.cap_bytes()[fullest] / GIB_BYTES
+    words = memory_words(plan.task, plan.memory()[fullest])
+    return f"memory: the fullest device {fullest} holds {words} of {room:.3f} GiB for tables"
+
+
 def format_explanation(expl: Explanation, measured_from: str | None = None) -> str:
     """The printout of ``explanation``: a row per device (beyond ``PRINTED_DEVICES``: the slowest few, the fastest
     and a summary), what binds, and the split tables' gains."""
@@ -445,6 +455,7 @@ def format_explanation(expl: Explanation, measured_from: str | None = None) -> s
         + ("; compute divided by each device's relative speed" if speeds else ""),
         *([expl.hosts] if expl.hosts is not None else []),
         *([expl.inputs] if expl.inputs is not None else []),
+        *([expl.memory] if expl.memory is not None else []),
         head,
     ]
     total_ms = [d.total_ms for d in expl.devices]

@@ -20,6 +20,7 @@ from neuroshard_jax.core.config import above_zero, at_least
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware
+from neuroshard_jax.core.memory import OPTIMIZERS, optimizer_named
 from neuroshard_jax.core.plan_file import load_plan
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.core.types import Plan, Task
@@ -47,7 +48,7 @@ class EvaluateConfig:
     device: str = "cpu"  # cpu (fbgemm-gpu-cpu + gloo) | cuda (fbgemm-gpu + NCCL)
     executor: ExecutorConfig = ExecutorConfig()  # where the kernels run (conf/executor/): local processes or Ray
     timeout_s: float = 600.0
-    optimizer: str = "exact_sgd"
+    optimizer: str | None = None  # the fused optimizer measured; None: the task's (``Task.training``)
     warmup: int = 5
     iters: int = 10
     comm_warmup: int = 3
@@ -197,14 +198,22 @@ def measure_tables(
 
 
 def device_request(request_id, task: Task, tables: list, config: EvaluateConfig) -> dict:
-    """The worker request that measures one device holding ``tables`` (``device_tables``) of ``task``."""
+    """The worker request that measures one device holding ``tables`` (``device_tables``) of ``task``, with the
+    task's optimizer (or ``config.optimizer``); UserError where the device's kernels do not run it."""
+    optimizer = optimizer_named(config.optimizer or task.training.optimizer, "evaluator.optimizer")
+    if config.device == "cpu" and not optimizer.cpu:
+        runs = ", ".join(o.name for o in OPTIMIZERS.values() if o.cpu)
+        raise UserError(
+            f"task.optimizer: {optimizer.name} does not run on FBGEMM's CPU kernels, expected one of {runs} "
+            "(or device=cuda)"
+        )
     return compute_request(
         request_id,
         tables,
         task.pool,
         task.batch_size,
         config.device,
-        config.optimizer,
+        optimizer.name,
         task.precision,
         config.warmup,
         config.iters,

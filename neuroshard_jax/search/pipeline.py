@@ -175,7 +175,7 @@ def loaded_rest(task: Task, rest: Task, blocks: tuple, model) -> Task | None:
     devices = [
         Device(cap, float(speed * f), host) for cap, speed, f, host in zip(rest.caps_gb(), speeds, scale, rest.hosts())
     ]
-    return Task(devices, rest.batch_size, rest.tables, rest.precision, rest.pool, rest.links)
+    return Task(devices, rest.batch_size, rest.tables, rest.precision, rest.pool, rest.links, rest.training)
 
 
 def check_constraints(task: Task, searcher: Searcher) -> None:

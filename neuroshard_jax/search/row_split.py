@@ -31,7 +31,7 @@ import numpy as np
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.constraints import has_constraints, may_split_rows
 from neuroshard_jax.core.errors import InfeasibleError, UserError
-from neuroshard_jax.core.sharding import Shard, device_mem_bytes, narrowest_dim, row_shards
+from neuroshard_jax.core.sharding import Shard, narrowest_dim, row_shards
 from neuroshard_jax.core.types import Device, Plan, Task
 
 MODES = ("fit", "hot", "off")  # fit: tables larger than every device; hot: and the hot ones; off: none
@@ -110,7 +110,7 @@ def row_blocks_of(task: Task, tables: Sequence[int], within_host: bool = False) 
     if groups is None:
         devices = range(task.num_devices)
         return tuple(s for t in tables for s in row_shards(t, task.tables[t].rows, task.tables[t].dim, devices))
-    caps, rows = task.cap_bytes(), task.table_rows()
+    caps = task.cap_bytes()
     used = np.zeros(task.num_devices, dtype=np.int64)
     blocks: list[Shard] = []
     for t in sorted(tables, key=lambda t: (-task.table_mem_bytes(t), t)):
@@ -118,13 +118,13 @@ def row_blocks_of(task: Task, tables: Sequence[int], within_host: bool = False) 
         best = None
         for group in groups:
             cut = row_shards(t, table.rows, table.dim, group) if table.rows >= len(group) else ()
-            need = device_mem_bytes(cut, rows, task.precision, task.num_devices)
+            need = task.device_mem_bytes(cut)
             fullest = float(((used + need) / caps)[group].max())
             if cut and np.all(used + need <= caps) and (best is None or fullest < best[0]):
                 best = (fullest, cut, need)
         if best is None:
             cut = row_shards(t, table.rows, table.dim, range(task.num_devices))
-            best = (0.0, cut, device_mem_bytes(cut, rows, task.precision, task.num_devices))
+            best = (0.0, cut, task.device_mem_bytes(cut))
         blocks.extend(best[1])
         used += best[2]
     return tuple(blocks)
@@ -137,9 +137,7 @@ def settle(task: Task, tables: Sequence[int], within_host: bool = False) -> tupl
     split = set(tables)
     while True:
         blocks = row_blocks_of(task, sorted(split), within_host)
-        room = int(
-            (task.cap_bytes() - device_mem_bytes(blocks, task.table_rows(), task.precision, task.num_devices)).max()
-        )
+        room = int((task.cap_bytes() - task.device_mem_bytes(blocks)).max())
         more = {
             i
             for i in range(task.num_tables)
@@ -154,7 +152,7 @@ def rest_task(task: Task, blocks: Sequence[Shard]) -> tuple[Task, list[int]]:
     """The task the searcher plans around ``blocks``: the other tables (and their task indices), on devices whose
     caps lose the blocks' memory. InfeasibleError if a device cannot hold its blocks."""
     split = {s.table for s in blocks}
-    used = device_mem_bytes(blocks, task.table_rows(), task.precision, task.num_devices)
+    used = task.device_mem_bytes(blocks)
     caps = task.cap_bytes()
     for d in range(task.num_devices):
         if used[d] > caps[d]:
@@ -178,7 +176,8 @@ def task_around(task: Task, used: np.ndarray, removed: set[int]) -> tuple[Task, 
     ]
     links = None if task.links is None else dataclasses.replace(task.links, devices_per_host=None)  # hosts given
     tables = [task.tables[i] for i in rest]
-    return Task(devices, task.batch_size, tables, task.precision, task.pool, links), rest
+    training = dataclasses.replace(task.training, reserve=0.0)  # the caps above are already net of it
+    return Task(devices, task.batch_size, tables, task.precision, task.pool, links, training), rest
 
 
 def join(task: Task, rest_plan: Plan | None, rest: Sequence[int], blocks: Sequence[Shard]) -> Plan:

@@ -41,6 +41,7 @@ from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_r
 from torchrec.distributed.planner.constants import BATCH_SIZE, POOLING_FACTOR
 from torchrec.distributed.planner.types import KernelConfig, Topology, TopologyFactory, TrainerConfig
 from torchrec.distributed.types import ShardingPlan, ShardingPlanner
+from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
 from torchrec.modules.embedding_configs import DataType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -65,6 +66,32 @@ from neuroshard_jax.workloads.tasks import task_from_tables
 
 logger = logging.getLogger(__name__)
 PRECISIONS = {DataType.FP32: "fp32", DataType.FP16: "fp16", DataType.BF16: "bf16", DataType.INT8: "int8"}
+
+
+def declared_optimizer(module: torch.nn.Module, sharders: list | None = None) -> str | None:
+    """The fused optimizer the model trains its tables with, as TorchRec finds it: the one
+    ``apply_optimizer_in_backward`` put on the tables' weights (``_optimizer_classes``), else an
+    ``EmbeddingBagCollection`` sharder's ``fused_params["optimizer"]``; None where neither says. UserError where
+    tables declare different ones, or an optimizer class no fused kernel runs."""
+    found = set()
+    for path, ebc in collections(module):
+        for name, param in ebc.named_parameters():
+            for cls in getattr(param, "_optimizer_classes", None) or ():
+                try:
+                    found.add(optimizer_type_to_emb_opt_type(cls).value)
+                except ValueError:
+                    raise UserError(
+                        f"module: {path}.{name} trains with {cls.__name__}, which no fused embedding kernel runs; "
+                        "expected an optimizer of torchrec.optim or SGD, Adagrad, Adam"
+                    ) from None
+    if not found:
+        for sharder in sharders or ():
+            fused = getattr(sharder, "fused_params", None) or {}
+            if getattr(sharder, "module_type", None) is EmbeddingBagCollection and "optimizer" in fused:
+                found.add(str(fused["optimizer"]))
+    if len(found) > 1:
+        raise UserError(f"module: tables train with {sorted(found)}, expected one fused optimizer for all")
+    return found.pop() if found else None
 
 
 def collections(module: torch.nn.Module) -> list[tuple[str, EmbeddingBagCollection]]:
@@ -137,7 +164,9 @@ class NeuroShardPlanner(ShardingPlanner):
     (``search.planner``); or, as a convenience that builds one, ``searcher``/``searcher_options``, ``cost_model``/
     ``cost_model_options``, ``calibrate``, ``polish``, ``row_split`` and ``seed`` as in ``neuroshard_jax.plan``: every
     plan runs the one ``Planner`` (calibrate -> row split -> search -> polish). After ``plan``, ``last_plan`` holds
-    our ``Plan`` (predicted costs, ``to_json()``). ``verbose``: log the chosen cost model and the plan at INFO and
+    our ``Plan`` (predicted costs, ``to_json()``). The tables' memory counts the optimizer they train with
+    (``optimizer``, else the one the model declares: ``declared_optimizer``, else exact SGD), their data type, and
+    ``mem_reserve`` (a share of every device held back). ``verbose``: log the chosen cost model and the plan at INFO and
     warnings at WARNING (``logging.basicConfig(level=logging.INFO)`` shows them); ``False``: log nothing.
     """
 
@@ -160,6 +189,8 @@ class NeuroShardPlanner(ShardingPlanner):
         row_split: str = "fit",
         seed: int = 0,
         compute_kernel: str = "fused",
+        optimizer: str | None = None,
+        mem_reserve: float = 0.0,
         verbose: bool = True,
         planner: Planner | None = None,
     ):
@@ -188,6 +219,8 @@ class NeuroShardPlanner(ShardingPlanner):
         self.planner = planner
         self.seed = planner.seed
         self.compute_kernel = compute_kernel
+        self.optimizer = optimizer
+        self.mem_reserve = mem_reserve
         self.verbose = verbose
         self.last_plan: Plan | None = None
 
@@ -266,8 +299,18 @@ class NeuroShardPlanner(ShardingPlanner):
         specs, precision = self.tables(module)
         caps = self.device_mem_gb()
         devices = None if len(set(caps)) == 1 else [{"mem_cap_gb": c} for c in caps]
+        optimizer = self.optimizer or declared_optimizer(module, sharders) or "exact_sgd"
         task = task_from_tables(
-            specs, len(caps), max(caps), self.planning_batch, precision, devices, self.zipf, self.seed
+            specs,
+            len(caps),
+            max(caps),
+            self.planning_batch,
+            precision,
+            devices,
+            self.zipf,
+            self.seed,
+            optimizer,
+            self.mem_reserve,
         )
         spec, warning = usable_cost_model(for_task_of_kind(self.planner.cost_model, self.planner.device, task), task)
         if warning and self.verbose:

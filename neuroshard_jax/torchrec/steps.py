@@ -15,6 +15,10 @@ rank shared out over the cores, not the slowest device's: it rewards the plan wi
 see balance. Each rank's CPU time per step (its kernels and its communication threads, not its waits) is recorded
 beside it; the busiest rank's is the figure that stands for the slowest device there, with the caches and memory
 bandwidth still shared.
+
+``dmp_memory`` runs one plan the same way with the task's optimizer fused into the backward pass and reads what each
+rank's sharded module holds (its resident memory when built and at its peak over a few steps, and the allocator's
+count of its shards and optimizer state), beside ``Plan.memory``'s prediction.
 """
 
 from __future__ import annotations
@@ -100,3 +104,56 @@ def dmp_steps(plans: list[Plan], warmup: int = 3, steps: int = 20, timeout_s: fl
             }
         )
     return out
+
+
+def dmp_memory(plan: Plan, steps: int = 3, timeout_s: float = 1800.0) -> list[dict]:
+    """Per rank of ``plan`` run in DistributedModelParallel (gloo, CPU, one process per device, the task's optimizer
+    fused into the backward pass): {predicted (``Plan.memory``: weights, state, buffers, total), built (the
+    resident memory the sharded module took when built), peak (the high-water mark over ``steps`` training steps,
+    from before the build), weights_bytes and state_bytes (the allocator's count of the rank's shards and optimizer
+    state)}, in bytes. One plan per set of rank processes: each rank's memory is its plan's alone."""
+    task = plan.task
+    optimizer = task.training.state
+    if not optimizer.cpu:
+        raise UserError(f"task.optimizer: {optimizer.name} does not run on FBGEMM's CPU kernels, expected another")
+    if task.batch_size % task.num_devices:
+        raise UserError(
+            f"task.batch_size: got {task.batch_size}, expected a multiple of the {task.num_devices} devices "
+            "(each rank looks up an equal slice)"
+        )
+    if task.precision != "fp32":
+        raise UserError(f"task.precision: got {task.precision!r}, expected fp32 (the ranks build fp32 tables)")
+    world = task.num_devices
+    with tempfile.TemporaryDirectory(prefix="neuroshard-memory-") as tmp:
+        tmp = Path(tmp)
+        exported = export_torchrec(plan, str(tmp / "plan.pt"), ExportConfig(device="cpu", compute_kernel="fused"))[0]
+        request = {
+            "tables": _worker_tables(plan, [t["name"] for t in exported["tables"]]),
+            "pool": task.pool.to_json() if task.pool is not None else None,
+            "batch_size": task.batch_size,
+            "plan": str(tmp / "plan.pt"),
+            "optimizer": optimizer.name,
+            "steps": steps,
+        }
+        (tmp / "request.json").write_text(json.dumps(request))
+        try:
+            run_ranks(["torchrec-memory", str(tmp / "request.json"), str(tmp / "out.{rank}")], world, tmp, timeout_s)
+        except WorkerFailure as failure:
+            raise UserError(f"DistributedModelParallel memory run failed: {failure.reason}") from None
+        ranks = [json.loads((tmp / f"out.{rank}").read_text()) for rank in range(world)]
+    predicted = plan.memory()
+    return [
+        {
+            "predicted": {
+                "weights": p.weights,
+                "state": p.state,
+                "buffers": p.buffers,
+                "total": p.total,
+            },
+            "built": r["built"] - r["before"],
+            "peak": r["peak"] - r["before"],
+            "weights_bytes": r["weights_bytes"],
+            "state_bytes": r["state_bytes"],
+        }
+        for p, r in zip(predicted, ranks)
+    ]

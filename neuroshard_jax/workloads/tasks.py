@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,9 @@ from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GIB_
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import NUM_BINS
 from neuroshard_jax.core.files import read_json
+from neuroshard_jax.core.memory import PLAIN_SGD, MemoryParts, Training
 from neuroshard_jax.core.sharding import is_legal_dim, mem_bytes, narrowest_dim, row_blocks
-from neuroshard_jax.core.types import BIN_KEYS, Table, Task
+from neuroshard_jax.core.types import BIN_KEYS, Table, Task, memory_words
 from neuroshard_jax.workloads.pool import PoolSpec, TablePool, load_pool
 from neuroshard_jax.workloads.statistics import DEFAULT_ZIPF, estimated_stats
 
@@ -34,6 +36,8 @@ class TaskConfig:
     batch_size: int = 4096
     dims: tuple[int, ...] = TASK_DIMS
     precision: str = "fp32"
+    optimizer: str = "exact_sgd"  # the fused optimizer the tables train with (FBGEMM's or TorchRec's name)
+    mem_reserve: float = 0.0  # share of every device's cap held back for what the plan does not hold
     max_fill: float = 0.9
     split: str = "all"
     pool: PoolSpec = PoolSpec()
@@ -60,6 +64,11 @@ class TaskConfig:
             raise UserError(f"task.split: got {self.split!r}, expected one of {', '.join(SPLITS)}")
         if self.precision not in BYTES_PER_ELEMENT:
             raise UserError(f"task.precision: got {self.precision!r}, expected one of {', '.join(BYTES_PER_ELEMENT)}")
+        Training(self.optimizer, self.mem_reserve)  # refuses an unknown optimizer or a reserve out of [0, 1)
+
+    @property
+    def training(self) -> Training:
+        return Training(self.optimizer, self.mem_reserve)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +128,13 @@ def generate_task(pool: TablePool, config: TaskConfig, seed: int, max_attempts: 
                 for i, d in zip(ids, table_dims)
             )
             return Task.uniform(
-                config.num_devices, float(config.mem_cap_gb), pool.batch_size, tables, config.precision, pool.spec
+                config.num_devices,
+                float(config.mem_cap_gb),
+                pool.batch_size,
+                tables,
+                config.precision,
+                pool.spec,
+                training=config.training,
             )
     raise UserError(
         f"task: no draw of {config.num_tables or 'random'} tables fit {config.num_devices} x {config.mem_cap_gb} GiB "
@@ -128,9 +143,13 @@ def generate_task(pool: TablePool, config: TaskConfig, seed: int, max_attempts: 
 
 
 def make_task(config: TaskConfig, seed: int, path: str | None = None) -> Task:
-    """The task of a run: loaded from ``path`` if given, else generated from the configured pool."""
+    """The task of a run: loaded from ``path`` if given (the configured optimizer and reserve replace the file's
+    where set), else generated from the configured pool."""
     if path:
-        return load_task(path)
+        task = load_task(path)
+        if config.training != PLAIN_SGD:
+            task = dataclasses.replace(task, training=config.training)
+        return task
     return generate_task(load_pool(config.pool, config.batch_size), config, seed)
 
 
@@ -144,30 +163,60 @@ def load_task(path: str | Path) -> Task:
 
 
 def check_feasible(task: Task) -> None:
-    """Raise InfeasibleError if no plan can exist: a table that fits nowhere even split, or too much in total."""
+    """Raise InfeasibleError if no plan can exist: a table that fits nowhere even split, or too much in total; the
+    message gives the memory by part and what would fit (``fit_advice``)."""
     caps = task.cap_bytes()
     cap = int(caps.max())
     for i, table in enumerate(task.tables):
         narrowest = task.table_mem_bytes(i, narrowest_dim(table.dim))
         whole = task.table_mem_bytes(i)
-        blocks = [mem_bytes(n, table.dim, task.precision) for _, n in row_blocks(table.rows, task.num_devices)]
+        blocks = [task.rows_memory(i, n, table.dim).total for _, n in row_blocks(table.rows, task.num_devices)]
         rows_fit = all(b <= c for b, c in zip(blocks, caps))
         if (narrowest > cap and not rows_fit) or (whole > cap and whole > int(caps.sum())):
             where = f"devices of {task.devices[0].mem_cap_gb} GiB" if task.is_uniform else task.describe_devices()
+            parts = memory_words(task, task.rows_memory(i, table.rows, table.dim))
             raise InfeasibleError(
-                f"task infeasible: table {table.id} needs {whole / GIB_BYTES:.2f} GiB, which no split fits (column "
-                f"slices, or row blocks over every device) in {where}"
+                f"task infeasible: table {table.id} needs {whole / GIB_BYTES:.2f} GiB ({parts}), which no split "
+                f"fits (column slices, or row blocks over every device) in {where}"
+                + fit_advice(task, functools.partial(_least_per_device, index=i), cap)
             )
     total = sum(task.table_mem_bytes(i) for i in range(task.num_tables))
     if total > caps.sum():
+        every = (task.rows_memory(i, t.rows, t.dim) for i, t in enumerate(task.tables))
+        parts = memory_words(task, sum(every, MemoryParts()))
         raise InfeasibleError(
-            f"task infeasible: tables need {total / GIB_BYTES:.2f} GiB in total, expected at most "
+            f"task infeasible: tables need {total / GIB_BYTES:.2f} GiB in total ({parts}), expected at most "
             + (
                 f"{task.describe_devices()} = {sum(task.caps_gb()):.2f} GiB"
                 if task.is_uniform
                 else task.describe_devices()
             )
+            + fit_advice(task, lambda t: sum(t.table_mem_bytes(j) for j in range(t.num_tables)), int(caps.sum()))
         )
+
+
+def _least_per_device(task: Task, index: int) -> int:
+    """The fewest bytes a device must hold of table ``index``: its narrowest column slice, or its largest row block
+    over every device, whichever is less."""
+    table = task.tables[index]
+    blocks = [task.rows_memory(index, n, table.dim).total for _, n in row_blocks(table.rows, task.num_devices)]
+    return min(task.table_mem_bytes(index, narrowest_dim(table.dim)), max(blocks))
+
+
+def fit_advice(task: Task, need: Callable[[Task], int], room: int) -> str:
+    """``; it would fit with ...`` naming what would: more memory per device (or, for a total, more devices), the
+    optimizer without state, no reserve. ``need(task)``: the bytes that must fit into ``room`` bytes."""
+    short = need(task) - room
+    keep = 1.0 - task.training.reserve
+    ideas = [f"{need(task) / room * task.largest_cap_gb:.2f} GiB per device"]
+    if room >= int(task.cap_bytes().sum()) and task.is_uniform:  # a total: devices of the same cap
+        ideas.append(f"{-(-need(task) // int(task.cap_bytes()[0]))} devices")
+    plain = dataclasses.replace(task, training=dataclasses.replace(task.training, optimizer="exact_sgd"))
+    if task.training.optimizer != "exact_sgd" and need(plain) <= room:
+        ideas.append("exact_sgd (no optimizer state)")
+    if task.training.reserve and need(task) <= room / keep:
+        ideas.append("no reserve")
+    return f"; short by {short / GIB_BYTES:.3f} GiB: it would fit with {' or '.join(ideas)}"
 
 
 def task_config(options: dict) -> TaskGroupConfig:
@@ -188,6 +237,8 @@ def task_from_tables(
     devices: Sequence[Mapping[str, float]] | None = None,
     zipf: float = DEFAULT_ZIPF,
     seed: int = 0,
+    optimizer: str = "exact_sgd",
+    mem_reserve: float = 0.0,
 ) -> Task:
     """A task of the user's tables: ``{name: {rows, dim, pooling_factor, bins}}`` or a list of such objects
     each with a ``name``. ``bins``: 17 shares of the rows accessed in a batch by access count (docs/plans.md,
@@ -202,6 +253,8 @@ def task_from_tables(
         **shape,
         "batch_size": batch_size,
         "precision": precision,
+        "optimizer": optimizer,
+        "mem_reserve": mem_reserve,
         "tables": [
             {**spec, "id": i, **({"bins": STAND_IN_BINS, "estimated": True} if i in unmeasured else {})}
             if isinstance(spec, dict)

@@ -12,7 +12,13 @@ from pathlib import Path
 from neuroshard_jax.kernels.worker.comm import run_rank
 from neuroshard_jax.kernels.worker.dlrm import dlrm_to_npz
 from neuroshard_jax.kernels.worker.tbe import serve
-from neuroshard_jax.kernels.worker.torchrec_jobs import torchrec_export, torchrec_plan, torchrec_run, torchrec_steps
+from neuroshard_jax.kernels.worker.torchrec_jobs import (
+    torchrec_export,
+    torchrec_memory,
+    torchrec_plan,
+    torchrec_run,
+    torchrec_steps,
+)
 
 
 def die_with_parent() -> None:
@@ -51,13 +57,17 @@ def main(argv: list[str]) -> None:
     if len(argv) == 6 and argv[0] == "torchrec-steps":
         torchrec_steps(int(argv[1]), int(argv[2]), argv[3], argv[4], argv[5])
         return
+    if len(argv) == 6 and argv[0] == "torchrec-memory":
+        torchrec_memory(int(argv[1]), int(argv[2]), argv[3], argv[4], argv[5])
+        return
     if len(argv) == 3 and argv[0] == "torchrec-plan":
         result = torchrec_plan(json.loads(Path(argv[1]).read_text()))
         Path(argv[2]).write_text(json.dumps(result))
         return
     raise SystemExit(
         "usage: python -m neuroshard_jax.kernels.worker serve | comm ... | dlrm-to-npz IN OUT | torchrec-plan IN OUT | "
-        "torchrec-export IN OUT | torchrec-run RANK WORLD INIT IN OUT | torchrec-steps RANK WORLD INIT IN OUT "
+        "torchrec-export IN OUT | torchrec-run RANK WORLD INIT IN OUT | torchrec-steps RANK WORLD INIT IN OUT | "
+        "torchrec-memory RANK WORLD INIT IN OUT "
         f"(got {argv})"
     )
 

@@ -1,8 +1,10 @@
 """TorchRec's planner on a task, our plan exported as its ShardingPlan, one DistributedModelParallel rank running an
-exported plan (checked), and one rank timing training steps of several exported plans of one task."""
+exported plan (checked), one rank timing training steps of several exported plans of one task, and one rank
+measuring the memory of its sharded modules while they train."""
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from pathlib import Path
@@ -302,3 +304,83 @@ def _local_tensors(model) -> list:
         shards = getattr(value, "local_shards", None)
         out.extend([s.tensor for s in shards()] if shards else [value])
     return out
+
+
+def _optimizer_class(name: str):
+    """The optimizer class ``apply_optimizer_in_backward`` takes for FBGEMM's ``name`` (TorchRec maps it back)."""
+    import torch
+    from torchrec import optim as trec_optim
+
+    classes = {
+        "exact_sgd": torch.optim.SGD,
+        "exact_row_wise_adagrad": trec_optim.RowWiseAdagrad,
+        "exact_adagrad": torch.optim.Adagrad,
+        "adam": torch.optim.Adam,
+        "partial_row_wise_adam": trec_optim.PartialRowWiseAdam,
+        "lamb": trec_optim.LAMB,
+        "partial_row_wise_lamb": trec_optim.PartialRowWiseLAMB,
+        "lars_sgd": trec_optim.LarsSGD,
+    }
+    if name not in classes:
+        raise ValueError(f"optimizer {name!r}, expected one of {', '.join(classes)}")
+    return classes[name]
+
+
+def _resident_bytes() -> tuple[int, int]:
+    """(this process's resident memory now, its high-water mark), from /proc/self/status (Linux)."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    return tuple(int(fields[key].split()[0]) * 1024 for key in ("VmRSS", "VmHWM"))
+
+
+def torchrec_memory(rank: int, world: int, init: str, request_path: str, out_path: str) -> None:
+    """One rank of DistributedModelParallel (gloo, CPU) measuring the memory of its sharded embedding modules.
+
+    The request: {"tables", "pool", "batch_size", "plan" (one exported ShardingPlan path), "optimizer" (FBGEMM's
+    name, fused into the backward pass with ``apply_optimizer_in_backward``), "steps"}. The rank reads its resident
+    memory before the model is built, after DistributedModelParallel has built and placed its shards, and its
+    high-water mark after ``steps`` training steps (fwd, loss = sum of the pooled outputs, bwd with the fused
+    update); beside them the allocator's own count of what it holds: its shards' weights and the fused optimizer's
+    state tensors. Writes {rank, before, built, peak, weights_bytes, state_bytes} (bytes) to ``out_path``.
+    """
+    request = json.loads(Path(request_path).read_text())
+    torch = setup_torch("cpu")
+    import torch.distributed as dist
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    features = _rank_features(request, rank, world)
+    root = embedding_bag_collection(request["tables"], "meta")
+    apply_optimizer_in_backward(_optimizer_class(request["optimizer"]), root.parameters(), {"lr": 0.01})
+    plan = torch.load(request["plan"], weights_only=False)
+    gc.collect()
+    try:  # the high-water mark from here on (Linux: "5" resets it to the resident memory now)
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    dist.barrier()
+    before, _ = _resident_bytes()
+    model, _ = _distributed_model({**request, "module_path": ""}, plan, root)
+    built, _ = _resident_bytes()
+    for _ in range(int(request["steps"])):
+        model(features).values().sum().backward()
+    _, peak = _resident_bytes()
+    weights = sum(v.numel() * v.element_size() for v in _local_tensors(model))
+    state = 0
+    for per_param in model.fused_optimizer.state_dict()["state"].values():
+        for value in per_param.values():
+            shards = getattr(value, "local_shards", None)
+            tensors = [s.tensor for s in shards()] if shards else [value] if torch.is_tensor(value) else []
+            state += sum(t.numel() * t.element_size() for t in tensors)
+    Path(out_path).write_text(
+        json.dumps(
+            {
+                "rank": rank,
+                "before": before,
+                "built": built,
+                "peak": peak,
+                "weights_bytes": weights,
+                "state_bytes": state,
+            }
+        )
+    )
+    leave_rank()

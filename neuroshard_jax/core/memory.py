@@ -1,0 +1,126 @@
+"""What a device's embedding tables hold in memory while they train: the memory model every searcher plans within.
+
+A shard (a whole table, a column slice or a row block) holds
+
+- **weights**: rows x width x the weights' bytes (``precision``: fp32, fp16, bf16, int8);
+- **optimizer state**, as the fused optimizer keeps it (FBGEMM's TBE allocates it with the weights, in fp32 unless
+  told otherwise): per row (row-wise Adagrad: one value), per weight (Adagrad: one, Adam and LAMB: two), or none (SGD);
+  a column slice keeps its own per-row state, so slicing a table does not divide that part;
+- **what a training step holds for it** (as TorchRec's storage estimator counts a shard's input and output): the
+  looked-up ids and their offsets at the batch (8 bytes each, int64), the pooled outputs (fp32, batch x width) and
+  their gradients.
+
+A device's cap loses a stated ``reserve`` share first (what the planner does not see: dense parameters, activations,
+the allocator's slack; TorchRec's default planner holds back 15%). ``Task`` carries the optimizer and the reserve
+(``Task.training``); ``Task.table_mem_bytes`` and ``Task.cap_bytes`` apply this model, so every searcher, the row
+split, replicas, the plan's check and ``explain`` count the same bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.sharding import mem_bytes
+
+ID_BYTES = 8  # int64 ids and offsets, as TorchRec's KeyedJaggedTensor carries them
+OUTPUT_BYTES = 4  # pooled outputs and their gradients are fp32
+STATE_BYTES = 4  # FBGEMM keeps optimizer state in fp32 unless told otherwise (optimizer_state_dtypes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+    """A fused embedding optimizer: FBGEMM's ``EmbOptimType`` value (``name``), its enum name in TorchRec's
+    ``fused_params`` (``torchrec``), the state it keeps (fp32 values per row and per weight), and whether FBGEMM's
+    CPU kernels run it."""
+
+    name: str
+    torchrec: str
+    per_row: int
+    per_weight: int
+    cpu: bool
+
+    def describe(self) -> str:
+        """``row-wise state (1 per row)``-like words for messages."""
+        if not (self.per_row or self.per_weight):
+            return "no state"
+        parts = ([f"{self.per_row} per row"] if self.per_row else []) + (
+            [f"{self.per_weight} per weight"] if self.per_weight else []
+        )
+        return f"state of {' + '.join(parts)}"
+
+
+OPTIMIZERS = {
+    o.name: o
+    for o in (
+        Optimizer("exact_sgd", "EXACT_SGD", 0, 0, cpu=True),
+        Optimizer("sgd", "SGD", 0, 0, cpu=True),
+        Optimizer("exact_row_wise_adagrad", "EXACT_ROWWISE_ADAGRAD", 1, 0, cpu=True),
+        Optimizer("row_wise_adagrad", "ROWWISE_ADAGRAD", 1, 0, cpu=False),
+        Optimizer("exact_adagrad", "EXACT_ADAGRAD", 0, 1, cpu=True),
+        Optimizer("adam", "ADAM", 0, 2, cpu=False),
+        Optimizer("partial_row_wise_adam", "PARTIAL_ROWWISE_ADAM", 1, 1, cpu=False),
+        Optimizer("lamb", "LAMB", 0, 2, cpu=False),
+        Optimizer("partial_row_wise_lamb", "PARTIAL_ROWWISE_LAMB", 1, 1, cpu=False),
+        Optimizer("lars_sgd", "LARS_SGD", 0, 1, cpu=False),
+    )
+}
+_BY_ANY_NAME = {**{o.torchrec.lower(): o for o in OPTIMIZERS.values()}, **OPTIMIZERS}
+
+
+def optimizer_named(name: str, where: str = "task.optimizer") -> Optimizer:
+    """The optimizer of FBGEMM's name (``exact_row_wise_adagrad``) or TorchRec's (``EXACT_ROWWISE_ADAGRAD``,
+    ``EmbOptimType.EXACT_ROWWISE_ADAGRAD``), any case; UserError naming the known ones otherwise."""
+    key = str(name).rsplit(".", 1)[-1].lower()
+    if key not in _BY_ANY_NAME:
+        raise UserError(f"{where}: got {name!r}, expected one of {', '.join(OPTIMIZERS)} (or TorchRec's names)")
+    return _BY_ANY_NAME[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class Training:
+    """How the tables train, as far as memory goes: the fused optimizer (FBGEMM's name) and the share of every
+    device's cap held back for what the plan does not hold (``reserve``, 0 to below 1)."""
+
+    optimizer: str = "exact_sgd"
+    reserve: float = 0.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "optimizer", optimizer_named(self.optimizer).name)
+        if not (isinstance(self.reserve, (int, float)) and 0.0 <= self.reserve < 1.0):
+            raise UserError(f"task.mem_reserve: got {self.reserve!r}, expected a share of the cap in [0, 1)")
+
+    @property
+    def state(self) -> Optimizer:
+        return OPTIMIZERS[self.optimizer]
+
+
+PLAIN_SGD = Training()  # the default: exact SGD (no state), nothing reserved
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryParts:
+    """Bytes of one shard or one device, by part (ints)."""
+
+    weights: int = 0
+    state: int = 0
+    buffers: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.state + self.buffers
+
+    def __add__(self, other: MemoryParts) -> MemoryParts:
+        return MemoryParts(self.weights + other.weights, self.state + other.state, self.buffers + other.buffers)
+
+
+def shard_memory(
+    rows: int, dim: int, ids_per_sample: float, batch_size: int, precision: str, optimizer: Optimizer
+) -> MemoryParts:
+    """The bytes a shard of ``rows`` x ``dim`` holds while it trains at ``batch_size`` samples, looking up
+    ``ids_per_sample`` ids per sample (its table's pooling factor; a row block's share of it)."""
+    weights = mem_bytes(rows, dim, precision)
+    state = rows * (optimizer.per_row + optimizer.per_weight * dim) * STATE_BYTES
+    ids = int(round(ids_per_sample * batch_size)) + batch_size + 1  # the ids and the offsets
+    buffers = ids * ID_BYTES + 2 * batch_size * dim * OUTPUT_BYTES  # pooled outputs and their gradients
+    return MemoryParts(int(weights), int(state), int(buffers))
