@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"{100 * weights:>7.2f}% {100 * state:>7.2f}%"
         )
     result = {"hardware": hardware(), "args": vars(args), "summary": summary, "ranks": rows}
-    write_json(Path(args.out), result)
+    write_json(result, Path(args.out))
     return result
 
 
