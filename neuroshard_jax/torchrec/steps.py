@@ -49,6 +49,28 @@ def _worker_tables(plan: Plan, names: list[str]) -> list[dict]:
     ]
 
 
+def _check_runnable(task) -> None:
+    """UserError unless the ranks can build ``task``'s tables (fp32) and slice its batch evenly."""
+    if task.precision != "fp32":
+        raise UserError(f"task.precision: got {task.precision!r}, expected fp32 (the ranks build fp32 tables)")
+    if task.batch_size % task.num_devices:
+        raise UserError(
+            f"task.batch_size: got {task.batch_size}, expected a multiple of the {task.num_devices} devices "
+            "(each rank looks up an equal slice)"
+        )
+
+
+def _run_ranks(command: str, request: dict, world: int, tmp: Path, timeout_s: float, what: str) -> list[dict]:
+    """Write ``request`` into ``tmp``, run the worker's ``command`` on ``world`` gloo ranks, and read each rank's
+    output; UserError naming ``what`` if a rank fails."""
+    (tmp / "request.json").write_text(json.dumps(request))
+    try:
+        run_ranks([command, str(tmp / "request.json"), str(tmp / "out.{rank}")], world, tmp, timeout_s)
+    except WorkerFailure as failure:
+        raise UserError(f"DistributedModelParallel {what} failed: {failure.reason}") from None
+    return [json.loads((tmp / f"out.{rank}").read_text()) for rank in range(world)]
+
+
 def dmp_steps(plans: list[Plan], warmup: int = 3, steps: int = 20, timeout_s: float = 1800.0) -> list[dict]:
     """Per plan: {step_ms (median over the timed steps of the slowest rank's wall time), step_ms_q1_q3, rank_ms (each
     rank's median), busiest_cpu_ms (median over steps of the largest rank's CPU time), rank_cpu_ms, local_gb (each
@@ -59,13 +81,7 @@ def dmp_steps(plans: list[Plan], warmup: int = 3, steps: int = 20, timeout_s: fl
     for i, plan in enumerate(plans[1:], 1):
         if plan.task.to_json() != task.to_json():
             raise UserError(f"plans[{i}]: its task differs from plans[0]'s, expected plans of one task")
-    if task.precision != "fp32":
-        raise UserError(f"task.precision: got {task.precision!r}, expected fp32 (the steps build fp32 tables)")
-    if task.batch_size % task.num_devices:
-        raise UserError(
-            f"task.batch_size: got {task.batch_size}, expected a multiple of the {task.num_devices} devices "
-            "(each rank looks up an equal slice)"
-        )
+    _check_runnable(task)
     if warmup < 0 or steps < 1:
         raise UserError(f"steps: got warmup {warmup}, steps {steps}; expected warmup >= 0 and steps >= 1")
     config = ExportConfig(device="cpu", compute_kernel="fused")
@@ -83,12 +99,7 @@ def dmp_steps(plans: list[Plan], warmup: int = 3, steps: int = 20, timeout_s: fl
             "warmup": warmup,
             "steps": steps,
         }
-        (tmp / "request.json").write_text(json.dumps(request))
-        try:
-            run_ranks(["torchrec-steps", str(tmp / "request.json"), str(tmp / "out.{rank}")], world, tmp, timeout_s)
-        except WorkerFailure as failure:
-            raise UserError(f"DistributedModelParallel steps failed: {failure.reason}") from None
-        ranks = [json.loads((tmp / f"out.{rank}").read_text()) for rank in range(world)]
+        ranks = _run_ranks("torchrec-steps", request, world, tmp, timeout_s, "steps")
     out = []
     for p in range(len(plans)):
         wall, cpu = (np.array([r[key][p] for r in ranks]) * 1e3 for key in ("step_s", "cpu_s"))  # [ranks, steps] ms
@@ -116,13 +127,7 @@ def dmp_memory(plan: Plan, steps: int = 3, timeout_s: float = 1800.0) -> list[di
     optimizer = task.training.state
     if not optimizer.cpu:
         raise UserError(f"task.optimizer: {optimizer.name} does not run on FBGEMM's CPU kernels, expected another")
-    if task.batch_size % task.num_devices:
-        raise UserError(
-            f"task.batch_size: got {task.batch_size}, expected a multiple of the {task.num_devices} devices "
-            "(each rank looks up an equal slice)"
-        )
-    if task.precision != "fp32":
-        raise UserError(f"task.precision: got {task.precision!r}, expected fp32 (the ranks build fp32 tables)")
+    _check_runnable(task)
     world = task.num_devices
     with tempfile.TemporaryDirectory(prefix="neuroshard-memory-") as tmp:
         tmp = Path(tmp)
@@ -135,12 +140,7 @@ def dmp_memory(plan: Plan, steps: int = 3, timeout_s: float = 1800.0) -> list[di
             "optimizer": optimizer.name,
             "steps": steps,
         }
-        (tmp / "request.json").write_text(json.dumps(request))
-        try:
-            run_ranks(["torchrec-memory", str(tmp / "request.json"), str(tmp / "out.{rank}")], world, tmp, timeout_s)
-        except WorkerFailure as failure:
-            raise UserError(f"DistributedModelParallel memory run failed: {failure.reason}") from None
-        ranks = [json.loads((tmp / f"out.{rank}").read_text()) for rank in range(world)]
+        ranks = _run_ranks("torchrec-memory", request, world, tmp, timeout_s, "memory run")
     predicted = plan.memory()
     return [
         {
