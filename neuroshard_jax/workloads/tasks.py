@@ -206,15 +206,15 @@ def _least_per_device(task: Task, index: int) -> int:
 def fit_advice(task: Task, need: Callable[[Task], int], room: int) -> str:
     """``; it would fit with ...`` naming what would: more memory per device (or, for a total, more devices), the
     optimizer without state, no reserve. ``need(task)``: the bytes that must fit into ``room`` bytes."""
-    short = need(task) - room
-    keep = 1.0 - task.training.reserve
-    ideas = [f"{need(task) / room * task.largest_cap_gb:.2f} GiB per device"]
-    if room >= int(task.cap_bytes().sum()) and task.is_uniform:  # a total: devices of the same cap
-        ideas.append(f"{-(-need(task) // int(task.cap_bytes()[0]))} devices")
+    needed, caps = need(task), task.cap_bytes()
+    short = needed - room
+    ideas = [f"{needed / room * task.largest_cap_gb:.2f} GiB per device"]
+    if room >= int(caps.sum()) and task.is_uniform:  # a total: devices of the same cap
+        ideas.append(f"{-(-needed // int(caps[0]))} devices")
     plain = dataclasses.replace(task, training=dataclasses.replace(task.training, optimizer="exact_sgd"))
     if task.training.optimizer != "exact_sgd" and need(plain) <= room:
         ideas.append("exact_sgd (no optimizer state)")
-    if task.training.reserve and need(task) <= room / keep:
+    if task.training.reserve and needed <= room / (1.0 - task.training.reserve):
         ideas.append("no reserve")
     return f"; short by {short / GIB_BYTES:.3f} GiB: it would fit with {' or '.join(ideas)}"
 
