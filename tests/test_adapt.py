@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -52,7 +53,8 @@ def test_adapt_measures_fine_tunes_reports_and_registers_a_model_later_runs_choo
     monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path / "cache"))  # this test's user, no other test's
     config = small_config(tmp_path)
     caplog.set_level(logging.INFO, logger="neuroshard_jax.learn.adapt")  # what it does and the held-out table
-    report = adapt(config)
+    report = adapt(dataclasses.replace(config, optimizer="EXACT_ROWWISE_ADAGRAD"))  # TorchRec's name is taken too
+    config = dataclasses.replace(config, optimizer="exact_row_wise_adagrad")
     lines = caplog.messages
     labels = report["labels"]
     assert labels["train"] >= config.min_labels and labels["heldout"] >= 2 and labels["plan_devices"] > 0
@@ -70,8 +72,14 @@ def test_adapt_measures_fine_tunes_reports_and_registers_a_model_later_runs_choo
     here = hardware_kind(hardware())
     meta = json.loads((tmp_path / "cache" / "models" / "adapted-test" / "meta.json").read_text())
     assert here in meta["hardware_kinds"] and meta["adapt"]["heldout"] == rows and meta["reanchored"]
+    # its labels ran the optimizer asked for: every spec label and every plan's device, and the model says so
+    for stage in ("specs", "plans"):
+        manifest = json.loads((tmp_path / "run" / "labels" / stage / "manifest-compute.json").read_text())
+        assert manifest["settings"]["optimizer"] == "exact_row_wise_adagrad", stage
+    assert meta["optimizer"] == "exact_row_wise_adagrad"
     choice = registry.choose_cost_model("neural")
     assert choice.name == "adapted-test" and choice.matches and "(yours, made by adapt)" in choice.line()
+    assert choice.line().endswith("with exact_row_wise_adagrad")
     from tests.conftest import make_table, make_task
 
     task = make_task([make_table(0), make_table(1)], batch_size=4096)
@@ -112,6 +120,7 @@ def test_the_measuring_order_is_fixed_by_the_seed_and_mixes_covering_and_uncerta
         ({"name": "xeon-union"}, "name: got 'xeon-union', which is a shipped model's"),
         ({"name": "../x"}, "name: got '../x', expected letters"),
         ({"device": "tpu"}, "device: got 'tpu'"),
+        ({"optimizer": "adam"}, "optimizer: adam does not run on FBGEMM's CPU kernels, expected one of exact_sgd"),
         ({"protocol": "graphs"}, "protocol: got 'graphs', expected one of fixed, timed, queued, graph"),
         ({"protocol": "graph"}, "protocol: got 'graph' with device=cpu, expected device=cuda"),
     ],

@@ -152,7 +152,9 @@ def test_faster_devices_get_more_work_and_the_schema_checks_devices():
     with pytest.raises(UserError, match="searcher=torchrec: TorchRec's planner takes no per-device compute speed"):
         search_plan(task, make_searcher("torchrec"), CostModelSpec("analytic"), 0)
     small = Task([Device(0.001), Device(1.0)], 4096, task.tables)
-    with pytest.raises(InfeasibleError, match=r"tables need .* GiB in total \(.*\), expected at most 2 devices of"):
+    with pytest.raises(
+        InfeasibleError, match=r"tables need .* GiB in total \(.*\), expected at most .* GiB \(2 devices of"
+    ):
         search_plan(
             dataclasses.replace(small, tables=heterogeneous_task().tables),
             make_searcher("beam"),

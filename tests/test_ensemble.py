@@ -433,6 +433,14 @@ def test_datasets_from_different_hardware_are_refused():
         check_one_hardware([Path("a"), Path("b")], [zen4, unlike])
     with pytest.raises(UserError, match=r"'b' for AMD EPYC \[AuthenticAMD family 25 model 17\]"):
         check_one_hardware([Path("a"), Path("b")], [probed, zen4])
+    # and to one optimizer and one precision: a model is chosen by them, and each is a kernel of its own
+    from neuroshard_jax.learn.ensemble_fit import check_one_training
+
+    rowwise = {**zen3, "settings": {"device": "cpu", "optimizer": "exact_row_wise_adagrad"}}
+    check_one_training([Path("a"), Path("b")], [zen3, {**zen3, "settings": {"optimizer": "exact_sgd"}}])
+    check_one_training([Path("a"), Path("b")], [rowwise, rowwise])
+    with pytest.raises(UserError, match=r"^datasets: 'a' was measured with optimizer exact_sgd, 'b' with exact_row_"):
+        check_one_training([Path("a"), Path("b")], [zen3, rowwise])
     # the message names what the earlier datasets share: 'a' and 'b' share only zen3, which 'c' lacks
     with pytest.raises(UserError, match=r"'a', 'b' hold for AMD EPYC \[AuthenticAMD family 25 model 1\] \(cpu\)"):
         check_one_hardware([Path("a"), Path("b"), Path("c")], [probed, zen3, manifest("AMD EPYC", "x")])

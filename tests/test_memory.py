@@ -19,12 +19,13 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 import neuroshard_jax as nsj  # noqa: E402
 from neuroshard_jax.core.constants import GIB_BYTES  # noqa: E402
 from neuroshard_jax.core.errors import InfeasibleError, UserError  # noqa: E402
-from neuroshard_jax.core.memory import OPTIMIZERS, Training, optimizer_named  # noqa: E402
+from neuroshard_jax.core.memory import OPTIMIZERS, Training, kernel_optimizer, optimizer_named  # noqa: E402
 from neuroshard_jax.core.plan_file import format_plan  # noqa: E402
 from neuroshard_jax.core.sharding import Shard  # noqa: E402
 from neuroshard_jax.core.types import Task  # noqa: E402
 from neuroshard_jax.measure.plans import EvaluateConfig, device_request, device_tables  # noqa: E402
 from neuroshard_jax.torchrec.planner import NeuroShardPlanner, declared_optimizer  # noqa: E402
+from neuroshard_jax.workloads.tasks import check_feasible  # noqa: E402
 from tests.conftest import make_table, make_task  # noqa: E402
 
 UNIFORM = [1.0] + [0.0] * 16
@@ -49,15 +50,37 @@ def test_each_part_follows_the_optimizer_the_precision_and_the_slice():
     assert fp16.device_memory([Shard(0, 0, 16, 0)])[0].state == 1000 * 4  # fp32 state beside fp16 weights
 
 
+def test_every_device_holds_its_slice_of_the_batch_whatever_its_tables():
+    """The step's pooled outputs of every table for a device's local batch (batch / devices) and their gradients,
+    and its slice's ids and offsets with the all-to-all's copy: on every device, in ``Plan.memory`` and out of the
+    room its tables have (``cap_bytes``); a task whose step alone overflows is refused saying so."""
+    tables = [make_table(i, rows=1000, dim=d, pooling=p) for i, (d, p) in enumerate([(16, 3.0), (32, 1.5)])]
+    task = make_task(tables, num_devices=4, batch_size=1024)
+    local = 1024 // 4
+    expected = 2 * local * 48 * 4 + 2 * (int(round(4.5 * local)) + 2 * local + 2) * 8
+    assert task.step_memory().total == task.step_memory().buffers == expected
+    assert (task.cap_bytes() == task.room_bytes() - expected).all()
+    plan = nsj.Plan.from_assignment(task, [1, 1], [[0], [2]])
+    tables_only = task.device_memory(plan.shards)
+    assert [p.total for p in plan.memory()] == [t.total + expected for t in tables_only]
+    assert plan.memory()[1].total == expected  # a device without tables still holds the step's part
+    assert plan.to_json()["devices"][1]["mem_parts_gb"]["step_buffers"] == pytest.approx(expected / GIB_BYTES)
+    wide = [make_table(i, rows=10, dim=128, pooling=1.0) for i in range(64)]
+    tight = make_task(wide, num_devices=2, mem_cap_gb=0.01, batch_size=65536)  # 64 x 128 wide at 32k samples each
+    with pytest.raises(InfeasibleError, match=r"^task infeasible: every device holds 2\.06 GiB for its 32768 ") as e:
+        check_feasible(tight)
+    assert "\n" not in str(e.value)
+
+
 def test_optimizers_by_fbgemm_or_torchrec_name_kept_in_the_task_file_and_refused_in_one_line():
     assert optimizer_named("EXACT_ROWWISE_ADAGRAD").name == "exact_row_wise_adagrad"
     assert optimizer_named("EmbOptimType.ADAM").name == "adam"
-    assert {o.name for o in OPTIMIZERS.values() if o.cpu} == {
-        "exact_sgd",
-        "sgd",
-        "exact_row_wise_adagrad",
-        "exact_adagrad",
-    }
+    assert {o.name for o in OPTIMIZERS.values() if o.cpu} == {"exact_sgd", "exact_row_wise_adagrad", "exact_adagrad"}
+    assert kernel_optimizer("ADAM", "cuda").name == "adam"  # what FBGEMM 1.8's TBE runs, by device
+    with pytest.raises(UserError, match=r"^optimizer: sgd is deprecated in FBGEMM's TBE kernels .*expected exact_sgd"):
+        kernel_optimizer("SGD", "cpu")
+    with pytest.raises(UserError, match=r"^collect's: adam does not run on FBGEMM's CPU kernels, expected one of "):
+        kernel_optimizer("adam", "cpu", "collect's")
     task = make_task([make_table(0, rows=100, dim=8)])
     assert "optimizer" not in task.to_json() and "mem_reserve" not in task.to_json()  # older files read the same
     adam = dataclasses.replace(task, training=Training("ADAM", 0.15))
@@ -91,6 +114,10 @@ def test_a_plan_that_fits_under_sgd_is_refused_with_row_wise_state_and_the_messa
     message = str(err.value)
     assert "\n" not in message and "exact_row_wise_adagrad state 0.450" in message, message
     assert "short by 0.2" in message and "exact_sgd (no optimizer state)" in message and "3 devices" in message
+    with pytest.raises(
+        InfeasibleError, match=r"table 0 needs 2\.7 GiB \(weights 0\.900 \+ adam state 1\.800 .*or exact_sgd"
+    ):
+        _two_big_tables("ADAM")  # two values per weight: a table is 3x its weights, even its row blocks fit nowhere
     with pytest.raises(InfeasibleError, match="or no reserve"):  # fits without state, not with a 15% reserve too
         _two_big_tables("exact_sgd", mem_reserve=0.15)
 
@@ -163,3 +190,36 @@ def test_distributed_model_parallel_holds_what_the_plan_counts():
         assert r["weights_bytes"] == predicted["weights"] and r["state_bytes"] == predicted["state"], r
         assert r["built"] >= 0.9 * (predicted["weights"] + predicted["state"]), r
         assert r["peak"] <= 1.5 * predicted["total"] + 64 * 2**20, r
+
+
+def test_the_model_chosen_for_a_task_is_the_one_whose_labels_ran_its_optimizer(tmp_path, monkeypatch):
+    """Two models of this machine's kind, one from exact-SGD labels and one from row-wise Adagrad labels (the shipped
+    pair of one machine, registered here as this user's): a task picks the one its optimizer ran, exact Adagrad
+    (state per weight) the one with state, and the printed line says which optimizer the labels ran."""
+    import json
+    import shutil
+
+    from neuroshard_jax.core.hardware import hardware, hardware_kind
+    from neuroshard_jax.costs.registry import CostModelSpec, checkpoint_path, for_task_of_kind, model_choice
+
+    monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path))  # this test's user, no other test's
+    here = hardware_kind(hardware())
+    for i, name in enumerate(("epyc-f25m17-rowwise", "epyc-f25m17")):  # the SGD model is the newer one
+        mine = tmp_path / "models" / f"mine-{name}"
+        shutil.copytree(checkpoint_path(name), mine)
+        meta = json.loads((mine / "meta.json").read_text())
+        meta.update(hardware_kinds=[here], trained=f"2026-01-0{i + 1}T00:00:00+00:00")
+        (mine / "meta.json").write_text(json.dumps(meta))
+    task = make_task([make_table(0), make_table(1)], batch_size=4096)
+    chosen = CostModelSpec("neural", chosen=True)
+    picks = {
+        optimizer: for_task_of_kind(chosen, "cpu", dataclasses.replace(task, training=Training(optimizer))).name
+        for optimizer in ("exact_sgd", "exact_row_wise_adagrad", "exact_adagrad")
+    }
+    assert picks == {
+        "exact_sgd": "mine-epyc-f25m17",
+        "exact_row_wise_adagrad": "mine-epyc-f25m17-rowwise",
+        "exact_adagrad": "mine-epyc-f25m17-rowwise",
+    }
+    line = model_choice(CostModelSpec("mine-epyc-f25m17-rowwise"), "cpu").line()
+    assert f"trained on: {here} with exact_row_wise_adagrad" in line, line

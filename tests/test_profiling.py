@@ -13,6 +13,7 @@ import pytest
 
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_records, write_json
+from neuroshard_jax.core.memory import OPTIMIZERS, shard_memory
 from neuroshard_jax.core.types import Device, Table, Task
 from neuroshard_jax.costs.registry import CostModelSpec
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, WorkerFailure, run_comm
@@ -48,6 +49,27 @@ def test_worker_times_a_two_table_shard(worker):
     )
     _, streams = pool_streams(POOL)
     assert answer["num_indices"] == sum(len(streams.stream(t, 256)[0]) for t in (3, 7))
+
+
+def test_worker_runs_each_optimizer_of_fbgemms_cpu_kernels_and_keeps_the_state_the_memory_model_counts(worker):
+    """One spec shard, trained with each optimizer FBGEMM's CPU TBE runs: a label, and the optimizer's state as the
+    kernel's allocator holds it, byte for byte what ``core.memory`` counts; a deprecated one is refused in one line
+    and the worker keeps serving."""
+    specs = [
+        {"rows": rows, "pooling_factor": 2.0, "bins": [1.0] + [0.0] * 16, "dim": dim, "seed": 1}
+        for rows, dim in ((1000, 16), (500, 8))
+    ]
+    request = {"id": 0, "device": "cpu", "pool": None, "tables": specs, **TINY}
+    for name, optimizer in OPTIMIZERS.items():
+        if not optimizer.cpu:
+            continue
+        answer = worker.request({**request, "optimizer": name}, timeout_s=120)
+        assert answer["ok"] and answer["optimizer"] == name and answer["total_ms"] > 0, answer
+        counted = sum(shard_memory(r, d, 2.0, 256, "fp32", optimizer).state for r, d in ((1000, 16), (500, 8)))
+        assert answer["state_bytes"] == counted, (name, answer["state_bytes"], counted)
+    refused = worker.request({**request, "optimizer": "sgd"}, timeout_s=120)
+    assert not refused["ok"] and "sgd is deprecated in FBGEMM's TBE kernels" in refused["error"]
+    assert worker.request(request, timeout_s=120)["ok"]
 
 
 def test_the_timed_protocol_fills_a_kernel_time_and_keeps_a_sample_of_its_runs(worker):

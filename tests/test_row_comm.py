@@ -134,9 +134,10 @@ def _task():
         Table(0, 200_000, 4, 3.0, (0.2, 0.3, 0.5) + (0.0,) * 14, name="huge"),
         *(Table(1 + i, 3000 + 500 * i, 16, 2.0 + i, (1.0,) + (0.0,) * 16) for i in range(6)),
     ]
-    # 3 MiB a device: the huge table (3.2 MB, dim 4) fits only as row blocks; the rest, with the step's buffers at
-    # batch 4096 (~0.6-0.8 MB a table), fit whole beside its blocks
-    return Task.uniform(4, 3 / 1024, 4096, tuple(tables))
+    # 3 MiB a device for tables: the huge table (3.2 MB, dim 4) fits only as row blocks; the rest, with the step's
+    # buffers at batch 4096 (~0.6-0.8 MB a table), fit whole beside its blocks
+    step = Task.uniform(4, 1.0, 4096, tuple(tables)).step_memory().total  # each device's slice of the batch
+    return Task.uniform(4, (3 * 2**20 + step) / 2**30, 4096, tuple(tables))
 
 
 def test_a_model_prices_row_groups_apart_from_the_all_to_all():

@@ -95,6 +95,12 @@ def whole_bytes(table) -> int:
     return make_task([table]).table_mem_bytes(0)
 
 
+def cap_gb(tables, num_devices: int, room: float) -> float:
+    """The cap of devices that leave ``room`` bytes for ``tables`` beside what each holds for its slice of the
+    batch (``Task.step_memory``)."""
+    return (room + make_task(tables, num_devices=num_devices).step_memory().total + 1) / 2**30
+
+
 def test_greedy_follows_the_key_and_memory():
     # By dim: table 0 (64) goes to device 0, which is then full, so the rest must go to device 1.
     tables = [
@@ -103,7 +109,7 @@ def test_greedy_follows_the_key_and_memory():
         make_table(2, rows=10, dim=32),
         make_table(3, rows=10, dim=16),
     ]
-    task = make_task(tables, num_devices=2, mem_cap_gb=(whole_bytes(tables[0]) + 100) / 2**30)
+    task = make_task(tables, num_devices=2, mem_cap_gb=cap_gb(tables, 2, whole_bytes(tables[0]) + 100))
     plan = make_searcher("dim_greedy").search(task, analytic_model(task), 0)
     devices = {s.table: s.device for s in plan.shards}
     assert devices == {0: 0, 1: 1, 2: 1, 3: 1}
@@ -111,14 +117,14 @@ def test_greedy_follows_the_key_and_memory():
 
 def test_greedy_raises_instead_of_overfilling():
     tables = [make_table(i, rows=1000, dim=64) for i in range(3)]
-    task = make_task(tables, num_devices=2, mem_cap_gb=whole_bytes(tables[0]) * 1.5 / 2**30)
+    task = make_task(tables, num_devices=2, mem_cap_gb=cap_gb(tables, 2, whole_bytes(tables[0]) * 1.5))
     with pytest.raises(InfeasibleError, match="table 2 .* fits on no device"):
         make_searcher("size_greedy").search(task, analytic_model(task), 0)
 
 
 def test_random_respects_memory_and_splits_columns():
     tables = [make_table(i, rows=1000, dim=64) for i in range(4)]
-    task = make_task(tables, num_devices=4, mem_cap_gb=whole_bytes(tables[0]) / 2**30)
+    task = make_task(tables, num_devices=4, mem_cap_gb=cap_gb(tables, 4, whole_bytes(tables[0])))
     plan = make_searcher("random", {"num_samples": 16, "max_halvings": 2}).search(task, analytic_model(task), 0)
     assert_every_column_once_within_memory(plan)
 

@@ -86,7 +86,8 @@ def test_infeasible_tasks():
     with pytest.raises(InfeasibleError, match="no split fits"):
         check_feasible(make_task([make_table(0, rows=rows, dim=16)], mem_cap_gb=cap))
     step = make_task([make_table(0, rows=1, dim=16)]).table_mem_bytes(0) - 4 * 16  # the step's buffers (512 x 16)
-    fits_one = int((cap * GIB_BYTES - step) / 4 / 16)  # weights and buffers fill a device
+    batch = make_task([make_table(i, rows=1, dim=16) for i in range(2)]).step_memory().total  # each device's slice
+    fits_one = int((cap * GIB_BYTES - step - batch) / 4 / 16)  # weights and buffers fill a device
     many = [make_table(i, rows=fits_one, dim=16) for i in range(3)]
     with pytest.raises(InfeasibleError, match="in total"):
         check_feasible(make_task(many, num_devices=2, mem_cap_gb=cap))

@@ -10,6 +10,13 @@ A shard (a whole table, a column slice or a row block) holds
   looked-up ids and their offsets at the batch (8 bytes each, int64), the pooled outputs (fp32, batch x width) and
   their gradients.
 
+Every device also holds, whatever its tables, what the step keeps for its own slice of the batch (``batch /
+devices`` samples: the task's batch is the global one, as in the labels and in DistributedModelParallel): the pooled
+outputs of every table it receives in the output all-to-all and their gradients (fp32, local batch x all widths, x2),
+and its slice's ids and offsets of every table with the copy the input all-to-all sends (int64, x2): ``step_memory``.
+Measured in DistributedModelParallel (``tools/dmp_memory.py``), these two terms took the error of the predicted total
+against each rank's peak from -12% to within +-1% on average.
+
 A device's cap loses a stated ``reserve`` share first (what the planner does not see: dense parameters, activations,
 the allocator's slack; TorchRec's default planner holds back 15%). ``Task`` carries the optimizer and the reserve
 (``Task.training``); ``Task.table_mem_bytes`` and ``Task.cap_bytes`` apply this model, so every searcher, the row
@@ -32,13 +39,14 @@ STATE_BYTES = 4  # FBGEMM keeps optimizer state in fp32 unless told otherwise (o
 class Optimizer:
     """A fused embedding optimizer: FBGEMM's ``EmbOptimType`` value (``name``), its enum name in TorchRec's
     ``fused_params`` (``torchrec``), the state it keeps (fp32 values per row and per weight), and whether FBGEMM's
-    CPU kernels run it."""
+    CPU and CUDA kernels run it (FBGEMM 1.8's TBE refuses the non-exact SGD and row-wise Adagrad on both)."""
 
     name: str
     torchrec: str
     per_row: int
     per_weight: int
     cpu: bool
+    gpu: bool = True
 
     def describe(self) -> str:
         """``row-wise state (1 per row)``-like words for messages."""
@@ -54,9 +62,9 @@ OPTIMIZERS = {
     o.name: o
     for o in (
         Optimizer("exact_sgd", "EXACT_SGD", 0, 0, cpu=True),
-        Optimizer("sgd", "SGD", 0, 0, cpu=True),
+        Optimizer("sgd", "SGD", 0, 0, cpu=False, gpu=False),
         Optimizer("exact_row_wise_adagrad", "EXACT_ROWWISE_ADAGRAD", 1, 0, cpu=True),
-        Optimizer("row_wise_adagrad", "ROWWISE_ADAGRAD", 1, 0, cpu=False),
+        Optimizer("row_wise_adagrad", "ROWWISE_ADAGRAD", 1, 0, cpu=False, gpu=False),
         Optimizer("exact_adagrad", "EXACT_ADAGRAD", 0, 1, cpu=True),
         Optimizer("adam", "ADAM", 0, 2, cpu=False),
         Optimizer("partial_row_wise_adam", "PARTIAL_ROWWISE_ADAM", 1, 1, cpu=False),
@@ -75,6 +83,26 @@ def optimizer_named(name: str, where: str = "task.optimizer") -> Optimizer:
     if key not in _BY_ANY_NAME:
         raise UserError(f"{where}: got {name!r}, expected one of {', '.join(OPTIMIZERS)} (or TorchRec's names)")
     return _BY_ANY_NAME[key]
+
+
+def kernel_optimizer(name: str, device: str, where: str = "optimizer") -> Optimizer:
+    """The optimizer ``name`` (``optimizer_named``) where ``device``'s FBGEMM kernels run it; UserError naming
+    ``where`` and the ones they do run otherwise (a CPU runs exact SGD, exact Adagrad and exact row-wise Adagrad)."""
+    optimizer = optimizer_named(name, where)
+    if not (optimizer.cpu or optimizer.gpu):
+        raise UserError(
+            f"{where}: {optimizer.name} is deprecated in FBGEMM's TBE kernels (CPU and CUDA), expected "
+            f"exact_{optimizer.name} (the exact update of the same rule)"
+        )
+    if device == "cpu" and not optimizer.cpu:
+        runs = ", ".join(o.name for o in OPTIMIZERS.values() if o.cpu)
+        raise UserError(
+            f"{where}: {optimizer.name} does not run on FBGEMM's CPU kernels, expected one of {runs} (or device=cuda)"
+        )
+    if device != "cpu" and not optimizer.gpu:
+        runs = ", ".join(o.name for o in OPTIMIZERS.values() if o.gpu)
+        raise UserError(f"{where}: {optimizer.name} does not run on FBGEMM's CUDA kernels, expected one of {runs}")
+    return optimizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,3 +152,15 @@ def shard_memory(
     ids = int(round(ids_per_sample * batch_size)) + batch_size + 1  # the ids and the offsets
     buffers = ids * ID_BYTES + 2 * batch_size * dim * OUTPUT_BYTES  # pooled outputs and their gradients
     return MemoryParts(int(weights), int(state), int(buffers))
+
+
+def step_memory(
+    batch_size: int, num_devices: int, dim_total: int, ids_per_sample: float, num_tables: int
+) -> MemoryParts:
+    """What every device holds for its own slice of the batch whatever its tables (``buffers``): the pooled outputs
+    of all ``num_tables`` tables (``dim_total`` wide together) it receives and their gradients, and its slice's ids
+    (``ids_per_sample`` over all tables) and offsets with the copy sent in the input all-to-all."""
+    local = -(-batch_size // num_devices)
+    outputs = 2 * local * dim_total * OUTPUT_BYTES
+    ids = 2 * (int(round(ids_per_sample * local)) + local * num_tables + num_tables) * ID_BYTES
+    return MemoryParts(buffers=int(outputs + ids))

@@ -26,7 +26,7 @@ from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GENE
 from neuroshard_jax.core.constraints import SHARDING_TYPES, violations
 from neuroshard_jax.core.errors import PlanError, UserError
 from neuroshard_jax.core.features import NUM_BINS, feature_matrix
-from neuroshard_jax.core.memory import PLAIN_SGD, MemoryParts, Training, shard_memory
+from neuroshard_jax.core.memory import PLAIN_SGD, MemoryParts, Training, shard_memory, step_memory
 from neuroshard_jax.core.paths import pool_file_digest
 from neuroshard_jax.core.records import CalibrationRecord, PolishRecord
 from neuroshard_jax.core.sharding import (
@@ -237,9 +237,24 @@ class Task:
         return any(d.speed != 1.0 for d in self.devices)
 
     def cap_bytes(self) -> np.ndarray:
-        """i64[N]: the bytes each device has for its tables: its cap less the training's reserve share."""
+        """i64[N]: the bytes each device has for its tables' shards: its cap less the training's reserve share and
+        less what every device holds for its slice of the batch (``step_memory``); 0 where that leaves none."""
+        return np.maximum(self.room_bytes() - self.step_memory().total, 0)
+
+    def room_bytes(self) -> np.ndarray:
+        """i64[N]: each device's memory for training: its cap less the training's reserve share."""
         keep = 1.0 - self.training.reserve
         return np.array([int(cap * keep * GIB_BYTES) for cap in self.caps_gb()], dtype=np.int64)
+
+    def step_memory(self) -> MemoryParts:
+        """What every device holds for its own slice of the batch, whatever tables it holds (``core.memory``)."""
+        return step_memory(
+            self.batch_size,
+            self.num_devices,
+            sum(t.dim for t in self.tables),
+            sum(t.pooling_factor for t in self.tables),
+            self.num_tables,
+        )
 
     def caps_gb(self) -> list[float]:
         """Each device's memory cap in GiB."""
@@ -515,13 +530,15 @@ class Plan:
         return device_dim_sums(self.shards, self.task.num_devices)
 
     def mem_bytes(self) -> np.ndarray:
-        """i64[N]: memory of each device while it trains (``Task.device_memory``; a data-parallel table counts on
-        every device)."""
+        """i64[N]: memory of each device's tables while they train (``Task.device_memory``; a data-parallel table
+        counts on every device), against ``Task.cap_bytes``; ``memory`` adds what the step holds for the batch."""
         return self.task.device_mem_bytes(self.shards, self.data_parallel)
 
     def memory(self) -> list[MemoryParts]:
-        """Each device's memory by part: weights, optimizer state, the step's buffers."""
-        return self.task.device_memory(self.shards, self.data_parallel)
+        """Each device's memory by part: weights, optimizer state, the step's buffers (its shards' and its slice of
+        the batch's, ``Task.step_memory``)."""
+        step = self.task.step_memory()
+        return [parts + step for parts in self.task.device_memory(self.shards, self.data_parallel)]
 
     def replicated_bytes(self) -> int:
         """Memory of the data-parallel tables, which every device holds."""
@@ -557,12 +574,12 @@ class Plan:
             error = tiling_error(table.dim, table.rows, shards)
             if error:
                 raise PlanError(f"plan: table {table.id} {error}")
-        caps = task.cap_bytes()
+        caps, rooms, step = task.cap_bytes(), task.room_bytes(), task.step_memory().total
         for d, used in enumerate(self.mem_bytes()):
             if used > caps[d]:
                 raise PlanError(
-                    f"plan: device {d} holds {used / GIB_BYTES:.3f} GiB while it trains, expected at most "
-                    f"{caps[d] / GIB_BYTES:.3f} GiB ({memory_words(task, self.memory()[d])})"
+                    f"plan: device {d} holds {(used + step) / GIB_BYTES:.3f} GiB while it trains, expected at most "
+                    f"{rooms[d] / GIB_BYTES:.3f} GiB ({memory_words(task, self.memory()[d])})"
                 )
         broken = violations(task.tables, self.shards, task.table_names(), self.data_parallel)
         if broken:

@@ -26,6 +26,7 @@ from neuroshard_jax.core.constants import SHIPPED_CHECKPOINT, SHIPPED_MODEL_NAME
 from neuroshard_jax.core.errors import UserError, first_line
 from neuroshard_jax.core.folders import recover_dir
 from neuroshard_jax.core.hardware import hardware, hardware_kind
+from neuroshard_jax.core.memory import OPTIMIZERS
 from neuroshard_jax.core.paths import package_path, user_models_dir
 from neuroshard_jax.core.types import Task
 from neuroshard_jax.costs.analytic import ANALYTIC_FNS, AnalyticConfig, analytic_model, analytic_params
@@ -113,6 +114,21 @@ def _trains(meta: dict, batch_size: int, precision: str) -> bool:
     """Whether a checkpoint (its meta) was trained at this precision and a batch size range holding ``batch_size``."""
     sizes = meta.get("batch_sizes") or [meta["batch_size"]]
     return min(sizes) <= batch_size <= max(sizes) and meta.get("precision", "fp32") == precision
+
+
+def trained_optimizer(meta: dict) -> str:
+    """The fused optimizer a checkpoint's labels were measured with (exact SGD where its meta does not say)."""
+    return meta.get("optimizer") or "exact_sgd"
+
+
+def optimizer_distance(meta: dict, optimizer: str) -> int:
+    """How far a checkpoint's labels are from kernels that run ``optimizer``: 0 the same optimizer, 1 another with
+    optimizer state as it has (or none, as it has none: the backward's update reads and writes alike), 2 otherwise."""
+    trained = trained_optimizer(meta)
+    if trained == optimizer:
+        return 0
+    keeps = [bool(o.per_row or o.per_weight) for o in (OPTIMIZERS[trained], OPTIMIZERS[optimizer])]
+    return 1 if keeps[0] == keeps[1] else 2
 
 
 def fitting_models(batch_size: int, precision: str) -> list[str]:
@@ -314,6 +330,7 @@ class ModelChoice:
     matches: bool
     chosen: bool  # picked for this machine (the user named none)
     device: str = "cpu"
+    optimizer: str = "exact_sgd"  # the fused optimizer its labels ran
 
     @property
     def spec(self) -> CostModelSpec:
@@ -327,7 +344,7 @@ class ModelChoice:
             label += " (yours, made by adapt)"
         if not self.kinds:
             return f"cost model: {label} (the roofline, not trained on this machine's labels)"
-        trained = " or ".join(self.kinds)
+        trained = " or ".join(self.kinds) + (f" with {self.optimizer}" if self.optimizer != "exact_sgd" else "")
         if self.matches:
             how = "chosen for this machine" if self.chosen else "trained on"
             return f"cost model: {label}, {how}: {trained}"
@@ -366,8 +383,10 @@ def model_choice(spec: CostModelSpec, device: str = "cpu") -> ModelChoice:
         return ModelChoice(spec.name, spec.options, (), here, False, False, device)
     checkpoint = spec.options.get("checkpoint")
     path = checkpoint_path(checkpoint or (SHIPPED_MODEL_NAME if spec.name == "neural" else spec.name))
-    kinds = model_kinds(path) if (Path(path) / "meta.json").exists() else ()
-    return ModelChoice(spec.name, spec.options, kinds, here, of_kind(here, kinds), spec.chosen, device)
+    found = (Path(path) / "meta.json").exists()
+    kinds = model_kinds(path) if found else ()
+    optimizer = trained_optimizer(read_meta(path)) if found else "exact_sgd"
+    return ModelChoice(spec.name, spec.options, kinds, here, of_kind(here, kinds), spec.chosen, device, optimizer)
 
 
 def of_kind(here: str, kinds: tuple[str, ...]) -> bool:
@@ -380,16 +399,26 @@ def of_kind(here: str, kinds: tuple[str, ...]) -> bool:
 def _model_of_kind(here: str, task: Task | None = None) -> str | None:
     """The user's most recently made model of kind ``here``, else the first shipped one, unless that is the
     default (None: keep ``neural``); with ``task``, a model trained at its batch size and precision before one that
-    is not (an H200's ``h200-union`` plans 2k-8k batches, ``h200-queued`` 16k-64k)."""
+    is not (an H200's ``h200-union`` plans 2k-8k batches, ``h200-queued`` 16k-64k), and of those, the one whose
+    labels ran the task's optimizer (``epyc-f25m17-rowwise`` for row-wise Adagrad) before the others."""
 
-    def fits(name: str) -> bool:
-        return task is None or _trains(read_meta(checkpoint_path(name)), task.batch_size, task.precision)
+    def best(names: list[str]) -> str:
+        """Of ``names`` (in order of preference), the first trained at the task's batch size and precision with
+        labels nearest its optimizer (``optimizer_distance``); else the first."""
+        if task is None:
+            return names[0]
+        metas = [read_meta(checkpoint_path(n)) for n in names]
+        fits = [
+            (optimizer_distance(m, task.training.optimizer), i)
+            for i, m in enumerate(metas)
+            if _trains(m, task.batch_size, task.precision)
+        ]
+        return names[min(fits)[1]] if fits else names[0]
 
     mine = [n for n in user_names() if of_kind(here, model_kinds(checkpoint_path(n)))]
     if mine:
-        newest = sorted(mine, key=lambda n: read_meta(checkpoint_path(n)).get("trained", ""), reverse=True)
-        return next((n for n in newest if fits(n)), newest[0])
+        return best(sorted(mine, key=lambda n: read_meta(checkpoint_path(n)).get("trained", ""), reverse=True))
     shipped = [n for n in shipped_names() if of_kind(here, model_kinds(checkpoint_path(n)))]
     if not shipped or SHIPPED_MODEL_NAME in shipped:
         return None
-    return next((n for n in shipped if fits(n)), shipped[0])
+    return best(shipped)

@@ -48,6 +48,7 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_json, read_records, write_json
 from neuroshard_jax.core.folders import one_writer, replace_dir
 from neuroshard_jax.core.hardware import hardware, hardware_kind
+from neuroshard_jax.core.memory import kernel_optimizer
 from neuroshard_jax.core.paths import user_fits_dir, user_models_dir
 from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_ensemble, read_meta
 from neuroshard_jax.costs.ensemble import EnsembleConfig
@@ -78,6 +79,7 @@ class AdaptConfig:
     name: str | None = None  # the adapted model's name; null: adapted-<this machine's kind>, e.g. adapted-amd-f26m2
     out: str | None = None  # labels, report and the model before it is registered; null: runs/adapt/<name>
     device: str = "cpu"  # cpu (fbgemm-gpu-cpu) | cuda (fbgemm-gpu): the kernels the model is of
+    optimizer: str = "exact_sgd"  # the fused optimizer the labels run (exact_row_wise_adagrad: the common case)
     seed: int = 0
     uncertain_share: float = 0.5  # spec picks where the start model is least sure; the rest cover the space
     draws: int = 4  # fresh samples per uncertain pick; the one whose members' predictions spread most is measured
@@ -123,6 +125,7 @@ class AdaptConfig:
                 raise UserError(f"{key}: got {getattr(self, key)!r}, expected a share >= 0 and {upper}")
         if self.device not in ("cpu", "cuda"):
             raise UserError(f"device: got {self.device!r}, expected 'cpu' or 'cuda'")
+        object.__setattr__(self, "optimizer", kernel_optimizer(self.optimizer, self.device).name)
         timing_fields(self.protocol, 1.0, 1.0, 1, self.device)  # refuses an unknown one, or queued/graph on a CPU
         if self.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.name):
             raise UserError(f"name: got {self.name!r}, expected letters, digits, '.', '_' or '-' (a folder name)")
@@ -295,6 +298,7 @@ def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict) -> dic
     specs_dir, plans_dir = out / "labels" / "specs", out / "labels" / "plans"
     common = dict(
         device=config.device,
+        optimizer=config.optimizer,
         seed=config.seed,
         executor=config.executor,
         pin=config.pin,

@@ -38,6 +38,7 @@ from neuroshard_jax.core.files import JsonlLog
 from neuroshard_jax.core.folders import one_writer
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.manifests import git_commit, write_manifest
+from neuroshard_jax.core.memory import Training, kernel_optimizer
 from neuroshard_jax.core.progress import progress_bar
 from neuroshard_jax.kernels.executors import (
     Executor,
@@ -119,6 +120,7 @@ class CollectConfig:
             raise UserError(f"protocol: got {self.protocol!r} with kind=comm, expected fixed (timed is for compute)")
         if self.device not in ("cpu", "cuda"):
             raise UserError(f"device: got {self.device!r}, expected 'cpu' or 'cuda'")
+        object.__setattr__(self, "optimizer", kernel_optimizer(self.optimizer, self.device).name)
         if self.pin and self.device == "cpu" and self.executor.name == "ray":
             raise UserError(
                 "pin: got true with executor=ray, expected pin=false (Ray places actors on logical CPUs, not cores;"
@@ -288,6 +290,7 @@ def _collect_plans(config: CollectConfig) -> dict:
         out,
         evaluate,
         config.progress,
+        Training(config.optimizer),
     )
     before = manifest.get("rounds", {}).get(str(config.plans.round), {})
     added = ("search_s", "compute_s", "comm_s", "devices_measured", "comm_measured")  # a resumed round adds up

@@ -158,6 +158,21 @@ def check_one_hardware(dataset_dirs: list[Path], manifests: list[dict]) -> None:
         shared = [k for k in shared if k in kinds]
 
 
+def check_one_training(dataset_dirs: list[Path], manifests: list[dict]) -> None:
+    """Raise UserError unless every dataset's labels ran one fused optimizer at one weight precision: a model's
+    meta names one of each (the planner picks a model by them), and the backward of row-wise Adagrad is another
+    kernel than exact SGD's."""
+    first = manifests[0]["settings"]
+    for d, m in zip(dataset_dirs[1:], manifests[1:]):
+        for key, default in (("optimizer", "exact_sgd"), ("precision", "fp32")):
+            ours, theirs = first.get(key) or default, m["settings"].get(key) or default
+            if ours != theirs:
+                raise UserError(
+                    f"datasets: {str(dataset_dirs[0])!r} was measured with {key} {ours}, {str(d)!r} with {theirs}; "
+                    f"expected one {key} for every dataset of a model (train one model per {key})"
+                )
+
+
 # the roofline's fitted parameters of a member, in ``fit_roofline``'s order (the last two with the cache term only)
 MEMBER_COEFS = ("log_coef", "log_kernel", "log_interaction", "log_cache_coef", "log_cache_size")
 
@@ -230,6 +245,7 @@ def train_ensemble(
     different processors are refused unless ``allow_mixed_hardware`` (``check_one_hardware``)."""
     dataset_dirs = [resolve_dataset(d) for d in dataset_dirs]
     feats, mask, batch, target, source, manifests = ensemble_arrays(dataset_dirs, ens_config.max_label_spread)
+    check_one_training(dataset_dirs, manifests)
     if not allow_mixed_hardware:
         check_one_hardware(dataset_dirs, manifests)
     train, val, test = ensemble_splits(source, config)
@@ -324,7 +340,7 @@ def train_ensemble(
         # a fine-tuned model keeps its prior's range of batch sizes, and adds its labels'
         "batch_sizes": sorted({int(b) for b in batch} | set(read_meta(init).get("batch_sizes", []) if init else [])),
         "precision": settings.get("precision", "fp32"),
-        "optimizer": settings.get("optimizer"),
+        "optimizer": settings.get("optimizer") or "exact_sgd",
         "device": settings.get("device"),
         "datasets": datasets,
         "coverage": coverage_block(dataset_dirs, init),  # the range its labels span: a task past it is warned

@@ -40,9 +40,10 @@ from neuroshard_jax.core.assignment import assignment, plan_of, row_blocks_in, r
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import PlanError, UserError
 from neuroshard_jax.core.files import JsonlLog, read_jsonl, read_records
+from neuroshard_jax.core.memory import PLAIN_SGD, Training
 from neuroshard_jax.core.progress import progress_lines
 from neuroshard_jax.core.sharding import Shard, mem_bytes, split_counts
-from neuroshard_jax.core.types import Plan, Table, Task
+from neuroshard_jax.core.types import Device, Plan, Table, Task
 from neuroshard_jax.costs.cost_model import DeviceCosts, plan_cost_ms
 from neuroshard_jax.costs.registry import CostModelSpec, expected_cost_model, shipped_names
 from neuroshard_jax.costs.scoring import score_plans_devices
@@ -135,10 +136,17 @@ class PlanLabelConfig:
 
 
 def label_task(
-    config: PlanLabelConfig, specs: SpecSamplerConfig, pool: PoolSpec, batch_size: int, seed: int, index: int
+    config: PlanLabelConfig,
+    specs: SpecSamplerConfig,
+    pool: PoolSpec,
+    batch_size: int,
+    seed: int,
+    index: int,
+    training: Training = PLAIN_SGD,
 ) -> tuple[str, Task]:
     """(source, task) of task ``index`` of round ``config.round``: sources alternate, then device counts. A pool
-    task replays the pool's streams at ``batch_size``; a spec task has a batch size of its own."""
+    task replays the pool's streams at ``batch_size``; a spec task has a batch size of its own. The tables train
+    with ``training`` (their plans hold its optimizer state)."""
     source = config.sources[index % len(config.sources)]
     devices = config.num_devices[(index // len(config.sources)) % len(config.num_devices)]
     task_seed = int(np.random.default_rng([seed, 5003, config.round, index]).integers(2**31))
@@ -151,15 +159,19 @@ def label_task(
             mem_cap_gb=config.pool_mem_cap_gb,
             batch_size=batch_size,
             split="train",
+            optimizer=training.optimizer,
             pool=pool,
         )
         return source, generate_task(load_pool(pool, batch_size), task_config, task_seed)
-    return source, spec_task(config, specs, devices, task_seed)
+    return source, spec_task(config, specs, devices, task_seed, training)
 
 
-def spec_task(config: PlanLabelConfig, specs: SpecSamplerConfig, devices: int, seed: int) -> Task:
-    """Tables drawn by the spec sampler; each device's cap is roomy (2x the mean load, 1.5x the largest table)
-    and within ``max_device_gib``, so every plan is measurable."""
+def spec_task(
+    config: PlanLabelConfig, specs: SpecSamplerConfig, devices: int, seed: int, training: Training = PLAIN_SGD
+) -> Task:
+    """Tables drawn by the spec sampler; each device's cap is roomy (2x the mean load, 1.5x the largest table's
+    weights, then what the optimizer's state and the step add) and its weights within ``max_device_gib``, so every
+    plan is measurable."""
     rng = np.random.default_rng([seed, 7727])
     batch_size = int(rng.choice(specs.batch_sizes))
     count = int(rng.integers(config.min_tables, config.max_tables + 1))
@@ -178,8 +190,11 @@ def spec_task(config: PlanLabelConfig, specs: SpecSamplerConfig, devices: int, s
         tables.append(Table(len(tables), spec["rows"], dim, spec["pooling_factor"], tuple(spec["bins"])))
         total += size
     largest = max(mem_bytes(t.rows, t.dim, specs.precision) for t in tables)
-    cap_gib = min(config.max_device_gib, max(1.5 * largest, 2.0 * total / devices) / GIB_BYTES)
-    return Task.uniform(devices, float(np.ceil(cap_gib * 100) / 100), batch_size, tuple(tables), specs.precision)
+    weights_gib = min(config.max_device_gib, max(1.5 * largest, 2.0 * total / devices) / GIB_BYTES)
+    task = Task.uniform(devices, 1.0, batch_size, tuple(tables), specs.precision, training=training)
+    held = sum(task.table_mem_bytes(i) for i in range(task.num_tables))  # with state and buffers
+    cap_gib = weights_gib * held / total + task.step_memory().total / GIB_BYTES
+    return dataclasses.replace(task, devices=(Device(float(np.ceil(cap_gib * 100) / 100)),) * devices)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,6 +349,7 @@ def collect_plans(
     out: Path,
     evaluate: EvaluateConfig,
     progress: bool = True,
+    training: Training = PLAIN_SGD,
 ) -> dict:
     """Stage one (search and select) then stage two (measure) for tasks 0..num_tasks-1 of ``config.round``.
     Returns counts and the wall time of each stage; ``progress``: a line per step (``core.progress.progress_lines``).
@@ -345,7 +361,7 @@ def collect_plans(
         row_id = f"{config.round}/{i}"
         if row_id in plans_log.ids:
             continue
-        source, task = label_task(config, specs, pool, batch_size, seed, i)
+        source, task = label_task(config, specs, pool, batch_size, seed, i, training)
         plans = plan_task(config, task, seed + i, progress)
         plans_log.append(
             {

@@ -349,7 +349,7 @@ def explanation(plan: Plan, model: CostModel, measured: Measured | None = None, 
     compute, total = np.asarray(costs.compute_ms), np.asarray(costs.total_ms)
     per_table = table_compute_ms(model, plan, compute)
     names = plan.task.table_names()
-    mem = plan.mem_bytes()
+    mem, step = plan.mem_bytes(), plan.task.step_memory().total  # the tables' bytes; what the batch adds
     caps = plan.task.cap_bytes()
     speeds = plan.task.speeds()
     critical = int(np.argmax(total))
@@ -367,8 +367,8 @@ def explanation(plan: Plan, model: CostModel, measured: Measured | None = None, 
         if mem[fastest] + moved > caps[fastest]:
             binds.append(
                 f"memory: table {entry.table} cannot move from device {critical} to the least loaded "
-                f"device {fastest} ({(mem[fastest] + moved) / GIB_BYTES:.3f} GiB > cap "
-                f"{plan.task.caps_gb()[fastest]} GiB)"
+                f"device {fastest} ({(mem[fastest] + moved + step) / GIB_BYTES:.3f} GiB > "
+                f"{plan.task.room_bytes()[fastest] / GIB_BYTES:.3f} GiB for training)"
             )
     binds += constraint_binds(plan, critical, fastest)
     splits = {names[t]: g for t, g in split_gains(model, plan, costs).items()}
@@ -380,7 +380,7 @@ def explanation(plan: Plan, model: CostModel, measured: Measured | None = None, 
         np.asarray(costs.fwd_comm_ms).tolist(),
         np.asarray(costs.bwd_comm_ms).tolist(),
         total.tolist(),
-        (mem / GIB_BYTES).tolist(),
+        ((mem + step) / GIB_BYTES).tolist(),
         ((caps - mem) / GIB_BYTES).tolist(),
         speeds.astype(np.float64).tolist(),
     ]
@@ -431,9 +431,9 @@ def _hosts_line(task) -> str:
 def _memory_line(plan: Plan, mem: np.ndarray) -> str:
     """The fullest device's memory by part, against its room (cap less the reserve)."""
     fullest = int(np.argmax(mem))
-    room = plan.task.cap_bytes()[fullest] / GIB_BYTES
+    room = plan.task.room_bytes()[fullest] / GIB_BYTES
     words = memory_words(plan.task, plan.memory()[fullest])
-    return f"memory: the fullest device {fullest} holds {words} of {room:.3f} GiB for tables"
+    return f"memory: the fullest device {fullest} holds {words} of {room:.3f} GiB for training"
 
 
 def format_explanation(expl: Explanation, measured_from: str | None = None) -> str:

@@ -20,7 +20,7 @@ from neuroshard_jax.core.config import above_zero, at_least
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware
-from neuroshard_jax.core.memory import OPTIMIZERS, optimizer_named
+from neuroshard_jax.core.memory import kernel_optimizer
 from neuroshard_jax.core.plan_file import load_plan
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.core.types import Plan, Task
@@ -200,13 +200,8 @@ def measure_tables(
 def device_request(request_id, task: Task, tables: list, config: EvaluateConfig) -> dict:
     """The worker request that measures one device holding ``tables`` (``device_tables``) of ``task``, with the
     task's optimizer (or ``config.optimizer``); UserError where the device's kernels do not run it."""
-    optimizer = optimizer_named(config.optimizer or task.training.optimizer, "evaluator.optimizer")
-    if config.device == "cpu" and not optimizer.cpu:
-        runs = ", ".join(o.name for o in OPTIMIZERS.values() if o.cpu)
-        raise UserError(
-            f"task.optimizer: {optimizer.name} does not run on FBGEMM's CPU kernels, expected one of {runs} "
-            "(or device=cuda)"
-        )
+    where = "evaluator.optimizer" if config.optimizer else "task.optimizer"
+    optimizer = kernel_optimizer(config.optimizer or task.training.optimizer, config.device, where)
     return compute_request(
         request_id,
         tables,

@@ -170,14 +170,18 @@ def task_around(task: Task, used: np.ndarray, removed: set[int]) -> tuple[Task, 
     caps = task.cap_bytes()
     rest = [i for i in range(task.num_tables) if i not in removed]
     speeds, hosts = task.speeds(), task.hosts()
-    # a device the blocks fill leaves a cap of one byte: nothing else fits there, and the task stays well-formed
-    devices = [
-        Device(max(int(caps[d] - used[d]), 1) / GIB_BYTES, float(speeds[d]), hosts[d]) for d in range(task.num_devices)
-    ]
     links = None if task.links is None else dataclasses.replace(task.links, devices_per_host=None)  # hosts given
     tables = [task.tables[i] for i in rest]
-    training = dataclasses.replace(task.training, reserve=0.0)  # the caps above are already net of it
-    return Task(devices, task.batch_size, tables, task.precision, task.pool, links, training), rest
+    training = dataclasses.replace(task.training, reserve=0.0)  # the caps below are already net of it
+    derived = Task(task.devices, task.batch_size, tables, task.precision, task.pool, links, training)
+    # the derived task takes its own step's part off its caps again (``Task.cap_bytes``): given back here; a device
+    # the blocks fill leaves a room of one byte: nothing else fits there, and the task stays well-formed
+    step = derived.step_memory().total
+    devices = [
+        Device((max(int(caps[d] - used[d]), 1) + step) / GIB_BYTES, float(speeds[d]), hosts[d])
+        for d in range(task.num_devices)
+    ]
+    return dataclasses.replace(derived, devices=tuple(devices)), rest
 
 
 def join(task: Task, rest_plan: Plan | None, rest: Sequence[int], blocks: Sequence[Shard]) -> Plan:

@@ -65,6 +65,9 @@ from neuroshard_jax.workloads.statistics import (
 from neuroshard_jax.workloads.tasks import task_from_tables
 
 logger = logging.getLogger(__name__)
+# TorchRec's planner holds back this share of every device's memory (HeuristicalStorageReservation's default): dense
+# parameters, activations and the allocator's slack, which its estimator does not count; ours neither
+TORCHREC_RESERVE = 0.15
 PRECISIONS = {DataType.FP32: "fp32", DataType.FP16: "fp16", DataType.BF16: "bf16", DataType.INT8: "int8"}
 
 
@@ -166,7 +169,9 @@ class NeuroShardPlanner(ShardingPlanner):
     plan runs the one ``Planner`` (calibrate -> row split -> search -> polish). After ``plan``, ``last_plan`` holds
     our ``Plan`` (predicted costs, ``to_json()``). The tables' memory counts the optimizer they train with
     (``optimizer``, else the one the model declares: ``declared_optimizer``, else exact SGD), their data type, and
-    ``mem_reserve`` (a share of every device held back). ``verbose``: log the chosen cost model and the plan at INFO and
+    ``mem_reserve`` (a share of every device held back for what the plan does not hold; None: TorchRec's own 15%
+    of the topology's memory, as its planner holds back, or none where ``mem_cap_gb`` gives the memory for tables).
+    ``verbose``: log the chosen cost model and the plan at INFO and
     warnings at WARNING (``logging.basicConfig(level=logging.INFO)`` shows them); ``False``: log nothing.
     """
 
@@ -190,7 +195,7 @@ class NeuroShardPlanner(ShardingPlanner):
         seed: int = 0,
         compute_kernel: str = "fused",
         optimizer: str | None = None,
-        mem_reserve: float = 0.0,
+        mem_reserve: float | None = None,
         verbose: bool = True,
         planner: Planner | None = None,
     ):
@@ -223,6 +228,13 @@ class NeuroShardPlanner(ShardingPlanner):
         self.mem_reserve = mem_reserve
         self.verbose = verbose
         self.last_plan: Plan | None = None
+
+    def reserve(self) -> float:
+        """The share of every device held back: ``mem_reserve``, else TorchRec's default (``TORCHREC_RESERVE``) of a
+        topology's memory, or 0 where ``mem_cap_gb`` is the memory for tables."""
+        if self.mem_reserve is not None:
+            return self.mem_reserve
+        return 0.0 if self.mem_cap_gb is not None else TORCHREC_RESERVE
 
     @property
     def planning_batch(self) -> int:
@@ -310,7 +322,7 @@ class NeuroShardPlanner(ShardingPlanner):
             self.zipf,
             self.seed,
             optimizer,
-            self.mem_reserve,
+            self.reserve(),
         )
         spec, warning = usable_cost_model(for_task_of_kind(self.planner.cost_model, self.planner.device, task), task)
         if warning and self.verbose:

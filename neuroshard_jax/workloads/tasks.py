@@ -167,6 +167,15 @@ def check_feasible(task: Task) -> None:
     message gives the memory by part and what would fit (``fit_advice``)."""
     caps = task.cap_bytes()
     cap = int(caps.max())
+    step, room = task.step_memory().total, int(task.room_bytes().max())
+    if step >= room:
+        local = -(-task.batch_size // task.num_devices)
+        raise InfeasibleError(
+            f"task infeasible: every device holds {gib(step)} GiB for its {local} samples of the batch (the pooled "
+            f"outputs of all {task.num_tables} tables, {sum(t.dim for t in task.tables)} wide, their gradients and "
+            f"the ids), expected less than its {gib(room)} GiB for training; it would fit with a smaller batch or "
+            f"more than {gib(step / (1.0 - task.training.reserve))} GiB per device"
+        )
     for i, table in enumerate(task.tables):
         narrowest = task.table_mem_bytes(i, narrowest_dim(table.dim))
         whole = task.table_mem_bytes(i)
@@ -176,7 +185,7 @@ def check_feasible(task: Task) -> None:
             where = f"devices of {task.devices[0].mem_cap_gb} GiB" if task.is_uniform else task.describe_devices()
             parts = memory_words(task, task.rows_memory(i, table.rows, table.dim))
             raise InfeasibleError(
-                f"task infeasible: table {table.id} needs {whole / GIB_BYTES:.2f} GiB ({parts}), which no split "
+                f"task infeasible: table {table.id} needs {gib(whole)} GiB ({parts}), which no split "
                 f"fits (column slices, or row blocks over every device) in {where}"
                 + fit_advice(task, functools.partial(_least_per_device, index=i), cap)
             )
@@ -184,15 +193,23 @@ def check_feasible(task: Task) -> None:
     if total > caps.sum():
         every = (task.rows_memory(i, t.rows, t.dim) for i, t in enumerate(task.tables))
         parts = memory_words(task, sum(every, MemoryParts()))
+        held_back = []
+        if task.training.reserve:
+            held_back.append(f"{100 * task.training.reserve:g}% reserved")
+        if step:
+            held_back.append(f"{gib(step)} GiB a device for its slice of the batch")
         raise InfeasibleError(
-            f"task infeasible: tables need {total / GIB_BYTES:.2f} GiB in total ({parts}), expected at most "
-            + (
-                f"{task.describe_devices()} = {sum(task.caps_gb()):.2f} GiB"
-                if task.is_uniform
-                else task.describe_devices()
-            )
+            f"task infeasible: tables need {gib(total)} GiB in total ({parts}), expected at most {gib(caps.sum())} "
+            f"GiB ({task.describe_devices()}"
+            + (f" less {' and '.join(held_back)})" if held_back else ")")
             + fit_advice(task, lambda t: sum(t.table_mem_bytes(j) for j in range(t.num_tables)), int(caps.sum()))
         )
+
+
+def gib(count: float) -> str:
+    """Bytes as GiB in words: 3 significant digits (``0.000457``, ``0.45``, ``12.5``), 2 decimals from 100 on."""
+    value = count / GIB_BYTES
+    return f"{value:.2f}" if value >= 100 else f"{value:.3g}"
 
 
 def _least_per_device(task: Task, index: int) -> int:
@@ -205,18 +222,42 @@ def _least_per_device(task: Task, index: int) -> int:
 
 def fit_advice(task: Task, need: Callable[[Task], int], room: int) -> str:
     """``; it would fit with ...`` naming what would: more memory per device (or, for a total, more devices), the
-    optimizer without state, no reserve. ``need(task)``: the bytes that must fit into ``room`` bytes."""
+    optimizer without state, no reserve. ``need(task)``: the bytes of tables that must fit into ``room`` bytes (one
+    device's ``cap_bytes``, or all of theirs: a total)."""
     needed, caps = need(task), task.cap_bytes()
     short = needed - room
-    ideas = [f"{needed / room * task.largest_cap_gb:.2f} GiB per device"]
-    if room >= int(caps.sum()) and task.is_uniform:  # a total: devices of the same cap
-        ideas.append(f"{-(-needed // int(caps[0]))} devices")
+    total = room >= int(caps.sum()) and task.num_devices > 1
+    keep = 1.0 - task.training.reserve
+    per_device = (needed / task.num_devices if total else needed) + task.step_memory().total
+    ideas = [f"{gib(per_device / keep)} GiB per device"]
+    if total and task.is_uniform:  # a total: devices of the same cap
+        ideas.append(f"{_devices_for(task, needed)} devices")
     plain = dataclasses.replace(task, training=dataclasses.replace(task.training, optimizer="exact_sgd"))
     if task.training.optimizer != "exact_sgd" and need(plain) <= room:
         ideas.append("exact_sgd (no optimizer state)")
-    if task.training.reserve and needed <= room / (1.0 - task.training.reserve):
+    if task.training.reserve and needed <= room + (int(task.largest_cap_bytes * task.training.reserve)) * (
+        task.num_devices if total else 1
+    ):
         ideas.append("no reserve")
-    return f"; short by {short / GIB_BYTES:.3f} GiB: it would fit with {' or '.join(ideas)}"
+    return f"; short by {gib(short)} GiB: it would fit with {' or '.join(ideas)}"
+
+
+def _devices_for(task: Task, needed: int) -> int:
+    """The fewest devices of ``task``'s (uniform) cap whose rooms for tables hold ``needed`` bytes together (each
+    device's slice of the batch shrinks as devices are added)."""
+
+    def fits(n: int) -> bool:
+        return n * int(dataclasses.replace(task, devices=task.devices[:1] * n).cap_bytes()[0]) >= needed
+
+    low, high = task.num_devices, task.num_devices
+    while not fits(high):
+        low, high = high, high * 2
+        if high > 1 << 24:
+            return high
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return high
 
 
 def task_config(options: dict) -> TaskGroupConfig:

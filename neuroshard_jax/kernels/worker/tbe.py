@@ -12,11 +12,11 @@ import time
 import numpy as np
 
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.memory import kernel_optimizer
 from neuroshard_jax.core.sharding import is_legal_dim
 from neuroshard_jax.workloads.pool import PoolSpec, pool_streams
 from neuroshard_jax.workloads.streams import request_spec, restrict_rows, spec_stream
 
-OPTIMIZERS = ("exact_sgd", "exact_row_wise_adagrad", "exact_adagrad", "sgd")
 PRECISIONS = ("fp32", "fp16", "bf16")
 LEARNING_RATE = 0.01
 INIT_SCALE = 0.01  # weights start at zero on CPU; zeros would make the SGD updates denormal-heavy
@@ -113,10 +113,11 @@ def profile_compute(request: dict) -> dict:
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 
     devices = compute_device_enum()
-    optimizer = request.get("optimizer", "exact_sgd")
     precision = request.get("precision", "fp32")
-    if optimizer not in OPTIMIZERS:
-        raise RequestError(f"optimizer {optimizer!r}, expected one of {', '.join(OPTIMIZERS)}")
+    try:  # the optimizers FBGEMM 1.8's TBE runs on this device (core.memory.OPTIMIZERS)
+        optimizer = kernel_optimizer(request.get("optimizer", "exact_sgd"), device).name
+    except UserError as err:
+        raise RequestError(str(err)) from None
     if precision not in PRECISIONS:
         raise RequestError(f"precision {precision!r}, expected one of {', '.join(PRECISIONS)}")
     specs, indices, offsets = shard_inputs(request)
@@ -171,6 +172,8 @@ def profile_compute(request: dict) -> dict:
         "fwd_runs_ms": [round(fwd_runs[i], 4) for i in kept],
         "bwd_runs_ms": [round(bwd_runs[i], 4) for i in kept],
         "num_indices": int(len(indices)),
+        "optimizer": optimizer,  # with the bytes of the state its kernels keep (the allocator's count)
+        "state_bytes": sum(t.numel() * t.element_size() for state in tbe.split_optimizer_states() for t in state),
         **({} if on_gpu else {"cpu_share": round(cpu_share, 3)}),
         **({"protocol": protocol, "timed_iters": len(runs)} if protocol != "fixed" else {}),
         **({"ahead": round(ahead, 3)} if ahead is not None else {}),
