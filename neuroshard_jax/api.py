@@ -14,6 +14,7 @@ import logging
 import warnings
 from collections.abc import Mapping, Sequence
 
+from neuroshard_jax.core.config import check_seed
 from neuroshard_jax.core.plan_file import estimated_line
 from neuroshard_jax.core.types import Plan
 from neuroshard_jax.measure.calibration import CalibrateConfig
@@ -27,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 def plan(
     tables: TableSpecs,
-    num_devices: int = 4,
+    num_devices: int | None = None,
     mem_cap_gb: float = 4.0,
     searcher: str = "beam",
     cost_model: str = "neural",
@@ -46,8 +47,9 @@ def plan(
     planner: Planner | None = None,
     **options,
 ) -> Plan:
-    """Shard ``tables`` over ``num_devices`` devices of ``mem_cap_gb`` GiB each (or over ``devices``:
-    ``[{"mem_cap_gb": 16, "speed": 1.0}, ...]``, heterogeneous memory caps and relative compute speeds).
+    """Shard ``tables`` over ``num_devices`` devices of ``mem_cap_gb`` GiB each (4 where not given), or over
+    ``devices``: ``[{"mem_cap_gb": 16, "speed": 1.0}, ...]``, heterogeneous memory caps and relative compute speeds
+    (a ``num_devices`` given beside them must be their count).
 
     ``planner``: a ``Planner`` built from its parts (``search.planner``), planning every call alike; or, as a
     convenience that builds one, ``searcher``: a registered name (``searcher_names()``), with its options as keyword
@@ -71,7 +73,7 @@ def plan(
     task past the model's labels, or whose plan its ensemble's members disagree on, is logged as a warning
     (``costs.coverage.out_of_depth_warning``, logger ``neuroshard_jax.api``).
     """
-    seed = planner.seed if planner is not None else seed
+    seed = planner.seed if planner is not None else check_seed(seed)
     task = task_from_tables(
         tables, num_devices, mem_cap_gb, batch_size, precision, devices, zipf, seed, optimizer, mem_reserve
     )

@@ -2,6 +2,7 @@
 without statistics; and the one-line message for what they refuse."""
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -70,7 +71,23 @@ def test_numpy_numbers_and_arrays_plan_as_python_ones():
             {},
             "plan.tables['user_id'].pooling_factor: got nan, expected a finite number >= 0",
         ),
-        ({}, {"mem_cap_gb": np.float32("inf")}, "plan.mem_cap_gb: got inf, expected a finite number > 0"),
+        (
+            {},
+            {"mem_cap_gb": np.float32("inf")},
+            "plan.mem_cap_gb: got inf, expected a finite number > 0 and <= 1.04858e+06",
+        ),
+        (
+            {},
+            {"seed": "a", "searcher": "random"},
+            "seed: got 'a', expected an integer >= 0 (the same seed gives the same plan)",
+        ),
+        ({}, {"seed": 2.5}, "seed: got 2.5, expected an integer >= 0 (the same seed gives the same plan)"),
+        ({}, {"seed": -1}, "seed: got -1, expected an integer >= 0 (the same seed gives the same plan)"),
+        (
+            {},
+            {"num_devices": 3, "devices": [{"mem_cap_gb": 1.0}] * 2},
+            "num_devices: got 3, but devices lists 2; expected one of them (or the same count)",
+        ),
         (
             {"bins": np.array([0.5, 0.5])},
             {},
@@ -216,3 +233,30 @@ def test_stats_command_says_which_features_have_no_samples(tmp_path):
         f"error: data: every feature of {str(tmp_path / 'none.npz')!r} has 0 samples, expected at least one batch of "
         "samples"
     ]
+
+
+def test_the_printed_plan_names_each_devices_tables_summarised_past_a_width():
+    tables = {
+        f"feature_with_a_long_name_{i}": {"rows": 1000, "dim": 8, "pooling_factor": 1.0, "bins": BINS}
+        for i in range(12)
+    }
+    plan = _plan(tables)
+    text = format_plan({**plan.to_json(), "searcher": "size_greedy", "seed": 0, "search_time_s": 0.1})
+    header, *rows = text.splitlines()[1:4]
+    assert header.endswith("  tables")
+    for row in rows:
+        assert "feature_with_a_long_name_" in row and re.search(r"\+\d+ more$", row), row
+    small = _plan(_tables())
+    text = format_plan({**small.to_json(), "searcher": "size_greedy", "seed": 0, "search_time_s": 0.1})
+    assert "user_id" in text and "item_id" in text
+
+
+def test_load_cost_model_without_a_name_is_the_model_the_planner_chooses_here():
+    import jax
+
+    from neuroshard_jax.costs.registry import choose_cost_model
+
+    chosen = choose_cost_model("neural", {}, "cpu", make_task([make_table(0)], batch_size=4096)).name
+    mine, theirs = nsj.load_cost_model(), nsj.load_cost_model(chosen)
+    leaves = zip(jax.tree_util.tree_leaves(mine.params), jax.tree_util.tree_leaves(theirs.params))
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in leaves)

@@ -354,3 +354,71 @@ def test_a_single_device_has_no_all_to_all():
     assert np.all(
         score_plan(model, search_plan(two, make_searcher("size_greedy"), CostModelSpec("neural"), 0)).bwd_comm_ms > 0
     )
+
+
+def test_a_task_path_that_is_no_regular_file_is_one_line_and_never_blocks(tmp_path):
+    """A FIFO would block the read forever and /dev/zero never ends: both, and a folder, are refused before reading."""
+    import os
+
+    from neuroshard_jax.workloads.tasks import load_task
+
+    fifo = tmp_path / "task.fifo"
+    os.mkfifo(fifo)
+    for path in (fifo, "/dev/zero", tmp_path):
+        with pytest.raises(UserError, match=r"^task\.path: '.*' is not a regular file, expected a task JSON file$"):
+            load_task(path)
+
+
+def test_an_empty_cache_variable_is_the_default_folder_not_the_current_one(monkeypatch):
+    from pathlib import Path
+
+    from neuroshard_jax.core.paths import cache_dir
+
+    monkeypatch.setenv("NEUROSHARD_CACHE_DIR", "")
+    assert cache_dir() == Path.home() / ".cache" / "neuroshard_jax"
+
+
+def test_a_torn_or_malformed_model_of_the_user_is_skipped_with_a_warning(tmp_path, monkeypatch, caplog):
+    """A user model nobody names must not block the default run: a torn meta.json, or hardware_kinds that are no
+    list, are left out of the choice with one warning line each."""
+    import logging
+
+    from neuroshard_jax.costs.registry import checkpoint_path, choose_cost_model, shipped_names
+
+    monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path))
+    torn = tmp_path / "models" / "torn"
+    torn.mkdir(parents=True)
+    (torn / "meta.json").write_text('{"format": 4, "hardw')
+    odd = tmp_path / "models" / "odd"
+    shutil.copytree(checkpoint_path(shipped_names()[0]), odd)
+    meta = json.loads((odd / "meta.json").read_text())
+    (odd / "meta.json").write_text(json.dumps({**meta, "hardware_kinds": 5}))
+    caplog.set_level(logging.WARNING, logger="neuroshard_jax.costs.registry")
+    choice = choose_cost_model("neural")
+    assert choice.name not in ("torn", "odd")
+    for name, why in (("torn", "could not be read"), ("odd", "hardware_kinds: got 5, expected a list of kinds")):
+        assert any(m.startswith(f"skipping your model {name} (") and why in m for m in caplog.messages), caplog.messages
+
+
+def test_a_damaged_pool_cache_is_rebuilt_and_an_unwritable_cache_only_warns(tmp_path, monkeypatch, caplog):
+    """A truncated cache file (a write cut short, a full disk) is rebuilt with one warning line, not a traceback on
+    every run; a cache folder that cannot be written (here: under a file) costs the cache, not the run."""
+    import logging
+
+    from neuroshard_jax.core.types import PoolSpec
+    from neuroshard_jax.workloads.pool import load_pool
+
+    monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path / "cache"))
+    caplog.set_level(logging.WARNING, logger="neuroshard_jax.workloads.pool")
+    spec = PoolSpec(num_tables=12)
+    first = load_pool(spec, 128)
+    (cache,) = (tmp_path / "cache" / "pools").glob("*.npz")
+    cache.write_bytes(cache.read_bytes()[:100])
+    again = load_pool(spec, 128)
+    np.testing.assert_array_equal(again.bins, first.bins)
+    assert any(m.startswith(f"cache file {cache} is damaged (") for m in caplog.messages), caplog.messages
+    assert load_pool(spec, 128).bins.shape == first.bins.shape and len(caplog.messages) == 1  # rebuilt whole
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    np.testing.assert_array_equal(load_pool(spec, 128).bins, first.bins)
+    assert "set NEUROSHARD_CACHE_DIR to a folder you can write" in caplog.messages[-1]

@@ -110,3 +110,12 @@ def test_constraints_that_bind_are_named(plan_and_model):
     assert constraint_binds(constrained, critical=0, fastest=1)[0] == (
         "exclude: tables 4 may not move to the least loaded device 1"
     )
+
+
+def test_a_device_never_binds_against_itself():
+    """On one device the slowest is the least loaded: no table "cannot move from device 0 to device 0"."""
+    big = make_task([make_table(0, rows=10_000, dim=16), make_table(1, rows=20_000, dim=16)], num_devices=1)
+    tight = dataclasses.replace(big, devices=(dataclasses.replace(big.devices[0], mem_cap_gb=0.003),))
+    plan = Plan.from_assignment(tight, [1, 1], [[0], [0]])
+    words = explanation(plan, analytic_model(tight)).binds
+    assert not any("cannot move" in w for w in words), words

@@ -150,3 +150,21 @@ def test_wheel_declares_its_subpackages_and_ships_configs_and_models(tmp_path):
     for folder in ("neuroshard_jax/data/models/xeon-union/", "neuroshard_jax/data/policies/", "data/row_comm/"):
         assert any(folder in n for n in names), folder
     assert not [n for n in names if "/data/profiles/" in n]
+
+
+@pytest.mark.parametrize(
+    "module, says",
+    [
+        ("neuroshard_jax", "python -m neuroshard_jax: plan how to shard"),
+        ("neuroshard_jax.adapt", "python -m neuroshard_jax.adapt: make a cost model of this machine"),
+    ],
+)
+def test_help_says_what_the_command_does_its_main_options_and_an_example(module, says):
+    """``--help`` is a page a new user reads, not Hydra's config dump (that stays behind ``--cfg job``)."""
+    from tests.conftest import run_cli
+
+    done = run_cli("--help", module=module)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert text.startswith(says) and "Main options:" in text and "Example" in text and "--cfg job" in text
+    assert "_schema" not in text and "== Config ==" not in text and len(text.splitlines()) < 40

@@ -170,3 +170,30 @@ def test_statistics_by_feature_name_are_used_and_unknown_names_refused():
     stray = dataclasses.replace(measured, name="b_id")
     with pytest.raises(UserError, match="stats: b_id name no table of the module, expected a table name"):
         NeuroShardPlanner(world_size=2, mem_cap_gb=1.0, batch_size=32, stats=[stray], verbose=False).plan(model)
+    # a pooling factor under a name the module does not have (a typo) is refused, not planned with the default
+    typo = NeuroShardPlanner(world_size=2, mem_cap_gb=1.0, batch_size=32, pooling_factors={"zzz": 3.0}, verbose=False)
+    with pytest.raises(UserError, match=r"^pooling_factors: 'zzz' name no table or feature of the module, expected"):
+        typo.plan(model)
+    NeuroShardPlanner(world_size=2, mem_cap_gb=1.0, batch_size=32, pooling_factors={"a_id": 3.0}, verbose=False).plan(
+        model
+    )
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(UserError, match=r"^world_size: got .*, expected an integer >= 1"):
+            NeuroShardPlanner(world_size=bad, verbose=False)
+
+
+def test_the_adapter_holds_back_torchrecs_share_of_a_topologys_memory():
+    """TorchRec's planner holds back 15% of each device's memory: so does the adapter, unless mem_cap_gb gives the
+    memory for tables or mem_reserve says otherwise."""
+    from neuroshard_jax.torchrec.planner import TORCHREC_RESERVE
+
+    assert NeuroShardPlanner(world_size=2, verbose=False).reserve() == TORCHREC_RESERVE == 0.15
+    assert NeuroShardPlanner(world_size=2, mem_cap_gb=1.0, verbose=False).reserve() == 0.0
+    assert NeuroShardPlanner(world_size=2, mem_reserve=0.05, verbose=False).reserve() == 0.05
+    model = EmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name="a", embedding_dim=16, num_embeddings=1000, feature_names=["a_id"])],
+        device=torch.device("meta"),
+    )
+    planner = NeuroShardPlanner(world_size=2, batch_size=32, cost_model="analytic", verbose=False)
+    planner.plan(model)
+    assert planner.last_plan.task.training.reserve == 0.15

@@ -434,3 +434,22 @@ def test_an_os_refusal_anywhere_in_a_command_is_one_line(capsys, monkeypatch):
     assert capsys.readouterr().err == (
         "error: using 'outputs/compare.md' failed: disk full: no space left on device; what was written before stays\n"
     )
+
+
+def test_a_second_main_run_into_a_run_folder_in_use_is_refused_before_it_writes(tmp_path):
+    """Two runs of the main job into one ``hydra.run.dir`` (a script run twice, a sweep misconfigured): the first
+    holds the folder from before Hydra writes its ``.hydra/`` files (stopped just after taking it); the second is one
+    line naming the folder and the first's process, and leaves the folder's files as they were."""
+    run = tmp_path / "run"
+    args = ["searcher=size_greedy", "cost_model=analytic", f"hydra.run.dir={run}"]
+    first = _paused([sys.executable, "-m", "neuroshard_jax", *args, "seed=1"], "one_writer:held", tmp_path / "paused")
+    try:
+        line = _error_line(_cli("neuroshard_jax", *args, "seed=2"))
+        assert f"hydra.run.dir: {str(run)!r} is being written by pid {first.pid} on" in line, line
+        assert "expected one run per run folder" in line
+        assert not (run / ".hydra").exists() and not (run / "plan.json").exists()
+    finally:
+        _kill(first)
+    done = _cli("neuroshard_jax", *args, "seed=2")  # the folder is free once the first is gone
+    assert done.returncode == 0, done.stderr
+    assert "seed=2" in (run / ".hydra" / "overrides.yaml").read_text() and (run / "plan.json").exists()

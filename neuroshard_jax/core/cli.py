@@ -10,6 +10,7 @@ the lines a user reads (``warning: ...``, progress lines as they are), whatever 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -24,10 +25,12 @@ from typing import Any, NoReturn
 from hydra import compose, initialize_config_module
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob, Override
-from omegaconf import DictConfig, OmegaConf
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from neuroshard_jax.core.config import nearest
 from neuroshard_jax.core.errors import UserError, first_line, os_error
+from neuroshard_jax.core.folders import one_writer
 
 CONFIG_GROUPS = ("searcher", "task", "cost_model", "experiment")
 CONFIG_MODULE = "neuroshard_jax.conf"
@@ -78,6 +81,36 @@ def fail(err: Exception) -> NoReturn:
     threading.excepthook = lambda _: None
     print(f"error: {err}", file=sys.stderr, flush=True)
     sys.exit(2)
+
+
+class RunFolderLock(Callback):
+    """One run per ``hydra.run.dir`` (conf/config.yaml's ``hydra.callbacks``): before Hydra writes the folder's
+    ``.hydra/`` files, the run takes its writer lock (``folders.one_writer``) and holds it to the end, so a second run
+    into the same folder (a script run twice, a sweep misconfigured) is refused in one line before it writes
+    anything, and the folder's plan.json and ``.hydra/`` are one run's. The folder's name is resolved once and kept
+    (a ``${now:...}`` name would otherwise be read again by Hydra, a second later)."""
+
+    def __init__(self) -> None:
+        self._held: contextlib.ExitStack | None = None
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        folder = OmegaConf.select(config, "hydra.run.dir")
+        with open_dict(config):
+            readonly = OmegaConf.is_readonly(config.hydra)
+            OmegaConf.set_readonly(config.hydra, False)
+            config.hydra.run.dir = folder
+            OmegaConf.set_readonly(config.hydra, readonly)
+        self._held = contextlib.ExitStack()
+        try:
+            self._held.enter_context(one_writer(folder, "hydra.run.dir", "one run per run folder"))
+        except UserError as err:
+            fail(err)
+        except OSError as err:
+            fail(os_error(err, Path(folder), "making the run folder"))
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self._held is not None:
+            self._held.close()
 
 
 def one_line_errors(main: Callable[[DictConfig], None]) -> Callable[[DictConfig], None]:

@@ -31,25 +31,27 @@ def _hints(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def bounded(at_least: float | None = None, above: float | None = None, **field_options):
-    """A dataclass field whose number ``typed`` checks against its bounds (``at_least``: >=, ``above``: >) and
-    describes with them (``an integer >= 1``, ``a finite number > 0``); ``field_options``: ``dataclasses.field``'s."""
-    return dataclasses.field(metadata={"at_least": at_least, "above": above}, **field_options)
+def bounded(at_least: float | None = None, above: float | None = None, at_most: float | None = None, **field_options):
+    """A dataclass field whose number ``typed`` checks against its bounds (``at_least``: >=, ``above``: >,
+    ``at_most``: <=) and describes with them (``an integer >= 1``, ``a finite number > 0 and <= 1.04858e+06``);
+    ``field_options``: ``dataclasses.field``'s."""
+    return dataclasses.field(metadata={"at_least": at_least, "above": above, "at_most": at_most}, **field_options)
 
 
 def _bounds_text(bounds: dict | None) -> str:
     if not bounds:
         return ""
+    upper = f" and <= {bounds['at_most']:g}" if bounds.get("at_most") is not None else ""
     if bounds.get("above") is not None:
-        return f" > {bounds['above']:g}"
-    return f" >= {bounds['at_least']:g}" if bounds.get("at_least") is not None else ""
+        return f" > {bounds['above']:g}{upper}"
+    return (f" >= {bounds['at_least']:g}" if bounds.get("at_least") is not None else "") + upper
 
 
 def _within(value, bounds: dict | None) -> bool:
     if not bounds:
         return True
-    low, above = bounds.get("at_least"), bounds.get("above")
-    return (low is None or value >= low) and (above is None or value > above)
+    low, above, high = bounds.get("at_least"), bounds.get("above"), bounds.get("at_most")
+    return (low is None or value >= low) and (above is None or value > above) and (high is None or value <= high)
 
 
 def _describe(tp, bounds: dict | None = None) -> str:
@@ -207,3 +209,12 @@ def _located(message: str, where: str, fields) -> str:
     if first in fields:
         return f"{where}.{message}"
     return message
+
+
+def check_seed(seed, where: str = "seed") -> int:
+    """``seed`` as an int (numpy integers taken); UserError unless it is an integer >= 0 (not a bool)."""
+    if hasattr(seed, "__index__") and not isinstance(seed, bool):
+        seed = seed.__index__()
+        if 0 <= seed < 2**63:
+            return seed
+    raise UserError(f"{where}: got {seed!r}, expected an integer >= 0 (the same seed gives the same plan)")

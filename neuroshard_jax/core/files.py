@@ -76,11 +76,21 @@ class JsonlLog:
             self.ids.add(record["id"])
 
 
+MAX_JSON_BYTES = 1 << 30  # a task, plan or meta file past 1 GiB is not one of ours
+
+
 def read_json(path: str | Path, key: str, expected: str = "a JSON file") -> dict:
     """The JSON object in ``path``; a missing, unreadable, torn or non-object file is one UserError naming
     ``key`` (the setting or file kind), the file, the line and what was expected."""
     path = Path(path)
     try:
+        if path.exists() and not path.is_file():  # a folder, a FIFO (blocks), a device (/dev/zero: never ends)
+            raise UserError(f"{key}: {str(path)!r} is not a regular file, expected {expected}")
+        if path.exists() and path.stat().st_size > MAX_JSON_BYTES:
+            raise UserError(
+                f"{key}: {str(path)!r} holds {path.stat().st_size / 2**20:.0f} MiB, expected {expected} of at most "
+                f"{MAX_JSON_BYTES // 2**20} MiB"
+            )
         obj = json.loads(path.read_text())
     except FileNotFoundError:
         raise UserError(f"{key}: {str(path)!r} does not exist, expected {expected}") from None

@@ -126,7 +126,7 @@ _held: dict[Path, int] = {}  # lock files this process holds, and how many holde
 
 
 @contextlib.contextmanager
-def one_writer(folder: str | Path, key: str = "out_dir") -> Iterator[Path]:
+def one_writer(folder: str | Path, key: str = "out_dir", expected: str = "one writer per dataset") -> Iterator[Path]:
     """Hold ``folder``'s writer lock for the block (made if absent; an advisory ``flock`` on ``folder/.writer``,
     released by the OS even on kill -9). A second process that asks is refused in one UserError naming the
     folder and the process writing it; the same process may nest (collect inside adapt)."""
@@ -135,7 +135,7 @@ def one_writer(folder: str | Path, key: str = "out_dir") -> Iterator[Path]:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise os_error(err, folder, "making the output folder") from None
-    with _locked(folder / WRITER_FILE, f"{key}: {str(folder)!r}", "one writer per dataset"):
+    with _locked(folder / WRITER_FILE, f"{key}: {str(folder)!r}", expected):
         pause_point("one_writer:held")
         yield folder
 

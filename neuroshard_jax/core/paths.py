@@ -13,8 +13,9 @@ from neuroshard_jax.core.errors import UserError
 
 def cache_dir() -> Path:
     """This user's folder for what the project makes and keeps (pool features, compiled search kernels, the models
-    ``adapt`` made): ``$NEUROSHARD_CACHE_DIR``, default ``~/.cache/neuroshard_jax``."""
-    return Path(os.environ.get("NEUROSHARD_CACHE_DIR", Path.home() / ".cache" / "neuroshard_jax"))
+    ``adapt`` made): ``$NEUROSHARD_CACHE_DIR``, default ``~/.cache/neuroshard_jax`` (also where the variable is set
+    but empty: an empty value is no folder, not the current one)."""
+    return Path(os.environ.get("NEUROSHARD_CACHE_DIR") or Path.home() / ".cache" / "neuroshard_jax")
 
 
 def user_models_dir() -> Path:

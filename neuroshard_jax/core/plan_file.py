@@ -72,6 +72,34 @@ def memory_lines(plan_json: dict[str, Any]) -> list[str]:
     ]
 
 
+def device_tables_words(plan_json: dict[str, Any], width: int = 60) -> dict[int, str]:
+    """Per device, the tables it holds in words: each table's name (its id where it has none), a column slice as
+    ``name[16:32]``, a row block as ``name(rows 2/4)``; past ``width`` characters, the first ones and how many more."""
+    tables = {t["id"]: t for t in plan_json["task"]["tables"]}  # a shard names its table by id
+    per_device: dict[int, list[str]] = {d["device"]: [] for d in plan_json["devices"]}
+    for shard in plan_json["shards"]:
+        table = tables[shard["table"]]
+        word = str(table.get("name", table["id"]))
+        if shard["dim"] != table["dim"]:
+            word += f"[{shard['col_offset']}:{shard['col_offset'] + shard['dim']}]"
+        if shard.get("num_rows") is not None and shard["num_rows"] != table["rows"]:
+            word += f"(rows {shard['row_offset']}+{shard['num_rows']})"
+        per_device.setdefault(shard["device"], []).append(word)
+    out = {}
+    for device, words in per_device.items():
+        text = ", ".join(words)
+        if len(text) > width:
+            kept, size = [], 0
+            for word in words:
+                if size + len(word) + 2 > width - 10:
+                    break
+                kept.append(word)
+                size += len(word) + 2
+            text = ", ".join(kept) + f", +{len(words) - len(kept)} more"
+        out[device] = text or "-"
+    return out
+
+
 def format_plan(plan_json: dict[str, Any], file_name: str = "plan.json") -> str:
     """A per-device summary table of a plan.json object (written as ``file_name``): every device, or beyond
     ``PRINTED_DEVICES`` the slowest few and the spread, the rest left to the file."""
@@ -91,6 +119,8 @@ def format_plan(plan_json: dict[str, Any], file_name: str = "plan.json") -> str:
     devices = plan_json["devices"]
     total_ms = [d["cost_ms"]["total"] for d in devices]
     shown = printed_devices(total_ms)
+    held = device_tables_words(plan_json)
+    lines[1] += "  tables"
     for d in (devices[i] for i in shown):
         c = d["cost_ms"]
         spec = hetero[d["device"]] if hetero else None
@@ -99,7 +129,8 @@ def format_plan(plan_json: dict[str, Any], file_name: str = "plan.json") -> str:
             + (f" {spec['mem_cap_gb']:>7.3f} {spec['speed']:>6.2f}" if spec else "")
             + f" {c['compute']:>9.3f} {c['fwd_comm']:>9.3f} {c['bwd_comm']:>9.3f} {c['total']:>9.3f}"
         )
-        lines.append(line + (f" {polish.devices[d['device']].total:>9.3f}" if polish else ""))
+        line += f" {polish.devices[d['device']].total:>9.3f}" if polish else ""
+        lines.append(f"{line}  {held[d['device']]}")
     lines.extend(devices_summary(total_ms, shown, f"in {file_name}"))
     lines.extend(memory_lines(plan_json))
     replicated = plan_json.get("data_parallel")

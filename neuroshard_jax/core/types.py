@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from neuroshard_jax.core.config import bounded, plain, typed
-from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GENERATOR_VERSION, GIB_BYTES
+from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GENERATOR_VERSION, GIB_BYTES, MAX_CAP_GB
 from neuroshard_jax.core.constraints import SHARDING_TYPES, violations
 from neuroshard_jax.core.errors import PlanError, UserError
 from neuroshard_jax.core.features import NUM_BINS, feature_matrix
@@ -137,7 +137,7 @@ class Device:
     predicted compute is divided by its speed: 2.0 computes twice as fast as 1.0) and the host it sits in (a
     task's ``links`` say how fast devices talk within a host and between hosts)."""
 
-    mem_cap_gb: float = bounded(above=0)
+    mem_cap_gb: float = bounded(above=0, at_most=MAX_CAP_GB)
     speed: float = bounded(above=0, default=1.0)
     host: int = bounded(at_least=0, default=0)
 
@@ -185,8 +185,8 @@ class Task:
         object.__setattr__(self, "devices", tuple(self.devices))
         if not self.devices:
             raise ValueError("task: no devices, expected at least one")
-        if any(not (d.mem_cap_gb > 0 and d.speed > 0) for d in self.devices):
-            raise ValueError(f"task: device caps and speeds must be > 0, got {self.devices}")
+        if any(not (0 < d.mem_cap_gb <= MAX_CAP_GB and d.speed > 0) for d in self.devices):
+            raise ValueError(f"task: device caps must be in (0, {MAX_CAP_GB}] GiB and speeds > 0, got {self.devices}")
         if self.links is not None:
             if not (self.links.intra_host_gbps > 0 and self.links.inter_host_gbps > 0):
                 raise ValueError(f"task: link bandwidths must be > 0, got {self.links}")
@@ -728,7 +728,7 @@ class TaskFile:
     # a field left out stays None (an explicit null is refused with the field's type)
     devices: tuple[Device, ...] | None = None
     num_devices: int = bounded(at_least=1, default=None)
-    mem_cap_gb: float = bounded(above=0, default=None)
+    mem_cap_gb: float = bounded(above=0, at_most=MAX_CAP_GB, default=None)
     batch_size: int = bounded(at_least=1, default=None)
     precision: str = "fp32"
     optimizer: str = Training.optimizer  # the fused optimizer, FBGEMM's or TorchRec's name (core.memory)
@@ -854,6 +854,11 @@ def _checked_links(links: Links | None, devices: list[Device], where: str) -> Li
     if links.devices_per_host is None and len(hosts) < 2:
         raise UserError(
             f"{at}: the devices sit in one host; expected a host per device (devices[i].host) or links.devices_per_host"
+        )
+    if links.devices_per_host is not None and len(devices) % links.devices_per_host:
+        raise UserError(
+            f"{at}.devices_per_host: got {links.devices_per_host}, but {len(devices)} devices do not fill whole hosts "
+            f"of it; expected a divisor of {len(devices)}"
         )
     return links
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ from neuroshard_jax.costs.ensemble import ensemble_cost_model
 from neuroshard_jax.costs.input_dist import for_kinds as input_dist_for
 from neuroshard_jax.costs.neural import neural_cost_model
 from neuroshard_jax.costs.row_comm import for_kinds as row_comm_for
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,10 +281,17 @@ class CostModelSpec:
 
 
 def load_cost_model(
-    name_or_path: str = "neural", *, batch_size: int = 4096, precision: str = "fp32", **options
+    name_or_path: str | None = None,
+    *,
+    batch_size: int = 4096,
+    precision: str = "fp32",
+    device: str = "cpu",
+    **options,
 ) -> CostModel:
-    """A cost model to call from your own code: ``"neural"`` (the shipped default), a shipped name, a checkpoint
-    directory, or ``"analytic"`` (at ``batch_size`` and ``precision``, with AnalyticConfig ``options``).
+    """A cost model to call from your own code: None or ``"neural"``, the model the planner chooses on this machine
+    for a task at ``batch_size`` and ``precision`` on ``device`` (``choose_cost_model``: the one of this machine's
+    kind, else the shipped default), so that your scores and ``nsj.plan``'s are one model's; a shipped or user
+    model's name; a checkpoint directory; or ``"analytic"`` (with AnalyticConfig ``options``).
 
     A neural model scores at ``batch_size`` if it was trained there (the ensemble: any size in its trained
     range; the format-3 MLP: its one size); ``options`` may set ``risk`` for an ensemble, and ``calibration`` (every
@@ -293,6 +303,9 @@ def load_cost_model(
         config = typed(AnalyticConfig, options, "load_cost_model")
         model = CostModel("analytic", ANALYTIC_FNS, analytic_params(batch_size, precision, config))
         return with_scales(model, np.ones(1), factor)
+    if name_or_path in (None, "neural"):
+        probe = Task.uniform(1, 1.0, batch_size, (), precision)
+        name_or_path = choose_cost_model("neural", {}, device, probe).name
     if name_or_path == "neural" or name_or_path in model_names():
         name, resolved = _resolve(name_or_path, {})
     else:
@@ -315,7 +328,27 @@ def model_kinds(path: str) -> tuple[str, ...]:
     """The hardware kinds a checkpoint's labels hold for (``hardware_kinds`` of its meta; a model from before they
     were recorded: the kind of the machine it names, its microarchitecture unknown)."""
     meta = read_meta(path)
-    return tuple(meta.get("hardware_kinds") or [hardware_kind(meta.get("hardware"), meta.get("device", "cpu"))])
+    kinds = meta.get("hardware_kinds") or [hardware_kind(meta.get("hardware"), meta.get("device", "cpu"))]
+    if not (isinstance(kinds, list) and all(isinstance(k, str) for k in kinds)):
+        raise UserError(
+            f"cost_model.checkpoint: {path!r} meta.json hardware_kinds: got {kinds!r:.60}, expected a list of kinds"
+        )
+    return tuple(kinds)
+
+
+def _usable_user_models() -> list[str]:
+    """The user's models whose meta.json reads (``model_kinds``); one whose meta is torn or malformed is left out
+    with a one-line warning naming it, so that it blocks no run that does not name it."""
+    usable = []
+    for name in user_names():
+        try:
+            model_kinds(checkpoint_path(name))
+            read_meta(checkpoint_path(name)).get("trained", "")
+        except UserError as err:
+            logger.warning("skipping your model %s (%s): %s", name, user_models_dir() / name, first_line(err))
+            continue
+        usable.append(name)
+    return usable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -415,7 +448,7 @@ def _model_of_kind(here: str, task: Task | None = None) -> str | None:
         ]
         return names[min(fits)[1]] if fits else names[0]
 
-    mine = [n for n in user_names() if of_kind(here, model_kinds(checkpoint_path(n)))]
+    mine = [n for n in _usable_user_models() if of_kind(here, model_kinds(checkpoint_path(n)))]
     if mine:
         return best(sorted(mine, key=lambda n: read_meta(checkpoint_path(n)).get("trained", ""), reverse=True))
     shipped = [n for n in shipped_names() if of_kind(here, model_kinds(checkpoint_path(n)))]

@@ -41,6 +41,8 @@ from neuroshard_jax.learn.metrics import log_rmse, metrics
 from neuroshard_jax.learn.neural_fit import fit_comm
 from neuroshard_jax.learn.trainer import TrainConfig, fit
 
+MIN_LABELS = 20  # labels an ensemble needs to split 80/10/10 with a label in each part
+
 
 def ensemble_splits(source: np.ndarray, config: TrainConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """80/10/10 within each dataset (seeded), so every dataset has its own held-out part."""
@@ -126,7 +128,7 @@ def _ensemble_chunk(nets: EnsembleNets, params: EnsembleParams, feats, mask, bat
 def ensemble_ms(nets: EnsembleNets, params: EnsembleParams, feats, mask, batch) -> tuple[np.ndarray, np.ndarray]:
     """(prediction, relative spread) f64[S] of padded shards at their batch sizes f32[S], in chunks of 1,024
     (one compiled shape, whatever the params)."""
-    preds, spreads = [], []
+    preds, spreads = [np.zeros(0)], [np.zeros(0)]  # no shards: none predicted
     for start in range(0, len(feats), 1024):
         f, m, b = (np.asarray(x[start : start + 1024]) for x in (feats, mask, batch))
         pad = 1024 - len(f)
@@ -249,6 +251,12 @@ def train_ensemble(
     if not allow_mixed_hardware:
         check_one_hardware(dataset_dirs, manifests)
     train, val, test = ensemble_splits(source, config)
+    if not (len(train) and len(val) and len(test)):
+        raise UserError(
+            f"datasets: {len(target)} labels (after dropping the noisy ones) split into {len(train)} training, "
+            f"{len(val)} validation and {len(test)} test labels; expected at least one of each (about "
+            f"{MIN_LABELS} labels or more)"
+        )
     balance = dataset_weights(source, ens_config.max_dataset_weight)
     if dataset_scale:
         balance = balance * np.asarray(dataset_scale, np.float32)[source]
@@ -299,6 +307,9 @@ def train_ensemble(
     report = {"compute": {"fitted_roofline_log_coef": [round(float(x), 4) for x in log_coef]}}
     for i, d in enumerate(dataset_dirs):
         part, seen = source[test] == i, source[train] == i
+        if not (part.any() and seen.any()):  # too few labels to hold one out: counted, not scored
+            report["compute"][Path(d).name] = {"test_count": int(part.sum()), "train_count": int(seen.sum())}
+            continue
         report["compute"][Path(d).name] = {
             "ensemble": metrics(pred[part], target[test][part]),
             "roofline": metrics(roof_pred[part], target[test][part]),

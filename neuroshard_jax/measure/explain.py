@@ -361,7 +361,7 @@ def explanation(plan: Plan, model: CostModel, measured: Measured | None = None, 
         if per_table[critical, t] > 0
     ]
     binds = []
-    for entry in top_tables:
+    for entry in top_tables if fastest != critical else ():  # one device (or all alike): nowhere to move to
         t = names.index(entry.table)
         moved = sum(plan.task.table_mem_bytes(t, s.dim) for s in plan.device_shards(critical) if s.table == t)
         if mem[fastest] + moved > caps[fastest]:

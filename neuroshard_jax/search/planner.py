@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from neuroshard_jax.core.config import check_seed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel
@@ -69,6 +70,7 @@ class Planner:
     def __post_init__(self):
         if self.device not in ("cpu", "cuda"):
             raise UserError(f"device: got {self.device!r}, expected cpu or cuda")
+        object.__setattr__(self, "seed", check_seed(self.seed))
         if not isinstance(self.searcher, Searcher):
             raise UserError(
                 f"planner.searcher: got {self.searcher!r:.60}, expected a Searcher (make_searcher(name, options), or "

@@ -201,6 +201,10 @@ class NeuroShardPlanner(ShardingPlanner):
     ):
         if topology is None and world_size is None:
             raise UserError("topology: missing, expected a TorchRec Topology or world_size=N")
+        if world_size is not None and not (
+            isinstance(world_size, int) and not isinstance(world_size, bool) and world_size >= 1
+        ):
+            raise UserError(f"world_size: got {world_size!r}, expected an integer >= 1 (the number of ranks)")
         self.topology = topology or TopologyFactory.create_topology(  # TorchRec's defaults for a GPU trainer
             TrainerConfig(world_size=world_size), kernel_config=KernelConfig(compute_device="cuda")
         )
@@ -255,6 +259,7 @@ class NeuroShardPlanner(ShardingPlanner):
         specs, precisions = [], set()
         configs = table_configs(module)
         self._check_stats_names(configs)
+        self._check_pooling_names(configs)
         for _, name, config in configs:
             precisions.add(PRECISIONS.get(config.data_type, str(config.data_type)))
             # statistics of a table: by its name, or by its feature's name (a file of the stats CLI names features)
@@ -284,6 +289,16 @@ class NeuroShardPlanner(ShardingPlanner):
         if len(precisions) != 1:
             raise UserError(f"module: tables of data types {sorted(precisions)}, expected one data type for all")
         return specs, precisions.pop()
+
+    def _check_pooling_names(self, configs) -> None:
+        """``pooling_factors`` must name a table or a feature of the module (a typo would plan with the default)."""
+        known = {name for _, name, _ in configs} | {f for _, _, c in configs for f in c.feature_names}
+        unknown = sorted(set(self.pooling_factors) - known)
+        if unknown:
+            raise UserError(
+                f"pooling_factors: {', '.join(map(repr, unknown[:5]))} name no table or feature of the module, "
+                f"expected one of {', '.join(sorted(known)[:6])}{', ...' if len(known) > 6 else ''}"
+            )
 
     def _check_stats_names(self, configs) -> None:
         """Statistics must name a table, or the one feature of a single-feature table."""

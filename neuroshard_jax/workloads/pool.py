@@ -18,20 +18,23 @@ NumPy only: the profiling worker imports this module.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
 import subprocess
 import sys
+import zipfile
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
 from neuroshard_jax.core.constants import GENERATOR_VERSION, MIN_ROWS
-from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.errors import UserError, first_line
 from neuroshard_jax.core.features import NUM_BINS, access_histogram, bin_shares, count_histogram
 from neuroshard_jax.core.paths import cache_dir, pool_file_digest
 from neuroshard_jax.core.types import PoolSpec
@@ -258,20 +261,59 @@ class ArrayStreams(StreamSource):
         return indices, offsets - offsets[0]
 
 
+logger = logging.getLogger(__name__)
+CACHE_HINT = "set NEUROSHARD_CACHE_DIR to a folder you can write"
+
+
+def cached_arrays(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray] | None:
+    """The arrays ``keys`` of the cache file ``path``; None where there is none, or where it is damaged (a torn or
+    truncated write, another program's file): then it is removed, with a one-line warning, to be rebuilt."""
+    if not path.exists():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {key: data[key] for key in keys}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+        logger.warning("cache file %s is damaged (%s): rebuilding it", path, first_line(err))
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
+
+
+def write_cache(path: Path, **arrays: np.ndarray) -> None:
+    """Write a cache file whole (a temporary file renamed over it); where the cache folder cannot be written, warn
+    in one line and go on without it (the next run measures again)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+    except OSError as err:
+        logger.warning("cannot write the cache file %s (%s); %s", path, err.strerror or err, CACHE_HINT)
+
+
 def load_dlrm_arrays(path: Path) -> ArrayStreams:
     """Read a DLRM benchmark file (converted to .npz by the torch worker on first use)."""
     npz = cache_dir() / "dlrm" / f"{pool_file_digest(path)}.npz"
-    if not npz.exists():
-        npz.parent.mkdir(parents=True, exist_ok=True)
-        tmp = npz.with_suffix(".tmp.npz")
+    data = cached_arrays(npz, ("indices", "offsets", "lengths"))
+    if data is None:
+        try:
+            npz.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(
+                f"pool.path: cannot write its converted copy in {str(npz.parent)!r} ({err.strerror}); {CACHE_HINT}"
+            ) from None
+        tmp = npz.with_suffix(f".{os.getpid()}.tmp.npz")
         cmd = [sys.executable, "-m", "neuroshard_jax.kernels.worker", "dlrm-to-npz", str(path), str(tmp)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             reason = (done.stderr.strip().splitlines() or ["no message"])[-1]
             raise UserError(f"pool.path: cannot read {str(path)!r} as a DLRM benchmark file: {reason}")
         os.replace(tmp, npz)
-    with np.load(npz) as data:
-        indices, offsets, lengths = data["indices"], data["offsets"], data["lengths"]
+        data = cached_arrays(npz, ("indices", "offsets", "lengths"))
+        if data is None:
+            raise UserError(f"pool.path: the converted copy of {str(path)!r} at {str(npz)!r} cannot be read back")
+    indices, offsets, lengths = data["indices"], data["offsets"], data["lengths"]
     if lengths.ndim != 2 or len(offsets) != lengths.size + 1:
         raise UserError(
             f"pool.path: {str(path)!r} has lengths of shape {lengths.shape} and {len(offsets)} offsets, "
@@ -312,15 +354,12 @@ def load_pool(spec: PoolSpec, batch_size: int) -> TablePool:
     # The generator's parameters are in the key: features cached before a recalibration are never reused.
     key = "-".join(filter(None, (spec.pool_id, streams.fingerprint(), f"b{batch_size}")))
     cache = cache_dir() / "pools" / f"{key}.npz"
-    if cache.exists():
-        with np.load(cache) as data:
-            pooling, bins = data["pooling_factor"], data["bins"]
+    data = cached_arrays(cache, ("pooling_factor", "bins"))
+    if data is not None and data["bins"].shape == (len(rows), NUM_BINS) and data["pooling_factor"].shape == rows.shape:
+        pooling, bins = data["pooling_factor"], data["bins"]
     else:
         pooling, bins = measure_features(streams, rows, batch_size)
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp.npz")
-        np.savez(tmp, pooling_factor=pooling, bins=bins)
-        os.replace(tmp, cache)
+        write_cache(cache, pooling_factor=pooling, bins=bins)
     return TablePool(spec, batch_size, rows, pooling, bins, streams)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from neuroshard_jax.core.config import typed
-from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GIB_BYTES, TASK_DIMS
+from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GIB_BYTES, MAX_CAP_GB, TASK_DIMS
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import NUM_BINS
 from neuroshard_jax.core.files import read_json
@@ -45,8 +45,8 @@ class TaskConfig:
     def __post_init__(self):
         if self.num_devices < 1:
             raise UserError(f"task.num_devices: got {self.num_devices}, expected an integer >= 1")
-        if not self.mem_cap_gb > 0:
-            raise UserError(f"task.mem_cap_gb: got {self.mem_cap_gb}, expected a number > 0")
+        if not 0 < self.mem_cap_gb <= MAX_CAP_GB:
+            raise UserError(f"task.mem_cap_gb: got {self.mem_cap_gb}, expected a number > 0 and <= {MAX_CAP_GB:g}")
         if self.num_tables is not None and self.num_tables < 1:
             raise UserError(f"task.num_tables: got {self.num_tables}, expected an integer >= 1 or null")
         if not 1 <= self.min_tables <= self.max_tables:
@@ -269,9 +269,12 @@ TableSpecs = Mapping[str, Mapping[str, Any]] | Sequence[Mapping[str, Any]]
 STAND_IN_BINS = [1.0] + [0.0] * (NUM_BINS - 1)  # a histogram to be estimated, while the task checks the rest
 
 
+DEFAULT_DEVICES = 4  # nsj.plan's devices where neither a count nor a list is given
+
+
 def task_from_tables(
     tables: TableSpecs,
-    num_devices: int,
+    num_devices: int | None,
     mem_cap_gb: float,
     batch_size: int = 4096,
     precision: str = "fp32",
@@ -286,10 +289,17 @@ def task_from_tables(
     "Tables and features"); a table without them gets an estimate from its rows and pooling factor, a Zipf law of
     exponent ``zipf`` drawn with ``seed`` (``statistics.estimated_stats``, as the TorchRec adapter's), and is
     marked estimated. Table ids are the positions in the given order. ``devices``: heterogeneous devices,
-    ``[{"mem_cap_gb": 16, "speed": 1.0}, ...]``, in place of ``num_devices`` x ``mem_cap_gb``."""
+    ``[{"mem_cap_gb": 16, "speed": 1.0}, ...]``, in place of ``num_devices`` x ``mem_cap_gb`` (a count given beside
+    them must be theirs; None: theirs, else ``DEFAULT_DEVICES``)."""
     specs = _table_specs(tables)
     unmeasured = {i for i, spec in enumerate(specs) if isinstance(spec, dict) and not _has_histogram(spec)}
-    shape = {"num_devices": num_devices, "mem_cap_gb": mem_cap_gb} if devices is None else {"devices": list(devices)}
+    if devices is not None and num_devices is not None and num_devices != len(list(devices)):
+        raise UserError(
+            f"num_devices: got {num_devices}, but devices lists {len(list(devices))}; expected one of them (or the "
+            "same count)"
+        )
+    count = DEFAULT_DEVICES if num_devices is None else num_devices
+    shape = {"num_devices": count, "mem_cap_gb": mem_cap_gb} if devices is None else {"devices": list(devices)}
     obj = {
         **shape,
         "batch_size": batch_size,
