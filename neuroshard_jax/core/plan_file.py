@@ -77,7 +77,7 @@ def device_tables_words(plan_json: dict[str, Any], width: int = 60) -> dict[int,
     ``name[16:32]``, a row block as ``name(rows 2/4)``; past ``width`` characters, the first ones and how many more."""
     tables = {t["id"]: t for t in plan_json["task"]["tables"]}  # a shard names its table by id
     per_device: dict[int, list[str]] = {d["device"]: [] for d in plan_json["devices"]}
-    for shard in plan_json["shards"]:
+    for shard in plan_json.get("shards", ()):  # a partial plan.json (a summary of devices only) holds none
         table = tables[shard["table"]]
         word = str(table.get("name", table["id"]))
         if shard["dim"] != table["dim"]:
