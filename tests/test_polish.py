@@ -82,8 +82,9 @@ def test_polishing_an_unbalanced_plan_on_the_kernels():
     assert record.changes_kept >= 1 and assignment(polished) != assignment(plan)
     assert record.measured_compute_ms < record.unpolished_measured_compute_ms
     assert record.measurements <= config.max_measurements
-    # every measured step re-measured the slowest devices as its anchors: the machine's speed between steps
-    assert 1 <= len(record.drift) <= len(record.steps) and all(0.5 < f < 2 for f in record.drift)
+    # every measured step re-measured the slowest devices as its anchors: the machine's speed between steps (a 2-core
+    # machine's hiccup has read 2.2x between two steps: the bound is a sanity check, not a quiet machine's spread)
+    assert 1 <= len(record.drift) <= len(record.steps) and all(0.25 < f < 4 for f in record.drift)
     assert len(record.devices) == 3 and all(d.compute >= 0 for d in record.devices)
     assert polished.costs is not None and polished.to_json()["polish"] == record.to_json()
 
