@@ -15,6 +15,7 @@ Why one module of ~900 lines: the schema of each file sits beside the type it re
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from pathlib import Path
 from typing import Any
@@ -247,7 +248,12 @@ class Task:
         return np.array([int(cap * keep * GIB_BYTES) for cap in self.caps_gb()], dtype=np.int64)
 
     def step_memory(self) -> MemoryParts:
-        """What every device holds for its own slice of the batch, whatever tables it holds (``core.memory``)."""
+        """What every device holds for its own slice of the batch, whatever tables it holds (``core.memory``);
+        computed once per task (``cap_bytes`` asks for it on every call)."""
+        return self._step
+
+    @functools.cached_property
+    def _step(self) -> MemoryParts:
         return step_memory(
             self.batch_size,
             self.num_devices,

@@ -336,18 +336,16 @@ def model_kinds(path: str) -> tuple[str, ...]:
     return tuple(kinds)
 
 
-def _usable_user_models() -> list[str]:
-    """The user's models whose meta.json reads (``model_kinds``); one whose meta is torn or malformed is left out
-    with a one-line warning naming it, so that it blocks no run that does not name it."""
-    usable = []
+def _usable_user_models() -> dict[str, dict]:
+    """The user's models whose meta.json reads (``model_kinds``), with their metas; one whose meta is torn or
+    malformed is left out with a one-line warning naming it, so that it blocks no run that does not name it."""
+    usable = {}
     for name in user_names():
         try:
             model_kinds(checkpoint_path(name))
-            read_meta(checkpoint_path(name)).get("trained", "")
+            usable[name] = read_meta(checkpoint_path(name))
         except UserError as err:
             logger.warning("skipping your model %s (%s): %s", name, user_models_dir() / name, first_line(err))
-            continue
-        usable.append(name)
     return usable
 
 
@@ -435,23 +433,22 @@ def _model_of_kind(here: str, task: Task | None = None) -> str | None:
     is not (an H200's ``h200-union`` plans 2k-8k batches, ``h200-queued`` 16k-64k), and of those, the one whose
     labels ran the task's optimizer (``epyc-f25m17-rowwise`` for row-wise Adagrad) before the others."""
 
-    def best(names: list[str]) -> str:
+    def best(names: list[str], metas: dict[str, dict]) -> str:
         """Of ``names`` (in order of preference), the first trained at the task's batch size and precision with
-        labels nearest its optimizer (``optimizer_distance``); else the first."""
+        labels nearest its optimizer (``optimizer_distance``); else the first. ``metas``: those already read."""
         if task is None:
             return names[0]
-        metas = [read_meta(checkpoint_path(n)) for n in names]
         fits = [
-            (optimizer_distance(m, task.training.optimizer), i)
-            for i, m in enumerate(metas)
-            if _trains(m, task.batch_size, task.precision)
+            (optimizer_distance(meta, task.training.optimizer), i)
+            for i, meta in enumerate(metas.get(n) or read_meta(checkpoint_path(n)) for n in names)
+            if _trains(meta, task.batch_size, task.precision)
         ]
         return names[min(fits)[1]] if fits else names[0]
 
-    mine = [n for n in _usable_user_models() if of_kind(here, model_kinds(checkpoint_path(n)))]
+    mine = {n: m for n, m in _usable_user_models().items() if of_kind(here, model_kinds(checkpoint_path(n)))}
     if mine:
-        return best(sorted(mine, key=lambda n: read_meta(checkpoint_path(n)).get("trained", ""), reverse=True))
+        return best(sorted(mine, key=lambda n: mine[n].get("trained", ""), reverse=True), mine)
     shipped = [n for n in shipped_names() if of_kind(here, model_kinds(checkpoint_path(n)))]
     if not shipped or SHIPPED_MODEL_NAME in shipped:
         return None
-    return best(shipped)
+    return best(shipped, {})
