@@ -155,10 +155,8 @@ class RandomSearch(Searcher):
                     break
         if not plans:
             attempts = self.num_samples * self.max_attempts_per_sample
-            need_gb = sum(task.table_mem_bytes(i) for i in range(task.num_tables)) / GIB_BYTES
             raise InfeasibleError(
-                f"random: no memory-feasible random placement found in {attempts} attempts "
-                f"(tables need {need_gb:.2f} GiB of {task.describe_devices()})"
+                f"random: no memory-feasible random placement found in {attempts} attempts ({task.need_words()})"
             )
         costs = score_plans(cost_model, plans)
         return plans[int(np.argmin(costs))]

@@ -10,8 +10,9 @@ device's cost is cached and only its head is rerun when a shard joins it (its la
 the shard's embedding). The plan cost of every (candidate, alpha) is the simulator's formula.
 
 Exact integer rules, shared with the plain-Python oracle in the tests:
-* memory in ``MEM_UNIT_BYTES`` units, each shard rounded *up* and each device's cap rounded *down*, so a
-  placement accepted here never exceeds the cap in bytes (int32 holds caps up to 2 TiB);
+* memory in units of ``unit_bytes`` (the smallest power of two that keeps the caps and the tables below
+  ``MAX_UNITS``: 16 bytes for devices of 4 GiB), each shard rounded *up* and each device's cap rounded *down*, so a
+  placement accepted here never exceeds the cap in bytes, and rounding costs a device at most a unit per shard;
 * the dim bound of alpha is ``floor(alpha * total_dim / N)`` (``dim_bounds``);
 * ties go to the lowest device index, equal shard costs keep their slot order.
 If no device is eligible for a shard, that (candidate, alpha) is infeasible (cost +inf). A last,
@@ -32,7 +33,7 @@ import numpy as np
 
 from neuroshard_jax.costs.cost_model import CostFns, DeviceArrays, combine_costs, input_dist_ms, plan_cost_ms
 
-MEM_UNIT_BYTES = 1024
+MEM_UNIT_BYTES = 1  # the finest unit: 3,000 tables of 48 B each take 48 B, not a 1 KiB unit each
 MEMORY_ONLY = np.iinfo(np.int32).max  # a dim bound that never binds
 
 
@@ -40,8 +41,8 @@ MAX_UNITS = 2**29  # the cap and a whole task's tables stay below this: a device
 
 
 def unit_bytes(task) -> int:
-    """Bytes per memory unit for ``task``: 1 KiB, or the smallest larger power of two that keeps its cap and its
-    tables' total memory below MAX_UNITS units (caps of 2 TiB and more: host memory, offloaded tables)."""
+    """Bytes per memory unit for ``task``: the smallest power of two that keeps its cap and its tables' total memory
+    below MAX_UNITS units (a byte below 512 MiB, 16 bytes for 4 GiB, 4 MiB for 1 PiB of host memory)."""
     largest = max(task.largest_cap_bytes, sum(task.table_mem_bytes(i) for i in range(task.num_tables)))
     unit = MEM_UNIT_BYTES
     while largest // unit >= MAX_UNITS:

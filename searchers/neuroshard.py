@@ -15,7 +15,6 @@ from typing import ClassVar
 
 import numpy as np
 
-from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.constraints import KEYS as CONSTRAINT_KEYS
 from neuroshard_jax.core.constraints import allowed_devices, groups, max_levels
 from neuroshard_jax.core.errors import InfeasibleError, UserError
@@ -166,9 +165,7 @@ class Scorer:
         return self.space.plan(levels, devices)
 
     def task_summary(self) -> str:
-        task = self.space.task
-        need_gb = sum(task.table_mem_bytes(i) for i in range(task.num_tables)) / GIB_BYTES
-        return f"tables need {need_gb:.2f} GiB of {task.describe_devices()}"
+        return self.space.task.need_words()
 
 
 @register("grid")

@@ -29,7 +29,8 @@ def small_config(tmp_path, **changes):
         start="xeon-union",
         name="adapted-test",
         out=str(tmp_path / "run"),
-        plan_share=0.3,
+        plan_share=0.4,
+        input_share=0.3,
         specs=specs,
         plans=plans,
         executor=ExecutorConfig(workers=1),
@@ -93,10 +94,67 @@ def test_adapt_measures_fine_tunes_reports_and_registers_a_model_later_runs_choo
     assert fitted["sizes"] == [2] and mine.kind == here and for_kinds([here]) == mine
     assert registry.make_cost_model("adapted-test", task).input_dist == mine
     assert any(line.startswith("input distribution:") for line in lines)
-    # resumable: a rerun spends no more measuring time than the budget's and keeps every label
+    # the time spent, stage by stage, is within the budget (the fine-tune's included)
+    spent = json.loads((tmp_path / "run" / "adapt.json").read_text())["spent_s"]
+    assert set(spent) == {"specs", "inputs", "plans", "fit"} and sum(spent.values()) <= 60 * config.budget_min + 5
+    # resumable: a rerun of the same budget measures nothing more, and the model of the run stands
     again = adapt(config)
-    assert again["labels"] == labels
+    assert again["labels"] == labels and again["registered"] == report["registered"]
     assert len(read_records(tmp_path / "run" / "labels" / "specs" / "compute.jsonl")) == len(specs)
+    assert any("the budget of 1 min is spent" in line for line in caplog.messages)
+
+
+def test_a_budget_that_cannot_end_in_a_model_is_refused_before_measuring_naming_the_least(tmp_path):
+    from neuroshard_jax.learn.adapt import adapt
+
+    least = r"budget_min: got 0.1, expected at least 0.5 min here: about 8 s to start, 24 spec labels at no less"
+    with pytest.raises(UserError, match=least):
+        adapt(small_config(tmp_path, budget_min=0.1))
+    assert not (tmp_path / "run" / "labels").exists()  # nothing measured
+
+
+def test_the_labels_a_fine_tune_needs_are_counted_in_measuring_order(tmp_path):
+    from neuroshard_jax.learn.adapt import UNCERTAIN_IDS, picks_short
+
+    config = small_config(tmp_path)  # min_labels 20, every 3rd covering pick held out, half the picks uncertain
+    assert picks_short(config, []) == 24  # 12 covering (4 held out) and 12 uncertain
+    steady = {"ok": True, "fwd_runs_ms": [1.0] * 4, "bwd_runs_ms": [1.0] * 4}
+    first = [{"id": i, **steady} for i in (0, UNCERTAIN_IDS, 1, UNCERTAIN_IDS + 5)]
+    assert picks_short(config, first) == 20
+    noisy = [dict(r, fwd_runs_ms=[1.0, 1.0, 3.0, 9.0]) for r in first]  # labels training drops are not counted
+    assert picks_short(config, noisy) == 24 and picks_short(config, noisy[:2]) == 24
+    failed = [dict(r, ok=False) for r in first]
+    assert picks_short(config, failed) == 24
+
+
+def test_the_time_spent_is_on_disk_as_it_passes_so_a_kill_9_loses_at_most_a_tick(tmp_path):
+    """A real ``kill -9`` of a process inside a ledger stage: adapt.json holds the seconds spent up to the last
+    tick; a new ledger reads them (what a rerun's budget counts)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from neuroshard_jax.learn.adapt_budget import TICK_S, Ledger
+
+    path = tmp_path / "adapt.json"
+    path.write_text(json.dumps({"spent_s": {"specs": 10.0}, "note": "kept"}))
+    code = (
+        "import sys, time; from pathlib import Path; from neuroshard_jax.learn.adapt_budget import Ledger\n"
+        "with Ledger(Path(sys.argv[1])).stage('plans'):\n    print('in', flush=True); time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "in\n"
+    started = time.monotonic()
+    time.sleep(3.5)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    elapsed = time.monotonic() - started
+    ledger = Ledger(path)
+    assert ledger.spent["specs"] == 10.0 and ledger.state["note"] == "kept"
+    assert elapsed - TICK_S - 0.5 <= ledger.spent["plans"] <= elapsed + 0.5
+    assert not path.with_suffix(".json.tmp").exists()
 
 
 def test_the_measuring_order_is_fixed_by_the_seed_and_mixes_covering_and_uncertain_picks(tmp_path):

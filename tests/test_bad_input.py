@@ -59,7 +59,24 @@ def test_memory_units_stay_within_int32_and_round_safely():
     assert unit > 1024 and cap_units(task.largest_cap_bytes, unit) < MAX_UNITS
     assert mem_units(task.table_mem_bytes(0), unit) * unit >= task.table_mem_bytes(0)  # a shard rounds up
     assert cap_units(task.largest_cap_bytes, unit) * unit <= task.largest_cap_bytes  # the cap rounds down
-    assert unit_bytes(make_task([make_table(0)], mem_cap_gb=4.0)) == 1024
+    assert unit_bytes(make_task([make_table(0)], mem_cap_gb=4.0)) == 16  # the finest unit that keeps 4 GiB in range
+    assert unit_bytes(make_task([make_table(0, rows=100)], mem_cap_gb=0.25)) == 1
+
+
+def test_thousands_of_tiny_tables_take_their_bytes_not_a_unit_each():
+    """3,000 tables of 48 bytes (with their step buffers, ~250 B each) on 4 devices of 1 MiB: 0.73 MiB of tables
+    per device fit beside each device's batch slice; counted in 1 KiB units (2.9 MiB) they were refused."""
+    import warnings
+
+    import neuroshard_jax as nsj
+
+    tables = [{"rows": 3, "dim": 4, "pooling_factor": 1.0} for _ in range(3000)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # estimated statistics: no data for these tables
+        for searcher in ("beam", "grid"):
+            settings = dict(num_devices=4, mem_cap_gb=2**-10, batch_size=8, cost_model="analytic")
+            plan = nsj.plan(tables, searcher=searcher, **settings)
+            assert max(m.total for m in plan.memory()) <= plan.task.room_bytes().max()
 
 
 # --- 2. overrides: every one type-checked before any work (the rest are in test_cli) ---------------------------

@@ -26,7 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
-from neuroshard_jax.core.constants import GIB_BYTES
+from neuroshard_jax.core.memory import gib
 from neuroshard_jax.core.sharding import Shard, max_halvings
 
 KEYS = ("pin", "exclude", "no_split", "max_shards", "colocate", "sharding_types")
@@ -176,22 +176,18 @@ def conflicts(
         if not allowed[i].any():
             where = f"colocate group {tables[i].colocate!r}" if tables[i].colocate else f"table {names[i]}"
             return f"{where}: allowed on no device (pin and exclude leave none of 0..{num_devices - 1})"
-    gib = GIB_BYTES
     for group, members in groups(tables).items():
         need = sum(mem_bytes[m] for m in members)
         room = max(cap_bytes[d] for d in np.flatnonzero(allowed[members[0]]))
         if need > room:
             return (
-                f"colocate group {group!r}: its tables need {need / gib:.2f} GiB together, the largest device it "
-                f"may go to holds {room / gib:.2f} GiB"
+                f"colocate group {group!r}: its tables need {gib(need)} GiB together, the largest device it "
+                f"may go to holds {gib(room)} GiB"
             )
     for d in range(num_devices):
         forced = [i for i in range(len(tables)) if allowed[i].sum() == 1 and allowed[i, d]]
         need = sum(mem_bytes[i] for i in forced)
         if need > cap_bytes[d]:
             listed = ", ".join(names[i] for i in forced[:6]) + (", ..." if len(forced) > 6 else "")
-            return (
-                f"tables pinned to device {d} ({listed}) need {need / gib:.2f} GiB, its cap is "
-                f"{cap_bytes[d] / gib:.2f} GiB"
-            )
+            return f"tables pinned to device {d} ({listed}) need {gib(need)} GiB, its cap is {gib(cap_bytes[d])} GiB"
     return None

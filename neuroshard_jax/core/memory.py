@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.sharding import mem_bytes
 
@@ -164,3 +165,9 @@ def step_memory(
     outputs = 2 * local * dim_total * OUTPUT_BYTES
     ids = 2 * (int(round(ids_per_sample * local)) + local * num_tables + num_tables) * ID_BYTES
     return MemoryParts(buffers=int(outputs + ids))
+
+
+def gib(count: float) -> str:
+    """Bytes as GiB in words: 3 significant digits (``0.000457``, ``0.45``, ``12.5``), 2 decimals from 100 on."""
+    value = count / GIB_BYTES
+    return f"{value:.2f}" if value >= 100 else f"{value:.3g}"

@@ -27,7 +27,7 @@ from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GENE
 from neuroshard_jax.core.constraints import SHARDING_TYPES, violations
 from neuroshard_jax.core.errors import PlanError, UserError
 from neuroshard_jax.core.features import NUM_BINS, feature_matrix
-from neuroshard_jax.core.memory import PLAIN_SGD, MemoryParts, Training, shard_memory, step_memory
+from neuroshard_jax.core.memory import PLAIN_SGD, MemoryParts, Training, gib, shard_memory, step_memory
 from neuroshard_jax.core.paths import pool_file_digest
 from neuroshard_jax.core.records import CalibrationRecord, PolishRecord
 from neuroshard_jax.core.sharding import (
@@ -311,6 +311,11 @@ class Task:
             return f"{self.num_devices} x {self.devices[0].mem_cap_gb} GiB"
         caps = self.caps_gb()
         return f"{self.num_devices} devices of {min(caps)}-{max(caps)} GiB ({sum(caps):.2f} GiB in all)"
+
+    def need_words(self) -> str:
+        """``tables need 0.000139 GiB of 4 x 0.001 GiB``: what the tables take and where, for messages."""
+        need = sum(self.table_mem_bytes(i) for i in range(self.num_tables))
+        return f"tables need {gib(need)} GiB of {self.describe_devices()}"
 
     def table_mem_bytes(self, index: int, dim: int | None = None) -> int:
         """Memory of table ``index`` while it trains (of a column shard of it when ``dim`` is given): weights,

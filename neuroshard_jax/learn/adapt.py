@@ -29,6 +29,7 @@ user's fits, so that models of this kind price it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import logging
@@ -45,7 +46,7 @@ from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import above_zero, at_least, typed
 from neuroshard_jax.core.constants import SHIPPED_MODEL_NAME
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import read_json, read_records, write_json
+from neuroshard_jax.core.files import read_records, write_json
 from neuroshard_jax.core.folders import one_writer, replace_dir
 from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.core.memory import kernel_optimizer
@@ -55,8 +56,9 @@ from neuroshard_jax.costs.ensemble import EnsembleConfig
 from neuroshard_jax.costs.registry import COST_MODELS, checkpoint_path, choose_cost_model, model_kinds, shipped_names
 from neuroshard_jax.kernels.executors import ExecutorConfig, connected
 from neuroshard_jax.kernels.processes import table_ref, timing_fields
+from neuroshard_jax.learn.adapt_budget import FIRST_GUESS_S, REPORT_S, Ledger, Rates, minutes_up
 from neuroshard_jax.learn.collect import CollectConfig, collect
-from neuroshard_jax.learn.datasets import compute_batches, padded_shards
+from neuroshard_jax.learn.datasets import compute_batches, padded_shards, steady
 from neuroshard_jax.learn.ensemble_fit import ensemble_ms, train_ensemble
 from neuroshard_jax.learn.metrics import kendall_tau, mape
 from neuroshard_jax.learn.plan_labels import PlanLabelConfig
@@ -67,7 +69,12 @@ from neuroshard_jax.workloads.samplers import CommSamplerConfig, SpecSamplerConf
 logger = logging.getLogger(__name__)
 
 UNCERTAIN_IDS = 1_000_000  # spec samples from here on are the candidates of uncertain picks (ids stay apart)
-CHUNK_PICKS = 16  # uncertain picks scored together (one call of the start model)
+CHUNK_PICKS = 4  # uncertain picks scored together (one call of the start model; ~1 s of sampling: labels flow)
+MIN_INPUT_LABELS = 12  # input-distribution labels worth a fit (4 of each of 2, 4 and 8 ranks); fewer: none measured
+RERUN_MEASURE_S = 30.0  # a rerun after a model was made measures and fine-tunes again only with this much more
+PROBE_PER_WORKER = 2  # spec labels per worker (at least 4) timed first: what the rest cost, before the budget is judged
+DISTINCT_DEVICES = 0.6  # of a plan task's device slots, the distinct devices measured (15 of 24 on the first task)
+INPUT_CHUNK = 3  # input-distribution labels per launch of the gloo ranks (a deadline is checked between launches)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +91,9 @@ class AdaptConfig:
     uncertain_share: float = 0.5  # spec picks where the start model is least sure; the rest cover the space
     draws: int = 4  # fresh samples per uncertain pick; the one whose members' predictions spread most is measured
     heldout_every: int = 3  # every Nth covering pick is held out: scored, never trained on
-    label_share: float = 0.85  # of the budget spent measuring; the rest fine-tunes and reports
+    label_share: float = 0.85  # of the budget spent measuring at most; the rest (at least a fine-tune's time) trains
     plan_share: float = 0.2  # of the measuring time: the devices of plans searched with the start model (0: none)
+    input_share: float = 0.2  # of the measuring time at most: TorchRec's input distribution (input_labels)
     reanchor: bool = True  # move the start model onto the roofline of the new labels before fine-tuning
     label_weight: float = 2.0  # loss weight of a plan device against a spec label
     min_labels: int = 20  # training labels needed to fine-tune (fewer: the run says how many it got and stops)
@@ -115,11 +123,16 @@ class AdaptConfig:
         above_zero(self, ("budget_min", "label_share", "label_weight", "timeout_s"))
         at_least(self, 1, ("draws", "heldout_every", "min_labels", "iters"))
         at_least(self, 0, ("seed", "warmup", "input_labels"))
+        if self.plan_share + self.input_share > 1:
+            raise UserError(
+                f"plan_share + input_share: got {self.plan_share:g} + {self.input_share:g}, expected at most 1 (shares "
+                "of one measuring time)"
+            )
         if self.input_labels and self.inputs.input_share != 1.0:
             raise UserError(
                 f"inputs.input_share: got {self.inputs.input_share}, expected 1.0 (every label a distribution)"
             )
-        for key in ("uncertain_share", "plan_share", "label_share"):
+        for key in ("uncertain_share", "plan_share", "label_share", "input_share"):
             if not 0 <= getattr(self, key) <= 1 or (key == "uncertain_share" and getattr(self, key) == 1):
                 upper = "< 1" if key == "uncertain_share" else "<= 1"
                 raise UserError(f"{key}: got {getattr(self, key)!r}, expected a share >= 0 and {upper}")
@@ -151,13 +164,20 @@ def kind_slug(found: dict, device: str) -> str:
 def spec_order(config: AdaptConfig, start: str, done: set[int]) -> Iterator[int]:
     """Spec sample ids in measuring order: covering picks (0, 1, 2, ...) and uncertain picks (the sample of
     ``draws`` candidates, ids from UNCERTAIN_IDS, whose start-model members spread most) in the proportion
-    ``uncertain_share``. Deterministic for a seed and start model; a pick already in ``done`` costs nothing."""
-    uncertain = _uncertain_picks(config, start, done)
-    share, taken = config.uncertain_share, 0
+    ``uncertain_share``. Deterministic for a seed and start model; a pick already in ``done`` costs nothing. The
+    start model is loaded here, before the first id is asked for (a measuring call's start, not a label's time)."""
+    uncertain = _uncertain_picks(config, load_ensemble(start), done) if config.uncertain_share else iter(())
+    return (next(uncertain) if covering is None else covering for covering in pick_kinds(config.uncertain_share))
+
+
+def pick_kinds(share: float) -> Iterator[int | None]:
+    """The measuring order's picks by kind: a covering pick's spec sample id, or None for an uncertain pick (kept
+    at ``share`` of the picks so far)."""
+    taken = 0
     for step in itertools.count():
-        if share > 0 and (taken + 1) <= share * (step + 1):  # keep the uncertain picks at their share
+        if share > 0 and (taken + 1) <= share * (step + 1):
             taken += 1
-            yield next(uncertain)
+            yield None
         else:
             yield step - taken
 
@@ -167,10 +187,11 @@ def is_heldout(config: AdaptConfig, sample_id: int) -> bool:
     return sample_id < UNCERTAIN_IDS and sample_id % config.heldout_every == 0
 
 
-def _uncertain_picks(config: AdaptConfig, start: str, done: set[int]) -> Iterator[int]:
+def _uncertain_picks(config: AdaptConfig, start: tuple, done: set[int]) -> Iterator[int]:
     """Uncertain pick k: of candidates UNCERTAIN_IDS + k * draws + j (j < draws), the one the start model is least
-    sure of (its members' relative spread); picks already measured are not scored again."""
-    _, nets, params, _ = load_ensemble(start)
+    sure of (its members' relative spread); picks already measured are not scored again. ``start``: the loaded
+    start model (``load_ensemble``)."""
+    _, nets, params, _ = start
     for first in itertools.count(0, CHUNK_PICKS):
         picks = range(first, first + CHUNK_PICKS)
         open_picks = [k for k in picks if not any(_candidate(config, k, j) in done for j in range(config.draws))]
@@ -283,19 +304,37 @@ def out_dir(config: AdaptConfig) -> Path:
 
 
 def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict) -> dict:
+    """The stages in order of need, each in its slice of the budget (``adapt_budget``): spec labels until a
+    fine-tune has enough (``picks_short``), TorchRec's input distribution (``input_share``), plan devices
+    (``plan_share``), more spec labels, then the fine-tune and the report in the time left."""
     began = time.monotonic()
     found = hardware()
     here = hardware_kind(found, config.device)
     name, out = model_name(config), out_dir(config)
     label, start = start_of
-    state_path = out / "adapt.json"
-    state = read_json(state_path, "out", "adapt.json written by neuroshard_jax.adapt") if state_path.exists() else {}
-    spent = dict(state.get("spent_s", {}))
+    ledger = Ledger(out / "adapt.json")
+    labels = LabelDirs(out)
+    rates = _rates(config, ledger, labels)
+    budget_s, spent_before = config.budget_min * 60, ledger.total()
+    short = picks_short(config, labels.spec_records())
+    if "heldout" in ledger.state and budget_s - spent_before < rates.fit + RERUN_MEASURE_S:
+        logger.info(
+            f"adapt: the budget of {config.budget_min:g} min is spent ({spent_before / 60:.1f} min); the model of "
+            "that run stands (a larger budget_min measures more and fine-tunes again)"
+        )
+        return ledger.state
+    _check_budget(config, rates, short, spent_before)
     logger.info(
-        f"adapt: this machine is {here}; adapting {label} (trained on {' or '.join(model_kinds(start))}) into {name}"
+        f"adapt: this machine is {here}; adapting {label} (trained on {' or '.join(model_kinds(start))}) into "
+        f"{name} within {config.budget_min:g} min"
+        + (
+            f" (a fine-tune needs at least {_least_words(config, rates, short, spent_before)})"
+            if rates.measured
+            else ""
+        )
     )
-    measure_s = config.budget_min * 60 * config.label_share
-    specs_dir, plans_dir = out / "labels" / "specs", out / "labels" / "plans"
+    measure_until = began + min(budget_s * config.label_share, budget_s - rates.fit) - spent_before
+    fit_until = began + budget_s - spent_before
     common = dict(
         device=config.device,
         optimizer=config.optimizer,
@@ -309,61 +348,213 @@ def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict) -> dic
         progress=config.progress,
         protocol=config.protocol,  # null: the device's own
     )
+    spec_config = CollectConfig(kind="compute", source="specs", out_dir=str(labels.specs), **common)
+    if short:
+        logger.info(f"measuring the {short} spec labels a fine-tune needs first")
+    while short and time.monotonic() < measure_until - _in_flight(config, rates):
+        probe = not rates.measured  # the first few, timed: what a label costs here, before the rest is judged
+        called = time.time()
+        with ledger.stage("specs"):
+            done = labels.spec_ids()
+            order = (i for i in spec_order(config, start, done) if i not in done)
+            count = min(short, max(4, PROBE_PER_WORKER * config.executor.workers)) if probe else short
+            collect(spec_config, itertools.islice(order, count), until=measure_until - _in_flight(config, rates))
+        short = picks_short(config, labels.spec_records())
+        rates = _rates(config, ledger, labels)
+        if probe and rates.measured:
+            first = min(labels.spec_times())  # a label takes about workers x the flow's gap on its worker
+            ledger.note("start_s", round(max(0.0, first - called - rates.spec_label * config.executor.workers), 2))
+            rates = _rates(config, ledger, labels)
+            _check_budget(config, rates, short, ledger.total())
+            logger.info(f"a fine-tune needs at least {_least_words(config, rates, short, ledger.total())}")
+    if short:
+        least = _least(rates, short, ledger.total())
+        raise UserError(
+            f"budget_min: got {config.budget_min:g}, which measured {labels.counts()['specs']} spec labels, "
+            f"{short} short of what a fine-tune needs ({rates.spec_label:.2g} s each here); expected at least "
+            f"{minutes_up(least):g} (rerun with budget_min={minutes_up(least):g}: the labels so far are kept)"
+        )
+    measure_s = measure_until - began + spent_before  # this budget's measuring time, earlier runs' included
     if config.input_labels and config.device == "cpu":
-        logger.info(f"measuring TorchRec's input distribution: {config.input_labels} comm labels on gloo ranks")
-        inputs = dataclasses.replace(
-            CollectConfig(kind="comm", out_dir=str(out / "labels" / "inputs"), **common),
-            comm=config.inputs,
-            num_samples=config.input_labels,
-        )
-        started = time.monotonic()
-        try:
-            collect(inputs)
-        finally:
-            spent["inputs"] = spent.get("inputs", 0.0) + time.monotonic() - started
-            write_json({**state, "spent_s": spent}, state_path)
-    plan_left = measure_s * config.plan_share - spent.get("plans", 0.0)
-    if plan_left > 0:
-        logger.info(f"measuring the devices of plans searched with {label} for up to {plan_left / 60:.1f} min")
-        _measure_plans(config, CollectConfig(kind="plans", out_dir=str(plans_dir), **common), start, plan_left, spent)
-        write_json({**state, "spent_s": spent}, state_path)
-    spec_left = measure_s - sum(spent.get(k, 0.0) for k in ("plans", "specs", "inputs"))
-    if spec_left > 0:
+        _measure_inputs(config, common, labels, ledger, rates, measure_s, measure_until)
+    plan_left = min(measure_s * config.plan_share - ledger.spent.get("plans", 0.0), measure_until - time.monotonic())
+    if plan_left >= rates.plan_task:
+        logger.info(f"measuring the devices of plans searched with {label} for {plan_left / 60:.1f} min")
+        with ledger.stage("plans"):
+            plan_config = CollectConfig(kind="plans", out_dir=str(labels.plans), **common)
+            _measure_plans(config, plan_config, start, plan_left, rates)
+    elif config.plan_share:
         logger.info(
-            f"measuring spec shards for {spec_left / 60:.1f} min (uncertain picks: {config.uncertain_share:.0%})"
+            f"no plan devices: a plan task takes about {rates.plan_task:.0f} s here, more than their "
+            f"{max(plan_left, 0):.0f} s (plan_share {config.plan_share:g} of the measuring time)"
         )
-        spec_config = CollectConfig(kind="compute", source="specs", out_dir=str(specs_dir), **common)
-        labels = specs_dir / "compute.jsonl"
-        done = {r["id"] for r in read_records(labels, ok_only=False)} if labels.exists() else set()
-        started = time.monotonic()
-        try:
-            collect(spec_config, spec_order(config, start, done), until=started + spec_left)
-        finally:
-            spent["specs"] = spent.get("specs", 0.0) + time.monotonic() - started
-            write_json({**state, "spent_s": spent}, state_path)
-    report = _fit_and_report(config, name, out, (label, start), compare, (specs_dir, plans_dir))
+    spec_left = measure_until - _in_flight(config, rates) - time.monotonic()
+    if spec_left > 0:
+        uncertain = f"uncertain picks: {config.uncertain_share:.0%}"
+        logger.info(f"measuring spec shards for {spec_left / 60:.1f} min ({uncertain})")
+        with ledger.stage("specs"):
+            until = measure_until - _in_flight(config, rates)
+            collect(spec_config, spec_order(config, start, labels.spec_ids()), until=until)
+    fit_started = time.monotonic()
+    if fit_until - fit_started < rates.fit * 0.5:
+        least = ledger.total() + rates.fit
+        raise UserError(
+            f"budget_min: got {config.budget_min:g}, of which {fit_until - fit_started:.0f} s is left for the "
+            f"fine-tune, which takes about {rates.fit:.0f} s here; expected at least {minutes_up(least):g} (rerun "
+            f"with budget_min={minutes_up(least):g}: the labels so far are kept)"
+        )
+    with ledger.stage("fit"):
+        report = _fit_and_report(config, name, out, (label, start), compare, labels, fit_until - REPORT_S)
     report.update(
         budget_min=config.budget_min,
-        spent_s={k: round(v, 1) for k, v in spent.items()},
+        fit_s=round(time.monotonic() - fit_started, 1),
         this_run_s=round(time.monotonic() - began, 1),
         machine=found,
         kind=here,
     )
-    write_json(report, state_path)
-    return report
+    ledger.finish(report)
+    return ledger.state
 
 
-def _measure_plans(config: AdaptConfig, collect_config: CollectConfig, start: str, left_s: float, spent: dict) -> None:
-    """Plan tasks one at a time (each resumable) until ``left_s`` is spent or ``plans`` tasks are done."""
+def _check_budget(config: AdaptConfig, rates: Rates, short: int, spent: float) -> None:
+    """Refuse, in one line naming the least budget, a budget that cannot end in a model here: the spec labels a
+    fine-tune still needs at this machine's rate (before one was timed: the fastest any device measures one), then
+    the fine-tune."""
+    if config.budget_min * 60 < _least(rates, short, spent):
+        kept = " (rerun with it: the labels so far are kept)" if spent else ""
+        raise UserError(
+            f"budget_min: got {config.budget_min:g}, expected at least {_least_words(config, rates, short, spent)}"
+            + kept
+        )
+
+
+def _least_words(config: AdaptConfig, rates: Rates, short: int, spent: float) -> str:
+    """``1.1 min here: about 5 s to start, 24 spec labels at about 2 s each, then about 15 s to fine-tune``."""
+    each = f"about {rates.spec_label:.2g} s each" if rates.measured else f"no less than {rates.spec_label:g} s each"
+    labels = f"about {rates.start:.0f} s to start, {short} spec labels at {each}, then " if short else ""
+    words = f"{minutes_up(_least(rates, short, spent)):g} min here: {labels}about {rates.fit:.0f} s to fine-tune"
+    return words + (f", after the {spent / 60:.1f} min this out folder's runs spent" if spent else "")
+
+
+def _least(rates: Rates, short: int, spent: float) -> float:
+    """The least budget that ends in a model: what was spent, the ``short`` spec labels (a measuring call's start
+    first), the fine-tune."""
+    return spent + (rates.start if short else 0.0) + short * rates.spec_label + rates.fit
+
+
+def _rates(config: AdaptConfig, ledger: Ledger, labels: LabelDirs) -> Rates:
+    guess = functools.partial(plan_task_guess, config.plans)
+    return Rates.of(ledger, labels.counts(), labels.spec_times(), guess)
+
+
+def _in_flight(config: AdaptConfig, rates: Rates) -> float:
+    """Seconds before a measuring deadline at which no label is started: the labels in flight then finish."""
+    return rates.spec_label * config.executor.workers
+
+
+def plan_task_guess(plans: PlanLabelConfig, spec_label_s: float) -> float:
+    """A plan task's seconds before one was done here: each searcher's search, then the distinct devices of its
+    plans (about ``DISTINCT_DEVICES`` of their device slots), each about a spec label."""
+    slots = (len(plans.searchers) + plans.variants) * float(np.mean(plans.num_devices))
+    return FIRST_GUESS_S["search"] * len(plans.searchers) + DISTINCT_DEVICES * slots * spec_label_s
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelDirs:
+    """The label datasets of a run under ``out``: spec shards, plan devices, input distributions."""
+
+    out: Path
+
+    @property
+    def specs(self) -> Path:
+        return self.out / "labels" / "specs"
+
+    @property
+    def plans(self) -> Path:
+        return self.out / "labels" / "plans"
+
+    @property
+    def inputs(self) -> Path:
+        return self.out / "labels" / "inputs"
+
+    def spec_records(self) -> list[dict]:
+        """Every spec label taken, failures included (their picks are spent)."""
+        path = self.specs / "compute.jsonl"
+        return read_records(path, ok_only=False) if path.exists() else []
+
+    def spec_times(self) -> list[float]:
+        """When each spec label came in (unix seconds; labels of older versions have none)."""
+        return [r["at"] for r in self.spec_records() if "at" in r]
+
+    def spec_ids(self) -> set[int]:
+        return {r["id"] for r in self.spec_records()}
+
+    def counts(self) -> dict[str, int]:
+        """Spec labels, input labels and plan tasks on disk (what ``Rates`` divides the time spent by)."""
+
+        def lines(path: Path) -> int:
+            return len(read_records(path, ok_only=False)) if path.exists() else 0
+
+        return {
+            "specs": lines(self.specs / "compute.jsonl"),
+            "inputs": lines(self.inputs / "comm.jsonl"),
+            "plans": lines(self.plans / "plans.jsonl"),
+        }
+
+
+def picks_short(config: AdaptConfig, records: list[dict]) -> int:
+    """Spec picks still to measure, in ``spec_order``, before ``records`` (the picks taken) hold ``min_labels``
+    steady training labels and 2 held-out ones (``datasets.steady``: the ones training keeps)."""
+    steady_ones = [r for r in records if r.get("ok", True) and steady(r, EnsembleConfig().max_label_spread)]
+    held = sum(is_heldout(config, r["id"]) for r in steady_ones)
+    train = len(steady_ones) - held
+    for n, covering in enumerate(itertools.islice(pick_kinds(config.uncertain_share), len(records), None)):
+        if train >= config.min_labels and held >= 2:
+            return n
+        if covering is not None and is_heldout(config, covering):
+            held += 1
+        else:
+            train += 1
+    raise AssertionError("unreachable: the order is endless")
+
+
+def _measure_inputs(config, common, labels, ledger, rates, measure_s, measure_until) -> None:
+    """TorchRec's input distribution on gloo ranks, in ``input_share`` of the measuring time: skipped (a line says
+    so) where that cannot hold the ``MIN_INPUT_LABELS`` a fit needs."""
+    have = labels.counts()["inputs"]
+    left = min(measure_s * config.input_share - ledger.spent.get("inputs", 0.0), measure_until - time.monotonic())
+    if have >= config.input_labels:
+        return
+    in_flight = INPUT_CHUNK * rates.input_label  # the launch running when the deadline passes finishes
+    need = max(1, min(config.input_labels, MIN_INPUT_LABELS) - have)
+    if left - in_flight < rates.input_label * need:
+        logger.info(
+            f"no input-distribution labels: the {need} a fit needs take about "
+            f"{rates.input_label * need + in_flight:.0f} s here, more than their {max(left, 0):.0f} s "
+            f"(input_share {config.input_share:g} of the measuring time)"
+        )
+        return
+    logger.info(f"measuring TorchRec's input distribution for up to {left / 60:.1f} min: comm labels on gloo ranks")
+    inputs = dataclasses.replace(
+        CollectConfig(kind="comm", out_dir=str(labels.inputs), **common),
+        comm=config.inputs,
+        num_samples=config.input_labels,
+        comm_chunk=INPUT_CHUNK,
+    )
+    with ledger.stage("inputs"):
+        collect(inputs, until=time.monotonic() + left - in_flight)
+
+
+def _measure_plans(config: AdaptConfig, collect_config: CollectConfig, start: str, left_s: float, rates: Rates) -> None:
+    """Plan tasks one at a time (each resumable) while the slice holds another, no device started past it."""
     plans = dataclasses.replace(config.plans, model=start)
-    started = time.monotonic()
-    try:
-        for tasks in itertools.count(1):
-            if time.monotonic() - started >= left_s:
-                break
-            collect(dataclasses.replace(collect_config, num_samples=tasks, plans=plans))
-    finally:
-        spent["plans"] = spent.get("plans", 0.0) + time.monotonic() - started
+    until = time.monotonic() + left_s
+    for tasks in itertools.count(1):
+        if tasks > 1 and until - time.monotonic() < rates.plan_task:
+            break
+        collect(dataclasses.replace(collect_config, num_samples=tasks, plans=plans), until=until)
+        if time.monotonic() >= until:
+            break
 
 
 def _fit_and_report(
@@ -372,9 +563,12 @@ def _fit_and_report(
     out: Path,
     start_at: tuple[str, str],
     compare: dict[str, str],
-    label_dirs: tuple[Path, Path],
+    labels: LabelDirs,
+    until: float | None = None,
 ) -> dict:
-    (label, start), (specs_dir, plans_dir) = start_at, label_dirs
+    """Fine-tune (no epoch started after ``until``), score on the held-out labels, register; fit the input
+    distribution where its labels are enough."""
+    (label, start), specs_dir, plans_dir = start_at, labels.specs, labels.plans
     if not (specs_dir / "compute.jsonl").exists():
         raise UserError(
             f"budget_min: got {config.budget_min}, and no spec label was measured in it; expected a larger budget"
@@ -404,13 +598,14 @@ def _fit_and_report(
     train_ensemble(
         datasets,
         EnsembleConfig(),
-        config.finetune,
+        dataclasses.replace(config.finetune, progress=config.finetune.progress and config.progress),
         model_dir,
         name,
         how,
         init=start,
         dataset_scale=scale,
         reanchor=config.reanchor,
+        until=until,
     )
     train_s = time.monotonic() - started
     start_pred, target = predicted(start, heldout_dir)
@@ -430,9 +625,12 @@ def _fit_and_report(
     if config.register:
         report["registered"] = str(_register(model_dir, name))
         logger.info(f"registered {name} in {user_models_dir()}: later runs on this kind of machine choose it")
-    inputs_dir = out / "labels" / "inputs"
-    if (inputs_dir / "comm.jsonl").exists():
-        report["input_dist"] = _fit_inputs(config, name, inputs_dir, out)
+    inputs = len(read_records(labels.inputs / "comm.jsonl")) if (labels.inputs / "comm.jsonl").exists() else 0
+    if inputs >= min(config.input_labels, MIN_INPUT_LABELS):
+        report["input_dist"] = _fit_inputs(config, name, labels.inputs, out)
+    elif inputs:
+        least = min(config.input_labels, MIN_INPUT_LABELS)
+        logger.info(f"input distribution: {inputs} labels, fewer than the {least} a fit needs; not fitted")
     return report
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import time
 from collections.abc import Iterable
@@ -195,12 +196,13 @@ def _without_unset(settings: dict, *keys: str) -> dict:
 def collect(config: CollectConfig, ids: Iterable[int] | None = None, until: float | None = None) -> dict:
     """Collect up to ``num_samples`` records of ``kind`` into ``out_dir``; returns a summary. ``ids`` (compute):
     the samples to measure instead, in this order (drawn lazily: an order may be long or chosen as it goes);
-    ``until``: a ``time.monotonic()`` deadline after which no sample is started (those started finish).
+    ``until``: a ``time.monotonic()`` deadline after which no sample (comm: no chunk; plans: no task's search, no
+    device) is started (those started finish).
 
     The executor is reached first (a Ray address where nothing answers fails before anything is written), then
     ``out_dir`` is held for this writer alone (``one_writer``: a second collect into it is refused in one line)."""
     with connected(config.executor), one_writer(config.out_dir):
-        return _collect_plans(config) if config.kind == "plans" else _collect(config, ids, until)
+        return _collect_plans(config, until) if config.kind == "plans" else _collect(config, ids, until)
 
 
 def _collect(config: CollectConfig, ids: Iterable[int] | None, until: float | None) -> dict:
@@ -233,9 +235,9 @@ def _collect(config: CollectConfig, ids: Iterable[int] | None, until: float | No
         bar = progress_bar(initial=len(log.ids), desc="labels", unit=" labels", enabled=config.progress, mininterval=2)
     else:
         raise ValueError("collect: ids are for kind=compute")
-    if until is not None:
+    if until is not None and config.kind == "compute":
         todo = itertools.takewhile(lambda _: time.monotonic() < until, todo)
-    run = _collect_compute if config.kind == "compute" else _collect_comm
+    run = _collect_compute if config.kind == "compute" else functools.partial(_collect_comm, until=until)
 
     def count() -> dict:
         """The manifest counts what the file holds."""
@@ -256,7 +258,7 @@ def _collect(config: CollectConfig, ids: Iterable[int] | None, until: float | No
     return count()
 
 
-def _collect_plans(config: CollectConfig) -> dict:
+def _collect_plans(config: CollectConfig, until: float | None = None) -> dict:
     out = Path(config.out_dir)
     path = out / "manifest-compute.json"
     extra = {
@@ -291,6 +293,7 @@ def _collect_plans(config: CollectConfig) -> dict:
         evaluate,
         config.progress,
         Training(config.optimizer),
+        until,
     )
     before = manifest.get("rounds", {}).get(str(config.plans.round), {})
     added = ("search_s", "compute_s", "comm_s", "devices_measured", "comm_measured")  # a resumed round adds up
@@ -332,7 +335,8 @@ def _collect_compute(config: CollectConfig, log: JsonlLog, todo: Iterable[int], 
         row = {"id": request["id"], "tables": request["tables"]}
         if config.source == "specs":
             row["batch_size"] = request["batch_size"]
-        log.append({**row, **{k: v for k, v in answer.items() if k != "id"}})
+        # when the label came in (unix seconds): how fast labels flow here (adapt's budget), drift over a run
+        log.append({**row, **{k: v for k, v in answer.items() if k != "id"}, "at": round(time.time(), 3)})
         bar.update(1)
 
     requests = (request(i) for i in todo)
@@ -342,16 +346,23 @@ def _collect_compute(config: CollectConfig, log: JsonlLog, todo: Iterable[int], 
     )
 
 
-def _collect_comm(config: CollectConfig, log: JsonlLog, todo: list[int], bar) -> None:
+def _collect_comm(config: CollectConfig, log: JsonlLog, todo: list[int], bar, until: float | None = None) -> None:
+    """One launch of the ranks per chunk of ``comm_chunk`` requests of one world size, the sizes taking turns (a run
+    cut short by ``until``, a deadline checked before each launch, has labels of every size)."""
     samples = {i: sample_comm(config.comm, config.seed, i) for i in todo}
     by_world: dict[int, list[int]] = {}
     for i, s in samples.items():
         by_world.setdefault(s["world"], []).append(i)
+    chunks = [
+        [(world, ids[start : start + config.comm_chunk]) for start in range(0, len(ids), config.comm_chunk)]
+        for world, ids in sorted(by_world.items())
+    ]
     with open_executor(config.executor, config.device, config.timeout_s) as executor:
-        for world, ids in sorted(by_world.items()):
-            for start in range(0, len(ids), config.comm_chunk):
-                _collect_comm_chunk(config, log, samples, ids[start : start + config.comm_chunk], world, executor)
-                bar.update(min(config.comm_chunk, len(ids) - start))
+        for world, chunk in (c for turn in itertools.zip_longest(*chunks) for c in turn if c is not None):
+            if until is not None and time.monotonic() >= until:
+                break
+            _collect_comm_chunk(config, log, samples, chunk, world, executor)
+            bar.update(len(chunk))
 
 
 def _collect_comm_chunk(

@@ -45,6 +45,12 @@ def run_spread(record: dict) -> float:
     return float((q3 - q1) / max(np.median(runs), 1e-9))
 
 
+def steady(record: dict, max_spread: float) -> bool:
+    """A label training keeps: its runs spread at most ``max_spread`` (``run_spread``) and its worker had at least
+    MIN_CPU_SHARE of its core (else the machine was busy while it was taken)."""
+    return run_spread(record) <= max_spread and record.get("cpu_share", 1.0) >= MIN_CPU_SHARE
+
+
 def compute_batches(
     dataset_dir: Path,
     extra_records: list[dict] = (),
@@ -59,8 +65,8 @@ def compute_batches(
     scaled to its rows (what a search knows of a block: ``shard_feature_matrix``)."""
     manifest = load_manifest(dataset_dir, "compute")
     records = read_records(Path(dataset_dir) / "compute.jsonl")
-    if max_spread is not None:  # and labels whose worker got less than MIN_CPU_SHARE of its core
-        records = [r for r in records if run_spread(r) <= max_spread and r.get("cpu_share", 1.0) >= MIN_CPU_SHARE]
+    if max_spread is not None:
+        records = [r for r in records if steady(r, max_spread)]
     records += list(extra_records)
     if not records:
         raise UserError(f"dataset: no successful records in {str(dataset_dir)!r}")

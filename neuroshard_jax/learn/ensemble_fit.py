@@ -235,6 +235,7 @@ def train_ensemble(
     dataset_scale: tuple[float, ...] = (),
     allow_mixed_hardware: bool = False,
     reanchor: bool = False,
+    until: float | None = None,
 ) -> dict:
     """Train the physics ensemble on every compute dataset (and the comm nets on the first dataset with comm
     samples); calibrate its trust thresholds on the validation split; save a checkpoint. Returns the report.
@@ -244,7 +245,8 @@ def train_ensemble(
     fitted to these datasets (``reanchored``), then fine-tune; a fine-tune that adds physics the prior lacks (the
     saturating fusion term, the cache term: ``upgraded``) always does. ``dataset_scale``: a loss weight per dataset
     (default 1 each), on top of ``max_dataset_weight``. Cost labels belong to one kind of hardware: datasets measured on
-    different processors are refused unless ``allow_mixed_hardware`` (``check_one_hardware``)."""
+    different processors are refused unless ``allow_mixed_hardware`` (``check_one_hardware``). ``until``: a
+    ``time.monotonic()`` deadline after which no epoch is started (``trainer.fit``)."""
     dataset_dirs = [resolve_dataset(d) for d in dataset_dirs]
     feats, mask, batch, target, source, manifests = ensemble_arrays(dataset_dirs, ens_config.max_label_spread)
     check_one_training(dataset_dirs, manifests)
@@ -293,6 +295,7 @@ def train_ensemble(
         val,
         config,
         "ensemble",
+        until,
     )
     params = params._replace(members=members, stats=stats)
     _, val_spread = ensemble_ms(nets, params, feats[val], mask[val], batch[val])

@@ -29,6 +29,7 @@ search stage, read by the measuring stage and by the report; its sections follow
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -350,9 +351,11 @@ def collect_plans(
     evaluate: EvaluateConfig,
     progress: bool = True,
     training: Training = PLAIN_SGD,
+    until: float | None = None,
 ) -> dict:
     """Stage one (search and select) then stage two (measure) for tasks 0..num_tasks-1 of ``config.round``.
-    Returns counts and the wall time of each stage; ``progress``: a line per step (``core.progress.progress_lines``).
+    Returns counts and the wall time of each stage; ``progress``: a line per step (``core.progress.progress_lines``);
+    ``until``: a ``time.monotonic()`` deadline after which no task is searched and no device measured.
     """
     say = progress_lines(logger, progress)
     plans_log = JsonlLog(out / "plans.jsonl")
@@ -361,6 +364,8 @@ def collect_plans(
         row_id = f"{config.round}/{i}"
         if row_id in plans_log.ids:
             continue
+        if until is not None and time.monotonic() >= until:
+            break
         source, task = label_task(config, specs, pool, batch_size, seed, i, training)
         plans = plan_task(config, task, seed + i, progress)
         plans_log.append(
@@ -374,14 +379,17 @@ def collect_plans(
                 "plans": plans,
             }
         )
-        say(f"searched {row_id}: {len(plans)} plans ({source}, {task.num_tables} tables, {task.num_devices} devices)")
+        say(
+            f"searched task {i} of round {config.round}: {len(plans)} plans ({source}, {task.num_tables} tables, "
+            f"{task.num_devices} devices)"
+        )
     search_s = time.perf_counter() - started
     rows = [r for r in task_rows(plans_log).values() if r["round"] == config.round and r["index"] < num_tasks]
     return {
         "tasks": len(rows),
         "plans": sum(len(r["plans"]) for r in rows),
         "search_s": round(search_s, 1),
-        **label_rows(rows, out, evaluate, config.model, config.comm, progress, drift_references(config)),
+        **label_rows(rows, out, evaluate, config.model, config.comm, progress, drift_references(config), until),
     }
 
 
@@ -399,16 +407,19 @@ def label_rows(
     comm: bool,
     progress: bool = True,
     drift: tuple[References | None, int] = (None, 64),
+    until: float | None = None,
 ) -> dict:
     """Measure the devices (and with ``comm``, the all-to-alls) of the plans of plans.jsonl ``rows`` not yet in
     ``out``'s compute.jsonl (comm.jsonl); returns the counts and the wall time of each part. ``drift``: reference
-    records measured with every chunk of devices, and the chunk (``label_devices``)."""
+    records measured with every chunk of devices, and the chunk (``label_devices``); ``until``: a
+    ``time.monotonic()`` deadline after which no device is started (nor the all-to-alls)."""
     with open_executor(evaluate.executor, evaluate.device, evaluate.timeout_s, pin=evaluate.pin) as executor:
         started = time.perf_counter()
-        devices = label_devices(rows, out / "compute.jsonl", evaluate, model, progress, executor, *drift)
+        devices = label_devices(rows, out / "compute.jsonl", evaluate, model, progress, executor, *drift, until)
         compute_s = time.perf_counter() - started
         started = time.perf_counter()
-        comms = measure_plan_comm(rows, out, evaluate, progress, executor) if comm else 0
+        in_time = until is None or time.monotonic() < until
+        comms = measure_plan_comm(rows, out, evaluate, progress, executor) if comm and in_time else 0
     return {
         "devices_measured": devices,
         "comm_measured": comms,
@@ -436,10 +447,12 @@ def label_devices(
     executor: Executor,
     refs: References | None = None,
     chunk: int = 64,
+    until: float | None = None,
 ) -> int:
     """Measure every distinct device of ``rows`` not yet in ``path``; returns how many were measured. With
     ``refs``, the devices go in chunks of ``chunk``, each measured together with the reference records, and a
-    chunk's labels are written at its end with the machine's ``speed`` of that chunk (``drift.References``)."""
+    chunk's labels are written at its end with the machine's ``speed`` of that chunk (``drift.References``).
+    ``until``: a ``time.monotonic()`` deadline after which no device (no chunk) is started."""
     say = progress_lines(logger, progress)
     log = JsonlLog(path)
     todo: dict[str, dict] = {}
@@ -460,14 +473,25 @@ def label_devices(
     if requests:
         with_refs = f", {len(refs.requests)} references with every {chunk}" if refs else ""
         say(f"measuring {len(requests)} devices{with_refs}")
+    measured = 0
+
+    def in_time(_) -> bool:
+        return until is None or time.monotonic() < until
+
+    def keep(request: dict, answer: dict) -> None:
+        nonlocal measured
+        log.append(label(request, answer))
+        measured += 1
+
     if refs is None:
-        executor.map(requests, lambda request, answer: log.append(label(request, answer)))
-        return len(requests)
-    for start in range(0, len(requests), chunk):
+        executor.map(itertools.takewhile(in_time, requests), keep)
+        return measured
+    for start in itertools.takewhile(in_time, range(0, len(requests), chunk)):
         labels, speed = _with_references(executor, requests[start : start + chunk], refs, label)
         for row in labels:
             log.append(row | ({"speed": round(speed, 4), "reference": refs.dataset} if speed else {}))
-    return len(requests)
+        measured += len(labels)
+    return measured
 
 
 def _with_references(executor: Executor, requests: list[dict], refs: References, label) -> tuple[list[dict], float]:

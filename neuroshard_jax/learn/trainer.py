@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 
 import jax
@@ -46,9 +47,11 @@ def fit(
     val_idx: np.ndarray,
     config: TrainConfig,
     desc: str,
+    until: float | None = None,
 ) -> tuple[nnx.State, list[dict]]:
     """AdamW with cosine decay on ``loss_fn(model, *batch)`` (``model``: the merged module, or the raw state when
-    ``graphdef`` is None); returns the best-validation state and the history."""
+    ``graphdef`` is None); returns the best-validation state and the history. ``until``: a ``time.monotonic()``
+    deadline after which no epoch is started (the first always runs; the history says how many did)."""
     batch_size = min(config.batch_size, len(train_idx))
     steps = config.epochs * max(1, len(train_idx) // batch_size)
     schedule = optax.cosine_decay_schedule(config.learning_rate, steps, alpha=config.final_lr_fraction)
@@ -72,6 +75,8 @@ def fit(
     best_state, best_loss, history = state, np.inf, []
     bar = progress_bar(range(config.epochs), enabled=config.progress, desc=desc)
     for epoch in bar:
+        if epoch and until is not None and time.monotonic() >= until:
+            break
         order = rng.permutation(train_idx)
         losses = []
         for start in range(0, len(order) - batch_size + 1, batch_size):  # full batches: one compiled shape

@@ -106,9 +106,17 @@ def draw_table_spec(
         ranks = np.where(hot, rng.integers(0, hot_rows, lookups), rng.integers(0, rows, lookups))
     else:
         ranks = zipf_ids(rng, rows, rng.uniform(0.0, config.max_zipf), lookups)
-    _, counts = np.unique(ranks, return_counts=True)
-    shares = bin_shares(count_histogram(counts)[0])
+    shares = bin_shares(count_histogram(row_counts(ranks, rows))[0])
     return {"rows": rows, "pooling_factor": pooling, "bins": [round(float(x), 5) for x in shares]}
+
+
+def row_counts(ranks: np.ndarray, rows: int) -> np.ndarray:
+    """How often each row looked up was, in row order (``np.unique``'s counts): a bincount where the rows are few
+    against the lookups (no sort), else a sort."""
+    if rows <= 8 * len(ranks):
+        counts = np.bincount(ranks, minlength=0)
+        return counts[counts > 0]
+    return np.unique(ranks, return_counts=True)[1]
 
 
 def sample_spec_shard(config: SpecSamplerConfig, seed: int, index: int) -> tuple[int, list[dict]]:

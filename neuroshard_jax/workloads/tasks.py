@@ -15,7 +15,7 @@ from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GIB_
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import NUM_BINS
 from neuroshard_jax.core.files import read_json
-from neuroshard_jax.core.memory import PLAIN_SGD, MemoryParts, Training
+from neuroshard_jax.core.memory import PLAIN_SGD, MemoryParts, Training, gib
 from neuroshard_jax.core.sharding import is_legal_dim, mem_bytes, narrowest_dim, row_blocks
 from neuroshard_jax.core.types import BIN_KEYS, Table, Task, memory_words
 from neuroshard_jax.workloads.pool import PoolSpec, TablePool, load_pool
@@ -204,12 +204,6 @@ def check_feasible(task: Task) -> None:
             + (f" less {' and '.join(held_back)})" if held_back else ")")
             + fit_advice(task, lambda t: sum(t.table_mem_bytes(j) for j in range(t.num_tables)), int(caps.sum()))
         )
-
-
-def gib(count: float) -> str:
-    """Bytes as GiB in words: 3 significant digits (``0.000457``, ``0.45``, ``12.5``), 2 decimals from 100 on."""
-    value = count / GIB_BYTES
-    return f"{value:.2f}" if value >= 100 else f"{value:.3g}"
 
 
 def _least_per_device(task: Task, index: int) -> int:
