@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 
 from neuroshard_jax.core.cli import one_line_errors, run_app
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import output_file
 from neuroshard_jax.core.plan_file import load_plan
 from neuroshard_jax.torchrec.export import app_config, check_torchrec, expected_local_shards, export_torchrec
 
@@ -20,7 +21,7 @@ def main(cfg: DictConfig) -> None:
     if not config.plan:
         raise UserError("plan: missing, expected plan=PATH of a plan.json")
     plan = load_plan(config.plan)
-    output = Path(config.output or Path(config.plan).with_suffix(".torchrec.pt"))
+    output = output_file(config.output or Path(config.plan).with_suffix(".torchrec.pt"), "output")
     request, _ = export_torchrec(plan, output, config)
     tables, ranks = len(request["tables"]), request["world_size"]
     print(f"TorchRec ShardingPlan of {tables} tables on {ranks} ranks written to {output}")

@@ -439,3 +439,29 @@ def test_a_damaged_pool_cache_is_rebuilt_and_an_unwritable_cache_only_warns(tmp_
     monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path / "file" / "cache"))
     np.testing.assert_array_equal(load_pool(spec, 128).bins, first.bins)
     assert "set NEUROSHARD_CACHE_DIR to a folder you can write" in caplog.messages[-1]
+
+
+def test_a_cache_that_cannot_be_made_keeps_no_compiled_kernels_and_says_so_in_one_line(tmp_path, monkeypatch, caplog):
+    """A read-only home (here: the cache under a file): the search compiles as without a cache, with one warning
+    that names the folder and NEUROSHARD_CACHE_DIR, not one JAX warning per compiled kernel."""
+    import logging
+
+    import jax
+
+    from neuroshard_jax.search.pipeline import enable_compilation_cache
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    caplog.set_level(logging.WARNING, logger="neuroshard_jax.search.pipeline")
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", None)
+    try:
+        enable_compilation_cache()
+        assert jax.config.jax_compilation_cache_dir is None
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+    folder = str(tmp_path / "file" / "cache" / "jax")
+    assert caplog.messages == [
+        f"compiled search kernels are not kept: {folder!r} cannot be made (Not a directory); set NEUROSHARD_CACHE_DIR "
+        "to a folder you can write"
+    ]

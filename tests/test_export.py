@@ -81,6 +81,8 @@ def test_export_cli_checks_in_dmp_and_refuses_bad_options(split_plan):
         (["format=onnx"], "format: got 'onnx', expected one of torchrec"),
         (["check=true"], "check: true needs device=cpu"),
         (["table_names=same"], "table_names: got 'same', expected a pattern"),
+        ([f"output={path}/x.pt"], f"output: {str(path / 'x.pt')!r} lies under {str(path)!r}, which is a file"),
+        ([f"output={path.parent}"], "is a folder, expected a file's path"),
     ):
         bad = run_cli(f"plan={path}", *args, module="neuroshard_jax.export")
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr

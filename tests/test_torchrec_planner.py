@@ -197,3 +197,16 @@ def test_the_adapter_holds_back_torchrecs_share_of_a_topologys_memory():
     planner = NeuroShardPlanner(world_size=2, batch_size=32, cost_model="analytic", verbose=False)
     planner.plan(model)
     assert planner.last_plan.task.training.reserve == 0.15
+
+
+def test_torchs_is_fx_tracing_notice_is_dropped_and_nothing_else(caplog):
+    """TorchRec's KeyedJaggedTensor triggers torch's once-only is_fx_tracing deprecation notice in the user's
+    program (the README's example printed it); the adapter drops that record alone."""
+    import torch.fx._symbolic_trace as trace
+
+    import neuroshard_jax.torchrec  # noqa: F401  (installs the filter)
+
+    caplog.set_level(logging.WARNING)
+    trace.is_fx_tracing_warning.__wrapped__()  # the notice as torch logs it, past its once-only cache
+    trace.log.warning("another notice of that logger")
+    assert caplog.messages == ["another notice of that logger"]

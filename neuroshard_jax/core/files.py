@@ -162,6 +162,25 @@ def write_json(obj: dict[str, Any], path: str | Path) -> Path:
     return write_text(path, json.dumps(obj, indent=1) + "\n")
 
 
+def output_file(path: str | Path, key: str) -> Path:
+    """``path`` as a file this process can write, its folder made: before any work, one UserError naming ``key``
+    where it cannot be (a folder there, a file where a folder should be, no permission)."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{key}: {str(path)!r} is a folder, expected a file's path")
+    above = next((folder for folder in path.parents if folder.exists()), None)
+    if above is not None and not above.is_dir():
+        raise UserError(f"{key}: {str(path)!r} lies under {str(above)!r}, which is a file; expected a folder there")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        cause = getattr(err, "strerror", None) or str(err)
+        raise UserError(f"{key}: {str(path)!r} cannot be written ({cause}), expected a path in a folder") from None
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise UserError(f"{key}: {str(path)!r} cannot be written (no permission), expected a folder you can write")
+    return path
+
+
 def write_text(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` atomically: into ``path.tmp``, then renamed over ``path``. A write the OS refuses
     (a full disk, no permission) leaves ``path`` as it was, removes the ``.tmp`` and is one UserError naming the

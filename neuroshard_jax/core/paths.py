@@ -10,6 +10,8 @@ from pathlib import Path
 
 from neuroshard_jax.core.errors import UserError
 
+CACHE_HINT = "set NEUROSHARD_CACHE_DIR to a folder you can write"  # what a cache that cannot be written says
+
 
 def cache_dir() -> Path:
     """This user's folder for what the project makes and keeps (pool features, compiled search kernels, the models

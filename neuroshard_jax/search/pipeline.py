@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 import time
 
 import jax
@@ -10,7 +12,7 @@ import numpy as np
 
 from neuroshard_jax.core.constraints import conflicts, constraints_used, has_constraints
 from neuroshard_jax.core.errors import InfeasibleError, UserError
-from neuroshard_jax.core.paths import cache_dir
+from neuroshard_jax.core.paths import CACHE_HINT, cache_dir
 from neuroshard_jax.core.records import CalibrationRecord
 from neuroshard_jax.core.sharding import merge_colocated
 from neuroshard_jax.core.types import Device, Plan, Task
@@ -29,14 +31,28 @@ from neuroshard_jax.search.row_split import (
 from neuroshard_jax.workloads.tasks import check_feasible
 from searchers import Searcher, registered
 
+logger = logging.getLogger(__name__)
+
 
 def enable_compilation_cache(min_compile_s: float = 0.2) -> None:
     """Keep XLA's compiled search kernels on disk (``$NEUROSHARD_CACHE_DIR/jax``, default
     ``~/.cache/neuroshard_jax/jax``): a later run of the same shapes skips compilation, most of a first search's
-    time on a CPU. A cache directory the process already set (``jax_compilation_cache_dir``) is kept."""
+    time on a CPU. A cache directory the process already set (``jax_compilation_cache_dir``) is kept; one that cannot
+    be made (a read-only home) is said in one warning, and the search compiles as it would without it."""
     if jax.config.jax_compilation_cache_dir:
         return
-    jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax"))
+    folder = cache_dir() / "jax"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        writable = os.access(folder, os.W_OK | os.X_OK)
+    except OSError as err:
+        writable, cause = False, getattr(err, "strerror", None) or str(err)
+    else:
+        cause = "no permission"
+    if not writable:
+        logger.warning(f"compiled search kernels are not kept: {str(folder)!r} cannot be made ({cause}); {CACHE_HINT}")
+        return
+    jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_s)
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from neuroshard_jax.core.constants import GENERATOR_VERSION, MIN_ROWS
 from neuroshard_jax.core.errors import UserError, first_line
 from neuroshard_jax.core.features import NUM_BINS, access_histogram, bin_shares, count_histogram
-from neuroshard_jax.core.paths import cache_dir, pool_file_digest
+from neuroshard_jax.core.paths import CACHE_HINT, cache_dir, pool_file_digest
 from neuroshard_jax.core.types import PoolSpec
 
 
@@ -262,7 +262,6 @@ class ArrayStreams(StreamSource):
 
 
 logger = logging.getLogger(__name__)
-CACHE_HINT = "set NEUROSHARD_CACHE_DIR to a folder you can write"
 
 
 def cached_arrays(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray] | None:
