@@ -417,6 +417,32 @@ def test_a_torn_or_malformed_model_of_the_user_is_skipped_with_a_warning(tmp_pat
         assert any(m.startswith(f"skipping your model {name} (") and why in m for m in caplog.messages), caplog.messages
 
 
+def test_a_chosen_user_model_whose_state_is_damaged_is_skipped_for_the_next_choice(tmp_path, monkeypatch, caplog):
+    """A user model of this machine's kind with a good meta.json but a garbled state: the planner, which chose it
+    (nobody named it), warns once and plans with the next choice; named, it is an error naming it."""
+    import logging
+
+    import neuroshard_jax as nsj
+    from neuroshard_jax.core.hardware import hardware, hardware_kind
+    from neuroshard_jax.costs.registry import checkpoint_path, shipped_names
+
+    monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path))
+    mine = tmp_path / "models" / "mine"
+    shutil.copytree(checkpoint_path(shipped_names()[0]), mine)
+    meta = json.loads((mine / "meta.json").read_text())
+    kind = hardware_kind(hardware())
+    (mine / "meta.json").write_text(json.dumps({**meta, "hardware_kinds": [kind], "trained": "2099-01-01"}))
+    (mine / "state" / "_METADATA").write_text("garbage")
+    caplog.set_level(logging.WARNING, logger="neuroshard_jax.costs.registry")
+    tables = [{"rows": 1000, "dim": 16, "pooling_factor": 2.0, "bins": [1.0] + [0.0] * 16} for _ in range(4)]
+    plan = nsj.plan(tables, num_devices=2, mem_cap_gb=1.0, batch_size=4096, searcher="size_greedy")
+    assert plan.validate()
+    skipped = [m for m in caplog.messages if m.startswith(f"skipping your model mine ({mine}): its state/ could")]
+    assert len(skipped) == 1, caplog.messages
+    with pytest.raises(UserError, match="its state/ could not be restored"):
+        nsj.plan(tables, num_devices=2, mem_cap_gb=1.0, batch_size=4096, searcher="size_greedy", cost_model="mine")
+
+
 def test_a_damaged_pool_cache_is_rebuilt_and_an_unwritable_cache_only_warns(tmp_path, monkeypatch, caplog):
     """A truncated cache file (a write cut short, a full disk) is rebuilt with one warning line, not a traceback on
     every run; a cache folder that cannot be written (here: under a file) costs the cache, not the run."""

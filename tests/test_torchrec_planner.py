@@ -180,6 +180,11 @@ def test_statistics_by_feature_name_are_used_and_unknown_names_refused():
     for bad in (0, -1, 2.0, True):
         with pytest.raises(UserError, match=r"^world_size: got .*, expected an integer >= 1"):
             NeuroShardPlanner(world_size=bad, verbose=False)
+    from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
+
+    empty = TopologyFactory.create_topology(TrainerConfig(world_size=0), kernel_config=KernelConfig("cpu"))
+    with pytest.raises(UserError, match=r"^topology: world_size 0 with 0 devices, expected at least one rank$"):
+        NeuroShardPlanner(empty, verbose=False)
 
 
 def test_the_adapter_holds_back_torchrecs_share_of_a_topologys_memory():

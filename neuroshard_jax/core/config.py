@@ -217,4 +217,4 @@ def check_seed(seed, where: str = "seed") -> int:
         seed = seed.__index__()
         if 0 <= seed < 2**63:
             return seed
-    raise UserError(f"{where}: got {seed!r}, expected an integer >= 0 (the same seed gives the same plan)")
+    raise UserError(f"{where}: got {seed!r}, expected an integer in 0..2**63-1 (the same seed gives the same plan)")

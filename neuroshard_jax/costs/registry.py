@@ -259,6 +259,7 @@ class CostModelSpec:
     name: str = "neural"
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     chosen: bool = False
+    device: str = "cpu"  # of a chosen model: the device it was chosen for (a broken user model is chosen again)
 
     def __post_init__(self):
         object.__setattr__(self, "options", dict(self.options))
@@ -274,9 +275,17 @@ class CostModelSpec:
         return dataclasses.replace(self, options={**self.options, "calibration": factor})
 
     def for_task(self, task: Task) -> CostModel:
+        """The cost model of ``task``. A user's model chosen for this machine (not named) whose state cannot be
+        restored is skipped, with one warning, for the next choice: a model nobody named blocks no run."""
         factor, own = split_calibration(self.options)
         family, _ = _resolve(self.name, own)
-        model = COST_MODELS[family][0](task, cost_model_config(self.name, own))
+        try:
+            model = COST_MODELS[family][0](task, cost_model_config(self.name, own))
+        except UserError as err:
+            if not (self.chosen and self.name in user_names() and "could not be restored" in str(err)):
+                raise
+            _skip_user_model(self.name, first_line(err).split("': ", 1)[-1].split("; expected")[0])
+            return for_task_of_kind(self, self.device, task).for_task(task)
         return with_scales(model, task.comm_scale(), factor)
 
 
@@ -336,17 +345,30 @@ def model_kinds(path: str) -> tuple[str, ...]:
     return tuple(kinds)
 
 
+_SKIPPED: set[tuple[str, str]] = set()  # (folder, why) of the user's models already said to be skipped
+
+
 def _usable_user_models() -> dict[str, dict]:
     """The user's models whose meta.json reads (``model_kinds``), with their metas; one whose meta is torn or
     malformed is left out with a one-line warning naming it, so that it blocks no run that does not name it."""
     usable = {}
     for name in user_names():
+        if any(folder == str(user_models_dir() / name) for folder, _ in _SKIPPED):
+            continue
         try:
             model_kinds(checkpoint_path(name))
             usable[name] = read_meta(checkpoint_path(name))
         except UserError as err:
-            logger.warning("skipping your model %s (%s): %s", name, user_models_dir() / name, first_line(err))
+            _skip_user_model(name, first_line(err))
     return usable
+
+
+def _skip_user_model(name: str, why: str) -> None:
+    """Leave the user's model ``name`` out of this process's choices, saying so once (however many ask)."""
+    said = (str(user_models_dir() / name), why)
+    if said not in _SKIPPED:
+        _SKIPPED.add(said)
+        logger.warning("skipping your model %s (%s): %s", name, *said)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,7 +388,7 @@ class ModelChoice:
     @property
     def spec(self) -> CostModelSpec:
         """The chosen model, ready to build for a task."""
-        return CostModelSpec(self.name, self.options, self.chosen)
+        return CostModelSpec(self.name, self.options, self.chosen, self.device)
 
     def line(self) -> str:
         """One line: the model, what it was trained on, whether it matches, and the way forward where not."""

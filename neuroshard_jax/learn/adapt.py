@@ -44,7 +44,7 @@ from omegaconf import DictConfig
 
 from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import above_zero, at_least, typed
-from neuroshard_jax.core.constants import SHIPPED_MODEL_NAME
+from neuroshard_jax.core.constants import MIN_CPU_SHARE, SHIPPED_MODEL_NAME
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_records, write_json
 from neuroshard_jax.core.folders import one_writer, replace_dir
@@ -71,6 +71,11 @@ logger = logging.getLogger(__name__)
 UNCERTAIN_IDS = 1_000_000  # spec samples from here on are the candidates of uncertain picks (ids stay apart)
 CHUNK_PICKS = 4  # uncertain picks scored together (one call of the start model; ~1 s of sampling: labels flow)
 MIN_INPUT_LABELS = 12  # input-distribution labels worth a fit (4 of each of 2, 4 and 8 ranks); fewer: none measured
+MIN_STEADY = 0.05  # the least share of steady labels a budget is judged with (below: the machine is too busy)
+NOISY = (  # why a label is left out of training (``datasets.steady``), in words
+    f"their runs spread over {EnsembleConfig().max_label_spread:.0%} or the worker had under {MIN_CPU_SHARE:.0%} of "
+    "its core: is the machine busy?"
+)
 RERUN_MEASURE_S = 30.0  # a rerun after a model was made measures and fine-tunes again only with this much more
 PROBE_PER_WORKER = 2  # spec labels per worker (at least 4) timed first: what the rest cost, before the budget is judged
 DISTINCT_DEVICES = 0.6  # of a plan task's device slots, the distinct devices measured (15 of 24 on the first task)
@@ -368,11 +373,14 @@ def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict) -> dic
             _check_budget(config, rates, short, ledger.total())
             logger.info(f"a fine-tune needs at least {_least_words(config, rates, short, ledger.total())}")
     if short:
-        least = _least(rates, short, ledger.total())
+        least = minutes_up(_least(rates, short, ledger.total()))
+        taken = labels.counts()["specs"]
+        noisy = taken - round(taken * rates.steady)
+        why = f", {noisy} of them too noisy to train on ({NOISY})" if noisy else ""
         raise UserError(
-            f"budget_min: got {config.budget_min:g}, which measured {labels.counts()['specs']} spec labels, "
-            f"{short} short of what a fine-tune needs ({rates.spec_label:.2g} s each here); expected at least "
-            f"{minutes_up(least):g} (rerun with budget_min={minutes_up(least):g}: the labels so far are kept)"
+            f"budget_min: got {config.budget_min:g}, which measured {taken} spec labels{why}: {short} more steady "
+            f"ones are needed, at {rates.spec_label:.2g} s each here; expected at least {least:g} (rerun with "
+            f"budget_min={least:g}: the labels so far are kept)"
         )
     measure_s = measure_until - began + spent_before  # this budget's measuring time, earlier runs' included
     if config.input_labels and config.device == "cpu":
@@ -431,20 +439,29 @@ def _check_budget(config: AdaptConfig, rates: Rates, short: int, spent: float) -
 def _least_words(config: AdaptConfig, rates: Rates, short: int, spent: float) -> str:
     """``1.1 min here: about 5 s to start, 24 spec labels at about 2 s each, then about 15 s to fine-tune``."""
     each = f"about {rates.spec_label:.2g} s each" if rates.measured else f"no less than {rates.spec_label:g} s each"
-    labels = f"about {rates.start:.0f} s to start, {short} spec labels at {each}, then " if short else ""
+    kept = f" ({rates.steady:.0%} of them steady enough to train on so far)" if rates.steady < 1 else ""
+    labels = f"about {rates.start:.0f} s to start, {short} spec labels at {each}{kept}, then " if short else ""
     words = f"{minutes_up(_least(rates, short, spent)):g} min here: {labels}about {rates.fit:.0f} s to fine-tune"
-    return words + (f", after the {spent / 60:.1f} min this out folder's runs spent" if spent else "")
+    return words + (f", after the {spent / 60:.1f} min spent so far in this out folder" if spent else "")
 
 
 def _least(rates: Rates, short: int, spent: float) -> float:
-    """The least budget that ends in a model: what was spent, the ``short`` spec labels (a measuring call's start
-    first), the fine-tune."""
-    return spent + (rates.start if short else 0.0) + short * rates.spec_label + rates.fit
+    """The least budget that ends in a model: what was spent, the ``short`` steady spec labels (a measuring call's
+    start first; as many more as this machine's labels were too noisy to keep), the fine-tune."""
+    labels = short / max(rates.steady, MIN_STEADY)
+    return spent + (rates.start if short else 0.0) + labels * rates.spec_label + rates.fit
 
 
 def _rates(config: AdaptConfig, ledger: Ledger, labels: LabelDirs) -> Rates:
     guess = functools.partial(plan_task_guess, config.plans)
-    return Rates.of(ledger, labels.counts(), labels.spec_times(), guess)
+    records = labels.spec_records()
+    steady_share = sum(map(is_steady, records)) / len(records) if records else 1.0
+    return Rates.of(ledger, labels.counts(), labels.spec_times(), guess, steady_share)
+
+
+def is_steady(record: dict) -> bool:
+    """A spec label training keeps: measured, and steady (``datasets.steady``)."""
+    return record.get("ok", True) and steady(record, EnsembleConfig().max_label_spread)
 
 
 def _in_flight(config: AdaptConfig, rates: Rates) -> float:
@@ -505,7 +522,7 @@ class LabelDirs:
 def picks_short(config: AdaptConfig, records: list[dict]) -> int:
     """Spec picks still to measure, in ``spec_order``, before ``records`` (the picks taken) hold ``min_labels``
     steady training labels and 2 held-out ones (``datasets.steady``: the ones training keeps)."""
-    steady_ones = [r for r in records if r.get("ok", True) and steady(r, EnsembleConfig().max_label_spread)]
+    steady_ones = [r for r in records if is_steady(r)]
     held = sum(is_heldout(config, r["id"]) for r in steady_ones)
     train = len(steady_ones) - held
     for n, covering in enumerate(itertools.islice(pick_kinds(config.uncertain_share), len(records), None)):
@@ -542,7 +559,7 @@ def _measure_inputs(config, common, labels, ledger, rates, measure_s, measure_un
         comm_chunk=INPUT_CHUNK,
     )
     with ledger.stage("inputs"):
-        collect(inputs, until=time.monotonic() + left - in_flight)
+        collect(inputs, until=time.monotonic() + left)  # a chunk is launched where it is expected to end by then
 
 
 def _measure_plans(config: AdaptConfig, collect_config: CollectConfig, start: str, left_s: float, rates: Rates) -> None:
@@ -595,7 +612,7 @@ def _fit_and_report(
     )
     started = time.monotonic()
     how = f"python -m neuroshard_jax.adapt name={name} start={label} budget_min={config.budget_min}"
-    train_ensemble(
+    trained = train_ensemble(
         datasets,
         EnsembleConfig(),
         dataclasses.replace(config.finetune, progress=config.finetune.progress and config.progress),
@@ -608,6 +625,12 @@ def _fit_and_report(
         until=until,
     )
     train_s = time.monotonic() - started
+    epochs = trained["compute"]["epochs"]
+    if epochs < config.finetune.epochs:
+        logger.info(
+            f"the fine-tune stopped after {epochs} of {config.finetune.epochs} epochs: the budget's end (a larger "
+            "budget_min trains longer)"
+        )
     start_pred, target = predicted(start, heldout_dir)
     rows = {
         f"{label} as it was": scores(start_pred, target),

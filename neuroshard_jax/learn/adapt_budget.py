@@ -96,7 +96,8 @@ class Ledger:
 class Rates:
     """Wall seconds a stage's unit costs on this machine with the run's workers: measured where a run of this
     ``out`` did some of it (``measured``: the spec labels were), else a first guess. ``start``: a measuring call's
-    own start (its workers, the start model's first scores) before its first label comes in."""
+    own start (its workers, the start model's first scores) before its first label comes in; ``steady``: the share
+    of spec labels training keeps (a busy machine's labels spread too much)."""
 
     spec_label: float
     start: float
@@ -104,10 +105,16 @@ class Rates:
     plan_task: float
     fit: float
     measured: bool
+    steady: float = 1.0
 
     @classmethod
     def of(
-        cls, ledger: Ledger, counts: dict[str, int], spec_times: list[float], plan_guess: Callable[[float], float]
+        cls,
+        ledger: Ledger,
+        counts: dict[str, int],
+        spec_times: list[float],
+        plan_guess: Callable[[float], float],
+        steady: float = 1.0,
     ) -> Rates:
         """``counts``: the spec labels, input labels and plan tasks on disk, ``ledger`` the seconds they took;
         ``spec_times``: when each spec label came in (``flow``); ``plan_guess(spec_label_s)``: a plan task's
@@ -126,6 +133,7 @@ class Rates:
             plan_task=rate("plans") or plan_guess(spec_s),
             fit=ledger.state.get("fit_s") or FIRST_GUESS_S["fit"],
             measured=spec is not None,
+            steady=steady,
         )
 
 

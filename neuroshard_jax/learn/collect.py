@@ -348,7 +348,8 @@ def _collect_compute(config: CollectConfig, log: JsonlLog, todo: Iterable[int], 
 
 def _collect_comm(config: CollectConfig, log: JsonlLog, todo: list[int], bar, until: float | None = None) -> None:
     """One launch of the ranks per chunk of ``comm_chunk`` requests of one world size, the sizes taking turns (a run
-    cut short by ``until``, a deadline checked before each launch, has labels of every size)."""
+    cut short by ``until`` has labels of every size). With ``until``, a chunk is launched only where it is expected
+    to end by then: as long as the last chunk of its size took (or a smaller size's, scaled by the ranks)."""
     samples = {i: sample_comm(config.comm, config.seed, i) for i in todo}
     by_world: dict[int, list[int]] = {}
     for i, s in samples.items():
@@ -358,10 +359,15 @@ def _collect_comm(config: CollectConfig, log: JsonlLog, todo: list[int], bar, un
         for world, ids in sorted(by_world.items())
     ]
     with open_executor(config.executor, config.device, config.timeout_s) as executor:
+        took: dict[int, float] = {}  # seconds of the last chunk of each world size
         for world, chunk in (c for turn in itertools.zip_longest(*chunks) for c in turn if c is not None):
-            if until is not None and time.monotonic() >= until:
-                break
+            started = time.monotonic()
+            if until is not None:
+                expected = took.get(world) or max((t * world / w for w, t in took.items()), default=0.0)
+                if started + expected >= until:
+                    continue
             _collect_comm_chunk(config, log, samples, chunk, world, executor)
+            took[world] = time.monotonic() - started
             bar.update(len(chunk))
 
 

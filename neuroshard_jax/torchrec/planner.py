@@ -208,6 +208,11 @@ class NeuroShardPlanner(ShardingPlanner):
         self.topology = topology or TopologyFactory.create_topology(  # TorchRec's defaults for a GPU trainer
             TrainerConfig(world_size=world_size), kernel_config=KernelConfig(compute_device="cuda")
         )
+        if self.topology.world_size < 1 or not self.topology.devices:  # TorchRec builds one of 0 ranks unasked
+            raise UserError(
+                f"topology: world_size {self.topology.world_size} with {len(self.topology.devices)} devices, "
+                "expected at least one rank"
+            )
         self.batch_size = BATCH_SIZE if batch_size is None else batch_size
         self.mem_cap_gb = mem_cap_gb
         self.stats = {t.name: t for t in (read_stats_file(stats) if isinstance(stats, (str, Path)) else stats or [])}
