@@ -164,6 +164,8 @@ def test_the_measuring_order_is_fixed_by_the_seed_and_mixes_covering_and_uncerta
     config = small_config(tmp_path)
     first = list(itertools.islice(spec_order(config, checkpoint_path("xeon-union"), set()), 12))
     assert first == list(itertools.islice(spec_order(config, checkpoint_path("xeon-union"), set()), 12))
+    # positional: the picks measured already do not shift the rest (a resumed run goes on where it was)
+    assert first == list(itertools.islice(spec_order(config, checkpoint_path("xeon-union"), set(first[:5]), 0), 12))
     covering = [i for i in first if i < UNCERTAIN_IDS]
     assert covering == list(range(6)) and len(set(first)) == 12
     none = small_config(tmp_path, uncertain_share=0.0)

@@ -9,6 +9,7 @@ draws exactly the samples it would have drawn.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import selectors
@@ -365,8 +366,10 @@ class KernelPool:
         self.close()
 
 
+@functools.cache
 def worker_versions() -> dict:
-    """Library versions the worker sees (torch, fbgemm_gpu), asked of a subprocess."""
+    """Library versions the worker sees (torch, fbgemm_gpu), asked of a subprocess once per process (a start of
+    torch: seconds of a core, which a measuring worker beside it would lose)."""
     code = (
         "import json, torch, fbgemm_gpu; print(json.dumps({'torch': torch.__version__, "
         "'fbgemm_gpu': getattr(fbgemm_gpu, '__version__', 'unknown'), 'cuda': torch.cuda.is_available()}))"

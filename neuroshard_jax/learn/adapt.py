@@ -71,6 +71,7 @@ logger = logging.getLogger(__name__)
 UNCERTAIN_IDS = 1_000_000  # spec samples from here on are the candidates of uncertain picks (ids stay apart)
 CHUNK_PICKS = 4  # uncertain picks scored together (one call of the start model; ~1 s of sampling: labels flow)
 MIN_INPUT_LABELS = 12  # input-distribution labels worth a fit (4 of each of 2, 4 and 8 ranks); fewer: none measured
+STEADY_PRIOR = 2  # steady labels assumed before any was measured: one noisy label of the first 4 is not a busy machine
 MIN_STEADY = 0.05  # the least share of steady labels a budget is judged with (below: the machine is too busy)
 NOISY = (  # why a label is left out of training (``datasets.steady``), in words
     f"their runs spread over {EnsembleConfig().max_label_spread:.0%} or the worker had under {MIN_CPU_SHARE:.0%} of "
@@ -166,13 +167,15 @@ def kind_slug(found: dict, device: str) -> str:
 # Which spec samples are measured, in which order
 
 
-def spec_order(config: AdaptConfig, start: str, done: set[int]) -> Iterator[int]:
+def spec_order(config: AdaptConfig, start: str, done: set[int], ahead: int = CHUNK_PICKS) -> Iterator[int]:
     """Spec sample ids in measuring order: covering picks (0, 1, 2, ...) and uncertain picks (the sample of
     ``draws`` candidates, ids from UNCERTAIN_IDS, whose start-model members spread most) in the proportion
     ``uncertain_share``. Deterministic for a seed and start model; a pick already in ``done`` costs nothing. The
-    start model is loaded here, before the first id is asked for (a measuring call's start, not a label's time)."""
+    start model is loaded and the first ``ahead`` uncertain picks are made here, before any label is measured: the
+    parent's sampling and scoring do not take a core from a measuring worker (its label would be too noisy to keep)."""
     uncertain = _uncertain_picks(config, load_ensemble(start), done) if config.uncertain_share else iter(())
-    return (next(uncertain) if covering is None else covering for covering in pick_kinds(config.uncertain_share))
+    picks = itertools.chain([next(uncertain) for _ in range(ahead if config.uncertain_share else 0)], uncertain)
+    return (next(picks) if covering is None else covering for covering in pick_kinds(config.uncertain_share))
 
 
 def pick_kinds(share: float) -> Iterator[int | None]:
@@ -193,23 +196,27 @@ def is_heldout(config: AdaptConfig, sample_id: int) -> bool:
 
 
 def _uncertain_picks(config: AdaptConfig, start: tuple, done: set[int]) -> Iterator[int]:
-    """Uncertain pick k: of candidates UNCERTAIN_IDS + k * draws + j (j < draws), the one the start model is least
-    sure of (its members' relative spread); picks already measured are not scored again. ``start``: the loaded
-    start model (``load_ensemble``)."""
+    """Uncertain pick k, for k = 0, 1, 2, ...: of candidates UNCERTAIN_IDS + k * draws + j (j < draws), the one the
+    start model is least sure of (its members' relative spread). A pick with a candidate in ``done`` is that one,
+    not scored again: the k-th pick is the same whatever was measured (a resumed order goes on where it was).
+    ``start``: the loaded start model (``load_ensemble``)."""
     _, nets, params, _ = start
     for first in itertools.count(0, CHUNK_PICKS):
         picks = range(first, first + CHUNK_PICKS)
-        open_picks = [k for k in picks if not any(_candidate(config, k, j) in done for j in range(config.draws))]
-        if not open_picks:
-            continue
-        ids = [_candidate(config, k, j) for k in open_picks for j in range(config.draws)]
-        drawn = [sample_spec_shard(config.specs, config.seed, i) for i in ids]
-        batch = np.array([b for b, _ in drawn], np.float32)
-        shard_sets = [[table_ref(t) for t in tables] for _, tables in drawn]  # the sampler's draws: the worker's form
-        feats, mask = padded_shards(shard_sets, batch, None)  # one shape per power of two
-        _, spread = ensemble_ms(nets, params, feats, mask, batch)
-        for n, _k in enumerate(open_picks):
-            yield ids[n * config.draws + int(np.argmax(spread[n * config.draws : (n + 1) * config.draws]))]
+        known = {
+            k: next((c for j in range(config.draws) if (c := _candidate(config, k, j)) in done), None) for k in picks
+        }
+        open_picks = [k for k in picks if known[k] is None]
+        if open_picks:
+            ids = [_candidate(config, k, j) for k in open_picks for j in range(config.draws)]
+            drawn = [sample_spec_shard(config.specs, config.seed, i) for i in ids]
+            batch = np.array([b for b, _ in drawn], np.float32)
+            shard_sets = [[table_ref(t) for t in tables] for _, tables in drawn]  # the sampler's draws: the worker's
+            feats, mask = padded_shards(shard_sets, batch, None)  # one shape per power of two
+            _, spread = ensemble_ms(nets, params, feats, mask, batch)
+            for n, k in enumerate(open_picks):
+                known[k] = ids[n * config.draws + int(np.argmax(spread[n * config.draws : (n + 1) * config.draws]))]
+        yield from (known[k] for k in picks)
 
 
 def _candidate(config: AdaptConfig, pick: int, j: int) -> int:
@@ -361,8 +368,10 @@ def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict) -> dic
         called = time.time()
         with ledger.stage("specs"):
             done = labels.spec_ids()
-            order = (i for i in spec_order(config, start, done) if i not in done)
             count = min(short, max(4, PROBE_PER_WORKER * config.executor.workers)) if probe else short
+            # every uncertain pick of the call made before its first label (those done cost nothing)
+            ahead = sum(c is None for c in itertools.islice(pick_kinds(config.uncertain_share), len(done) + count))
+            order = (i for i in spec_order(config, start, done, ahead) if i not in done)
             collect(spec_config, itertools.islice(order, count), until=measure_until - _in_flight(config, rates))
         short = picks_short(config, labels.spec_records())
         rates = _rates(config, ledger, labels)
@@ -455,7 +464,7 @@ def _least(rates: Rates, short: int, spent: float) -> float:
 def _rates(config: AdaptConfig, ledger: Ledger, labels: LabelDirs) -> Rates:
     guess = functools.partial(plan_task_guess, config.plans)
     records = labels.spec_records()
-    steady_share = sum(map(is_steady, records)) / len(records) if records else 1.0
+    steady_share = (sum(map(is_steady, records)) + STEADY_PRIOR) / (len(records) + STEADY_PRIOR)
     return Rates.of(ledger, labels.counts(), labels.spec_times(), guess, steady_share)
 
 
