@@ -83,7 +83,11 @@ def test_numpy_numbers_and_arrays_plan_as_python_ones():
         ),
         ({}, {"seed": 2.5}, "seed: got 2.5, expected an integer in 0..2**63-1 (the same seed gives the same plan)"),
         ({}, {"seed": -1}, "seed: got -1, expected an integer in 0..2**63-1 (the same seed gives the same plan)"),
-        ({}, {"seed": 2**70}, f"seed: got {2**70}, expected an integer in 0..2**63-1"),
+        (
+            {},
+            {"seed": 2**70},
+            f"seed: got {2**70}, expected an integer in 0..2**63-1 (the same seed gives the same plan)",
+        ),
         (
             {},
             {"num_devices": 3, "devices": [{"mem_cap_gb": 1.0}] * 2},

@@ -97,7 +97,7 @@ class AdaptConfig:
     uncertain_share: float = 0.5  # spec picks where the start model is least sure; the rest cover the space
     draws: int = 4  # fresh samples per uncertain pick; the one whose members' predictions spread most is measured
     heldout_every: int = 3  # every Nth covering pick is held out: scored, never trained on
-    label_share: float = 0.85  # of the budget spent measuring at most; the rest (at least a fine-tune's time) trains
+    label_share: float = 0.95  # of the budget spent measuring at most; the rest (at least a fine-tune's time) trains
     plan_share: float = 0.2  # of the measuring time: the devices of plans searched with the start model (0: none)
     input_share: float = 0.2  # of the measuring time at most: TorchRec's input distribution (input_labels)
     reanchor: bool = True  # move the start model onto the roofline of the new labels before fine-tuning
