@@ -347,50 +347,9 @@ def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict) -> dic
     )
     measure_until = began + min(budget_s * config.label_share, budget_s - rates.fit) - spent_before
     fit_until = began + budget_s - spent_before
-    common = dict(
-        device=config.device,
-        optimizer=config.optimizer,
-        seed=config.seed,
-        executor=config.executor,
-        pin=config.pin,
-        warmup=config.warmup,
-        iters=config.iters,
-        timeout_s=config.timeout_s,
-        specs=config.specs,
-        progress=config.progress,
-        protocol=config.protocol,  # null: the device's own
-    )
+    common = _collect_settings(config)
     spec_config = CollectConfig(kind="compute", source="specs", out_dir=str(labels.specs), **common)
-    if short:
-        logger.info(f"measuring the {short} spec labels a fine-tune needs first")
-    while short and time.monotonic() < measure_until - _in_flight(config, rates):
-        probe = not rates.measured  # the first few, timed: what a label costs here, before the rest is judged
-        called = time.time()
-        with ledger.stage("specs"):
-            done = labels.spec_ids()
-            count = min(short, max(4, PROBE_PER_WORKER * config.executor.workers)) if probe else short
-            # every uncertain pick of the call made before its first label (those done cost nothing)
-            ahead = sum(c is None for c in itertools.islice(pick_kinds(config.uncertain_share), len(done) + count))
-            order = (i for i in spec_order(config, start, done, ahead) if i not in done)
-            collect(spec_config, itertools.islice(order, count), until=measure_until - _in_flight(config, rates))
-        short = picks_short(config, labels.spec_records())
-        rates = _rates(config, ledger, labels)
-        if probe and rates.measured:
-            first = min(labels.spec_times())  # a label takes about workers x the flow's gap on its worker
-            ledger.note("start_s", round(max(0.0, first - called - rates.spec_label * config.executor.workers), 2))
-            rates = _rates(config, ledger, labels)
-            _check_budget(config, rates, short, ledger.total())
-            logger.info(f"a fine-tune needs at least {_least_words(config, rates, short, ledger.total())}")
-    if short:
-        least = minutes_up(_least(rates, short, ledger.total()))
-        taken = labels.counts()["specs"]
-        noisy = taken - round(taken * rates.steady)
-        why = f", {noisy} of them too noisy to train on ({NOISY})" if noisy else ""
-        raise UserError(
-            f"budget_min: got {config.budget_min:g}, which measured {taken} spec labels{why}: {short} more steady "
-            f"ones are needed, at {rates.spec_label:.2g} s each here; expected at least {least:g} (rerun with "
-            f"budget_min={least:g}: the labels so far are kept)"
-        )
+    rates = _measure_floor(config, start, spec_config, labels, ledger, rates, measure_until)
     measure_s = measure_until - began + spent_before  # this budget's measuring time, earlier runs' included
     if config.input_labels and config.device == "cpu":
         _measure_inputs(config, common, labels, ledger, rates, measure_s, measure_until)
@@ -410,8 +369,9 @@ def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict) -> dic
         uncertain = f"uncertain picks: {config.uncertain_share:.0%}"
         logger.info(f"measuring spec shards for {spec_left / 60:.1f} min ({uncertain})")
         with ledger.stage("specs"):
-            until = measure_until - _in_flight(config, rates)
-            collect(spec_config, spec_order(config, start, labels.spec_ids()), until=until)
+            done = labels.spec_ids()
+            order = spec_order(config, start, done, _ahead(config, len(done), 2 * CHUNK_PICKS))
+            collect(spec_config, order, until=measure_until - _in_flight(config, rates))
     fit_started = time.monotonic()
     if fit_until - fit_started < rates.fit * 0.5:
         least = ledger.total() + rates.fit
@@ -431,6 +391,62 @@ def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict) -> dic
     )
     ledger.finish(report)
     return ledger.state
+
+
+def _collect_settings(config: AdaptConfig) -> dict:
+    """What every ``collect`` of the run shares with it (the kernels, their timing, the spec sampler)."""
+    keys = ("device", "optimizer", "seed", "executor", "pin", "warmup", "iters", "timeout_s", "specs", "progress")
+    return {key: getattr(config, key) for key in keys} | {"protocol": config.protocol}  # protocol null: the device's
+
+
+def _measure_floor(
+    config: AdaptConfig,
+    start: str,
+    spec_config: CollectConfig,
+    labels: LabelDirs,
+    ledger: Ledger,
+    rates: Rates,
+    measure_until: float,
+) -> Rates:
+    """Measure the spec labels a fine-tune needs (``picks_short``), the first few alone and timed: then the least
+    budget is stated, or a smaller one refused (``_check_budget``); a deadline that passes first is one UserError
+    naming the budget that would do. Returns the rates as measured."""
+    short = picks_short(config, labels.spec_records())
+    if short:
+        logger.info(f"measuring the {short} spec labels a fine-tune needs first")
+    while short and time.monotonic() < measure_until - _in_flight(config, rates):
+        probe = not rates.measured  # the first few, timed: what a label costs here, before the rest is judged
+        called = time.time()
+        with ledger.stage("specs"):
+            done = labels.spec_ids()
+            count = min(short, max(4, PROBE_PER_WORKER * config.executor.workers)) if probe else short
+            order = (i for i in spec_order(config, start, done, _ahead(config, len(done), count)) if i not in done)
+            collect(spec_config, itertools.islice(order, count), until=measure_until - _in_flight(config, rates))
+        short = picks_short(config, labels.spec_records())
+        rates = _rates(config, ledger, labels)
+        if probe and rates.measured:
+            first = min(labels.spec_times())  # a label takes about workers x the flow's gap on its worker
+            ledger.note("start_s", round(max(0.0, first - called - rates.spec_label * config.executor.workers), 2))
+            rates = _rates(config, ledger, labels)
+            _check_budget(config, rates, short, ledger.total())
+            logger.info(f"a fine-tune needs at least {_least_words(config, rates, short, ledger.total())}")
+    if short:
+        least = minutes_up(_least(rates, short, ledger.total()))
+        taken = labels.counts()["specs"]
+        noisy = taken - round(taken * rates.steady)
+        why = f", {noisy} of them too noisy to train on ({NOISY})" if noisy else ""
+        raise UserError(
+            f"budget_min: got {config.budget_min:g}, which measured {taken} spec labels{why}: {short} more steady "
+            f"ones are needed, at {rates.spec_label:.2g} s each here; expected at least {least:g} (rerun with "
+            f"budget_min={least:g}: the labels so far are kept)"
+        )
+    return rates
+
+
+def _ahead(config: AdaptConfig, done: int, count: int) -> int:
+    """The uncertain picks among the order's first ``done + count`` places: made before a call's first label (those
+    measured already cost nothing)."""
+    return sum(c is None for c in itertools.islice(pick_kinds(config.uncertain_share), done + count))
 
 
 def _check_budget(config: AdaptConfig, rates: Rates, short: int, spent: float) -> None:
