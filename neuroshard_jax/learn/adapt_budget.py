@@ -25,11 +25,10 @@ from neuroshard_jax.core.files import read_json, write_json
 logger = logging.getLogger(__name__)
 
 TICK_S = 1.0  # adapt.json's spent time is rewritten this often while a stage runs
-# What a stage costs before this machine has done it once, from the 2-core AMD EPYC (family 25 model 17): a spec
-# label of the default sampler took 3.7 s on one worker (1.9 s wall on two), an input-distribution label 1.4 s, a
-# searcher's search of a plan task about 7 s, a fine-tune on a few dozen labels and its report 7 s, a measuring
-# call's start (two workers, the start model's first scores) 6 s; rounded up.
-# A spec label's own cost is measured before the budget is judged (``probe``), the first labels a fine-tune needs.
+# What a stage costs before this machine has done it once, from the 2-core AMD EPYC (family 25 model 17): an
+# input-distribution label 1.4 s, a searcher's search of a plan task about 7 s, a fine-tune on a few dozen labels and
+# its report 6-8 s, a measuring call's start (two workers, the start model's first scores) 8-9 s; rounded up. A spec
+# label's own cost (1.4-1.6 s wall on two workers there) is timed on the first labels, before the budget is judged.
 FIRST_GUESS_S = {"inputs": 1.5, "search": 8.0, "fit": 15.0, "start": 8.0}
 FASTEST_SPEC_S = 0.05  # no spec label is cheaper than this on any device: a budget below even that is refused at once
 REPORT_S = 5.0  # of the fine-tune's time: scoring the held-out labels and registering, after the last epoch
