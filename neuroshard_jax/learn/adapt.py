@@ -479,9 +479,10 @@ def _least(rates: Rates, short: int, spent: float) -> float:
 
 def _rates(config: AdaptConfig, ledger: Ledger, labels: LabelDirs) -> Rates:
     guess = functools.partial(plan_task_guess, config.plans)
-    records = labels.spec_records()
+    records = labels.spec_records()  # read once: the counts, the times and the steady share are all of it
     steady_share = (sum(map(is_steady, records)) + STEADY_PRIOR) / (len(records) + STEADY_PRIOR)
-    return Rates.of(ledger, labels.counts(), labels.spec_times(), guess, steady_share)
+    times = [r["at"] for r in records if "at" in r]
+    return Rates.of(ledger, labels.counts(specs=len(records)), times, guess, steady_share)
 
 
 def is_steady(record: dict) -> bool:
@@ -531,14 +532,15 @@ class LabelDirs:
     def spec_ids(self) -> set[int]:
         return {r["id"] for r in self.spec_records()}
 
-    def counts(self) -> dict[str, int]:
-        """Spec labels, input labels and plan tasks on disk (what ``Rates`` divides the time spent by)."""
+    def counts(self, specs: int | None = None) -> dict[str, int]:
+        """Spec labels, input labels and plan tasks on disk (what ``Rates`` divides the time spent by); ``specs``:
+        the spec labels where the caller has just read them."""
 
         def lines(path: Path) -> int:
             return len(read_records(path, ok_only=False)) if path.exists() else 0
 
         return {
-            "specs": lines(self.specs / "compute.jsonl"),
+            "specs": lines(self.specs / "compute.jsonl") if specs is None else specs,
             "inputs": lines(self.inputs / "comm.jsonl"),
             "plans": lines(self.plans / "plans.jsonl"),
         }
