@@ -137,7 +137,8 @@ def test_polishing_a_plan_with_row_blocks_on_two_hosts_keeps_them_exportable():
     from neuroshard_jax.kernels.torchrec_format import row_split_host
 
     # a heavy table cut over host 0's two devices, which hold nothing else: every change off the slow device
-    # lays that table's rows out again (over every device, or within host 1), whatever the measurements say
+    # lays that table's rows out again (over every device, or within host 1), whatever the measurements say; once
+    # it has, the slow device may hold small tables, and whether moving one of them helps is the kernels' to say
     heavy = make_table(0, rows=200000, dim=32, pooling=40.0)
     tables = [heavy, *(make_table(i, rows=2000 + 500 * i, dim=32, pooling=2.0) for i in range(1, 5))]
     task = dataclasses.replace(make_task(tables, num_devices=4, batch_size=1024), links=Links(200, 25, 2))
@@ -148,7 +149,7 @@ def test_polishing_a_plan_with_row_blocks_on_two_hosts_keeps_them_exportable():
     polished = polish_plan(plan, make_cost_model("analytic", task), config)
     polished.validate()
     assert polished.polish.measurements <= 60 and polished.polish.steps
-    assert {step.change for step in polished.polish.steps} == {"rows"}
+    assert polished.polish.steps[0].change == "rows"
     table_shards = polished.torchrec_shards()[0]
     row_split_host("t0", table_shards, 4, 2)  # raises unless TorchRec runs this layout
     assert polished.polish.measured_compute_ms <= polished.polish.unpolished_measured_compute_ms
