@@ -34,9 +34,17 @@ def test_the_gpu_check_runs_dry_and_writes_its_files_and_table(tmp_path):
         assert row["complete"] and min(row["measurements"]) >= 2
         assert row["slowest_compute_ms"] == max(row["compute_ms"]) > 0
         assert row["priced_total_ms"] > row["slowest_compute_ms"] and min(row["fwd_comm_ms"]) > 0
+        memory = row["memory"]  # the allocator's count of what each device's kernels held, beside the prediction
+        for predicted, held in zip(memory["predicted_bytes"], memory["held_bytes"]):
+            assert 0.5 < held / predicted < 2.0
+        assert memory["peak_bytes"] == [None] * len(memory["held_bytes"])  # a GPU's allocator peak: none on a CPU
+    dmp = json.loads((out / "dmp.json").read_text())  # the full step in DMP, beside the other steps
+    assert set(dmp["tasks"]["dry-0"]["plans"]) == {"beam", "torchrec", "torchrec_default"}
+    assert all(p["step_ms"] > 0 for p in dmp["tasks"]["dry-0"]["plans"].values())
     table = run_cli("table", str(out), module="tools.gpu_check")
     assert table.returncode == 0 and "| 2 | beam |" in table.stdout and "| t00 | 2 |" in table.stdout
     assert "torchrec_default" in table.stdout and "held out" in table.stdout
+    assert "| beam | 2 |" in table.stdout and "| dry-0 | 1 |" in table.stdout  # memory and DMP tables
 
 
 def test_the_priced_all_to_all_follows_the_bytes():
@@ -47,3 +55,26 @@ def test_the_priced_all_to_all_follows_the_bytes():
     skewed = all_to_all_ms([512, 0, 0, 0], 4096)
     assert skewed[0] > skewed[1] > COLLECTIVE_MS  # the wide device sends most; the others receive its outputs
     assert not all_to_all_ms([0, 0], 4096).any() and not all_to_all_ms([64], 4096).any()
+
+
+def test_a_rank_runs_alone_on_the_core_it_is_given_and_bad_cores_are_refused():
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+
+    from neuroshard_jax.core.errors import UserError
+    from neuroshard_jax.kernels.processes import CORE_ENV
+    from tools.dmp_cores import parse_cores
+
+    last = max(os.sched_getaffinity(0))
+    code = "import os; from neuroshard_jax.kernels.worker.__main__ import pin_to_core; pin_to_core(); "
+    code += "print(sorted(os.sched_getaffinity(0)))"
+    env = {**os.environ, CORE_ENV: str(last)}
+    pinned = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert pinned.stdout.strip() == f"[{last}]"
+    assert parse_cores("0") == [0] and parse_cores(f"0-{last}") == list(range(last + 1))
+    for bad, said in (("8-x", "core numbers and ranges"), ("0,0", "distinct cores"), ("999", "distinct cores")):
+        with pytest.raises(UserError, match=said):
+            parse_cores(bad)

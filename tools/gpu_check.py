@@ -22,12 +22,17 @@ c. ``model.tgz`` and ``model.json``: the ensemble trained here on those labels (
 d. ``plans.json``: every device of every plan of the GPU tasks (``workloads/gpu_tasks.py``; TorchRec's default
    planner, TorchRec table-wise + column-wise and size_lookup_greedy from the pack, beam and grid from step c as they
    come) measured on the one GPU in turn, the devices least measured first, repeats for the devices that may be their
-   plan's slowest; rewritten after each plan's devices. Compute is measured; the all-to-alls are priced apart.
+   plan's slowest; rewritten after each plan's devices. Compute is measured; the all-to-alls are priced apart. Each
+   device's memory too: what its kernels held (the allocator's count) and, on a GPU, peaked at
+   (``torch.cuda.max_memory_allocated``), beside ``Plan.memory``'s prediction;
+e. ``dmp.json``: the full training step in TorchRec's DistributedModelParallel on the CPU, a core per rank
+   (``tools/dmp_cores.py``), foreign tasks' beam and TorchRec plans; in the background from the start, on cores of
+   its own where the machine has 16 (the other steps' processes on the rest), until the budget.
 
 and ``log.txt``. A step that fails is logged and the next one runs (the GPU steps are skipped when the smoke request
 fails). ``--dry`` runs every step on the CPU, tiny (``DRY``).
 
-Why one module of ~840 lines: it is one prepared run for a machine lent minutes at a time, its steps sharing
+Why one module of ~950 lines: it is one prepared run for a machine lent minutes at a time, its steps sharing
 one budget, one work folder and the files that come back; reading it top to bottom is reading the run.
 """
 
@@ -73,6 +78,7 @@ from neuroshard_jax.workloads.gpu_tasks import (
     write_stream_pool,
 )
 from neuroshard_jax.workloads.samplers import CommSamplerConfig, SpecSamplerConfig, sample_comm
+from tools import dmp_cores
 
 SHARES = {"smoke": 0.02, "labels": 0.38, "model": 0.0, "plans": 0.60}  # of --budget-s; model runs inside plans'
 GPU_STEPS = ("labels", "plans")  # need the worker: skipped when the smoke request fails
@@ -85,6 +91,9 @@ SEARCHERS = (*MODEL_SEARCHERS, "size_lookup_greedy", "torchrec_default", "torchr
 SEARCHER_OPTIONS = {"torchrec": {"reservation": "percent"}, "torchrec_default": {"reservation": "percent"}}
 TASKS_FILE = "gpu-tasks.json.gz"
 PACK_PLANS = "pack-plans.jsonl.gz"
+DMP_RANKS = 8  # the full step's ranks (tools/dmp_cores.py: 8-device foreign tasks), a core each where there are 16
+DMP_GRACE_S = 60.0  # past the budget, the DMP step's last task may still be closing its ranks
+DMP_ENV = {"CUDA_VISIBLE_DEVICES": ""}  # the step runs on the CPU alone: its ranks never touch the GPU being measured
 REPEATS = 3  # measurements of every device at most (the run stops early when every plan has them)
 TRAIN_EPOCHS = 300  # the trainer's default; ~150 labels and 600 priced comm samples: estimated 40-90 s on 16 cores
 
@@ -469,6 +478,7 @@ class Measurements:
         self.plans: dict[tuple[int, str], dict] = {}  # (task, searcher) -> plan, kernel keys per device, record
         self.jobs: dict[str, tuple[Task, list]] = {}
         self.answers: dict[str, list[float]] = {}
+        self.memory: dict[str, dict] = {}  # key -> the worker's memory answer (its first measurement's)
         self.failed: dict[str, str] = {}
 
     def add(self, index: int, task: Task, record: dict) -> None:
@@ -511,15 +521,35 @@ class Measurements:
         return best
 
     def measure(self, pool: KernelPool, keys: list[str]) -> None:
-        requests = [{**device_request(key, *self.jobs[key], self.config), "key": key} for key in keys]
+        requests = [{**device_request(key, *self.jobs[key], self.config), "key": key, "memory": True} for key in keys]
 
         def record(request: dict, answer: dict) -> None:
             if answer.get("ok"):
                 self.answers[request["key"]].append(float(answer["total_ms"]))
+                self.memory.setdefault(request["key"], answer.get("memory", {}))
             else:
                 self.failed[request["key"]] = str(answer.get("error"))[:300]
 
         pool.map(requests, record)
+
+    def device_memory(self, plan: Plan, keys: list[list[str]]) -> dict:
+        """Per device: the bytes ``Plan.memory`` predicts its shards hold while they train (weights, state, their
+        buffers; not the batch slice's, which no kernel request holds), and what its kernels held and peaked at
+        (the sums over its kernels, each request measured alone; None until every one of them answered)."""
+
+        def measured(field: str) -> list[int | None]:
+            sums = []
+            for ks in keys:
+                got = [self.memory.get(k, {}).get(field) for k in ks]
+                sums.append(sum(got) if got and None not in got else None)
+            return sums
+
+        predicted = plan.task.device_memory(plan.shards, plan.data_parallel)
+        return {
+            "predicted_bytes": [p.total for p in predicted],
+            "held_bytes": measured("held_bytes"),
+            "peak_bytes": measured("peak_bytes"),
+        }
 
     def summary(self, tasks: dict[int, Task]) -> dict:
         rows: dict[str, dict] = {}
@@ -538,6 +568,7 @@ class Measurements:
                 "complete": complete,
                 "data_parallel": len(plan.data_parallel),
                 "row_split": sum(1 for s in plan.shards if s.num_rows is not None),
+                "memory": self.device_memory(plan, keys),
             }
             if complete:
                 row["slowest_compute_ms"] = round(max(measured), 4)
@@ -619,6 +650,37 @@ def plans(
     write_json({**head, **measuring.summary(tasks), "errors": errors}, out / "plans.json")
 
 
+def start_dmp(out: Path, pack: Path | None, dry: bool, budget_s: float) -> subprocess.Popen:
+    """The full step on one core per rank (``tools/dmp_cores.py``), in the background from the start, on the CPU
+    alone: where the machine has cores for its ranks and the other steps, rank r runs on one of the last
+    ``DMP_RANKS`` cores and every process the other steps start runs on the rest. Its log: ``dmp-log.txt``."""
+    cores = sorted(os.sched_getaffinity(0))
+    command = [sys.executable, "-m", "tools.dmp_cores", "run", str(out), "--budget-s", str(budget_s)]
+    command += ["--pack", str(pack)] if pack is not None else []
+    command += ["--dry"] if dry else []
+    apart = len(cores) >= 2 * DMP_RANKS
+    if apart:
+        command += ["--cores", ",".join(str(c) for c in cores[-DMP_RANKS:])]
+    log(out, f"dmp: started, {'ranks on cores ' + str(cores[-DMP_RANKS:]) if apart else 'on any core'}")
+    with open(out / "dmp-log.txt", "ab") as sink:
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, **DMP_ENV})
+    if apart:
+        os.sched_setaffinity(proc.pid, set(cores[-DMP_RANKS:]))
+        os.sched_setaffinity(0, set(cores[:-DMP_RANKS]))  # the other steps' processes start from this thread
+    return proc
+
+
+def finish_dmp(out: Path, proc: subprocess.Popen, until: float) -> bool:
+    """Wait for the DMP step (it stops at the run's budget); True if it ended well."""
+    try:
+        code = proc.wait(timeout=max(1.0, until - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait()
+    log(out, f"dmp: done (exit {code}); dmp.json has what it timed, dmp-log.txt what it said")
+    return code == 0
+
+
 def measuring_done(measuring: Measurements, repeats: int) -> bool:
     """Every device of the plans so far measured ``repeats`` times (or failed)."""
     return all(len(a) >= repeats for k, a in measuring.answers.items() if k not in measuring.failed)
@@ -643,9 +705,10 @@ def run(
     log(out, f"gpu check on {hardware().get('gpu') or hardware().get('cpu')}, device={device}, budget {budget_s} s")
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     tasks = carried_tasks(pack, sizes)
+    dmp = start_dmp(out, pack, dry, budget_s) if not only or "dmp" in only else None
     pools = {}
     if not only or "plans" in only:
-        workers = 1 if dry else max(1, min(8, (os.cpu_count() or 2) - 6))
+        workers = 1 if dry else max(1, min(8, len(os.sched_getaffinity(0)) - 2))
         pools = stream_pools(tasks, sizes, work / "streams", workers)
     labels_dir: list[Path] = []
     model: list[ModelJob] = []
@@ -663,7 +726,7 @@ def run(
     for name, step in steps.items():
         if only and name not in only:
             continue
-        deadline += SHARES[name] * budget_s / sum(SHARES[n] for n in only or SHARES)
+        deadline += SHARES[name] * budget_s / sum(SHARES[n] for n in [n for n in only if n in SHARES] or SHARES)
         if name in GPU_STEPS and "smoke" in failed:
             log(out, f"{name}: skipped (the smoke request failed)")
             continue
@@ -679,6 +742,8 @@ def run(
         log(out, "model: stopped at the deadline; the plans it made are in model-plans.jsonl")
         model[-1].stop()
     shutil.rmtree(work / "streams", ignore_errors=True)
+    if dmp is not None and not finish_dmp(out, dmp, start + budget_s + DMP_GRACE_S):
+        failed.add("dmp")
     if failed:
         raise UserError(f"the GPU check's steps {', '.join(sorted(failed))} failed; {out / 'log.txt'} says why")
 
@@ -758,7 +823,40 @@ def table(out: Path) -> str:
             + " | ".join(cells)
             + " |"
         )
+    lines += memory_lines(rows)
+    if (out / "dmp.json").exists():
+        lines += ["", dmp_cores.table(out)]
     return "\n".join(lines)
+
+
+def memory_lines(rows: dict) -> list[str]:
+    """Per searcher, the devices' measured memory against ``Plan.memory``'s prediction (their shards' part): the
+    allocator's count of what the kernels held, and on a GPU its peak over the request. A ratio above 100% is memory
+    the planner did not see: the worst one is what a user's out-of-memory would come from."""
+    lines = [
+        "",
+        "| searcher | devices | held / predicted: median (worst) | peak / predicted: median (worst) | peak over |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    found = False
+    for s in SEARCHERS:
+        held, peak = [], []
+        for r in rows.values():
+            memory = r["plans"].get(s, {}).get("memory")
+            if not memory:
+                continue
+            for p, h, k in zip(memory["predicted_bytes"], memory["held_bytes"], memory["peak_bytes"]):
+                if p and h is not None:
+                    held.append(h / p)
+                if p and k is not None:
+                    peak.append(k / p)
+        if not held:
+            continue
+        found = True
+        cell = f"{statistics.median(peak):.1%} ({max(peak):.1%})" if peak else "- (no GPU)"
+        over = f"{sum(x > 1 for x in peak)}" if peak else "-"
+        lines.append(f"| {s} | {len(held)} | {statistics.median(held):.1%} ({max(held):.1%}) | {cell} | {over} |")
+    return lines if found else []
 
 
 def fmt_pct(x: float | None) -> str:
@@ -797,6 +895,7 @@ def pack_tasks(out: Path, sizes: Sizes) -> dict[int, Task]:
 def pack(out: Path, sizes: Sizes = GPU) -> None:
     out.mkdir(parents=True, exist_ok=True)
     pack_plans(out, pack_tasks(out, sizes))
+    dmp_cores.pack(out)  # the DMP step's plans, and TorchRec's wheels beside FBGEMM's and hydra's
     prepare = Path(__file__).resolve().parents[1].parent / "shared" / "gpu" / "prepare.sh"
     if prepare.exists():
         subprocess.run(["bash", str(prepare), str(out.resolve())], check=True)  # it cds
@@ -813,7 +912,9 @@ def main() -> None:
     parser.add_argument("--pack", default=None, help="run: the folder pack made (the tasks, TorchRec's plans)")
     parser.add_argument("--labels", default=None, help="model (run's own): the label folder")
     parser.add_argument("--work", default=None, help="model (run's own): the run's work folder")
-    parser.add_argument("--steps", default="", help=f"run: these steps only, comma-separated ({', '.join(SHARES)})")
+    parser.add_argument(
+        "--steps", default="", help=f"run: these steps only, comma-separated ({', '.join([*SHARES, 'dmp'])})"
+    )
     parser.add_argument("--label-seed", type=int, default=0, help="run: the spec sampler's seed of the labels step")
     args = parser.parse_args()
     try:
@@ -821,8 +922,8 @@ def main() -> None:
             pack(Path(args.out))
         elif args.stage == "run":
             only = tuple(step for step in args.steps.split(",") if step)
-            if set(only) - set(SHARES):
-                raise UserError(f"--steps: got {args.steps!r}, expected some of {', '.join(SHARES)}")
+            if set(only) - set(SHARES) - {"dmp"}:
+                raise UserError(f"--steps: got {args.steps!r}, expected some of {', '.join([*SHARES, 'dmp'])}")
             run(Path(args.out), args.dry, args.budget_s, Path(args.pack) if args.pack else None, only, args.label_seed)
         elif args.stage == "model":
             model_stage(

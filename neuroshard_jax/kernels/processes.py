@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from neuroshard_jax.core.errors import UserError
@@ -27,6 +27,7 @@ from neuroshard_jax.core.manifests import TIMED_KEYS
 from neuroshard_jax.workloads.pool import PoolSpec
 
 # One thread per process everywhere below torch (FBGEMM, OpenMP, MKL).
+CORE_ENV = "NEUROSHARD_CORE"  # a rank process runs on this core alone (worker.__main__.pin_to_core)
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 PARENT_ENV = "NEUROSHARD_PARENT_PID"  # a worker dies with the process that started it (worker.die_with_parent)
 
@@ -406,10 +407,12 @@ def run_worker(args: list[str], timeout_s: float, what: str) -> subprocess.Compl
     return done
 
 
-def run_ranks(command: list[str], world: int, tmp: Path, timeout_s: float) -> None:
+def run_ranks(command: list[str], world: int, tmp: Path, timeout_s: float, cores: Sequence[int] | None = None) -> None:
     """Run ``python -m neuroshard_jax.kernels.worker COMMAND RANK WORLD INIT ...`` for every rank and wait for all;
-    ``{rank}`` in an argument is replaced by the rank. Raises WorkerFailure if a rank crashes or the ranks
-    run past ``timeout_s`` (all ranks are killed)."""
+    ``{rank}`` in an argument is replaced by the rank; rank r runs on core ``cores[r]`` alone where cores are given
+    (one per rank). Raises WorkerFailure if a rank crashes or the ranks run past ``timeout_s`` (all are killed)."""
+    if cores is not None and len(cores) < world:
+        raise UserError(f"cores: got {len(cores)} ({list(cores)}), expected one for each of the {world} ranks")
     init = f"file://{tmp / 'rendezvous'}"
     procs = [
         subprocess.Popen(
@@ -425,7 +428,12 @@ def run_ranks(command: list[str], world: int, tmp: Path, timeout_s: float) -> No
             ],
             stdout=subprocess.DEVNULL,
             stderr=open(tmp / f"err.{rank}", "wb"),
-            env={**os.environ, **WORKER_ENV, PARENT_ENV: str(os.getpid())},
+            env={
+                **os.environ,
+                **WORKER_ENV,
+                PARENT_ENV: str(os.getpid()),
+                **({CORE_ENV: str(cores[rank])} if cores is not None else {}),
+            },
         )
         for rank in range(world)
     ]

@@ -14,7 +14,8 @@ With fewer cores than ranks (8 ranks on this project's 2-core machines) the wall
 rank shared out over the cores, not the slowest device's: it rewards the plan with the least total work and cannot
 see balance. Each rank's CPU time per step (its kernels and its communication threads, not its waits) is recorded
 beside it; the busiest rank's is the figure that stands for the slowest device there, with the caches and memory
-bandwidth still shared.
+bandwidth still shared. Where the machine has a core per rank, ``cores`` runs each rank alone on its own
+(``tools/dmp_cores.py``, on a lent machine's 16 cores).
 
 ``dmp_memory`` runs one plan the same way with the task's optimizer fused into the backward pass and reads what each
 rank's sharded module holds (its resident memory when built and at its peak over a few steps, and the allocator's
@@ -26,6 +27,7 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -60,21 +62,26 @@ def _check_runnable(task) -> None:
         )
 
 
-def _run_ranks(command: str, request: dict, world: int, tmp: Path, timeout_s: float, what: str) -> list[dict]:
-    """Write ``request`` into ``tmp``, run the worker's ``command`` on ``world`` gloo ranks, and read each rank's
-    output; UserError naming ``what`` if a rank fails."""
+def _run_ranks(
+    command: str, request: dict, world: int, tmp: Path, timeout_s: float, what: str, cores: Sequence[int] | None = None
+) -> list[dict]:
+    """Write ``request`` into ``tmp``, run the worker's ``command`` on ``world`` gloo ranks (rank r on core
+    ``cores[r]`` alone, where given), and read each rank's output; UserError naming ``what`` if a rank fails."""
     (tmp / "request.json").write_text(json.dumps(request))
     try:
-        run_ranks([command, str(tmp / "request.json"), str(tmp / "out.{rank}")], world, tmp, timeout_s)
+        run_ranks([command, str(tmp / "request.json"), str(tmp / "out.{rank}")], world, tmp, timeout_s, cores)
     except WorkerFailure as failure:
         raise UserError(f"DistributedModelParallel {what} failed: {failure.reason}") from None
     return [json.loads((tmp / f"out.{rank}").read_text()) for rank in range(world)]
 
 
-def dmp_steps(plans: list[Plan], warmup: int = 3, steps: int = 20, timeout_s: float = 1800.0) -> list[dict]:
+def dmp_steps(
+    plans: list[Plan], warmup: int = 3, steps: int = 20, timeout_s: float = 1800.0, cores: Sequence[int] | None = None
+) -> list[dict]:
     """Per plan: {step_ms (median over the timed steps of the slowest rank's wall time), step_ms_q1_q3, rank_ms (each
     rank's median), busiest_cpu_ms (median over steps of the largest rank's CPU time), rank_cpu_ms, local_gb (each
-    rank's embedding weights)}, the plans' steps interleaved on one set of rank processes."""
+    rank's embedding weights)}, the plans' steps interleaved on one set of rank processes (rank r on core
+    ``cores[r]`` alone where given: a core per rank, where the machine has them)."""
     if not plans:
         raise UserError("plans: got none, expected at least one plan of the task")
     task = plans[0].task
@@ -99,7 +106,7 @@ def dmp_steps(plans: list[Plan], warmup: int = 3, steps: int = 20, timeout_s: fl
             "warmup": warmup,
             "steps": steps,
         }
-        ranks = _run_ranks("torchrec-steps", request, world, tmp, timeout_s, "steps")
+        ranks = _run_ranks("torchrec-steps", request, world, tmp, timeout_s, "steps", cores)
     out = []
     for p in range(len(plans)):
         wall, cpu = (np.array([r[key][p] for r in ranks]) * 1e3 for key in ("step_s", "cpu_s"))  # [ranks, steps] ms

@@ -33,8 +33,16 @@ def die_with_parent() -> None:
         raise SystemExit("the process that started this worker is gone")
 
 
+def pin_to_core() -> None:
+    """Run on the one core ``NEUROSHARD_CORE`` names (``processes.run_ranks``), before any thread starts."""
+    core = os.environ.get("NEUROSHARD_CORE")
+    if core is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(core)})
+
+
 def main(argv: list[str]) -> None:
     die_with_parent()
+    pin_to_core()
     if argv == ["serve"]:
         serve()
         return

@@ -123,6 +123,8 @@ def profile_compute(request: dict) -> dict:
     specs, indices, offsets = shard_inputs(request)
     on_gpu = device == "cuda"
     location, compute = (EmbeddingLocation.DEVICE, devices.CUDA) if on_gpu else (EmbeddingLocation.HOST, devices.CPU)
+    timer = _CudaTimer(torch) if on_gpu else _CpuTimer()  # before the count starts: its flush buffer is the timer's
+    base = _allocated(torch) if on_gpu and request.get("memory") else None
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
         embedding_specs=[(rows, dim, location, compute) for rows, dim in specs],
         optimizer=EmbOptimType(optimizer),
@@ -137,7 +139,6 @@ def profile_compute(request: dict) -> dict:
     target = torch.device("cuda" if on_gpu else "cpu")
     indices_t = torch.from_numpy(indices).to(target)
     offsets_t = torch.from_numpy(offsets).to(target)
-    timer = _CudaTimer(torch) if on_gpu else _CpuTimer()
     grad = []
 
     def step() -> tuple[float, float]:
@@ -163,6 +164,8 @@ def profile_compute(request: dict) -> dict:
         runs, cpu_share = timed_runs(step, request)
     fwd_runs, bwd_runs = [f for f, _ in runs], [b for _, b in runs]
     totals = [f + b for f, b in runs]
+    outputs = int(request["batch_size"]) * sum(dim for _, dim in specs)
+    memory = _memory(torch, tbe, (indices_t, offsets_t), outputs, base) if request.get("memory") else None
     kept = np.unique(np.linspace(0, len(runs) - 1, min(len(runs), MAX_KEPT_RUNS)).round().astype(int))
     return {
         "ok": True,
@@ -177,7 +180,29 @@ def profile_compute(request: dict) -> dict:
         **({} if on_gpu else {"cpu_share": round(cpu_share, 3)}),
         **({"protocol": protocol, "timed_iters": len(runs)} if protocol != "fixed" else {}),
         **({"ahead": round(ahead, 3)} if ahead is not None else {}),
+        **({"memory": memory} if memory is not None else {}),
     }
+
+
+def _allocated(torch) -> int:
+    """The CUDA allocator's bytes in use, its high-water mark reset to them: a request's peak counts from here."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
+
+
+def _memory(torch, tbe, inputs, outputs: int, base: int | None) -> dict:
+    """What the request's kernels held: ``held_bytes``, by the allocator's count of the module's tensors (weights,
+    optimizer state, FBGEMM's bookkeeping), the ids and offsets, and the ``outputs`` pooled values (batch x the
+    tables' dims) and their gradients, fp32; on CUDA also ``peak_bytes``, the allocator's high-water mark over the
+    request less what was allocated before the module was built (``torch.cuda.max_memory_allocated``)."""
+    module = sum(t.numel() * t.element_size() for t in (*tbe.parameters(), *tbe.buffers()))
+    held = module + sum(t.numel() * t.element_size() for t in inputs) + 2 * outputs * 4
+    out = {"held_bytes": int(held), "module_bytes": int(module)}
+    if base is not None:
+        torch.cuda.synchronize()
+        out["peak_bytes"] = int(torch.cuda.max_memory_allocated() - base)
+    return out
 
 
 GPU_PROTOCOLS = {"graph": "CUDA graph replay", "queued": "the host enqueues ahead of the GPU"}
