@@ -120,11 +120,12 @@ def _place(fns: CostFns, params, z, mem, dims, valid, allowed, single, bound, ca
         choice = jnp.argmin(jnp.where(eligible, key, jnp.inf))
         take = v & found
         row = latents[choice] + z_s
+        # the chosen device alone changes: updated in place (a full pass over the devices per shard would cost as
+        # much again as choosing it, at hundreds of devices)
         latents = latents.at[choice].set(jnp.where(take, row, latents[choice]))
-        onehot = (jnp.arange(n) == choice) & take
-        used = used + onehot * m
-        dim_sums = dim_sums + onehot * d
-        compute = jnp.where(onehot, fns.head(params, row) / speed, compute)
+        used = used.at[choice].add(jnp.where(take, m, 0))
+        dim_sums = dim_sums.at[choice].add(jnp.where(take, d, 0))
+        compute = compute.at[choice].set(jnp.where(take, fns.head(params, row) / speed[choice], compute[choice]))
         return (latents, used, dim_sums, compute, ok & (found | ~v)), jnp.where(take, choice, -1)
 
     init = (

@@ -21,7 +21,7 @@ from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import NUM_FEATURES
 from neuroshard_jax.core.sharding import shard_features
 from neuroshard_jax.core.types import Plan, Task
-from neuroshard_jax.costs.cost_model import CostModel, bucket
+from neuroshard_jax.costs.cost_model import CostModel, bucket, fine_bucket
 from neuroshard_jax.costs.scoring import input_terms, single_shard_costs
 from searchers.grid import MEMORY_ONLY, ShardBatch, cap_units, dim_bounds, grid_search, mem_units, unit_bytes
 from searchers.registry import Searcher, register
@@ -61,7 +61,7 @@ class SplitSpace:
         """The shard slots of each candidate (table-major, column order), padded to power-of-two buckets (of at
         least ``min_candidates`` candidates)."""
         counts = [sum(1 << k for k in c) for c in candidates]
-        num_c, num_s = bucket(len(candidates), min_candidates), bucket(max(counts), 8)
+        num_c, num_s = bucket(len(candidates), min_candidates), fine_bucket(max(counts), 8)
         feats = np.zeros((num_c, num_s, NUM_FEATURES), dtype=np.float32)
         mem = np.zeros((num_c, num_s), dtype=np.int32)
         dims = np.zeros((num_c, num_s), dtype=np.int32)
@@ -94,6 +94,11 @@ class SplitSpace:
 
 
 MIN_CANDIDATES = 8  # beam's smallest padded batch of candidate splits
+# beam's work bound (``BeamSearch.max_work``): placements weighed, summed over a search's calls after its first; a
+# call of C candidates weighs C x alphas x shard slots x devices (padded). The 856-table pool on 64 devices takes
+# ~5e8 in all, 5,000 tables on 512 devices 3e7 a candidate; on a 2-core AMD EPYC a unit takes ~5 ns
+MAX_WORK = 2e9
+PAD_WORK = 1e8  # the first call is padded to MIN_CANDIDATES (one compiled shape with the rest) where that costs less
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +129,11 @@ class Scorer:
         self.inputs = input_terms(model.input_dist, task) if priced else None
         self.best: tuple[float, tuple[int, ...], np.ndarray] | None = None
         self.candidates_scored = 0
+
+    def work(self, candidates: list[tuple[int, ...]], min_candidates: int = 1) -> int:
+        """The placements a ``score`` call of ``candidates`` weighs, padding included (``MAX_WORK``)."""
+        slots = fine_bucket(max(sum(1 << k for k in c) for c in candidates), 8)
+        return bucket(len(candidates), min_candidates) * len(self.bounds) * slots * self.space.task.num_devices
 
     def score(self, candidates: list[tuple[int, ...]], min_candidates: int = 1) -> np.ndarray:
         """Best plan cost f64[C] of each candidate over the alpha grid (+inf: infeasible); the batch is padded to at
@@ -207,11 +217,12 @@ class BeamSearch(GridConfig, Searcher):
     the union of the top-``n`` tables by shard size and by predicted compute, for each of the ``k``
     plans of the beam; a whole level is scored in one batched call; ``max_length`` steps at most.
     Returns the best plan seen (the unsplit table-wise plan included). ``column_wise=false`` (an
-    ablation) splits nothing: the plan of the grid search. ``budget_s`` (thousands of tables on hundreds
-    of devices, where one candidate takes seconds): a level scores only the candidates its measured time per
-    candidate leaves room for (the best beam plans' first, in power-of-two batches), and the search stops
-    where not even the smallest batch fits; it says so on stderr. With a budget, the plan depends on the machine's
-    speed (how many candidates fit), not only on the task and the model.
+    ablation) splits nothing: the plan of the grid search. ``max_work`` (default ``MAX_WORK``; null: none) bounds
+    the placements the levels weigh: thousands of tables on hundreds of devices, where one candidate weighs millions,
+    score only the candidates it leaves room for (the best beam plans' first, in power-of-two batches) and stop
+    where not even the smallest batch fits, saying so on stderr; tasks of hundreds of tables never reach it. The
+    plan stays a function of the task and the model. ``budget_s`` bounds the search in seconds the same way, from the
+    measured time per candidate: the plan then depends on the machine's speed too.
     """
 
     k: int = 3  # beam width
@@ -220,6 +231,8 @@ class BeamSearch(GridConfig, Searcher):
     column_wise: bool = True  # false: no column splits (ablation; the grid search's plan)
     # seconds: a level scores only the candidates left time allows (thousands of tables); null: none
     budget_s: float | None = None
+    # placements the levels may weigh in all (candidates x alphas x slots x devices); null: no bound
+    max_work: float | None = MAX_WORK
     constraints: ClassVar[tuple[str, ...]] = CONSTRAINT_KEYS
     replicates: ClassVar[bool] = True  # the pipeline tries its hot small tables data-parallel (search/replicas.py)
 
@@ -234,6 +247,10 @@ class BeamSearch(GridConfig, Searcher):
             raise UserError(f"searcher.column_wise: got {self.column_wise!r}, expected true or false")
         if self.budget_s is not None and not (isinstance(self.budget_s, int | float) and self.budget_s > 0):
             raise UserError(f"searcher.budget_s: got {self.budget_s!r}, expected a number of seconds > 0 or null")
+        if self.max_work is not None and not (
+            isinstance(self.max_work, int | float) and not isinstance(self.max_work, bool) and self.max_work > 0
+        ):
+            raise UserError(f"searcher.max_work: got {self.max_work!r}, expected a number of placements > 0 or null")
 
     def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan:
         started = time.perf_counter()
@@ -241,9 +258,12 @@ class BeamSearch(GridConfig, Searcher):
         scorer = Scorer(space, cost_model, self)
         root = (0,) * task.num_tables
         beam = [root]
-        # every call padded to >= MIN_CANDIDATES: the root and small steps share one compiled shape with the rest
-        scorer.score(beam, MIN_CANDIDATES)
-        per_candidate = (time.perf_counter() - started) / MIN_CANDIDATES  # compilation included: an upper bound
+        # calls padded to >= MIN_CANDIDATES: the root and small steps share one compiled shape with the rest (the
+        # root alone where padding it would cost more than compiling another shape)
+        pad = MIN_CANDIDATES if scorer.work(beam, MIN_CANDIDATES) <= PAD_WORK else 1
+        scorer.score(beam, pad)
+        per_candidate = (time.perf_counter() - started) / pad  # compilation included: an upper bound
+        work_left = self.max_work
         for level in range(self.max_length if self.column_wise else 0):
             candidates, seen = [], set()
             for levels in beam:
@@ -253,9 +273,15 @@ class BeamSearch(GridConfig, Searcher):
                         seen.add(child)
                         candidates.append(child)
             if self.budget_s is not None:
-                candidates = self._affordable(candidates, per_candidate, time.perf_counter() - started, level)
+                room = int((self.budget_s - (time.perf_counter() - started)) / max(per_candidate, 1e-9))
+                candidates = self._affordable(candidates, room, level, f"budget_s={self.budget_s:g}")
+            if work_left is not None and candidates:
+                room = int(work_left // scorer.work(candidates[:1]))  # the candidates of a level are alike in size
+                candidates = self._affordable(candidates, room, level, f"max_work={self.max_work:.3g}")
             if not candidates:
                 break
+            if work_left is not None:
+                work_left -= scorer.work(candidates, MIN_CANDIDATES)
             scored_at = time.perf_counter()
             costs = scorer.score(candidates, MIN_CANDIDATES)
             per_candidate = (time.perf_counter() - scored_at) / bucket(len(candidates), MIN_CANDIDATES)
@@ -263,19 +289,15 @@ class BeamSearch(GridConfig, Searcher):
             beam = [candidates[i] for i in keep]
         return scorer.best_plan("beam")
 
-    def _affordable(self, candidates: list, per_candidate: float, elapsed: float, level: int) -> list:
-        """The first candidates (the best beam plans' children first) that the rest of ``budget_s`` scores, in a
-        power-of-two batch of at least MIN_CANDIDATES; none where not even that fits."""
-        room = int((self.budget_s - elapsed) / max(per_candidate, 1e-9))
+    def _affordable(self, candidates: list, room: int, level: int, bound: str) -> list:
+        """The first candidates (the best beam plans' children first) that ``room`` candidates' worth of a budget
+        scores, in a power-of-two batch of at least MIN_CANDIDATES; none where not even that fits."""
         if room < MIN_CANDIDATES:
             logger.info(
-                "beam: budget_s=%g reached after %s of %s levels (%.1f s, %.2f s per candidate); the best plan so far "
-                "is returned",
-                self.budget_s,
+                "beam: %s reached after %s of %s levels; the best plan so far is returned",
+                bound,
                 level,
                 self.max_length,
-                elapsed,
-                per_candidate,
             )
             return []
         if room >= bucket(len(candidates), MIN_CANDIDATES):  # the padded batch is what a call costs

@@ -26,13 +26,16 @@ class Searcher(abc.ABC):
     (``core.constraints.KEYS``); ``replicates``: the pipeline tries its hot small tables data-parallel first
     (``search/replicas.py``); ``own_row_splits``: it picks its own sharding types, so the pipeline's row-split stage
     is not applied; ``budget_s``: seconds the whole search may take (None: no limit; a searcher with a budget
-    declares it as an option field, and ``with_budget`` gives it a share)."""
+    declares it as an option field, and ``with_budget`` gives it a share); ``max_work``: likewise a bound on the
+    work of the whole search in the searcher's own units, which leaves the plan a function of the task (not of the
+    machine's speed), shared by ``share``."""
 
     name: ClassVar[str] = ""
     constraints: ClassVar[tuple[str, ...]] = ()
     replicates: ClassVar[bool] = False
     own_row_splits: ClassVar[bool] = False
     budget_s: ClassVar[float | None] = None
+    max_work: ClassVar[float | None] = None
 
     @abc.abstractmethod
     def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan: ...
@@ -41,6 +44,10 @@ class Searcher(abc.ABC):
         """This searcher with ``budget_s`` seconds, where it has a budget (the pipeline shares one budget among the
         searches of one plan); itself where it has none."""
         return self if self.budget_s is None else dataclasses.replace(self, budget_s=budget_s)
+
+    def share(self, parts: int) -> Searcher:
+        """This searcher with a ``parts``-th of its work bound, where it has one (the pipeline's runs share it)."""
+        return self if self.max_work is None else dataclasses.replace(self, max_work=self.max_work / parts)
 
 
 _REGISTRY: dict[str, type[Searcher]] = {}

@@ -96,6 +96,8 @@ def test_integer_rules():
         ("beam", {"max_length": -1}, "searcher.max_length: got -1"),
         ("beam", {"width": 3}, "searcher.width: unknown key"),
         ("beam", {"budget_s": 0}, "searcher.budget_s: got 0"),
+        ("beam", {"max_work": 0}, "searcher.max_work: got 0"),
+        ("beam", {"max_work": True}, "searcher.max_work: got True"),
     ],
 )
 def test_bad_options_are_clear_errors(name, options, fragment):
@@ -163,6 +165,12 @@ def test_beam_within_a_budget_returns_its_best_plan_so_far(small_pool, caplog):
     assert "beam: budget_s=1e-06 reached after 0 of 10 levels" in caplog.text
     roomy = make_searcher("beam", {"budget_s": 1e6}).search(task, model, 0)
     assert roomy == make_searcher("beam", {}).search(task, model, 0)
+    # a bound on the work, not the time: the same plan every time (the grid's where it leaves no level)
+    assert make_searcher("beam", {"max_work": 1}).search(task, model, 0) == grid
+    assert "beam: max_work=1 reached after 0 of 10 levels" in caplog.text
+    assert roomy == make_searcher("beam", {"max_work": None}).search(task, model, 0)  # hundreds: never reached
+    bounded = [make_searcher("beam", {"max_work": 2e5}).search(task, model, 0) for _ in range(2)]
+    assert bounded[0] == bounded[1]
 
 
 def test_packing_by_memory_puts_each_shard_where_most_memory_is_left():

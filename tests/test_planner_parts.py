@@ -57,6 +57,7 @@ def test_only_searchers_register_and_a_budget_is_shared_through_the_interface():
     assert isinstance(beam, BeamSearch) and beam.with_budget(2.5).budget_s == 2.5
     grid = make_searcher("grid")
     assert grid.budget_s is None and grid.with_budget(1.0) is grid  # no budget: itself
+    assert beam.share(4).max_work == beam.max_work / 4 and grid.share(4) is grid  # a work bound is shared too
     assert make_searcher("torchrec").own_row_splits and grid.replicates and not make_searcher("dim_greedy").replicates
 
 

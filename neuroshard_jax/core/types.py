@@ -35,6 +35,7 @@ from neuroshard_jax.core.sharding import (
     column_shards,
     device_dim_sums,
     is_legal_dim,
+    row_block_size,
     row_blocks,
     tiling_error,
 )
@@ -330,6 +331,17 @@ class Task:
         ids = table.pooling_factor * rows / table.rows
         return shard_memory(rows, dim, ids, self.batch_size, self.precision, self.training.state)
 
+    def row_block_bytes(self, index: int, count: int, dim: int | None = None) -> np.ndarray:
+        """i64[count]: the bytes of each of the ``count`` row blocks of table ``index`` (``sharding.row_blocks``:
+        ceil-sized blocks in order, the last ones shorter or empty; ``dim`` columns, default all), each distinct
+        size worked out once."""
+        table = self.tables[index]
+        block = row_block_size(table.rows, count)
+        sizes = np.clip(table.rows - block * np.arange(count, dtype=np.int64), 0, block)
+        dim = table.dim if dim is None else dim
+        distinct = {int(c): self.rows_memory(index, int(c), dim).total for c in np.unique(sizes)}
+        return np.array([distinct[int(c)] for c in sizes], dtype=np.int64)
+
     def device_memory(self, shards, replicated: tuple[int, ...] = ()) -> list[MemoryParts]:
         """Each device's memory by part, holding ``shards`` and the ``replicated`` tables (task indices) whole."""
         out = [MemoryParts()] * self.num_devices
@@ -341,8 +353,20 @@ class Task:
         return out
 
     def device_mem_bytes(self, shards, replicated: tuple[int, ...] = ()) -> np.ndarray:
-        """i64[N]: each device's bytes holding ``shards`` (and ``replicated`` tables whole): ``device_memory``."""
-        return np.array([parts.total for parts in self.device_memory(shards, replicated)], dtype=np.int64)
+        """i64[N]: each device's bytes holding ``shards`` (and ``replicated`` tables whole): ``device_memory``'s
+        totals, each distinct shape of shard worked out once (thousands of row blocks are a few shapes)."""
+        out = np.zeros(self.num_devices, dtype=np.int64)
+        if shards:
+            rows = self.table_rows()
+            totals: dict[tuple[int, int, int], int] = {}
+            keys = [(s.table, s.rows(rows[s.table]), s.dim) for s in shards]
+            for key in keys:
+                if key not in totals:
+                    totals[key] = self.rows_memory(*key).total
+            np.add.at(out, [s.device for s in shards], [totals[key] for key in keys])
+        for t in replicated:
+            out += self.table_mem_bytes(t)
+        return out
 
     def table_names(self) -> list[str]:
         """Each table's name, else its id, as text (for messages)."""

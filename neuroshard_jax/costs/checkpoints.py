@@ -35,7 +35,7 @@ from neuroshard_jax.costs.ensemble import (
     EnsembleNets,
     EnsembleParams,
     InputStats,
-    init_ensemble,
+    abstract_ensemble,
 )
 from neuroshard_jax.costs.neural import FeatureStats, NetConfig, NeuralNets, NeuralParams, init_nets
 
@@ -269,7 +269,7 @@ def load_ensemble(path: str | Path) -> tuple[EnsembleConfig, EnsembleNets, Ensem
                 "retrain it with python -m neuroshard_jax.train"
             )
     config = _parsed(path, lambda: ensemble_config_of(meta))
-    nets, template = init_ensemble(config, np.zeros(NUM_COEFS, np.float32))
+    nets, template = abstract_ensemble(config, np.zeros(NUM_COEFS, np.float32))
     tree = restore_tree(path / "state", _ensemble_tree(template), digest=_digest_of(meta, "state"))
     states = []
     for name in ("members", "fwd", "bwd"):

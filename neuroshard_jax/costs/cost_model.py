@@ -232,3 +232,16 @@ def _scaled(fns: CostFns) -> CostFns:
 def bucket(n: int, minimum: int = 4) -> int:
     """Smallest power of two >= max(n, minimum): fixed shapes, few compilations."""
     return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+
+
+FINE_ABOVE = 1024  # past this, ``fine_bucket`` steps by eighths of an octave
+
+
+def fine_bucket(n: int, minimum: int = 4) -> int:
+    """``bucket`` up to ``FINE_ABOVE``; past it the next multiple of an eighth of the power of two below n (5,000 ->
+    5,120, not 8,192): a sequential scan over thousands of padded slots costs as much as over real ones, and the
+    few more shapes compile once each."""
+    if n <= FINE_ABOVE:
+        return bucket(n, minimum)
+    step = (1 << (int(n) - 1).bit_length()) // 16
+    return -(-int(n) // step) * step

@@ -287,6 +287,19 @@ def init_ensemble(config: EnsembleConfig, log_coef: np.ndarray, seed: int = 0) -
     return nets, params
 
 
+def abstract_ensemble(config: EnsembleConfig, log_coef: np.ndarray) -> tuple[EnsembleNets, EnsembleParams]:
+    """``init_ensemble``'s nets and the shapes of its params (no values: nothing is initialised or computed), the
+    template a checkpoint is restored into: building the members for real took seconds of small eager calls."""
+    made = {}
+
+    def params() -> EnsembleParams:
+        made["nets"], out = init_ensemble(config, log_coef)
+        return out
+
+    shapes = jax.eval_shape(params)
+    return made["nets"], shapes
+
+
 def member_latents(nets: EnsembleNets, members, stats: InputStats, feats, batch_size):
     """Per-shard latents f32[K, ..., W] of every member (``MemberNet.table_latent``)."""
     normalized = (net_inputs(feats, batch_size) - stats.mean) / stats.std

@@ -26,7 +26,6 @@ import dataclasses
 import functools
 
 import numpy as np
-from scipy.optimize import nnls
 
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.costs.row_comm import fit_records, interpolate, of_kinds, read_fit
@@ -112,6 +111,8 @@ def fit(records: list[dict], name: str, kind: str = "") -> InputDist:
         "input dist fit: no comm record with input distributions and their times; expected labels collected with "
         "comm.input_share > 0",
     )
+    from scipy.optimize import nnls  # a fit's alone: half a second of every planner start otherwise
+
     sizes = tuple(sorted({int(r["world"]) for r in usable}))
     coefs = []
     for n in sizes:

@@ -21,6 +21,7 @@ from neuroshard_jax.costs.registry import CostModelSpec, expected_cost_model
 from neuroshard_jax.costs.scoring import score_plan, score_plans, single_shard_costs, with_costs
 from neuroshard_jax.search.replicas import replica_choices, replica_rest, replicas_fit, with_replicas
 from neuroshard_jax.search.row_split import (
+    blocks_fit,
     hot_tables,
     join,
     rest_task,
@@ -104,10 +105,10 @@ def search_plan(
             for within_host in (ways if split else (False,))
         ]
     for i, (replicated, base, index, base_model, split, within_host) in enumerate(runs):
-        run = searcher
+        run = searcher.share(len(runs))  # a bound on the search's work: the same share for every run
         if searcher.budget_s is not None:  # a searcher's time budget is the whole search's: shared by the runs left
             share = (searcher.budget_s - (time.perf_counter() - start)) / (len(runs) - i)
-            run = searcher.with_budget(max(share, 1e-6))
+            run = run.with_budget(max(share, 1e-6))
         try:
             plan = _search_around(base, run, base_model, seed, split, within_host, cost_model)
         except InfeasibleError as err:  # this way of cutting leaves no plan; another may
@@ -150,15 +151,19 @@ def _search_around(
     """The searcher's plan of ``task`` with the tables ``split`` cut into row blocks first (none: the plain search),
     over every device or, ``within_host``, over one host's devices; validated."""
     if split:
-        blocks = row_blocks_of(task, settle(task, split, within_host), within_host)
+        tables = settle(task, split, within_host)
+        blocks_fit(task, tables, within_host)
+        blocks = row_blocks_of(task, tables, within_host)
         rest, index = rest_task(task, blocks)
         if not rest.num_tables:
             return join(task, None, index, blocks).validate()
         # blocks of tables with their own statistics may be far from alike: also planned around (loaded_rest)
         known = any(task.tables[s.table].row_blocks for s in blocks)
         arounds = [rest, *filter(None, [loaded_rest(task, rest, blocks, model) if known else None])]
-        if len(arounds) > 1 and searcher.budget_s is not None:  # the run's budget shared
-            searcher = searcher.with_budget(searcher.budget_s / len(arounds))
+        if len(arounds) > 1:  # the run's budgets shared
+            searcher = searcher.share(len(arounds))
+            if searcher.budget_s is not None:
+                searcher = searcher.with_budget(searcher.budget_s / len(arounds))
         plans = []
         for around in arounds:
             rest_plan = searcher.search(around, cost_model.for_task(around), seed)

@@ -106,28 +106,40 @@ def row_blocks_of(task: Task, tables: Sequence[int], within_host: bool = False) 
     ``within_host``: over the devices of one host instead (``table_row_wise``: the table's ids and partial sums
     stay on the host's fast links), the host whose devices are least full after the blocks, largest table first;
     a table no host holds is cut over every device."""
+    layout, _ = _layout(task, tables, within_host)
+    return tuple(s for t, devices in layout for s in row_shards(t, task.tables[t].rows, task.tables[t].dim, devices))
+
+
+def _layout(task: Task, tables: Sequence[int], within_host: bool) -> tuple[list[tuple[int, list[int]]], np.ndarray]:
+    """``row_blocks_of``'s choice as (table, the devices of its blocks in order) per table, and the bytes the blocks
+    take on each device (i64[N]), without making the blocks."""
     groups = task.host_groups() if within_host else None
-    if groups is None:
-        devices = range(task.num_devices)
-        return tuple(s for t in tables for s in row_shards(t, task.tables[t].rows, task.tables[t].dim, devices))
-    caps = task.cap_bytes()
+    everywhere = list(range(task.num_devices))
     used = np.zeros(task.num_devices, dtype=np.int64)
-    blocks: list[Shard] = []
+    if groups is None:
+        for t in tables:
+            used += task.row_block_bytes(t, task.num_devices)
+        return [(t, everywhere) for t in tables], used
+    caps = task.cap_bytes()
+    hosts = np.array(groups)  # [H, devices per host]: the hosts are of equal size
+    layout = []
     for t in sorted(tables, key=lambda t: (-task.table_mem_bytes(t), t)):
-        table = task.tables[t]
-        best = None
-        for group in groups:
-            cut = row_shards(t, table.rows, table.dim, group) if table.rows >= len(group) else ()
-            need = task.device_mem_bytes(cut)
-            fullest = float(((used + need) / caps)[group].max())
-            if cut and np.all(used + need <= caps) and (best is None or fullest < best[0]):
-                best = (fullest, cut, need)
-        if best is None:
-            cut = row_shards(t, table.rows, table.dim, range(task.num_devices))
-            best = (0.0, cut, task.device_mem_bytes(cut))
-        blocks.extend(best[1])
-        used += best[2]
-    return tuple(blocks)
+        chosen = None
+        if task.tables[t].rows >= hosts.shape[1]:
+            need = task.row_block_bytes(t, hosts.shape[1])  # block i goes to the i-th device of whichever host
+            after = used[hosts] + need  # [H, devices per host]
+            over_elsewhere = int((used > caps).sum()) - (used[hosts] > caps[hosts]).sum(axis=1)
+            fits = (after <= caps[hosts]).all(axis=1) & (over_elsewhere == 0)
+            if fits.any():
+                fullest = (after / caps[hosts]).max(axis=1)
+                chosen = int(np.flatnonzero(fits)[np.argmin(fullest[fits])])  # the first of the least full
+        if chosen is None:  # no host holds it: over every device
+            layout.append((t, everywhere))
+            used += task.row_block_bytes(t, task.num_devices)
+        else:
+            layout.append((t, hosts[chosen].tolist()))
+            used[hosts[chosen]] += need
+    return layout, used
 
 
 def settle(task: Task, tables: Sequence[int], within_host: bool = False) -> tuple[int, ...]:
@@ -135,17 +147,30 @@ def settle(task: Task, tables: Sequence[int], within_host: bool = False) -> tupl
     share of every device: on a full task a table a little under the cap then fits nowhere), until none is left;
     constrained tables are not added (their constraints speak of whole tables and column slices)."""
     split = set(tables)
+    whole = np.array([task.table_mem_bytes(i) for i in range(task.num_tables)], dtype=np.int64)
     while True:
-        blocks = row_blocks_of(task, sorted(split), within_host)
-        room = int((task.cap_bytes() - task.device_mem_bytes(blocks)).max())
-        more = {
-            i
-            for i in range(task.num_tables)
-            if i not in split and task.table_mem_bytes(i) > room and _row_splittable(task, i)
-        }
+        _, used = _layout(task, sorted(split), within_host)
+        room = int((task.cap_bytes() - used).max())
+        more = {i for i in np.flatnonzero(whole > room).tolist() if i not in split and _row_splittable(task, i)}
         if not more:
             return tuple(sorted(split))
         split |= more
+
+
+def blocks_fit(task: Task, tables: Sequence[int], within_host: bool = False) -> None:
+    """InfeasibleError if a device cannot hold the row blocks of ``tables`` (``row_blocks_of``), said before the
+    blocks are made (thousands of tables on hundreds of devices are millions of blocks)."""
+    _check_room(task, _layout(task, tables, within_host)[1], set(tables))
+
+
+def _check_room(task: Task, used: np.ndarray, split: set[int]) -> None:
+    caps = task.cap_bytes()
+    for d in np.flatnonzero(used > caps).tolist()[:1]:
+        names = ", ".join(str(task.tables[t].id) for t in sorted(split))
+        raise InfeasibleError(
+            f"task infeasible: the row blocks of table(s) {names} over all {task.num_devices} devices need "
+            f"{used[d] / GIB_BYTES:.3f} GiB on device {d}, which holds {task.caps_gb()[d]} GiB"
+        )
 
 
 def rest_task(task: Task, blocks: Sequence[Shard]) -> tuple[Task, list[int]]:
@@ -153,14 +178,7 @@ def rest_task(task: Task, blocks: Sequence[Shard]) -> tuple[Task, list[int]]:
     caps lose the blocks' memory. InfeasibleError if a device cannot hold its blocks."""
     split = {s.table for s in blocks}
     used = task.device_mem_bytes(blocks)
-    caps = task.cap_bytes()
-    for d in range(task.num_devices):
-        if used[d] > caps[d]:
-            names = ", ".join(str(task.tables[t].id) for t in sorted(split))
-            raise InfeasibleError(
-                f"task infeasible: the row blocks of table(s) {names} over all {task.num_devices} devices need "
-                f"{used[d] / GIB_BYTES:.3f} GiB on device {d}, which holds {task.caps_gb()[d]} GiB"
-            )
+    _check_room(task, used, split)
     return task_around(task, used, split)
 
 

@@ -16,7 +16,7 @@ from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import NUM_BINS
 from neuroshard_jax.core.files import read_json
 from neuroshard_jax.core.memory import PLAIN_SGD, MemoryParts, Training, gib
-from neuroshard_jax.core.sharding import is_legal_dim, mem_bytes, narrowest_dim, row_blocks
+from neuroshard_jax.core.sharding import is_legal_dim, mem_bytes, narrowest_dim
 from neuroshard_jax.core.types import BIN_KEYS, Table, Task, memory_words
 from neuroshard_jax.workloads.pool import PoolSpec, TablePool, load_pool
 from neuroshard_jax.workloads.statistics import DEFAULT_ZIPF, estimated_stats
@@ -179,8 +179,7 @@ def check_feasible(task: Task) -> None:
     for i, table in enumerate(task.tables):
         narrowest = task.table_mem_bytes(i, narrowest_dim(table.dim))
         whole = task.table_mem_bytes(i)
-        blocks = [task.rows_memory(i, n, table.dim).total for _, n in row_blocks(table.rows, task.num_devices)]
-        rows_fit = all(b <= c for b, c in zip(blocks, caps))
+        rows_fit = narrowest <= cap or bool(np.all(task.row_block_bytes(i, task.num_devices) <= caps))
         if (narrowest > cap and not rows_fit) or (whole > cap and whole > int(caps.sum())):
             where = f"devices of {task.devices[0].mem_cap_gb} GiB" if task.is_uniform else task.describe_devices()
             parts = memory_words(task, task.rows_memory(i, table.rows, table.dim))
@@ -210,8 +209,8 @@ def _least_per_device(task: Task, index: int) -> int:
     """The fewest bytes a device must hold of table ``index``: its narrowest column slice, or its largest row block
     over every device, whichever is less."""
     table = task.tables[index]
-    blocks = [task.rows_memory(index, n, table.dim).total for _, n in row_blocks(table.rows, task.num_devices)]
-    return min(task.table_mem_bytes(index, narrowest_dim(table.dim)), max(blocks))
+    largest_block = int(task.row_block_bytes(index, task.num_devices).max())
+    return min(task.table_mem_bytes(index, narrowest_dim(table.dim)), largest_block)
 
 
 def fit_advice(task: Task, need: Callable[[Task], int], room: int) -> str:
