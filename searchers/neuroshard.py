@@ -18,8 +18,7 @@ import numpy as np
 from neuroshard_jax.core.constraints import KEYS as CONSTRAINT_KEYS
 from neuroshard_jax.core.constraints import allowed_devices, groups, max_levels
 from neuroshard_jax.core.errors import InfeasibleError, UserError
-from neuroshard_jax.core.features import NUM_FEATURES
-from neuroshard_jax.core.sharding import shard_features
+from neuroshard_jax.core.features import FEATURE_INDEX, NUM_FEATURES
 from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel, bucket, fine_bucket
 from neuroshard_jax.costs.scoring import input_terms, single_shard_costs
@@ -46,10 +45,11 @@ class SplitSpace:
         levels = int(self.max_level.max()) + 1
         task_feats = task.features()
         self.shard_dim = np.array([[max(t.dim >> k, 1) for k in range(levels)] for t in task.tables])
-        self.feats = np.zeros((task.num_tables, levels, NUM_FEATURES), dtype=np.float32)
-        for t in range(task.num_tables):
-            for k in range(levels):
-                self.feats[t, k] = shard_features(task_feats[t], int(self.shard_dim[t, k]))
+        # each level's shards: the table's features with its width and size (``shard_features``, all tables at once)
+        feats = np.repeat(np.asarray(task_feats, dtype=np.float64)[:, None, :], levels, axis=1)
+        feats[:, :, FEATURE_INDEX["dim"]] = self.shard_dim
+        feats[:, :, FEATURE_INDEX["size"]] = feats[:, :, FEATURE_INDEX["rows"]] * self.shard_dim
+        self.feats = feats.astype(np.float32)
         self.unit = unit_bytes(task)
         shard_bytes = [[task.table_mem_bytes(t, int(d)) for d in row] for t, row in enumerate(self.shard_dim)]
         self.mem = mem_units(shard_bytes, self.unit)

@@ -4,6 +4,8 @@
     python -m tools.bench_scale plan  [--searchers grid,size_lookup_greedy,beam,beam@60 --cost-model neural]
     python -m tools.bench_scale torchrec [--timeout 900]                    # TorchRec's planner, same task
     python -m tools.bench_scale dmp [--devices 8 --cap-gib 0.25]   # tables up to 4x a device: plan, export, run DMP
+    python -m tools.bench_scale compare [--sizes 5000x512,20000x2048 --timeout 600]   # the default command, cold and
+                                                   # warm, beside TorchRec's planner: wall, peak memory, predicted step
 
 task: tables drawn by this file's own law (not the training sampler's, not the foreign benchmark's): rows
   log-uniform over 1e2..5e7 with 1% of tables at 5e7..2e8 (production's largest: several GB at dim 128), dims
@@ -218,9 +220,77 @@ def dmp(args) -> dict:
     return result
 
 
+def measured(command: list[str], env: dict, timeout: float) -> dict:
+    """Run ``command`` in a process of its own and report its wall time and peak resident memory (``measure``)."""
+    wrapper = [sys.executable, __file__, "measure", "--timeout", str(timeout), "--", *command]
+    done = subprocess.run(wrapper, capture_output=True, text=True, env=env, timeout=timeout + 60)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure(command: list[str], timeout: float) -> dict:
+    """The child's wall seconds, peak RSS, exit code and its last stderr line (this process does nothing else)."""
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        code, said = done.returncode, (done.stderr.strip().splitlines() or [""])[-1]
+    except subprocess.TimeoutExpired:
+        code, said = None, f"no plan within {timeout:.0f} s (killed)"
+    return {
+        "wall_s": round(time.perf_counter() - start, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
+        "exit": code,
+        "said": said,
+    }
+
+
+def compare(args) -> list[dict]:
+    """Per size: the default command (``python -m neuroshard_jax task.path=FILE``: beam, the shipped model) cold
+    (an empty compilation cache) and warm (the same cache again), and TorchRec's planner (every sharding type, its
+    time limit), side by side: wall, peak memory, predicted step."""
+    rows = []
+    for size in args.sizes.split(","):
+        tables, _, devices = size.partition("x")
+        args.tables, args.devices = int(tables), int(devices)
+        if not task_path(args.tables, args.devices).exists():
+            print(json.dumps(make_task_file(args)), file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory(prefix="neuroshard-scale-") as cache:
+            env = {**os.environ, "NEUROSHARD_CACHE_DIR": cache}
+            for run in ("cold", "warm"):
+                out = Path(cache) / run
+                command = [sys.executable, "-m", "neuroshard_jax", f"task.path={task_path(args.tables, args.devices)}"]
+                row = measured([*command, f"hydra.run.dir={out}"], env, args.timeout)
+                plan = out / "plan.json"
+                cost = read_json(plan, "plan")["cost_ms"] if row["exit"] == 0 and plan.exists() else None
+                rows.append({"size": size, "planner": f"default command ({run})", **row, "predicted_ms": cost})
+                print(json.dumps(rows[-1]), flush=True)
+        torchrec = run_each(args, ["torchrec"])[0]
+        rows.append(
+            {
+                "size": size,
+                "planner": f"TorchRec ({args.timeout:.0f} s limit)",
+                "wall_s": torchrec.get("wall_s"),
+                "peak_rss_mb": torchrec.get("peak_rss_mb"),
+                "said": torchrec.get("error", ""),
+                "predicted_ms": torchrec.get("predicted_cost_ms"),
+            }
+        )
+    print("| size | planner | wall (s) | peak RSS (MB) | predicted step (ms) | said |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        said = r["said"] if r.get("predicted_ms") is None else ""
+        print(f"| {r['size']} | {r['planner']} | {r['wall_s']} | {r['peak_rss_mb']} | {r['predicted_ms']} | {said} |")
+    write_json({"machine": hardware(), "runs": rows}, OUT / "compare.json")
+    return rows
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["measure"]:  # measure --timeout T -- COMMAND...: compare's own wrapper
+        at = sys.argv.index("--")
+        print(json.dumps(measure(sys.argv[at + 1 :], float(sys.argv[sys.argv.index("--timeout") + 1]))))
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["task", "plan", "plan-one", "torchrec", "dmp"])
+    parser.add_argument("what", choices=["task", "plan", "plan-one", "torchrec", "dmp", "compare"])
+    parser.add_argument("--sizes", default="5000x512,20000x2048", help="compare: TABLESxDEVICES, comma-separated")
     parser.add_argument("--tables", type=int, default=5000)
     parser.add_argument("--devices", type=int, default=None, help="default: 512 (8 for dmp: its 4x and 2x tables)")
     parser.add_argument("--cap-gib", type=float, default=None, help="default: 16 (0.25 for dmp)")
@@ -244,6 +314,8 @@ def main() -> None:
         run_each(args, args.searchers.split(","))
     elif args.what == "dmp":
         print(json.dumps(dmp(args), indent=1))
+    elif args.what == "compare":
+        compare(args)
     else:
         run_each(args, ["torchrec"])
 

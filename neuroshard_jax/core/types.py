@@ -339,8 +339,8 @@ class Task:
         block = row_block_size(table.rows, count)
         sizes = np.clip(table.rows - block * np.arange(count, dtype=np.int64), 0, block)
         dim = table.dim if dim is None else dim
-        distinct = {int(c): self.rows_memory(index, int(c), dim).total for c in np.unique(sizes)}
-        return np.array([distinct[int(c)] for c in sizes], dtype=np.int64)
+        distinct, which = np.unique(sizes, return_inverse=True)
+        return np.array([self.rows_memory(index, int(c), dim).total for c in distinct], dtype=np.int64)[which]
 
     def device_memory(self, shards, replicated: tuple[int, ...] = ()) -> list[MemoryParts]:
         """Each device's memory by part, holding ``shards`` and the ``replicated`` tables (task indices) whole."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import sys
 import threading
 from pathlib import Path
@@ -22,12 +23,12 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 from flax import nnx
 
 from neuroshard_jax.core.errors import UserError, first_line
 from neuroshard_jax.core.features import FEATURE_NAMES
 from neuroshard_jax.core.folders import recover_dir, replace_dir
+from neuroshard_jax.core.paths import cache_dir
 from neuroshard_jax.costs.ensemble import (
     INPUT_NAMES,
     NUM_COEFS,
@@ -58,6 +59,8 @@ def tree_digest(tree) -> str:
 
 def save_tree(path: Path, tree) -> str:
     """Save a pytree of arrays with orbax (``path`` must not exist); returns its ``tree_digest``."""
+    import orbax.checkpoint as ocp  # imported where a checkpoint is written or first read: half a second
+
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(Path(path).resolve(), tree)
     return tree_digest(tree)
@@ -68,6 +71,11 @@ def restore_tree(path: Path, template, key: str = "cost_model.checkpoint", diges
     damaged or mismatched state (a truncated or garbled tensor file or _METADATA, other shapes, arrays whose
     ``tree_digest`` is not ``digest`` when one is given) is one UserError."""
     path = Path(path).resolve()
+    kept = _kept_tree(path, template, digest)
+    if kept is not None:
+        return kept
+    import orbax.checkpoint as ocp
+
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, template)
     _drop_closed_loop_reports()  # before: a failing restore's pending reads may report while it still unwinds
     try:
@@ -82,7 +90,57 @@ def restore_tree(path: Path, template, key: str = "cost_model.checkpoint", diges
             f"{key}: {str(path.parent)!r}: its {path.name}/ could not be restored ({reason}); expected "
             "the folder written with its meta.json: retrain or copy the checkpoint again"
         )
+    _keep_tree(path, tree, digest)
     return tree
+
+
+def _kept_path(path: Path, digest: str) -> Path:
+    """Where a restored state's arrays are kept: by their digest and the state folder's files as they are (names,
+    sizes, modification times), so a folder changed since, damaged or not, is read by orbax again."""
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    stamp = hashlib.sha256(
+        repr([(str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]).encode()
+    )
+    return cache_dir() / "restored" / f"{digest[:32]}-{stamp.hexdigest()[:16]}.npz"
+
+
+def _kept_tree(path: Path, template, digest: str | None):
+    """The arrays of a checkpoint restored before (``_keep_tree``), by their digest, in ``template``'s structure: no
+    orbax to import or run. None where there is none, or it is not what was saved (then restored afresh)."""
+    if digest is None or not path.is_dir():
+        return None
+    try:
+        kept_path = _kept_path(path, digest)
+    except OSError:
+        return None
+    if not kept_path.is_file():
+        return None
+    leaves, structure = jax.tree_util.tree_flatten(template)
+    try:
+        with np.load(kept_path, allow_pickle=False) as kept:
+            arrays = [kept[str(i)] for i in range(len(leaves))]
+    except (OSError, ValueError, KeyError):
+        return None
+    if any(a.shape != tuple(t.shape) or a.dtype != t.dtype for a, t in zip(arrays, leaves)):
+        return None
+    tree = jax.tree_util.tree_unflatten(structure, [jnp.asarray(a) for a in arrays])
+    return tree if tree_digest(tree) == digest else None
+
+
+def _keep_tree(state: Path, tree, digest: str | None) -> None:
+    """Keep a restored checkpoint's arrays as one .npz in the cache (``_kept_path``: the next process reads them in
+    milliseconds); a cache that cannot be written keeps nothing, silently (the checkpoint is read as before)."""
+    if digest is None:
+        return
+    try:
+        path = _kept_path(state, digest)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_suffix(f".{os.getpid()}.part")
+        with open(part, "wb") as f:
+            np.savez(f, **{str(i): np.asarray(a) for i, a in enumerate(jax.tree_util.tree_leaves(tree))})
+        os.replace(part, path)
+    except OSError:
+        return
 
 
 def _drop_closed_loop_reports() -> None:
