@@ -11,8 +11,9 @@ import neuroshard_jax as nsj
 from .conftest import REPO
 
 PACKAGES = ("neuroshard_jax", "searchers")
-# The only imports allowed inside functions: optional heavy dependencies behind the worker wall.
-HEAVY = ("torch", "fbgemm_gpu", "torchrec", "matplotlib", "ray")
+# The only imports allowed inside functions: optional heavy dependencies behind the worker wall, and what the
+# planner's start-up need not pay for (orbax: a checkpoint written or first read; scipy: the input-distribution fit).
+HEAVY = ("torch", "fbgemm_gpu", "torchrec", "matplotlib", "ray", "orbax", "scipy")
 
 
 def _modules() -> dict[str, Path]:
