@@ -491,3 +491,25 @@ def test_a_cache_that_cannot_be_made_keeps_no_compiled_kernels_and_says_so_in_on
         f"compiled search kernels are not kept: {folder!r} cannot be made (Not a directory); set NEUROSHARD_CACHE_DIR "
         "to a folder you can write"
     ]
+
+
+def test_a_restored_models_kept_weights_are_used_again_and_a_damaged_copy_is_read_afresh(tmp_path, monkeypatch):
+    """A restored checkpoint's weights are kept in the cache (no orbax on the next start); a kept file that is
+    damaged, or a state folder changed since, is read from the checkpoint again, never trusted."""
+    import jax
+
+    from neuroshard_jax.costs.checkpoints import load_ensemble, tree_digest
+
+    monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "ckpt"
+    shutil.copytree(SHIPPED, path)
+    first = load_ensemble(path)[2]
+    kept = list((tmp_path / "cache" / "restored").glob("*.npz"))
+    assert len(kept) == 1
+    assert tree_digest(load_ensemble(path)[2]) == tree_digest(first)  # from the kept file
+    kept[0].write_bytes(kept[0].read_bytes()[:100])  # a damaged kept file: read from the checkpoint again
+    again = load_ensemble(path)[2]
+    assert all(bool((a == b).all()) for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(first)))
+    _garble_a_tensor_file(path)  # the state folder changed since: orbax reads it, and says it is damaged
+    with pytest.raises(UserError, match="could not be restored"):
+        load_ensemble(path)

@@ -706,46 +706,53 @@ def run(
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     tasks = carried_tasks(pack, sizes)
     dmp = start_dmp(out, pack, dry, budget_s) if not only or "dmp" in only else None
-    pools = {}
-    if not only or "plans" in only:
-        workers = 1 if dry else max(1, min(8, len(os.sched_getaffinity(0)) - 2))
-        pools = stream_pools(tasks, sizes, work / "streams", workers)
-    labels_dir: list[Path] = []
-    model: list[ModelJob] = []
-    steps = {
-        "smoke": lambda until: smoke(out, device),
-        "labels": lambda until: labels_dir.append(labels(out, work, sizes, device, until, label_seed)),
-        "model": lambda until: (
-            model.append(ModelJob(out, work, labels_dir[-1], pack, dry))
-            if labels_dir
-            else log(out, "model: skipped (no labels in this run)")
-        ),
-        "plans": lambda until: plans(out, pack, tasks, pools, sizes, device, until, model[-1] if model else None, dry),
-    }
-    failed = set()
-    for name, step in steps.items():
-        if only and name not in only:
-            continue
-        deadline += SHARES[name] * budget_s / sum(SHARES[n] for n in [n for n in only if n in SHARES] or SHARES)
-        if name in GPU_STEPS and "smoke" in failed:
-            log(out, f"{name}: skipped (the smoke request failed)")
-            continue
-        log(out, f"{name}: until {deadline - start:.0f} s")
-        try:
-            step(deadline)
-        except Exception as err:  # noqa: BLE001 - one failed step must not cost the others their device time
-            failed.add(name)
-            detail = str(err) if isinstance(err, UserError) else traceback.format_exc()
-            log(out, f"{name} failed: {detail}")
-        log(out, f"{name}: done at {time.monotonic() - start:.0f} s")
-    if model and not model[-1].done():
-        log(out, "model: stopped at the deadline; the plans it made are in model-plans.jsonl")
-        model[-1].stop()
-    shutil.rmtree(work / "streams", ignore_errors=True)
-    if dmp is not None and not finish_dmp(out, dmp, start + budget_s + DMP_GRACE_S):
-        failed.add("dmp")
-    if failed:
-        raise UserError(f"the GPU check's steps {', '.join(sorted(failed))} failed; {out / 'log.txt'} says why")
+    try:
+        pools = {}
+        if not only or "plans" in only:
+            workers = 1 if dry else max(1, min(8, len(os.sched_getaffinity(0)) - 2))
+            pools = stream_pools(tasks, sizes, work / "streams", workers)
+        labels_dir: list[Path] = []
+        model: list[ModelJob] = []
+        steps = {
+            "smoke": lambda until: smoke(out, device),
+            "labels": lambda until: labels_dir.append(labels(out, work, sizes, device, until, label_seed)),
+            "model": lambda until: (
+                model.append(ModelJob(out, work, labels_dir[-1], pack, dry))
+                if labels_dir
+                else log(out, "model: skipped (no labels in this run)")
+            ),
+            "plans": lambda until: plans(
+                out, pack, tasks, pools, sizes, device, until, model[-1] if model else None, dry
+            ),
+        }
+        failed = set()
+        for name, step in steps.items():
+            if only and name not in only:
+                continue
+            deadline += SHARES[name] * budget_s / sum(SHARES[n] for n in [n for n in only if n in SHARES] or SHARES)
+            if name in GPU_STEPS and "smoke" in failed:
+                log(out, f"{name}: skipped (the smoke request failed)")
+                continue
+            log(out, f"{name}: until {deadline - start:.0f} s")
+            try:
+                step(deadline)
+            except Exception as err:  # noqa: BLE001 - one failed step must not cost the others their device time
+                failed.add(name)
+                detail = str(err) if isinstance(err, UserError) else traceback.format_exc()
+                log(out, f"{name} failed: {detail}")
+            log(out, f"{name}: done at {time.monotonic() - start:.0f} s")
+        if model and not model[-1].done():
+            log(out, "model: stopped at the deadline; the plans it made are in model-plans.jsonl")
+            model[-1].stop()
+        shutil.rmtree(work / "streams", ignore_errors=True)
+        if dmp is not None and not finish_dmp(out, dmp, start + budget_s + DMP_GRACE_S):
+            failed.add("dmp")
+        if failed:
+            raise UserError(f"the GPU check's steps {', '.join(sorted(failed))} failed; {out / 'log.txt'} says why")
+    except BaseException:
+        if dmp is not None:
+            dmp.kill()  # the run failed outside its steps: its background step goes with it
+        raise
 
 
 # ---------------------------------------------------------------------------------------------
