@@ -30,8 +30,9 @@ import sys
 import time
 from pathlib import Path
 
+from neuroshard_jax.core.cli import fail
 from neuroshard_jax.core.errors import InfeasibleError, UserError
-from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.files import read_json, write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.search.planner import Planner
@@ -187,7 +188,7 @@ def summarise(result: dict) -> dict:
 def table(out: Path) -> str:
     """The README's table: per task, each plan's step ms / busiest rank's CPU ms, and beam's step against TorchRec's
     (the median of the per-task ratios)."""
-    result = json.loads((out / "dmp.json").read_text())
+    result = read_json(out / "dmp.json", "dmp results")
     cpu = result["hardware"].get("cpu")
     lines = [
         f"DistributedModelParallel on {cpu}, gloo, "
@@ -239,8 +240,7 @@ def main() -> None:
         else:
             print(table(Path(args.out)))
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        fail(err)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ from pathlib import Path
 import numpy as np
 
 from neuroshard_jax.core.assignment import comm_layout
+from neuroshard_jax.core.cli import fail
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import read_jsonl, write_json
 from neuroshard_jax.core.hardware import hardware
@@ -939,8 +940,7 @@ def main() -> None:
         else:
             print(table(Path(args.out)))
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        fail(err)
 
 
 if __name__ == "__main__":

@@ -21,11 +21,9 @@ from neuroshard_jax.costs.registry import CostModelSpec, expected_cost_model
 from neuroshard_jax.costs.scoring import score_plan, score_plans, single_shard_costs, with_costs
 from neuroshard_jax.search.replicas import replica_choices, replica_rest, replicas_fit, with_replicas
 from neuroshard_jax.search.row_split import (
-    blocks_fit,
+    cut_rows,
     hot_tables,
     join,
-    rest_task,
-    row_blocks_of,
     row_split_choices,
     settle,
 )
@@ -151,10 +149,7 @@ def _search_around(
     """The searcher's plan of ``task`` with the tables ``split`` cut into row blocks first (none: the plain search),
     over every device or, ``within_host``, over one host's devices; validated."""
     if split:
-        tables = settle(task, split, within_host)
-        blocks_fit(task, tables, within_host)
-        blocks = row_blocks_of(task, tables, within_host)
-        rest, index = rest_task(task, blocks)
+        blocks, rest, index = cut_rows(task, settle(task, split, within_host), within_host)
         if not rest.num_tables:
             return join(task, None, index, blocks).validate()
         # blocks of tables with their own statistics may be far from alike: also planned around (loaded_rest)
@@ -179,7 +174,7 @@ UNEVEN_BLOCKS = 0.05  # blocks whose predicted compute spreads more than this (o
 
 
 def loaded_rest(task: Task, rest: Task, blocks: tuple, model) -> Task | None:
-    """``rest`` (``row_split.rest_task``) with each device's speed scaled to the room its row blocks leave, when
+    """``rest`` (from ``row_split.cut_rows``) with each device's speed scaled to the room its row blocks leave, when
     their predicted compute is uneven (a block holding the table's hot rows, known from its own statistics:
     ``Table.row_blocks``), else None. The searcher then gives a device in proportion to what the balanced step
     leaves it after its blocks; ``_search_around`` keeps this plan only where the whole plan scores cheaper."""

@@ -6,7 +6,7 @@ device in order (``sharding.row_shards``, TorchRec's ``row_wise``), each doing o
 rows. So is a table hotter than a device's fair share of the task (``hot_tables``), which no placement of whole
 tables balances. With ``row_split=fit`` (the default) the first cuts, with ``hot`` also the hot tables, are tried
 beside the plain search (``row_split_choices``):
-for each, the searcher plans the other tables on what the blocks leave of each device's memory (``rest_task``);
+for each, the searcher plans the other tables on what the blocks leave of each device's memory (``cut_rows``);
 the plans are scored with the search's own cost model and the cheapest is kept. A table whose narrowest column
 slice fits nowhere can only be cut into rows. ``row_split=off``: column splits only, as before row splits
 existed. ``hot`` is not the default: it changes plans of tasks whose tables all fit, and has not been measured yet.
@@ -106,7 +106,10 @@ def row_blocks_of(task: Task, tables: Sequence[int], within_host: bool = False) 
     ``within_host``: over the devices of one host instead (``table_row_wise``: the table's ids and partial sums
     stay on the host's fast links), the host whose devices are least full after the blocks, largest table first;
     a table no host holds is cut over every device."""
-    layout, _ = _layout(task, tables, within_host)
+    return _blocks(task, _layout(task, tables, within_host)[0])
+
+
+def _blocks(task: Task, layout: list[tuple[int, list[int]]]) -> tuple[Shard, ...]:
     return tuple(s for t, devices in layout for s in row_shards(t, task.tables[t].rows, task.tables[t].dim, devices))
 
 
@@ -157,10 +160,15 @@ def settle(task: Task, tables: Sequence[int], within_host: bool = False) -> tupl
         split |= more
 
 
-def blocks_fit(task: Task, tables: Sequence[int], within_host: bool = False) -> None:
-    """InfeasibleError if a device cannot hold the row blocks of ``tables`` (``row_blocks_of``), said before the
-    blocks are made (thousands of tables on hundreds of devices are millions of blocks)."""
-    _check_room(task, _layout(task, tables, within_host)[1], set(tables))
+def cut_rows(task: Task, tables: Sequence[int], within_host: bool = False) -> tuple[tuple[Shard, ...], Task, list[int]]:
+    """The row blocks of ``tables`` (``row_blocks_of``), and the task the searcher plans around them: the other
+    tables (and their task indices) on devices whose caps lose the blocks' memory. The layout is chosen once; a
+    device that cannot hold its blocks is InfeasibleError before the blocks are made (thousands of tables on hundreds
+    of devices are millions of blocks)."""
+    layout, used = _layout(task, tables, within_host)
+    split = set(tables)
+    _check_room(task, used, split)
+    return (_blocks(task, layout), *task_around(task, used, split))
 
 
 def _check_room(task: Task, used: np.ndarray, split: set[int]) -> None:
@@ -171,15 +179,6 @@ def _check_room(task: Task, used: np.ndarray, split: set[int]) -> None:
             f"task infeasible: the row blocks of table(s) {names} over all {task.num_devices} devices need "
             f"{used[d] / GIB_BYTES:.3f} GiB on device {d}, which holds {task.caps_gb()[d]} GiB"
         )
-
-
-def rest_task(task: Task, blocks: Sequence[Shard]) -> tuple[Task, list[int]]:
-    """The task the searcher plans around ``blocks``: the other tables (and their task indices), on devices whose
-    caps lose the blocks' memory. InfeasibleError if a device cannot hold its blocks."""
-    split = {s.table for s in blocks}
-    used = task.device_mem_bytes(blocks)
-    _check_room(task, used, split)
-    return task_around(task, used, split)
 
 
 def task_around(task: Task, used: np.ndarray, removed: set[int]) -> tuple[Task, list[int]]:
@@ -203,7 +202,7 @@ def task_around(task: Task, used: np.ndarray, removed: set[int]) -> tuple[Task, 
 
 
 def join(task: Task, rest_plan: Plan | None, rest: Sequence[int], blocks: Sequence[Shard]) -> Plan:
-    """The whole task's plan: ``rest_plan``'s shards (of ``rest_task``'s tables) renumbered to the task's, and the
+    """The whole task's plan: ``rest_plan``'s shards (of ``cut_rows``' rest task) renumbered to the task's, and the
     row blocks."""
     shards = () if rest_plan is None else tuple(_renumber(s, rest[s.table]) for s in rest_plan.shards)
     return Plan(task, shards + tuple(blocks))
