@@ -60,7 +60,7 @@ def plan(
     with a ``UserWarning`` naming it; ``python -m neuroshard_jax.stats`` measures them. Numpy numbers and arrays are
     taken wherever Python's are. Raises ``UserError`` (bad input) or ``InfeasibleError`` (the tables fit no
     placement). The returned plan carries its predicted per-device costs (``plan.costs``). Compiled search kernels
-    are kept on disk (``search.pipeline.enable_compilation_cache``), so a second call on the same shapes in a new
+    are kept on disk (``search.pipeline.keep_compiled_kernels``), so a second call on the same shapes in a new
     process skips compiling. ``precision`` (the weights'), ``optimizer`` (the fused optimizer the tables train
     with, FBGEMM's or TorchRec's name: ``"exact_row_wise_adagrad"``, ``"EXACT_ROWWISE_ADAGRAD"``, ``"adam"``) and
     ``mem_reserve`` (the share of every cap held back) decide what a device's tables hold while they train: weights,

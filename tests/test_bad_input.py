@@ -472,21 +472,20 @@ def test_a_cache_that_cannot_be_made_keeps_no_compiled_kernels_and_says_so_in_on
     that names the folder and NEUROSHARD_CACHE_DIR, not one JAX warning per compiled kernel."""
     import logging
 
-    import jax
-
-    from neuroshard_jax.search.pipeline import enable_compilation_cache
+    from neuroshard_jax.costs import executables
+    from neuroshard_jax.search.pipeline import keep_compiled_kernels
 
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path / "file" / "cache"))
     caplog.set_level(logging.WARNING, logger="neuroshard_jax.search.pipeline")
-    before = jax.config.jax_compilation_cache_dir
-    jax.config.update("jax_compilation_cache_dir", None)
+    before = executables.kept_folder()
+    executables.keep_executables(None)
     try:
-        enable_compilation_cache()
-        assert jax.config.jax_compilation_cache_dir is None
+        keep_compiled_kernels()
+        assert executables.kept_folder() is None
     finally:
-        jax.config.update("jax_compilation_cache_dir", before)
-    folder = str(tmp_path / "file" / "cache" / "jax")
+        executables.keep_executables(before)
+    folder = str(tmp_path / "file" / "cache" / "executables")
     assert caplog.messages == [
         f"compiled search kernels are not kept: {folder!r} cannot be made (Not a directory); set NEUROSHARD_CACHE_DIR "
         "to a folder you can write"

@@ -11,6 +11,7 @@ the lines a user reads (``warning: ...``, progress lines as they are), whatever 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import logging
 import os
@@ -23,9 +24,19 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hydra import compose, initialize_config_module
+from hydra._internal.callbacks import Callbacks
+from hydra._internal.hydra import Hydra
+from hydra._internal.utils import (
+    create_automatic_config_search_path,
+    detect_calling_file_or_module_from_task_function,
+    detect_task_name,
+    run_and_report,
+)
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob, Override
+from hydra.core.utils import run_job
 from hydra.experimental.callback import Callback
+from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from neuroshard_jax.core.config import nearest
@@ -248,15 +259,19 @@ def check_output_folder(argv: list[str]) -> None:
 
 
 def run_app(main: Callable[[], None], config_name: str, validate: Callable[[DictConfig], Any]) -> None:
-    """Check the command line (``check_group_overrides``, ``check_command_line``, ``check_output_folder``), then
-    run the Hydra ``main``; the library's log lines on stderr (``setup_logging``)."""
+    """Check the command line, then run the Hydra ``main``; the library's log lines on stderr (``setup_logging``).
+
+    One plain run (no flag, no sweep) is composed once, checked, and run as ``hydra.main`` runs it (``run_once``);
+    Hydra's own path composes it twice more, half a second of every command's start. Anything else goes through
+    ``hydra.main`` after ``check_command_line`` and ``check_output_folder``."""
     setup_logging()
     argv = sys.argv[1:]
     check_group_overrides(argv)
-    check_command_line(config_name, argv, validate)
-    check_output_folder(argv)
     try:
-        main()
+        if not run_once(main, config_name, argv, validate):
+            check_command_line(config_name, argv, validate)
+            check_output_folder(argv)
+            main()
     except SystemExit as done:
         if done.code != 2:
             raise
@@ -266,3 +281,59 @@ def run_app(main: Callable[[], None], config_name: str, validate: Callable[[Dict
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(2)
+
+
+def plain_run(argv: list[str]) -> list[str] | None:
+    """The overrides of one plain run (no flag, no sweep), or None for anything else (``--help``, ``-m``, ...)."""
+    if any(a.startswith("-") for a in argv):
+        return None
+    parser = OverridesParser.create()
+    overrides = []
+    for arg in argv:
+        try:
+            overrides.extend(parser.parse_overrides([arg]))
+        except Exception as err:  # Hydra's OverrideParseException and friends
+            fail(UserError(f"{arg}: {_one_line(err)}, expected key=value"))
+    if any(o.is_sweep_override() for o in overrides):
+        return None
+    return [o.input_line for o in overrides]
+
+
+def run_once(
+    main: Callable[[], None], config_name: str, argv: list[str], validate: Callable[[DictConfig], Any]
+) -> bool:
+    """Run one plain run of the Hydra ``main`` from a config composed once, as ``hydra.main`` runs it: the same
+    task name, search path, run folder, ``.hydra/`` files, logging and callbacks. False (nothing done) where the
+    command line is not one plain run, or its config asks for a multirun."""
+    overrides = plain_run(argv)
+    if overrides is None:
+        return False
+    task = main.__wrapped__  # what hydra.main calls with the composed config
+    calling_file, calling_module = detect_calling_file_or_module_from_task_function(task)
+    search_path = create_automatic_config_search_path(calling_file, calling_module, f"pkg://{CONFIG_MODULE}")
+    hydra = Hydra.create_main_hydra2(
+        task_name=detect_task_name(calling_file, calling_module), config_search_path=search_path
+    )
+    try:
+        cfg = hydra.compose_config(config_name, overrides, run_mode=RunMode.RUN, with_log_configuration=True)
+    except Exception as err:  # a key that does not exist, a value Hydra cannot parse
+        fail(UserError(_composition_error(config_name, [o for o in overrides if not o.startswith("hydra")], err)))
+    if cfg.hydra.mode == RunMode.MULTIRUN:
+        return False
+    job = copy.deepcopy(cfg)
+    with open_dict(job):
+        del job["hydra"]
+    try:
+        validate(job)
+    except UserError as err:
+        fail(err)
+    check_output_folder(argv)
+    with open_dict(cfg):
+        cfg.hydra.mode = RunMode.RUN
+    callbacks = Callbacks(cfg)
+    callbacks.on_run_start(config=cfg, config_name=config_name)
+    context = HydraContext(config_loader=hydra.config_loader, callbacks=callbacks)
+    done = run_job(task, cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
+    callbacks.on_run_end(config=cfg, config_name=config_name, job_return=done)
+    run_and_report(lambda: done.return_value)  # the job's error, reported as Hydra reports it
+    return True

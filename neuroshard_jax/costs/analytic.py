@@ -60,7 +60,7 @@ def _analytic_fwd_comm(p: AnalyticParams, dim_sums, delays_ms, device_mask):
     return _analytic_bwd_comm(p, dim_sums, device_mask) + straggler_wait(delays_ms, device_mask)
 
 
-ANALYTIC_FNS = CostFns(_analytic_embed, _analytic_head, _analytic_bwd_comm, _analytic_fwd_comm)
+ANALYTIC_FNS = CostFns(_analytic_embed, _analytic_head, _analytic_bwd_comm, _analytic_fwd_comm, key="analytic")
 
 
 @dataclasses.dataclass(frozen=True)

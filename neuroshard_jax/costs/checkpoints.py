@@ -123,7 +123,7 @@ def _kept_tree(path: Path, template, digest: str | None):
         return None
     if any(a.shape != tuple(t.shape) or a.dtype != t.dtype for a, t in zip(arrays, leaves)):
         return None
-    tree = jax.tree_util.tree_unflatten(structure, [jnp.asarray(a) for a in arrays])
+    tree = jax.tree_util.tree_unflatten(structure, [jax.device_put(a) for a in arrays])  # no per-shape compile
     return tree if tree_digest(tree) == digest else None
 
 

@@ -46,6 +46,10 @@ class CostFns(NamedTuple):
     # an ensemble's members disagree on a device's compute, and the weight (0..1) its prediction kept against
     # its fallback. Models without one are taken as certain.
     uncertainty: Callable | None = None
+    # What these functions compute, as a string that is the same in every process: the model's kind and every
+    # constant its functions close over (``executables.code_key`` of its nets). Compiled kernels over these
+    # functions are kept on disk under it (``executables.KeptJit``); None: compiled afresh in each process.
+    key: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,7 +230,8 @@ def _scaled(fns: CostFns) -> CostFns:
     def inner(fn):
         return None if fn is None else lambda p, *args: fn(p.inner, *args)
 
-    return CostFns(inner(fns.embed), head, bwd_comm, fwd_comm, inner(fns.embed_sum), inner(fns.uncertainty))
+    key = None if fns.key is None else f"scaled({fns.key})"
+    return CostFns(inner(fns.embed), head, bwd_comm, fwd_comm, inner(fns.embed_sum), inner(fns.uncertainty), key)
 
 
 def bucket(n: int, minimum: int = 4) -> int:

@@ -43,6 +43,7 @@ from flax import nnx
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import FEATURE_INDEX, NUM_BINS
 from neuroshard_jax.costs.cost_model import CostFns, CostModel
+from neuroshard_jax.costs.executables import code_key
 from neuroshard_jax.costs.neural import MAX_LOG_MS, MLP, CommNet, NetConfig, comm_time
 from neuroshard_jax.workloads.streams import bin_bounds
 
@@ -289,15 +290,17 @@ def init_ensemble(config: EnsembleConfig, log_coef: np.ndarray, seed: int = 0) -
 
 def abstract_ensemble(config: EnsembleConfig, log_coef: np.ndarray) -> tuple[EnsembleNets, EnsembleParams]:
     """``init_ensemble``'s nets and the shapes of its params (no values: nothing is initialised or computed), the
-    template a checkpoint is restored into: building the members for real took seconds of small eager calls."""
+    template a checkpoint is restored into: building the members for real took seconds of small eager calls. One
+    member is traced and its shapes stacked K times, as ``init_ensemble`` stacks its members."""
     made = {}
 
     def params() -> EnsembleParams:
-        made["nets"], out = init_ensemble(config, log_coef)
+        made["nets"], out = init_ensemble(dataclasses.replace(config, members=1), log_coef)
         return out
 
     shapes = jax.eval_shape(params)
-    return made["nets"], shapes
+    stack = lambda a: jax.ShapeDtypeStruct((config.members, *a.shape[1:]), a.dtype)  # noqa: E731
+    return made["nets"], shapes._replace(members=jax.tree.map(stack, shapes.members))
 
 
 def member_latents(nets: EnsembleNets, members, stats: InputStats, feats, batch_size):
@@ -358,7 +361,7 @@ def ensemble_fns(nets: EnsembleNets) -> CostFns:
         ms = comm_time(nnx.merge(nets.fwd, p.fwd), comm_dims(p, dim_sums), delays_ms, device_mask)
         return jnp.where(single, ms, 0.0)
 
-    return CostFns(embed, head, bwd_comm, fwd_comm, uncertainty=uncertainty)
+    return CostFns(embed, head, bwd_comm, fwd_comm, uncertainty=uncertainty, key=code_key("ensemble", nets))
 
 
 def ensemble_cost_model(nets: EnsembleNets, params: EnsembleParams, name: str) -> CostModel:

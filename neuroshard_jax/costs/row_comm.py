@@ -26,7 +26,6 @@ import functools
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import nnls
 
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_json
@@ -153,6 +152,8 @@ def fit(records: list[dict], name: str, kind: str = "") -> RowComm:
                 fwd.append(r["fwd_rows_ms"][rank])
                 bwd.append(r["bwd_rows_ms"][rank])
     a = np.asarray(design)
+    from scipy.optimize import nnls  # a fit's alone: half a second of every planner start otherwise
+
     coefs = [nnls(a, np.asarray(y))[0].reshape(-1, 2) for y in (fwd, bwd)]
     return RowComm(
         name,

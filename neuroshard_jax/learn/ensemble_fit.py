@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from scipy.optimize import nnls
 
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import now_utc
@@ -86,6 +85,8 @@ def fit_roofline(feats, mask, batch, target, weights=None, cache: bool = False, 
     minimises the (weighted) squared relative error over shard sets (non-negative least squares); a coefficient
     the data does not need gets a tiny floor, so every term stays positive. With ``cache``: f32[9], the cache
     term's coefficient and its cache size (log of 1e6 elements) added, the size the best fit of CACHE_GRID_MIB."""
+    from scipy.optimize import nnls  # a fit's alone: every command's start imports this module (conf)
+
     root = np.sqrt(np.ones(len(target)) if weights is None else np.asarray(weights, np.float64))
     best = None
     for size in [elements_of_mib(m) for m in CACHE_GRID_MIB] if cache else [None]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import statistics
 
 import numpy as np
-from scipy.stats import kendalltau
 
 
 def mape(pred, true) -> float:
@@ -29,6 +28,8 @@ def kendall_tau(pred, true) -> float:
     undefined (fewer than two items, or one side all ties)."""
     if len(pred) < 2:  # scipy warns and returns NaN
         return 0.0
+    from scipy.stats import kendalltau  # a quarter second of every start otherwise
+
     tau = kendalltau(np.asarray(pred, float), np.asarray(true, float)).statistic
     return 0.0 if np.isnan(tau) else float(tau)
 

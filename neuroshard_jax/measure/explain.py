@@ -24,7 +24,6 @@ change, the comm of every device in one jitted call per chunk of variants.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from pathlib import Path
 from typing import NamedTuple
@@ -53,6 +52,7 @@ from neuroshard_jax.costs.cost_model import (
     plan_cost_ms,
 )
 from neuroshard_jax.costs.coverage import far_devices_warning, out_of_depth_warning
+from neuroshard_jax.costs.executables import kept_jit
 from neuroshard_jax.costs.registry import CostModelSpec, expected_cost_model, usable_cost_model
 from neuroshard_jax.costs.scoring import (
     apart_arrays,
@@ -203,7 +203,7 @@ def table_compute_ms(model: CostModel, plan: Plan, compute_ms: np.ndarray) -> np
     return np.divide(out * compute_ms[:, None], totals, out=np.zeros_like(out), where=totals > 0)
 
 
-@functools.partial(jax.jit, static_argnums=0)
+@kept_jit(static_argnums=(0,))
 def _plan_costs_ms(fns: CostFns, params, compute_ms, devices: DeviceArrays, device_mask, speed):
     """Plan costs f32[B] of B plans of one task that differ on a few devices: their compute f32[B, N] (before the
     speeds), all-to-all widths, row groups' collectives f32[B, N] and all-to-alls apart f32[B, G, N]; one plan at a

@@ -24,7 +24,6 @@ import dataclasses
 import statistics
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -35,6 +34,7 @@ from neuroshard_jax.core.records import MeasuredDevice, PolishProtocol, PolishRe
 from neuroshard_jax.core.sharding import row_shards, split_counts
 from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel, DeviceArrays, DeviceCosts, combine_costs, plan_cost_ms
+from neuroshard_jax.costs.executables import KeptJit
 from neuroshard_jax.costs.registry import expected_cost_model
 from neuroshard_jax.costs.scoring import (
     apart_arrays,
@@ -303,7 +303,7 @@ def simulate(model: CostModel, plans: list[Plan], compute: np.ndarray) -> Device
     return DeviceCosts(*(np.asarray(c, np.float64) for c in costs))
 
 
-_combine = jax.jit(combine_costs, static_argnums=0)
+_combine = KeptJit(combine_costs, static_argnums=(0,))
 
 
 def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 0) -> Plan:

@@ -7,7 +7,6 @@ import logging
 import os
 import time
 
-import jax
 import numpy as np
 
 from neuroshard_jax.core.constraints import conflicts, constraints_used, has_constraints
@@ -17,6 +16,7 @@ from neuroshard_jax.core.records import CalibrationRecord
 from neuroshard_jax.core.sharding import merge_colocated
 from neuroshard_jax.core.types import Device, Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel
+from neuroshard_jax.costs.executables import keep_executables
 from neuroshard_jax.costs.registry import CostModelSpec, expected_cost_model
 from neuroshard_jax.costs.scoring import score_plan, score_plans, single_shard_costs, with_costs
 from neuroshard_jax.search.replicas import replica_choices, replica_rest, replicas_fit, with_replicas
@@ -33,14 +33,12 @@ from searchers import Searcher, registered
 logger = logging.getLogger(__name__)
 
 
-def enable_compilation_cache(min_compile_s: float = 0.2) -> None:
-    """Keep XLA's compiled search kernels on disk (``$NEUROSHARD_CACHE_DIR/jax``, default
-    ``~/.cache/neuroshard_jax/jax``): a later run of the same shapes skips compilation, most of a first search's
-    time on a CPU. A cache directory the process already set (``jax_compilation_cache_dir``) is kept; one that cannot
-    be made (a read-only home) is said in one warning, and the search compiles as it would without it."""
-    if jax.config.jax_compilation_cache_dir:
-        return
-    folder = cache_dir() / "jax"
+def keep_compiled_kernels() -> None:
+    """Keep the search's compiled kernels on disk, ready to run, in ``$NEUROSHARD_CACHE_DIR/executables`` (default
+    ``~/.cache/neuroshard_jax``): a later process with the same shapes loads them in milliseconds, skipping JAX's
+    tracing and lowering and XLA's compilation (``costs.executables``). A folder that cannot be made (a read-only
+    home) is said in one warning, and the search compiles as it would without it."""
+    folder = cache_dir() / "executables"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         writable = os.access(folder, os.W_OK | os.X_OK)
@@ -51,8 +49,7 @@ def enable_compilation_cache(min_compile_s: float = 0.2) -> None:
     if not writable:
         logger.warning(f"compiled search kernels are not kept: {str(folder)!r} cannot be made ({cause}); {CACHE_HINT}")
         return
-    jax.config.update("jax_compilation_cache_dir", str(folder))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_s)
+    keep_executables(folder)
 
 
 def search_plan(

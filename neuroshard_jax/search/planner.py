@@ -30,7 +30,7 @@ from neuroshard_jax.costs.registry import (
 )
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrated
 from neuroshard_jax.measure.polish import PolishConfig, polish_plan
-from neuroshard_jax.search.pipeline import enable_compilation_cache, search_plan
+from neuroshard_jax.search.pipeline import keep_compiled_kernels, search_plan
 from neuroshard_jax.search.row_split import check_mode
 from neuroshard_jax.workloads.tasks import check_feasible
 from searchers import Searcher, make_searcher
@@ -109,7 +109,7 @@ class Planner:
         """Plan ``task``: calibrate the cost model on its tables (if asked), build the model once, search (row
         splits tried first where they may pay), polish on the real kernels (if asked)."""
         check_feasible(task)  # an infeasible task is refused before any model is built or kernel measured
-        enable_compilation_cache()
+        keep_compiled_kernels()
         spec, record = for_task_of_kind(self.cost_model, self.device, task), None
         choice = model_choice(spec, self.device)
         if self.calibrate.name == "measured":
