@@ -1,6 +1,8 @@
 """The CLI as a user runs it: real subprocesses, real Hydra, real files."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,16 +62,24 @@ def test_default_run_prints_and_writes_a_plan(tmp_path):
     assert plan["searcher"] == "beam" and plan["cost_model"] == "neural" and len(plan["task"]["tables"]) == 50
 
 
-def test_overrides_and_same_seed_same_plan(tmp_path):
-    # a seeded searcher in two processes (in-process determinism of every searcher: test_searchers)
+def test_overrides_and_same_seed_same_plan_and_the_files_hydra_main_writes(tmp_path):
+    """A seeded searcher in two processes (in-process determinism of every searcher: test_searchers): one as the
+    command runs a plain run (composed once, ``core.cli.run_once``), one through ``hydra.main``'s own path; the same
+    plan, and the same ``.hydra`` files but for the run folder."""
     args = ["searcher=random", "task.num_devices=8", "seed=3", *SMALL]
     first = run_cli(*args, f"hydra.run.dir={tmp_path / 'a'}")
-    second = run_cli(*args, f"hydra.run.dir={tmp_path / 'b'}")
+    code = "from neuroshard_jax.__main__ import main; main()"
+    second = subprocess.run(
+        [sys.executable, "-c", code, *args, f"hydra.run.dir={tmp_path / 'b'}"], capture_output=True, text=True
+    )
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     a, b = (json.loads((tmp_path / x / "plan.json").read_text()) for x in "ab")
     _check_contract(a)
     assert a["task"]["num_devices"] == 8 and a["seed"] == 3
     assert a["shards"] == b["shards"] and a["cost_ms"] == b["cost_ms"]
+    for name in ("config.yaml", "overrides.yaml", "hydra.yaml"):
+        ours, hydras = ((tmp_path / x / ".hydra" / name).read_text() for x in "ab")
+        assert ours == hydras.replace(str(tmp_path / "b"), str(tmp_path / "a")), name
 
 
 def test_task_file_input(tmp_path):

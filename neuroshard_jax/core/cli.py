@@ -328,8 +328,9 @@ def run_once(
     except UserError as err:
         fail(err)
     check_output_folder(argv)
-    with open_dict(cfg):
+    with open_dict(cfg):  # as hydra.main's run: the mode set, and said among its overrides
         cfg.hydra.mode = RunMode.RUN
+        cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
     callbacks = Callbacks(cfg)
     callbacks.on_run_start(config=cfg, config_name=config_name)
     context = HydraContext(config_loader=hydra.config_loader, callbacks=callbacks)
