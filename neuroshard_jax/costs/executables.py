@@ -79,7 +79,7 @@ def static_key(value) -> str | None:
 
 @functools.cache
 def _environment() -> str:
-    """What every kept executable depends on beside its own arguments (computed once per process)."""
+    """A digest of what every kept executable depends on beside its own arguments (computed once per process)."""
     digest = hashlib.sha256()
     for package in _PACKAGES:
         root = Path(__import__(package).__file__).parent
@@ -98,7 +98,7 @@ def _environment() -> str:
         str(jax.config.jax_enable_x64),
         str(jax.config.jax_default_matmul_precision),
     ]
-    return "\n".join(parts)
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def _cpu() -> str:
