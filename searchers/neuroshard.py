@@ -21,7 +21,7 @@ from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import FEATURE_INDEX, NUM_FEATURES
 from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel, bucket, fine_bucket
-from neuroshard_jax.costs.scoring import input_terms, single_shard_costs
+from neuroshard_jax.costs.scoring import input_terms, shards_alone
 from searchers.grid import MEMORY_ONLY, ShardBatch, cap_units, dim_bounds, grid_search, mem_units, unit_bytes
 from searchers.registry import Searcher, register
 
@@ -55,7 +55,7 @@ class SplitSpace:
         self.mem = mem_units(shard_bytes, self.unit)
         self.shard_size = np.array([[t.rows] for t in task.tables]) * self.shard_dim
         self.pooling = np.array([t.pooling_factor for t in task.tables], dtype=np.float32)
-        self.single_ms = np.asarray(single_shard_costs(model.fns, model.params, self.feats)[1], dtype=np.float64)
+        self.single_ms = shards_alone(model, self.feats)[1].astype(np.float64)
 
     def batch(self, candidates: list[tuple[int, ...]], min_candidates: int = 1) -> ShardBatch:
         """The shard slots of each candidate (table-major, column order), padded to power-of-two buckets (of at

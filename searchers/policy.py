@@ -31,7 +31,7 @@ from neuroshard_jax.core.types import Plan, Task
 from neuroshard_jax.costs.cost_model import CostFns, CostModel, DeviceArrays, bucket, combine_costs, plan_cost_ms
 from neuroshard_jax.costs.executables import KeptJit
 from neuroshard_jax.costs.neural import MLP, FeatureStats, normalize
-from neuroshard_jax.costs.scoring import single_shard_costs
+from neuroshard_jax.costs.scoring import shards_alone
 from searchers.grid import cap_units, mem_units, unit_bytes
 
 COST_FEATURES = 5
@@ -105,7 +105,7 @@ def task_arrays(
     t_pad = num_tables or bucket(task.num_tables)
     n_pad = num_devices or task.num_devices
     feats = task.features().astype(np.float32)
-    z, single = (np.asarray(a) for a in single_shard_costs(model.fns, model.params, feats))
+    z, single = shards_alone(model, feats)
     order = np.argsort(-single, kind="stable")
     t = task.num_tables
 

@@ -17,6 +17,7 @@ import jax
 
 import searchers.neuroshard as neuroshard
 from neuroshard_jax.core.hardware import hardware
+from neuroshard_jax.costs import scoring
 from neuroshard_jax.costs.registry import CostModelSpec
 from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool
@@ -26,7 +27,7 @@ from searchers import make_searcher
 
 def counted(calls: list[dict]) -> None:
     """Route the searchers' jitted calls through counters (the module attributes they call)."""
-    grid, single = neuroshard.grid_search, neuroshard.single_shard_costs
+    grid, single = neuroshard.grid_search, scoring.single_shard_costs
 
     def grid_search(fns, params, batch, bounds, *args, **kwargs):
         calls.append({"fn": "grid_search", "candidates": batch.feats.shape[0], "alphas": len(bounds)})
@@ -37,7 +38,7 @@ def counted(calls: list[dict]) -> None:
         calls.append({"fn": "single_shard_costs", "candidates": feats.shape[0], "alphas": 0, "scan_steps": 0})
         return single(fns, params, feats)
 
-    neuroshard.grid_search, neuroshard.single_shard_costs = grid_search, single_shard_costs
+    neuroshard.grid_search, scoring.single_shard_costs = grid_search, single_shard_costs
 
 
 def main() -> None:

@@ -110,6 +110,16 @@ def single_shard_costs(fns: CostFns, params, feats: jax.Array) -> tuple[jax.Arra
     return z, fns.head(params, z)
 
 
+def shards_alone(model: CostModel, feats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``single_shard_costs`` of host features f32[S, ..., F]: latents f32[S, ..., D] and compute ms f32[S, ...]. The
+    leading axis is padded to a power of two with copies of the first shard, so tasks of similar size share one
+    compiled shape (each shard is costed on its own: the padding changes no result)."""
+    count = feats.shape[0]
+    padded = np.concatenate([feats, np.repeat(feats[:1], bucket(count, 1) - count, axis=0)]) if count else feats
+    latents, ms = single_shard_costs(model.fns, model.params, padded)
+    return np.asarray(latents)[:count], np.asarray(ms)[:count]
+
+
 @kept_jit(static_argnums=(0,))
 def costs_from_latents(fns: CostFns, params, latent_sums: jax.Array, has_tables: jax.Array, devices: DeviceArrays):
     """Per-device costs (``DeviceCosts``) from summed latents f32[..., N, D] and has_tables bool[..., N], with the

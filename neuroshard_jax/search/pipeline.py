@@ -18,7 +18,7 @@ from neuroshard_jax.core.types import Device, Plan, Task
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.executables import keep_executables
 from neuroshard_jax.costs.registry import CostModelSpec, expected_cost_model
-from neuroshard_jax.costs.scoring import score_plan, score_plans, single_shard_costs, with_costs
+from neuroshard_jax.costs.scoring import score_plan, score_plans, shards_alone, with_costs
 from neuroshard_jax.search.replicas import replica_choices, replica_rest, replicas_fit, with_replicas
 from neuroshard_jax.search.row_split import (
     cut_rows,
@@ -135,9 +135,7 @@ def search_with_rows(
 
 def whole_table_ms(model, task: Task) -> np.ndarray:
     """f64[T]: each table's predicted compute alone and whole (the model's expectation)."""
-    expected = expected_cost_model(model)
-    feats = task.features().astype(np.float32)
-    return np.asarray(single_shard_costs(expected.fns, expected.params, feats)[1], dtype=np.float64)
+    return shards_alone(expected_cost_model(model), task.features().astype(np.float32))[1].astype(np.float64)
 
 
 def _search_around(
