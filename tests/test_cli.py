@@ -67,10 +67,14 @@ def test_overrides_and_same_seed_same_plan_and_the_files_hydra_main_writes(tmp_p
     command runs a plain run (composed once, ``core.cli.run_once``), one through ``hydra.main``'s own path; the same
     plan, and the same ``.hydra`` files but for the run folder."""
     args = ["searcher=random", "task.num_devices=8", "seed=3", *SMALL]
-    first = run_cli(*args, f"hydra.run.dir={tmp_path / 'a'}")
-    code = "from neuroshard_jax.__main__ import main; main()"
+    # the command's entry point with hydra.main's own path taken away: the run must not need it
+    ours = "import sys, hydra._internal.utils as u; u._run_hydra = None; from neuroshard_jax.__main__ import run; run()"
+    first = subprocess.run(
+        [sys.executable, "-c", ours, *args, f"hydra.run.dir={tmp_path / 'a'}"], capture_output=True, text=True
+    )
+    hydras = "from neuroshard_jax.__main__ import main; main()"
     second = subprocess.run(
-        [sys.executable, "-c", code, *args, f"hydra.run.dir={tmp_path / 'b'}"], capture_output=True, text=True
+        [sys.executable, "-c", hydras, *args, f"hydra.run.dir={tmp_path / 'b'}"], capture_output=True, text=True
     )
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     a, b = (json.loads((tmp_path / x / "plan.json").read_text()) for x in "ab")
@@ -220,6 +224,10 @@ def test_multirun(tmp_path):
     assert len(plans) == 2
     names = {json.loads(p.read_text())["searcher"] for p in plans}
     assert names == {"random", "size_lookup_greedy"}
+    # a multirun asked for by the config, not the flag: hydra.main's path, after the one-run path looked at it
+    done = run_cli("hydra.mode=MULTIRUN", "searcher=random", *SMALL, f"hydra.sweep.dir={tmp_path / 'mode'}")
+    assert done.returncode == 0, done.stderr
+    assert len(list((tmp_path / "mode").glob("*/plan.json"))) == 1
 
 
 def test_rl_with_the_shipped_policy(tmp_path):

@@ -12,10 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.compilation_cache import compilation_cache
 
 from neuroshard_jax.costs import executables
 from neuroshard_jax.costs.analytic import ANALYTIC_FNS
-from neuroshard_jax.costs.cost_model import CostFns
+from neuroshard_jax.costs.cost_model import CostFns, issued
 from neuroshard_jax.costs.executables import KeptJit, code_key, static_key
 from tests.conftest import REPO
 
@@ -87,7 +88,8 @@ def kept(tmp_path):
 
 
 def _fns(key):
-    return CostFns(None, lambda p, z: z.sum(-1), None, None, key=key)
+    """Functions issued under ``key`` (as the package's factories issue theirs); None: no key."""
+    return issued(CostFns(None, lambda p, z: z.sum(-1), None, None, key=key))
 
 
 def test_keys_name_shapes_dtypes_statics_and_a_damaged_file_is_compiled_again(kept):
@@ -113,22 +115,60 @@ def test_traced_unkeyed_and_persistent_cache_calls_keep_nothing(kept, tmp_path_f
     grad = jax.grad(lambda v: fn(_fns("a"), v).sum())(jnp.asarray(x))  # under another trace: jax.jit itself
     np.testing.assert_array_equal(grad, np.full((2, 3), 2.0, np.float32))
     np.testing.assert_array_equal(jax.jit(lambda v: fn(_fns("a"), v))(x), np.full(2, 6.0, np.float32))
+    with jax.disable_jit():
+        fn(_fns("a"), x)
     fn(_fns(None), x)  # functions without a key: compiled in this process only
+    # a factory's functions with one replaced keep the key, not its binding: compiled afresh, never a kept file's
+    changed = ANALYTIC_FNS._replace(head=lambda p, z: z.sum(-1) * 100.0)
+    np.testing.assert_array_equal(fn(changed, x), np.full(2, 600.0, np.float32))
     assert not list(kept.glob("*.bin"))
 
     before = jax.config.jax_compilation_cache_dir
     jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax")))
     try:  # an executable JAX may have read from its own cache: never kept (its object code is not serialized)
         fn(_fns("c"), x)
+        jax.config.update("jax_compilation_cache_dir", before)
+        fn(_fns("d"), x)  # the setting put back, JAX's cache stays live in this process: still nothing kept
+        assert not list(kept.glob("*.bin"))
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
-    assert not list(kept.glob("*.bin"))
+        compilation_cache.reset_cache()
+    fn(_fns("e"), x)
+    assert len(list(kept.glob("*.bin"))) == 1
+
+
+def test_settings_and_static_names_are_in_the_key_and_a_kept_file_that_fails_to_run_is_compiled_again(
+    kept, monkeypatch
+):
+    fn = KeptJit(_flags, static_argnames=("a", "b"))
+    x = np.ones(2, np.float32)
+    assert fn(x, a=True).tolist() == [1.0, 1.0] and fn(x, b=True).tolist() == [10.0, 10.0]  # by name, not order
+    with jax.enable_x64(True):
+        assert fn(np.ones(2), a=True).dtype == np.float64  # x64 on: another executable
+    assert fn(np.ones(2), a=True).dtype == np.float32
+    assert len(list(kept.glob("*.bin"))) == 3
+
+    def broken(path):
+        def run(*args, **kwargs):
+            raise RuntimeError("NOT_FOUND: Function fusion not found")
+
+        return run
+
+    monkeypatch.setattr(executables, "_load", broken)
+    other = KeptJit(_flags, static_argnames=("a", "b"))  # a new process's function, its files failing to run
+    assert other(x, a=True).tolist() == [1.0, 1.0]
+    assert len(list(kept.glob("*.bin"))) == 3  # the failing file replaced by a fresh compile
+
+
+def _flags(x, a=False, b=False):
+    return x * (1.0 if a else 0.0) + x * (10.0 if b else 0.0)
 
 
 def test_static_keys_are_stable_strings_or_none():
     assert static_key((1, True, None, "a", 2.5)) == "(1,True,None,'a',2.5)"
     assert static_key(ANALYTIC_FNS) == "CostFns(analytic)"
     assert static_key(_fns(None)) is None and static_key((1, object())) is None
+    assert static_key(CostFns(None, lambda p, z: z, None, None, key="analytic")) is None  # not issued under it
     # an address in a repr (a function held by a config) is left out; anything else that differs is not
     one, two = (lambda: 0), (lambda: 0)
     assert code_key("x", {"f": one, "n": 1}) == code_key("x", {"f": two, "n": 1}) != code_key("x", {"f": one, "n": 2})

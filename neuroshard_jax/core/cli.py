@@ -32,6 +32,7 @@ from hydra._internal.utils import (
     detect_task_name,
     run_and_report,
 )
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob, Override
 from hydra.core.utils import run_job
@@ -215,8 +216,9 @@ def check_command_line(config_name: str, argv: list[str], validate: Callable[[Di
                 fail(err)
 
 
-def _composition_error(config_name: str, overrides: list[str], err: Exception) -> str:
-    """One line for a failed composition; an unknown key names the keys its parent has."""
+def _composition_error(config_name: str, overrides: list[str], err: Exception, said: list[str] | None = None) -> str:
+    """One line for a failed composition; an unknown key names the keys its parent has. ``said``: the command
+    line's overrides where ``overrides`` leaves some out (Hydra's own, which ``compose`` does not take)."""
     for line in overrides:
         key = line.partition("=")[0]
         if f"'{key}'" in str(err) and "not in struct" in str(err.__cause__ or err):
@@ -227,7 +229,7 @@ def _composition_error(config_name: str, overrides: list[str], err: Exception) -
                     options = sorted(node) if isinstance(node, DictConfig) else []
                     return f"{'.'.join(parts[: depth + 1])}: unknown key {part!r}, {nearest(part, options)}"
                 node = node[part]
-    return f"{' '.join(overrides) or config_name}: {_one_line(err)}"
+    return f"{' '.join(overrides if said is None else said) or config_name}: {_one_line(err)}"
 
 
 def _is_hydra(override: Override) -> bool:
@@ -314,27 +316,38 @@ def run_once(
     hydra = Hydra.create_main_hydra2(
         task_name=detect_task_name(calling_file, calling_module), config_search_path=search_path
     )
-    try:
-        cfg = hydra.compose_config(config_name, overrides, run_mode=RunMode.RUN, with_log_configuration=True)
-    except Exception as err:  # a key that does not exist, a value Hydra cannot parse
-        fail(UserError(_composition_error(config_name, [o for o in overrides if not o.startswith("hydra")], err)))
-    if cfg.hydra.mode == RunMode.MULTIRUN:
-        return False
-    job = copy.deepcopy(cfg)
-    with open_dict(job):
-        del job["hydra"]
-    try:
-        validate(job)
-    except UserError as err:
-        fail(err)
-    check_output_folder(argv)
-    with open_dict(cfg):  # as hydra.main's run: the mode set, and said among its overrides
-        cfg.hydra.mode = RunMode.RUN
-        cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
+    try:  # Hydra's global instance cleared after, as hydra.main clears it (a multirun goes on through hydra.main)
+        try:
+            cfg = hydra.compose_config(config_name, overrides, run_mode=RunMode.RUN, with_log_configuration=True)
+        except Exception as err:  # a key that does not exist, a value Hydra cannot parse
+            job_overrides = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+            fail(UserError(_composition_error(config_name, job_overrides, err, said=overrides)))
+        if cfg.hydra.mode == RunMode.MULTIRUN:
+            return False
+        job = copy.deepcopy(cfg)
+        with open_dict(job):
+            del job["hydra"]
+        try:
+            validate(job)
+        except UserError as err:
+            fail(err)
+        check_output_folder(argv)
+        if cfg.hydra.mode is None:  # as hydra.main's run: the mode set, and said among its overrides
+            with open_dict(cfg):
+                cfg.hydra.mode = RunMode.RUN
+                cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
+        run_and_report(lambda: _run_job(task, cfg, config_name, hydra))  # errors reported as Hydra reports them
+    finally:
+        GlobalHydra.instance().clear()
+    return True
+
+
+def _run_job(task: Callable[[DictConfig], Any], cfg: DictConfig, config_name: str, hydra: Hydra) -> None:
+    """``Hydra.run`` from its composed config on: the run's callbacks around Hydra's ``run_job``; the job's error
+    raised."""
     callbacks = Callbacks(cfg)
     callbacks.on_run_start(config=cfg, config_name=config_name)
     context = HydraContext(config_loader=hydra.config_loader, callbacks=callbacks)
     done = run_job(task, cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
     callbacks.on_run_end(config=cfg, config_name=config_name, job_return=done)
-    run_and_report(lambda: done.return_value)  # the job's error, reported as Hydra reports it
-    return True
+    _ = done.return_value  # raises the job's error

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -48,8 +49,30 @@ class CostFns(NamedTuple):
     uncertainty: Callable | None = None
     # What these functions compute, as a string that is the same in every process: the model's kind and every
     # constant its functions close over (``executables.code_key`` of its nets). Compiled kernels over these
-    # functions are kept on disk under it (``executables.KeptJit``); None: compiled afresh in each process.
+    # functions are kept on disk under it (``executables.KeptJit``) where the package's factory issued them under it
+    # (``issued``); None: compiled afresh in each process.
     key: str | None = None
+
+
+# function -> the key a factory of this package issued it under (``issued``); weak: functions come and go with models
+_ISSUED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def issued(fns: CostFns) -> CostFns:
+    """``fns`` as a factory of this package hands them out: each function recorded under ``fns.key``. A key stays
+    bound to the functions it names: a copy with a function replaced (``fns._replace(head=...)``) keeps the key but
+    not the binding, and is compiled afresh (``stable_key``)."""
+    for fn in fns[:-1]:
+        if fn is not None:
+            _ISSUED[fn] = fns.key
+    return fns
+
+
+def stable_key(fns: CostFns) -> str | None:
+    """``fns.key`` where every function of ``fns`` was issued under it (``issued``), else None."""
+    if fns.key is None or any(fn is not None and _ISSUED.get(fn) != fns.key for fn in fns[:-1]):
+        return None
+    return fns.key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,8 +253,10 @@ def _scaled(fns: CostFns) -> CostFns:
     def inner(fn):
         return None if fn is None else lambda p, *args: fn(p.inner, *args)
 
-    key = None if fns.key is None else f"scaled({fns.key})"
-    return CostFns(inner(fns.embed), head, bwd_comm, fwd_comm, inner(fns.embed_sum), inner(fns.uncertainty), key)
+    key = None if stable_key(fns) is None else f"scaled({fns.key})"
+    return issued(
+        CostFns(inner(fns.embed), head, bwd_comm, fwd_comm, inner(fns.embed_sum), inner(fns.uncertainty), key)
+    )
 
 
 def bucket(n: int, minimum: int = 4) -> int:
