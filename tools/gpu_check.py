@@ -94,6 +94,7 @@ TASKS_FILE = "gpu-tasks.json.gz"
 PACK_PLANS = "pack-plans.jsonl.gz"
 DMP_RANKS = 8  # the full step's ranks (tools/dmp_cores.py: 8-device foreign tasks), a core each where there are 16
 DMP_GRACE_S = 60.0  # past the budget, the DMP step's last task may still be closing its ranks
+DMP_MIN_S = 30.0  # the full step's least time where it runs after the others (one task's plans, interleaved)
 DMP_ENV = {"CUDA_VISIBLE_DEVICES": ""}  # the step runs on the CPU alone: its ranks never touch the GPU being measured
 REPEATS = 3  # measurements of every device at most (the run stops early when every plan has them)
 TRAIN_EPOCHS = 300  # the trainer's default; ~150 labels and 600 priced comm samples: estimated 40-90 s on 16 cores
@@ -651,15 +652,20 @@ def plans(
     write_json({**head, **measuring.summary(tasks), "errors": errors}, out / "plans.json")
 
 
+def dmp_apart() -> bool:
+    """Whether this machine has cores for the full step's ranks apart from the other steps' (16 or more)."""
+    return len(os.sched_getaffinity(0)) >= 2 * DMP_RANKS
+
+
 def start_dmp(out: Path, pack: Path | None, dry: bool, budget_s: float) -> subprocess.Popen:
-    """The full step on one core per rank (``tools/dmp_cores.py``), in the background from the start, on the CPU
-    alone: where the machine has cores for its ranks and the other steps, rank r runs on one of the last
+    """The full step on one core per rank (``tools/dmp_cores.py``), on the CPU alone, for ``budget_s``. Where the
+    machine has cores for its ranks and the other steps (``dmp_apart``), rank r runs on one of the last
     ``DMP_RANKS`` cores and every process the other steps start runs on the rest. Its log: ``dmp-log.txt``."""
     cores = sorted(os.sched_getaffinity(0))
-    command = [sys.executable, "-m", "tools.dmp_cores", "run", str(out), "--budget-s", str(budget_s)]
+    command = [sys.executable, "-m", "tools.dmp_cores", "run", str(out), "--budget-s", f"{budget_s:.0f}"]
     command += ["--pack", str(pack)] if pack is not None else []
     command += ["--dry"] if dry else []
-    apart = len(cores) >= 2 * DMP_RANKS
+    apart = dmp_apart()
     if apart:
         command += ["--cores", ",".join(str(c) for c in cores[-DMP_RANKS:])]
     log(out, f"dmp: started, {'ranks on cores ' + str(cores[-DMP_RANKS:]) if apart else 'on any core'}")
@@ -706,7 +712,10 @@ def run(
     log(out, f"gpu check on {hardware().get('gpu') or hardware().get('cpu')}, device={device}, budget {budget_s} s")
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     tasks = carried_tasks(pack, sizes)
-    dmp = start_dmp(out, pack, dry, budget_s) if not only or "dmp" in only else None
+    wants_dmp = not only or "dmp" in only
+    # with cores of its own, the full step runs beside the others from the start; else after them, so that its 8
+    # ranks disturb none of their measurements (on a 2-core machine they made the labels too noisy to train on)
+    dmp = start_dmp(out, pack, dry, budget_s) if wants_dmp and dmp_apart() else None
     try:
         pools = {}
         if not only or "plans" in only:
@@ -746,6 +755,8 @@ def run(
             log(out, "model: stopped at the deadline; the plans it made are in model-plans.jsonl")
             model[-1].stop()
         shutil.rmtree(work / "streams", ignore_errors=True)
+        if wants_dmp and dmp is None:
+            dmp = start_dmp(out, pack, dry, max(start + budget_s - time.monotonic(), DMP_MIN_S))
         if dmp is not None and not finish_dmp(out, dmp, start + budget_s + DMP_GRACE_S):
             failed.add("dmp")
         if failed:
