@@ -191,7 +191,7 @@ class KeptJit:
                 out = jax.block_until_ready(compiled(*dynamic_args, **dynamic_kwargs))
             except Exception as err:  # noqa: BLE001 - any failure of a kept file: removed and compiled afresh
                 logger.debug(f"kept executable {path.name} failed to run ({first_line(err)}); compiling it again")
-                path.unlink(missing_ok=True)
+                _remove(path)
             else:
                 self._loaded[key] = compiled
                 return out
@@ -224,13 +224,21 @@ def _load(path: Path) -> Callable | None:
         compiled = serialize_executable.deserialize_and_load(blob, in_tree, out_tree)
     except Exception as err:  # noqa: BLE001 - a damaged or foreign file of ours: compiled afresh
         logger.debug(f"kept executable {path.name} not loaded ({first_line(err)}); compiling it again")
-        path.unlink(missing_ok=True)
+        _remove(path)
         return None
     try:
         os.utime(path)  # recently used: kept when the folder is pruned
     except OSError:
         pass
     return compiled
+
+
+def _remove(path: Path) -> None:
+    """Remove a kept file that failed; one that cannot be removed (a folder made read-only since) is left."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _keep(path: Path, compiled) -> None:
