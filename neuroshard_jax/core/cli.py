@@ -192,13 +192,7 @@ def check_command_line(config_name: str, argv: list[str], validate: Callable[[Di
     flags = [a for a in argv if a.startswith("-")]
     if any(f not in ("-m", "--multirun") for f in flags):
         return
-    parser = OverridesParser.create()
-    overrides = []
-    for arg in (a for a in argv if not a.startswith("-")):
-        try:
-            overrides.extend(parser.parse_overrides([arg]))
-        except Exception as err:  # Hydra's OverrideParseException and friends
-            fail(UserError(f"{arg}: {_one_line(err)}, expected key=value"))
+    overrides = parsed_overrides([a for a in argv if not a.startswith("-")])
     fixed = [o.input_line for o in overrides if not o.is_sweep_override() and not _is_hydra(o)]
     variants = [fixed]
     for o in overrides:
@@ -285,20 +279,24 @@ def run_app(main: Callable[[], None], config_name: str, validate: Callable[[Dict
         os._exit(2)
 
 
-def plain_run(argv: list[str]) -> list[str] | None:
-    """The overrides of one plain run (no flag, no sweep), or None for anything else (``--help``, ``-m``, ...)."""
-    if any(a.startswith("-") for a in argv):
-        return None
+def parsed_overrides(args: list[str]) -> list[Override]:
+    """The command line's overrides as Hydra parses them; one that does not parse fails in one line."""
     parser = OverridesParser.create()
     overrides = []
-    for arg in argv:
+    for arg in args:
         try:
             overrides.extend(parser.parse_overrides([arg]))
         except Exception as err:  # Hydra's OverrideParseException and friends
             fail(UserError(f"{arg}: {_one_line(err)}, expected key=value"))
-    if any(o.is_sweep_override() for o in overrides):
+    return overrides
+
+
+def plain_run(argv: list[str]) -> list[Override] | None:
+    """The overrides of one plain run (no flag, no sweep), or None for anything else (``--help``, ``-m``, ...)."""
+    if any(a.startswith("-") for a in argv):
         return None
-    return [o.input_line for o in overrides]
+    overrides = parsed_overrides(argv)
+    return None if any(o.is_sweep_override() for o in overrides) else overrides
 
 
 def run_once(
@@ -307,9 +305,10 @@ def run_once(
     """Run one plain run of the Hydra ``main`` from a config composed once, as ``hydra.main`` runs it: the same
     task name, search path, run folder, ``.hydra/`` files, logging and callbacks. False (nothing done) where the
     command line is not one plain run, or its config asks for a multirun."""
-    overrides = plain_run(argv)
-    if overrides is None:
+    parsed = plain_run(argv)
+    if parsed is None:
         return False
+    overrides = [o.input_line for o in parsed]
     task = main.__wrapped__  # what hydra.main calls with the composed config
     calling_file, calling_module = detect_calling_file_or_module_from_task_function(task)
     search_path = create_automatic_config_search_path(calling_file, calling_module, f"pkg://{CONFIG_MODULE}")
@@ -320,7 +319,7 @@ def run_once(
         try:
             cfg = hydra.compose_config(config_name, overrides, run_mode=RunMode.RUN, with_log_configuration=True)
         except Exception as err:  # a key that does not exist, a value Hydra cannot parse
-            job_overrides = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+            job_overrides = [o.input_line for o in parsed if not _is_hydra(o)]
             fail(UserError(_composition_error(config_name, job_overrides, err, said=overrides)))
         if cfg.hydra.mode == RunMode.MULTIRUN:
             return False

@@ -128,14 +128,14 @@ def _cpu() -> str:
     return " ".join(f"{k}={fields[k].strip()}" for k in _CPU_FIELDS if k in fields) or platform.machine()
 
 
-def _leaf_key(leaf) -> str:
+def _leaf_sig(leaf) -> tuple:
+    """An argument as ``jit`` takes it: shape, dtype (numpy's canonicalized: f64 is f32 without x64), weak type."""
     if isinstance(leaf, jax.Array):
-        aval = leaf.aval
-        return f"{aval.dtype}{list(aval.shape)}{'w' if aval.weak_type else ''}"
+        return leaf.shape, leaf.dtype, leaf.weak_type
     if isinstance(leaf, (bool, int, float)):
-        return f"{type(leaf).__name__}w"  # a Python scalar: a weakly typed argument
+        return (), type(leaf).__name__, True  # a Python scalar: a weakly typed argument
     array = np.asarray(leaf)
-    return f"{jax.dtypes.canonicalize_dtype(array.dtype)}{list(array.shape)}"  # as jit takes it (f64: f32 sans x64)
+    return array.shape, jax.dtypes.canonicalize_dtype(array.dtype), False
 
 
 def _jax_cache_on() -> bool:
@@ -155,7 +155,7 @@ class KeptJit:
         self._static_positions = set(static_argnums) | {names.index(n) for n in static_argnames if n in names}
         self._static_names = set(static_argnames) | {names[i] for i in static_argnums if i < len(names)}
         self._name = f"{fn.__module__}.{fn.__qualname__}"
-        self._loaded: dict[str, Callable] = {}
+        self._loaded: dict[tuple, Callable] = {}  # by call signature (settings, statics, tree, arguments)
 
     def lower(self, *args, **kwargs):
         """``jax.jit``'s ``lower``."""
@@ -177,13 +177,14 @@ class KeptJit:
         statics_key = static_key(tuple(value for _, value in statics))
         if statics_key is None or any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
             return self.jitted(*args, **kwargs)
-        settings = [f"{name}={getattr(jax.config, name)}" for name in _SETTINGS]
-        named = ",".join(name for name, _ in statics)
-        text = [_environment(), *settings, self._name, named, statics_key, str(structure), *map(_leaf_key, leaves)]
-        key = hashlib.sha256("\n".join(text).encode()).hexdigest()[:40]
-        compiled = self._loaded.get(key)
-        if compiled is not None:
+        settings = tuple(getattr(jax.config, name) for name in _SETTINGS)
+        names = tuple(name for name, _ in statics)
+        signature = (settings, names, statics_key, structure, tuple(map(_leaf_sig, leaves)))
+        compiled = self._loaded.get(signature)
+        if compiled is not None:  # the common case: a dict lookup, no digest (the tree's text alone is ~80 us)
             return compiled(*dynamic_args, **dynamic_kwargs)
+        text = [_environment(), repr(settings), self._name, repr(names), statics_key, str(structure)]
+        key = hashlib.sha256("\n".join([*text, repr(signature[-1])]).encode()).hexdigest()[:40]
         path = folder / f"{self._name}-{key}.bin"
         compiled = _load(path)
         if compiled is not None:
@@ -193,12 +194,12 @@ class KeptJit:
                 logger.debug(f"kept executable {path.name} failed to run ({first_line(err)}); compiling it again")
                 _remove(path)
             else:
-                self._loaded[key] = compiled
+                self._loaded[signature] = compiled
                 return out
         compiled = self.jitted.lower(*args, **kwargs).compile()
         if not _jax_cache_on():  # fresh from XLA (see _keep)
             _keep(path, compiled)
-        self._loaded[key] = compiled
+        self._loaded[signature] = compiled
         return compiled(*dynamic_args, **dynamic_kwargs)
 
     def _arg_name(self, position: int) -> str:
