@@ -4,16 +4,23 @@ records the factor in plan.json and prints it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import subprocess
+import sys
+from collections import Counter
 
 import numpy as np
 import pytest
 
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.plan_file import calibration_line
+from neuroshard_jax.core.records import CalibrationProtocol, CalibrationRatios, CalibrationRecord
 from neuroshard_jax.costs.registry import make_cost_model
-from neuroshard_jax.kernels.executors import ExecutorConfig
+from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrate, predicted_compute_ms, sample_devices, whole
-from neuroshard_jax.measure.plans import measure_devices
+from neuroshard_jax.measure.plans import quiet_devices
 from neuroshard_jax.measure.polish import PolishConfig
 from tests.conftest import make_table, make_task, run_cli
 
@@ -38,23 +45,84 @@ def test_groups_are_whole_tables_within_the_smallest_cap_and_seeded():
         sample_devices(huge, 2, seed=0)
 
 
-def test_a_model_off_by_a_factor_is_calibrated_on_the_kernels():
-    """The roofline made 3x too slow predicts every device 3x off (and the roofline itself is several times off this
-    machine's kernels); calibrated on 4 groups of the task's tables, its predictions of 4 other groups are within 2x of
-    their measurement and far closer than before. The bound is in log space, so a slow and a fast reading count alike:
-    these devices take about 1 ms, and a busy CI machine moved single readings by 60% at 4 iterations."""
-    task = _task()
-    raw = make_cost_model("analytic", task, {"calibration": 3.0})
-    config = CalibrateConfig(name="measured", samples=4, warmup=3, iters=15, executor=ExecutorConfig())
-    record = calibrate(task, raw, config, seed=0)
-    assert record.devices == 4 and record.factor < 1.0 and len(record.measured_ms) == 4
-    calibrated = make_cost_model("analytic", task, {"calibration": 3.0 * record.factor})
+def _alike_task():
+    """12 tables alike (their ids, and so their streams' seeds, differ) on 4 devices where one table fits: every
+    group is one table, and a model's prediction is the same for each."""
+    tables = [make_table(i, rows=40000, dim=64, pooling=12.0) for i in range(12)]
+    task = make_task(tables, num_devices=4, mem_cap_gb=0.015, batch_size=1024)
+    assert task.table_mem_bytes(0) <= task.cap_bytes().min() < 2 * task.table_mem_bytes(0)
+    return task
 
-    others = sample_devices(task, 4, seed=1)
-    measured = measure_devices(task, [whole(task, g) for g in others], config.evaluator())
+
+def test_a_model_off_by_a_factor_is_calibrated_on_the_kernels():
+    """The roofline made 10x too slow, on tables alike, is a model off by one steady factor (on mixed groups the
+    roofline is also off in shape, 0.3x-1.1x from group to group here: that spread is the model's, which no single
+    factor mends, and it made this test read the held-out groups 2x off on CI's machine). Calibrated on 6 of the
+    tables, its predictions of the other 6 are within 2x of their measurement (median |log|; 1.05-1.25x here, quiet)
+    and far closer than before. The calibration and the held-out tables are measured by one worker, one after the
+    other: readings of these 0.6 ms devices move by 30% on a quiet machine, and up to 9x with two busy loops beside
+    it on 2 cores (the median of 6 held within 2x there)."""
+    task = _alike_task()
+    raw = make_cost_model("analytic", task, {"calibration": 10.0})
+    config = CalibrateConfig(name="measured", samples=6, warmup=5, iters=15, executor=ExecutorConfig())
+    groups = sample_devices(task, 6, seed=0)  # what calibrate measures
+    others = [[t] for t in range(task.num_tables) if [t] not in groups]
+    assert all(len(g) == 1 for g in groups) and len(others) == 6
+    with open_executor(config.executor, config.device, config.timeout_s) as worker:  # one worker: no drift between
+        record = calibrate(task, raw, config, seed=0, executor=worker)
+        measured = quiet_devices(task, [whole(task, g) for g in others], config.evaluator(), worker, config.tries).ms
+    assert record.devices == 6 and record.factor < 1.0
+    calibrated = make_cost_model("analytic", task, {"calibration": 10.0 * record.factor})
     raw_error = np.median(np.abs(np.log(predicted_compute_ms(raw, task, others) / measured)))
     error = np.median(np.abs(np.log(predicted_compute_ms(calibrated, task, others) / measured)))
     assert error < np.log(2.0) and error < raw_error / 3, (error, raw_error)
+
+
+class _Counting:
+    """A kernel pool that forwards every request to the real one and counts the requests of each device."""
+
+    def __init__(self, pool):
+        self.pool, self.sent = pool, Counter()
+
+    def map(self, requests, on_answer):
+        requests = list(requests)
+        self.sent.update(r["key"] for r in requests)
+        self.pool.map(requests, on_answer)
+
+
+def test_a_reading_taken_on_a_busy_machine_is_taken_again_and_counted():
+    """Two busy processes per core (real ones) hold the worker to about a third of its core, far below the CPU
+    share a quiet reading needs (MIN_CPU_SHARE): each device is read ``tries`` times, and still counted busy; the
+    calibration line says so."""
+    task = _alike_task()
+    evaluator = CalibrateConfig(name="measured", warmup=2, iters=100, executor=ExecutorConfig()).evaluator()
+    with open_executor(evaluator.executor, evaluator.device, evaluator.timeout_s) as pool:
+        counting = _Counting(pool)
+        loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
+        try:
+            readings = quiet_devices(task, [whole(task, [0]), whole(task, [1])], evaluator, counting, tries=2)
+        finally:
+            for loop in loops:
+                loop.kill()
+                loop.wait()
+    assert readings.busy == 2 and counting.sent == {"0": 2, "1": 2}, (readings, counting.sent)
+    assert np.all(readings.ms > 0)
+    record = CalibrationRecord.of_factor(1.0)
+    record = dataclasses.replace(
+        record,
+        given=False,
+        ratios=CalibrationRatios(p10=1, p50=1, p90=1),
+        devices=2,
+        tables_per_device=1.0,
+        measured_ms=tuple(readings.ms),
+        predicted_ms=(1.0, 1.0),
+        seconds=1.0,
+        far=False,
+        busy=readings.busy,
+        protocol=CalibrationProtocol(device="cpu", warmup=2, iters=100, tries=2),
+    )
+    assert "2 of them read while the machine was busy (every try)" in calibration_line(record)
+    assert CalibrationRecord.from_json(record.to_json()) == record
 
 
 def test_the_main_job_records_and_prints_its_calibration(tmp_path):

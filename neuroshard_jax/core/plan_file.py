@@ -184,6 +184,8 @@ def calibration_line(record: CalibrationRecord) -> str:
         f"{record.devices} devices of the task's tables: p10 {r.p10:.2f}, p90 {r.p90:.2f}; "
         f"{record.seconds:.0f} s)"
     )
+    if record.busy:
+        line += f"; {record.busy} of them read while the machine was busy (every try): rerun on a quiet machine"
     if record.far:
         line += "; far from 1: the model was trained on other hardware, a model of this kind would predict better"
     return line

@@ -127,6 +127,7 @@ class CalibrationProtocol:
     device: str
     warmup: int
     iters: int
+    tries: int = 1  # readings of a device at most, a busy one read again (older plan.json files: one)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -134,7 +135,8 @@ class CalibrationRecord:
     """The cost model's calibration factor (every device's predicted compute scaled by it), either ``given``
     (``cost_model.calibration=F``: the factor alone) or measured (``measure.calibration.calibrate``: the median
     measured / predicted compute over ``devices`` groups of the task's own tables, each measured and predicted ms,
-    its spread, the protocol, the seconds it took, and whether it is ``far`` from 1)."""
+    its spread, the protocol, the seconds it took, whether it is ``far`` from 1, and how many devices were read
+    while the machine was ``busy``)."""
 
     factor: float
     given: bool = False
@@ -146,9 +148,10 @@ class CalibrationRecord:
     protocol: CalibrationProtocol | None = None
     seconds: float | None = None
     far: bool | None = None
+    busy: int | None = None  # devices still read on a busy machine after every try (older files: None)
 
     def __post_init__(self):
-        measured = [f.name for f in dataclasses.fields(self)][2:]
+        measured = [f.name for f in dataclasses.fields(self)][2:-1]
         if not self.given and any(getattr(self, name) is None for name in measured):
             missing = next(name for name in measured if getattr(self, name) is None)
             raise UserError(f"calibration.{missing}: missing, expected it in a measured calibration (or given: true)")

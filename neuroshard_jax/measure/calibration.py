@@ -29,7 +29,7 @@ from neuroshard_jax.core.types import Task
 from neuroshard_jax.costs.cost_model import CostModel, device_compute_ms
 from neuroshard_jax.costs.registry import CostModelSpec, expected_cost_model
 from neuroshard_jax.kernels.executors import Executor, ExecutorConfig
-from neuroshard_jax.measure.plans import Measuring, measure_devices
+from neuroshard_jax.measure.plans import Measuring, quiet_devices
 from neuroshard_jax.workloads.tasks import check_feasible
 
 MODES = ("off", "measured")
@@ -44,6 +44,7 @@ class CalibrateConfig(Measuring):
     samples: int = 8  # devices' worth of the task's tables measured
     warmup: int = 5  # the label protocol, which the models predict
     iters: int = 10
+    tries: int = 3  # readings of a device at most: one read while the machine was busy is measured again
     executor: ExecutorConfig = ExecutorConfig(workers=2)  # the main job's executor (conf/executor/)
     device: str = "cpu"  # cpu (FBGEMM CPU) | cuda (FBGEMM GPU)
     timeout_s: float = 600.0
@@ -52,7 +53,7 @@ class CalibrateConfig(Measuring):
         if self.name not in MODES:
             raise UserError(f"calibrate: got {self.name!r}, expected one of {', '.join(MODES)}")
         self.check_measuring("calibrate")
-        at_least(self, 1, ("samples",), "calibrate.")
+        at_least(self, 1, ("samples", "tries"), "calibrate.")
 
 
 def sample_devices(task: Task, samples: int, seed: int) -> list[list[int]]:
@@ -106,12 +107,13 @@ def calibrate(
     task: Task, model: CostModel, config: CalibrateConfig, seed: int = 0, executor: Executor | None = None
 ) -> CalibrationRecord:
     """Measure ``config.samples`` devices' worth of ``task``'s tables (on ``executor``, or kernel workers opened as
-    ``config.executor`` says) and compare with ``model`` (uncalibrated): the record plan.json keeps (``factor``: the
-    median measured / predicted, the ratios' spread, what was measured, the seconds it took)."""
+    ``config.executor`` says; a reading taken while the machine was busy is taken again, ``config.tries`` in all)
+    and compare with ``model`` (uncalibrated): the record plan.json keeps (``factor``: the median measured /
+    predicted, the ratios' spread, what was measured, how many devices stayed busy, the seconds it took)."""
     started = time.perf_counter()
     groups = sample_devices(task, config.samples, seed)
     predicted = predicted_compute_ms(model, task, groups)
-    measured = measure_devices(task, [whole(task, g) for g in groups], config.evaluator(), executor)
+    measured, busy = quiet_devices(task, [whole(task, g) for g in groups], config.evaluator(), executor, config.tries)
     ratios = measured / np.maximum(predicted, 1e-9)
     factor = float(f"{np.median(ratios):.4g}")  # four significant digits: never rounded to 0
     return CalibrationRecord(
@@ -123,9 +125,12 @@ def calibrate(
         tables_per_device=round(float(np.mean([len(g) for g in groups])), 1),
         measured_ms=tuple(round(float(m), 3) for m in measured),
         predicted_ms=tuple(round(float(p), 3) for p in predicted),
-        protocol=CalibrationProtocol(device=config.device, warmup=config.warmup, iters=config.iters),
+        protocol=CalibrationProtocol(
+            device=config.device, warmup=config.warmup, iters=config.iters, tries=config.tries
+        ),
         seconds=round(time.perf_counter() - started, 1),
         far=bool(abs(np.log(factor)) > FAR),
+        busy=busy,
     )
 
 
