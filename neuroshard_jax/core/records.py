@@ -151,7 +151,8 @@ class CalibrationRecord:
     busy: int | None = None  # devices still read on a busy machine after every try (older files: None)
 
     def __post_init__(self):
-        measured = [f.name for f in dataclasses.fields(self)][2:-1]
+        measured = [f.name for f in dataclasses.fields(self)][2:]
+        measured.remove("busy")  # None in files written before it was counted
         if not self.given and any(getattr(self, name) is None for name in measured):
             missing = next(name for name in measured if getattr(self, name) is None)
             raise UserError(f"calibration.{missing}: missing, expected it in a measured calibration (or given: true)")
