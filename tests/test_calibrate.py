@@ -20,7 +20,7 @@ from neuroshard_jax.core.records import CalibrationProtocol, CalibrationRatios, 
 from neuroshard_jax.costs.registry import make_cost_model
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrate, predicted_compute_ms, sample_devices, whole
-from neuroshard_jax.measure.plans import quiet_devices
+from neuroshard_jax.measure.plans import measure_devices, quiet_devices
 from neuroshard_jax.measure.polish import PolishConfig
 from tests.conftest import make_table, make_task, run_cli
 
@@ -125,6 +125,43 @@ def test_a_reading_taken_on_a_busy_machine_is_taken_again_and_counted():
     assert CalibrationRecord.from_json(record.to_json()) == record
 
 
+class _Scripted:
+    """Answers each device's n-th request with the n-th (total ms, CPU share) of its script: the re-reading policy
+    on shares a real machine cannot be made to give on cue (the busy test above reads real kernels)."""
+
+    def __init__(self, script):
+        self.script, self.sent = script, Counter()
+
+    def map(self, requests, on_answer):
+        for request in list(requests):
+            key = request["key"]
+            ms, share = self.script[key][self.sent[key]]
+            self.sent[key] += 1
+            on_answer(request, {"ok": True, "total_ms": ms, **({} if share is None else {"cpu_share": share})})
+
+
+def test_the_quiet_reading_or_else_the_least_disturbed_one_is_kept():
+    task = _alike_task()
+    devices = [whole(task, [t]) for t in range(5)]
+    script = {
+        "0": [(1.0, 0.95)],  # quiet at once: read once
+        "1": [(5.0, 0.3), (1.1, 0.92)],  # quiet on the second try: that reading
+        "2": [(3.0, 0.6), (9.0, 0.2), (4.0, 0.5)],  # never quiet: the least disturbed reading
+        "3": [(2.0, None)],  # no CPU share (a CUDA reading): quiet
+        "4": [(2.5, 0.9)],  # exactly the labels' bound: quiet
+    }
+    evaluator = CalibrateConfig(name="measured").evaluator()
+    scripted = _Scripted(script)
+    readings = quiet_devices(task, devices, evaluator, scripted, tries=3)
+    assert readings.ms.tolist() == [1.0, 1.1, 3.0, 2.0, 2.5] and readings.busy == 1
+    assert scripted.sent == {"0": 1, "1": 2, "2": 3, "3": 1, "4": 1}
+    once = _Scripted(script)  # one try: measure_devices, as before
+    assert measure_devices(task, devices, evaluator, once).tolist() == [1.0, 5.0, 3.0, 2.0, 2.5]
+    assert set(once.sent.values()) == {1}
+    with pytest.raises(UserError, match="quiet_devices: tries 0, expected at least 1"):
+        quiet_devices(task, devices, evaluator, scripted, tries=0)
+
+
 def test_the_main_job_records_and_prints_its_calibration(tmp_path):
     run = run_cli(
         "searcher=size_lookup_greedy",
@@ -143,6 +180,7 @@ def test_the_main_job_records_and_prints_its_calibration(tmp_path):
     plan = json.loads((tmp_path / "plan.json").read_text())
     record = plan["calibration"]
     assert record["devices"] == 2 and record["factor"] > 0
+    assert record["protocol"]["tries"] == 3 and 0 <= record["busy"] <= 2
     assert record["factor"] == pytest.approx(np.median(np.divide(record["measured_ms"], record["predicted_ms"])), 1e-2)
 
 

@@ -293,6 +293,8 @@ def quiet_devices(
     on one executor: each device's quiet reading, or where none was quiet its least disturbed one (the highest CPU
     share), and how many had none. A busy machine stretched single 0.6 ms readings up to 9x here; a CUDA reading
     (no CPU share) is quiet."""
+    if tries < 1:
+        raise UserError(f"quiet_devices: tries {tries}, expected at least 1")
     jobs = {str(i): (task, device_tables(task, shards)) for i, shards in enumerate(devices)}
     ms, share = np.zeros(len(devices), np.float64), np.full(len(devices), -1.0)
     with opened(executor, config.executor, config.device, config.timeout_s, config.pin) as pool:
