@@ -4,7 +4,6 @@ records the factor in plan.json and prints it."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -107,10 +106,8 @@ def test_a_reading_taken_on_a_busy_machine_is_taken_again_and_counted():
                 loop.wait()
     assert readings.busy == 2 and counting.sent == {"0": 2, "1": 2}, (readings, counting.sent)
     assert np.all(readings.ms > 0)
-    record = CalibrationRecord.of_factor(1.0)
-    record = dataclasses.replace(
-        record,
-        given=False,
+    record = CalibrationRecord(
+        factor=1.0,
         ratios=CalibrationRatios(p10=1, p50=1, p90=1),
         devices=2,
         tables_per_device=1.0,

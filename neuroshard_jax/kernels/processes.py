@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from neuroshard_jax.core.constants import MIN_CPU_SHARE
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.manifests import TIMED_KEYS
 from neuroshard_jax.workloads.pool import PoolSpec
@@ -213,6 +214,17 @@ def table_ref(obj, where: str = "table") -> TableRef:
 def record_tables(record: dict) -> list[TableRef]:
     """A label's tables (a request's, as the worker took them) as their host types."""
     return [table_ref(t, f"record {record.get('id')!r}: tables[{i}]") for i, t in enumerate(record["tables"])]
+
+
+def cpu_share(answer: dict) -> float:
+    """The share of its core a CPU worker held while it timed ``answer`` (a label or a worker's answer); 1 where
+    none is recorded (a CUDA answer, a label older than the count)."""
+    return float(answer.get("cpu_share", 1.0))
+
+
+def quiet(answer: dict) -> bool:
+    """``answer`` was timed on a quiet machine: its worker held at least MIN_CPU_SHARE of its core."""
+    return cpu_share(answer) >= MIN_CPU_SHARE
 
 
 def worker_tables(tables) -> list:

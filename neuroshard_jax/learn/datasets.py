@@ -8,14 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.core.constants import MIN_CPU_SHARE
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_FEATURES, feature_matrix
 from neuroshard_jax.core.files import read_records
 from neuroshard_jax.core.manifests import load_manifest
 from neuroshard_jax.core.sharding import shard_features
 from neuroshard_jax.costs.cost_model import bucket
-from neuroshard_jax.kernels.processes import PoolTableRef, SpecTableRef, TableRef, record_tables
+from neuroshard_jax.kernels.processes import PoolTableRef, SpecTableRef, TableRef, quiet, record_tables
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool
 from neuroshard_jax.workloads.streams import block_statistics, request_spec
 
@@ -48,7 +47,7 @@ def run_spread(record: dict) -> float:
 def steady(record: dict, max_spread: float) -> bool:
     """A label training keeps: its runs spread at most ``max_spread`` (``run_spread``) and its worker had at least
     MIN_CPU_SHARE of its core (else the machine was busy while it was taken)."""
-    return run_spread(record) <= max_spread and record.get("cpu_share", 1.0) >= MIN_CPU_SHARE
+    return run_spread(record) <= max_spread and quiet(record)
 
 
 def compute_batches(

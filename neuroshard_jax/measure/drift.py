@@ -18,12 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.core.constants import MIN_CPU_SHARE
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_records
 from neuroshard_jax.core.manifests import TIMED_KEYS, load_manifest
 from neuroshard_jax.core.paths import resolve_dataset
-from neuroshard_jax.kernels.processes import compute_request
+from neuroshard_jax.kernels.processes import compute_request, quiet
 from neuroshard_jax.workloads.pool import PoolSpec
 
 
@@ -41,7 +40,7 @@ class References:
         return {
             k: a["total_ms"] / self.recorded[k]
             for k, a in answers.items()
-            if k in self.recorded and a.get("ok") and a.get("cpu_share", 1.0) >= MIN_CPU_SHARE
+            if k in self.recorded and a.get("ok") and quiet(a)
         }
 
     def speed(self, answers: dict[str, dict]) -> float | None:
@@ -57,11 +56,7 @@ def references(dataset: str | Path, samples: int, seed: int = 0) -> References:
     path = resolve_dataset(dataset)
     manifest = load_manifest(path, "compute")
     settings = manifest["settings"]
-    records = [
-        r
-        for r in read_records(path / "compute.jsonl")
-        if r.get("total_ms") and r.get("cpu_share", 1.0) >= MIN_CPU_SHARE
-    ]
+    records = [r for r in read_records(path / "compute.jsonl") if r.get("total_ms") and quiet(r)]
     if not records:
         raise UserError(f"dataset: {str(dataset)!r} has no measured records, expected a collected dataset")
     chosen = np.random.default_rng(seed).permutation(len(records))[:samples]

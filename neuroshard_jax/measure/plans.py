@@ -34,6 +34,7 @@ from neuroshard_jax.kernels.processes import (
     TableRef,
     WorkerFailure,
     compute_request,
+    cpu_share,
     timing_fields,
     worker_tables,
     worker_versions,
@@ -305,8 +306,8 @@ def quiet_devices(
             answers = measure_tables({k: jobs[k] for k in busy}, config, pool)
             for key in busy:
                 answer, i = answers[key][0], int(key)
-                if answer.get("cpu_share", 1.0) > share[i]:
-                    ms[i], share[i] = answer["total_ms"], answer.get("cpu_share", 1.0)
+                if cpu_share(answer) > share[i]:
+                    ms[i], share[i] = answer["total_ms"], cpu_share(answer)
     return Readings(ms, int(np.sum(share < MIN_CPU_SHARE)))
 
 
