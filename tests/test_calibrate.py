@@ -19,7 +19,7 @@ from neuroshard_jax.core.records import CalibrationProtocol, CalibrationRatios, 
 from neuroshard_jax.costs.registry import make_cost_model
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrate, predicted_compute_ms, sample_devices, whole
-from neuroshard_jax.measure.plans import measure_devices, quiet_devices
+from neuroshard_jax.measure.plans import quiet_devices
 from neuroshard_jax.measure.polish import PolishConfig
 from tests.conftest import make_table, make_task, run_cli
 
@@ -152,8 +152,8 @@ def test_the_quiet_reading_or_else_the_least_disturbed_one_is_kept():
     readings = quiet_devices(task, devices, evaluator, scripted, tries=3)
     assert readings.ms.tolist() == [1.0, 1.1, 3.0, 2.0, 2.5] and readings.busy == 1
     assert scripted.sent == {"0": 1, "1": 2, "2": 3, "3": 1, "4": 1}
-    once = _Scripted(script)  # one try: measure_devices, as before
-    assert measure_devices(task, devices, evaluator, once).tolist() == [1.0, 5.0, 3.0, 2.0, 2.5]
+    once = _Scripted(script)  # one try: each device read once, as every measurement was before
+    assert quiet_devices(task, devices, evaluator, once, tries=1).ms.tolist() == [1.0, 5.0, 3.0, 2.0, 2.5]
     assert set(once.sent.values()) == {1}
     with pytest.raises(UserError, match="quiet_devices: tries 0, expected at least 1"):
         quiet_devices(task, devices, evaluator, scripted, tries=0)

@@ -270,14 +270,6 @@ def plan_kernels(plan: Plan) -> list[list[tuple[str, Task, list]]]:
     return out
 
 
-def measure_devices(
-    task: Task, devices: list[list[Shard]], config: EvaluateConfig, executor: Executor | None = None
-) -> np.ndarray:
-    """Kernel ms f64[G] of each list of ``task``'s shards measured as one device (this machine's, no speed
-    applied), on ``executor`` or one opened for them as ``config.executor`` says."""
-    return quiet_devices(task, devices, config, executor, tries=1).ms
-
-
 class Readings(NamedTuple):
     """Devices' kernel ms (``ms`` f64[G]) and how many of them are ``busy``: read while the machine took the
     worker's core (a CPU share below MIN_CPU_SHARE), after every try."""
@@ -289,11 +281,12 @@ class Readings(NamedTuple):
 def quiet_devices(
     task: Task, devices: list[list[Shard]], config: EvaluateConfig, executor: Executor | None = None, tries: int = 3
 ) -> Readings:
-    """``measure_devices``, each reading taken while the machine was busy (the worker held less than
-    MIN_CPU_SHARE of its core, the rule training keeps labels by) measured again, up to ``tries`` readings in all,
-    on one executor: each device's quiet reading, or where none was quiet its least disturbed one (the highest CPU
-    share), and how many had none. A busy machine stretched single 0.6 ms readings up to 9x here; a CUDA reading
-    (no CPU share) is quiet."""
+    """Kernel ms of each list of ``task``'s shards measured as one device (this machine's, no speed applied), on
+    ``executor`` or one opened for them as ``config.executor`` says; each reading taken while the machine was busy
+    (the worker held less than MIN_CPU_SHARE of its core, ``kernels.processes.quiet``) measured again, up to
+    ``tries`` readings in all, on that executor: each device's quiet reading, or where none was quiet its least
+    disturbed one (the highest CPU share), and how many had none. A busy machine stretched single 0.6 ms readings
+    up to 9x here; a CUDA reading (no CPU share) is quiet."""
     if tries < 1:
         raise UserError(f"quiet_devices: tries {tries}, expected at least 1")
     jobs = {str(i): (task, device_tables(task, shards)) for i, shards in enumerate(devices)}
