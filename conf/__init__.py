@@ -30,6 +30,7 @@ from neuroshard_jax.measure.polish import PolishConfig
 from neuroshard_jax.measure.probe import ProbeConfig
 from neuroshard_jax.search.job import MainConfig
 from neuroshard_jax.search.model_comparison import ModelComparisonConfig
+from neuroshard_jax.search.planner import GROUPED, PlannerOptions
 from neuroshard_jax.search.suite import SuiteConfig
 from neuroshard_jax.torchrec.export import ExportConfig
 from neuroshard_jax.workloads.statistics import StatsConfig
@@ -107,6 +108,10 @@ def changed(value, default) -> dict:
 def command_schema(name: str, cls) -> dict:
     composed = COMPOSED.get(name, ())
     node = {k: v for k, v in defaults(cls).items() if k not in composed}
+    if "planner" in node:  # the planner's options are top-level keys (the searcher's and cost model's: groups)
+        del node["planner"]
+        grouped = set(composed) | set(GROUPED.values())
+        node = {**{k: v for k, v in defaults(PlannerOptions).items() if k not in grouped}, **node}
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key in composed:
         value = fields[key].default if key in fields else None

@@ -27,7 +27,7 @@ from neuroshard_jax.core.plan_file import format_plan
 from neuroshard_jax.costs.coverage import far_devices_warning
 from neuroshard_jax.costs.registry import NO_CALIBRATION
 from neuroshard_jax.measure.explain import ExplainConfig, explain_file
-from neuroshard_jax.search.job import MainConfig, main_config, planner_of
+from neuroshard_jax.search.job import MainConfig, main_config
 from neuroshard_jax.search.suite import run_suite
 from neuroshard_jax.workloads.tasks import make_task
 
@@ -44,8 +44,10 @@ def main(cfg: DictConfig) -> None:
     task = None
     try:
         task = make_task(config.task, config.task.seed, config.task.path)
-        planned = planner_of(config).run(task)
+        planned = config.planner.planner().run(task)
         choice = planned.choice
+        if choice.instead:
+            print(f"warning: {choice.instead}", file=sys.stderr)
         print(choice.line(), file=sys.stderr)
         far = far_devices_warning(task.num_devices, choice.name, choice.options)
         depth = planned.depth_warning()
@@ -56,7 +58,7 @@ def main(cfg: DictConfig) -> None:
         if not multirun:
             fail(err)
         # A sweep goes on: the infeasible run is recorded, to be counted, never dropped.
-        record = {"searcher": config.searcher["name"], "seed": config.seed, "infeasible": str(err)}
+        record = {"searcher": config.planner.searcher, "seed": config.planner.seed, "infeasible": str(err)}
         keep_result({**record, "task": task.to_json() if task else None}, Path(out_dir) / "plan.json")
         print(f"infeasible: {err}", file=sys.stderr)
         return
@@ -90,14 +92,15 @@ def job_overrides() -> list[str]:
 
 def run_suite_job(config: MainConfig, out_dir: str, multirun: bool) -> None:
     task_options = {k: v for k, v in dataclasses.asdict(config.task).items() if k not in ("seed", "num_devices")}
+    options = config.planner
     settings = {
         "overrides": job_overrides(),
-        "searcher": config.searcher["name"],
-        "searcher_options": config.options("searcher"),
-        "cost_model": config.cost_model["name"],
+        "searcher": options.searcher,
+        "searcher_options": dict(options.searcher_options),
+        "cost_model": options.cost_model,
         # the default calibration left out: suites started before it existed resume
         "cost_model_options": {
-            k: v for k, v in config.options("cost_model").items() if not (k == "calibration" and v == NO_CALIBRATION)
+            k: v for k, v in options.cost_model_options.items() if not (k == "calibration" and v == NO_CALIBRATION)
         },
         "task": task_options,
     }

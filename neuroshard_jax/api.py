@@ -14,12 +14,9 @@ import logging
 import warnings
 from collections.abc import Mapping, Sequence
 
-from neuroshard_jax.core.config import check_seed
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import estimated_line
-from neuroshard_jax.core.types import Plan
-from neuroshard_jax.measure.calibration import CalibrateConfig
-from neuroshard_jax.measure.polish import PolishConfig
-from neuroshard_jax.search.planner import Planner, planner_or_keywords
+from neuroshard_jax.search.planner import Planner, planner_from
 from neuroshard_jax.workloads.statistics import DEFAULT_ZIPF
 from neuroshard_jax.workloads.tasks import TableSpecs, task_from_tables
 
@@ -30,19 +27,14 @@ def plan(
     tables: TableSpecs,
     num_devices: int | None = None,
     mem_cap_gb: float = 4.0,
-    searcher: str = "beam",
-    cost_model: str = "neural",
+    searcher: str | None = None,
+    cost_model: str | None = None,
     *,
     batch_size: int = 4096,
     precision: str = "fp32",
     optimizer: str = "exact_sgd",
     mem_reserve: float = 0.0,
-    seed: int = 0,
-    cost_model_options: dict | None = None,
     devices: Sequence[Mapping[str, float]] | None = None,
-    calibrate: bool | CalibrateConfig = False,
-    polish: bool | PolishConfig = False,
-    row_split: str = "fit",
     zipf: float = DEFAULT_ZIPF,
     planner: Planner | None = None,
     **options,
@@ -52,10 +44,12 @@ def plan(
     (a ``num_devices`` given beside them must be their count).
 
     ``planner``: a ``Planner`` built from its parts (``search.planner``), planning every call alike; or, as a
-    convenience that builds one, ``searcher``: a registered name (``searcher_names()``), with its options as keyword
-    arguments (``k=5`` for beam); ``cost_model``: ``"neural"`` (the model chosen for this machine's kind) or
+    convenience that builds one, the fields of ``PlannerOptions`` as keywords (``options``, with ``searcher`` and
+    ``cost_model`` also the 4th and 5th arguments): ``searcher``, a registered name (``searcher_names()``), with its
+    options beside it (``k=5`` for beam); ``cost_model``: ``"neural"`` (the model chosen for this machine's kind) or
     ``"analytic"`` or a model's name, with ``cost_model_options`` (``{"checkpoint": DIR}``); ``calibrate``,
-    ``polish``, ``row_split`` and ``seed`` (the same seed gives the same plan). A table without ``bins`` gets
+    ``polish``, ``row_split``, ``seed`` (the same seed gives the same plan) and ``device``. A keyword that is none of
+    these is refused with the nearest name; one given beside ``planner`` is refused too. A table without ``bins`` gets
     estimated ones from its rows and pooling factor (a Zipf law of exponent ``zipf``, as the TorchRec adapter's),
     with a ``UserWarning`` naming it; ``python -m neuroshard_jax.stats`` measures them. Numpy numbers and arrays are
     taken wherever Python's are. Raises ``UserError`` (bad input) or ``InfeasibleError`` (the tables fit no
@@ -73,26 +67,18 @@ def plan(
     task past the model's labels, or whose plan its ensemble's members disagree on, is logged as a warning
     (``costs.coverage.out_of_depth_warning``, logger ``neuroshard_jax.api``).
     """
-    seed = planner.seed if planner is not None else check_seed(seed)
+    given = {k: v for k, v in (("searcher", searcher), ("cost_model", cost_model)) if v is not None}
+    planner = planner_from({**given, **options}, planner)
     task = task_from_tables(
-        tables, num_devices, mem_cap_gb, batch_size, precision, devices, zipf, seed, optimizer, mem_reserve
+        tables, num_devices, mem_cap_gb, batch_size, precision, devices, zipf, planner.seed, optimizer, mem_reserve
     )
     estimated = [t.name or t.id for t in task.tables if t.estimated]
     if estimated:
         warnings.warn(estimated_line(estimated, task.num_tables), UserWarning, stacklevel=2)
-    planner = planner_or_keywords(
-        planner,
-        searcher,
-        cost_model,
-        searcher_options=options,
-        cost_model_options=cost_model_options,
-        calibrate=calibrate,
-        polish=polish,
-        row_split=row_split,
-        seed=seed,
-    )
     planned = planner.run(task)
     choice = planned.choice
+    if choice.instead:
+        logger.warning("%s", choice.instead)
     if choice.kinds and not choice.matches:  # a model of other hardware: say so, once per call
         warnings.warn(choice.line(), UserWarning, stacklevel=2)
     depth = planned.depth_warning()

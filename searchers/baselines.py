@@ -17,7 +17,8 @@ from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.constraints import KEYS as CONSTRAINT_KEYS
 from neuroshard_jax.core.constraints import allowed_devices, groups, max_levels
 from neuroshard_jax.core.errors import InfeasibleError, UserError
-from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.scoring import score_plans
 from searchers.registry import Searcher, register
@@ -127,7 +128,7 @@ class RandomSearch(Searcher):
         # units placed at once: each shard alone, a colocation group's (whole) tables together
         units = []
         for item in placement_items(task):
-            if task.tables[item[0]].colocate is not None:
+            if task.tables[item[0]].constraints.colocate is not None:
                 units.append([(t, 0) for t in item])
             else:
                 units.extend([(item[0], j)] for j in range(splits[item[0]]))

@@ -32,7 +32,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from neuroshard_jax.costs.cost_model import CostFns, DeviceArrays, combine_costs, input_dist_ms, plan_cost_ms
-from neuroshard_jax.costs.executables import kept_jit
 
 MEM_UNIT_BYTES = 1  # the finest unit: 3,000 tables of 48 B each take 48 B, not a 1 KiB unit each
 MEMORY_ONLY = np.iinfo(np.int32).max  # a dim bound that never binds
@@ -174,7 +173,7 @@ def _input_taken(devices, ids, column_table, spread, n: int):
     return jnp.stack([jax.ops.segment_sum(x, device, num_segments=n) for x in per_kind])
 
 
-@kept_jit(static_argnums=(0,), static_argnames=("by_memory",))
+@functools.partial(jax.jit, static_argnums=0, static_argnames="by_memory")
 def grid_search(
     fns: CostFns, params, batch: ShardBatch, bounds, cap, device_mask, speed, by_memory: bool = False, inputs=None
 ) -> GridResult:

@@ -19,7 +19,8 @@ from neuroshard_jax.core.constraints import KEYS as CONSTRAINT_KEYS
 from neuroshard_jax.core.constraints import allowed_devices, groups, max_levels
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import FEATURE_INDEX, NUM_FEATURES
-from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import CostModel, bucket, fine_bucket
 from neuroshard_jax.costs.scoring import input_terms, shards_alone
 from searchers.grid import MEMORY_ONLY, ShardBatch, cap_units, dim_bounds, grid_search, mem_units, unit_bytes

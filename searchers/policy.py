@@ -27,9 +27,9 @@ from flax import nnx
 
 from neuroshard_jax.core.constraints import allowed_devices, groups
 from neuroshard_jax.core.features import NUM_FEATURES
-from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import CostFns, CostModel, DeviceArrays, bucket, combine_costs, plan_cost_ms
-from neuroshard_jax.costs.executables import KeptJit
 from neuroshard_jax.costs.neural import MLP, FeatureStats, normalize
 from neuroshard_jax.costs.scoring import shards_alone
 from searchers.grid import cap_units, mem_units, unit_bytes
@@ -239,7 +239,7 @@ def batch_rollouts(graph, params, fns, cost_params, tasks: TaskArrays, keys, gre
     return jax.vmap(per_task)(tasks, keys)
 
 
-decode = KeptJit(batch_rollouts, static_argnums=(0, 2, 6))
+decode = jax.jit(batch_rollouts, static_argnums=(0, 2, 6))
 
 
 def reinforce_loss(graph, params, fns, cost_params, tasks: TaskArrays, keys, entropy_weight: float):

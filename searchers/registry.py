@@ -14,7 +14,8 @@ from typing import ClassVar
 
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import CostModel
 
 
@@ -75,6 +76,12 @@ def searcher_names() -> list[str]:
 def registered() -> dict[str, type[Searcher]]:
     """Every registered searcher's class (its fields: the searcher's options and their defaults), by name."""
     return dict(sorted(_REGISTRY.items()))
+
+
+def searcher_options(name: str) -> tuple[str, ...]:
+    """The option names of registered searcher ``name`` (its config fields); none for a name not registered."""
+    cls = _REGISTRY.get(name)
+    return tuple(f.name for f in dataclasses.fields(cls) if f.init) if cls is not None else ()
 
 
 def make_searcher(name: str, options: dict | None = None) -> Searcher:

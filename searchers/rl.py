@@ -15,7 +15,8 @@ import numpy as np
 
 from neuroshard_jax.core.constraints import KEYS
 from neuroshard_jax.core.errors import InfeasibleError, UserError
-from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.scoring import score_plans
 from searchers.policy import decode, plan_from_actions, stack_tasks, task_arrays

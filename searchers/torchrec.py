@@ -21,8 +21,9 @@ from typing import ClassVar
 from neuroshard_jax.core.constants import TORCHREC_INSTALL
 from neuroshard_jax.core.constraints import max_levels
 from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard, row_shards, tiling_error
-from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.kernels.processes import run_worker
 from searchers.registry import Searcher, register
@@ -109,9 +110,9 @@ class TorchRecSearch(Searcher):
         tables = []
         for t, level in zip(task.tables, levels):
             table = {"rows": t.rows, "dim": t.dim, "pooling_factor": t.pooling_factor}
-            if t.no_split:  # TorchRec's per-table sharding types
+            if t.constraints.no_split:  # TorchRec's per-table sharding types
                 table["sharding_types"] = ["table_wise"]
-            elif t.max_shards is not None:  # column-wise shards no narrower than dim / 2^level: at most 2^level
+            elif t.constraints.max_shards is not None:  # column-wise shards no narrower than dim / 2^level: 2^level
                 table["min_partition"] = t.dim >> int(level)
             tables.append(table)
         request = {

@@ -28,7 +28,7 @@ def small_pool(_cache_dir):
 
 
 def make_table(table_id=0, rows=1000, dim=16, pooling=2.0):
-    from neuroshard_jax.core.types import Table
+    from neuroshard_jax.core.table import Table
 
     bins = np.zeros(17)
     bins[0] = 1.0
@@ -36,7 +36,7 @@ def make_table(table_id=0, rows=1000, dim=16, pooling=2.0):
 
 
 def make_task(tables, num_devices=2, mem_cap_gb=1.0, batch_size=512, precision="fp32"):
-    from neuroshard_jax.core.types import Task
+    from neuroshard_jax.core.task import Task
 
     return Task.uniform(num_devices, mem_cap_gb, batch_size, tuple(tables), precision)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import shard_features
-from neuroshard_jax.core.types import Plan
 from neuroshard_jax.costs.cost_model import plan_cost_ms
 from neuroshard_jax.costs.scoring import score_plan
 from searchers.grid import cap_units, dim_bounds, mem_units, unit_bytes

@@ -12,7 +12,7 @@ import neuroshard_jax as nsj
 from neuroshard_jax.core.config import plain, typed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.plan_file import format_plan
-from neuroshard_jax.core.types import Task
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.workloads.statistics import DEFAULT_ZIPF, estimated_stats, zipf_ids
 from neuroshard_jax.workloads.tasks import TaskConfig
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.types import Task
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.registry import CostModelSpec
 from searchers import make_searcher
 from tests.conftest import REPO, make_table, make_task, run_cli
@@ -47,7 +47,7 @@ def test_a_cap_of_terabytes_is_planned(searcher):
     for cap in (1024.0, 4096.0, 10.0**6):
         task = make_task(tables, num_devices=3, mem_cap_gb=cap, batch_size=4096 if searcher == "rl" else 512)
         model = "neural" if searcher == "rl" else "analytic"
-        plans.append(search_plan(task, make_searcher(searcher), CostModelSpec(model), 0).validate())
+        plans.append(search_plan(task, make_searcher(searcher), CostModelSpec(model).for_task(task), 0).validate())
     assert plans[0].shards == plans[1].shards == plans[2].shards
 
 
@@ -302,7 +302,9 @@ def test_compare_reports_a_torn_plan_and_counts_a_bare_infeasible_record(tmp_pat
     for name, searcher in (("0", "random"), ("1", "size_greedy")):
         (tmp_path / name).mkdir()
         (tmp_path / name / "plan.json").write_text(
-            json.dumps(search_plan(task, make_searcher(searcher), CostModelSpec("analytic"), 0).to_json())
+            json.dumps(
+                search_plan(task, make_searcher(searcher), CostModelSpec("analytic").for_task(task), 0).to_json()
+            )
         )
     (tmp_path / "2" / ".hydra").mkdir(parents=True)
     (tmp_path / "2" / ".hydra" / "overrides.yaml").write_text("- searcher=beam\n")
@@ -365,11 +367,16 @@ def test_a_single_device_has_no_all_to_all():
 
     task = make_task([make_table(i, rows=2000, dim=32, pooling=4.0) for i in range(3)], num_devices=1, batch_size=4096)
     model = make_cost_model("neural", task)
-    costs = score_plan(model, search_plan(task, make_searcher("size_greedy"), CostModelSpec("neural"), 0))
+    costs = score_plan(
+        model, search_plan(task, make_searcher("size_greedy"), CostModelSpec("neural").for_task(task), 0)
+    )
     assert costs.compute_ms[0] > 0 and costs.fwd_comm_ms[0] == 0 and costs.bwd_comm_ms[0] == 0
     two = make_task(task.tables, num_devices=2, batch_size=4096)
     assert np.all(
-        score_plan(model, search_plan(two, make_searcher("size_greedy"), CostModelSpec("neural"), 0)).bwd_comm_ms > 0
+        score_plan(
+            model, search_plan(two, make_searcher("size_greedy"), CostModelSpec("neural").for_task(two), 0)
+        ).bwd_comm_ms
+        > 0
     )
 
 
@@ -448,7 +455,7 @@ def test_a_damaged_pool_cache_is_rebuilt_and_an_unwritable_cache_only_warns(tmp_
     every run; a cache folder that cannot be written (here: under a file) costs the cache, not the run."""
     import logging
 
-    from neuroshard_jax.core.types import PoolSpec
+    from neuroshard_jax.core.table import PoolSpec
     from neuroshard_jax.workloads.pool import load_pool
 
     monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path / "cache"))
@@ -472,20 +479,22 @@ def test_a_cache_that_cannot_be_made_keeps_no_compiled_kernels_and_says_so_in_on
     that names the folder and NEUROSHARD_CACHE_DIR, not one JAX warning per compiled kernel."""
     import logging
 
-    from neuroshard_jax.costs import executables
+    import jax
+
     from neuroshard_jax.search.pipeline import keep_compiled_kernels
 
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path / "file" / "cache"))
     caplog.set_level(logging.WARNING, logger="neuroshard_jax.search.pipeline")
-    before = executables.kept_folder()
-    executables.keep_executables(None)
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", None)
     try:
         keep_compiled_kernels()
-        assert executables.kept_folder() is None
+        keep_compiled_kernels()  # called again (every plan calls it): nothing more said
+        assert jax.config.jax_compilation_cache_dir is None
     finally:
-        executables.keep_executables(before)
-    folder = str(tmp_path / "file" / "cache" / "executables")
+        jax.config.update("jax_compilation_cache_dir", before)
+    folder = str(tmp_path / "file" / "cache" / "jax")
     assert caplog.messages == [
         f"compiled search kernels are not kept: {folder!r} cannot be made (Not a directory); set NEUROSHARD_CACHE_DIR "
         "to a folder you can write"

@@ -64,11 +64,10 @@ def test_default_run_prints_and_writes_a_plan(tmp_path):
 
 def test_overrides_and_same_seed_same_plan_and_the_files_hydra_main_writes(tmp_path):
     """A seeded searcher in two processes (in-process determinism of every searcher: test_searchers): one as the
-    command runs a plain run (composed once, ``core.cli.run_once``), one through ``hydra.main``'s own path; the same
-    plan, and the same ``.hydra`` files but for the run folder."""
+    command runs (``core.cli.run_app``: the checks, then ``hydra.main``), one through the bare ``hydra.main``; the
+    same plan, and the same ``.hydra`` files but for the run folder."""
     args = ["searcher=random", "task.num_devices=8", "seed=3", *SMALL]
-    # the command's entry point with hydra.main's own path taken away: the run must not need it
-    ours = "import sys, hydra._internal.utils as u; u._run_hydra = None; from neuroshard_jax.__main__ import run; run()"
+    ours = "from neuroshard_jax.__main__ import run; run()"
     first = subprocess.run(
         [sys.executable, "-c", ours, *args, f"hydra.run.dir={tmp_path / 'a'}"], capture_output=True, text=True
     )
@@ -147,9 +146,18 @@ def test_table_too_big_for_table_wise_greedy(tmp_path):
     args = ["cost_model=analytic", f"task.path={tmp_path / 'task.json'}", "row_split=off"]
     _one_line_error(run_cli("searcher=size_lookup_greedy", *args, f"hydra.run.dir={tmp_path}"), "fits on no device")
     for searcher in ("random", "beam"):  # column-wise searchers split it (in-process: the CLI path is above)
-        assert len(search_plan(task, make_searcher(searcher), CostModelSpec("analytic"), 0, row_split="off").shards) > 2
+        assert (
+            len(
+                search_plan(
+                    task, make_searcher(searcher), CostModelSpec("analytic").for_task(task), 0, row_split="off"
+                ).shards
+            )
+            > 2
+        )
     # with row splits (the default) the table-wise greedy plans it as row blocks over both devices
-    rows = search_plan(task, make_searcher("size_lookup_greedy"), CostModelSpec("analytic"), 0).shards_of(0)
+    rows = search_plan(
+        task, make_searcher("size_lookup_greedy"), CostModelSpec("analytic").for_task(task), 0
+    ).shards_of(0)
     assert [(s.device, s.num_rows) for s in rows] == [(0, 50_000), (1, 50_000)]
 
 
@@ -159,6 +167,24 @@ def test_bad_override_value(tmp_path):
     done = run_cli("-m", "searcher=random", "searcher.num_samples=4,abc", f"hydra.sweep.dir={tmp_path / 'sweep'}")
     _one_line_error(done, "searcher.num_samples: got 'abc', expected an integer")
     assert not (tmp_path / "sweep").exists()
+
+
+def test_hydras_own_overrides_are_checked_in_one_line(tmp_path):
+    done = run_cli("hydra.job.chdir=abc", *SMALL, f"hydra.run.dir={tmp_path / 'run'}")
+    _one_line_error(done, "hydra.job.chdir=abc", "not a valid bool")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_commands_use_no_private_hydra_api():
+    """Hydra's public entry points only (``hydra.main``, the Compose API): private ones break silently on upgrade."""
+    root = Path(__file__).resolve().parent.parent
+    users = [
+        p
+        for d in ("neuroshard_jax", "searchers")
+        for p in (root / d).rglob("*.py")
+        if "hydra._internal" in p.read_text()
+    ]
+    assert not users, users
 
 
 @pytest.mark.parametrize(
@@ -224,7 +250,7 @@ def test_multirun(tmp_path):
     assert len(plans) == 2
     names = {json.loads(p.read_text())["searcher"] for p in plans}
     assert names == {"random", "size_lookup_greedy"}
-    # a multirun asked for by the config, not the flag: hydra.main's path, after the one-run path looked at it
+    # a multirun asked for by the config, not the flag
     done = run_cli("hydra.mode=MULTIRUN", "searcher=random", *SMALL, f"hydra.sweep.dir={tmp_path / 'mode'}")
     assert done.returncode == 0, done.stderr
     assert len(list((tmp_path / "mode").glob("*/plan.json"))) == 1

@@ -8,9 +8,11 @@ import pytest
 
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.constraints import violations
+from neuroshard_jax.core.devices import Device
 from neuroshard_jax.core.errors import InfeasibleError, PlanError, UserError
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
-from neuroshard_jax.core.types import Device, Plan, Task
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.registry import CostModelSpec, make_cost_model
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.search.pipeline import search_plan
@@ -45,15 +47,15 @@ def constrained_task(seed: int) -> Task:
         )
         kind = rng.integers(0, 6)
         if kind == 0:
-            table = dataclasses.replace(table, pin=int(known[t]))
+            table = table.constrained(pin=int(known[t]))
         elif kind == 1:
-            table = dataclasses.replace(table, exclude=tuple(d for d in range(n) if d != known[t])[:1])
+            table = table.constrained(exclude=tuple(d for d in range(n) if d != known[t])[:1])
         elif kind == 2:
-            table = dataclasses.replace(table, no_split=True)
+            table = table.constrained(no_split=True)
         elif kind == 3:
-            table = dataclasses.replace(table, max_shards=2)
+            table = table.constrained(max_shards=2)
         elif kind == 4:
-            table = dataclasses.replace(table, colocate=f"g{known[t]}")  # tables known together share a group
+            table = table.constrained(colocate=f"g{known[t]}")  # tables known together share a group
         tables.append(table)
     task = make_task(tables, num_devices=n, batch_size=4096)  # the rl policy's batch
     total = sum(task.table_mem_bytes(i) for i in range(task.num_tables))
@@ -64,7 +66,7 @@ def constrained_task(seed: int) -> Task:
 def test_searchers_keep_every_constraint_on_20_tasks(searcher):
     for seed in range(20):
         task = constrained_task(seed)
-        plan = search_plan(task, make_searcher(searcher), CostModelSpec("analytic"), seed)
+        plan = search_plan(task, make_searcher(searcher), CostModelSpec("analytic").for_task(task), seed)
         assert violations(task.tables, plan.shards, task.table_names()) == [], (searcher, seed)
         task_json = Task.from_json(task.to_json())  # the constraints survive the task file
         assert task_json.tables == task.tables
@@ -73,7 +75,7 @@ def test_searchers_keep_every_constraint_on_20_tasks(searcher):
 def test_violations_and_conflicts_are_named():
     tables = [make_table(0, rows=1000, dim=32), make_table(1, rows=1000, dim=32)]
     task = make_task(
-        [dataclasses.replace(tables[0], pin=1, no_split=True), dataclasses.replace(tables[1], colocate="a")],
+        [tables[0].constrained(pin=1, no_split=True), tables[1].constrained(colocate="a")],
         num_devices=2,
     )
     bad = Plan(task, (Shard(0, 0, 16, 0), Shard(0, 16, 16, 0), Shard(1, 0, 32, 0)))
@@ -82,22 +84,18 @@ def test_violations_and_conflicts_are_named():
     with pytest.raises(PlanError, match="plan breaks 2 constraints: table 0: pinned to device 1"):
         bad.validate()
     heavy = make_table(2, rows=3_000_000, dim=64)  # 0.72 GiB each
-    pinned = make_task([dataclasses.replace(heavy, pin=0), dataclasses.replace(heavy, id=3, pin=0)], num_devices=2)
+    pinned = make_task([heavy.constrained(pin=0), dataclasses.replace(heavy, id=3).constrained(pin=0)], num_devices=2)
     with pytest.raises(InfeasibleError, match=r"tables pinned to device 0 \(2, 3\) need 1.43 GiB, its cap is 1 GiB"):
-        search_plan(pinned, make_searcher("beam"), CostModelSpec("analytic"), 0)
+        search_plan(pinned, make_searcher("beam"), CostModelSpec("analytic").for_task(pinned), 0)
     apart = make_task(
-        [dataclasses.replace(tables[0], pin=0, colocate="g"), dataclasses.replace(tables[1], pin=1, colocate="g")],
+        [tables[0].constrained(pin=0, colocate="g"), tables[1].constrained(pin=1, colocate="g")],
         num_devices=2,
     )
     with pytest.raises(InfeasibleError, match="colocate group 'g': its tables are pinned to devices \\[0, 1\\]"):
-        search_plan(apart, make_searcher("grid"), CostModelSpec("analytic"), 0)
+        search_plan(apart, make_searcher("grid"), CostModelSpec("analytic").for_task(apart), 0)
     with pytest.raises(UserError, match="searcher torchrec: does not take the constraint pin .* one of beam"):
-        search_plan(
-            make_task([dataclasses.replace(tables[0], pin=1)], num_devices=2),
-            make_searcher("torchrec"),
-            CostModelSpec("analytic"),
-            0,
-        )
+        pinned_one = make_task([tables[0].constrained(pin=1)], num_devices=2)
+        search_plan(pinned_one, make_searcher("torchrec"), CostModelSpec("analytic").for_task(pinned_one), 0)
     obj = make_task([tables[0]], num_devices=2).to_json()
     obj["tables"][0]["pin"] = 5
     with pytest.raises(UserError, match=r"task.tables\[0\].pin: got device 5, expected 0..1"):
@@ -117,9 +115,7 @@ def heterogeneous_task(speeds=(1.0, 1.0, 0.5)) -> Task:
 def test_heterogeneous_devices_every_searcher_keeps_each_cap_and_scales_by_speed(searcher):
     task = heterogeneous_task()
     analytic_model = make_cost_model("analytic", task)
-    plan = search_plan(
-        task, make_searcher(searcher), CostModelSpec("analytic"), 0
-    )  # validated: each device within its own cap
+    plan = search_plan(task, make_searcher(searcher), CostModelSpec("analytic").for_task(task), 0)  # validated
     assert (plan.mem_bytes() <= task.cap_bytes()).all()
     assert all(s.device != 0 for s in plan.shards if s.table < 2 and s.dim == 64)  # a large table whole: not on 0
     same = Task.uniform(
@@ -132,7 +128,7 @@ def test_heterogeneous_devices_every_searcher_keeps_each_cap_and_scales_by_speed
 def test_faster_devices_get_more_work_and_the_schema_checks_devices():
     task = Task([Device(1.0, 0.5), Device(1.0, 3.0)], 4096, heterogeneous_task().tables[2:])
     for searcher in ("grid", "size_lookup_greedy"):  # the slow device first: empty devices are not all alike
-        plan = search_plan(task, make_searcher(searcher), CostModelSpec("analytic"), 0)
+        plan = search_plan(task, make_searcher(searcher), CostModelSpec("analytic").for_task(task), 0)
         raw = plan.costs.compute_ms * task.speeds()
         assert raw[1] > 1.5 * raw[0], (searcher, raw)  # the 6x faster device carries more of the work
     obj = task.to_json()
@@ -150,14 +146,10 @@ def test_faster_devices_get_more_work_and_the_schema_checks_devices():
         with pytest.raises(UserError, match=message):
             Task.from_json({**obj, **change})
     with pytest.raises(UserError, match="searcher=torchrec: TorchRec's planner takes no per-device compute speed"):
-        search_plan(task, make_searcher("torchrec"), CostModelSpec("analytic"), 0)
+        search_plan(task, make_searcher("torchrec"), CostModelSpec("analytic").for_task(task), 0)
     small = Task([Device(0.001), Device(1.0)], 4096, task.tables)
     with pytest.raises(
         InfeasibleError, match=r"tables need .* GiB in total \(.*\), expected at most .* GiB \(2 devices of"
     ):
-        search_plan(
-            dataclasses.replace(small, tables=heterogeneous_task().tables),
-            make_searcher("beam"),
-            CostModelSpec("analytic"),
-            0,
-        )
+        tight = dataclasses.replace(small, tables=heterogeneous_task().tables)
+        search_plan(tight, make_searcher("beam"), CostModelSpec("analytic").for_task(tight), 0)

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from neuroshard_jax.core.types import Plan
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.costs.analytic import analytic_model
 from neuroshard_jax.costs.cost_model import (
     DeviceArrays,

@@ -8,8 +8,8 @@ import logging
 import pytest
 
 import neuroshard_jax as nsj
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.records import CalibrationProtocol, CalibrationRatios, CalibrationRecord
-from neuroshard_jax.core.types import Plan
 from neuroshard_jax.costs.coverage import (
     LabelCoverage,
     checkpoint_coverage,
@@ -20,7 +20,7 @@ from neuroshard_jax.costs.coverage import (
 )
 from neuroshard_jax.costs.registry import fitting_models
 from neuroshard_jax.measure.explain import ExplainConfig, explain_file
-from neuroshard_jax.search.planner import Planner
+from neuroshard_jax.search.planner import PlannerOptions
 from neuroshard_jax.workloads.tasks import TaskGroupConfig, make_task
 
 from .conftest import make_table, run_cli
@@ -41,7 +41,7 @@ def test_the_pool_task_stays_inside_every_shipped_models_labels():
     task = make_task(TaskGroupConfig(), 0)  # the main job's default task: 50 of the project's pool tables
     models = fitting_models(task.batch_size, task.precision)
     assert {MODEL, "xeon-union", "cpu-b4096"} <= set(models)
-    planned = Planner.named("size_lookup_greedy", MODEL).run(task)
+    planned = PlannerOptions("size_lookup_greedy", cost_model=MODEL).planner().run(task)
     assert out_of_depth_warning(task, planned.plan, MODEL, {}) is None  # its members agree on every device too
     for name in models:  # the same shards against each model's labels
         assert checkpoint_coverage(str(trained_checkpoint(name, {})[1].resolve())) is not None, name

@@ -11,8 +11,9 @@ import pytest
 
 from neuroshard_jax.core.assignment import comm_layout, row_groups
 from neuroshard_jax.core.errors import PlanError, UserError
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
-from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.analytic import analytic_model
 from neuroshard_jax.costs.registry import CostModelSpec, make_cost_model
 from neuroshard_jax.costs.scoring import device_row_ms, score_plan
@@ -69,7 +70,7 @@ def test_sharding_types_say_what_a_table_may_be(hot_task):
     raw = hot_task.to_json()
     raw["tables"][0]["sharding_types"] = ["column_wise", "table_wise"]
     task = Task.from_json(raw)
-    assert task.tables[0].sharding_types == ("table_wise", "column_wise") and task.to_json() == raw | {
+    assert task.tables[0].constraints.sharding_types == ("table_wise", "column_wise") and task.to_json() == raw | {
         "tables": [dict(raw["tables"][0], sharding_types=["table_wise", "column_wise"]), *raw["tables"][1:]]
     }
     shards = tuple(Shard(t, 0, task.tables[t].dim, t % 4) for t in range(1, 12))
@@ -105,28 +106,36 @@ def test_a_replica_costs_its_lookups_on_every_device_and_an_all_reduce(hot_task)
 
 def test_beam_and_grid_replicate_a_hot_small_table_the_baselines_keep_their_rules(hot_task):
     for searcher in ("grid", "beam"):
-        plan = search_plan(hot_task, make_searcher(searcher), CostModelSpec("xeon-union"), 0)
+        plan = search_plan(hot_task, make_searcher(searcher), CostModelSpec("xeon-union").for_task(hot_task), 0)
         assert plan.data_parallel == (0,), searcher
         assert (
-            search_plan(hot_task, make_searcher(searcher), CostModelSpec("xeon-union"), 0) == plan
+            search_plan(hot_task, make_searcher(searcher), CostModelSpec("xeon-union").for_task(hot_task), 0) == plan
         )  # the same seed, the same plan
         kept = dataclasses.replace(
             hot_task,
-            tables=(dataclasses.replace(hot_task.tables[0], sharding_types=("table_wise", "column_wise")),)
+            tables=(hot_task.tables[0].constrained(sharding_types=("table_wise", "column_wise")),)
             + hot_task.tables[1:],
         )
-        sharded = search_plan(kept, make_searcher(searcher), CostModelSpec("xeon-union"), 0)
+        sharded = search_plan(kept, make_searcher(searcher), CostModelSpec("xeon-union").for_task(kept), 0)
         assert sharded.data_parallel == () and sharded.costs.cost_ms > plan.costs.cost_ms  # the model's choice
     assert (
-        search_plan(hot_task, make_searcher("size_lookup_greedy"), CostModelSpec("xeon-union"), 0).data_parallel == ()
+        search_plan(
+            hot_task, make_searcher("size_lookup_greedy"), CostModelSpec("xeon-union").for_task(hot_task), 0
+        ).data_parallel
+        == ()
     )
     forced = dataclasses.replace(
         hot_task,
         tables=hot_task.tables[:5]
-        + (dataclasses.replace(hot_task.tables[5], sharding_types=("data_parallel",)),)
+        + (hot_task.tables[5].constrained(sharding_types=("data_parallel",)),)
         + hot_task.tables[6:],
     )
-    assert 5 in search_plan(forced, make_searcher("size_lookup_greedy"), CostModelSpec("xeon-union"), 0).data_parallel
+    assert (
+        5
+        in search_plan(
+            forced, make_searcher("size_lookup_greedy"), CostModelSpec("xeon-union").for_task(forced), 0
+        ).data_parallel
+    )
 
 
 def test_the_evaluator_measures_the_replicas_kernel_on_every_device_and_their_all_reduce():
@@ -194,9 +203,8 @@ def test_torchrec_plans_with_replicas_and_table_row_wise_blocks_become_ours():
 
 def test_torchrec_default_plans_with_every_sharding_type(hot_task):
     """TorchRec's planner with its default types (a subprocess): its plan converts to ours, valid, and loads back."""
-    plan = search_plan(
-        hot_task, make_searcher("torchrec_default", {"reservation": "percent"}), CostModelSpec("analytic"), 0
-    )
+    searcher = make_searcher("torchrec_default", {"reservation": "percent"})
+    plan = search_plan(hot_task, searcher, CostModelSpec("analytic").for_task(hot_task), 0)
     assert Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan.validate()
     rows = hot_task.table_rows()
     for t in range(hot_task.num_tables):  # each table: data-parallel, row blocks, or 2^k column slices

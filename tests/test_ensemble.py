@@ -17,10 +17,10 @@ from neuroshard_jax.core.features import FEATURE_INDEX, NUM_FEATURES, feature_ma
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware_kind
 from neuroshard_jax.core.manifests import manifest_kinds, write_manifest
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import format_plan
-from neuroshard_jax.core.types import Plan
 from neuroshard_jax.costs.checkpoints import load_checkpoint, load_ensemble
-from neuroshard_jax.costs.cost_model import DeviceArrays, PlanArrays, device_costs
+from neuroshard_jax.costs.cost_model import DeviceArrays, PlanArrays, device_costs, expected_cost_model
 from neuroshard_jax.costs.ensemble import (
     EnsembleConfig,
     ensemble_fns,
@@ -30,7 +30,7 @@ from neuroshard_jax.costs.ensemble import (
     roof_terms,
 )
 from neuroshard_jax.costs.neural import NetConfig
-from neuroshard_jax.costs.registry import CostModelSpec, expected_cost_model, make_cost_model, shipped_names
+from neuroshard_jax.costs.registry import CostModelSpec, make_cost_model, shipped_names
 from neuroshard_jax.costs.scoring import score_plan, with_costs
 from neuroshard_jax.kernels.processes import table_ref
 from neuroshard_jax.learn.datasets import compute_batches, ensemble_arrays, shard_feature_matrix
@@ -371,7 +371,9 @@ def test_risk_makes_the_search_cautious_but_reported_costs_are_expectations(tiny
     assert (
         score_plan(cautious, plan).compute_ms.max() >= score_plan(expected_cost_model(cautious), plan).compute_ms.max()
     )
-    found = search_plan(task, make_searcher("beam"), CostModelSpec("neural", {"checkpoint": str(ckpt), "risk": 2.0}), 0)
+    found = search_plan(
+        task, make_searcher("beam"), CostModelSpec("neural", {"checkpoint": str(ckpt), "risk": 2.0}).for_task(task), 0
+    )
     rescored = score_plan(expected_cost_model(cautious), found)
     np.testing.assert_allclose(found.costs.compute_ms, rescored.compute_ms, rtol=1e-5)
     assert found.costs.trust is not None and all(0 <= t <= 1 for t in found.costs.trust)
@@ -562,11 +564,11 @@ def test_a_shipped_name_is_taken_under_the_checkpoint_key_too():
 
 def test_the_planner_says_which_model_planned(monkeypatch):
     from neuroshard_jax.costs import registry
-    from neuroshard_jax.search.planner import Planner
+    from neuroshard_jax.search.planner import PlannerOptions
 
     monkeypatch.setattr(registry, "hardware", lambda: EPYC)
     task = make_task([make_table(i, rows=1000 + i) for i in range(4)], num_devices=2, batch_size=4096)
-    planned = Planner.named("size_greedy").run(task)
+    planned = PlannerOptions(searcher="size_greedy").planner().run(task)
     assert not planned.choice.matches and planned.plan.to_json()["cost_model"] == "neural"
     with pytest.warns(UserWarning, match="no model of its kind"):
         import neuroshard_jax as nsj

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard, column_shards
-from neuroshard_jax.core.types import Plan
 from neuroshard_jax.costs.analytic import analytic_model
 from neuroshard_jax.costs.scoring import score_plan, score_plans
 from neuroshard_jax.measure.diff import TableChange, plan_diff
@@ -99,9 +99,9 @@ def test_explain_command_takes_a_model_and_refuses_a_foreign_base(plan_and_model
 def test_constraints_that_bind_are_named(plan_and_model):
     plan, _ = plan_and_model
     tables = list(plan.task.tables)
-    tables[2] = dataclasses.replace(tables[2], pin=2)  # on device 2 in the plan
-    tables[4] = dataclasses.replace(tables[4], exclude=(1,))  # on device 0
-    tables[3] = dataclasses.replace(tables[3], max_shards=4)  # 4 slices already
+    tables[2] = tables[2].constrained(pin=2)  # on device 2 in the plan
+    tables[4] = tables[4].constrained(exclude=(1,))  # on device 0
+    tables[3] = tables[3].constrained(max_shards=4)  # 4 slices already
     constrained = dataclasses.replace(plan, task=dataclasses.replace(plan.task, tables=tuple(tables))).validate()
     assert constraint_binds(constrained, critical=2, fastest=1) == [
         "pin: tables 2 may only be on device 2",

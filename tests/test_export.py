@@ -7,8 +7,8 @@ import pytest
 
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard, row_shards
-from neuroshard_jax.core.types import Plan
 from neuroshard_jax.costs.analytic import analytic_model
 from neuroshard_jax.costs.scoring import with_costs
 from neuroshard_jax.torchrec.export import ExportConfig, expected_local_shards, export_torchrec

@@ -6,10 +6,13 @@ import dataclasses
 import numpy as np
 import pytest
 
+from neuroshard_jax.core.devices import Device, Links
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.types import Device, Links, Plan, Table, Task
-from neuroshard_jax.costs.cost_model import Scaled
-from neuroshard_jax.costs.registry import CostModelSpec, expected_cost_model, make_cost_model
+from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.core.table import Table
+from neuroshard_jax.core.task import Task
+from neuroshard_jax.costs.cost_model import Scaled, expected_cost_model
+from neuroshard_jax.costs.registry import CostModelSpec, make_cost_model
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.torchrec_format import to_torchrec
 from neuroshard_jax.measure.explain import explanation, format_explanation
@@ -72,7 +75,7 @@ def test_bad_hosts_and_links_are_named(change, message):
 def test_the_model_scales_transfers_but_not_the_wait_for_a_late_peer():
     flat = Task.uniform(4, 1.0, 512, tuple(_tables()))
     hosts = Task([Device(1.0, host=d // 2) for d in range(4)], 512, _tables(), links=Links(200, 25))
-    plan = search_plan(flat, make_searcher("size_greedy"), CostModelSpec("analytic"), 0)
+    plan = search_plan(flat, make_searcher("size_greedy"), CostModelSpec("analytic").for_task(flat), 0)
     spread = Plan(hosts, plan.shards)
     one, two = (make_cost_model("analytic", t) for t in (flat, hosts))
     assert isinstance(two.params, Scaled) and one is not two and expected_cost_model(two).params.comm_scale[0] > 5
@@ -94,7 +97,7 @@ def test_row_blocks_stay_in_the_least_full_host_and_export_as_table_row_wise():
     blocks = row_blocks_of(task, [0], within_host=True)
     assert [s.device for s in blocks] == [0, 1, 2, 3] and sum(s.num_rows for s in blocks) == 200_000
     assert [s.device for s in row_blocks_of(task, [0])] == list(range(8))
-    plan = search_plan(task, make_searcher("beam"), CostModelSpec("analytic"), 0).validate()
+    plan = search_plan(task, make_searcher("beam"), CostModelSpec("analytic").for_task(task), 0).validate()
     devices = sorted(s.device for s in plan.shards_of(0))
     assert devices in ([0, 1, 2, 3], [4, 5, 6, 7], list(range(8)))
     within = dataclasses.replace(plan, shards=tuple(s for s in plan.shards if s.table) + blocks)
@@ -110,11 +113,11 @@ def test_torchrec_planner_sees_the_hosts_and_explain_says_how_comm_is_scaled():
         4, 3 / 1024, 512, tuple(tables), links=Links(200, 25, devices_per_host=2)
     )  # 3 MiB: big fits no device
     options = {"sharding_types": ["table_wise", "table_row_wise"], "reservation": "percent"}
-    plan = search_plan(task, make_searcher("torchrec", options), CostModelSpec("analytic"), 0).validate()
+    plan = search_plan(task, make_searcher("torchrec", options), CostModelSpec("analytic").for_task(task), 0).validate()
     big = sorted(s.device for s in plan.shards_of(0))
     assert big in ([0, 1], [2, 3]), big  # TorchRec's table_row_wise: the blocks within one host of 2
     text = format_explanation(explanation(plan, make_cost_model("analytic", task)))
     assert "2 hosts (200 GB/s within, 25 GB/s between): comm predicted on one host and scaled x5.67..5.67" in text
     skewed = Task([Device(1.0, host=h) for h in (0, 0, 0, 1)], 512, _tables(), links=Links(200, 25))
     with pytest.raises(UserError, match=r"searcher=torchrec: TorchRec's topology has hosts of equal size"):
-        search_plan(skewed, make_searcher("torchrec"), CostModelSpec("analytic"), 0)
+        search_plan(skewed, make_searcher("torchrec"), CostModelSpec("analytic").for_task(skewed), 0)

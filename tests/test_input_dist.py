@@ -10,8 +10,10 @@ import pytest
 from neuroshard_jax.core.assignment import comm_layout, input_features
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_records, write_json
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard, row_shards
-from neuroshard_jax.core.types import Plan, Table, Task
+from neuroshard_jax.core.table import Table
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.analytic import analytic_model
 from neuroshard_jax.costs.cost_model import plan_cost_ms
 from neuroshard_jax.costs.input_dist import InputDist, design, fit, for_kinds, load, received

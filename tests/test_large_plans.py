@@ -8,9 +8,9 @@ import re
 import numpy as np
 import pytest
 
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import PRINTED_DEVICES, SLOWEST_PRINTED, format_plan, printed_devices
 from neuroshard_jax.core.sharding import Shard, column_shards
-from neuroshard_jax.core.types import Plan
 from neuroshard_jax.costs.analytic import analytic_model
 from neuroshard_jax.costs.coverage import far_devices_warning
 from neuroshard_jax.costs.scoring import score_plans, with_costs

@@ -22,7 +22,7 @@ from neuroshard_jax.core.errors import InfeasibleError, UserError  # noqa: E402
 from neuroshard_jax.core.memory import OPTIMIZERS, Training, kernel_optimizer, optimizer_named  # noqa: E402
 from neuroshard_jax.core.plan_file import format_plan  # noqa: E402
 from neuroshard_jax.core.sharding import Shard  # noqa: E402
-from neuroshard_jax.core.types import Task  # noqa: E402
+from neuroshard_jax.core.task import Task  # noqa: E402
 from neuroshard_jax.measure.plans import EvaluateConfig, device_request, device_tables  # noqa: E402
 from neuroshard_jax.torchrec.planner import NeuroShardPlanner, declared_optimizer  # noqa: E402
 from neuroshard_jax.workloads.tasks import check_feasible  # noqa: E402
@@ -200,7 +200,7 @@ def test_the_model_chosen_for_a_task_is_the_one_whose_labels_ran_its_optimizer(t
     import shutil
 
     from neuroshard_jax.core.hardware import hardware, hardware_kind
-    from neuroshard_jax.costs.registry import CostModelSpec, checkpoint_path, for_task_of_kind, model_choice
+    from neuroshard_jax.costs.registry import CostModelSpec, checkpoint_path, choose_cost_model, model_choice
 
     monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path))  # this test's user, no other test's
     here = hardware_kind(hardware())
@@ -211,9 +211,8 @@ def test_the_model_chosen_for_a_task_is_the_one_whose_labels_ran_its_optimizer(t
         meta.update(hardware_kinds=[here], trained=f"2026-01-0{i + 1}T00:00:00+00:00")
         (mine / "meta.json").write_text(json.dumps(meta))
     task = make_task([make_table(0), make_table(1)], batch_size=4096)
-    chosen = CostModelSpec("neural", chosen=True)
     picks = {
-        optimizer: for_task_of_kind(chosen, "cpu", dataclasses.replace(task, training=Training(optimizer))).name
+        optimizer: choose_cost_model("neural", {}, "cpu", dataclasses.replace(task, training=Training(optimizer))).name
         for optimizer in ("exact_sgd", "exact_row_wise_adagrad", "exact_adagrad")
     }
     assert picks == {

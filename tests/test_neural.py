@@ -11,7 +11,7 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.types import Plan
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.costs.checkpoints import load_checkpoint, save_checkpoint
 from neuroshard_jax.costs.cost_model import device_compute_ms, device_costs, plan_cost_ms
 from neuroshard_jax.costs.neural import NetConfig, init_nets, neural_fns
@@ -100,12 +100,10 @@ def test_the_main_config_takes_a_neural_checkpoint(tiny_checkpoint, tmp_path):
     with initialize_config_module(config_module="neuroshard_jax.conf", version_base="1.3"):
         config = main_config(compose(config_name="config", overrides=overrides))
     task = load_task(tmp_path / "task.json")
-    plan = search_plan(
-        task,
-        make_searcher("beam", config.options("searcher")),
-        CostModelSpec("neural", config.options("cost_model")),
-        0,
-    ).to_json()
+    options = config.planner
+    searcher = make_searcher(options.searcher, options.searcher_options)
+    plan = search_plan(task, searcher, CostModelSpec(options.cost_model, options.cost_model_options).for_task(task), 0)
+    plan = plan.to_json()
     assert plan["cost_model"] == "neural" and plan["task"] == task.to_json()
 
 

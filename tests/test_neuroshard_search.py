@@ -177,8 +177,9 @@ def test_packing_by_memory_puts_each_shard_where_most_memory_is_left():
     """Caps 13 and 17 (units of 1e6 rows x dim 16: the step's buffers, ~0.1 MB a table, stay within the caps' 0.1%
     slack), tables of 10, 7, 7, 4 units: the cost order (the hottest, small, first) finds no plan; packing by least
     memory used would strand a 7; by most memory left: 7 + 4 | 10 + 7."""
+    from neuroshard_jax.core.devices import Device
     from neuroshard_jax.core.sharding import mem_bytes
-    from neuroshard_jax.core.types import Device, Task
+    from neuroshard_jax.core.task import Task
 
     unit = mem_bytes(10**6, 16, "fp32")
     tables = [

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 
-from neuroshard_jax.search.job import main_config, planner_of
+from neuroshard_jax.search.job import main_config
 from neuroshard_jax.workloads.tasks import make_task
 
 PINS = Path(__file__).parent / "data" / "pinned_plans.json"
@@ -22,7 +22,7 @@ def plan_of(searcher: str, seed: int, overrides: list[str]) -> dict:
         cfg = compose(config_name="config", overrides=[f"searcher={searcher}", f"seed={seed}", *overrides, *named])
     config = main_config(cfg)
     task = make_task(config.task, config.task.seed)
-    result = planner_of(config).plan(task).to_json()  # the main job's planner
+    result = config.planner.planner().plan(task).to_json()  # the main job's planner
     return {
         "searcher": searcher,
         "seed": seed,

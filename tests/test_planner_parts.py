@@ -10,11 +10,14 @@ from typing import ClassVar
 import pytest
 
 import neuroshard_jax as nsj
+from neuroshard_jax.core.devices import Device
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.types import Device, Plan, PoolSpec, Task
+from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.core.table import PoolSpec
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.registry import CostModelSpec
 from neuroshard_jax.search.pipeline import search_plan
-from neuroshard_jax.search.planner import Planner
+from neuroshard_jax.search.planner import Planner, PlannerOptions
 from searchers import Searcher, make_searcher
 from searchers.baselines import greedy_plan
 from searchers.neuroshard import BeamSearch
@@ -40,14 +43,14 @@ class Pinning(Searcher):
 
 
 def test_a_searcher_of_ones_own_plans_through_the_pipeline_with_its_declared_capabilities():
-    tables = [dataclasses.replace(make_table(i, rows=1000 + 100 * i), pin=i % 2) for i in range(4)]
+    tables = [make_table(i, rows=1000 + 100 * i).constrained(pin=i % 2) for i in range(4)]
     task = make_task(tables)
     plan = Planner(Pinning(), CostModelSpec("analytic")).plan(task)
     assert plan.searcher == "pinning" and all(s.device == s.table % 2 for s in plan.shards)
     # a constraint it does not declare is refused, naming the searchers that take it
-    colocated = make_task([dataclasses.replace(t, pin=None, colocate="g") for t in tables])
+    colocated = make_task([t.constrained(pin=None, colocate="g") for t in tables])
     with pytest.raises(UserError, match=r"^searcher pinning: does not take the constraint colocate .* expected one of"):
-        search_plan(colocated, Pinning(), CostModelSpec("analytic"), 0)
+        search_plan(colocated, Pinning(), CostModelSpec("analytic").for_task(colocated), 0)
 
 
 def test_only_searchers_register_and_a_budget_is_shared_through_the_interface():
@@ -69,7 +72,7 @@ def test_the_planner_takes_parts_and_names_turn_into_parts_once():
     with pytest.raises(UserError, match=r"^cost_model: got 'nope', expected one of"):
         CostModelSpec("nope")
     with pytest.raises(UserError, match=r"^searcher.width: unknown key"):
-        Planner.named("beam", searcher_options={"width": 3})
+        PlannerOptions("beam", searcher_options={"width": 3}).planner()
     planner = Planner(make_searcher("size_lookup_greedy"), CostModelSpec("analytic"), seed=3)
     by_parts = nsj.plan(TABLES, num_devices=2, mem_cap_gb=1.0, planner=planner)
     by_names = nsj.plan(
@@ -80,6 +83,54 @@ def test_the_planner_takes_parts_and_names_turn_into_parts_once():
         nsj.plan(TABLES, num_devices=2, planner=planner, searcher="grid")
     with pytest.raises(UserError, match=r"^planner: given with k=\.\.\."):
         nsj.plan(TABLES, num_devices=2, planner=planner, k=5)
+    for keyword in ({"seed": 7}, {"searcher": "beam"}, {"row_split": "fit"}):  # explicit, even if default
+        with pytest.raises(UserError, match=rf"^planner: given with {next(iter(keyword))}=\.\.\.; expected"):
+            nsj.plan(TABLES, num_devices=2, planner=planner, **keyword)
+    with pytest.raises(UserError, match=r"^planner: got 'beam', expected a Planner"):
+        nsj.plan(TABLES, num_devices=2, planner="beam")
+    with pytest.raises(UserError, match=r"^planner.run: got dict, expected a Task"):
+        planner.run({"tables": TABLES})
+    with pytest.raises(UserError, match=r"^serach: unknown option, did you mean 'searcher'\?"):
+        nsj.plan(TABLES, num_devices=2, serach="grid")
+
+
+def test_a_planner_option_is_one_field_and_every_entry_point_takes_it(monkeypatch):
+    """An option added to ``PlannerOptions`` (a subclass with one more field, put in its place) is at once a keyword
+    of ``nsj.plan`` and of the TorchRec adapter and a key of the main job's command line, type-checked alike."""
+    from hydra import compose, initialize_config_module
+
+    from neuroshard_jax import conf
+    from neuroshard_jax.search import planner as planner_module
+    from neuroshard_jax.search.job import main_config
+    from neuroshard_jax.torchrec.planner import NeuroShardPlanner
+
+    seen = []
+
+    @dataclasses.dataclass(frozen=True)
+    class WithProbe(PlannerOptions):
+        probe: int = 0
+
+        def planner(self):
+            seen.append(self.probe)
+            return super().planner()
+
+    monkeypatch.setattr(planner_module, "PlannerOptions", WithProbe)
+    monkeypatch.setattr(conf, "PlannerOptions", WithProbe)
+    try:
+        conf.register()
+        with initialize_config_module(config_module="neuroshard_jax.conf", version_base="1.3"):
+            config = main_config(compose(config_name="config", overrides=["probe=3", "cost_model=analytic"]))
+        assert config.planner.probe == 3 and seen == [3]
+        nsj.plan(TABLES, num_devices=2, mem_cap_gb=1.0, searcher="size_greedy", cost_model="analytic", probe=4)
+        NeuroShardPlanner(world_size=2, mem_cap_gb=1.0, cost_model="analytic", probe=5)
+        assert seen == [3, 4, 5]
+        with pytest.raises(UserError, match=r"^probe: got 'x', expected an integer"):
+            nsj.plan(TABLES, num_devices=2, probe="x")
+        with pytest.raises(UserError, match=r"^planner: given with probe=\.\.\."):
+            NeuroShardPlanner(world_size=2, planner=Planner(make_searcher("grid")), probe=1)
+    finally:
+        monkeypatch.undo()
+        conf.register()
 
 
 def test_a_task_has_one_representation_and_writes_as_before():
@@ -98,9 +149,8 @@ def test_a_task_has_one_representation_and_writes_as_before():
 
 
 def test_plan_and_pool_files_refuse_unknown_keys_and_wrong_types_like_configs():
-    plan = search_plan(
-        make_task([make_table(0), make_table(1)]), make_searcher("dim_greedy"), CostModelSpec("analytic"), 0
-    )
+    task = make_task([make_table(0), make_table(1)])
+    plan = search_plan(task, make_searcher("dim_greedy"), CostModelSpec("analytic").for_task(task), 0)
     obj = json.loads(json.dumps(plan.to_json()))
     assert Plan.from_json(obj) == plan
     cases = [
@@ -126,7 +176,9 @@ def test_a_planner_chosen_for_this_machine_takes_the_model_of_its_kind_trained_a
     from neuroshard_jax.costs import registry
 
     monkeypatch.setattr(registry, "hardware", lambda: {"cpu": "Intel(R) Xeon(R) Processor", "gpu": "NVIDIA H200"})
-    planner = Planner.named("size_greedy", device="cuda")  # an H200 has two models: fixed labels 2k-8k, queued 16k-64k
+    planner = PlannerOptions(
+        "size_greedy", device="cuda"
+    ).planner()  # an H200 has two models: fixed labels 2k-8k, queued 16k-64k
     for batch, name in ((4096, "h200-union"), (32768, "h200-queued")):
         planned = planner.run(make_task([make_table(i) for i in range(3)], batch_size=batch))
         assert planned.choice.name == name and planned.choice.matches and planned.plan.costs.cost_ms > 0

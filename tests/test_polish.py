@@ -9,14 +9,15 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.core.assignment import assignment, plan_of
+from neuroshard_jax.core.devices import Links
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard, row_shards
-from neuroshard_jax.core.types import Links, Plan
 from neuroshard_jax.costs.registry import CostModelSpec
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.measure.plans import device_key, device_tables
 from neuroshard_jax.measure.polish import PolishConfig, polish_plan, proposals, step_anchors
-from neuroshard_jax.search.planner import Planner
+from neuroshard_jax.search.planner import PlannerOptions
 from searchers import make_searcher
 from tests.conftest import make_table, make_task
 
@@ -100,13 +101,13 @@ def test_a_balanced_plan_is_never_made_worse():
     config = PolishConfig(
         name="measured", max_measurements=24, repeats=2, warmup=1, iters=3, anchors=1, executor=ExecutorConfig()
     )
-    planned = Planner.named("size_lookup_greedy", "analytic", polish=config).run(task)
+    planned = PlannerOptions("size_lookup_greedy", cost_model="analytic", polish=config).planner().run(task)
     record = planned.plan.polish
     assert planned.plan.searcher == "size_lookup_greedy" and planned.plan.calibration is None
     assert planned.cost_model.name == "analytic" and planned.plan.costs is not None
     if record.changes_kept == 0 or record.reverted:  # nothing kept: the searcher's own plan comes back
         assert assignment(planned.plan) == assignment(
-            search_plan(task, make_searcher("size_lookup_greedy"), CostModelSpec("analytic"), 0)
+            search_plan(task, make_searcher("size_lookup_greedy"), CostModelSpec("analytic").for_task(task), 0)
         )
     assert record.measured_compute_ms <= record.unpolished_measured_compute_ms
     if record.reverted:

@@ -11,10 +11,12 @@ import time
 import numpy as np
 import pytest
 
+from neuroshard_jax.core.devices import Device
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_records, write_json
 from neuroshard_jax.core.memory import OPTIMIZERS, shard_memory
-from neuroshard_jax.core.types import Device, Table, Task
+from neuroshard_jax.core.table import Table
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.registry import CostModelSpec
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, WorkerFailure, run_comm
 from neuroshard_jax.learn.collect import CollectConfig, collect
@@ -249,7 +251,7 @@ def test_evaluator_measures_a_two_device_plan(tmp_path):
     task = generate_task(
         pool, TaskConfig(num_tables=4, num_devices=2, mem_cap_gb=0.05, dims=(4, 8, 16), pool=POOL, batch_size=256), 0
     )
-    plan = search_plan(task, make_searcher("size_greedy"), CostModelSpec("analytic"), 0).to_json()
+    plan = search_plan(task, make_searcher("size_greedy"), CostModelSpec("analytic").for_task(task), 0).to_json()
     write_json(plan, tmp_path / "plan.json")
     result = evaluate_file(tmp_path / "plan.json", EvaluateConfig(warmup=1, iters=3, comm_warmup=1, comm_iters=3))
     assert len(result["devices"]) == 2
@@ -267,7 +269,7 @@ def test_evaluator_measures_a_task_without_a_pool_from_its_table_specs():
     pool = load_pool(POOL, 256)
     specs = [(int(pool.rows[t]), float(pool.pooling_factor[t]), tuple(pool.bins[t])) for t in (3, 5, 7)]
     task = Task.uniform(2, 0.05, 256, tuple(Table(i, r, 8, p, b, name=f"t{i}") for i, (r, p, b) in enumerate(specs)))
-    plan = search_plan(task, make_searcher("size_greedy"), CostModelSpec("analytic"), 0)
+    plan = search_plan(task, make_searcher("size_greedy"), CostModelSpec("analytic").for_task(task), 0)
     fast = dataclasses.replace(plan, task=Task([Device(0.05, 1.0), Device(0.05, 4.0)], 256, task.tables))
     result, scaled = measure_plans([plan, fast], EvaluateConfig(warmup=1, iters=3, comm_warmup=1, comm_iters=3))
     for d in result["devices"]:
@@ -286,7 +288,12 @@ def test_evaluator_measures_many_plans_in_one_batch():
     for seed, n in ((0, 2), (1, 3), (2, 2)):
         config = TaskConfig(num_tables=5, num_devices=n, mem_cap_gb=0.05, dims=(4, 8), pool=POOL, batch_size=256)
         plans.append(
-            search_plan(generate_task(pool, config, seed), make_searcher("size_greedy"), CostModelSpec("analytic"), 0)
+            search_plan(
+                generate_task(pool, config, seed),
+                make_searcher("size_greedy"),
+                CostModelSpec("analytic").for_task(generate_task(pool, config, seed)),
+                0,
+            )
         )
     results = measure_plans(plans, EvaluateConfig(warmup=1, iters=3, comm_warmup=1, comm_iters=3))
     assert [len(r["devices"]) for r in results] == [2, 3, 2]

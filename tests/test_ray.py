@@ -16,7 +16,7 @@ import pytest
 
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JsonlLog
-from neuroshard_jax.core.types import Plan
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.costs.registry import CostModelSpec
 from neuroshard_jax.kernels.executors import ExecutorConfig, RayExecutor
 from neuroshard_jax.learn.collect import collect
@@ -89,10 +89,9 @@ def test_ray_collection_draws_the_local_samples_and_survives_a_killed_actor(clus
 def test_ray_measures_a_plan_with_its_all_to_all(cluster):
     pool = load_pool(POOL, 256)
     config = TaskConfig(num_tables=4, num_devices=2, mem_cap_gb=0.05, dims=(4, 8, 16), pool=POOL, batch_size=256)
+    task = generate_task(pool, config, 0)
     plan = Plan.from_json(
-        search_plan(
-            generate_task(pool, config, 0), make_searcher("size_greedy"), CostModelSpec("analytic"), 0
-        ).to_json()
+        search_plan(task, make_searcher("size_greedy"), CostModelSpec("analytic").for_task(task), 0).to_json()
     )
     evaluate = EvaluateConfig(executor=RAY, warmup=1, iters=3, comm_warmup=1, comm_iters=3)
     [result] = measure_plans([plan], evaluate)

@@ -6,11 +6,14 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.core.assignment import comm_layout
+from neuroshard_jax.core.devices import Device, Links
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_json, read_records, write_json
 from neuroshard_jax.core.paths import package_path
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard, row_shards
-from neuroshard_jax.core.types import Device, Links, Plan, Table, Task
+from neuroshard_jax.core.table import Table
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import Scaled, with_scales
 from neuroshard_jax.costs.registry import CostModelSpec, make_cost_model
 from neuroshard_jax.costs.row_comm import (
@@ -141,7 +144,7 @@ def _task():
 
 
 def test_a_model_prices_row_groups_apart_from_the_all_to_all():
-    plan = search_plan(_task(), make_searcher("size_lookup_greedy"), CostModelSpec("analytic"), 0)
+    plan = search_plan(_task(), make_searcher("size_lookup_greedy"), CostModelSpec("analytic").for_task(_task()), 0)
     layout = comm_layout(plan)
     assert layout["row_groups"] == [[4, [0, 1, 2, 3]]]
     model = make_cost_model("analytic", plan.task)

@@ -7,10 +7,13 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.core.assignment import comm_layout
+from neuroshard_jax.core.devices import Device
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import FEATURE_INDEX
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard, row_blocks, row_shards, shard_features, tiling_error
-from neuroshard_jax.core.types import Device, Plan, RowBlockStats, Table, Task
+from neuroshard_jax.core.table import RowBlockStats, Table
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.registry import CostModelSpec, make_cost_model
 from neuroshard_jax.costs.scoring import plan_arrays, score_plan
 from neuroshard_jax.kernels.processes import ComputeWorker
@@ -95,15 +98,15 @@ def _big_task(num_devices=4):
 def test_searchers_cut_a_table_larger_than_every_device_into_rows(searcher):
     task = _big_task()
     assert oversized(task) == ([0], [1])
-    plan = search_plan(task, make_searcher(searcher), CostModelSpec("analytic"), 0).validate()
+    plan = search_plan(task, make_searcher(searcher), CostModelSpec("analytic").for_task(task), 0).validate()
     huge = plan.shards_of(0)
     assert [(s.device, s.row_offset, s.num_rows) for s in huge] == [(d, 50_000 * d, 50_000) for d in range(4)]
     assert np.all(plan.mem_bytes() <= task.cap_bytes())
     # table 1 is tried both ways and the plan the search's model scores cheaper is kept
     rest = dataclasses.replace(task, tables=task.tables[1:])
-    auto = search_plan(rest, make_searcher(searcher), CostModelSpec("analytic"), 0)
+    auto = search_plan(rest, make_searcher(searcher), CostModelSpec("analytic").for_task(rest), 0)
     try:
-        off = search_plan(rest, make_searcher(searcher), CostModelSpec("analytic"), 0, row_split="off")
+        off = search_plan(rest, make_searcher(searcher), CostModelSpec("analytic").for_task(rest), 0, row_split="off")
     except InfeasibleError:  # a searcher of whole tables (grid, the greedy baselines): table 1 fits only as rows
         assert len(auto.shards_of(0)) == 4 and not auto.shards_of(0)[0].whole_rows(10_000)
     else:
@@ -120,34 +123,32 @@ def test_choices_add_large_then_hot_tables_to_those_only_rows_fit():
     assert row_split_choices(task, "hot", hot=[5]) == [(0,), (0, 1), (0, 1, 5)]
     assert row_split_choices(task, "fit", hot=[5]) == [(0,), (0, 1)]
     assert row_split_choices(task, "hot", hot=[]) == [(0,), (0, 1)]
-    capped = dataclasses.replace(task, tables=(*task.tables[:5], dataclasses.replace(task.tables[5], max_shards=2)))
+    capped = dataclasses.replace(task, tables=(*task.tables[:5], task.tables[5].constrained(max_shards=2)))
     assert row_split_choices(capped, "hot", hot=[5]) == [(0,), (0, 1)]  # a constrained table is not cut by choice
 
 
 def test_row_split_off_or_a_constraint_refuses_what_only_rows_fit():
     task = _big_task()
     with pytest.raises(InfeasibleError, match="table 0 .* narrowest column slices; expected row_split=fit"):
-        search_plan(task, make_searcher("beam"), CostModelSpec("analytic"), 0, row_split="off")
+        search_plan(task, make_searcher("beam"), CostModelSpec("analytic").for_task(task), 0, row_split="off")
     for constraint, message in (({"pin": 1}, r"pinned to device 1 \(huge\)"), ({"exclude": (0,)}, "rule out the row")):
         constrained = dataclasses.replace(task.tables[0], **constraint)
         with pytest.raises(InfeasibleError, match=message):
-            search_plan(
-                dataclasses.replace(task, tables=(constrained, *task.tables[1:])),
-                make_searcher("size_greedy"),
-                CostModelSpec("analytic"),
-                0,
-            )
+            bound = dataclasses.replace(task, tables=(constrained, *task.tables[1:]))
+            search_plan(bound, make_searcher("size_greedy"), CostModelSpec("analytic").for_task(bound), 0)
     with pytest.raises(UserError, match="row_split: got 'rows', expected one of fit, hot, off"):
-        search_plan(task, make_searcher("beam"), CostModelSpec("analytic"), 0, row_split="rows")
+        search_plan(task, make_searcher("beam"), CostModelSpec("analytic").for_task(task), 0, row_split="rows")
     tiny = dataclasses.replace(task, devices=[Device(1 / 1024)] * 2)  # 1.6 MB blocks on 1 MiB devices
     with pytest.raises(InfeasibleError, match="table 0 needs .* no split fits .column slices, or row blocks"):
-        search_plan(tiny, make_searcher("beam"), CostModelSpec("analytic"), 0)
+        search_plan(tiny, make_searcher("beam"), CostModelSpec("analytic").for_task(tiny), 0)
 
 
 def test_a_row_split_plan_is_measured_block_by_block():
     """A task without a pool: each device measures its row block of the spec's stream, restricted to its rows; the
     comm benchmark reduce-scatters the row-split table's partial sums over the devices holding its blocks."""
-    plan = search_plan(_big_task(), make_searcher("size_lookup_greedy"), CostModelSpec("analytic"), 0)
+    plan = search_plan(
+        _big_task(), make_searcher("size_lookup_greedy"), CostModelSpec("analytic").for_task(_big_task()), 0
+    )
     layout = comm_layout(plan)
     # the huge table (dim 4) has a block on every device; row-split tables over one set of devices are fused
     assert [d for _, d in layout["row_groups"]] == [[0, 1, 2, 3]] and layout["row_groups"][0][0] >= 4
@@ -175,7 +176,9 @@ def test_the_comm_benchmark_reduce_scatters_row_groups_on_gloo():
 
 def test_a_forced_row_split_cuts_exactly_those_tables_and_is_scored():
     task = _big_task()
-    plan = search_with_rows(task, make_searcher("size_lookup_greedy"), CostModelSpec("analytic"), 0, (0, 1))
+    plan = search_with_rows(
+        task, make_searcher("size_lookup_greedy"), CostModelSpec("analytic").for_task(task), 0, (0, 1)
+    )
     cut = {s.table for s in plan.shards if not s.whole_rows(task.tables[s.table].rows)}
     assert cut == {0, 1} and plan.costs is not None and plan.validate() is plan
 
@@ -226,9 +229,14 @@ def test_the_searcher_plans_around_a_hot_row_block_it_knows_of(speeds):
     task = Task(devices, 4096, (big, *small))
     blind = Task(devices, 4096, (dataclasses.replace(big, row_blocks=()), *small))
     model = make_cost_model("analytic", task)
-    knowing = search_with_rows(task, make_searcher("size_lookup_greedy"), CostModelSpec("analytic"), 0, (0,))
+    knowing = search_with_rows(
+        task, make_searcher("size_lookup_greedy"), CostModelSpec("analytic").for_task(task), 0, (0,)
+    )
     unknowing = Plan(
-        task, search_with_rows(blind, make_searcher("size_lookup_greedy"), CostModelSpec("analytic"), 0, (0,)).shards
+        task,
+        search_with_rows(
+            blind, make_searcher("size_lookup_greedy"), CostModelSpec("analytic").for_task(blind), 0, (0,)
+        ).shards,
     ).validate()
     ours, theirs = score_plan(model, knowing).compute_ms, score_plan(model, unknowing).compute_ms
     assert ours.max() < 0.98 * theirs.max()

@@ -6,9 +6,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from neuroshard_jax.core.constants import BYTES_PER_ELEMENT
+from neuroshard_jax.core.devices import Device
 from neuroshard_jax.core.errors import InfeasibleError, PlanError
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
-from neuroshard_jax.core.types import Device, Plan, Task
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.analytic import analytic_model
 from searchers import make_searcher, searcher_names
 from searchers.registry import register

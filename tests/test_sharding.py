@@ -6,6 +6,7 @@ import pytest
 from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT
 from neuroshard_jax.core.errors import PlanError
 from neuroshard_jax.core.features import FEATURE_INDEX
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import (
     Shard,
     column_shards,
@@ -18,7 +19,6 @@ from neuroshard_jax.core.sharding import (
     split_counts,
     tiling_error,
 )
-from neuroshard_jax.core.types import Plan
 
 from .conftest import make_table, make_task
 

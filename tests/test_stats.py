@@ -7,7 +7,7 @@ import pytest
 
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.plan_file import format_plan
-from neuroshard_jax.core.types import Task
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.workloads.statistics import (
     StatsAccumulator,
     estimated_stats,

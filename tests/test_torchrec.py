@@ -1,15 +1,15 @@
 """searcher=torchrec: TorchRec's real planner in the worker subprocess, converted to our plans."""
 
-import dataclasses
 import subprocess
 import sys
 
 import pytest
 
 from neuroshard_jax.core.constraints import violations
+from neuroshard_jax.core.devices import Device
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.sharding import Shard
-from neuroshard_jax.core.types import Device, Task
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.analytic import analytic_model
 from searchers import make_searcher
 from searchers.torchrec import plan_from_torchrec
@@ -24,8 +24,8 @@ def test_torchrec_planner_gives_a_valid_plan_of_ours():
     plan.validate()
     assert {s.device for s in plan.shards} <= {0, 1}
     # constraints TorchRec can express: no_split (its table_wise sharding type), max_shards (its min_partition)
-    kept = [dataclasses.replace(t, no_split=True) for t in tables[:-1]] + [
-        dataclasses.replace(tables[-1], max_shards=2)
+    kept = [t.constrained(no_split=True) for t in tables[:-1]] + [
+        tables[-1].constrained(max_shards=2)
     ]
     # and devices of unequal memory (TorchRec's per-device hbm caps): the small device 1 takes only what fits
     constrained = Task([Device(0.5), Device(0.01)], task.batch_size, kept)

@@ -29,7 +29,8 @@ from neuroshard_jax.core.cli import fail
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware
-from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.registry import CostModelSpec
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.measure.plans import EvaluateConfig, measure_plans
@@ -79,8 +80,12 @@ def run(args) -> dict:
     for seed in range(args.tasks):
         task = make_task(seed, args.devices)
         split = tuple(range(len(BIG)))
-        knowing = search_with_rows(task, make_searcher(args.searcher), CostModelSpec(args.model), 0, split)
-        unknowing = search_with_rows(blind(task), make_searcher(args.searcher), CostModelSpec(args.model), 0, split)
+        knowing = search_with_rows(
+            task, make_searcher(args.searcher), CostModelSpec(args.model).for_task(task), 0, split
+        )
+        unknowing = search_with_rows(
+            blind(task), make_searcher(args.searcher), CostModelSpec(args.model).for_task(blind(task)), 0, split
+        )
         plans = {"knowing": knowing, "blind": Plan(task, unknowing.shards)}  # both measured as they run
         predicted = {"knowing": knowing.costs.compute_ms, "blind": unknowing.costs.compute_ms}
         runs = {name: [] for name in plans}

@@ -24,7 +24,7 @@ import numpy as np
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware
-from neuroshard_jax.core.types import Plan
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.costs.registry import make_cost_model
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.measure.plans import EvaluateConfig, measure_comm

@@ -57,7 +57,7 @@ def main() -> None:
         for state in ("cold", "warm"):  # the first run compiles
             calls.clear()
             started = time.perf_counter()
-            search_plan(task, make_searcher(searcher), CostModelSpec("neural"), 0)
+            search_plan(task, make_searcher(searcher), CostModelSpec("neural").for_task(task), 0)
             grid = [c for c in calls if c["fn"] == "grid_search"]
             rows.append(
                 {

@@ -40,9 +40,10 @@ import numpy as np
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JsonlLog, read_jsonl, read_records, write_json
 from neuroshard_jax.core.hardware import hardware
-from neuroshard_jax.core.types import Plan, Shard, Task
-from neuroshard_jax.costs.cost_model import DeviceCosts
-from neuroshard_jax.costs.registry import expected_cost_model
+from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.core.sharding import Shard
+from neuroshard_jax.core.task import Task
+from neuroshard_jax.costs.cost_model import DeviceCosts, expected_cost_model
 from neuroshard_jax.costs.scoring import score_plans_devices
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
 from neuroshard_jax.learn.metrics import noise_floor, ranking_tau

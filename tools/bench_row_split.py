@@ -74,14 +74,20 @@ def run(args) -> None:
             if not hot_tables(whole_table_ms(model, task), n):
                 continue
             hot_count += 1
-            chosen = search_plan(task, make_searcher(args.searcher), CostModelSpec(args.model), 0, row_split="hot")
+            chosen = search_plan(
+                task, make_searcher(args.searcher), CostModelSpec(args.model).for_task(task), 0, row_split="hot"
+            )
             hot = tuple(hot_tables(whole_table_ms(model, task), n))
             try:
-                cut = search_with_rows(task, make_searcher(args.searcher), CostModelSpec(args.model), 0, hot)
+                cut = search_with_rows(
+                    task, make_searcher(args.searcher), CostModelSpec(args.model).for_task(task), 0, hot
+                )
             except InfeasibleError:  # the blocks leave no room for the rest
                 continue
             if set(chosen.shards) == set(cut.shards):  # the model chose the cut itself: compare with the plain plan
-                chosen = search_plan(task, make_searcher(args.searcher), CostModelSpec(args.model), 0, row_split="fit")
+                chosen = search_plan(
+                    task, make_searcher(args.searcher), CostModelSpec(args.model).for_task(task), 0, row_split="fit"
+                )
             pairs.append({"devices": n, "seed": seed, "hot": list(hot), "plans": {"fit": chosen, "hot": cut}})
             found += 1
             print(

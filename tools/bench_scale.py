@@ -42,7 +42,7 @@ from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import bin_shares, count_histogram
 from neuroshard_jax.core.files import read_json, write_json
 from neuroshard_jax.core.hardware import hardware
-from neuroshard_jax.core.types import Task
+from neuroshard_jax.core.task import Task
 
 OUT = Path(__file__).resolve().parents[1] / "outputs" / "bench" / "scale"
 BATCH_SIZE = 4096
@@ -118,7 +118,7 @@ def plan_one(args) -> dict:
     if budget:
         options = {"budget_s": float(budget)}
     try:
-        plan = search_plan(task, make_searcher(name, options), CostModelSpec(args.cost_model), 0)
+        plan = search_plan(task, make_searcher(name, options), CostModelSpec(args.cost_model).for_task(task), 0)
     except (UserError, InfeasibleError) as err:
         return {"searcher": args.searcher, "error": str(err), "wall_s": round(time.perf_counter() - start, 1)}
     wall_s = time.perf_counter() - start
@@ -187,7 +187,7 @@ def dmp(args) -> dict:
         {"num_devices": args.devices, "mem_cap_gb": args.cap_gib, "batch_size": BATCH_SIZE, "tables": tables},
         where="dmp task",
     )
-    plan = search_plan(task, make_searcher("beam"), CostModelSpec(args.cost_model), 0)
+    plan = search_plan(task, make_searcher("beam"), CostModelSpec(args.cost_model).for_task(task), 0)
     rows = task.table_rows()
     path = write_json(plan.to_json(), OUT / "dmp-plan.json")
     cmd = [sys.executable, "-m", "neuroshard_jax.export", f"plan={path}", "device=cpu", "check=true"]

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from neuroshard_jax.core.files import write_json  # noqa: E402
-from neuroshard_jax.costs.cost_model import plan_cost_ms  # noqa: E402
-from neuroshard_jax.costs.registry import expected_cost_model, make_cost_model  # noqa: E402
+from neuroshard_jax.costs.cost_model import expected_cost_model, plan_cost_ms  # noqa: E402
+from neuroshard_jax.costs.registry import make_cost_model  # noqa: E402
 from neuroshard_jax.costs.scoring import score_plan  # noqa: E402
 from neuroshard_jax.measure.explain import explanation  # noqa: E402
 from neuroshard_jax.workloads.tasks import TaskConfig, make_task  # noqa: E402

@@ -34,8 +34,9 @@ from neuroshard_jax.core.cli import fail
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import read_json, write_json
 from neuroshard_jax.core.hardware import hardware
-from neuroshard_jax.core.types import Plan, Task
-from neuroshard_jax.search.planner import Planner
+from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.core.task import Task
+from neuroshard_jax.search.planner import PlannerOptions
 from neuroshard_jax.torchrec.steps import dmp_steps
 from neuroshard_jax.workloads.gpu_tasks import GpuTaskConfig, gpu_task
 
@@ -97,12 +98,12 @@ def plan_tasks(tasks: list[tuple[str, Task]], cost_model: str) -> list[dict]:
     for name, task in tasks:
         for searcher in SEARCHERS:
             started = time.monotonic()
-            planner = Planner.named(
+            planner = PlannerOptions(
                 searcher=searcher,
                 cost_model=cost_model if searcher == "beam" else "analytic",  # TorchRec's: its own estimator
-                searcher_options=SEARCHER_OPTIONS.get(searcher),
+                searcher_options=SEARCHER_OPTIONS.get(searcher) or {},
                 device="cpu",
-            )
+            ).planner()
             try:
                 plan = planner.run(task).plan
                 rows.append({"task": name, "searcher": searcher, "plan": plan.to_json()})

@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from neuroshard_jax.core.constants import GIB_BYTES
+from neuroshard_jax.core.devices import Device
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.memory import Training
-from neuroshard_jax.core.types import Device
 from neuroshard_jax.costs.registry import CostModelSpec
 from neuroshard_jax.search.planner import Planner
 from neuroshard_jax.torchrec.steps import dmp_memory

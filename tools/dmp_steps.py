@@ -21,8 +21,8 @@ from pathlib import Path
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import load_plan
-from neuroshard_jax.core.types import Plan
 from neuroshard_jax.torchrec.steps import dmp_steps
 
 

@@ -62,14 +62,15 @@ from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import bin_shares, count_histogram
 from neuroshard_jax.core.files import JsonlLog, write_json
 from neuroshard_jax.core.hardware import hardware, hardware_kind
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import merge_colocated
-from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.core.task import Task
+from neuroshard_jax.costs.cost_model import expected_cost_model
 from neuroshard_jax.costs.registry import (
     CostModelSpec,
     NeuralConfig,
     checkpoint_path,
     cost_model_config,
-    expected_cost_model,
     make_cost_model,
     neural_checkpoint,
 )
@@ -310,7 +311,9 @@ def plan_all(suite: Suite, out: Path, model: str, model_options: dict, searchers
                 continue
             row = {"id": key, "task": task_id, "family": family, "searcher": searcher, "model": label}
             try:
-                plan = search_plan(task, make_searcher(base, options), CostModelSpec(model, model_options), 0)
+                plan = search_plan(
+                    task, make_searcher(base, options), CostModelSpec(model, model_options).for_task(task), 0
+                )
                 if polish:  # measured polishing on the real kernels, ranked with the model under test
                     plan = polish_plan(plan, make_cost_model(model, task, model_options), POLISH, 0)
                     row.update(polish={k: v for k, v in plan.polish.to_json().items() if k != "steps"})

@@ -64,13 +64,14 @@ from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import read_jsonl, write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.manifests import write_manifest
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
-from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, compute_request, default_protocol
 from neuroshard_jax.learn.collect import CollectConfig, collect
 from neuroshard_jax.measure.plans import EvaluateConfig, device_request, plan_kernels
-from neuroshard_jax.search.planner import Planner
+from neuroshard_jax.search.planner import PlannerOptions
 from neuroshard_jax.workloads.gpu_tasks import (
     GpuTaskConfig,
     gpu_task,
@@ -349,13 +350,13 @@ def labels(out: Path, work: Path, sizes: Sizes, device: str, deadline: float, se
 
 def plan_task(task: Task, searcher: str, cost_model: str, options: dict | None, device: str) -> Plan:
     """One plan through the project's planner (the one call site of its API here)."""
-    planner = Planner.named(
+    planner = PlannerOptions(
         searcher=searcher,
         cost_model=cost_model,
-        searcher_options=SEARCHER_OPTIONS.get(searcher),
-        cost_model_options=options,
+        searcher_options=SEARCHER_OPTIONS.get(searcher) or {},
+        cost_model_options=options or {},
         device=device,
-    )
+    ).planner()
     return planner.run(task).plan
 
 

@@ -32,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from neuroshard_jax.core.features import bin_shares, count_histogram
-from neuroshard_jax.core.types import Task
+from neuroshard_jax.core.task import Task
 from tools.foreign_benchmark import Suite, main
 
 BASE_SEED = 283_117  # this benchmark's own seeds; no generator of the project uses them (a test checks)

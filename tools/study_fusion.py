@@ -30,7 +30,7 @@ from neuroshard_jax.core.constants import MIN_CPU_SHARE
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JsonlLog, write_json
 from neuroshard_jax.core.hardware import cache_bytes, hardware, hardware_kind
-from neuroshard_jax.core.types import Task
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.ensemble import physics
 from neuroshard_jax.costs.registry import CostModelSpec
 from neuroshard_jax.kernels.executors import ExecutorConfig, map_requests

@@ -3,8 +3,9 @@ move. A row-split table's row blocks are not slices: they stay where they are.""
 
 from __future__ import annotations
 
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard, column_shards
-from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.core.task import Task
 
 
 def assignment(plan: Plan) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:

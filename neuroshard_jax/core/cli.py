@@ -4,14 +4,16 @@ Every entry point runs as ``run_app(main, config_name, validate)``: the command 
 checked against ``conf/``, then the config is composed once per value of every override (each value of a
 sweep too) and turned into the app's typed dataclasses by ``validate``, so a bad override (``seed=abc``,
 ``searcher.k=2.5``, ``searcher.nope=1``) is one ``error:`` line and exit 2 before anything runs. Hydra's own
-multi-line messages (exit 1) never reach the user. ``setup_logging`` shows the library's log records on stderr as
-the lines a user reads (``warning: ...``, progress lines as they are), whatever Hydra does with the root logger.
+multi-line messages (exit 1) never reach the user. The check composes through the Compose API and the run goes
+through ``hydra.main``: Hydra's public entry points only, so that a Hydra upgrade cannot silently break a command
+(``hydra.main`` composes the config again, under a second of a planner's start). ``setup_logging`` shows the
+library's log records on stderr as the lines a user reads (``warning: ...``, progress lines as they are), whatever
+Hydra does with the root logger.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import logging
 import os
@@ -24,20 +26,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hydra import compose, initialize_config_module
-from hydra._internal.callbacks import Callbacks
-from hydra._internal.hydra import Hydra
-from hydra._internal.utils import (
-    create_automatic_config_search_path,
-    detect_calling_file_or_module_from_task_function,
-    detect_task_name,
-    run_and_report,
-)
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob, Override
-from hydra.core.utils import run_job
 from hydra.experimental.callback import Callback
-from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from neuroshard_jax.core.config import nearest
@@ -187,13 +178,14 @@ def _one_line(err: Exception) -> str:
 def check_command_line(config_name: str, argv: list[str], validate: Callable[[DictConfig], Any]) -> None:
     """Compose the config for every value of every override and ``validate`` it; fail in one line if any is bad.
 
-    Flags other than -m / --multirun (``--help``, ``--cfg``, ...) are left to Hydra.
+    Hydra's own overrides (``hydra.job.chdir=abc``) are composed too, but not swept (a sweep of launchers is
+    Hydra's). Flags other than -m / --multirun (``--help``, ``--cfg``, ...) are left to Hydra.
     """
     flags = [a for a in argv if a.startswith("-")]
     if any(f not in ("-m", "--multirun") for f in flags):
         return
     overrides = parsed_overrides([a for a in argv if not a.startswith("-")])
-    fixed = [o.input_line for o in overrides if not o.is_sweep_override() and not _is_hydra(o)]
+    fixed = [o.input_line for o in overrides if not o.is_sweep_override()]
     variants = [fixed]
     for o in overrides:
         if o.is_sweep_override() and not _is_hydra(o):
@@ -210,9 +202,8 @@ def check_command_line(config_name: str, argv: list[str], validate: Callable[[Di
                 fail(err)
 
 
-def _composition_error(config_name: str, overrides: list[str], err: Exception, said: list[str] | None = None) -> str:
-    """One line for a failed composition; an unknown key names the keys its parent has. ``said``: the command
-    line's overrides where ``overrides`` leaves some out (Hydra's own, which ``compose`` does not take)."""
+def _composition_error(config_name: str, overrides: list[str], err: Exception) -> str:
+    """One line for a failed composition; an unknown key names the keys its parent has."""
     for line in overrides:
         key = line.partition("=")[0]
         if f"'{key}'" in str(err) and "not in struct" in str(err.__cause__ or err):
@@ -223,7 +214,7 @@ def _composition_error(config_name: str, overrides: list[str], err: Exception, s
                     options = sorted(node) if isinstance(node, DictConfig) else []
                     return f"{'.'.join(parts[: depth + 1])}: unknown key {part!r}, {nearest(part, options)}"
                 node = node[part]
-    return f"{' '.join(overrides if said is None else said) or config_name}: {_one_line(err)}"
+    return f"{' '.join(overrides) or config_name}: {_one_line(err)}"
 
 
 def _is_hydra(override: Override) -> bool:
@@ -255,19 +246,14 @@ def check_output_folder(argv: list[str]) -> None:
 
 
 def run_app(main: Callable[[], None], config_name: str, validate: Callable[[DictConfig], Any]) -> None:
-    """Check the command line, then run the Hydra ``main``; the library's log lines on stderr (``setup_logging``).
-
-    One plain run (no flag, no sweep) is composed once, checked, and run as ``hydra.main`` runs it (``run_once``);
-    Hydra's own path composes it twice more, half a second of every command's start. Anything else goes through
-    ``hydra.main`` after ``check_command_line`` and ``check_output_folder``."""
+    """Check the command line, then run the Hydra ``main``; the library's log lines on stderr (``setup_logging``)."""
     setup_logging()
     argv = sys.argv[1:]
     check_group_overrides(argv)
     try:
-        if not run_once(main, config_name, argv, validate):
-            check_command_line(config_name, argv, validate)
-            check_output_folder(argv)
-            main()
+        check_command_line(config_name, argv, validate)
+        check_output_folder(argv)
+        main()
     except SystemExit as done:
         if done.code != 2:
             raise
@@ -289,64 +275,3 @@ def parsed_overrides(args: list[str]) -> list[Override]:
         except Exception as err:  # Hydra's OverrideParseException and friends
             fail(UserError(f"{arg}: {_one_line(err)}, expected key=value"))
     return overrides
-
-
-def plain_run(argv: list[str]) -> list[Override] | None:
-    """The overrides of one plain run (no flag, no sweep), or None for anything else (``--help``, ``-m``, ...)."""
-    if any(a.startswith("-") for a in argv):
-        return None
-    overrides = parsed_overrides(argv)
-    return None if any(o.is_sweep_override() for o in overrides) else overrides
-
-
-def run_once(
-    main: Callable[[], None], config_name: str, argv: list[str], validate: Callable[[DictConfig], Any]
-) -> bool:
-    """Run one plain run of the Hydra ``main`` from a config composed once, as ``hydra.main`` runs it: the same
-    task name, search path, run folder, ``.hydra/`` files, logging and callbacks. False (nothing done) where the
-    command line is not one plain run, or its config asks for a multirun."""
-    parsed = plain_run(argv)
-    if parsed is None:
-        return False
-    overrides = [o.input_line for o in parsed]
-    task = main.__wrapped__  # what hydra.main calls with the composed config
-    calling_file, calling_module = detect_calling_file_or_module_from_task_function(task)
-    search_path = create_automatic_config_search_path(calling_file, calling_module, f"pkg://{CONFIG_MODULE}")
-    hydra = Hydra.create_main_hydra2(
-        task_name=detect_task_name(calling_file, calling_module), config_search_path=search_path
-    )
-    try:  # Hydra's global instance cleared after, as hydra.main clears it (a multirun goes on through hydra.main)
-        try:
-            cfg = hydra.compose_config(config_name, overrides, run_mode=RunMode.RUN, with_log_configuration=True)
-        except Exception as err:  # a key that does not exist, a value Hydra cannot parse
-            job_overrides = [o.input_line for o in parsed if not _is_hydra(o)]
-            fail(UserError(_composition_error(config_name, job_overrides, err, said=overrides)))
-        if cfg.hydra.mode == RunMode.MULTIRUN:
-            return False
-        job = copy.deepcopy(cfg)
-        with open_dict(job):
-            del job["hydra"]
-        try:
-            validate(job)
-        except UserError as err:
-            fail(err)
-        check_output_folder(argv)
-        if cfg.hydra.mode is None:  # as hydra.main's run: the mode set, and said among its overrides
-            with open_dict(cfg):
-                cfg.hydra.mode = RunMode.RUN
-                cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
-        run_and_report(lambda: _run_job(task, cfg, config_name, hydra))  # errors reported as Hydra reports them
-    finally:
-        GlobalHydra.instance().clear()
-    return True
-
-
-def _run_job(task: Callable[[DictConfig], Any], cfg: DictConfig, config_name: str, hydra: Hydra) -> None:
-    """``Hydra.run`` from its composed config on: the run's callbacks around Hydra's ``run_job``; the job's error
-    raised."""
-    callbacks = Callbacks(cfg)
-    callbacks.on_run_start(config=cfg, config_name=config_name)
-    context = HydraContext(config_loader=hydra.config_loader, callbacks=callbacks)
-    done = run_job(task, cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
-    callbacks.on_run_end(config=cfg, config_name=config_name, job_return=done)
-    _ = done.return_value  # raises the job's error

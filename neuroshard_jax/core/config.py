@@ -7,7 +7,7 @@ dataclasses. A number's bounds are part of its type where a field declares them 
 integer or a number, ``above`` for a number), and are checked and described with it. Value checks beyond those
 (choices, rules across fields) stay in each dataclass's ``__post_init__``, the schema's hooks. Numpy scalars and
 arrays are taken where Python numbers and lists are (``plain``). The same ``typed`` parses configs, task files and
-plan files (``core/types.py``): one mechanism, one kind of message.
+plan files (``core/schema.py``): one mechanism, one kind of message.
 """
 
 from __future__ import annotations
@@ -54,6 +54,13 @@ def _within(value, bounds: dict | None) -> bool:
     return (low is None or value >= low) and (above is None or value > above) and (high is None or value <= high)
 
 
+def _plural(description: str) -> str:
+    """``a finite number >= 0`` -> ``finite numbers >= 0``: the noun (before any bound) made plural."""
+    noun, sep, rest = description.removeprefix("an ").removeprefix("a ").partition(" >")
+    noun, sep2, rest2 = noun.partition(" and")
+    return f"{noun}s{sep2}{rest2}{sep}{rest}"
+
+
 def _describe(tp, bounds: dict | None = None) -> str:
     """What a value of type ``tp`` (a number within ``bounds``) looks like, for error messages."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -69,7 +76,7 @@ def _describe(tp, bounds: dict | None = None) -> str:
         inner = [a for a in args if a is not type(None)]
         return " or ".join(_describe(a, bounds) for a in inner) + (" or null" if len(inner) < len(args) else "")
     if origin is tuple:
-        return f"a list of {_describe(args[0]).removeprefix('an ').removeprefix('a ')}s"
+        return f"a list of {_plural(_describe(args[0], bounds))}"
     if dataclasses.is_dataclass(tp):
         return f"an object with keys {', '.join(f.name for f in dataclasses.fields(tp))}"
     if tp is dict or origin is dict:
@@ -116,7 +123,7 @@ def _convert(value, tp, where: str, bounds: dict | None = None):
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise _Mismatch
-        return tuple(_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+        return tuple(_convert(v, args[0], f"{where}[{i}]", bounds) for i, v in enumerate(value))
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
@@ -128,6 +135,21 @@ def _convert(value, tp, where: str, bounds: dict | None = None):
             return value
         raise _Mismatch
     return value
+
+
+def check_bounds(obj, prefix: str = "") -> None:
+    """Every number field of dataclass ``obj`` declared with ``bounded`` is within its bounds (NaN is within none);
+    else the configs' one-line error. For ``__post_init__``: a config built in Python is checked as ``typed``
+    checks one from a file."""
+    for field in dataclasses.fields(obj):
+        if not field.metadata or "at_least" not in field.metadata:
+            continue
+        value = getattr(obj, field.name)
+        values = value if isinstance(value, tuple) else (value,)
+        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if any(not (_within(v, field.metadata) and v == v) for v in numbers):
+            kind = _hints(type(obj))[field.name]
+            raise UserError(f"{prefix}{field.name}: got {value!r}, expected {_describe(kind, field.metadata)}")
 
 
 def at_least(obj, minimum: int, fields: tuple[str, ...], prefix: str = "") -> None:

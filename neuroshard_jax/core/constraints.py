@@ -14,13 +14,15 @@ Per table (task file and Python API; all optional):
   ``table_row_wise`` not into row blocks, without ``data_parallel`` not replicated; ``[data_parallel]`` alone makes
   it data-parallel. Table-wise and column-wise are one family here (a table-wise table is one column shard).
 
-The searchers honour them through ``allowed_devices`` (a device mask per table, a group's the AND of its
-tables'), ``max_levels`` (halvings per table) and ``groups``; ``Plan.validate`` refuses a plan that breaks one
-(``violations``), so polishing keeps them too. NumPy only.
+A table holds its own as a ``TableConstraints`` (``Table.constraints``). The searchers honour them through
+``allowed_devices`` (a device mask per table, a group's the AND of its tables'), ``max_levels`` (halvings per table)
+and ``groups``; ``Plan.validate`` refuses a plan that breaks one (``violations``), so polishing keeps them too. NumPy
+only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -36,44 +38,63 @@ KEYS = ("pin", "exclude", "no_split", "max_shards", "colocate", "sharding_types"
 SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
 
 
+@dataclasses.dataclass(frozen=True)
+class TableConstraints:
+    """Where one table may go (TorchRec's ``ParameterConstraints`` is the model; the keys above). The default is no
+    constraint at all."""
+
+    pin: int | None = None
+    exclude: tuple[int, ...] = ()
+    no_split: bool = False
+    max_shards: int | None = None
+    colocate: str | None = None
+    sharding_types: tuple[str, ...] | None = None  # TorchRec's names (SHARDING_TYPES); None: any
+
+    @property
+    def given(self) -> bool:
+        """Whether any constraint is set."""
+        return self != NONE
+
+    def used(self) -> list[str]:
+        """The keys (``KEYS`` order) this sets."""
+        return [k for k in KEYS if getattr(self, k) not in (None, False, ())]
+
+
+NONE = TableConstraints()
+
+
 class Constrained(Protocol):
-    """What this module reads of a table (``types.Table``)."""
+    """What this module reads of a table (``core.table.Table``)."""
 
     dim: int
-    pin: int | None
-    exclude: tuple[int, ...]
-    no_split: bool
-    max_shards: int | None
-    colocate: str | None
-    sharding_types: tuple[str, ...] | None
+    constraints: TableConstraints
 
 
 def has_constraints(tables: Sequence[Constrained]) -> bool:
-    return any(
-        t.pin is not None or t.exclude or t.no_split or t.max_shards or t.colocate or t.sharding_types is not None
-        for t in tables
-    )
+    return any(t.constraints.given for t in tables)
 
 
 def constraints_used(tables: Sequence[Constrained]) -> list[str]:
     """The constraint keys (``KEYS`` order) that at least one of ``tables`` sets."""
-    return [k for k in KEYS if any(getattr(t, k) not in (None, False, ()) for t in tables)]
+    used = {k for t in tables for k in t.constraints.used()}
+    return [k for k in KEYS if k in used]
 
 
 def may_be_data_parallel(table: Constrained) -> bool:
     """Whether a plan may replicate the table on every device: its sharding types allow it, and no constraint
     keeps it off a device or beside a group."""
-    allowed = table.sharding_types is None or "data_parallel" in table.sharding_types
-    return allowed and table.pin is None and not table.exclude and table.colocate is None
+    c = table.constraints
+    allowed = c.sharding_types is None or "data_parallel" in c.sharding_types
+    return allowed and c.pin is None and not c.exclude and c.colocate is None
 
 
 def must_be_data_parallel(table: Constrained) -> bool:
-    return table.sharding_types == ("data_parallel",)
+    return table.constraints.sharding_types == ("data_parallel",)
 
 
 def may_split_rows(table: Constrained) -> bool:
     """Whether the table's sharding types allow row blocks (row_wise or table_row_wise)."""
-    types = table.sharding_types
+    types = table.constraints.sharding_types
     return types is None or "row_wise" in types or "table_row_wise" in types
 
 
@@ -81,8 +102,8 @@ def groups(tables: Sequence[Constrained]) -> dict[str, list[int]]:
     """Colocation groups: name -> table indices, in task order."""
     out: dict[str, list[int]] = {}
     for i, t in enumerate(tables):
-        if t.colocate is not None:
-            out.setdefault(t.colocate, []).append(i)
+        if t.constraints.colocate is not None:
+            out.setdefault(t.constraints.colocate, []).append(i)
     return out
 
 
@@ -90,9 +111,10 @@ def allowed_devices(tables: Sequence[Constrained], num_devices: int) -> np.ndarr
     """bool[T, N]: where each table's shards may go (pin, exclude; a colocated table: its group's intersection)."""
     allowed = np.ones((len(tables), num_devices), dtype=bool)
     for i, t in enumerate(tables):
-        if t.pin is not None:
-            allowed[i] = np.arange(num_devices) == t.pin
-        allowed[i, list(t.exclude)] = False
+        c = t.constraints
+        if c.pin is not None:
+            allowed[i] = np.arange(num_devices) == c.pin
+        allowed[i, list(c.exclude)] = False
     for members in groups(tables).values():
         allowed[members] = allowed[members].all(axis=0)
     return allowed
@@ -102,15 +124,15 @@ def max_levels(tables: Sequence[Constrained]) -> np.ndarray:
     """i64[T]: how many times each table may be halved (its legal halvings, no_split, max_shards, colocate)."""
     out = []
     for t in tables:
-        level = max_halvings(t.dim)
+        c, level = t.constraints, max_halvings(t.dim)
         if (
-            t.no_split
-            or t.colocate is not None
-            or (t.sharding_types is not None and "column_wise" not in t.sharding_types)
+            c.no_split
+            or c.colocate is not None
+            or (c.sharding_types is not None and "column_wise" not in c.sharding_types)
         ):
             level = 0
-        elif t.max_shards is not None:
-            level = min(level, int(t.max_shards).bit_length() - 1)
+        elif c.max_shards is not None:
+            level = min(level, int(c.max_shards).bit_length() - 1)
         out.append(level)
     return np.array(out, dtype=np.int64)
 
@@ -132,21 +154,22 @@ def violations(
             continue
         if must_be_data_parallel(t):
             out.append(f"table {names[i]}: sharding_types [data_parallel], but it is sharded")
+        c = t.constraints
         cut_rows = any(s.row_offset != 0 or s.num_rows is not None for s in by_table.get(i, []))
         if cut_rows and not may_split_rows(t):
             out.append(
-                f"table {names[i]}: cut into row blocks, its sharding_types {list(t.sharding_types)} do not allow it"
+                f"table {names[i]}: cut into row blocks, its sharding_types {list(c.sharding_types)} do not allow it"
             )
         devices = sorted({s.device for s in by_table.get(i, [])})
         count = len(by_table.get(i, []))
-        if t.pin is not None and devices != [t.pin]:
-            out.append(f"table {names[i]}: pinned to device {t.pin}, has shards on {devices}")
-        if set(devices) & set(t.exclude):
-            out.append(f"table {names[i]}: excluded from devices {sorted(t.exclude)}, has shards on {devices}")
-        if t.no_split and count > 1:
+        if c.pin is not None and devices != [c.pin]:
+            out.append(f"table {names[i]}: pinned to device {c.pin}, has shards on {devices}")
+        if set(devices) & set(c.exclude):
+            out.append(f"table {names[i]}: excluded from devices {sorted(c.exclude)}, has shards on {devices}")
+        if c.no_split and count > 1:
             out.append(f"table {names[i]}: no_split, cut into {count} shards")
-        if t.max_shards is not None and count > t.max_shards:
-            out.append(f"table {names[i]}: at most {t.max_shards} shards, cut into {count}")
+        if c.max_shards is not None and count > c.max_shards:
+            out.append(f"table {names[i]}: at most {c.max_shards} shards, cut into {count}")
     for group, members in groups(tables).items():
         devices = sorted({s.device for m in members for s in by_table.get(m, [])})
         if len(devices) > 1:
@@ -165,16 +188,18 @@ def conflicts(
     device's cap."""
     num_devices = len(cap_bytes)
     for i, t in enumerate(tables):
-        if t.pin is not None and t.pin in t.exclude:
-            return f"table {names[i]}: pinned to device {t.pin}, which it also excludes"
+        c = t.constraints
+        if c.pin is not None and c.pin in c.exclude:
+            return f"table {names[i]}: pinned to device {c.pin}, which it also excludes"
     for group, members in groups(tables).items():
-        pins = sorted({tables[m].pin for m in members if tables[m].pin is not None})
+        pins = sorted({tables[m].constraints.pin for m in members if tables[m].constraints.pin is not None})
         if len(pins) > 1:
             return f"colocate group {group!r}: its tables are pinned to devices {pins}, expected one device"
     allowed = allowed_devices(tables, num_devices)
     for i in range(len(tables)):
         if not allowed[i].any():
-            where = f"colocate group {tables[i].colocate!r}" if tables[i].colocate else f"table {names[i]}"
+            group = tables[i].constraints.colocate
+            where = f"colocate group {group!r}" if group else f"table {names[i]}"
             return f"{where}: allowed on no device (pin and exclude leave none of 0..{num_devices - 1})"
     for group, members in groups(tables).items():
         need = sum(mem_bytes[m] for m in members)

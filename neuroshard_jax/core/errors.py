@@ -17,6 +17,19 @@ class InfeasibleError(UserError):
     """The task cannot be placed within the devices' memory."""
 
 
+class DamagedModel(UserError):
+    """A model's saved state that cannot be restored (torn, garbled, or not the arrays saved with it); ``why``:
+    the cause in a few words, for a warning that passes the model over."""
+
+    def __init__(self, message: str, why: str = ""):
+        super().__init__(message)
+        self.why = why or message
+
+
+class UntrainedFor(UserError):
+    """A cost model asked to score a task at a batch size or precision its labels never ran."""
+
+
 class PlanError(UserError):
     """A plan that breaks the rules (columns not tiled, memory exceeded, unknown device)."""
 

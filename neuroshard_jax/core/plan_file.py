@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from neuroshard_jax.core.files import read_json
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.records import CalibrationRecord, PolishRecord
-from neuroshard_jax.core.types import Plan
 
 
 def load_plan(path: str | Path, key: str = "plan") -> Plan:

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 from neuroshard_jax.core import constants as C
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import FEATURE_INDEX
-from neuroshard_jax.core.types import Task
-from neuroshard_jax.costs.cost_model import CostFns, CostModel, issued, straggler_wait
+from neuroshard_jax.core.task import Task
+from neuroshard_jax.costs.cost_model import CostFns, CostModel, straggler_wait
 
 
 class AnalyticParams(NamedTuple):
@@ -60,7 +60,7 @@ def _analytic_fwd_comm(p: AnalyticParams, dim_sums, delays_ms, device_mask):
     return _analytic_bwd_comm(p, dim_sums, device_mask) + straggler_wait(delays_ms, device_mask)
 
 
-ANALYTIC_FNS = issued(CostFns(_analytic_embed, _analytic_head, _analytic_bwd_comm, _analytic_fwd_comm, key="analytic"))
+ANALYTIC_FNS = CostFns(_analytic_embed, _analytic_head, _analytic_bwd_comm, _analytic_fwd_comm)
 
 
 @dataclasses.dataclass(frozen=True)

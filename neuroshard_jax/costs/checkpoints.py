@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from neuroshard_jax.core.errors import UserError, first_line
+from neuroshard_jax.core.errors import DamagedModel, UserError, first_line
 from neuroshard_jax.core.features import FEATURE_NAMES
 from neuroshard_jax.core.folders import recover_dir, replace_dir
 from neuroshard_jax.core.paths import cache_dir
@@ -86,9 +86,11 @@ def restore_tree(path: Path, template, key: str = "cost_model.checkpoint", diges
     else:
         reason = None if digest is None or tree_digest(tree) == digest else "its arrays differ from those saved"
     if reason is not None:
-        raise UserError(
-            f"{key}: {str(path.parent)!r}: its {path.name}/ could not be restored ({reason}); expected "
-            "the folder written with its meta.json: retrain or copy the checkpoint again"
+        why = f"its {path.name}/ could not be restored ({reason})"
+        raise DamagedModel(
+            f"{key}: {str(path.parent)!r}: {why}; expected the folder written with its meta.json: retrain or copy "
+            "the checkpoint again",
+            why,
         )
     _keep_tree(path, tree, digest)
     return tree

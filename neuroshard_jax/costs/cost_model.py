@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -47,32 +46,6 @@ class CostFns(NamedTuple):
     # an ensemble's members disagree on a device's compute, and the weight (0..1) its prediction kept against
     # its fallback. Models without one are taken as certain.
     uncertainty: Callable | None = None
-    # What these functions compute, as a string that is the same in every process: the model's kind and every
-    # constant its functions close over (``executables.code_key`` of its nets). Compiled kernels over these
-    # functions are kept on disk under it (``executables.KeptJit``) where the package's factory issued them under it
-    # (``issued``); None: compiled afresh in each process.
-    key: str | None = None
-
-
-# function -> the key a factory of this package issued it under (``issued``); weak: functions come and go with models
-_ISSUED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def issued(fns: CostFns) -> CostFns:
-    """``fns`` as a factory of this package hands them out: each function recorded under ``fns.key``. A key stays
-    bound to the functions it names: a copy with a function replaced (``fns._replace(head=...)``) keeps the key but
-    not the binding, and is compiled afresh (``stable_key``)."""
-    for fn in fns[:-1]:
-        if fn is not None:
-            _ISSUED[fn] = fns.key
-    return fns
-
-
-def stable_key(fns: CostFns) -> str | None:
-    """``fns.key`` where every function of ``fns`` was issued under it (``issued``), else None."""
-    if fns.key is None or any(fn is not None and _ISSUED.get(fn) != fns.key for fn in fns[:-1]):
-        return None
-    return fns.key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +193,26 @@ def with_scales(model: CostModel, comm_scale: np.ndarray, compute_scale: float =
     return dataclasses.replace(model, fns=_scaled(model.fns), params=params)
 
 
+def expected_cost_model(model: CostModel) -> CostModel:
+    """``model`` without its risk term: the costs a plan reports are expectations, not the search's score."""
+    if hasattr(inner_params(model.params), "risk"):
+        return map_inner_params(model, lambda params: params._replace(risk=0.0))
+    return model
+
+
+def compute_scale(model: CostModel) -> float:
+    """The factor every device's compute of ``model`` is scaled by (1: as trained; ``with_scales``)."""
+    return float(model.params.compute_scale) if isinstance(model.params, Scaled) else 1.0
+
+
+def with_compute_scale(model: CostModel, factor: float, comm_scale: np.ndarray) -> CostModel:
+    """``model`` with every device's compute scaled by ``factor`` in place of its own scale (1: as trained);
+    ``comm_scale``: the task's (``Task.comm_scale``), kept where the model is scaled already."""
+    if isinstance(model.params, Scaled):
+        return dataclasses.replace(model, params=model.params._replace(compute_scale=jnp.asarray(factor, jnp.float32)))
+    return with_scales(model, comm_scale, factor)
+
+
 def map_inner_params(model: CostModel, change: Callable) -> CostModel:
     """``model`` with ``change`` applied to its own params (under a ``Scaled`` wrapper, if any)."""
     if isinstance(model.params, Scaled):
@@ -253,10 +246,7 @@ def _scaled(fns: CostFns) -> CostFns:
     def inner(fn):
         return None if fn is None else lambda p, *args: fn(p.inner, *args)
 
-    key = None if stable_key(fns) is None else f"scaled({fns.key})"
-    return issued(
-        CostFns(inner(fns.embed), head, bwd_comm, fwd_comm, inner(fns.embed_sum), inner(fns.uncertainty), key)
-    )
+    return CostFns(inner(fns.embed), head, bwd_comm, fwd_comm, inner(fns.embed_sum), inner(fns.uncertainty))
 
 
 def bucket(n: int, minimum: int = 4) -> int:

@@ -17,7 +17,8 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_json, read_records
 from neuroshard_jax.core.manifests import load_manifest
 from neuroshard_jax.core.paths import package_path, resolve_dataset
-from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.analytic import AnalyticConfig
 from neuroshard_jax.costs.registry import adapt_here, checkpoint_path
 from neuroshard_jax.kernels.processes import PoolTableRef, record_tables

@@ -42,8 +42,7 @@ from flax import nnx
 
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import FEATURE_INDEX, NUM_BINS
-from neuroshard_jax.costs.cost_model import CostFns, CostModel, issued
-from neuroshard_jax.costs.executables import code_key
+from neuroshard_jax.costs.cost_model import CostFns, CostModel
 from neuroshard_jax.costs.neural import MAX_LOG_MS, MLP, CommNet, NetConfig, comm_time
 from neuroshard_jax.workloads.streams import bin_bounds
 
@@ -361,7 +360,7 @@ def ensemble_fns(nets: EnsembleNets) -> CostFns:
         ms = comm_time(nnx.merge(nets.fwd, p.fwd), comm_dims(p, dim_sums), delays_ms, device_mask)
         return jnp.where(single, ms, 0.0)
 
-    return issued(CostFns(embed, head, bwd_comm, fwd_comm, uncertainty=uncertainty, key=code_key("ensemble", nets)))
+    return CostFns(embed, head, bwd_comm, fwd_comm, uncertainty=uncertainty)
 
 
 def ensemble_cost_model(nets: EnsembleNets, params: EnsembleParams, name: str) -> CostModel:

@@ -26,8 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from neuroshard_jax.core.features import FEATURE_INDEX, NUM_FEATURES
-from neuroshard_jax.costs.cost_model import CostFns, CostModel, issued, straggler_wait
-from neuroshard_jax.costs.executables import code_key
+from neuroshard_jax.costs.cost_model import CostFns, CostModel, straggler_wait
 
 LOG_FEATURES = tuple(FEATURE_INDEX[name] for name in ("rows", "dim", "pooling_factor", "size"))
 COMM_INPUTS = 4  # log1p(dim_sum), dim_sum / total, tanh(delay / 10 ms), log(N)
@@ -199,7 +198,7 @@ def neural_fns(nets: NeuralNets) -> CostFns:
     def fwd_comm(p: NeuralParams, dim_sums, delays_ms, device_mask):
         return comm_time(nnx.merge(nets.fwd, p.fwd), dim_sums, delays_ms, device_mask)
 
-    return issued(CostFns(embed, head, bwd_comm, fwd_comm, embed_sum, key=code_key("neural", nets)))
+    return CostFns(embed, head, bwd_comm, fwd_comm, embed_sum)
 
 
 def neural_cost_model(nets: NeuralNets, params: NeuralParams, name: str = "neural") -> CostModel:

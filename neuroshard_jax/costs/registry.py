@@ -24,15 +24,15 @@ import numpy as np
 
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.constants import SHIPPED_CHECKPOINT, SHIPPED_MODEL_NAME, SHIPPED_MODELS
-from neuroshard_jax.core.errors import UserError, first_line
+from neuroshard_jax.core.errors import DamagedModel, UntrainedFor, UserError, first_line
 from neuroshard_jax.core.folders import recover_dir
 from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.core.memory import OPTIMIZERS
 from neuroshard_jax.core.paths import package_path, user_models_dir
-from neuroshard_jax.core.types import Task
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.analytic import ANALYTIC_FNS, AnalyticConfig, analytic_model, analytic_params
 from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_checkpoint, load_ensemble, read_meta
-from neuroshard_jax.costs.cost_model import CostModel, inner_params, map_inner_params, with_scales
+from neuroshard_jax.costs.cost_model import CostModel, with_scales
 from neuroshard_jax.costs.ensemble import ensemble_cost_model
 from neuroshard_jax.costs.input_dist import for_kinds as input_dist_for
 from neuroshard_jax.costs.neural import neural_cost_model
@@ -145,37 +145,24 @@ def _way_forward(task: Task) -> str:
     return f"cost_model={fits[0]} or cost_model=analytic" if fits else "cost_model=analytic"
 
 
-def _check_trained(task: Task, meta: dict, path: str) -> None:
-    """The task's batch size and precision must be ones the checkpoint was trained at (a batch size within the
-    range of an ensemble's training batch sizes); the error names a shipped model that fits, if any."""
+def untrained(task: Task, meta: dict, path: str) -> str | None:
+    """Why a checkpoint (its meta, at ``path``) cannot score ``task`` (None: it can): the task's batch size and
+    precision must be ones it was trained at (a batch size within the range of an ensemble's training batch sizes);
+    the line names a shipped model that fits, if any."""
     sizes = meta.get("batch_sizes") or [meta["batch_size"]]
     if not min(sizes) <= task.batch_size <= max(sizes):
         expected = f"{sizes[0]}" if len(sizes) == 1 else f"one in {min(sizes)}..{max(sizes)}"
-        raise UserError(
+        return (
             f"task.batch_size: got {task.batch_size}, but the neural cost model at {path!r} was trained at batch "
             f"sizes {sizes}; expected {expected} (or {_way_forward(task)})"
         )
     trained = meta.get("precision", "fp32")
     if task.precision != trained:
-        raise UserError(
+        return (
             f"task.precision: got {task.precision!r}, but the neural cost model at {path!r} was trained at "
             f"precision {trained!r}; expected the same (or {_way_forward(task)})"
         )
-
-
-def usable_cost_model(spec: CostModelSpec, task: Task) -> tuple[CostModelSpec, str | None]:
-    """``spec`` if that model can score ``task``; otherwise a shipped model trained at the task's batch size and
-    precision, else the analytic model, with a warning line saying why (for callers, like the TorchRec planner, that
-    must plan whatever the batch size)."""
-    try:
-        spec.for_task(task)
-        return spec, None
-    except UserError as err:
-        if not str(err).startswith(("task.batch_size", "task.precision")):
-            raise
-        fits = fitting_models(task.batch_size, task.precision)
-        fallback = fits[0] if fits else "analytic"
-        return CostModelSpec(fallback), f"{first_line(err)}; planning with cost_model={fallback} instead"
+    return None
 
 
 def neural_model(task: Task, config: NeuralConfig = NeuralConfig()) -> CostModel:
@@ -183,19 +170,14 @@ def neural_model(task: Task, config: NeuralConfig = NeuralConfig()) -> CostModel
     groups' collectives and TorchRec's input distributions with the shipped fits of its labels' hardware kind, where
     there are (``row_comm.py``, ``input_dist.py``)."""
     model, meta, path = neural_checkpoint(config)
-    _check_trained(task, meta, path)
+    why = untrained(task, meta, path)
+    if why is not None:
+        raise UntrainedFor(why)
     kinds = meta.get("hardware_kinds") or []
     model = dataclasses.replace(model, row_comm=row_comm_for(kinds), input_dist=input_dist_for(kinds))
     if meta.get("format") == ENSEMBLE_FORMAT:
         params = model.params._replace(batch_size=float(task.batch_size), risk=float(config.risk))
         return dataclasses.replace(model, params=params)
-    return model
-
-
-def expected_cost_model(model: CostModel) -> CostModel:
-    """``model`` without its risk term: the costs a plan reports are expectations, not the search's score."""
-    if hasattr(inner_params(model.params), "risk"):
-        return map_inner_params(model, lambda params: params._replace(risk=0.0))
     return model
 
 
@@ -252,41 +234,32 @@ class CostModelSpec:
     """A cost model before it meets a task: the name it was asked by (``analytic``, ``neural`` or a model's name)
     and its options (its config's fields, and ``calibration``), checked when made: an unknown name or option is a
     ``UserError`` here, once. ``for_task(task)`` builds the ``CostModel`` that scores ``task`` (checked against its
-    batch size and precision, its hosts' comm scaled); the search stage builds one per task it plans (a task less its
-    replicated tables, the rest around row blocks) from the same spec. ``chosen``: picked for this machine's kind
-    (``choose_cost_model``), not named by the user."""
+    batch size and precision, its hosts' comm scaled); a plan's model is built once (``build_cost_model``) and serves
+    every stage. ``chosen``: to be picked for this machine's kind when a task comes (``spec_of("neural")``), not
+    named by the user."""
 
     name: str = "neural"
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     chosen: bool = False
-    device: str = "cpu"  # of a chosen model: the device it was chosen for (a broken user model is chosen again)
 
     def __post_init__(self):
         object.__setattr__(self, "options", dict(self.options))
         cost_model_config(self.name, self.options)
 
-    @property
-    def calibration(self) -> float:
-        """Every device's compute is scaled by this (``NO_CALIBRATION``: as trained)."""
-        return split_calibration(self.options)[0]
-
-    def with_calibration(self, factor: float | None) -> CostModelSpec:
-        """This spec with every device's compute scaled by ``factor`` (None: as trained)."""
-        return dataclasses.replace(self, options={**self.options, "calibration": factor})
-
     def for_task(self, task: Task) -> CostModel:
-        """The cost model of ``task``. A user's model chosen for this machine (not named) whose state cannot be
-        restored is skipped, with one warning, for the next choice: a model nobody named blocks no run."""
+        """The cost model of ``task``: this spec's model (a chosen one as chosen), checked against the task's batch
+        size and precision, its hosts' comm scaled. ``build_cost_model`` chooses and builds a plan's model once."""
         factor, own = split_calibration(self.options)
         family, _ = _resolve(self.name, own)
-        try:
-            model = COST_MODELS[family][0](task, cost_model_config(self.name, own))
-        except UserError as err:
-            if not (self.chosen and self.name in user_names() and "could not be restored" in str(err)):
-                raise
-            _skip_user_model(self.name, first_line(err).split("': ", 1)[-1].split("; expected")[0])
-            return for_task_of_kind(self, self.device, task).for_task(task)
+        model = COST_MODELS[family][0](task, cost_model_config(self.name, own))
         return with_scales(model, task.comm_scale(), factor)
+
+
+def spec_of(name: str, options: Mapping[str, Any] | None = None) -> CostModelSpec:
+    """The spec of cost model ``name`` as a user names it: ``neural`` without a checkpoint is chosen for this
+    machine's kind when a task comes (``build_cost_model``); any other name or checkpoint is kept as given."""
+    options = dict(options or {})
+    return CostModelSpec(name, options, chosen=name == "neural" and not options.get("checkpoint"))
 
 
 def load_cost_model(
@@ -345,30 +318,31 @@ def model_kinds(path: str) -> tuple[str, ...]:
     return tuple(kinds)
 
 
-_SKIPPED: set[tuple[str, str]] = set()  # (folder, why) of the user's models already said to be skipped
+@dataclasses.dataclass(frozen=True)
+class SkippedModel:
+    """A model of the user's left out of a choice (``adapt`` made it; nobody named it), and why."""
+
+    name: str
+    folder: str
+    why: str
+
+    def line(self) -> str:
+        return f"skipping your model {self.name} ({self.folder}): {self.why}"
 
 
-def _usable_user_models() -> dict[str, dict]:
-    """The user's models whose meta.json reads (``model_kinds``), with their metas; one whose meta is torn or
-    malformed is left out with a one-line warning naming it, so that it blocks no run that does not name it."""
-    usable = {}
+def _usable_user_models(exclude: frozenset[str] = frozenset()) -> tuple[dict[str, dict], tuple[SkippedModel, ...]]:
+    """The user's models whose meta.json reads (``model_kinds``), with their metas, less ``exclude``; and those
+    whose meta is torn or malformed, left out so that they block no run that does not name them."""
+    usable, skipped = {}, []
     for name in user_names():
-        if any(folder == str(user_models_dir() / name) for folder, _ in _SKIPPED):
+        if name in exclude:
             continue
         try:
             model_kinds(checkpoint_path(name))
             usable[name] = read_meta(checkpoint_path(name))
         except UserError as err:
-            _skip_user_model(name, first_line(err))
-    return usable
-
-
-def _skip_user_model(name: str, why: str) -> None:
-    """Leave the user's model ``name`` out of this process's choices, saying so once (however many ask)."""
-    said = (str(user_models_dir() / name), why)
-    if said not in _SKIPPED:
-        _SKIPPED.add(said)
-        logger.warning("skipping your model %s (%s): %s", name, *said)
+            skipped.append(SkippedModel(name, str(user_models_dir() / name), first_line(err)))
+    return usable, tuple(skipped)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -384,11 +358,13 @@ class ModelChoice:
     chosen: bool  # picked for this machine (the user named none)
     device: str = "cpu"
     optimizer: str = "exact_sgd"  # the fused optimizer its labels ran
+    skipped: tuple[SkippedModel, ...] = ()  # the user's models passed over to reach this one
+    instead: str | None = None  # why this model plans in place of the one asked for (``build_cost_model``'s fallback)
 
     @property
     def spec(self) -> CostModelSpec:
         """The chosen model, ready to build for a task."""
-        return CostModelSpec(self.name, self.options, self.chosen, self.device)
+        return CostModelSpec(self.name, self.options, self.chosen)
 
     def line(self) -> str:
         """One line: the model, what it was trained on, whether it matches, and the way forward where not."""
@@ -408,24 +384,76 @@ class ModelChoice:
 
 
 def choose_cost_model(
-    name: str, options: dict | None = None, device: str = "cpu", task: Task | None = None
+    name: str,
+    options: dict | None = None,
+    device: str = "cpu",
+    task: Task | None = None,
+    exclude: frozenset[str] = frozenset(),
 ) -> ModelChoice:
     """The cost model for this machine: ``neural`` without a checkpoint is the user's latest model of this
     machine's kind (made by ``adapt``), else the shipped model of its kind (the default ``xeon-union`` where none
     is); of several, one trained at ``task``'s batch size and precision where given and one is; a named model or
     checkpoint is kept as given. ``device``: the compute device the plan is for (``cuda``: the kind includes the
-    GPU)."""
+    GPU); ``exclude``: user models not to choose. The user's models left out (``skipped``) are each logged once."""
     options = dict(options or {})
     chosen = name == "neural" and not options.get("checkpoint")
+    skipped: tuple[SkippedModel, ...] = ()
     if chosen:  # the default stays "neural" unless another model, not the default, is of this kind
-        name = _model_of_kind(hardware_kind(hardware(), device), task) or name
-    return model_choice(CostModelSpec(name, options, chosen), device)
+        of_kind, skipped = _model_of_kind(hardware_kind(hardware(), device), task, exclude)
+        name = of_kind or name
+    for skip in skipped:
+        logger.warning("%s", skip.line())
+    return dataclasses.replace(model_choice(CostModelSpec(name, options, chosen), device), skipped=skipped)
 
 
-def for_task_of_kind(spec: CostModelSpec, device: str, task: Task) -> CostModelSpec:
-    """``spec``, or where it was chosen for this machine (not named), its kind's model trained at ``task``'s batch size
-    and precision, if there is one (``choose_cost_model``'s rule, with the task known)."""
-    return choose_cost_model("neural", spec.options, device, task).spec if spec.chosen else spec
+def build_cost_model(
+    spec: CostModelSpec, task: Task, device: str = "cpu", fallback: bool = False
+) -> tuple[CostModel, ModelChoice]:
+    """The cost model that scores ``task``, built once for a plan, and which model it is (``ModelChoice``): the
+    model ``task_choice`` picks. A user's model chosen for this machine (nobody named it) whose saved state cannot be
+    restored is passed over, with one warning, for the next choice: a model nobody named blocks no run."""
+    passed: tuple[SkippedModel, ...] = ()
+    while True:
+        choice = task_choice(spec, task, device, fallback, frozenset(s.name for s in passed))
+        passed += choice.skipped
+        try:
+            model = choice.spec.for_task(task)
+        except DamagedModel as err:
+            if not (choice.chosen and choice.name in user_names()):
+                raise
+            skip = SkippedModel(choice.name, str(user_models_dir() / choice.name), err.why)
+            logger.warning("%s", skip.line())
+            passed += (skip,)
+            continue
+        return model, dataclasses.replace(choice, skipped=passed)
+
+
+def task_choice(
+    spec: CostModelSpec, task: Task, device: str = "cpu", fallback: bool = False, exclude: frozenset[str] = frozenset()
+) -> ModelChoice:
+    """Which model scores ``task``: ``spec``'s, or where it is to be chosen for this machine, its kind's model
+    trained nearest the task (``choose_cost_model``, less the user's models ``exclude``). ``fallback``: a model not
+    trained at the task's batch size or precision gives way to a shipped one that is, else to the analytic roofline
+    (``instead`` says why), for callers that must plan whatever the batch (the TorchRec adapter)."""
+    choice = choose_cost_model("neural", spec.options, device, task, exclude) if spec.chosen else None
+    choice = choice or model_choice(spec, device)
+    path = _checkpoint_of(choice.name, choice.options)
+    why = None if path is None or not fallback else untrained(task, read_meta(path), path)
+    if why is None:
+        return choice
+    fits = fitting_models(task.batch_size, task.precision)
+    named = CostModelSpec(fits[0] if fits else "analytic")
+    instead = f"{why}; planning with cost_model={named.name} instead"
+    return dataclasses.replace(model_choice(named, device), skipped=choice.skipped, instead=instead)
+
+
+def _checkpoint_of(name: str, options: Mapping[str, Any]) -> str | None:
+    """The checkpoint folder cost model ``name`` with ``options`` loads (None: the analytic model loads none)."""
+    family, resolved = _resolve(name, split_calibration(options)[1])
+    if family != "neural":
+        return None
+    checkpoint = (resolved or {}).get("checkpoint")
+    return checkpoint_path(checkpoint) if checkpoint else str(package_path(SHIPPED_CHECKPOINT))
 
 
 def model_choice(spec: CostModelSpec, device: str = "cpu") -> ModelChoice:
@@ -449,11 +477,14 @@ def of_kind(here: str, kinds: tuple[str, ...]) -> bool:
     return here in kinds or (bool(gpu) and gpu != "GPU not recorded" and any(k.endswith(f" + {gpu}") for k in kinds))
 
 
-def _model_of_kind(here: str, task: Task | None = None) -> str | None:
-    """The user's most recently made model of kind ``here``, else the first shipped one, unless that is the
-    default (None: keep ``neural``); with ``task``, a model trained at its batch size and precision before one that
-    is not (an H200's ``h200-union`` plans 2k-8k batches, ``h200-queued`` 16k-64k), and of those, the one whose
-    labels ran the task's optimizer (``epyc-f25m17-rowwise`` for row-wise Adagrad) before the others."""
+def _model_of_kind(
+    here: str, task: Task | None = None, exclude: frozenset[str] = frozenset()
+) -> tuple[str | None, tuple[SkippedModel, ...]]:
+    """The user's most recently made model of kind ``here`` (less ``exclude``), else the first shipped one, unless that
+    is the default (None: keep ``neural``), and the user's models left out as unreadable; with ``task``, a model
+    trained at its batch size and precision before one that is not (an H200's ``h200-union`` plans 2k-8k batches,
+    ``h200-queued`` 16k-64k), and of those, the one whose labels ran the task's optimizer (``epyc-f25m17-rowwise`` for
+    row-wise Adagrad) before the others."""
 
     def best(names: list[str], metas: dict[str, dict]) -> str:
         """Of ``names`` (in order of preference), the first trained at the task's batch size and precision with
@@ -467,10 +498,11 @@ def _model_of_kind(here: str, task: Task | None = None) -> str | None:
         ]
         return names[min(fits)[1]] if fits else names[0]
 
-    mine = {n: m for n, m in _usable_user_models().items() if of_kind(here, model_kinds(checkpoint_path(n)))}
+    usable, skipped = _usable_user_models(exclude)
+    mine = {n: m for n, m in usable.items() if of_kind(here, model_kinds(checkpoint_path(n)))}
     if mine:
-        return best(sorted(mine, key=lambda n: mine[n].get("trained", ""), reverse=True), mine)
+        return best(sorted(mine, key=lambda n: mine[n].get("trained", ""), reverse=True), mine), skipped
     shipped = [n for n in shipped_names() if of_kind(here, model_kinds(checkpoint_path(n)))]
     if not shipped or SHIPPED_MODEL_NAME in shipped:
-        return None
-    return best(shipped, {})
+        return None, skipped
+    return best(shipped, {}), skipped

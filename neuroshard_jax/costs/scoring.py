@@ -29,6 +29,7 @@ forward (``fitted_ms``). ``plan_arrays(plan)`` without a model gives the widths 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -44,8 +45,9 @@ from neuroshard_jax.core.assignment import (
     whole_row_dims,
 )
 from neuroshard_jax.core.features import NUM_FEATURES
+from neuroshard_jax.core.plan import Plan, PlanCosts
 from neuroshard_jax.core.sharding import Shard, replica_features, shard_features
-from neuroshard_jax.core.types import Plan, PlanCosts, Task
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import (
     CostFns,
     CostModel,
@@ -59,7 +61,6 @@ from neuroshard_jax.costs.cost_model import (
     input_dist_ms,
     plan_cost_ms,
 )
-from neuroshard_jax.costs.executables import kept_jit
 from neuroshard_jax.costs.input_dist import InputDist
 from neuroshard_jax.costs.row_comm import RowComm
 
@@ -90,19 +91,19 @@ def map_chunks(fn, arrays, item_ndims, chunk: int = CHUNK):
     )
 
 
-@kept_jit(static_argnums=(0,))
+@functools.partial(jax.jit, static_argnums=0)
 def shard_costs(fns: CostFns, params, feats: jax.Array, mask: jax.Array) -> jax.Array:
     """Fused-kernel compute ms f32[...] of shards: feats f32[..., T, F], mask bool[..., T] (chunked)."""
     return map_chunks(lambda f, m: device_compute_ms(fns, params, f, m), (feats, mask), (2, 1))
 
 
-@kept_jit(static_argnums=(0,))
+@functools.partial(jax.jit, static_argnums=0)
 def table_latents(fns: CostFns, params, feats: jax.Array) -> jax.Array:
     """Per-table (shard) latents: raw features f32[..., F] -> f32[..., D]."""
     return fns.embed(params, feats)
 
 
-@kept_jit(static_argnums=(0,))
+@functools.partial(jax.jit, static_argnums=0)
 def single_shard_costs(fns: CostFns, params, feats: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Latents f32[..., D] and compute ms f32[...] of shards on their own (raw features f32[..., F]):
     the ordering key of the greedy searchers and the RL MDP."""
@@ -120,7 +121,7 @@ def shards_alone(model: CostModel, feats: np.ndarray) -> tuple[np.ndarray, np.nd
     return np.asarray(latents)[:count], np.asarray(ms)[:count]
 
 
-@kept_jit(static_argnums=(0,))
+@functools.partial(jax.jit, static_argnums=0)
 def costs_from_latents(fns: CostFns, params, latent_sums: jax.Array, has_tables: jax.Array, devices: DeviceArrays):
     """Per-device costs (``DeviceCosts``) from summed latents f32[..., N, D] and has_tables bool[..., N], with the
     devices' arrays (``DeviceArrays``: widths, masks, speeds, collectives priced by fits, all-to-alls apart)."""
@@ -148,7 +149,7 @@ def _filled(arrays: PlanArrays) -> PlanArrays:
 _ITEM_NDIMS = PlanArrays(3, 2, DeviceArrays(1, 1, 1, (1, 1), 2))
 
 
-@kept_jit(static_argnums=(0,))
+@functools.partial(jax.jit, static_argnums=0)
 def plan_costs(fns: CostFns, params, arrays: PlanArrays) -> jax.Array:
     """Plan costs f32[...] of padded plans (``PlanArrays`` with any leading batch dims; chunked over plans)."""
     arrays = _filled(arrays)
@@ -266,7 +267,7 @@ def plan_dim_sums(plan: Plan, model: CostModel) -> np.ndarray:
     return _all_to_all_dims(plan, model.prices_rows)
 
 
-@kept_jit(static_argnums=(0,))
+@functools.partial(jax.jit, static_argnums=0)
 def _device_costs_jit(fns, params, arrays: PlanArrays) -> DeviceCosts:
     return device_costs(fns, params, arrays)
 
@@ -333,7 +334,7 @@ def score_plans_devices(
     return costs, np.asarray(spread, np.float64)[: len(plans)]
 
 
-@kept_jit(static_argnums=(0,))
+@functools.partial(jax.jit, static_argnums=0)
 def _uncertainty_jit(fns, params, feats, table_mask):
     latent_sums = jnp.where(table_mask[..., None], fns.embed(params, feats), 0.0).sum(-2)
     spread, trust = fns.uncertainty(params, latent_sums)

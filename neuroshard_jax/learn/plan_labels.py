@@ -39,14 +39,17 @@ import numpy as np
 
 from neuroshard_jax.core.assignment import assignment, plan_of, row_blocks_in, row_groups
 from neuroshard_jax.core.constants import GIB_BYTES
+from neuroshard_jax.core.devices import Device
 from neuroshard_jax.core.errors import PlanError, UserError
 from neuroshard_jax.core.files import JsonlLog, read_jsonl, read_records
 from neuroshard_jax.core.memory import PLAIN_SGD, Training
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.progress import progress_lines
 from neuroshard_jax.core.sharding import Shard, mem_bytes, split_counts
-from neuroshard_jax.core.types import Device, Plan, Table, Task
-from neuroshard_jax.costs.cost_model import DeviceCosts, plan_cost_ms
-from neuroshard_jax.costs.registry import CostModelSpec, expected_cost_model, shipped_names
+from neuroshard_jax.core.table import Table
+from neuroshard_jax.core.task import Task
+from neuroshard_jax.costs.cost_model import DeviceCosts, expected_cost_model, plan_cost_ms
+from neuroshard_jax.costs.registry import CostModelSpec, shipped_names
 from neuroshard_jax.costs.scoring import score_plans_devices
 from neuroshard_jax.kernels.executors import Executor, open_executor
 from neuroshard_jax.learn.metrics import kendall_tau
@@ -257,11 +260,15 @@ def plan_task(config: PlanLabelConfig, task: Task, seed: int, progress: bool = T
     """Every searcher's plan of ``task`` and the selected variants, each with its predictions; ``progress``: say
     which searchers were skipped (step lines, ``core.progress.progress_lines``)."""
     say = progress_lines(logger, progress)
-    spec = config.cost_model()
+    try:
+        built = config.cost_model().for_task(task)  # one model for every searcher's plan
+    except UserError as err:
+        say(f"  every searcher skipped: {err}")
+        return []
     searched: list[tuple[str, str, Plan]] = []
     for searcher in config.searchers:
         try:
-            plan = search_plan(task, make_searcher(searcher), spec, seed)
+            plan = search_plan(task, make_searcher(searcher), built, seed)
         except UserError as err:  # infeasible, or e.g. rl's own model is trained at batch 4096 only
             say(f"  {searcher} skipped: {err}")
             continue
@@ -271,7 +278,7 @@ def plan_task(config: PlanLabelConfig, task: Task, seed: int, progress: bool = T
     everything = searched + candidates
     if not everything:
         return []
-    model = expected_cost_model(spec.for_task(task))
+    model = expected_cost_model(built)
     costs, spread = score_plans_devices(model, [p for *_, p in everything])
     plan_ms = np.asarray(plan_cost_ms(costs))
     chosen = select_variants(config, plan_ms[len(searched) :], spread, costs, len(searched), rng)

@@ -25,9 +25,8 @@ from neuroshard_jax.core.config import at_least
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.records import CalibrationProtocol, CalibrationRatios, CalibrationRecord
 from neuroshard_jax.core.sharding import Shard
-from neuroshard_jax.core.types import Task
-from neuroshard_jax.costs.cost_model import CostModel, device_compute_ms
-from neuroshard_jax.costs.registry import CostModelSpec, expected_cost_model
+from neuroshard_jax.core.task import Task
+from neuroshard_jax.costs.cost_model import CostModel, device_compute_ms, expected_cost_model, with_compute_scale
 from neuroshard_jax.kernels.executors import Executor, ExecutorConfig
 from neuroshard_jax.measure.plans import Measuring, quiet_devices
 from neuroshard_jax.workloads.tasks import check_feasible
@@ -135,10 +134,11 @@ def calibrate(
 
 
 def calibrated(
-    task: Task, cost_model: CostModelSpec, config: CalibrateConfig, seed: int = 0
-) -> tuple[CostModelSpec, CalibrationRecord]:
-    """``cost_model`` with its ``calibration`` measured on ``task`` (the model as trained is what is calibrated; an
-    infeasible task is refused before any measurement), and the record plan.json keeps."""
+    task: Task, model: CostModel, config: CalibrateConfig, seed: int = 0
+) -> tuple[CostModel, CalibrationRecord]:
+    """``model`` (built for ``task``) with its compute scaled by the factor measured on ``task`` (the model as
+    trained is what is calibrated; an infeasible task is refused before any measurement), and the record plan.json
+    keeps."""
     check_feasible(task)
-    record = calibrate(task, cost_model.with_calibration(None).for_task(task), config, seed)
-    return cost_model.with_calibration(record.factor), record
+    record = calibrate(task, with_compute_scale(model, 1.0, task.comm_scale()), config, seed)
+    return with_compute_scale(model, record.factor, task.comm_scale()), record

@@ -8,8 +8,8 @@ from typing import NamedTuple
 import numpy as np
 
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import PRINTED_DEVICES, SLOWEST_PRINTED, device_list, devices_summary
-from neuroshard_jax.core.types import Plan
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.scoring import score_plan
 

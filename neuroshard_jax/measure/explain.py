@@ -24,6 +24,7 @@ change, the comm of every device in one jitted call per chunk of variants.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import NamedTuple
@@ -39,9 +40,10 @@ from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.constraints import allowed_devices, groups, max_levels
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_FEATURES
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import device_list, devices_summary, load_plan, printed_devices
 from neuroshard_jax.core.sharding import Shard, replica_features, row_split_count
-from neuroshard_jax.core.types import Plan, memory_words
+from neuroshard_jax.core.task import memory_words
 from neuroshard_jax.costs.cost_model import (
     CostFns,
     CostModel,
@@ -49,11 +51,12 @@ from neuroshard_jax.costs.cost_model import (
     DeviceCosts,
     bucket,
     combine_costs,
+    expected_cost_model,
     plan_cost_ms,
+    with_compute_scale,
 )
 from neuroshard_jax.costs.coverage import far_devices_warning, out_of_depth_warning
-from neuroshard_jax.costs.executables import kept_jit
-from neuroshard_jax.costs.registry import CostModelSpec, expected_cost_model, usable_cost_model
+from neuroshard_jax.costs.registry import CostModelSpec, build_cost_model
 from neuroshard_jax.costs.scoring import (
     apart_arrays,
     device_input_ms,
@@ -203,7 +206,7 @@ def table_compute_ms(model: CostModel, plan: Plan, compute_ms: np.ndarray) -> np
     return np.divide(out * compute_ms[:, None], totals, out=np.zeros_like(out), where=totals > 0)
 
 
-@kept_jit(static_argnums=(0,))
+@functools.partial(jax.jit, static_argnums=0)
 def _plan_costs_ms(fns: CostFns, params, compute_ms, devices: DeviceArrays, device_mask, speed):
     """Plan costs f32[B] of B plans of one task that differ on a few devices: their compute f32[B, N] (before the
     speeds), all-to-all widths, row groups' collectives f32[B, N] and all-to-alls apart f32[B, G, N]; one plan at a
@@ -335,7 +338,7 @@ def constraint_binds(plan: Plan, critical: int, fastest: int) -> list[str]:
         names[t]
         for t in here
         if len(plan.shards_of(t)) >= 1 << int(levels[t])
-        and (task.tables[t].no_split or task.tables[t].max_shards is not None)
+        and (task.tables[t].constraints.no_split or task.tables[t].constraints.max_shards is not None)
     ]
     if capped:
         out.append(f"no_split/max_shards: tables {', '.join(capped[:5])} may not be split further")
@@ -505,15 +508,14 @@ def explain_file(config: ExplainConfig, model: CostModel | None = None) -> str:
     plan = load_plan(path)
     warnings = []
     if model is None:
-        spec, warning = usable_cost_model(CostModelSpec(config.model), plan.task)
-        far = far_devices_warning(plan.task.num_devices, spec.name, spec.options)
-        if plan.calibration is not None and spec.name == config.model:  # the factor the plan was searched with
-            spec = spec.with_calibration(plan.calibration.factor)
-        model = spec.for_task(plan.task)
+        model, choice = build_cost_model(CostModelSpec(config.model), plan.task, fallback=True)
+        far = far_devices_warning(plan.task.num_devices, choice.name, choice.options)
+        if plan.calibration is not None and choice.instead is None:  # the factor the plan was searched with
+            model = with_compute_scale(model, plan.calibration.factor, plan.task.comm_scale())
         unsure = device_uncertainty(model, plan)  # this model's members, not those of the model that searched
         trust = () if unsure is None else tuple(unsure[1])
-        depth = out_of_depth_warning(plan.task, plan, spec.name, spec.options, trust=trust)
-        warnings = [w for w in (warning, far, depth) if w]
+        depth = out_of_depth_warning(plan.task, plan, choice.name, choice.options, trust=trust)
+        warnings = [w for w in (choice.instead, far, depth) if w]
     model = expected_cost_model(model)
     if config.base:
         text = format_diff(plan_diff(plan, load_plan(config.base, key="base"), model))

@@ -23,9 +23,10 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.memory import kernel_optimizer
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import load_plan
 from neuroshard_jax.core.sharding import Shard
-from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import DeviceCosts, plan_cost_ms
 from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, opened
 from neuroshard_jax.kernels.processes import (

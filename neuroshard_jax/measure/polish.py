@@ -24,18 +24,25 @@ import dataclasses
 import statistics
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from neuroshard_jax.core.assignment import assignment, plan_of, row_blocks_in
 from neuroshard_jax.core.config import above_zero, at_least
 from neuroshard_jax.core.errors import PlanError, UserError
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.records import MeasuredDevice, PolishProtocol, PolishRecord, PolishStep
 from neuroshard_jax.core.sharding import row_shards, split_counts
-from neuroshard_jax.core.types import Plan, Task
-from neuroshard_jax.costs.cost_model import CostModel, DeviceArrays, DeviceCosts, combine_costs, plan_cost_ms
-from neuroshard_jax.costs.executables import KeptJit
-from neuroshard_jax.costs.registry import expected_cost_model
+from neuroshard_jax.core.task import Task
+from neuroshard_jax.costs.cost_model import (
+    CostModel,
+    DeviceArrays,
+    DeviceCosts,
+    combine_costs,
+    expected_cost_model,
+    plan_cost_ms,
+)
 from neuroshard_jax.costs.scoring import (
     apart_arrays,
     fitted_ms,
@@ -202,7 +209,7 @@ def proposals(plan: Plan, slow: int, rng: np.random.Generator, count: int) -> li
     ]
     # devices interchangeable for a plan's cost: of one cap, speed and comm scale (hosts), and (where tables are
     # pinned or exclude devices) only each device with itself
-    placed_by_user = any(t.pin is not None or t.exclude for t in task.tables)
+    placed_by_user = any(t.constraints.pin is not None or t.constraints.exclude for t in task.tables)
     alike = zip(task.caps_gb(), task.speeds(), task.comm_scale())
     kinds = [(cap, speed, scale, d if placed_by_user else -1) for d, (cap, speed, scale) in enumerate(alike)]
     seen, out = {(_contents(devices, kinds), _placed(blocks))}, []
@@ -303,7 +310,7 @@ def simulate(model: CostModel, plans: list[Plan], compute: np.ndarray) -> Device
     return DeviceCosts(*(np.asarray(c, np.float64) for c in costs))
 
 
-_combine = KeptJit(combine_costs, static_argnums=(0,))
+_combine = jax.jit(combine_costs, static_argnums=0)
 
 
 def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 0) -> Plan:

@@ -74,7 +74,7 @@ def compare_models(config: ModelComparisonConfig) -> dict:
         for seed in range(FIRST_SEED, FIRST_SEED + config.tasks):
             task = generate_task(pool, TaskConfig(num_tables=None, num_devices=n, split="test"), seed)
             for model in models:
-                plans.append(search_plan(task, searcher, specs[model], 0))
+                plans.append(search_plan(task, searcher, specs[model].for_task(task), 0))
                 index.append((n, seed, model))
         logger.info("%s devices: %s tasks planned", n, config.tasks)
     evaluator = EvaluateConfig(executor=ExecutorConfig(workers=config.workers), pin=True)

@@ -7,17 +7,18 @@ import logging
 import os
 import time
 
+import jax
 import numpy as np
 
 from neuroshard_jax.core.constraints import conflicts, constraints_used, has_constraints
+from neuroshard_jax.core.devices import Device
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.paths import CACHE_HINT, cache_dir
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.records import CalibrationRecord
 from neuroshard_jax.core.sharding import merge_colocated
-from neuroshard_jax.core.types import Device, Plan, Task
-from neuroshard_jax.costs.cost_model import CostModel
-from neuroshard_jax.costs.executables import keep_executables
-from neuroshard_jax.costs.registry import CostModelSpec, expected_cost_model
+from neuroshard_jax.core.task import Task
+from neuroshard_jax.costs.cost_model import CostModel, compute_scale, expected_cost_model
 from neuroshard_jax.costs.scoring import score_plan, score_plans, shards_alone, with_costs
 from neuroshard_jax.search.replicas import replica_choices, replica_rest, replicas_fit, with_replicas
 from neuroshard_jax.search.row_split import (
@@ -32,45 +33,51 @@ from searchers import Searcher, registered
 
 logger = logging.getLogger(__name__)
 
+# JAX keeps only kernels that took at least this long to compile: all (the search's take well under a second each)
+MIN_COMPILE_S = 0.0
+_unmade: set[str] = set()  # cache folders found unmakeable in this process: said once each
+
 
 def keep_compiled_kernels() -> None:
-    """Keep the search's compiled kernels on disk, ready to run, in ``$NEUROSHARD_CACHE_DIR/executables`` (default
-    ``~/.cache/neuroshard_jax``): a later process with the same shapes loads them in milliseconds, skipping JAX's
-    tracing and lowering and XLA's compilation (``costs.executables``). A folder that cannot be made (a read-only
-    home) is said in one warning, and the search compiles as it would without it."""
-    folder = cache_dir() / "executables"
+    """Keep the search's compiled kernels in JAX's persistent compilation cache, in ``$NEUROSHARD_CACHE_DIR/jax``
+    (default ``~/.cache/neuroshard_jax/jax``): a later process tracing the same shapes reads XLA's executables
+    there instead of compiling them. A cache folder the process already set (``jax_compilation_cache_dir``, or the
+    ``JAX_COMPILATION_CACHE_DIR`` variable) is kept, with its settings; one that cannot be made (a read-only home)
+    is said in one warning, and the search compiles as it would without it. Calling it again does nothing."""
+    if jax.config.jax_compilation_cache_dir:
+        return
+    folder = cache_dir() / "jax"
+    if str(folder) in _unmade:
+        return
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # executables are code: the user's alone
         writable = os.access(folder, os.W_OK | os.X_OK)
     except OSError as err:
         writable, cause = False, getattr(err, "strerror", None) or str(err)
     else:
         cause = "no permission"
     if not writable:
+        _unmade.add(str(folder))
         logger.warning(f"compiled search kernels are not kept: {str(folder)!r} cannot be made ({cause}); {CACHE_HINT}")
         return
-    keep_executables(folder)
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_S)
 
 
-def search_plan(
-    task: Task,
-    searcher: Searcher,
-    cost_model: CostModelSpec,
-    seed: int,
-    row_split: str = "fit",
-    model: CostModel | None = None,
-) -> Plan:
-    """Search a plan for ``task``: validated, with its costs predicted by ``cost_model`` and its provenance.
-    ``row_split``: which tables row blocks are tried for (``row_split.py``: fit | hot | off); ``model``: the cost
-    model already built for ``task`` from ``cost_model`` (built here if None)."""
+def search_plan(task: Task, searcher: Searcher, model: CostModel, seed: int, row_split: str = "fit") -> Plan:
+    """Search a plan for ``task``: validated, with its costs predicted by ``model`` (built for ``task``, and serving
+    every part of it the search plans: the tables around replicas or row blocks keep its devices) and its
+    provenance. ``row_split``: which tables row blocks are tried for (``row_split.py``: fit | hot | off)."""
+    if not isinstance(model, CostModel):
+        raise UserError(
+            f"cost_model: got {type(model).__name__}, expected a CostModel (CostModelSpec(name).for_task(task))"
+        )
     check_feasible(task)
-    if model is None:
-        model = cost_model.for_task(task)
     if has_constraints(task.tables):
         check_constraints(task, searcher)
     start = time.perf_counter()
     table_ms = whole_table_ms(model, task) if searcher.replicates or row_split == "hot" else None
-    runs, refusal = [], None  # (replicated, the task around them, its table indices, its model, split, within host)
+    runs, refusal = [], None  # (replicated, the task around them, its table indices, split, within host)
     plans = []
     for replicated in [()] if searcher.own_row_splits else replica_choices(task, table_ms, searcher.replicates):
         try:
@@ -79,14 +86,13 @@ def search_plan(
                 plans.append(Plan(task, (), data_parallel=replicated).validate())
                 continue
             base, index = replica_rest(task, replicated) if replicated else (task, None)
-            base_model = model if not replicated else cost_model.for_task(base)
             if searcher.own_row_splits:  # TorchRec's planner chooses its own sharding types
                 choices = [()]
             else:
                 # the hot tables need every table's predicted compute: worked out only where they are asked for
                 base_ms = None
                 if row_split == "hot":
-                    base_ms = table_ms if not replicated else whole_table_ms(base_model, base)
+                    base_ms = table_ms if not replicated else whole_table_ms(model, base)
                 hot = hot_tables(base_ms, base.num_devices) if row_split == "hot" else ()
                 choices = row_split_choices(base, row_split, hot)
         except InfeasibleError as err:  # this choice of replicas leaves no plan; another may
@@ -95,17 +101,17 @@ def search_plan(
         # on several hosts a table's row blocks may also stay within one host (TorchRec's table_row_wise)
         ways = (False, True) if base.host_groups() is not None else (False,)
         runs += [
-            (replicated, base, index, base_model, split, within_host)
+            (replicated, base, index, split, within_host)
             for split in choices
             for within_host in (ways if split else (False,))
         ]
-    for i, (replicated, base, index, base_model, split, within_host) in enumerate(runs):
+    for i, (replicated, base, index, split, within_host) in enumerate(runs):
         run = searcher.share(len(runs))  # a bound on the search's work: the same share for every run
         if searcher.budget_s is not None:  # a searcher's time budget is the whole search's: shared by the runs left
             share = (searcher.budget_s - (time.perf_counter() - start)) / (len(runs) - i)
             run = run.with_budget(max(share, 1e-6))
         try:
-            plan = _search_around(base, run, base_model, seed, split, within_host, cost_model)
+            plan = _search_around(base, run, model, seed, split, within_host)
         except InfeasibleError as err:  # this way of cutting leaves no plan; another may
             refusal = refusal or err
             continue
@@ -117,19 +123,16 @@ def search_plan(
     elapsed_s = time.perf_counter() - start
     # the reported costs are expectations: the search's risk term (an ensemble's spread) is not part of them
     scored = with_costs(expected_cost_model(model), plan)
-    factor = cost_model.calibration
+    factor = compute_scale(model)
     given = CalibrationRecord.of_factor(factor) if factor != 1.0 else None  # calibrate=measured replaces it
     return dataclasses.replace(scored, searcher=searcher.name, seed=seed, search_time_s=elapsed_s, calibration=given)
 
 
-def search_with_rows(
-    task: Task, searcher: Searcher, cost_model: CostModelSpec, seed: int, tables: tuple[int, ...]
-) -> Plan:
+def search_with_rows(task: Task, searcher: Searcher, model: CostModel, seed: int, tables: tuple[int, ...]) -> Plan:
     """The searcher's plan of ``task`` with exactly ``tables`` (task indices) cut into row blocks over every device,
     whatever the model thinks of it (what ``row_split`` would weigh against the other ways), with its costs."""
     check_feasible(task)
-    model = cost_model.for_task(task)
-    plan = _search_around(task, searcher, model, seed, tables, False, cost_model)
+    plan = _search_around(task, searcher, model, seed, tables, False)
     return dataclasses.replace(with_costs(expected_cost_model(model), plan), searcher=searcher.name, seed=seed)
 
 
@@ -138,9 +141,7 @@ def whole_table_ms(model, task: Task) -> np.ndarray:
     return shards_alone(expected_cost_model(model), task.features().astype(np.float32))[1].astype(np.float64)
 
 
-def _search_around(
-    task: Task, searcher: Searcher, model: CostModel, seed: int, split, within_host: bool, cost_model: CostModelSpec
-) -> Plan:
+def _search_around(task: Task, searcher: Searcher, model: CostModel, seed: int, split, within_host: bool) -> Plan:
     """The searcher's plan of ``task`` with the tables ``split`` cut into row blocks first (none: the plain search),
     over every device or, ``within_host``, over one host's devices; validated."""
     if split:
@@ -156,7 +157,7 @@ def _search_around(
                 searcher = searcher.with_budget(searcher.budget_s / len(arounds))
         plans = []
         for around in arounds:
-            rest_plan = searcher.search(around, cost_model.for_task(around), seed)
+            rest_plan = searcher.search(around, model, seed)
             rest_plan = Plan(rest, merge_colocated(rest_plan.shards))
             plans.append(join(task, rest_plan, index, blocks).validate())
         return plans[int(np.argmin(score_plans(model, plans)))] if len(plans) > 1 else plans[0]

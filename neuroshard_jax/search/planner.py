@@ -3,37 +3,39 @@ the TorchRec adapter all run (TorchRec's ``EmbeddingShardingPlanner``, built onc
 many times, is the model).
 
     planner = Planner(make_searcher("beam"), CostModelSpec("analytic"), polish=PolishConfig(name="measured"))
-    planner = Planner.named("beam", "neural")   # names turned into parts once: the model chosen for this machine
+    planner = PlannerOptions(searcher="beam", seed=3).planner()   # names turned into parts once
+    planner = planner_from({"searcher": "beam", "k": 5})           # keywords as nsj.plan takes them
     planned = planner.run(task)        # Planned(plan, cost_model, choice): the cost model the plan was scored with
     plan = planner.plan(task)          # the plan alone
 
-A ``Planner`` is a frozen value built from its parts (a ``Searcher``, a ``CostModelSpec``, the measured stages'
-configs), each checked when it was made: an unknown searcher option or cost model is a ``UserError`` before any
-work, and planning never changes it.
+Every option of a planning run is a field of ``PlannerOptions``, and ``planner_from`` is the one way keywords
+become a planner: the main job's command line (``seed=3 row_split=hot``), ``nsj.plan`` and the TorchRec adapter
+all go through it, so an option added there is an option of all three. A ``Planner`` is a frozen value built from
+its parts (a ``Searcher``, a ``CostModelSpec``, the measured stages' configs), each checked when it was made; its
+cost model is built once per ``run``, at the edge, and handed to every stage as an object.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
-from neuroshard_jax.core.config import check_seed
+from neuroshard_jax.core.config import check_seed, nearest, typed
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.coverage import out_of_depth_warning
-from neuroshard_jax.costs.registry import (
-    CostModelSpec,
-    ModelChoice,
-    choose_cost_model,
-    for_task_of_kind,
-    model_choice,
-)
+from neuroshard_jax.costs.registry import CostModelSpec, ModelChoice, build_cost_model, spec_of
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrated
 from neuroshard_jax.measure.polish import PolishConfig, polish_plan
 from neuroshard_jax.search.pipeline import keep_compiled_kernels, search_plan
 from neuroshard_jax.search.row_split import check_mode
 from neuroshard_jax.workloads.tasks import check_feasible
-from searchers import Searcher, make_searcher
+from searchers import Searcher, make_searcher, searcher_options
+
+DEVICES = ("cpu", "cuda")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,10 +56,11 @@ class Planned:
 @dataclasses.dataclass(frozen=True)
 class Planner:
     """A planning run's parts. ``searcher``: a ``Searcher`` (``make_searcher(name, options)``); ``cost_model``: a
-    ``CostModelSpec`` (None: the model chosen for this machine's kind, ``costs.registry.choose_cost_model``);
+    ``CostModelSpec`` (None: the model chosen for this machine's kind when a task comes, ``build_cost_model``);
     ``row_split``: which tables row blocks are tried for (fit | hot | off); ``calibrate``, ``polish``: the measured
     stages before and after the search (``name="off"`` skips them); ``seed``: the same seed gives the same plan;
-    ``device``: the compute device the plan is for (cpu | cuda)."""
+    ``device``: the compute device the plan is for (cpu | cuda); ``fallback``: a cost model not trained at the
+    task's batch size or precision gives way to one that is (or the roofline), with a warning, instead of refusing."""
 
     searcher: Searcher = dataclasses.field(default_factory=lambda: make_searcher("beam"))
     cost_model: CostModelSpec | None = None
@@ -66,56 +69,37 @@ class Planner:
     calibrate: CalibrateConfig = CalibrateConfig()
     polish: PolishConfig = PolishConfig()
     device: str = "cpu"
+    fallback: bool = False
 
     def __post_init__(self):
-        if self.device not in ("cpu", "cuda"):
-            raise UserError(f"device: got {self.device!r}, expected cpu or cuda")
+        check_device(self.device)
         object.__setattr__(self, "seed", check_seed(self.seed))
         if not isinstance(self.searcher, Searcher):
             raise UserError(
                 f"planner.searcher: got {self.searcher!r:.60}, expected a Searcher (make_searcher(name, options), or "
-                "Planner.named(searcher=name))"
+                "PlannerOptions(searcher=name).planner())"
             )
         if self.cost_model is None:
-            object.__setattr__(self, "cost_model", choose_cost_model("neural", {}, self.device).spec)
+            object.__setattr__(self, "cost_model", spec_of("neural"))
         if not isinstance(self.cost_model, CostModelSpec):
             raise UserError(
                 f"planner.cost_model: got {self.cost_model!r:.60}, expected a CostModelSpec (CostModelSpec(name, "
-                "options), or Planner.named(cost_model=name))"
+                "options), or PlannerOptions(cost_model=name).planner())"
             )
         check_mode(self.row_split)
 
-    @classmethod
-    def named(
-        cls,
-        searcher: str = "beam",
-        cost_model: str = "neural",
-        *,
-        searcher_options: dict | None = None,
-        cost_model_options: dict | None = None,
-        device: str = "cpu",
-        **settings,
-    ) -> Planner:
-        """A planner from names, as configs and keyword arguments give them: a registered searcher with its
-        options, and a cost model's name with its options (``neural`` without a checkpoint: the model chosen for
-        this machine's kind); ``settings``: the other fields."""
-        if device not in ("cpu", "cuda"):
-            raise UserError(f"device: got {device!r}, expected cpu or cuda")
-        algorithm = make_searcher(searcher, dict(searcher_options or {}))
-        spec = choose_cost_model(cost_model, cost_model_options, device).spec
-        return cls(algorithm, spec, device=device, **settings)
-
     def run(self, task: Task) -> Planned:
-        """Plan ``task``: calibrate the cost model on its tables (if asked), build the model once, search (row
-        splits tried first where they may pay), polish on the real kernels (if asked)."""
+        """Plan ``task``: build its cost model once (``build_cost_model``), calibrate it on the task's tables (if
+        asked), search (row splits tried first where they may pay), polish on the real kernels (if asked)."""
+        if not isinstance(task, Task):
+            raise UserError(f"planner.run: got {type(task).__name__}, expected a Task (workloads.tasks.make_task)")
         check_feasible(task)  # an infeasible task is refused before any model is built or kernel measured
         keep_compiled_kernels()
-        spec, record = for_task_of_kind(self.cost_model, self.device, task), None
-        choice = model_choice(spec, self.device)
+        model, choice = build_cost_model(self.cost_model, task, self.device, self.fallback)  # choice.instead: why
+        record = None
         if self.calibrate.name == "measured":
-            spec, record = calibrated(task, spec, self.calibrate, self.seed)
-        model = spec.for_task(task)
-        plan = search_plan(task, self.searcher, spec, self.seed, self.row_split, model)
+            model, record = calibrated(task, model, self.calibrate, self.seed)
+        plan = search_plan(task, self.searcher, model, self.seed, self.row_split)
         if self.polish.name == "measured":
             plan = polish_plan(plan, model, self.polish, self.seed)
         if record is not None:
@@ -127,49 +111,108 @@ class Planner:
         return self.run(task).plan
 
 
-def planner_or_keywords(
-    planner: Planner | None,
-    searcher: str = "beam",
-    cost_model: str = "neural",
-    *,
-    searcher_options: dict | None = None,
-    cost_model_options: dict | None = None,
-    calibrate: bool | CalibrateConfig = False,
-    polish: bool | PolishConfig = False,
-    row_split: str = "fit",
-    seed: int = 0,
-    device: str = "cpu",
-) -> Planner:
-    """What ``nsj.plan`` and the TorchRec adapter plan with: ``planner`` where given (then a planning keyword set as
-    well is refused in one line: which of the two plans would be ambiguous), else the planner the keywords build
-    (``Planner.named``; ``calibrate`` and ``polish`` as ``True``/``False`` or their configs)."""
-    if planner is None:
-        return Planner.named(
-            searcher,
-            cost_model,
-            searcher_options=searcher_options,
-            cost_model_options=cost_model_options,
-            seed=seed,
-            row_split=row_split,
-            calibrate=stage_config(CalibrateConfig, calibrate, "calibrate"),
-            polish=stage_config(PolishConfig, polish, "polish"),
-            device=device,
+def check_device(device: str) -> str:
+    if device not in DEVICES:
+        raise UserError(f"device: got {device!r}, expected cpu or cuda")
+    return device
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannerOptions:
+    """Every option of a planning run, in one place: the main job's top-level keys (its ``searcher`` and
+    ``cost_model`` config groups hold the names and their options), ``nsj.plan``'s and the TorchRec adapter's
+    keywords. ``searcher``, ``cost_model``: registered names (``searcher_names()``; ``neural``: the model chosen for
+    this machine's kind, ``analytic``, or a model's name), with their options; ``calibrate``, ``polish``: the measured
+    stages (``True``/``False`` or their configs); ``row_split``: fit | hot | off; ``seed``: the same seed gives the
+    same plan; ``device``: the compute device the plan is for (cpu | cuda); ``fallback``: plan with a model trained
+    at the task's batch size and precision (or the roofline), with a warning, where the one asked for was not."""
+
+    searcher: str = "beam"
+    searcher_options: dict = dataclasses.field(default_factory=dict)
+    cost_model: str = "neural"
+    cost_model_options: dict = dataclasses.field(default_factory=dict)
+    seed: int = 0
+    row_split: str = "fit"
+    calibrate: CalibrateConfig = CalibrateConfig()
+    polish: PolishConfig = PolishConfig()
+    device: str = "cpu"
+    fallback: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "seed", check_seed(self.seed))
+        object.__setattr__(self, "calibrate", stage_config(CalibrateConfig, self.calibrate, "calibrate"))
+        object.__setattr__(self, "polish", stage_config(PolishConfig, self.polish, "polish"))
+        check_mode(self.row_split)
+        check_device(self.device)
+
+    def planner(self) -> Planner:
+        """The planner these options build: the searcher and the cost model's spec made from their names once."""
+        return Planner(
+            make_searcher(self.searcher, dict(self.searcher_options)),
+            spec_of(self.cost_model, self.cost_model_options),
+            seed=self.seed,
+            row_split=self.row_split,
+            calibrate=self.calibrate,
+            polish=self.polish,
+            device=self.device,
+            fallback=self.fallback,
         )
-    given = {
-        "searcher": searcher != "beam",
-        "cost_model": cost_model != "neural",
-        "cost_model_options": bool(cost_model_options),
-        "calibrate": calibrate is not False,
-        "polish": polish is not False,
-        "row_split": row_split != "fit",
-        "seed": seed not in (0, planner.seed),
-        **{name: True for name in searcher_options or {}},
-    }
-    clash = [name for name, set_ in given.items() if set_]
-    if clash:
+
+
+GROUPED = {"searcher": "searcher_options", "cost_model": "cost_model_options"}  # a name and its options
+
+
+def option_names() -> tuple[str, ...]:
+    """The planner's options: the fields of ``PlannerOptions``."""
+    return tuple(f.name for f in dataclasses.fields(PlannerOptions))
+
+
+def planner_options(keywords: Mapping[str, Any], where: str = "") -> PlannerOptions:
+    """``PlannerOptions`` from keywords as every entry point gives them: its fields, with ``searcher`` or
+    ``cost_model`` also as a config group's mapping (``{"name": "beam", "k": 5}``), and the searcher's own options
+    beside them (``k=5``); ``calibrate``/``polish`` as ``True``/``False``. A keyword that is neither is refused with
+    the nearest name. ``where``: the prefix of key names in errors."""
+    values = dict(keywords)
+    for group, options in GROUPED.items():
+        chosen = values.get(group)
+        if isinstance(chosen, Mapping):  # a config group: its name and its options
+            chosen = dict(chosen)
+            if "name" not in chosen:
+                raise UserError(f"{where}{group}: got {chosen!r:.60}, expected a name or a mapping with 'name'")
+            values[group] = chosen.pop("name")
+            values[options] = {**chosen, **dict(values.get(options) or {})}
+    if "seed" in values:  # numpy integers taken, and the one message a bad seed gets everywhere
+        values["seed"] = check_seed(values["seed"])
+    for stage, cls in (("calibrate", CalibrateConfig), ("polish", PolishConfig)):
+        if isinstance(values.get(stage), bool):
+            values[stage] = stage_config(cls, values[stage], stage)
+    searcher = values.get("searcher", PlannerOptions.searcher)
+    own = searcher_options(searcher) if isinstance(searcher, str) else ()
+    names = option_names()
+    loose = {k: values.pop(k) for k in [k for k in values if k not in names]}
+    unknown = [k for k in loose if k not in own]
+    if unknown:
+        raise UserError(f"{where}{unknown[0]}: unknown option, {nearest(unknown[0], sorted({*names, *own}))}")
+    if loose:
+        values["searcher_options"] = {**dict(values.get("searcher_options") or {}), **loose}
+    return typed(PlannerOptions, values, where.rstrip("."))
+
+
+def planner_from(keywords: Mapping[str, Any], planner: Planner | None = None, where: str = "") -> Planner:
+    """What ``nsj.plan``, the TorchRec adapter and the main job plan with: ``planner`` where given (then any
+    planning keyword given as well is refused in one line: which of the two should plan would be a guess), else the
+    planner ``keywords`` build (``planner_options``)."""
+    if planner is None:
+        return planner_options(keywords, where).planner()
+    if not isinstance(planner, Planner):
         raise UserError(
-            f"planner: given with {clash[0]}=...; expected the planner alone (its parts say how to plan) or its "
-            "settings as keywords"
+            f"planner: got {planner!r:.60}, expected a Planner (PlannerOptions(...).planner()), or the options as "
+            "keywords (searcher=..., seed=...)"
+        )
+    if keywords:
+        raise UserError(
+            f"planner: given with {next(iter(keywords))}=...; expected the planner alone (its parts say how to plan) "
+            "or its options as keywords"
         )
     return planner
 

@@ -22,7 +22,8 @@ import numpy as np
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.constraints import may_be_data_parallel, must_be_data_parallel
 from neuroshard_jax.core.errors import InfeasibleError
-from neuroshard_jax.core.types import Plan, Task
+from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.search.row_split import join, task_around
 
 

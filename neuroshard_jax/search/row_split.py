@@ -30,9 +30,11 @@ import numpy as np
 
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.constraints import has_constraints, may_split_rows
+from neuroshard_jax.core.devices import Device
 from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard, narrowest_dim, row_shards
-from neuroshard_jax.core.types import Device, Plan, Task
+from neuroshard_jax.core.task import Task
 
 MODES = ("fit", "hot", "off")  # fit: tables larger than every device; hot: and the hot ones; off: none
 
@@ -98,7 +100,7 @@ def _row_splittable(task: Task, table: int) -> bool:
 
 def _constrained(table) -> bool:
     """Constraints that rule out cutting the table into rows by choice: any but sharding types that allow rows."""
-    return has_constraints([dataclasses.replace(table, sharding_types=None)]) or not may_split_rows(table)
+    return has_constraints([table.constrained(sharding_types=None)]) or not may_split_rows(table)
 
 
 def row_blocks_of(task: Task, tables: Sequence[int], within_host: bool = False) -> tuple[Shard, ...]:

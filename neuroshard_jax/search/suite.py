@@ -31,7 +31,7 @@ from pathlib import Path
 
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import JsonlLog, write_json
-from neuroshard_jax.core.types import Plan
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.costs.registry import CostModelSpec
 from neuroshard_jax.measure.plans import EvaluateConfig, measure_plans
 from neuroshard_jax.search.pipeline import search_plan
@@ -130,7 +130,7 @@ def run_suite(
                 record = {"id": record_id(devices, task_seed), "devices": devices, "task_seed": task_seed}
                 record["tables"] = task.num_tables
                 try:
-                    plan = search_plan(task, searcher, cost_model, task_seed).to_json()
+                    plan = search_plan(task, searcher, cost_model.for_task(task), task_seed).to_json()
                 except InfeasibleError as err:  # counted, never dropped
                     results.append({**record, "infeasible": str(err)})
                     continue

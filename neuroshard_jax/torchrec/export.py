@@ -30,7 +30,7 @@ from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.constants import TORCHREC_INSTALL
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.types import Plan
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.kernels.processes import WorkerFailure, run_ranks, run_worker
 from neuroshard_jax.kernels.torchrec_format import row_split_host
 

@@ -29,7 +29,6 @@ This module and the worker are the only ones that import torch; nothing in the J
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -47,14 +46,12 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import format_plan
 from neuroshard_jax.core.progress import progress_bar
-from neuroshard_jax.core.types import Plan, row_blocks_json
-from neuroshard_jax.costs.registry import for_task_of_kind, usable_cost_model
+from neuroshard_jax.core.schema import row_blocks_json
 from neuroshard_jax.kernels.torchrec_format import module_plan
-from neuroshard_jax.measure.calibration import CalibrateConfig
-from neuroshard_jax.measure.polish import PolishConfig
-from neuroshard_jax.search.planner import Planner, planner_or_keywords
+from neuroshard_jax.search.planner import Planner, planner_from
 from neuroshard_jax.workloads.statistics import (
     DEFAULT_ZIPF,
     ROW_BLOCK_COUNTS,
@@ -164,8 +161,8 @@ class NeuroShardPlanner(ShardingPlanner):
     ``stats``: per table statistics (``batch_statistics``, a list of TableStats, or a statistics file's path),
     taken at the planning batch; ``pooling_factors``: per table (or feature) for tables without statistics,
     estimated with a Zipf law of exponent ``zipf``. ``planner``: a ``Planner`` built from its parts
-    (``search.planner``); or, as a convenience that builds one, ``searcher``/``searcher_options``, ``cost_model``/
-    ``cost_model_options``, ``calibrate``, ``polish``, ``row_split`` and ``seed`` as in ``neuroshard_jax.plan``: every
+    (``search.planner``); or, as a convenience that builds one, the fields of ``PlannerOptions`` as keywords, as
+    ``neuroshard_jax.plan`` takes them (``searcher="grid"``, ``seed=3``; the device is the topology's): every
     plan runs the one ``Planner`` (calibrate -> row split -> search -> polish). After ``plan``, ``last_plan`` holds
     our ``Plan`` (predicted costs, ``to_json()``). The tables' memory counts the optimizer they train with
     (``optimizer``, else the one the model declares: ``declared_optimizer``, else exact SGD), their data type, and
@@ -185,19 +182,12 @@ class NeuroShardPlanner(ShardingPlanner):
         mem_cap_gb: float | None = None,
         pooling_factors: Mapping[str, float] | None = None,
         zipf: float = DEFAULT_ZIPF,
-        searcher: str = "beam",
-        searcher_options: dict | None = None,
-        cost_model: str = "neural",
-        cost_model_options: dict | None = None,
-        calibrate: bool | CalibrateConfig = False,
-        polish: bool | PolishConfig = False,
-        row_split: str = "fit",
-        seed: int = 0,
         compute_kernel: str = "fused",
         optimizer: str | None = None,
         mem_reserve: float | None = None,
         verbose: bool = True,
         planner: Planner | None = None,
+        **options,
     ):
         if topology is None and world_size is None:
             raise UserError("topology: missing, expected a TorchRec Topology or world_size=N")
@@ -218,18 +208,12 @@ class NeuroShardPlanner(ShardingPlanner):
         self.stats = {t.name: t for t in (read_stats_file(stats) if isinstance(stats, (str, Path)) else stats or [])}
         self.pooling_factors = dict(pooling_factors or {})
         self.zipf = zipf
-        planner = planner_or_keywords(
-            planner,
-            searcher,
-            cost_model,
-            searcher_options=searcher_options,
-            cost_model_options=cost_model_options,
-            calibrate=calibrate,
-            polish=polish,
-            row_split=row_split,
-            seed=seed,
-            device="cuda" if self.topology.compute_device == "cuda" else "cpu",
-        )
+        if "device" in options:
+            raise UserError("device: the topology's compute device is the plan's, expected no device keyword")
+        device = "cuda" if self.topology.compute_device == "cuda" else "cpu"
+        if planner is None:  # the topology says which device the plan is for; any batch is planned (``fallback``)
+            options = {"fallback": True, **options, "device": device}
+        planner = planner_from(options, planner)
         self.planner = planner
         self.seed = planner.seed
         self.compute_kernel = compute_kernel
@@ -344,13 +328,12 @@ class NeuroShardPlanner(ShardingPlanner):
             optimizer,
             self.reserve(),
         )
-        spec, warning = usable_cost_model(for_task_of_kind(self.planner.cost_model, self.planner.device, task), task)
-        if warning and self.verbose:
-            logger.warning("%s", warning)
-        planned = dataclasses.replace(self.planner, cost_model=spec).run(task)
+        planned = self.planner.run(task)
         ours = planned.plan
         if self.verbose:
             choice = planned.choice
+            if choice.instead:
+                logger.warning("%s", choice.instead)
             logger.info("%s", choice.line())
             depth = planned.depth_warning()
             if depth:

@@ -34,8 +34,8 @@ import numpy as np
 
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
-from neuroshard_jax.core.types import Plan
 from neuroshard_jax.kernels.processes import WorkerFailure, run_ranks
 from neuroshard_jax.measure.plans import device_tables
 from neuroshard_jax.torchrec.export import ExportConfig, export_torchrec

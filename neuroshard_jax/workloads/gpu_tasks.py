@@ -31,7 +31,8 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import bin_shares
 from neuroshard_jax.core.paths import cache_dir, pool_file_digest
 from neuroshard_jax.core.sharding import mem_bytes
-from neuroshard_jax.core.types import PoolSpec, Table, Task
+from neuroshard_jax.core.table import PoolSpec, Table
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.workloads.pool import (
     SyntheticPoolConfig,
     SyntheticStreams,

@@ -37,7 +37,7 @@ from neuroshard_jax.core.constants import GENERATOR_VERSION, MIN_ROWS
 from neuroshard_jax.core.errors import UserError, first_line
 from neuroshard_jax.core.features import NUM_BINS, access_histogram, bin_shares, count_histogram
 from neuroshard_jax.core.paths import CACHE_HINT, cache_dir, pool_file_digest
-from neuroshard_jax.core.types import PoolSpec
+from neuroshard_jax.core.table import PoolSpec
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,8 +37,9 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_BINS, bin_shares, count_bins, count_histogram
 from neuroshard_jax.core.files import read_json
 from neuroshard_jax.core.progress import progress_bar
+from neuroshard_jax.core.schema import row_blocks_from_json, row_blocks_json
 from neuroshard_jax.core.sharding import row_block_size
-from neuroshard_jax.core.types import RowBlockStats, row_blocks_from_json, row_blocks_json
+from neuroshard_jax.core.table import RowBlockStats
 from neuroshard_jax.workloads.pool import load_dlrm_arrays
 from neuroshard_jax.workloads.streams import zipf_ids
 

@@ -16,8 +16,10 @@ from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import NUM_BINS
 from neuroshard_jax.core.files import read_json
 from neuroshard_jax.core.memory import PLAIN_SGD, MemoryParts, Training, gib
+from neuroshard_jax.core.schema import BIN_KEYS
 from neuroshard_jax.core.sharding import is_legal_dim, mem_bytes, narrowest_dim
-from neuroshard_jax.core.types import BIN_KEYS, Table, Task, memory_words
+from neuroshard_jax.core.table import Table
+from neuroshard_jax.core.task import Task, memory_words
 from neuroshard_jax.workloads.pool import PoolSpec, TablePool, load_pool
 from neuroshard_jax.workloads.statistics import DEFAULT_ZIPF, estimated_stats
 

@@ -1,0 +1,301 @@
+"""A sharding plan: every column of every table of a task on exactly one device (row blocks and data-parallel tables
+too), its predicted costs and provenance; its file form is plan.json (``to_json``/``from_json``, through
+``core.schema``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from neuroshard_jax.core.config import plain, typed
+from neuroshard_jax.core.constants import GIB_BYTES
+from neuroshard_jax.core.constraints import violations
+from neuroshard_jax.core.errors import PlanError, UserError
+from neuroshard_jax.core.memory import MemoryParts
+from neuroshard_jax.core.records import CalibrationRecord, PolishRecord
+from neuroshard_jax.core.schema import SHARD_KEYS, PlanFile, ShardFile
+from neuroshard_jax.core.sharding import (
+    Shard,
+    column_shards,
+    device_dim_sums,
+    tiling_error,
+)
+from neuroshard_jax.core.task import Task, memory_words
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanCosts:
+    """A plan's predicted costs in ms by the cost model ``cost_model``: per device (tuples of N floats) and the
+    plan cost (``cost_models.plan_cost_ms``: the slowest device)."""
+
+    compute_ms: tuple[float, ...]
+    fwd_comm_ms: tuple[float, ...]
+    bwd_comm_ms: tuple[float, ...]
+    total_ms: tuple[float, ...]
+    cost_ms: float
+    cost_model: str
+    # An ensemble's per-device relative spread of compute, and the weight its nets kept against the roofline
+    # fallback (1: trusted; below 1: the members disagree, the prediction leans on the roofline). None otherwise.
+    compute_spread: tuple[float, ...] | None = None
+    trust: tuple[float, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A sharding plan: every column of every table of ``task`` on exactly one device, but the ``data_parallel``
+    tables (task indices, ascending), which every device holds whole: each device looks up its own slice of the
+    batch (batch / N) and their gradients are all-reduced (TorchRec's data_parallel). They have no shards.
+
+    ``costs`` (predicted, when the plan was scored), ``searcher``, ``seed`` and ``search_time_s`` say where it
+    came from; they do not take part in equality. ``to_json`` / ``from_json`` are the plan.json contract.
+    """
+
+    task: Task
+    shards: tuple[Shard, ...]
+    costs: PlanCosts | None = dataclasses.field(default=None, compare=False)
+    searcher: str | None = dataclasses.field(default=None, compare=False)
+    seed: int | None = dataclasses.field(default=None, compare=False)
+    search_time_s: float | None = dataclasses.field(default=None, compare=False)
+    # measured polishing's record (``polish.py``): measured per-device costs, measurements, time, improvement
+    polish: PolishRecord | None = dataclasses.field(default=None, compare=False)
+    # the cost model's calibration to the measuring machine (``calibrate.py``): factor, its spread, what was measured
+    calibration: CalibrationRecord | None = dataclasses.field(default=None, compare=False)
+    data_parallel: tuple[int, ...] = ()
+
+    @classmethod
+    def from_assignment(cls, task: Task, num_splits: list[int], devices: list[list[int]]) -> Plan:
+        """Plan from per-table shard counts (legal splits) and per-table lists of shard devices."""
+        shards = []
+        for t, (count, devs) in enumerate(zip(num_splits, devices)):
+            if len(devs) != count:
+                raise ValueError(f"table {t}: {len(devs)} devices for {count} shards")
+            shards.extend(column_shards(t, task.tables[t].dim, devs))
+        return cls(task, tuple(shards))
+
+    def device_shards(self, device: int) -> list[Shard]:
+        return [s for s in self.shards if s.device == device]
+
+    def shards_of(self, table: int) -> list[Shard]:
+        """The shards of task table ``table`` (an index), in column order (then row order)."""
+        return sorted((s for s in self.shards if s.table == table), key=lambda s: (s.col_offset, s.row_offset))
+
+    def placement(self) -> dict[str | int, list[tuple[int, ...]]]:
+        """Per table (its name, else its id): its shards as (col_offset, dim, device), in column order; a row-split
+        table's as (col_offset, dim, device, row_offset, num_rows), in column then row order; a data-parallel
+        table's as (0, dim, device) for every device (each holds it whole)."""
+        out: dict[str | int, list[tuple[int, ...]]] = {}
+        replicated = [
+            Shard(t, 0, self.task.tables[t].dim, d) for t in self.data_parallel for d in range(self.task.num_devices)
+        ]
+        for s in sorted([*self.shards, *replicated], key=_shard_order):
+            table = self.task.tables[s.table]
+            where = (s.col_offset, s.dim, s.device)
+            if not s.whole_rows(table.rows):
+                where += (s.row_offset, s.rows(table.rows))
+            out.setdefault(table.id if table.name is None else table.name, []).append(where)
+        return out
+
+    def torchrec_shards(self) -> list[list[dict[str, int]]]:
+        """Per task table: its shards as ``torchrec_format`` takes them, {col_offset, dim, rank} (and row_offset,
+        num_rows for a row block), in column then row order; a data-parallel table's is [{data_parallel: 1}]."""
+        out: list[list[dict[str, int]]] = [[] for _ in self.task.tables]
+        for t in self.data_parallel:  # every rank holds it: TorchRec's data_parallel
+            out[t].append({"data_parallel": 1})
+        for s in sorted(self.shards, key=_shard_order):
+            shard = {"col_offset": s.col_offset, "dim": s.dim, "rank": s.device}
+            rows = self.task.tables[s.table].rows
+            if not s.whole_rows(rows):
+                shard.update(row_offset=s.row_offset, num_rows=s.rows(rows))
+            out[s.table].append(shard)
+        return out
+
+    def torchrec_names(self) -> list[str]:
+        """The tables' names in TorchRec: their names, else ``t{index}``."""
+        return [t.name if t.name is not None else f"t{i}" for i, t in enumerate(self.task.tables)]
+
+    def dim_sums(self) -> np.ndarray:
+        """i64[N]: pooled output width of each device."""
+        return device_dim_sums(self.shards, self.task.num_devices)
+
+    def mem_bytes(self) -> np.ndarray:
+        """i64[N]: memory of each device's tables while they train (``Task.device_memory``; a data-parallel table
+        counts on every device), against ``Task.cap_bytes``; ``memory`` adds what the step holds for the batch."""
+        return self.task.device_mem_bytes(self.shards, self.data_parallel)
+
+    def memory(self) -> list[MemoryParts]:
+        """Each device's memory by part: weights, optimizer state, the step's buffers (its shards' and its slice of
+        the batch's, ``Task.step_memory``)."""
+        step = self.task.step_memory()
+        return [parts + step for parts in self.task.device_memory(self.shards, self.data_parallel)]
+
+    def replicated_bytes(self) -> int:
+        """Memory of the data-parallel tables, which every device holds."""
+        return sum(self.task.table_mem_bytes(t) for t in self.data_parallel)
+
+    def validate(self) -> Plan:
+        """Raise PlanError unless every table is tiled exactly once (``sharding.tiling_error``) by shards on
+        known devices, within every device's memory. Returns the plan."""
+        task = self.task
+        by_table: dict[int, list[Shard]] = {t: [] for t in range(task.num_tables)}
+        if list(self.data_parallel) != sorted(set(self.data_parallel)) or not all(
+            0 <= t < task.num_tables for t in self.data_parallel
+        ):
+            raise PlanError(
+                f"plan: data_parallel {list(self.data_parallel)}, expected distinct ascending table indices "
+                f"0..{task.num_tables - 1}"
+            )
+        for s in self.shards:
+            if s.table not in by_table:
+                raise PlanError(f"plan shard: table index {s.table} is not in the task (0..{task.num_tables - 1})")
+            if not 0 <= s.device < task.num_devices:
+                raise PlanError(
+                    f"plan shard of table {task.tables[s.table].id}: device {s.device}, "
+                    f"expected 0..{task.num_devices - 1}"
+                )
+            by_table[s.table].append(s)
+        for t, shards in by_table.items():
+            table = task.tables[t]
+            if t in self.data_parallel:
+                if shards:
+                    raise PlanError(f"plan: table {table.id} is data-parallel (on every device) and also has shards")
+                continue
+            error = tiling_error(table.dim, table.rows, shards)
+            if error:
+                raise PlanError(f"plan: table {table.id} {error}")
+        caps, rooms, step = task.cap_bytes(), task.room_bytes(), task.step_memory().total
+        for d, used in enumerate(self.mem_bytes()):
+            if used > caps[d]:
+                raise PlanError(
+                    f"plan: device {d} holds {(used + step) / GIB_BYTES:.3f} GiB while it trains, expected at most "
+                    f"{rooms[d] / GIB_BYTES:.3f} GiB ({memory_words(task, self.memory()[d])})"
+                )
+        broken = violations(task.tables, self.shards, task.table_names(), self.data_parallel)
+        if broken:
+            raise PlanError(f"plan breaks {len(broken)} constraints: {broken[0]}")
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan.json object (docs/plans.md: the contract read by the evaluator and outside tools)."""
+        task = self.task
+        parts = self.memory()
+        dim_sums = self.dim_sums()
+        out: dict[str, Any] = {}
+        if self.searcher is not None:
+            out["searcher"] = self.searcher
+        if self.costs is not None:
+            out["cost_model"] = self.costs.cost_model
+        if self.seed is not None:
+            out["seed"] = self.seed
+        out["task"] = task.to_json()
+        out["shards"] = [_shard_json(task, s) for s in sorted(self.shards, key=_shard_order)]
+        if self.data_parallel:  # absent when none: a file without them reads as before
+            out["data_parallel"] = [task.tables[t].id for t in self.data_parallel]
+        held = np.bincount([s.device for s in self.shards], minlength=task.num_devices)
+        devices = []
+        for d in range(task.num_devices):
+            device = {
+                "device": d,
+                "num_shards": int(held[d]),
+                "mem_gb": float(parts[d].total / GIB_BYTES),
+                "mem_parts_gb": {
+                    "weights": float(parts[d].weights / GIB_BYTES),
+                    "optimizer_state": float(parts[d].state / GIB_BYTES),
+                    "step_buffers": float(parts[d].buffers / GIB_BYTES),
+                },
+                "dim_sum": int(dim_sums[d]),
+            }
+            if self.costs is not None:
+                c = self.costs
+                device["cost_ms"] = {
+                    "compute": c.compute_ms[d],
+                    "fwd_comm": c.fwd_comm_ms[d],
+                    "bwd_comm": c.bwd_comm_ms[d],
+                    "total": c.total_ms[d],
+                }
+                if c.compute_spread is not None:
+                    device["model_spread"] = c.compute_spread[d]
+                    device["model_trust"] = c.trust[d]
+            devices.append(device)
+        out["devices"] = devices
+        if self.costs is not None:
+            out["cost_ms"] = self.costs.cost_ms
+        if self.search_time_s is not None:
+            out["search_time_s"] = float(self.search_time_s)
+        if self.polish is not None:
+            out["polish"] = self.polish.to_json()
+        if self.calibration is not None:
+            out["calibration"] = self.calibration.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "plan") -> Plan:
+        """Parse and validate a plan.json object (costs and provenance are kept when present; numpy numbers and
+        arrays are taken as Python's)."""
+        obj = plain(obj)
+        if not isinstance(obj, dict) or "task" not in obj or "shards" not in obj:
+            raise UserError(f"{where}: expected a plan.json object with 'task' and 'shards'")
+        raw = typed(PlanFile, obj, where)  # its keys and provenance; the task, shards and records parsed below
+        task = Task.from_json(obj["task"], where=f"{where}.task")
+        index = {t.id: i for i, t in enumerate(task.tables)}
+        if not isinstance(obj["shards"], list):
+            raise UserError(f"{where}.shards: got {obj['shards']!r:.60}, expected a list of shards")
+        shards = []
+        for i, shard in enumerate(obj["shards"]):
+            at = f"{where}.shards[{i}]"
+            if not isinstance(shard, dict):
+                raise UserError(f"{at}: got {shard!r:.80}, expected an object with keys {', '.join(SHARD_KEYS)}")
+            s = typed(ShardFile, shard, at)
+            if s.table not in index:
+                raise UserError(f"{at}.table: got {s.table}, expected a table id of the task")
+            shards.append(Shard(index[s.table], s.col_offset, s.dim, s.device, s.row_offset, s.num_rows))
+        replicated = obj.get("data_parallel", [])
+        if (
+            not isinstance(replicated, list)
+            or not all(isinstance(t, int) and not isinstance(t, bool) and t in index for t in replicated)
+            or len(set(replicated)) != len(replicated)
+        ):
+            raise UserError(
+                f"{where}.data_parallel: got {replicated!r:.80}, expected a list of distinct table ids of the task"
+            )
+        return cls(
+            task,
+            tuple(shards),
+            _costs_from_json(obj, task.num_devices),
+            raw.searcher,
+            raw.seed,
+            raw.search_time_s,
+            None if obj.get("polish") is None else PolishRecord.from_json(obj["polish"], f"{where}.polish"),
+            None
+            if obj.get("calibration") is None
+            else CalibrationRecord.from_json(obj["calibration"], f"{where}.calibration"),
+            tuple(sorted({index[t] for t in replicated})),
+        ).validate()
+
+
+def _shard_order(s: Shard) -> tuple[int, int, int]:
+    return s.table, s.col_offset, s.row_offset
+
+
+def _shard_json(task: Task, s: Shard) -> dict[str, int]:
+    """A plan.json shard: the row range only for a row block, so a column-wise plan's file is unchanged."""
+    out = {"table": task.tables[s.table].id, "col_offset": s.col_offset, "dim": s.dim, "device": s.device}
+    rows = task.tables[s.table].rows
+    if not s.whole_rows(rows):
+        out.update(row_offset=s.row_offset, num_rows=s.rows(rows))
+    return out
+
+
+def _costs_from_json(obj: dict, num_devices: int) -> PlanCosts | None:
+    """The predicted costs of a plan.json object, or None when it has none (or not all of them)."""
+    devices = obj.get("devices")
+    try:
+        per_device = [devices[d]["cost_ms"] for d in range(num_devices)]
+        columns = [tuple(float(c[k]) for c in per_device) for k in ("compute", "fwd_comm", "bwd_comm", "total")]
+        unsure = [None, None]
+        if all("model_spread" in devices[d] for d in range(num_devices)):
+            unsure = [tuple(float(devices[d][k]) for d in range(num_devices)) for k in ("model_spread", "model_trust")]
+        return PlanCosts(*columns, float(obj["cost_ms"]), str(obj["cost_model"]), *unsure)
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None

@@ -1,0 +1,345 @@
+"""The file schema of tasks and plans, in one place: the task, table, row-block, plan and shard objects as
+dataclasses (and ``Device``, ``Links``, ``PoolSpec`` themselves), parsed by ``core.config.typed`` like every config,
+and the rules across fields that follow the parse; the table object's writer. A task file is exactly the object
+found under ``"task"`` in plan.json. Validation of untrusted input raises ``UserError`` naming the field, the value
+and what was expected."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from neuroshard_jax.core.config import bounded, typed
+from neuroshard_jax.core.constants import DIM_ALIGNMENT, MAX_CAP_GB
+from neuroshard_jax.core.constraints import SHARDING_TYPES, TableConstraints
+from neuroshard_jax.core.devices import Device, Links
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.features import NUM_BINS
+from neuroshard_jax.core.memory import Training
+from neuroshard_jax.core.sharding import (
+    is_legal_dim,
+)
+from neuroshard_jax.core.table import PoolSpec, RowBlockStats, Table
+
+# The file schema, in one place: task, table, row-block and shard objects are the dataclasses below (and
+# ``Device``, ``Links``, ``PoolSpec``), parsed by ``core.config.typed`` like every config: types and bounds from the
+# fields, an unknown key refused naming the nearest. ``size`` is written by ``to_json`` for readers and ignored on
+# input (rows x dim); ``samples`` and ``batches``, written by the statistics tool, are provenance and ignored too. The
+# histogram is ``bins`` (a list) or ``bin_0`` .. ``bin_16`` (the feature names). The rules across fields (the
+# histogram's sum, unique ids, devices in range, hosts and links) are the hooks after the parse.
+BIN_KEYS = tuple(f"bin_{k}" for k in range(NUM_BINS))
+BINS_TOLERANCE = 0.01  # the access-histogram shares of a looked-up table sum to 1 within this
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskFile:
+    """A task object (the one under ``"task"`` in plan.json): ``devices``, or ``num_devices`` x ``mem_cap_gb``."""
+
+    # a field left out stays None (an explicit null is refused with the field's type)
+    devices: tuple[Device, ...] | None = None
+    num_devices: int = bounded(at_least=1, default=None)
+    mem_cap_gb: float = bounded(above=0, at_most=MAX_CAP_GB, default=None)
+    batch_size: int = bounded(at_least=1, default=None)
+    precision: str = "fp32"
+    optimizer: str = Training.optimizer  # the fused optimizer, FBGEMM's or TorchRec's name (core.memory)
+    mem_reserve: float = bounded(at_least=0, default=0.0)  # share of every cap held back
+    tables: Any = None  # a list of TableFile objects, each parsed where errors can name it
+    pool: PoolSpec | None = None
+    links: Links | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TableFile:
+    """A table object of a task file (constraints: ``core.constraints``)."""
+
+    id: int = bounded(at_least=0)
+    rows: int = bounded(at_least=1)
+    dim: int = bounded(at_least=DIM_ALIGNMENT)
+    pooling_factor: float = bounded(at_least=0)
+    bins: Any = None  # 17 shares (``_checked_bins``); or bin_0 .. bin_16 (``_bins_field``)
+    name: str | None = None
+    size: Any = None
+    estimated: bool = False
+    samples: Any = None
+    batches: Any = None
+    row_blocks: Any = ()  # a list of RowBlocksFile objects
+    pin: int | None = bounded(at_least=0, default=None)
+    exclude: Any = ()
+    no_split: bool = False
+    max_shards: int | None = bounded(at_least=1, default=None)
+    colocate: Any = None
+    sharding_types: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RowBlocksFile:
+    """One entry of a table's ``row_blocks``: the statistics of its ``count`` row blocks."""
+
+    count: int = bounded(at_least=2)
+    pooling_factors: Any = None
+    bins: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanFile:
+    """A plan.json object (``Plan.to_json``): the task, the shards and the replicated tables; the predicted costs
+    (``devices``' ``cost_ms``, ``cost_ms``, ``cost_model``), provenance, the polishing and calibration records."""
+
+    task: Any
+    shards: Any
+    searcher: str | None = None
+    cost_model: str | None = None
+    seed: int | None = None
+    data_parallel: Any = None
+    devices: Any = None
+    cost_ms: Any = None
+    search_time_s: float | None = None
+    polish: Any = None
+    calibration: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardFile:
+    """A plan.json shard: a table's column slice on a device, and for a row block its row range."""
+
+    table: int
+    col_offset: int = bounded(at_least=0)
+    dim: int = bounded(at_least=1)
+    device: int = bounded(at_least=0)
+    row_offset: int = bounded(at_least=0, default=0)
+    num_rows: int | None = bounded(at_least=0, default=None)
+
+
+SHARD_KEYS = tuple(f.name for f in dataclasses.fields(ShardFile))
+
+
+def devices_of(raw: TaskFile, where: str) -> list[Device]:
+    """The task's devices: ``devices`` (``num_devices`` and ``mem_cap_gb``, if given beside them, must agree: the
+    number of devices, the largest cap, as ``to_json`` writes them), else ``num_devices`` x ``mem_cap_gb``."""
+    if raw.devices is None:
+        for key in ("num_devices", "mem_cap_gb"):
+            if getattr(raw, key) is None:
+                raise UserError(f"{where}.{key}: missing, expected a value")
+        return [Device(raw.mem_cap_gb)] * raw.num_devices
+    devices = list(raw.devices)
+    if not devices:
+        raise UserError(f"{where}.devices: got [], expected a non-empty list like [{{'mem_cap_gb': 16, 'speed': 1.0}}]")
+    if raw.num_devices is not None and raw.num_devices != len(devices):
+        raise UserError(f"{where}.num_devices: got {raw.num_devices!r}, expected {len(devices)} (the devices given)")
+    largest = max(d.mem_cap_gb for d in devices)
+    if raw.mem_cap_gb is not None and raw.mem_cap_gb != largest:
+        raise UserError(
+            f"{where}.mem_cap_gb: got {raw.mem_cap_gb!r}, expected {largest} (the largest of the devices' caps) "
+            f"or no mem_cap_gb beside devices"
+        )
+    return devices
+
+
+def devices_json(devices: tuple[Device, ...]) -> list[dict[str, Any]]:
+    """The devices as plan.json writes them: their hosts only where they sit in several."""
+    several = len({d.host for d in devices}) > 1
+    return [{"mem_cap_gb": d.mem_cap_gb, "speed": d.speed, **({"host": d.host} if several else {})} for d in devices]
+
+
+def links_json(links: Links) -> dict[str, Any]:
+    return {key: value for key, value in dataclasses.asdict(links).items() if value is not None}
+
+
+def checked_links(links: Links | None, devices: list[Device], where: str) -> Links | None:
+    """The task's ``links`` (None when absent): required when the devices sit in more than one host, and hosts come
+    from the devices or from ``devices_per_host``, not both."""
+    hosts = sorted({d.host for d in devices})
+    if links is None:
+        if len(hosts) > 1:
+            raise UserError(
+                f"{where}.links: missing, but the devices sit in {len(hosts)} hosts; expected "
+                "{'intra_host_gbps': ..., 'inter_host_gbps': ...} (GB/s per device within a host and between hosts)"
+            )
+        return None
+    at = f"{where}.links"
+    if links.devices_per_host is not None and len(hosts) > 1:
+        raise UserError(
+            f"{at}.devices_per_host: got {links.devices_per_host}, but the devices name their hosts; expected one"
+        )
+    if links.devices_per_host is None and len(hosts) < 2:
+        raise UserError(
+            f"{at}: the devices sit in one host; expected a host per device (devices[i].host) or links.devices_per_host"
+        )
+    if links.devices_per_host is not None and len(devices) % links.devices_per_host:
+        raise UserError(
+            f"{at}.devices_per_host: got {links.devices_per_host}, but {len(devices)} devices do not fill whole hosts "
+            f"of it; expected a divisor of {len(devices)}"
+        )
+    return links
+
+
+def table_where(obj: Any, index: int, where: str) -> str:
+    """How errors name a table: by its name where it has one (``plan.tables['user_id']``), else by position."""
+    name = obj.get("name") if isinstance(obj, dict) else None
+    return f"{where}.tables[{name!r}]" if isinstance(name, str) and name else f"{where}.tables[{index}]"
+
+
+def table_from_json(obj: Any, where: str) -> Table:
+    if not isinstance(obj, dict):
+        raise UserError(f"{where}: got {obj!r:.60}, expected a table object")
+    bins = _bins_field(obj, where)
+    raw = typed(TableFile, {k: v for k, v in obj.items() if k not in BIN_KEYS}, where)
+    if not is_legal_dim(raw.dim):
+        raise UserError(f"{where}.dim: got {raw.dim}, expected a multiple of {DIM_ALIGNMENT}")
+    bins = _checked_bins(bins, raw.pooling_factor, f"{where}.bins")
+    if raw.name == "":
+        raise UserError(f"{where}.name: got '', expected a non-empty string")
+    table = Table(raw.id, raw.rows, raw.dim, raw.pooling_factor, bins, raw.name, raw.estimated)
+    blocks = row_blocks_from_json(raw.row_blocks, raw.rows, raw.pooling_factor, f"{where}.row_blocks")
+    return dataclasses.replace(table, row_blocks=blocks, constraints=_constraints_of(raw, where))
+
+
+def _checked_bins(bins: Any, pooling: float, where: str) -> tuple[float, ...]:
+    """An access histogram: 17 shares in [0, 1] summing to 1 (or all 0 where nothing is looked up)."""
+    if (
+        not isinstance(bins, list)
+        or len(bins) != NUM_BINS
+        or not all(isinstance(b, (int, float)) and math.isfinite(b) and 0 <= b <= 1 for b in bins)
+    ):
+        raise UserError(f"{where}: got {bins!r:.60}, expected {NUM_BINS} shares in [0, 1]")
+    total = math.fsum(bins)
+    if pooling > 0 and abs(total - 1) > BINS_TOLERANCE:
+        raise UserError(
+            f"{where}: the shares sum to {total:.4g}, expected 1 (within {BINS_TOLERANCE}) for a pooling_factor of "
+            f"{pooling:g}"
+        )
+    if pooling == 0 and total > 0 and abs(total - 1) > BINS_TOLERANCE:
+        raise UserError(f"{where}: the shares sum to {total:.4g}, expected 1 (within {BINS_TOLERANCE}) or all 0")
+    return tuple(float(b) for b in bins)
+
+
+def row_blocks_from_json(raw: Any, rows: int, pooling: float, where: str) -> tuple[RowBlockStats, ...]:
+    """A table's ``row_blocks``: a list of {count, pooling_factors, bins} (one per block count), the block pooling
+    factors summing to the table's (within 1%)."""
+    if not isinstance(raw, list | tuple):
+        raise UserError(f"{where}: got {raw!r:.60}, expected a list of {{count, pooling_factors, bins}}")
+    out, counts = [], set()
+    for k, obj in enumerate(raw):
+        at = f"{where}[{k}]"
+        if not isinstance(obj, dict):
+            raise UserError(f"{at}: got {obj!r:.60}, expected an object with count, pooling_factors, bins")
+        entry = typed(RowBlocksFile, obj, at)
+        count = entry.count
+        if count > rows or count in counts:
+            why = f"at most the table's {rows} rows" if count > rows else "one entry per count"
+            raise UserError(f"{at}.count: got {count}, expected {why}")
+        counts.add(count)
+        for name in ("pooling_factors", "bins"):
+            value = getattr(entry, name)
+            if value is None:
+                raise UserError(f"{at}.{name}: missing, expected a value")
+            if not isinstance(value, list) or len(value) != count:
+                raise UserError(f"{at}.{name}: got {value!r:.60}, expected a list of {count} (one per block)")
+        for i, f in enumerate(entry.pooling_factors):
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f < 0:
+                raise UserError(f"{at}.pooling_factors[{i}]: got {f!r:.60}, expected a finite number >= 0")
+        factors = [float(f) for f in entry.pooling_factors]
+        if abs(math.fsum(factors) - pooling) > 0.01 * pooling + 1e-9:
+            raise UserError(
+                f"{at}.pooling_factors: they sum to {math.fsum(factors):.4g}, expected the table's pooling_factor "
+                f"{pooling:g} (within 1%)"
+            )
+        bins = tuple(_checked_bins(b, f, f"{at}.bins[{i}]") for i, (b, f) in enumerate(zip(entry.bins, factors)))
+        out.append(RowBlockStats(count, tuple(factors), bins))
+    return tuple(sorted(out, key=lambda b: b.count))
+
+
+def row_blocks_json(blocks: tuple[RowBlockStats, ...]) -> list[dict]:
+    """``row_blocks`` as task-file objects."""
+    return [
+        {"count": b.count, "pooling_factors": list(b.pooling_factors), "bins": [list(x) for x in b.bins]}
+        for b in blocks
+    ]
+
+
+def _constraints_of(raw: TableFile, where: str) -> TableConstraints:
+    """A table's constraints, checked (device ranges are checked by the task, which knows its devices)."""
+    exclude = raw.exclude
+    indices = isinstance(exclude, list | tuple) and all(isinstance(d, int) and not isinstance(d, bool) for d in exclude)
+    if not indices:
+        raise UserError(f"{where}.exclude: got {exclude!r:.60}, expected a list of device indices")
+    out: dict[str, Any] = {"pin": raw.pin, "exclude": tuple(sorted(set(exclude))), "no_split": raw.no_split}
+    out["max_shards"] = raw.max_shards
+    group = raw.colocate
+    if group is not None and not (isinstance(group, str) and group):
+        raise UserError(f"{where}.colocate: got {group!r:.60}, expected a group name (a non-empty string)")
+    out["colocate"] = group
+    types = raw.sharding_types
+    if types is not None:
+        if (
+            not isinstance(types, list)
+            or not types
+            or not all(isinstance(x, str) and x in SHARDING_TYPES for x in types)
+            or len(set(types)) != len(types)
+        ):
+            raise UserError(
+                f"{where}.sharding_types: got {types!r:.80}, expected a non-empty list of distinct names among "
+                f"{', '.join(SHARDING_TYPES)}"
+            )
+        if not set(types) & {"table_wise", "column_wise", "data_parallel"}:
+            raise UserError(
+                f"{where}.sharding_types: got {types}, expected table_wise, column_wise or data_parallel among them "
+                "(row blocks alone are not planned here: a table that cannot be placed whole has no fallback)"
+            )
+        out["sharding_types"] = tuple(x for x in SHARDING_TYPES if x in types)
+        if types == ["data_parallel"] and (out["pin"] is not None or out["exclude"] or out["colocate"]):
+            raise UserError(
+                f"{where}.sharding_types: got ['data_parallel'] (on every device) with pin, exclude or colocate, "
+                "expected one or the other"
+            )
+    return TableConstraints(**out)
+
+
+def _constraints_json(table: Table) -> dict:
+    """The table's constraints as task-file keys (only those set)."""
+    out: dict[str, Any] = {}
+    if table.constraints.pin is not None:
+        out["pin"] = table.constraints.pin
+    if table.constraints.exclude:
+        out["exclude"] = list(table.constraints.exclude)
+    if table.constraints.no_split:
+        out["no_split"] = True
+    if table.constraints.max_shards is not None:
+        out["max_shards"] = table.constraints.max_shards
+    if table.constraints.colocate is not None:
+        out["colocate"] = table.constraints.colocate
+    if table.constraints.sharding_types is not None:
+        out["sharding_types"] = list(table.constraints.sharding_types)
+    return out
+
+
+def _bins_field(obj: dict, where: str) -> Any:
+    """The histogram as ``bins`` or as ``bin_0`` .. ``bin_16`` (not both)."""
+    given = [k for k in BIN_KEYS if k in obj]
+    if not given:
+        if "bins" not in obj:
+            raise UserError(f"{where}.bins: missing, expected a value")
+        return obj["bins"]
+    if "bins" in obj:
+        raise UserError(f"{where}: both bins and {given[0]}.. given, expected one form of the histogram")
+    missing = [k for k in BIN_KEYS if k not in obj]
+    if missing:
+        raise UserError(f"{where}.{missing[0]}: missing, expected all of bin_0 .. bin_{NUM_BINS - 1} (or bins)")
+    return [obj[k] for k in BIN_KEYS]
+
+
+def table_json(t: Table) -> dict[str, Any]:
+    """A task file's table object (plan.json's ``task.tables[i]``)."""
+    return {
+        "id": t.id,
+        **({"name": t.name} if t.name is not None else {}),
+        "rows": t.rows,
+        "dim": t.dim,
+        "pooling_factor": t.pooling_factor,
+        "size": t.size,
+        "bins": list(t.bins),
+        **({"estimated": True} if t.estimated else {}),
+        **_constraints_json(t),
+        **({"row_blocks": row_blocks_json(t.row_blocks)} if t.row_blocks else {}),
+    }

@@ -1,0 +1,106 @@
+"""A table of a task: its shape, its access statistics (pooling factor, access histogram, per row block) and its
+placement constraints; and ``PoolSpec``, where a task's tables were drawn from. Frozen: nothing is mutated in place;
+their file schema is ``core.schema``'s."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from neuroshard_jax.core.config import typed
+from neuroshard_jax.core.constants import GENERATOR_VERSION
+from neuroshard_jax.core.constraints import NONE, TableConstraints
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.paths import pool_file_digest
+from neuroshard_jax.core.sharding import (
+    row_blocks,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolSpec:
+    """How to obtain a pool; stored in task files so that streams can be regenerated."""
+
+    source: str = "synthetic"  # synthetic (from the seed) | dlrm (a DLRM benchmark file at pool.path)
+    seed: int = 0
+    num_tables: int = 856
+    path: str | None = None
+
+    def __post_init__(self):
+        if self.source not in ("synthetic", "dlrm"):
+            raise UserError(f"pool.source: got {self.source!r}, expected 'synthetic' or 'dlrm'")
+        if self.source == "synthetic" and self.num_tables < 1:
+            raise UserError(f"pool.num_tables: got {self.num_tables}, expected a positive integer")
+        if self.source == "dlrm" and not self.path:
+            raise UserError("pool.path: missing, expected the path of a DLRM benchmark file for source 'dlrm'")
+
+    @property
+    def pool_id(self) -> str:
+        if self.source == "synthetic":
+            return f"synthetic-v{GENERATOR_VERSION}-s{self.seed}-n{self.num_tables}"
+        return f"dlrm-{pool_file_digest(Path(self.path))}"
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_json(cls, obj: dict, where: str = "pool") -> PoolSpec:
+        """A task file's ``pool`` (its schema: this class; an unknown key is refused, naming the nearest)."""
+        return typed(cls, obj, where)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowBlockStats:
+    """Statistics of a table's ``count`` row blocks (TorchRec's row-wise layout, ``sharding.row_blocks``) measured
+    from the user's data: per block, its pooling factor (its lookups per sample; they sum to the table's) and its
+    own access histogram (``bins``: 17 shares, all 0 for a block never looked up). Hot rows are rarely spread
+    evenly over row ranges: ids sorted by frequency put them all in the first block, hashed ids put a very hot row
+    in one block, and a block's cost follows its own lookups."""
+
+    count: int
+    pooling_factors: tuple[float, ...]
+    bins: tuple[tuple[float, ...], ...]
+
+    def __post_init__(self):
+        if len(self.pooling_factors) != self.count or len(self.bins) != self.count:
+            raise ValueError(f"RowBlockStats: {self.count} blocks, expected as many pooling factors and histograms")
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """One embedding table of a task. ``id`` is its id in the pool it was drawn from (or its position, for
+    tables given by the user); ``name`` is the user's name for it, if any."""
+
+    id: int
+    rows: int
+    dim: int
+    pooling_factor: float
+    bins: tuple[float, ...]
+    name: str | None = None
+    # statistics assumed (``stats.estimated_stats``), not measured from the user's data: the plan warns
+    estimated: bool = False
+    # where it may go (``core.constraints``): a device for every shard, devices to avoid, no column split or at most
+    # K shards, a group of tables kept on one device, TorchRec's sharding types
+    constraints: TableConstraints = NONE
+    # measured statistics of its row blocks, per block count (``stats``: from the user's data); a block of a count
+    # not given is assumed to do its rows' share of the lookups with the table's histogram
+    row_blocks: tuple[RowBlockStats, ...] = ()
+
+    def constrained(self, **changes) -> Table:
+        """This table with ``changes`` to its constraints (``pin=0``, ``exclude=(1,)``, ...)."""
+        return dataclasses.replace(self, constraints=dataclasses.replace(self.constraints, **changes))
+
+    @property
+    def size(self) -> int:
+        """Elements (rows * dim)."""
+        return self.rows * self.dim
+
+    def block_stats(self, row_offset: int, num_rows: int) -> tuple[float, tuple[float, ...]] | None:
+        """(pooling factor, bins) measured for the row block [row_offset, row_offset + num_rows), or None when no
+        block count given in ``row_blocks`` has that block."""
+        for stats in self.row_blocks:
+            layout = row_blocks(self.rows, stats.count)
+            if (row_offset, num_rows) in layout:
+                i = layout.index((row_offset, num_rows))
+                return stats.pooling_factors[i], stats.bins[i]
+        return None

@@ -1,0 +1,318 @@
+"""A task: tables to shard over devices, at a batch size, precision and training setup; what memory its tables need
+(``core.memory``'s rules, read per table and per device); its file form (``to_json``/``from_json``, through
+``core.schema``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import numpy as np
+
+from neuroshard_jax.core.config import plain, typed
+from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, GIB_BYTES, MAX_CAP_GB
+from neuroshard_jax.core.devices import Device, Links
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.features import feature_matrix
+from neuroshard_jax.core.memory import PLAIN_SGD, MemoryParts, Training, gib, shard_memory, step_memory
+from neuroshard_jax.core.schema import (
+    TaskFile,
+    checked_links,
+    devices_json,
+    devices_of,
+    links_json,
+    table_from_json,
+    table_json,
+    table_where,
+)
+from neuroshard_jax.core.sharding import (
+    row_block_size,
+)
+from neuroshard_jax.core.table import PoolSpec, Table
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """Tables to shard over ``devices`` (each with its memory cap for tables, relative compute speed and host);
+    ``Task.uniform(num_devices, mem_cap_gb, ...)`` builds a task of identical devices of speed 1."""
+
+    devices: tuple[Device, ...]
+    batch_size: int
+    tables: tuple[Table, ...]
+    precision: str = "fp32"
+    pool: PoolSpec | None = None
+    links: Links | None = None
+    training: Training = PLAIN_SGD  # the fused optimizer and the cap's reserve: what memory holds (core.memory)
+
+    def __post_init__(self):
+        object.__setattr__(self, "devices", tuple(self.devices))
+        if not self.devices:
+            raise ValueError("task: no devices, expected at least one")
+        if any(not (0 < d.mem_cap_gb <= MAX_CAP_GB and d.speed > 0) for d in self.devices):
+            raise ValueError(f"task: device caps must be in (0, {MAX_CAP_GB}] GiB and speeds > 0, got {self.devices}")
+        if self.links is not None:
+            if not (self.links.intra_host_gbps > 0 and self.links.inter_host_gbps > 0):
+                raise ValueError(f"task: link bandwidths must be > 0, got {self.links}")
+            if self.links.devices_per_host and any(d.host for d in self.devices):
+                raise ValueError("task: devices_per_host given beside the devices' own hosts; expected one")
+
+    @classmethod
+    def uniform(
+        cls,
+        num_devices: int,
+        mem_cap_gb: float,
+        batch_size: int,
+        tables,
+        precision: str = "fp32",
+        pool: PoolSpec | None = None,
+        links: Links | None = None,
+        training: Training = PLAIN_SGD,
+    ) -> Task:
+        """A task of ``num_devices`` identical devices of ``mem_cap_gb`` GiB each and speed 1."""
+        return cls((Device(mem_cap_gb),) * num_devices, batch_size, tuple(tables), precision, pool, links, training)
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def is_uniform(self) -> bool:
+        """Whether every device is the same, of speed 1 in host 0 (a task file then names their count and cap)."""
+        return all(d == Device(self.devices[0].mem_cap_gb) for d in self.devices)
+
+    @property
+    def num_tables(self) -> int:
+        return len(self.tables)
+
+    @property
+    def largest_cap_gb(self) -> float:
+        """The largest device's cap in GiB (every device's, for a uniform task)."""
+        return max(d.mem_cap_gb for d in self.devices)
+
+    @property
+    def largest_cap_bytes(self) -> int:
+        """The largest device's cap in bytes (every device's, for a uniform task)."""
+        return int(self.largest_cap_gb * GIB_BYTES)
+
+    @property
+    def has_speeds(self) -> bool:
+        """Whether some device's speed is not 1 (its compute is scaled)."""
+        return any(d.speed != 1.0 for d in self.devices)
+
+    def cap_bytes(self) -> np.ndarray:
+        """i64[N]: the bytes each device has for its tables' shards: its cap less the training's reserve share and
+        less what every device holds for its slice of the batch (``step_memory``); 0 where that leaves none."""
+        return np.maximum(self.room_bytes() - self.step_memory().total, 0)
+
+    def room_bytes(self) -> np.ndarray:
+        """i64[N]: each device's memory for training: its cap less the training's reserve share."""
+        keep = 1.0 - self.training.reserve
+        return np.array([int(cap * keep * GIB_BYTES) for cap in self.caps_gb()], dtype=np.int64)
+
+    def step_memory(self) -> MemoryParts:
+        """What every device holds for its own slice of the batch, whatever tables it holds (``core.memory``);
+        computed once per task (``cap_bytes`` asks for it on every call)."""
+        return self._step
+
+    @functools.cached_property
+    def _step(self) -> MemoryParts:
+        return step_memory(
+            self.batch_size,
+            self.num_devices,
+            sum(t.dim for t in self.tables),
+            sum(t.pooling_factor for t in self.tables),
+            self.num_tables,
+        )
+
+    def caps_gb(self) -> list[float]:
+        """Each device's memory cap in GiB."""
+        return [d.mem_cap_gb for d in self.devices]
+
+    def speeds(self) -> np.ndarray:
+        """f64[N]: each device's relative compute speed."""
+        return np.array([d.speed for d in self.devices], dtype=np.float64)
+
+    def hosts(self) -> list[int]:
+        """Each device's host: consecutive groups of ``links.devices_per_host`` where given, else the devices' own."""
+        if self.links is not None and self.links.devices_per_host:
+            return [d // self.links.devices_per_host for d in range(self.num_devices)]
+        return [d.host for d in self.devices]
+
+    def comm_scale(self) -> np.ndarray:
+        """f64[N]: each device's all-to-all time relative to one host (``Links.comm_scale``; 1 without links)."""
+        if self.links is None:
+            return np.ones(self.num_devices)
+        return self.links.comm_scale(self.hosts())
+
+    def local_size(self) -> int | None:
+        """Devices per host where the task spans several hosts of equal size, each holding consecutive devices (the
+        layout TorchRec's topology assumes); None for one host or any other layout."""
+        hosts = self.hosts()
+        if not self.multi_host:
+            return None
+        local = hosts.count(hosts[0])
+        regular = self.num_devices % local == 0 and all(h == hosts[(d // local) * local] for d, h in enumerate(hosts))
+        return local if regular and len(set(hosts)) == self.num_devices // local else None
+
+    def host_groups(self) -> list[list[int]] | None:
+        """Each host's devices, where the task spans several hosts of the same size holding consecutive devices (the
+        layout TorchRec's ``table_row_wise`` runs on); None otherwise."""
+        local = self.local_size()
+        if local is None:
+            return None
+        return [list(range(h * local, (h + 1) * local)) for h in range(self.num_devices // local)]
+
+    @property
+    def multi_host(self) -> bool:
+        """Whether the devices sit in more than one host (the comm is then scaled by ``comm_scale``)."""
+        return self.links is not None and len(set(self.hosts())) > 1
+
+    def describe_devices(self) -> str:
+        """The devices in a few words, for messages: ``4 x 2.0 GiB`` or ``4 devices of 1.0-8.0 GiB``."""
+        if self.is_uniform:
+            return f"{self.num_devices} x {self.devices[0].mem_cap_gb} GiB"
+        caps = self.caps_gb()
+        return f"{self.num_devices} devices of {min(caps)}-{max(caps)} GiB ({sum(caps):.2f} GiB in all)"
+
+    def need_words(self) -> str:
+        """``tables need 0.000139 GiB of 4 x 0.001 GiB``: what the tables take and where, for messages."""
+        need = sum(self.table_mem_bytes(i) for i in range(self.num_tables))
+        return f"tables need {gib(need)} GiB of {self.describe_devices()}"
+
+    def table_mem_bytes(self, index: int, dim: int | None = None) -> int:
+        """Memory of table ``index`` while it trains (of a column shard of it when ``dim`` is given): weights,
+        optimizer state and the step's buffers (``core.memory``)."""
+        table = self.tables[index]
+        return self.rows_memory(index, table.rows, table.dim if dim is None else dim).total
+
+    def rows_memory(self, index: int, rows: int, dim: int) -> MemoryParts:
+        """The parts of ``rows`` rows x ``dim`` columns of table ``index`` (a row block looks up its rows' share
+        of the table's ids, taken as even)."""
+        table = self.tables[index]
+        ids = table.pooling_factor * rows / table.rows
+        return shard_memory(rows, dim, ids, self.batch_size, self.precision, self.training.state)
+
+    def row_block_bytes(self, index: int, count: int, dim: int | None = None) -> np.ndarray:
+        """i64[count]: the bytes of each of the ``count`` row blocks of table ``index`` (``sharding.row_blocks``:
+        ceil-sized blocks in order, the last ones shorter or empty; ``dim`` columns, default all), each distinct
+        size worked out once."""
+        table = self.tables[index]
+        block = row_block_size(table.rows, count)
+        sizes = np.clip(table.rows - block * np.arange(count, dtype=np.int64), 0, block)
+        dim = table.dim if dim is None else dim
+        distinct, which = np.unique(sizes, return_inverse=True)
+        return np.array([self.rows_memory(index, int(c), dim).total for c in distinct], dtype=np.int64)[which]
+
+    def device_memory(self, shards, replicated: tuple[int, ...] = ()) -> list[MemoryParts]:
+        """Each device's memory by part, holding ``shards`` and the ``replicated`` tables (task indices) whole."""
+        out = [MemoryParts()] * self.num_devices
+        for s in shards:
+            out[s.device] = out[s.device] + self.rows_memory(s.table, s.rows(self.tables[s.table].rows), s.dim)
+        for t in replicated:
+            whole = self.rows_memory(t, self.tables[t].rows, self.tables[t].dim)
+            out = [parts + whole for parts in out]
+        return out
+
+    def device_mem_bytes(self, shards, replicated: tuple[int, ...] = ()) -> np.ndarray:
+        """i64[N]: each device's bytes holding ``shards`` (and ``replicated`` tables whole): ``device_memory``'s
+        totals, each distinct shape of shard worked out once (thousands of row blocks are a few shapes)."""
+        out = np.zeros(self.num_devices, dtype=np.int64)
+        if shards:
+            rows = self.table_rows()
+            totals: dict[tuple[int, int, int], int] = {}
+            keys = [(s.table, s.rows(rows[s.table]), s.dim) for s in shards]
+            for key in keys:
+                if key not in totals:
+                    totals[key] = self.rows_memory(*key).total
+            np.add.at(out, [s.device for s in shards], [totals[key] for key in keys])
+        for t in replicated:
+            out += self.table_mem_bytes(t)
+        return out
+
+    def table_names(self) -> list[str]:
+        """Each table's name, else its id, as text (for messages)."""
+        return [t.name if t.name is not None else str(t.id) for t in self.tables]
+
+    def table_rows(self) -> list[int]:
+        return [t.rows for t in self.tables]
+
+    def features(self) -> np.ndarray:
+        """Raw features f64[T, 21] in FEATURE_NAMES order."""
+        return feature_matrix(
+            [t.rows for t in self.tables],
+            [t.dim for t in self.tables],
+            [t.pooling_factor for t in self.tables],
+            [t.bins for t in self.tables],
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "num_devices": self.num_devices,
+            "mem_cap_gb": self.largest_cap_gb,
+            **({"devices": devices_json(self.devices)} if not self.is_uniform else {}),
+            **({"links": links_json(self.links)} if self.links is not None else {}),
+            "batch_size": self.batch_size,
+            "precision": self.precision,
+            **({"optimizer": self.training.optimizer} if self.training.optimizer != Training.optimizer else {}),
+            **({"mem_reserve": self.training.reserve} if self.training.reserve else {}),
+            "tables": [table_json(t) for t in self.tables],
+        }
+        if self.pool is not None:
+            out["pool"] = self.pool.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "task") -> Task:
+        """Parse and validate a task object (numpy numbers and arrays taken as Python's) through its schema
+        (``TaskFile``, ``TableFile``: ``core.config.typed``, then the rules across fields); errors name
+        ``where.field``, and a table by its name where it has one (``where.tables['user_id'].rows``)."""
+        obj = plain(obj)
+        if not isinstance(obj, dict):
+            raise UserError(f"{where}: got {type(obj).__name__}, expected a JSON object")
+        raw = typed(TaskFile, obj, where)
+        devices = devices_of(raw, where)
+        if raw.batch_size is None:
+            raise UserError(f"{where}.batch_size: missing, expected a value")
+        if raw.precision not in BYTES_PER_ELEMENT:
+            raise UserError(f"{where}.precision: got {raw.precision!r}, expected one of {', '.join(BYTES_PER_ELEMENT)}")
+        if not isinstance(raw.tables, list) or not raw.tables:
+            raise UserError(f"{where}.tables: got {raw.tables!r:.60}, expected a non-empty list of tables")
+        at = [table_where(t, i, where) for i, t in enumerate(raw.tables)]
+        tables = tuple(table_from_json(t, at[i]) for i, t in enumerate(raw.tables))
+        seen: set[int] = set()
+        names: set[str] = set()
+        for i, t in enumerate(tables):
+            if t.id in seen:
+                raise UserError(f"{at[i]}.id: got {t.id}, expected ids unique within a task")
+            if t.name is not None and t.name in names:
+                raise UserError(f"{where}.tables[{i}].name: got {t.name!r}, expected names unique within a task")
+            seen.add(t.id)
+            names.add(t.name)
+        for i, t in enumerate(tables):
+            for d in ((t.constraints.pin,) if t.constraints.pin is not None else ()) + t.constraints.exclude:
+                if not 0 <= d < len(devices):
+                    key = "pin" if d == t.constraints.pin else "exclude"
+                    raise UserError(f"{at[i]}.{key}: got device {d}, expected 0..{len(devices) - 1}")
+        links = checked_links(raw.links, devices, where)
+        training = training_of(raw.optimizer, raw.mem_reserve, where)
+        return cls(tuple(devices), raw.batch_size, tables, raw.precision, raw.pool, links, training)
+
+
+def memory_words(task: Task, parts: MemoryParts) -> str:
+    """``weights 0.900 + row-wise state 0.225 + step buffers 0.010 GiB``-like words of a device's memory."""
+    gib = GIB_BYTES
+    state = task.training.state
+    words = f"weights {parts.weights / gib:.3f}"
+    if parts.state or state.per_row or state.per_weight:
+        words += f" + {state.name} state {parts.state / gib:.3f}"
+    words += f" + step buffers {parts.buffers / gib:.3f} GiB"
+    return words + (f"; {100 * task.training.reserve:g}% of the cap reserved" if task.training.reserve else "")
+
+
+def training_of(optimizer: str, reserve: float, where: str = "task") -> Training:
+    """The ``Training`` of a task's optimizer and reserve; UserError naming ``where``'s field otherwise."""
+    try:
+        return Training(optimizer, reserve)
+    except UserError as err:
+        raise UserError(f"{where}.{str(err).removeprefix('task.')}") from None
