@@ -112,7 +112,7 @@ def test_overrides_are_checked_before_any_work(capsys, argv, fragment):
         ("train", ["family=mlp", "init=xeon-union"], "init: got 'xeon-union', but only family=ensemble fine-tunes"),
         ("train", ["train.epochs=0"], "train.epochs: got 0, expected an integer >= 1"),
         ("train", ["train.split=[0.5,0.5,0.5]"], "train.split"),
-        ("train", ["train.learning_rate=0"], "train.learning_rate: got 0.0, expected a number > 0"),
+        ("train", ["train.learning_rate=0"], "train.learning_rate: got 0, expected a finite number > 0"),
     ],
 )
 def test_app_settings_are_checked(capsys, app, argv, fragment):

@@ -132,7 +132,7 @@ def test_row_split_off_or_a_constraint_refuses_what_only_rows_fit():
     with pytest.raises(InfeasibleError, match="table 0 .* narrowest column slices; expected row_split=fit"):
         search_plan(task, make_searcher("beam"), CostModelSpec("analytic").for_task(task), 0, row_split="off")
     for constraint, message in (({"pin": 1}, r"pinned to device 1 \(huge\)"), ({"exclude": (0,)}, "rule out the row")):
-        constrained = dataclasses.replace(task.tables[0], **constraint)
+        constrained = task.tables[0].constrained(**constraint)
         with pytest.raises(InfeasibleError, match=message):
             bound = dataclasses.replace(task, tables=(constrained, *task.tables[1:]))
             search_plan(bound, make_searcher("size_greedy"), CostModelSpec("analytic").for_task(bound), 0)

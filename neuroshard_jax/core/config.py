@@ -123,7 +123,13 @@ def _convert(value, tp, where: str, bounds: dict | None = None):
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise _Mismatch
-        return tuple(_convert(v, args[0], f"{where}[{i}]", bounds) for i, v in enumerate(value))
+        out = []
+        for i, v in enumerate(value):
+            try:
+                out.append(_convert(v, args[0], f"{where}[{i}]", bounds))
+            except _Mismatch:  # the element named, not the whole list
+                raise UserError(f"{where}[{i}]: got {v!r:.60}, expected {_describe(args[0], bounds)}") from None
+        return tuple(out)
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
@@ -135,6 +141,14 @@ def _convert(value, tp, where: str, bounds: dict | None = None):
             return value
         raise _Mismatch
     return value
+
+
+def typed_value(tp, value, where: str, bounds: dict | None = None):
+    """``value`` as type ``tp`` (``typed``'s conversion of one field), or one ``UserError`` naming ``where``."""
+    try:
+        return _convert(plain(value), tp, where, bounds)
+    except _Mismatch:
+        raise UserError(f"{where}: got {value!r:.60}, expected {_describe(tp, bounds)}") from None
 
 
 def check_bounds(obj, prefix: str = "") -> None:
@@ -150,21 +164,6 @@ def check_bounds(obj, prefix: str = "") -> None:
         if any(not (_within(v, field.metadata) and v == v) for v in numbers):
             kind = _hints(type(obj))[field.name]
             raise UserError(f"{prefix}{field.name}: got {value!r}, expected {_describe(kind, field.metadata)}")
-
-
-def at_least(obj, minimum: int, fields: tuple[str, ...], prefix: str = "") -> None:
-    """Every integer field of ``obj`` named in ``fields`` is >= ``minimum``; else the configs' one-line error."""
-    for name in fields:
-        if getattr(obj, name) < minimum:
-            raise UserError(f"{prefix}{name}: got {getattr(obj, name)}, expected an integer >= {minimum}")
-
-
-def above_zero(obj, fields: tuple[str, ...], prefix: str = "", strict: bool = True) -> None:
-    """Every number field of ``obj`` named in ``fields`` is > 0 (``strict``) or >= 0 (NaN fails either)."""
-    for name in fields:
-        value = getattr(obj, name)
-        if not (value > 0 if strict else value >= 0):
-            raise UserError(f"{prefix}{name}: got {value}, expected a number {'>' if strict else '>='} 0")
 
 
 def nearest(key: str, known: list[str]) -> str:

@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 
-from neuroshard_jax.core.config import bounded
+from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.constants import MAX_CAP_GB
 
 
@@ -21,6 +21,9 @@ class Device:
     speed: float = bounded(above=0, default=1.0)
     host: int = bounded(at_least=0, default=0)
 
+    def __post_init__(self):
+        check_bounds(self)  # a device built in Python (``Task.uniform``, derived tasks) as one read from a task file
+
 
 @dataclasses.dataclass(frozen=True)
 class Links:
@@ -32,6 +35,9 @@ class Links:
     # hosts of consecutive devices, for a task whose devices carry no host of their own: device d is in host
     # d // devices_per_host (8 GPUs per host: 512 devices are 64 hosts)
     devices_per_host: int | None = bounded(at_least=1, default=None)
+
+    def __post_init__(self):
+        check_bounds(self)
 
     def comm_scale(self, hosts: list[int]) -> np.ndarray:
         """f64[N]: how much longer each device's all-to-all takes than on one host (``hosts``: each device's host).

@@ -15,7 +15,7 @@ from neuroshard_jax.core.constraints import violations
 from neuroshard_jax.core.errors import PlanError, UserError
 from neuroshard_jax.core.memory import MemoryParts
 from neuroshard_jax.core.records import CalibrationRecord, PolishRecord
-from neuroshard_jax.core.schema import SHARD_KEYS, PlanFile, ShardFile
+from neuroshard_jax.core.schema import PlanFile
 from neuroshard_jax.core.sharding import (
     Shard,
     column_shards,
@@ -236,40 +236,29 @@ class Plan:
         obj = plain(obj)
         if not isinstance(obj, dict) or "task" not in obj or "shards" not in obj:
             raise UserError(f"{where}: expected a plan.json object with 'task' and 'shards'")
-        raw = typed(PlanFile, obj, where)  # its keys and provenance; the task, shards and records parsed below
-        task = Task.from_json(obj["task"], where=f"{where}.task")
+        raw = typed(PlanFile, obj, where)
+        task = Task.from_json(raw.task, where=f"{where}.task")
         index = {t.id: i for i, t in enumerate(task.tables)}
-        if not isinstance(obj["shards"], list):
-            raise UserError(f"{where}.shards: got {obj['shards']!r:.60}, expected a list of shards")
         shards = []
-        for i, shard in enumerate(obj["shards"]):
-            at = f"{where}.shards[{i}]"
-            if not isinstance(shard, dict):
-                raise UserError(f"{at}: got {shard!r:.80}, expected an object with keys {', '.join(SHARD_KEYS)}")
-            s = typed(ShardFile, shard, at)
+        for i, s in enumerate(raw.shards):
             if s.table not in index:
-                raise UserError(f"{at}.table: got {s.table}, expected a table id of the task")
+                raise UserError(f"{where}.shards[{i}].table: got {s.table}, expected a table id of the task")
             shards.append(Shard(index[s.table], s.col_offset, s.dim, s.device, s.row_offset, s.num_rows))
-        replicated = obj.get("data_parallel", [])
-        if (
-            not isinstance(replicated, list)
-            or not all(isinstance(t, int) and not isinstance(t, bool) and t in index for t in replicated)
-            or len(set(replicated)) != len(replicated)
-        ):
+        replicated = raw.data_parallel
+        if not all(t in index for t in replicated) or len(set(replicated)) != len(replicated):
             raise UserError(
-                f"{where}.data_parallel: got {replicated!r:.80}, expected a list of distinct table ids of the task"
+                f"{where}.data_parallel: got {list(replicated)!r:.80}, expected a list of distinct table ids of the "
+                "task"
             )
         return cls(
             task,
             tuple(shards),
-            _costs_from_json(obj, task.num_devices),
+            _costs_from_json(raw, task.num_devices),
             raw.searcher,
             raw.seed,
             raw.search_time_s,
-            None if obj.get("polish") is None else PolishRecord.from_json(obj["polish"], f"{where}.polish"),
-            None
-            if obj.get("calibration") is None
-            else CalibrationRecord.from_json(obj["calibration"], f"{where}.calibration"),
+            None if raw.polish is None else PolishRecord.from_json(raw.polish, f"{where}.polish"),
+            None if raw.calibration is None else CalibrationRecord.from_json(raw.calibration, f"{where}.calibration"),
             tuple(sorted({index[t] for t in replicated})),
         ).validate()
 
@@ -287,15 +276,15 @@ def _shard_json(task: Task, s: Shard) -> dict[str, int]:
     return out
 
 
-def _costs_from_json(obj: dict, num_devices: int) -> PlanCosts | None:
-    """The predicted costs of a plan.json object, or None when it has none (or not all of them)."""
-    devices = obj.get("devices")
+def _costs_from_json(raw: PlanFile, num_devices: int) -> PlanCosts | None:
+    """The predicted costs of a parsed plan.json object, or None when it has none (or not all of them)."""
+    devices = raw.devices
     try:
         per_device = [devices[d]["cost_ms"] for d in range(num_devices)]
         columns = [tuple(float(c[k]) for c in per_device) for k in ("compute", "fwd_comm", "bwd_comm", "total")]
         unsure = [None, None]
         if all("model_spread" in devices[d] for d in range(num_devices)):
             unsure = [tuple(float(devices[d][k]) for d in range(num_devices)) for k in ("model_spread", "model_trust")]
-        return PlanCosts(*columns, float(obj["cost_ms"]), str(obj["cost_model"]), *unsure)
+        return PlanCosts(*columns, float(raw.cost_ms), str(raw.cost_model), *unsure)
     except (KeyError, TypeError, ValueError, IndexError):
         return None

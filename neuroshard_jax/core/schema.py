@@ -10,7 +10,7 @@ import dataclasses
 import math
 from typing import Any
 
-from neuroshard_jax.core.config import bounded, typed
+from neuroshard_jax.core.config import bounded, typed, typed_value
 from neuroshard_jax.core.constants import DIM_ALIGNMENT, MAX_CAP_GB
 from neuroshard_jax.core.constraints import SHARDING_TYPES, TableConstraints
 from neuroshard_jax.core.devices import Device, Links
@@ -44,7 +44,7 @@ class TaskFile:
     precision: str = "fp32"
     optimizer: str = Training.optimizer  # the fused optimizer, FBGEMM's or TorchRec's name (core.memory)
     mem_reserve: float = bounded(at_least=0, default=0.0)  # share of every cap held back
-    tables: Any = None  # a list of TableFile objects, each parsed where errors can name it
+    tables: tuple[dict, ...] | None = None  # TableFile objects, each parsed where errors can name it by its name
     pool: PoolSpec | None = None
     links: Links | None = None
 
@@ -57,19 +57,20 @@ class TableFile:
     rows: int = bounded(at_least=1)
     dim: int = bounded(at_least=DIM_ALIGNMENT)
     pooling_factor: float = bounded(at_least=0)
-    bins: Any = None  # 17 shares (``_checked_bins``); or bin_0 .. bin_16 (``_bins_field``)
+    # 17 shares (``_checked_bins``), given as ``bins`` or as bin_0 .. bin_16 (``_bins_field``)
+    bins: tuple[float, ...] = bounded(at_least=0, at_most=1, default=())
     name: str | None = None
-    size: Any = None
+    size: int | None = None
     estimated: bool = False
-    samples: Any = None
-    batches: Any = None
-    row_blocks: Any = ()  # a list of RowBlocksFile objects
+    samples: int | None = None
+    batches: int | None = None
+    row_blocks: tuple[RowBlocksFile, ...] = ()
     pin: int | None = bounded(at_least=0, default=None)
-    exclude: Any = ()
+    exclude: tuple[int, ...] = ()  # device indices (their range: the task's)
     no_split: bool = False
     max_shards: int | None = bounded(at_least=1, default=None)
-    colocate: Any = None
-    sharding_types: Any = None
+    colocate: str | None = None
+    sharding_types: tuple[str, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +78,8 @@ class RowBlocksFile:
     """One entry of a table's ``row_blocks``: the statistics of its ``count`` row blocks."""
 
     count: int = bounded(at_least=2)
-    pooling_factors: Any = None
-    bins: Any = None
+    pooling_factors: tuple[float, ...] | None = bounded(at_least=0, default=None)
+    bins: tuple[tuple[float, ...], ...] | None = bounded(at_least=0, at_most=1, default=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,17 +87,17 @@ class PlanFile:
     """A plan.json object (``Plan.to_json``): the task, the shards and the replicated tables; the predicted costs
     (``devices``' ``cost_ms``, ``cost_ms``, ``cost_model``), provenance, the polishing and calibration records."""
 
-    task: Any
-    shards: Any
+    task: dict
+    shards: tuple[ShardFile, ...]
     searcher: str | None = None
     cost_model: str | None = None
     seed: int | None = None
-    data_parallel: Any = None
-    devices: Any = None
-    cost_ms: Any = None
+    data_parallel: tuple[int, ...] = ()  # table ids
+    devices: tuple[dict, ...] | None = None  # each device's predicted costs (``plan_costs``: read where complete)
+    cost_ms: float | None = None
     search_time_s: float | None = None
-    polish: Any = None
-    calibration: Any = None
+    polish: dict | None = None  # ``PolishRecord``'s own schema
+    calibration: dict | None = None  # ``CalibrationRecord``'s own schema
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,29 +181,25 @@ def table_where(obj: Any, index: int, where: str) -> str:
     return f"{where}.tables[{name!r}]" if isinstance(name, str) and name else f"{where}.tables[{index}]"
 
 
-def table_from_json(obj: Any, where: str) -> Table:
-    if not isinstance(obj, dict):
-        raise UserError(f"{where}: got {obj!r:.60}, expected a table object")
-    bins = _bins_field(obj, where)
-    raw = typed(TableFile, {k: v for k, v in obj.items() if k not in BIN_KEYS}, where)
+def table_from_json(obj: dict, where: str) -> Table:
+    """A table object of a task file (a mapping, ``TaskFile.tables``' elements), parsed and checked."""
+    fields = {k: v for k, v in obj.items() if k not in BIN_KEYS}
+    raw = typed(TableFile, {**fields, "bins": _bins_field(obj, where)}, where)
     if not is_legal_dim(raw.dim):
         raise UserError(f"{where}.dim: got {raw.dim}, expected a multiple of {DIM_ALIGNMENT}")
-    bins = _checked_bins(bins, raw.pooling_factor, f"{where}.bins")
+    bins = _checked_bins(raw.bins, raw.pooling_factor, f"{where}.bins")
     if raw.name == "":
         raise UserError(f"{where}.name: got '', expected a non-empty string")
     table = Table(raw.id, raw.rows, raw.dim, raw.pooling_factor, bins, raw.name, raw.estimated)
-    blocks = row_blocks_from_json(raw.row_blocks, raw.rows, raw.pooling_factor, f"{where}.row_blocks")
+    blocks = row_blocks_of(raw.row_blocks, raw.rows, raw.pooling_factor, f"{where}.row_blocks")
     return dataclasses.replace(table, row_blocks=blocks, constraints=_constraints_of(raw, where))
 
 
-def _checked_bins(bins: Any, pooling: float, where: str) -> tuple[float, ...]:
-    """An access histogram: 17 shares in [0, 1] summing to 1 (or all 0 where nothing is looked up)."""
-    if (
-        not isinstance(bins, list)
-        or len(bins) != NUM_BINS
-        or not all(isinstance(b, (int, float)) and math.isfinite(b) and 0 <= b <= 1 for b in bins)
-    ):
-        raise UserError(f"{where}: got {bins!r:.60}, expected {NUM_BINS} shares in [0, 1]")
+def _checked_bins(bins: tuple[float, ...], pooling: float, where: str) -> tuple[float, ...]:
+    """An access histogram (its shares in [0, 1] already: the schema's bounds): 17 of them summing to 1 (or all 0
+    where nothing is looked up)."""
+    if len(bins) != NUM_BINS:
+        raise UserError(f"{where}: got {list(bins)!r:.60}, expected {NUM_BINS} shares in [0, 1]")
     total = math.fsum(bins)
     if pooling > 0 and abs(total - 1) > BINS_TOLERANCE:
         raise UserError(
@@ -215,16 +212,19 @@ def _checked_bins(bins: Any, pooling: float, where: str) -> tuple[float, ...]:
 
 
 def row_blocks_from_json(raw: Any, rows: int, pooling: float, where: str) -> tuple[RowBlockStats, ...]:
-    """A table's ``row_blocks``: a list of {count, pooling_factors, bins} (one per block count), the block pooling
-    factors summing to the table's (within 1%)."""
-    if not isinstance(raw, list | tuple):
-        raise UserError(f"{where}: got {raw!r:.60}, expected a list of {{count, pooling_factors, bins}}")
+    """A table's ``row_blocks`` as JSON gives them (a statistics file's): parsed by the schema (``RowBlocksFile``),
+    then checked (``row_blocks_of``)."""
+    return row_blocks_of(typed_value(tuple[RowBlocksFile, ...], raw, where), rows, pooling, where)
+
+
+def row_blocks_of(
+    entries: tuple[RowBlocksFile, ...], rows: int, pooling: float, where: str
+) -> tuple[RowBlockStats, ...]:
+    """A table's row-block statistics from its parsed ``row_blocks`` (one entry per block count): a pooling factor
+    and a histogram per block, the block pooling factors summing to the table's (within 1%)."""
     out, counts = [], set()
-    for k, obj in enumerate(raw):
+    for k, entry in enumerate(entries):
         at = f"{where}[{k}]"
-        if not isinstance(obj, dict):
-            raise UserError(f"{at}: got {obj!r:.60}, expected an object with count, pooling_factors, bins")
-        entry = typed(RowBlocksFile, obj, at)
         count = entry.count
         if count > rows or count in counts:
             why = f"at most the table's {rows} rows" if count > rows else "one entry per count"
@@ -234,12 +234,9 @@ def row_blocks_from_json(raw: Any, rows: int, pooling: float, where: str) -> tup
             value = getattr(entry, name)
             if value is None:
                 raise UserError(f"{at}.{name}: missing, expected a value")
-            if not isinstance(value, list) or len(value) != count:
-                raise UserError(f"{at}.{name}: got {value!r:.60}, expected a list of {count} (one per block)")
-        for i, f in enumerate(entry.pooling_factors):
-            if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f < 0:
-                raise UserError(f"{at}.pooling_factors[{i}]: got {f!r:.60}, expected a finite number >= 0")
-        factors = [float(f) for f in entry.pooling_factors]
+            if len(value) != count:
+                raise UserError(f"{at}.{name}: got {list(value)!r:.60}, expected a list of {count} (one per block)")
+        factors = list(entry.pooling_factors)
         if abs(math.fsum(factors) - pooling) > 0.01 * pooling + 1e-9:
             raise UserError(
                 f"{at}.pooling_factors: they sum to {math.fsum(factors):.4g}, expected the table's pooling_factor "
@@ -260,35 +257,26 @@ def row_blocks_json(blocks: tuple[RowBlockStats, ...]) -> list[dict]:
 
 def _constraints_of(raw: TableFile, where: str) -> TableConstraints:
     """A table's constraints, checked (device ranges are checked by the task, which knows its devices)."""
-    exclude = raw.exclude
-    indices = isinstance(exclude, list | tuple) and all(isinstance(d, int) and not isinstance(d, bool) for d in exclude)
-    if not indices:
-        raise UserError(f"{where}.exclude: got {exclude!r:.60}, expected a list of device indices")
-    out: dict[str, Any] = {"pin": raw.pin, "exclude": tuple(sorted(set(exclude))), "no_split": raw.no_split}
+    out: dict[str, Any] = {"pin": raw.pin, "exclude": tuple(sorted(set(raw.exclude))), "no_split": raw.no_split}
     out["max_shards"] = raw.max_shards
     group = raw.colocate
-    if group is not None and not (isinstance(group, str) and group):
-        raise UserError(f"{where}.colocate: got {group!r:.60}, expected a group name (a non-empty string)")
+    if group == "":
+        raise UserError(f"{where}.colocate: got '', expected a group name (a non-empty string)")
     out["colocate"] = group
     types = raw.sharding_types
     if types is not None:
-        if (
-            not isinstance(types, list)
-            or not types
-            or not all(isinstance(x, str) and x in SHARDING_TYPES for x in types)
-            or len(set(types)) != len(types)
-        ):
+        if not types or not all(x in SHARDING_TYPES for x in types) or len(set(types)) != len(types):
             raise UserError(
-                f"{where}.sharding_types: got {types!r:.80}, expected a non-empty list of distinct names among "
+                f"{where}.sharding_types: got {list(types)!r:.80}, expected a non-empty list of distinct names among "
                 f"{', '.join(SHARDING_TYPES)}"
             )
         if not set(types) & {"table_wise", "column_wise", "data_parallel"}:
             raise UserError(
-                f"{where}.sharding_types: got {types}, expected table_wise, column_wise or data_parallel among them "
-                "(row blocks alone are not planned here: a table that cannot be placed whole has no fallback)"
+                f"{where}.sharding_types: got {list(types)}, expected table_wise, column_wise or data_parallel among "
+                "them (row blocks alone are not planned here: a table that cannot be placed whole has no fallback)"
             )
         out["sharding_types"] = tuple(x for x in SHARDING_TYPES if x in types)
-        if types == ["data_parallel"] and (out["pin"] is not None or out["exclude"] or out["colocate"]):
+        if types == ("data_parallel",) and (out["pin"] is not None or out["exclude"] or out["colocate"]):
             raise UserError(
                 f"{where}.sharding_types: got ['data_parallel'] (on every device) with pin, exclude or colocate, "
                 "expected one or the other"

@@ -276,8 +276,8 @@ class Task:
             raise UserError(f"{where}.batch_size: missing, expected a value")
         if raw.precision not in BYTES_PER_ELEMENT:
             raise UserError(f"{where}.precision: got {raw.precision!r}, expected one of {', '.join(BYTES_PER_ELEMENT)}")
-        if not isinstance(raw.tables, list) or not raw.tables:
-            raise UserError(f"{where}.tables: got {raw.tables!r:.60}, expected a non-empty list of tables")
+        if not raw.tables:
+            raise UserError(f"{where}.tables: got {raw.tables if raw.tables is None else list(raw.tables)!r:.60}, expected a non-empty list of tables")
         at = [table_where(t, i, where) for i, t in enumerate(raw.tables)]
         tables = tuple(table_from_json(t, at[i]) for i, t in enumerate(raw.tables))
         seen: set[int] = set()

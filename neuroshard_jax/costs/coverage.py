@@ -11,7 +11,7 @@ import functools
 from collections.abc import Sequence
 from pathlib import Path
 
-from neuroshard_jax.core.config import bounded, typed
+from neuroshard_jax.core.config import bounded, check_bounds, typed
 from neuroshard_jax.core.constants import SHIPPED_MLP_CHECKPOINT, SHIPPED_MODEL_NAME
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_json, read_records
@@ -120,6 +120,7 @@ class LabelCoverage:
             pair = getattr(self, field)
             if len(pair) != 2 or pair[0] > pair[1]:
                 raise UserError(f"coverage.{field}: got {list(pair)}, expected [smallest, largest]")
+        check_bounds(self, "coverage.")
 
     def joined(self, other: LabelCoverage) -> LabelCoverage:
         """The range of both (a fine-tuned model keeps what its prior learned, as it keeps its batch sizes)."""

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
-from neuroshard_jax.core.config import at_least
+from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.errors import UserError, first_line
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, WorkerFailure, measure_on, run_comm
 
@@ -39,17 +39,18 @@ class ExecutorConfig:
     """conf/executor/{local,ray}.yaml."""
 
     name: str = "local"  # local: worker processes on this host | ray: Ray actors on a cluster
-    workers: int = 1  # kernel workers measuring in parallel (one torch thread each; one GPU each on cuda)
+    # kernel workers measuring in parallel (one torch thread each; one GPU each on cuda)
+    workers: int = bounded(at_least=1, default=1)
     address: str | None = None  # ray: null starts a local cluster here, "auto" joins a running one, or ray://HOST:PORT
     num_cpus: int | None = None  # ray, a local cluster only: logical CPUs declared (default max(cores, 8))
-    max_retries: int = 3  # ray: a request whose actor died is retried on a fresh actor this many times
+    # ray: a request whose actor died is retried on a fresh actor this many times
+    max_retries: int = bounded(at_least=0, default=3)
     connect_timeout_s: float = 30.0  # ray: an address where no cluster answers within this is one error line
 
     def __post_init__(self):
         if self.name not in NAMES:
             raise UserError(f"executor.name: got {self.name!r}, expected one of {', '.join(NAMES)}")
-        at_least(self, 1, ("workers",), "executor.")
-        at_least(self, 0, ("max_retries",), "executor.")
+        check_bounds(self, "executor.")
         if not self.connect_timeout_s > 0:
             raise UserError(f"executor.connect_timeout_s: got {self.connect_timeout_s}, expected seconds > 0")
         if self.num_cpus is not None and self.num_cpus < 1:

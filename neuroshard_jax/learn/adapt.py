@@ -43,7 +43,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from neuroshard_jax.core.cli import resolved
-from neuroshard_jax.core.config import above_zero, at_least, typed
+from neuroshard_jax.core.config import bounded, check_bounds, typed
 from neuroshard_jax.core.constants import MIN_CPU_SHARE, SHIPPED_MODEL_NAME
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_records, write_json
@@ -87,22 +87,26 @@ INPUT_CHUNK = 3  # input-distribution labels per launch of the gloo ranks (a dea
 class AdaptConfig:
     """conf/adapt.yaml."""
 
-    budget_min: float = 10.0  # wall-clock minutes: measuring, fine-tuning and the report (a rerun spends what is left)
+    # wall-clock minutes: measuring, fine-tuning and the report (a rerun spends what is left)
+    budget_min: float = bounded(above=0, default=10.0)
     start: str | None = None  # the model adapted: a name or a checkpoint; null: the model chosen for this machine
     name: str | None = None  # the adapted model's name; null: adapted-<this machine's kind>, e.g. adapted-amd-f26m2
     out: str | None = None  # labels, report and the model before it is registered; null: runs/adapt/<name>
     device: str = "cpu"  # cpu (fbgemm-gpu-cpu) | cuda (fbgemm-gpu): the kernels the model is of
     optimizer: str = "exact_sgd"  # the fused optimizer the labels run (exact_row_wise_adagrad: the common case)
-    seed: int = 0
+    seed: int = bounded(at_least=0, default=0)
     uncertain_share: float = 0.5  # spec picks where the start model is least sure; the rest cover the space
-    draws: int = 4  # fresh samples per uncertain pick; the one whose members' predictions spread most is measured
-    heldout_every: int = 3  # every Nth covering pick is held out: scored, never trained on
-    label_share: float = 0.95  # of the budget spent measuring at most; the rest (at least a fine-tune's time) trains
+    # fresh samples per uncertain pick; the one whose members' predictions spread most is measured
+    draws: int = bounded(at_least=1, default=4)
+    heldout_every: int = bounded(at_least=1, default=3)  # every Nth covering pick is held out: scored, never trained on
+    # of the budget spent measuring at most; the rest (at least a fine-tune's time) trains
+    label_share: float = bounded(above=0, default=0.95)
     plan_share: float = 0.2  # of the measuring time: the devices of plans searched with the start model (0: none)
     input_share: float = 0.2  # of the measuring time at most: TorchRec's input distribution (input_labels)
     reanchor: bool = True  # move the start model onto the roofline of the new labels before fine-tuning
-    label_weight: float = 2.0  # loss weight of a plan device against a spec label
-    min_labels: int = 20  # training labels needed to fine-tune (fewer: the run says how many it got and stops)
+    label_weight: float = bounded(above=0, default=2.0)  # loss weight of a plan device against a spec label
+    # training labels needed to fine-tune (fewer: the run says how many it got and stops)
+    min_labels: int = bounded(at_least=1, default=20)
     register: bool = True  # add the model to the user's models (later runs on this kind of machine choose it)
     compare: tuple[str, ...] = ()  # other models scored on the same held-out labels (names or checkpoints)
     # the spec shards drawn (as collect source=specs), with kernels of up to 48 tables, the heavy corner and dim 4
@@ -111,24 +115,22 @@ class AdaptConfig:
     # TorchRec's input distribution on this machine (``costs/input_dist.py``; cpu: gloo ranks): ``input_labels`` comm
     # labels drawn by ``inputs`` (as collect kind=comm), fitted and, with ``register``, added to this user's fits,
     # which models of this kind price with (before a shipped fit); 0: none (a run on cuda measures none)
-    input_labels: int = 60
+    input_labels: int = bounded(at_least=0, default=60)
     inputs: CommSamplerConfig = CommSamplerConfig(input_share=1.0)
     # as collect kind=plans; plans.model is the start model
     plans: PlanLabelConfig = PlanLabelConfig(searchers=("beam", "grid"), sources=("specs",), variants=4, comm=False)
     executor: ExecutorConfig = ExecutorConfig(workers=2)
     pin: bool | None = None  # each local CPU kernel worker on a core of its own; null: pinned locally, not on Ray
-    warmup: int = 5
-    iters: int = 10  # timed iterations; the label is the median
+    warmup: int = bounded(at_least=0, default=5)
+    iters: int = bounded(at_least=1, default=10)  # timed iterations; the label is the median
     # the label protocol (collect's); null: the device's own, queued on cuda (the GPU's time), fixed on cpu
     protocol: str | None = None
-    timeout_s: float = 300.0
+    timeout_s: float = bounded(above=0, default=300.0)
     finetune: TrainConfig = TrainConfig(epochs=60, learning_rate=1e-3)
     progress: bool = True
 
     def __post_init__(self):
-        above_zero(self, ("budget_min", "label_share", "label_weight", "timeout_s"))
-        at_least(self, 1, ("draws", "heldout_every", "min_labels", "iters"))
-        at_least(self, 0, ("seed", "warmup", "input_labels"))
+        check_bounds(self)
         if self.plan_share + self.input_share > 1:
             raise UserError(
                 f"plan_share + input_share: got {self.plan_share:g} + {self.input_share:g}, expected at most 1 (shares "

@@ -33,7 +33,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from neuroshard_jax.core.cli import resolved
-from neuroshard_jax.core.config import above_zero, at_least, typed
+from neuroshard_jax.core.config import bounded, check_bounds, typed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JsonlLog
 from neuroshard_jax.core.folders import one_writer
@@ -73,27 +73,27 @@ class CollectConfig:
     kind: str = "compute"
     # compute shards of: pool (the calibrated pool, at batch_size) | specs (table specs, see specs:)
     source: str = "pool"
-    num_samples: int = 100
-    seed: int = 0
+    num_samples: int = bounded(at_least=1, default=100)
+    seed: int = bounded(at_least=0, default=0)
     device: str = "cpu"  # cpu (fbgemm-gpu-cpu, gloo) | cuda (fbgemm-gpu, NCCL)
     executor: ExecutorConfig = ExecutorConfig()  # where the kernels run (conf/executor/): local or ray
-    timeout_s: float = 300.0  # per compute sample; a comm launch gets a share per request
+    timeout_s: float = bounded(above=0, default=300.0)  # per compute sample; a comm launch gets a share per request
     out_dir: str = "datasets/cpu-b4096"
-    batch_size: int = 4096
+    batch_size: int = bounded(at_least=1, default=4096)
     pool: PoolSpec = PoolSpec()
     optimizer: str = "exact_sgd"  # exact_sgd (the paper) | exact_row_wise_adagrad | exact_adagrad | sgd
     precision: str = "fp32"  # weights: fp32 | fp16 | bf16
-    warmup: int = 5
-    iters: int = 10  # timed iterations; the label is the median
+    warmup: int = bounded(at_least=0, default=5)
+    iters: int = bounded(at_least=1, default=10)  # timed iterations; the label is the median
     # fixed: warmup, then iters timed | timed: warm up until warmup_ms of kernel time has run, then time iterations
     # until measure_ms is filled (at least iters, at most max_iters): sub-millisecond GPU shards get ~100 of them |
     # queued (device=cuda): timed, the GPU's own time, the host enqueueing each batch of iterations ahead of it |
     # graph (device=cuda): timed over CUDA-graph replays (FBGEMM 1.6's backward cannot be captured) |
     # null: the device's own, fixed on a CPU, queued on a GPU (kernels/processes.py: default_protocol)
     protocol: str | None = None
-    warmup_ms: float = 25.0
-    measure_ms: float = 100.0
-    max_iters: int = 1000
+    warmup_ms: float = bounded(above=0, default=25.0)
+    measure_ms: float = bounded(above=0, default=100.0)
+    max_iters: int = bounded(at_least=1, default=1000)
     # compute shards: min..max table configs, dims augmented, total within memory
     sampler: ComputeSamplerConfig = ComputeSamplerConfig()
     # source=specs: table specs over the whole range, each sample at its own batch size
@@ -102,7 +102,7 @@ class CollectConfig:
     comm: CommSamplerConfig = CommSamplerConfig()
     # kind=plans: num_samples tasks per round of the training side, searched and measured
     plans: PlanLabelConfig = PlanLabelConfig()
-    comm_chunk: int = 20  # comm requests per launch of the rank processes
+    comm_chunk: int = bounded(at_least=1, default=20)  # comm requests per launch of the rank processes
     progress: bool = True
     # each local CPU kernel worker on a core of its own (13% less label noise at no cost); null: what the
     # executor supports (pinned local workers, unpinned Ray actors: Ray places them on logical CPUs, not cores)
@@ -113,9 +113,7 @@ class CollectConfig:
             raise UserError(f"kind: got {self.kind!r}, expected one of {', '.join(KINDS)}")
         if self.source not in ("pool", "specs"):
             raise UserError(f"source: got {self.source!r}, expected 'pool' or 'specs'")
-        at_least(self, 1, ("num_samples", "batch_size", "iters", "comm_chunk", "max_iters"))
-        at_least(self, 0, ("seed", "warmup"))
-        above_zero(self, ("timeout_s", "warmup_ms", "measure_ms"))
+        check_bounds(self)
         self.timing()  # refuses an unknown protocol, or queued/graph on a CPU
         if self.protocol not in (None, "fixed") and self.kind == "comm":
             raise UserError(f"protocol: got {self.protocol!r} with kind=comm, expected fixed (timed is for compute)")

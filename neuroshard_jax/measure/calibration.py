@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from neuroshard_jax.core.config import at_least
+from neuroshard_jax.core.config import bounded
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.records import CalibrationProtocol, CalibrationRatios, CalibrationRecord
 from neuroshard_jax.core.sharding import Shard
@@ -40,19 +40,19 @@ class CalibrateConfig(Measuring):
     """conf/calibrate/*.yaml (``name``: off | measured)."""
 
     name: str = "off"
-    samples: int = 8  # devices' worth of the task's tables measured
-    warmup: int = 5  # the label protocol, which the models predict
-    iters: int = 10
-    tries: int = 3  # readings of a device at most: one read while the machine was busy is measured again
+    samples: int = bounded(at_least=1, default=8)  # devices' worth of the task's tables measured
+    warmup: int = bounded(at_least=0, default=5)  # the label protocol, which the models predict
+    iters: int = bounded(at_least=1, default=10)
+    # readings of a device at most: one read while the machine was busy is measured again
+    tries: int = bounded(at_least=1, default=3)
     executor: ExecutorConfig = ExecutorConfig(workers=2)  # the main job's executor (conf/executor/)
     device: str = "cpu"  # cpu (FBGEMM CPU) | cuda (FBGEMM GPU)
-    timeout_s: float = 600.0
+    timeout_s: float = bounded(above=0, default=600.0)
 
     def __post_init__(self):
         if self.name not in MODES:
             raise UserError(f"calibrate: got {self.name!r}, expected one of {', '.join(MODES)}")
-        self.check_measuring("calibrate")
-        at_least(self, 1, ("samples", "tries"), "calibrate.")
+        self.check_measuring("calibrate")  # its device and every bounded field
 
 
 def sample_devices(task: Task, samples: int, seed: int) -> list[list[int]]:

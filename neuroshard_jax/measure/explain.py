@@ -35,7 +35,7 @@ from omegaconf import DictConfig
 
 from neuroshard_jax.core.assignment import INPUT_TYPES
 from neuroshard_jax.core.cli import resolved
-from neuroshard_jax.core.config import above_zero, at_least, typed
+from neuroshard_jax.core.config import bounded, check_bounds, typed
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.constraints import allowed_devices, groups, max_levels
 from neuroshard_jax.core.errors import UserError
@@ -82,13 +82,13 @@ class ExplainConfig:
     plan: str | None = None  # the plan.json to explain
     base: str | None = None  # another plan.json of the same task: print what changed between them instead
     model: str = "neural"  # the cost model whose predictions explain the plan (analytic, neural or a shipped name)
-    top: int = 5  # how many of the slowest device's tables to name
+    top: int = bounded(at_least=1, default=5)  # how many of the slowest device's tables to name
     chart: bool = True  # write PLAN.png beside the plan: a stacked bar per device of its tables' compute
-    other_share: float = 0.03  # tables below this share of every device's compute are drawn as "other"
+    # tables below this share of every device's compute are drawn as "other"
+    other_share: float = bounded(above=0, default=0.03)
 
     def __post_init__(self):
-        at_least(self, 1, ("top",))
-        above_zero(self, ("other_share",))
+        check_bounds(self)
         if self.other_share >= 1:
             raise UserError(f"other_share: got {self.other_share}, expected a share below 1")
 

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from neuroshard_jax.core.assignment import comm_layout, crosses_hosts
-from neuroshard_jax.core.config import above_zero, at_least
+from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.constants import MIN_CPU_SHARE
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
@@ -51,26 +51,24 @@ class EvaluateConfig:
     plan: str | None = None
     device: str = "cpu"  # cpu (fbgemm-gpu-cpu + gloo) | cuda (fbgemm-gpu + NCCL)
     executor: ExecutorConfig = ExecutorConfig()  # where the kernels run (conf/executor/): local processes or Ray
-    timeout_s: float = 600.0
+    timeout_s: float = bounded(above=0, default=600.0)
     optimizer: str | None = None  # the fused optimizer measured; None: the task's (``Task.training``)
-    warmup: int = 5
-    iters: int = 10
-    comm_warmup: int = 3
-    comm_iters: int = 10
+    warmup: int = bounded(at_least=0, default=5)
+    iters: int = bounded(at_least=1, default=10)
+    comm_warmup: int = bounded(at_least=0, default=3)
+    comm_iters: int = bounded(at_least=1, default=10)
     pin: bool = False  # each CPU kernel worker on a core of its own (collection pins; see conf/collect.yaml)
     # as collect's: fixed (warmup, iters) | timed, queued, graph (warmup_ms, measure_ms, max_iters) | null: the
     # device's own (fixed on a CPU, queued on a GPU)
     protocol: str | None = None
-    warmup_ms: float = 25.0
-    measure_ms: float = 100.0
-    max_iters: int = 1000
+    warmup_ms: float = bounded(above=0, default=25.0)
+    measure_ms: float = bounded(above=0, default=100.0)
+    max_iters: int = bounded(at_least=1, default=1000)
 
     def __post_init__(self):
         if self.device not in DEVICES:
             raise UserError(f"device: got {self.device!r}, expected one of {', '.join(DEVICES)}")
-        at_least(self, 1, ("iters", "comm_iters", "max_iters"))
-        at_least(self, 0, ("warmup", "comm_warmup"))
-        above_zero(self, ("timeout_s", "warmup_ms", "measure_ms"))
+        check_bounds(self)
         self.timing()
 
     def timing(self) -> dict:
@@ -83,11 +81,10 @@ class Measuring:
     ``device``, ``executor``, ``timeout_s``, ``warmup`` and ``iters`` checked, and the evaluator they make."""
 
     def check_measuring(self, stage: str) -> None:
+        """``device`` is one of ``DEVICES`` and every ``bounded`` field of the stage's config within its bounds."""
         if self.device not in DEVICES:
             raise UserError(f"{stage}.device: got {self.device!r}, expected one of {', '.join(DEVICES)}")
-        at_least(self, 1, ("iters",), f"{stage}.")
-        at_least(self, 0, ("warmup",), f"{stage}.")
-        above_zero(self, ("timeout_s",), f"{stage}.")
+        check_bounds(self, f"{stage}.")
 
     def evaluator(self) -> EvaluateConfig:
         return EvaluateConfig(

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from neuroshard_jax.core.assignment import assignment, plan_of, row_blocks_in
-from neuroshard_jax.core.config import above_zero, at_least
+from neuroshard_jax.core.config import bounded
 from neuroshard_jax.core.errors import PlanError, UserError
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.records import MeasuredDevice, PolishProtocol, PolishRecord, PolishStep
@@ -72,28 +72,29 @@ class PolishConfig(Measuring):
     """conf/polish/*.yaml (``name``: off | measured)."""
 
     name: str = "off"
-    max_measurements: int = 60  # device measurements, every repeat counted, the final re-measurement included
-    budget_s: float = 600.0  # wall-clock budget of the polishing loop
-    repeats: int = 2  # interleaved runs per device measurement; the figure is their median
-    warmup: int = 2  # the cheaper protocol (the label protocol: 5 warm-ups, 10 iterations)
-    iters: int = 5
+    # device measurements, every repeat counted, the final re-measurement included
+    max_measurements: int = bounded(at_least=1, default=60)
+    budget_s: float = bounded(above=0, default=600.0)  # wall-clock budget of the polishing loop
+    repeats: int = bounded(at_least=1, default=2)  # interleaved runs per device measurement; the figure is their median
+    warmup: int = bounded(at_least=0, default=2)  # the cheaper protocol (the label protocol: 5 warm-ups, 10 iterations)
+    iters: int = bounded(at_least=1, default=5)
     executor: ExecutorConfig = ExecutorConfig(workers=2)  # the main job's executor (conf/executor/)
     # local CPU workers each on a core of their own (less noise; conf/collect.yaml's protocol); null: what the
     # executor supports (pinned local workers, unpinned Ray actors)
     pin: bool | None = None
     device: str = "cpu"  # cpu (FBGEMM CPU, gloo) | cuda (FBGEMM GPU, NCCL)
-    candidates: int = 64  # proposals ranked per step
-    tries: int = 8  # of which the best this many are measured (best first) before polishing stops
-    anchors: int = 3  # devices re-measured with each step for its drift factor: the slowest, then the next slowest
+    candidates: int = bounded(at_least=1, default=64)  # proposals ranked per step
+    # of which the best this many are measured (best first) before polishing stops
+    tries: int = bounded(at_least=1, default=8)
+    # devices re-measured with each step for its drift factor: the slowest, then the next slowest
+    anchors: int = bounded(at_least=1, default=3)
     min_gain: float = 0.01  # a kept change improves the measured slowest device by more than this and the noise
-    timeout_s: float = 600.0
+    timeout_s: float = bounded(above=0, default=600.0)
 
     def __post_init__(self):
         if self.name not in MODES:
             raise UserError(f"polish: got {self.name!r}, expected one of {', '.join(MODES)}")
-        self.check_measuring("polish")
-        at_least(self, 1, ("max_measurements", "repeats", "candidates", "tries", "anchors"), "polish.")
-        above_zero(self, ("budget_s",), "polish.")
+        self.check_measuring("polish")  # its device and every bounded field
         if not 0 <= self.min_gain < 1:
             raise UserError(f"polish.min_gain: got {self.min_gain}, expected a number in [0, 1)")
 

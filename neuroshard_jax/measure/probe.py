@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from neuroshard_jax.core.cli import resolved
-from neuroshard_jax.core.config import at_least, typed
+from neuroshard_jax.core.config import bounded, check_bounds, typed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_json, write_json
 from neuroshard_jax.core.hardware import hardware, hardware_kind
@@ -41,14 +41,14 @@ class ProbeConfig:
     """conf/probe.yaml."""
 
     dataset: str | None = None  # a compute dataset's directory (compute.jsonl + manifest-compute.json)
-    samples: int = 24  # quiet records of the dataset re-measured here
-    workers: int = 2  # local kernel workers measuring them
+    samples: int = bounded(at_least=1, default=24)  # quiet records of the dataset re-measured here
+    workers: int = bounded(at_least=1, default=2)  # local kernel workers measuring them
     seed: int = 0  # which records are drawn
     out: str | None = None  # the result's JSON (null: outputs/probe/<dataset name>--<this CPU's id>.json)
     record: bool = False  # also append the verdict to the dataset's manifest (probes)
 
     def __post_init__(self):
-        at_least(self, 1, ("samples", "workers"))
+        check_bounds(self)
 
 
 def app_config(cfg) -> ProbeConfig:

@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from neuroshard_jax.core.cli import resolved
-from neuroshard_jax.core.config import at_least, typed
+from neuroshard_jax.core.config import bounded, check_bounds, typed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.costs.registry import CostModelSpec
@@ -45,16 +45,16 @@ class ModelComparisonConfig:
 
     models: tuple[str, ...] = ()  # two cost models or more (shipped names or checkpoints); the first is the base
     devices: tuple[int, ...] = (8,)  # device counts of the tasks
-    tasks: int = 10  # suite tasks per device count
-    repeats: int = 3  # interleaved measurements of every plan
+    tasks: int = bounded(at_least=1, default=10)  # suite tasks per device count
+    repeats: int = bounded(at_least=1, default=3)  # interleaved measurements of every plan
     searcher: str = "beam"
-    workers: int = 2  # local kernel workers, pinned as the labels were
+    workers: int = bounded(at_least=1, default=2)  # local kernel workers, pinned as the labels were
     out: str = "outputs/compare_models.json"
 
     def __post_init__(self):
         if len(self.models) < 2:
             raise UserError(f"models: got {list(self.models)}, expected two cost models or more")
-        at_least(self, 1, ("tasks", "repeats", "workers"))
+        check_bounds(self)
         if not self.devices or min(self.devices) < 1:
             raise UserError(f"devices: got {list(self.devices)}, expected device counts >= 1")
 

@@ -31,7 +31,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from neuroshard_jax.core.cli import resolved
-from neuroshard_jax.core.config import at_least, plain, typed
+from neuroshard_jax.core.config import bounded, check_bounds, plain, typed
 from neuroshard_jax.core.constants import MIN_ROWS
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_BINS, bin_shares, count_bins, count_histogram
@@ -449,9 +449,9 @@ class StatsConfig:
     data: str | None = None
     out: str = "tables.json"  # the statistics file (per table: rows, pooling_factor, bins, samples, batches)
     # the batch the statistics are taken at: the planning batch (per-rank batch x ranks in TorchRec)
-    batch_size: int = 4096
+    batch_size: int = bounded(at_least=1, default=4096)
     format: str = "auto"  # auto (.npz by suffix, else DLRM), npz or dlrm
-    max_batches: int = 0  # read at most this many batches (0: all)
+    max_batches: int = bounded(at_least=0, default=0)  # read at most this many batches (0: all)
     progress: bool = True  # a progress bar on stderr
     # tables with rows given (NAME/rows): statistics of their row blocks cut in this many
     row_blocks: tuple[int, ...] = ROW_BLOCK_COUNTS
@@ -460,8 +460,7 @@ class StatsConfig:
         if self.format not in FORMATS:
             raise UserError(f"format: got {self.format!r}, expected one of {', '.join(FORMATS)}")
         checked_block_counts(self.row_blocks)
-        at_least(self, 1, ("batch_size",))
-        at_least(self, 0, ("max_batches",))
+        check_bounds(self)
 
 
 def stats_file(tables: list[TableStats], batch_size: int, source: str) -> dict:
