@@ -15,26 +15,26 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
-from neuroshard_jax.costs.registry import COST_MODELS, NO_CALIBRATION
+from neuroshard_jax.costs.choice import COST_MODELS, NO_CALIBRATION
 from neuroshard_jax.kernels.executors import ExecutorConfig
-from neuroshard_jax.learn.adapt import AdaptConfig
-from neuroshard_jax.learn.collect import CollectConfig
-from neuroshard_jax.learn.loop import LoopConfig
+from neuroshard_jax.learn.cost_labels import CollectConfig
+from neuroshard_jax.learn.feedback_loop import LoopConfig
+from neuroshard_jax.learn.fine_tune import AdaptConfig
 from neuroshard_jax.learn.policy_training import TrainPolicyAppConfig
 from neuroshard_jax.learn.train_job import TrainAppConfig
+from neuroshard_jax.measure.breakdown import ExplainConfig
 from neuroshard_jax.measure.calibration import CalibrateConfig
-from neuroshard_jax.measure.compare import CompareConfig
-from neuroshard_jax.measure.explain import ExplainConfig
-from neuroshard_jax.measure.plans import EvaluateConfig
+from neuroshard_jax.measure.evaluator import EvaluateConfig
+from neuroshard_jax.measure.hardware_probe import ProbeConfig
 from neuroshard_jax.measure.polish import PolishConfig
-from neuroshard_jax.measure.probe import ProbeConfig
+from neuroshard_jax.measure.searcher_comparison import CompareConfig
 from neuroshard_jax.search.job import MainConfig
 from neuroshard_jax.search.model_comparison import ModelComparisonConfig
-from neuroshard_jax.search.planner import GROUPED, PlannerOptions
+from neuroshard_jax.search.sharding_planner import GROUPED, PlannerOptions
 from neuroshard_jax.search.suite import SuiteConfig
-from neuroshard_jax.torchrec.export import ExportConfig
+from neuroshard_jax.torchrec.plan_export import ExportConfig
+from neuroshard_jax.workloads.builders import TaskGroupConfig
 from neuroshard_jax.workloads.statistics import StatsConfig
-from neuroshard_jax.workloads.tasks import TaskGroupConfig
 from searchers import registered
 
 # One class per group (every option of the group starts from its defaults).

@@ -11,7 +11,8 @@ The public API (everything else is internal and may move):
   that take them: ``plan_costs``, ``shard_costs``, ``table_latents``, ``costs_from_latents``, ``device_costs``,
   ``plan_cost_ms``, over a plan's ``PlanArrays`` (``DeviceArrays``); host-side ``plan_arrays``, ``apart_arrays``,
   ``score_plan``, ``score_plans``
-* ``Planner`` (``planner=`` of ``plan``): a searcher, a ``CostModelSpec`` and the measured stages, built once
+* ``Planner`` (``planner=`` of ``plan``): a searcher, a ``CostModelSpec`` and the measured stages, built once;
+  ``PlannerOptions``: every option of a planning run by name (``.planner()`` builds the ``Planner``)
 * ``searcher_names()``; the errors ``UserError``, ``InfeasibleError``, ``PlanError``
 
 Names load on first use, so ``import neuroshard_jax`` is cheap and the torch worker (which imports a few numpy-only
@@ -24,9 +25,10 @@ import importlib
 
 _EXPORTS = {
     "plan": "neuroshard_jax.api",
-    "Planner": "neuroshard_jax.search.planner",
-    "CostModelSpec": "neuroshard_jax.costs.registry",
-    "task_from_tables": "neuroshard_jax.workloads.tasks",
+    "Planner": "neuroshard_jax.search.sharding_planner",
+    "PlannerOptions": "neuroshard_jax.search.sharding_planner",
+    "CostModelSpec": "neuroshard_jax.costs.choice",
+    "task_from_tables": "neuroshard_jax.workloads.builders",
     "Plan": "neuroshard_jax.core.plan",
     "PlanCosts": "neuroshard_jax.core.plan",
     "Task": "neuroshard_jax.core.task",
@@ -35,8 +37,8 @@ _EXPORTS = {
     "Shard": "neuroshard_jax.core.sharding",
     "load_plan": "neuroshard_jax.core.plan_file",
     "to_torchrec": "neuroshard_jax.kernels.torchrec_format",
-    "load_cost_model": "neuroshard_jax.costs.registry",
-    "make_cost_model": "neuroshard_jax.costs.registry",
+    "load_cost_model": "neuroshard_jax.costs.choice",
+    "make_cost_model": "neuroshard_jax.costs.choice",
     "CostModel": "neuroshard_jax.costs.cost_model",
     "CostFns": "neuroshard_jax.costs.cost_model",
     "DeviceCosts": "neuroshard_jax.costs.cost_model",

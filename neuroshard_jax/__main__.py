@@ -24,12 +24,12 @@ from neuroshard_jax.core.cli import fail, one_line_errors, run_app
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.plan_file import format_plan
+from neuroshard_jax.costs.choice import NO_CALIBRATION
 from neuroshard_jax.costs.coverage import far_devices_warning
-from neuroshard_jax.costs.registry import NO_CALIBRATION
-from neuroshard_jax.measure.explain import ExplainConfig, explain_file
+from neuroshard_jax.measure.breakdown import ExplainConfig, explain_file
 from neuroshard_jax.search.job import MainConfig, main_config
 from neuroshard_jax.search.suite import run_suite
-from neuroshard_jax.workloads.tasks import make_task
+from neuroshard_jax.workloads.builders import make_task
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="config")

@@ -1,6 +1,6 @@
 """``python -m neuroshard_jax.adapt budget_min=10 [device=cuda]``: a cost model of this machine in minutes.
 
-The command line only; the library is ``neuroshard_jax.learn.adapt``."""
+The command line only; the library is ``neuroshard_jax.learn.fine_tune``."""
 
 import signal
 import sys
@@ -9,8 +9,8 @@ import hydra
 from omegaconf import DictConfig
 
 from neuroshard_jax.core.cli import one_line_errors, run_app
-from neuroshard_jax.learn.adapt import adapt, app_config
-from neuroshard_jax.learn.collect import stop_on_sigterm
+from neuroshard_jax.learn.cost_labels import stop_on_sigterm
+from neuroshard_jax.learn.fine_tune import adapt, app_config
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="adapt")

@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import estimated_line
-from neuroshard_jax.search.planner import Planner, planner_from
+from neuroshard_jax.search.sharding_planner import Planner, planner_from
+from neuroshard_jax.workloads.builders import TableSpecs, task_from_tables
 from neuroshard_jax.workloads.statistics import DEFAULT_ZIPF
-from neuroshard_jax.workloads.tasks import TableSpecs, task_from_tables
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def plan(
     ``devices``: ``[{"mem_cap_gb": 16, "speed": 1.0}, ...]``, heterogeneous memory caps and relative compute speeds
     (a ``num_devices`` given beside them must be their count).
 
-    ``planner``: a ``Planner`` built from its parts (``search.planner``), planning every call alike; or, as a
+    ``planner``: a ``Planner`` built from its parts (``search.sharding_planner``), planning every call alike; or, as a
     convenience that builds one, the fields of ``PlannerOptions`` as keywords (``options``, with ``searcher`` and
     ``cost_model`` also the 4th and 5th arguments): ``searcher``, a registered name (``searcher_names()``), with its
     options beside it (``k=5`` for beam); ``cost_model``: ``"neural"`` (the model chosen for this machine's kind) or

@@ -1,6 +1,6 @@
 """Collect cost labels on real kernels.
 
-The command line only; the library is ``neuroshard_jax.learn.collect``."""
+The command line only; the library is ``neuroshard_jax.learn.cost_labels``."""
 
 import signal
 import sys
@@ -9,7 +9,7 @@ import hydra
 from omegaconf import DictConfig
 
 from neuroshard_jax.core.cli import one_line_errors, run_app
-from neuroshard_jax.learn.collect import collect, config_from, stop_on_sigterm
+from neuroshard_jax.learn.cost_labels import collect, config_from, stop_on_sigterm
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="collect")

@@ -3,7 +3,7 @@
     python -m neuroshard_jax.evaluate plan=outputs/.../plan.json [device=cpu workers=1]
     python -m neuroshard_jax.evaluate sweep=multirun/compare/...   # every unmeasured plan of a suite sweep
 
-Writes evaluation.json beside the plan: measured and predicted costs per device (neuroshard_jax/measure/plans.py
+Writes evaluation.json beside the plan: measured and predicted costs per device (neuroshard_jax/measure/evaluator.py
 says how a plan is measured).
 """
 
@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from neuroshard_jax.core.cli import one_line_errors, resolved, run_app
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.measure.plans import EvaluateConfig, evaluate_file
+from neuroshard_jax.measure.evaluator import EvaluateConfig, evaluate_file
 from neuroshard_jax.search.suite import measure_sweep
 
 

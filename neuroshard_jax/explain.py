@@ -1,13 +1,13 @@
 """Plans that explain themselves: where each device's time goes, what binds, and what changed between two plans.
 
-The command line only; the library is ``neuroshard_jax.measure.explain``."""
+The command line only; the library is ``neuroshard_jax.measure.breakdown``."""
 
 import hydra
 from omegaconf import DictConfig
 
 from neuroshard_jax.core.cli import one_line_errors, run_app
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.measure.explain import app_config, explain_file
+from neuroshard_jax.measure.breakdown import app_config, explain_file
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="explain")

@@ -2,7 +2,7 @@
 
     python -m neuroshard_jax.probe dataset=DATASET_DIR [samples=24 workers=2 seed=0 out=FILE record=true]
 
-The command line only; the library is ``neuroshard_jax.measure.probe``."""
+The command line only; the library is ``neuroshard_jax.measure.hardware_probe``."""
 
 import sys
 
@@ -10,7 +10,7 @@ import hydra
 from omegaconf import DictConfig
 
 from neuroshard_jax.core.cli import one_line_errors, run_app
-from neuroshard_jax.measure.probe import app_config, probe
+from neuroshard_jax.measure.hardware_probe import app_config, probe
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="probe")

@@ -19,8 +19,8 @@ from omegaconf import DictConfig
 
 from neuroshard_jax.core.cli import one_line_errors, run_app
 from neuroshard_jax.core.paths import user_fits_dir
+from neuroshard_jax.costs.choice import checkpoint_path
 from neuroshard_jax.costs.input_dist import InputDist
-from neuroshard_jax.costs.registry import checkpoint_path
 from neuroshard_jax.learn.analytic_fit import fit_analytic
 from neuroshard_jax.learn.ensemble_fit import train_ensemble
 from neuroshard_jax.learn.neural_fit import train_models

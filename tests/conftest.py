@@ -57,7 +57,7 @@ def run_cli(*args, cwd=None, module="neuroshard_jax", timeout=300):
 def tiny_checkpoint(tmp_path_factory):
     """A real (tiny) measured dataset and a neural cost model trained on it: (dataset dir, checkpoint dir)."""
     from neuroshard_jax.costs.neural import NetConfig
-    from neuroshard_jax.learn.collect import CollectConfig, collect
+    from neuroshard_jax.learn.cost_labels import CollectConfig, collect
     from neuroshard_jax.learn.neural_fit import train_models
     from neuroshard_jax.learn.trainer import TrainConfig
     from neuroshard_jax.workloads.pool import PoolSpec
@@ -86,7 +86,7 @@ def tiny_ensemble(tiny_checkpoint, tmp_path_factory):
     a tiny spec dataset (batches 128 and 256): (spec dataset dir, checkpoint dir, report)."""
     from neuroshard_jax.costs.ensemble import EnsembleConfig
     from neuroshard_jax.costs.neural import NetConfig
-    from neuroshard_jax.learn.collect import CollectConfig, collect
+    from neuroshard_jax.learn.cost_labels import CollectConfig, collect
     from neuroshard_jax.learn.ensemble_fit import train_ensemble
     from neuroshard_jax.learn.trainer import TrainConfig
     from neuroshard_jax.workloads.samplers import SpecSamplerConfig

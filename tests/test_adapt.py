@@ -15,7 +15,7 @@ from neuroshard_jax.core.errors import UserError
 def small_config(tmp_path, **changes):
     """Tiny spec shards at a batch size the shipped models know, a short plan phase and a short fine-tune."""
     from neuroshard_jax.kernels.executors import ExecutorConfig
-    from neuroshard_jax.learn.adapt import AdaptConfig
+    from neuroshard_jax.learn.fine_tune import AdaptConfig
     from neuroshard_jax.learn.plan_labels import PlanLabelConfig
     from neuroshard_jax.learn.trainer import TrainConfig
     from neuroshard_jax.workloads.samplers import CommSamplerConfig, SpecSamplerConfig
@@ -48,12 +48,12 @@ def small_config(tmp_path, **changes):
 def test_adapt_measures_fine_tunes_reports_and_registers_a_model_later_runs_choose(tmp_path, monkeypatch, caplog):
     from neuroshard_jax.core.files import read_records
     from neuroshard_jax.core.hardware import hardware, hardware_kind
-    from neuroshard_jax.costs import registry
-    from neuroshard_jax.learn.adapt import adapt, is_heldout
+    from neuroshard_jax.costs import choice as registry
+    from neuroshard_jax.learn.fine_tune import adapt, is_heldout
 
     monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path / "cache"))  # this test's user, no other test's
     config = small_config(tmp_path)
-    caplog.set_level(logging.INFO, logger="neuroshard_jax.learn.adapt")  # what it does and the held-out table
+    caplog.set_level(logging.INFO, logger="neuroshard_jax.learn.fine_tune")  # what it does and the held-out table
     report = adapt(dataclasses.replace(config, optimizer="EXACT_ROWWISE_ADAGRAD"))  # TorchRec's name is taken too
     config = dataclasses.replace(config, optimizer="exact_row_wise_adagrad")
     lines = caplog.messages
@@ -105,7 +105,7 @@ def test_adapt_measures_fine_tunes_reports_and_registers_a_model_later_runs_choo
 
 
 def test_a_budget_that_cannot_end_in_a_model_is_refused_before_measuring_naming_the_least(tmp_path):
-    from neuroshard_jax.learn.adapt import adapt
+    from neuroshard_jax.learn.fine_tune import adapt
 
     least = r"budget_min: got 0.1, expected at least 0.5 min here: about 8 s to start, 24 spec labels at no less"
     with pytest.raises(UserError, match=least):
@@ -114,7 +114,7 @@ def test_a_budget_that_cannot_end_in_a_model_is_refused_before_measuring_naming_
 
 
 def test_the_labels_a_fine_tune_needs_are_counted_in_measuring_order(tmp_path):
-    from neuroshard_jax.learn.adapt import UNCERTAIN_IDS, picks_short
+    from neuroshard_jax.learn.fine_tune import UNCERTAIN_IDS, picks_short
 
     config = small_config(tmp_path)  # min_labels 20, every 3rd covering pick held out, half the picks uncertain
     assert picks_short(config, []) == 24  # 12 covering (4 held out) and 12 uncertain
@@ -158,8 +158,8 @@ def test_the_time_spent_is_on_disk_as_it_passes_so_a_kill_9_loses_at_most_a_tick
 
 
 def test_the_measuring_order_is_fixed_by_the_seed_and_mixes_covering_and_uncertain_picks(tmp_path):
-    from neuroshard_jax.costs.registry import checkpoint_path
-    from neuroshard_jax.learn.adapt import UNCERTAIN_IDS, spec_order
+    from neuroshard_jax.costs.choice import checkpoint_path
+    from neuroshard_jax.learn.fine_tune import UNCERTAIN_IDS, spec_order
 
     config = small_config(tmp_path)
     first = list(itertools.islice(spec_order(config, checkpoint_path("xeon-union"), set()), 12))
@@ -191,7 +191,7 @@ def test_bad_settings_get_one_line(tmp_path, changes, message):
 
 
 def test_a_start_or_comparison_that_is_no_ensemble_and_a_missing_gpu_are_refused_before_measuring(tmp_path):
-    from neuroshard_jax.learn.adapt import adapt, check_device
+    from neuroshard_jax.learn.fine_tune import adapt, check_device
 
     with pytest.raises(UserError, match="start: no model at"):
         adapt(small_config(tmp_path, start=str(tmp_path / "nothing")))

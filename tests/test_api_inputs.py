@@ -13,8 +13,8 @@ from neuroshard_jax.core.config import plain, typed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.plan_file import format_plan
 from neuroshard_jax.core.task import Task
+from neuroshard_jax.workloads.builders import TaskConfig
 from neuroshard_jax.workloads.statistics import DEFAULT_ZIPF, estimated_stats, zipf_ids
-from neuroshard_jax.workloads.tasks import TaskConfig
 
 from .conftest import make_table, make_task, run_cli
 
@@ -259,7 +259,7 @@ def test_the_printed_plan_names_each_devices_tables_summarised_past_a_width():
 def test_load_cost_model_without_a_name_is_the_model_the_planner_chooses_here():
     import jax
 
-    from neuroshard_jax.costs.registry import choose_cost_model
+    from neuroshard_jax.costs.choice import choose_cost_model
 
     chosen = choose_cost_model("neural", {}, "cpu", make_task([make_table(0)], batch_size=4096)).name
     mine, theirs = nsj.load_cost_model(), nsj.load_cost_model(chosen)

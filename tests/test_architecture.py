@@ -174,3 +174,35 @@ def test_readme_python_api_example_runs():
         section.index("```python\n") + len("```python\n") : section.index("```\n", section.index("```python"))
     ]
     exec(compile(code, "README.md (Python API)", "exec"), {})
+
+
+def test_a_long_module_says_why_true_to_its_size():
+    """A module over 500 lines states at its top why it is one module, with its size within 10% of the truth."""
+    files = {**_modules(), **{f"tools.{f.stem}": f for f in (REPO / "tools").glob("*.py")}}
+    wrong = []
+    for name, path in files.items():
+        text = path.read_text()
+        lines = text.count("\n")
+        if lines <= 500:
+            continue
+        said = re.search(r"Why one module of ~([\d,]+) lines", ast.get_docstring(ast.parse(text)) or "")
+        if said is None or abs(int(said.group(1).replace(",", "")) - lines) > 0.1 * lines:
+            wrong.append(f"{name} ({lines} lines): {said.group(0) if said else 'no reason at its top'}")
+    assert not wrong, wrong
+
+
+def test_file_schemas_type_every_field():
+    """The task and plan files' schema: every field typed with what its checks need, none ``Any``."""
+    import dataclasses
+    import typing
+
+    from neuroshard_jax.core import schema
+
+    loose = [
+        f"{cls.__name__}.{name}"
+        for cls in vars(schema).values()
+        if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == schema.__name__
+        for name, hint in typing.get_type_hints(cls).items()
+        if hint is typing.Any
+    ]
+    assert not loose, loose

@@ -11,7 +11,7 @@ import pytest
 
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.task import Task
-from neuroshard_jax.costs.registry import CostModelSpec
+from neuroshard_jax.costs.choice import CostModelSpec
 from searchers import make_searcher
 from tests.conftest import REPO, make_table, make_task, run_cli
 
@@ -117,7 +117,7 @@ def test_overrides_are_checked_before_any_work(capsys, argv, fragment):
 )
 def test_app_settings_are_checked(capsys, app, argv, fragment):
     from neuroshard_jax.core.cli import check_command_line
-    from neuroshard_jax.learn.collect import config_from as collect_config
+    from neuroshard_jax.learn.cost_labels import config_from as collect_config
     from neuroshard_jax.train import app_config as train_config
 
     validate = {"collect": collect_config, "train": train_config}[app]
@@ -185,7 +185,7 @@ def _state_removed(path):
     ],
 )
 def test_a_damaged_checkpoint_is_one_line(tmp_path, damage, fragment):
-    from neuroshard_jax.costs.registry import make_cost_model
+    from neuroshard_jax.costs.choice import make_cost_model
 
     path = tmp_path / "ckpt"
     shutil.copytree(SHIPPED, path)
@@ -295,7 +295,7 @@ def test_a_torn_plan_file_is_one_line(tmp_path, content, fragment):
 
 
 def test_compare_reports_a_torn_plan_and_counts_a_bare_infeasible_record(tmp_path):
-    from neuroshard_jax.measure.compare import CompareConfig, compare_sweep
+    from neuroshard_jax.measure.searcher_comparison import CompareConfig, compare_sweep
     from neuroshard_jax.search.pipeline import search_plan
 
     task = make_task([make_table(i, rows=1000 + i) for i in range(4)], num_devices=2)
@@ -361,7 +361,7 @@ def test_accepted_task_files():
 
 
 def test_a_single_device_has_no_all_to_all():
-    from neuroshard_jax.costs.registry import make_cost_model
+    from neuroshard_jax.costs.choice import make_cost_model
     from neuroshard_jax.costs.scoring import score_plan
     from neuroshard_jax.search.pipeline import search_plan
 
@@ -384,7 +384,7 @@ def test_a_task_path_that_is_no_regular_file_is_one_line_and_never_blocks(tmp_pa
     """A FIFO would block the read forever and /dev/zero never ends: both, and a folder, are refused before reading."""
     import os
 
-    from neuroshard_jax.workloads.tasks import load_task
+    from neuroshard_jax.workloads.builders import load_task
 
     fifo = tmp_path / "task.fifo"
     os.mkfifo(fifo)
@@ -407,7 +407,7 @@ def test_a_torn_or_malformed_model_of_the_user_is_skipped_with_a_warning(tmp_pat
     list, are left out of the choice with one warning line each."""
     import logging
 
-    from neuroshard_jax.costs.registry import checkpoint_path, choose_cost_model, shipped_names
+    from neuroshard_jax.costs.choice import checkpoint_path, choose_cost_model, shipped_names
 
     monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path))
     torn = tmp_path / "models" / "torn"
@@ -417,7 +417,7 @@ def test_a_torn_or_malformed_model_of_the_user_is_skipped_with_a_warning(tmp_pat
     shutil.copytree(checkpoint_path(shipped_names()[0]), odd)
     meta = json.loads((odd / "meta.json").read_text())
     (odd / "meta.json").write_text(json.dumps({**meta, "hardware_kinds": 5}))
-    caplog.set_level(logging.WARNING, logger="neuroshard_jax.costs.registry")
+    caplog.set_level(logging.WARNING, logger="neuroshard_jax.costs.choice")
     choice = choose_cost_model("neural")
     assert choice.name not in ("torn", "odd")
     for name, why in (("torn", "could not be read"), ("odd", "hardware_kinds: got 5, expected a list of kinds")):
@@ -431,7 +431,7 @@ def test_a_chosen_user_model_whose_state_is_damaged_is_skipped_for_the_next_choi
 
     import neuroshard_jax as nsj
     from neuroshard_jax.core.hardware import hardware, hardware_kind
-    from neuroshard_jax.costs.registry import checkpoint_path, shipped_names
+    from neuroshard_jax.costs.choice import checkpoint_path, shipped_names
 
     monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path))
     mine = tmp_path / "models" / "mine"
@@ -440,7 +440,7 @@ def test_a_chosen_user_model_whose_state_is_damaged_is_skipped_for_the_next_choi
     kind = hardware_kind(hardware())
     (mine / "meta.json").write_text(json.dumps({**meta, "hardware_kinds": [kind], "trained": "2099-01-01"}))
     (mine / "state" / "_METADATA").write_text("garbage")
-    caplog.set_level(logging.WARNING, logger="neuroshard_jax.costs.registry")
+    caplog.set_level(logging.WARNING, logger="neuroshard_jax.costs.choice")
     tables = [{"rows": 1000, "dim": 16, "pooling_factor": 2.0, "bins": [1.0] + [0.0] * 16} for _ in range(4)]
     plan = nsj.plan(tables, num_devices=2, mem_cap_gb=1.0, batch_size=4096, searcher="size_greedy")
     assert plan.validate()

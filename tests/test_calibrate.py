@@ -16,10 +16,10 @@ import pytest
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.plan_file import calibration_line
 from neuroshard_jax.core.records import CalibrationProtocol, CalibrationRatios, CalibrationRecord
-from neuroshard_jax.costs.registry import make_cost_model
+from neuroshard_jax.costs.choice import make_cost_model
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrate, predicted_compute_ms, sample_devices, whole
-from neuroshard_jax.measure.plans import quiet_devices
+from neuroshard_jax.measure.evaluator import quiet_devices
 from neuroshard_jax.measure.polish import PolishConfig
 from tests.conftest import make_table, make_task, run_cli
 

@@ -9,13 +9,13 @@ import pytest
 
 from neuroshard_jax.core.cli import check_command_line, check_output_folder
 from neuroshard_jax.core.constants import GIB_BYTES
-from neuroshard_jax.costs.registry import CostModelSpec, choose_cost_model
+from neuroshard_jax.costs.choice import CostModelSpec, choose_cost_model
 from neuroshard_jax.evaluate import app_config as evaluate_config
-from neuroshard_jax.learn.collect import config_from as collect_config
+from neuroshard_jax.learn.cost_labels import config_from as collect_config
 from neuroshard_jax.learn.policy_training import app_config as policy_config
 from neuroshard_jax.search.job import main_config
 from neuroshard_jax.search.pipeline import search_plan
-from neuroshard_jax.torchrec.export import app_config as export_config
+from neuroshard_jax.torchrec.plan_export import app_config as export_config
 from neuroshard_jax.train import app_config as train_config
 from neuroshard_jax.workloads.statistics import app_config as stats_config
 from searchers import make_searcher
@@ -197,7 +197,7 @@ def test_the_commands_use_no_private_hydra_api():
         ("config", main_config, ["+searcher.nope=1"], "searcher.nope: unknown key, expected one of alphas"),
         ("config", main_config, ["task.mem_cap_gb=big"], "task.mem_cap_gb: got 'big', expected a number"),
         ("config", main_config, ["task.pool.source=zzz"], "task.pool.source: got 'zzz'"),
-        ("config", main_config, ["searcher=grid", "searcher.alphas=[1,x]"], "searcher.alphas: got [1, 'x']"),
+        ("config", main_config, ["searcher=grid", "searcher.alphas=[1,x]"], "searcher.alphas[1]: got 'x', expected a"),
         ("config", main_config, ["task.num_device=3"], "unknown key 'num_device', did you mean 'num_devices'?"),
         ("config", main_config, ["+task.num_device=3"], "task.num_device: unknown key, did you mean 'num_devices'?"),
         ("config", main_config, ["sercher.k=5"], "sercher: unknown key 'sercher', did you mean 'searcher'?"),

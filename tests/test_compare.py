@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.measure.compare import CompareConfig, compare_sweep
+from neuroshard_jax.measure.searcher_comparison import CompareConfig, compare_sweep
 
 from .conftest import run_cli
 

@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 from neuroshard_jax.core import constants as C
 from neuroshard_jax.core.cli import group_options
 from neuroshard_jax.costs.analytic import AnalyticConfig
-from neuroshard_jax.costs.registry import make_cost_model
-from neuroshard_jax.workloads.tasks import task_config
+from neuroshard_jax.costs.choice import make_cost_model
+from neuroshard_jax.workloads.builders import task_config
 from searchers import make_searcher, searcher_names
 
 from .conftest import REPO, make_table, make_task

@@ -13,7 +13,7 @@ from neuroshard_jax.core.errors import InfeasibleError, PlanError, UserError
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.core.task import Task
-from neuroshard_jax.costs.registry import CostModelSpec, make_cost_model
+from neuroshard_jax.costs.choice import CostModelSpec, make_cost_model
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.search.pipeline import search_plan
 from searchers import make_searcher

@@ -10,6 +10,7 @@ import pytest
 import neuroshard_jax as nsj
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.records import CalibrationProtocol, CalibrationRatios, CalibrationRecord
+from neuroshard_jax.costs.choice import fitting_models
 from neuroshard_jax.costs.coverage import (
     LabelCoverage,
     checkpoint_coverage,
@@ -18,10 +19,9 @@ from neuroshard_jax.costs.coverage import (
     out_of_depth_warning,
     trained_checkpoint,
 )
-from neuroshard_jax.costs.registry import fitting_models
-from neuroshard_jax.measure.explain import ExplainConfig, explain_file
-from neuroshard_jax.search.planner import PlannerOptions
-from neuroshard_jax.workloads.tasks import TaskGroupConfig, make_task
+from neuroshard_jax.measure.breakdown import ExplainConfig, explain_file
+from neuroshard_jax.search.sharding_planner import PlannerOptions
+from neuroshard_jax.workloads.builders import TaskGroupConfig, make_task
 
 from .conftest import make_table, run_cli
 from .conftest import make_task as task_of

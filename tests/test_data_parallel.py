@@ -15,12 +15,12 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.analytic import analytic_model
-from neuroshard_jax.costs.registry import CostModelSpec, make_cost_model
+from neuroshard_jax.costs.choice import CostModelSpec, make_cost_model
 from neuroshard_jax.costs.scoring import device_row_ms, score_plan
 from neuroshard_jax.kernels.executors import ExecutorConfig
-from neuroshard_jax.measure.plans import EvaluateConfig, measure_plans, plan_kernels
+from neuroshard_jax.measure.evaluator import EvaluateConfig, measure_plans, plan_kernels
 from neuroshard_jax.search.pipeline import search_plan
-from neuroshard_jax.torchrec.export import ExportConfig, check_torchrec, expected_local_shards, export_torchrec
+from neuroshard_jax.torchrec.plan_export import ExportConfig, check_torchrec, expected_local_shards, export_torchrec
 from searchers import make_searcher
 from searchers.torchrec import plan_from_torchrec
 

@@ -20,6 +20,7 @@ from neuroshard_jax.core.manifests import manifest_kinds, write_manifest
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import format_plan
 from neuroshard_jax.costs.checkpoints import load_checkpoint, load_ensemble
+from neuroshard_jax.costs.choice import CostModelSpec, make_cost_model, shipped_names
 from neuroshard_jax.costs.cost_model import DeviceArrays, PlanArrays, device_costs, expected_cost_model
 from neuroshard_jax.costs.ensemble import (
     EnsembleConfig,
@@ -30,7 +31,6 @@ from neuroshard_jax.costs.ensemble import (
     roof_terms,
 )
 from neuroshard_jax.costs.neural import NetConfig
-from neuroshard_jax.costs.registry import CostModelSpec, make_cost_model, shipped_names
 from neuroshard_jax.costs.scoring import score_plan, with_costs
 from neuroshard_jax.kernels.processes import table_ref
 from neuroshard_jax.learn.datasets import compute_batches, ensemble_arrays, shard_feature_matrix
@@ -478,7 +478,7 @@ def test_hardware_probe_remeasures_a_dataset_with_its_own_protocol(tiny_checkpoi
 
     from neuroshard_jax.core.hardware import hardware, hardware_kind
     from neuroshard_jax.measure.drift import references
-    from neuroshard_jax.measure.probe import ProbeConfig, probe
+    from neuroshard_jax.measure.hardware_probe import ProbeConfig, probe
 
     spec_dir = tiny_ensemble[0]
     refs = references(spec_dir, 4, 0)
@@ -515,14 +515,14 @@ def test_the_model_of_this_machines_hardware_is_chosen_and_named_in_one_line(mon
     as matching; on another kind (an AMD EPYC, a GPU) the default with a line saying it does not match and how to
     adapt a model to this machine; a shipped model of this kind where the default is not; a named model kept as
     named."""
-    from neuroshard_jax.costs import registry
+    from neuroshard_jax.costs import choice
 
-    monkeypatch.setattr(registry, "hardware", lambda: XEON)
-    here = registry.choose_cost_model("neural")
+    monkeypatch.setattr(choice, "hardware", lambda: XEON)
+    here = choice.choose_cost_model("neural")
     assert here.name == "neural" and here.matches and here.chosen
     assert here.line() == f"cost model: xeon-union, chosen for this machine: {XEON['cpu']} [{XEON['cpu_id']}]"
-    monkeypatch.setattr(registry, "hardware", lambda: EPYC)
-    other = registry.choose_cost_model("neural")
+    monkeypatch.setattr(choice, "hardware", lambda: EPYC)
+    other = choice.choose_cost_model("neural")
     assert other.name == "neural" and not other.matches
     line = other.line()
     assert (
@@ -530,43 +530,43 @@ def test_the_model_of_this_machines_hardware_is_chosen_and_named_in_one_line(mon
     )
     assert line.endswith("make one in minutes: python -m neuroshard_jax.adapt budget_min=10")
     # a GPU request: the H200's model on an H200 (whichever host CPU), none for another GPU
-    monkeypatch.setattr(registry, "hardware", lambda: {**XEON, "gpu": "NVIDIA H200"})
-    h200 = registry.choose_cost_model("neural", device="cuda")
+    monkeypatch.setattr(choice, "hardware", lambda: {**XEON, "gpu": "NVIDIA H200"})
+    h200 = choice.choose_cost_model("neural", device="cuda")
     assert h200.name.startswith("h200-") and h200.matches and h200.here.endswith("+ NVIDIA H200")
     # of the H200's two models, the one trained at the task's batch: fixed labels at 2k-8k, queued at 16k-64k
     small, large = (make_task([make_table(0)], batch_size=b) for b in (4096, 32768))
-    assert registry.choose_cost_model("neural", device="cuda", task=small).name == "h200-union"
-    queued = registry.choose_cost_model("neural", device="cuda", task=large)
+    assert choice.choose_cost_model("neural", device="cuda", task=small).name == "h200-union"
+    queued = choice.choose_cost_model("neural", device="cuda", task=large)
     assert queued.name == "h200-queued" and "h200-queued, chosen for this machine" in queued.line()
-    assert not registry.choose_cost_model("neural", device="cpu").name.startswith("h200")  # its CPU is a CPU
-    monkeypatch.setattr(registry, "hardware", lambda: {**XEON, "gpu": "NVIDIA A100-SXM4-80GB"})
-    gpu = registry.choose_cost_model("neural", device="cuda")
+    assert not choice.choose_cost_model("neural", device="cpu").name.startswith("h200")  # its CPU is a CPU
+    monkeypatch.setattr(choice, "hardware", lambda: {**XEON, "gpu": "NVIDIA A100-SXM4-80GB"})
+    gpu = choice.choose_cost_model("neural", device="cuda")
     assert not gpu.matches and gpu.here.endswith("+ NVIDIA A100-SXM4-80GB") and "no model of its kind" in gpu.line()
     assert gpu.line().endswith("python -m neuroshard_jax.adapt budget_min=10 device=cuda")
     # a shipped model of this machine's kind is chosen over a default of another kind
-    monkeypatch.setattr(registry, "hardware", lambda: EPYC)
+    monkeypatch.setattr(choice, "hardware", lambda: EPYC)
     epyc_kind = f"{EPYC['cpu']} [{EPYC['cpu_id']}]"
-    kinds = registry.model_kinds
-    monkeypatch.setattr(registry, "model_kinds", lambda p: (epyc_kind,) if p.endswith("xeon-blocks") else kinds(p))
-    chosen = registry.choose_cost_model("neural")
+    kinds = choice.model_kinds
+    monkeypatch.setattr(choice, "model_kinds", lambda p: (epyc_kind,) if p.endswith("xeon-blocks") else kinds(p))
+    chosen = choice.choose_cost_model("neural")
     assert chosen.name == "xeon-blocks" and chosen.matches and "chosen for this machine" in chosen.line()
-    named = registry.choose_cost_model("cpu-b4096")
+    named = choice.choose_cost_model("cpu-b4096")
     assert named.name == "cpu-b4096" and not named.chosen and not named.matches
-    assert registry.choose_cost_model("analytic").line().startswith("cost model: analytic (the roofline")
+    assert choice.choose_cost_model("analytic").line().startswith("cost model: analytic (the roofline")
 
 
 def test_a_shipped_name_is_taken_under_the_checkpoint_key_too():
-    from neuroshard_jax.costs.registry import make_cost_model
+    from neuroshard_jax.costs.choice import make_cost_model
 
     task = make_task([make_table(0), make_table(1)], batch_size=4096)
     assert make_cost_model("neural", task, {"checkpoint": "xeon-blocks"}).name == "neural"
 
 
 def test_the_planner_says_which_model_planned(monkeypatch):
-    from neuroshard_jax.costs import registry
-    from neuroshard_jax.search.planner import PlannerOptions
+    from neuroshard_jax.costs import choice
+    from neuroshard_jax.search.sharding_planner import PlannerOptions
 
-    monkeypatch.setattr(registry, "hardware", lambda: EPYC)
+    monkeypatch.setattr(choice, "hardware", lambda: EPYC)
     task = make_task([make_table(i, rows=1000 + i) for i in range(4)], num_devices=2, batch_size=4096)
     planned = PlannerOptions(searcher="size_greedy").planner().run(task)
     assert not planned.choice.matches and planned.plan.to_json()["cost_model"] == "neural"
@@ -579,7 +579,7 @@ def test_the_planner_says_which_model_planned(monkeypatch):
 def test_every_shipped_model_records_its_hardware_and_label_protocol():
     from neuroshard_jax.core.manifests import PROTOCOL_KEYS
     from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, read_meta
-    from neuroshard_jax.costs.registry import checkpoint_path
+    from neuroshard_jax.costs.choice import checkpoint_path
 
     for name in shipped_names():
         meta = read_meta(checkpoint_path(name))

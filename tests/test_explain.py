@@ -12,8 +12,8 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard, column_shards
 from neuroshard_jax.costs.analytic import analytic_model
 from neuroshard_jax.costs.scoring import score_plan, score_plans
+from neuroshard_jax.measure.breakdown import ExplainConfig, constraint_binds, explain_file, explanation, split_gains
 from neuroshard_jax.measure.diff import TableChange, plan_diff
-from neuroshard_jax.measure.explain import ExplainConfig, constraint_binds, explain_file, explanation, split_gains
 
 from .conftest import make_table, make_task
 

@@ -41,7 +41,7 @@ def run_example(code: str, cwd) -> subprocess.CompletedProcess:
 def warning_lines(stderr: str) -> list[str]:
     """The warnings a run printed, less those of other projects and, on a machine of a kind no shipped model is of
     (the CPU kind of a test machine varies), the line that says so: that one is the right thing to print there."""
-    from neuroshard_jax.costs.registry import choose_cost_model
+    from neuroshard_jax.costs.choice import choose_cost_model
 
     expected = FOREIGN_WARNINGS if choose_cost_model("neural").matches else (*FOREIGN_WARNINGS, "no model of its kind")
     return [line for line in stderr.splitlines() if "warn" in line.lower() and not any(f in line for f in expected)]

@@ -11,11 +11,11 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.table import Table
 from neuroshard_jax.core.task import Task
+from neuroshard_jax.costs.choice import CostModelSpec, make_cost_model
 from neuroshard_jax.costs.cost_model import Scaled, expected_cost_model
-from neuroshard_jax.costs.registry import CostModelSpec, make_cost_model
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.torchrec_format import to_torchrec
-from neuroshard_jax.measure.explain import explanation, format_explanation
+from neuroshard_jax.measure.breakdown import explanation, format_explanation
 from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.search.row_split import row_blocks_of
 from searchers import make_searcher

@@ -173,7 +173,7 @@ def test_the_grid_prices_each_placement_s_input_distributions_as_the_host_does()
 
 
 def test_grid_and_beam_match_the_oracle_with_the_input_distributions_priced(small_pool):
-    from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
+    from neuroshard_jax.workloads.builders import TaskConfig, generate_task
 
     config = TaskConfig(num_tables=12, num_devices=4, batch_size=512, mem_cap_gb=0.3, pool=small_pool.spec)
     task = generate_task(small_pool, config, 2)

@@ -14,8 +14,8 @@ from neuroshard_jax.core.sharding import Shard, column_shards
 from neuroshard_jax.costs.analytic import analytic_model
 from neuroshard_jax.costs.coverage import far_devices_warning
 from neuroshard_jax.costs.scoring import score_plans, with_costs
+from neuroshard_jax.measure.breakdown import explanation, format_explanation, split_gains, table_compute_ms
 from neuroshard_jax.measure.diff import format_diff, plan_diff
-from neuroshard_jax.measure.explain import explanation, format_explanation, split_gains, table_compute_ms
 
 from .conftest import make_table, make_task, run_cli
 

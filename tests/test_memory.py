@@ -22,10 +22,9 @@ from neuroshard_jax.core.errors import InfeasibleError, UserError  # noqa: E402
 from neuroshard_jax.core.memory import OPTIMIZERS, Training, kernel_optimizer, optimizer_named  # noqa: E402
 from neuroshard_jax.core.plan_file import format_plan  # noqa: E402
 from neuroshard_jax.core.sharding import Shard  # noqa: E402
-from neuroshard_jax.core.task import Task  # noqa: E402
-from neuroshard_jax.measure.plans import EvaluateConfig, device_request, device_tables  # noqa: E402
+from neuroshard_jax.core.task import Task, check_feasible  # noqa: E402
+from neuroshard_jax.measure.evaluator import EvaluateConfig, device_request, device_tables  # noqa: E402
 from neuroshard_jax.torchrec.planner import NeuroShardPlanner, declared_optimizer  # noqa: E402
-from neuroshard_jax.workloads.tasks import check_feasible  # noqa: E402
 from tests.conftest import make_table, make_task  # noqa: E402
 
 UNIFORM = [1.0] + [0.0] * 16
@@ -200,7 +199,7 @@ def test_the_model_chosen_for_a_task_is_the_one_whose_labels_ran_its_optimizer(t
     import shutil
 
     from neuroshard_jax.core.hardware import hardware, hardware_kind
-    from neuroshard_jax.costs.registry import CostModelSpec, checkpoint_path, choose_cost_model, model_choice
+    from neuroshard_jax.costs.choice import CostModelSpec, checkpoint_path, choose_cost_model, model_choice
 
     monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path))  # this test's user, no other test's
     here = hardware_kind(hardware())

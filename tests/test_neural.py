@@ -13,14 +13,14 @@ from hydra import compose, initialize_config_module
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.costs.checkpoints import load_checkpoint, save_checkpoint
+from neuroshard_jax.costs.choice import CostModelSpec, NeuralConfig, make_cost_model
 from neuroshard_jax.costs.cost_model import device_compute_ms, device_costs, plan_cost_ms
 from neuroshard_jax.costs.neural import NetConfig, init_nets, neural_fns
-from neuroshard_jax.costs.registry import CostModelSpec, NeuralConfig, make_cost_model
 from neuroshard_jax.costs.scoring import plan_arrays
 from neuroshard_jax.learn.metrics import kendall_tau, mape
 from neuroshard_jax.search.job import main_config
 from neuroshard_jax.search.pipeline import search_plan
-from neuroshard_jax.workloads.tasks import load_task
+from neuroshard_jax.workloads.builders import load_task
 from searchers import make_searcher
 
 from .conftest import make_table, make_task

@@ -7,11 +7,11 @@ import pytest
 
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.costs.analytic import analytic_model
+from neuroshard_jax.costs.choice import make_cost_model
 from neuroshard_jax.costs.cost_model import plan_cost_ms
-from neuroshard_jax.costs.registry import make_cost_model
 from neuroshard_jax.costs.scoring import score_plan
+from neuroshard_jax.workloads.builders import TaskConfig, generate_task
 from neuroshard_jax.workloads.pool import PoolSpec
-from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
 from searchers import make_searcher
 from searchers.grid import MEM_UNIT_BYTES, cap_units, dim_bounds, grid_search, mem_units
 from searchers.neuroshard import DEFAULT_ALPHAS, GridConfig, Scorer, SplitSpace

@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from neuroshard_jax.search.job import main_config
-from neuroshard_jax.workloads.tasks import make_task
+from neuroshard_jax.workloads.builders import make_task
 
 PINS = Path(__file__).parent / "data" / "pinned_plans.json"
 

@@ -10,7 +10,7 @@ import pytest
 from neuroshard_jax.core.assignment import plan_of
 from neuroshard_jax.costs.cost_model import DeviceCosts
 from neuroshard_jax.learn.plan_labels import device_errors, plan_entry, row_plans
-from neuroshard_jax.measure.plans import device_key, device_tables
+from neuroshard_jax.measure.evaluator import device_key, device_tables
 from tests.conftest import make_table, make_task
 from tools import bench_plan_accuracy as bpa
 

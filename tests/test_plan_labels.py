@@ -99,7 +99,7 @@ def test_collect_plans_measures_searched_devices_once_and_fine_tunes(tiny_ensemb
     from neuroshard_jax.core.files import read_jsonl
     from neuroshard_jax.costs.checkpoints import read_meta
     from neuroshard_jax.costs.ensemble import EnsembleConfig
-    from neuroshard_jax.learn.collect import CollectConfig, collect
+    from neuroshard_jax.learn.cost_labels import CollectConfig, collect
     from neuroshard_jax.learn.ensemble_fit import train_ensemble
     from neuroshard_jax.learn.plan_labels import plan_label_report
     from neuroshard_jax.learn.trainer import TrainConfig
@@ -170,7 +170,7 @@ def test_loop_refuses_base_datasets_of_another_kind_of_hardware_before_measuring
     so before its first measurement (a shipped dataset of this name but of another microarchitecture included)."""
     from neuroshard_jax.core.files import write_json
     from neuroshard_jax.core.hardware import hardware
-    from neuroshard_jax.learn.loop import LoopConfig, check_base_hardware, run_loop
+    from neuroshard_jax.learn.feedback_loop import LoopConfig, check_base_hardware, run_loop
 
     base = tmp_path / "base"
     here = hardware()

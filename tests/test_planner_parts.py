@@ -15,9 +15,9 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.table import PoolSpec
 from neuroshard_jax.core.task import Task
-from neuroshard_jax.costs.registry import CostModelSpec
+from neuroshard_jax.costs.choice import CostModelSpec
 from neuroshard_jax.search.pipeline import search_plan
-from neuroshard_jax.search.planner import Planner, PlannerOptions
+from neuroshard_jax.search.sharding_planner import Planner, PlannerOptions
 from searchers import Searcher, make_searcher
 from searchers.baselines import greedy_plan
 from searchers.neuroshard import BeamSearch
@@ -100,7 +100,7 @@ def test_a_planner_option_is_one_field_and_every_entry_point_takes_it(monkeypatc
     from hydra import compose, initialize_config_module
 
     from neuroshard_jax import conf
-    from neuroshard_jax.search import planner as planner_module
+    from neuroshard_jax.search import sharding_planner
     from neuroshard_jax.search.job import main_config
     from neuroshard_jax.torchrec.planner import NeuroShardPlanner
 
@@ -114,7 +114,7 @@ def test_a_planner_option_is_one_field_and_every_entry_point_takes_it(monkeypatc
             seen.append(self.probe)
             return super().planner()
 
-    monkeypatch.setattr(planner_module, "PlannerOptions", WithProbe)
+    monkeypatch.setattr(sharding_planner, "PlannerOptions", WithProbe)
     monkeypatch.setattr(conf, "PlannerOptions", WithProbe)
     try:
         conf.register()
@@ -173,9 +173,9 @@ def test_plan_and_pool_files_refuse_unknown_keys_and_wrong_types_like_configs():
 
 
 def test_a_planner_chosen_for_this_machine_takes_the_model_of_its_kind_trained_at_the_tasks_batch(monkeypatch):
-    from neuroshard_jax.costs import registry
+    from neuroshard_jax.costs import choice
 
-    monkeypatch.setattr(registry, "hardware", lambda: {"cpu": "Intel(R) Xeon(R) Processor", "gpu": "NVIDIA H200"})
+    monkeypatch.setattr(choice, "hardware", lambda: {"cpu": "Intel(R) Xeon(R) Processor", "gpu": "NVIDIA H200"})
     planner = PlannerOptions(
         "size_greedy", device="cuda"
     ).planner()  # an H200 has two models: fixed labels 2k-8k, queued 16k-64k

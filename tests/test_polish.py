@@ -13,11 +13,11 @@ from neuroshard_jax.core.devices import Links
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard, row_shards
-from neuroshard_jax.costs.registry import CostModelSpec
+from neuroshard_jax.costs.choice import CostModelSpec
 from neuroshard_jax.kernels.executors import ExecutorConfig
-from neuroshard_jax.measure.plans import device_key, device_tables
+from neuroshard_jax.measure.evaluator import device_key, device_tables
 from neuroshard_jax.measure.polish import PolishConfig, polish_plan, proposals, step_anchors
-from neuroshard_jax.search.planner import PlannerOptions
+from neuroshard_jax.search.sharding_planner import PlannerOptions
 from searchers import make_searcher
 from tests.conftest import make_table, make_task
 
@@ -69,7 +69,7 @@ def test_bad_settings_are_one_line_errors(field, value):
 def test_polishing_an_unbalanced_plan_on_the_kernels():
     """Real kernels: all tables on one of three devices; polishing moves work off it, the polished plan measured
     fresh (interleaved with the unpolished one) is faster, memory holds, and the budget counts every repeat."""
-    from neuroshard_jax.costs.registry import make_cost_model
+    from neuroshard_jax.costs.choice import make_cost_model
 
     task = _task()
     plan = plan_of(task, [(0,)] * 6).validate()
@@ -134,7 +134,7 @@ def test_polishing_a_plan_with_row_blocks_on_two_hosts_keeps_them_exportable():
     """Real kernels and gloo: a plan with a table cut over one of 2 hosts is polished within budget by laying its
     rows out again; its row blocks stay in a layout TorchRec runs (row_wise over every rank or table_row_wise
     within one host)."""
-    from neuroshard_jax.costs.registry import make_cost_model
+    from neuroshard_jax.costs.choice import make_cost_model
     from neuroshard_jax.kernels.torchrec_format import row_split_host
 
     # a heavy table cut over host 0's two devices, which hold nothing else: every change off the slow device

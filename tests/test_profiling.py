@@ -17,14 +17,14 @@ from neuroshard_jax.core.files import read_records, write_json
 from neuroshard_jax.core.memory import OPTIMIZERS, shard_memory
 from neuroshard_jax.core.table import Table
 from neuroshard_jax.core.task import Task
-from neuroshard_jax.costs.registry import CostModelSpec
+from neuroshard_jax.costs.choice import CostModelSpec
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, WorkerFailure, run_comm
-from neuroshard_jax.learn.collect import CollectConfig, collect
-from neuroshard_jax.measure.plans import EvaluateConfig, evaluate_file, measure_plans
+from neuroshard_jax.learn.cost_labels import CollectConfig, collect
+from neuroshard_jax.measure.evaluator import EvaluateConfig, evaluate_file, measure_plans
 from neuroshard_jax.search.pipeline import search_plan
+from neuroshard_jax.workloads.builders import TaskConfig, generate_task
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool, pool_streams
 from neuroshard_jax.workloads.samplers import CommSamplerConfig, ComputeSamplerConfig, sample_comm, sample_shard
-from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
 from searchers import make_searcher
 
 POOL = PoolSpec(num_tables=120)

@@ -17,13 +17,13 @@ import pytest
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JsonlLog
 from neuroshard_jax.core.plan import Plan
-from neuroshard_jax.costs.registry import CostModelSpec
+from neuroshard_jax.costs.choice import CostModelSpec
 from neuroshard_jax.kernels.executors import ExecutorConfig, RayExecutor
-from neuroshard_jax.learn.collect import collect
-from neuroshard_jax.measure.plans import EvaluateConfig, measure_plans
+from neuroshard_jax.learn.cost_labels import collect
+from neuroshard_jax.measure.evaluator import EvaluateConfig, measure_plans
 from neuroshard_jax.search.pipeline import search_plan
+from neuroshard_jax.workloads.builders import TaskConfig, generate_task
 from neuroshard_jax.workloads.pool import load_pool
-from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
 from searchers import make_searcher
 from tests.test_profiling import POOL, _collect_config
 

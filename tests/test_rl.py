@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.core.errors import InfeasibleError, UserError
-from neuroshard_jax.costs.registry import make_cost_model
+from neuroshard_jax.costs.choice import make_cost_model
 from neuroshard_jax.learn.policy_training import (
     PolicyTrainConfig,
     RefineConfig,
     TaskSetConfig,
     train_policy,
 )
+from neuroshard_jax.workloads.builders import TaskConfig, generate_task
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool
-from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
 from searchers import make_searcher
 from searchers.policy import PolicyConfig, batch_rollouts, decode, stack_tasks, task_arrays
 from searchers.policy_store import load_policy, load_search_policy, resolve_policy

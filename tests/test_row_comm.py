@@ -14,8 +14,8 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard, row_shards
 from neuroshard_jax.core.table import Table
 from neuroshard_jax.core.task import Task
+from neuroshard_jax.costs.choice import CostModelSpec, make_cost_model
 from neuroshard_jax.costs.cost_model import Scaled, with_scales
-from neuroshard_jax.costs.registry import CostModelSpec, make_cost_model
 from neuroshard_jax.costs.row_comm import (
     RowComm,
     disjoint,

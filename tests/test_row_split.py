@@ -14,10 +14,10 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard, row_blocks, row_shards, shard_features, tiling_error
 from neuroshard_jax.core.table import RowBlockStats, Table
 from neuroshard_jax.core.task import Task
-from neuroshard_jax.costs.registry import CostModelSpec, make_cost_model
+from neuroshard_jax.costs.choice import CostModelSpec, make_cost_model
 from neuroshard_jax.costs.scoring import plan_arrays, score_plan
 from neuroshard_jax.kernels.processes import ComputeWorker
-from neuroshard_jax.measure.plans import EvaluateConfig, device_tables, measure_plans
+from neuroshard_jax.measure.evaluator import EvaluateConfig, device_tables, measure_plans
 from neuroshard_jax.search.pipeline import search_plan, search_with_rows
 from neuroshard_jax.search.row_split import hot_tables, oversized, row_split_choices
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool, pool_streams

@@ -18,7 +18,7 @@ DRAWING = (
     "neuroshard_jax/workloads/samplers.py",
     "neuroshard_jax/workloads/pool.py",
     "neuroshard_jax/workloads/statistics.py",
-    "neuroshard_jax/workloads/tasks.py",
+    "neuroshard_jax/workloads/builders.py",
     "neuroshard_jax/workloads/gpu_tasks.py",
     "neuroshard_jax/workloads/streams.py",
     "tools/foreign_benchmark.py",

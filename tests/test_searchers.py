@@ -83,7 +83,7 @@ def check_valid_plans(name, tables, num_devices, fill, seed, devices, heterogene
 
 @pytest.mark.parametrize("name", SEARCHERS)
 def test_same_seed_same_plan(name, small_pool):
-    from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
+    from neuroshard_jax.workloads.builders import TaskConfig, generate_task
 
     task = generate_task(
         small_pool, TaskConfig(num_tables=30, mem_cap_gb=0.05, pool=small_pool.spec, batch_size=512), 1

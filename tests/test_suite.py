@@ -2,7 +2,7 @@
 
 import json
 
-from neuroshard_jax.measure.compare import CompareConfig, compare_sweep
+from neuroshard_jax.measure.searcher_comparison import CompareConfig, compare_sweep
 
 from .conftest import run_cli
 

@@ -7,7 +7,8 @@ import pytest
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import write_json
-from neuroshard_jax.workloads.tasks import TaskConfig, check_feasible, generate_task, load_task, split_table_ids
+from neuroshard_jax.core.task import check_feasible
+from neuroshard_jax.workloads.builders import TaskConfig, generate_task, load_task, split_table_ids
 
 from .conftest import make_table, make_task
 

@@ -27,11 +27,11 @@ from neuroshard_jax.core.files import JsonlLog, read_records, write_json
 from neuroshard_jax.core.folders import one_writer, replace_dir
 from neuroshard_jax.core.manifests import write_manifest
 from neuroshard_jax.costs.checkpoints import load_ensemble, save_ensemble
-from neuroshard_jax.costs.registry import checkpoint_path
+from neuroshard_jax.costs.choice import checkpoint_path
 from neuroshard_jax.kernels.executors import ExecutorConfig, connect
-from neuroshard_jax.learn.adapt import adapt
-from neuroshard_jax.learn.collect import collect
+from neuroshard_jax.learn.cost_labels import collect
 from neuroshard_jax.learn.datasets import compute_batches, split_indices
+from neuroshard_jax.learn.fine_tune import adapt
 from tests.conftest import REPO
 from tests.test_adapt import small_config
 from tests.test_profiling import _collect_config

@@ -25,8 +25,8 @@ from neuroshard_jax.core.constants import MIN_CPU_SHARE
 from neuroshard_jax.core.files import read_records, write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.paths import resolve_dataset
-from neuroshard_jax.costs.registry import checkpoint_path
-from neuroshard_jax.learn.adapt import heldout_scores, median_factor, subset
+from neuroshard_jax.costs.choice import checkpoint_path
+from neuroshard_jax.learn.fine_tune import heldout_scores, median_factor, subset
 
 
 def train(datasets: Path, out: Path, init: str | None, reanchor: bool = False) -> float:

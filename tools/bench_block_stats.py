@@ -31,9 +31,9 @@ from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.task import Task
-from neuroshard_jax.costs.registry import CostModelSpec
+from neuroshard_jax.costs.choice import CostModelSpec
 from neuroshard_jax.kernels.executors import ExecutorConfig
-from neuroshard_jax.measure.plans import EvaluateConfig, measure_plans
+from neuroshard_jax.measure.evaluator import EvaluateConfig, measure_plans
 from neuroshard_jax.search.pipeline import search_with_rows
 from neuroshard_jax.workloads.statistics import StatsAccumulator
 from neuroshard_jax.workloads.streams import zipf_ids

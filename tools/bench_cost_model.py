@@ -26,8 +26,8 @@ from neuroshard_jax.core.files import JsonlLog, write_json
 from neuroshard_jax.core.paths import resolve_dataset
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, read_meta
+from neuroshard_jax.costs.choice import make_cost_model
 from neuroshard_jax.costs.cost_model import expected_cost_model, plan_cost_ms
-from neuroshard_jax.costs.registry import make_cost_model
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.learn.datasets import compute_arrays, split_indices
 from neuroshard_jax.learn.metrics import kendall_tau, metrics

@@ -25,9 +25,9 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.plan import Plan
-from neuroshard_jax.costs.registry import make_cost_model
+from neuroshard_jax.costs.choice import make_cost_model
 from neuroshard_jax.costs.scoring import score_plan
-from neuroshard_jax.measure.plans import EvaluateConfig, measure_comm
+from neuroshard_jax.measure.evaluator import EvaluateConfig, measure_comm
 
 OUT = Path(__file__).resolve().parents[1] / "outputs" / "bench" / "input_dist"
 

@@ -18,10 +18,10 @@ import jax
 import searchers.neuroshard as neuroshard
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.costs import scoring
-from neuroshard_jax.costs.registry import CostModelSpec
+from neuroshard_jax.costs.choice import CostModelSpec
 from neuroshard_jax.search.pipeline import search_plan
+from neuroshard_jax.workloads.builders import TaskConfig, generate_task
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool
-from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
 from searchers import make_searcher
 
 

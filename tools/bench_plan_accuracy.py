@@ -57,10 +57,10 @@ from neuroshard_jax.learn.plan_labels import (
     task_rows,
 )
 from neuroshard_jax.measure.drift import references as reference_records
-from neuroshard_jax.measure.plans import EvaluateConfig, device_key, device_tables, measure_tables
+from neuroshard_jax.measure.evaluator import EvaluateConfig, device_key, device_tables, measure_tables
 from neuroshard_jax.measure.polish import POLISHED, PolishConfig, polish_plan
+from neuroshard_jax.workloads.builders import TaskConfig, generate_task
 from neuroshard_jax.workloads.pool import load_pool
-from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
 
 FIRST_SEED = 20000  # conf/experiment/compare.yaml: the suite's held-out tasks
 S14_PLANS = Path(__file__).resolve().parent / "data" / "s14-plans.jsonl"  # session 14's 20 suite tasks' plans

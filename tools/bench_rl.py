@@ -12,8 +12,8 @@ import json
 import statistics
 import time
 
-from neuroshard_jax.costs.registry import make_cost_model
-from neuroshard_jax.workloads.tasks import TaskConfig, make_task
+from neuroshard_jax.costs.choice import make_cost_model
+from neuroshard_jax.workloads.builders import TaskConfig, make_task
 from searchers import make_searcher
 
 

@@ -28,7 +28,7 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_records, write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.costs.checkpoints import load_ensemble
-from neuroshard_jax.costs.registry import checkpoint_path
+from neuroshard_jax.costs.choice import checkpoint_path
 from neuroshard_jax.learn.datasets import compute_batches
 from neuroshard_jax.learn.ensemble_fit import ensemble_ms
 from neuroshard_jax.workloads.streams import block_statistics, request_spec

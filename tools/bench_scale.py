@@ -102,7 +102,7 @@ def make_task_file(args) -> dict:
 
 def plan_one(args) -> dict:
     """In its own process: load the task, search, report wall time, peak RSS and the predicted plan cost."""
-    from neuroshard_jax.costs.registry import CostModelSpec
+    from neuroshard_jax.costs.choice import CostModelSpec
     from neuroshard_jax.search.pipeline import search_plan
     from searchers import make_searcher
 
@@ -170,8 +170,8 @@ def run_each(args, searchers: list[str]) -> list[dict]:
 
 def dmp(args) -> dict:
     """Plan, export and run in DistributedModelParallel a task with tables of 4x and 2x a device's cap."""
-    from neuroshard_jax.costs.registry import CostModelSpec
-    from neuroshard_jax.measure.plans import EvaluateConfig, measure_plans
+    from neuroshard_jax.costs.choice import CostModelSpec
+    from neuroshard_jax.measure.evaluator import EvaluateConfig, measure_plans
     from neuroshard_jax.search.pipeline import search_plan
     from searchers import make_searcher
 

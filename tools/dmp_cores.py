@@ -36,7 +36,7 @@ from neuroshard_jax.core.files import read_json, write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.task import Task
-from neuroshard_jax.search.planner import PlannerOptions
+from neuroshard_jax.search.sharding_planner import PlannerOptions
 from neuroshard_jax.torchrec.steps import dmp_steps
 from neuroshard_jax.workloads.gpu_tasks import GpuTaskConfig, gpu_task
 

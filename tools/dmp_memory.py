@@ -29,11 +29,11 @@ from neuroshard_jax.core.devices import Device
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.memory import Training
-from neuroshard_jax.costs.registry import CostModelSpec
-from neuroshard_jax.search.planner import Planner
+from neuroshard_jax.costs.choice import CostModelSpec
+from neuroshard_jax.search.sharding_planner import Planner
 from neuroshard_jax.torchrec.steps import dmp_memory
+from neuroshard_jax.workloads.builders import TaskConfig, generate_task
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool
-from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
 
 SEED = 720_113  # the tool's own task draws
 OUT = Path("outputs/bench/dmp-memory/results.json")

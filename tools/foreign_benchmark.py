@@ -39,7 +39,7 @@ measurements and the reports are kept.
 The stages take a ``Suite`` (its tasks, seed and output folder): ``tools/sealed_benchmark.py`` runs them on tasks
 of its own.
 
-Why one module of ~1000 lines: a benchmark's stages (tasks, plan, measure, calibrate, report, merge) share one
+Why one module of ~1040 lines: a benchmark's stages (tasks, plan, measure, calibrate, report, merge) share one
 output folder and its record formats, read back by each later stage; a study is rerun as one file.
 """
 
@@ -65,8 +65,7 @@ from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import merge_colocated
 from neuroshard_jax.core.task import Task
-from neuroshard_jax.costs.cost_model import expected_cost_model
-from neuroshard_jax.costs.registry import (
+from neuroshard_jax.costs.choice import (
     CostModelSpec,
     NeuralConfig,
     checkpoint_path,
@@ -74,12 +73,13 @@ from neuroshard_jax.costs.registry import (
     make_cost_model,
     neural_checkpoint,
 )
+from neuroshard_jax.costs.cost_model import expected_cost_model
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import ExecutorConfig, map_requests, open_executor
 from neuroshard_jax.learn.metrics import noise_floor, ranking_tau
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrate, predicted_compute_ms, sample_devices, whole
 from neuroshard_jax.measure.drift import references
-from neuroshard_jax.measure.plans import EvaluateConfig, device_key, device_request, device_tables, plan_kernels
+from neuroshard_jax.measure.evaluator import EvaluateConfig, device_key, device_request, device_tables, plan_kernels
 from neuroshard_jax.measure.polish import POLISHED, PolishConfig, polish_plan
 from neuroshard_jax.search.pipeline import search_plan
 from searchers import make_searcher

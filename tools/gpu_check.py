@@ -32,7 +32,7 @@ e. ``dmp.json``: the full training step in TorchRec's DistributedModelParallel o
 and ``log.txt``. A step that fails is logged and the next one runs (the GPU steps are skipped when the smoke request
 fails). ``--dry`` runs every step on the CPU, tiny (``DRY``).
 
-Why one module of ~950 lines: it is one prepared run for a machine lent minutes at a time, its steps sharing
+Why one module of ~960 lines: it is one prepared run for a machine lent minutes at a time, its steps sharing
 one budget, one work folder and the files that come back; reading it top to bottom is reading the run.
 """
 
@@ -69,9 +69,9 @@ from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, compute_request, default_protocol
-from neuroshard_jax.learn.collect import CollectConfig, collect
-from neuroshard_jax.measure.plans import EvaluateConfig, device_request, plan_kernels
-from neuroshard_jax.search.planner import PlannerOptions
+from neuroshard_jax.learn.cost_labels import CollectConfig, collect
+from neuroshard_jax.measure.evaluator import EvaluateConfig, device_request, plan_kernels
+from neuroshard_jax.search.sharding_planner import PlannerOptions
 from neuroshard_jax.workloads.gpu_tasks import (
     GpuTaskConfig,
     gpu_task,

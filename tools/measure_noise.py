@@ -43,7 +43,7 @@ from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, compute_request
 from neuroshard_jax.learn.plan_labels import row_plans
-from neuroshard_jax.measure.plans import EvaluateConfig, device_key, device_tables, measure_tables
+from neuroshard_jax.measure.evaluator import EvaluateConfig, device_key, device_tables, measure_tables
 from neuroshard_jax.measure.polish import PolishConfig
 from neuroshard_jax.workloads.pool import PoolSpec, pool_streams
 from neuroshard_jax.workloads.samplers import ComputeSamplerConfig, sample_shard

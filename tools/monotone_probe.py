@@ -22,10 +22,10 @@ import dataclasses
 
 import numpy as np
 
-from neuroshard_jax.costs.registry import CostModelSpec
+from neuroshard_jax.costs.choice import CostModelSpec
 from neuroshard_jax.measure.calibration import predicted_compute_ms
+from neuroshard_jax.workloads.builders import task_from_tables
 from neuroshard_jax.workloads.samplers import SpecSamplerConfig, draw_table_spec
-from neuroshard_jax.workloads.tasks import task_from_tables
 
 SEED = 515_029  # the probe's own
 WIDTHS = (4, 8, 16, 32, 64)  # doubled up to 128

@@ -31,11 +31,11 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JsonlLog, write_json
 from neuroshard_jax.core.hardware import cache_bytes, hardware, hardware_kind
 from neuroshard_jax.core.task import Task
+from neuroshard_jax.costs.choice import CostModelSpec
 from neuroshard_jax.costs.ensemble import physics
-from neuroshard_jax.costs.registry import CostModelSpec
 from neuroshard_jax.kernels.executors import ExecutorConfig, map_requests
 from neuroshard_jax.measure.calibration import predicted_compute_ms, whole
-from neuroshard_jax.measure.plans import EvaluateConfig, device_request, device_tables
+from neuroshard_jax.measure.evaluator import EvaluateConfig, device_request, device_tables
 from tools.foreign_benchmark import table
 
 SEED = 404_913  # the study's own; nothing else in the project draws tables from it

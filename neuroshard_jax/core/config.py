@@ -161,7 +161,7 @@ def check_bounds(obj, prefix: str = "") -> None:
         value = getattr(obj, field.name)
         values = value if isinstance(value, tuple) else (value,)
         numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
-        if any(not (_within(v, field.metadata) and v == v) for v in numbers):
+        if any(not (_within(v, field.metadata) and math.isfinite(v)) for v in numbers):
             kind = _hints(type(obj))[field.name]
             raise UserError(f"{prefix}{field.name}: got {value!r}, expected {_describe(kind, field.metadata)}")
 

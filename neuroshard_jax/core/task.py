@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,7 @@ import numpy as np
 from neuroshard_jax.core.config import plain, typed
 from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, GIB_BYTES, MAX_CAP_GB
 from neuroshard_jax.core.devices import Device, Links
-from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import feature_matrix
 from neuroshard_jax.core.memory import PLAIN_SGD, MemoryParts, Training, gib, shard_memory, step_memory
 from neuroshard_jax.core.schema import (
@@ -26,9 +27,7 @@ from neuroshard_jax.core.schema import (
     table_json,
     table_where,
 )
-from neuroshard_jax.core.sharding import (
-    row_block_size,
-)
+from neuroshard_jax.core.sharding import narrowest_dim, row_block_size
 from neuroshard_jax.core.table import PoolSpec, Table
 
 
@@ -277,7 +276,8 @@ class Task:
         if raw.precision not in BYTES_PER_ELEMENT:
             raise UserError(f"{where}.precision: got {raw.precision!r}, expected one of {', '.join(BYTES_PER_ELEMENT)}")
         if not raw.tables:
-            raise UserError(f"{where}.tables: got {raw.tables if raw.tables is None else list(raw.tables)!r:.60}, expected a non-empty list of tables")
+            given = raw.tables if raw.tables is None else list(raw.tables)
+            raise UserError(f"{where}.tables: got {given!r:.60}, expected a non-empty list of tables")
         at = [table_where(t, i, where) for i, t in enumerate(raw.tables)]
         tables = tuple(table_from_json(t, at[i]) for i, t in enumerate(raw.tables))
         seen: set[int] = set()
@@ -316,3 +316,94 @@ def training_of(optimizer: str, reserve: float, where: str = "task") -> Training
         return Training(optimizer, reserve)
     except UserError as err:
         raise UserError(f"{where}.{str(err).removeprefix('task.')}") from None
+
+
+def check_feasible(task: Task) -> None:
+    """Raise InfeasibleError if no plan can exist: a table that fits nowhere even split, or too much in total; the
+    message gives the memory by part and what would fit (``fit_advice``)."""
+    caps = task.cap_bytes()
+    cap = int(caps.max())
+    step, room = task.step_memory().total, int(task.room_bytes().max())
+    if step >= room:
+        local = -(-task.batch_size // task.num_devices)
+        raise InfeasibleError(
+            f"task infeasible: every device holds {gib(step)} GiB for its {local} samples of the batch (the pooled "
+            f"outputs of all {task.num_tables} tables, {sum(t.dim for t in task.tables)} wide, their gradients and "
+            f"the ids), expected less than its {gib(room)} GiB for training; it would fit with a smaller batch or "
+            f"more than {gib(step / (1.0 - task.training.reserve))} GiB per device"
+        )
+    for i, table in enumerate(task.tables):
+        narrowest = task.table_mem_bytes(i, narrowest_dim(table.dim))
+        whole = task.table_mem_bytes(i)
+        rows_fit = narrowest <= cap or bool(np.all(task.row_block_bytes(i, task.num_devices) <= caps))
+        if (narrowest > cap and not rows_fit) or (whole > cap and whole > int(caps.sum())):
+            where = f"devices of {task.devices[0].mem_cap_gb} GiB" if task.is_uniform else task.describe_devices()
+            parts = memory_words(task, task.rows_memory(i, table.rows, table.dim))
+            raise InfeasibleError(
+                f"task infeasible: table {table.id} needs {gib(whole)} GiB ({parts}), which no split "
+                f"fits (column slices, or row blocks over every device) in {where}"
+                + fit_advice(task, functools.partial(_least_per_device, index=i), cap)
+            )
+    total = sum(task.table_mem_bytes(i) for i in range(task.num_tables))
+    if total > caps.sum():
+        every = (task.rows_memory(i, t.rows, t.dim) for i, t in enumerate(task.tables))
+        parts = memory_words(task, sum(every, MemoryParts()))
+        held_back = []
+        if task.training.reserve:
+            held_back.append(f"{100 * task.training.reserve:g}% reserved")
+        if step:
+            held_back.append(f"{gib(step)} GiB a device for its slice of the batch")
+        raise InfeasibleError(
+            f"task infeasible: tables need {gib(total)} GiB in total ({parts}), expected at most {gib(caps.sum())} "
+            f"GiB ({task.describe_devices()}"
+            + (f" less {' and '.join(held_back)})" if held_back else ")")
+            + fit_advice(task, lambda t: sum(t.table_mem_bytes(j) for j in range(t.num_tables)), int(caps.sum()))
+        )
+
+
+def _least_per_device(task: Task, index: int) -> int:
+    """The fewest bytes a device must hold of table ``index``: its narrowest column slice, or its largest row block
+    over every device, whichever is less."""
+    table = task.tables[index]
+    largest_block = int(task.row_block_bytes(index, task.num_devices).max())
+    return min(task.table_mem_bytes(index, narrowest_dim(table.dim)), largest_block)
+
+
+def fit_advice(task: Task, need: Callable[[Task], int], room: int) -> str:
+    """``; it would fit with ...`` naming what would: more memory per device (or, for a total, more devices), the
+    optimizer without state, no reserve. ``need(task)``: the bytes of tables that must fit into ``room`` bytes (one
+    device's ``cap_bytes``, or all of theirs: a total)."""
+    needed, caps = need(task), task.cap_bytes()
+    short = needed - room
+    total = room >= int(caps.sum()) and task.num_devices > 1
+    keep = 1.0 - task.training.reserve
+    per_device = (needed / task.num_devices if total else needed) + task.step_memory().total
+    ideas = [f"{gib(per_device / keep)} GiB per device"]
+    if total and task.is_uniform:  # a total: devices of the same cap
+        ideas.append(f"{_devices_for(task, needed)} devices")
+    plain = dataclasses.replace(task, training=dataclasses.replace(task.training, optimizer="exact_sgd"))
+    if task.training.optimizer != "exact_sgd" and need(plain) <= room:
+        ideas.append("exact_sgd (no optimizer state)")
+    if task.training.reserve and needed <= room + (int(task.largest_cap_bytes * task.training.reserve)) * (
+        task.num_devices if total else 1
+    ):
+        ideas.append("no reserve")
+    return f"; short by {gib(short)} GiB: it would fit with {' or '.join(ideas)}"
+
+
+def _devices_for(task: Task, needed: int) -> int:
+    """The fewest devices of ``task``'s (uniform) cap whose rooms for tables hold ``needed`` bytes together (each
+    device's slice of the batch shrinks as devices are added)."""
+
+    def fits(n: int) -> bool:
+        return n * int(dataclasses.replace(task, devices=task.devices[:1] * n).cap_bytes()[0]) >= needed
+
+    low, high = task.num_devices, task.num_devices
+    while not fits(high):
+        low, high = high, high * 2
+        if high > 1 << 24:
+            return high
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return high

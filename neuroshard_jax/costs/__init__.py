@@ -1,2 +1,2 @@
 """What a plan costs: the cost-model interface and plan-cost formula, the analytic, neural and ensemble
-models, row-split comm, checkpoints, the model registry, and the jitted scoring functions."""
+models, row-split comm, checkpoints, choosing a model by name, and the jitted scoring functions."""

@@ -20,7 +20,7 @@ from neuroshard_jax.core.paths import package_path, resolve_dataset
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.analytic import AnalyticConfig
-from neuroshard_jax.costs.registry import adapt_here, checkpoint_path
+from neuroshard_jax.costs.choice import adapt_here, checkpoint_path
 from neuroshard_jax.kernels.processes import PoolTableRef, record_tables
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool
 from neuroshard_jax.workloads.samplers import CommSamplerConfig

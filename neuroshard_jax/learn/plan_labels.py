@@ -22,7 +22,7 @@ Searching is stage one, measuring stage two; both are resumable and exactly-once
 of the same command continues). ``plan_label_report`` compares each round's predictions with its labels: the
 model of round r never trained on round r's tasks, so its figures are held out.
 
-Why one module of ~580 lines: it is one pipeline with one record format (a ``plans.jsonl`` row), written by the
+Why one module of ~630 lines: it is one pipeline with one record format (a ``plans.jsonl`` row), written by the
 search stage, read by the measuring stage and by the report; its sections follow the row's life.
 """
 
@@ -48,17 +48,17 @@ from neuroshard_jax.core.progress import progress_lines
 from neuroshard_jax.core.sharding import Shard, mem_bytes, split_counts
 from neuroshard_jax.core.table import Table
 from neuroshard_jax.core.task import Task
+from neuroshard_jax.costs.choice import CostModelSpec, shipped_names
 from neuroshard_jax.costs.cost_model import DeviceCosts, expected_cost_model, plan_cost_ms
-from neuroshard_jax.costs.registry import CostModelSpec, shipped_names
 from neuroshard_jax.costs.scoring import score_plans_devices
 from neuroshard_jax.kernels.executors import Executor, open_executor
 from neuroshard_jax.learn.metrics import kendall_tau
 from neuroshard_jax.measure.drift import References, references
-from neuroshard_jax.measure.plans import EvaluateConfig, device_key, device_request, device_tables, measure_comm
+from neuroshard_jax.measure.evaluator import EvaluateConfig, device_key, device_request, device_tables, measure_comm
 from neuroshard_jax.search.pipeline import search_plan
+from neuroshard_jax.workloads.builders import TaskConfig, generate_task
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool
 from neuroshard_jax.workloads.samplers import SpecSamplerConfig, draw_table_spec
-from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
 from searchers import make_searcher
 
 logger = logging.getLogger(__name__)

@@ -47,9 +47,9 @@ from neuroshard_jax.kernels.executors import ExecutorConfig, connected
 from neuroshard_jax.learn.neural_fit import fit_nets
 from neuroshard_jax.learn.plan_labels import label_rows, plan_entry
 from neuroshard_jax.learn.trainer import TrainConfig
-from neuroshard_jax.measure.plans import EvaluateConfig
+from neuroshard_jax.measure.evaluator import EvaluateConfig
+from neuroshard_jax.workloads.builders import TaskConfig, generate_task
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool
-from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
 from searchers.policy import (
     Policy,
     PolicyConfig,

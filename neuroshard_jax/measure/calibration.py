@@ -25,11 +25,10 @@ from neuroshard_jax.core.config import bounded
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.records import CalibrationProtocol, CalibrationRatios, CalibrationRecord
 from neuroshard_jax.core.sharding import Shard
-from neuroshard_jax.core.task import Task
+from neuroshard_jax.core.task import Task, check_feasible
 from neuroshard_jax.costs.cost_model import CostModel, device_compute_ms, expected_cost_model, with_compute_scale
 from neuroshard_jax.kernels.executors import Executor, ExecutorConfig
-from neuroshard_jax.measure.plans import Measuring, quiet_devices
-from neuroshard_jax.workloads.tasks import check_feasible
+from neuroshard_jax.measure.evaluator import Measuring, quiet_devices
 
 MODES = ("off", "measured")
 FAR = 0.5  # |log factor| past this (x0.61 .. x1.65): the model measures another machine; the plan says so

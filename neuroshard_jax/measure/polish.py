@@ -52,7 +52,7 @@ from neuroshard_jax.costs.scoring import (
     with_costs,
 )
 from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, open_executor, pinned
-from neuroshard_jax.measure.plans import (
+from neuroshard_jax.measure.evaluator import (
     Measuring,
     device_key,
     device_tables,

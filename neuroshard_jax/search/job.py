@@ -10,10 +10,10 @@ from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.kernels.executors import ExecutorConfig
-from neuroshard_jax.measure.plans import EvaluateConfig
-from neuroshard_jax.search.planner import PlannerOptions, option_names, planner_options
+from neuroshard_jax.measure.evaluator import EvaluateConfig
+from neuroshard_jax.search.sharding_planner import PlannerOptions, option_names, planner_options
 from neuroshard_jax.search.suite import SuiteConfig
-from neuroshard_jax.workloads.tasks import TaskGroupConfig
+from neuroshard_jax.workloads.builders import TaskGroupConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,13 +25,13 @@ from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import bounded, check_bounds, typed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.hardware import hardware
-from neuroshard_jax.costs.registry import CostModelSpec
+from neuroshard_jax.costs.choice import CostModelSpec
 from neuroshard_jax.kernels.executors import ExecutorConfig
-from neuroshard_jax.measure.plans import EvaluateConfig, measured_steps
+from neuroshard_jax.measure.evaluator import EvaluateConfig, measured_steps
 from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.search.suite import SuiteConfig
+from neuroshard_jax.workloads.builders import TaskConfig, generate_task
 from neuroshard_jax.workloads.pool import load_pool
-from neuroshard_jax.workloads.tasks import TaskConfig, generate_task
 from searchers import make_searcher
 
 logger = logging.getLogger(__name__)

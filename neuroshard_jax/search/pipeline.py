@@ -17,7 +17,7 @@ from neuroshard_jax.core.paths import CACHE_HINT, cache_dir
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.records import CalibrationRecord
 from neuroshard_jax.core.sharding import merge_colocated
-from neuroshard_jax.core.task import Task
+from neuroshard_jax.core.task import Task, check_feasible
 from neuroshard_jax.costs.cost_model import CostModel, compute_scale, expected_cost_model
 from neuroshard_jax.costs.scoring import score_plan, score_plans, shards_alone, with_costs
 from neuroshard_jax.search.replicas import replica_choices, replica_rest, replicas_fit, with_replicas
@@ -28,7 +28,6 @@ from neuroshard_jax.search.row_split import (
     row_split_choices,
     settle,
 )
-from neuroshard_jax.workloads.tasks import check_feasible
 from searchers import Searcher, registered
 
 logger = logging.getLogger(__name__)
@@ -76,7 +75,8 @@ def search_plan(task: Task, searcher: Searcher, model: CostModel, seed: int, row
     if has_constraints(task.tables):
         check_constraints(task, searcher)
     start = time.perf_counter()
-    table_ms = whole_table_ms(model, task) if searcher.replicates or row_split == "hot" else None
+    expected = expected_cost_model(model)  # the reported costs and the stages' estimates: no risk term
+    table_ms = whole_table_ms(expected, task) if searcher.replicates or row_split == "hot" else None
     runs, refusal = [], None  # (replicated, the task around them, its table indices, split, within host)
     plans = []
     for replicated in [()] if searcher.own_row_splits else replica_choices(task, table_ms, searcher.replicates):
@@ -92,7 +92,7 @@ def search_plan(task: Task, searcher: Searcher, model: CostModel, seed: int, row
                 # the hot tables need every table's predicted compute: worked out only where they are asked for
                 base_ms = None
                 if row_split == "hot":
-                    base_ms = table_ms if not replicated else whole_table_ms(model, base)
+                    base_ms = table_ms if not replicated else whole_table_ms(expected, base)
                 hot = hot_tables(base_ms, base.num_devices) if row_split == "hot" else ()
                 choices = row_split_choices(base, row_split, hot)
         except InfeasibleError as err:  # this choice of replicas leaves no plan; another may
@@ -111,7 +111,7 @@ def search_plan(task: Task, searcher: Searcher, model: CostModel, seed: int, row
             share = (searcher.budget_s - (time.perf_counter() - start)) / (len(runs) - i)
             run = run.with_budget(max(share, 1e-6))
         try:
-            plan = _search_around(base, run, model, seed, split, within_host)
+            plan = _search_around(base, run, model, expected, seed, split, within_host)
         except InfeasibleError as err:  # this way of cutting leaves no plan; another may
             refusal = refusal or err
             continue
@@ -122,7 +122,7 @@ def search_plan(task: Task, searcher: Searcher, model: CostModel, seed: int, row
     plan = plans[int(np.argmin(score_plans(model, plans)))] if len(plans) > 1 else plans[0]
     elapsed_s = time.perf_counter() - start
     # the reported costs are expectations: the search's risk term (an ensemble's spread) is not part of them
-    scored = with_costs(expected_cost_model(model), plan)
+    scored = with_costs(expected, plan)
     factor = compute_scale(model)
     given = CalibrationRecord.of_factor(factor) if factor != 1.0 else None  # calibrate=measured replaces it
     return dataclasses.replace(scored, searcher=searcher.name, seed=seed, search_time_s=elapsed_s, calibration=given)
@@ -132,16 +132,20 @@ def search_with_rows(task: Task, searcher: Searcher, model: CostModel, seed: int
     """The searcher's plan of ``task`` with exactly ``tables`` (task indices) cut into row blocks over every device,
     whatever the model thinks of it (what ``row_split`` would weigh against the other ways), with its costs."""
     check_feasible(task)
-    plan = _search_around(task, searcher, model, seed, tables, False)
-    return dataclasses.replace(with_costs(expected_cost_model(model), plan), searcher=searcher.name, seed=seed)
+    expected = expected_cost_model(model)
+    plan = _search_around(task, searcher, model, expected, seed, tables, False)
+    return dataclasses.replace(with_costs(expected, plan), searcher=searcher.name, seed=seed)
 
 
-def whole_table_ms(model, task: Task) -> np.ndarray:
-    """f64[T]: each table's predicted compute alone and whole (the model's expectation)."""
-    return shards_alone(expected_cost_model(model), task.features().astype(np.float32))[1].astype(np.float64)
+def whole_table_ms(expected: CostModel, task: Task) -> np.ndarray:
+    """f64[T]: each table's predicted compute alone and whole by ``expected`` (a model's expectation,
+    ``expected_cost_model``)."""
+    return shards_alone(expected, task.features().astype(np.float32))[1].astype(np.float64)
 
 
-def _search_around(task: Task, searcher: Searcher, model: CostModel, seed: int, split, within_host: bool) -> Plan:
+def _search_around(
+    task: Task, searcher: Searcher, model: CostModel, expected: CostModel, seed: int, split, within_host: bool
+) -> Plan:
     """The searcher's plan of ``task`` with the tables ``split`` cut into row blocks first (none: the plain search),
     over every device or, ``within_host``, over one host's devices; validated."""
     if split:
@@ -150,7 +154,7 @@ def _search_around(task: Task, searcher: Searcher, model: CostModel, seed: int, 
             return join(task, None, index, blocks).validate()
         # blocks of tables with their own statistics may be far from alike: also planned around (loaded_rest)
         known = any(task.tables[s.table].row_blocks for s in blocks)
-        arounds = [rest, *filter(None, [loaded_rest(task, rest, blocks, model) if known else None])]
+        arounds = [rest, *filter(None, [loaded_rest(task, rest, blocks, expected) if known else None])]
         if len(arounds) > 1:  # the run's budgets shared
             searcher = searcher.share(len(arounds))
             if searcher.budget_s is not None:
@@ -169,17 +173,17 @@ def _search_around(task: Task, searcher: Searcher, model: CostModel, seed: int, 
 UNEVEN_BLOCKS = 0.05  # blocks whose predicted compute spreads more than this (of the mean) are planned around
 
 
-def loaded_rest(task: Task, rest: Task, blocks: tuple, model) -> Task | None:
+def loaded_rest(task: Task, rest: Task, blocks: tuple, expected: CostModel) -> Task | None:
     """``rest`` (from ``row_split.cut_rows``) with each device's speed scaled to the room its row blocks leave, when
     their predicted compute is uneven (a block holding the table's hot rows, known from its own statistics:
     ``Table.row_blocks``), else None. The searcher then gives a device in proportion to what the balanced step
     leaves it after its blocks; ``_search_around`` keeps this plan only where the whole plan scores cheaper."""
-    block_ms = score_plan(expected_cost_model(model), Plan(task, blocks)).compute_ms
+    block_ms = score_plan(expected, Plan(task, blocks)).compute_ms
     mean = float(block_ms.mean())
     if mean <= 0 or float(block_ms.max() - block_ms.min()) <= UNEVEN_BLOCKS * mean:
         return None
     speeds = task.speeds()
-    rest_ms = float(whole_table_ms(model, rest).sum())  # on a device of speed 1
+    rest_ms = float(whole_table_ms(expected, rest).sum())  # on a device of speed 1
     # the balanced step: every device busy for it, the blocks' work (block_ms x speed at speed 1) included
     target = (rest_ms + float((block_ms * speeds).sum())) / float(speeds.sum())
     room = np.maximum(target - block_ms, 0.05 * target)  # a device its blocks fill still takes a little

@@ -32,10 +32,10 @@ from pathlib import Path
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import JsonlLog, write_json
 from neuroshard_jax.core.plan import Plan
-from neuroshard_jax.costs.registry import CostModelSpec
-from neuroshard_jax.measure.plans import EvaluateConfig, measure_plans
+from neuroshard_jax.costs.choice import CostModelSpec
+from neuroshard_jax.measure.evaluator import EvaluateConfig, measure_plans
 from neuroshard_jax.search.pipeline import search_plan
-from neuroshard_jax.workloads.tasks import make_task, task_config
+from neuroshard_jax.workloads.builders import make_task, task_config
 from searchers import make_searcher
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ The planner reads every ``EmbeddingBagCollection`` of the module (table names, r
 the topology (world size, memory per device, compute device) and each table's statistics (``stats``: measured
 from your batches by ``batch_statistics``, or a statistics file of ``python -m neuroshard_jax.stats``), plans them
 with ``neuroshard_jax.plan`` and returns table-wise and column-wise ``ParameterSharding``s. A table without
-statistics gets an estimate from its rows and pooling factor (``tasks.task_from_tables``, as ``neuroshard_jax.plan``
+statistics gets an estimate from its rows and pooling factor (``builders.task_from_tables``, as ``neuroshard_jax.plan``
 does) and the plan says so.
 
 Batch size, as in TorchRec: ``batch_size`` is per rank; a device looks up its tables for the whole batch of
@@ -51,7 +51,8 @@ from neuroshard_jax.core.plan_file import format_plan
 from neuroshard_jax.core.progress import progress_bar
 from neuroshard_jax.core.schema import row_blocks_json
 from neuroshard_jax.kernels.torchrec_format import module_plan
-from neuroshard_jax.search.planner import Planner, planner_from
+from neuroshard_jax.search.sharding_planner import Planner, planner_from
+from neuroshard_jax.workloads.builders import task_from_tables
 from neuroshard_jax.workloads.statistics import (
     DEFAULT_ZIPF,
     ROW_BLOCK_COUNTS,
@@ -59,7 +60,6 @@ from neuroshard_jax.workloads.statistics import (
     TableStats,
     read_stats_file,
 )
-from neuroshard_jax.workloads.tasks import task_from_tables
 
 logger = logging.getLogger(__name__)
 # TorchRec's planner holds back this share of every device's memory (HeuristicalStorageReservation's default): dense
@@ -156,18 +156,18 @@ def batch_statistics(
 class NeuroShardPlanner(ShardingPlanner):
     """A TorchRec ``ShardingPlanner`` backed by neuroshard_jax's searchers and cost models.
 
-    ``topology``: TorchRec's (world size, compute device, memory per device: HBM on cuda, DDR on cpu); or
-    ``world_size`` and ``mem_cap_gb``. ``batch_size``: per rank (TorchRec's meaning; default TorchRec's 512).
-    ``stats``: per table statistics (``batch_statistics``, a list of TableStats, or a statistics file's path),
-    taken at the planning batch; ``pooling_factors``: per table (or feature) for tables without statistics,
-    estimated with a Zipf law of exponent ``zipf``. ``planner``: a ``Planner`` built from its parts
-    (``search.planner``); or, as a convenience that builds one, the fields of ``PlannerOptions`` as keywords, as
-    ``neuroshard_jax.plan`` takes them (``searcher="grid"``, ``seed=3``; the device is the topology's): every
-    plan runs the one ``Planner`` (calibrate -> row split -> search -> polish). After ``plan``, ``last_plan`` holds
-    our ``Plan`` (predicted costs, ``to_json()``). The tables' memory counts the optimizer they train with
-    (``optimizer``, else the one the model declares: ``declared_optimizer``, else exact SGD), their data type, and
-    ``mem_reserve`` (a share of every device held back for what the plan does not hold; None: TorchRec's own 15%
-    of the topology's memory, as its planner holds back, or none where ``mem_cap_gb`` gives the memory for tables).
+    ``topology``: TorchRec's (world size, compute device, memory per device: HBM on cuda, DDR on cpu); or ``world_size``
+    and ``mem_cap_gb``. ``batch_size``: per rank (TorchRec's meaning; default TorchRec's 512). ``stats``: per table
+    statistics (``batch_statistics``, a list of TableStats, or a statistics file's path), taken at the planning batch;
+    ``pooling_factors``: per table (or feature) for tables without statistics, estimated with a Zipf law of exponent
+    ``zipf``. ``planner``: a ``Planner`` built from its parts (``search.sharding_planner``); or, as a convenience that
+    builds one, the fields of ``PlannerOptions`` as keywords, as ``neuroshard_jax.plan`` takes them
+    (``searcher="grid"``, ``seed=3``; the device is the topology's): every plan runs the one ``Planner`` (calibrate ->
+    row split -> search -> polish). After ``plan``, ``last_plan`` holds our ``Plan`` (predicted costs, ``to_json()``).
+    The tables' memory counts the optimizer they train with (``optimizer``, else the one the model declares:
+    ``declared_optimizer``, else exact SGD), their data type, and ``mem_reserve`` (a share of every device held back for
+    what the plan does not hold; None: TorchRec's own 15% of the topology's memory, as its planner holds back, or none
+    where ``mem_cap_gb`` gives the memory for tables).
     ``verbose``: log the chosen cost model and the plan at INFO and
     warnings at WARNING (``logging.basicConfig(level=logging.INFO)`` shows them); ``False``: log nothing.
     """

@@ -1,10 +1,10 @@
 """Plans of one task timed as TorchRec runs them: DistributedModelParallel training steps on gloo, one process per
 device, every plan's steps interleaved.
 
-The evaluator (``measure/plans.py``) prices a plan from its parts, each device's fused kernel and the all-to-all
+The evaluator (``measure/evaluator.py``) prices a plan from its parts, each device's fused kernel and the all-to-all
 benchmark; this is the whole step as a TorchRec user's job runs it (TorchRec's input distribution, its kernels, the
 pooled-embedding all-to-all, a data-parallel table's gradient all-reduce, the fused SGD update), so it can settle
-what the parts cannot see. Each plan is exported (``export.export_torchrec``, device cpu, fused kernel) and loaded
+what the parts cannot see. Each plan is exported (``plan_export.export_torchrec``, device cpu, fused kernel) and loaded
 into its own DistributedModelParallel on every rank; rank r looks up bags [r * b, (r + 1) * b) of every table's
 stream at the task's batch (b = batch / devices); a step (after a barrier) is forward, the sum of the pooled
 outputs, backward; a step's time is its slowest rank's. The ranks allocate every plan's shards, so the task's tables
@@ -37,13 +37,14 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.kernels.processes import WorkerFailure, run_ranks
-from neuroshard_jax.measure.plans import device_tables
-from neuroshard_jax.torchrec.export import ExportConfig, export_torchrec
+from neuroshard_jax.measure.evaluator import device_tables
+from neuroshard_jax.torchrec.plan_export import ExportConfig, export_torchrec
 
 
 def _worker_tables(plan: Plan, names: list[str]) -> list[dict]:
     """{name, rows, dim, table}: ``table`` is the worker's form of the whole table, as the evaluator's kernels take it
-    (``measure.plans.device_tables``: a pool id, or its spec seeded by its id, in JSON: the job goes to the worker)."""
+    (``measure.evaluator.device_tables``: a pool id, or its spec seeded by its id, in JSON: the job goes to the
+    worker)."""
     task = plan.task
     return [
         {"name": name, "rows": t.rows, "dim": t.dim, "table": device_tables(task, [Shard(i, 0, t.dim, 0)])[0].to_json()}

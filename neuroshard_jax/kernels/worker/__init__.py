@@ -10,7 +10,7 @@ Commands:
   dlrm-to-npz IN OUT    convert a DLRM benchmark file (torch.load -> indices, offsets, lengths) to .npz
   torchrec-plan IN OUT  run TorchRec's EmbeddingShardingPlanner on a task (searchers/torchrec.py)
   torchrec-export IN OUT
-                        write our plan as a TorchRec ShardingPlan (torch.save) (neuroshard_jax/torchrec/export.py)
+                        write our plan as a TorchRec ShardingPlan (torch.save) (neuroshard_jax/torchrec/plan_export.py)
   torchrec-run RANK WORLD INIT IN OUT
                         one rank of DistributedModelParallel with an exported plan: forward + backward
   torchrec-steps RANK WORLD INIT IN OUT

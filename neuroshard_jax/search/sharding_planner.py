@@ -24,15 +24,14 @@ from typing import Any
 from neuroshard_jax.core.config import check_seed, nearest, typed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.plan import Plan
-from neuroshard_jax.core.task import Task
+from neuroshard_jax.core.task import Task, check_feasible
+from neuroshard_jax.costs.choice import CostModelSpec, ModelChoice, build_cost_model, spec_of
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.coverage import out_of_depth_warning
-from neuroshard_jax.costs.registry import CostModelSpec, ModelChoice, build_cost_model, spec_of
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrated
 from neuroshard_jax.measure.polish import PolishConfig, polish_plan
 from neuroshard_jax.search.pipeline import keep_compiled_kernels, search_plan
 from neuroshard_jax.search.row_split import check_mode
-from neuroshard_jax.workloads.tasks import check_feasible
 from searchers import Searcher, make_searcher, searcher_options
 
 DEVICES = ("cpu", "cuda")
@@ -92,7 +91,7 @@ class Planner:
         """Plan ``task``: build its cost model once (``build_cost_model``), calibrate it on the task's tables (if
         asked), search (row splits tried first where they may pay), polish on the real kernels (if asked)."""
         if not isinstance(task, Task):
-            raise UserError(f"planner.run: got {type(task).__name__}, expected a Task (workloads.tasks.make_task)")
+            raise UserError(f"planner.run: got {type(task).__name__}, expected a Task (workloads.builders.make_task)")
         check_feasible(task)  # an infeasible task is refused before any model is built or kernel measured
         keep_compiled_kernels()
         model, choice = build_cost_model(self.cost_model, task, self.device, self.fallback)  # choice.instead: why
@@ -184,7 +183,7 @@ def planner_options(keywords: Mapping[str, Any], where: str = "") -> PlannerOpti
     if "seed" in values:  # numpy integers taken, and the one message a bad seed gets everywhere
         values["seed"] = check_seed(values["seed"])
     for stage, cls in (("calibrate", CalibrateConfig), ("polish", PolishConfig)):
-        if isinstance(values.get(stage), bool):
+        if stage in values and not isinstance(values[stage], Mapping):  # a config group's mapping: typed below
             values[stage] = stage_config(cls, values[stage], stage)
     searcher = values.get("searcher", PlannerOptions.searcher)
     own = searcher_options(searcher) if isinstance(searcher, str) else ()

@@ -9,6 +9,10 @@
 Two checkpoint formats load (``checkpoints.py``): the physics ensemble (4, the default ``xeon-union``;
 batch size is an input, its spread makes searchers cautious: ``risk``) and the first per-table MLP (3,
 ``cpu-b4096``, batch 4096 only).
+
+Why one module of ~510 lines: choosing a model (names, the user's and the shipped checkpoints, this machine's kind,
+the task's batch, precision and optimizer) and building it are one decision, made once per plan
+(``build_cost_model``); the rules it weighs sit together so that the choice can be read, and changed, in one place.
 """
 
 from __future__ import annotations
@@ -301,7 +305,7 @@ def load_cost_model(
 
 
 def adapt_here(device: str = "cpu") -> str:
-    """The command that makes a model of this machine (``learn/adapt.py``)."""
+    """The command that makes a model of this machine (``learn/fine_tune.py``)."""
     return "python -m neuroshard_jax.adapt budget_min=10" + (" device=cuda" if device == "cuda" else "")
 
 

@@ -1,4 +1,4 @@
-"""Measure plans on the real kernels (library; ``evaluate.py`` is the command line).
+"""The evaluator: plans measured on the real kernels (``evaluate.py`` is its command line).
 
 Each device's shards run as one fused TBE (fwd+bwd, the collection protocol) replaying the tables'
 index streams from the task's pool; the plan's dim sums go through the all-to-all benchmark, backward

@@ -19,6 +19,10 @@ A plan on many devices prints the slowest few and a summary (``core.plan_file.pr
 far more devices than the cost model's comm was trained on says so (``far_devices_warning``). Everything here is
 linear in the devices: shards are grouped by device once, and a split's variants rescore only the devices that
 change, the comm of every device in one jitted call per chunk of variants.
+
+Why one module of ~530 lines: the explanation is one record (``Explanation``) built from one scoring of the plan:
+where each device's time goes, the splits' gains and the binding memory read the same per-device arrays, and the
+printout and the chart read the record; apart, each would score the plan again.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import device_list, devices_summary, load_plan, printed_devices
 from neuroshard_jax.core.sharding import Shard, replica_features, row_split_count
 from neuroshard_jax.core.task import memory_words
+from neuroshard_jax.costs.choice import CostModelSpec, build_cost_model
 from neuroshard_jax.costs.cost_model import (
     CostFns,
     CostModel,
@@ -56,7 +61,6 @@ from neuroshard_jax.costs.cost_model import (
     with_compute_scale,
 )
 from neuroshard_jax.costs.coverage import far_devices_warning, out_of_depth_warning
-from neuroshard_jax.costs.registry import CostModelSpec, build_cost_model
 from neuroshard_jax.costs.scoring import (
     apart_arrays,
     device_input_ms,

@@ -26,10 +26,10 @@ from neuroshard_jax.core.folders import one_writer
 from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.core.manifests import load_manifest, manifest_kinds
 from neuroshard_jax.core.paths import resolve_dataset
+from neuroshard_jax.costs.choice import checkpoint_path
 from neuroshard_jax.costs.ensemble import EnsembleConfig
-from neuroshard_jax.costs.registry import checkpoint_path
 from neuroshard_jax.kernels.executors import ExecutorConfig, connected
-from neuroshard_jax.learn.collect import CollectConfig, collect
+from neuroshard_jax.learn.cost_labels import CollectConfig, collect
 from neuroshard_jax.learn.ensemble_fit import train_ensemble
 from neuroshard_jax.learn.plan_labels import plan_label_report
 from neuroshard_jax.learn.trainer import TrainConfig

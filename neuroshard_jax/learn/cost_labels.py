@@ -52,7 +52,7 @@ from neuroshard_jax.kernels.executors import (
 )
 from neuroshard_jax.kernels.processes import WorkerFailure, compute_request, timing_fields, worker_versions
 from neuroshard_jax.learn.plan_labels import PlanLabelConfig, collect_plans
-from neuroshard_jax.measure.plans import EvaluateConfig
+from neuroshard_jax.measure.evaluator import EvaluateConfig
 from neuroshard_jax.workloads.pool import PoolSpec, pool_streams
 from neuroshard_jax.workloads.samplers import (
     CommSamplerConfig,

@@ -1,10 +1,9 @@
-"""Tasks: generate them from a pool (NeuroShard or DreamShard style), load them, check feasibility."""
+"""Task builders: tasks drawn from a pool (NeuroShard or DreamShard style), loaded from files, or built from tables."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +11,14 @@ import numpy as np
 
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GIB_BYTES, MAX_CAP_GB, TASK_DIMS
-from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_BINS
 from neuroshard_jax.core.files import read_json
-from neuroshard_jax.core.memory import PLAIN_SGD, MemoryParts, Training, gib
+from neuroshard_jax.core.memory import PLAIN_SGD, Training
 from neuroshard_jax.core.schema import BIN_KEYS
-from neuroshard_jax.core.sharding import is_legal_dim, mem_bytes, narrowest_dim
+from neuroshard_jax.core.sharding import is_legal_dim, mem_bytes
 from neuroshard_jax.core.table import Table
-from neuroshard_jax.core.task import Task, memory_words
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.workloads.pool import PoolSpec, TablePool, load_pool
 from neuroshard_jax.workloads.statistics import DEFAULT_ZIPF, estimated_stats
 
@@ -162,97 +161,6 @@ def load_task(path: str | Path) -> Task:
     if "task" in obj and "tables" not in obj:
         obj = obj["task"]
     return Task.from_json(obj, where=f"task file {path.name}")
-
-
-def check_feasible(task: Task) -> None:
-    """Raise InfeasibleError if no plan can exist: a table that fits nowhere even split, or too much in total; the
-    message gives the memory by part and what would fit (``fit_advice``)."""
-    caps = task.cap_bytes()
-    cap = int(caps.max())
-    step, room = task.step_memory().total, int(task.room_bytes().max())
-    if step >= room:
-        local = -(-task.batch_size // task.num_devices)
-        raise InfeasibleError(
-            f"task infeasible: every device holds {gib(step)} GiB for its {local} samples of the batch (the pooled "
-            f"outputs of all {task.num_tables} tables, {sum(t.dim for t in task.tables)} wide, their gradients and "
-            f"the ids), expected less than its {gib(room)} GiB for training; it would fit with a smaller batch or "
-            f"more than {gib(step / (1.0 - task.training.reserve))} GiB per device"
-        )
-    for i, table in enumerate(task.tables):
-        narrowest = task.table_mem_bytes(i, narrowest_dim(table.dim))
-        whole = task.table_mem_bytes(i)
-        rows_fit = narrowest <= cap or bool(np.all(task.row_block_bytes(i, task.num_devices) <= caps))
-        if (narrowest > cap and not rows_fit) or (whole > cap and whole > int(caps.sum())):
-            where = f"devices of {task.devices[0].mem_cap_gb} GiB" if task.is_uniform else task.describe_devices()
-            parts = memory_words(task, task.rows_memory(i, table.rows, table.dim))
-            raise InfeasibleError(
-                f"task infeasible: table {table.id} needs {gib(whole)} GiB ({parts}), which no split "
-                f"fits (column slices, or row blocks over every device) in {where}"
-                + fit_advice(task, functools.partial(_least_per_device, index=i), cap)
-            )
-    total = sum(task.table_mem_bytes(i) for i in range(task.num_tables))
-    if total > caps.sum():
-        every = (task.rows_memory(i, t.rows, t.dim) for i, t in enumerate(task.tables))
-        parts = memory_words(task, sum(every, MemoryParts()))
-        held_back = []
-        if task.training.reserve:
-            held_back.append(f"{100 * task.training.reserve:g}% reserved")
-        if step:
-            held_back.append(f"{gib(step)} GiB a device for its slice of the batch")
-        raise InfeasibleError(
-            f"task infeasible: tables need {gib(total)} GiB in total ({parts}), expected at most {gib(caps.sum())} "
-            f"GiB ({task.describe_devices()}"
-            + (f" less {' and '.join(held_back)})" if held_back else ")")
-            + fit_advice(task, lambda t: sum(t.table_mem_bytes(j) for j in range(t.num_tables)), int(caps.sum()))
-        )
-
-
-def _least_per_device(task: Task, index: int) -> int:
-    """The fewest bytes a device must hold of table ``index``: its narrowest column slice, or its largest row block
-    over every device, whichever is less."""
-    table = task.tables[index]
-    largest_block = int(task.row_block_bytes(index, task.num_devices).max())
-    return min(task.table_mem_bytes(index, narrowest_dim(table.dim)), largest_block)
-
-
-def fit_advice(task: Task, need: Callable[[Task], int], room: int) -> str:
-    """``; it would fit with ...`` naming what would: more memory per device (or, for a total, more devices), the
-    optimizer without state, no reserve. ``need(task)``: the bytes of tables that must fit into ``room`` bytes (one
-    device's ``cap_bytes``, or all of theirs: a total)."""
-    needed, caps = need(task), task.cap_bytes()
-    short = needed - room
-    total = room >= int(caps.sum()) and task.num_devices > 1
-    keep = 1.0 - task.training.reserve
-    per_device = (needed / task.num_devices if total else needed) + task.step_memory().total
-    ideas = [f"{gib(per_device / keep)} GiB per device"]
-    if total and task.is_uniform:  # a total: devices of the same cap
-        ideas.append(f"{_devices_for(task, needed)} devices")
-    plain = dataclasses.replace(task, training=dataclasses.replace(task.training, optimizer="exact_sgd"))
-    if task.training.optimizer != "exact_sgd" and need(plain) <= room:
-        ideas.append("exact_sgd (no optimizer state)")
-    if task.training.reserve and needed <= room + (int(task.largest_cap_bytes * task.training.reserve)) * (
-        task.num_devices if total else 1
-    ):
-        ideas.append("no reserve")
-    return f"; short by {gib(short)} GiB: it would fit with {' or '.join(ideas)}"
-
-
-def _devices_for(task: Task, needed: int) -> int:
-    """The fewest devices of ``task``'s (uniform) cap whose rooms for tables hold ``needed`` bytes together (each
-    device's slice of the batch shrinks as devices are added)."""
-
-    def fits(n: int) -> bool:
-        return n * int(dataclasses.replace(task, devices=task.devices[:1] * n).cap_bytes()[0]) >= needed
-
-    low, high = task.num_devices, task.num_devices
-    while not fits(high):
-        low, high = high, high * 2
-        if high > 1 << 24:
-            return high
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (low, mid) if fits(mid) else (mid, high)
-    return high
 
 
 def task_config(options: dict) -> TaskGroupConfig:

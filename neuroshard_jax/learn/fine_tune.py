@@ -17,13 +17,17 @@ Within ``budget_min`` minutes of wall time, in three steps:
 3. **Report** MAPE, bias and Kendall tau on the held-out labels: the start model as shipped, the start model
    scaled by one factor (what ``calibrate=measured`` does), the adapted model and any ``compare`` models. Then
    **register** the model in the user's cache (``user_models_dir``) under ``name``: later runs on this kind of
-   machine choose it (``registry.choose_cost_model``).
+   machine choose it (``choice.choose_cost_model``).
 
 Resumable: the labels are datasets like ``collect``'s (``out/labels/specs``, ``out/labels/plans``) and
 ``out/adapt.json`` keeps the measuring time spent; rerun the same command and it measures for what is left of the
 budget, then trains again. The comm nets come with the start model; on a CPU, TorchRec's input distribution is
 measured first (``input_labels`` comm labels on gloo ranks, ``costs/input_dist.py``), fitted, and added to this
 user's fits, so that models of this kind price it.
+
+Why one module of ~720 lines: adapting is one resumable run over one folder (its budget, its two label sets, the
+start model, the training and the registration), each step reading what the one before wrote; split by step, every
+part would carry the folder's layout and the budget's bookkeeping with it.
 """
 
 from __future__ import annotations
@@ -52,12 +56,12 @@ from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.core.memory import kernel_optimizer
 from neuroshard_jax.core.paths import user_fits_dir, user_models_dir
 from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_ensemble, read_meta
+from neuroshard_jax.costs.choice import COST_MODELS, checkpoint_path, choose_cost_model, model_kinds, shipped_names
 from neuroshard_jax.costs.ensemble import EnsembleConfig
-from neuroshard_jax.costs.registry import COST_MODELS, checkpoint_path, choose_cost_model, model_kinds, shipped_names
 from neuroshard_jax.kernels.executors import ExecutorConfig, connected
 from neuroshard_jax.kernels.processes import table_ref, timing_fields
 from neuroshard_jax.learn.adapt_budget import FIRST_GUESS_S, REPORT_S, Ledger, Rates, minutes_up
-from neuroshard_jax.learn.collect import CollectConfig, collect
+from neuroshard_jax.learn.cost_labels import CollectConfig, collect
 from neuroshard_jax.learn.datasets import compute_batches, padded_shards, steady
 from neuroshard_jax.learn.ensemble_fit import ensemble_ms, train_ensemble
 from neuroshard_jax.learn.metrics import kendall_tau, mape
