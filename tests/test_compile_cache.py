@@ -87,9 +87,12 @@ def test_a_second_process_reads_every_search_kernel_from_jaxs_cache_and_no_plant
 
 
 def test_a_cache_folder_the_user_set_for_jax_is_kept(tmp_path):
-    """``JAX_COMPILATION_CACHE_DIR`` (or ``jax_compilation_cache_dir`` set in the process) wins over ours."""
+    """``JAX_COMPILATION_CACHE_DIR`` (or ``jax_compilation_cache_dir`` set in the process) wins over ours, with the
+    user's own settings: here every compile kept (JAX's default keeps only those over a second, which a quick
+    machine may not reach)."""
     own = tmp_path / "own"
-    _plan_in_child(tmp_path / "cache", JAX_COMPILATION_CACHE_DIR=str(own))
+    settings = {"JAX_COMPILATION_CACHE_DIR": str(own), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    _plan_in_child(tmp_path / "cache", **settings)
     assert _files(own) and not (tmp_path / "cache" / "jax").exists()
 
 
