@@ -99,7 +99,8 @@ MIN_CANDIDATES = 8  # beam's smallest padded batch of candidate splits
 # call of C candidates weighs C x alphas x shard slots x devices (padded). The 856-table pool on 64 devices takes
 # ~5e8 in all, 5,000 tables on 512 devices 3e7 a candidate; on a 2-core AMD EPYC a unit takes ~5 ns
 MAX_WORK = 2e9
-PAD_WORK = 1e8  # the first call is padded to MIN_CANDIDATES (one compiled shape with the rest) where that costs less
+PAD_WORK = 1e8  # a call is padded to a level's full bucket (one compiled shape for all) where that costs less
+FULL_CANDIDATES = 64  # that bucket at most (k=3 plans x 2n=20 tables by default: 64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,10 +265,12 @@ class BeamSearch(GridConfig, Searcher):
         # levels share one compiled shape with the rest, one trace of the grid search instead of three in every
         # process (each ~0.5 s of tracing and lowering, which JAX's persistent cache does not keep); the work bound
         # counts the unpadded batches, so the plan is the same either way
-        full = bucket(2 * self.n * self.k, MIN_CANDIDATES)  # a level's candidates at most: k plans x 2n tables
+        full = min(bucket(2 * self.n * self.k, MIN_CANDIDATES), FULL_CANDIDATES)  # a level: k plans x 2n tables
 
         def padding(candidates: list) -> int:
-            return full if scorer.work(candidates, full) <= PAD_WORK else MIN_CANDIDATES
+            # under a time budget a call costs what ``_affordable`` counts: its own bucket
+            cheap = self.budget_s is None and scorer.work(candidates, full) <= PAD_WORK
+            return full if cheap else MIN_CANDIDATES
 
         pad = padding(beam) if scorer.work(beam, MIN_CANDIDATES) <= PAD_WORK else 1
         scorer.score(beam, pad)

@@ -182,3 +182,25 @@ def test_a_planner_chosen_for_this_machine_takes_the_model_of_its_kind_trained_a
     for batch, name in ((4096, "h200-union"), (32768, "h200-queued")):
         planned = planner.run(make_task([make_table(i) for i in range(3)], batch_size=batch))
         assert planned.choice.name == name and planned.choice.matches and planned.plan.costs.cost_ms > 0
+
+
+def test_options_none_a_misspelt_searcher_and_a_given_calibration_read_as_before():
+    """``None`` options are no options; a searcher's name is checked before its options; a calibration factor the
+    user gives is recorded as given (not as the float32 the scoring multiplies by); the TorchRec adapter plans any
+    batch with a planner given to it too."""
+    from neuroshard_jax.torchrec.planner import NeuroShardPlanner
+
+    plan = nsj.plan(
+        TABLES,
+        num_devices=2,
+        mem_cap_gb=1.0,
+        searcher="size_greedy",
+        cost_model="analytic",
+        searcher_options=None,
+        cost_model_options={"calibration": 1.1},
+    )
+    assert plan.calibration.factor == 1.1 and plan.calibration.given
+    with pytest.raises(UserError, match=r"^searcher: got 'bem', expected one of"):
+        nsj.plan(TABLES, num_devices=2, searcher="bem", k=5)
+    adapter = NeuroShardPlanner(world_size=2, mem_cap_gb=1.0, planner=Planner(make_searcher("grid")))
+    assert adapter.planner.fallback and adapter.planner.searcher.name == "grid"

@@ -24,9 +24,7 @@ def test_torchrec_planner_gives_a_valid_plan_of_ours():
     plan.validate()
     assert {s.device for s in plan.shards} <= {0, 1}
     # constraints TorchRec can express: no_split (its table_wise sharding type), max_shards (its min_partition)
-    kept = [t.constrained(no_split=True) for t in tables[:-1]] + [
-        tables[-1].constrained(max_shards=2)
-    ]
+    kept = [t.constrained(no_split=True) for t in tables[:-1]] + [tables[-1].constrained(max_shards=2)]
     # and devices of unequal memory (TorchRec's per-device hbm caps): the small device 1 takes only what fits
     constrained = Task([Device(0.5), Device(0.01)], task.batch_size, kept)
     plan = make_searcher("torchrec").search(constrained, analytic_model(constrained), 0).validate()

@@ -29,6 +29,7 @@ from neuroshard_jax.core.table import PoolSpec, RowBlockStats, Table
 # histogram is ``bins`` (a list) or ``bin_0`` .. ``bin_16`` (the feature names). The rules across fields (the
 # histogram's sum, unique ids, devices in range, hosts and links) are the hooks after the parse.
 BIN_KEYS = tuple(f"bin_{k}" for k in range(NUM_BINS))
+IGNORED = ("size", "samples", "batches")  # a table object's keys written for readers, not read back
 BINS_TOLERANCE = 0.01  # the access-histogram shares of a looked-up table sum to 1 within this
 
 
@@ -60,10 +61,7 @@ class TableFile:
     # 17 shares (``_checked_bins``), given as ``bins`` or as bin_0 .. bin_16 (``_bins_field``)
     bins: tuple[float, ...] = bounded(at_least=0, at_most=1, default=())
     name: str | None = None
-    size: int | None = None
     estimated: bool = False
-    samples: int | None = None
-    batches: int | None = None
     row_blocks: tuple[RowBlocksFile, ...] = ()
     pin: int | None = bounded(at_least=0, default=None)
     exclude: tuple[int, ...] = ()  # device indices (their range: the task's)
@@ -184,7 +182,7 @@ def table_where(obj: Any, index: int, where: str) -> str:
 def table_from_json(obj: dict, where: str) -> Table:
     """A table object of a task file (a mapping, ``TaskFile.tables``' elements), parsed and checked."""
     fields = {k: v for k, v in obj.items() if k not in BIN_KEYS}
-    raw = typed(TableFile, {**fields, "bins": _bins_field(obj, where)}, where)
+    raw = typed(TableFile, {**fields, "bins": _bins_field(obj, where)}, where, ignore=IGNORED)
     if not is_legal_dim(raw.dim):
         raise UserError(f"{where}.dim: got {raw.dim}, expected a multiple of {DIM_ALIGNMENT}")
     bins = _checked_bins(raw.bins, raw.pooling_factor, f"{where}.bins")

@@ -57,6 +57,7 @@ class CostModel:
     params: Any
     row_comm: RowComm | None = None  # row-split groups' collectives priced apart (None: as all-to-all width)
     input_dist: InputDist | None = None  # TorchRec's input distributions (ids' all-to-alls), priced (None: unpriced)
+    calibration: float = 1.0  # every device's compute is scaled by this (``with_scales``), as given: plan.json's
 
     @property
     def prices_rows(self) -> bool:
@@ -190,7 +191,7 @@ def with_scales(model: CostModel, comm_scale: np.ndarray, compute_scale: float =
     if np.allclose(comm_scale, 1.0) and compute_scale == 1.0:
         return model
     params = Scaled(model.params, jnp.asarray(comm_scale, jnp.float32), jnp.asarray(compute_scale, jnp.float32))
-    return dataclasses.replace(model, fns=_scaled(model.fns), params=params)
+    return dataclasses.replace(model, fns=_scaled(model.fns), params=params, calibration=float(compute_scale))
 
 
 def expected_cost_model(model: CostModel) -> CostModel:
@@ -201,15 +202,16 @@ def expected_cost_model(model: CostModel) -> CostModel:
 
 
 def compute_scale(model: CostModel) -> float:
-    """The factor every device's compute of ``model`` is scaled by (1: as trained; ``with_scales``)."""
-    return float(model.params.compute_scale) if isinstance(model.params, Scaled) else 1.0
+    """The factor every device's compute of ``model`` is scaled by (1: as trained; ``with_scales``), as it was given."""
+    return model.calibration
 
 
 def with_compute_scale(model: CostModel, factor: float, comm_scale: np.ndarray) -> CostModel:
     """``model`` with every device's compute scaled by ``factor`` in place of its own scale (1: as trained);
     ``comm_scale``: the task's (``Task.comm_scale``), kept where the model is scaled already."""
     if isinstance(model.params, Scaled):
-        return dataclasses.replace(model, params=model.params._replace(compute_scale=jnp.asarray(factor, jnp.float32)))
+        scale = jnp.asarray(factor, jnp.float32)
+        return dataclasses.replace(model, params=model.params._replace(compute_scale=scale), calibration=float(factor))
     return with_scales(model, comm_scale, factor)
 
 

@@ -45,6 +45,11 @@ class MainConfig:
                 "calibrate: a suite's plans are measured as they come (evaluate=true); expected calibrate=off with "
                 "a suite, or cost_model.calibration=F"
             )
+        if self.suite is not None and (self.planner.device != "cpu" or self.planner.fallback):
+            raise UserError(
+                "device, fallback: a suite plans on CPU with the named model, expected device=cpu fallback=false "
+                "with a suite"
+            )
         if self.suite is not None and self.task.path:
             raise UserError("task.path: a suite generates its tasks from seeds, expected task.path=null")
 

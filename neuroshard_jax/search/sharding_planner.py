@@ -32,7 +32,7 @@ from neuroshard_jax.measure.calibration import CalibrateConfig, calibrated
 from neuroshard_jax.measure.polish import PolishConfig, polish_plan
 from neuroshard_jax.search.pipeline import keep_compiled_kernels, search_plan
 from neuroshard_jax.search.row_split import check_mode
-from searchers import Searcher, make_searcher, searcher_options
+from searchers import Searcher, make_searcher, searcher_names, searcher_options
 
 DEVICES = ("cpu", "cuda")
 
@@ -139,6 +139,8 @@ class PlannerOptions:
 
     def __post_init__(self):
         object.__setattr__(self, "seed", check_seed(self.seed))
+        for options in GROUPED.values():  # None: no options (as nsj.plan's keywords have always taken it)
+            object.__setattr__(self, options, dict(getattr(self, options) or {}))
         object.__setattr__(self, "calibrate", stage_config(CalibrateConfig, self.calibrate, "calibrate"))
         object.__setattr__(self, "polish", stage_config(PolishConfig, self.polish, "polish"))
         check_mode(self.row_split)
@@ -172,6 +174,9 @@ def planner_options(keywords: Mapping[str, Any], where: str = "") -> PlannerOpti
     beside them (``k=5``); ``calibrate``/``polish`` as ``True``/``False``. A keyword that is neither is refused with
     the nearest name. ``where``: the prefix of key names in errors."""
     values = dict(keywords)
+    for options in GROUPED.values():
+        if options in values and values[options] is None:
+            values[options] = {}
     for group, options in GROUPED.items():
         chosen = values.get(group)
         if isinstance(chosen, Mapping):  # a config group: its name and its options
@@ -186,6 +191,8 @@ def planner_options(keywords: Mapping[str, Any], where: str = "") -> PlannerOpti
         if stage in values and not isinstance(values[stage], Mapping):  # a config group's mapping: typed below
             values[stage] = stage_config(cls, values[stage], stage)
     searcher = values.get("searcher", PlannerOptions.searcher)
+    if isinstance(searcher, str) and searcher not in searcher_names():  # the name before its options
+        make_searcher(searcher)
     own = searcher_options(searcher) if isinstance(searcher, str) else ()
     names = option_names()
     loose = {k: values.pop(k) for k in [k for k in values if k not in names]}

@@ -29,6 +29,7 @@ This module and the worker are the only ones that import torch; nothing in the J
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -208,12 +209,17 @@ class NeuroShardPlanner(ShardingPlanner):
         self.stats = {t.name: t for t in (read_stats_file(stats) if isinstance(stats, (str, Path)) else stats or [])}
         self.pooling_factors = dict(pooling_factors or {})
         self.zipf = zipf
-        if "device" in options:
-            raise UserError("device: the topology's compute device is the plan's, expected no device keyword")
         device = "cuda" if self.topology.compute_device == "cuda" else "cpu"
-        if planner is None:  # the topology says which device the plan is for; any batch is planned (``fallback``)
+        if "device" in options:
+            raise UserError(
+                f"device: got {options['device']!r}, expected none (the topology's compute device, {device}, is the "
+                "plan's)"
+            )
+        if planner is None:  # the topology says which device the plan is for
             options = {"fallback": True, **options, "device": device}
         planner = planner_from(options, planner)
+        if planner.fallback is False and "fallback" not in options:  # TorchRec plans any batch: so does its planner
+            planner = dataclasses.replace(planner, fallback=True)
         self.planner = planner
         self.seed = planner.seed
         self.compute_kernel = compute_kernel
