@@ -105,6 +105,20 @@ def _two_big_tables(optimizer: str, **options):
     return nsj.plan(tables, 2, 1.0, "size_greedy", "analytic", optimizer=optimizer, **options)
 
 
+def test_a_table_larger_than_all_the_devices_together_gets_advice_that_would_fit():
+    """A 4.77 GiB table on 4 devices of 1 GiB: its narrowest slice fits one device, the whole fits none of them
+    together, so the advice is for the whole (the probe's case read "short by -0.698 GiB: ... 0.302 GiB per device",
+    which any cap already gave)."""
+    table = {"big": {"rows": 20_000_000, "dim": 64, "pooling_factor": 1.0, "bins": UNIFORM}}
+    for devices, cap, advice in (
+        (4, 1.0, "short by 0.772 GiB: it would fit with 1.19 GiB per device or 5 devices"),
+        (8, 0.2, "short by 3.17 GiB: it would fit with 0.597 GiB per device or 24 devices"),
+    ):
+        with pytest.raises(InfeasibleError) as err:
+            nsj.plan(table, devices, cap, "size_greedy", "analytic")
+        assert str(err.value).endswith(advice), str(err.value)
+
+
 def test_a_plan_that_fits_under_sgd_is_refused_with_row_wise_state_and_the_message_says_what_would_fit():
     plan = _two_big_tables("exact_sgd")
     assert sorted(s.device for s in plan.shards) == [0, 1] and (plan.mem_bytes() <= plan.task.cap_bytes()).all()

@@ -336,13 +336,17 @@ def check_feasible(task: Task) -> None:
         narrowest = task.table_mem_bytes(i, narrowest_dim(table.dim))
         whole = task.table_mem_bytes(i)
         rows_fit = narrowest <= cap or bool(np.all(task.row_block_bytes(i, task.num_devices) <= caps))
-        if (narrowest > cap and not rows_fit) or (whole > cap and whole > int(caps.sum())):
+        if not rows_fit or (whole > cap and whole > int(caps.sum())):
             where = f"devices of {task.devices[0].mem_cap_gb} GiB" if task.is_uniform else task.describe_devices()
             parts = memory_words(task, task.rows_memory(i, table.rows, table.dim))
+            # the advice for what binds: the whole table on all the devices together, else its smallest piece on one
+            if whole > int(caps.sum()):
+                advice = fit_advice(task, functools.partial(_table_bytes, index=i), int(caps.sum()))
+            else:
+                advice = fit_advice(task, functools.partial(_least_per_device, index=i), cap)
             raise InfeasibleError(
                 f"task infeasible: table {table.id} needs {gib(whole)} GiB ({parts}), which no split "
-                f"fits (column slices, or row blocks over every device) in {where}"
-                + fit_advice(task, functools.partial(_least_per_device, index=i), cap)
+                f"fits (column slices, or row blocks over every device) in {where}" + advice
             )
     total = sum(task.table_mem_bytes(i) for i in range(task.num_tables))
     if total > caps.sum():
@@ -359,6 +363,11 @@ def check_feasible(task: Task) -> None:
             + (f" less {' and '.join(held_back)})" if held_back else ")")
             + fit_advice(task, lambda t: sum(t.table_mem_bytes(j) for j in range(t.num_tables)), int(caps.sum()))
         )
+
+
+def _table_bytes(task: Task, index: int) -> int:
+    """Table ``index``'s whole memory (all of its pieces, on whichever devices)."""
+    return task.table_mem_bytes(index)
 
 
 def _least_per_device(task: Task, index: int) -> int:
