@@ -147,17 +147,12 @@ class PlannerOptions:
         check_device(self.device)
 
     def planner(self) -> Planner:
-        """The planner these options build: the searcher and the cost model's spec made from their names once."""
-        return Planner(
-            make_searcher(self.searcher, dict(self.searcher_options)),
-            spec_of(self.cost_model, self.cost_model_options),
-            seed=self.seed,
-            row_split=self.row_split,
-            calibrate=self.calibrate,
-            polish=self.polish,
-            device=self.device,
-            fallback=self.fallback,
-        )
+        """The planner these options build: the searcher and the cost model's spec made from their names once, the
+        other settings (the fields the two share) as they are."""
+        parts = {"searcher", "cost_model"}
+        settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(Planner) if f.name not in parts}
+        searcher = make_searcher(self.searcher, dict(self.searcher_options))
+        return Planner(searcher, spec_of(self.cost_model, self.cost_model_options), **settings)
 
 
 GROUPED = {"searcher": "searcher_options", "cost_model": "cost_model_options"}  # a name and its options
