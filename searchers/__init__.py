@@ -3,7 +3,7 @@
 Importing this package registers every built-in searcher.
 """
 
-from searchers import baselines, neuroshard, rl, torchrec  # noqa: F401  (registers the built-in searchers)
+from searchers import baselines, neuroshard, portfolio, rl, torchrec  # noqa: F401  (registers the built-in searchers)
 from searchers.registry import Searcher, make_searcher, register, registered, searcher_names, searcher_options
 
 __all__ = ["Searcher", "make_searcher", "register", "registered", "searcher_names", "searcher_options"]

@@ -29,7 +29,8 @@ class Searcher(abc.ABC):
     is not applied; ``budget_s``: seconds the whole search may take (None: no limit; a searcher with a budget
     declares it as an option field, and ``with_budget`` gives it a share); ``max_work``: likewise a bound on the
     work of the whole search in the searcher's own units, which leaves the plan a function of the task (not of the
-    machine's speed), shared by ``share``."""
+    machine's speed), shared by ``share``. ``members``: the searchers a portfolio runs in its place (the
+    pipeline plans with each and keeps the cheapest, ``search.pipeline.search_plan``); none for a plain searcher."""
 
     name: ClassVar[str] = ""
     constraints: ClassVar[tuple[str, ...]] = ()
@@ -41,6 +42,11 @@ class Searcher(abc.ABC):
     @abc.abstractmethod
     def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan: ...
 
+    def members(self) -> tuple[Member, ...]:
+        """The searchers the pipeline runs in this one's place, each through the whole pipeline (a portfolio's);
+        empty: this searcher searches itself."""
+        return ()
+
     def with_budget(self, budget_s: float) -> Searcher:
         """This searcher with ``budget_s`` seconds, where it has a budget (the pipeline shares one budget among the
         searches of one plan); itself where it has none."""
@@ -49,6 +55,16 @@ class Searcher(abc.ABC):
     def share(self, parts: int) -> Searcher:
         """This searcher with a ``parts``-th of its work bound, where it has one (the pipeline's runs share it)."""
         return self if self.max_work is None else dataclasses.replace(self, max_work=self.max_work / parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """One member of a portfolio: its ``name`` as the user wrote it (``beam``, ``beam:hot``), the searcher, and the
+    row-split mode it plans with (None: the planner's ``row_split``)."""
+
+    name: str
+    searcher: Searcher
+    row_split: str | None = None
 
 
 _REGISTRY: dict[str, type[Searcher]] = {}

@@ -11,7 +11,8 @@ from tests.conftest import run_cli
 
 
 def test_the_gpu_check_runs_dry_and_writes_its_files_and_table(tmp_path):
-    from tools.gpu_check import DRY, PACK_SEARCHERS, SEARCHERS, pack_plans, pack_tasks
+    from tools.gpu_check import AUTOTUNE, AUTOTUNE_BASELINES, DRY, PACK_SEARCHERS, PORTFOLIO, SEARCHERS
+    from tools.gpu_check import pack_plans, pack_tasks
 
     pack = tmp_path / "pack"
     pack.mkdir()
@@ -29,7 +30,17 @@ def test_the_gpu_check_runs_dry_and_writes_its_files_and_table(tmp_path):
     assert model["held_out"]["ensemble"]["count"] >= 1 and model["comm"]["fwd_comm"] is not None
     plans = json.loads((out / "plans.json").read_text())
     rows = plans["tasks"]["t00"]["plans"]
-    assert set(rows) == set(SEARCHERS) and set(PACK_SEARCHERS) < set(SEARCHERS)
+    assert set(rows) == {*SEARCHERS, AUTOTUNE} and set(PACK_SEARCHERS) < set(SEARCHERS)
+    # the portfolio's plan is one of its members' (measured once: the same devices), with every candidate's price
+    portfolio = rows[PORTFOLIO]["portfolio"]
+    chosen = portfolio["chosen"]
+    assert rows[PORTFOLIO]["compute_ms"] == rows[chosen]["compute_ms"]
+    assert [c["member"] for c in portfolio["candidates"]] == ["beam", "grid", "beam:hot"]
+    # autotune=kernels: the measured fastest of the portfolio's best candidates and TorchRec's two plans
+    tuned = rows[AUTOTUNE]
+    among = [c["member"] for c in portfolio["candidates"] if c["same_as"] is None] + list(AUTOTUNE_BASELINES)
+    assert tuned["chose"] in among
+    assert tuned["priced_total_ms"] == min(rows[name]["priced_total_ms"] for name in among)
     for row in rows.values():  # every device measured (twice, dry), compute and priced comm apart
         assert row["complete"] and min(row["measurements"]) >= 2
         assert row["slowest_compute_ms"] == max(row["compute_ms"]) > 0

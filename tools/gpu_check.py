@@ -71,7 +71,7 @@ from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, compute_request, default_protocol
 from neuroshard_jax.learn.cost_labels import CollectConfig, collect
 from neuroshard_jax.measure.evaluator import EvaluateConfig, device_request, plan_kernels
-from neuroshard_jax.search.sharding_planner import PlannerOptions
+from neuroshard_jax.search.sharding_planner import Planned, PlannerOptions
 from neuroshard_jax.workloads.gpu_tasks import (
     GpuTaskConfig,
     gpu_task,
@@ -86,8 +86,13 @@ SHARES = {"smoke": 0.02, "labels": 0.38, "model": 0.0, "plans": 0.60}  # of --bu
 GPU_STEPS = ("labels", "plans")  # need the worker: skipped when the smoke request fails
 SEED = 54  # the GPU tasks' seed (issue 54)
 PACK_SEARCHERS = ("torchrec_default", "torchrec", "size_lookup_greedy")  # planned at pack time (no model needed)
-MODEL_SEARCHERS = ("beam", "grid")  # planned there with the model trained there
-SEARCHERS = (*MODEL_SEARCHERS, "size_lookup_greedy", "torchrec_default", "torchrec")  # the table's columns
+PORTFOLIO = "portfolio"  # planned there with the model trained there: its plan and each member's (beam, grid, beam:hot)
+MODEL_SEARCHERS = (PORTFOLIO, "beam", "grid", "beam:hot")
+AUTOTUNE = "autotune=kernels"  # not planned: chosen from the measured plans (autotune_choice)
+AUTOTUNE_K = 3  # the portfolio's best distinct candidates by prediction that autotune measures
+AUTOTUNE_BASELINES = ("torchrec_default", "torchrec")  # measured beside them
+SEARCHERS = (*MODEL_SEARCHERS, "size_lookup_greedy", "torchrec_default", "torchrec")  # the plans measured
+COLUMNS = (*SEARCHERS, AUTOTUNE)  # the table's
 # TorchRec's reservation: a flat 15%, as the foreign benchmark runs it (tools/foreign_benchmark.py: its heuristic one
 # reserves GBs for the inputs of tiny hot tables and finds no plan); searchers/torchrec.py plans at the per-rank batch
 SEARCHER_OPTIONS = {"torchrec": {"reservation": "percent"}, "torchrec_default": {"reservation": "percent"}}
@@ -348,8 +353,8 @@ def labels(out: Path, work: Path, sizes: Sizes, device: str, deadline: float, se
     return folder
 
 
-def plan_task(task: Task, searcher: str, cost_model: str, options: dict | None, device: str) -> Plan:
-    """One plan through the project's planner (the one call site of its API here)."""
+def plan_task(task: Task, searcher: str, cost_model: str, options: dict | None, device: str) -> Planned:
+    """One planning run through the project's planner (the one call site of its API here)."""
     planner = PlannerOptions(
         searcher=searcher,
         cost_model=cost_model,
@@ -357,7 +362,7 @@ def plan_task(task: Task, searcher: str, cost_model: str, options: dict | None, 
         cost_model_options=options or {},
         device=device,
     ).planner()
-    return planner.run(task).plan
+    return planner.run(task)
 
 
 def plan_record(index: int, searcher: str, plan: Plan | None, error: str | None = None) -> dict:
@@ -374,6 +379,7 @@ def plan_record(index: int, searcher: str, plan: Plan | None, error: str | None 
         "data_parallel": list(plan.data_parallel),
         "search_s": None if plan.search_time_s is None else round(plan.search_time_s, 2),
         "predicted_compute_ms": None if costs is None else [round(float(x), 4) for x in costs.compute_ms],
+        "portfolio": None if plan.portfolio is None else plan.portfolio.to_json(),
     }
 
 
@@ -452,13 +458,14 @@ def model_stage(out: Path, labels_dir: Path, work: Path, pack: Path | None, dry:
         raise
     options = {"checkpoint": str(checkpoint)}
     for index, task in carried_tasks(pack, sizes).items():
-        for searcher in MODEL_SEARCHERS:
-            try:
-                record = plan_record(index, searcher, plan_task(task, searcher, "neural", options, device))
-            except (UserError, InfeasibleError) as err:
-                record = plan_record(index, searcher, None, str(err)[:300])
-            with open(out / "model-plans.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
+        try:  # the portfolio's plan and its members' own (one search: the runs they share are searched once)
+            planned = plan_task(task, PORTFOLIO, "neural", options, device)
+            made = {PORTFOLIO: planned.plan, **planned.candidates}
+            records = [plan_record(index, s, made.get(s), None if s in made else "no plan") for s in MODEL_SEARCHERS]
+        except (UserError, InfeasibleError) as err:
+            records = [plan_record(index, searcher, None, str(err)[:300]) for searcher in MODEL_SEARCHERS]
+        with open(out / "model-plans.jsonl", "a") as f:
+            f.write("".join(json.dumps(record) + "\n" for record in records))
 
 
 def stream_pools(tasks: dict[int, Task], sizes: Sizes, folder: Path, workers: int) -> dict:
@@ -576,10 +583,32 @@ class Measurements:
             if complete:
                 row["slowest_compute_ms"] = round(max(measured), 4)
                 row["priced_total_ms"] = round(priced_total_ms(measured, fwd, bwd), 4)
+            if entry["record"].get("portfolio"):
+                row["portfolio"] = entry["record"]["portfolio"]
             task_row = rows.setdefault(f"t{index:02d}", {"summary": task_summary(tasks[index]), "plans": {}})
             task_row["plans"][searcher] = row
+        for task_row in rows.values():
+            chose = autotune_choice(task_row["plans"])
+            if chose is not None:
+                task_row["plans"][AUTOTUNE] = {**task_row["plans"][chose], "chose": chose}
         failed = {k: v for k, v in list(self.failed.items())[:5]}
         return {"tasks": rows, "failed_devices": len(self.failed), "failures": failed}
+
+
+def autotune_choice(plans: dict[str, dict]) -> str | None:
+    """What ``autotune=kernels`` returns from a task's measured plans: of the portfolio's ``AUTOTUNE_K`` best distinct
+    candidates by the model's score and TorchRec's two plans, the least measured priced total (the slowest device's
+    measured compute and the priced all-to-alls); None until every one of them is measured. The chosen plan's figure
+    is the measurement it was chosen by (``queued`` reads a device to 0.1-0.2%: the winner's bias is that small)."""
+    record = plans.get(PORTFOLIO, {}).get("portfolio")
+    if not record:
+        return None
+    distinct = [c for c in record["candidates"] if c["error"] is None and c["same_as"] is None]
+    best = [c["member"] for c in sorted(distinct, key=lambda c: c["score_ms"])[:AUTOTUNE_K]]
+    measured = {name: plans.get(name, {}).get("priced_total_ms") for name in (*best, *AUTOTUNE_BASELINES)}
+    if any(value is None for value in measured.values()):
+        return None
+    return min(measured, key=measured.get)
 
 
 def plans(
@@ -810,7 +839,7 @@ def table(out: Path) -> str:
     ]
     counts = sorted({r["summary"]["devices"] for r in rows.values()})
     for n in counts:
-        for s in SEARCHERS:
+        for s in COLUMNS:
             cells, used = [], set()
             for metric in ("slowest_compute_ms", "priced_total_ms"):
                 for base in ("torchrec_default", "torchrec"):
@@ -827,17 +856,18 @@ def table(out: Path) -> str:
     lines += [
         "",
         "| task | devices | tables | batch | GiB / device | "
-        + " | ".join(f"{s}: compute / priced ms" for s in SEARCHERS)
+        + " | ".join(f"{s}: compute / priced ms" for s in COLUMNS)
         + " |",
-        "| --- " * (5 + len(SEARCHERS)) + "|",
+        "| --- " * (5 + len(COLUMNS)) + "|",
     ]
     for task_id, r in rows.items():
         s_ = r["summary"]
         cells = []
-        for s in SEARCHERS:
+        for s in COLUMNS:
             p = r["plans"].get(s, {})
             done = "slowest_compute_ms" in p
-            cells.append(f"{p['slowest_compute_ms']:.2f} / {p['priced_total_ms']:.2f}" if done else "-")
+            chose = f" ({p['chose']})" if "chose" in p else ""
+            cells.append(f"{p['slowest_compute_ms']:.2f} / {p['priced_total_ms']:.2f}{chose}" if done else "-")
         lines.append(
             f"| {task_id} | {s_['devices']} | {s_['tables']} | {s_['batch_size']} | {s_['table_gib_per_device']} | "
             + " | ".join(cells)
@@ -895,7 +925,7 @@ def pack_plans(out: Path, tasks: dict[int, Task], searchers: tuple[str, ...] = P
         for searcher in searchers:
             started = time.monotonic()
             try:
-                plan = plan_task(task, searcher, "analytic", None, "cpu")  # TorchRec's: at the per-rank batch
+                plan = plan_task(task, searcher, "analytic", None, "cpu").plan  # TorchRec's: at the per-rank batch
                 records.append(plan_record(index, searcher, plan))
             except (UserError, InfeasibleError) as err:
                 records.append(plan_record(index, searcher, None, str(err)[:300]))

@@ -14,7 +14,7 @@ from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.constraints import violations
 from neuroshard_jax.core.errors import PlanError, UserError
 from neuroshard_jax.core.memory import MemoryParts
-from neuroshard_jax.core.records import CalibrationRecord, PolishRecord
+from neuroshard_jax.core.records import CalibrationRecord, PolishRecord, PortfolioRecord
 from neuroshard_jax.core.schema import PlanFile
 from neuroshard_jax.core.sharding import (
     Shard,
@@ -63,6 +63,8 @@ class Plan:
     # the cost model's calibration to the measuring machine (``calibrate.py``): factor, its spread, what was measured
     calibration: CalibrationRecord | None = dataclasses.field(default=None, compare=False)
     data_parallel: tuple[int, ...] = ()
+    # a portfolio's candidates (``searcher=portfolio``): each member's predicted cost, and which was chosen
+    portfolio: PortfolioRecord | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
     def from_assignment(cls, task: Task, num_splits: list[int], devices: list[list[int]]) -> Plan:
@@ -227,6 +229,8 @@ class Plan:
             out["polish"] = self.polish.to_json()
         if self.calibration is not None:
             out["calibration"] = self.calibration.to_json()
+        if self.portfolio is not None:
+            out["portfolio"] = self.portfolio.to_json()
         return out
 
     @classmethod
@@ -260,6 +264,7 @@ class Plan:
             None if raw.polish is None else PolishRecord.from_json(raw.polish, f"{where}.polish"),
             None if raw.calibration is None else CalibrationRecord.from_json(raw.calibration, f"{where}.calibration"),
             tuple(sorted({index[t] for t in replicated})),
+            None if raw.portfolio is None else PortfolioRecord.from_json(raw.portfolio, f"{where}.portfolio"),
         ).validate()
 
 

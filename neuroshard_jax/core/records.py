@@ -18,10 +18,12 @@ __all__ = [
     "CalibrationProtocol",
     "CalibrationRatios",
     "CalibrationRecord",
+    "Candidate",
     "MeasuredDevice",
     "PolishProtocol",
     "PolishRecord",
     "PolishStep",
+    "PortfolioRecord",
 ]
 
 
@@ -172,3 +174,48 @@ class CalibrationRecord:
     def from_json(cls, obj: Any, where: str = "plan.calibration") -> CalibrationRecord:
         """Parse a plan.json ``calibration`` object (errors name ``where``)."""
         return _parsed(cls, obj, where)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One member of a portfolio (``searcher=portfolio``): its ``member`` name (``beam``, ``beam:hot``), the
+    searcher and row-split mode that ran, its plan's predicted cost (``cost_ms``, the slowest device's step: the
+    plan.json ``cost_ms``; ``compute_ms``, its slowest device's compute) and the search's own score (``score_ms``: an
+    ensemble's risk term included, what the portfolio compares), the seconds it took; ``same_as``: the earlier member
+    whose plan it repeats (then it is not compared again); ``error``: why it made no plan (its costs None)."""
+
+    member: str
+    searcher: str
+    row_split: str
+    cost_ms: float | None = None
+    compute_ms: float | None = None
+    score_ms: float | None = None
+    search_time_s: float = 0.0
+    same_as: str | None = None
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PortfolioRecord:
+    """A portfolio's candidates in their members' order and the one ``chosen`` (the least ``score_ms``, the first
+    on a tie); ``margin``: the chosen plan's score below the next distinct plan's, as a share of it (0: one distinct
+    plan; the model's own error is larger than a few per cent, so a small margin is a guess: ``autotune`` measures)."""
+
+    candidates: tuple[Candidate, ...]
+    chosen: str
+    margin: float
+
+    def chosen_candidate(self) -> Candidate:
+        return next(c for c in self.candidates if c.member == self.chosen)
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan.json ``portfolio`` object."""
+        return _json(self)
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "plan.portfolio") -> PortfolioRecord:
+        """Parse a plan.json ``portfolio`` object (errors name ``where``)."""
+        record = _parsed(cls, obj, where)
+        if record.chosen not in {c.member for c in record.candidates}:
+            raise UserError(f"{where}.chosen: got {record.chosen!r}, expected one of its candidates' members")
+        return record

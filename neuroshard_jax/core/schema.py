@@ -96,6 +96,7 @@ class PlanFile:
     search_time_s: float | None = None
     polish: dict | None = None  # ``PolishRecord``'s own schema
     calibration: dict | None = None  # ``CalibrationRecord``'s own schema
+    portfolio: dict | None = None  # ``PortfolioRecord``'s own schema
 
 
 @dataclasses.dataclass(frozen=True)

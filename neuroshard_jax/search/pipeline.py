@@ -15,7 +15,7 @@ from neuroshard_jax.core.devices import Device
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.paths import CACHE_HINT, cache_dir
 from neuroshard_jax.core.plan import Plan
-from neuroshard_jax.core.records import CalibrationRecord
+from neuroshard_jax.core.records import CalibrationRecord, Candidate, PortfolioRecord
 from neuroshard_jax.core.sharding import merge_colocated
 from neuroshard_jax.core.task import Task, check_feasible
 from neuroshard_jax.costs.cost_model import CostModel, compute_scale, expected_cost_model
@@ -29,6 +29,7 @@ from neuroshard_jax.search.row_split import (
     settle,
 )
 from searchers import Searcher, registered
+from searchers.registry import Member
 
 logger = logging.getLogger(__name__)
 
@@ -64,68 +65,190 @@ def keep_compiled_kernels() -> None:
 
 
 def search_plan(task: Task, searcher: Searcher, model: CostModel, seed: int, row_split: str = "fit") -> Plan:
+    """``search_candidates(...)``'s plan: the one the search keeps."""
+    return search_candidates(task, searcher, model, seed, row_split)[0]
+
+
+def search_candidates(
+    task: Task, searcher: Searcher, model: CostModel, seed: int, row_split: str = "fit"
+) -> tuple[Plan, dict[str, Plan]]:
     """Search a plan for ``task``: validated, with its costs predicted by ``model`` (built for ``task``, and serving
     every part of it the search plans: the tables around replicas or row blocks keep its devices) and its
-    provenance. ``row_split``: which tables row blocks are tried for (``row_split.py``: fit | hot | off)."""
+    provenance. ``row_split``: which tables row blocks are tried for (``row_split.py``: fit | hot | off).
+
+    The stage tries several runs of the searcher (its hot small tables data-parallel or not, tables cut into row
+    blocks or not) and keeps the plan the search's own score ranks first. A portfolio (``searcher.members()``) is its
+    members' runs together: a run two members share (beam's plain run is also ``beam:hot``'s) is searched once, a
+    searcher's work bound is shared by all its runs, each member's plan is the cheapest of its own runs', and the plan
+    records every member's (``PortfolioRecord``). Returns the plan and each member's own (a portfolio's, by member
+    name, with its costs; empty for a plain searcher): what ``autotune`` measures."""
     if not isinstance(model, CostModel):
         raise UserError(
             f"cost_model: got {type(model).__name__}, expected a CostModel (CostModelSpec(name).for_task(task))"
         )
     check_feasible(task)
-    if has_constraints(task.tables):
-        check_constraints(task, searcher)
     start = time.perf_counter()
     expected = expected_cost_model(model)  # the reported costs and the stages' estimates: no risk term
-    table_ms = whole_table_ms(expected, task) if searcher.replicates or row_split == "hot" else None
-    runs, refusal = [], None  # (replicated, the task around them, its table indices, split, within host)
-    plans = []
-    for replicated in [()] if searcher.own_row_splits else replica_choices(task, table_ms, searcher.replicates):
+    portfolio = bool(searcher.members())
+    ways = _Ways(task, expected)
+    tried = []  # per member: (member, its row-split mode, its runs, why it may make no plan)
+    for member in searcher.members() or (Member(searcher.name, searcher),):
+        mode = member.row_split or row_split
         try:
-            if len(replicated) == task.num_tables:  # every table on every device: nothing left to search
-                replicas_fit(task, replicated)
-                plans.append(Plan(task, (), data_parallel=replicated).validate())
-                continue
-            base, index = replica_rest(task, replicated) if replicated else (task, None)
-            if searcher.own_row_splits:  # TorchRec's planner chooses its own sharding types
-                choices = [()]
-            else:
-                # the hot tables need every table's predicted compute: worked out only where they are asked for
-                base_ms = None
-                if row_split == "hot":
-                    base_ms = table_ms if not replicated else whole_table_ms(expected, base)
-                hot = hot_tables(base_ms, base.num_devices) if row_split == "hot" else ()
-                choices = row_split_choices(base, row_split, hot)
-        except InfeasibleError as err:  # this choice of replicas leaves no plan; another may
-            refusal = refusal or err
-            continue
-        # on several hosts a table's row blocks may also stay within one host (TorchRec's table_row_wise)
-        ways = (False, True) if base.host_groups() is not None else (False,)
-        runs += [
-            (replicated, base, index, split, within_host)
-            for split in choices
-            for within_host in (ways if split else (False,))
-        ]
-    for i, (replicated, base, index, split, within_host) in enumerate(runs):
-        run = searcher.share(len(runs))  # a bound on the search's work: the same share for every run
-        if searcher.budget_s is not None:  # a searcher's time budget is the whole search's: shared by the runs left
-            share = (searcher.budget_s - (time.perf_counter() - start)) / (len(runs) - i)
-            run = run.with_budget(max(share, 1e-6))
-        try:
-            plan = _search_around(base, run, model, expected, seed, split, within_host)
-        except InfeasibleError as err:  # this way of cutting leaves no plan; another may
-            refusal = refusal or err
-            continue
-        plans.append(with_replicas(task, plan, index, replicated).validate() if replicated else plan)
-    if not plans:
-        raise refusal
-    # the cheaper by the search's own score (an ensemble's risk term included), the first on a tie
-    plan = plans[int(np.argmin(score_plans(model, plans)))] if len(plans) > 1 else plans[0]
+            if has_constraints(task.tables):
+                check_constraints(task, member.searcher)
+            runs, refusal = ways.runs(member.searcher, mode)
+        except (InfeasibleError, UserError) as err:  # in a portfolio, this member makes no plan; others may
+            if not portfolio:
+                raise
+            runs, refusal = [], err
+        tried.append((member, mode, runs, refusal))
+    distinct = list(dict.fromkeys(run for *_, runs, _ in tried for run in runs))
+    plans, errors, seconds = _search_runs(task, distinct, model, expected, seed)
+    outcomes = []  # (member, mode, the keys of its plans, why it made none, its runs' seconds)
+    for member, mode, runs, refusal in tried:
+        made = [run for run in runs if run in plans]
+        why = refusal or next((errors[run] for run in runs if run in errors), None)
+        outcomes.append((member, mode, made, why, sum(seconds.get(run, 0.0) for run in runs)))
+    weighed = list(dict.fromkeys(run for _, _, made, _, _ in outcomes for run in made))
+    if not weighed:
+        raise next(why for *_, why, _ in outcomes if why is not None)
+    # every distinct plan scored once (an ensemble's risk term included): a member's is the cheapest of its runs',
+    # the portfolio's the cheapest member's; the first on a tie
+    scores = dict(zip(weighed, map(float, score_plans(model, [plans[r] for r in weighed])))) if len(weighed) > 1 else {}
+    picks = [min(made, key=lambda r: scores.get(r, 0.0)) if made else None for _, _, made, _, _ in outcomes]
+    best = min((p for p in picks if p is not None), key=lambda r: scores.get(r, 0.0))
     elapsed_s = time.perf_counter() - start
     # the reported costs are expectations: the search's risk term (an ensemble's spread) is not part of them
-    scored = with_costs(expected, plan)
+    scored = with_costs(expected, plans[best])
     factor = compute_scale(model)
     given = CalibrationRecord.of_factor(factor) if factor != 1.0 else None  # calibrate=measured replaces it
-    return dataclasses.replace(scored, searcher=searcher.name, seed=seed, search_time_s=elapsed_s, calibration=given)
+    record = _portfolio_record(outcomes, picks, best, plans, scores, expected) if portfolio else None
+    chosen = dataclasses.replace(
+        scored, searcher=searcher.name, seed=seed, search_time_s=elapsed_s, calibration=given, portfolio=record
+    )
+    members = {
+        member.name: dataclasses.replace(
+            with_costs(expected, plans[pick]),
+            searcher=member.searcher.name,
+            seed=seed,
+            search_time_s=took,
+            calibration=given,
+        )
+        for (member, _, _, _, took), pick in zip(outcomes, picks)
+        if portfolio and pick is not None
+    }
+    return chosen, members
+
+
+def _portfolio_record(outcomes, picks, best, plans, scores, expected: CostModel) -> PortfolioRecord:
+    """Each member's candidate (its plan's predicted costs and score, or why it made none; an earlier member's
+    identical plan named), which one was chosen, and its margin over the next distinct plan."""
+    candidates, seen, chosen = [], {}, None
+    for (member, mode, _, why, took), pick in zip(outcomes, picks):
+        made = dict(member=member.name, searcher=member.searcher.name, row_split=mode, search_time_s=took)
+        if pick is None:
+            error = (str(why).splitlines() or [type(why).__name__])[0]
+            logger.info(f"portfolio: {member.name} made no plan: {error}")
+            candidates.append(Candidate(**made, error=error))
+            continue
+        plan = plans[pick]
+        key = (frozenset(plan.shards), plan.data_parallel)
+        costs = with_costs(expected, plan).costs
+        score = scores.get(pick, costs.cost_ms)
+        made.update(cost_ms=costs.cost_ms, compute_ms=max(costs.compute_ms), score_ms=score, same_as=seen.get(key))
+        candidates.append(Candidate(**made))
+        seen.setdefault(key, member.name)
+        if pick == best and chosen is None:
+            chosen = member.name
+    top = scores.get(best, 0.0)
+    others = [c.score_ms for c in candidates if c.same_as is None and c.score_ms is not None and c.member != chosen]
+    margin = (min(others) - top) / min(others) if others and min(others) > 0 else 0.0
+    return PortfolioRecord(candidates=tuple(candidates), chosen=chosen, margin=margin)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """One search of the stage: ``searcher`` on the task around its ``replicated`` tables, with the tables ``split``
+    cut into row blocks first (``within_host``: over one host's devices). Equal runs are one search."""
+
+    searcher: Searcher
+    replicated: tuple[int, ...]
+    split: tuple[int, ...]
+    within_host: bool
+    searched: bool = True  # False: every table data-parallel, a plan made without searching
+
+
+class _Ways:
+    """The runs the stage tries for a searcher and a row-split mode: its choices of data-parallel tables, and for
+    each the sets of tables cut into row blocks; the tables' predicted compute worked out once, where asked for."""
+
+    def __init__(self, task: Task, expected: CostModel):
+        self.task, self.expected = task, expected
+        self._table_ms = None
+
+    def table_ms(self) -> np.ndarray:
+        if self._table_ms is None:
+            self._table_ms = whole_table_ms(self.expected, self.task)
+        return self._table_ms
+
+    def runs(self, searcher: Searcher, row_split: str) -> tuple[list[_Run], InfeasibleError | None]:
+        """The runs (a plan made without searching first, as the stage has always weighed them) and the first
+        refusal of a choice of replicas that leaves no plan."""
+        task, refusal, direct, runs = self.task, None, [], []
+        table_ms = self.table_ms() if searcher.replicates or row_split == "hot" else None
+        for replicated in [()] if searcher.own_row_splits else replica_choices(task, table_ms, searcher.replicates):
+            try:
+                if len(replicated) == task.num_tables:  # every table on every device: nothing left to search
+                    replicas_fit(task, replicated)
+                    direct.append(_Run(searcher, replicated, (), False, searched=False))
+                    continue
+                base = replica_rest(task, replicated)[0] if replicated else task
+                if searcher.own_row_splits:  # TorchRec's planner chooses its own sharding types
+                    choices = [()]
+                else:
+                    # the hot tables need every table's predicted compute: worked out only where they are asked for
+                    base_ms = None
+                    if row_split == "hot":
+                        base_ms = table_ms if not replicated else whole_table_ms(self.expected, base)
+                    hot = hot_tables(base_ms, base.num_devices) if row_split == "hot" else ()
+                    choices = row_split_choices(base, row_split, hot)
+            except InfeasibleError as err:  # this choice of replicas leaves no plan; another may
+                refusal = refusal or err
+                continue
+            # on several hosts a table's row blocks may also stay within one host (TorchRec's table_row_wise)
+            ways = (False, True) if base.host_groups() is not None else (False,)
+            runs += [
+                _Run(searcher, replicated, split, within_host)
+                for split in choices
+                for within_host in (ways if split else (False,))
+            ]
+        return direct + runs, refusal
+
+
+def _search_runs(task: Task, runs: list[_Run], model: CostModel, expected: CostModel, seed: int):
+    """Each run's plan and seconds, and the refusal of each run that leaves no plan, by run. A bound on a searcher's
+    work is shared by all its runs; its time budget by its runs left, less what its runs took."""
+    plans, errors, seconds = {}, {}, {}
+    for i, run in enumerate(runs):
+        if not run.searched:
+            plans[run], seconds[run] = Plan(task, (), data_parallel=run.replicated).validate(), 0.0
+            continue
+        own = [r for r in runs if r.searched and r.searcher == run.searcher]
+        searcher = run.searcher.share(len(own))  # a bound on the search's work: the same share for every run
+        if searcher.budget_s is not None:  # a searcher's time budget is the whole search's: shared by the runs left
+            spent = sum(seconds.get(r, 0.0) for r in own)
+            left = sum(r in own for r in runs[i:])
+            searcher = searcher.with_budget(max((run.searcher.budget_s - spent) / left, 1e-6))
+        began = time.perf_counter()
+        try:
+            base, index = replica_rest(task, run.replicated) if run.replicated else (task, None)
+            plan = _search_around(base, searcher, model, expected, seed, run.split, run.within_host)
+            plans[run] = with_replicas(task, plan, index, run.replicated).validate() if run.replicated else plan
+        except InfeasibleError as err:  # this way of cutting leaves no plan; another may
+            errors[run] = err
+        seconds[run] = time.perf_counter() - began
+    return plans, errors, seconds
 
 
 def search_with_rows(task: Task, searcher: Searcher, model: CostModel, seed: int, tables: tuple[int, ...]) -> Plan:

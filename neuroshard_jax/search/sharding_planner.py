@@ -30,7 +30,7 @@ from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.coverage import out_of_depth_warning
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrated
 from neuroshard_jax.measure.polish import PolishConfig, polish_plan
-from neuroshard_jax.search.pipeline import keep_compiled_kernels, search_plan
+from neuroshard_jax.search.pipeline import keep_compiled_kernels, search_candidates
 from neuroshard_jax.search.row_split import check_mode
 from searchers import Searcher, make_searcher, searcher_names, searcher_options
 
@@ -45,6 +45,8 @@ class Planned:
     plan: Plan
     cost_model: CostModel
     choice: ModelChoice  # which model planned, trained on what, and whether it matches this machine (``line()``)
+    # a portfolio's members' own plans (member name -> plan, its costs predicted), the chosen one among them
+    candidates: dict[str, Plan] = dataclasses.field(default_factory=dict)
 
     def depth_warning(self) -> str | None:
         """One line where the plan lies past what its model learned (``costs.coverage.out_of_depth_warning``)."""
@@ -98,12 +100,12 @@ class Planner:
         record = None
         if self.calibrate.name == "measured":
             model, record = calibrated(task, model, self.calibrate, self.seed)
-        plan = search_plan(task, self.searcher, model, self.seed, self.row_split)
+        plan, candidates = search_candidates(task, self.searcher, model, self.seed, self.row_split)
         if self.polish.name == "measured":
             plan = polish_plan(plan, model, self.polish, self.seed)
         if record is not None:
             plan = dataclasses.replace(plan, calibration=record)
-        return Planned(plan, model, choice)
+        return Planned(plan, model, choice, candidates)
 
     def plan(self, task: Task) -> Plan:
         """``run(task).plan``."""
