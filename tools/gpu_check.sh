@@ -17,6 +17,13 @@ cd "$PROJ"
 export PYTHONPATH="$PROJ:$SITE" CUDA_MODULE_LOADING=LAZY XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 \
   JAX_PLATFORMS=cpu NEUROSHARD_CACHE_DIR=/tmp/nsj-cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv || true
+# the device tool brings back 8 files at most: on exit, everything in one archive beside the four read first
+keep_eight() {
+  (cd "$OUT" && tar czf /tmp/nsj-results.tgz --exclude results.tgz . && mv /tmp/nsj-results.tgz results.tgz \
+    && find . -maxdepth 1 -type f ! -name results.tgz ! -name table.md ! -name plans.json ! -name log.txt -delete) \
+    || true
+}
+trap keep_eight EXIT
 status=0
 python3 -m tools.gpu_check run "$OUT" --pack "$REPO/.gpu" --budget-s "${BUDGET_S:-450}" --steps "${STEPS:-}" \
   --label-seed "${LABEL_SEED:-0}" || status=$?
