@@ -22,6 +22,7 @@ from neuroshard_jax.learn.feedback_loop import LoopConfig
 from neuroshard_jax.learn.fine_tune import AdaptConfig
 from neuroshard_jax.learn.policy_training import TrainPolicyAppConfig
 from neuroshard_jax.learn.train_job import TrainAppConfig
+from neuroshard_jax.measure.autotune import AutotuneConfig
 from neuroshard_jax.measure.breakdown import ExplainConfig
 from neuroshard_jax.measure.calibration import CalibrateConfig
 from neuroshard_jax.measure.evaluator import EvaluateConfig
@@ -39,6 +40,7 @@ from searchers import registered
 
 # One class per group (every option of the group starts from its defaults).
 GROUPS = {
+    "autotune": AutotuneConfig,
     "calibrate": CalibrateConfig,
     "polish": PolishConfig,
     "executor": ExecutorConfig,

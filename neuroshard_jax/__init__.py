@@ -2,7 +2,7 @@
 
 The public API (everything else is internal and may move):
 
-* ``plan(tables, num_devices=..., mem_cap_gb=..., searcher="beam", cost_model="neural", **options) -> Plan``
+* ``plan(tables, num_devices=..., mem_cap_gb=..., searcher="portfolio", cost_model="neural", **options) -> Plan``
   (``devices=[{"mem_cap_gb": ..., "speed": ...}, ...]`` for heterogeneous devices)
 * ``Plan`` (``to_json`` / ``from_json``, ``costs``, ``placement()``), ``PlanCosts``, ``Task``, ``Device``, ``Table``,
   ``Shard``;

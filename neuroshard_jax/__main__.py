@@ -44,7 +44,11 @@ def main(cfg: DictConfig) -> None:
     task = None
     try:
         task = make_task(config.task, config.task.seed, config.task.path)
-        planned = config.planner.planner().run(task)
+        options = config.planner
+        if options.autotune.name != "off" and options.autotune.readings is None:  # kept in the run folder: resumable
+            readings = str(Path(out_dir) / "autotune-readings.jsonl")
+            options = dataclasses.replace(options, autotune=dataclasses.replace(options.autotune, readings=readings))
+        planned = options.planner().run(task)
         choice = planned.choice
         if choice.instead:
             print(f"warning: {choice.instead}", file=sys.stderr)

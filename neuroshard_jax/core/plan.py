@@ -14,7 +14,7 @@ from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.constraints import violations
 from neuroshard_jax.core.errors import PlanError, UserError
 from neuroshard_jax.core.memory import MemoryParts
-from neuroshard_jax.core.records import CalibrationRecord, PolishRecord, PortfolioRecord
+from neuroshard_jax.core.records import AutotuneRecord, CalibrationRecord, PolishRecord, PortfolioRecord
 from neuroshard_jax.core.schema import PlanFile
 from neuroshard_jax.core.sharding import (
     Shard,
@@ -65,6 +65,8 @@ class Plan:
     data_parallel: tuple[int, ...] = ()
     # a portfolio's candidates (``searcher=portfolio``): each member's predicted cost, and which was chosen
     portfolio: PortfolioRecord | None = dataclasses.field(default=None, compare=False)
+    # autotune's measurements (``autotune=kernels``): every candidate measured, and which was chosen
+    autotune: AutotuneRecord | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
     def from_assignment(cls, task: Task, num_splits: list[int], devices: list[list[int]]) -> Plan:
@@ -231,6 +233,8 @@ class Plan:
             out["calibration"] = self.calibration.to_json()
         if self.portfolio is not None:
             out["portfolio"] = self.portfolio.to_json()
+        if self.autotune is not None:
+            out["autotune"] = self.autotune.to_json()
         return out
 
     @classmethod
@@ -265,6 +269,7 @@ class Plan:
             None if raw.calibration is None else CalibrationRecord.from_json(raw.calibration, f"{where}.calibration"),
             tuple(sorted({index[t] for t in replicated})),
             None if raw.portfolio is None else PortfolioRecord.from_json(raw.portfolio, f"{where}.portfolio"),
+            None if raw.autotune is None else AutotuneRecord.from_json(raw.autotune, f"{where}.autotune"),
         ).validate()
 
 

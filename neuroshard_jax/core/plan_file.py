@@ -14,7 +14,7 @@ import numpy as np
 
 from neuroshard_jax.core.files import read_json
 from neuroshard_jax.core.plan import Plan
-from neuroshard_jax.core.records import CalibrationRecord, PolishRecord
+from neuroshard_jax.core.records import AutotuneRecord, CalibrationRecord, PolishRecord, PortfolioRecord
 
 
 def load_plan(path: str | Path, key: str = "plan") -> Plan:
@@ -141,6 +141,10 @@ def format_plan(plan_json: dict[str, Any], file_name: str = "plan.json") -> str:
     lines.append(
         f"predicted cost: {plan_json['cost_ms']:.3f} ms (max over devices); search {plan_json['search_time_s']:.2f} s"
     )
+    if plan_json.get("portfolio"):
+        lines.extend(portfolio_lines(PortfolioRecord.from_json(plan_json["portfolio"])))
+    if plan_json.get("autotune"):
+        lines.extend(autotune_lines(AutotuneRecord.from_json(plan_json["autotune"])))
     if polish:
         lines.append(
             f"measured cost: {polish.measured_ms:.3f} ms, unpolished {polish.unpolished_measured_ms:.3f} ms "
@@ -162,6 +166,52 @@ def format_plan(plan_json: dict[str, Any], file_name: str = "plan.json") -> str:
     if estimated:
         lines.append(f"warning: {estimated_line(estimated, len(task['tables']))}")
     return "\n".join(lines)
+
+
+def portfolio_lines(record: PortfolioRecord) -> list[str]:
+    """A portfolio's candidates, one line each: its predicted cost (or the member it repeats, or why it made no
+    plan) and the search's seconds; which was chosen and its margin."""
+    lines = [f"portfolio: {len(record.candidates)} candidates, the cheapest by the model chosen"]
+    for c in record.candidates:
+        if c.error is not None:
+            what = f"no plan: {c.error}"
+        elif c.same_as is not None:
+            what = f"the same plan as {c.same_as}"
+        else:
+            what = f"predicted {c.cost_ms:.3f} ms (compute {c.compute_ms:.3f} ms)"
+        mark = "  <- the model's pick" if c.member == record.chosen else ""
+        lines.append(f"  {c.member:<20} {what}; {c.search_time_s:.2f} s{mark}")
+    if record.margin > 0:
+        lines.append(
+            f"  margin: {100 * record.margin:.1f}% below the next plan by the model's score (autotune=kernels "
+            "measures the candidates)"
+        )
+    return lines
+
+
+def autotune_lines(record: AutotuneRecord) -> list[str]:
+    """``autotune``'s candidates, one line each: predicted and measured step (median, and the fastest and slowest
+    round), or why it was not measured; the chosen one and its step against TorchRec default's."""
+    stops = {"leader": "one led beyond the noise", "rounds": "every round taken", "budget": "the time budget spent"}
+    lines = [
+        f"autotune=kernels: {record.devices} device kernels x {record.rounds} rounds on this machine "
+        f"({stops.get(record.stopped, record.stopped)}), {record.seconds:.1f} s"
+        + (f", {record.resumed} readings resumed" if record.resumed else "")
+        + (f", {record.busy} kernels read on a busy machine" if record.busy else "")
+    ]
+    for c in record.candidates:
+        if not c.kept:
+            lines.append(f"  {c.name:<20} not measured: {c.why}")
+            continue
+        mark = "  <- chosen: the measured fastest" if c.name == record.chosen else ""
+        lines.append(
+            f"  {c.name:<20} predicted {c.predicted_ms:.3f} ms, measured {c.measured_ms:.3f} ms "
+            f"({c.low_ms:.3f}-{c.high_ms:.3f}){mark}"
+        )
+    if record.vs_torchrec_default is not None:
+        share = 100 * record.vs_torchrec_default
+        lines.append(f"  the chosen plan's measured step: {share:.1f}% of TorchRec default's")
+    return lines
 
 
 def estimated_line(names: list[str | int], num_tables: int) -> str:

@@ -15,10 +15,12 @@ from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.errors import UserError
 
 __all__ = [
+    "AutotuneRecord",
     "CalibrationProtocol",
     "CalibrationRatios",
     "CalibrationRecord",
     "Candidate",
+    "MeasuredCandidate",
     "MeasuredDevice",
     "PolishProtocol",
     "PolishRecord",
@@ -218,4 +220,59 @@ class PortfolioRecord:
         record = _parsed(cls, obj, where)
         if record.chosen not in {c.member for c in record.candidates}:
             raise UserError(f"{where}.chosen: got {record.chosen!r}, expected one of its candidates' members")
+        return record
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeasuredCandidate:
+    """A candidate of ``autotune=kernels``: its name (a portfolio member, a baseline searcher), the searcher that
+    made it, its predicted step (ms), its measured step (the median over rounds, and the fastest and slowest round:
+    measured compute, the model's comm), its slowest device's measured compute (median over rounds); ``kept``: it
+    was measured (else ``why`` not: no plan, or the same plan as another candidate)."""
+
+    name: str
+    searcher: str | None = None
+    predicted_ms: float | None = None
+    measured_ms: float | None = None
+    low_ms: float | None = None
+    high_ms: float | None = None
+    compute_ms: float | None = None
+    kept: bool
+    why: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AutotuneRecord:
+    """What ``autotune`` measured (``measure.autotune``): every candidate, the one ``chosen`` (the least measured
+    step), its measured step over TorchRec default's (None: that plan was not measured), the rounds and why they
+    stopped (``leader``: one led beyond the noise; ``rounds``; ``budget``), the distinct device kernels measured, the
+    readings resumed from an earlier run, the kernels read on a busy machine, the seconds, the protocol."""
+
+    mode: str
+    candidates: tuple[MeasuredCandidate, ...]
+    chosen: str
+    vs_torchrec_default: float | None = None
+    rounds: int
+    stopped: str
+    devices: int
+    resumed: int = 0
+    busy: int = 0
+    seconds: float
+    warmup: int
+    iters: int
+    device: str
+
+    def chosen_candidate(self) -> MeasuredCandidate:
+        return next(c for c in self.candidates if c.name == self.chosen)
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan.json ``autotune`` object."""
+        return _json(self)
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "plan.autotune") -> AutotuneRecord:
+        """Parse a plan.json ``autotune`` object (errors name ``where``)."""
+        record = _parsed(cls, obj, where)
+        if record.chosen not in {c.name for c in record.candidates if c.kept}:
+            raise UserError(f"{where}.chosen: got {record.chosen!r}, expected one of its measured candidates")
         return record

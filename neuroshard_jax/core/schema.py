@@ -97,6 +97,7 @@ class PlanFile:
     polish: dict | None = None  # ``PolishRecord``'s own schema
     calibration: dict | None = None  # ``CalibrationRecord``'s own schema
     portfolio: dict | None = None  # ``PortfolioRecord``'s own schema
+    autotune: dict | None = None  # ``AutotuneRecord``'s own schema
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,6 +40,11 @@ class MainConfig:
                 "evaluate: true needs a suite (-m experiment=compare); measure one plan with "
                 "python -m neuroshard_jax.evaluate plan=PATH"
             )
+        if self.suite is not None and self.planner.autotune.name != "off":
+            raise UserError(
+                "autotune: a suite's plans are measured as they come (evaluate=true); expected autotune=off with a "
+                "suite"
+            )
         if self.suite is not None and self.planner.calibrate.name != "off":
             raise UserError(
                 "calibrate: a suite's plans are measured as they come (evaluate=true); expected calibrate=off with "
@@ -68,6 +73,7 @@ def main_config(cfg: DictConfig) -> MainConfig:
         planner,
         polish=dataclasses.replace(planner.polish, executor=executor),
         calibrate=dataclasses.replace(planner.calibrate, executor=executor),
+        autotune=dataclasses.replace(planner.autotune, executor=executor),
     )
     config = dataclasses.replace(
         config, planner=planner, evaluator=dataclasses.replace(config.evaluator, executor=executor)

@@ -28,6 +28,7 @@ from neuroshard_jax.core.task import Task, check_feasible
 from neuroshard_jax.costs.choice import CostModelSpec, ModelChoice, build_cost_model, spec_of
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.coverage import out_of_depth_warning
+from neuroshard_jax.measure.autotune import AutotuneConfig, autotune_plan
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrated
 from neuroshard_jax.measure.polish import PolishConfig, polish_plan
 from neuroshard_jax.search.pipeline import keep_compiled_kernels, search_candidates
@@ -35,6 +36,9 @@ from neuroshard_jax.search.row_split import check_mode
 from searchers import Searcher, make_searcher, searcher_names, searcher_options
 
 DEVICES = ("cpu", "cuda")
+# beam, grid and beam with row_split=hot, the cheapest by the model (searchers/portfolio.py): no single searcher wins
+# every task
+DEFAULT_SEARCHER = "portfolio"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,12 +67,13 @@ class Planner:
     ``device``: the compute device the plan is for (cpu | cuda); ``fallback``: a cost model not trained at the
     task's batch size or precision gives way to one that is (or the roofline), with a warning, instead of refusing."""
 
-    searcher: Searcher = dataclasses.field(default_factory=lambda: make_searcher("beam"))
+    searcher: Searcher = dataclasses.field(default_factory=lambda: make_searcher(DEFAULT_SEARCHER))
     cost_model: CostModelSpec | None = None
     seed: int = 0
     row_split: str = "fit"
     calibrate: CalibrateConfig = CalibrateConfig()
     polish: PolishConfig = PolishConfig()
+    autotune: AutotuneConfig = AutotuneConfig()
     device: str = "cpu"
     fallback: bool = False
 
@@ -101,6 +106,8 @@ class Planner:
         if self.calibrate.name == "measured":
             model, record = calibrated(task, model, self.calibrate, self.seed)
         plan, candidates = search_candidates(task, self.searcher, model, self.seed, self.row_split)
+        if self.autotune.name == "kernels":
+            plan = autotune_plan(plan, candidates, model, self.autotune, self.seed)
         if self.polish.name == "measured":
             plan = polish_plan(plan, model, self.polish, self.seed)
         if record is not None:
@@ -128,7 +135,7 @@ class PlannerOptions:
     same plan; ``device``: the compute device the plan is for (cpu | cuda); ``fallback``: plan with a model trained
     at the task's batch size and precision (or the roofline), with a warning, where the one asked for was not."""
 
-    searcher: str = "beam"
+    searcher: str = DEFAULT_SEARCHER
     searcher_options: dict = dataclasses.field(default_factory=dict)
     cost_model: str = "neural"
     cost_model_options: dict = dataclasses.field(default_factory=dict)
@@ -136,6 +143,7 @@ class PlannerOptions:
     row_split: str = "fit"
     calibrate: CalibrateConfig = CalibrateConfig()
     polish: PolishConfig = PolishConfig()
+    autotune: AutotuneConfig = AutotuneConfig()
     device: str = "cpu"
     fallback: bool = False
 
@@ -145,6 +153,7 @@ class PlannerOptions:
             object.__setattr__(self, options, dict(getattr(self, options) or {}))
         object.__setattr__(self, "calibrate", stage_config(CalibrateConfig, self.calibrate, "calibrate"))
         object.__setattr__(self, "polish", stage_config(PolishConfig, self.polish, "polish"))
+        object.__setattr__(self, "autotune", stage_config(AutotuneConfig, self.autotune, "autotune"))
         check_mode(self.row_split)
         check_device(self.device)
 
@@ -184,7 +193,7 @@ def planner_options(keywords: Mapping[str, Any], where: str = "") -> PlannerOpti
             values[options] = {**chosen, **dict(values.get(options) or {})}
     if "seed" in values:  # numpy integers taken, and the one message a bad seed gets everywhere
         values["seed"] = check_seed(values["seed"])
-    for stage, cls in (("calibrate", CalibrateConfig), ("polish", PolishConfig)):
+    for stage, cls in STAGES.items():
         if stage in values and not isinstance(values[stage], Mapping):  # a config group's mapping: typed below
             values[stage] = stage_config(cls, values[stage], stage)
     searcher = values.get("searcher", PlannerOptions.searcher)
@@ -220,10 +229,17 @@ def planner_from(keywords: Mapping[str, Any], planner: Planner | None = None, wh
     return planner
 
 
+STAGES = {"calibrate": CalibrateConfig, "polish": PolishConfig, "autotune": AutotuneConfig}  # the measured stages
+ON = {"calibrate": "measured", "polish": "measured", "autotune": "kernels"}  # what True turns each on as
+
+
 def stage_config(cls, value, key: str):
-    """A measured stage's config (``key``: calibrate | polish) from ``True``/``False`` or the config itself."""
+    """A measured stage's config (``key``: calibrate | polish | autotune) from ``True``/``False``, a mode's name
+    (``autotune="kernels"``) or the config itself."""
     if isinstance(value, cls):
         return value
     if isinstance(value, bool):
-        return cls(name="measured" if value else "off")
-    raise UserError(f"{key}: got {value!r:.60}, expected True, False or a {cls.__name__}")
+        return cls(name=ON[key] if value else "off")
+    if isinstance(value, str):
+        return cls(name=value)
+    raise UserError(f"{key}: got {value!r:.60}, expected True, False, a mode's name or a {cls.__name__}")

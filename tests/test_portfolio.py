@@ -1,0 +1,146 @@
+"""The portfolio (``searcher=portfolio``: several searchers, the cheapest by the model) and ``autotune=kernels`` (the
+candidates and TorchRec's plans measured on the real FBGEMM worker, the measured fastest returned)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from tests.conftest import make_table, make_task
+
+
+@pytest.fixture(scope="module")
+def task():
+    rng = np.random.default_rng(5)
+    tables = [
+        make_table(i, int(rng.integers(20_000, 200_000)), int(rng.choice([8, 16, 32])), float(rng.uniform(1, 12)))
+        for i in range(14)
+    ]
+    return make_task(tables, num_devices=4, mem_cap_gb=1.0, batch_size=512)
+
+
+@pytest.fixture(scope="module")
+def model(task):
+    from neuroshard_jax.costs.choice import spec_of
+
+    return spec_of("analytic").for_task(task)
+
+
+def test_the_portfolio_is_its_members_cheapest_plan_with_every_candidate_recorded(task, model):
+    from neuroshard_jax.core.plan import Plan
+    from neuroshard_jax.costs.scoring import score_plans
+    from neuroshard_jax.search.pipeline import search_candidates, search_plan
+    from searchers import make_searcher
+
+    portfolio = make_searcher("portfolio", {"searchers": ["beam", "grid", "beam:hot", "size_greedy"]})
+    plan, members = search_candidates(task, portfolio, model, seed=0)
+    alone = {
+        "beam": search_plan(task, make_searcher("beam"), model, 0),
+        "grid": search_plan(task, make_searcher("grid"), model, 0),
+        "beam:hot": search_plan(task, make_searcher("beam"), model, 0, "hot"),
+        "size_greedy": search_plan(task, make_searcher("size_greedy"), model, 0),
+    }
+    # each member's plan is the plan it makes alone (the runs they share searched once), its costs the model's
+    for name, own in alone.items():
+        assert members[name] == own and members[name].costs.cost_ms == pytest.approx(own.costs.cost_ms)
+    scores = dict(zip(alone, score_plans(model, list(alone.values()))))
+    record = plan.portfolio
+    assert [c.member for c in record.candidates] == list(alone)
+    assert plan == alone[record.chosen] and plan.searcher == "portfolio"
+    assert scores[record.chosen] == min(scores.values())  # the cheapest by the search's own score
+    for c in record.candidates:
+        assert c.error is None and c.score_ms == pytest.approx(float(scores[c.member]), rel=1e-5)
+        if c.same_as is not None:  # a repeat names the earlier member with the same plan
+            assert alone[c.member] == alone[c.same_as]
+    distinct = sorted({float(scores[c.member]) for c in record.candidates if c.same_as is None})
+    if len(distinct) > 1:
+        assert record.margin == pytest.approx((distinct[1] - distinct[0]) / distinct[1], rel=1e-4)
+    again = Plan.from_json(json.loads(json.dumps(plan.to_json())))  # plan.json keeps the record
+    assert again.portfolio == record and again == plan
+
+
+def test_a_member_that_cannot_plan_is_recorded_and_the_others_plan(task, model):
+    from neuroshard_jax.core.errors import UserError
+    from neuroshard_jax.search.pipeline import search_plan
+    from searchers import make_searcher
+
+    pinned = dataclasses.replace(task, tables=(task.tables[0].constrained(pin=2), *task.tables[1:]))
+    plan = search_plan(pinned, make_searcher("portfolio", {"searchers": ["torchrec", "grid"]}), model, 0)
+    torchrec, grid = plan.portfolio.candidates
+    assert "does not take the constraint pin" in torchrec.error and torchrec.cost_ms is None
+    assert plan.portfolio.chosen == "grid" and grid.error is None
+    assert {s.device for s in plan.shards_of(0)} == {2}
+    with pytest.raises(UserError, match="does not take the constraint pin"):  # none can: the first member's why
+        search_plan(pinned, make_searcher("portfolio", {"searchers": ["torchrec"]}), model, 0)
+
+
+@pytest.mark.parametrize(
+    "members, said",
+    [
+        (["bem"], "did you mean 'beam'"),
+        (["beam", "portfolio"], "a portfolio holds no portfolio"),
+        (["beam:warm"], "expected NAME:ROW_SPLIT with ROW_SPLIT one of fit, hot, off"),
+        (["grid", "grid"], "got 'grid' twice"),
+        ([], "expected members such as"),
+    ],
+)
+def test_bad_members_are_refused_in_one_line(members, said):
+    from neuroshard_jax.core.errors import UserError
+    from searchers import make_searcher
+
+    with pytest.raises(UserError, match=said) as err:
+        make_searcher("portfolio", {"searchers": members})
+    assert "\n" not in str(err.value)
+
+
+def test_autotune_returns_the_measured_fastest_and_never_a_planted_slow_plan(task, model, tmp_path):
+    from neuroshard_jax.core.plan import Plan
+    from neuroshard_jax.costs.scoring import with_costs
+    from neuroshard_jax.measure.autotune import AutotuneConfig, Entrant, autotune_kernels
+    from neuroshard_jax.search.pipeline import search_plan
+    from searchers import make_searcher
+
+    good = search_plan(task, make_searcher("grid"), model, 0)
+    # every table on device 0: its one device does every lookup (4x the work of a balanced plan's slowest)
+    planted = with_costs(model, Plan.from_assignment(task, [1] * task.num_tables, [[0]] * task.num_tables))
+    readings = tmp_path / "readings.jsonl"
+    config = AutotuneConfig(name="kernels", rounds=4, readings=str(readings), warmup=1, iters=3)
+    entrants = [Entrant("planted", planted), Entrant("grid", good), Entrant("copy", good), Entrant("none", None, "x")]
+    chosen, record = autotune_kernels(entrants, model, config)
+    assert record.chosen == "grid" and chosen == good and chosen.autotune == record
+    by_name = {c.name: c for c in record.candidates}
+    # the one device's kernel does every lookup: measured, its compute is over twice the balanced plan's slowest
+    assert by_name["planted"].compute_ms > 2 * by_name["grid"].compute_ms
+    assert by_name["planted"].low_ms > by_name["grid"].high_ms
+    assert not by_name["copy"].kept and by_name["copy"].why == "the same plan as grid"
+    assert not by_name["none"].kept and by_name["none"].why == "x"
+    assert record.stopped == "leader" and record.rounds == 2  # it led beyond the noise after two rounds
+    lines = readings.read_text().splitlines()
+    assert len(lines) == record.devices * record.rounds  # every kernel's readings kept
+    # a run stopped and started again reads what was kept and measures nothing already read
+    _, resumed = autotune_kernels(entrants, model, config)
+    assert resumed.resumed == len(lines) and len(readings.read_text().splitlines()) == len(lines)
+    assert resumed.chosen == "grid"
+
+
+def test_the_planner_autotunes_the_portfolio_against_torchrecs_plans(task):
+    from neuroshard_jax.core.plan import Plan
+    from neuroshard_jax.core.plan_file import format_plan
+    from neuroshard_jax.search.sharding_planner import PlannerOptions
+
+    options = PlannerOptions(cost_model="analytic", autotune="kernels")
+    options = dataclasses.replace(options, autotune=dataclasses.replace(options.autotune, warmup=1, iters=3))
+    plan = options.planner().plan(task)
+    record = plan.autotune
+    names = [c.name for c in record.candidates]
+    assert names[-2:] == ["torchrec_default", "torchrec"] or {"torchrec_default", "torchrec"} <= set(names)
+    kept = [c for c in record.candidates if c.kept]
+    assert record.chosen == min(kept, key=lambda c: c.measured_ms).name
+    assert record.vs_torchrec_default is not None and record.vs_torchrec_default <= 1.0
+    assert plan.portfolio is not None  # the search's record kept beside the measurement's
+    assert Plan.from_json(plan.to_json()).autotune == record
+    printed = format_plan(plan.to_json())
+    assert "autotune=kernels:" in printed and "<- chosen: the measured fastest" in printed
