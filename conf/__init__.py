@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 
 from neuroshard_jax.costs.choice import COST_MODELS, NO_CALIBRATION
 from neuroshard_jax.kernels.executors import ExecutorConfig
+from neuroshard_jax.kernels.torchrec_export import ExportConfig
 from neuroshard_jax.learn.cost_labels import CollectConfig
 from neuroshard_jax.learn.feedback_loop import LoopConfig
 from neuroshard_jax.learn.fine_tune import AdaptConfig
@@ -33,7 +34,6 @@ from neuroshard_jax.search.job import MainConfig
 from neuroshard_jax.search.model_comparison import ModelComparisonConfig
 from neuroshard_jax.search.sharding_planner import GROUPED, PlannerOptions
 from neuroshard_jax.search.suite import SuiteConfig
-from neuroshard_jax.torchrec.plan_export import ExportConfig
 from neuroshard_jax.workloads.builders import TaskGroupConfig
 from neuroshard_jax.workloads.statistics import StatsConfig
 from searchers import registered

@@ -11,7 +11,8 @@ from neuroshard_jax.core.cli import one_line_errors, run_app
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import output_file
 from neuroshard_jax.core.plan_file import load_plan
-from neuroshard_jax.torchrec.plan_export import app_config, check_torchrec, expected_local_shards, export_torchrec
+from neuroshard_jax.kernels.torchrec_export import check_torchrec, expected_local_shards, export_torchrec
+from neuroshard_jax.torchrec.plan_export import app_config
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="export")

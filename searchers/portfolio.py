@@ -22,10 +22,10 @@ from neuroshard_jax.core.config import nearest
 from neuroshard_jax.core.constraints import KEYS as CONSTRAINT_KEYS
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.core.sharding import ROW_SPLIT_MODES, check_row_split
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.scoring import score_plans
-from neuroshard_jax.search.row_split import MODES, check_mode
 from searchers.registry import Member, Searcher, make_searcher, register, searcher_names
 
 DEFAULT_MEMBERS = ("beam", "grid", "beam:hot")
@@ -62,11 +62,11 @@ class Portfolio(Searcher):
             raise UserError(f"searcher.searchers: got {name!r}, {nearest(name, searcher_names())}")
         if mode:
             try:
-                check_mode(mode)
+                check_row_split(mode)
             except UserError:
                 raise UserError(
                     f"searcher.searchers: got {member!r}, expected NAME:ROW_SPLIT with ROW_SPLIT one of "
-                    f"{', '.join(MODES)}"
+                    f"{', '.join(ROW_SPLIT_MODES)}"
                 ) from None
         return Member(member, make_searcher(name), mode or None)
 

@@ -196,5 +196,5 @@ def test_the_python_api_calibrates_and_polishes_too():
     )
     assert plan.calibration.devices == 2 and plan.to_json()["calibration"]["factor"] == plan.calibration.factor
     assert plan.polish.measurements <= 12 and plan.to_json()["polish"] == plan.polish.to_json()
-    with pytest.raises(nsj.UserError, match="polish: got 'yes', expected True, False or a PolishConfig"):
+    with pytest.raises(nsj.UserError, match="polish: got 'yes', expected True, False, a PolishConfig or a mode's name"):
         nsj.plan(tables, num_devices=2, polish="yes")

@@ -59,7 +59,11 @@ def test_default_run_prints_and_writes_a_plan(tmp_path):
     assert line == choose_cost_model("neural").line()  # the model of this machine's kind, or the default
     plan = json.loads((tmp_path / "plan.json").read_text())
     _check_contract(plan)
-    assert plan["searcher"] == "beam" and plan["cost_model"] == "neural" and len(plan["task"]["tables"]) == 50
+    assert plan["searcher"] == "portfolio" and plan["cost_model"] == "neural" and len(plan["task"]["tables"]) == 50
+    # the default portfolio: every member's candidate, the model's pick among them, in the file and the printout
+    members = [c["member"] for c in plan["portfolio"]["candidates"]]
+    assert members == ["beam", "grid", "beam:hot"] and plan["portfolio"]["chosen"] in members
+    assert "portfolio: 3 candidates" in done.stdout and "<- the model's pick" in done.stdout
 
 
 def test_overrides_and_same_seed_same_plan_and_the_files_hydra_main_writes(tmp_path):
@@ -192,9 +196,26 @@ def test_the_commands_use_no_private_hydra_api():
     [
         ("config", main_config, ["seed=abc"], "seed: got 'abc', expected an integer"),
         ("config", main_config, ["seed=-1"], "seed: got -1, expected an integer >= 0"),
-        ("config", main_config, ["searcher.k=2.5"], "searcher.k: got 2.5, expected an integer"),
-        ("config", main_config, ["searcher.nope=1"], "searcher.nope: unknown key 'nope', expected one of alphas"),
-        ("config", main_config, ["+searcher.nope=1"], "searcher.nope: unknown key, expected one of alphas"),
+        ("config", main_config, ["searcher=beam", "searcher.k=2.5"], "searcher.k: got 2.5, expected an integer"),
+        (
+            "config",
+            main_config,
+            ["searcher=beam", "searcher.nope=1"],
+            "searcher.nope: unknown key 'nope', expected one of alphas",
+        ),
+        (
+            "config",
+            main_config,
+            ["searcher=beam", "+searcher.nope=1"],
+            "searcher.nope: unknown key, expected one of alphas",
+        ),
+        (
+            "config",
+            main_config,
+            ["searcher.searchers=[beam,bem]"],
+            "searcher.searchers: got 'bem', did you mean 'beam'",
+        ),
+        ("config", main_config, ["autotune=fast"], "Could not find 'autotune/fast'"),
         ("config", main_config, ["task.mem_cap_gb=big"], "task.mem_cap_gb: got 'big', expected a number"),
         ("config", main_config, ["task.pool.source=zzz"], "task.pool.source: got 'zzz'"),
         ("config", main_config, ["searcher=grid", "searcher.alphas=[1,x]"], "searcher.alphas[1]: got 'x', expected a"),

@@ -18,9 +18,9 @@ from neuroshard_jax.costs.analytic import analytic_model
 from neuroshard_jax.costs.choice import CostModelSpec, make_cost_model
 from neuroshard_jax.costs.scoring import device_row_ms, score_plan
 from neuroshard_jax.kernels.executors import ExecutorConfig
+from neuroshard_jax.kernels.torchrec_export import ExportConfig, check_torchrec, expected_local_shards, export_torchrec
 from neuroshard_jax.measure.evaluator import EvaluateConfig, measure_plans, plan_kernels
 from neuroshard_jax.search.pipeline import search_plan
-from neuroshard_jax.torchrec.plan_export import ExportConfig, check_torchrec, expected_local_shards, export_torchrec
 from searchers import make_searcher
 from searchers.torchrec import plan_from_torchrec
 
@@ -167,7 +167,7 @@ def test_plans_of_one_task_are_timed_in_distributed_model_parallel_steps():
     """tools.dmp_steps: two plans of one task (the hot table on rank 0, or data-parallel) trained side by side in
     DMP on 2 gloo ranks; each rank holds what its plan gives it, the replica whole on both; plans of other tasks are
     refused before any rank starts."""
-    from neuroshard_jax.torchrec.steps import dmp_steps
+    from neuroshard_jax.measure.training_steps import dmp_steps
 
     tables = [hot_table(0, batch=1024), make_table(1, rows=3000, dim=16), make_table(2, rows=2500, dim=32)]
     task = make_task(tables, num_devices=2, batch_size=1024)

@@ -11,7 +11,7 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard, row_shards
 from neuroshard_jax.costs.analytic import analytic_model
 from neuroshard_jax.costs.scoring import with_costs
-from neuroshard_jax.torchrec.plan_export import ExportConfig, expected_local_shards, export_torchrec
+from neuroshard_jax.kernels.torchrec_export import ExportConfig, expected_local_shards, export_torchrec
 
 from .conftest import make_table, make_task, run_cli
 

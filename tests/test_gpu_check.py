@@ -11,8 +11,16 @@ from tests.conftest import run_cli
 
 
 def test_the_gpu_check_runs_dry_and_writes_its_files_and_table(tmp_path):
-    from tools.gpu_check import AUTOTUNE, AUTOTUNE_BASELINES, DRY, PACK_SEARCHERS, PORTFOLIO, SEARCHERS
-    from tools.gpu_check import pack_plans, pack_tasks
+    from tools.gpu_check import (
+        AUTOTUNE,
+        AUTOTUNE_BASELINES,
+        DRY,
+        PACK_SEARCHERS,
+        PORTFOLIO,
+        SEARCHERS,
+        pack_plans,
+        pack_tasks,
+    )
 
     pack = tmp_path / "pack"
     pack.mkdir()

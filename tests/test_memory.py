@@ -186,7 +186,7 @@ def test_distributed_model_parallel_holds_what_the_plan_counts():
     optimizer state, as its allocator counts them, are the plan's count to the byte; its resident memory grows by at
     least that when the sharded module is built, and its peak over 3 steps stays within 1.5x of the plan's total
     plus 64 MiB (the interpreter's own churn)."""
-    from neuroshard_jax.torchrec.steps import dmp_memory
+    from neuroshard_jax.measure.training_steps import dmp_memory
 
     tables = [
         make_table(i, rows=r, dim=d, pooling=p)

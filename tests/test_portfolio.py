@@ -144,3 +144,32 @@ def test_the_planner_autotunes_the_portfolio_against_torchrecs_plans(task):
     assert Plan.from_json(plan.to_json()).autotune == record
     printed = format_plan(plan.to_json())
     assert "autotune=kernels:" in printed and "<- chosen: the measured fastest" in printed
+
+
+def test_autotune_steps_times_each_candidate_in_distributed_model_parallel_and_drops_one_that_fails(model, tmp_path):
+    from neuroshard_jax.core.plan import Plan
+    from neuroshard_jax.costs.choice import spec_of
+    from neuroshard_jax.costs.scoring import with_costs
+    from neuroshard_jax.measure.autotune import AutotuneConfig, Entrant, autotune_steps
+    from neuroshard_jax.search.pipeline import search_plan
+    from searchers import make_searcher
+
+    rng = np.random.default_rng(3)
+    # kernels that dominate the step (8,192 bags of 10 lookups of 256 floats a table), so that balance shows
+    tables = [make_table(i, int(rng.integers(100_000, 150_000)), 256, 10.0) for i in range(4)]
+    task = make_task(tables, num_devices=2, mem_cap_gb=2.0, batch_size=8192)
+    model = spec_of("analytic").for_task(task)
+    good = search_plan(task, make_searcher("grid"), model, 0)
+    # every table on rank 0: with a core per rank its step waits for one rank doing all the lookups
+    planted = with_costs(model, Plan.from_assignment(task, [1] * task.num_tables, [[0]] * task.num_tables))
+    odd = make_task(tables, num_devices=2, mem_cap_gb=2.0, batch_size=8191)  # its batch cannot be sliced evenly
+    failing = with_costs(model, Plan.from_assignment(odd, [1] * odd.num_tables, [[1]] * odd.num_tables))
+    config = AutotuneConfig(name="steps", rounds=3, steps=6, step_warmup=1)
+    entrants = [Entrant("planted", planted), Entrant("failing", failing), Entrant("grid", good)]
+    chosen, record = autotune_steps(entrants, model, config)
+    assert record.chosen == "grid" and chosen == good and record.mode == "steps"
+    assert record.pinned  # this machine has a core for each of the 2 ranks
+    by_name = {c.name: c for c in record.candidates}
+    assert not by_name["failing"].kept and "multiple of the 2 devices" in by_name["failing"].why
+    assert by_name["planted"].kept and by_name["planted"].measured_ms > by_name["grid"].measured_ms
+    assert 2 <= record.rounds <= 3 and by_name["grid"].low_ms <= by_name["grid"].measured_ms

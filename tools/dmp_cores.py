@@ -6,9 +6,9 @@ DistributedModelParallel on a machine with a core for every rank, beside the GPU
     python -m tools.dmp_cores run OUT --dry                 # here, tiny: what the tests run
     python -m tools.dmp_cores table OUT                     # the README's table from dmp.json
 
-On this project's 2-core machines 8 gloo ranks share 2 cores, so a step's wall time is the ranks' total work, not
-the slowest device's (``neuroshard_jax/torchrec/steps.py``). A lent GPU machine has 16 CPU cores: rank r runs alone
-on core ``cores[r]`` and the step's time is its slowest rank's, as on a cluster (gloo over shared memory, not a
+On this project's 2-core machines 8 gloo ranks share 2 cores, so a step's wall time is the ranks' total work, not the
+slowest device's (``neuroshard_jax/measure/training_steps.py``). A lent GPU machine has 16 CPU cores: rank r runs
+alone on core ``cores[r]`` and the step's time is its slowest rank's, as on a cluster (gloo over shared memory, not a
 network). ``run`` takes the tasks in order, one set of rank processes per task with every plan's steps interleaved,
 then a second pass with the plans' order rotated while time is left; ``dmp.json`` is rewritten after each task.
 
@@ -36,8 +36,8 @@ from neuroshard_jax.core.files import read_json, write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.task import Task
+from neuroshard_jax.measure.training_steps import dmp_steps
 from neuroshard_jax.search.sharding_planner import PlannerOptions
-from neuroshard_jax.torchrec.steps import dmp_steps
 from neuroshard_jax.workloads.gpu_tasks import GpuTaskConfig, gpu_task
 
 PLANS_FILE = "dmp-plans.json.gz"

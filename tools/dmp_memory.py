@@ -7,12 +7,13 @@ backward pass.
 Per task (``--tables`` tables drawn from the shipped 856-table pool, its own seeds), device count and optimizer: the
 devices' cap is set so that the tables (weights, optimizer state, the step's buffers) and every device's slice of the
 batch take ``--fill`` of all the devices' memory (0: 1 GiB caps, the tables' weights half of it), and beam plans the
-task with that optimizer (``Task.training``; the analytic cost model: what is judged is the memory of a placement,
-not its cost). One set of rank processes per plan (``torchrec.steps.dmp_memory``): each rank's resident memory growth
-when its sharded module is built and its peak over 3 training steps, and the allocator's count of its shard weights
-and optimizer state, beside ``Plan.memory``. Writes ``--out`` (JSON, after every plan) and prints, per optimizer, the
-error of the predicted total against the peak growth (MAPE, bias, worst rank), how exact weights and state are, the
-fullest rank's predicted total and peak as shares of its room (cap less reserve), and how many ranks passed it.
+task with that optimizer (``Task.training``; the analytic cost model: what is judged is the memory of a placement, not
+its cost). One set of rank processes per plan (``measure.training_steps.dmp_memory``): each rank's resident memory
+growth when its sharded module is built and its peak over 3 training steps, and the allocator's count of its shard
+weights and optimizer state, beside ``Plan.memory``. Writes ``--out`` (JSON, after every plan) and prints, per
+optimizer, the error of the predicted total against the peak growth (MAPE, bias, worst rank), how exact weights and
+state are, the fullest rank's predicted total and peak as shares of its room (cap less reserve), and how many ranks
+passed it.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.memory import Training
 from neuroshard_jax.costs.choice import CostModelSpec
+from neuroshard_jax.measure.training_steps import dmp_memory
 from neuroshard_jax.search.sharding_planner import Planner
-from neuroshard_jax.torchrec.steps import dmp_memory
 from neuroshard_jax.workloads.builders import TaskConfig, generate_task
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool
 

@@ -5,7 +5,7 @@
         'outputs/bench/foreign-s19/plans.jsonl:d8-09:torchrec_default' --repeats 2
 
 A plan is a plan.json, or ``FILE.jsonl:TASK:SEARCHER`` (a foreign-benchmark ``plans.jsonl`` line). The plans must be
-of one task; their steps are interleaved (``neuroshard_jax/torchrec/steps.py`` says how a step is timed).
+of one task; their steps are interleaved (``neuroshard_jax/measure/training_steps.py`` says how a step is timed).
 ``--repeats`` starts the ranks that many times (fresh processes, the plans' order rotated) and reports each run and
 the median of the runs' medians.
 """
@@ -23,7 +23,7 @@ from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import load_plan
-from neuroshard_jax.torchrec.steps import dmp_steps
+from neuroshard_jax.measure.training_steps import dmp_steps
 
 
 def read_plan(spec: str) -> Plan:

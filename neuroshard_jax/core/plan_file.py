@@ -193,8 +193,13 @@ def autotune_lines(record: AutotuneRecord) -> list[str]:
     """``autotune``'s candidates, one line each: predicted and measured step (median, and the fastest and slowest
     round), or why it was not measured; the chosen one and its step against TorchRec default's."""
     stops = {"leader": "one led beyond the noise", "rounds": "every round taken", "budget": "the time budget spent"}
+    if record.mode == "steps":
+        ranks = "a core each" if record.pinned else "sharing the cores: time-sliced, balance cannot show"
+        what = f"{record.devices} gloo ranks ({ranks}), {record.iters} timed steps"
+    else:
+        what = f"{record.devices} device kernels"
     lines = [
-        f"autotune=kernels: {record.devices} device kernels x {record.rounds} rounds on this machine "
+        f"autotune={record.mode}: {what} x {record.rounds} rounds on this machine "
         f"({stops.get(record.stopped, record.stopped)}), {record.seconds:.1f} s"
         + (f", {record.resumed} readings resumed" if record.resumed else "")
         + (f", {record.busy} kernels read on a busy machine" if record.busy else "")

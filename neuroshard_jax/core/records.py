@@ -261,6 +261,7 @@ class AutotuneRecord:
     warmup: int
     iters: int
     device: str
+    pinned: bool | None = None  # steps: each rank on a core of its own (False: the ranks time-sliced the cores)
 
     def chosen_candidate(self) -> MeasuredCandidate:
         return next(c for c in self.candidates if c.name == self.chosen)

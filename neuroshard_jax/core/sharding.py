@@ -27,7 +27,18 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT
+from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import FEATURE_INDEX, NUM_BINS
+
+# which tables the row-split stage tries row blocks for (``search/row_split.py``): fit, the tables only rows fit and
+# those larger than every device; hot, and the tables whose compute exceeds a device's share; off, none
+ROW_SPLIT_MODES = ("fit", "hot", "off")
+
+
+def check_row_split(mode: str) -> None:
+    """UserError unless ``mode`` is a row-split mode (``ROW_SPLIT_MODES``)."""
+    if mode not in ROW_SPLIT_MODES:
+        raise UserError(f"row_split: got {mode!r}, expected one of {', '.join(ROW_SPLIT_MODES)}")
 
 
 @dataclasses.dataclass(frozen=True)

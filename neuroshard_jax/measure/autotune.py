@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from neuroshard_jax.core.config import bounded
+from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.core.plan import Plan
@@ -35,12 +37,11 @@ from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor, pinn
 from neuroshard_jax.kernels.processes import quiet
 from neuroshard_jax.measure.evaluator import Measuring, measure_tables, plan_kernels
 from neuroshard_jax.measure.polish import simulate
-from neuroshard_jax.search.pipeline import search_plan
-from searchers import make_searcher
+from neuroshard_jax.measure.training_steps import dmp_steps
 
 logger = logging.getLogger(__name__)
 
-MODES = ("off", "kernels")
+MODES = ("off", "kernels", "steps")
 BASELINES = ("torchrec_default", "torchrec")  # TorchRec's planner as its users get it, and table-wise + column-wise
 
 
@@ -60,6 +61,9 @@ class AutotuneConfig(Measuring):
     device: str = "cpu"  # cpu (FBGEMM CPU) | cuda (FBGEMM GPU)
     timeout_s: float = bounded(above=0, default=600.0)
     readings: str | None = None  # a JSONL file the readings are kept in (and resumed from); None: not kept
+    # steps: each round times every candidate in DistributedModelParallel (gloo ranks started here), warm-ups apart
+    steps: int = bounded(at_least=1, default=10)
+    step_warmup: int = bounded(at_least=0, default=2)
 
     def __post_init__(self):
         if self.name not in MODES:
@@ -121,22 +125,7 @@ def autotune_kernels(
     measured once (the first name kept)."""
     started = time.perf_counter()
     expected = expected_cost_model(model)
-    entrants, dropped = [], []
-    seen: dict[tuple, str] = {}
-    alias: dict[str, str] = {}  # a repeated plan's name -> the name it was measured under
-    for entrant in task_plans:
-        if entrant.plan is None:
-            dropped.append(MeasuredCandidate(name=entrant.name, kept=False, why=entrant.why))
-            continue
-        key = (frozenset(entrant.plan.shards), entrant.plan.data_parallel)
-        if key in seen:
-            alias[entrant.name] = seen[key]
-            dropped.append(MeasuredCandidate(name=entrant.name, kept=False, why=f"the same plan as {seen[key]}"))
-            continue
-        seen[key] = entrant.name
-        entrants.append(entrant)
-    if not entrants:
-        raise InfeasibleError(f"autotune: no candidate made a plan ({'; '.join(str(d.why) for d in dropped)})")
+    entrants, dropped, alias = _distinct(task_plans)
     plans = [e.plan for e in entrants]
     kernels = [plan_kernels(p) for p in plans]  # per plan, per device: (key, task, tables) of each kernel
     jobs = {key: (at, tables) for per_plan in kernels for device in per_plan for key, at, tables in device}
@@ -235,26 +224,126 @@ def progress(done: int, rounds: int, entrants: list[Entrant], steps: np.ndarray)
     print(f"autotune: round {done}/{rounds}: {shown} ms", file=sys.stderr, flush=True)
 
 
-def autotune_plan(plan: Plan, candidates: dict[str, Plan], model: CostModel, config: AutotuneConfig, seed: int) -> Plan:
-    """``plan`` (what the search kept) replaced by the measured fastest of its candidates (``autotune_kernels``): a
-    portfolio's ``k`` best distinct plans by the model's score (``candidates``: each member's plan), else ``plan``
-    itself, and the ``baselines``' plans of the same task, costed by the same ``model``. The returned plan keeps
-    the search's records (portfolio, calibration) and adds the autotune record."""
-    entrants = []
-    if plan.portfolio is not None:
-        distinct = [c for c in plan.portfolio.candidates if c.error is None and c.same_as is None]
-        best = sorted(distinct, key=lambda c: c.score_ms)[: config.k]
-        entrants += [Entrant(c.member, candidates[c.member]) for c in best]
-    else:
-        entrants.append(Entrant(plan.searcher or "plan", plan))
-    for name in config.baselines:
-        try:
-            entrants.append(Entrant(name, search_plan(plan.task, make_searcher(name), model, seed)))
-        except (UserError, InfeasibleError) as err:  # TorchRec not installed, or no plan of this task: dropped
-            why = (str(err).splitlines() or [type(err).__name__])[0]
-            logger.warning(f"autotune: {name} is not a candidate: {why}")
-            entrants.append(Entrant(name, None, why))
-    chosen, _ = autotune_kernels(entrants, model, config)
-    return dataclasses.replace(
-        chosen, portfolio=plan.portfolio, calibration=plan.calibration, seed=seed, search_time_s=plan.search_time_s
+def first_line(err: Exception) -> str:
+    return (str(err).splitlines() or [type(err).__name__])[0]
+
+
+def _distinct(task_plans: list[Entrant]) -> tuple[list[Entrant], list[MeasuredCandidate], dict[str, str]]:
+    """The entrants with a plan, each plan once (the first name kept); the others as dropped candidates; and each
+    repeat's name -> the name its plan is measured under."""
+    entrants, dropped, seen, alias = [], [], {}, {}
+    for entrant in task_plans:
+        if entrant.plan is None:
+            dropped.append(MeasuredCandidate(name=entrant.name, kept=False, why=entrant.why))
+            continue
+        key = (frozenset(entrant.plan.shards), entrant.plan.data_parallel)
+        if key in seen:
+            alias[entrant.name] = seen[key]
+            dropped.append(MeasuredCandidate(name=entrant.name, kept=False, why=f"the same plan as {seen[key]}"))
+            continue
+        seen[key] = entrant.name
+        entrants.append(entrant)
+    if not entrants:
+        raise InfeasibleError(f"autotune: no candidate made a plan ({'; '.join(str(d.why) for d in dropped)})")
+    return entrants, dropped, alias
+
+
+def rank_cores(world: int) -> list[int] | None:
+    """A core of its own for each of ``world`` ranks where this process may use that many, else None (the ranks
+    share the cores: a step's time is then the ranks' work time-sliced, which cannot show balance)."""
+    cores = sorted(os.sched_getaffinity(0))
+    return cores[:world] if len(cores) >= world else None
+
+
+def available_bytes() -> int | None:
+    """The memory this machine can still give (``MemAvailable``), None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+MEMORY_SHARE = 0.8  # of the available memory, what one candidate's ranks may take together
+
+
+def autotune_steps(task_plans: list[Entrant], model: CostModel, config: AutotuneConfig) -> tuple[Plan, AutotuneRecord]:
+    """The fastest of ``task_plans`` in full training steps: each round runs every candidate on its own set of gloo
+    ranks in DistributedModelParallel (``training_steps.dmp_steps``: one candidate's modules at a time, built, timed
+    for ``steps`` steps after ``step_warmup``, freed with its processes), the candidates' order rotated per round; a
+    rank per core where the machine has them (the record says whether). A candidate whose ranks would not fit this
+    machine's memory is not started; one that fails (out of memory, a collective error) is dropped with one line and
+    the others go on. Rounds stop as ``autotune_kernels``' do; the least median step wins."""
+    started = time.perf_counter()
+    entrants, dropped, alias = _distinct(task_plans)
+    world = entrants[0].plan.task.num_devices
+    cores = rank_cores(world) if config.pin is not False else None
+    room = available_bytes()
+    runs: dict[str, list[float]] = {}
+    for entrant in entrants:
+        need = sum(part.total for part in entrant.plan.memory())
+        if room is not None and need > MEMORY_SHARE * room:
+            why = f"its ranks need {need / GIB_BYTES:.1f} GiB, this machine has {room / GIB_BYTES:.1f} GiB available"
+            dropped.append(MeasuredCandidate(name=entrant.name, kept=False, why=why))
+        else:
+            runs[entrant.name] = []
+    by_name = {e.name: e for e in entrants}
+    stopped, rounds = "rounds", 0
+    for r in range(config.rounds):
+        names = list(runs)
+        for name in names[r % len(names) :] + names[: r % len(names)] if names else []:
+            try:
+                [result] = dmp_steps([by_name[name].plan], config.step_warmup, config.steps, config.timeout_s, cores)
+            except UserError as err:  # this candidate fails here: dropped, the others go on
+                why = first_line(err)
+                logger.warning(f"autotune: {name} dropped: {why}")
+                dropped.append(MeasuredCandidate(name=name, kept=False, why=why))
+                del runs[name]
+                continue
+            runs[name].append(float(result["step_ms"]))
+        if not runs:
+            raise UserError(f"autotune=steps: no candidate ran ({'; '.join(str(d.why) for d in dropped)})")
+        rounds = r + 1
+        steps = np.array([runs[name] for name in runs])
+        progress(rounds, config.rounds, [by_name[n] for n in runs], steps)
+        leader = int(np.argmin(np.median(steps, axis=1)))
+        if len(runs) > 1 and rounds >= 2 and _leads(steps, leader):
+            stopped = "leader"
+            break
+        if time.perf_counter() - started > config.budget_s:
+            stopped = "budget"
+            break
+    names = list(runs)
+    steps = np.array([runs[n] for n in names])
+    medians = np.median(steps, axis=1)
+    best = names[int(np.argmin(medians))]
+    measured = [
+        MeasuredCandidate(
+            name=n,
+            searcher=by_name[n].plan.searcher,
+            predicted_ms=float(by_name[n].plan.costs.cost_ms),
+            measured_ms=float(m),
+            low_ms=float(min(runs[n])),
+            high_ms=float(max(runs[n])),
+            kept=True,
+        )
+        for n, m in zip(names, medians)
+    ]
+    default = dict(zip(names, medians)).get(alias.get("torchrec_default", "torchrec_default"))
+    record = AutotuneRecord(
+        mode="steps",
+        candidates=(*measured, *dropped),
+        chosen=best,
+        vs_torchrec_default=None if default is None else float(min(medians) / default),
+        rounds=rounds,
+        stopped=stopped,
+        devices=world,
+        seconds=time.perf_counter() - started,
+        warmup=config.step_warmup,
+        iters=config.steps,
+        device="cpu",
+        pinned=cores is not None,
     )
+    return dataclasses.replace(by_name[best].plan, autotune=record), record

@@ -31,17 +31,10 @@ import numpy as np
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.constraints import has_constraints, may_split_rows
 from neuroshard_jax.core.devices import Device
-from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.errors import InfeasibleError
 from neuroshard_jax.core.plan import Plan
-from neuroshard_jax.core.sharding import Shard, narrowest_dim, row_shards
+from neuroshard_jax.core.sharding import Shard, check_row_split, narrowest_dim, row_shards
 from neuroshard_jax.core.task import Task
-
-MODES = ("fit", "hot", "off")  # fit: tables larger than every device; hot: and the hot ones; off: none
-
-
-def check_mode(mode: str) -> None:
-    if mode not in MODES:
-        raise UserError(f"row_split: got {mode!r}, expected one of {', '.join(MODES)}")
 
 
 def oversized(task: Task) -> tuple[list[int], list[int]]:
@@ -67,7 +60,7 @@ def row_split_choices(task: Task, mode: str, hot: Sequence[int] = ()) -> list[tu
     one of them: the tables only rows fit; and those plus the tables larger than every device; and those plus the
     ``hot`` tables (``hot_tables``). A constrained table is never cut into rows by choice (its constraints name
     devices or shard counts of column splits); one that only rows can fit is refused with its constraint."""
-    check_mode(mode)
+    check_row_split(mode)
     must, may = oversized(task)
     for i in must:
         table = task.tables[i]

@@ -1,6 +1,6 @@
-"""One planner: calibrate -> row split -> search -> polish, the pipeline the main job, ``neuroshard_jax.plan`` and
-the TorchRec adapter all run (TorchRec's ``EmbeddingShardingPlanner``, built once from its parts and asked to plan
-many times, is the model).
+"""One planner: calibrate -> row split -> search -> autotune -> polish, the pipeline the main job,
+``neuroshard_jax.plan`` and the TorchRec adapter all run (TorchRec's ``EmbeddingShardingPlanner``, built once from its
+parts and asked to plan many times, is the model).
 
     planner = Planner(make_searcher("beam"), CostModelSpec("analytic"), polish=PolishConfig(name="measured"))
     planner = PlannerOptions(searcher="beam", seed=3).planner()   # names turned into parts once
@@ -18,22 +18,25 @@ cost model is built once per ``run``, at the edge, and handed to every stage as 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from neuroshard_jax.core.config import check_seed, nearest, typed
-from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.core.sharding import check_row_split
 from neuroshard_jax.core.task import Task, check_feasible
 from neuroshard_jax.costs.choice import CostModelSpec, ModelChoice, build_cost_model, spec_of
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.coverage import out_of_depth_warning
-from neuroshard_jax.measure.autotune import AutotuneConfig, autotune_plan
+from neuroshard_jax.measure.autotune import AutotuneConfig, Entrant, autotune_kernels, autotune_steps, first_line
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrated
 from neuroshard_jax.measure.polish import PolishConfig, polish_plan
-from neuroshard_jax.search.pipeline import keep_compiled_kernels, search_candidates
-from neuroshard_jax.search.row_split import check_mode
+from neuroshard_jax.search.pipeline import keep_compiled_kernels, search_candidates, search_plan
 from searchers import Searcher, make_searcher, searcher_names, searcher_options
+
+logger = logging.getLogger(__name__)
 
 DEVICES = ("cpu", "cuda")
 # beam, grid and beam with row_split=hot, the cheapest by the model (searchers/portfolio.py): no single searcher wins
@@ -62,8 +65,9 @@ class Planned:
 class Planner:
     """A planning run's parts. ``searcher``: a ``Searcher`` (``make_searcher(name, options)``); ``cost_model``: a
     ``CostModelSpec`` (None: the model chosen for this machine's kind when a task comes, ``build_cost_model``);
-    ``row_split``: which tables row blocks are tried for (fit | hot | off); ``calibrate``, ``polish``: the measured
-    stages before and after the search (``name="off"`` skips them); ``seed``: the same seed gives the same plan;
+    ``row_split``: which tables row blocks are tried for (fit | hot | off); ``calibrate``, ``autotune``, ``polish``:
+    the measured stages before the search, after it (the candidates measured, the fastest kept) and last
+    (``name="off"`` skips them); ``seed``: the same seed gives the same plan;
     ``device``: the compute device the plan is for (cpu | cuda); ``fallback``: a cost model not trained at the
     task's batch size or precision gives way to one that is (or the roofline), with a warning, instead of refusing."""
 
@@ -92,7 +96,7 @@ class Planner:
                 f"planner.cost_model: got {self.cost_model!r:.60}, expected a CostModelSpec (CostModelSpec(name, "
                 "options), or PlannerOptions(cost_model=name).planner())"
             )
-        check_mode(self.row_split)
+        check_row_split(self.row_split)
 
     def run(self, task: Task) -> Planned:
         """Plan ``task``: build its cost model once (``build_cost_model``), calibrate it on the task's tables (if
@@ -119,6 +123,41 @@ class Planner:
         return self.run(task).plan
 
 
+def autotune_plan(plan: Plan, candidates: dict[str, Plan], model: CostModel, config: AutotuneConfig, seed: int) -> Plan:
+    """``plan`` (what the search kept) replaced by the measured fastest of its candidates (``entrants``): on the
+    kernels (``autotune_kernels``) or in training steps (``autotune_steps``). The returned plan keeps the search's
+    records (portfolio, calibration) and adds the autotune record."""
+    entrants = candidate_plans(plan, candidates, model, config, seed)
+    measure = autotune_steps if config.name == "steps" else autotune_kernels
+    chosen, _ = measure(entrants, model, config)
+    return dataclasses.replace(
+        chosen, portfolio=plan.portfolio, calibration=plan.calibration, seed=seed, search_time_s=plan.search_time_s
+    )
+
+
+def candidate_plans(
+    plan: Plan, candidates: dict[str, Plan], model: CostModel, config: AutotuneConfig, seed: int
+) -> list[Entrant]:
+    """What autotune measures: a portfolio's ``k`` best distinct plans by the model's score (``candidates``: each
+    member's plan), else ``plan`` itself, then the ``baselines``' plans of the same task, costed by the same
+    ``model`` (one that cannot be planned: an entrant without a plan, and why)."""
+    entrants = []
+    if plan.portfolio is not None:
+        distinct = [c for c in plan.portfolio.candidates if c.error is None and c.same_as is None]
+        best = sorted(distinct, key=lambda c: c.score_ms)[: config.k]
+        entrants += [Entrant(c.member, candidates[c.member]) for c in best]
+    else:
+        entrants.append(Entrant(plan.searcher or "plan", plan))
+    for name in config.baselines:
+        try:
+            entrants.append(Entrant(name, search_plan(plan.task, make_searcher(name), model, seed)))
+        except (UserError, InfeasibleError) as err:  # TorchRec not installed, or no plan of this task: dropped
+            why = first_line(err)
+            logger.warning(f"autotune: {name} is not a candidate: {why}")
+            entrants.append(Entrant(name, None, why))
+    return entrants
+
+
 def check_device(device: str) -> str:
     if device not in DEVICES:
         raise UserError(f"device: got {device!r}, expected cpu or cuda")
@@ -130,8 +169,9 @@ class PlannerOptions:
     """Every option of a planning run, in one place: the main job's top-level keys (its ``searcher`` and
     ``cost_model`` config groups hold the names and their options), ``nsj.plan``'s and the TorchRec adapter's
     keywords. ``searcher``, ``cost_model``: registered names (``searcher_names()``; ``neural``: the model chosen for
-    this machine's kind, ``analytic``, or a model's name), with their options; ``calibrate``, ``polish``: the measured
-    stages (``True``/``False`` or their configs); ``row_split``: fit | hot | off; ``seed``: the same seed gives the
+    this machine's kind, ``analytic``, or a model's name), with their options; ``calibrate``, ``autotune``,
+    ``polish``: the measured stages (``True``/``False``, a mode's name such as ``autotune="kernels"``, or their
+    configs); ``row_split``: fit | hot | off; ``seed``: the same seed gives the
     same plan; ``device``: the compute device the plan is for (cpu | cuda); ``fallback``: plan with a model trained
     at the task's batch size and precision (or the roofline), with a warning, where the one asked for was not."""
 
@@ -154,7 +194,7 @@ class PlannerOptions:
         object.__setattr__(self, "calibrate", stage_config(CalibrateConfig, self.calibrate, "calibrate"))
         object.__setattr__(self, "polish", stage_config(PolishConfig, self.polish, "polish"))
         object.__setattr__(self, "autotune", stage_config(AutotuneConfig, self.autotune, "autotune"))
-        check_mode(self.row_split)
+        check_row_split(self.row_split)
         check_device(self.device)
 
     def planner(self) -> Planner:
@@ -241,5 +281,11 @@ def stage_config(cls, value, key: str):
     if isinstance(value, bool):
         return cls(name=ON[key] if value else "off")
     if isinstance(value, str):
-        return cls(name=value)
-    raise UserError(f"{key}: got {value!r:.60}, expected True, False, a mode's name or a {cls.__name__}")
+        try:
+            return cls(name=value)
+        except UserError as err:  # its modes, as the config names them
+            modes = str(err).rpartition("expected ")[2]
+            raise UserError(
+                f"{key}: got {value!r:.60}, expected True, False, a {cls.__name__} or a mode's name ({modes})"
+            ) from None
+    raise UserError(f"{key}: got {value!r:.60}, expected True, False, a {cls.__name__} or a mode's name")

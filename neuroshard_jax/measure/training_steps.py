@@ -37,8 +37,8 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.kernels.processes import WorkerFailure, run_ranks
+from neuroshard_jax.kernels.torchrec_export import ExportConfig, export_torchrec
 from neuroshard_jax.measure.evaluator import device_tables
-from neuroshard_jax.torchrec.plan_export import ExportConfig, export_torchrec
 
 
 def _worker_tables(plan: Plan, names: list[str]) -> list[dict]:
