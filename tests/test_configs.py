@@ -91,8 +91,10 @@ def test_no_yaml_file_repeats_a_default(path):
 
 def test_every_key_of_a_dataclass_can_be_set_on_the_command_line():
     """The schemas make every field a key of the composed config, so ``polish.anchors=1`` needs no ``+``."""
-    cfg = _compose("polish=measured", "polish.anchors=1", "searcher.k=5", "executor=ray", "executor.max_retries=1")
-    assert cfg.polish.anchors == 1 and cfg.searcher.k == 5 and cfg.executor.max_retries == 1
+    cfg = _compose("polish=measured", "polish.anchors=1", "searcher=beam", "searcher.k=5", "executor=ray")
+    assert cfg.polish.anchors == 1 and cfg.searcher.k == 5
+    cfg = _compose("executor=ray", "executor.max_retries=1", "autotune=kernels", "autotune.rounds=3")
+    assert cfg.executor.max_retries == 1 and cfg.autotune.rounds == 3 and list(cfg.searcher.searchers)[0] == "beam"
     assert cfg.executor.workers == 2 and cfg.polish.budget_s == 600.0  # ray's own, and PolishConfig's
     suite = _compose("experiment=compare", "suite.tasks=3").suite
     assert suite.tasks == 3 and list(suite.devices) == [4, 8]

@@ -173,3 +173,38 @@ def test_autotune_steps_times_each_candidate_in_distributed_model_parallel_and_d
     assert not by_name["failing"].kept and "multiple of the 2 devices" in by_name["failing"].why
     assert by_name["planted"].kept and by_name["planted"].measured_ms > by_name["grid"].measured_ms
     assert 2 <= record.rounds <= 3 and by_name["grid"].low_ms <= by_name["grid"].measured_ms
+
+
+def test_autotune_from_the_command_line_stops_cleanly_on_ctrl_c_and_resumes_in_its_run_folder(tmp_path):
+    """SIGINT while autotune measures: exit 130, one line, no traceback, no plan.json (the run is not finished), the
+    readings kept; the same command into the same folder resumes them and finishes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    args = ["cost_model=analytic", "task.num_tables=12", "autotune=kernels", "autotune.baselines=[]"]
+    args += ["autotune.warmup=1", "autotune.iters=2", f"hydra.run.dir={run}"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    long = [sys.executable, "-m", "neuroshard_jax", *args, "autotune.rounds=1000", "autotune.budget_s=900"]
+    proc = subprocess.Popen(long, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        for line in proc.stderr:  # measuring: its first round said
+            if line.startswith("autotune: round 2/"):
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted:")
+    assert not (run / "plan.json").exists()
+    kept = (run / "autotune-readings.jsonl").read_text().splitlines()
+    assert len(kept) >= 2
+    done = subprocess.run(
+        [sys.executable, "-m", "neuroshard_jax", *args, "autotune.rounds=2"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((run / "plan.json").read_text())["autotune"]
+    assert record["resumed"] == len(kept) and "readings resumed" in done.stdout

@@ -453,3 +453,23 @@ def test_a_second_main_run_into_a_run_folder_in_use_is_refused_before_it_writes(
     done = _cli("neuroshard_jax", *args, "seed=2")  # the folder is free once the first is gone
     assert done.returncode == 0, done.stderr
     assert "seed=2" in (run / ".hydra" / "overrides.yaml").read_text() and (run / "plan.json").exists()
+
+
+def test_a_run_writes_only_its_own_file_in_its_own_folder_and_never_over_a_finished_run(tmp_path):
+    """``output=`` is a file name in the run folder (a path, absolute or with ``..``, is refused before any folder
+    is made, and nothing is written there); a run into a folder that holds a finished run is refused in one line and
+    the finished plan.json is left byte for byte."""
+    run = tmp_path / "run"
+    args = ["searcher=size_greedy", "cost_model=analytic", f"hydra.run.dir={run}"]
+    assert _cli("neuroshard_jax", *args).returncode == 0
+    finished = (run / "plan.json").read_bytes()
+    line = _error_line(_cli("neuroshard_jax", *args, "seed=4"))
+    assert f"hydra.run.dir: {str(run)!r} holds a finished run (plan.json)" in line
+    assert (run / "plan.json").read_bytes() == finished
+    outside = tmp_path / "outside.json"
+    outside.write_text("theirs")
+    for output in (str(outside), "../outside.json", "sub/plan.json", ".."):
+        other = tmp_path / f"run-{abs(hash(output))}"
+        line = _error_line(_cli("neuroshard_jax", *args[:2], f"hydra.run.dir={other}", f"output={output}"))
+        assert f"output: got {output!r}, expected a file name" in line
+        assert not other.exists() and outside.read_text() == "theirs"

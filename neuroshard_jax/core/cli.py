@@ -90,7 +90,9 @@ class RunFolderLock(Callback):
     """One run per ``hydra.run.dir`` (conf/config.yaml's ``hydra.callbacks``): before Hydra writes the folder's
     ``.hydra/`` files, the run takes its writer lock (``folders.one_writer``) and holds it to the end, so a second run
     into the same folder (a script run twice, a sweep misconfigured) is refused in one line before it writes
-    anything, and the folder's plan.json and ``.hydra/`` are one run's. The folder's name is resolved once and kept
+    anything, and the folder's plan.json and ``.hydra/`` are one run's. A folder that holds a finished run (its
+    ``output`` file) is refused the same way: a run stopped before it finished (``autotune``'s readings kept) may be
+    started again into its folder. The folder's name is resolved once and kept
     (a ``${now:...}`` name would otherwise be read again by Hydra, a second later)."""
 
     def __init__(self) -> None:
@@ -110,6 +112,15 @@ class RunFolderLock(Callback):
             fail(err)
         except OSError as err:
             fail(os_error(err, Path(folder), "making the run folder"))
+        output = OmegaConf.select(config, "output", default=None)
+        if isinstance(output, str) and Path(output).name == output and (Path(folder) / output).exists():
+            self._held.close()
+            fail(
+                UserError(
+                    f"hydra.run.dir: {folder!r} holds a finished run ({output}), expected a new run folder (a run's "
+                    "result is never overwritten: name another with hydra.run.dir=..., or remove that one)"
+                )
+            )
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self._held is not None:
@@ -130,8 +141,24 @@ def one_line_errors(main: Callable[[DictConfig], None]) -> Callable[[DictConfig]
             fail(err)
         except OSError as err:
             fail(os_error(err, err.filename or "a file", "using"))
+        except KeyboardInterrupt:
+            interrupted()
 
     return run
+
+
+INTERRUPTED = 130  # the shell's code for a process ended by SIGINT (128 + 2)
+
+
+def interrupted() -> NoReturn:
+    """Ctrl-C: one line, exit 130, no traceback. Files are written whole or not at all (``files.write_json``), so a
+    result interrupted before it was written is absent, not half-written; a run folder holds a finished run only when
+    its result is there."""
+    sys.unraisablehook = lambda _: None
+    threading.excepthook = lambda _: None
+    print("interrupted: stopped before it finished (nothing half-written was kept)", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(INTERRUPTED)
 
 
 def group_options(group: str) -> list[str]:
@@ -254,6 +281,8 @@ def run_app(main: Callable[[], None], config_name: str, validate: Callable[[Dict
         check_command_line(config_name, argv, validate)
         check_output_folder(argv)
         main()
+    except KeyboardInterrupt:  # while the command line is checked, or past the job's own handler
+        interrupted()
     except SystemExit as done:
         if done.code != 2:
             raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -33,8 +34,11 @@ class MainConfig:
     explain: bool = False  # after the plan: where each device's time goes, the splits' gains, what binds (+ plan.png)
 
     def __post_init__(self):
-        if not self.output:
-            raise UserError("output: got '', expected a file name")
+        if not self.output or Path(self.output).name != self.output or self.output in (".", ".."):
+            raise UserError(
+                f"output: got {self.output!r}, expected a file name (written in the run folder; hydra.run.dir=... "
+                "chooses the folder)"
+            )
         if self.evaluate and self.suite is None:
             raise UserError(
                 "evaluate: true needs a suite (-m experiment=compare); measure one plan with "
