@@ -208,3 +208,19 @@ def test_autotune_from_the_command_line_stops_cleanly_on_ctrl_c_and_resumes_in_i
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads((run / "plan.json").read_text())["autotune"]
     assert record["resumed"] == len(kept) and "readings resumed" in done.stdout
+
+
+def test_a_readings_file_that_is_not_a_regular_file_is_refused_before_anything_is_measured(task, model, tmp_path):
+    import os
+
+    from neuroshard_jax.core.errors import UserError
+    from neuroshard_jax.measure.autotune import AutotuneConfig, Entrant, autotune_kernels
+    from neuroshard_jax.search.pipeline import search_plan
+    from searchers import make_searcher
+
+    fifo = tmp_path / "readings.jsonl"
+    os.mkfifo(fifo)  # reading or appending to it would block for ever
+    config = AutotuneConfig(name="kernels", readings=str(fifo))
+    plan = search_plan(task, make_searcher("grid"), model, 0)
+    with pytest.raises(UserError, match="is not a regular file, expected a JSONL file"):
+        autotune_kernels([Entrant("grid", plan)], model, config)

@@ -92,6 +92,8 @@ class Readings:
         self.ms: dict[str, list[float]] = {}
         self.busy: dict[str, list[bool]] = {}
         self.resumed = 0
+        if self.path is not None and self.path.exists() and not self.path.is_file():  # a FIFO would block, forever
+            raise UserError(f"autotune.readings: {str(self.path)!r} is not a regular file, expected a JSONL file")
         if self.path is not None and self.path.is_file():
             for n, line in enumerate(self.path.read_text().splitlines()):
                 try:
