@@ -224,3 +224,13 @@ def test_a_readings_file_that_is_not_a_regular_file_is_refused_before_anything_i
     plan = search_plan(task, make_searcher("grid"), model, 0)
     with pytest.raises(UserError, match="is not a regular file, expected a JSONL file"):
         autotune_kernels([Entrant("grid", plan)], model, config)
+
+
+def test_the_planner_runs_autotune_steps_when_asked():
+    from neuroshard_jax.search.sharding_planner import PlannerOptions
+
+    task = make_task([make_table(i, 20_000, 16, 2.0) for i in range(4)], num_devices=2, batch_size=1024)
+    options = PlannerOptions(cost_model="analytic", autotune="steps")
+    steps = dataclasses.replace(options.autotune, k=1, baselines=(), rounds=1, steps=1, step_warmup=0)
+    plan = dataclasses.replace(options, autotune=steps).planner().plan(task)
+    assert plan.autotune.mode == "steps" and plan.autotune.rounds == 1 and plan.autotune.candidates[0].kept

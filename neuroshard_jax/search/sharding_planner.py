@@ -110,8 +110,9 @@ class Planner:
         if self.calibrate.name == "measured":
             model, record = calibrated(task, model, self.calibrate, self.seed)
         plan, candidates = search_candidates(task, self.searcher, model, self.seed, self.row_split)
-        if self.autotune.name == "kernels":
-            plan = autotune_plan(plan, candidates, model, self.autotune, self.seed)
+        if self.autotune.name != "off":  # the plan's device measured: its kernels are the plan's
+            config = dataclasses.replace(self.autotune, device=self.device)
+            plan = autotune_plan(plan, candidates, model, config, self.seed)
         if self.polish.name == "measured":
             plan = polish_plan(plan, model, self.polish, self.seed)
         if record is not None:
