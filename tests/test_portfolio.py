@@ -58,6 +58,8 @@ def test_the_portfolio_is_its_members_cheapest_plan_with_every_candidate_recorde
     distinct = sorted({float(scores[c.member]) for c in record.candidates if c.same_as is None})
     if len(distinct) > 1:
         assert record.margin == pytest.approx((distinct[1] - distinct[0]) / distinct[1], rel=1e-4)
+    else:
+        assert record.margin is None
     again = Plan.from_json(json.loads(json.dumps(plan.to_json())))  # plan.json keeps the record
     assert again.portfolio == record and again == plan
 
@@ -184,14 +186,14 @@ def test_autotune_from_the_command_line_stops_cleanly_on_ctrl_c_and_resumes_in_i
     import sys
 
     run = tmp_path / "run"
-    args = ["cost_model=analytic", "task.num_tables=12", "autotune=kernels", "autotune.baselines=[]"]
+    args = ["cost_model=analytic", "task.num_tables=12", "autotune=kernels", "autotune.baselines=[size_greedy]"]
     args += ["autotune.warmup=1", "autotune.iters=2", f"hydra.run.dir={run}"]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     long = [sys.executable, "-m", "neuroshard_jax", *args, "autotune.rounds=1000", "autotune.budget_s=900"]
     proc = subprocess.Popen(long, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     try:
-        for line in proc.stderr:  # measuring: its first round said
-            if line.startswith("autotune: round 2/"):
+        for line in proc.stderr:  # measuring: its first round said, the second under way
+            if line.startswith("autotune: round 1/"):
                 break
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)

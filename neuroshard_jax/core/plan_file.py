@@ -181,10 +181,12 @@ def portfolio_lines(record: PortfolioRecord) -> list[str]:
             what = f"predicted {c.cost_ms:.3f} ms (compute {c.compute_ms:.3f} ms)"
         mark = "  <- the model's pick" if c.member == record.chosen else ""
         lines.append(f"  {c.member:<20} {what}; {c.search_time_s:.2f} s{mark}")
-    if record.margin > 0:
+    if record.margin is None:
+        lines.append("  every member made the same plan")
+    else:
         lines.append(
-            f"  margin: {100 * record.margin:.1f}% below the next plan by the model's score (autotune=kernels "
-            "measures the candidates)"
+            f"  margin: {100 * record.margin:.1f}% below the next plan by the model's score (within the model's "
+            "error, autotune=kernels measures the candidates)"
         )
     return lines
 

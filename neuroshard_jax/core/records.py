@@ -183,7 +183,8 @@ class Candidate:
     """One member of a portfolio (``searcher=portfolio``): its ``member`` name (``beam``, ``beam:hot``), the
     searcher and row-split mode that ran, its plan's predicted cost (``cost_ms``, the slowest device's step: the
     plan.json ``cost_ms``; ``compute_ms``, its slowest device's compute) and the search's own score (``score_ms``: an
-    ensemble's risk term included, what the portfolio compares), the seconds it took; ``same_as``: the earlier member
+    ensemble's risk term included, what the portfolio compares), the seconds its runs took (a run shared with another
+    member counted for both, so the members' seconds may sum past the search's); ``same_as``: the earlier member
     whose plan it repeats (then it is not compared again); ``error``: why it made no plan (its costs None)."""
 
     member: str
@@ -200,12 +201,13 @@ class Candidate:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PortfolioRecord:
     """A portfolio's candidates in their members' order and the one ``chosen`` (the least ``score_ms``, the first
-    on a tie); ``margin``: the chosen plan's score below the next distinct plan's, as a share of it (0: one distinct
-    plan; the model's own error is larger than a few per cent, so a small margin is a guess: ``autotune`` measures)."""
+    on a tie); ``margin``: the chosen plan's score below the next distinct plan's, as a share of it (0: a tie; None:
+    every member made the same plan). The model's own error is larger than a few per cent, so a small margin is a
+    guess: ``autotune`` measures."""
 
     candidates: tuple[Candidate, ...]
     chosen: str
-    margin: float
+    margin: float | None
 
     def chosen_candidate(self) -> Candidate:
         return next(c for c in self.candidates if c.member == self.chosen)
@@ -225,10 +227,11 @@ class PortfolioRecord:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MeasuredCandidate:
-    """A candidate of ``autotune=kernels``: its name (a portfolio member, a baseline searcher), the searcher that
-    made it, its predicted step (ms), its measured step (the median over rounds, and the fastest and slowest round:
-    measured compute, the model's comm), its slowest device's measured compute (median over rounds); ``kept``: it
-    was measured (else ``why`` not: no plan, or the same plan as another candidate)."""
+    """A candidate of ``autotune`` (kernels or steps): its name (a portfolio member, a baseline searcher), the
+    searcher that made it, its predicted step (ms), its measured step (the median over rounds, and the fastest and
+    slowest round: measured compute and the model's comm, or a whole training step), its slowest device's measured
+    compute (median over rounds; kernels only); ``kept``: it was measured (else ``why`` not: no plan, or the same plan
+    as another candidate)."""
 
     name: str
     searcher: str | None = None
@@ -245,8 +248,10 @@ class MeasuredCandidate:
 class AutotuneRecord:
     """What ``autotune`` measured (``measure.autotune``): every candidate, the one ``chosen`` (the least measured
     step), its measured step over TorchRec default's (None: that plan was not measured), the rounds and why they
-    stopped (``leader``: one led beyond the noise; ``rounds``; ``budget``), the distinct device kernels measured, the
-    readings resumed from an earlier run, the kernels read on a busy machine, the seconds, the protocol."""
+    stopped (``leader``: one led beyond the noise; ``rounds``; ``budget``; ``alone``: one candidate, read once),
+    ``devices``: the distinct device kernels measured (``kernels``) or the gloo ranks of a step (``steps``), the
+    readings resumed from an earlier run, the kernels read on a busy machine, the seconds, the protocol (``warmup``
+    and ``iters``: a kernel's iterations, or a candidate's warm-up and timed steps)."""
 
     mode: str
     candidates: tuple[MeasuredCandidate, ...]

@@ -20,17 +20,17 @@ import dataclasses
 import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.core.config import bounded
+from neuroshard_jax.core.config import bounded, nearest
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.core.progress import progress_lines
 from neuroshard_jax.core.records import AutotuneRecord, MeasuredCandidate
 from neuroshard_jax.costs.cost_model import CostModel, expected_cost_model, plan_cost_ms
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor, pinned
@@ -38,6 +38,7 @@ from neuroshard_jax.kernels.processes import quiet
 from neuroshard_jax.measure.evaluator import Measuring, measure_tables, plan_kernels
 from neuroshard_jax.measure.polish import simulate
 from neuroshard_jax.measure.training_steps import dmp_steps
+from searchers import searcher_names
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,8 @@ BASELINES = ("torchrec_default", "torchrec")  # TorchRec's planner as its users 
 
 @dataclasses.dataclass(frozen=True)
 class AutotuneConfig(Measuring):
-    """conf/autotune/*.yaml (``name``: off | kernels)."""
+    """conf/autotune/*.yaml (``name``: off | kernels | steps). ``device``: where the kernels run, the plan's own
+    (the planner refuses another); ``steps`` always runs its gloo ranks on this machine's CPU."""
 
     name: str = "off"
     k: int = bounded(at_least=1, default=3)  # the portfolio's best distinct candidates by the model, measured
@@ -70,6 +72,10 @@ class AutotuneConfig(Measuring):
             raise UserError(f"autotune: got {self.name!r}, expected one of {', '.join(MODES)}")
         self.check_measuring("autotune")
         object.__setattr__(self, "baselines", tuple(self.baselines))
+        for name in self.baselines:
+            if name not in searcher_names() or name == "portfolio":
+                known = [n for n in searcher_names() if n != "portfolio"]
+                raise UserError(f"autotune.baselines: got {name!r}, {nearest(name, known)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,9 +92,9 @@ class Readings:
     """Kernel readings (ms, and the CPU share the worker held) by device content key, in round order; appended to
     a JSONL file where one is given, and read back from it (lines of another machine's kind are ignored)."""
 
-    def __init__(self, path: str | None, device: str):
+    def __init__(self, path: str | None, device: str, protocol: str):
         self.path = None if path is None else Path(path)
-        self.kind = hardware_kind(hardware(), device)
+        self.kind = f"{hardware_kind(hardware(), device)} | {protocol}"  # a reading of another protocol is not one
         self.ms: dict[str, list[float]] = {}
         self.busy: dict[str, list[bool]] = {}
         self.resumed = 0
@@ -104,6 +110,9 @@ class Readings:
                     self.resumed += 1
                 except (ValueError, KeyError, TypeError):  # a line torn by a stop mid-write: measured again
                     logger.warning(f"autotune: {self.path}:{n + 1} is not a reading; it is measured again")
+            if not self.path.read_bytes().endswith(b"\n") and self.path.stat().st_size:  # the next line starts whole
+                with open(self.path, "a") as f:
+                    f.write("\n")
 
     def _add(self, key: str, ms: float, busy: bool) -> None:
         self.ms.setdefault(key, []).append(ms)
@@ -131,7 +140,9 @@ def autotune_kernels(
     plans = [e.plan for e in entrants]
     kernels = [plan_kernels(p) for p in plans]  # per plan, per device: (key, task, tables) of each kernel
     jobs = {key: (at, tables) for per_plan in kernels for device in per_plan for key, at, tables in device}
-    readings = Readings(config.readings, config.device)
+    task = entrants[0].plan.task
+    protocol = f"warmup {config.warmup} iters {config.iters} {task.training.optimizer}"
+    readings = Readings(config.readings, config.device, protocol)
     evaluator = config.evaluator()
     stopped, rounds = "rounds", 0
     pin = pinned(config.pin, config.executor)
@@ -146,7 +157,10 @@ def autotune_kernels(
             steps = _round_steps(plans, kernels, readings, expected, rounds)
             leader = int(np.argmin(np.median(steps, axis=1)))
             progress(rounds, config.rounds, entrants, steps)
-            if len(plans) > 1 and rounds >= 2 and _leads(steps, leader):
+            if len(plans) == 1:  # nothing to choose between: one reading, for the record
+                stopped = "alone"
+                break
+            if rounds >= 2 and _leads(steps, leader):
                 stopped = "leader"
                 break
             if time.perf_counter() - started > config.budget_s:
@@ -220,10 +234,11 @@ def _leads(steps: np.ndarray, leader: int) -> bool:
 
 
 def progress(done: int, rounds: int, entrants: list[Entrant], steps: np.ndarray) -> None:
-    """One line on stderr per round: the candidates' median measured steps so far."""
+    """One progress line per round (``core.progress``: an INFO record; the commands show it on stderr): the
+    candidates' median measured steps so far."""
     medians = np.median(steps, axis=1)
     shown = ", ".join(f"{e.name} {m:.3f}" for e, m in zip(entrants, medians))
-    print(f"autotune: round {done}/{rounds}: {shown} ms", file=sys.stderr, flush=True)
+    progress_lines(logger)(f"autotune: round {done}/{rounds}: {shown} ms")
 
 
 def first_line(err: Exception) -> str:
@@ -311,7 +326,10 @@ def autotune_steps(task_plans: list[Entrant], model: CostModel, config: Autotune
         steps = np.array([runs[name] for name in runs])
         progress(rounds, config.rounds, [by_name[n] for n in runs], steps)
         leader = int(np.argmin(np.median(steps, axis=1)))
-        if len(runs) > 1 and rounds >= 2 and _leads(steps, leader):
+        if len(runs) == 1:
+            stopped = "alone"
+            break
+        if rounds >= 2 and _leads(steps, leader):
             stopped = "leader"
             break
         if time.perf_counter() - started > config.budget_s:

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import time
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -91,7 +92,7 @@ def search_candidates(
     expected = expected_cost_model(model)  # the reported costs and the stages' estimates: no risk term
     portfolio = bool(searcher.members())
     ways = _Ways(task, expected)
-    tried = []  # per member: (member, its row-split mode, its runs, why it may make no plan)
+    tried = []
     for member in searcher.members() or (Member(searcher.name, searcher),):
         mode = member.row_split or row_split
         try:
@@ -102,22 +103,28 @@ def search_candidates(
             if not portfolio:
                 raise
             runs, refusal = [], err
-        tried.append((member, mode, runs, refusal))
-    distinct = list(dict.fromkeys(run for *_, runs, _ in tried for run in runs))
-    plans, errors, seconds = _search_runs(task, distinct, model, expected, seed)
-    outcomes = []  # (member, mode, the keys of its plans, why it made none, its runs' seconds)
-    for member, mode, runs, refusal in tried:
-        made = [run for run in runs if run in plans]
-        why = refusal or next((errors[run] for run in runs if run in errors), None)
-        outcomes.append((member, mode, made, why, sum(seconds.get(run, 0.0) for run in runs)))
-    weighed = list(dict.fromkeys(run for _, _, made, _, _ in outcomes for run in made))
+        tried.append(_Tried(member, mode, runs, refusal))
+    distinct = list(dict.fromkeys(run for t in tried for run in t.runs))
+    plans, errors, seconds = _search_runs(task, distinct, model, expected, seed, start, portfolio)
+    outcomes = [
+        _Outcome(
+            t.member,
+            t.mode,
+            [run for run in t.runs if run in plans],
+            t.refusal or next((errors[run] for run in t.runs if run in errors), None),
+            sum(seconds.get(run, 0.0) for run in t.runs),
+        )
+        for t in tried
+    ]
+    weighed = list(dict.fromkeys(run for o in outcomes for run in o.made))
     if not weighed:
-        raise next(why for *_, why, _ in outcomes if why is not None)
+        raise next(o.why for o in outcomes if o.why is not None)
     # every distinct plan scored once (an ensemble's risk term included): a member's is the cheapest of its runs',
     # the portfolio's the cheapest member's; the first on a tie
     scores = dict(zip(weighed, map(float, score_plans(model, [plans[r] for r in weighed])))) if len(weighed) > 1 else {}
-    picks = [min(made, key=lambda r: scores.get(r, 0.0)) if made else None for _, _, made, _, _ in outcomes]
-    best = min((p for p in picks if p is not None), key=lambda r: scores.get(r, 0.0))
+    picks = [o.made[int(np.argmin([scores.get(r, 0.0) for r in o.made]))] if o.made else None for o in outcomes]
+    picked = [p for p in picks if p is not None]
+    best = picked[int(np.argmin([scores.get(r, 0.0) for r in picked]))]
     elapsed_s = time.perf_counter() - start
     # the reported costs are expectations: the search's risk term (an ensemble's spread) is not part of them
     scored = with_costs(expected, plans[best])
@@ -163,20 +170,50 @@ def _portfolio_record(outcomes, picks, best, plans, scores, expected: CostModel)
             chosen = member.name
     top = scores.get(best, 0.0)
     others = [c.score_ms for c in candidates if c.same_as is None and c.score_ms is not None and c.member != chosen]
-    margin = (min(others) - top) / min(others) if others and min(others) > 0 else 0.0
+    margin = None if not others else (min(others) - top) / min(others) if min(others) > 0 else 0.0
     return PortfolioRecord(candidates=tuple(candidates), chosen=chosen, margin=margin)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class _Run:
     """One search of the stage: ``searcher`` on the task around its ``replicated`` tables, with the tables ``split``
-    cut into row blocks first (``within_host``: over one host's devices). Equal runs are one search."""
+    cut into row blocks first (``within_host``: over one host's devices). Runs of equal searchers (the same class
+    and options: their repr, since an option may be a list) with the same choices are one search."""
 
     searcher: Searcher
     replicated: tuple[int, ...]
     split: tuple[int, ...]
     within_host: bool
     searched: bool = True  # False: every table data-parallel, a plan made without searching
+
+    def _key(self) -> tuple:
+        return repr(self.searcher), tuple(self.replicated), tuple(self.split), self.within_host, self.searched
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Run) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+
+class _Tried(NamedTuple):
+    """A member's runs before the search: its row-split mode, its runs, and why it may make no plan."""
+
+    member: Member
+    mode: str
+    runs: list[_Run]
+    refusal: Exception | None
+
+
+class _Outcome(NamedTuple):
+    """A member's runs after the search: those that made a plan, why it made none, the seconds its runs took (a run
+    it shares with another member counted for both)."""
+
+    member: Member
+    mode: str
+    made: list[_Run]
+    why: Exception | None
+    seconds: float
 
 
 class _Ways:
@@ -226,18 +263,24 @@ class _Ways:
         return direct + runs, refusal
 
 
-def _search_runs(task: Task, runs: list[_Run], model: CostModel, expected: CostModel, seed: int):
+def _search_runs(
+    task: Task, runs: list[_Run], model: CostModel, expected: CostModel, seed: int, start: float, portfolio: bool
+):
     """Each run's plan and seconds, and the refusal of each run that leaves no plan, by run. A bound on a searcher's
-    work is shared by all its runs; its time budget by its runs left, less what its runs took."""
+    work is shared by all its runs; its time budget (the whole stage's, from ``start``, less what other searchers'
+    runs took) by its runs left. In a ``portfolio`` a member's UserError (TorchRec not installed, a policy trained at
+    another batch) is that run's refusal; for a plain searcher it is raised."""
     plans, errors, seconds = {}, {}, {}
     for i, run in enumerate(runs):
         if not run.searched:
             plans[run], seconds[run] = Plan(task, (), data_parallel=run.replicated).validate(), 0.0
             continue
-        own = [r for r in runs if r.searched and r.searcher == run.searcher]
+        same = repr(run.searcher)
+        own = [r for r in runs if r.searched and repr(r.searcher) == same]
         searcher = run.searcher.share(len(own))  # a bound on the search's work: the same share for every run
         if searcher.budget_s is not None:  # a searcher's time budget is the whole search's: shared by the runs left
-            spent = sum(seconds.get(r, 0.0) for r in own)
+            others = sum(t for r, t in seconds.items() if repr(r.searcher) != same)
+            spent = time.perf_counter() - start - others
             left = sum(r in own for r in runs[i:])
             searcher = searcher.with_budget(max((run.searcher.budget_s - spent) / left, 1e-6))
         began = time.perf_counter()
@@ -246,6 +289,10 @@ def _search_runs(task: Task, runs: list[_Run], model: CostModel, expected: CostM
             plan = _search_around(base, searcher, model, expected, seed, run.split, run.within_host)
             plans[run] = with_replicas(task, plan, index, run.replicated).validate() if run.replicated else plan
         except InfeasibleError as err:  # this way of cutting leaves no plan; another may
+            errors[run] = err
+        except UserError as err:
+            if not portfolio:
+                raise
             errors[run] = err
         seconds[run] = time.perf_counter() - began
     return plans, errors, seconds

@@ -97,6 +97,11 @@ class Planner:
                 "options), or PlannerOptions(cost_model=name).planner())"
             )
         check_row_split(self.row_split)
+        if self.autotune.name != "off" and self.autotune.device != self.device:
+            raise UserError(
+                f"autotune.device: got {self.autotune.device!r}, expected the plan's device ({self.device!r}): "
+                "autotune measures the plan's own kernels"
+            )
 
     def run(self, task: Task) -> Planned:
         """Plan ``task``: build its cost model once (``build_cost_model``), calibrate it on the task's tables (if
@@ -110,9 +115,8 @@ class Planner:
         if self.calibrate.name == "measured":
             model, record = calibrated(task, model, self.calibrate, self.seed)
         plan, candidates = search_candidates(task, self.searcher, model, self.seed, self.row_split)
-        if self.autotune.name != "off":  # the plan's device measured: its kernels are the plan's
-            config = dataclasses.replace(self.autotune, device=self.device)
-            plan = autotune_plan(plan, candidates, model, config, self.seed)
+        if self.autotune.name != "off":
+            plan = autotune_plan(plan, candidates, model, self.autotune, self.seed)
         if self.polish.name == "measured":
             plan = polish_plan(plan, model, self.polish, self.seed)
         if record is not None:
@@ -150,6 +154,8 @@ def candidate_plans(
     else:
         entrants.append(Entrant(plan.searcher or "plan", plan))
     for name in config.baselines:
+        if any(e.name == name for e in entrants):  # a member of that name: the same searcher's plan already there
+            continue
         try:
             entrants.append(Entrant(name, search_plan(plan.task, make_searcher(name), model, seed)))
         except (UserError, InfeasibleError) as err:  # TorchRec not installed, or no plan of this task: dropped
@@ -203,6 +209,8 @@ class PlannerOptions:
         other settings (the fields the two share) as they are."""
         parts = {"searcher", "cost_model"}
         settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(Planner) if f.name not in parts}
+        if self.autotune.device == AutotuneConfig.device:  # left as it is: the plan's device (another is refused)
+            settings["autotune"] = dataclasses.replace(self.autotune, device=self.device)
         searcher = make_searcher(self.searcher, dict(self.searcher_options))
         return Planner(searcher, spec_of(self.cost_model, self.cost_model_options), **settings)
 
