@@ -128,7 +128,7 @@ def test_autotune_returns_the_measured_fastest_and_never_a_planted_slow_plan(tas
     assert resumed.chosen == "grid"
 
 
-def test_the_planner_autotunes_the_portfolio_against_torchrecs_plans(task):
+def test_the_planner_autotunes_the_portfolio_against_torchrecs_plans(task, tmp_path):
     from neuroshard_jax.core.plan import Plan
     from neuroshard_jax.core.plan_file import format_plan
     from neuroshard_jax.search.sharding_planner import PlannerOptions
@@ -146,6 +146,13 @@ def test_the_planner_autotunes_the_portfolio_against_torchrecs_plans(task):
     assert Plan.from_json(plan.to_json()).autotune == record
     printed = format_plan(plan.to_json())
     assert "autotune=kernels:" in printed and "<- chosen: the measured fastest" in printed
+    # explain says why this plan won: the model's pick, and the measurement that chose
+    from neuroshard_jax.core.files import write_json
+    from neuroshard_jax.measure.breakdown import ExplainConfig, explain_file
+
+    path = write_json(plan.to_json(), tmp_path / "plan.json")
+    said = explain_file(ExplainConfig(plan=str(path), chart=False, model="analytic"))
+    assert "why this plan:" in said and f"measured (kernels, {record.rounds} rounds): {record.chosen}'s plan" in said
 
 
 def test_autotune_steps_times_each_candidate_in_distributed_model_parallel_and_drops_one_that_fails(model, tmp_path):

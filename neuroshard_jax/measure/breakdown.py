@@ -503,6 +503,43 @@ def format_explanation(expl: Explanation, measured_from: str | None = None) -> s
     return "\n".join(lines)
 
 
+def why_chosen(plan: Plan) -> list[str]:
+    """Why this plan and not another: the portfolio's pick (the model's score, its margin over the next distinct
+    plan) and, where autotune measured the candidates, which was measured fastest, by how much, and whether that
+    lead is beyond the rounds' spread."""
+    lines = []
+    record = plan.portfolio
+    if record is not None:
+        pick = record.chosen_candidate()
+        others = [c for c in record.candidates if c.same_as is None and c.error is None and c.member != pick.member]
+        if not others:
+            lines.append(f"why this plan: every member of the portfolio made it ({pick.member}'s)")
+        else:
+            runner = min(others, key=lambda c: c.score_ms)
+            lines.append(
+                f"why this plan: the model priced {pick.member}'s plan at {pick.score_ms:.3f} ms, "
+                f"{100 * record.margin:.1f}% below {runner.member}'s ({runner.score_ms:.3f} ms)"
+                + (" - within the model's error; autotune=kernels measures" if record.margin < 0.05 else "")
+            )
+    tuned = plan.autotune
+    if tuned is not None:
+        kept = sorted((c for c in tuned.candidates if c.kept), key=lambda c: c.measured_ms)
+        won = tuned.chosen_candidate()
+        if len(kept) < 2:
+            lines.append(f"measured: {won.name}'s plan alone ({won.measured_ms:.3f} ms), nothing to choose between")
+        else:
+            runner = kept[1]
+            lead = 1 - won.measured_ms / runner.measured_ms
+            beyond = won.high_ms < min(c.low_ms for c in kept[1:])
+            lines.append(
+                f"measured ({tuned.mode}, {tuned.rounds} rounds): {won.name}'s plan {won.measured_ms:.3f} ms "
+                f"({won.low_ms:.3f}-{won.high_ms:.3f}), {100 * lead:.1f}% faster than {runner.name}'s "
+                f"{runner.measured_ms:.3f} ms ({runner.low_ms:.3f}-{runner.high_ms:.3f}): "
+                + ("beyond the rounds' spread" if beyond else "within the rounds' spread, a near tie")
+            )
+    return lines
+
+
 def explain_file(config: ExplainConfig, model: CostModel | None = None) -> str:
     """The printout for ``config`` (and the chart beside the plan); ``model``: the cost model to explain with
     (default: ``config.model``, or a model trained at the plan's batch size, with a warning; and a warning if
@@ -532,6 +569,7 @@ def explain_file(config: ExplainConfig, model: CostModel | None = None) -> str:
             title = f"predicted cost per device ({expl.cost_model}); slowest: device {expl.critical_device}"
             data = ChartData(np.asarray(expl.table_compute_ms), expl.tables, np.asarray(comm), title)
             text += "\n" + chart(data, path.with_suffix(".png"), config.other_share)
+        text += "".join(f"\n{line}" for line in why_chosen(plan))
     return "".join(f"warning: {w}\n" for w in warnings) + text
 
 
