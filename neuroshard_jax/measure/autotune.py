@@ -55,6 +55,7 @@ class AutotuneConfig(Measuring):
     k: int = bounded(at_least=1, default=3)  # the portfolio's best distinct candidates by the model, measured
     baselines: tuple[str, ...] = BASELINES  # searchers whose plans are measured beside them (none: ())
     rounds: int = bounded(at_least=1, default=5)  # interleaved rounds at most
+    min_rounds: int = bounded(at_least=2, default=2)  # rounds before a leader may end the measuring
     budget_s: float = bounded(above=0, default=300.0)  # wall seconds of measuring; a round started is finished
     warmup: int = bounded(at_least=0, default=2)
     iters: int = bounded(at_least=1, default=5)
@@ -160,7 +161,7 @@ def autotune_kernels(
             if len(plans) == 1:  # nothing to choose between: one reading, for the record
                 stopped = "alone"
                 break
-            if rounds >= 2 and _leads(steps, leader):
+            if rounds >= config.min_rounds and _leads(steps, leader):
                 stopped = "leader"
                 break
             if time.perf_counter() - started > config.budget_s:
@@ -329,7 +330,7 @@ def autotune_steps(task_plans: list[Entrant], model: CostModel, config: Autotune
         if len(runs) == 1:
             stopped = "alone"
             break
-        if rounds >= 2 and _leads(steps, leader):
+        if rounds >= config.min_rounds and _leads(steps, leader):
             stopped = "leader"
             break
         if time.perf_counter() - started > config.budget_s:
