@@ -336,7 +336,8 @@ class KernelPool:
         """Send requests to the workers; ``on_answer(request, answer)`` gets each answer.
 
         A crash or timeout becomes the answer {"ok": False, "error": reason} and the worker restarts;
-        an exception raised by ``on_answer`` stops every worker's feed and is re-raised here.
+        an exception raised by ``on_answer`` (or a Ctrl-C while waiting) stops every worker's feed and is re-raised
+        here.
         """
         jobs = iter(requests)  # drawn lazily: a sampler's requests are built as workers free up
         lock = threading.Lock()
@@ -359,8 +360,12 @@ class KernelPool:
         threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in self.workers]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.join()
+        except BaseException as err:  # Ctrl-C while waiting: every feed stops after its request, then the caller's
+            errors.append(err)  # exit closes the workers (a feed left running would restart each one closed)
+            raise
         if errors:
             raise errors[0]
 
