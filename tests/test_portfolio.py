@@ -198,7 +198,11 @@ def test_autotune_from_the_command_line_stops_cleanly_on_ctrl_c_and_resumes_in_i
     args = ["cost_model=analytic", "task.num_tables=12", "autotune=kernels", "autotune.baselines=[size_greedy]"]
     args += ["autotune.warmup=1", "autotune.iters=2", f"hydra.run.dir={run}"]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    long = [sys.executable, "-m", "neuroshard_jax", *args, "autotune.rounds=1000", "autotune.min_rounds=1000"]
+    # as from a terminal: Ctrl-C raises KeyboardInterrupt (a process whose parent ignores SIGINT, as pytest may after
+    # a library set it so, starts with it ignored: Python then installs no handler of its own)
+    terminal = "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    terminal += "runpy.run_module('neuroshard_jax', run_name='__main__', alter_sys=True)"
+    long = [sys.executable, "-c", terminal, *args, "autotune.rounds=1000", "autotune.min_rounds=1000"]
     said = tmp_path / "stderr.txt"  # a file, not a pipe: no worker left behind can hold the test's read open
     with open(said, "w") as err_file:
         proc = subprocess.Popen(long, stderr=err_file, stdout=subprocess.DEVNULL, env=env, start_new_session=True)
