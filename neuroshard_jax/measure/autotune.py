@@ -156,16 +156,9 @@ def autotune_kernels(
                     readings.add(key, float(answer["total_ms"]), not quiet(answer))
             rounds = r + 1
             steps = _round_steps(plans, kernels, readings, expected, rounds)
-            leader = int(np.argmin(np.median(steps, axis=1)))
             progress(rounds, config.rounds, entrants, steps)
-            if len(plans) == 1:  # nothing to choose between: one reading, for the record
-                stopped = "alone"
-                break
-            if rounds >= config.min_rounds and _leads(steps, leader):
-                stopped = "leader"
-                break
-            if time.perf_counter() - started > config.budget_s:
-                stopped = "budget"
+            stopped = _stop(steps, rounds, config, started) or stopped
+            if stopped != "rounds":
                 break
     steps = _round_steps(plans, kernels, readings, expected, rounds)
     medians = np.median(steps, axis=1)
@@ -226,6 +219,19 @@ def _round_steps(plans, kernels, readings: Readings, expected: CostModel, rounds
     return np.stack(
         [np.asarray(plan_cost_ms(simulate(expected, [p] * rounds, c)), np.float64) for p, c in zip(plans, compute)]
     )
+
+
+def _stop(steps: np.ndarray, rounds: int, config: AutotuneConfig, started: float) -> str | None:
+    """Why measuring ends after this round (``steps`` f64[K, R]: each candidate's step in each round so far), or None:
+    ``alone`` (one candidate: nothing to choose between, one reading for the record), ``leader`` (from round
+    ``min_rounds``, one leads beyond the noise), ``budget`` (``budget_s`` spent)."""
+    if len(steps) == 1:
+        return "alone"
+    if rounds >= config.min_rounds and _leads(steps, int(np.argmin(np.median(steps, axis=1)))):
+        return "leader"
+    if time.perf_counter() - started > config.budget_s:
+        return "budget"
+    return None
 
 
 def _leads(steps: np.ndarray, leader: int) -> bool:
@@ -326,15 +332,8 @@ def autotune_steps(task_plans: list[Entrant], model: CostModel, config: Autotune
         rounds = r + 1
         steps = np.array([runs[name] for name in runs])
         progress(rounds, config.rounds, [by_name[n] for n in runs], steps)
-        leader = int(np.argmin(np.median(steps, axis=1)))
-        if len(runs) == 1:
-            stopped = "alone"
-            break
-        if rounds >= config.min_rounds and _leads(steps, leader):
-            stopped = "leader"
-            break
-        if time.perf_counter() - started > config.budget_s:
-            stopped = "budget"
+        stopped = _stop(steps, rounds, config, started) or stopped
+        if stopped != "rounds":
             break
     names = list(runs)
     steps = np.array([runs[n] for n in names])
