@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
+import pathlib
 import time
 from typing import NamedTuple
 
@@ -36,7 +38,6 @@ logger = logging.getLogger(__name__)
 
 # JAX keeps only kernels that took at least this long to compile: all (the search's take well under a second each)
 MIN_COMPILE_S = 0.0
-_unmade: set[str] = set()  # cache folders found unmakeable in this process: said once each
 
 
 def keep_compiled_kernels() -> None:
@@ -47,22 +48,25 @@ def keep_compiled_kernels() -> None:
     is said in one warning, and the search compiles as it would without it. Calling it again does nothing."""
     if jax.config.jax_compilation_cache_dir:
         return
-    folder = cache_dir() / "jax"
-    if str(folder) in _unmade:
-        return
+    folder = str(cache_dir() / "jax")
+    if _made(folder):
+        jax.config.update("jax_compilation_cache_dir", folder)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_S)
+
+
+@functools.cache  # a folder is tried once a process: one that cannot be made is said once, not on every plan
+def _made(folder: str) -> bool:
+    """Whether ``folder`` is (now) a folder this user can write, made ``0700`` if missing; else one warning."""
     try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # executables are code: the user's alone
+        pathlib.Path(folder).mkdir(mode=0o700, parents=True, exist_ok=True)  # executables are code: the user's alone
         writable = os.access(folder, os.W_OK | os.X_OK)
     except OSError as err:
         writable, cause = False, getattr(err, "strerror", None) or str(err)
     else:
         cause = "no permission"
     if not writable:
-        _unmade.add(str(folder))
-        logger.warning(f"compiled search kernels are not kept: {str(folder)!r} cannot be made ({cause}); {CACHE_HINT}")
-        return
-    jax.config.update("jax_compilation_cache_dir", str(folder))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_S)
+        logger.warning(f"compiled search kernels are not kept: {folder!r} cannot be made ({cause}); {CACHE_HINT}")
+    return writable
 
 
 def search_plan(task: Task, searcher: Searcher, model: CostModel, seed: int, row_split: str = "fit") -> Plan:

@@ -61,18 +61,16 @@ class Planned:
         return out_of_depth_warning(self.plan.task, self.plan, choice.name, choice.options, device=choice.device)
 
 
-@dataclasses.dataclass(frozen=True)
-class Planner:
-    """A planning run's parts. ``searcher``: a ``Searcher`` (``make_searcher(name, options)``); ``cost_model``: a
-    ``CostModelSpec`` (None: the model chosen for this machine's kind when a task comes, ``build_cost_model``);
-    ``row_split``: which tables row blocks are tried for (fit | hot | off); ``calibrate``, ``autotune``, ``polish``:
-    the measured stages before the search, after it (the candidates measured, the fastest kept) and last
-    (``name="off"`` skips them); ``seed``: the same seed gives the same plan;
-    ``device``: the compute device the plan is for (cpu | cuda); ``fallback``: a cost model not trained at the
-    task's batch size or precision gives way to one that is (or the roofline), with a warning, instead of refusing."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Settings:
+    """The settings of a planning run that are not its parts, declared once for ``PlannerOptions`` (what the entry
+    points take) and ``Planner`` (what runs): ``seed``: the same seed gives the same plan; ``row_split``: which tables
+    row blocks are tried for (fit | hot | off); ``calibrate``, ``autotune``, ``polish``: the measured stages before
+    the search, after it (the candidates measured, the fastest kept) and last (``name="off"`` skips them; ``True``,
+    ``False`` or a mode's name such as ``"kernels"`` are taken too); ``device``: the compute device the plan is for
+    (cpu | cuda); ``fallback``: a cost model not trained at the task's batch size or precision gives way to one that
+    is (or the roofline), with a warning, instead of refusing. Keyword-only, so that a subclass's parts come first."""
 
-    searcher: Searcher = dataclasses.field(default_factory=lambda: make_searcher(DEFAULT_SEARCHER))
-    cost_model: CostModelSpec | None = None
     seed: int = 0
     row_split: str = "fit"
     calibrate: CalibrateConfig = CalibrateConfig()
@@ -82,8 +80,28 @@ class Planner:
     fallback: bool = False
 
     def __post_init__(self):
-        check_device(self.device)
         object.__setattr__(self, "seed", check_seed(self.seed))
+        for stage, cls in STAGES.items():
+            object.__setattr__(self, stage, stage_config(cls, getattr(self, stage), stage))
+        check_row_split(self.row_split)
+        check_device(self.device)
+
+    def settings(self) -> dict[str, Any]:
+        """The settings alone, by name (what a ``Planner`` is built with besides its parts)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Settings)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Planner(Settings):
+    """A planning run's parts and its ``Settings``. ``searcher``: a ``Searcher`` (``make_searcher(name, options)``);
+    ``cost_model``: a ``CostModelSpec`` (None: the model chosen for this machine's kind when a task comes,
+    ``build_cost_model``)."""
+
+    searcher: Searcher = dataclasses.field(default_factory=lambda: make_searcher(DEFAULT_SEARCHER))
+    cost_model: CostModelSpec | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
         if not isinstance(self.searcher, Searcher):
             raise UserError(
                 f"planner.searcher: got {self.searcher!r:.60}, expected a Searcher (make_searcher(name, options), or "
@@ -96,7 +114,6 @@ class Planner:
                 f"planner.cost_model: got {self.cost_model!r:.60}, expected a CostModelSpec (CostModelSpec(name, "
                 "options), or PlannerOptions(cost_model=name).planner())"
             )
-        check_row_split(self.row_split)
         if self.autotune.name != "off" and self.autotune.device != self.device:
             raise UserError(
                 f"autotune.device: got {self.autotune.device!r}, expected the plan's device ({self.device!r}): "
@@ -172,47 +189,31 @@ def check_device(device: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class PlannerOptions:
+class PlannerOptions(Settings):
     """Every option of a planning run, in one place: the main job's top-level keys (its ``searcher`` and
     ``cost_model`` config groups hold the names and their options), ``nsj.plan``'s and the TorchRec adapter's
-    keywords. ``searcher``, ``cost_model``: registered names (``searcher_names()``; ``neural``: the model chosen for
-    this machine's kind, ``analytic``, or a model's name), with their options; ``calibrate``, ``autotune``,
-    ``polish``: the measured stages (``True``/``False``, a mode's name such as ``autotune="kernels"``, or their
-    configs); ``row_split``: fit | hot | off; ``seed``: the same seed gives the
-    same plan; ``device``: the compute device the plan is for (cpu | cuda); ``fallback``: plan with a model trained
-    at the task's batch size and precision (or the roofline), with a warning, where the one asked for was not."""
+    keywords: the ``Settings`` and the parts by name. ``searcher``, ``cost_model``: registered names
+    (``searcher_names()``; ``neural``: the model chosen for this machine's kind, ``analytic``, or a model's name),
+    with their options."""
 
     searcher: str = DEFAULT_SEARCHER
     searcher_options: dict = dataclasses.field(default_factory=dict)
     cost_model: str = "neural"
     cost_model_options: dict = dataclasses.field(default_factory=dict)
-    seed: int = 0
-    row_split: str = "fit"
-    calibrate: CalibrateConfig = CalibrateConfig()
-    polish: PolishConfig = PolishConfig()
-    autotune: AutotuneConfig = AutotuneConfig()
-    device: str = "cpu"
-    fallback: bool = False
 
     def __post_init__(self):
-        object.__setattr__(self, "seed", check_seed(self.seed))
+        super().__post_init__()
         for options in GROUPED.values():  # None: no options (as nsj.plan's keywords have always taken it)
             object.__setattr__(self, options, dict(getattr(self, options) or {}))
-        object.__setattr__(self, "calibrate", stage_config(CalibrateConfig, self.calibrate, "calibrate"))
-        object.__setattr__(self, "polish", stage_config(PolishConfig, self.polish, "polish"))
-        object.__setattr__(self, "autotune", stage_config(AutotuneConfig, self.autotune, "autotune"))
-        check_row_split(self.row_split)
-        check_device(self.device)
 
     def planner(self) -> Planner:
         """The planner these options build: the searcher and the cost model's spec made from their names once, the
-        other settings (the fields the two share) as they are."""
-        parts = {"searcher", "cost_model"}
-        settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(Planner) if f.name not in parts}
+        settings as they are (an ``autotune`` left on its default device measures on the plan's)."""
+        settings = self.settings()
         if self.autotune.device == AutotuneConfig.device:  # left as it is: the plan's device (another is refused)
             settings["autotune"] = dataclasses.replace(self.autotune, device=self.device)
         searcher = make_searcher(self.searcher, dict(self.searcher_options))
-        return Planner(searcher, spec_of(self.cost_model, self.cost_model_options), **settings)
+        return Planner(searcher=searcher, cost_model=spec_of(self.cost_model, self.cost_model_options), **settings)
 
 
 GROUPED = {"searcher": "searcher_options", "cost_model": "cost_model_options"}  # a name and its options
