@@ -13,10 +13,11 @@ from typing import ClassVar
 
 import numpy as np
 
+from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.constraints import KEYS as CONSTRAINT_KEYS
 from neuroshard_jax.core.constraints import allowed_devices, groups, max_levels
-from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.errors import InfeasibleError
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import CostModel
@@ -109,17 +110,14 @@ class RandomSearch(Searcher):
     room. Samples that run out of room are redrawn (up to ``max_attempts_per_sample`` each).
     """
 
-    num_samples: int = 64  # plans drawn (K)
+    num_samples: int = bounded(at_least=1, default=64)  # plans drawn (K)
     column_wise: bool = True  # also draw random column splits
-    max_halvings: int = 2  # a table is split into at most 2^max_halvings column shards
+    max_halvings: int = bounded(at_least=0, default=2)  # a table is split into at most 2^max_halvings column shards
     max_attempts_per_sample: int = 20
     constraints: ClassVar[tuple[str, ...]] = CONSTRAINT_KEYS
 
     def __post_init__(self):
-        if self.num_samples < 1:
-            raise UserError(f"searcher.num_samples: got {self.num_samples}, expected an integer >= 1")
-        if self.max_halvings < 0:
-            raise UserError(f"searcher.max_halvings: got {self.max_halvings}, expected an integer >= 0")
+        check_bounds(self, "searcher.")
 
     def sample(self, task: Task, rng: np.random.Generator) -> Plan | None:
         levels = max_levels(task.tables)  # legal halvings within the constraints (a colocated table: none)

@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.constraints import KEYS as CONSTRAINT_KEYS
 from neuroshard_jax.core.constraints import allowed_devices, groups, max_levels
 from neuroshard_jax.core.errors import InfeasibleError, UserError
@@ -105,13 +106,15 @@ FULL_CANDIDATES = 64  # that bucket at most (k=3 plans x 2n=20 tables by default
 
 @dataclasses.dataclass(frozen=True)
 class GridConfig:
-    alphas: tuple[float, ...] = DEFAULT_ALPHAS
+    alphas: tuple[float, ...] = bounded(at_least=1, default=DEFAULT_ALPHAS)
     # also run the greedy with no dim bound, and where that fails too, pack by memory (largest first, least used device)
     memory_only_fallback: bool = True
 
     def check(self) -> None:
-        if not self.alphas or any(not isinstance(a, int | float) or not a >= 1.0 for a in self.alphas):
-            raise UserError(f"searcher.alphas: got {list(self.alphas)}, expected a non-empty list of numbers >= 1.0")
+        """The bounds of every field (a beam's too) and a non-empty ``alphas``."""
+        check_bounds(self, "searcher.")
+        if not self.alphas:
+            raise UserError("searcher.alphas: got [], expected a non-empty list of finite numbers >= 1")
 
 
 class Scorer:
@@ -186,7 +189,7 @@ class GridSearch(GridConfig, Searcher):
     """Table-wise greedy over the alpha grid; the plan with the lowest predicted cost."""
 
     constraints: ClassVar[tuple[str, ...]] = CONSTRAINT_KEYS
-    replicates: ClassVar[bool] = True  # the pipeline tries its hot small tables data-parallel (search/replicas.py)
+    replicates: ClassVar[bool] = True  # the pipeline tries its hot small tables data-parallel (search/ways.py)
 
     def __post_init__(self):
         self.check()
@@ -228,32 +231,22 @@ class BeamSearch(GridConfig, Searcher):
     measured time per candidate: the plan then depends on the machine's speed too.
     """
 
-    k: int = 3  # beam width
-    n: int = 10  # candidates per plan: top-n tables by shard size and by predicted compute (union)
-    max_length: int = 10  # halving steps at most
+    k: int = bounded(at_least=1, default=3)  # beam width
+    # candidates per plan: top-n tables by shard size and by predicted compute (union)
+    n: int = bounded(at_least=1, default=10)
+    max_length: int = bounded(at_least=0, default=10)  # halving steps at most
     column_wise: bool = True  # false: no column splits (ablation; the grid search's plan)
     # seconds: a level scores only the candidates left time allows (thousands of tables); null: none
-    budget_s: float | None = None
+    budget_s: float | None = bounded(above=0, default=None)
     # placements the levels may weigh in all (candidates x alphas x slots x devices); null: no bound
-    max_work: float | None = MAX_WORK
+    max_work: float | None = bounded(above=0, default=MAX_WORK)
     constraints: ClassVar[tuple[str, ...]] = CONSTRAINT_KEYS
-    replicates: ClassVar[bool] = True  # the pipeline tries its hot small tables data-parallel (search/replicas.py)
+    replicates: ClassVar[bool] = True  # the pipeline tries its hot small tables data-parallel (search/ways.py)
 
     def __post_init__(self):
         self.check()
-        for name in ("k", "n"):
-            if getattr(self, name) < 1:
-                raise UserError(f"searcher.{name}: got {getattr(self, name)}, expected an integer >= 1")
-        if self.max_length < 0:
-            raise UserError(f"searcher.max_length: got {self.max_length}, expected an integer >= 0")
         if not isinstance(self.column_wise, bool):
             raise UserError(f"searcher.column_wise: got {self.column_wise!r}, expected true or false")
-        if self.budget_s is not None and not (isinstance(self.budget_s, int | float) and self.budget_s > 0):
-            raise UserError(f"searcher.budget_s: got {self.budget_s!r}, expected a number of seconds > 0 or null")
-        if self.max_work is not None and not (
-            isinstance(self.max_work, int | float) and not isinstance(self.max_work, bool) and self.max_work > 0
-        ):
-            raise UserError(f"searcher.max_work: got {self.max_work!r}, expected a number of placements > 0 or null")
 
     def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan:
         started = time.perf_counter()

@@ -25,7 +25,7 @@ class Searcher(abc.ABC):
     Capabilities (class attributes, declared by each searcher that has them; the defaults here are the plainest):
     ``name`` (its registry key, set by ``register``); ``constraints``: the table constraints it honours
     (``core.constraints.KEYS``); ``replicates``: the pipeline tries its hot small tables data-parallel first
-    (``search/replicas.py``); ``own_row_splits``: it picks its own sharding types, so the pipeline's row-split stage
+    (``search/ways.py``); ``own_row_splits``: it picks its own sharding types, so the pipeline's row-split stage
     is not applied; ``budget_s``: seconds the whole search may take (None: no limit; a searcher with a budget
     declares it as an option field, and ``with_budget`` gives it a share); ``max_work``: likewise a bound on the
     work of the whole search in the searcher's own units, which leaves the plan a function of the task (not of the

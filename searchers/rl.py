@@ -13,6 +13,7 @@ from typing import ClassVar
 import jax
 import numpy as np
 
+from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.constraints import KEYS
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.plan import Plan
@@ -28,12 +29,12 @@ from searchers.registry import Searcher, register
 @dataclasses.dataclass(frozen=True)
 class RLSearch(Searcher):
     policy: str | None = None  # a train_policy output or round directory; None: the policy shipped in the package
-    samples: int = 16  # sampled episodes besides the greedy one (best-of-K); 0: greedy only
+    # sampled episodes besides the greedy one (best-of-K); 0: greedy only
+    samples: int = bounded(at_least=0, default=16)
     constraints: ClassVar[tuple[str, ...]] = KEYS  # table-wise; illegal devices are masked out of the policy's choice
 
     def __post_init__(self):
-        if self.samples < 0:
-            raise UserError(f"searcher.samples: got {self.samples}, expected an integer >= 0")
+        check_bounds(self, "searcher.")
 
     def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan:
         graph, params, policy_model, meta = load_search_policy(resolve_policy(self.policy))

@@ -84,7 +84,7 @@ class TorchRecSearch(Searcher):
     reservation: str = "heuristic"  # heuristic: TorchRec's default (15% + inputs + dense) | percent: a flat 15%
     # what TorchRec's ParameterConstraints can say; pin, exclude and colocate it cannot (refused in one line)
     constraints: ClassVar[tuple[str, ...]] = ("no_split", "max_shards")
-    # the search stage's row splits (row_split.py) are not applied: TorchRec's planner picks its own sharding types
+    # the search stage's row splits (search/ways.py) are not applied: TorchRec's planner picks its own sharding types
     own_row_splits: ClassVar[bool] = True
 
     def __post_init__(self):

@@ -109,7 +109,7 @@ def test_plain_makes_numpy_python_in_nested_objects():
     assert value == {"a": 3, "b": [0.5, (True,)], "c": [0, 1, 2], "d": 1}
     assert [type(x) for x in (value["a"], value["b"][0], value["b"][1][0], value["c"][0])] == [int, float, bool, int]
     assert typed(TaskConfig, {"num_devices": np.int64(3), "dims": np.array([16, 32])}, "task").dims == (16, 32)
-    with pytest.raises(UserError, match=r"^task.num_devices: got True, expected an integer$"):
+    with pytest.raises(UserError, match=r"^task.num_devices: got True, expected an integer >= 1$"):
         typed(TaskConfig, {"num_devices": np.bool_(True)}, "task")
 
 

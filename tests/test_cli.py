@@ -216,7 +216,7 @@ def test_the_commands_use_no_private_hydra_api():
             "searcher.searchers: got 'bem', did you mean 'beam'",
         ),
         ("config", main_config, ["autotune=fast"], "Could not find 'autotune/fast'"),
-        ("config", main_config, ["task.mem_cap_gb=big"], "task.mem_cap_gb: got 'big', expected a number"),
+        ("config", main_config, ["task.mem_cap_gb=big"], "task.mem_cap_gb: got 'big', expected a finite number > 0"),
         ("config", main_config, ["task.pool.source=zzz"], "task.pool.source: got 'zzz'"),
         ("config", main_config, ["searcher=grid", "searcher.alphas=[1,x]"], "searcher.alphas[1]: got 'x', expected a"),
         ("config", main_config, ["task.num_device=3"], "unknown key 'num_device', did you mean 'num_devices'?"),

@@ -17,7 +17,7 @@ from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.torchrec_format import to_torchrec
 from neuroshard_jax.measure.breakdown import explanation, format_explanation
 from neuroshard_jax.search.pipeline import search_plan
-from neuroshard_jax.search.row_split import row_blocks_of
+from neuroshard_jax.search.ways import row_blocks_of
 from searchers import make_searcher
 
 LINKS = {"intra_host_gbps": 200.0, "inter_host_gbps": 25.0}

@@ -91,7 +91,7 @@ def test_integer_rules():
     "name, options, fragment",
     [
         ("grid", {"alphas": []}, "searcher.alphas: got []"),
-        ("grid", {"alphas": [0.9, 1.2]}, "searcher.alphas: got [0.9, 1.2]"),
+        ("grid", {"alphas": [0.9, 1.2]}, "searcher.alphas[0]: got 0.9, expected a finite number >= 1"),
         ("beam", {"k": 0}, "searcher.k: got 0"),
         ("beam", {"max_length": -1}, "searcher.max_length: got -1"),
         ("beam", {"width": 3}, "searcher.width: unknown key"),

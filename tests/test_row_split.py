@@ -18,8 +18,8 @@ from neuroshard_jax.costs.choice import CostModelSpec, make_cost_model
 from neuroshard_jax.costs.scoring import plan_arrays, score_plan
 from neuroshard_jax.kernels.processes import ComputeWorker
 from neuroshard_jax.measure.evaluator import EvaluateConfig, device_tables, measure_plans
-from neuroshard_jax.search.pipeline import search_plan, search_with_rows
-from neuroshard_jax.search.row_split import hot_tables, oversized, row_split_choices
+from neuroshard_jax.search.pipeline import search_plan
+from neuroshard_jax.search.ways import hot_tables, oversized, row_split_choices, search_with_rows
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool, pool_streams
 from neuroshard_jax.workloads.streams import TableSpec, restrict_rows, spec_stream
 from searchers import make_searcher

@@ -7,7 +7,7 @@ of a table's hot rows in its first block. Each task here has two large tables wh
 that order and 12 small tables with hashed ids, one data stream per table (a seed per task, the Zipf exponent drawn
 in 1.05..1.3). ``stats.StatsAccumulator`` measures each table's statistics and, rows being known, its row blocks'
 (``Table.row_blocks``). The task is planned twice with the same searcher and model, the two large tables cut into
-row blocks over every device (``search.search_with_rows``): knowing the blocks' statistics, and with them removed (a
+row blocks over every device (``ways.search_with_rows``): knowing the blocks' statistics, and with them removed (a
 block priced as its rows' share of the table's lookups with the table's histogram, all a search knew before).
 Both plans are measured on the task with the statistics (each block measured as its own lookups, which is what its
 device does), compute and comm, ``--repeats`` interleaved times (each device's median). Reported per plan: the
@@ -34,7 +34,7 @@ from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.choice import CostModelSpec
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.measure.evaluator import EvaluateConfig, measure_plans
-from neuroshard_jax.search.pipeline import search_with_rows
+from neuroshard_jax.search.ways import search_with_rows
 from neuroshard_jax.workloads.statistics import StatsAccumulator
 from neuroshard_jax.workloads.streams import zipf_ids
 from searchers import make_searcher

@@ -7,7 +7,7 @@ fair share of the task (``row_split.hot_tables``): no placement of whole tables 
 default because it had not been measured. This draws tasks of the suite's kind (the pool's test half, 10-59
 tables, seeds from 0), keeps those with a hot table, and plans each twice: as ``row_split=hot`` would choose (the
 model prices row groups' collectives with its ``row_comm`` fit; on its own it may keep the tables whole) and with
-the hot tables cut into row blocks over every device whatever the model thinks (``search.search_with_rows``). Both
+the hot tables cut into row blocks over every device whatever the model thinks (``search.ways.search_with_rows``). Both
 are measured with the evaluator (every device's compute on the FBGEMM kernels and the all-to-all and row groups'
 collectives on gloo ranks), ``--repeats`` interleaved times; the figure is each plan's median step (its slowest
 device). So it tells whether cutting hot tables pays here, and whether the model's choice is the faster one. Run it
@@ -31,8 +31,8 @@ from neuroshard_jax.costs.choice import CostModelSpec, make_cost_model
 from neuroshard_jax.costs.cost_model import expected_cost_model
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.measure.evaluator import EvaluateConfig, measured_steps
-from neuroshard_jax.search.pipeline import search_plan, search_with_rows, whole_table_ms
-from neuroshard_jax.search.row_split import hot_tables
+from neuroshard_jax.search.pipeline import search_plan
+from neuroshard_jax.search.ways import hot_tables, search_with_rows, whole_table_ms
 from neuroshard_jax.workloads.builders import TaskConfig, generate_task
 from neuroshard_jax.workloads.pool import load_pool
 from searchers import make_searcher

@@ -30,7 +30,7 @@ from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import FEATURE_INDEX, NUM_BINS
 
-# which tables the row-split stage tries row blocks for (``search/row_split.py``): fit, the tables only rows fit and
+# which tables the row-split stage tries row blocks for (``search/ways.py``): fit, the tables only rows fit and
 # those larger than every device; hot, and the tables whose compute exceeds a device's share; off, none
 ROW_SPLIT_MODES = ("fit", "hot", "off")
 

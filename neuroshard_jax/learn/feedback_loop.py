@@ -19,7 +19,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from neuroshard_jax.core.cli import resolved
-from neuroshard_jax.core.config import typed
+from neuroshard_jax.core.config import bounded, check_bounds, typed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.folders import one_writer
@@ -42,11 +42,12 @@ class LoopConfig:
     """conf/loop.yaml."""
 
     out: str = "runs/loop"
-    rounds: int = 3
-    tasks: int = 30  # tasks per round (each: every searcher's plan + ``plans.variants`` variants)
+    rounds: int = bounded(at_least=1, default=3)
+    # tasks per round (each: every searcher's plan + ``plans.variants`` variants)
+    tasks: int = bounded(at_least=1, default=30)
     start_model: str = "xeon-union"  # model 0: a shipped name or a checkpoint directory
     base_datasets: tuple[str, ...] = ()  # datasets of this machine's kind (checked before measuring)
-    label_weight: float = 2.0  # loss weight of a plan label against a base record
+    label_weight: float = bounded(above=0, default=2.0)  # loss weight of a plan label against a base record
     scratch: bool = False  # also train from scratch on the union after the last round (reported)
     allow_mixed_hardware: bool = False  # train on base datasets measured on another kind of hardware than the labels
     # as conf/collect.yaml (kind=plans); plans.round and plans.model are set per round
@@ -56,12 +57,7 @@ class LoopConfig:
     finetune: TrainConfig = TrainConfig(epochs=60, learning_rate=1e-3)
 
     def __post_init__(self):
-        if self.rounds < 1:
-            raise UserError(f"rounds: got {self.rounds}, expected an integer >= 1")
-        if self.tasks < 1:
-            raise UserError(f"tasks: got {self.tasks}, expected an integer >= 1")
-        if not self.label_weight > 0:
-            raise UserError(f"label_weight: got {self.label_weight}, expected a number > 0")
+        check_bounds(self)
 
 
 def model_dir(out: Path, round_: int) -> Path:

@@ -104,9 +104,11 @@ class AdaptConfig:
     draws: int = bounded(at_least=1, default=4)
     heldout_every: int = bounded(at_least=1, default=3)  # every Nth covering pick is held out: scored, never trained on
     # of the budget spent measuring at most; the rest (at least a fine-tune's time) trains
-    label_share: float = bounded(above=0, default=0.95)
-    plan_share: float = 0.2  # of the measuring time: the devices of plans searched with the start model (0: none)
-    input_share: float = 0.2  # of the measuring time at most: TorchRec's input distribution (input_labels)
+    label_share: float = bounded(above=0, at_most=1, default=0.95)
+    # of the measuring time: the devices of plans searched with the start model (0: none)
+    plan_share: float = bounded(at_least=0, at_most=1, default=0.2)
+    # of the measuring time at most: TorchRec's input distribution (input_labels)
+    input_share: float = bounded(at_least=0, at_most=1, default=0.2)
     reanchor: bool = True  # move the start model onto the roofline of the new labels before fine-tuning
     label_weight: float = bounded(above=0, default=2.0)  # loss weight of a plan device against a spec label
     # training labels needed to fine-tune (fewer: the run says how many it got and stops)
@@ -144,10 +146,8 @@ class AdaptConfig:
             raise UserError(
                 f"inputs.input_share: got {self.inputs.input_share}, expected 1.0 (every label a distribution)"
             )
-        for key in ("uncertain_share", "plan_share", "label_share", "input_share"):
-            if not 0 <= getattr(self, key) <= 1 or (key == "uncertain_share" and getattr(self, key) == 1):
-                upper = "< 1" if key == "uncertain_share" else "<= 1"
-                raise UserError(f"{key}: got {getattr(self, key)!r}, expected a share >= 0 and {upper}")
+        if not 0 <= self.uncertain_share < 1:  # a strict upper bound, which ``bounded`` does not express
+            raise UserError(f"uncertain_share: got {self.uncertain_share!r}, expected a share >= 0 and < 1")
         if self.device not in ("cpu", "cuda"):
             raise UserError(f"device: got {self.device!r}, expected 'cpu' or 'cuda'")
         object.__setattr__(self, "optimizer", kernel_optimizer(self.optimizer, self.device).name)

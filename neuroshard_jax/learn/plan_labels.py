@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from neuroshard_jax.core.assignment import assignment, plan_of, row_blocks_in, row_groups
+from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.devices import Device
 from neuroshard_jax.core.errors import PlanError, UserError
@@ -72,7 +73,7 @@ PERTURBATIONS = ("move", "swap", "halve", "merge")
 class PlanLabelConfig:
     """conf/collect.yaml ``plans:``."""
 
-    round: int = 0  # rows record it; each round draws its own tasks
+    round: int = bounded(at_least=0, default=0)  # rows record it; each round draws its own tasks
     model: str = "xeon-union"  # a shipped model's name or a checkpoint directory
     searchers: tuple[str, ...] = (
         "beam",
@@ -85,43 +86,36 @@ class PlanLabelConfig:
         "torchrec",
     )
     sources: tuple[str, ...] = SOURCES  # the pool's train half | the spec sampler (specs:), alternating
-    num_devices: tuple[int, ...] = (4, 8)
+    num_devices: tuple[int, ...] = bounded(at_least=2, default=(4, 8))
     min_tables: int = 10
     max_tables: int = 40
     pool_mem_cap_gb: float = 4.0
     max_device_gib: float = 4.0  # spec tasks: a device's weights stay measurable beside a second worker
-    candidates: int = 48  # perturbed variants drawn per searched plan
-    variants: int = 8  # of which this many per task are measured
+    candidates: int = bounded(at_least=0, default=48)  # perturbed variants drawn per searched plan
+    variants: int = bounded(at_least=0, default=8)  # of which this many per task are measured
     select: str = "spread"  # spread: the near-best variants the ensemble is least sure of | random
     near: float = 0.1  # near-best: predicted within this fraction of the task's best plan
     comm: bool = True  # also each plan's all-to-all (comm.jsonl)
-    references: int = 0  # records of ``reference`` measured with every ``chunk`` devices: each label's ``speed``
+    # records of ``reference`` measured with every ``chunk`` devices: each label's ``speed``
+    references: int = bounded(at_least=0, default=0)
     reference: str = ""  # a compute dataset of this machine's kind (drift.py)
-    chunk: int = 64
+    chunk: int = bounded(at_least=1, default=64)
 
     def __post_init__(self):
-        if self.round < 0:
-            raise UserError(f"plans.round: got {self.round}, expected an integer >= 0")
+        check_bounds(self, "plans.")
         bad = [s for s in self.sources if s not in SOURCES]
         if bad or not self.sources:
             raise UserError(f"plans.sources: got {list(self.sources)}, expected some of {', '.join(SOURCES)}")
         if self.select not in SELECTIONS:
             raise UserError(f"plans.select: got {self.select!r}, expected one of {', '.join(SELECTIONS)}")
-        if not self.num_devices or min(self.num_devices) < 2:
-            raise UserError(f"plans.num_devices: got {list(self.num_devices)}, expected device counts >= 2")
+        if not self.num_devices:
+            raise UserError("plans.num_devices: got [], expected a non-empty list of integers >= 2")
         if not 1 <= self.min_tables <= self.max_tables:
             raise UserError(
                 f"plans.min_tables/max_tables: got {self.min_tables}/{self.max_tables}, expected 1 <= min <= max"
             )
-        for name in ("candidates", "variants"):
-            if getattr(self, name) < 0:
-                raise UserError(f"plans.{name}: got {getattr(self, name)}, expected an integer >= 0")
         if not self.searchers:
             raise UserError("plans.searchers: got [], expected at least one searcher")
-        if self.references < 0:
-            raise UserError(f"plans.references: got {self.references}, expected an integer >= 0")
-        if self.chunk < 1:
-            raise UserError(f"plans.chunk: got {self.chunk}, expected an integer >= 1")
         if self.references and not self.reference:
             raise UserError(
                 f"plans.reference: got none with plans.references={self.references}, expected a compute dataset "

@@ -25,7 +25,7 @@ from neuroshard_jax.core.config import bounded
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.records import CalibrationProtocol, CalibrationRatios, CalibrationRecord
 from neuroshard_jax.core.sharding import Shard
-from neuroshard_jax.core.task import Task, check_feasible
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import CostModel, device_compute_ms, expected_cost_model, with_compute_scale
 from neuroshard_jax.kernels.executors import Executor, ExecutorConfig
 from neuroshard_jax.measure.evaluator import Measuring, quiet_devices
@@ -135,9 +135,8 @@ def calibrate(
 def calibrated(
     task: Task, model: CostModel, config: CalibrateConfig, seed: int = 0
 ) -> tuple[CostModel, CalibrationRecord]:
-    """``model`` (built for ``task``) with its compute scaled by the factor measured on ``task`` (the model as
-    trained is what is calibrated; an infeasible task is refused before any measurement), and the record plan.json
-    keeps."""
-    check_feasible(task)
+    """``model`` (built for ``task``, a feasible one: ``Planner.run`` checks it before building the model) with its
+    compute scaled by the factor measured on ``task`` (the model as trained is what is calibrated), and the record
+    plan.json keeps."""
     record = calibrate(task, with_compute_scale(model, 1.0, task.comm_scale()), config, seed)
     return with_compute_scale(model, record.factor, task.comm_scale()), record

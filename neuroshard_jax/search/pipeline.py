@@ -14,23 +14,14 @@ import jax
 import numpy as np
 
 from neuroshard_jax.core.constraints import conflicts, constraints_used, has_constraints
-from neuroshard_jax.core.devices import Device
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.paths import CACHE_HINT, cache_dir
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.records import CalibrationRecord, Candidate, PortfolioRecord
-from neuroshard_jax.core.sharding import merge_colocated
 from neuroshard_jax.core.task import Task, check_feasible
 from neuroshard_jax.costs.cost_model import CostModel, compute_scale, expected_cost_model
-from neuroshard_jax.costs.scoring import score_plan, score_plans, shards_alone, with_costs
-from neuroshard_jax.search.replicas import replica_choices, replica_rest, replicas_fit, with_replicas
-from neuroshard_jax.search.row_split import (
-    cut_rows,
-    hot_tables,
-    join,
-    row_split_choices,
-    settle,
-)
+from neuroshard_jax.costs.scoring import score_plans, with_costs
+from neuroshard_jax.search.ways import Run, Ways, search_runs
 from searchers import Searcher, registered
 from searchers.registry import Member
 
@@ -79,7 +70,7 @@ def search_candidates(
 ) -> tuple[Plan, dict[str, Plan]]:
     """Search a plan for ``task``: validated, with its costs predicted by ``model`` (built for ``task``, and serving
     every part of it the search plans: the tables around replicas or row blocks keep its devices) and its
-    provenance. ``row_split``: which tables row blocks are tried for (``row_split.py``: fit | hot | off).
+    provenance. ``row_split``: which tables row blocks are tried for (``ways.py``: fit | hot | off).
 
     The stage tries several runs of the searcher (its hot small tables data-parallel or not, tables cut into row
     blocks or not) and keeps the plan the search's own score ranks first. A portfolio (``searcher.members()``) is its
@@ -95,7 +86,7 @@ def search_candidates(
     start = time.perf_counter()
     expected = expected_cost_model(model)  # the reported costs and the stages' estimates: no risk term
     portfolio = bool(searcher.members())
-    ways = _Ways(task, expected)
+    ways = Ways(task, expected)
     tried = []
     for member in searcher.members() or (Member(searcher.name, searcher),):
         mode = member.row_split or row_split
@@ -109,7 +100,7 @@ def search_candidates(
             runs, refusal = [], err
         tried.append(_Tried(member, mode, runs, refusal))
     distinct = list(dict.fromkeys(run for t in tried for run in t.runs))
-    plans, errors, seconds = _search_runs(task, distinct, model, expected, seed, start, portfolio)
+    plans, errors, seconds = search_runs(task, distinct, model, expected, seed, start, portfolio)
     outcomes = [
         _Outcome(
             t.member,
@@ -178,34 +169,12 @@ def _portfolio_record(outcomes, picks, best, plans, scores, expected: CostModel)
     return PortfolioRecord(candidates=tuple(candidates), chosen=chosen, margin=margin)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class _Run:
-    """One search of the stage: ``searcher`` on the task around its ``replicated`` tables, with the tables ``split``
-    cut into row blocks first (``within_host``: over one host's devices). Runs of equal searchers (the same class
-    and options: their repr, since an option may be a list) with the same choices are one search."""
-
-    searcher: Searcher
-    replicated: tuple[int, ...]
-    split: tuple[int, ...]
-    within_host: bool
-    searched: bool = True  # False: every table data-parallel, a plan made without searching
-
-    def _key(self) -> tuple:
-        return repr(self.searcher), tuple(self.replicated), tuple(self.split), self.within_host, self.searched
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, _Run) and self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-
 class _Tried(NamedTuple):
     """A member's runs before the search: its row-split mode, its runs, and why it may make no plan."""
 
     member: Member
     mode: str
-    runs: list[_Run]
+    runs: list[Run]
     refusal: Exception | None
 
 
@@ -215,157 +184,9 @@ class _Outcome(NamedTuple):
 
     member: Member
     mode: str
-    made: list[_Run]
+    made: list[Run]
     why: Exception | None
     seconds: float
-
-
-class _Ways:
-    """The runs the stage tries for a searcher and a row-split mode: its choices of data-parallel tables, and for
-    each the sets of tables cut into row blocks; the tables' predicted compute worked out once, where asked for."""
-
-    def __init__(self, task: Task, expected: CostModel):
-        self.task, self.expected = task, expected
-        self._table_ms = None
-
-    def table_ms(self) -> np.ndarray:
-        if self._table_ms is None:
-            self._table_ms = whole_table_ms(self.expected, self.task)
-        return self._table_ms
-
-    def runs(self, searcher: Searcher, row_split: str) -> tuple[list[_Run], InfeasibleError | None]:
-        """The runs (a plan made without searching first, as the stage has always weighed them) and the first
-        refusal of a choice of replicas that leaves no plan."""
-        task, refusal, direct, runs = self.task, None, [], []
-        table_ms = self.table_ms() if searcher.replicates or row_split == "hot" else None
-        for replicated in [()] if searcher.own_row_splits else replica_choices(task, table_ms, searcher.replicates):
-            try:
-                if len(replicated) == task.num_tables:  # every table on every device: nothing left to search
-                    replicas_fit(task, replicated)
-                    direct.append(_Run(searcher, replicated, (), False, searched=False))
-                    continue
-                base = replica_rest(task, replicated)[0] if replicated else task
-                if searcher.own_row_splits:  # TorchRec's planner chooses its own sharding types
-                    choices = [()]
-                else:
-                    # the hot tables need every table's predicted compute: worked out only where they are asked for
-                    base_ms = None
-                    if row_split == "hot":
-                        base_ms = table_ms if not replicated else whole_table_ms(self.expected, base)
-                    hot = hot_tables(base_ms, base.num_devices) if row_split == "hot" else ()
-                    choices = row_split_choices(base, row_split, hot)
-            except InfeasibleError as err:  # this choice of replicas leaves no plan; another may
-                refusal = refusal or err
-                continue
-            # on several hosts a table's row blocks may also stay within one host (TorchRec's table_row_wise)
-            ways = (False, True) if base.host_groups() is not None else (False,)
-            runs += [
-                _Run(searcher, replicated, split, within_host)
-                for split in choices
-                for within_host in (ways if split else (False,))
-            ]
-        return direct + runs, refusal
-
-
-def _search_runs(
-    task: Task, runs: list[_Run], model: CostModel, expected: CostModel, seed: int, start: float, portfolio: bool
-):
-    """Each run's plan and seconds, and the refusal of each run that leaves no plan, by run. A bound on a searcher's
-    work is shared by all its runs; its time budget (the whole stage's, from ``start``, less what other searchers'
-    runs took) by its runs left. In a ``portfolio`` a member's UserError (TorchRec not installed, a policy trained at
-    another batch) is that run's refusal; for a plain searcher it is raised."""
-    plans, errors, seconds = {}, {}, {}
-    for i, run in enumerate(runs):
-        if not run.searched:
-            plans[run], seconds[run] = Plan(task, (), data_parallel=run.replicated).validate(), 0.0
-            continue
-        same = repr(run.searcher)
-        own = [r for r in runs if r.searched and repr(r.searcher) == same]
-        searcher = run.searcher.share(len(own))  # a bound on the search's work: the same share for every run
-        if searcher.budget_s is not None:  # a searcher's time budget is the whole search's: shared by the runs left
-            others = sum(t for r, t in seconds.items() if repr(r.searcher) != same)
-            spent = time.perf_counter() - start - others
-            left = sum(r in own for r in runs[i:])
-            searcher = searcher.with_budget(max((run.searcher.budget_s - spent) / left, 1e-6))
-        began = time.perf_counter()
-        try:
-            base, index = replica_rest(task, run.replicated) if run.replicated else (task, None)
-            plan = _search_around(base, searcher, model, expected, seed, run.split, run.within_host)
-            plans[run] = with_replicas(task, plan, index, run.replicated).validate() if run.replicated else plan
-        except InfeasibleError as err:  # this way of cutting leaves no plan; another may
-            errors[run] = err
-        except UserError as err:
-            if not portfolio:
-                raise
-            errors[run] = err
-        seconds[run] = time.perf_counter() - began
-    return plans, errors, seconds
-
-
-def search_with_rows(task: Task, searcher: Searcher, model: CostModel, seed: int, tables: tuple[int, ...]) -> Plan:
-    """The searcher's plan of ``task`` with exactly ``tables`` (task indices) cut into row blocks over every device,
-    whatever the model thinks of it (what ``row_split`` would weigh against the other ways), with its costs."""
-    check_feasible(task)
-    expected = expected_cost_model(model)
-    plan = _search_around(task, searcher, model, expected, seed, tables, False)
-    return dataclasses.replace(with_costs(expected, plan), searcher=searcher.name, seed=seed)
-
-
-def whole_table_ms(expected: CostModel, task: Task) -> np.ndarray:
-    """f64[T]: each table's predicted compute alone and whole by ``expected`` (a model's expectation,
-    ``expected_cost_model``)."""
-    return shards_alone(expected, task.features().astype(np.float32))[1].astype(np.float64)
-
-
-def _search_around(
-    task: Task, searcher: Searcher, model: CostModel, expected: CostModel, seed: int, split, within_host: bool
-) -> Plan:
-    """The searcher's plan of ``task`` with the tables ``split`` cut into row blocks first (none: the plain search),
-    over every device or, ``within_host``, over one host's devices; validated."""
-    if split:
-        blocks, rest, index = cut_rows(task, settle(task, split, within_host), within_host)
-        if not rest.num_tables:
-            return join(task, None, index, blocks).validate()
-        # blocks of tables with their own statistics may be far from alike: also planned around (loaded_rest)
-        known = any(task.tables[s.table].row_blocks for s in blocks)
-        arounds = [rest, *filter(None, [loaded_rest(task, rest, blocks, expected) if known else None])]
-        if len(arounds) > 1:  # the run's budgets shared
-            searcher = searcher.share(len(arounds))
-            if searcher.budget_s is not None:
-                searcher = searcher.with_budget(searcher.budget_s / len(arounds))
-        plans = []
-        for around in arounds:
-            rest_plan = searcher.search(around, model, seed)
-            rest_plan = Plan(rest, merge_colocated(rest_plan.shards))
-            plans.append(join(task, rest_plan, index, blocks).validate())
-        return plans[int(np.argmin(score_plans(model, plans)))] if len(plans) > 1 else plans[0]
-    plan = searcher.search(task, model, seed)
-    # slices of one table left on one device are one shard's work done in pieces: undo those halvings
-    return dataclasses.replace(plan, shards=merge_colocated(plan.shards)).validate()
-
-
-UNEVEN_BLOCKS = 0.05  # blocks whose predicted compute spreads more than this (of the mean) are planned around
-
-
-def loaded_rest(task: Task, rest: Task, blocks: tuple, expected: CostModel) -> Task | None:
-    """``rest`` (from ``row_split.cut_rows``) with each device's speed scaled to the room its row blocks leave, when
-    their predicted compute is uneven (a block holding the table's hot rows, known from its own statistics:
-    ``Table.row_blocks``), else None. The searcher then gives a device in proportion to what the balanced step
-    leaves it after its blocks; ``_search_around`` keeps this plan only where the whole plan scores cheaper."""
-    block_ms = score_plan(expected, Plan(task, blocks)).compute_ms
-    mean = float(block_ms.mean())
-    if mean <= 0 or float(block_ms.max() - block_ms.min()) <= UNEVEN_BLOCKS * mean:
-        return None
-    speeds = task.speeds()
-    rest_ms = float(whole_table_ms(expected, rest).sum())  # on a device of speed 1
-    # the balanced step: every device busy for it, the blocks' work (block_ms x speed at speed 1) included
-    target = (rest_ms + float((block_ms * speeds).sum())) / float(speeds.sum())
-    room = np.maximum(target - block_ms, 0.05 * target)  # a device its blocks fill still takes a little
-    scale = room / room.mean()
-    devices = [
-        Device(cap, float(speed * f), host) for cap, speed, f, host in zip(rest.caps_gb(), speeds, scale, rest.hosts())
-    ]
-    return Task(devices, rest.batch_size, rest.tables, rest.precision, rest.pool, rest.links, rest.training)
 
 
 def check_constraints(task: Task, searcher: Searcher) -> None:

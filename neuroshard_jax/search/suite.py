@@ -29,6 +29,7 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
+from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import JsonlLog, write_json
 from neuroshard_jax.core.plan import Plan
@@ -49,20 +50,18 @@ PLAN_CACHE = "plan_measurements.jsonl"  # in the sweep directory: measurements b
 
 @dataclasses.dataclass(frozen=True)
 class SuiteConfig:
-    tasks: int = 50  # tasks per device count
-    devices: tuple[int, ...] = (4, 8)
+    tasks: int = bounded(at_least=1, default=50)  # tasks per device count
+    devices: tuple[int, ...] = bounded(at_least=1, default=(4, 8))
     # task seeds first_seed .. first_seed + tasks - 1: held-out tasks, the same in tools/bench_search
     first_seed: int = 20_000
-    chunk: int = 25  # plans searched (and measured, with evaluate=true) per batch; a stopped run resumes
+    # plans searched (and measured, with evaluate=true) per batch; a stopped run resumes
+    chunk: int = bounded(at_least=1, default=25)
 
     def __post_init__(self):
         object.__setattr__(self, "devices", tuple(self.devices))
-        for name in ("tasks", "chunk"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise UserError(f"suite.{name}: got {value!r}, expected an integer >= 1")
-        if not self.devices or any(not isinstance(n, int) or n < 1 for n in self.devices):
-            raise UserError(f"suite.devices: got {list(self.devices)}, expected a non-empty list of integers >= 1")
+        check_bounds(self, "suite.")
+        if not self.devices:
+            raise UserError("suite.devices: got [], expected a non-empty list of integers >= 1")
 
     def keys(self) -> list[tuple[int, int]]:
         """(devices, task seed) of every task, in run order."""

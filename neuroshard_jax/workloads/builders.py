@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from neuroshard_jax.core.config import typed
+from neuroshard_jax.core.config import bounded, check_bounds, typed
 from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GIB_BYTES, MAX_CAP_GB, TASK_DIMS
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_BINS
@@ -29,27 +29,22 @@ SPLITS = ("all", "train", "test")
 class TaskConfig:
     """What ``conf/task/*.yaml`` holds. ``num_tables=None`` draws it from [min_tables, max_tables]."""
 
-    num_tables: int | None = 50
+    num_tables: int | None = bounded(at_least=1, default=50)
     min_tables: int = 10
     max_tables: int = 59
-    num_devices: int = 4
-    mem_cap_gb: float = 4.0
-    batch_size: int = 4096
+    num_devices: int = bounded(at_least=1, default=4)
+    mem_cap_gb: float = bounded(above=0, at_most=MAX_CAP_GB, default=4.0)
+    batch_size: int = bounded(at_least=1, default=4096)
     dims: tuple[int, ...] = TASK_DIMS
     precision: str = "fp32"
     optimizer: str = "exact_sgd"  # the fused optimizer the tables train with (FBGEMM's or TorchRec's name)
     mem_reserve: float = 0.0  # share of every device's cap held back for what the plan does not hold
-    max_fill: float = 0.9
+    max_fill: float = bounded(above=0, at_most=1, default=0.9)
     split: str = "all"
     pool: PoolSpec = PoolSpec()
 
     def __post_init__(self):
-        if self.num_devices < 1:
-            raise UserError(f"task.num_devices: got {self.num_devices}, expected an integer >= 1")
-        if not 0 < self.mem_cap_gb <= MAX_CAP_GB:
-            raise UserError(f"task.mem_cap_gb: got {self.mem_cap_gb}, expected a number > 0 and <= {MAX_CAP_GB:g}")
-        if self.num_tables is not None and self.num_tables < 1:
-            raise UserError(f"task.num_tables: got {self.num_tables}, expected an integer >= 1 or null")
+        check_bounds(self, "task.")  # TaskGroupConfig's seed too
         if not 1 <= self.min_tables <= self.max_tables:
             raise UserError(
                 f"task.min_tables/max_tables: got {self.min_tables}/{self.max_tables}, expected 1 <= min <= max"
@@ -57,10 +52,6 @@ class TaskConfig:
         bad = [d for d in self.dims if not is_legal_dim(d)]
         if bad or not self.dims:
             raise UserError(f"task.dims: got {list(self.dims)}, expected positive multiples of {DIM_ALIGNMENT}")
-        if not 0 < self.max_fill <= 1:
-            raise UserError(f"task.max_fill: got {self.max_fill}, expected a number in (0, 1]")
-        if self.batch_size < 1:
-            raise UserError(f"task.batch_size: got {self.batch_size}, expected an integer >= 1")
         if self.split not in SPLITS:
             raise UserError(f"task.split: got {self.split!r}, expected one of {', '.join(SPLITS)}")
         if self.precision not in BYTES_PER_ELEMENT:
@@ -78,13 +69,8 @@ class TaskGroupConfig(TaskConfig):
     ``style`` names the paper whose task setup the file follows."""
 
     path: str | None = None  # a task JSON file (the "task" object of plan.json); overrides everything below
-    seed: int = 0
+    seed: int = bounded(at_least=0, default=0)  # checked by TaskConfig.__post_init__
     style: str = "neuroshard"
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.seed < 0:
-            raise UserError(f"task.seed: got {self.seed}, expected an integer >= 0")
 
 
 def split_table_ids(pool: TablePool, split: str) -> np.ndarray:

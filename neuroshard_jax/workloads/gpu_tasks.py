@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.constants import GIB_BYTES, MIN_ROWS
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import bin_shares
@@ -49,7 +50,8 @@ MLPERF_LOG10_ROWS = 7.6  # MLPerf's DLRM caps Criteo 1TB's tables at 40M rows (t
 class GpuTaskConfig:
     """The family's ranges (defaults: the GPU check's; a test or a dry run takes smaller ones)."""
 
-    device_counts: tuple[int, ...] = (8, 16)  # task ``index`` has device_counts[index % len] devices
+    # task ``index`` has device_counts[index % len] devices
+    device_counts: tuple[int, ...] = bounded(at_least=1, default=(8, 16))
     # tables per task, drawn uniformly (inclusive): 50-64 a device at 8 devices, 25-32 at 16 (TorchRec's default
     # planner, which plans these tasks where they are packed, takes over 10 minutes for 800 tables over 16 devices)
     tables: tuple[int, int] = (400, 512)
@@ -57,17 +59,17 @@ class GpuTaskConfig:
     dims: tuple[int, ...] = (32, 64, 128)
     mean_pooling: float = PUBLISHED_LIGHT_POOLING
     log10_rows_max: float = MLPERF_LOG10_ROWS
-    fill: float = 0.6  # the tables' memory over all devices' memory (the cap is rounded up to 0.5 GiB)
+    # the tables' memory over all devices' memory (the cap is rounded up to 0.5 GiB)
+    fill: float = bounded(above=0, at_most=1, default=0.6)
     precision: str = "fp32"
 
     def __post_init__(self):
-        if not self.device_counts or min(self.device_counts) < 1:
-            raise UserError(f"gpu tasks: device_counts {list(self.device_counts)}, expected counts >= 1")
+        check_bounds(self, "gpu tasks: ")
+        if not self.device_counts:
+            raise UserError("gpu tasks: device_counts: got [], expected a non-empty list of integers >= 1")
         low, high = self.tables
         if not 1 <= low <= high:
             raise UserError(f"gpu tasks: tables {[low, high]}, expected 1 <= low <= high")
-        if not 0 < self.fill <= 1:
-            raise UserError(f"gpu tasks: fill {self.fill}, expected a share in (0, 1]")
 
 
 def table_params(config: GpuTaskConfig, seed: int, index: int, num_tables: int):

@@ -8,6 +8,7 @@ import dataclasses
 
 import numpy as np
 
+from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import bin_shares, count_histogram
@@ -64,20 +65,20 @@ class SpecSamplerConfig:
     split_share: float = 0.35  # samples holding every column slice (2, 4 or 8) of one to three tables
     mem_cap_gb: float = 2.0  # weights are initialised in full: memory is most of a sample's time
     precision: str = "fp32"
-    row_share: float = 0.0  # samples holding a row block (one of 2, 4 or 8) of one or two of their tables
+    # samples holding a row block (one of 2, 4 or 8) of one or two of their tables
+    row_share: float = bounded(at_least=0, at_most=1, default=0.0)
     # where users are and the labels were thin (docs/results/fusion.md): kernels fusing more tables than max_tables
     # (up to many_tables), and tables with large working sets (rows 1e5..1e7 looked up 10..200 times per sample).
     # Drawn from a stream of their own: at 0 the samples are those drawn before these existed.
-    many_share: float = 0.0  # samples fusing max_tables + 1 .. many_tables tables
+    many_share: float = bounded(at_least=0, at_most=1, default=0.0)  # fusing max_tables + 1 .. many_tables tables
     many_tables: int = 48
-    heavy_share: float = 0.0  # tables drawn from the heavy corner instead of the whole range
+    # tables drawn from the heavy corner instead of the whole range
+    heavy_share: float = bounded(at_least=0, at_most=1, default=0.0)
     # one table alone, as a search places a heavy table on a device of its own (1 in max_tables samples otherwise)
-    alone_share: float = 0.0
+    alone_share: float = bounded(at_least=0, at_most=1, default=0.0)
 
     def __post_init__(self):
-        for name in ("row_share", "many_share", "heavy_share", "alone_share"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise UserError(f"specs.{name}: got {getattr(self, name)}, expected a share in [0, 1]")
+        check_bounds(self, "specs.")
         if self.many_share and self.many_tables <= self.max_tables:
             raise UserError(
                 f"specs.many_tables: got {self.many_tables}, expected more than specs.max_tables ({self.max_tables})"
@@ -165,20 +166,20 @@ class CommSamplerConfig:
     the samples also carry 1-2 row groups (row-split tables' reduce-scatters over 2..N of the devices,
     ``row_comm.py``)."""
 
-    world_sizes: tuple[int, ...] = (2, 4, 8)
+    world_sizes: tuple[int, ...] = bounded(at_least=2, default=(2, 4, 8))  # an exchange: 2 devices at least
     min_tables: int = 10
     max_tables: int = 60
     dims: tuple[int, ...] = (4, 8, 16, 32, 64, 128)
     max_delay_ms: float = 20.0
-    row_share: float = 0.0  # share of samples with row groups (reduce-scatters of row-split tables: row_comm.py)
-    input_share: float = 0.0  # share of samples with input distributions (TorchRec's ids all-to-alls: input_dist.py)
+    # share of samples with row groups (reduce-scatters of row-split tables: row_comm.py)
+    row_share: float = bounded(at_least=0, at_most=1, default=0.0)
+    # share of samples with input distributions (TorchRec's ids all-to-alls: input_dist.py)
+    input_share: float = bounded(at_least=0, at_most=1, default=0.0)
 
     def __post_init__(self):
-        for name in ("row_share", "input_share"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise UserError(f"comm.{name}: got {getattr(self, name)}, expected a share in [0, 1]")
-        if not self.world_sizes or min(self.world_sizes) < 2:
-            raise UserError(f"comm.world_sizes: got {list(self.world_sizes)}, expected sizes >= 2 (an exchange)")
+        check_bounds(self, "comm.")
+        if not self.world_sizes:
+            raise UserError("comm.world_sizes: got [], expected a non-empty list of integers >= 2 (an exchange)")
 
 
 def sample_comm(config: CommSamplerConfig, seed: int, index: int) -> dict:
