@@ -58,7 +58,7 @@ def plan(
     process skips compiling. ``precision`` (the weights'), ``optimizer`` (the fused optimizer the tables train
     with, FBGEMM's or TorchRec's name: ``"exact_row_wise_adagrad"``, ``"EXACT_ROWWISE_ADAGRAD"``, ``"adam"``) and
     ``mem_reserve`` (the share of every cap held back) decide what a device's tables hold while they train: weights,
-    optimizer state and the step's buffers (``core.memory``); every plan fits them. ``calibrate=True`` (or a
+    optimizer state and the step's buffers (``core.task``); every plan fits them. ``calibrate=True`` (or a
     ``CalibrateConfig``) first scales the cost model to this machine from measurements of the tables on the real
     kernels (``plan.calibration`` says by how much);
     ``polish=True`` (or a ``PolishConfig``) then improves the plan on the real kernels (``plan.polish`` records what

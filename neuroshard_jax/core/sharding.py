@@ -11,7 +11,7 @@ the torch worker all call them. NumPy only (the worker imports it).
   i-th device of the group it is split over; each of its column slices is cut the same way. A row block does the
   lookups that land in its rows only (``shard_features``).
 * **Memory.** A shard's weights are rows x dim x bytes per element of the precision (``mem_bytes``); what it holds
-  while it trains (optimizer state, the step's buffers) is ``core.memory``'s, summed per device by
+  while it trains (optimizer state, the step's buffers) is ``core.task``'s, summed per device by
   ``Task.device_memory``.
 * **Merging.** Sibling slices (the two halves of one halving) on the same device are one shard in all but cost:
   the same memory and output, more work per lookup. ``merge_colocated`` undoes every such halving.
