@@ -51,7 +51,7 @@ _EXPORTS = {
     "table_latents": "neuroshard_jax.costs.scoring",
     "costs_from_latents": "neuroshard_jax.costs.scoring",
     "plan_arrays": "neuroshard_jax.costs.scoring",
-    "apart_arrays": "neuroshard_jax.costs.scoring",
+    "apart_arrays": "neuroshard_jax.core.assignment",
     "score_plan": "neuroshard_jax.costs.scoring",
     "score_plans": "neuroshard_jax.costs.scoring",
     "searcher_names": "searchers",

@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from neuroshard_jax.core.assignment import apart_arrays
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.costs.analytic import analytic_model
 from neuroshard_jax.costs.cost_model import (
@@ -14,7 +15,7 @@ from neuroshard_jax.costs.cost_model import (
     device_costs,
     plan_cost_ms,
 )
-from neuroshard_jax.costs.scoring import apart_arrays, plan_arrays, score_plan, score_plans
+from neuroshard_jax.costs.scoring import plan_arrays, score_plan, score_plans
 
 from .conftest import make_table, make_task
 

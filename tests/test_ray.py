@@ -63,7 +63,7 @@ def test_ray_collection_draws_the_local_samples_and_survives_a_killed_actor(clus
     out = tmp_path / "ray"
     killed: list[int] = []
     earlier = set(_actor_pids())  # other tests' actors on the shared cluster: killing an idle one retries nothing
-    append = JsonlLog.append
+    append = JsonlLog.write_record
 
     def append_then_kill(log: JsonlLog, record: dict) -> None:
         """The kill happens in the driver's second append, with 8 requests left: whichever actor it hits has a
@@ -74,7 +74,7 @@ def test_ray_collection_draws_the_local_samples_and_survives_a_killed_actor(clus
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
 
-    monkeypatch.setattr(JsonlLog, "append", append_then_kill)
+    monkeypatch.setattr(JsonlLog, "write_record", append_then_kill)
     summary = collect(dataclasses.replace(_collect_config(out, 10, executor=RAY), iters=20))
     assert killed, "no actor process was found to kill"
     rows = _records(out / "compute.jsonl")

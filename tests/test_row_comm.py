@@ -194,7 +194,7 @@ def _whole_rest(task):
 def test_column_wise_tables_run_an_all_to_all_of_their_own():
     """TorchRec runs one all-to-all per sharding type: a plan with a table cut in columns prices and measures the
     column-wise slices' all-to-all apart from the table-wise one; a plan without keeps its one all-to-all."""
-    from neuroshard_jax.costs.scoring import apart_arrays
+    from neuroshard_jax.core.assignment import apart_arrays
     from neuroshard_jax.kernels.processes import run_comm
     from neuroshard_jax.kernels.worker.comm import all_to_alls
 

@@ -305,11 +305,11 @@ def test_a_full_disk_is_one_line_and_keeps_what_was_written(small_disk):
     is room again, the same writes succeed."""
     disk = small_disk.path
     log = JsonlLog(disk / "compute.jsonl")
-    log.append({"id": 0, "ok": True})
+    log.write_record({"id": 0, "ok": True})
     write_json({"plan": "old"}, disk / "plan.json")
     small_disk.fill()
     with pytest.raises(UserError, match=r"appending a record to '.*compute.jsonl' failed: disk full"):
-        log.append({"id": 1, "ok": True, "pad": "x" * 8192})
+        log.write_record({"id": 1, "ok": True, "pad": "x" * 8192})
     with pytest.raises(UserError, match=r"writing '.*plan.json' failed: disk full: no space left on device"):
         write_json({"plan": "new", "pad": "x" * 8192}, disk / "plan.json")
     with pytest.raises(UserError, match=r"writing '.*manifest-compute.json' failed: disk full"):
@@ -318,7 +318,7 @@ def test_a_full_disk_is_one_line_and_keeps_what_was_written(small_disk):
     assert json.loads((disk / "plan.json").read_text()) == {"plan": "old"}
     assert not list(disk.glob("*.tmp"))
     small_disk.free()
-    log.append({"id": 1, "ok": True})
+    log.write_record({"id": 1, "ok": True})
     assert [r["id"] for r in read_records(disk / "compute.jsonl")] == [0, 1]
 
 

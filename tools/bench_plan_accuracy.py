@@ -90,7 +90,7 @@ def measure(args) -> dict:
                         "task": task.to_json(),
                         "plans": plans + polished(task, plans, polish, args.model, PolishConfig(name="measured"), seed),
                     }
-                    plans_log.append(rows[row_id])
+                    plans_log.write_record(rows[row_id])
                 row = rows[row_id]
                 jobs = {key: (task, tables) for key, _, task, tables in plan_devices(row) if key not in compute_log.ids}
                 if not jobs:
@@ -101,7 +101,7 @@ def measure(args) -> dict:
                 fields |= {key: {"tables": tables} for key, (_, tables) in jobs.items()}
                 for key, extra in fields.items():
                     runs = [a["total_ms"] for a in answers[key]]
-                    compute_log.append(
+                    compute_log.write_record(
                         {"id": key, **extra, "task": row_id, "ok": True}
                         | {"runs_ms": [round(x, 4) for x in runs], "total_ms": statistics.median(runs)}
                     )

@@ -71,7 +71,8 @@ def run(args, settings: dict[str, dict]) -> None:
                 continue
             config = PolishConfig(name="measured", **settings[name])
             [entry] = polished(task, row["plans"], ["beam"], args.model, config, row["index"])
-            log.append({"id": f"{row['id']}|{name}", "task": row["id"], "setting": name, "polish": entry["polish"]})
+            entry_id = f"{row['id']}|{name}"
+            log.write_record({"id": entry_id, "task": row["id"], "setting": name, "polish": entry["polish"]})
     runs = [r for r in read_jsonl(log.path) if r["task"] in {row["id"] for row in rows}]
     summary = {}
     for name in settings:

@@ -322,7 +322,7 @@ def plan_all(suite: Suite, out: Path, model: str, model_options: dict, searchers
                 row.update(infeasible=str(err))
             except UserError as err:
                 row.update(error=str(err))
-            log.append(row)
+            log.write_record(row)
             print(f"{key}: {row.get('infeasible') or row.get('error') or round(row['plan']['cost_ms'], 2)}", flush=True)
 
 
@@ -357,7 +357,8 @@ def calibrate_all(
             row_id = f"{task_id}|{label}"
             if task_id in only and row_id not in log.ids:
                 record = calibrate(task, make_cost_model(model, task, model_options), config, suite.base_seed, pool)
-                log.append({"id": row_id, "task": task_id, "model": label, "session": session, **record.to_json()})
+                row = {"id": row_id, "task": task_id, "model": label, "session": session, **record.to_json()}
+                log.write_record(row)
                 print(f"{task_id}: x{record.factor:.3f} ({record.seconds:.0f} s)", flush=True)
 
 
@@ -484,7 +485,7 @@ def measure_all(
                     if "drift" in request
                     else {"key": request["key"]}
                 )
-                log.append(
+                log.write_record(
                     {
                         "id": request["id"],
                         **which,
@@ -554,7 +555,7 @@ def merge_check(
             merged = dataclasses.replace(raw, shards=merge_colocated(raw.shards))
             changed = set(merged.shards) != set(raw.shards)
             plans = {"id": f"{task_id}/plans", "raw": raw.to_json(), "merged": merged.to_json() if changed else None}
-            log.append(plans)
+            log.write_record(plans)
             rows[plans["id"]] = plans
         if plans["merged"] is None:
             continue
@@ -575,7 +576,7 @@ def merge_check(
             def record(request: dict, answer: dict) -> None:
                 fields = {k: answer.get(k) for k in ("ok", "total_ms", "error", "cpu_share")}
                 row = {"id": request["id"], "key": request["key"], "hardware": kind, **fields}
-                log.append(row)
+                log.write_record(row)
                 rows[row["id"]] = row
 
             if requests:

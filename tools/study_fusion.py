@@ -103,7 +103,7 @@ def measure(out: Path, repeats: int, config: EvaluateConfig) -> None:
 
         def record(request: dict, answer: dict) -> None:
             keys = ("ok", "total_ms", "fwd_ms", "bwd_ms", "error", "cpu_share")
-            log.append(
+            log.write_record(
                 {
                     "id": request["id"],
                     "group": request["group"],

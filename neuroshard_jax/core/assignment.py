@@ -1,7 +1,11 @@
 """A plan as the devices of each table's column slices, and back: what perturbations, polishing and plan labels
-move. A row-split table's row blocks are not slices: they stay where they are."""
+move (a row-split table's row blocks are not slices: they stay where they are); and the plan's collectives as the
+devices take part in them: the all-to-all widths, the row groups, the input distributions (``costs.scoring`` prices
+them)."""
 
 from __future__ import annotations
+
+import numpy as np
 
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard, column_shards
@@ -90,6 +94,36 @@ def column_wise_dims(plan: Plan) -> list[int]:
         if s.table in spread and s.whole_rows(rows[s.table]):
             dims[s.device] += s.dim
     return dims
+
+
+def all_to_all_dims(plan: Plan, rows_apart: bool) -> np.ndarray:
+    """f32[N]: each device's all-to-all width: its whole-row shards' (``rows_apart``: the row blocks and the
+    data-parallel all-reduce are row groups of their own), else every shard's and the replicas' all-reduce as width."""
+    if rows_apart:
+        return np.asarray(whole_row_dims(plan), dtype=np.float32)
+    # without a row-comm fit, row blocks and the data-parallel all-reduce are priced as all-to-all width
+    return (plan.dim_sums() + replicated_width(plan)).astype(np.float32)
+
+
+def replicated_width(plan: Plan) -> int:
+    """The data-parallel tables' all-reduce as an all-to-all width on every device (0 on one device)."""
+    return replica_width(plan) if plan.data_parallel and plan.task.num_devices > 1 else 0
+
+
+APART = 3  # all-to-alls apart from the table-wise one: the column-wise tables', and as width the replicas', rows'
+
+
+def apart_arrays(plan: Plan, rows_apart: bool = False) -> np.ndarray:
+    """f32[APART, N]: the parts of ``plan_arrays``' all-to-all widths that are collectives of their own (TorchRec runs
+    one per sharding type), priced as all-to-alls (``combine_costs``' ``apart``): the column-wise tables' widths
+    (``column_wise_dims``) and, for a model without a row-comm fit (with one, they are row groups: ``fitted_ms``),
+    the data-parallel tables' all-reduce and the row-split tables' widths."""
+    out = np.zeros((APART, plan.task.num_devices), np.float32)
+    out[0] = column_wise_dims(plan)
+    if not rows_apart:
+        out[1] = replicated_width(plan)
+        out[2] = plan.dim_sums() - np.asarray(whole_row_dims(plan))  # row blocks' widths
+    return out
 
 
 INPUT_TYPES = ("table_wise", "column_wise", "row_wise")  # the input distributions a plan runs, in this order

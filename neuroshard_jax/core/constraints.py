@@ -28,6 +28,7 @@ from typing import Protocol
 
 import numpy as np
 
+from neuroshard_jax.core.errors import InfeasibleError
 from neuroshard_jax.core.memory import gib
 from neuroshard_jax.core.sharding import Shard, max_halvings
 
@@ -68,6 +69,19 @@ class Constrained(Protocol):
 
     dim: int
     constraints: TableConstraints
+
+
+class Placing(Protocol):
+    """What ``unhonoured`` reads of a task (``core.task.Task``, which imports this module through its tables)."""
+
+    tables: Sequence[Constrained]
+    num_tables: int
+
+    def table_mem_bytes(self, index: int) -> int: ...
+
+    def table_names(self) -> list[str]: ...
+
+    def cap_bytes(self) -> np.ndarray: ...
 
 
 def has_constraints(tables: Sequence[Constrained]) -> bool:
@@ -216,3 +230,16 @@ def conflicts(
             listed = ", ".join(names[i] for i in forced[:6]) + (", ..." if len(forced) > 6 else "")
             return f"tables pinned to device {d} ({listed}) need {gib(need)} GiB, its cap is {gib(cap_bytes[d])} GiB"
     return None
+
+
+def unhonoured(task: Placing, honoured: Sequence[str]) -> list[str]:
+    """The constraints ``task``'s tables use that a searcher taking ``honoured`` does not (none for a task without
+    constraints), once its constraints are known to leave a placement: else InfeasibleError naming the smallest
+    conflicting part found (``conflicts``)."""
+    if not has_constraints(task.tables):
+        return []
+    mem = [task.table_mem_bytes(i) for i in range(task.num_tables)]
+    conflict = conflicts(task.tables, task.table_names(), mem, task.cap_bytes())
+    if conflict:
+        raise InfeasibleError(f"constraints cannot all hold: {conflict}")
+    return [k for k in constraints_used(task.tables) if k not in honoured]

@@ -55,7 +55,7 @@ class JsonlLog:
         with open(self.path) as f:
             yield from _first_of_each_id(_record(line, self.path, n) for n, line in enumerate(f, 1) if line.strip())
 
-    def append(self, record: dict) -> None:
+    def write_record(self, record: dict) -> None:
         """Append one record (skipped if its id is in the log). A write the OS refuses (a full disk) is cut back
         to the last whole record and raised as one UserError naming the file and the cause: the records before
         it stay, and a rerun once there is room makes this one again."""

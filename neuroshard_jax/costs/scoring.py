@@ -37,12 +37,11 @@ import numpy as np
 
 from neuroshard_jax.core.assignment import (
     INPUT_TYPES,
-    column_wise_dims,
+    all_to_all_dims,
+    apart_arrays,
     crosses_hosts,
     input_features,
-    replica_width,
     row_groups,
-    whole_row_dims,
 )
 from neuroshard_jax.core.features import NUM_FEATURES
 from neuroshard_jax.core.plan import Plan, PlanCosts
@@ -203,7 +202,7 @@ def plan_arrays(plan: Plan, model: CostModel | None = None, max_tables: int | No
         filled += 1
     speed = task.speeds().astype(np.float32)
     rows_apart = model is not None and model.prices_rows
-    devices = DeviceArrays(_all_to_all_dims(plan, rows_apart), np.ones(n, dtype=bool), speed)
+    devices = DeviceArrays(all_to_all_dims(plan, rows_apart), np.ones(n, dtype=bool), speed)
     if model is not None:
         rows = tuple(r[0] for r in fitted_ms(model, [plan]))
         devices = devices._replace(rows_ms=rows, apart=apart_arrays(plan, rows_apart))
@@ -217,7 +216,7 @@ def stacked_arrays(model: CostModel, plans: list[Plan], size: int | None = None)
     width = max(device_width(p) for p in plans)
     one = [plan_arrays(p, None, width) for p in plans]
     feats, mask = np.stack([a.feats for a in one]), np.stack([a.table_mask for a in one])
-    dims = np.stack([_all_to_all_dims(p, model.prices_rows) for p in plans])
+    dims = np.stack([all_to_all_dims(p, model.prices_rows) for p in plans])
     apart = np.stack([apart_arrays(p, model.prices_rows) for p in plans])
     speed = np.broadcast_to(plans[0].task.speeds().astype(np.float32), dims.shape)
     devices = DeviceArrays(dims, np.ones_like(dims, bool), speed, fitted_ms(model, plans), apart)
@@ -235,36 +234,9 @@ def device_width(plan: Plan) -> int:
     return bucket(int(held.max(initial=0)) + len(plan.data_parallel))
 
 
-def _all_to_all_dims(plan: Plan, rows_apart: bool) -> np.ndarray:
-    if rows_apart:
-        return np.asarray(whole_row_dims(plan), dtype=np.float32)
-    # without a row-comm fit, row blocks and the data-parallel all-reduce are priced as all-to-all width
-    return (plan.dim_sums() + _replicated(plan)).astype(np.float32)
-
-
-def _replicated(plan: Plan) -> int:
-    return replica_width(plan) if plan.data_parallel and plan.task.num_devices > 1 else 0
-
-
-APART = 3  # all-to-alls apart from the table-wise one: the column-wise tables', and as width the replicas', rows'
-
-
-def apart_arrays(plan: Plan, rows_apart: bool = False) -> np.ndarray:
-    """f32[APART, N]: the parts of ``plan_arrays``' all-to-all widths that are collectives of their own (TorchRec runs
-    one per sharding type), priced as all-to-alls (``combine_costs``' ``apart``): the column-wise tables' widths
-    (``column_wise_dims``) and, for a model without a row-comm fit (with one, they are row groups: ``fitted_ms``),
-    the data-parallel tables' all-reduce and the row-split tables' widths."""
-    out = np.zeros((APART, plan.task.num_devices), np.float32)
-    out[0] = column_wise_dims(plan)
-    if not rows_apart:
-        out[1] = _replicated(plan)
-        out[2] = plan.dim_sums() - np.asarray(whole_row_dims(plan))  # row blocks' widths
-    return out
-
-
 def plan_dim_sums(plan: Plan, model: CostModel) -> np.ndarray:
     """f32[N]: each device's all-to-all width as ``model`` prices it (row blocks apart where it has ``row_comm``)."""
-    return _all_to_all_dims(plan, model.prices_rows)
+    return all_to_all_dims(plan, model.prices_rows)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -288,8 +260,9 @@ def fitted_ms(model: CostModel, plans: list[Plan]) -> tuple[np.ndarray, np.ndarr
 def device_input_ms(fit: InputDist, plans: list[Plan], taken: np.ndarray) -> np.ndarray:
     """f32[K, N]: each device's ms in the input distributions of plans of one task, whose ids taken are ``taken``
     f32[K, len(INPUT_TYPES), N] (``input_taken``), by ``fit``."""
-    n = plans[0].task.num_devices
-    return np.asarray(input_dist_ms(input_terms(fit, plans[0].task), taken, np.ones(n, bool)))
+    task = plans[0].task
+    terms = input_terms(fit, task)  # the fit's terms at the task's devices, batch and links
+    return np.asarray(input_dist_ms(terms, taken, np.ones(task.num_devices, bool)))
 
 
 def input_terms(fit: InputDist, task: Task) -> np.ndarray:

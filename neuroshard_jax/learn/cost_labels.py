@@ -334,7 +334,7 @@ def _collect_compute(config: CollectConfig, log: JsonlLog, todo: Iterable[int], 
         if config.source == "specs":
             row["batch_size"] = request["batch_size"]
         # when the label came in (unix seconds): how fast labels flow here (adapt's budget), drift over a run
-        log.append({**row, **{k: v for k, v in answer.items() if k != "id"}, "at": round(time.time(), 3)})
+        log.write_record({**row, **{k: v for k, v in answer.items() if k != "id"}, "at": round(time.time(), 3)})
         bar.update(1)
 
     requests = (request(i) for i in todo)
@@ -380,7 +380,7 @@ def _collect_comm_chunk(
             try:
                 _run_comm_chunk(config, log, samples, [i], world, executor)
             except WorkerFailure as failure:
-                log.append(
+                log.write_record(
                     {"id": i, **samples[i], "batch_size": config.batch_size, "ok": False, "error": failure.reason}
                 )
 
@@ -403,7 +403,7 @@ def _run_comm_chunk(
     results = executor.comm(requests, world, config.timeout_s * max(1, len(chunk)) / 4)
     for i in chunk:
         per_rank = results[i]
-        log.append(
+        log.write_record(
             {
                 "id": i,
                 **samples[i],

@@ -369,7 +369,7 @@ def collect_plans(
             break
         source, task = label_task(config, specs, pool, batch_size, seed, i, training)
         plans = plan_task(config, task, seed + i, progress)
-        plans_log.append(
+        plans_log.write_record(
             {
                 "id": row_id,
                 "round": config.round,
@@ -481,7 +481,7 @@ def label_devices(
 
     def keep(request: dict, answer: dict) -> None:
         nonlocal measured
-        log.append(label(request, answer))
+        log.write_record(label(request, answer))
         measured += 1
 
     if refs is None:
@@ -490,7 +490,7 @@ def label_devices(
     for start in itertools.takewhile(in_time, range(0, len(requests), chunk)):
         labels, speed = _with_references(executor, requests[start : start + chunk], refs, label)
         for row in labels:
-            log.append(row | ({"speed": round(speed, 4), "reference": refs.dataset} if speed else {}))
+            log.write_record(row | ({"speed": round(speed, 4), "reference": refs.dataset} if speed else {}))
         measured += len(labels)
     return measured
 
@@ -537,7 +537,7 @@ def measure_plan_comm(
         fwd, bwd = measure_comm([p for _, _, p, _ in part], [c for *_, c in part], evaluate, executor, by_type=False)
         for (comm_id, spec, plan, compute_ms), f, b in zip(part, fwd, bwd):
             ready = [c + x for c, x in zip(compute_ms, b)]
-            log.append(
+            log.write_record(
                 {
                     "id": comm_id,
                     "world": plan.task.num_devices,

@@ -157,7 +157,7 @@ def measure_greedy_plans(graph, params, model, tasks, seeds, config: RefineConfi
             "task": tasks[i].to_json(),
             "plans": [entry],
         }
-        log.append(row)
+        log.write_record(row)
         rows.append(row)
     label_rows(rows, labels, EvaluateConfig(executor=config.executor), "rl-refined", True, progress=False)
 

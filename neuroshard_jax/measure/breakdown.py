@@ -37,7 +37,7 @@ import jax
 import numpy as np
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.assignment import INPUT_TYPES
+from neuroshard_jax.core.assignment import INPUT_TYPES, apart_arrays
 from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import bounded, check_bounds, typed
 from neuroshard_jax.core.constants import GIB_BYTES
@@ -62,7 +62,6 @@ from neuroshard_jax.costs.cost_model import (
 )
 from neuroshard_jax.costs.coverage import far_devices_warning, out_of_depth_warning
 from neuroshard_jax.costs.scoring import (
-    apart_arrays,
     device_input_ms,
     device_uncertainty,
     fitted_ms,

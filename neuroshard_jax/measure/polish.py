@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from neuroshard_jax.core.assignment import assignment, plan_of, row_blocks_in
+from neuroshard_jax.core.assignment import apart_arrays, assignment, plan_of, row_blocks_in
 from neuroshard_jax.core.config import bounded
 from neuroshard_jax.core.errors import PlanError, UserError
 from neuroshard_jax.core.plan import Plan
@@ -44,7 +44,6 @@ from neuroshard_jax.costs.cost_model import (
     plan_cost_ms,
 )
 from neuroshard_jax.costs.scoring import (
-    apart_arrays,
     fitted_ms,
     plan_dim_sums,
     score_plan,

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from neuroshard_jax.core.constraints import conflicts, constraints_used, has_constraints
+from neuroshard_jax.core.constraints import constraints_used, unhonoured
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.paths import CACHE_HINT, cache_dir
 from neuroshard_jax.core.plan import Plan
@@ -61,16 +61,18 @@ def _made(folder: str) -> bool:
 
 
 def search_plan(task: Task, searcher: Searcher, model: CostModel, seed: int, row_split: str = "fit") -> Plan:
-    """``search_candidates(...)``'s plan: the one the search keeps."""
+    """``search_candidates(...)``'s plan: the one the search keeps (an infeasible task refused first)."""
+    check_feasible(task)
     return search_candidates(task, searcher, model, seed, row_split)[0]
 
 
 def search_candidates(
     task: Task, searcher: Searcher, model: CostModel, seed: int, row_split: str = "fit"
 ) -> tuple[Plan, dict[str, Plan]]:
-    """Search a plan for ``task``: validated, with its costs predicted by ``model`` (built for ``task``, and serving
-    every part of it the search plans: the tables around replicas or row blocks keep its devices) and its
-    provenance. ``row_split``: which tables row blocks are tried for (``ways.py``: fit | hot | off).
+    """Search a plan for ``task`` (a feasible one: ``search_plan`` and ``Planner.run`` check it first): validated,
+    with its costs predicted by ``model`` (built for ``task``, and serving every part of it the search plans: the
+    tables around replicas or row blocks keep its devices) and its provenance. ``row_split``: which tables row blocks
+    are tried for (``ways.py``: fit | hot | off).
 
     The stage tries several runs of the searcher (its hot small tables data-parallel or not, tables cut into row
     blocks or not) and keeps the plan the search's own score ranks first. A portfolio (``searcher.members()``) is its
@@ -82,7 +84,6 @@ def search_candidates(
         raise UserError(
             f"cost_model: got {type(model).__name__}, expected a CostModel (CostModelSpec(name).for_task(task))"
         )
-    check_feasible(task)
     start = time.perf_counter()
     expected = expected_cost_model(model)  # the reported costs and the stages' estimates: no risk term
     portfolio = bool(searcher.members())
@@ -91,8 +92,7 @@ def search_candidates(
     for member in searcher.members() or (Member(searcher.name, searcher),):
         mode = member.row_split or row_split
         try:
-            if has_constraints(task.tables):
-                check_constraints(task, member.searcher)
+            check_constraints(task, member.searcher)
             runs, refusal = ways.runs(member.searcher, mode)
         except (InfeasibleError, UserError) as err:  # in a portfolio, this member makes no plan; others may
             if not portfolio:
@@ -191,14 +191,11 @@ class _Outcome(NamedTuple):
 
 def check_constraints(task: Task, searcher: Searcher) -> None:
     """A constrained task: its constraints must leave a placement (else InfeasibleError naming the smallest
-    conflicting part found) and the searcher must honour them (else a UserError naming those that do)."""
-    mem = [task.table_mem_bytes(i) for i in range(task.num_tables)]
-    conflict = conflicts(task.tables, task.table_names(), mem, task.cap_bytes())
-    if conflict:
-        raise InfeasibleError(f"constraints cannot all hold: {conflict}")
-    used = constraints_used(task.tables)
-    missing = [k for k in used if k not in searcher.constraints]
+    conflicting part found, ``constraints.unhonoured``) and the searcher must honour them (else a UserError naming
+    those that do)."""
+    missing = unhonoured(task, searcher.constraints)
     if missing:
+        used = constraints_used(task.tables)
         able = [name for name, cls in registered().items() if set(used) <= set(cls.constraints)]
         raise UserError(
             f"searcher {searcher.name}: does not take the constraint {missing[0]} (it takes "

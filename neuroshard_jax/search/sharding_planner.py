@@ -33,7 +33,7 @@ from neuroshard_jax.costs.coverage import out_of_depth_warning
 from neuroshard_jax.measure.autotune import AutotuneConfig, Entrant, autotune_kernels, autotune_steps, first_line
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrated
 from neuroshard_jax.measure.polish import PolishConfig, polish_plan
-from neuroshard_jax.search.pipeline import keep_compiled_kernels, search_candidates, search_plan
+from neuroshard_jax.search.pipeline import keep_compiled_kernels, search_candidates
 from searchers import Searcher, make_searcher, searcher_names, searcher_options
 
 logger = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ def candidate_plans(
         if any(e.name == name for e in entrants):  # a member of that name: the same searcher's plan already there
             continue
         try:
-            entrants.append(Entrant(name, search_plan(plan.task, make_searcher(name), model, seed)))
+            entrants.append(Entrant(name, search_candidates(plan.task, make_searcher(name), model, seed)[0]))
         except (UserError, InfeasibleError) as err:  # TorchRec not installed, or no plan of this task: dropped
             why = first_line(err)
             logger.warning(f"autotune: {name} is not a candidate: {why}")

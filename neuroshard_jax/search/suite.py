@@ -131,12 +131,12 @@ def run_suite(
                 try:
                     plan = search_plan(task, searcher, cost_model.for_task(task), task_seed).to_json()
                 except InfeasibleError as err:  # counted, never dropped
-                    results.append({**record, "infeasible": str(err)})
+                    results.write_record({**record, "infeasible": str(err)})
                     continue
                 record.update(predicted_ms=plan["cost_ms"], search_s=plan["search_time_s"], shards=plan["shards"])
                 if plan.get("data_parallel"):  # absent without any: older records read alike
                     record["data_parallel"] = plan["data_parallel"]
-                results.append(record)
+                results.write_record(record)
         if evaluate is not None:
             measure_run(run_dir, evaluate, lock_dir)
     if evaluate is not None and not todo:  # resumed after its searches: measure what was left
@@ -210,10 +210,10 @@ def measure_pending(
         ]
         for key, result in zip(new, measure_plans(plans, config) if plans else []):
             known[key] = {"id": key, "measured_ms": result["cost_ms"], "devices": result["devices"]}
-            cache.append(known[key])
+            cache.write_record(known[key])
         for (run, _, record), key in zip(batch, keys):
             m = known[key]
-            JsonlLog(run / MEASURED).append(
+            JsonlLog(run / MEASURED).write_record(
                 {"id": record["id"], "measured_ms": m["measured_ms"], "devices": m["devices"], "plan_key": key}
             )
         logger.info("%d / %d plans measured (%d new in this batch)", start + len(batch), len(pending), len(new))

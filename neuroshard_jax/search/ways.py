@@ -47,7 +47,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from neuroshard_jax.core.constants import GIB_BYTES
-from neuroshard_jax.core.constraints import has_constraints, may_be_data_parallel, may_split_rows, must_be_data_parallel
+from neuroshard_jax.core.constraints import (
+    has_constraints,
+    may_be_data_parallel,
+    may_split_rows,
+    must_be_data_parallel,
+)
 from neuroshard_jax.core.devices import Device
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.plan import Plan
