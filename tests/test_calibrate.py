@@ -18,6 +18,7 @@ from neuroshard_jax.core.plan_file import calibration_line
 from neuroshard_jax.core.records import CalibrationProtocol, CalibrationRatios, CalibrationRecord
 from neuroshard_jax.costs.choice import make_cost_model
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
+from neuroshard_jax.kernels.messages import ComputeAnswer
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrate, predicted_compute_ms, sample_devices, whole
 from neuroshard_jax.measure.evaluator import quiet_devices
 from neuroshard_jax.measure.polish import PolishConfig
@@ -85,7 +86,7 @@ class _Counting:
 
     def map(self, requests, on_answer):
         requests = list(requests)
-        self.sent.update(r["key"] for r in requests)
+        self.sent.update(r.tag("key") for r in requests)
         self.pool.map(requests, on_answer)
 
 
@@ -131,10 +132,10 @@ class _Scripted:
 
     def map(self, requests, on_answer):
         for request in list(requests):
-            key = request["key"]
+            key = request.tag("key")
             ms, share = self.script[key][self.sent[key]]
             self.sent[key] += 1
-            on_answer(request, {"ok": True, "total_ms": ms, **({} if share is None else {"cpu_share": share})})
+            on_answer(request, ComputeAnswer(request.id, True, total_ms=ms, cpu_share=share))
 
 
 def test_the_quiet_reading_or_else_the_least_disturbed_one_is_kept():

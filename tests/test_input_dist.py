@@ -97,15 +97,15 @@ def test_input_distributions_are_labelled_on_gloo_apart_from_the_all_to_all(tiny
 
 
 def test_more_ids_take_longer_to_distribute():
+    from neuroshard_jax.kernels.messages import CommRequest
     from neuroshard_jax.kernels.processes import run_comm
 
     requests = [
-        {"id": i, "batch_size": 2048, "dim_sums": [8, 8], "delays_ms": [0.0, 0.0], "warmup": 1, "iters": 3}
-        | {"inputs": [[[p], [p, 2.0]]]}
+        CommRequest.of({"dim_sums": [8, 8], "inputs": [[[p], [p, 2.0]]]}, i, 2048, [0.0, 0.0], 1, 3)
         for i, p in enumerate((2.0, 1000.0))
     ]
     answers = run_comm(requests, 2, 120)
-    few, many = ([r["fwd_inputs_ms"] for r in answers[i]] for i in (0, 1))
+    few, many = ([r.fwd_inputs_ms for r in answers[i]] for i in (0, 1))
     assert all(0 < f < m for f, m in zip(few, many))  # 4 thousand ids against 2 million: no noise hides that
 
 

@@ -18,6 +18,7 @@ from neuroshard_jax.core.memory import OPTIMIZERS
 from neuroshard_jax.core.table import Table
 from neuroshard_jax.core.task import Task, shard_memory
 from neuroshard_jax.costs.choice import CostModelSpec
+from neuroshard_jax.kernels.messages import CommRequest, ComputeAnswer, ComputeRequest, MessageError
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, WorkerFailure, run_comm
 from neuroshard_jax.learn.cost_labels import CollectConfig, collect
 from neuroshard_jax.measure.evaluator import EvaluateConfig, evaluate_file, measure_plans
@@ -31,8 +32,8 @@ POOL = PoolSpec(num_tables=120)
 TINY = dict(batch_size=256, warmup=1, iters=3)
 
 
-def _request(tables, request_id=0, **extra):
-    return {"id": request_id, "device": "cpu", "pool": POOL.to_json(), "tables": tables, **TINY, **extra}
+def _request(tables, request_id=0, **extra) -> ComputeRequest:
+    return ComputeRequest(request_id, tuple(tables), pool=POOL.to_json(), **{**TINY, **extra})
 
 
 @pytest.fixture
@@ -44,13 +45,38 @@ def worker():
 
 def test_worker_times_a_two_table_shard(worker):
     answer = worker.request(_request([[3, 16], [7, 8]]), timeout_s=120)
-    assert answer["ok"] and answer["id"] == 0
-    assert answer["fwd_ms"] > 0 and answer["bwd_ms"] > 0
-    assert answer["total_ms"] == pytest.approx(
-        np.median(np.add(answer["fwd_runs_ms"], answer["bwd_runs_ms"])), rel=1e-3
-    )
+    assert answer.ok and answer.id == 0
+    assert answer.fwd_ms > 0 and answer.bwd_ms > 0
+    assert answer.total_ms == pytest.approx(np.median(np.add(answer.fwd_runs_ms, answer.bwd_runs_ms)), rel=1e-3)
     _, streams = pool_streams(POOL)
-    assert answer["num_indices"] == sum(len(streams.stream(t, 256)[0]) for t in (3, 7))
+    assert answer.num_indices == sum(len(streams.stream(t, 256)[0]) for t in (3, 7))
+
+
+def test_a_request_and_its_answer_cross_the_pipe_as_json_and_back():
+    """JSON only on the worker's pipe: a request's line reads back as the same request (its tags stay on the host),
+    an answer's as the same answer; a malformed request is one clear error."""
+    timed = dict(protocol="timed", warmup_ms=2.0, measure_ms=20.0, max_iters=50)
+    request = _request([[3, 16], {"rows": 10, "pooling_factor": 1.0, "bins": [1.0], "dim": 4, "seed": 0}], 7, **timed)
+    request = request.tagged(key="k", repeat=2)
+    line = json.loads(json.dumps(request.to_json()))
+    assert "key" not in line and ComputeRequest.from_json(line) == request and request.tag("repeat") == 2
+    answer = ComputeAnswer(7, True, fwd_ms=1.0, bwd_ms=2.0, total_ms=3.0, fwd_runs_ms=(1.0,), cpu_share=0.5)
+    assert ComputeAnswer.from_json(json.loads(json.dumps(answer.to_json()))) == answer
+    assert not answer.quiet and ComputeAnswer(7, True, total_ms=1.0).quiet  # no share recorded (CUDA): quiet
+    for bad, says in [
+        ({"tables": [[1, 8]]}, "no 'batch_size'"),
+        ({"tables": "x", "batch_size": 8}, "expected a list of tables"),
+        ({"tables": [], "batch_size": 8, "protocol": "timed"}, "without 'warmup_ms'"),
+        ({"tables": [], "batch_size": "many"}, "batch_size: got 'many'"),
+    ]:
+        with pytest.raises(MessageError, match=says):
+            ComputeRequest.from_json(bad)
+    comm = CommRequest.of({"dim_sums": [8, 4], "row_groups": [[4, [0, 1]]], "inputs": [[[2.0], []]]}, 3, 64, [0, 1.5])
+    assert CommRequest.from_json(json.loads(json.dumps(comm.to_json()))) == comm and comm.row_groups == ((4, (0, 1)),)
+    with pytest.raises(MessageError, match="1 delays for 2 ranks"):
+        CommRequest.from_json({"id": 4, "dim_sums": [8, 4], "delays_ms": [0.0], "batch_size": 64})
+    with pytest.raises(MessageError, match="no 'batch_size'"):
+        CommRequest.from_json({"id": 4, "dim_sums": [8, 4], "delays_ms": [0.0, 0.0]})
 
 
 def test_worker_runs_each_optimizer_of_fbgemms_cpu_kernels_and_keeps_the_state_the_memory_model_counts(worker):
@@ -61,17 +87,17 @@ def test_worker_runs_each_optimizer_of_fbgemms_cpu_kernels_and_keeps_the_state_t
         {"rows": rows, "pooling_factor": 2.0, "bins": [1.0] + [0.0] * 16, "dim": dim, "seed": 1}
         for rows, dim in ((1000, 16), (500, 8))
     ]
-    request = {"id": 0, "device": "cpu", "pool": None, "tables": specs, **TINY}
+    request = ComputeRequest(0, tuple(specs), **TINY)
     for name, optimizer in OPTIMIZERS.items():
         if not optimizer.cpu:
             continue
-        answer = worker.request({**request, "optimizer": name}, timeout_s=120)
-        assert answer["ok"] and answer["optimizer"] == name and answer["total_ms"] > 0, answer
+        answer = worker.request(dataclasses.replace(request, optimizer=name), timeout_s=120)
+        assert answer.ok and answer.optimizer == name and answer.total_ms > 0, answer
         counted = sum(shard_memory(r, d, 2.0, 256, "fp32", optimizer).state for r, d in ((1000, 16), (500, 8)))
-        assert answer["state_bytes"] == counted, (name, answer["state_bytes"], counted)
-    refused = worker.request({**request, "optimizer": "sgd"}, timeout_s=120)
-    assert not refused["ok"] and "sgd is deprecated in FBGEMM's TBE kernels" in refused["error"]
-    assert worker.request(request, timeout_s=120)["ok"]
+        assert answer.state_bytes == counted, (name, answer.state_bytes, counted)
+    refused = worker.request(dataclasses.replace(request, optimizer="sgd"), timeout_s=120)
+    assert not refused.ok and "sgd is deprecated in FBGEMM's TBE kernels" in refused.error
+    assert worker.request(request, timeout_s=120).ok
 
 
 def test_the_timed_protocol_fills_a_kernel_time_and_keeps_a_sample_of_its_runs(worker):
@@ -79,21 +105,17 @@ def test_the_timed_protocol_fills_a_kernel_time_and_keeps_a_sample_of_its_runs(w
     row keeps at most 64 evenly spaced runs, its medians are over all of them."""
     timed = dict(protocol="timed", warmup_ms=2.0, measure_ms=20.0, max_iters=200)
     answer = worker.request(_request([[3, 8]], **timed), timeout_s=120)
-    assert answer["ok"] and answer["protocol"] == "timed" and answer["timed_iters"] >= TINY["iters"]
-    runs = np.add(answer["fwd_runs_ms"], answer["bwd_runs_ms"])
-    assert len(runs) == min(answer["timed_iters"], 64)
-    assert answer["timed_iters"] == 200 or answer["timed_iters"] * np.median(runs) >= 20.0 * 0.5
+    assert answer.ok and answer.protocol == "timed" and answer.timed_iters >= TINY["iters"]
+    runs = np.add(answer.fwd_runs_ms, answer.bwd_runs_ms)
+    assert len(runs) == min(answer.timed_iters, 64)
+    assert answer.timed_iters == 200 or answer.timed_iters * np.median(runs) >= 20.0 * 0.5
     capped = worker.request(_request([[3, 8]], **{**timed, "measure_ms": 1e6, "max_iters": 5}), timeout_s=120)
-    assert capped["timed_iters"] == 5 and len(capped["fwd_runs_ms"]) == 5
+    assert capped.timed_iters == 5 and len(capped.fwd_runs_ms) == 5
     fixed = worker.request(_request([[3, 8]]), timeout_s=120)
-    assert "protocol" not in fixed and len(fixed["fwd_runs_ms"]) == TINY["iters"]
+    assert fixed.protocol is None and len(fixed.fwd_runs_ms) == TINY["iters"]
     for gpu_only in ("graph", "queued"):  # the GPU's own time: refused on a CPU, the worker keeps serving
         answer = worker.request(_request([[3, 8]], **{**timed, "protocol": gpu_only}), timeout_s=120)
-        assert (
-            not answer["ok"]
-            and f"protocol {gpu_only!r}" in answer["error"]
-            and "needs device 'cuda'" in answer["error"]
-        )
+        assert not answer.ok and f"protocol {gpu_only!r}" in answer.error and "needs device 'cuda'" in answer.error
 
 
 def test_a_dataset_keeps_one_protocol(tmp_path):
@@ -121,7 +143,7 @@ def test_a_pinned_pool_puts_each_worker_on_a_core_of_its_own():
         answers = []
         pool.map([_request([[3, 8]], i) for i in range(count)], lambda request, answer: answers.append(answer))
         cores = [os.sched_getaffinity(w.proc.pid) for w in pool.workers]
-    assert all(a["ok"] for a in answers)
+    assert all(a.ok for a in answers)
     if len(os.sched_getaffinity(0)) >= count:
         assert all(len(c) == 1 for c in cores) and len(set.union(*cores)) == count
     else:
@@ -130,16 +152,18 @@ def test_a_pinned_pool_puts_each_worker_on_a_core_of_its_own():
 
 def test_worker_refuses_bad_shards_and_keeps_serving(worker):
     bad_id = worker.request(_request([[999, 16]]), timeout_s=60)
-    assert not bad_id["ok"] and "table id 999" in bad_id["error"]
+    assert not bad_id.ok and "table id 999" in bad_id.error
     bad_dim = worker.request(_request([[1, 10]]), timeout_s=60)
-    assert not bad_dim["ok"] and "multiple of 4" in bad_dim["error"]
-    assert worker.request(_request([[1, 8]]), timeout_s=60)["ok"]
+    assert not bad_dim.ok and "multiple of 4" in bad_dim.error
+    assert worker.request(_request([[1, 8]]), timeout_s=60).ok
+    malformed = worker.request(_request([[1, 8]], protocol="timed"), timeout_s=60)  # its timing missing
+    assert not malformed.ok and "protocol 'timed' without 'warmup_ms'" in malformed.error
     impossible = {"rows": 5, "pooling_factor": 10.0, "bins": [1.0] + [0.0] * 16, "dim": 8}
     refused = worker.request(_request([impossible]), timeout_s=60)
-    assert not refused["ok"] and "table 0: its histogram cannot hold" in refused["error"]
+    assert not refused.ok and "table 0: its histogram cannot hold" in refused.error
     spec = {"rows": 2000, "pooling_factor": 3.0, "bins": [0.6, 0.3, 0.1] + [0.0] * 14, "dim": 8, "seed": 1}
     answer = worker.request(_request([spec, [1, 8]]), timeout_s=60)  # specs mix with pool ids
-    assert answer["ok"] and answer["num_indices"] > 0
+    assert answer.ok and answer.num_indices > 0
 
 
 @pytest.mark.parametrize("fault, reason", [("segfault", "SIGSEGV"), ("exit", "code 3"), ("hang", "timeout")])
@@ -147,10 +171,10 @@ def test_a_crashing_request_costs_only_itself(monkeypatch, fault, reason):
     monkeypatch.setenv("NEUROSHARD_WORKER_FAULTS", f"1:{fault}")
     w = ComputeWorker("cpu")
     try:
-        assert w.request(_request([[2, 8]], 0), timeout_s=60)["ok"]
+        assert w.request(_request([[2, 8]], 0), timeout_s=60).ok
         with pytest.raises(WorkerFailure, match=reason):
             w.request(_request([[2, 8]], 1), timeout_s=5 if fault == "hang" else 60)
-        assert w.request(_request([[2, 8]], 2), timeout_s=60)["ok"]  # restarted
+        assert w.request(_request([[2, 8]], 2), timeout_s=60).ok  # restarted
         assert w.restarts == 1
     finally:
         w.close()
@@ -234,16 +258,16 @@ def test_samplers_are_deterministic_and_within_memory():
 
 
 def test_gloo_all_to_all_waits_for_the_straggler():
-    requests = [{"id": 0, "dim_sums": [64, 128], "delays_ms": [0.0, 30.0], "batch_size": 256, "warmup": 1, "iters": 3}]
+    requests = [CommRequest.of({"dim_sums": [64, 128]}, 0, 256, [0.0, 30.0], 1, 3)]
     # a batch that does not split evenly: rank 0 receives 129 rows x 1024 columns, more than 257 x 512 (a buffer sized
     # by the batch x the largest dim sum failed here: "Split sizes doesn't match total dim 0 size")
-    requests.append({"id": 1, "dim_sums": [512, 512], "delays_ms": [0, 0], "batch_size": 257, "warmup": 1, "iters": 2})
+    requests.append(CommRequest.of({"dim_sums": [512, 512]}, 1, 257, [0, 0], 1, 2))
     answers = run_comm(requests, world=2, timeout_s=120)
     ranks = answers[0]
-    fwd = [r["fwd_ms"] for r in ranks]
+    fwd = [r.fwd_ms for r in ranks]
     assert fwd[0] >= 25 and fwd[1] < fwd[0]  # rank 0 waits for rank 1's 30 ms delay
-    assert all(r["bwd_ms"] > 0 for r in ranks)
-    assert len(answers[1]) == 2 and all(r["fwd_ms"] > 0 and r["bwd_ms"] > 0 for r in answers[1])
+    assert all(r.bwd_ms > 0 for r in ranks)
+    assert len(answers[1]) == 2 and all(r.fwd_ms > 0 and r.bwd_ms > 0 for r in answers[1])
 
 
 def test_evaluator_measures_a_two_device_plan(tmp_path):

@@ -195,6 +195,7 @@ def test_column_wise_tables_run_an_all_to_all_of_their_own():
     """TorchRec runs one all-to-all per sharding type: a plan with a table cut in columns prices and measures the
     column-wise slices' all-to-all apart from the table-wise one; a plan without keeps its one all-to-all."""
     from neuroshard_jax.core.assignment import apart_arrays
+    from neuroshard_jax.kernels.messages import CommRequest
     from neuroshard_jax.kernels.processes import run_comm
     from neuroshard_jax.kernels.worker.comm import all_to_alls
 
@@ -205,20 +206,23 @@ def test_column_wise_tables_run_an_all_to_all_of_their_own():
     assert "column_wise" not in comm_layout(plain)
     layout = comm_layout(split)
     assert layout["column_wise"] == [8, 0, 0, 8] and layout["dim_sums"] == split.dim_sums().tolist()
-    assert all_to_alls(layout) == [[d - c for d, c in zip(layout["dim_sums"], [8, 0, 0, 8])], [8, 0, 0, 8]]
-    assert all_to_alls(comm_layout(plain)) == [comm_layout(plain)["dim_sums"]]
+    assert all_to_alls(layout["dim_sums"], layout["column_wise"]) == [
+        [d - c for d, c in zip(layout["dim_sums"], [8, 0, 0, 8])],
+        [8, 0, 0, 8],
+    ]
+    assert all_to_alls(comm_layout(plain)["dim_sums"]) == [comm_layout(plain)["dim_sums"]]
     # the model: the two all-to-alls' times add up (analytic comm: latency + bytes, so the split pays a latency more)
     model = make_cost_model("analytic", task)
     costs = score_plan(model, split)
     mask = np.ones(4, bool)
-    parts = [np.asarray(p, np.float32) for p in all_to_alls(layout)]
+    parts = [np.asarray(p, np.float32) for p in all_to_alls(layout["dim_sums"], layout["column_wise"])]
     expected = sum(np.asarray(model.fns.bwd_comm(model.params, p, mask)) for p in parts)
     np.testing.assert_allclose(costs.bwd_comm_ms, expected, rtol=1e-5)
     assert np.all(apart_arrays(plain) == 0) and apart_arrays(split)[0].tolist() == [8, 0, 0, 8]
     # the comm benchmark on real gloo ranks runs both
     requests = [
-        {"id": i, "batch_size": 256, "dim_sums": [24, 8], "delays_ms": [0.0, 0.0], "warmup": 1, "iters": 2, **extra}
+        CommRequest.of({"dim_sums": [24, 8], **extra}, i, 256, [0.0, 0.0], 1, 2)
         for i, extra in enumerate(({}, {"column_wise": [8, 8]}))
     ]
     answers = run_comm(requests, 2, 120)
-    assert all(r["fwd_ms"] > 0 and r["bwd_ms"] > 0 for i in (0, 1) for r in answers[i])
+    assert all(r.fwd_ms > 0 and r.bwd_ms > 0 for i in (0, 1) for r in answers[i])

@@ -16,6 +16,7 @@ from neuroshard_jax.core.table import RowBlockStats, Table
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.choice import CostModelSpec, make_cost_model
 from neuroshard_jax.costs.scoring import plan_arrays, score_plan
+from neuroshard_jax.kernels.messages import CommRequest, ComputeRequest
 from neuroshard_jax.kernels.processes import ComputeWorker
 from neuroshard_jax.measure.evaluator import EvaluateConfig, device_tables, measure_plans
 from neuroshard_jax.search.pipeline import search_plan
@@ -65,19 +66,19 @@ def test_the_worker_measures_a_row_block_on_its_own_lookups():
     try:
 
         def ask(tables):
-            request = {"id": 0, "device": "cpu", "pool": POOL.to_json(), "batch_size": 256, "warmup": 1, "iters": 2}
-            return worker.request({**request, "tables": tables}, timeout_s=120)
+            request = ComputeRequest(0, tuple(tables), 256, POOL.to_json(), warmup=1, iters=2)
+            return worker.request(request, timeout_s=120)
 
         rows = int(load_pool(POOL, 256).rows[3])
         blocks = row_blocks(rows, 2)
         answers = [ask([[3, 16, start, count]]) for start, count in blocks]
-        assert all(a["ok"] and a["total_ms"] > 0 for a in answers)
-        assert sum(a["num_indices"] for a in answers) == whole
+        assert all(a.ok and a.total_ms > 0 for a in answers)
+        assert sum(a.num_indices for a in answers) == whole
         specs = [ask([{**table, "row_offset": s, "num_rows": n}]) for s, n in row_blocks(5000, 4)]
-        assert sum(a["num_indices"] for a in specs) == spec_lookups
+        assert sum(a.num_indices for a in specs) == spec_lookups
         bad = ask([[3, 16, rows - 5, 10]])
-        assert not bad["ok"] and "row block" in bad["error"]
-        assert ask([[3, 16]])["ok"]  # and it keeps serving
+        assert not bad.ok and "row block" in bad.error
+        assert ask([[3, 16]]).ok  # and it keeps serving
     finally:
         worker.close()
 
@@ -163,15 +164,16 @@ def test_the_comm_benchmark_reduce_scatters_row_groups_on_gloo():
     done sooner."""
     from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
 
-    plain = {"dim_sums": [16, 16, 16], "batch_size": 4096, "warmup": 2, "iters": 5, "delays_ms": [0.0] * 3}
+    plain = {"dim_sums": [16, 16, 16]}
     wide = {**plain, "row_groups": [[1024, [0, 2]]]}
+    requests = [CommRequest.of(layout, i, 4096, [0.0] * 3, 2, 5) for i, layout in enumerate((plain, wide))]
     with open_executor(ExecutorConfig(), "cpu", 300) as pool:
-        out = pool.comm([{**plain, "id": 0}, {**wide, "id": 1}], 3, 300)
+        out = pool.comm(requests, 3, 300)
     before, after = out[0], out[1]
     for rank in (0, 2):  # 16 MB of partial sums each
-        assert after[rank]["fwd_ms"] > before[rank]["fwd_ms"] + 1.0
-        assert after[rank]["bwd_ms"] > before[rank]["bwd_ms"] + 1.0
-        assert after[1]["fwd_ms"] < after[rank]["fwd_ms"]
+        assert after[rank].fwd_ms > before[rank].fwd_ms + 1.0
+        assert after[rank].bwd_ms > before[rank].bwd_ms + 1.0
+        assert after[1].fwd_ms < after[rank].fwd_ms
 
 
 def test_a_forced_row_split_cuts_exactly_those_tables_and_is_scored():

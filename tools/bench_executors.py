@@ -26,6 +26,7 @@ from pathlib import Path
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
+from neuroshard_jax.kernels.messages import ComputeRequest
 from neuroshard_jax.kernels.processes import compute_request
 from neuroshard_jax.workloads.pool import PoolSpec, pool_streams
 from neuroshard_jax.workloads.samplers import ComputeSamplerConfig, sample_shard
@@ -34,7 +35,7 @@ OUT = Path("outputs/bench/executors/executors.json")
 FLEET = {"hosts": 8, "gpus": 64}
 
 
-def label_requests(count: int, seed: int) -> list[dict]:
+def label_requests(count: int, seed: int) -> list[ComputeRequest]:
     """``count`` requests of the collection's pool sampler at batch 4096 with the label protocol."""
     pool = PoolSpec()
     rows = pool_streams(pool)[0]
@@ -42,18 +43,18 @@ def label_requests(count: int, seed: int) -> list[dict]:
     return [compute_request(i, sample_shard(rows, sampler, seed, i), pool, 4096) for i in range(count)]
 
 
-def trivial_requests(count: int) -> list[dict]:
+def trivial_requests(count: int) -> list[ComputeRequest]:
     table = {"rows": 1000, "pooling_factor": 0.25, "bins": [1.0] + [0.0] * 16, "dim": 4, "seed": 0}
     return [compute_request(i, [table], None, 256, warmup=0, iters=1) for i in range(count)]
 
 
-def timed_map(executor, requests: list[dict]) -> dict:
+def timed_map(executor, requests: list[ComputeRequest]) -> dict:
     """Wall and driver CPU seconds of one ``map`` over ``requests``; every answer must be ok."""
     answers = []
     wall, cpu = time.perf_counter(), time.process_time()
     executor.map(requests, lambda request, answer: answers.append(answer))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    failed = [a for a in answers if not a.get("ok")]
+    failed = [a for a in answers if not a.ok]
     if failed or len(answers) != len(requests):
         raise SystemExit(f"error: {len(failed)} failed answers of {len(requests)}: {failed[:1]}")
     return {"requests": len(requests), "wall_s": round(wall, 3), "driver_cpu_s": round(cpu, 3)}

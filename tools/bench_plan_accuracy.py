@@ -97,10 +97,10 @@ def measure(args) -> dict:
                     continue
                 others = {f"{r['id']}@{row_id}": r for r in (refs.requests if refs else ())}
                 answers = measure_tables(jobs, evaluate, executor, repeats=args.repeats, others=others)
-                fields = {k: {"reference": True, "label_ms": refs.recorded[r["id"]]} for k, r in others.items()}
+                fields = {k: {"reference": True, "label_ms": refs.recorded[r.id]} for k, r in others.items()}
                 fields |= {key: {"tables": tables} for key, (_, tables) in jobs.items()}
                 for key, extra in fields.items():
-                    runs = [a["total_ms"] for a in answers[key]]
+                    runs = [a.total_ms for a in answers[key]]
                     compute_log.write_record(
                         {"id": key, **extra, "task": row_id, "ok": True}
                         | {"runs_ms": [round(x, 4) for x in runs], "total_ms": statistics.median(runs)}

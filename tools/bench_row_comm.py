@@ -20,6 +20,7 @@ from pathlib import Path
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
+from neuroshard_jax.kernels.messages import CommRequest
 
 OUT = Path(__file__).resolve().parents[1] / "outputs" / "bench" / "row_comm"
 BASE_WIDTH = 64
@@ -35,16 +36,16 @@ def main() -> None:
     rows = []
     with open_executor(ExecutorConfig(), "cpu", 600) as pool:
         for world in (int(w) for w in args.worlds.split(",")):
-            base = {"batch_size": args.batch, "warmup": 3, "iters": 10, "delays_ms": [0.0] * world}
             requests = []
             for width in (int(w) for w in args.widths.split(",")):
-                rs = {**base, "dim_sums": [BASE_WIDTH] * world, "row_groups": [[width, list(range(world))]]}
-                a2a = {**base, "dim_sums": [BASE_WIDTH + width] * world}
-                requests += [{**rs, "id": f"rs-{width}"}, {**a2a, "id": f"a2a-{width}"}]
+                rs = {"dim_sums": [BASE_WIDTH] * world, "row_groups": [[width, list(range(world))]]}
+                a2a = {"dim_sums": [BASE_WIDTH + width] * world}
+                for name, layout in (("rs", rs), ("a2a", a2a)):
+                    requests.append(CommRequest.of(layout, f"{name}-{width}", args.batch, [0.0] * world, 3, 10))
             runs: dict[str, list[tuple[float, float]]] = {}
             for _ in range(args.repeats):  # interleaved: every request once per repeat
                 for key, ranks in pool.comm(requests, world, 600).items():
-                    runs.setdefault(key, []).append((max(r["fwd_ms"] for r in ranks), max(r["bwd_ms"] for r in ranks)))
+                    runs.setdefault(key, []).append((max(r.fwd_ms for r in ranks), max(r.bwd_ms for r in ranks)))
             for width in (int(w) for w in args.widths.split(",")):
                 fwd = {k: statistics.median(f for f, _ in runs[f"{k}-{width}"]) for k in ("rs", "a2a")}
                 bwd = {k: statistics.median(b for _, b in runs[f"{k}-{width}"]) for k in ("rs", "a2a")}

@@ -76,6 +76,7 @@ from neuroshard_jax.costs.choice import (
 from neuroshard_jax.costs.cost_model import expected_cost_model
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import ExecutorConfig, map_requests, open_executor
+from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest
 from neuroshard_jax.learn.metrics import noise_floor, ranking_tau
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrate, predicted_compute_ms, sample_devices, whole
 from neuroshard_jax.measure.drift import references
@@ -376,12 +377,12 @@ class DriftLabels:
     probe's draw), ``per_task`` of them in each task's batch of each repeat, in turn: measured now over recorded,
     their median is the machine's speed against the labels during the run (``report``: ``drift``)."""
 
-    requests: tuple[dict, ...]  # worker requests with the datasets' own protocol, ids ``<dataset>/probe-<record>``
+    requests: tuple[ComputeRequest, ...]  # with the datasets' own protocol, ids ``<dataset>/probe-<record>``
     recorded_ms: dict[str, float]  # request id -> the label's recorded fwd+bwd ms
     datasets: tuple[str, ...]
     per_task: int
 
-    def batch(self, index: int) -> list[dict]:
+    def batch(self, index: int) -> list[ComputeRequest]:
         """The labels re-timed in the ``index``-th batch: ``per_task`` of them, every label in turn."""
         n = len(self.requests)
         return [self.requests[(index * self.per_task + j) % n] for j in range(min(self.per_task, n))]
@@ -408,9 +409,9 @@ def drift_labels(datasets: list[str], samples: int, per_task: int, seed: int) ->
         count = samples // len(datasets) + (i < samples % len(datasets))
         refs = references(dataset, count, seed) if count else None
         for request in refs.requests if refs else ():
-            request_id = f"{Path(dataset).name}/{request['id']}"
-            requests.append({**request, "id": request_id})
-            recorded[request_id] = refs.recorded[request["id"]]
+            request_id = f"{Path(dataset).name}/{request.id}"
+            requests.append(request.tagged(request_id))
+            recorded[request_id] = refs.recorded[request.id]
     return DriftLabels(tuple(requests), recorded, tuple(datasets), per_task)
 
 
@@ -458,42 +459,35 @@ def measure_all(
             todo = [k for k in devices if measurement_id(f"{k}/{repeat}", kind, session) not in log.ids]
             shuffled = np.random.default_rng([suite.base_seed, repeat, len(todo)]).permutation(len(todo))
             requests = [
-                {
-                    **device_request(measurement_id(f"{todo[i]}/{repeat}", kind, session), *devices[todo[i]], config),
-                    "key": todo[i],
-                    "repeat": repeat,
-                }
+                device_request(measurement_id(f"{todo[i]}/{repeat}", kind, session), *devices[todo[i]], config).tagged(
+                    key=todo[i], repeat=repeat
+                )
                 for i in shuffled
             ]
             retimed = drift.batch(repeat * len(order) + position) if drift and requests else []
             places = np.random.default_rng([suite.base_seed, repeat, position, len(retimed)])
             for label in retimed:  # among the devices, at random places: the batch's machine state
-                request_id = measurement_id(f"drift/{task_id}/{label['id']}/{repeat}", kind, session)
+                request_id = measurement_id(f"drift/{task_id}/{label.id}/{repeat}", kind, session)
                 if request_id not in log.ids:
                     at = int(places.integers(len(requests) + 1))
-                    requests.insert(
-                        at, {**label, "id": request_id, "drift": label["id"], "repeat": repeat, "task": task_id}
-                    )
+                    requests.insert(at, label.tagged(request_id, drift=label.id, repeat=repeat, task=task_id))
 
-            def record(request: dict, answer: dict) -> None:
+            def record(request: ComputeRequest, answer: ComputeAnswer) -> None:
+                tags = request.tags
                 which = (
-                    {
-                        "drift": request["drift"],
-                        "label_ms": drift.recorded_ms[request["drift"]],
-                        "task": request["task"],
-                    }
-                    if "drift" in request
-                    else {"key": request["key"]}
+                    {"drift": tags["drift"], "label_ms": drift.recorded_ms[tags["drift"]], "task": tags["task"]}
+                    if "drift" in tags
+                    else {"key": tags["key"]}
                 )
                 log.write_record(
                     {
-                        "id": request["id"],
+                        "id": request.id,
                         **which,
-                        "repeat": request["repeat"],
+                        "repeat": tags["repeat"],
                         "hardware": kind,
                         **({"session": session} if session else {}),
                         **({"pin": True} if config.pin else {}),
-                        **{k: answer.get(k) for k in ("ok", "total_ms", "fwd_ms", "bwd_ms", "error", "cpu_share")},
+                        **{k: getattr(answer, k) for k in ("ok", "total_ms", "fwd_ms", "bwd_ms", "error", "cpu_share")},
                     }
                 )
 
@@ -569,13 +563,13 @@ def merge_check(
         for repeat in range(repeats):
             todo = [k for k in devices if measurement_id(f"{task_id}/{k}/{repeat}", kind) not in log.ids]
             requests = [
-                {**device_request(measurement_id(f"{task_id}/{k}/{repeat}", kind), task, devices[k], config), "key": k}
+                device_request(measurement_id(f"{task_id}/{k}/{repeat}", kind), task, devices[k], config).tagged(key=k)
                 for k in (todo[i] for i in np.random.default_rng([suite.base_seed, repeat]).permutation(len(todo)))
             ]
 
-            def record(request: dict, answer: dict) -> None:
-                fields = {k: answer.get(k) for k in ("ok", "total_ms", "error", "cpu_share")}
-                row = {"id": request["id"], "key": request["key"], "hardware": kind, **fields}
+            def record(request: ComputeRequest, answer: ComputeAnswer) -> None:
+                fields = {k: getattr(answer, k) for k in ("ok", "total_ms", "error", "cpu_share")}
+                row = {"id": request.id, "key": request.tag("key"), "hardware": kind, **fields}
                 log.write_record(row)
                 rows[row["id"]] = row
 

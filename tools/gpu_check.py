@@ -68,6 +68,7 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.kernels.executors import ExecutorConfig
+from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, compute_request, default_protocol
 from neuroshard_jax.learn.cost_labels import CollectConfig, collect
 from neuroshard_jax.measure.evaluator import EvaluateConfig, device_request, plan_kernels
@@ -285,9 +286,9 @@ def smoke(out: Path, device: str) -> None:
         answer = worker.request(compute_request("smoke", [spec], None, 4096, device, warmup=5, iters=10), 120)
     finally:
         worker.close()
-    write_json({"device": device, "answer": answer, "hardware": hardware()}, out / "smoke.json")
-    if not answer.get("ok"):
-        raise UserError(f"smoke: the worker failed on {device}: {answer.get('error')}")
+    write_json({"device": device, "answer": answer.to_json(), "hardware": hardware()}, out / "smoke.json")
+    if not answer.ok:
+        raise UserError(f"smoke: the worker failed on {device}: {answer.error}")
 
 
 def label_config(sizes: Sizes, device: str, out_dir: Path, seed: int = 0) -> CollectConfig:
@@ -531,14 +532,18 @@ class Measurements:
         return best
 
     def measure(self, pool: KernelPool, keys: list[str]) -> None:
-        requests = [{**device_request(key, *self.jobs[key], self.config), "key": key, "memory": True} for key in keys]
+        requests = [
+            dataclasses.replace(device_request(key, *self.jobs[key], self.config), memory=True).tagged(key=key)
+            for key in keys
+        ]
 
-        def record(request: dict, answer: dict) -> None:
-            if answer.get("ok"):
-                self.answers[request["key"]].append(float(answer["total_ms"]))
-                self.memory.setdefault(request["key"], answer.get("memory", {}))
+        def record(request: ComputeRequest, answer: ComputeAnswer) -> None:
+            key = request.tag("key")
+            if answer.ok:
+                self.answers[key].append(float(answer.total_ms))
+                self.memory.setdefault(key, answer.memory or {})
             else:
-                self.failed[request["key"]] = str(answer.get("error"))[:300]
+                self.failed[key] = str(answer.error)[:300]
 
         pool.map(requests, record)
 

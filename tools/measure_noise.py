@@ -41,6 +41,7 @@ import numpy as np
 from neuroshard_jax.core.files import read_jsonl, write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
+from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, compute_request
 from neuroshard_jax.learn.plan_labels import row_plans
 from neuroshard_jax.measure.evaluator import EvaluateConfig, device_key, device_tables, measure_tables
@@ -77,14 +78,14 @@ def protocols(sets: int, repeats: int, batch_size: int, out: Path) -> dict:
             for name, (_, _, iters) in PROTOCOLS.items():
                 order = np.random.default_rng([r, len(name)]).permutation(sets)
                 requests = [
-                    {**compute_request(f"{r}/{i}", shard_sets[i], pool, batch_size, warmup=5, iters=iters), "set": i}
+                    compute_request(f"{r}/{i}", shard_sets[i], pool, batch_size, warmup=5, iters=iters).tagged(set=i)
                     for i in map(int, order)
                 ]
 
-                def record(request: dict, answer: dict, name=name) -> None:
-                    if not answer.get("ok"):
-                        raise SystemExit(f"measurement failed: {answer.get('error')}")
-                    runs[name][request["set"]].append(answer["total_ms"])
+                def record(request: ComputeRequest, answer: ComputeAnswer, name=name) -> None:
+                    if not answer.ok:
+                        raise SystemExit(f"measurement failed: {answer.error}")
+                    runs[name][request.tag("set")].append(answer.total_ms)
 
                 start = time.perf_counter()
                 pools[name].map(requests, record)
@@ -135,7 +136,7 @@ def processes(count: int, sample: int, batch_size: int) -> None:
             answer = worker.request(compute_request(p, tables, pool, batch_size), timeout_s=600)
         finally:
             worker.close()
-        totals.append(answer["total_ms"])
+        totals.append(answer.total_ms)
     med = statistics.median(totals)
     print(
         json.dumps(
@@ -175,7 +176,7 @@ def steps(tasks: int, batches: int, repeats: int, out: Path) -> dict:
             for _ in range(batches):
                 for name, config in configs.items():
                     answers = measure_tables(plan_jobs, config, executors[name], repeats)
-                    runs = {k: [a["total_ms"] for a in v] for k, v in answers.items()}
+                    runs = {k: [a.total_ms for a in v] for k, v in answers.items()}
                     medians[name][i].append({k: statistics.median(v) for k, v in runs.items()})
                     within[name] += [abs(x / statistics.median(v) - 1) for v in runs.values() for x in v]
             print(f"{rows[i]['id']}: {len(plan_jobs)} devices x {batches} batches x {repeats} repeats", flush=True)

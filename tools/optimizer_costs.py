@@ -20,6 +20,7 @@ import numpy as np
 from neuroshard_jax.core.files import read_records, write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.memory import kernel_optimizer
+from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest
 from neuroshard_jax.kernels.processes import KernelPool, compute_request
 
 DATASET = "neuroshard_jax/data/profiles/epyc-f25m17-rowwise"
@@ -45,17 +46,17 @@ def measure(records: list[dict], optimizers: list[str], repeats: int, workers: i
                         "cpu",
                         optimizers[k],
                     )
-                    requests.append({**request, "record": i, "repeat": repeat})
+                    requests.append(request.tagged(record=i, repeat=repeat))
 
-            def keep(request: dict, answer: dict) -> None:
-                if not answer.get("ok"):
-                    raise SystemExit(f"measurement failed: {answer.get('error')}")
+            def keep(request: ComputeRequest, answer: ComputeAnswer) -> None:
+                if not answer.ok:
+                    raise SystemExit(f"measurement failed: {answer.error}")
                 rows.append(
                     {
-                        "record": request["record"],
-                        "optimizer": request["optimizer"],
-                        "repeat": request["repeat"],
-                        **{part: answer[part] for part in PARTS},
+                        "record": request.tag("record"),
+                        "optimizer": request.optimizer,
+                        "repeat": request.tag("repeat"),
+                        **{part: getattr(answer, part) for part in PARTS},
                     }
                 )
 

@@ -34,6 +34,7 @@ from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.choice import CostModelSpec
 from neuroshard_jax.costs.ensemble import physics
 from neuroshard_jax.kernels.executors import ExecutorConfig, map_requests
+from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest
 from neuroshard_jax.measure.calibration import predicted_compute_ms, whole
 from neuroshard_jax.measure.evaluator import EvaluateConfig, device_request, device_tables
 from tools.foreign_benchmark import table
@@ -91,25 +92,21 @@ def measure(out: Path, repeats: int, config: EvaluateConfig) -> None:
         names = [n for n in groups if f"{kind}/{n}/{repeat}" not in log.ids]
         order = np.random.default_rng([SEED, 3, repeat]).permutation(len(names))
         requests = [
-            {
-                **device_request(
-                    f"{kind}/{names[i]}/{repeat}", task, device_tables(task, whole(task, groups[names[i]])), config
-                ),
-                "group": names[i],
-                "repeat": repeat,
-            }
+            device_request(
+                f"{kind}/{names[i]}/{repeat}", task, device_tables(task, whole(task, groups[names[i]])), config
+            ).tagged(group=names[i], repeat=repeat)
             for i in order
         ]
 
-        def record(request: dict, answer: dict) -> None:
+        def record(request: ComputeRequest, answer: ComputeAnswer) -> None:
             keys = ("ok", "total_ms", "fwd_ms", "bwd_ms", "error", "cpu_share")
             log.write_record(
                 {
-                    "id": request["id"],
-                    "group": request["group"],
-                    "repeat": request["repeat"],
+                    "id": request.id,
+                    "group": request.tag("group"),
+                    "repeat": request.tag("repeat"),
                     "hardware": kind,
-                    **{k: answer.get(k) for k in keys},
+                    **{k: getattr(answer, k) for k in keys},
                 }
             )
 

@@ -28,6 +28,7 @@ from typing import Protocol
 
 from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.errors import UserError, first_line
+from neuroshard_jax.kernels.messages import CommAnswer, CommRequest, ComputeAnswer, ComputeRequest
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, WorkerFailure, measure_on, run_comm
 
 NAMES = ("local", "ray")
@@ -68,9 +69,11 @@ class ExecutorConfig:
 class Executor(Protocol):
     """Runs kernel requests somewhere; ``KernelPool`` (local) and ``RayExecutor`` implement it."""
 
-    def map(self, requests: Iterable[dict], on_answer: Callable[[dict, dict], None]) -> None: ...
+    def map(
+        self, requests: Iterable[ComputeRequest], on_answer: Callable[[ComputeRequest, ComputeAnswer], None]
+    ) -> None: ...
 
-    def comm(self, requests: list[dict], world: int, timeout_s: float) -> dict[int, list[dict]]: ...
+    def comm(self, requests: list[CommRequest], world: int, timeout_s: float) -> dict[int | str, list[CommAnswer]]: ...
 
     def close(self) -> None: ...
 
@@ -90,8 +93,8 @@ def open_executor(
 
 
 def map_requests(
-    requests: Iterable[dict],
-    on_answer: Callable[[dict, dict], None],
+    requests: Iterable[ComputeRequest],
+    on_answer: Callable[[ComputeRequest, ComputeAnswer], None],
     executor: ExecutorConfig,
     device: str,
     timeout_s: float,
@@ -152,7 +155,7 @@ def _actor_class():
         def pid(self) -> int:
             return os.getpid()
 
-        def measure(self, request: dict, timeout_s: float) -> dict:
+        def measure(self, request: ComputeRequest, timeout_s: float) -> ComputeAnswer:
             return measure_on(self.worker, request, timeout_s, warm=True)
 
         def close(self) -> None:
@@ -265,13 +268,15 @@ class RayExecutor:
         ray = _ray()
         return ray.get([a.pid.remote() for a in self.actors])
 
-    def map(self, requests: Iterable[dict], on_answer: Callable[[dict, dict], None]) -> None:
+    def map(
+        self, requests: Iterable[ComputeRequest], on_answer: Callable[[ComputeRequest, ComputeAnswer], None]
+    ) -> None:
         ray = _ray()
         lost = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.ObjectLostError)
         jobs = iter(requests)
         pending: dict = {}  # object ref -> (actor slot, request, retries so far)
 
-        def submit(slot: int, request: dict, retries: int) -> None:
+        def submit(slot: int, request: ComputeRequest, retries: int) -> None:
             pending[self.actors[slot].measure.remote(request, self.timeout_s)] = (slot, request, retries)
 
         for slot in range(len(self.actors)):
@@ -292,15 +297,15 @@ class RayExecutor:
                     submit(slot, request, retries + 1)
                     continue
                 reason = f"ray: its actor died {retries + 1} times ({type(err).__name__})"
-                answer = {"id": request["id"], "ok": False, "error": reason}
+                answer = ComputeAnswer.failed(request.id, reason)
             if retries:
-                answer = {**answer, "retries": retries}
+                answer = dataclasses.replace(answer, retries=retries)
             on_answer(request, answer)  # an exception here stops the feed; the actors' requests finish unread
             request = next(jobs, None)
             if request is not None:
                 submit(slot, request, 0)
 
-    def comm(self, requests: list[dict], world: int, timeout_s: float) -> dict[int, list[dict]]:
+    def comm(self, requests: list[CommRequest], world: int, timeout_s: float) -> dict[int | str, list[CommAnswer]]:
         """A comm batch as one Ray task that asks for its ``world`` ranks on one node (CPUs, or GPUs on cuda)."""
         ray = _ray()
         key = "GPU" if self.device == "cuda" else "CPU"

@@ -19,12 +19,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from neuroshard_jax.core.constants import MIN_CPU_SHARE
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.manifests import TIMED_KEYS
+from neuroshard_jax.kernels.messages import CommAnswer, CommRequest, ComputeAnswer, ComputeRequest
 from neuroshard_jax.workloads.pool import PoolSpec
 
 # One thread per process everywhere below torch (FBGEMM, OpenMP, MKL).
@@ -90,10 +91,11 @@ class ComputeWorker:
         if self.proc is None or self.proc.poll() is not None:
             self._start()
 
-    def request(self, request: dict, timeout_s: float) -> dict:
+    def request(self, request: ComputeRequest, timeout_s: float) -> ComputeAnswer:
+        """The worker's answer to ``request`` (JSON on its pipe only); WorkerFailure where it dies or times out."""
         self.ensure_started()
         try:
-            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.write((json.dumps(request.to_json()) + "\n").encode())
             self.proc.stdin.flush()
         except BrokenPipeError:
             raise self._fail(_exit_reason(self.proc.wait())) from None
@@ -104,7 +106,7 @@ class ComputeWorker:
         if not line:
             raise self._fail(_exit_reason(self.proc.wait()))
         self.served += 1
-        return json.loads(line)
+        return ComputeAnswer.from_json(json.loads(line))
 
     def _readline(self, timeout_s: float) -> bytes | None:
         with selectors.DefaultSelector() as sel:
@@ -216,15 +218,10 @@ def record_tables(record: dict) -> list[TableRef]:
     return [table_ref(t, f"record {record.get('id')!r}: tables[{i}]") for i, t in enumerate(record["tables"])]
 
 
-def cpu_share(answer: dict) -> float:
-    """The share of its core a CPU worker held while it timed ``answer`` (a label or a worker's answer); 1 where
-    none is recorded (a CUDA answer, a label older than the count)."""
-    return float(answer.get("cpu_share", 1.0))
-
-
-def quiet(answer: dict) -> bool:
-    """``answer`` was timed on a quiet machine: its worker held at least MIN_CPU_SHARE of its core."""
-    return cpu_share(answer) >= MIN_CPU_SHARE
+def quiet(label: Mapping) -> bool:
+    """``label`` (a collected record) was timed on a quiet machine: its worker held at least MIN_CPU_SHARE of its
+    core (``ComputeAnswer.quiet`` for a worker's answer); a record without the share (CUDA, older labels) is."""
+    return float(label.get("cpu_share", 1.0)) >= MIN_CPU_SHARE
 
 
 def worker_tables(tables) -> list:
@@ -244,22 +241,22 @@ def compute_request(
     warmup: int = 5,
     iters: int = 10,
     timing: dict | None = None,
-) -> dict:
-    """A worker request (the JSON the worker reads): time one fused TBE over ``tables`` (``PoolTableRef``s with the
-    ``pool``, or ``SpecTableRef``s with pool None; or either already in the worker's form, ``worker_tables``).
-    ``timing``: the fields of another protocol than warm-up + ``iters`` (``timing_fields``)."""
-    return {
+) -> ComputeRequest:
+    """A worker request: time one fused TBE over ``tables`` (``PoolTableRef``s with the ``pool``, or
+    ``SpecTableRef``s with pool None; or either already in the worker's form, ``worker_tables``). ``timing``: the
+    fields of another protocol than warm-up + ``iters`` (``timing_fields``)."""
+    return ComputeRequest(
+        request_id,
+        tuple(worker_tables(tables)),
+        batch_size,
+        pool.to_json() if pool is not None else None,
+        device,
+        optimizer,
+        precision,
+        warmup,
+        iters,
         **(timing or {}),
-        "id": request_id,
-        "device": device,
-        "pool": pool.to_json() if pool is not None else None,
-        "batch_size": batch_size,
-        "tables": worker_tables(tables),
-        "optimizer": optimizer,
-        "precision": precision,
-        "warmup": warmup,
-        "iters": iters,
-    }
+    )
 
 
 PROTOCOLS = ("fixed", "timed", "queued", "graph")  # queued, graph: CUDA only
@@ -286,17 +283,17 @@ def timing_fields(protocol: str | None, warmup_ms: float, measure_ms: float, max
     return {"protocol": protocol, **dict(zip(TIMED_KEYS, (warmup_ms, measure_ms, max_iters)))}
 
 
-def measure_on(worker: ComputeWorker, request: dict, timeout_s: float, warm: bool = True) -> dict:
-    """``worker``'s answer to ``request``; a crash or timeout becomes {"id", "ok": False, "error": reason} (the
-    worker restarts on its next request). ``warm``: a cold process (new or restarted) first runs a timed request
+def measure_on(worker: ComputeWorker, request: ComputeRequest, timeout_s: float, warm: bool = True) -> ComputeAnswer:
+    """``worker``'s answer to ``request``; a crash or timeout becomes an answer not ``ok`` saying why (the worker
+    restarts on its next request). ``warm``: a cold process (new or restarted) first runs a timed request
     once at one iteration and throws the answer away: a cold process's first measurement reads 4-5% high
     (``tools/measure_noise.py protocols``)."""
     try:
-        if warm and worker.served == 0 and "iters" in request:
-            worker.request({**request, "id": "warm-up", "protocol": "fixed", "warmup": 1, "iters": 1}, timeout_s)
+        if warm and worker.served == 0:
+            worker.request(dataclasses.replace(request, id="warm-up", protocol="fixed", warmup=1, iters=1), timeout_s)
         return worker.request(request, timeout_s)
     except WorkerFailure as failure:
-        return {"id": request["id"], "ok": False, "error": failure.reason}
+        return ComputeAnswer.failed(request.id, failure.reason)
 
 
 def pinned_cores(count: int) -> list[int | None]:
@@ -332,10 +329,12 @@ class KernelPool:
             ComputeWorker(device, log_dir / f"worker-{w}.log" if log_dir else None, core=cores[w]) for w in range(count)
         ]
 
-    def map(self, requests: Iterable[dict], on_answer: Callable[[dict, dict], None]) -> None:
+    def map(
+        self, requests: Iterable[ComputeRequest], on_answer: Callable[[ComputeRequest, ComputeAnswer], None]
+    ) -> None:
         """Send requests to the workers; ``on_answer(request, answer)`` gets each answer.
 
-        A crash or timeout becomes the answer {"ok": False, "error": reason} and the worker restarts;
+        A crash or timeout becomes an answer not ``ok`` saying why, and the worker restarts;
         an exception raised by ``on_answer`` (or a Ctrl-C while waiting) stops every worker's feed and is re-raised
         here.
         """
@@ -369,7 +368,7 @@ class KernelPool:
         if errors:
             raise errors[0]
 
-    def comm(self, requests: list[dict], world: int, timeout_s: float) -> dict[int, list[dict]]:
+    def comm(self, requests: list[CommRequest], world: int, timeout_s: float) -> dict[int | str, list[CommAnswer]]:
         """A comm batch on ``world`` rank processes of this host (``run_comm``)."""
         return run_comm(requests, world, timeout_s, self.device)
 
@@ -474,18 +473,21 @@ def run_ranks(command: list[str], world: int, tmp: Path, timeout_s: float, cores
         raise WorkerFailure(failure)
 
 
-def run_comm(requests: list[dict], world: int, timeout_s: float, device: str = "cpu") -> dict[int, list[dict]]:
-    """Run comm requests on ``world`` rank processes; returns request id -> per-rank results.
+def run_comm(
+    requests: list[CommRequest], world: int, timeout_s: float, device: str = "cpu"
+) -> dict[int | str, list[CommAnswer]]:
+    """Run comm requests on ``world`` rank processes (on ``device``); returns request id -> each rank's answer.
 
     Raises WorkerFailure if any rank crashes or the batch exceeds ``timeout_s`` (all ranks are killed).
     """
     with tempfile.TemporaryDirectory(prefix="neuroshard-comm-") as tmp:
         tmp = Path(tmp)
-        (tmp / "requests.jsonl").write_text("".join(json.dumps({**r, "device": device}) + "\n" for r in requests))
+        lines = (json.dumps(dataclasses.replace(r, device=device).to_json()) + "\n" for r in requests)
+        (tmp / "requests.jsonl").write_text("".join(lines))
         run_ranks(["comm", str(tmp / "requests.jsonl"), str(tmp / "out.{rank}")], world, tmp, timeout_s)
-        results: dict[int, list[dict]] = {r["id"]: [None] * world for r in requests}
+        results: dict[int | str, list[CommAnswer]] = {r.id: [None] * world for r in requests}
         for rank in range(world):
             for line in (tmp / f"out.{rank}").read_text().splitlines():
-                row = json.loads(line)
-                results[row["id"]][rank] = row
+                answer = CommAnswer.from_json(json.loads(line))
+                results[answer.id][rank] = answer
         return results

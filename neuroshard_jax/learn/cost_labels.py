@@ -50,6 +50,7 @@ from neuroshard_jax.kernels.executors import (
     pinned,
     protocol,
 )
+from neuroshard_jax.kernels.messages import CommRequest, ComputeAnswer, ComputeRequest
 from neuroshard_jax.kernels.processes import WorkerFailure, compute_request, timing_fields, worker_versions
 from neuroshard_jax.learn.plan_labels import PlanLabelConfig, collect_plans
 from neuroshard_jax.measure.evaluator import EvaluateConfig
@@ -309,7 +310,7 @@ def _collect_plans(config: CollectConfig, until: float | None = None) -> dict:
 def _collect_compute(config: CollectConfig, log: JsonlLog, todo: Iterable[int], bar) -> None:
     pool_rows = pool_streams(config.pool)[0] if config.source == "pool" else None
 
-    def request(i: int) -> dict:
+    def request(i: int) -> ComputeRequest:
         if config.source == "specs":
             batch_size, tables = sample_spec_shard(config.specs, config.seed, i)
             pool = None
@@ -329,12 +330,12 @@ def _collect_compute(config: CollectConfig, log: JsonlLog, todo: Iterable[int], 
             config.timing(),
         )
 
-    def record(request: dict, answer: dict) -> None:
-        row = {"id": request["id"], "tables": request["tables"]}
+    def record(request: ComputeRequest, answer: ComputeAnswer) -> None:
+        row = {"id": request.id, "tables": list(request.tables)}
         if config.source == "specs":
-            row["batch_size"] = request["batch_size"]
+            row["batch_size"] = request.batch_size
         # when the label came in (unix seconds): how fast labels flow here (adapt's budget), drift over a run
-        log.write_record({**row, **{k: v for k, v in answer.items() if k != "id"}, "at": round(time.time(), 3)})
+        log.write_record({**row, **answer.to_json(with_id=False), "at": round(time.time(), 3)})
         bar.update(1)
 
     requests = (request(i) for i in todo)
@@ -389,15 +390,7 @@ def _run_comm_chunk(
     config: CollectConfig, log: JsonlLog, samples: dict, chunk: list[int], world: int, executor: Executor
 ) -> None:
     requests = [
-        {
-            "id": i,
-            "dim_sums": samples[i]["dim_sums"],
-            "delays_ms": samples[i]["delays_ms"],
-            **{k: samples[i][k] for k in ("row_groups", "inputs") if k in samples[i]},
-            "batch_size": config.batch_size,
-            "warmup": config.warmup,
-            "iters": config.iters,
-        }
+        CommRequest.of(samples[i], i, config.batch_size, samples[i]["delays_ms"], config.warmup, config.iters)
         for i in chunk
     ]
     results = executor.comm(requests, world, config.timeout_s * max(1, len(chunk)) / 4)
@@ -409,16 +402,16 @@ def _run_comm_chunk(
                 **samples[i],
                 "batch_size": config.batch_size,
                 "ok": True,
-                "fwd_ms": [r["fwd_ms"] for r in per_rank],
-                "bwd_ms": [r["bwd_ms"] for r in per_rank],
+                "fwd_ms": [r.fwd_ms for r in per_rank],
+                "bwd_ms": [r.bwd_ms for r in per_rank],
                 # of which the row groups' collectives (row_comm.py)
                 **(
-                    {k: [r[k] for r in per_rank] for k in ("fwd_rows_ms", "bwd_rows_ms")}
+                    {k: [getattr(r, k) for r in per_rank] for k in ("fwd_rows_ms", "bwd_rows_ms")}
                     if "row_groups" in samples[i]
                     else {}
                 ),
                 # and the input distributions (input_dist.py)
-                **({"fwd_inputs_ms": [r["fwd_inputs_ms"] for r in per_rank]} if "inputs" in samples[i] else {}),
+                **({"fwd_inputs_ms": [r.fwd_inputs_ms for r in per_rank]} if "inputs" in samples[i] else {}),
             }
         )
 

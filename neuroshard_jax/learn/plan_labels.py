@@ -53,6 +53,7 @@ from neuroshard_jax.costs.choice import CostModelSpec, shipped_names
 from neuroshard_jax.costs.cost_model import DeviceCosts, expected_cost_model, plan_cost_ms
 from neuroshard_jax.costs.scoring import score_plans_devices
 from neuroshard_jax.kernels.executors import Executor, open_executor
+from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest
 from neuroshard_jax.learn.metrics import kendall_tau
 from neuroshard_jax.measure.drift import References, references
 from neuroshard_jax.measure.evaluator import EvaluateConfig, device_key, device_request, device_tables, measure_comm
@@ -456,20 +457,18 @@ def label_devices(
     ``until``: a ``time.monotonic()`` deadline after which no device (no chunk) is started."""
     say = progress_lines(logger, progress)
     log = JsonlLog(path)
-    todo: dict[str, dict] = {}
+    todo: dict[str, ComputeRequest] = {}
     for row in rows:
         for key, name, task, tables in plan_devices(row):
             if key not in log.ids and key not in todo:
-                todo[key] = {
-                    **device_request(key, task, tables, evaluate),
-                    "meta": {"round": row["round"], "task": row["id"], "plan": name, "model": model},
-                }
+                meta = {"round": row["round"], "task": row["id"], "plan": name, "model": model}
+                todo[key] = device_request(key, task, tables, evaluate).tagged(meta=meta)
     order = np.random.default_rng([len(todo), 17]).permutation(len(todo))  # interleave tasks and plans
     requests = [list(todo.values())[i] for i in order]
 
-    def label(request: dict, answer: dict) -> dict:
-        row = {"id": request["id"], "tables": request["tables"], "batch_size": request["batch_size"]}
-        return {**row, **request["meta"], **{k: v for k, v in answer.items() if k != "id"}}
+    def label(request: ComputeRequest, answer: ComputeAnswer) -> dict:
+        row = {"id": request.id, "tables": list(request.tables), "batch_size": request.batch_size}
+        return {**row, **request.tag("meta"), **answer.to_json(with_id=False)}
 
     if requests:
         with_refs = f", {len(refs.requests)} references with every {chunk}" if refs else ""
@@ -479,7 +478,7 @@ def label_devices(
     def in_time(_) -> bool:
         return until is None or time.monotonic() < until
 
-    def keep(request: dict, answer: dict) -> None:
+    def keep(request: ComputeRequest, answer: ComputeAnswer) -> None:
         nonlocal measured
         log.write_record(label(request, answer))
         measured += 1
@@ -495,13 +494,15 @@ def label_devices(
     return measured
 
 
-def _with_references(executor: Executor, requests: list[dict], refs: References, label) -> tuple[list[dict], float]:
+def _with_references(
+    executor: Executor, requests: list[ComputeRequest], refs: References, label
+) -> tuple[list[dict], float]:
     """``requests`` measured together with the reference records: their labels, and the machine's speed."""
     labels, answers = [], {}
 
-    def record(request: dict, answer: dict) -> None:
-        if request["id"] in refs.recorded:
-            answers[request["id"]] = answer
+    def record(request: ComputeRequest, answer: ComputeAnswer) -> None:
+        if request.id in refs.recorded:
+            answers[request.id] = answer
         else:
             labels.append(label(request, answer))
 

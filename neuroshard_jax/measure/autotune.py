@@ -34,7 +34,6 @@ from neuroshard_jax.core.progress import progress_lines
 from neuroshard_jax.core.records import AutotuneRecord, MeasuredCandidate
 from neuroshard_jax.costs.cost_model import CostModel, expected_cost_model, plan_cost_ms
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor, pinned
-from neuroshard_jax.kernels.processes import quiet
 from neuroshard_jax.measure.evaluator import Measuring, measure_tables, plan_kernels
 from neuroshard_jax.measure.polish import simulate
 from neuroshard_jax.measure.training_steps import dmp_steps
@@ -153,7 +152,7 @@ def autotune_kernels(
             if todo:
                 answers = measure_tables(todo, evaluator, pool, what="autotune: a device measurement failed")
                 for key, (answer,) in answers.items():
-                    readings.add(key, float(answer["total_ms"]), not quiet(answer))
+                    readings.add(key, float(answer.total_ms), not answer.quiet)
             rounds = r + 1
             steps = _round_steps(plans, kernels, readings, expected, rounds)
             progress(rounds, config.rounds, entrants, steps)

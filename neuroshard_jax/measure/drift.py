@@ -22,6 +22,7 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_records
 from neuroshard_jax.core.manifests import TIMED_KEYS, load_manifest
 from neuroshard_jax.core.paths import resolve_dataset
+from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest
 from neuroshard_jax.kernels.processes import compute_request, quiet
 from neuroshard_jax.workloads.pool import PoolSpec
 
@@ -31,19 +32,15 @@ class References:
     """Worker requests re-measuring records of ``dataset`` with its own protocol, and each one's recorded ms."""
 
     dataset: str
-    requests: tuple[dict, ...]
+    requests: tuple[ComputeRequest, ...]
     recorded: dict[str, float]  # request id -> the record's fwd+bwd ms in its dataset
     manifest: dict
 
-    def ratios(self, answers: dict[str, dict]) -> dict[str, float]:
+    def ratios(self, answers: dict[str, ComputeAnswer]) -> dict[str, float]:
         """Request id -> measured now / recorded, of the quiet answers (``ok``, the worker's CPU share held)."""
-        return {
-            k: a["total_ms"] / self.recorded[k]
-            for k, a in answers.items()
-            if k in self.recorded and a.get("ok") and quiet(a)
-        }
+        return {k: a.total_ms / self.recorded[k] for k, a in answers.items() if k in self.recorded and a.ok and a.quiet}
 
-    def speed(self, answers: dict[str, dict]) -> float | None:
+    def speed(self, answers: dict[str, ComputeAnswer]) -> float | None:
         """The machine's speed now relative to the dataset's session (the median ratio); None if none was quiet."""
         ratios = self.ratios(answers)
         return float(statistics.median(ratios.values())) if ratios else None
@@ -78,8 +75,8 @@ def references(dataset: str | Path, samples: int, seed: int = 0) -> References:
                 settings.get("precision", "fp32"),
                 int(settings.get("warmup", 5)),
                 int(settings.get("iters", 10)),
+                timing,
             )
-            | timing
         )
         recorded[request_id] = float(record["total_ms"])
     return References(str(dataset), tuple(requests), recorded, manifest)

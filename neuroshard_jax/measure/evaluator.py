@@ -29,13 +29,13 @@ from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import DeviceCosts, plan_cost_ms
 from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, opened
+from neuroshard_jax.kernels.messages import CommRequest, ComputeAnswer, ComputeRequest
 from neuroshard_jax.kernels.processes import (
     PoolTableRef,
     SpecTableRef,
     TableRef,
     WorkerFailure,
     compute_request,
-    cpu_share,
     timing_fields,
     worker_tables,
     worker_versions,
@@ -158,11 +158,11 @@ def measure_compute(
         answer = answers[key][0]
         for i, d in pairs:  # a device that runs two kernels (its shards', the data-parallel tables') sums them
             speed = plans[i].task.speeds()[d]
-            compute[i][d] += answer["total_ms"] / speed
+            compute[i][d] += answer.total_ms / speed
             was = kernels[i][d] or {"fwd_ms": 0.0, "bwd_ms": 0.0}
             kernels[i][d] = {
-                "fwd_ms": was["fwd_ms"] + answer["fwd_ms"] / speed,
-                "bwd_ms": was["bwd_ms"] + answer["bwd_ms"] / speed,
+                "fwd_ms": was["fwd_ms"] + answer.fwd_ms / speed,
+                "bwd_ms": was["bwd_ms"] + answer.bwd_ms / speed,
             }
     return compute, kernels
 
@@ -173,32 +173,32 @@ def measure_tables(
     executor: Executor | None = None,
     repeats: int = 1,
     what: str = "a device measurement failed",
-    others: dict[str, dict] | None = None,
-) -> dict[str, list[dict]]:
+    others: dict[str, ComputeRequest] | None = None,
+) -> dict[str, list[ComputeAnswer]]:
     """Each job (key -> (task, its ``device_tables``)) measured as one device ``repeats`` times, interleaved (repeat
     r of every job before r + 1), on ``executor`` or one opened as ``config.executor`` says: key -> the worker's
     answers in repeat order. ``others``: ready worker requests (key -> request) measured alongside in the same
     interleaved repeats, e.g. reference records that track the machine's drift. A failed measurement is a
     UserError: ``what``, and the worker's error."""
     others = others or {}
-    answers: dict[str, list[dict]] = {key: [] for key in [*jobs, *others]}
+    answers: dict[str, list[ComputeAnswer]] = {key: [] for key in [*jobs, *others]}
     requests = [
-        {**(others[key] if key in others else device_request(None, *jobs[key], config)), "id": f"{key}/{r}", "key": key}
+        (others[key] if key in others else device_request(None, *jobs[key], config)).tagged(f"{key}/{r}", key=key)
         for r in range(repeats)
         for key in [*jobs, *others]
     ]
 
-    def record(request: dict, answer: dict) -> None:
-        if not answer.get("ok"):
-            raise UserError(f"{what}: {answer.get('error')}")
-        answers[request["key"]].append(answer)
+    def record(request: ComputeRequest, answer: ComputeAnswer) -> None:
+        if not answer.ok:
+            raise UserError(f"{what}: {answer.error}")
+        answers[request.tag("key")].append(answer)
 
     with opened(executor, config.executor, config.device, config.timeout_s, config.pin) as pool:
         pool.map(requests, record)
     return answers
 
 
-def device_request(request_id, task: Task, tables: list, config: EvaluateConfig) -> dict:
+def device_request(request_id, task: Task, tables: list, config: EvaluateConfig) -> ComputeRequest:
     """The worker request that measures one device holding ``tables`` (``device_tables``) of ``task``, with the
     task's optimizer (or ``config.optimizer``); UserError where the device's kernels do not run it."""
     where = "evaluator.optimizer" if config.optimizer else "task.optimizer"
@@ -297,8 +297,8 @@ def quiet_devices(
             answers = measure_tables({k: jobs[k] for k in busy}, config, pool)
             for key in busy:
                 answer, i = answers[key][0], int(key)
-                if cpu_share(answer) > share[i]:
-                    ms[i], share[i] = answer["total_ms"], cpu_share(answer)
+                if answer.core_share > share[i]:
+                    ms[i], share[i] = answer.total_ms, answer.core_share
     return Readings(ms, int(np.sum(share < MIN_CPU_SHARE)))
 
 
@@ -345,27 +345,29 @@ def _measure_comm_group(
     # rank processes of one machine: a multi-host task's transfers are scaled to its links (Task.comm_scale)
     scales = {i: plans[i].task.comm_scale() for i in group}
     base = {
-        i: {
-            **{k: v for k, v in comm_layout(plans[i]).items() if by_type or k not in BY_TYPE},
-            "batch_size": plans[i].task.batch_size,
-            "warmup": config.comm_warmup,
-            "iters": config.comm_iters,
-        }
+        i: CommRequest.of(
+            {k: v for k, v in comm_layout(plans[i]).items() if by_type or k not in BY_TYPE},
+            i,
+            plans[i].task.batch_size,
+            [0.0] * n,
+            config.comm_warmup,
+            config.comm_iters,
+        )
         for i in group
     }
-    row_scales = {i: rows_scale(plans[i], base[i].get("row_groups", ()), scales[i]) for i in group}
+    row_scales = {i: rows_scale(plans[i], base[i].row_groups, scales[i]) for i in group}
     try:
-        first = pool.comm([{**base[i], "id": i, "delays_ms": [0.0] * n} for i in group], n, config.timeout_s)
+        first = pool.comm([base[i] for i in group], n, config.timeout_s)
         second_requests = []
         delays = {}
         for i in group:
             bwd[i] = [
-                (r["bwd_ms"] - r.get("bwd_rows_ms", 0.0)) * s + r.get("bwd_rows_ms", 0.0) * rs
+                (r.bwd_ms - r.bwd_rows_ms) * s + r.bwd_rows_ms * rs
                 for r, s, rs in zip(first[i], scales[i], row_scales[i])
             ]
             ready = [c + b for c, b in zip(compute[i], bwd[i])]
             delays[i] = [r - min(ready) for r in ready]
-            second_requests.append({**base[i], "id": i, "delays_ms": delays[i]})
+            second_requests.append(dataclasses.replace(base[i], delays_ms=tuple(delays[i])))
         second = pool.comm(second_requests, n, config.timeout_s)
     except WorkerFailure as failure:
         raise UserError(f"evaluation failed in the all-to-all benchmark: {failure.reason}") from None
@@ -373,18 +375,19 @@ def _measure_comm_group(
         # the wait for the latest peer takes no bandwidth: only the transfer after it is scaled
         waits = [max(delays[i]) - own for own in delays[i]]
         fwd[i] = [
-            w + max(r["fwd_ms"] - r.get("fwd_rows_ms", 0.0) - w, 0.0) * s + r.get("fwd_rows_ms", 0.0) * rs
+            w + max(r.fwd_ms - r.fwd_rows_ms - w, 0.0) * s + r.fwd_rows_ms * rs
             for r, w, s, rs in zip(second[i], waits, scales[i], row_scales[i])
         ]
 
 
-def rows_scale(plan: Plan, groups: list, scale: np.ndarray) -> np.ndarray:
-    """f64[N]: the scale of each device's row-group collectives (``row_groups`` of ``comm_layout``): its
-    ``comm_scale`` where one of its groups spans hosts, 1 where they all stay within its host (table_row_wise)."""
+def rows_scale(plan: Plan, groups, scale: np.ndarray) -> np.ndarray:
+    """f64[N]: the scale of each device's row-group collectives (``groups``: (width, devices), a comm request's
+    ``row_groups``): its ``comm_scale`` where one of its groups spans hosts, 1 where they all stay within its host
+    (table_row_wise)."""
     out = np.ones(plan.task.num_devices)
     for _, devices in groups:
         if crosses_hosts(plan, devices):
-            out[devices] = scale[devices]
+            out[list(devices)] = scale[list(devices)]
     return out
 
 

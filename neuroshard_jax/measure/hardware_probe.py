@@ -31,6 +31,7 @@ from neuroshard_jax.core.files import read_json, write_json
 from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.core.paths import resolve_dataset
 from neuroshard_jax.kernels.executors import ExecutorConfig, map_requests
+from neuroshard_jax.kernels.messages import ComputeAnswer
 from neuroshard_jax.measure.drift import references
 
 SAME = 0.12  # |log ratio| of the median within this: the same kind (noise between sessions 2-15% per label)
@@ -76,10 +77,10 @@ def probe(config: ProbeConfig) -> tuple[dict, Path]:
     refs = references(dataset, config.samples, config.seed)
     requests, manifest = list(refs.requests), refs.manifest
     settings = manifest["settings"]
-    answers: dict[str, dict] = {}
+    answers: dict[str, ComputeAnswer] = {}
     map_requests(
         requests,
-        lambda request, answer: answers.__setitem__(request["id"], answer),
+        lambda request, answer: answers.__setitem__(request.id, answer),
         ExecutorConfig(workers=config.workers),
         settings.get("device", "cpu"),
         600,

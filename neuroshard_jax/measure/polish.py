@@ -149,7 +149,7 @@ class Meter:
         answers = measure_tables(
             jobs, self.evaluator, self.pool, self.config.repeats, "polish: a device measurement failed"
         )
-        runs = {k: [a["total_ms"] for a in values] for k, values in answers.items()}
+        runs = {k: [a.total_ms for a in values] for k, values in answers.items()}
         self.count += len(jobs) * self.config.repeats
         scale = 1.0
         if anchors:

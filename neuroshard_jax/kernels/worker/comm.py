@@ -7,7 +7,9 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 
+from neuroshard_jax.kernels.messages import CommAnswer, CommRequest
 from neuroshard_jax.kernels.worker.tbe import setup_torch
 
 
@@ -35,8 +37,8 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
     start (after the barrier, before the straggler delay: the wait for the slowest peer stays in the pooled
     all-to-all) and reported apart (``fwd_inputs_ms``).
     """
-    requests = [json.loads(line) for line in open(requests_path) if line.strip()]
-    device = requests[0].get("device", "cpu") if requests else "cpu"
+    requests = [CommRequest.from_json(json.loads(line)) for line in open(requests_path) if line.strip()]
+    device = requests[0].device if requests else "cpu"
     torch = setup_torch(device)
     import torch.distributed as dist
 
@@ -48,32 +50,29 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
     # a rank sends B x its dim sum and receives its batch slice of every peer's outputs: ceil(B / world) x the sum
     # of the dim sums, which is more than B x the largest dim sum when the batch does not split evenly
     largest = max(
-        (
-            max(r["batch_size"] * max(r["dim_sums"]), batch_splits(r["batch_size"], world)[0] * sum(r["dim_sums"]))
-            for r in requests
-        ),
+        (max(r.batch_size * max(r.dim_sums), batch_splits(r.batch_size, world)[0] * sum(r.dim_sums)) for r in requests),
         default=1,
     )
     send_buf = torch.full((largest,), 1e-3, device=target)
     recv_buf = torch.zeros(largest, device=target)
     sync = (lambda: torch.cuda.synchronize(target)) if device == "cuda" else (lambda: None)
     # every rank creates every subgroup, in one order (torch.distributed's rule); the whole world is the default group
-    members = sorted({tuple(g[1]) for r in requests for g in r.get("row_groups", ()) if len(g[1]) < world})
+    members = sorted({ranks for r in requests for _, ranks in r.row_groups if len(ranks) < world})
     subgroups = {ranks: dist.new_group(list(ranks)) for ranks in members}
-    inputs = _InputDists(torch, rank, world) if any(r.get("inputs") for r in requests) else None
+    inputs = _InputDists(torch, rank, world) if any(r.inputs for r in requests) else None
     with open(out_path, "w") as out:
         for request in requests:
-            rows = batch_splits(int(request["batch_size"]), world)
+            rows = batch_splits(request.batch_size, world)
             # my pooled outputs, one batch slice per peer; my batch slice of every peer's outputs: per all-to-all
             splits = [
                 ([rows[j] * dims[rank] for j in range(world)], [rows[rank] * dims[j] for j in range(world)])
-                for dims in all_to_alls(request)
+                for dims in all_to_alls(request.dim_sums, request.column_wise)
             ]
             reduced = _row_group_buffers(torch, request, rank, world, subgroups, target)
-            dists = inputs.prepare(request["inputs"], rows[rank]) if request.get("inputs") else []
-            delay_s = float(request["delays_ms"][rank]) / 1e3
+            dists = inputs.prepare(request.inputs, rows[rank]) if request.inputs else []
+            delay_s = request.delays_ms[rank] / 1e3
             fwd_runs, bwd_runs, fwd_rows, bwd_rows, fwd_inputs = [], [], [], [], []
-            for step in range(int(request.get("warmup", 3)) + int(request.get("iters", 10))):
+            for step in range(request.warmup + request.iters):
                 dist.barrier()
                 ti = time.perf_counter()
                 for a2a, features in dists:
@@ -100,28 +99,24 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
                     dist.all_gather_into_tensor(partial, slice_, group=group)
                 sync()
                 t3 = time.perf_counter()
-                if step >= int(request.get("warmup", 3)):
+                if step >= request.warmup:
                     fwd_runs.append((t1 - t0 + inputs_s) * 1e3)
                     fwd_inputs.append(inputs_s * 1e3)
                     bwd_runs.append((t3 - t2) * 1e3)
                     fwd_rows.append((t1 - ta) * 1e3)
                     bwd_rows.append((t3 - tb) * 1e3)
-            out.write(
-                json.dumps(
-                    {
-                        "id": request["id"],
-                        "rank": rank,
-                        "fwd_ms": statistics.median(fwd_runs),
-                        "bwd_ms": statistics.median(bwd_runs),
-                        # of which the row groups' reduce-scatters and all-gathers (0 without row groups)
-                        "fwd_rows_ms": statistics.median(fwd_rows),
-                        "bwd_rows_ms": statistics.median(bwd_rows),
-                        # and the input distribution (0 without inputs)
-                        "fwd_inputs_ms": statistics.median(fwd_inputs),
-                    }
-                )
-                + "\n"
+            answer = CommAnswer(
+                request.id,
+                rank,
+                statistics.median(fwd_runs),
+                statistics.median(bwd_runs),
+                # of which the row groups' reduce-scatters and all-gathers (0 without row groups)
+                fwd_rows_ms=statistics.median(fwd_rows),
+                bwd_rows_ms=statistics.median(bwd_rows),
+                # and the input distribution (0 without inputs)
+                fwd_inputs_ms=statistics.median(fwd_inputs),
             )
+            out.write(json.dumps(answer.to_json()) + "\n")
             out.flush()
     leave_rank()
 
@@ -139,29 +134,28 @@ def leave_rank() -> None:
     os._exit(0)
 
 
-def all_to_alls(request: dict) -> list[list[int]]:
+def all_to_alls(dim_sums: Sequence[int], column_wise: Sequence[int] = ()) -> list[list[int]]:
     """The widths of each all-to-all a request runs, in order: the table-wise one (``dim_sums`` less
     ``column_wise``), then the column-wise one (TorchRec runs one per sharding type); one that would move nothing is
     left out, and a request without ``column_wise`` runs its one all-to-all as it always did."""
-    dims = [int(d) for d in request["dim_sums"]]
-    column_wise = [int(d) for d in request.get("column_wise", ())]
+    dims = [int(d) for d in dim_sums]
+    column_wise = [int(d) for d in column_wise]
     if not any(column_wise):
         return [dims]
     table_wise = [d - c for d, c in zip(dims, column_wise)]
     return [part for part in (table_wise, column_wise) if any(part)]
 
 
-def _row_group_buffers(torch, request: dict, rank: int, world: int, subgroups: dict, target) -> list[tuple]:
+def _row_group_buffers(torch, request: CommRequest, rank: int, world: int, subgroups: dict, target) -> list[tuple]:
     """(partial sums [k x ceil(B / k) x width], this rank's slice, process group) of each row group of ``request``
     that holds ``rank``; the batch is padded to a multiple of the group's size k."""
     out = []
-    for width, ranks in request.get("row_groups", ()):
-        ranks = tuple(int(r) for r in ranks)
+    for width, ranks in request.row_groups:
         if rank not in ranks:
             continue
-        rows = -(-int(request["batch_size"]) // len(ranks))
-        partial = torch.full((len(ranks) * rows * int(width),), 1e-3, device=target)
-        out.append((partial, torch.zeros(rows * int(width), device=target), subgroups.get(ranks)))
+        rows = -(-request.batch_size // len(ranks))
+        partial = torch.full((len(ranks) * rows * width,), 1e-3, device=target)
+        out.append((partial, torch.zeros(rows * width, device=target), subgroups.get(ranks)))
     return out
 
 
@@ -177,7 +171,7 @@ class _InputDists:
         self.torch, self.rank, self.pg = torch, rank, dist.group.WORLD
         self.kjt, self.a2a = KeyedJaggedTensor, KJTAllToAll
 
-    def prepare(self, inputs: list, rows: int) -> list[tuple]:
+    def prepare(self, inputs: Sequence[list], rows: int) -> list[tuple]:
         """(all-to-all module, this rank's features) per type of ``inputs`` ([type][rank] = ids per sample of each
         feature that rank takes); ``rows``: this rank's batch slice. A feature of p ids per sample has floor((i + 1) p)
         - floor(i p) ids in bag i: p on average."""

@@ -14,6 +14,7 @@ import numpy as np
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.memory import kernel_optimizer
 from neuroshard_jax.core.sharding import is_legal_dim
+from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest, MessageError
 from neuroshard_jax.workloads.pool import PoolSpec, pool_streams
 from neuroshard_jax.workloads.streams import request_spec, restrict_rows, spec_stream
 
@@ -46,13 +47,13 @@ def _pool_streams(pool: dict):
     return _STREAMS[key]
 
 
-def shard_inputs(request: dict) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
+def shard_inputs(request: ComputeRequest) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
     """The shard's (rows, dim) specs and its tables' index streams (a pool's real ones, or synthesised from
     a table spec), concatenated table-major."""
-    batch = int(request["batch_size"])
+    batch = request.batch_size
     specs, all_indices, all_offsets, base = [], [], [np.zeros(1, dtype=np.int64)], 0
-    for i, table in enumerate(request["tables"]):
-        num_rows, dim, (indices, offsets) = table_stream(table, request, batch, f"table {i}")
+    for i, table in enumerate(request.tables):
+        num_rows, dim, (indices, offsets) = table_stream(table, request.pool, batch, f"table {i}")
         if not is_legal_dim(dim):
             raise RequestError(f"table {i}: dim {dim} is not a legal width (a positive multiple of 4)")
         specs.append((num_rows, int(dim)))
@@ -62,9 +63,9 @@ def shard_inputs(request: dict) -> tuple[list[tuple[int, int]], np.ndarray, np.n
     return specs, np.concatenate(all_indices), np.concatenate(all_offsets)
 
 
-def table_stream(table, request: dict, batch: int, where: str):
-    """(rows, dim, (indices, offsets)) of one table of a request: a pool table id or a table spec, whole or one
-    row block of it (``row_offset``, ``num_rows``: the block's own lookups, ``streams.restrict_rows``)."""
+def table_stream(table, pool: dict | None, batch: int, where: str):
+    """(rows, dim, (indices, offsets)) of one table of a request: a pool table id (of ``pool``) or a table spec,
+    whole or one row block of it (``row_offset``, ``num_rows``: the block's own lookups, ``streams.restrict_rows``)."""
     if isinstance(table, dict):
         try:
             # stream_batch: the batch the spec's histogram describes, of which this request runs the first ``batch``
@@ -89,7 +90,9 @@ def table_stream(table, request: dict, batch: int, where: str):
             raise RequestError(
                 f"{where}: got {table!r:.80}, expected [pool table id, dim(, row_offset, num_rows)]"
             ) from None
-        pool_rows, streams = _pool_streams(request["pool"])
+        if pool is None:
+            raise RequestError(f"{where}: pool table {table_id}, but the request names no pool")
+        pool_rows, streams = _pool_streams(pool)
         if not 0 <= table_id < len(pool_rows):
             raise RequestError(f"table id {table_id} is not in the pool (0..{len(pool_rows) - 1})")
         if len(block) not in (0, 2):
@@ -103,19 +106,19 @@ def table_stream(table, request: dict, batch: int, where: str):
     return count, dim, restrict_rows(*stream, offset, count)
 
 
-def profile_compute(request: dict) -> dict:
+def profile_compute(request: ComputeRequest) -> ComputeAnswer:
     """Time forward and backward of one fused TBE over the shard's tables: the medians of the timed iterations of
     the request's protocol (``timed_runs``)."""
-    device = request.get("device", "cpu")
+    device = request.device
     torch = setup_torch(device)
     from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 
     devices = compute_device_enum()
-    precision = request.get("precision", "fp32")
+    precision = request.precision
     try:  # the optimizers FBGEMM 1.8's TBE runs on this device (core.memory.OPTIMIZERS)
-        optimizer = kernel_optimizer(request.get("optimizer", "exact_sgd"), device).name
+        optimizer = kernel_optimizer(request.optimizer, device).name
     except UserError as err:
         raise RequestError(str(err)) from None
     if precision not in PRECISIONS:
@@ -124,7 +127,7 @@ def profile_compute(request: dict) -> dict:
     on_gpu = device == "cuda"
     location, compute = (EmbeddingLocation.DEVICE, devices.CUDA) if on_gpu else (EmbeddingLocation.HOST, devices.CPU)
     timer = _CudaTimer(torch) if on_gpu else _CpuTimer()  # before the count starts: its flush buffer is the timer's
-    base = _allocated(torch) if on_gpu and request.get("memory") else None
+    base = _allocated(torch) if on_gpu and request.memory else None
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
         embedding_specs=[(rows, dim, location, compute) for rows, dim in specs],
         optimizer=EmbOptimType(optimizer),
@@ -151,7 +154,7 @@ def profile_compute(request: dict) -> dict:
         out.backward(grad[0])
         return timer.stop()
 
-    protocol = request.get("protocol", "fixed")
+    protocol = request.protocol
     if protocol in GPU_PROTOCOLS and not on_gpu:
         raise RequestError(f"protocol {protocol!r} ({GPU_PROTOCOLS[protocol]}) needs device 'cuda'")
     ahead = None
@@ -164,24 +167,26 @@ def profile_compute(request: dict) -> dict:
         runs, cpu_share = timed_runs(step, request)
     fwd_runs, bwd_runs = [f for f, _ in runs], [b for _, b in runs]
     totals = [f + b for f, b in runs]
-    outputs = int(request["batch_size"]) * sum(dim for _, dim in specs)
-    memory = _memory(torch, tbe, (indices_t, offsets_t), outputs, base) if request.get("memory") else None
+    outputs = request.batch_size * sum(dim for _, dim in specs)
+    memory = _memory(torch, tbe, (indices_t, offsets_t), outputs, base) if request.memory else None
     kept = np.unique(np.linspace(0, len(runs) - 1, min(len(runs), MAX_KEPT_RUNS)).round().astype(int))
-    return {
-        "ok": True,
-        "fwd_ms": statistics.median(fwd_runs),
-        "bwd_ms": statistics.median(bwd_runs),
-        "total_ms": statistics.median(totals),
-        "fwd_runs_ms": [round(fwd_runs[i], 4) for i in kept],
-        "bwd_runs_ms": [round(bwd_runs[i], 4) for i in kept],
-        "num_indices": int(len(indices)),
-        "optimizer": optimizer,  # with the bytes of the state its kernels keep (the allocator's count)
-        "state_bytes": sum(t.numel() * t.element_size() for state in tbe.split_optimizer_states() for t in state),
-        **({} if on_gpu else {"cpu_share": round(cpu_share, 3)}),
-        **({"protocol": protocol, "timed_iters": len(runs)} if protocol != "fixed" else {}),
-        **({"ahead": round(ahead, 3)} if ahead is not None else {}),
-        **({"memory": memory} if memory is not None else {}),
-    }
+    return ComputeAnswer(
+        request.id,
+        True,
+        fwd_ms=statistics.median(fwd_runs),
+        bwd_ms=statistics.median(bwd_runs),
+        total_ms=statistics.median(totals),
+        fwd_runs_ms=tuple(round(fwd_runs[i], 4) for i in kept),
+        bwd_runs_ms=tuple(round(bwd_runs[i], 4) for i in kept),
+        num_indices=int(len(indices)),
+        optimizer=optimizer,  # with the bytes of the state its kernels keep (the allocator's count)
+        state_bytes=sum(t.numel() * t.element_size() for state in tbe.split_optimizer_states() for t in state),
+        cpu_share=None if on_gpu else round(cpu_share, 3),
+        protocol=protocol if protocol != "fixed" else None,
+        timed_iters=len(runs) if protocol != "fixed" else None,
+        ahead=round(ahead, 3) if ahead is not None else None,
+        memory=memory,
+    )
 
 
 def _allocated(torch) -> int:
@@ -256,7 +261,7 @@ def compute_device_enum():
 MAX_KEPT_RUNS = 64  # timed runs a row keeps (evenly spaced; the medians are over all of them)
 
 
-def timed_runs(step, request: dict) -> tuple[list[tuple[float, float]], float]:
+def timed_runs(step, request: ComputeRequest) -> tuple[list[tuple[float, float]], float]:
     """The (fwd, bwd) ms of the timed iterations of ``step`` under the request's protocol, and the CPU share of the
     timed part (below 1: something else took the core).
 
@@ -265,11 +270,11 @@ def timed_runs(step, request: dict) -> tuple[list[tuple[float, float]], float]:
     ``measure_ms`` of kernel time is filled, at least ``iters`` and at most ``max_iters`` (a 0.9 ms GPU shard gets
     ~110 timed iterations at 100 ms, a 200 ms CPU shard ``iters``). CUDA only: ``graph``, ``timed`` over CUDA-graph
     replays of the step (``_graphed_step``); ``queued``, the GPU's time with the host ahead (``_queued_runs``)."""
-    if request.get("protocol", "fixed") == "fixed":
-        for _ in range(int(request.get("warmup", 5))):
+    if request.protocol == "fixed":
+        for _ in range(request.warmup):
             step()
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        runs = [step() for _ in range(int(request.get("iters", 10)))]
+        runs = [step() for _ in range(request.iters)]
     else:
 
         def one(_size: int) -> list[tuple[float, float]]:  # the timed protocol's batch: one synchronised iteration
@@ -281,26 +286,28 @@ def timed_runs(step, request: dict) -> tuple[list[tuple[float, float]], float]:
     return runs, (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
 
 
-def _warm_up(batch, request: dict, size: int) -> None:
+def _warm_up(batch, request: ComputeRequest, size: int) -> None:
     """Run ``batch(size)`` (it returns its iterations' (fwd, bwd) ms) until ``warmup_ms`` of kernel time has run."""
     warmed = 0.0
-    while warmed < float(request["warmup_ms"]) or warmed == 0.0:
+    while warmed < request.warmup_ms or warmed == 0.0:
         warmed += sum(f + b for f, b in batch(size))
 
 
-def _fill(batch, request: dict, size: int) -> list[tuple[float, float]]:
+def _fill(batch, request: ComputeRequest, size: int) -> list[tuple[float, float]]:
     """Timed iterations from ``batch(k)``, at most ``size`` a call, until ``measure_ms`` of kernel time is filled: at
     least ``iters``, at most ``max_iters``."""
     runs, filled = [], 0.0
-    least, most = int(request.get("iters", 10)), int(request["max_iters"])
-    while (filled < float(request["measure_ms"]) or len(runs) < least) and len(runs) < most:
+    least, most = request.iters, request.max_iters
+    while (filled < request.measure_ms or len(runs) < least) and len(runs) < most:
         got = batch(min(size, most - len(runs)))
         runs += got
         filled += sum(f + b for f, b in got)
     return runs
 
 
-def _queued_runs(torch, tbe, indices, offsets, timer, request: dict) -> tuple[list[tuple[float, float]], float]:
+def _queued_runs(
+    torch, tbe, indices, offsets, timer, request: ComputeRequest
+) -> tuple[list[tuple[float, float]], float]:
     """The ``queued`` protocol (CUDA only): ``timed``'s warm-up and measuring time, but the GPU's own time. Each
     batch of iterations starts behind a GPU sleep long enough for the host to enqueue the whole batch (flush, events,
     fwd, bwd) before the GPU reaches it; one synchronisation per batch. The kernels then run back to back, as in a
@@ -401,18 +408,19 @@ def _inject_fault(request_id) -> None:
 
 
 def serve() -> None:
-    """Answer compute requests, one JSON line in, one JSON line out, until stdin closes."""
+    """Answer compute requests (``ComputeRequest``), one JSON line in, one JSON line out (``ComputeAnswer``), until
+    stdin closes."""
     for line in sys.stdin:
         if not line.strip():
             continue
-        request = json.loads(line)
-        _inject_fault(request.get("id"))
+        raw = json.loads(line)
+        request_id = raw.get("id") if isinstance(raw, dict) else None
+        _inject_fault(request_id)
         try:
-            answer = profile_compute(request)
-        except RequestError as err:
-            answer = {"ok": False, "error": str(err)}
+            answer = profile_compute(ComputeRequest.from_json(raw))
+        except (RequestError, MessageError) as err:
+            answer = ComputeAnswer.failed(request_id, str(err))
         except Exception as err:  # e.g. an allocation failure in torch: report it, keep serving
-            answer = {"ok": False, "error": f"{type(err).__name__}: {err}"[:500]}
-        answer["id"] = request.get("id")
-        sys.stdout.write(json.dumps(answer) + "\n")
+            answer = ComputeAnswer.failed(request_id, f"{type(err).__name__}: {err}"[:500])
+        sys.stdout.write(json.dumps(answer.to_json()) + "\n")
         sys.stdout.flush()

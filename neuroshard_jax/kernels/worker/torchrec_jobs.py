@@ -286,7 +286,7 @@ def _rank_features(request: dict, rank: int, world: int):
     local = batch // world
     values, lengths = [], []
     for i, table in enumerate(request["tables"]):
-        _, _, (indices, offsets) = table_stream(table["table"], request, batch, f"table {i}")
+        _, _, (indices, offsets) = table_stream(table["table"], request.get("pool"), batch, f"table {i}")
         lo, hi = offsets[rank * local], offsets[(rank + 1) * local]
         values.append(indices[lo:hi])
         lengths.append(np.diff(offsets[rank * local : (rank + 1) * local + 1]))

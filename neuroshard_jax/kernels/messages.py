@@ -1,0 +1,282 @@
+"""What the host and a kernel worker say to each other, as typed records: a ``ComputeRequest`` (time one fused TBE,
+fwd+bwd, over a set of tables) and its ``ComputeAnswer``. JSON only on the worker's pipe: the host sends
+``request.to_json()`` and reads ``ComputeAnswer.from_json(line)``; the worker reads ``ComputeRequest.from_json(line)``
+and writes ``answer.to_json()``. Both sides import this module (no torch, no JAX). A request's ``tags`` are the
+caller's own (a benchmark's key, repeat or task): kept beside it on the host, never sent.
+
+The JSON forms are the ones collected labels keep: a label is its request's ``id``, ``tables`` and ``batch_size``
+beside its answer's fields (``learn.cost_labels``), so both forms are stable."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from neuroshard_jax.core.constants import MIN_CPU_SHARE
+
+TIMED_FIELDS = ("warmup_ms", "measure_ms", "max_iters")  # a protocol other than ``fixed``: how long it warms, measures
+
+
+class MessageError(ValueError):
+    """A message that is not what its type says (the worker answers it with ``ok: False`` and this text)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ComputeRequest:
+    """Time one fused TBE (forward and backward, with its fused optimizer) over ``tables``, in the worker's form:
+    ``[pool table id, dim(, row_offset, num_rows)]`` of the ``pool`` (a ``PoolSpec``'s JSON), or table specs
+    ``{rows, pooling_factor, bins, dim, seed(, row_offset, num_rows)(, stream_batch)}`` (``processes.SpecTableRef``).
+    ``protocol``: ``fixed`` (``warmup`` iterations, ``iters`` timed), ``timed`` (``warmup_ms`` of kernel time, then
+    ``measure_ms`` of it, at least ``iters`` and at most ``max_iters`` iterations), and on CUDA ``queued`` and
+    ``graph`` (the worker's ``timed_runs``). ``memory``: also report what the kernels held. ``tags``: the caller's."""
+
+    id: int | str
+    tables: tuple[list | dict, ...]
+    batch_size: int
+    pool: dict | None = None
+    device: str = "cpu"
+    optimizer: str = "exact_sgd"
+    precision: str = "fp32"
+    warmup: int = 5
+    iters: int = 10
+    protocol: str = "fixed"
+    warmup_ms: float | None = None
+    measure_ms: float | None = None
+    max_iters: int | None = None
+    memory: bool = False
+    tags: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+
+    def to_json(self) -> dict:
+        """The line the worker reads: the protocol's fields only where it is not ``fixed``, ``memory`` only where
+        asked; the tags stay here."""
+        out = {
+            "id": self.id,
+            "device": self.device,
+            "pool": self.pool,
+            "batch_size": self.batch_size,
+            "tables": list(self.tables),
+            "optimizer": self.optimizer,
+            "precision": self.precision,
+            "warmup": self.warmup,
+            "iters": self.iters,
+        }
+        if self.protocol != "fixed":
+            out.update(protocol=self.protocol, **{k: getattr(self, k) for k in TIMED_FIELDS})
+        if self.memory:
+            out["memory"] = True
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ComputeRequest:
+        """The request a worker reads (MessageError naming what is missing or malformed)."""
+        if not isinstance(obj, Mapping):
+            raise MessageError(f"request: got {type(obj).__name__}, expected a JSON object")
+        try:
+            tables, batch_size = obj["tables"], obj["batch_size"]
+        except KeyError as err:
+            raise MessageError(f"request: no {err.args[0]!r}, expected tables and batch_size") from None
+        if not isinstance(tables, list):
+            raise MessageError(f"request.tables: got {tables!r:.60}, expected a list of tables")
+        protocol = str(obj.get("protocol", "fixed"))
+        timed = {}
+        if protocol != "fixed":
+            missing = [k for k in TIMED_FIELDS if obj.get(k) is None]
+            if missing:
+                raise MessageError(f"request: protocol {protocol!r} without {missing[0]!r}, expected {TIMED_FIELDS}")
+            timed = {k: _number(obj, k, float if k != "max_iters" else int) for k in TIMED_FIELDS}
+        pool = obj.get("pool")
+        if pool is not None and not isinstance(pool, Mapping):
+            raise MessageError(f"request.pool: got {pool!r:.60}, expected a pool spec or null")
+        return cls(
+            id=obj.get("id"),
+            tables=tuple(tables),
+            batch_size=_number({"batch_size": batch_size}, "batch_size", int),
+            pool=dict(pool) if pool is not None else None,
+            device=str(obj.get("device", "cpu")),
+            optimizer=str(obj.get("optimizer", "exact_sgd")),
+            precision=str(obj.get("precision", "fp32")),
+            warmup=_number(obj, "warmup", int, 5),
+            iters=_number(obj, "iters", int, 10),
+            protocol=protocol,
+            memory=bool(obj.get("memory", False)),
+            **timed,
+        )
+
+    def tagged(self, request_id: int | str | None = None, **tags: Any) -> ComputeRequest:
+        """This request with the caller's ``tags`` added (and another ``id``, where given)."""
+        changes = {} if request_id is None else {"id": request_id}
+        return dataclasses.replace(self, tags={**self.tags, **tags}, **changes)
+
+    def tag(self, name: str) -> Any:
+        """The caller's tag ``name`` (KeyError where it was not given)."""
+        return self.tags[name]
+
+
+def _number(obj: Mapping, key: str, kind: type, default: Any = None) -> Any:
+    value = obj.get(key, default)
+    try:
+        if isinstance(value, bool) or value is None:
+            raise TypeError
+        return kind(value)
+    except (TypeError, ValueError, OverflowError):
+        raise MessageError(f"request.{key}: got {value!r:.40}, expected a number") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class ComputeAnswer:
+    """A worker's answer to a ``ComputeRequest`` (``id``): ``ok`` with the medians of its timed iterations
+    (``fwd_ms``, ``bwd_ms``, ``total_ms``), a spread of them (``fwd_runs_ms``, ``bwd_runs_ms``), the ids looked up,
+    the optimizer the kernels ran and the bytes of its state; on a CPU the share of its core the worker held while
+    timing (``cpu_share``, below 1: something else ran there); for a protocol other than ``fixed`` its name and the
+    iterations timed (``queued``: the share of batches the host stayed ahead in, ``ahead``); ``memory`` where asked.
+    Not ``ok``: ``error`` says why (a refused request, a crash or a timeout: the worker restarts)."""
+
+    id: int | str | None
+    ok: bool
+    error: str | None = None
+    fwd_ms: float | None = None
+    bwd_ms: float | None = None
+    total_ms: float | None = None
+    fwd_runs_ms: tuple[float, ...] = ()
+    bwd_runs_ms: tuple[float, ...] = ()
+    num_indices: int | None = None
+    optimizer: str | None = None
+    state_bytes: int | None = None
+    cpu_share: float | None = None
+    protocol: str | None = None
+    timed_iters: int | None = None
+    ahead: float | None = None
+    memory: dict | None = None
+    retries: int | None = None  # host side: the times a Ray actor died under this request before it was answered
+
+    @classmethod
+    def failed(cls, request_id: int | str | None, error: str) -> ComputeAnswer:
+        return cls(request_id, False, error)
+
+    def to_json(self, with_id: bool = True) -> dict:
+        """The worker's line (and, ``with_id`` False, a label's answer fields): the fields it has, in this order."""
+        out: dict[str, Any] = {"ok": self.ok}
+        for field in dataclasses.fields(self)[3:]:
+            value = getattr(self, field.name)
+            if value is not None and value != ():
+                out[field.name] = list(value) if isinstance(value, tuple) else value
+        if self.error is not None:
+            out["error"] = self.error
+        if with_id:
+            out["id"] = self.id
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ComputeAnswer:
+        """The answer the host reads (an unexpected line: not ``ok``, saying what came)."""
+        if not isinstance(obj, Mapping) or "ok" not in obj:
+            return cls(None, False, f"the worker answered {obj!r:.80}, expected an answer object")
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in obj.items() if k in names}
+        for key in ("fwd_runs_ms", "bwd_runs_ms"):
+            if key in values:
+                values[key] = tuple(values[key])
+        return cls(**{"id": obj.get("id"), **values, "ok": bool(obj["ok"])})
+
+    @property
+    def core_share(self) -> float:
+        """The share of its core the worker held while timing: 1 where none is recorded (a CUDA answer)."""
+        return 1.0 if self.cpu_share is None else float(self.cpu_share)
+
+    @property
+    def quiet(self) -> bool:
+        """Timed on a quiet machine: the worker held at least MIN_CPU_SHARE of its core."""
+        return self.core_share >= MIN_CPU_SHARE
+
+
+@dataclasses.dataclass(frozen=True)
+class CommRequest:
+    """One training step's collectives on every rank of a world (the rank processes' ``worker.comm.run_rank``): each
+    rank's all-to-all width ``dim_sums`` (of which ``column_wise`` is an all-to-all of its own after the table-wise
+    one), the row-split tables' ``row_groups`` ((width, ranks): a reduce-scatter forward, an all-gather backward), the
+    input distributions before them (``inputs``: per sharding type, each rank's features' ids per sample), each rank's
+    straggler delay before the forward (``delays_ms``), at ``batch_size``; ``warmup`` steps, then ``iters`` timed."""
+
+    id: int | str
+    batch_size: int
+    dim_sums: tuple[int, ...]
+    delays_ms: tuple[float, ...]
+    column_wise: tuple[int, ...] = ()
+    row_groups: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    inputs: tuple[list, ...] = ()
+    warmup: int = 3
+    iters: int = 10
+    device: str = "cpu"
+
+    @classmethod
+    def of(
+        cls, layout: Mapping, request_id: int | str, batch_size: int, delays_ms, warmup: int = 3, iters: int = 10
+    ) -> CommRequest:
+        """The request of a comm layout (``core.assignment.comm_layout``, or a comm sample: ``dim_sums`` and, where
+        the plan has them, ``column_wise``, ``row_groups``, ``inputs``)."""
+        return cls(
+            request_id,
+            int(batch_size),
+            tuple(int(d) for d in layout["dim_sums"]),
+            tuple(float(d) for d in delays_ms),
+            tuple(int(c) for c in layout.get("column_wise", ())),
+            tuple((int(w), tuple(int(r) for r in ranks)) for w, ranks in layout.get("row_groups", ())),
+            tuple(layout.get("inputs", ())),
+            int(warmup),
+            int(iters),
+        )
+
+    def to_json(self) -> dict:
+        """The line the rank processes read (the parts a step does not run left out)."""
+        out: dict[str, Any] = {"id": self.id, "dim_sums": list(self.dim_sums), "delays_ms": list(self.delays_ms)}
+        if self.column_wise:
+            out["column_wise"] = list(self.column_wise)
+        if self.row_groups:
+            out["row_groups"] = [[w, list(ranks)] for w, ranks in self.row_groups]
+        if self.inputs:
+            out["inputs"] = list(self.inputs)
+        out.update(batch_size=self.batch_size, warmup=self.warmup, iters=self.iters, device=self.device)
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any) -> CommRequest:
+        """The request a rank reads (MessageError naming what is missing or malformed)."""
+        if not isinstance(obj, Mapping):
+            raise MessageError(f"comm request: got {type(obj).__name__}, expected a JSON object")
+        try:
+            request = cls.of(
+                obj, obj.get("id"), obj["batch_size"], obj["delays_ms"], obj.get("warmup", 3), obj.get("iters", 10)
+            )
+        except KeyError as err:
+            raise MessageError(f"comm request: no {err.args[0]!r}, expected dim_sums, delays_ms, batch_size") from None
+        except (TypeError, ValueError) as err:
+            raise MessageError(f"comm request {obj.get('id')!r}: {err}") from None
+        if len(request.delays_ms) != len(request.dim_sums):
+            raise MessageError(
+                f"comm request {request.id!r}: {len(request.delays_ms)} delays for {len(request.dim_sums)} ranks"
+            )
+        return dataclasses.replace(request, device=str(obj.get("device", "cpu")))
+
+
+@dataclasses.dataclass(frozen=True)
+class CommAnswer:
+    """One rank's times of a ``CommRequest`` (medians over its timed steps): the forward (input distributions, the
+    wait for the latest peer, the all-to-alls, the row groups' reduce-scatters) and the backward; of which the row
+    groups' collectives (``fwd_rows_ms``, ``bwd_rows_ms``) and the input distributions (``fwd_inputs_ms``)."""
+
+    id: int | str
+    rank: int
+    fwd_ms: float
+    bwd_ms: float
+    fwd_rows_ms: float = 0.0
+    bwd_rows_ms: float = 0.0
+    fwd_inputs_ms: float = 0.0
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: Mapping) -> CommAnswer:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in obj.items() if k in names})
