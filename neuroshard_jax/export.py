@@ -24,7 +24,7 @@ def main(cfg: DictConfig) -> None:
     plan = load_plan(config.plan)
     output = output_file(config.output or Path(config.plan).with_suffix(".torchrec.pt"), "output")
     request, _ = export_torchrec(plan, output, config)
-    tables, ranks = len(request["tables"]), request["world_size"]
+    tables, ranks = len(request.tables), request.world_size
     print(f"TorchRec ShardingPlan of {tables} tables on {ranks} ranks written to {output}")
     if config.check:
         for report in check_torchrec(output, request, config.check_batch_size, config.timeout_s):

@@ -25,6 +25,7 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard, row_shards, tiling_error
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import CostModel
+from neuroshard_jax.kernels.messages import PlanJob, TorchRecTable
 from neuroshard_jax.kernels.processes import run_worker
 from searchers.registry import Searcher, register
 
@@ -109,36 +110,38 @@ class TorchRecSearch(Searcher):
         levels = max_levels(task.tables)
         tables = []
         for t, level in zip(task.tables, levels):
-            table = {"rows": t.rows, "dim": t.dim, "pooling_factor": t.pooling_factor}
+            constraint = {}
             if t.constraints.no_split:  # TorchRec's per-table sharding types
-                table["sharding_types"] = ["table_wise"]
+                constraint["sharding_types"] = ("table_wise",)
             elif t.constraints.max_shards is not None:  # column-wise shards no narrower than dim / 2^level: 2^level
-                table["min_partition"] = t.dim >> int(level)
-            tables.append(table)
-        request = {
-            "tables": tables,
-            "num_devices": task.num_devices,
-            "mem_caps_bytes": [int(c) for c in task.cap_bytes()],  # per device (TorchRec's CustomTopologyData)
-            # TorchRec's batch_size is per rank; a task's is the batch each device's kernels see (ranks x per rank)
-            "batch_size": max(1, task.batch_size // task.num_devices),
-            "precision": task.precision,
-            "sharding_types": list(self.sharding_types),
-            "reservation": self.reservation,
-        }
+                constraint["min_partition"] = t.dim >> int(level)
+            tables.append(TorchRecTable(t.rows, t.dim, pooling_factor=t.pooling_factor, **constraint))
+        links = None
         if task.multi_host:
             if task.local_size() is None:
                 raise UserError(
                     f"searcher=torchrec: TorchRec's topology has hosts of equal size holding consecutive ranks; the "
                     f"task's devices sit in hosts {task.hosts()}; expected that layout, or a project searcher"
                 )
-            request["links"] = {
+            links = {
                 "local_size": task.local_size(),
                 "intra_host_gbps": task.links.intra_host_gbps,
                 "inter_host_gbps": task.links.inter_host_gbps,
             }
+        request = PlanJob(
+            tables=tuple(tables),
+            num_devices=task.num_devices,
+            mem_caps_bytes=tuple(int(c) for c in task.cap_bytes()),  # per device (TorchRec's CustomTopologyData)
+            # TorchRec's batch_size is per rank; a task's is the batch each device's kernels see (ranks x per rank)
+            batch_size=max(1, task.batch_size // task.num_devices),
+            precision=task.precision,
+            sharding_types=tuple(self.sharding_types),
+            reservation=self.reservation,
+            links=links,
+        )
         with tempfile.TemporaryDirectory(prefix="neuroshard-torchrec-") as tmp:
             src, dst = Path(tmp) / "request.json", Path(tmp) / "plan.json"
-            src.write_text(json.dumps(request))
+            src.write_text(json.dumps(request.to_json()))
             run_worker(["torchrec-plan", str(src), str(dst)], self.timeout_s, "searcher=torchrec")
             result = json.loads(dst.read_text())
         if "error" in result:

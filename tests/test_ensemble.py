@@ -477,17 +477,18 @@ def test_hardware_probe_remeasures_a_dataset_with_its_own_protocol(tiny_checkpoi
     import json
 
     from neuroshard_jax.core.hardware import hardware, hardware_kind
+    from neuroshard_jax.kernels.messages import ComputeAnswer
     from neuroshard_jax.measure.drift import references
     from neuroshard_jax.measure.hardware_probe import ProbeConfig, probe
 
     spec_dir = tiny_ensemble[0]
     refs = references(spec_dir, 4, 0)
     requests, recorded = refs.requests, refs.recorded
-    assert len(requests) == 4 and all(r["pool"] is None and r["batch_size"] in (128, 256) for r in requests)
-    assert set(recorded) == {r["id"] for r in requests} and all(ms > 0 for ms in recorded.values())
-    answers = {k: {"ok": True, "total_ms": 2 * ms} for k, ms in recorded.items()}
+    assert len(requests) == 4 and all(r.pool is None and r.batch_size in (128, 256) for r in requests)
+    assert set(recorded) == {r.id for r in requests} and all(ms > 0 for ms in recorded.values())
+    answers = {k: ComputeAnswer(k, True, total_ms=2 * ms) for k, ms in recorded.items()}
     assert refs.speed(answers) == pytest.approx(2.0)  # the machine's speed: now / recorded
-    assert refs.speed({k: {"ok": False} for k in recorded}) is None
+    assert refs.speed({k: ComputeAnswer.failed(k, "crashed") for k in recorded}) is None
     for name, dataset in (("pool", tiny_checkpoint[0]), ("specs", spec_dir)):
         _, out = probe(ProbeConfig(str(dataset), samples=3, workers=1, out=str(tmp_path / f"{name}.json")))
         result = json.loads(out.read_text())

@@ -40,7 +40,7 @@ def test_exported_plan_names_and_places_every_shard(split_plan, tmp_path):
     plan, path = split_plan
     config = ExportConfig(device="cpu", table_names="emb_{id}")
     request, _ = export_torchrec(plan, tmp_path / "plan.pt", config)
-    assert [t["name"] for t in request["tables"]] == ["emb_10", "emb_11", "emb_12", "emb_13", "emb_14"]
+    assert [t.name for t in request.tables] == ["emb_10", "emb_11", "emb_12", "emb_13", "emb_14"]
     assert expected_local_shards(request, 1) == [
         ["emb_11", 0, 16, 0, 80],
         ["emb_12", 0, 8, 0, 110],

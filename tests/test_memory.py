@@ -95,7 +95,7 @@ def test_optimizers_by_fbgemm_or_torchrec_name_kept_in_the_task_file_and_refused
         device_request("d0", adam, device_tables(adam, shards), EvaluateConfig())
     adagrad = dataclasses.replace(adam, training=Training("EXACT_ROWWISE_ADAGRAD"))
     request = device_request("d0", adagrad, [], EvaluateConfig())
-    assert request["optimizer"] == "exact_row_wise_adagrad"
+    assert request.optimizer == "exact_row_wise_adagrad"
 
 
 def _two_big_tables(optimizer: str, **options):

@@ -280,3 +280,147 @@ class CommAnswer:
     def from_json(cls, obj: Mapping) -> CommAnswer:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in obj.items() if k in names})
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# TorchRec's jobs: one request file in, one result file out per run of the worker (``torchrec-plan``, ``-export``,
+# ``-run``, ``-steps``, ``-memory``), each a record below; the worker reads ``Job.from_json`` and the host writes
+# ``job.to_json()``.
+
+
+def _fields_json(record) -> dict:
+    """A record's fields as JSON: nested records by their own ``to_json``, tuples as lists, None left out."""
+    out = {}
+    for field in dataclasses.fields(record):
+        value = getattr(record, field.name)
+        if value is None:
+            continue
+        if isinstance(value, tuple):
+            value = [v.to_json() if hasattr(v, "to_json") else v for v in value]
+        out[field.name] = value
+    return out
+
+
+def _record_of(cls, obj: Any, where: str, nested: Mapping[str, type] | None = None):
+    """``cls`` from its JSON (``_fields_json``): lists back to tuples, ``nested`` fields' elements by their type's
+    ``from_json``; MessageError naming ``where`` and what is missing."""
+    if not isinstance(obj, Mapping):
+        raise MessageError(f"{where}: got {type(obj).__name__}, expected a JSON object")
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in obj.items() if k in names}
+    for key, value in values.items():
+        if isinstance(value, list):
+            kind = (nested or {}).get(key)
+            values[key] = tuple(kind.from_json(v) if kind else v for v in value)
+    try:
+        return cls(**values)
+    except TypeError as err:
+        raise MessageError(f"{where}: {err}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchRecTable:
+    """A table as TorchRec's jobs take it: ``rows`` x ``dim``, its ``name`` in the ShardingPlan (the planner's job
+    names its own); for the planner its ``pooling_factor`` and constraints (``sharding_types``, ``min_partition``); for
+    training steps the ``stream`` its ids come from (a table in the compute worker's form: a spec or a pool id)."""
+
+    rows: int
+    dim: int
+    name: str | None = None
+    pooling_factor: float | None = None
+    sharding_types: tuple[str, ...] | None = None
+    min_partition: int | None = None
+    stream: list | dict | None = None
+
+    def to_json(self) -> dict:
+        return _fields_json(self)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> TorchRecTable:
+        return _record_of(cls, obj, "torchrec table")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanJob:
+    """``torchrec-plan``: TorchRec's EmbeddingShardingPlanner over ``tables`` on ``num_devices`` ranks of
+    ``mem_caps_bytes`` each, at TorchRec's per-rank ``batch_size``, ``precision``, the allowed ``sharding_types``,
+    a storage ``reservation`` (heuristic: TorchRec's default; percent: a fixed 15%), and where the devices sit in
+    hosts their ``links`` (local_size, intra_host_gbps, inter_host_gbps)."""
+
+    tables: tuple[TorchRecTable, ...]
+    num_devices: int
+    mem_caps_bytes: tuple[int, ...]
+    batch_size: int
+    precision: str
+    sharding_types: tuple[str, ...]
+    reservation: str = "heuristic"
+    links: dict | None = None
+
+    def to_json(self) -> dict:
+        return _fields_json(self)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> PlanJob:
+        return _record_of(cls, obj, "torchrec-plan request", {"tables": TorchRecTable})
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportJob:
+    """``torchrec-export``: a plan as TorchRec's ShardingPlan: ``tables`` (named), each table's ``shards`` in
+    TorchRec's terms ({rank, col_offset, dim(, row_offset, num_rows)} or {data_parallel}), ``world_size`` ranks of
+    ``local_size`` a host, for ``device`` and ``compute_kernel``, the collection at ``module_path`` of the model."""
+
+    tables: tuple[TorchRecTable, ...]
+    shards: tuple[list, ...]
+    world_size: int
+    local_size: int
+    device: str
+    compute_kernel: str
+    module_path: str
+
+    def to_json(self) -> dict:
+        return _fields_json(self)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ExportJob:
+        return _record_of(cls, obj, "torchrec-export request", {"tables": TorchRecTable})
+
+
+@dataclasses.dataclass(frozen=True)
+class RunJob:
+    """``torchrec-run``: the exported ShardingPlan at ``plan`` loaded into DistributedModelParallel on every rank,
+    the collection of ``tables`` at ``module_path``, one forward and backward at ``batch_size`` checked."""
+
+    plan: str
+    tables: tuple[TorchRecTable, ...]
+    module_path: str
+    batch_size: int
+
+    def to_json(self) -> dict:
+        return _fields_json(self)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> RunJob:
+        return _record_of(cls, obj, "torchrec-run request", {"tables": TorchRecTable})
+
+
+@dataclasses.dataclass(frozen=True)
+class StepsJob:
+    """``torchrec-steps`` (``plans``: exported ShardingPlans, their steps interleaved; ``warmup`` then ``steps``
+    timed) and ``torchrec-memory`` (``plans``: one; ``optimizer`` fused into the backward, ``steps`` run): training
+    steps of ``tables`` (each with its ``stream``; a pool table's ids from ``pool``) at ``batch_size``."""
+
+    tables: tuple[TorchRecTable, ...]
+    batch_size: int
+    plans: tuple[str, ...]
+    steps: int
+    pool: dict | None = None
+    warmup: int = 0
+    optimizer: str | None = None
+
+    def to_json(self) -> dict:
+        return _fields_json(self)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> StepsJob:
+        return _record_of(cls, obj, "torchrec-steps request", {"tables": TorchRecTable})

@@ -14,6 +14,7 @@ from pathlib import Path
 from neuroshard_jax.core.constants import TORCHREC_INSTALL
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.kernels.messages import ExportJob, RunJob, TorchRecTable
 from neuroshard_jax.kernels.processes import WorkerFailure, run_ranks, run_worker
 from neuroshard_jax.kernels.torchrec_format import row_split_host
 
@@ -55,7 +56,7 @@ class ExportConfig:
             raise UserError(f"table_names: got {self.table_names!r}, expected a pattern with {{index}} or {{id}}")
 
 
-def torchrec_request(plan: Plan, config: ExportConfig) -> dict:
+def torchrec_request(plan: Plan, config: ExportConfig) -> ExportJob:
     """The worker's request: tables {name, rows, dim}, their shards in column order, the world size."""
     task = plan.task
     names = [config.table_names.format(index=i, id=t.id) for i, t in enumerate(task.tables)]
@@ -66,27 +67,27 @@ def torchrec_request(plan: Plan, config: ExportConfig) -> dict:
                 row_split_host(name, table_shards, task.num_devices, task.local_size() or task.num_devices)
             except ValueError as err:
                 raise UserError(f"export: {err}") from None
-    return {
-        "tables": [{"name": n, "rows": t.rows, "dim": t.dim} for n, t in zip(names, task.tables)],
-        "shards": shards,
-        "world_size": task.num_devices,
-        "local_size": task.local_size() or task.num_devices,  # ranks per host (table_row_wise blocks stay in one)
-        "device": config.device,
-        "compute_kernel": config.compute_kernel,
-        "module_path": config.module_path,
-    }
+    return ExportJob(
+        tables=tuple(TorchRecTable(t.rows, t.dim, n) for n, t in zip(names, task.tables)),
+        shards=tuple(shards),
+        world_size=task.num_devices,
+        local_size=task.local_size() or task.num_devices,  # ranks per host (table_row_wise blocks stay in one)
+        device=config.device,
+        compute_kernel=config.compute_kernel,
+        module_path=config.module_path,
+    )
 
 
-def export_torchrec(plan: Plan, output: str | Path, config: ExportConfig) -> tuple[dict, str]:
+def export_torchrec(plan: Plan, output: str | Path, config: ExportConfig) -> tuple[ExportJob, str]:
     """Write ``plan`` as a TorchRec ShardingPlan to ``output``; returns the worker's request (tables and
     shards) and TorchRec's own printout of the plan as written."""
     request = torchrec_request(plan, config)
-    names = [t["name"] for t in request["tables"]]
+    names = [t.name for t in request.tables]
     if len(set(names)) != len(names):
         raise UserError(f"table_names: {config.table_names!r} gives duplicate table names, expected one per table")
     with tempfile.TemporaryDirectory(prefix="neuroshard-export-") as tmp:
         src = Path(tmp) / "request.json"
-        src.write_text(json.dumps(request))
+        src.write_text(json.dumps(request.to_json()))
         done = run_worker(["torchrec-export", str(src), str(output)], config.timeout_s, "export")
     result = json.loads(done.stdout.strip().splitlines()[-1])
     if "error" in result:
@@ -95,22 +96,14 @@ def export_torchrec(plan: Plan, output: str | Path, config: ExportConfig) -> tup
     return request, result["plan"]
 
 
-def check_torchrec(exported: str | Path, request: dict, batch_size: int, timeout_s: float) -> list[dict]:
+def check_torchrec(exported: str | Path, request: ExportJob, batch_size: int, timeout_s: float) -> list[dict]:
     """Load an exported (device=cpu) plan into DistributedModelParallel, one gloo process per rank, and
     run forward + backward; returns each rank's report (local shards, output shape, max abs error)."""
-    world = request["world_size"]
+    world = request.world_size
+    job = RunJob(str(Path(exported).resolve()), request.tables, request.module_path, batch_size)
     with tempfile.TemporaryDirectory(prefix="neuroshard-dmp-") as tmp:
         tmp = Path(tmp)
-        (tmp / "request.json").write_text(
-            json.dumps(
-                {
-                    "plan": str(Path(exported).resolve()),
-                    "tables": request["tables"],
-                    "module_path": request["module_path"],
-                    "batch_size": batch_size,
-                }
-            )
-        )
+        (tmp / "request.json").write_text(json.dumps(job.to_json()))
         try:
             run_ranks(["torchrec-run", str(tmp / "request.json"), str(tmp / "out.{rank}")], world, tmp, timeout_s)
         except WorkerFailure as failure:
@@ -118,17 +111,17 @@ def check_torchrec(exported: str | Path, request: dict, batch_size: int, timeout
         return [json.loads((tmp / f"out.{rank}").read_text()) for rank in range(world)]
 
 
-def expected_local_shards(request: dict, rank: int) -> list[list]:
+def expected_local_shards(request: ExportJob, rank: int) -> list[list]:
     """[table name, col_offset, dim, row_offset, num_rows] of the shards the plan puts on ``rank``, sorted."""
     return sorted(
         [
-            t["name"],
+            t.name,
             s.get("col_offset", 0),
-            s.get("dim", t["dim"]),
+            s.get("dim", t.dim),
             s.get("row_offset", 0),
-            s.get("num_rows", t["rows"]),
+            s.get("num_rows", t.rows),
         ]
-        for t, shards in zip(request["tables"], request["shards"])
+        for t, shards in zip(request.tables, request.shards)
         for s in shards
         if s.get("data_parallel") or s["rank"] == rank  # a data-parallel table: whole on every rank
     )

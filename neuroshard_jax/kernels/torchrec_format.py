@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from neuroshard_jax.kernels.messages import TorchRecTable
+
 TORCHREC_MISSING = "torchrec is not installed"
 SHARD_KEYS = ("col_offset", "dim", "rank", "row_offset", "num_rows", "data_parallel")
 
@@ -99,15 +101,13 @@ def sharding_plan(
     )
 
 
-def embedding_bag_collection(tables: Sequence[Mapping], device: str = "meta"):
-    """An EmbeddingBagCollection of the tables ({name, rows, dim}), one feature per table named like it."""
+def embedding_bag_collection(tables: Sequence[TorchRecTable], device: str = "meta"):
+    """An EmbeddingBagCollection of the (named) tables, one feature per table named like it."""
     import torch
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 
     configs = [
-        EmbeddingBagConfig(
-            name=t["name"], embedding_dim=int(t["dim"]), num_embeddings=int(t["rows"]), feature_names=[t["name"]]
-        )
+        EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[t.name])
         for t in tables
     ]
     return EmbeddingBagCollection(tables=configs, device=torch.device(device))
@@ -167,7 +167,7 @@ def to_torchrec(
     else one host)."""
     local_size = local_size or plan.task.local_size()
     names = plan.torchrec_names()
-    tables = [{"name": n, "rows": t.rows, "dim": t.dim} for n, t in zip(names, plan.task.tables)]
+    tables = [TorchRecTable(t.rows, t.dim, n) for n, t in zip(names, plan.task.tables)]
     shards = dict(zip(names, plan.torchrec_shards()))
     if module is None:
         module = embedding_bag_collection(tables)

@@ -36,20 +36,21 @@ from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
+from neuroshard_jax.kernels.messages import StepsJob, TorchRecTable
 from neuroshard_jax.kernels.processes import WorkerFailure, run_ranks
 from neuroshard_jax.kernels.torchrec_export import ExportConfig, export_torchrec
 from neuroshard_jax.measure.evaluator import device_tables
 
 
-def _worker_tables(plan: Plan, names: list[str]) -> list[dict]:
-    """{name, rows, dim, table}: ``table`` is the worker's form of the whole table, as the evaluator's kernels take it
-    (``measure.evaluator.device_tables``: a pool id, or its spec seeded by its id, in JSON: the job goes to the
-    worker)."""
+def _worker_tables(plan: Plan, names: list[str]) -> tuple[TorchRecTable, ...]:
+    """The tables, named as the exported plans name them, each with its ``stream``: the worker's form of the whole
+    table, as the evaluator's kernels take it (``measure.evaluator.device_tables``: a pool id, or its spec seeded by
+    its id)."""
     task = plan.task
-    return [
-        {"name": name, "rows": t.rows, "dim": t.dim, "table": device_tables(task, [Shard(i, 0, t.dim, 0)])[0].to_json()}
+    return tuple(
+        TorchRecTable(t.rows, t.dim, name, stream=device_tables(task, [Shard(i, 0, t.dim, 0)])[0].to_json())
         for i, (name, t) in enumerate(zip(names, task.tables))
-    ]
+    )
 
 
 def _check_runnable(task) -> None:
@@ -64,11 +65,17 @@ def _check_runnable(task) -> None:
 
 
 def _run_ranks(
-    command: str, request: dict, world: int, tmp: Path, timeout_s: float, what: str, cores: Sequence[int] | None = None
+    command: str,
+    request: StepsJob,
+    world: int,
+    tmp: Path,
+    timeout_s: float,
+    what: str,
+    cores: Sequence[int] | None = None,
 ) -> list[dict]:
     """Write ``request`` into ``tmp``, run the worker's ``command`` on ``world`` gloo ranks (rank r on core
     ``cores[r]`` alone, where given), and read each rank's output; UserError naming ``what`` if a rank fails."""
-    (tmp / "request.json").write_text(json.dumps(request))
+    (tmp / "request.json").write_text(json.dumps(request.to_json()))
     try:
         run_ranks([command, str(tmp / "request.json"), str(tmp / "out.{rank}")], world, tmp, timeout_s, cores)
     except WorkerFailure as failure:
@@ -98,15 +105,9 @@ def dmp_steps(
         tmp = Path(tmp)
         paths = [str(tmp / f"plan{i}.pt") for i in range(len(plans))]
         exported = [export_torchrec(plan, path, config)[0] for plan, path in zip(plans, paths)]
-        names = [t["name"] for t in exported[0]["tables"]]  # the names the exported plans use
-        request = {
-            "tables": _worker_tables(plans[0], names),
-            "pool": task.pool.to_json() if task.pool is not None else None,
-            "batch_size": task.batch_size,
-            "plans": paths,
-            "warmup": warmup,
-            "steps": steps,
-        }
+        names = [t.name for t in exported[0].tables]  # the names the exported plans use
+        pool = task.pool.to_json() if task.pool is not None else None
+        request = StepsJob(_worker_tables(plans[0], names), task.batch_size, tuple(paths), steps, pool, warmup)
         ranks = _run_ranks("torchrec-steps", request, world, tmp, timeout_s, "steps", cores)
     out = []
     for p in range(len(plans)):
@@ -140,14 +141,9 @@ def dmp_memory(plan: Plan, steps: int = 3, timeout_s: float = 1800.0) -> list[di
     with tempfile.TemporaryDirectory(prefix="neuroshard-memory-") as tmp:
         tmp = Path(tmp)
         exported = export_torchrec(plan, str(tmp / "plan.pt"), ExportConfig(device="cpu", compute_kernel="fused"))[0]
-        request = {
-            "tables": _worker_tables(plan, [t["name"] for t in exported["tables"]]),
-            "pool": task.pool.to_json() if task.pool is not None else None,
-            "batch_size": task.batch_size,
-            "plan": str(tmp / "plan.pt"),
-            "optimizer": optimizer.name,
-            "steps": steps,
-        }
+        tables = _worker_tables(plan, [t.name for t in exported.tables])
+        pool = task.pool.to_json() if task.pool is not None else None
+        request = StepsJob(tables, task.batch_size, (str(tmp / "plan.pt"),), steps, pool, optimizer=optimizer.name)
         ranks = _run_ranks("torchrec-memory", request, world, tmp, timeout_s, "memory run")
     predicted = plan.memory()
     return [

@@ -9,6 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
+from neuroshard_jax.kernels.messages import ExportJob, PlanJob
 from neuroshard_jax.kernels.worker.comm import run_rank
 from neuroshard_jax.kernels.worker.dlrm import dlrm_to_npz
 from neuroshard_jax.kernels.worker.tbe import serve
@@ -56,7 +57,7 @@ def main(argv: list[str]) -> None:
             raise SystemExit(f"{type(err).__name__}: {err}") from None
         return
     if len(argv) == 3 and argv[0] == "torchrec-export":
-        result = torchrec_export(json.loads(Path(argv[1]).read_text()), argv[2])
+        result = torchrec_export(ExportJob.from_json(json.loads(Path(argv[1]).read_text())), argv[2])
         print(json.dumps(result))
         return
     if len(argv) == 6 and argv[0] == "torchrec-run":
@@ -69,7 +70,7 @@ def main(argv: list[str]) -> None:
         torchrec_memory(int(argv[1]), int(argv[2]), argv[3], argv[4], argv[5])
         return
     if len(argv) == 3 and argv[0] == "torchrec-plan":
-        result = torchrec_plan(json.loads(Path(argv[1]).read_text()))
+        result = torchrec_plan(PlanJob.from_json(json.loads(Path(argv[1]).read_text())))
         Path(argv[2]).write_text(json.dumps(result))
         return
     raise SystemExit(

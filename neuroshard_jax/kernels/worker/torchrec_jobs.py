@@ -7,10 +7,12 @@ from __future__ import annotations
 import gc
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from neuroshard_jax.kernels.messages import ExportJob, PlanJob, RunJob, StepsJob, TorchRecTable
 from neuroshard_jax.kernels.torchrec_format import (
     TORCHREC_MISSING,
     embedding_bag_collection,
@@ -22,7 +24,7 @@ from neuroshard_jax.kernels.worker.comm import leave_rank
 from neuroshard_jax.kernels.worker.tbe import setup_torch, table_stream
 
 
-def torchrec_plan(request: dict) -> dict:
+def torchrec_plan(request: PlanJob) -> dict:
     """TorchRec's EmbeddingShardingPlanner on a task: tables on the meta device, N ranks with the task's
     memory caps (per device), pooling factors as constraints, the allowed sharding types, the fused kernel.
     Returns per table its shards [{col_offset, dim, rank}] or {"error": ...}."""
@@ -37,30 +39,30 @@ def torchrec_plan(request: dict) -> dict:
     except ImportError as err:
         return {"error": f"{TORCHREC_MISSING} ({err})"}
     data_type = {"fp32": DataType.FP32, "fp16": DataType.FP16, "bf16": DataType.BF16, "int8": DataType.INT8}
-    tables = request["tables"]
+    tables = request.tables
     configs = [
         EmbeddingBagConfig(
             name=f"t{i}",
-            embedding_dim=int(t["dim"]),
-            num_embeddings=int(t["rows"]),
+            embedding_dim=t.dim,
+            num_embeddings=t.rows,
             feature_names=[f"f{i}"],
-            data_type=data_type[request["precision"]],
+            data_type=data_type[request.precision],
         )
         for i, t in enumerate(tables)
     ]
     constraints = {
         f"t{i}": ParameterConstraints(
-            sharding_types=list(t.get("sharding_types", request["sharding_types"])),
+            sharding_types=list(t.sharding_types or request.sharding_types),
             # the fused kernel; dense is the only one TorchRec's sharder offers data_parallel, and only it
             compute_kernels=["fused", "dense"],
-            pooling_factors=[float(t["pooling_factor"])],
-            **({"min_partition": int(t["min_partition"])} if "min_partition" in t else {}),
+            pooling_factors=[float(t.pooling_factor)],
+            **({"min_partition": t.min_partition} if t.min_partition is not None else {}),
         )
         for i, t in enumerate(tables)
     }
-    world_size = int(request["num_devices"])
-    caps = [int(c) for c in request["mem_caps_bytes"]]
-    links = request.get("links")  # devices in hosts: TorchRec's local world size and bandwidths (bytes per ms)
+    world_size = request.num_devices
+    caps = [int(c) for c in request.mem_caps_bytes]
+    links = request.links  # devices in hosts: TorchRec's local world size and bandwidths (bytes per ms)
     hosts = (
         {
             "local_world_size": int(links["local_size"]),
@@ -78,10 +80,10 @@ def torchrec_plan(request: dict) -> dict:
         **hosts,
     )
     reservation = None  # TorchRec's default: HeuristicalStorageReservation(0.15), inputs and dense parts included
-    if request.get("reservation", "heuristic") == "percent":
+    if request.reservation == "percent":
         reservation = FixedPercentageStorageReservation(0.15)
     planner = EmbeddingShardingPlanner(
-        topology=topology, constraints=constraints, batch_size=request["batch_size"], storage_reservation=reservation
+        topology=topology, constraints=constraints, batch_size=request.batch_size, storage_reservation=reservation
     )
     model = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
     start = time.perf_counter()
@@ -94,25 +96,23 @@ def torchrec_plan(request: dict) -> dict:
     return {"shards": [by_name[f"t{i}"] for i in range(len(tables))], "planner_s": planner_s}
 
 
-def torchrec_export(request: dict, out_path: str) -> dict:
+def torchrec_export(request: ExportJob, out_path: str) -> dict:
     """Our plan as a TorchRec ShardingPlan, written with torch.save; the plan is read back and its shards
-    checked against the request. request: {tables: [{name, rows, dim}], shards: per table [{col_offset,
-    dim, rank} (and row_offset, num_rows: a row block)], world_size, device, compute_kernel, module_path}."""
+    checked against the request (``ExportJob``)."""
     try:
         import torch
         import torchrec  # noqa: F401 (a missing torchrec is reported, not raised)
     except ImportError as err:
         return {"error": f"{TORCHREC_MISSING} ({err})"}
-    shards = {t["name"]: s for t, s in zip(request["tables"], request["shards"])}
-    module = embedding_bag_collection(request["tables"], "meta")
-    world = int(request["world_size"])
+    shards = {t.name: list(s) for t, s in zip(request.tables, request.shards)}
+    module = embedding_bag_collection(request.tables, "meta")
     try:
         plan = sharding_plan(
-            {request["module_path"]: (module, shards)},
-            world,
-            request["device"],
-            request["compute_kernel"],
-            local_size=request.get("local_size"),
+            {request.module_path: (module, shards)},
+            request.world_size,
+            request.device,
+            request.compute_kernel,
+            local_size=request.local_size,
         )
     except ValueError as err:  # a row split TorchRec does not run (``torchrec_plans.row_split_host``)
         return {"error": str(err)}
@@ -135,14 +135,15 @@ def torchrec_run(rank: int, world: int, init: str, request_path: str, out_path: 
     computed from the pattern, and a backward pass runs. Writes {rank, local_shards, output_shape,
     max_abs_error} to ``out_path``.
     """
-    request = json.loads(Path(request_path).read_text())
+    request = RunJob.from_json(json.loads(Path(request_path).read_text()))
     torch = setup_torch("cpu")
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    model, collection = _distributed_model(request, torch.load(request["plan"], weights_only=False))
+    plan = torch.load(request.plan, weights_only=False)
+    model, collection = _distributed_model(plan, embedding_bag_collection(request.tables, "meta"), request.module_path)
     local = _write_pattern(model)
-    out, expected = _forward(collection, request["tables"], int(request["batch_size"]), rank)
+    out, expected = _forward(collection, request.tables, request.batch_size, rank)
     error = float(np.abs(out.detach().numpy() - expected).max())
     out.sum().backward()
     Path(out_path).write_text(
@@ -153,17 +154,16 @@ def torchrec_run(rank: int, world: int, init: str, request_path: str, out_path: 
     leave_rank()
 
 
-def _distributed_model(request: dict, plan, root=None):
-    """(DistributedModelParallel, its EmbeddingBagCollection) of the request's tables (or ``root``, a collection built
-    by the caller), with the collection at the plan's module path (e.g. sparse_arch.embedding_bag_collection)."""
+def _distributed_model(plan, root, module_path: str = ""):
+    """(DistributedModelParallel, its EmbeddingBagCollection) of the collection ``root``, placed at the plan's
+    ``module_path`` in a model (e.g. sparse_arch.embedding_bag_collection; empty: the collection is the model)."""
     import torch
     import torch.distributed as dist
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv
 
-    path = [p for p in request.get("module_path", "").split(".") if p]
-    root = embedding_bag_collection(request["tables"], "meta") if root is None else root
+    path = [p for p in module_path.split(".") if p]
     for name in reversed(path):
         parent = torch.nn.Module()
         parent.add_module(name, root)
@@ -204,7 +204,7 @@ def _write_pattern(model) -> list[list]:
     return local
 
 
-def _forward(collection, tables: list[dict], batch: int, rank: int):
+def _forward(collection, tables: Sequence[TorchRecTable], batch: int, rank: int):
     """The pooled outputs f32[B, sum dims] of a random batch of bags (this rank's seed), in table order, and
     the sums the pattern weights should give."""
     import torch
@@ -212,35 +212,33 @@ def _forward(collection, tables: list[dict], batch: int, rank: int):
 
     rng = np.random.default_rng(1000 + rank)
     lengths = rng.integers(0, 4, size=(len(tables), batch))
-    values = [rng.integers(0, t["rows"], size=int(lengths[i].sum())) for i, t in enumerate(tables)]
+    values = [rng.integers(0, t.rows, size=int(lengths[i].sum())) for i, t in enumerate(tables)]
     features = KeyedJaggedTensor.from_lengths_sync(
-        keys=[t["name"] for t in tables],
+        keys=[t.name for t in tables],
         values=torch.from_numpy(np.concatenate(values)).long(),
         lengths=torch.from_numpy(lengths.reshape(-1)).int(),
     )
     pooled = collection(features)  # a KeyedTensor; its column order groups tables by sharding type
-    out = torch.cat([pooled[t["name"]] for t in tables], dim=1)
+    out = torch.cat([pooled[t.name] for t in tables], dim=1)
     expected = []
     for i, t in enumerate(tables):
         bags = np.split(values[i], np.cumsum(lengths[i])[:-1])
-        cols = np.arange(t["dim"])
-        expected.append(np.stack([_pattern(b, cols).sum(0) if len(b) else np.zeros(t["dim"]) for b in bags]))
+        cols = np.arange(t.dim)
+        expected.append(np.stack([_pattern(b, cols).sum(0) if len(b) else np.zeros(t.dim) for b in bags]))
     return out, np.concatenate(expected, axis=1)
 
 
 def torchrec_steps(rank: int, world: int, init: str, request_path: str, out_path: str) -> None:
     """One rank of timed DistributedModelParallel training steps (gloo, CPU), for every exported plan of one task.
 
-    The request: {"tables": [{name, rows, dim, table}] (``table``: the worker's table, a spec or a pool id, whose
-    stream at the global batch is cut into one slice of bags per rank), "pool" (for pool ids), "batch_size" (global),
-    "plans": [exported ShardingPlan paths], "warmup", "steps"}. One EmbeddingBagCollection per plan, SGD fused into
-    the backward pass (a data-parallel table's gradient all-reduced by DDP, then its SGD step); per step, every
-    plan's step in turn (after a barrier: fwd, loss = sum of the pooled outputs, bwd), so drifts of the machine hit
-    all plans alike. Writes {rank, step_s: [[s per timed step] per plan], cpu_s: (the same in this process's CPU time:
-    its own work, its communication threads' included, without the time it waited for other ranks or for a core),
-    local_bytes: [per plan]} to ``out_path``.
+    The request (``StepsJob``): its tables' streams at the global batch are cut into one slice of bags per rank. One
+    EmbeddingBagCollection per plan, SGD fused into the backward pass (a data-parallel table's gradient all-reduced
+    by DDP, then its SGD step); per step, every plan's step in turn (after a barrier: fwd, loss = sum of the pooled
+    outputs, bwd), so drifts of the machine hit all plans alike. Writes {rank, step_s: [[s per timed step] per
+    plan], cpu_s: (the same in this process's CPU time: its own work, its communication threads' included, without
+    the time it waited for other ranks or for a core), local_bytes: [per plan]} to ``out_path``.
     """
-    request = json.loads(Path(request_path).read_text())
+    request = StepsJob.from_json(json.loads(Path(request_path).read_text()))
     torch = setup_torch("cpu")
     import torch.distributed as dist
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
@@ -249,10 +247,10 @@ def torchrec_steps(rank: int, world: int, init: str, request_path: str, out_path
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     features = _rank_features(request, rank, world)
     models, dense = [], []
-    for path in request["plans"]:
-        root = embedding_bag_collection(request["tables"], "meta")
+    for path in request.plans:
+        root = embedding_bag_collection(request.tables, "meta")
         apply_optimizer_in_backward(torch.optim.SGD, root.parameters(), {"lr": 0.01})
-        model, _ = _distributed_model({**request, "module_path": ""}, torch.load(path, weights_only=False), root)
+        model, _ = _distributed_model(torch.load(path, weights_only=False), root)
         models.append(model)
         # a data-parallel table is a dense parameter of DMP (its gradient all-reduced by DDP in the backward pass):
         # the fused update does not reach it, so it gets SGD here, as a training loop's dense optimizer does
@@ -260,7 +258,7 @@ def torchrec_steps(rank: int, world: int, init: str, request_path: str, out_path
         dense.append(torch.optim.SGD(params, lr=0.01) if params else None)
     step_s: list[list[float]] = [[] for _ in models]
     cpu_s: list[list[float]] = [[] for _ in models]
-    for i in range(int(request["warmup"]) + int(request["steps"])):
+    for i in range(request.warmup + request.steps):
         for p, (model, optimizer) in enumerate(zip(models, dense)):
             dist.barrier()
             start, start_cpu = time.perf_counter(), time.process_time()
@@ -268,7 +266,7 @@ def torchrec_steps(rank: int, world: int, init: str, request_path: str, out_path
             if optimizer is not None:
                 optimizer.step()
                 optimizer.zero_grad()
-            if i >= int(request["warmup"]):
+            if i >= request.warmup:
                 step_s[p].append(time.perf_counter() - start)
                 cpu_s[p].append(time.process_time() - start_cpu)
     local = [sum(v.numel() * v.element_size() for v in _local_tensors(m)) for m in models]
@@ -276,22 +274,22 @@ def torchrec_steps(rank: int, world: int, init: str, request_path: str, out_path
     leave_rank()
 
 
-def _rank_features(request: dict, rank: int, world: int):
+def _rank_features(request: StepsJob, rank: int, world: int):
     """This rank's KeyedJaggedTensor: bags [rank * b, (rank + 1) * b) of every table's stream at the global batch
     (b = batch / world), the slice the evaluator's data-parallel kernel also measures for rank 0."""
     import torch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    batch = int(request["batch_size"])
+    batch = request.batch_size
     local = batch // world
     values, lengths = [], []
-    for i, table in enumerate(request["tables"]):
-        _, _, (indices, offsets) = table_stream(table["table"], request.get("pool"), batch, f"table {i}")
+    for i, table in enumerate(request.tables):
+        _, _, (indices, offsets) = table_stream(table.stream, request.pool, batch, f"table {i}")
         lo, hi = offsets[rank * local], offsets[(rank + 1) * local]
         values.append(indices[lo:hi])
         lengths.append(np.diff(offsets[rank * local : (rank + 1) * local + 1]))
     return KeyedJaggedTensor.from_lengths_sync(
-        keys=[t["name"] for t in request["tables"]],
+        keys=[t.name for t in request.tables],
         values=torch.from_numpy(np.concatenate(values).astype(np.int64)),
         lengths=torch.from_numpy(np.concatenate(lengths).astype(np.int32)),
     )
@@ -335,23 +333,24 @@ def _resident_bytes() -> tuple[int, int]:
 def torchrec_memory(rank: int, world: int, init: str, request_path: str, out_path: str) -> None:
     """One rank of DistributedModelParallel (gloo, CPU) measuring the memory of its sharded embedding modules.
 
-    The request: {"tables", "pool", "batch_size", "plan" (one exported ShardingPlan path), "optimizer" (FBGEMM's
-    name, fused into the backward pass with ``apply_optimizer_in_backward``), "steps"}. The rank reads its resident
+    The request (``StepsJob``): one exported ShardingPlan in ``plans``, its ``optimizer`` (FBGEMM's name) fused into
+    the backward pass with ``apply_optimizer_in_backward``. The rank reads its resident
     memory before the model is built, after DistributedModelParallel has built and placed its shards, and its
     high-water mark after ``steps`` training steps (fwd, loss = sum of the pooled outputs, bwd with the fused
     update); beside them the allocator's own count of what it holds: its shards' weights and the fused optimizer's
     state tensors. Writes {rank, before, built, peak, weights_bytes, state_bytes} (bytes) to ``out_path``.
     """
-    request = json.loads(Path(request_path).read_text())
+    request = StepsJob.from_json(json.loads(Path(request_path).read_text()))
     torch = setup_torch("cpu")
     import torch.distributed as dist
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     features = _rank_features(request, rank, world)
-    root = embedding_bag_collection(request["tables"], "meta")
-    apply_optimizer_in_backward(_optimizer_class(request["optimizer"]), root.parameters(), {"lr": 0.01})
-    plan = torch.load(request["plan"], weights_only=False)
+    root = embedding_bag_collection(request.tables, "meta")
+    apply_optimizer_in_backward(_optimizer_class(request.optimizer), root.parameters(), {"lr": 0.01})
+    [plan_path] = request.plans
+    plan = torch.load(plan_path, weights_only=False)
     gc.collect()
     try:  # the high-water mark from here on (Linux: "5" resets it to the resident memory now)
         Path("/proc/self/clear_refs").write_text("5")
@@ -359,9 +358,9 @@ def torchrec_memory(rank: int, world: int, init: str, request_path: str, out_pat
         pass
     dist.barrier()
     before, _ = _resident_bytes()
-    model, _ = _distributed_model({**request, "module_path": ""}, plan, root)
+    model, _ = _distributed_model(plan, root)
     built, _ = _resident_bytes()
-    for _ in range(int(request["steps"])):
+    for _ in range(request.steps):
         model(features).values().sum().backward()
     _, peak = _resident_bytes()
     weights = sum(v.numel() * v.element_size() for v in _local_tensors(model))
