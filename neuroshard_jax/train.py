@@ -18,7 +18,7 @@ import hydra
 from omegaconf import DictConfig
 
 from neuroshard_jax.core.cli import one_line_errors, run_app
-from neuroshard_jax.core.paths import user_fits_dir
+from neuroshard_jax.core.paths import own_fits_dir
 from neuroshard_jax.costs.choice import checkpoint_path
 from neuroshard_jax.costs.input_dist import InputDist
 from neuroshard_jax.learn.analytic_fit import fit_analytic
@@ -53,7 +53,7 @@ def main(cfg: DictConfig) -> None:
         dataset = config.datasets[0]
         how = f"python -m neuroshard_jax.train family={config.family} datasets=[{dataset}] name={config.name}"
         mine = config.out == TrainAppConfig.out  # no out given: this user's fits, found by hardware kind
-        out = user_fits_dir(config.family) if mine else config.out
+        out = own_fits_dir(config.family) if mine else config.out
         model, figures, path = fit_row_comm(dataset, config.name, out, how, config.family)
         for k in model.sizes:
             if isinstance(model, InputDist):

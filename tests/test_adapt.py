@@ -84,7 +84,7 @@ def test_adapt_measures_fine_tunes_reports_and_registers_a_model_later_runs_choo
     from tests.conftest import make_table, make_task
 
     task = make_task([make_table(0), make_table(1)], batch_size=4096)
-    assert registry.make_cost_model("adapted-test", task).name == "neural"
+    assert registry.make_cost_model("adapted-test", task).name == "adapted-test"
     # TorchRec's input distribution, measured on real gloo ranks and fitted: this user's fit, which models of this
     # kind price with before any shipped fit of it
     from neuroshard_jax.costs.input_dist import for_kinds, load

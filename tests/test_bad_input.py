@@ -494,10 +494,10 @@ def test_a_cache_that_cannot_be_made_keeps_no_compiled_kernels_and_says_so_in_on
         assert jax.config.jax_compilation_cache_dir is None
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
-    folder = str(tmp_path / "file" / "cache" / "jax")
+    folder = str(tmp_path / "file" / "cache")  # the cache itself: one cause for every folder in it
     assert caplog.messages == [
-        f"compiled search kernels are not kept: {folder!r} cannot be made (Not a directory); set NEUROSHARD_CACHE_DIR "
-        "to a folder you can write"
+        f"compiled search kernels are not kept or read: {folder!r} cannot be made (Not a directory); set "
+        "NEUROSHARD_CACHE_DIR to a folder you can write"
     ]
 
 
@@ -521,3 +521,64 @@ def test_a_restored_models_kept_weights_are_used_again_and_a_damaged_copy_is_rea
     _garble_a_tensor_file(path)  # the state folder changed since: orbax reads it, and says it is damaged
     with pytest.raises(UserError, match="could not be restored"):
         load_ensemble(path)
+
+
+@pytest.mark.parametrize(
+    "variable, value, says",
+    [
+        ("JAX_ENABLE_X64", "1", "JAX_ENABLE_X64: got '1', expected it unset or 0: the cost models and their saved"),
+        ("JAX_PLATFORMS", "cuda", "JAX_PLATFORMS: got 'cuda', but JAX cannot start it on this machine"),
+        ("XLA_FLAGS", "--xla_no_such_flag=1", "XLA_FLAGS: got '--xla_no_such_flag=1': Unknown flag in XLA_FLAGS"),
+    ],
+)
+def test_an_environment_that_changes_how_jax_computes_is_named_in_one_line(variable, value, says):
+    """64-bit mode (the models' state would be blamed), a platform the machine lacks (XLA's bare AssertionError), a
+    flag XLA does not know (XLA ends the process with its own fatal line): each one ``error:`` line naming the
+    variable, exit 2, before the command's own work (here: its missing plan)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", variable: value}
+    command = [sys.executable, "-m", "neuroshard_jax.explain", "plan=nowhere.json"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    said = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert done.returncode == 2 and "Traceback" not in done.stderr and len(said) == 1, done.stderr
+    assert said[0].startswith(f"error: {says}"), said
+
+
+def test_a_cache_folder_others_may_write_in_is_neither_read_nor_kept(tmp_path, monkeypatch, caplog):
+    """A shared cache (mode 0777, a team's scratch folder): a model planted in its models/ is not listed (so never
+    chosen), compiled kernels are not kept there, and one warning names the folder; made private again, it is read.
+    Where the test runs as root, a folder another user owns is refused the same way. A FIFO in place of a kept file
+    is never opened (it would block the run)."""
+    import logging
+    import os
+
+    from neuroshard_jax.core.paths import cache_folder
+    from neuroshard_jax.costs.choice import user_names
+    from neuroshard_jax.workloads.pool import cached_arrays
+
+    cache = tmp_path / "shared"
+    (cache / "models" / "planted").mkdir(parents=True)
+    (cache / "models" / "planted" / "meta.json").write_text("{}")
+    cache.chmod(0o777)
+    (cache / "models").chmod(0o700)
+    monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(cache))
+    caplog.set_level(logging.WARNING)
+    assert user_names() == [] and cache_folder("jax", "compiled search kernels") is None
+    assert not (cache / "jax").exists() or not any((cache / "jax").iterdir())
+    hint = "set NEUROSHARD_CACHE_DIR to a folder you can write"
+    shared = f"{str(cache)!r} is writable by others (mode 0o777: chmod go-w it, or {hint})"
+    assert caplog.messages == [
+        f"models made by adapt are not kept or read: {shared}",
+        f"compiled search kernels are not kept or read: {shared}",
+    ]
+    cache.chmod(0o770 if cache.stat().st_gid == os.getgid() else 0o700)  # a group of one's own may write (umask 002)
+    assert user_names() == ["planted"] and cache_folder("jax", "compiled search kernels") == cache / "jax"
+    if hasattr(os, "getuid") and os.getuid() == 0:
+        os.chown(cache / "models", 65534, 65534)
+        assert user_names() == []
+        assert f"{str(cache / 'models')!r} is owned by another user (uid 65534)" in caplog.messages[-1]
+    os.mkfifo(cache / "pools.npz")
+    assert cached_arrays(cache / "pools.npz", ("bins",)) is None

@@ -386,7 +386,7 @@ def test_shipped_models_by_name():
     names = shipped_names()
     assert "cpu-b4096" in names  # the first model stays loadable for the ablation
     task = make_task([make_table(i) for i in range(3)], batch_size=4096)
-    assert make_cost_model("cpu-b4096", task).name == "neural"
+    assert make_cost_model("cpu-b4096", task).name == "cpu-b4096"  # named by the model, not its family
     with pytest.raises(UserError, match=r"a model.s name \(cpu-b4096"):
         make_cost_model("no-such-model", task)
 
@@ -560,7 +560,7 @@ def test_a_shipped_name_is_taken_under_the_checkpoint_key_too():
     from neuroshard_jax.costs.choice import make_cost_model
 
     task = make_task([make_table(0), make_table(1)], batch_size=4096)
-    assert make_cost_model("neural", task, {"checkpoint": "xeon-blocks"}).name == "neural"
+    assert make_cost_model("neural", task, {"checkpoint": "xeon-blocks"}).name == "xeon-blocks"
 
 
 def test_the_planner_says_which_model_planned(monkeypatch):
@@ -570,7 +570,9 @@ def test_the_planner_says_which_model_planned(monkeypatch):
     monkeypatch.setattr(choice, "hardware", lambda: EPYC)
     task = make_task([make_table(i, rows=1000 + i) for i in range(4)], num_devices=2, batch_size=4096)
     planned = PlannerOptions(searcher="size_greedy").planner().run(task)
-    assert not planned.choice.matches and planned.plan.to_json()["cost_model"] == "neural"
+    # not of this machine's kind, the default plans, and the plan names it (not the family's "neural")
+    made_by = planned.plan.to_json()["cost_model"]
+    assert not planned.choice.matches and made_by == planned.choice.spec.label and made_by in choice.model_names()
     with pytest.warns(UserWarning, match="no model of its kind"):
         import neuroshard_jax as nsj
 

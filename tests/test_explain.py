@@ -119,3 +119,25 @@ def test_a_device_never_binds_against_itself():
     plan = Plan.from_assignment(tight, [1, 1], [[0], [0]])
     words = explanation(plan, analytic_model(tight)).binds
     assert not any("cannot move" in w for w in words), words
+
+
+def test_a_plan_names_its_model_and_explain_uses_it(plan_and_model, tmp_path):
+    """plan.json records the model that planned by its own name (not its family's ``neural``), and ``explain`` with
+    no ``model`` explains with that model; one this machine does not have gives way, with a warning that says so."""
+    from neuroshard_jax.costs.choice import CostModelSpec
+    from neuroshard_jax.costs.scoring import with_costs
+
+    small, _ = plan_and_model
+    plan = Plan(dataclasses.replace(small.task, batch_size=4096), small.shards).validate()  # the shipped model's batch
+    shipped = CostModelSpec("xeon-union").for_task(plan.task)
+    assert shipped.name == "xeon-union" and CostModelSpec("neural", {}).for_task(plan.task).name == "xeon-union"
+    path = tmp_path / "plan.json"
+    for model, says in ((analytic_model(plan.task), "analytic"), (shipped, "xeon-union")):
+        path.write_text(json.dumps(with_costs(model, plan).to_json()))
+        assert json.loads(path.read_text())["cost_model"] == says
+        text = explain_file(ExplainConfig(plan=str(path), chart=False))
+        assert f"predicted by cost_model={says}" in text and "warning" not in text, text
+    elsewhere = {**json.loads(path.read_text()), "cost_model": "a-model-of-another-machine"}
+    path.write_text(json.dumps(elsewhere))
+    text = explain_file(ExplainConfig(plan=str(path), chart=False))
+    assert text.startswith("warning: the plan's cost model 'a-model-of-another-machine' is not on this machine")

@@ -104,7 +104,7 @@ def test_the_main_config_takes_a_neural_checkpoint(tiny_checkpoint, tmp_path):
     searcher = make_searcher(options.searcher, options.searcher_options)
     plan = search_plan(task, searcher, CostModelSpec(options.cost_model, options.cost_model_options).for_task(task), 0)
     plan = plan.to_json()
-    assert plan["cost_model"] == "neural" and plan["task"] == task.to_json()
+    assert plan["cost_model"] == str(ckpt) and plan["task"] == task.to_json()  # the checkpoint that planned
 
 
 def test_metrics_against_plain_python():

@@ -158,6 +158,10 @@ def test_worker_refuses_bad_shards_and_keeps_serving(worker):
     assert worker.request(_request([[1, 8]]), timeout_s=60).ok
     malformed = worker.request(_request([[1, 8]], protocol="timed"), timeout_s=60)  # its timing missing
     assert not malformed.ok and "protocol 'timed' without 'warmup_ms'" in malformed.error
+    worker.proc.stdin.write(b"{not json\n")  # a line that is no request at all: answered, the worker serves on
+    worker.proc.stdin.flush()
+    garbled = ComputeAnswer.from_json(json.loads(worker._readline(60)))
+    assert not garbled.ok and garbled.error.startswith("request: not JSON"), garbled
     impossible = {"rows": 5, "pooling_factor": 10.0, "bins": [1.0] + [0.0] * 16, "dim": 8}
     refused = worker.request(_request([impossible]), timeout_s=60)
     assert not refused.ok and "table 0: its histogram cannot hold" in refused.error

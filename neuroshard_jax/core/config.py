@@ -159,7 +159,7 @@ def check_bounds(obj, prefix: str = "") -> None:
         if not field.metadata or "at_least" not in field.metadata:
             continue
         value = getattr(obj, field.name)
-        values = value if isinstance(value, tuple) else (value,)
+        values = value if isinstance(value, (tuple, list)) else (value,)
         numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if any(not (_within(v, field.metadata) and math.isfinite(v)) for v in numbers):
             kind = _hints(type(obj))[field.name]

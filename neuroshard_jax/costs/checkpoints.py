@@ -28,7 +28,7 @@ from flax import nnx
 from neuroshard_jax.core.errors import DamagedModel, UserError, first_line
 from neuroshard_jax.core.features import FEATURE_NAMES
 from neuroshard_jax.core.folders import recover_dir, replace_dir
-from neuroshard_jax.core.paths import cache_dir
+from neuroshard_jax.core.paths import cache_folder
 from neuroshard_jax.costs.ensemble import (
     INPUT_NAMES,
     NUM_COEFS,
@@ -103,7 +103,10 @@ def _kept_path(path: Path, digest: str) -> Path:
     stamp = hashlib.sha256(
         repr([(str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]).encode()
     )
-    return cache_dir() / "restored" / f"{digest[:32]}-{stamp.hexdigest()[:16]}.npz"
+    folder = cache_folder("restored", "restored model arrays", quiet=True)  # a speed-up: without it, orbax reads
+    if folder is None:  # not this user's alone: nothing read from it or kept in it
+        raise OSError("the cache folder is not private")
+    return folder / f"{digest[:32]}-{stamp.hexdigest()[:16]}.npz"
 
 
 def _kept_tree(path: Path, template, digest: str | None):

@@ -32,7 +32,7 @@ from neuroshard_jax.core.errors import DamagedModel, UntrainedFor, UserError, fi
 from neuroshard_jax.core.folders import recover_dir
 from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.core.memory import OPTIMIZERS
-from neuroshard_jax.core.paths import package_path, user_models_dir
+from neuroshard_jax.core.paths import cache_folder, package_path, user_models_dir
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.analytic import ANALYTIC_FNS, AnalyticConfig, analytic_model, analytic_params
 from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_checkpoint, load_ensemble, read_meta
@@ -69,8 +69,10 @@ def shipped_names() -> list[str]:
 
 
 def user_names() -> list[str]:
-    """Names of the models this user made with ``python -m neuroshard_jax.adapt`` (``user_models_dir``)."""
-    return [n for n in _models_in(user_models_dir()) if n not in COST_MODELS]
+    """Names of the models this user made with ``python -m neuroshard_jax.adapt`` (``user_models_dir``; none where
+    that folder is not this user's alone: ``paths.cache_folder``)."""
+    folder = cache_folder(user_models_dir().name, "models made by adapt", make=False)
+    return [] if folder is None else [n for n in _models_in(folder) if n not in COST_MODELS]
 
 
 def model_names() -> list[str]:
@@ -250,13 +252,24 @@ class CostModelSpec:
         object.__setattr__(self, "options", dict(self.options))
         cost_model_config(self.name, self.options)
 
+    @property
+    def label(self) -> str:
+        """The model by its own name, as a plan records it and ``explain`` builds it again: a checkpoint's folder
+        where one is given, the shipped default for a bare ``neural``, else the name (``analytic``, a shipped or
+        user model's)."""
+        checkpoint = self.options.get("checkpoint")
+        if checkpoint:  # a folder as the plan can find it again from anywhere; a model's name as it is
+            return checkpoint if checkpoint in model_names() else str(Path(checkpoint).resolve())
+        return SHIPPED_MODEL_NAME if self.name == "neural" else self.name
+
     def for_task(self, task: Task) -> CostModel:
         """The cost model of ``task``: this spec's model (a chosen one as chosen), checked against the task's batch
-        size and precision, its hosts' comm scaled. ``build_cost_model`` chooses and builds a plan's model once."""
+        size and precision, its hosts' comm scaled, named by ``label``. ``build_cost_model`` chooses and builds a
+        plan's model once."""
         factor, own = split_calibration(self.options)
         family, _ = _resolve(self.name, own)
         model = COST_MODELS[family][0](task, cost_model_config(self.name, own))
-        return with_scales(model, task.comm_scale(), factor)
+        return dataclasses.replace(with_scales(model, task.comm_scale(), factor), name=self.label)
 
 
 def spec_of(name: str, options: Mapping[str, Any] | None = None) -> CostModelSpec:
@@ -301,7 +314,8 @@ def load_cost_model(
         raise UserError(f"load_cost_model: options {unknown} apply to 'analytic' only")
     config = typed(NeuralConfig, {**(resolved or {}), **options}, "load_cost_model")
     task = Task.uniform(1, 1.0, batch_size, (), precision)
-    return with_scales(neural_model(task, config), np.ones(1), factor)
+    named = CostModelSpec("neural", {"checkpoint": name_or_path}) if name_or_path != "neural" else CostModelSpec()
+    return dataclasses.replace(with_scales(neural_model(task, config), np.ones(1), factor), name=named.label)
 
 
 def adapt_here(device: str = "cpu") -> str:
@@ -372,7 +386,7 @@ class ModelChoice:
 
     def line(self) -> str:
         """One line: the model, what it was trained on, whether it matches, and the way forward where not."""
-        label = self.options.get("checkpoint") or (SHIPPED_MODEL_NAME if self.name == "neural" else self.name)
+        label = self.spec.label
         if label in user_names() and label not in shipped_names():
             label += " (yours, made by adapt)"
         if not self.kinds:

@@ -2,7 +2,8 @@
 fwd+bwd, over a set of tables) and its ``ComputeAnswer``. JSON only on the worker's pipe: the host sends
 ``request.to_json()`` and reads ``ComputeAnswer.from_json(line)``; the worker reads ``ComputeRequest.from_json(line)``
 and writes ``answer.to_json()``. Both sides import this module (no torch, no JAX). A request's ``tags`` are the
-caller's own (a benchmark's key, repeat or task): kept beside it on the host, never sent.
+caller's own (a benchmark's key, repeat or task): kept beside it on the host, never written to a worker's pipe (a Ray
+actor gets the request whole, pickled: tags must pickle).
 
 The JSON forms are the ones collected labels keep: a label is its request's ``id``, ``tables`` and ``batch_size``
 beside its answer's fields (``learn.cost_labels``), so both forms are stable."""
@@ -157,12 +158,12 @@ class ComputeAnswer:
     def to_json(self, with_id: bool = True) -> dict:
         """The worker's line (and, ``with_id`` False, a label's answer fields): the fields it has, in this order."""
         out: dict[str, Any] = {"ok": self.ok}
+        if self.error is not None:
+            out["error"] = self.error
         for field in dataclasses.fields(self)[3:]:
             value = getattr(self, field.name)
             if value is not None and value != ():
                 out[field.name] = list(value) if isinstance(value, tuple) else value
-        if self.error is not None:
-            out["error"] = self.error
         if with_id:
             out["id"] = self.id
         return out

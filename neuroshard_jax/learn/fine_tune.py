@@ -54,7 +54,7 @@ from neuroshard_jax.core.files import read_records, write_json
 from neuroshard_jax.core.folders import one_writer, replace_dir
 from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.core.memory import kernel_optimizer
-from neuroshard_jax.core.paths import user_fits_dir, user_models_dir
+from neuroshard_jax.core.paths import cache_folder, own_fits_dir, user_models_dir
 from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_ensemble, read_meta
 from neuroshard_jax.costs.choice import COST_MODELS, checkpoint_path, choose_cost_model, model_kinds, shipped_names
 from neuroshard_jax.costs.ensemble import EnsembleConfig
@@ -693,7 +693,7 @@ def _fit_and_report(
 def _fit_inputs(config: AdaptConfig, name: str, labels: Path, out: Path) -> dict:
     """The input distribution fit of this machine's labels, with its held-out figures; with ``register`` in this
     user's fits (models of this kind price with it), else beside the model."""
-    where = user_fits_dir("input_dist") if config.register else out / "input_dist"
+    where = own_fits_dir("input_dist") if config.register else out / "input_dist"
     how = f"python -m neuroshard_jax.adapt name={name} input_labels={config.input_labels}"
     fit, figures, path = fit_row_comm(labels, name, where, how, "input_dist")
     a, b, c = fit.terms(fit.sizes[-1], fit.batch_size)
@@ -715,7 +715,13 @@ def _annotate(model_dir: Path, report: dict) -> None:
 def _register(model_dir: Path, name: str) -> Path:
     """Copy the model into the user's models under ``name`` (``replace_dir``: a stop at any moment leaves a
     loadable model there)."""
-    return replace_dir(user_models_dir() / name, lambda folder: shutil.copytree(model_dir, folder, dirs_exist_ok=True))
+    models = cache_folder(user_models_dir().name, "models made by adapt")
+    if models is None:
+        raise UserError(
+            f"adapt: the model is not registered: {str(user_models_dir())!r} is not this user's alone (the warning "
+            f"above says why); it is in {str(model_dir)!r}, to plan with it: cost_model.checkpoint={model_dir}"
+        )
+    return replace_dir(models / name, lambda folder: shutil.copytree(model_dir, folder, dirs_exist_ok=True))
 
 
 def app_config(cfg: DictConfig) -> AdaptConfig:

@@ -48,7 +48,7 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import device_list, devices_summary, load_plan, printed_devices
 from neuroshard_jax.core.sharding import Shard, replica_features, row_split_count
 from neuroshard_jax.core.task import memory_words
-from neuroshard_jax.costs.choice import CostModelSpec, build_cost_model
+from neuroshard_jax.costs.choice import CostModelSpec, build_cost_model, model_names, spec_of
 from neuroshard_jax.costs.cost_model import (
     CostFns,
     CostModel,
@@ -84,7 +84,9 @@ class ExplainConfig:
 
     plan: str | None = None  # the plan.json to explain
     base: str | None = None  # another plan.json of the same task: print what changed between them instead
-    model: str = "neural"  # the cost model whose predictions explain the plan (analytic, neural or a shipped name)
+    # the cost model whose predictions explain the plan (analytic, neural, a model's name or checkpoint folder); null:
+    # the one that made it (plan.json's cost_model), where this machine has it
+    model: str | None = None
     top: int = bounded(at_least=1, default=5)  # how many of the slowest device's tables to name
     chart: bool = True  # write PLAN.png beside the plan: a stacked bar per device of its tables' compute
     # tables below this share of every device's compute are drawn as "other"
@@ -548,14 +550,15 @@ def explain_file(config: ExplainConfig, model: CostModel | None = None) -> str:
     plan = load_plan(path)
     warnings = []
     if model is None:
-        model, choice = build_cost_model(CostModelSpec(config.model), plan.task, fallback=True)
+        spec, missing = explaining_spec(config.model, plan)
+        model, choice = build_cost_model(spec, plan.task, fallback=True)
         far = far_devices_warning(plan.task.num_devices, choice.name, choice.options)
         if plan.calibration is not None and choice.instead is None:  # the factor the plan was searched with
             model = with_compute_scale(model, plan.calibration.factor, plan.task.comm_scale())
         unsure = device_uncertainty(model, plan)  # this model's members, not those of the model that searched
         trust = () if unsure is None else tuple(unsure[1])
         depth = out_of_depth_warning(plan.task, plan, choice.name, choice.options, trust=trust)
-        warnings = [w for w in (choice.instead, far, depth) if w]
+        warnings = [w for w in (missing, choice.instead, far, depth) if w]
     model = expected_cost_model(model)
     if config.base:
         text = format_diff(plan_diff(plan, load_plan(config.base, key="base"), model))
@@ -570,6 +573,27 @@ def explain_file(config: ExplainConfig, model: CostModel | None = None) -> str:
             text += "\n" + chart(data, path.with_suffix(".png"), config.other_share)
         text += "".join(f"\n{line}" for line in why_chosen(plan))
     return "".join(f"warning: {w}\n" for w in warnings) + text
+
+
+def explaining_spec(name: str | None, plan: Plan) -> tuple[CostModelSpec, str | None]:
+    """The model that explains ``plan``: ``name`` where given, else the one that made it (plan.json's
+    ``cost_model``: a model's name, or its checkpoint folder); a maker this machine does not have gives way to the
+    model chosen for this machine, and the warning says so (None: no warning)."""
+    if name is not None:
+        return spec_of(name), None
+    made_by = plan.costs.cost_model if plan.costs is not None else None
+    if made_by is None or made_by == "neural":  # a plan written before plans named their model
+        return spec_of("neural"), None
+    try:
+        if made_by in model_names() or made_by == "analytic":
+            return CostModelSpec(made_by), None
+        if Path(made_by).is_dir():
+            return CostModelSpec("neural", {"checkpoint": made_by}), None
+    except (UserError, OSError):  # a folder that is not a model, a name no path can be: the one chosen here
+        pass
+    return spec_of(
+        "neural"
+    ), f"the plan's cost model {made_by!r} is not on this machine: explained with the one chosen here"
 
 
 def app_config(cfg: DictConfig) -> ExplainConfig:

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
-import os
-import pathlib
 import time
 from typing import NamedTuple
 
@@ -15,7 +12,7 @@ import numpy as np
 
 from neuroshard_jax.core.constraints import constraints_used, unhonoured
 from neuroshard_jax.core.errors import InfeasibleError, UserError
-from neuroshard_jax.core.paths import CACHE_HINT, cache_dir
+from neuroshard_jax.core.paths import cache_folder
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.records import CalibrationRecord, Candidate, PortfolioRecord
 from neuroshard_jax.core.task import Task, check_feasible
@@ -39,25 +36,10 @@ def keep_compiled_kernels() -> None:
     is said in one warning, and the search compiles as it would without it. Calling it again does nothing."""
     if jax.config.jax_compilation_cache_dir:
         return
-    folder = str(cache_dir() / "jax")
-    if _made(folder):
-        jax.config.update("jax_compilation_cache_dir", folder)
+    folder = cache_folder("jax", "compiled search kernels")  # executables are code: the user's folder alone
+    if folder is not None:
+        jax.config.update("jax_compilation_cache_dir", str(folder))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_S)
-
-
-@functools.cache  # a folder is tried once a process: one that cannot be made is said once, not on every plan
-def _made(folder: str) -> bool:
-    """Whether ``folder`` is (now) a folder this user can write, made ``0700`` if missing; else one warning."""
-    try:
-        pathlib.Path(folder).mkdir(mode=0o700, parents=True, exist_ok=True)  # executables are code: the user's alone
-        writable = os.access(folder, os.W_OK | os.X_OK)
-    except OSError as err:
-        writable, cause = False, getattr(err, "strerror", None) or str(err)
-    else:
-        cause = "no permission"
-    if not writable:
-        logger.warning(f"compiled search kernels are not kept: {folder!r} cannot be made ({cause}); {CACHE_HINT}")
-    return writable
 
 
 def search_plan(task: Task, searcher: Searcher, model: CostModel, seed: int, row_split: str = "fit") -> Plan:

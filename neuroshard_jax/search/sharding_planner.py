@@ -65,11 +65,12 @@ class Planned:
 class Settings:
     """The settings of a planning run that are not its parts, declared once for ``PlannerOptions`` (what the entry
     points take) and ``Planner`` (what runs): ``seed``: the same seed gives the same plan; ``row_split``: which tables
-    row blocks are tried for (fit | hot | off); ``calibrate``, ``autotune``, ``polish``: the measured stages before
-    the search, after it (the candidates measured, the fastest kept) and last (``name="off"`` skips them; ``True``,
-    ``False`` or a mode's name such as ``"kernels"`` are taken too); ``device``: the compute device the plan is for
-    (cpu | cuda); ``fallback``: a cost model not trained at the task's batch size or precision gives way to one that
-    is (or the roofline), with a warning, instead of refusing. Keyword-only, so that a subclass's parts come first."""
+    row blocks are tried for (fit | hot | off); ``calibrate``, ``autotune``, ``polish``: the measured stages before the
+    search, after it (the candidates measured, the fastest kept) and last (``name="off"`` skips them; ``True``,
+    ``False`` or a mode's name such as ``"kernels"`` are taken too; an ``autotune`` left on its default device measures
+    on the plan's); ``device``: the compute device the plan is for (cpu | cuda); ``fallback``: a cost model not trained
+    at the task's batch size or precision gives way to one that is (or the roofline), with a warning, instead of
+    refusing. Keyword-only, so that a subclass's parts come first."""
 
     seed: int = 0
     row_split: str = "fit"
@@ -85,6 +86,8 @@ class Settings:
             object.__setattr__(self, stage, stage_config(cls, getattr(self, stage), stage))
         check_row_split(self.row_split)
         check_device(self.device)
+        if self.autotune.device == AutotuneConfig.device:  # left as it is: the plan's device (another is refused)
+            object.__setattr__(self, "autotune", dataclasses.replace(self.autotune, device=self.device))
 
     def settings(self) -> dict[str, Any]:
         """The settings alone, by name (what a ``Planner`` is built with besides its parts)."""
@@ -208,12 +211,10 @@ class PlannerOptions(Settings):
 
     def planner(self) -> Planner:
         """The planner these options build: the searcher and the cost model's spec made from their names once, the
-        settings as they are (an ``autotune`` left on its default device measures on the plan's)."""
-        settings = self.settings()
-        if self.autotune.device == AutotuneConfig.device:  # left as it is: the plan's device (another is refused)
-            settings["autotune"] = dataclasses.replace(self.autotune, device=self.device)
+        settings as they are."""
         searcher = make_searcher(self.searcher, dict(self.searcher_options))
-        return Planner(searcher=searcher, cost_model=spec_of(self.cost_model, self.cost_model_options), **settings)
+        spec = spec_of(self.cost_model, self.cost_model_options)
+        return Planner(searcher=searcher, cost_model=spec, **self.settings())
 
 
 GROUPED = {"searcher": "searcher_options", "cost_model": "cost_model_options"}  # a name and its options

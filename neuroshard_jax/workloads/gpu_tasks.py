@@ -30,7 +30,7 @@ from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.constants import GIB_BYTES, MIN_ROWS
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import bin_shares
-from neuroshard_jax.core.paths import cache_dir, pool_file_digest
+from neuroshard_jax.core.paths import CACHE_HINT, cache_folder, pool_file_digest
 from neuroshard_jax.core.sharding import mem_bytes
 from neuroshard_jax.core.table import PoolSpec, Table
 from neuroshard_jax.core.task import Task
@@ -147,8 +147,10 @@ def write_stream_pool(config: GpuTaskConfig, seed: int, index: int, task: Task, 
         lengths[t] = np.diff(offsets)
     offsets = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths.reshape(-1), out=offsets[1:])
-    npz = cache_dir() / "dlrm" / f"{pool_file_digest(path)}.npz"
-    npz.parent.mkdir(parents=True, exist_ok=True)
+    folder = cache_folder("dlrm", "converted DLRM files")
+    if folder is None:
+        raise UserError(f"gpu tasks: the DLRM file's converted copy cannot be kept; {CACHE_HINT}")
+    npz = folder / f"{pool_file_digest(path)}.npz"
     tmp = npz.with_suffix(f".{os.getpid()}.tmp.npz")
     np.savez(tmp, indices=np.concatenate(parts), offsets=offsets, lengths=lengths)
     os.replace(tmp, npz)

@@ -36,7 +36,7 @@ import numpy as np
 from neuroshard_jax.core.constants import GENERATOR_VERSION, MIN_ROWS
 from neuroshard_jax.core.errors import UserError, first_line
 from neuroshard_jax.core.features import NUM_BINS, access_histogram, bin_shares, count_histogram
-from neuroshard_jax.core.paths import CACHE_HINT, cache_dir, pool_file_digest
+from neuroshard_jax.core.paths import CACHE_HINT, cache_dir, cache_folder, pool_file_digest
 from neuroshard_jax.core.table import PoolSpec
 
 
@@ -267,7 +267,7 @@ logger = logging.getLogger(__name__)
 def cached_arrays(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray] | None:
     """The arrays ``keys`` of the cache file ``path``; None where there is none, or where it is damaged (a torn or
     truncated write, another program's file): then it is removed, with a one-line warning, to be rebuilt."""
-    if not path.exists():
+    if not path.is_file():  # none, or not a regular file (a FIFO, a device): never opened
         return None
     try:
         with np.load(path, allow_pickle=False) as data:
@@ -293,15 +293,12 @@ def write_cache(path: Path, **arrays: np.ndarray) -> None:
 
 def load_dlrm_arrays(path: Path) -> ArrayStreams:
     """Read a DLRM benchmark file (converted to .npz by the torch worker on first use)."""
-    npz = cache_dir() / "dlrm" / f"{pool_file_digest(path)}.npz"
+    folder = cache_folder("dlrm", "converted DLRM files")
+    if folder is None:
+        raise UserError(f"pool.path: its converted copy cannot be kept in {str(cache_dir() / 'dlrm')!r}; {CACHE_HINT}")
+    npz = folder / f"{pool_file_digest(path)}.npz"
     data = cached_arrays(npz, ("indices", "offsets", "lengths"))
     if data is None:
-        try:
-            npz.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise UserError(
-                f"pool.path: cannot write its converted copy in {str(npz.parent)!r} ({err.strerror}); {CACHE_HINT}"
-            ) from None
         tmp = npz.with_suffix(f".{os.getpid()}.tmp.npz")
         cmd = [sys.executable, "-m", "neuroshard_jax.kernels.worker", "dlrm-to-npz", str(path), str(tmp)]
         done = subprocess.run(cmd, capture_output=True, text=True)
@@ -352,13 +349,15 @@ def load_pool(spec: PoolSpec, batch_size: int) -> TablePool:
     rows, streams = pool_streams(spec)
     # The generator's parameters are in the key: features cached before a recalibration are never reused.
     key = "-".join(filter(None, (spec.pool_id, streams.fingerprint(), f"b{batch_size}")))
-    cache = cache_dir() / "pools" / f"{key}.npz"
-    data = cached_arrays(cache, ("pooling_factor", "bins"))
+    folder = cache_folder("pools", "pool features")
+    cache = None if folder is None else folder / f"{key}.npz"
+    data = None if cache is None else cached_arrays(cache, ("pooling_factor", "bins"))
     if data is not None and data["bins"].shape == (len(rows), NUM_BINS) and data["pooling_factor"].shape == rows.shape:
         pooling, bins = data["pooling_factor"], data["bins"]
     else:
         pooling, bins = measure_features(streams, rows, batch_size)
-        write_cache(cache, pooling_factor=pooling, bins=bins)
+        if cache is not None:
+            write_cache(cache, pooling_factor=pooling, bins=bins)
     return TablePool(spec, batch_size, rows, pooling, bins, streams)
 
 

@@ -413,11 +413,16 @@ def serve() -> None:
     for line in sys.stdin:
         if not line.strip():
             continue
-        raw = json.loads(line)
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as err:
+            raw = None
+            answer = ComputeAnswer.failed(None, f"request: not JSON ({err})")
         request_id = raw.get("id") if isinstance(raw, dict) else None
         _inject_fault(request_id)
         try:
-            answer = profile_compute(ComputeRequest.from_json(raw))
+            if raw is not None:
+                answer = profile_compute(ComputeRequest.from_json(raw))
         except (RequestError, MessageError) as err:
             answer = ComputeAnswer.failed(request_id, str(err))
         except Exception as err:  # e.g. an allocation failure in torch: report it, keep serving
