@@ -149,50 +149,46 @@ def one_line_errors(main: Callable[[DictConfig], None]) -> Callable[[DictConfig]
     return run
 
 
-JAX_ENVIRONMENT = ("JAX_ENABLE_X64", "JAX_PLATFORMS", "XLA_FLAGS")  # what changes how JAX computes, from outside
-
-
 def check_jax_environment() -> None:
     """One UserError naming the variable where the environment would make JAX fail later with another message: 64-bit
     mode (the cost models and their saved state are float32: the restore would blame the model), a ``JAX_PLATFORMS``
     this machine cannot start (XLA's bare AssertionError), flags in ``XLA_FLAGS`` this XLA does not know (XLA ends
-    the process with its own fatal line: they are tried in a child process first). Nothing is imported or run
-    unless one of ``JAX_ENVIRONMENT`` is set."""
-    if not any(os.environ.get(name) for name in JAX_ENVIRONMENT):
-        return
-    flags = os.environ.get("XLA_FLAGS")
-    if flags:
-        try:
-            tried = subprocess.run(
-                [sys.executable, "-c", "import jax; jax.devices()"],
-                capture_output=True,
-                text=True,
-                env=dict(os.environ),
-                timeout=120,
-            )
-        except subprocess.TimeoutExpired:  # a device that starts slowly: the command finds out for itself
-            tried = subprocess.CompletedProcess([], 0, "", "")
-        unknown = [line for line in tried.stderr.splitlines() if "Unknown flag" in line or "Unknown flags" in line]
-        if tried.returncode != 0 and unknown:
-            said = unknown[0].split("] ", 1)[-1]
-            raise UserError(f"XLA_FLAGS: got {flags!r:.120}: {said}; expected flags this XLA knows, or no XLA_FLAGS")
-    import jax
-
-    if jax.config.jax_enable_x64:
+    the process with its own fatal line). The platforms and flags are tried in a child process, only where they are
+    set (``cpu`` alone always starts); nothing is run otherwise."""
+    x64 = os.environ.get("JAX_ENABLE_X64", "")
+    if x64.strip().lower() in TRUE_WORDS:  # JAX's own reading of a boolean variable
         raise UserError(
-            f"JAX_ENABLE_X64: got {os.environ.get('JAX_ENABLE_X64')!r}, expected it unset or 0: the cost models and "
-            "their saved state are float32"
+            f"JAX_ENABLE_X64: got {x64!r}, expected it unset or 0: the cost models and their saved state are float32"
         )
-    platforms = os.environ.get("JAX_PLATFORMS")
+    flags, platforms = os.environ.get("XLA_FLAGS", ""), os.environ.get("JAX_PLATFORMS", "")
+    if not flags and platforms.strip().lower() in ("", "cpu"):
+        return
+    try:
+        tried = subprocess.run(
+            [sys.executable, "-c", "import jax; jax.devices()"],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ),
+            timeout=120,
+        )
+    except subprocess.TimeoutExpired:  # a device that starts slowly: the command finds out for itself
+        return
+    if tried.returncode == 0:
+        return
+    lines = tried.stderr.strip().splitlines()
+    unknown = [line for line in lines if "Unknown flag" in line]
+    if flags and unknown:
+        said = unknown[0].split("] ", 1)[-1]
+        raise UserError(f"XLA_FLAGS: got {flags!r:.120}: {said}; expected flags this XLA knows, or no XLA_FLAGS")
     if platforms:
-        try:
-            jax.devices()
-        except Exception as err:  # XLA's backend start: an AssertionError, a RuntimeError
-            why = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
-            raise UserError(
-                f"JAX_PLATFORMS: got {platforms!r}, but JAX cannot start it on this machine ({why}); expected a "
-                "platform it has (cpu), or JAX_PLATFORMS unset"
-            ) from None
+        why = (lines or ["no message"])[-1][:120]
+        raise UserError(
+            f"JAX_PLATFORMS: got {platforms!r}, but JAX cannot start it on this machine ({why}); expected a "
+            "platform it has (cpu), or JAX_PLATFORMS unset"
+        )
+
+
+TRUE_WORDS = ("y", "yes", "t", "true", "on", "1")
 
 
 INTERRUPTED = 130  # the shell's code for a process ended by SIGINT (128 + 2)

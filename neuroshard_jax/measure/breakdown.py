@@ -20,7 +20,7 @@ far more devices than the cost model's comm was trained on says so (``far_device
 linear in the devices: shards are grouped by device once, and a split's variants rescore only the devices that
 change, the comm of every device in one jitted call per chunk of variants.
 
-Why one module of ~530 lines: the explanation is one record (``Explanation``) built from one scoring of the plan:
+Why one module of ~600 lines: the explanation is one record (``Explanation``) built from one scoring of the plan:
 where each device's time goes, the splits' gains and the binding memory read the same per-device arrays, and the
 printout and the chart read the record; apart, each would score the plan again.
 """
