@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from neuroshard_jax.core.constants import MIN_CPU_SHARE
 
@@ -319,6 +319,20 @@ def _record_of(cls, obj: Any, where: str, nested: Mapping[str, type] | None = No
         raise MessageError(f"{where}: {err}") from None
 
 
+class _Job:
+    """A TorchRec job's record: its JSON both ways, the nested ``tables`` as ``TorchRecTable``s (``WHERE`` names it in
+    errors)."""
+
+    WHERE: ClassVar[str] = "torchrec job"
+
+    def to_json(self) -> dict:
+        return _fields_json(self)
+
+    @classmethod
+    def from_json(cls, obj: Any):
+        return _record_of(cls, obj, cls.WHERE, {"tables": TorchRecTable})
+
+
 @dataclasses.dataclass(frozen=True)
 class TorchRecTable:
     """A table as TorchRec's jobs take it: ``rows`` x ``dim``, its ``name`` in the ShardingPlan (the planner's job
@@ -342,7 +356,7 @@ class TorchRecTable:
 
 
 @dataclasses.dataclass(frozen=True)
-class PlanJob:
+class PlanJob(_Job):
     """``torchrec-plan``: TorchRec's EmbeddingShardingPlanner over ``tables`` on ``num_devices`` ranks of
     ``mem_caps_bytes`` each, at TorchRec's per-rank ``batch_size``, ``precision``, the allowed ``sharding_types``,
     a storage ``reservation`` (heuristic: TorchRec's default; percent: a fixed 15%), and where the devices sit in
@@ -357,16 +371,11 @@ class PlanJob:
     reservation: str = "heuristic"
     links: dict | None = None
 
-    def to_json(self) -> dict:
-        return _fields_json(self)
-
-    @classmethod
-    def from_json(cls, obj: Any) -> PlanJob:
-        return _record_of(cls, obj, "torchrec-plan request", {"tables": TorchRecTable})
+    WHERE: ClassVar[str] = "torchrec-plan request"
 
 
 @dataclasses.dataclass(frozen=True)
-class ExportJob:
+class ExportJob(_Job):
     """``torchrec-export``: a plan as TorchRec's ShardingPlan: ``tables`` (named), each table's ``shards`` in
     TorchRec's terms ({rank, col_offset, dim(, row_offset, num_rows)} or {data_parallel}), ``world_size`` ranks of
     ``local_size`` a host, for ``device`` and ``compute_kernel``, the collection at ``module_path`` of the model."""
@@ -379,16 +388,11 @@ class ExportJob:
     compute_kernel: str
     module_path: str
 
-    def to_json(self) -> dict:
-        return _fields_json(self)
-
-    @classmethod
-    def from_json(cls, obj: Any) -> ExportJob:
-        return _record_of(cls, obj, "torchrec-export request", {"tables": TorchRecTable})
+    WHERE: ClassVar[str] = "torchrec-export request"
 
 
 @dataclasses.dataclass(frozen=True)
-class RunJob:
+class RunJob(_Job):
     """``torchrec-run``: the exported ShardingPlan at ``plan`` loaded into DistributedModelParallel on every rank,
     the collection of ``tables`` at ``module_path``, one forward and backward at ``batch_size`` checked."""
 
@@ -397,16 +401,11 @@ class RunJob:
     module_path: str
     batch_size: int
 
-    def to_json(self) -> dict:
-        return _fields_json(self)
-
-    @classmethod
-    def from_json(cls, obj: Any) -> RunJob:
-        return _record_of(cls, obj, "torchrec-run request", {"tables": TorchRecTable})
+    WHERE: ClassVar[str] = "torchrec-run request"
 
 
 @dataclasses.dataclass(frozen=True)
-class StepsJob:
+class StepsJob(_Job):
     """``torchrec-steps`` (``plans``: exported ShardingPlans, their steps interleaved; ``warmup`` then ``steps``
     timed) and ``torchrec-memory`` (``plans``: one; ``optimizer`` fused into the backward, ``steps`` run): training
     steps of ``tables`` (each with its ``stream``; a pool table's ids from ``pool``) at ``batch_size``."""
@@ -419,9 +418,4 @@ class StepsJob:
     warmup: int = 0
     optimizer: str | None = None
 
-    def to_json(self) -> dict:
-        return _fields_json(self)
-
-    @classmethod
-    def from_json(cls, obj: Any) -> StepsJob:
-        return _record_of(cls, obj, "torchrec-steps request", {"tables": TorchRecTable})
+    WHERE: ClassVar[str] = "torchrec-steps request"
