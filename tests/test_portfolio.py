@@ -176,13 +176,46 @@ def test_autotune_steps_times_each_candidate_in_distributed_model_parallel_and_d
     failing = with_costs(model, Plan.from_assignment(odd, [1] * odd.num_tables, [[1]] * odd.num_tables))
     config = AutotuneConfig(name="steps", rounds=3, steps=6, step_warmup=1)
     entrants = [Entrant("planted", planted), Entrant("failing", failing), Entrant("grid", good)]
-    chosen, record = autotune_steps(entrants, model, config)
+    chosen, record = autotune_steps(entrants, config)
     assert record.chosen == "grid" and chosen == good and record.mode == "steps"
     assert record.pinned  # this machine has a core for each of the 2 ranks
     by_name = {c.name: c for c in record.candidates}
     assert not by_name["failing"].kept and "multiple of the 2 devices" in by_name["failing"].why
     assert by_name["planted"].kept and by_name["planted"].measured_ms > by_name["grid"].measured_ms
     assert 2 <= record.rounds <= 3 and by_name["grid"].low_ms <= by_name["grid"].measured_ms
+
+
+def test_collective_plan_autotunes_in_steps_on_the_live_gloo_group_and_every_rank_returns_the_same_plan(tmp_path):
+    """Two gloo ranks (a core each) of one live group: rank 0 searches, both time every candidate in
+    DistributedModelParallel on the group, the plan of every table on rank 0 is measured and never chosen, a plan of
+    other tables fails on both ranks and is dropped, and both ranks return the same plan."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    script = REPO / "tests" / "collective_autotune_rank.py"
+    init = f"file://{tmp_path / 'init'}"
+    outs = [tmp_path / f"rank{r}.json" for r in range(2)]
+    ranks = [
+        subprocess.Popen([sys.executable, str(script), str(r), "2", init, str(out)], cwd=REPO, stderr=subprocess.PIPE)
+        for r, out in enumerate(outs)
+    ]
+    try:
+        said = [rank.communicate(timeout=600)[1].decode() for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    assert [rank.returncode for rank in ranks] == [0, 0], said
+    rank0, rank1 = (json.loads(out.read_text()) for out in outs)
+    assert rank0["shards"] == rank1["shards"] and rank0["autotune"] == rank1["autotune"]  # one plan, one record
+    record = rank0["autotune"]
+    by_name = {c["name"]: c for c in record["candidates"]}
+    assert record["mode"] == "steps" and record["pinned"] and record["chosen"] == "grid"
+    assert by_name["planted"]["kept"] and by_name["planted"]["measured_ms"] > by_name["grid"]["measured_ms"]
+    assert not by_name["stale"]["kept"] and "not a plan of the module's tables" in by_name["stale"]["why"]
+    assert {tuple(on) for _, on in rank0["shards"].values()} != {(0,)}  # not the planted plan
+    assert "features f1, f2, f3 missing" in rank0["refused"] and rank0["refused"] == rank1["refused"]
 
 
 def test_autotune_from_the_command_line_stops_cleanly_on_ctrl_c_and_resumes_in_its_run_folder(tmp_path):

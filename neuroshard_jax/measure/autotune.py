@@ -22,6 +22,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -156,7 +157,7 @@ def autotune_kernels(
             rounds = r + 1
             steps = _round_steps(plans, kernels, readings, expected, rounds)
             progress(rounds, config.rounds, entrants, steps)
-            stopped = _stop(steps, rounds, config, started) or stopped
+            stopped = _stop(steps, rounds, config, time.perf_counter() - started) or stopped
             if stopped != "rounds":
                 break
     steps = _round_steps(plans, kernels, readings, expected, rounds)
@@ -220,7 +221,7 @@ def _round_steps(plans, kernels, readings: Readings, expected: CostModel, rounds
     )
 
 
-def _stop(steps: np.ndarray, rounds: int, config: AutotuneConfig, started: float) -> str | None:
+def _stop(steps: np.ndarray, rounds: int, config: AutotuneConfig, elapsed_s: float) -> str | None:
     """Why measuring ends after this round (``steps`` f64[K, R]: each candidate's step in each round so far), or None:
     ``alone`` (one candidate: nothing to choose between, one reading for the record), ``leader`` (from round
     ``min_rounds``, one leads beyond the noise), ``budget`` (``budget_s`` spent)."""
@@ -228,7 +229,7 @@ def _stop(steps: np.ndarray, rounds: int, config: AutotuneConfig, started: float
         return "alone"
     if rounds >= config.min_rounds and _leads(steps, int(np.argmin(np.median(steps, axis=1)))):
         return "leader"
-    if time.perf_counter() - started > config.budget_s:
+    if elapsed_s > config.budget_s:
         return "budget"
     return None
 
@@ -292,23 +293,76 @@ def available_bytes() -> int | None:
 MEMORY_SHARE = 0.8  # of the available memory, what one candidate's ranks may take together
 
 
-def autotune_steps(task_plans: list[Entrant], model: CostModel, config: AutotuneConfig) -> tuple[Plan, AutotuneRecord]:
-    """The fastest of ``task_plans`` in full training steps: each round runs every candidate on its own set of gloo
-    ranks in DistributedModelParallel (``training_steps.dmp_steps``: one candidate's modules at a time, built, timed
-    for ``steps`` steps after ``step_warmup``, freed with its processes), the candidates' order rotated per round; a
-    rank per core where the machine has them (the record says whether). A candidate whose ranks would not fit this
-    machine's memory is not started; one that fails (out of memory, a collective error) is dropped with one line and
-    the others go on. Rounds stop as ``autotune_kernels``' do; the least median step wins."""
-    started = time.perf_counter()
+class StepRunner(Protocol):
+    """Where ``autotune_steps`` runs its candidates' training steps: gloo ranks started on this machine
+    (``LocalRanks``), or every rank of a live process group (``torchrec.group_steps.GroupSteps``: each rank runs
+    ``autotune_steps`` with the same candidates, so every answer must be the same on every rank)."""
+
+    device: str  # the ranks' compute device
+    pinned: bool  # each rank has a core (or a GPU) of its own: balance shows in the step
+
+    def admits(self, plan: Plan) -> str | None:
+        """Why ``plan``'s ranks would not fit the memory they have, or None."""
+
+    def step_ms(self, plan: Plan, warmup: int, steps: int) -> float:
+        """The median over ``steps`` timed steps (after ``warmup``) of the slowest rank's step; UserError (one line)
+        where the candidate fails."""
+
+    def elapsed_s(self) -> float:
+        """Wall seconds since the measuring started."""
+
+    def says(self) -> bool:
+        """Whether this process reports progress (one process of the ranks)."""
+
+
+class LocalRanks:
+    """``StepRunner`` of gloo ranks started on this machine for each candidate (``training_steps.dmp_steps``), a
+    core per rank where the machine has them (``pin``: None or True pins where it can, False never)."""
+
+    device = "cpu"
+
+    def __init__(self, world: int, config: AutotuneConfig):
+        self.cores = rank_cores(world) if config.pin is not False else None
+        self.pinned = self.cores is not None
+        self.room = available_bytes()
+        self.timeout_s = config.timeout_s
+        self.started = time.perf_counter()
+
+    def admits(self, plan: Plan) -> str | None:
+        need = sum(part.total for part in plan.memory())
+        if self.room is not None and need > MEMORY_SHARE * self.room:
+            room = self.room / GIB_BYTES
+            return f"its ranks need {need / GIB_BYTES:.1f} GiB, this machine has {room:.1f} GiB available"
+        return None
+
+    def step_ms(self, plan: Plan, warmup: int, steps: int) -> float:
+        [result] = dmp_steps([plan], warmup, steps, self.timeout_s, self.cores)
+        return float(result["step_ms"])
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.started
+
+    def says(self) -> bool:
+        return True
+
+
+def autotune_steps(
+    task_plans: list[Entrant], config: AutotuneConfig, runner: StepRunner | None = None
+) -> tuple[Plan, AutotuneRecord]:
+    """The fastest of ``task_plans`` in full training steps: each round runs every candidate in
+    DistributedModelParallel on ``runner``'s ranks (default ``LocalRanks``: gloo ranks started here, one candidate's
+    modules at a time, built, timed for ``steps`` steps after ``step_warmup``, freed), the candidates' order rotated
+    per round. A candidate whose ranks would not fit their memory is not started; one that fails (out of memory, a
+    collective error) is dropped with one line and the others go on. Rounds stop as ``autotune_kernels``' do; the
+    least median step wins."""
     entrants, dropped, alias = _distinct(task_plans)
-    world = entrants[0].plan.task.num_devices
-    cores = rank_cores(world) if config.pin is not False else None
-    room = available_bytes()
+    runner = runner or LocalRanks(entrants[0].plan.task.num_devices, config)
+    warn = logger.warning if runner.says() else logger.debug
     runs: dict[str, list[float]] = {}
     for entrant in entrants:
-        need = sum(part.total for part in entrant.plan.memory())
-        if room is not None and need > MEMORY_SHARE * room:
-            why = f"its ranks need {need / GIB_BYTES:.1f} GiB, this machine has {room / GIB_BYTES:.1f} GiB available"
+        why = runner.admits(entrant.plan)
+        if why is not None:
+            warn(f"autotune: {entrant.name} not started: {why}")
             dropped.append(MeasuredCandidate(name=entrant.name, kept=False, why=why))
         else:
             runs[entrant.name] = []
@@ -318,20 +372,21 @@ def autotune_steps(task_plans: list[Entrant], model: CostModel, config: Autotune
         names = list(runs)
         for name in names[r % len(names) :] + names[: r % len(names)] if names else []:
             try:
-                [result] = dmp_steps([by_name[name].plan], config.step_warmup, config.steps, config.timeout_s, cores)
+                ms = runner.step_ms(by_name[name].plan, config.step_warmup, config.steps)
             except UserError as err:  # this candidate fails here: dropped, the others go on
                 why = first_line(err)
-                logger.warning(f"autotune: {name} dropped: {why}")
+                warn(f"autotune: {name} dropped: {why}")
                 dropped.append(MeasuredCandidate(name=name, kept=False, why=why))
                 del runs[name]
                 continue
-            runs[name].append(float(result["step_ms"]))
+            runs[name].append(ms)
         if not runs:
             raise UserError(f"autotune=steps: no candidate ran ({'; '.join(str(d.why) for d in dropped)})")
         rounds = r + 1
         steps = np.array([runs[name] for name in runs])
-        progress(rounds, config.rounds, [by_name[n] for n in runs], steps)
-        stopped = _stop(steps, rounds, config, started) or stopped
+        if runner.says():
+            progress(rounds, config.rounds, [by_name[n] for n in runs], steps)
+        stopped = _stop(steps, rounds, config, runner.elapsed_s()) or stopped
         if stopped != "rounds":
             break
     names = list(runs)
@@ -358,11 +413,11 @@ def autotune_steps(task_plans: list[Entrant], model: CostModel, config: Autotune
         vs_torchrec_default=None if default is None else float(min(medians) / default),
         rounds=rounds,
         stopped=stopped,
-        devices=world,
-        seconds=time.perf_counter() - started,
+        devices=entrants[0].plan.task.num_devices,
+        seconds=runner.elapsed_s(),
         warmup=config.step_warmup,
         iters=config.steps,
-        device="cpu",
-        pinned=cores is not None,
+        device=runner.device,
+        pinned=runner.pinned,
     )
     return dataclasses.replace(by_name[best].plan, autotune=record), record

@@ -42,7 +42,7 @@ from neuroshard_jax.kernels.torchrec_export import ExportConfig, export_torchrec
 from neuroshard_jax.measure.evaluator import device_tables
 
 
-def _worker_tables(plan: Plan, names: list[str]) -> tuple[TorchRecTable, ...]:
+def torchrec_tables(plan: Plan, names: list[str]) -> tuple[TorchRecTable, ...]:
     """The tables, named as the exported plans name them, each with its ``stream``: the worker's form of the whole
     table, as the evaluator's kernels take it (``measure.evaluator.device_tables``: a pool id, or its spec seeded by
     its id)."""
@@ -107,7 +107,7 @@ def dmp_steps(
         exported = [export_torchrec(plan, path, config)[0] for plan, path in zip(plans, paths)]
         names = [t.name for t in exported[0].tables]  # the names the exported plans use
         pool = task.pool.to_json() if task.pool is not None else None
-        request = StepsJob(_worker_tables(plans[0], names), task.batch_size, tuple(paths), steps, pool, warmup)
+        request = StepsJob(torchrec_tables(plans[0], names), task.batch_size, tuple(paths), steps, pool, warmup)
         ranks = _run_ranks("torchrec-steps", request, world, tmp, timeout_s, "steps", cores)
     out = []
     for p in range(len(plans)):
@@ -141,7 +141,7 @@ def dmp_memory(plan: Plan, steps: int = 3, timeout_s: float = 1800.0) -> list[di
     with tempfile.TemporaryDirectory(prefix="neuroshard-memory-") as tmp:
         tmp = Path(tmp)
         exported = export_torchrec(plan, str(tmp / "plan.pt"), ExportConfig(device="cpu", compute_kernel="fused"))[0]
-        tables = _worker_tables(plan, [t.name for t in exported.tables])
+        tables = torchrec_tables(plan, [t.name for t in exported.tables])
         pool = task.pool.to_json() if task.pool is not None else None
         request = StepsJob(tables, task.batch_size, (str(tmp / "plan.pt"),), steps, pool, optimizer=optimizer.name)
         ranks = _run_ranks("torchrec-memory", request, world, tmp, timeout_s, "memory run")

@@ -153,10 +153,22 @@ def autotune_plan(plan: Plan, candidates: dict[str, Plan], model: CostModel, con
     kernels (``autotune_kernels``) or in training steps (``autotune_steps``). The returned plan keeps the search's
     records (portfolio, calibration) and adds the autotune record."""
     entrants = candidate_plans(plan, candidates, model, config, seed)
-    measure = autotune_steps if config.name == "steps" else autotune_kernels
-    chosen, _ = measure(entrants, model, config)
+    if config.name == "steps":
+        chosen, _ = autotune_steps(entrants, config)
+    else:
+        chosen, _ = autotune_kernels(entrants, model, config)
+    return searched_records(chosen, plan, seed)
+
+
+def searched_records(chosen: Plan, searched: Plan, seed: int) -> Plan:
+    """The measured choice ``chosen`` with the search's records (portfolio, calibration, seed, search time) of
+    ``searched``, the plan the search kept."""
     return dataclasses.replace(
-        chosen, portfolio=plan.portfolio, calibration=plan.calibration, seed=seed, search_time_s=plan.search_time_s
+        chosen,
+        portfolio=searched.portfolio,
+        calibration=searched.calibration,
+        seed=seed,
+        search_time_s=searched.search_time_s,
     )
 
 

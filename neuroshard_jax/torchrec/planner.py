@@ -51,8 +51,18 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import format_plan
 from neuroshard_jax.core.progress import progress_bar
 from neuroshard_jax.core.schema import row_blocks_json
+from neuroshard_jax.core.task import Task
+from neuroshard_jax.costs.scoring import with_costs
 from neuroshard_jax.kernels.torchrec_format import module_plan
-from neuroshard_jax.search.sharding_planner import Planner, planner_from
+from neuroshard_jax.measure.autotune import AutotuneConfig, Entrant, autotune_steps, first_line
+from neuroshard_jax.search.sharding_planner import (
+    Planned,
+    Planner,
+    candidate_plans,
+    planner_from,
+    searched_records,
+)
+from neuroshard_jax.torchrec.group_steps import GroupSteps
 from neuroshard_jax.workloads.builders import task_from_tables
 from neuroshard_jax.workloads.statistics import (
     DEFAULT_ZIPF,
@@ -315,14 +325,14 @@ class NeuroShardPlanner(ShardingPlanner):
             return float(self.pooling_factors[name])
         return float(sum(self.pooling_factors.get(f, POOLING_FACTOR) for f in config.feature_names))
 
-    def plan(self, module: torch.nn.Module, sharders: list | None = None) -> ShardingPlan:
-        """Plan every EmbeddingBagCollection of ``module``; ``sharders``: TorchRec's (their EBC sharder, if any,
-        builds the parameter shardings)."""
+    def task(self, module: torch.nn.Module, sharders: list | None = None) -> Task:
+        """Our task of the module's tables: their specs and statistics, the topology's devices, the planning batch,
+        the tables' optimizer and the memory held back."""
         specs, precision = self.tables(module)
         caps = self.device_mem_gb()
         devices = None if len(set(caps)) == 1 else [{"mem_cap_gb": c} for c in caps]
         optimizer = self.optimizer or declared_optimizer(module, sharders) or "exact_sgd"
-        task = task_from_tables(
+        return task_from_tables(
             specs,
             len(caps),
             max(caps),
@@ -334,8 +344,16 @@ class NeuroShardPlanner(ShardingPlanner):
             optimizer,
             self.reserve(),
         )
-        planned = self.planner.run(task)
-        ours = planned.plan
+
+    def plan(self, module: torch.nn.Module, sharders: list | None = None) -> ShardingPlan:
+        """Plan every EmbeddingBagCollection of ``module``; ``sharders``: TorchRec's (their EBC sharder, if any,
+        builds the parameter shardings)."""
+        planned = self.planner.run(self.task(module, sharders))
+        self._said(planned)
+        return self._chosen(module, planned.plan, sharders)
+
+    def _said(self, planned: Planned) -> None:
+        """The model's choice, its warnings (at WARNING) and the model's depth, logged while ``verbose``."""
         if self.verbose:
             choice = planned.choice
             if choice.instead:
@@ -344,6 +362,9 @@ class NeuroShardPlanner(ShardingPlanner):
             depth = planned.depth_warning()
             if depth:
                 logger.warning("%s", depth)
+
+    def _chosen(self, module: torch.nn.Module, ours: Plan, sharders: list | None) -> ShardingPlan:
+        """``ours`` kept as ``last_plan``, logged at INFO while ``verbose``, as TorchRec's ``ShardingPlan``."""
         self.last_plan = ours
         if self.verbose:
             logger.info("%s", format_plan(ours.to_json()))
@@ -369,19 +390,88 @@ class NeuroShardPlanner(ShardingPlanner):
             )
         return ShardingPlan(modules)
 
-    def collective_plan(self, module: torch.nn.Module, sharders: list | None = None, pg=None) -> ShardingPlan:
-        """Plan on rank 0 of ``pg`` (default: the world) and broadcast the plan to every rank."""
+    def collective_plan(
+        self,
+        module: torch.nn.Module,
+        sharders: list | None = None,
+        pg=None,
+        batches: Iterable | None = None,
+        candidates: Mapping[str, Plan] | None = None,
+    ) -> ShardingPlan:
+        """Plan on rank 0 of ``pg`` (default: the world) and return the plan on every rank.
+
+        With ``autotune="steps"`` every rank of ``pg`` takes part in choosing it (``group_steps``): rank 0 searches
+        and names the candidates (the portfolio's best, TorchRec's default and table-wise + column-wise plans, and
+        ``candidates``: plans of your own, e.g. the one you train with today, by name), every rank builds each in
+        DistributedModelParallel on ``pg`` and times training steps of it on ``batches`` (this rank's
+        KeyedJaggedTensors; default: drawn from the statistics), and the fastest slowest-rank step wins, the same
+        plan on every rank. ``last_plan.autotune`` records every candidate, measured or dropped and why."""
         if pg is None:
             if not dist.is_initialized():
                 raise UserError("collective_plan: torch.distributed is not initialised, expected a process group")
             pg = dist.GroupMember.WORLD
-        result = invoke_on_rank_and_broadcast_result(pg, 0, self._plan_or_error, module, sharders)
-        if isinstance(result, Exception):  # rank 0 failed: every rank raises it, none waits forever
-            raise result
-        return result
+        steps = self.planner.autotune.name == "steps"
+        if not steps and (batches is not None or candidates):
+            given = "batches" if batches is not None else "candidates"
+            raise UserError(f"{given}: given with autotune={self.planner.autotune.name!r}, expected autotune='steps'")
+        if not steps:
+            result = invoke_on_rank_and_broadcast_result(pg, 0, self._plan_or_error, module, sharders)
+            if isinstance(result, Exception):  # rank 0 failed: every rank raises it, none waits forever
+                raise result
+            return result
+        found = invoke_on_rank_and_broadcast_result(pg, 0, self._candidates_or_error, module, sharders, candidates)
+        if isinstance(found, Exception):
+            raise found
+        searched = Plan.from_json(found[0])
+        entrants = [Entrant(name, None if plan is None else Plan.from_json(plan), why) for name, plan, why in found[1]]
+        device = torch.device("cuda", torch.cuda.current_device()) if self.planner.device == "cuda" else None
+        runner = GroupSteps(
+            table_configs(module),
+            lambda plan: self.to_sharding_plan(module, plan, sharders),
+            pg,
+            device or torch.device("cpu"),
+            searched.task.training.optimizer,
+            sharders,
+            batches,
+        )
+        chosen, _ = autotune_steps(entrants, self.planner.autotune, runner)
+        ours = searched_records(chosen, searched, self.seed)
+        if runner.says():  # rank 0 logs the plan and the candidates' table, as ``plan`` does
+            return self._chosen(module, ours, sharders)
+        self.last_plan = ours
+        return self.to_sharding_plan(module, ours, sharders)
 
     def _plan_or_error(self, module: torch.nn.Module, sharders: list | None):
         try:
             return self.plan(module, sharders)
         except (UserError, InfeasibleError) as err:
             return err
+
+    def _candidates_or_error(
+        self, module: torch.nn.Module, sharders: list | None, candidates: Mapping[str, Plan] | None
+    ) -> tuple[dict, list[tuple[str, dict | None, str | None]]] | Exception:
+        """Rank 0's search and the candidates autotune measures (the search's, then ``candidates``, each priced
+        by the search's model), as plan.json objects every rank reads back."""
+        try:
+            planned = dataclasses.replace(self.planner, autotune=AutotuneConfig()).run(self.task(module, sharders))
+            self._said(planned)
+            config, model = self.planner.autotune, planned.cost_model
+            found = candidate_plans(planned.plan, planned.candidates, model, config, self.seed)
+            for name, plan in (candidates or {}).items():
+                found.append(self._own_candidate(name, plan, planned))
+        except (UserError, InfeasibleError) as err:
+            return err
+        return planned.plan.to_json(), [(e.name, None if e.plan is None else e.plan.to_json(), e.why) for e in found]
+
+    @staticmethod
+    def _own_candidate(name: str, plan, planned: Planned) -> Entrant:
+        """The caller's candidate ``name`` priced by the search's model, or an entrant without a plan, and why."""
+        if not isinstance(plan, Plan):
+            return Entrant(name, None, f"got {type(plan).__name__}, expected a neuroshard_jax Plan")
+        if plan.task.num_devices != planned.plan.task.num_devices:
+            why = f"a plan for {plan.task.num_devices} devices, the group has {planned.plan.task.num_devices}"
+            return Entrant(name, None, why)
+        try:
+            return Entrant(name, dataclasses.replace(with_costs(planned.cost_model, plan), searcher=name))
+        except (UserError, ValueError) as err:
+            return Entrant(name, None, first_line(err))

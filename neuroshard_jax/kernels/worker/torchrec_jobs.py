@@ -245,7 +245,7 @@ def torchrec_steps(rank: int, world: int, init: str, request_path: str, out_path
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    features = _rank_features(request, rank, world)
+    features = rank_features(request.tables, request.pool, request.batch_size, rank, world)
     models, dense = [], []
     for path in request.plans:
         root = embedding_bag_collection(request.tables, "meta")
@@ -274,22 +274,24 @@ def torchrec_steps(rank: int, world: int, init: str, request_path: str, out_path
     leave_rank()
 
 
-def _rank_features(request: StepsJob, rank: int, world: int):
+def rank_features(
+    tables: Sequence[TorchRecTable], pool: dict | None, batch: int, rank: int, world: int, keys: Sequence[str] = ()
+):
     """This rank's KeyedJaggedTensor: bags [rank * b, (rank + 1) * b) of every table's stream at the global batch
-    (b = batch / world), the slice the evaluator's data-parallel kernel also measures for rank 0."""
+    (b = batch / world), the slice the evaluator's data-parallel kernel also measures for rank 0; keyed by ``keys``
+    (one per table; default the tables' names)."""
     import torch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    batch = request.batch_size
     local = batch // world
     values, lengths = [], []
-    for i, table in enumerate(request.tables):
-        _, _, (indices, offsets) = table_stream(table.stream, request.pool, batch, f"table {i}")
+    for i, table in enumerate(tables):
+        _, _, (indices, offsets) = table_stream(table.stream, pool, batch, f"table {i}")
         lo, hi = offsets[rank * local], offsets[(rank + 1) * local]
         values.append(indices[lo:hi])
         lengths.append(np.diff(offsets[rank * local : (rank + 1) * local + 1]))
     return KeyedJaggedTensor.from_lengths_sync(
-        keys=[t.name for t in request.tables],
+        keys=list(keys) or [t.name for t in tables],
         values=torch.from_numpy(np.concatenate(values).astype(np.int64)),
         lengths=torch.from_numpy(np.concatenate(lengths).astype(np.int32)),
     )
@@ -304,7 +306,7 @@ def _local_tensors(model) -> list:
     return out
 
 
-def _optimizer_class(name: str):
+def optimizer_class(name: str):
     """The optimizer class ``apply_optimizer_in_backward`` takes for FBGEMM's ``name`` (TorchRec maps it back)."""
     import torch
     from torchrec import optim as trec_optim
@@ -346,9 +348,9 @@ def torchrec_memory(rank: int, world: int, init: str, request_path: str, out_pat
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    features = _rank_features(request, rank, world)
+    features = rank_features(request.tables, request.pool, request.batch_size, rank, world)
     root = embedding_bag_collection(request.tables, "meta")
-    apply_optimizer_in_backward(_optimizer_class(request.optimizer), root.parameters(), {"lr": 0.01})
+    apply_optimizer_in_backward(optimizer_class(request.optimizer), root.parameters(), {"lr": 0.01})
     [plan_path] = request.plans
     plan = torch.load(plan_path, weights_only=False)
     gc.collect()
