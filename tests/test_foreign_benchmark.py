@@ -71,6 +71,28 @@ def test_report_ratios_wins_bounds_and_errors_by_hand():
     assert beam.mean_time_s == 2.0 and beam.mean_measurements == 6
 
 
+def test_geometric_means_and_the_worst_task_against_the_better_torchrec_plan_in_compute_and_in_step():
+    class _Task:
+        num_devices = 4
+
+    tasks = {k: ("f", _Task()) for k in ("d4-00", "d4-01")}
+
+    def entry(slowest, step):
+        return {**_entry([slowest, 1, 1, 1]), "step": step}
+
+    by_task = {  # (a) the slowest device's compute; (b) ``step``: with the collectives priced alike
+        "d4-00": {"torchrec": entry(10, 20), "torchrec_default": entry(8, 30), "portfolio": entry(4, 15)},
+        "d4-01": {"torchrec": entry(5, 10), "torchrec_default": entry(10, 10), "portfolio": entry(5, 11)},
+    }
+    ours = fb.summarise(by_task, tasks, tie=0.03)[4]["searchers"]["portfolio"]
+    assert ours.geo_vs_torchrec == pytest.approx((4 / 10 * 5 / 5) ** 0.5)
+    assert ours.geo_vs_torchrec_default == pytest.approx((4 / 8 * 5 / 10) ** 0.5)
+    assert ours.worst_vs_better_torchrec == pytest.approx(1.0)  # d4-01: TW+CW's 5
+    assert ours.step_geo_vs_torchrec == pytest.approx((15 / 20 * 11 / 10) ** 0.5)
+    assert ours.step_geo_vs_torchrec_default == pytest.approx((15 / 30 * 11 / 10) ** 0.5)
+    assert ours.step_worst_vs_better_torchrec == pytest.approx(1.1)  # d4-01: 11 against the better 10
+
+
 def test_plan_ranking_counts_only_pairs_apart_by_more_than_the_tie():
     assert ranking_tau([(1.0, 10.0), (2.0, 20.0), (3.0, 30.0)], 0.03) == 1.0
     assert ranking_tau([(3.0, 10.0), (2.0, 20.0), (1.0, 30.0)], 0.03) == -1.0

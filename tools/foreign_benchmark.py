@@ -73,7 +73,7 @@ from neuroshard_jax.costs.choice import (
     make_cost_model,
     neural_checkpoint,
 )
-from neuroshard_jax.costs.cost_model import expected_cost_model
+from neuroshard_jax.costs.cost_model import expected_cost_model, plan_cost_ms
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import ExecutorConfig, map_requests, open_executor
 from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest
@@ -81,7 +81,7 @@ from neuroshard_jax.learn.metrics import noise_floor, ranking_tau
 from neuroshard_jax.measure.calibration import CalibrateConfig, calibrate, predicted_compute_ms, sample_devices, whole
 from neuroshard_jax.measure.drift import references
 from neuroshard_jax.measure.evaluator import EvaluateConfig, device_key, device_request, device_tables, plan_kernels
-from neuroshard_jax.measure.polish import POLISHED, PolishConfig, polish_plan
+from neuroshard_jax.measure.polish import POLISHED, PolishConfig, polish_plan, simulate
 from neuroshard_jax.search.pipeline import search_plan
 from searchers import make_searcher
 
@@ -675,6 +675,8 @@ def report(
                     if len(runs) > 1 and statistics.median(runs) > 0:
                         spread.append((max(runs) - min(runs)) / 2 / statistics.median(runs))
             entry.update(predicted=predicted, measured=compute, noise=max(spread) if spread else None)
+            if None not in compute:  # (b): the measured compute with the plan's collectives priced by the model
+                entry["step"] = float(np.asarray(plan_cost_ms(simulate(scorer, [plan], np.array([compute]))))[0])
             if row["task"] in factors:  # the model calibrated on this task's own tables in this session
                 entry["calibrated"] = [p * factors[row["task"]] for p in predicted]
             if drift:  # the model at the machine's speed of this run
@@ -727,6 +729,14 @@ class SearcherStats:
 
     slowest_vs_torchrec: float | None
     slowest_vs_torchrec_default: float | None
+    # geometric means over tasks, and the worst task against the better of TorchRec's two plans: (a) the slowest
+    # device's compute; (b) ``step``: that compute with every plan's collectives priced alike by the model
+    geo_vs_torchrec: float | None
+    geo_vs_torchrec_default: float | None
+    worst_vs_better_torchrec: float | None
+    step_geo_vs_torchrec: float | None
+    step_geo_vs_torchrec_default: float | None
+    step_worst_vs_better_torchrec: float | None
     slowest_over_mean_device: float | None
     slowest_vs_bound: float | None
     mean_time_s: float | None
@@ -760,6 +770,7 @@ def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
         for t in complete:
             entries = by_task[t]
             slow = {s: max(e["measured"]) for s, e in entries.items() if "measured" in e}
+            steps = {s: e["step"] for s, e in entries.items() if "step" in e}
             if "torchrec" not in slow or not slow:
                 continue
             tau = ranking_tau([(max(e["predicted"]), slow[s]) for s, e in entries.items() if "measured" in e], tie)
@@ -775,7 +786,9 @@ def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
                     {"ratio": [], "bound": [], "time": [], "measurements": [], "wins": 0, "infeasible": 0, "failed": 0}
                     | {"ape": [], "over2x": 0, "vs_greedy": 0, "greedy_tasks": 0, "signed": []}
                     | {"ape_cal": [], "signed_cal": [], "over2x_cal": 0, "ratio_default": [], "max_over_mean": []}
-                    | {"ape_drift": [], "signed_drift": [], "worst": []},
+                    | {"ape_drift": [], "signed_drift": [], "worst": []}
+                    | {"log_tw": [], "log_default": [], "vs_better": []}
+                    | {"step_log_tw": [], "step_log_default": [], "step_vs_better": []},
                 )
                 if "measured" not in e:
                     stats["infeasible" if "infeasible" in e else "failed"] += 1
@@ -783,6 +796,11 @@ def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
                 stats["ratio"].append(slow[s] / slow["torchrec"])
                 if "torchrec_default" in slow:  # TorchRec's planner with its default sharding types
                     stats["ratio_default"].append(slow[s] / slow["torchrec_default"])
+                for what, of in (("", slow), ("step_", steps)):
+                    if s in of and "torchrec" in of and "torchrec_default" in of:
+                        stats[f"{what}log_tw"].append(np.log(of[s] / of["torchrec"]))
+                        stats[f"{what}log_default"].append(np.log(of[s] / of["torchrec_default"]))
+                        stats[f"{what}vs_better"].append(of[s] / min(of["torchrec"], of["torchrec_default"]))
                 stats["max_over_mean"].append(slow[s] / (sum(e["measured"]) / devices))
                 stats["bound"].append(slow[s] / bound)
                 stats["time"].append(e["time_s"])
@@ -833,6 +851,12 @@ def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
                 s: SearcherStats(
                     slowest_vs_torchrec=_mean(v["ratio"]),
                     slowest_vs_torchrec_default=_mean(v["ratio_default"]),
+                    geo_vs_torchrec=_geo(v["log_tw"]),
+                    geo_vs_torchrec_default=_geo(v["log_default"]),
+                    worst_vs_better_torchrec=max(v["vs_better"], default=None),
+                    step_geo_vs_torchrec=_geo(v["step_log_tw"]),
+                    step_geo_vs_torchrec_default=_geo(v["step_log_default"]),
+                    step_worst_vs_better_torchrec=max(v["step_vs_better"], default=None),
                     slowest_over_mean_device=_mean(v["max_over_mean"]),
                     slowest_vs_bound=_mean(v["bound"]),
                     mean_time_s=_mean(v["time"]),
@@ -908,8 +932,34 @@ def print_summary(summary: dict) -> None:
             )
 
 
+def print_geometric(summary: dict) -> None:
+    """Per device count, each searcher's geometric means against TorchRec TW+CW and default, and its worst task
+    against the better of the two: (a) the slowest device's compute, (b) with the collectives priced alike."""
+    for devices, s in ((k, v) for k, v in summary.items() if k not in ("noise", "calibration", "drift")):
+        print(f"\n{devices} devices, geometric means over the tasks with both TorchRec plans measured:")
+        print(
+            f"{'searcher':24s} {'(a) /tw+cw':>11s} {'/default':>9s} {'worst/best':>10s} "
+            f"{'(b) /tw+cw':>11s} {'/default':>9s} {'worst/best':>10s}"
+        )
+        for name, v in sorted(s["searchers"].items(), key=lambda kv: kv[1].step_geo_vs_torchrec or 9):
+            print(
+                f"{name:24s} {_ratio(v.geo_vs_torchrec):>11s} {_ratio(v.geo_vs_torchrec_default):>9s} "
+                f"{_ratio(v.worst_vs_better_torchrec):>10s} {_ratio(v.step_geo_vs_torchrec):>11s} "
+                f"{_ratio(v.step_geo_vs_torchrec_default):>9s} {_ratio(v.step_worst_vs_better_torchrec):>10s}"
+            )
+
+
+def _ratio(x) -> str:
+    return "-" if x is None else f"{x:.3f}x"
+
+
 def _mean(values: list) -> float | None:
     return float(np.mean(values)) if values else None
+
+
+def _geo(logs: list) -> float | None:
+    """The geometric mean of ratios given as their logs."""
+    return float(np.exp(np.mean(logs))) if logs else None
 
 
 def _pct(x) -> str:
@@ -1025,6 +1075,7 @@ def main(suite: Suite = FOREIGN, description: str = __doc__) -> None:
                 suite, out, args.model, options, args.tie, only, args.session, only_searchers, args.calibration
             )
             print_summary(summary)
+            print_geometric(summary)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
