@@ -340,6 +340,10 @@ def _task_json(**changes):
         (_task_json(table_bins=[1.0] * 5 + [0.0] * 12), "tables[0].bins: the shares sum to 5"),
         (_task_json(table_bins=[0.0] * 17), "tables[0].bins: the shares sum to 0, expected 1"),
         (_task_json(table_bins=[0.0] * 17, table_pooling_factor=0.0, num_devices="2"), "task.num_devices: got '2'"),
+        # the search's arrays grow with the devices: refused before anything is allocated (100,000 grew past 12 GB)
+        (_task_json(num_devices=100_000), "task.num_devices: got 100000, expected an integer >= 1 and <= 4096"),
+        (_task_json(devices=[{"mem_cap_gb": 1.0}] * 5000), "task.devices: got 5000 devices, expected at most 4096"),
+        (_task_json(table_id=1), "tables[1].id: got 1, expected ids unique within a task"),
     ],
 )
 def test_a_bad_task_file_is_one_line(obj, fragment):
@@ -355,6 +359,10 @@ def test_accepted_task_files():
     Task.from_json(_task_json(table_bins=bins))
     Task.from_json(_task_json(table_bins=[0.0] * 17, table_pooling_factor=0.0))
     assert Task.from_json(_task_json(table_size=123)).tables[0].rows == 1000
+    unnumbered = _task_json()
+    for table in unnumbered["tables"]:
+        del table["id"]  # a table's id is its place in the list where the file gives none
+    assert [t.id for t in Task.from_json(unnumbered).tables] == [0, 1]
 
 
 # --- 7. one device sends nothing --------------------------------------------------------------------------

@@ -493,7 +493,7 @@ def measure_all(
 
             if requests:
                 map_requests(requests, record, config.executor, config.device, config.timeout_s, pin=config.pin)
-                labels_retimed = sum("drift" in r for r in requests)
+                labels_retimed = sum("drift" in r.tags for r in requests)
                 again = f" and {labels_retimed} labels re-timed" if labels_retimed else ""
                 print(
                     f"repeat {repeat} {task_id}: {len(requests) - labels_retimed} devices measured{again}", flush=True

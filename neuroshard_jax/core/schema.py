@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from neuroshard_jax.core.config import bounded, typed, typed_value
-from neuroshard_jax.core.constants import DIM_ALIGNMENT, MAX_CAP_GB
+from neuroshard_jax.core.constants import DIM_ALIGNMENT, MAX_CAP_GB, MAX_DEVICES
 from neuroshard_jax.core.constraints import SHARDING_TYPES, TableConstraints
 from neuroshard_jax.core.devices import Device, Links
 from neuroshard_jax.core.errors import UserError
@@ -39,7 +39,7 @@ class TaskFile:
 
     # a field left out stays None (an explicit null is refused with the field's type)
     devices: tuple[Device, ...] | None = None
-    num_devices: int = bounded(at_least=1, default=None)
+    num_devices: int = bounded(at_least=1, at_most=MAX_DEVICES, default=None)
     mem_cap_gb: float = bounded(above=0, at_most=MAX_CAP_GB, default=None)
     batch_size: int = bounded(at_least=1, default=None)
     precision: str = "fp32"
@@ -54,10 +54,10 @@ class TaskFile:
 class TableFile:
     """A table object of a task file (constraints: ``core.constraints``)."""
 
-    id: int = bounded(at_least=0)
     rows: int = bounded(at_least=1)
     dim: int = bounded(at_least=DIM_ALIGNMENT)
     pooling_factor: float = bounded(at_least=0)
+    id: int | None = bounded(at_least=0, default=None)  # absent: the table's place in the task's list
     # 17 shares (``_checked_bins``), given as ``bins`` or as bin_0 .. bin_16 (``_bins_field``)
     bins: tuple[float, ...] = bounded(at_least=0, at_most=1, default=())
     name: str | None = None
@@ -126,6 +126,8 @@ def devices_of(raw: TaskFile, where: str) -> list[Device]:
     devices = list(raw.devices)
     if not devices:
         raise UserError(f"{where}.devices: got [], expected a non-empty list like [{{'mem_cap_gb': 16, 'speed': 1.0}}]")
+    if len(devices) > MAX_DEVICES:
+        raise UserError(f"{where}.devices: got {len(devices)} devices, expected at most {MAX_DEVICES}")
     if raw.num_devices is not None and raw.num_devices != len(devices):
         raise UserError(f"{where}.num_devices: got {raw.num_devices!r}, expected {len(devices)} (the devices given)")
     largest = max(d.mem_cap_gb for d in devices)
@@ -181,8 +183,9 @@ def table_where(obj: Any, index: int, where: str) -> str:
     return f"{where}.tables[{name!r}]" if isinstance(name, str) and name else f"{where}.tables[{index}]"
 
 
-def table_from_json(obj: dict, where: str) -> Table:
-    """A table object of a task file (a mapping, ``TaskFile.tables``' elements), parsed and checked."""
+def table_from_json(obj: dict, where: str, index: int = 0) -> Table:
+    """A table object of a task file (a mapping, ``TaskFile.tables``' elements, the ``index``-th), parsed and
+    checked; without an ``id``, its id is ``index``."""
     fields = {k: v for k, v in obj.items() if k not in BIN_KEYS}
     raw = typed(TableFile, {**fields, "bins": _bins_field(obj, where)}, where, ignore=IGNORED)
     if not is_legal_dim(raw.dim):
@@ -190,7 +193,9 @@ def table_from_json(obj: dict, where: str) -> Table:
     bins = _checked_bins(raw.bins, raw.pooling_factor, f"{where}.bins")
     if raw.name == "":
         raise UserError(f"{where}.name: got '', expected a non-empty string")
-    table = Table(raw.id, raw.rows, raw.dim, raw.pooling_factor, bins, raw.name, raw.estimated)
+    table = Table(
+        index if raw.id is None else raw.id, raw.rows, raw.dim, raw.pooling_factor, bins, raw.name, raw.estimated
+    )
     blocks = row_blocks_of(raw.row_blocks, raw.rows, raw.pooling_factor, f"{where}.row_blocks")
     return dataclasses.replace(table, row_blocks=blocks, constraints=_constraints_of(raw, where))
 

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from neuroshard_jax.core.config import plain, typed
-from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, GIB_BYTES, MAX_CAP_GB
+from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, GIB_BYTES, MAX_CAP_GB, MAX_DEVICES
 from neuroshard_jax.core.devices import Device, Links
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import feature_matrix
@@ -98,8 +98,8 @@ class Task:
 
     def __post_init__(self):
         object.__setattr__(self, "devices", tuple(self.devices))
-        if not self.devices:
-            raise ValueError("task: no devices, expected at least one")
+        if not 1 <= len(self.devices) <= MAX_DEVICES:
+            raise ValueError(f"task: {len(self.devices)} devices, expected 1..{MAX_DEVICES}")
         if any(not (0 < d.mem_cap_gb <= MAX_CAP_GB and d.speed > 0) for d in self.devices):
             raise ValueError(f"task: device caps must be in (0, {MAX_CAP_GB}] GiB and speeds > 0, got {self.devices}")
         if self.links is not None:
@@ -331,7 +331,7 @@ class Task:
             given = raw.tables if raw.tables is None else list(raw.tables)
             raise UserError(f"{where}.tables: got {given!r:.60}, expected a non-empty list of tables")
         at = [table_where(t, i, where) for i, t in enumerate(raw.tables)]
-        tables = tuple(table_from_json(t, at[i]) for i, t in enumerate(raw.tables))
+        tables = tuple(table_from_json(t, at[i], i) for i, t in enumerate(raw.tables))
         seen: set[int] = set()
         names: set[str] = set()
         for i, t in enumerate(tables):

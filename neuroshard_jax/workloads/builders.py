@@ -10,7 +10,14 @@ from typing import Any
 import numpy as np
 
 from neuroshard_jax.core.config import bounded, check_bounds, typed
-from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, DIM_ALIGNMENT, GIB_BYTES, MAX_CAP_GB, TASK_DIMS
+from neuroshard_jax.core.constants import (
+    BYTES_PER_ELEMENT,
+    DIM_ALIGNMENT,
+    GIB_BYTES,
+    MAX_CAP_GB,
+    MAX_DEVICES,
+    TASK_DIMS,
+)
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_BINS
 from neuroshard_jax.core.files import read_json
@@ -32,7 +39,7 @@ class TaskConfig:
     num_tables: int | None = bounded(at_least=1, default=50)
     min_tables: int = 10
     max_tables: int = 59
-    num_devices: int = bounded(at_least=1, default=4)
+    num_devices: int = bounded(at_least=1, at_most=MAX_DEVICES, default=4)
     mem_cap_gb: float = bounded(above=0, at_most=MAX_CAP_GB, default=4.0)
     batch_size: int = bounded(at_least=1, default=4096)
     dims: tuple[int, ...] = TASK_DIMS
