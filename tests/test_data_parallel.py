@@ -183,6 +183,14 @@ def test_plans_of_one_task_are_timed_in_distributed_model_parallel_steps():
     other = make_task(tables[:2], num_devices=2, batch_size=1024)
     with pytest.raises(UserError, match=r"plans\[1\]: its task differs from plans\[0\]'s"):
         dmp_steps([sharded, Plan(other, (Shard(0, 0, 8, 0), Shard(1, 0, 16, 1)))])
+    # plans whose ranks' modules, built together, would not fit this machine: refused before any rank starts
+    from neuroshard_jax.measure.training_steps import available_bytes
+
+    rows = int(0.5 * available_bytes() / (512 * 4))  # a table of half the available memory, every plan holds it
+    big = make_task([make_table(0, rows=rows, dim=512), make_table(1, rows=100, dim=8)], 2, 2.0**20, 1024)
+    twice = [Plan(big, (Shard(0, 0, 512, d), Shard(1, 0, 8, 1 - d))).validate() for d in (0, 1)]
+    with pytest.raises(UserError, match=r"GiB together, this machine has .* GiB available; expected fewer plans"):
+        dmp_steps(twice)
 
 
 def test_torchrec_plans_with_replicas_and_table_row_wise_blocks_become_ours():

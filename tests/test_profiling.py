@@ -184,6 +184,36 @@ def test_a_crashing_request_costs_only_itself(monkeypatch, fault, reason):
         w.close()
 
 
+def test_the_rank_the_kernel_killed_is_named_not_the_peer_that_lost_it(tmp_path):
+    """Rank processes as the DMP tools start them: rank 1 killed by SIGKILL (the out-of-memory killer's signal), rank
+    2 exiting first because its peer went ("Connection closed by peer"), rank 0 still waiting in a collective; the
+    failure names rank 1 and the waiting rank is stopped after the grace."""
+    import subprocess
+    import sys
+    import time
+
+    from neuroshard_jax.kernels.processes import RANKS_GRACE_S, first_failure
+
+    codes = [
+        "import time; time.sleep(60)",
+        "import os, signal, time; time.sleep(0.6); os.kill(os.getpid(), signal.SIGKILL)",
+        "import sys, time; time.sleep(0.2); print('Connection closed by peer', file=sys.stderr); sys.exit(1)",
+    ]
+    procs = []
+    for rank, code in enumerate(codes):
+        with open(tmp_path / f"err.{rank}", "wb") as err:
+            procs.append(subprocess.Popen([sys.executable, "-c", code], stderr=err))
+    started = time.monotonic()
+    try:
+        said = first_failure(procs, started + 60, tmp_path)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert said == "rank 1: worker killed by SIGKILL (likely out of memory)", said
+    assert time.monotonic() - started < RANKS_GRACE_S + 10 and procs[2].returncode == 1
+
+
 def _collect_config(out_dir, num_samples, **extra):
     sampler = ComputeSamplerConfig(max_tables=3, dims=(4, 8), mem_cap_gb=0.05)
     return CollectConfig(

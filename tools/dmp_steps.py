@@ -7,7 +7,11 @@
 A plan is a plan.json, or ``FILE.jsonl:TASK:SEARCHER`` (a foreign-benchmark ``plans.jsonl`` line). The plans must be
 of one task; their steps are interleaved (``neuroshard_jax/measure/training_steps.py`` says how a step is timed).
 ``--repeats`` starts the ranks that many times (fresh processes, the plans' order rotated) and reports each run and
-the median of the runs' medians.
+the median of the runs' medians. The ranks build every plan's modules at once (so that their steps interleave):
+where they would not fit this machine's memory together the run is refused before anything starts, and
+``--apart`` times one plan's modules at a time instead (a fresh set of ranks per plan, its memory freed before the
+next; the machine's drift then falls between plans, not evenly on all). A rank that fails is named, and why (one
+killed by the kernel's out-of-memory killer before the peers that lost it).
 """
 
 from __future__ import annotations
@@ -50,13 +54,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=1, help="fresh sets of rank processes, the order rotated")
+    parser.add_argument("--apart", action="store_true", help="one plan's modules at a time (each its own ranks)")
     parser.add_argument("--out", help="write the results here (JSON)")
     args = parser.parse_args(argv)
     plans = [read_plan(spec) for spec in args.plans]
     runs: list[list[dict]] = []
     for r in range(args.repeats):
         order = [(i + r) % len(plans) for i in range(len(plans))]
-        results = dmp_steps([plans[i] for i in order], args.warmup, args.steps)
+        if args.apart:
+            results = [dmp_steps([plans[i]], args.warmup, args.steps)[0] for i in order]
+        else:
+            results = dmp_steps([plans[i] for i in order], args.warmup, args.steps)
         runs.append([results[order.index(i)] for i in range(len(plans))])
         for spec, result in zip(args.plans, runs[-1]):
             q1, q3 = result["step_ms_q1_q3"]
@@ -69,6 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
         "hardware": hardware(),
         "warmup": args.warmup,
         "steps": args.steps,
+        "apart": args.apart,
         "plans": [
             {
                 "plan": spec,

@@ -455,22 +455,45 @@ def run_ranks(command: list[str], world: int, tmp: Path, timeout_s: float, cores
     ]
     deadline = time.monotonic() + timeout_s
     failure = None
-    for rank, proc in enumerate(procs):
-        try:
-            code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
+    try:
+        failure = first_failure(procs, deadline, tmp)
+        if failure is None and any(proc.poll() is None for proc in procs):
             failure = f"{command[0]} timeout after {timeout_s:.0f} s"
-            break
-        if code != 0:
-            tail = (tmp / f"err.{rank}").read_text(errors="replace").strip().splitlines()[-1:] or [""]
-            failure = f"rank {rank}: {_exit_reason(code)} {tail[0]}".strip()
-            break
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     if failure:
         raise WorkerFailure(failure)
+
+
+RANKS_GRACE_S = 5.0  # after a rank fails, how long the others have to end (their collectives see it closed)
+
+
+def first_failure(procs: list, deadline: float, tmp: Path) -> str | None:
+    """Wait for the ranks until all end or ``deadline``; the rank that failed first and why, or None. A rank killed
+    by a signal (the kernel's out-of-memory killer sends SIGKILL) is named before the ranks that then lost their
+    peer ("Connection closed by peer"), whichever exited first."""
+    failed: list[tuple[int, int]] = []  # (rank, code) in the order seen
+    until = deadline
+    while time.monotonic() < until:
+        running = False
+        for rank, proc in enumerate(procs):
+            code = proc.poll()
+            if code is None:
+                running = True
+            elif code != 0 and all(r != rank for r, _ in failed):
+                failed.append((rank, code))
+                until = min(until, time.monotonic() + RANKS_GRACE_S)
+        if not running:
+            break
+        time.sleep(0.05)
+    if not failed:
+        return None
+    rank, code = next(((r, c) for r, c in failed if c < 0), failed[0])
+    tail = (tmp / f"err.{rank}").read_text(errors="replace").strip().splitlines()[-1:] or [""]
+    return f"rank {rank}: {_exit_reason(code)} {tail[0]}".strip()
 
 
 def run_comm(

@@ -37,7 +37,7 @@ from neuroshard_jax.costs.cost_model import CostModel, expected_cost_model, plan
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor, pinned
 from neuroshard_jax.measure.evaluator import Measuring, measure_tables, plan_kernels
 from neuroshard_jax.measure.polish import simulate
-from neuroshard_jax.measure.training_steps import dmp_steps
+from neuroshard_jax.measure.training_steps import MEMORY_SHARE, available_bytes, dmp_steps
 from searchers import searcher_names
 
 logger = logging.getLogger(__name__)
@@ -277,20 +277,6 @@ def rank_cores(world: int) -> list[int] | None:
     share the cores: a step's time is then the ranks' work time-sliced, which cannot show balance)."""
     cores = sorted(os.sched_getaffinity(0))
     return cores[:world] if len(cores) >= world else None
-
-
-def available_bytes() -> int | None:
-    """The memory this machine can still give (``MemAvailable``), None where unknown."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-MEMORY_SHARE = 0.8  # of the available memory, what one candidate's ranks may take together
 
 
 class StepRunner(Protocol):

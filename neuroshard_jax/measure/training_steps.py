@@ -41,6 +41,31 @@ from neuroshard_jax.kernels.processes import WorkerFailure, run_ranks
 from neuroshard_jax.kernels.torchrec_export import ExportConfig, export_torchrec
 from neuroshard_jax.measure.evaluator import device_tables
 
+MEMORY_SHARE = 0.8  # of the available memory, what the ranks' modules may take together
+
+
+def available_bytes() -> int | None:
+    """The memory this machine can still give (``MemAvailable``), None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_room(plans: Sequence[Plan]) -> None:
+    """UserError where the ranks' modules of ``plans``, built together, would not fit this machine's memory (every
+    rank's predicted ``Plan.memory``, every plan's; ``MEMORY_SHARE`` of what is available)."""
+    room = available_bytes()
+    need = sum(part.total for plan in plans for part in plan.memory())
+    if room is not None and need > MEMORY_SHARE * room:
+        raise UserError(
+            f"plans: their ranks' modules need {need / GIB_BYTES:.1f} GiB together, this machine has "
+            f"{room / GIB_BYTES:.1f} GiB available; expected fewer plans at a time (tools.dmp_steps --apart)"
+        )
+
 
 def torchrec_tables(plan: Plan, names: list[str]) -> tuple[TorchRecTable, ...]:
     """The tables, named as the exported plans name them, each with its ``stream``: the worker's form of the whole
@@ -97,6 +122,7 @@ def dmp_steps(
         if plan.task.to_json() != task.to_json():
             raise UserError(f"plans[{i}]: its task differs from plans[0]'s, expected plans of one task")
     _check_runnable(task)
+    check_room(plans)
     if warmup < 0 or steps < 1:
         raise UserError(f"steps: got warmup {warmup}, steps {steps}; expected warmup >= 0 and steps >= 1")
     config = ExportConfig(device="cpu", compute_kernel="fused")
