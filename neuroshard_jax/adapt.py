@@ -22,8 +22,11 @@ def main(cfg: DictConfig) -> None:
     except KeyboardInterrupt:
         print("stopped; rerun the same command to continue", file=sys.stderr)
         sys.exit(130)
-    where = report.get("registered") or f"{report['name']} (not registered: register=false)"
-    print(f"model: {where}")
+    if report.get("registered"):
+        print(f"model: {report['registered']}")
+    else:
+        why = report.get("worse") or "register=false"
+        print(f"model: {report['name']} (not registered: {why})")
 
 
 if __name__ == "__main__":

@@ -16,16 +16,18 @@ Within ``budget_min`` minutes of wall time, in three steps:
    new labels (``ensemble_fit.reanchored``): a GPU's fixed launch cost is not a CPU's per-lookup cost.
 3. **Report** MAPE, bias and Kendall tau on the held-out labels: the start model as shipped, the start model
    scaled by one factor (what ``calibrate=measured`` does), the adapted model and any ``compare`` models. Then
-   **register** the model in the user's cache (``user_models_dir``) under ``name``: later runs on this kind of
-   machine choose it (``choice.choose_cost_model``).
+   **register** the model in the user's cache (``user_models_dir``) under ``name``, where it reads the held-out
+   labels better than the start model both as it was and scaled by one factor (else the start model stays, and the
+   run says so; ``register_worse`` registers it anyway): later runs on this kind of machine choose it
+   (``choice.choose_cost_model``).
 
-Resumable: the labels are datasets like ``collect``'s (``out/labels/specs``, ``out/labels/plans``) and
-``out/adapt.json`` keeps the measuring time spent; rerun the same command and it measures for what is left of the
-budget, then trains again. The comm nets come with the start model; on a CPU, TorchRec's input distribution is
-measured first (``input_labels`` comm labels on gloo ranks, ``costs/input_dist.py``), fitted, and added to this
-user's fits, so that models of this kind price it.
+Resumable: the labels are datasets like ``collect``'s (``out/labels/specs``, ``out/labels/plans``; ``out``: the
+user's cache, ``adapt/<name>``, unless given) and ``out/adapt.json`` keeps the measuring time spent; rerun the same
+command and it measures for what is left of the budget, then trains again. The comm nets come with the start model;
+on a CPU, TorchRec's input distribution is measured first (``input_labels`` comm labels on gloo ranks,
+``costs/input_dist.py``), fitted, and added to this user's fits, so that models of this kind price it.
 
-Why one module of ~720 lines: adapting is one resumable run over one folder (its budget, its two label sets, the
+Why one module of ~760 lines: adapting is one resumable run over one folder (its budget, its two label sets, the
 start model, the training and the registration), each step reading what the one before wrote; split by step, every
 part would carry the folder's layout and the budget's bookkeeping with it.
 """
@@ -95,7 +97,8 @@ class AdaptConfig:
     budget_min: float = bounded(above=0, default=10.0)
     start: str | None = None  # the model adapted: a name or a checkpoint; null: the model chosen for this machine
     name: str | None = None  # the adapted model's name; null: adapted-<this machine's kind>, e.g. adapted-amd-f26m2
-    out: str | None = None  # labels, report and the model before it is registered; null: runs/adapt/<name>
+    # labels, report and the model before it is registered; null: adapt/<name> in the user's cache (private to them)
+    out: str | None = None
     device: str = "cpu"  # cpu (fbgemm-gpu-cpu) | cuda (fbgemm-gpu): the kernels the model is of
     optimizer: str = "exact_sgd"  # the fused optimizer the labels run (exact_row_wise_adagrad: the common case)
     seed: int = bounded(at_least=0, default=0)
@@ -114,6 +117,8 @@ class AdaptConfig:
     # training labels needed to fine-tune (fewer: the run says how many it got and stops)
     min_labels: int = bounded(at_least=1, default=20)
     register: bool = True  # add the model to the user's models (later runs on this kind of machine choose it)
+    # register it even where it reads the held-out labels no better than the start model (as it was, or x one factor)
+    register_worse: bool = False
     compare: tuple[str, ...] = ()  # other models scored on the same held-out labels (names or checkpoints)
     # the spec shards drawn (as collect source=specs), with kernels of up to 48 tables, the heavy corner and dim 4
     # (docs/results/fusion.md)
@@ -318,7 +323,16 @@ def model_name(config: AdaptConfig) -> str:
 
 
 def out_dir(config: AdaptConfig) -> Path:
-    return Path(config.out or Path("runs") / "adapt" / model_name(config))
+    """Where the run's labels, report and model are kept: ``out``, else ``adapt/<name>`` in the user's cache (a cache
+    that is not theirs alone is refused: give ``out``)."""
+    if config.out:
+        return Path(config.out)
+    runs = cache_folder("adapt", "adapt's labels and progress")
+    if runs is None:
+        raise UserError(
+            "out: missing, and the cache is not this user's alone (the warning above says why); expected out=FOLDER"
+        )
+    return runs / model_name(config)
 
 
 def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict) -> dict:
@@ -678,9 +692,17 @@ def _fit_and_report(
         logger.info(f"  {row:<40} {s['mape']:>7.1%} {s['bias']:>+7.1%} {s['kendall_tau']:>6.3f}")
     report = {"name": name, "start": label, "labels": counts, "heldout": rows, "train_s": round(train_s, 1)}
     _annotate(model_dir, report)
-    if config.register:
+    worse = no_better(rows, name, label)
+    if worse:
+        report["worse"] = worse
+    if config.register and (worse is None or config.register_worse):
         report["registered"] = str(_register(model_dir, name))
         logger.info(f"registered {name} in {user_models_dir()}: later runs on this kind of machine choose it")
+    elif config.register:
+        logger.warning(
+            f"{name} is not registered: {worse}; later runs keep {label} (its checkpoint: {model_dir}; "
+            "register_worse=true registers it anyway)"
+        )
     inputs = len(read_records(labels.inputs / "comm.jsonl")) if (labels.inputs / "comm.jsonl").exists() else 0
     if inputs >= min(config.input_labels, MIN_INPUT_LABELS):
         report["input_dist"] = _fit_inputs(config, name, labels.inputs, out)
@@ -688,6 +710,15 @@ def _fit_and_report(
         least = min(config.input_labels, MIN_INPUT_LABELS)
         logger.info(f"input distribution: {inputs} labels, fewer than the {least} a fit needs; not fitted")
     return report
+
+
+def no_better(rows: dict[str, dict], name: str, label: str) -> str | None:
+    """Why the adapted model ``name`` is no better than the start model ``label`` on the held-out labels (its MAPE not
+    below the start model's as it was and scaled by one factor), or None where it is."""
+    start = min((f"{label} as it was", f"{label} x one factor"), key=lambda row: rows[row]["mape"])
+    if rows[name]["mape"] < rows[start]["mape"]:
+        return None
+    return f"it reads the held-out labels at {rows[name]['mape']:.1%} MAPE, {start} at {rows[start]['mape']:.1%}"
 
 
 def _fit_inputs(config: AdaptConfig, name: str, labels: Path, out: Path) -> dict:
