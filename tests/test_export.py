@@ -64,9 +64,8 @@ def test_export_cli_checks_in_dmp_and_refuses_bad_options(split_plan):
     _, path = split_plan
     # check=true: DistributedModelParallel on 2 gloo processes; each rank's local shards must be the plan's and its
     # pooled outputs the sums of a known weight pattern through the all-to-alls (max abs error < 1e-4), else exit 2
-    done = run_cli(
+    done = run_cli(  # on this CPU, as the README says, with no device named
         f"plan={path}",
-        "device=cpu",
         "check=true",
         "check_batch_size=6",
         "module_path=sparse_arch.ebc",
@@ -79,7 +78,7 @@ def test_export_cli_checks_in_dmp_and_refuses_bad_options(split_plan):
     assert "forward [6, 128]" in done.stdout  # this rank's bags, every table's columns (16 + 32 + 8 + 64 + 8)
     for args, message in (
         (["format=onnx"], "format: got 'onnx', expected one of torchrec"),
-        (["check=true"], "check: true needs device=cpu"),
+        (["check=true", "device=cuda"], "check: true runs DistributedModelParallel on this CPU, expected device=cpu"),
         (["table_names=same"], "table_names: got 'same', expected a pattern"),
         ([f"output={path}/x.pt"], f"output: {str(path / 'x.pt')!r} lies under {str(path)!r}, which is a file"),
         ([f"output={path.parent}"], "is a folder, expected a file's path"),

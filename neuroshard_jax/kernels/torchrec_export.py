@@ -30,7 +30,8 @@ class ExportConfig:
     plan: str | None = None
     format: str = "torchrec"  # torchrec: a ShardingPlan (torch.save) for DistributedModelParallel
     output: str | None = None  # default: beside the plan, <plan>.torchrec.pt
-    device: str = "cuda"  # the shards' device type (cpu: DistributedModelParallel on CPU, as check=true needs)
+    # the shards' device type; null: cuda, or cpu with check=true (DistributedModelParallel on this CPU)
+    device: str | None = None
     compute_kernel: str = "fused"  # TorchRec's embedding compute kernel (fused: FBGEMM TBE with the optimizer fused)
     # where the EmbeddingBagCollection sits in your model, e.g. sparse_arch.embedding_bag_collection
     module_path: str = ""
@@ -41,11 +42,16 @@ class ExportConfig:
     timeout_s: float = 600.0
 
     def __post_init__(self):
+        if self.device is None:
+            object.__setattr__(self, "device", "cpu" if self.check else "cuda")
         for name, allowed in (("format", FORMATS), ("device", DEVICES), ("compute_kernel", KERNELS)):
             if getattr(self, name) not in allowed:
                 raise UserError(f"{name}: got {getattr(self, name)!r}, expected one of {', '.join(allowed)}")
         if self.check and self.device != "cpu":
-            raise UserError(f"check: true needs device=cpu (DistributedModelParallel on this CPU), got {self.device!r}")
+            raise UserError(
+                f"check: true runs DistributedModelParallel on this CPU, expected device=cpu (or none), got "
+                f"{self.device!r}"
+            )
         try:
             names = [self.table_names.format(index=i, id=i) for i in range(2)]
         except (KeyError, IndexError, ValueError) as err:

@@ -180,8 +180,21 @@ def markdown_table(summary: dict, title: str) -> str:
         f"{summary['tasks']} tasks, {summary['common']} solved by every run, {summary['measured']} of them measured "
         f"for every run. Ranked by {summary['kind']} cost over the "
         f"{summary['measured'] if summary['kind'] == 'measured' else summary['common']} tasks; predicted means over "
-        f"the {summary['common']}; vs best greedy: mean per-task gain over `{summary['best_greedy'] or 'n/a'}` "
-        "(positive: faster).",
+        + (
+            f"the {summary['common']}; vs best greedy: mean per-task gain over `{summary['best_greedy']}` "
+            "(positive: faster)."
+            if summary["best_greedy"]
+            else f"the {summary['common']}; vs best greedy: empty, no greedy baseline ran in the sweep."
+        ),
+        *(
+            [
+                "",
+                "The measured columns are empty: no run of the sweep was measured on the kernels (rerun it with "
+                "`evaluate=true`, or `python -m neuroshard_jax.evaluate plan=...` on its plans).",
+            ]
+            if not summary["measured"]
+            else []
+        ),
         "",
         "| run | tasks | infeasible | mean measured ms | median measured ms | mean predicted ms "
         "| median predicted ms | vs best greedy | wins | search s |",
