@@ -344,6 +344,11 @@ def _task_json(**changes):
         (_task_json(num_devices=100_000), "task.num_devices: got 100000, expected an integer >= 1 and <= 4096"),
         (_task_json(devices=[{"mem_cap_gb": 1.0}] * 5000), "task.devices: got 5000 devices, expected at most 4096"),
         (_task_json(table_id=1), "tables[1].id: got 1, expected ids unique within a task"),
+        # what sizes arrays and byte counts: bounded before anything is sampled (these ended in OverflowError)
+        (_task_json(table_rows=10**30), "tables[0].rows: got 1" + "0" * 30 + ", expected an int"),
+        (_task_json(table_pooling_factor=1e300), "tables[0].pooling_factor: got 1e+300, expected a finite number >= 0"),
+        (_task_json(table_dim=2**40), "tables[0].dim: got 1099511627776, expected an integer >= 4 and <= 65536"),
+        (_task_json(batch_size=2**62), "task.batch_size: got 4611686018427387904, expected an int"),
     ],
 )
 def test_a_bad_task_file_is_one_line(obj, fragment):

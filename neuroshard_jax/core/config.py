@@ -33,7 +33,7 @@ def _hints(cls) -> dict[str, Any]:
 
 def bounded(at_least: float | None = None, above: float | None = None, at_most: float | None = None, **field_options):
     """A dataclass field whose number ``typed`` checks against its bounds (``at_least``: >=, ``above``: >,
-    ``at_most``: <=) and describes with them (``an integer >= 1``, ``a finite number > 0 and <= 1.04858e+06``);
+    ``at_most``: <=) and describes with them (``an integer >= 1``, ``a finite number > 0 and <= 1048576``);
     ``field_options``: ``dataclasses.field``'s."""
     return dataclasses.field(metadata={"at_least": at_least, "above": above, "at_most": at_most}, **field_options)
 
@@ -41,10 +41,15 @@ def bounded(at_least: float | None = None, above: float | None = None, at_most: 
 def _bounds_text(bounds: dict | None) -> str:
     if not bounds:
         return ""
-    upper = f" and <= {bounds['at_most']:g}" if bounds.get("at_most") is not None else ""
+    upper = f" and <= {_number(bounds['at_most'])}" if bounds.get("at_most") is not None else ""
     if bounds.get("above") is not None:
-        return f" > {bounds['above']:g}{upper}"
-    return (f" >= {bounds['at_least']:g}" if bounds.get("at_least") is not None else "") + upper
+        return f" > {_number(bounds['above'])}{upper}"
+    return (f" >= {_number(bounds['at_least'])}" if bounds.get("at_least") is not None else "") + upper
+
+
+def _number(x: float) -> str:
+    """A bound as a reader writes it: a whole number exactly (4096, 1099511627776), else the shortest form."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 2**63 else f"{x:g}"
 
 
 def _within(value, bounds: dict | None) -> bool:

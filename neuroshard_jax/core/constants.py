@@ -46,3 +46,10 @@ MAX_CAP_GB = float(2**20)  # a device of at most 1 PiB: past it, bytes outgrow i
 # 2-core Xeon, and 100,000 devices grew past 12 GB before the kernel's killer came (issue 64); the largest clusters
 # TorchRec shards over are a few thousand GPUs
 MAX_DEVICES = 4096
+# What sizes a table's and a batch's arrays, bounded so that every byte and lookup count stays exact in int64 and the
+# samplers' laws stay finite (a probe's rows of 1e30, pooling of 1e300 and batch of 2**62 ended in OverflowError):
+# far past any recommendation model's (tables of 1e10 rows, dims of 1,024, a few thousand lookups a sample)
+MAX_ROWS = 2**40
+MAX_DIM = 2**16
+MAX_POOLING = 1e6
+MAX_BATCH = 2**24

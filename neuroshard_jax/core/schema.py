@@ -11,7 +11,15 @@ import math
 from typing import Any
 
 from neuroshard_jax.core.config import bounded, typed, typed_value
-from neuroshard_jax.core.constants import DIM_ALIGNMENT, MAX_CAP_GB, MAX_DEVICES
+from neuroshard_jax.core.constants import (
+    DIM_ALIGNMENT,
+    MAX_BATCH,
+    MAX_CAP_GB,
+    MAX_DEVICES,
+    MAX_DIM,
+    MAX_POOLING,
+    MAX_ROWS,
+)
 from neuroshard_jax.core.constraints import SHARDING_TYPES, TableConstraints
 from neuroshard_jax.core.devices import Device, Links
 from neuroshard_jax.core.errors import UserError
@@ -41,7 +49,7 @@ class TaskFile:
     devices: tuple[Device, ...] | None = None
     num_devices: int = bounded(at_least=1, at_most=MAX_DEVICES, default=None)
     mem_cap_gb: float = bounded(above=0, at_most=MAX_CAP_GB, default=None)
-    batch_size: int = bounded(at_least=1, default=None)
+    batch_size: int = bounded(at_least=1, at_most=MAX_BATCH, default=None)
     precision: str = "fp32"
     optimizer: str = Training.optimizer  # the fused optimizer, FBGEMM's or TorchRec's name (core.memory)
     mem_reserve: float = bounded(at_least=0, default=0.0)  # share of every cap held back
@@ -54,9 +62,9 @@ class TaskFile:
 class TableFile:
     """A table object of a task file (constraints: ``core.constraints``)."""
 
-    rows: int = bounded(at_least=1)
-    dim: int = bounded(at_least=DIM_ALIGNMENT)
-    pooling_factor: float = bounded(at_least=0)
+    rows: int = bounded(at_least=1, at_most=MAX_ROWS)
+    dim: int = bounded(at_least=DIM_ALIGNMENT, at_most=MAX_DIM)
+    pooling_factor: float = bounded(at_least=0, at_most=MAX_POOLING)
     id: int | None = bounded(at_least=0, default=None)  # absent: the table's place in the task's list
     # 17 shares (``_checked_bins``), given as ``bins`` or as bin_0 .. bin_16 (``_bins_field``)
     bins: tuple[float, ...] = bounded(at_least=0, at_most=1, default=())
