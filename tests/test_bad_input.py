@@ -406,6 +406,25 @@ def test_a_task_path_that_is_no_regular_file_is_one_line_and_never_blocks(tmp_pa
             load_task(path)
 
 
+def test_json_nested_past_the_readers_depth_and_a_meta_that_is_a_fifo_are_one_line(tmp_path):
+    """Python's JSON reader recurses once a level (a task file of 100,000 nested lists ended in RecursionError); a
+    checkpoint's meta.json that is a FIFO would block its read."""
+    import os
+
+    from neuroshard_jax.costs.checkpoints import read_meta
+    from neuroshard_jax.workloads.builders import load_task
+
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"tables": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(UserError, match=r"^task\.path: '.*deep.json' is nested too deep to read, expected a task"):
+        load_task(deep)
+    model = tmp_path / "model"
+    model.mkdir()
+    os.mkfifo(model / "meta.json")
+    with pytest.raises(UserError, match=r"meta.json' is not a regular file, expected a JSON object$"):
+        read_meta(model)
+
+
 def test_an_empty_cache_variable_is_the_default_folder_not_the_current_one(monkeypatch):
     from pathlib import Path
 

@@ -101,6 +101,8 @@ def read_json(path: str | Path, key: str, expected: str = "a JSON file") -> dict
             f"{key}: {str(path)!r} line {err.lineno} is not valid JSON ({err.msg}; torn by an interrupted write?), "
             f"expected {expected}"
         ) from None
+    except RecursionError:  # Python's JSON reader recurses once a level: ~1,000 levels end it
+        raise UserError(f"{key}: {str(path)!r} is nested too deep to read, expected {expected}") from None
     if not isinstance(obj, dict):
         raise UserError(f"{key}: {str(path)!r} holds a JSON {type(obj).__name__}, expected {expected} with an object")
     return obj
@@ -141,7 +143,7 @@ def _record(line: str | bytes, path: Path, number: int) -> dict:
     """One JSONL line as a record (a JSON object with an ``id``); else a UserError naming the file and line."""
     try:
         record = json.loads(line)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # torn, or nested past what the reader recurses
         record = None
     if not isinstance(record, dict) or "id" not in record:
         raise UserError(f"dataset: {str(path)!r} line {number} is not a JSON record; expected one object per line")

@@ -204,9 +204,11 @@ def read_meta(path: str | Path, key: str = "cost_model.checkpoint") -> dict:
     meta_path = Path(path) / "meta.json"
     if not meta_path.exists():
         raise UserError(f"{key}: {str(path)!r} has no meta.json, expected a checkpoint directory")
+    if not meta_path.is_file():  # a FIFO would block the read, a device never end it
+        raise UserError(f"{key}: {str(meta_path)!r} is not a regular file, expected a JSON object")
     try:
         meta = json.loads(meta_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise UserError(
             f"{key}: {str(meta_path)!r} could not be read ({_first_line(err)}); expected a JSON object"
         ) from None

@@ -109,7 +109,7 @@ class Readings:
                         continue
                     self._add(str(row["key"]), float(row["ms"]), bool(row["busy"]))
                     self.resumed += 1
-                except (ValueError, KeyError, TypeError):  # a line torn by a stop mid-write: measured again
+                except (ValueError, KeyError, TypeError, RecursionError):  # a line torn by a stop mid-write: again
                     logger.warning(f"autotune: {self.path}:{n + 1} is not a reading; it is measured again")
             if not self.path.read_bytes().endswith(b"\n") and self.path.stat().st_size:  # the next line starts whole
                 with open(self.path, "a") as f:
