@@ -156,16 +156,18 @@ def untrained(task: Task, meta: dict, path: str) -> str | None:
     precision must be ones it was trained at (a batch size within the range of an ensemble's training batch sizes);
     the line names a shipped model that fits, if any."""
     sizes = meta.get("batch_sizes") or [meta["batch_size"]]
+    name = meta.get("name")  # a shipped or registered model by its name, a folder of the user's by its path
+    shown = f"{name}" if name == Path(path).name and name in model_names() else f"at {path!r}"
     if not min(sizes) <= task.batch_size <= max(sizes):
         expected = f"{sizes[0]}" if len(sizes) == 1 else f"one in {min(sizes)}..{max(sizes)}"
         return (
-            f"task.batch_size: got {task.batch_size}, but the neural cost model at {path!r} was trained at batch "
+            f"task.batch_size: got {task.batch_size}, but the neural cost model {shown} was trained at batch "
             f"sizes {sizes}; expected {expected} (or {_way_forward(task)})"
         )
     trained = meta.get("precision", "fp32")
     if task.precision != trained:
         return (
-            f"task.precision: got {task.precision!r}, but the neural cost model at {path!r} was trained at "
+            f"task.precision: got {task.precision!r}, but the neural cost model {shown} was trained at "
             f"precision {trained!r}; expected the same (or {_way_forward(task)})"
         )
     return None
