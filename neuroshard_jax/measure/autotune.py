@@ -20,6 +20,7 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Protocol
@@ -31,7 +32,7 @@ from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.core.plan import Plan
-from neuroshard_jax.core.progress import progress_lines
+from neuroshard_jax.core.progress import progress_bar, progress_lines
 from neuroshard_jax.core.records import AutotuneRecord, MeasuredCandidate
 from neuroshard_jax.costs.cost_model import CostModel, expected_cost_model, plan_cost_ms
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor, pinned
@@ -147,11 +148,15 @@ def autotune_kernels(
     evaluator = config.evaluator()
     stopped, rounds = "rounds", 0
     pin = pinned(config.pin, config.executor)
-    with open_executor(config.executor, config.device, config.timeout_s, pin=pin) as pool:
+    # a bar on a terminal (the kernels of every round at most; a leader may end the rounds early)
+    bar = progress_bar(total=config.rounds * len(jobs), desc="autotune", unit=" kernels", enabled=sys.stderr.isatty())
+    with bar, open_executor(config.executor, config.device, config.timeout_s, pin=pin) as pool:
         for r in range(config.rounds):
             todo = {key: job for key, job in jobs.items() if readings.count(key) <= r}
+            bar.update(len(jobs) - len(todo))  # read before, kept in the readings
             if todo:
-                answers = measure_tables(todo, evaluator, pool, what="autotune: a device measurement failed")
+                what = "autotune: a device measurement failed"
+                answers = measure_tables(todo, evaluator, pool, what=what, done=lambda: bar.update(1))
                 for key, (answer,) in answers.items():
                     readings.add(key, float(answer.total_ms), not answer.quiet)
             rounds = r + 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -174,12 +175,13 @@ def measure_tables(
     repeats: int = 1,
     what: str = "a device measurement failed",
     others: dict[str, ComputeRequest] | None = None,
+    done: Callable[[], None] | None = None,
 ) -> dict[str, list[ComputeAnswer]]:
     """Each job (key -> (task, its ``device_tables``)) measured as one device ``repeats`` times, interleaved (repeat
     r of every job before r + 1), on ``executor`` or one opened as ``config.executor`` says: key -> the worker's
     answers in repeat order. ``others``: ready worker requests (key -> request) measured alongside in the same
     interleaved repeats, e.g. reference records that track the machine's drift. A failed measurement is a
-    UserError: ``what``, and the worker's error."""
+    UserError: ``what``, and the worker's error. ``done``: called after each answer (a progress bar's step)."""
     others = others or {}
     answers: dict[str, list[ComputeAnswer]] = {key: [] for key in [*jobs, *others]}
     requests = [
@@ -192,6 +194,8 @@ def measure_tables(
         if not answer.ok:
             raise UserError(f"{what}: {answer.error}")
         answers[request.tag("key")].append(answer)
+        if done is not None:
+            done()
 
     with opened(executor, config.executor, config.device, config.timeout_s, config.pin) as pool:
         pool.map(requests, record)
