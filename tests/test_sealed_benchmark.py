@@ -97,6 +97,17 @@ def test_the_cache_gives_back_the_generated_tasks(tmp_path, tasks):
     assert sb.SEALED.out == "outputs/bench/sealed" and sb.SEALED.base_seed == sb.BASE_SEED
 
 
+def test_a_fresh_sealed_set_draws_the_same_families_with_seeds_of_its_own():
+    first = sb.sealed_task("avazu", 4, 0)
+    fresh = sb.sealed_task("avazu", 4, 0, seal=1)
+    assert first.to_json() == sb.sealed_task("avazu", 4, 0, seal=0).to_json()  # set 0 as it was drawn
+    assert fresh.to_json() == sb.sealed_task("avazu", 4, 0, seal=1).to_json()  # deterministic
+    assert fresh.to_json()["tables"] != first.to_json()["tables"]
+    assert sb.sealed_suite(1).out == "outputs/bench/sealed-1" and sb.sealed_suite(0) is sb.SEALED
+    assert sb.seal_of(["--seal", "1", "plan", "--tasks", "4"]) == (1, ["plan", "--tasks", "4"])
+    assert sb.seal_of(["report"]) == (0, ["report"])
+
+
 def _int_literals(path) -> set[int]:
     tree = ast.parse((REPO / path).read_text())
     return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and type(n.value) is int}

@@ -6,6 +6,11 @@ issue 51's work, never used to choose features, models or settings. Its stages a
     python -m tools.sealed_benchmark plan --checkpoint NAME                  # every searcher's plans (resumable)
     python -m tools.sealed_benchmark measure --checkpoint NAME --session S --repeats 3 --workers 2 --pin --drift 40
     python -m tools.sealed_benchmark report --checkpoint NAME --session S    # docs/results/sealed-benchmark.md
+    python -m tools.sealed_benchmark --seal 1 plan ...                       # a fresh set of the same families
+
+A sealed set is spent once its figures are read. ``--seal N`` (N >= 1) draws a fresh set from the same families with
+seeds of its own, into ``outputs/bench/sealed-N``: seal 1 is issue 63's (the portfolio and autotune against
+TorchRec's planners), measured once at the end of that work; seal 0 (no flag) is issue 51's, spent.
 
 The generators share no code and no seed with the training sampler, the table pool or the foreign benchmark (a test
 checks): their own laws, written here. Families, each at 4 and at 8 devices (12 tasks at each size, 12-120 tables):
@@ -26,6 +31,7 @@ hashed into fewer rows (a row cap over the task, as DLRM's ``max_ind_range``) un
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -380,10 +386,10 @@ def with_row_cap(draws: list[Draw], devices: int) -> list[Draw]:
         cap = int(cap * 0.75)
 
 
-def sealed_task(family: str, devices: int, index: int) -> Task:
-    """Task ``index`` at ``devices`` devices of ``family``: its own seed, tables drawn, fitted, then each batch's
-    histogram drawn at its fitted rows."""
-    rng = np.random.default_rng([BASE_SEED, devices, index])
+def sealed_task(family: str, devices: int, index: int, seal: int = 0) -> Task:
+    """Task ``index`` at ``devices`` devices of ``family`` in sealed set ``seal``: its own seed, tables drawn, fitted,
+    then each batch's histogram drawn at its fitted rows."""
+    rng = np.random.default_rng([BASE_SEED, devices, index] if seal == 0 else [BASE_SEED, seal, devices, index])
     draws = [d._replace(pooling=round(d.pooling, 3)) for d in with_row_cap(family_draws(family, rng), devices)]
     tables = [
         {
@@ -405,10 +411,15 @@ def sealed_task(family: str, devices: int, index: int) -> Task:
     return Task.from_json(obj, where=f"sealed task d{devices}-{index:02d}")
 
 
-def generate_tasks() -> list[tuple[str, str, Task]]:
-    """(task id, family, task): ``TASKS_PER_SIZE`` tasks at 4 and at 8 devices, every family once at each size."""
+def generate_tasks(seal: int = 0) -> list[tuple[str, str, Task]]:
+    """(task id, family, task) of sealed set ``seal``: ``TASKS_PER_SIZE`` tasks at 4 and at 8 devices, every family
+    once at each size."""
     return [
-        (f"d{devices}-{i:02d}", FAMILIES[i % len(FAMILIES)], sealed_task(FAMILIES[i % len(FAMILIES)], devices, i))
+        (
+            f"d{devices}-{i:02d}",
+            FAMILIES[i % len(FAMILIES)],
+            sealed_task(FAMILIES[i % len(FAMILIES)], devices, i, seal),
+        )
         for devices in (4, 8)
         for i in range(TASKS_PER_SIZE)
     ]
@@ -416,5 +427,32 @@ def generate_tasks() -> list[tuple[str, str, Task]]:
 
 SEALED = Suite("sealed", generate_tasks, BASE_SEED, "outputs/bench/sealed")
 
+
+def sealed_suite(seal: int) -> Suite:
+    """Sealed set ``seal`` (0: issue 51's, ``SEALED``)."""
+    if seal == 0:
+        return SEALED
+    return Suite(f"sealed-{seal}", lambda: generate_tasks(seal), BASE_SEED, f"outputs/bench/sealed-{seal}")
+
+
+def seal_of(argv: list[str]) -> tuple[int, list[str]]:
+    """``--seal N`` taken out of ``argv`` (0 where absent): the set, and the stages' own arguments."""
+    if "--seal" not in argv:
+        return 0, argv
+    at = argv.index("--seal")
+    try:
+        seal = int(argv[at + 1])
+    except (IndexError, ValueError):
+        seal = -1
+    if seal < 0:
+        print(
+            f"error: --seal: got {' '.join(argv[at + 1 : at + 2]) or 'nothing'}, expected a set number >= 0",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    return seal, argv[:at] + argv[at + 2 :]
+
+
 if __name__ == "__main__":
-    main(SEALED, __doc__)
+    chosen, sys.argv[1:] = seal_of(sys.argv[1:])
+    main(sealed_suite(chosen), __doc__)
