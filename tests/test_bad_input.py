@@ -602,12 +602,22 @@ def test_a_cache_folder_others_may_write_in_is_neither_read_nor_kept(tmp_path, m
     assert not (cache / "jax").exists() or not any((cache / "jax").iterdir())
     hint = "set NEUROSHARD_CACHE_DIR to a folder you can write"
     shared = f"{str(cache)!r} is writable by others (mode 0o777: chmod go-w it, or {hint})"
-    assert caplog.messages == [
-        f"models made by adapt are not kept or read: {shared}",
-        f"compiled search kernels are not kept or read: {shared}",
-    ]
+    # the cache itself refused: one warning for every use of it
+    assert caplog.messages == [f"cached files (compiled kernels, models, fits) are not kept or read: {shared}"]
     cache.chmod(0o770 if cache.stat().st_gid == os.getgid() else 0o700)  # a group of one's own may write (umask 002)
     assert user_names() == ["planted"] and cache_folder("jax", "compiled search kernels") == cache / "jax"
+    # a model folder that is a link (to a folder anyone may write) or that others may write is not listed
+    elsewhere = tmp_path / "anyones"
+    elsewhere.mkdir()
+    (elsewhere / "meta.json").write_text("{}")
+    elsewhere.chmod(0o777)
+    (cache / "models" / "linked").symlink_to(elsewhere)
+    assert user_names() == ["planted"]
+    assert f"{str(cache / 'models' / 'linked')!r} is a symbolic link" in caplog.messages[-1]
+    (cache / "models" / "planted").chmod(0o777)
+    assert user_names() == []
+    assert f"{str(cache / 'models' / 'planted')!r} is writable by others" in caplog.messages[-1]
+    (cache / "models" / "planted").chmod(0o700)
     if hasattr(os, "getuid") and os.getuid() == 0:
         os.chown(cache / "models", 65534, 65534)
         assert user_names() == []

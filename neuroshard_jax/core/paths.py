@@ -40,8 +40,10 @@ def cache_folder(sub: str, what: str, make: bool = True, quiet: bool = False) ->
         except OSError as err:
             reason = f"cannot be made ({getattr(err, 'strerror', None) or err})"
         if reason:
-            if not quiet:
-                _refused(f"{str(path)!r} {reason}", what)
+            if not quiet:  # the cache itself: one warning for every use of it
+                _refused(
+                    f"{str(path)!r} {reason}", "cached files (compiled kernels, models, fits)" if path is root else what
+                )
             return None
     return folder
 
@@ -59,6 +61,23 @@ def _not_private(path: Path) -> str | None:
     if stat.st_mode & 0o002 or shared_group:
         return f"is writable by others (mode {oct(stat.st_mode & 0o777)}: chmod go-w it, or {CACHE_HINT})"
     return None
+
+
+def own_entries(folder: Path, what: str, pattern: str = "*") -> list[Path]:
+    """The entries of a private cache folder (``cache_folder``) matching ``pattern`` that are this user's alone: not
+    a link (which could lead anywhere: a model folder another user may write), owned by this user, not writable by
+    others; the others are left out with one warning each."""
+    out = []
+    for entry in sorted(folder.glob(pattern)):
+        try:
+            why = "is a symbolic link" if entry.is_symlink() else _not_private(entry)
+        except OSError as err:
+            why = f"cannot be read ({err.strerror or err})"
+        if why:
+            _refused(f"{str(entry)!r} {why}", what)
+        else:
+            out.append(entry)
+    return out
 
 
 @functools.cache  # one warning a cause, use and process: a plan asks for its folders many times

@@ -32,7 +32,7 @@ from neuroshard_jax.core.errors import DamagedModel, UntrainedFor, UserError, fi
 from neuroshard_jax.core.folders import recover_dir
 from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.core.memory import OPTIMIZERS
-from neuroshard_jax.core.paths import cache_folder, package_path, user_models_dir
+from neuroshard_jax.core.paths import cache_folder, own_entries, package_path, user_models_dir
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.analytic import ANALYTIC_FNS, AnalyticConfig, analytic_model, analytic_params
 from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_checkpoint, load_ensemble, read_meta
@@ -72,7 +72,10 @@ def user_names() -> list[str]:
     """Names of the models this user made with ``python -m neuroshard_jax.adapt`` (``user_models_dir``; none where
     that folder is not this user's alone: ``paths.cache_folder``)."""
     folder = cache_folder(user_models_dir().name, "models made by adapt", make=False)
-    return [] if folder is None else [n for n in _models_in(folder) if n not in COST_MODELS]
+    if folder is None:
+        return []
+    own = {p.name for p in own_entries(folder, "models made by adapt")}  # no link, none another user may write
+    return [n for n in _models_in(folder) if n not in COST_MODELS and n in own]
 
 
 def model_names() -> list[str]:

@@ -29,7 +29,7 @@ import numpy as np
 
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_json
-from neuroshard_jax.core.paths import cache_folder, package_path, user_fits_dir
+from neuroshard_jax.core.paths import cache_folder, own_entries, package_path, user_fits_dir
 
 SHIPPED = "data/row_comm"
 
@@ -188,8 +188,9 @@ def of_kinds(folder: str, family: str, load, kinds: list[str]):
     """The first fit of one of ``kinds`` (a model's ``hardware_kinds``): this user's (``files.user_fits_dir(family)``,
     by file name: measured on this very machine), then the shipped ones under ``folder`` by name; None if none is of
     those kinds."""
-    mine = cache_folder(user_fits_dir(family).name, f"{family} fits of this machine", make=False)
-    own = [] if mine is None else [str(p) for p in sorted(mine.glob("*.json"))]
+    what = f"{family} fits of this machine"
+    mine = cache_folder(user_fits_dir(family).name, what, make=False)
+    own = [] if mine is None else [str(p) for p in own_entries(mine, what, "*.json")]
     paths = [*own, *shipped_names(folder)]
     return next((fit for fit in map(load, paths) if fit.kind and fit.kind in kinds), None)
 
