@@ -528,7 +528,8 @@ def test_a_cache_that_cannot_be_made_keeps_no_compiled_kernels_and_says_so_in_on
         jax.config.update("jax_compilation_cache_dir", before)
     folder = str(tmp_path / "file" / "cache")  # the cache itself: one cause for every folder in it
     assert caplog.messages == [
-        f"compiled search kernels are not kept or read: {folder!r} cannot be made (Not a directory); set "
+        f"cached files (compiled kernels, models, fits) are not kept or read: {folder!r} cannot be made (Not a "
+        "directory); set "
         "NEUROSHARD_CACHE_DIR to a folder you can write"
     ]
 

@@ -273,6 +273,15 @@ def test_multirun(tmp_path):
     assert len(plans) == 2
     names = {json.loads(p.read_text())["searcher"] for p in plans}
     assert names == {"random", "size_lookup_greedy"}
+    # a second sweep into it would write its jobs' folders again: refused before any job starts, nothing touched
+    kept = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    again = run_cli("-m", "searcher=grid,random", *SMALL, f"hydra.sweep.dir={tmp_path}")
+    _one_line_error(again, f"hydra.sweep.dir: {str(tmp_path)!r} holds finished runs (0/plan.json)")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == kept
+    # and a run into a finished run's folder, whatever its output is named
+    into = run_cli("searcher=random", "output=mine.json", *SMALL, f"hydra.run.dir={tmp_path / '0'}")
+    _one_line_error(into, f"hydra.run.dir: {str(tmp_path / '0')!r} holds a finished run (plan.json)")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == kept
     # a multirun asked for by the config, not the flag
     done = run_cli("hydra.mode=MULTIRUN", "searcher=random", *SMALL, f"hydra.sweep.dir={tmp_path / 'mode'}")
     assert done.returncode == 0, done.stderr

@@ -87,6 +87,17 @@ def fail(err: Exception) -> NoReturn:
     sys.exit(2)
 
 
+FINISHED = "plan.json"  # the main job's result: a folder holding it holds a finished run, whatever output= says
+
+
+def finished(folder: Path, config: DictConfig) -> str | None:
+    """The name of the finished result ``folder`` holds (the main job's ``plan.json``, or the run's ``output``
+    file), or None."""
+    output = OmegaConf.select(config, "output", default=None)
+    names = [FINISHED] + ([output] if isinstance(output, str) and Path(output).name == output else [])
+    return next((name for name in names if (folder / name).exists()), None)
+
+
 class RunFolderLock(Callback):
     """One run per ``hydra.run.dir`` (conf/config.yaml's ``hydra.callbacks``): before Hydra writes the folder's
     ``.hydra/`` files, the run takes its writer lock (``folders.one_writer``) and holds it to the end, so a second run
@@ -106,6 +117,14 @@ class RunFolderLock(Callback):
             OmegaConf.set_readonly(config.hydra, False)
             config.hydra.run.dir = folder
             OmegaConf.set_readonly(config.hydra, readonly)
+        done = finished(Path(folder), config)  # before the lock: a refused run leaves the folder as it was
+        if done:
+            fail(
+                UserError(
+                    f"hydra.run.dir: {folder!r} holds a finished run ({done}), expected a new run folder (a run's "
+                    "result is never overwritten: name another with hydra.run.dir=..., or remove that one)"
+                )
+            )
         self._held = contextlib.ExitStack()
         try:
             self._held.enter_context(one_writer(folder, "hydra.run.dir", "one run per run folder"))
@@ -113,13 +132,19 @@ class RunFolderLock(Callback):
             fail(err)
         except OSError as err:
             fail(os_error(err, Path(folder), "making the run folder"))
-        output = OmegaConf.select(config, "output", default=None)
-        if isinstance(output, str) and Path(output).name == output and (Path(folder) / output).exists():
-            self._held.close()
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """A sweep into a folder whose jobs finished (a job folder holding its result) is refused before any job
+        starts: its jobs' folders would be written again, one by one."""
+        folder = Path(str(OmegaConf.select(config, "hydra.sweep.dir")))
+        jobs = sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+        done = next(((job, why) for job in jobs for why in [finished(job, config)] if why), None)
+        if done:
             fail(
                 UserError(
-                    f"hydra.run.dir: {folder!r} holds a finished run ({output}), expected a new run folder (a run's "
-                    "result is never overwritten: name another with hydra.run.dir=..., or remove that one)"
+                    f"hydra.sweep.dir: {str(folder)!r} holds finished runs ({done[0].name}/{done[1]}), expected a new "
+                    "sweep folder (a run's result is never overwritten: name another with hydra.sweep.dir=..., or "
+                    "remove that one)"
                 )
             )
 
