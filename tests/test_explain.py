@@ -58,6 +58,13 @@ def test_explain_file_prints_measured_costs_and_writes_a_chart(plan_and_model, t
     assert "measured: evaluation.json" in text and "3.200" in text  # device 2's measured total
     assert "<- slowest" in text and "split tables" in text and "imbalance: max/mean" in text
     assert (tmp_path / "plan.png").stat().st_size > 10_000
+    # an evaluation.json that is a FIFO (its read would block) or /dev/zero (it never ends): one line, at once
+    import os
+
+    (tmp_path / "evaluation.json").unlink()
+    os.mkfifo(tmp_path / "evaluation.json")
+    with pytest.raises(UserError, match=r"evaluation.json' is not a regular file, expected an evaluation.json of"):
+        explain_file(ExplainConfig(plan=str(path), model="analytic"))
 
 
 def test_diff_names_moved_and_split_tables(plan_and_model):

@@ -17,13 +17,11 @@ killed by the kernel's out-of-memory killer before the peers that lost it).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-from pathlib import Path
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.files import read_jsonl, write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import load_plan
@@ -36,11 +34,7 @@ def read_plan(spec: str) -> Plan:
     if not rest:
         return load_plan(path)
     task, _, searcher = rest.partition(":")
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as err:
-        raise UserError(f"plan: cannot read {path!r} ({err.strerror})") from None
-    rows = [json.loads(line) for line in lines if line.strip()]
+    rows = read_jsonl(path)  # a FIFO, a corrupt line: one line naming the file
     found = [r for r in rows if r.get("task") == task and r.get("searcher") == searcher and "plan" in r]
     if len(found) != 1:
         what = "no plan" if not found else f"{len(found)} plans (models {sorted({r.get('model') for r in found})})"

@@ -114,7 +114,12 @@ def read_jsonl(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.exists():
         raise UserError(f"dataset: {str(path)!r} does not exist")
-    data = path.read_bytes()
+    if not path.is_file():  # a FIFO would block the read, a device never end it
+        raise UserError(f"dataset: {str(path)!r} is not a regular file, expected a JSONL file")
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise UserError(f"dataset: cannot read {str(path)!r} ({err.strerror or err})") from None
     lines = data.split(b"\n")
     torn = lines.pop()  # b"" when the file ends with a newline
     if torn.strip():

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from pathlib import Path
 from typing import NamedTuple
 
@@ -44,6 +43,7 @@ from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.constraints import allowed_devices, groups, max_levels
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_FEATURES
+from neuroshard_jax.core.files import read_json
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import device_list, devices_summary, load_plan, printed_devices
 from neuroshard_jax.core.sharding import Shard, replica_features, row_split_count
@@ -302,8 +302,8 @@ def measured_devices(plan_path: Path, plan: Plan) -> Measured | None:
     has them)."""
     evaluation = plan_path.with_name("evaluation.json")
     if evaluation.exists():
+        obj = read_json(evaluation, str(evaluation), "an evaluation.json of python -m neuroshard_jax.evaluate")
         try:
-            obj = json.loads(evaluation.read_text())
             devices = obj["devices"]
             ours = Path(obj["plan"]).resolve() == plan_path.resolve()
             ours = ours and obj.get("predicted_cost_ms") == (plan.costs.cost_ms if plan.costs else None)
