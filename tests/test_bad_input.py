@@ -89,6 +89,9 @@ def test_thousands_of_tiny_tables_take_their_bytes_not_a_unit_each():
         (["task.num_devices=2.5"], "task.num_devices: got 2.5, expected an integer"),
         (["task.num_tables=-3"], "task.num_tables"),
         (["task.batch_size=abc"], "task.batch_size: got 'abc', expected an integer"),
+        # bounded as in a task file (2**40 asked numpy for 8 TiB)
+        (["task.batch_size=1099511627776"], "task.batch_size: got 1099511627776, expected an integer >= 1 and <="),
+        (["task.num_devices=100000"], "task.num_devices: got 100000, expected an integer >= 1 and <= 4096"),
         (["searcher=grid", "searcher.alphas=[0.5]"], "searcher.alphas"),
         (["calibrate=measured", "calibrate.samples=0"], "calibrate.samples: got 0"),
         (["cost_model.calibration=-1"], "cost_model.calibration: got -1"),
@@ -423,6 +426,18 @@ def test_json_nested_past_the_readers_depth_and_a_meta_that_is_a_fifo_are_one_li
     os.mkfifo(model / "meta.json")
     with pytest.raises(UserError, match=r"meta.json' is not a regular file, expected a JSON object$"):
         read_meta(model)
+
+
+def test_a_pool_batch_whose_busiest_stream_would_not_fit_this_machine_is_refused_before_it_is_drawn():
+    from neuroshard_jax.core.hardware import available_bytes
+    from neuroshard_jax.core.table import PoolSpec
+    from neuroshard_jax.workloads.pool import STREAM_BYTES, load_pool, pool_streams
+
+    spec = PoolSpec()
+    _, streams = pool_streams(spec)
+    batch = int(available_bytes() / (float(streams.params.pooling.max()) * STREAM_BYTES)) + 1
+    with pytest.raises(UserError, match=rf"task.batch_size: got {batch}, at which the pool's busiest table draws"):
+        load_pool(spec, batch)
 
 
 def test_an_empty_cache_variable_is_the_default_folder_not_the_current_one(monkeypatch):

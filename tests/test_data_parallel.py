@@ -184,7 +184,7 @@ def test_plans_of_one_task_are_timed_in_distributed_model_parallel_steps():
     with pytest.raises(UserError, match=r"plans\[1\]: its task differs from plans\[0\]'s"):
         dmp_steps([sharded, Plan(other, (Shard(0, 0, 8, 0), Shard(1, 0, 16, 1)))])
     # plans whose ranks' modules, built together, would not fit this machine: refused before any rank starts
-    from neuroshard_jax.measure.training_steps import available_bytes
+    from neuroshard_jax.core.hardware import available_bytes
 
     rows = int(0.5 * available_bytes() / (512 * 4))  # a table of half the available memory, every plan holds it
     big = make_task([make_table(0, rows=rows, dim=512), make_table(1, rows=100, dim=8)], 2, 2.0**20, 1024)

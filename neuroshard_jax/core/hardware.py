@@ -74,6 +74,17 @@ def cache_bytes() -> dict[str, int]:
     return found
 
 
+def available_bytes() -> int | None:
+    """The memory this machine can still give (``MemAvailable``), None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def hardware_kind(found: dict | None, device: str | None = "cpu") -> str:
     """One string per kind of hardware: the CPU's name and its microarchitecture where recorded, and on
     ``device="cuda"`` the GPU. Manifests written before 2026-11-24 lack ``cpu_id``; theirs reads

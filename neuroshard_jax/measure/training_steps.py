@@ -34,6 +34,7 @@ import numpy as np
 
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.hardware import available_bytes
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.kernels.messages import StepsJob, TorchRecTable
@@ -42,17 +43,6 @@ from neuroshard_jax.kernels.torchrec_export import ExportConfig, export_torchrec
 from neuroshard_jax.measure.evaluator import device_tables
 
 MEMORY_SHARE = 0.8  # of the available memory, what the ranks' modules may take together
-
-
-def available_bytes() -> int | None:
-    """The memory this machine can still give (``MemAvailable``), None where unknown."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def check_room(plans: Sequence[Plan]) -> None:

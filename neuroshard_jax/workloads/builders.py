@@ -14,6 +14,7 @@ from neuroshard_jax.core.constants import (
     BYTES_PER_ELEMENT,
     DIM_ALIGNMENT,
     GIB_BYTES,
+    MAX_BATCH,
     MAX_CAP_GB,
     MAX_DEVICES,
     TASK_DIMS,
@@ -41,7 +42,7 @@ class TaskConfig:
     max_tables: int = 59
     num_devices: int = bounded(at_least=1, at_most=MAX_DEVICES, default=4)
     mem_cap_gb: float = bounded(above=0, at_most=MAX_CAP_GB, default=4.0)
-    batch_size: int = bounded(at_least=1, default=4096)
+    batch_size: int = bounded(at_least=1, at_most=MAX_BATCH, default=4096)
     dims: tuple[int, ...] = TASK_DIMS
     precision: str = "fp32"
     optimizer: str = "exact_sgd"  # the fused optimizer the tables train with (FBGEMM's or TorchRec's name)

@@ -33,9 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.core.constants import GENERATOR_VERSION, MIN_ROWS
+from neuroshard_jax.core.constants import GENERATOR_VERSION, GIB_BYTES, MIN_ROWS
 from neuroshard_jax.core.errors import UserError, first_line
 from neuroshard_jax.core.features import NUM_BINS, access_histogram, bin_shares, count_histogram
+from neuroshard_jax.core.hardware import available_bytes
 from neuroshard_jax.core.paths import CACHE_HINT, cache_dir, cache_folder, pool_file_digest
 from neuroshard_jax.core.table import PoolSpec
 
@@ -347,6 +348,7 @@ def load_pool(spec: PoolSpec, batch_size: int) -> TablePool:
     if batch_size < 1:
         raise UserError(f"batch_size: got {batch_size}, expected a positive integer")
     rows, streams = pool_streams(spec)
+    _check_stream_room(streams, batch_size)
     # The generator's parameters are in the key: features cached before a recalibration are never reused.
     key = "-".join(filter(None, (spec.pool_id, streams.fingerprint(), f"b{batch_size}")))
     folder = cache_folder("pools", "pool features")
@@ -359,6 +361,25 @@ def load_pool(spec: PoolSpec, batch_size: int) -> TablePool:
         if cache is not None:
             write_cache(cache, pooling_factor=pooling, bins=bins)
     return TablePool(spec, batch_size, rows, pooling, bins, streams)
+
+
+STREAM_BYTES = 24  # per lookup while a table's stream is measured: its id, its bag's offset share, the histogram's sort
+
+
+def _check_stream_room(streams: StreamSource, batch_size: int) -> None:
+    """UserError where the busiest synthetic table's stream at ``batch_size`` (its expected lookups) would not fit
+    this machine's available memory: refused before it is drawn (a batch of 2**40 asked for 8 TiB at once)."""
+    params = getattr(streams, "params", None)
+    room = available_bytes()
+    if params is None or room is None:
+        return
+    need = float(np.max(params.pooling)) * batch_size * STREAM_BYTES
+    if need > 0.8 * room:
+        raise UserError(
+            f"task.batch_size: got {batch_size}, at which the pool's busiest table draws a stream of "
+            f"{need / GIB_BYTES:.1f} GiB, this machine has {room / GIB_BYTES:.1f} GiB available; expected a smaller "
+            "batch"
+        )
 
 
 def _max_index_per_table(streams: ArrayStreams) -> np.ndarray:
