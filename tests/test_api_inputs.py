@@ -267,3 +267,12 @@ def test_load_cost_model_without_a_name_is_the_model_the_planner_chooses_here():
     mine, theirs = nsj.load_cost_model(), nsj.load_cost_model(chosen)
     leaves = zip(jax.tree_util.tree_leaves(mine.params), jax.tree_util.tree_leaves(theirs.params))
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in leaves)
+
+
+def test_a_platform_the_machine_lacks_is_one_line_through_the_library_too(monkeypatch):
+    """``JAX_PLATFORMS=cuda`` on a machine without a GPU: ``nsj.plan`` raises one UserError naming the variable (it
+    raised JAX's bare AssertionError), as the commands say it."""
+    bins = [1.0] + [0.0] * 16
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    with pytest.raises(UserError, match=r"^JAX_PLATFORMS: got 'cuda', but JAX cannot start it on this machine"):
+        nsj.plan([{"rows": 100, "dim": 8, "pooling_factor": 1.0, "bins": bins}], num_devices=2, mem_cap_gb=1.0)

@@ -175,17 +175,22 @@ def one_line_errors(main: Callable[[DictConfig], None]) -> Callable[[DictConfig]
 
 
 def check_jax_environment() -> None:
+    """``jax_environment`` of this process's environment (a library's callers: ``Planner.run``; a setting that
+    passed is not tried again)."""
+    _jax_environment(*(os.environ.get(k, "") for k in ("JAX_ENABLE_X64", "XLA_FLAGS", "JAX_PLATFORMS")))
+
+
+@functools.cache  # an environment that passed, once a process (a failing one raises: nothing kept)
+def _jax_environment(x64: str, flags: str, platforms: str) -> None:
     """One UserError naming the variable where the environment would make JAX fail later with another message: 64-bit
     mode (the cost models and their saved state are float32: the restore would blame the model), a ``JAX_PLATFORMS``
     this machine cannot start (XLA's bare AssertionError), flags in ``XLA_FLAGS`` this XLA does not know (XLA ends
     the process with its own fatal line). The platforms and flags are tried in a child process, only where they are
     set (``cpu`` alone always starts); nothing is run otherwise."""
-    x64 = os.environ.get("JAX_ENABLE_X64", "")
     if x64.strip().lower() in TRUE_WORDS:  # JAX's own reading of a boolean variable
         raise UserError(
             f"JAX_ENABLE_X64: got {x64!r}, expected it unset or 0: the cost models and their saved state are float32"
         )
-    flags, platforms = os.environ.get("XLA_FLAGS", ""), os.environ.get("JAX_PLATFORMS", "")
     if not flags and platforms.strip().lower() in ("", "cpu"):
         return
     try:

@@ -22,6 +22,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from neuroshard_jax.core.cli import check_jax_environment
 from neuroshard_jax.core.config import check_seed, nearest, typed
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.plan import Plan
@@ -128,6 +129,7 @@ class Planner(Settings):
         asked), search (row splits tried first where they may pay), polish on the real kernels (if asked)."""
         if not isinstance(task, Task):
             raise UserError(f"planner.run: got {type(task).__name__}, expected a Task (workloads.builders.make_task)")
+        check_jax_environment()  # a library's caller too: JAX_PLATFORMS=cuda without a GPU is one line, not XLA's
         check_feasible(task)  # an infeasible task is refused before any model is built or kernel measured
         keep_compiled_kernels()
         model, choice = build_cost_model(self.cost_model, task, self.device, self.fallback)  # choice.instead: why
