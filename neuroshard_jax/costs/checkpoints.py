@@ -151,8 +151,11 @@ def _keep_tree(state: Path, tree, digest: str | None) -> None:
 def _drop_closed_loop_reports() -> None:
     """After a failed restore, tensorstore's reads still pending complete on orbax's closed event loop and report
     ``RuntimeError: Event loop is closed`` from their threads, at any moment: before the caller's one-line error
-    was printed (one test run of many), even before the restore call had returned (another). Those reports, and
-    only those, are dropped from the first restore on; every other report goes to the hook that was there."""
+    was printed (one test run of many), even before the restore call had returned (another); and orbax's read
+    coroutines left unawaited report the read's error as they are collected ("Exception ignored in: <coroutine
+    object _read_array_index_and_device_put>", 60 lines each, after the one-line warning of a damaged model). Those
+    reports, and only those, are dropped from the first restore on; every other report goes to the hook that was
+    there."""
 
     def closed_loop(exc) -> bool:
         return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
@@ -167,8 +170,14 @@ def _drop_closed_loop_reports() -> None:
 
     on_exception.drops_closed_loop = True
     sys.excepthook = on_exception
-    sys.unraisablehook = lambda report: closed_loop(report.exc_value) or unraisablehook(report)
+    sys.unraisablehook = lambda report: closed_loop(report.exc_value) or _orbax_read(report) or unraisablehook(report)
     threading.excepthook = lambda args: closed_loop(args.exc_value) or thread_hook(args)
+
+
+def _orbax_read(report) -> bool:
+    """An unraisable report of one of orbax's coroutines, collected unawaited after a failed read."""
+    code = getattr(report.object, "cr_code", None)
+    return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
 
 
 def _first_line(err: Exception) -> str:
