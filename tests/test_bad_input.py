@@ -228,9 +228,20 @@ def test_after_a_failed_restore_only_closed_loop_reports_are_dropped(monkeypatch
     closed, other = RuntimeError("Event loop is closed"), RuntimeError("a real fault")
     for exc in (closed, other):
         sys.excepthook(RuntimeError, exc, None)
-        sys.unraisablehook(types.SimpleNamespace(exc_value=exc))
+        sys.unraisablehook(types.SimpleNamespace(exc_value=exc, object=None))
         threading.excepthook(types.SimpleNamespace(exc_value=exc))
     assert seen == [other] * 3
+    # a coroutine of orbax's collected unawaited after a failed read reports its read's error: dropped; another's not
+    space: dict = {}
+    exec(compile("async def read(): pass", "/site-packages/orbax/checkpoint/reads.py", "exec"), space)
+    exec(compile("async def mine(): pass", "/home/me/train.py", "exec"), space)
+    orbax_read, mine = space["read"](), space["mine"]()
+    read_error = ValueError("Encountered error while reading array index")
+    sys.unraisablehook(types.SimpleNamespace(exc_value=read_error, object=orbax_read))
+    sys.unraisablehook(types.SimpleNamespace(exc_value=read_error, object=mine))
+    orbax_read.close()
+    mine.close()
+    assert seen == [other] * 3 + [read_error]
 
 
 def test_an_output_folder_that_cannot_be_written_is_refused_before_work(tmp_path, capsys):

@@ -110,13 +110,36 @@ def test_a_table_larger_than_all_the_devices_together_gets_advice_that_would_fit
     together, so the advice is for the whole (the probe's case read "short by -0.698 GiB: ... 0.302 GiB per device",
     which any cap already gave)."""
     table = {"big": {"rows": 20_000_000, "dim": 64, "pooling_factor": 1.0, "bins": UNIFORM}}
-    for devices, cap, advice in (
-        (4, 1.0, "short by 0.772 GiB: it would fit with 1.19 GiB per device or 5 devices"),
-        (8, 0.2, "short by 3.17 GiB: it would fit with 0.597 GiB per device or 24 devices"),
+    for devices, cap, advice, advised in (
+        (4, 1.0, "short by 0.2 GiB a device: it would fit with 1.2 GiB per device or 5 devices", [(4, 1.2), (5, 1.0)]),
+        (8, 0.2, "short by 0.397 GiB a device: it would fit with 0.597 GiB per device or 25 devices", [(25, 0.2)]),
     ):
         with pytest.raises(InfeasibleError) as err:
             nsj.plan(table, devices, cap, "size_greedy", "analytic")
         assert str(err.value).endswith(advice), str(err.value)
+        # what it advises plans (rounded up: the probe's 23.8 GiB for a table needing 23.85 was refused again)
+        for count, per_device in advised:
+            nsj.plan(table, count, per_device, cost_model="analytic")
+    with pytest.raises(InfeasibleError, match="would fit with"):
+        nsj.plan(table, 24, 0.2, "size_greedy", "analytic")  # one device fewer than advised: 0.001 GiB short
+
+
+def test_the_advice_for_one_table_counts_every_other_table_and_a_table_kept_whole_is_named():
+    """The probe's case: with Adam, a 2e7 x 128 table (28.6 GiB with its state) beside a 2e7 x 64 one on 4 x 4 GiB:
+    the advice for the first must leave room for the second (it said 7.16 GiB or 8 devices, which the total
+    refused); and a table kept whole (``no_split``) larger than every device is named, not left to a searcher."""
+    tables = {
+        "wide": {"rows": 20_000_000, "dim": 128, "pooling_factor": 1.0, "bins": UNIFORM},
+        "narrow": {"rows": 20_000_000, "dim": 64, "pooling_factor": 1.0, "bins": UNIFORM},
+    }
+    with pytest.raises(InfeasibleError) as err:
+        nsj.plan(tables, 4, 4.0, cost_model="analytic", optimizer="adam")
+    assert str(err.value).endswith(
+        "it would fit with 10.8 GiB per device or 11 devices or exact_sgd (no optimizer state)"
+    )
+    whole = {"whole": {"rows": 6_000_000, "dim": 128, "pooling_factor": 1.0, "bins": UNIFORM, "no_split": True}}
+    with pytest.raises(InfeasibleError, match=r"table whole: kept whole \(no_split\), needs 2\.86 GiB, the largest"):
+        nsj.plan(whole, 4, 2.0, cost_model="analytic")
 
 
 def test_a_plan_that_fits_under_sgd_is_refused_with_row_wise_state_and_the_message_says_what_would_fit():
@@ -126,7 +149,8 @@ def test_a_plan_that_fits_under_sgd_is_refused_with_row_wise_state_and_the_messa
         _two_big_tables("exact_row_wise_adagrad")
     message = str(err.value)
     assert "\n" not in message and "exact_row_wise_adagrad state 0.450" in message, message
-    assert "short by 0.2" in message and "exact_sgd (no optimizer state)" in message and "3 devices" in message
+    assert "short by 0.13 GiB a device" in message and "exact_sgd (no optimizer state)" in message
+    assert "3 devices" in message
     with pytest.raises(
         InfeasibleError, match=r"table 0 needs 2\.7 GiB \(weights 0\.900 \+ adam state 1\.800 .*or exact_sgd"
     ):

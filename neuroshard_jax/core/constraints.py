@@ -197,9 +197,9 @@ def conflicts(
     tables: Sequence[Constrained], names: Sequence[str], mem_bytes: Sequence[int], cap_bytes: Sequence[int]
 ) -> str | None:
     """The smallest conflicting part of the constraints found, or None: a table (or group) allowed on no device;
-    a group whose tables are pinned apart; tables pinned to one device (with their groups) over its memory; a
-    group too large for any device it may go to. ``mem_bytes``: each table's whole memory; ``cap_bytes``: each
-    device's cap."""
+    a group whose tables are pinned apart; a table kept whole (``no_split``, ``max_shards`` 1) or a group too large
+    for any device it may go to; tables pinned to one device (with their groups) over its memory. ``mem_bytes``: each
+    table's whole memory; ``cap_bytes``: each device's cap."""
     num_devices = len(cap_bytes)
     for i, t in enumerate(tables):
         c = t.constraints
@@ -215,6 +215,16 @@ def conflicts(
             group = tables[i].constraints.colocate
             where = f"colocate group {group!r}" if group else f"table {names[i]}"
             return f"{where}: allowed on no device (pin and exclude leave none of 0..{num_devices - 1})"
+    for i, t in enumerate(tables):
+        c = t.constraints
+        if (c.no_split or c.max_shards == 1) and not c.colocate:
+            room = max(cap_bytes[d] for d in np.flatnonzero(allowed[i]))
+            if mem_bytes[i] > room:
+                kept = "no_split" if c.no_split else "max_shards 1"
+                return (
+                    f"table {names[i]}: kept whole ({kept}), needs {gib(mem_bytes[i])} GiB, the largest device it may "
+                    f"go to holds {gib(room)} GiB"
+                )
     for group, members in groups(tables).items():
         need = sum(mem_bytes[m] for m in members)
         room = max(cap_bytes[d] for d in np.flatnonzero(allowed[members[0]]))

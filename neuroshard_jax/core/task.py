@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+import math
 from typing import Any
 
 import numpy as np
@@ -371,18 +371,26 @@ def training_of(optimizer: str, reserve: float, where: str = "task") -> Training
 
 
 def check_feasible(task: Task) -> None:
-    """Raise InfeasibleError if no plan can exist: a table that fits nowhere even split, or too much in total; the
-    message gives the memory by part and what would fit (``fit_advice``)."""
+    """Raise InfeasibleError if no plan can exist (``infeasibility``: a table that fits nowhere even split, or too
+    much in total); the message gives the memory by part and what would fit (``fit_advice``)."""
+    why = infeasibility(task)
+    if why is not None:
+        raise InfeasibleError(why + fit_advice(task))
+
+
+def infeasibility(task: Task) -> str | None:
+    """Why no plan of ``task`` can exist, or None: every device's slice of the batch over its room, a table that
+    fits nowhere even split (its narrowest column slice and its largest row block over every device on no device,
+    or the whole table over all the devices together), or more than the devices hold in total."""
     caps = task.cap_bytes()
     cap = int(caps.max())
     step, room = task.step_memory().total, int(task.room_bytes().max())
     if step >= room:
         local = -(-task.batch_size // task.num_devices)
-        raise InfeasibleError(
+        return (
             f"task infeasible: every device holds {gib(step)} GiB for its {local} samples of the batch (the pooled "
             f"outputs of all {task.num_tables} tables, {sum(t.dim for t in task.tables)} wide, their gradients and "
-            f"the ids), expected less than its {gib(room)} GiB for training; it would fit with a smaller batch or "
-            f"more than {gib(step / (1.0 - task.training.reserve))} GiB per device"
+            f"the ids), expected less than its {gib(room)} GiB for training"
         )
     for i, table in enumerate(task.tables):
         narrowest = task.table_mem_bytes(i, narrowest_dim(table.dim))
@@ -391,14 +399,9 @@ def check_feasible(task: Task) -> None:
         if not rows_fit or (whole > cap and whole > int(caps.sum())):
             where = f"devices of {task.devices[0].mem_cap_gb} GiB" if task.is_uniform else task.describe_devices()
             parts = memory_words(task, task.rows_memory(i, table.rows, table.dim))
-            # the advice for what binds: the whole table on all the devices together, else its smallest piece on one
-            if whole > int(caps.sum()):
-                advice = fit_advice(task, functools.partial(_table_bytes, index=i), int(caps.sum()))
-            else:
-                advice = fit_advice(task, functools.partial(_least_per_device, index=i), cap)
-            raise InfeasibleError(
+            return (
                 f"task infeasible: table {table.id} needs {gib(whole)} GiB ({parts}), which no split "
-                f"fits (column slices, or row blocks over every device) in {where}" + advice
+                f"fits (column slices, or row blocks over every device) in {where}"
             )
     total = sum(task.table_mem_bytes(i) for i in range(task.num_tables))
     if total > caps.sum():
@@ -409,62 +412,86 @@ def check_feasible(task: Task) -> None:
             held_back.append(f"{100 * task.training.reserve:g}% reserved")
         if step:
             held_back.append(f"{gib(step)} GiB a device for its slice of the batch")
-        raise InfeasibleError(
+        return (
             f"task infeasible: tables need {gib(total)} GiB in total ({parts}), expected at most {gib(caps.sum())} "
-            f"GiB ({task.describe_devices()}"
-            + (f" less {' and '.join(held_back)})" if held_back else ")")
-            + fit_advice(task, lambda t: sum(t.table_mem_bytes(j) for j in range(t.num_tables)), int(caps.sum()))
+            f"GiB ({task.describe_devices()}" + (f" less {' and '.join(held_back)})" if held_back else ")")
         )
+    return None
 
 
-def _table_bytes(task: Task, index: int) -> int:
-    """Table ``index``'s whole memory (all of its pieces, on whichever devices)."""
-    return task.table_mem_bytes(index)
-
-
-def _least_per_device(task: Task, index: int) -> int:
-    """The fewest bytes a device must hold of table ``index``: its narrowest column slice, or its largest row block
-    over every device, whichever is less."""
-    table = task.tables[index]
-    largest_block = int(task.row_block_bytes(index, task.num_devices).max())
-    return min(task.table_mem_bytes(index, narrowest_dim(table.dim)), largest_block)
-
-
-def fit_advice(task: Task, need: Callable[[Task], int], room: int) -> str:
-    """``; it would fit with ...`` naming what would: more memory per device (or, for a total, more devices), the
-    optimizer without state, no reserve. ``need(task)``: the bytes of tables that must fit into ``room`` bytes (one
-    device's ``cap_bytes``, or all of theirs: a total)."""
-    needed, caps = need(task), task.cap_bytes()
-    short = needed - room
-    total = room >= int(caps.sum()) and task.num_devices > 1
-    keep = 1.0 - task.training.reserve
-    per_device = (needed / task.num_devices if total else needed) + task.step_memory().total
-    ideas = [f"{gib(per_device / keep)} GiB per device"]
-    if total and task.is_uniform:  # a total: devices of the same cap
-        ideas.append(f"{_devices_for(task, needed)} devices")
-    plain = dataclasses.replace(task, training=dataclasses.replace(task.training, optimizer="exact_sgd"))
-    if task.training.optimizer != "exact_sgd" and need(plain) <= room:
+def fit_advice(task: Task) -> str:
+    """``; it would fit with ...``: what ``infeasibility`` would accept, every table counted: the least memory per
+    device (every device at that cap, rounded up), the fewest devices of this cap (devices alike), the optimizer
+    without state, no reserve; and how much a device is short of that cap."""
+    ideas = ["a smaller batch"] if task.step_memory().total >= int(task.room_bytes().max()) else []
+    least = _least_cap_gb(task)
+    if least is not None:
+        ideas.append(f"{_shown(least)} GiB per device")
+    if task.is_uniform:
+        count = _least_devices(task)
+        if count is not None:
+            ideas.append(f"{count} devices")
+    if task.training.optimizer != "exact_sgd" and infeasibility(_with_training(task, optimizer="exact_sgd")) is None:
         ideas.append("exact_sgd (no optimizer state)")
-    if task.training.reserve and needed <= room + (int(task.largest_cap_bytes * task.training.reserve)) * (
-        task.num_devices if total else 1
-    ):
+    if task.training.reserve and infeasibility(_with_training(task, reserve=0.0)) is None:
         ideas.append("no reserve")
-    return f"; short by {gib(short)} GiB: it would fit with {' or '.join(ideas)}"
+    if not ideas:
+        return ""
+    short = (
+        "" if least is None else f" short by {_shown(least - max(d.mem_cap_gb for d in task.devices))} GiB a device:"
+    )
+    return f";{short} it would fit with {' or '.join(ideas)}"
 
 
-def _devices_for(task: Task, needed: int) -> int:
-    """The fewest devices of ``task``'s (uniform) cap whose rooms for tables hold ``needed`` bytes together (each
-    device's slice of the batch shrinks as devices are added)."""
+def _with_training(task: Task, **changes) -> Task:
+    return dataclasses.replace(task, training=dataclasses.replace(task.training, **changes))
+
+
+def _at_cap(task: Task, cap_gb: float) -> Task:
+    return dataclasses.replace(task, devices=tuple(dataclasses.replace(d, mem_cap_gb=cap_gb) for d in task.devices))
+
+
+def _least_cap_gb(task: Task) -> float | None:
+    """The least memory per device (GiB, rounded up to three significant digits) at which ``task`` is feasible;
+    None where no cap up to ``MAX_CAP_GB`` is (a batch too large for any device)."""
+    low, high = max(d.mem_cap_gb for d in task.devices), max(d.mem_cap_gb for d in task.devices)
+    while infeasibility(_at_cap(task, high)) is not None:
+        low, high = high, high * 2
+        if high > MAX_CAP_GB:
+            return None
+    for _ in range(60):  # to well under the shown precision
+        mid = (low + high) / 2
+        low, high = (low, mid) if infeasibility(_at_cap(task, mid)) is None else (mid, high)
+    shown = _round_up(high)
+    return shown if infeasibility(_at_cap(task, shown)) is None else high
+
+
+def _least_devices(task: Task) -> int | None:
+    """The fewest devices of ``task``'s (uniform) cap at which it is feasible (each device's slice of the batch
+    shrinks as devices are added), None past ``MAX_DEVICES``."""
 
     def fits(n: int) -> bool:
-        return n * int(dataclasses.replace(task, devices=task.devices[:1] * n).cap_bytes()[0]) >= needed
+        return infeasibility(dataclasses.replace(task, devices=task.devices[:1] * n, links=None)) is None
 
     low, high = task.num_devices, task.num_devices
     while not fits(high):
-        low, high = high, high * 2
-        if high > 1 << 24:
-            return high
+        if high >= MAX_DEVICES:
+            return None
+        low, high = high, min(high * 2, MAX_DEVICES)
     while high - low > 1:
         mid = (low + high) // 2
         low, high = (low, mid) if fits(mid) else (mid, high)
     return high
+
+
+def _round_up(x: float, digits: int = 3) -> float:
+    """``x`` rounded up to ``digits`` significant digits."""
+    if x <= 0:
+        return x
+    step = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
+    return math.ceil(x / step - 1e-9) * step
+
+
+def _shown(x: float) -> str:
+    """A GiB figure as the advice writes it (three significant digits)."""
+    return f"{x:.3g}"
