@@ -31,6 +31,22 @@ from neuroshard_jax.search.job import MainConfig, main_config
 from neuroshard_jax.search.suite import run_suite
 from neuroshard_jax.workloads.builders import make_task
 
+WITH_PATH = ("path", "optimizer", "mem_reserve")  # the task keys a task file's run takes from the command line
+
+
+def check_beside_path(overrides: list[str], path: str | None) -> None:
+    """UserError where ``task.*`` overrides a task file's run would ignore (``task.mem_cap_gb=2`` beside
+    ``task.path``: the file's caps were planned, silently)."""
+    if not path:
+        return
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+    ignored = [k for k in keys if k.startswith("task.") and k.split(".")[1] not in WITH_PATH]
+    if ignored:
+        raise UserError(
+            f"{ignored[0]}: given beside task.path, whose file's task is planned as it is; expected one of them (the "
+            "file's values are changed in the file; task.optimizer and task.mem_reserve apply to it)"
+        )
+
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="config")
 @one_line_errors
@@ -38,6 +54,7 @@ def main(cfg: DictConfig) -> None:
     out_dir = HydraConfig.get().runtime.output_dir
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     config = main_config(cfg)
+    check_beside_path(list(HydraConfig.get().overrides.task), config.task.path)
     if config.suite is not None:
         run_suite_job(config, out_dir, multirun)
         return

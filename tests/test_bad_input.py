@@ -382,6 +382,9 @@ def test_accepted_task_files():
     for table in unnumbered["tables"]:
         del table["id"]  # a table's id is its place in the list where the file gives none
     assert [t.id for t in Task.from_json(unnumbered).tables] == [0, 1]
+    unnumbered["tables"][0]["id"] = 1  # ids on some tables only: the one without is named, not blamed for an id
+    with pytest.raises(UserError, match=r"tables\[1\]: has no id, and its place \(1\) is another table's id"):
+        Task.from_json(unnumbered)
 
 
 # --- 7. one device sends nothing --------------------------------------------------------------------------

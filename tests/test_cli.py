@@ -103,6 +103,9 @@ def test_task_file_input(tmp_path):
     assert done.returncode == 0, done.stderr
     plan = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert plan["task"] == task.to_json()
+    # a task key the file's run would ignore is refused, not planned past (the file's caps were used, silently)
+    ignored = run_cli(f"task.path={tmp_path / 'task.json'}", "task.mem_cap_gb=2", f"hydra.run.dir={tmp_path / 'o2'}")
+    _one_line_error(ignored, "task.mem_cap_gb: given beside task.path, whose file's task is planned as it is")
 
 
 def _one_line_error(done, *fragments):

@@ -336,6 +336,11 @@ class Task:
         names: set[str] = set()
         for i, t in enumerate(tables):
             if t.id in seen:
+                if isinstance(raw.tables[i], dict) and "id" not in raw.tables[i]:  # its place, taken by another's id
+                    raise UserError(
+                        f"{at[i]}: has no id, and its place ({i}) is another table's id; expected ids on every table "
+                        "or on none"
+                    )
                 raise UserError(f"{at[i]}.id: got {t.id}, expected ids unique within a task")
             if t.name is not None and t.name in names:
                 raise UserError(f"{where}.tables[{i}].name: got {t.name!r}, expected names unique within a task")
