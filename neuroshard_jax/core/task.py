@@ -431,7 +431,7 @@ def fit_advice(task: Task) -> str:
     ideas = ["a smaller batch"] if task.step_memory().total >= int(task.room_bytes().max()) else []
     least = _least_cap_gb(task)
     if least is not None:
-        ideas.append(f"{_shown(least)} GiB per device")
+        ideas.append(f"{least:.3g} GiB per device")
     if task.is_uniform:
         count = _least_devices(task)
         if count is not None:
@@ -442,9 +442,8 @@ def fit_advice(task: Task) -> str:
         ideas.append("no reserve")
     if not ideas:
         return ""
-    short = (
-        "" if least is None else f" short by {_shown(least - max(d.mem_cap_gb for d in task.devices))} GiB a device:"
-    )
+    largest = max(d.mem_cap_gb for d in task.devices)
+    short = "" if least is None else f" short by {least - largest:.3g} GiB a device:"
     return f";{short} it would fit with {' or '.join(ideas)}"
 
 
@@ -495,8 +494,3 @@ def _round_up(x: float, digits: int = 3) -> float:
         return x
     step = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
     return math.ceil(x / step - 1e-9) * step
-
-
-def _shown(x: float) -> str:
-    """A GiB figure as the advice writes it (three significant digits)."""
-    return f"{x:.3g}"
