@@ -63,13 +63,21 @@ def test_numpy_numbers_and_arrays_plan_as_python_ones():
 @pytest.mark.parametrize(
     "changes, kwargs, message",
     [
-        ({"rows": np.bool_(True)}, {}, "plan.tables['user_id'].rows: got True, expected an integer >= 1"),
-        ({}, {"num_devices": np.bool_(True)}, "plan.num_devices: got True, expected an integer >= 1"),
-        ({"rows": np.float64(2e4)}, {}, "plan.tables['user_id'].rows: got 20000.0, expected an integer >= 1"),
+        (
+            {"rows": np.bool_(True)},
+            {},
+            "plan.tables['user_id'].rows: got True, expected an integer >= 1 and <= 1099511627776",
+        ),
+        ({}, {"num_devices": np.bool_(True)}, "plan.num_devices: got True, expected an integer >= 1 and <= 4096"),
+        (
+            {"rows": np.float64(2e4)},
+            {},
+            "plan.tables['user_id'].rows: got 20000.0, expected an integer >= 1 and <= 1099511627776",
+        ),
         (
             {"pooling_factor": np.float64("nan")},
             {},
-            "plan.tables['user_id'].pooling_factor: got nan, expected a finite number >= 0",
+            "plan.tables['user_id'].pooling_factor: got nan, expected a finite number >= 0 and <= 1000000",
         ),
         (
             {},
@@ -109,7 +117,7 @@ def test_plain_makes_numpy_python_in_nested_objects():
     assert value == {"a": 3, "b": [0.5, (True,)], "c": [0, 1, 2], "d": 1}
     assert [type(x) for x in (value["a"], value["b"][0], value["b"][1][0], value["c"][0])] == [int, float, bool, int]
     assert typed(TaskConfig, {"num_devices": np.int64(3), "dims": np.array([16, 32])}, "task").dims == (16, 32)
-    with pytest.raises(UserError, match=r"^task.num_devices: got True, expected an integer >= 1$"):
+    with pytest.raises(UserError, match=r"^task.num_devices: got True, expected an integer >= 1 and <= 4096$"):
         typed(TaskConfig, {"num_devices": np.bool_(True)}, "task")
 
 
@@ -192,11 +200,11 @@ def test_tables_without_bins_are_estimated_as_the_torchrec_adapter_does():
 @pytest.mark.parametrize(
     "changes, kwargs, message",
     [
-        ({"rows": 0}, {}, "plan.tables['user_id'].rows: got 0, expected an integer >= 1"),
+        ({"rows": 0}, {}, "plan.tables['user_id'].rows: got 0, expected an integer >= 1 and <= 1099511627776"),
         (
             {"pooling_factor": None},
             {},
-            "plan.tables['user_id'].pooling_factor: got None, expected a finite number >= 0",
+            "plan.tables['user_id'].pooling_factor: got None, expected a finite number >= 0 and <= 1000000",
         ),
         ({}, {"zipf": -1.0}, "zipf: got -1.0, expected a finite exponent >= 0"),
         ({}, {"zipf": "steep"}, "zipf: got 'steep', expected a finite exponent >= 0"),

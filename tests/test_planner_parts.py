@@ -162,7 +162,10 @@ def test_plan_and_pool_files_refuse_unknown_keys_and_wrong_types_like_configs():
         ),
         (lambda o: o.update(cost_msec=1.0), r"^plan.cost_msec: unknown key, did you mean 'cost_ms'\?"),
         (lambda o: o["task"].update(pool={"source": "synthetic", "seeds": 1}), r"^plan.task.pool.seeds: unknown key"),
-        (lambda o: o["task"].update(batch_size=None), r"^plan.task.batch_size: got None, expected an integer >= 1$"),
+        (
+            lambda o: o["task"].update(batch_size=None),
+            r"^plan.task.batch_size: got None, expected an integer >= 1 and <= 16777216$",
+        ),
     ]
     for change, message in cases:
         bad = json.loads(json.dumps(obj))

@@ -4,6 +4,10 @@ No torch here. ``ComputeWorker`` keeps one ``python -m neuroshard_jax.kernels.wo
 restarts it after a crash or a timeout; ``run_comm`` launches one process per rank for a batch of
 all-to-all requests. Samplers are deterministic per (seed, sample index), so a resumed collection
 draws exactly the samples it would have drawn.
+
+Why one module of ~520 lines: every way the host starts and watches the worker's processes (the serving worker, the
+pool of them, the rank processes of the collectives and of DistributedModelParallel) shares their environment, the
+reasons a process ended and the cleanup after it; split, each part would repeat them.
 """
 
 from __future__ import annotations
