@@ -74,6 +74,9 @@ def cache_bytes() -> dict[str, int]:
     return found
 
 
+MEMORY_SHARE = 0.8  # of the available memory, what one job's processes (ranks, a stream being drawn) may take
+
+
 def available_bytes() -> int | None:
     """The memory this machine can still give (``MemAvailable``), None where unknown."""
     try:

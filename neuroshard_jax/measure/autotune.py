@@ -30,7 +30,7 @@ import numpy as np
 from neuroshard_jax.core.config import bounded, nearest
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import InfeasibleError, UserError
-from neuroshard_jax.core.hardware import available_bytes, hardware, hardware_kind
+from neuroshard_jax.core.hardware import MEMORY_SHARE, available_bytes, hardware, hardware_kind
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.progress import progress_bar, progress_lines
 from neuroshard_jax.core.records import AutotuneRecord, MeasuredCandidate
@@ -38,7 +38,7 @@ from neuroshard_jax.costs.cost_model import CostModel, expected_cost_model, plan
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor, pinned
 from neuroshard_jax.measure.evaluator import Measuring, measure_tables, plan_kernels
 from neuroshard_jax.measure.polish import simulate
-from neuroshard_jax.measure.training_steps import MEMORY_SHARE, dmp_steps
+from neuroshard_jax.measure.training_steps import dmp_steps
 from searchers import searcher_names
 
 logger = logging.getLogger(__name__)

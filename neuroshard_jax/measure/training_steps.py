@@ -34,15 +34,13 @@ import numpy as np
 
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.hardware import available_bytes
+from neuroshard_jax.core.hardware import MEMORY_SHARE, available_bytes
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.kernels.messages import StepsJob, TorchRecTable
 from neuroshard_jax.kernels.processes import WorkerFailure, run_ranks
 from neuroshard_jax.kernels.torchrec_export import ExportConfig, export_torchrec
 from neuroshard_jax.measure.evaluator import device_tables
-
-MEMORY_SHARE = 0.8  # of the available memory, what the ranks' modules may take together
 
 
 def check_room(plans: Sequence[Plan]) -> None:

@@ -40,11 +40,11 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.hardware import available_bytes
+from neuroshard_jax.core.hardware import MEMORY_SHARE, available_bytes
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.kernels.worker.torchrec_jobs import optimizer_class, rank_features
 from neuroshard_jax.measure.autotune import first_line
-from neuroshard_jax.measure.training_steps import MEMORY_SHARE, torchrec_tables
+from neuroshard_jax.measure.training_steps import torchrec_tables
 
 KEPT_BATCHES = 8  # of the caller's batches, the first this many are kept on the device and stepped in turn
 

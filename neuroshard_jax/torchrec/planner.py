@@ -363,10 +363,11 @@ class NeuroShardPlanner(ShardingPlanner):
             if depth:
                 logger.warning("%s", depth)
 
-    def _chosen(self, module: torch.nn.Module, ours: Plan, sharders: list | None) -> ShardingPlan:
-        """``ours`` kept as ``last_plan``, logged at INFO while ``verbose``, as TorchRec's ``ShardingPlan``."""
+    def _chosen(self, module: torch.nn.Module, ours: Plan, sharders: list | None, say: bool = True) -> ShardingPlan:
+        """``ours`` kept as ``last_plan``, logged at INFO while ``verbose`` (and ``say``), as TorchRec's
+        ``ShardingPlan``."""
         self.last_plan = ours
-        if self.verbose:
+        if self.verbose and say:
             logger.info("%s", format_plan(ours.to_json()))
         return self.to_sharding_plan(module, ours, sharders)
 
@@ -435,11 +436,8 @@ class NeuroShardPlanner(ShardingPlanner):
             batches,
         )
         chosen, _ = autotune_steps(entrants, self.planner.autotune, runner)
-        ours = searched_records(chosen, searched, self.seed)
-        if runner.says():  # rank 0 logs the plan and the candidates' table, as ``plan`` does
-            return self._chosen(module, ours, sharders)
-        self.last_plan = ours
-        return self.to_sharding_plan(module, ours, sharders)
+        # rank 0 logs the plan and the candidates' table, as ``plan`` does
+        return self._chosen(module, searched_records(chosen, searched, self.seed), sharders, runner.says())
 
     def _plan_or_error(self, module: torch.nn.Module, sharders: list | None):
         try:

@@ -36,7 +36,7 @@ import numpy as np
 from neuroshard_jax.core.constants import GENERATOR_VERSION, GIB_BYTES, MIN_ROWS
 from neuroshard_jax.core.errors import UserError, first_line
 from neuroshard_jax.core.features import NUM_BINS, access_histogram, bin_shares, count_histogram
-from neuroshard_jax.core.hardware import available_bytes
+from neuroshard_jax.core.hardware import MEMORY_SHARE, available_bytes
 from neuroshard_jax.core.paths import CACHE_HINT, cache_dir, cache_folder, pool_file_digest
 from neuroshard_jax.core.table import PoolSpec
 
@@ -374,7 +374,7 @@ def _check_stream_room(streams: StreamSource, batch_size: int) -> None:
     if params is None or room is None:
         return
     need = float(np.max(params.pooling)) * batch_size * STREAM_BYTES
-    if need > 0.8 * room:
+    if need > MEMORY_SHARE * room:
         raise UserError(
             f"task.batch_size: got {batch_size}, at which the pool's busiest table draws a stream of "
             f"{need / GIB_BYTES:.1f} GiB, this machine has {room / GIB_BYTES:.1f} GiB available; expected a smaller "
