@@ -175,7 +175,7 @@ def one_line_errors(main: Callable[[DictConfig], None]) -> Callable[[DictConfig]
 
 
 def check_jax_environment() -> None:
-    """``jax_environment`` of this process's environment (a library's callers: ``Planner.run``; a setting that
+    """``_jax_environment`` of this process's environment (a library's callers: ``Planner.run``; a setting that
     passed is not tried again)."""
     _jax_environment(*(os.environ.get(k, "") for k in ("JAX_ENABLE_X64", "XLA_FLAGS", "JAX_PLATFORMS")))
 
