@@ -199,3 +199,32 @@ def test_the_python_api_calibrates_and_polishes_too():
     assert plan.polish.measurements <= 12 and plan.to_json()["polish"] == plan.polish.to_json()
     with pytest.raises(nsj.UserError, match="polish: got 'yes', expected True, False, a PolishConfig or a mode's name"):
         nsj.plan(tables, num_devices=2, polish="yes")
+
+
+def test_calibration_on_the_plan_measures_its_devices_searches_again_and_checks_the_plan():
+    """``calibrate.on=plan``: the roofline made 10x too slow, calibrated on the devices of the portfolio's plan and
+    its members' plans (each distinct device once), is searched with again; the returned plan's own devices are
+    read (kernels not read before) against the calibrated predictions; plan.json keeps it all and the line says so."""
+    import neuroshard_jax as nsj
+    from neuroshard_jax.core.plan_file import calibration_line
+
+    bins = [0.6, 0.3, 0.1] + [0.0] * 14
+    tables = [
+        {"rows": 20000 + 3000 * i, "dim": 16 * (1 + i % 2), "pooling_factor": 4.0 + i, "bins": bins} for i in range(6)
+    ]
+    config = CalibrateConfig(name="measured", on="plan", warmup=2, iters=4, executor=ExecutorConfig())
+    plan = nsj.plan(
+        tables, num_devices=2, cost_model="analytic", cost_model_options={"calibration": 10.0}, calibrate=config
+    )
+    record = plan.calibration
+    assert record.on == "plan" and 0 < record.factor < 1.0 and record.devices >= 2
+    assert record.factor == pytest.approx(np.median(np.divide(record.measured_ms, record.predicted_ms)), 1e-2)
+    check = record.plan_devices
+    assert check.searched_again and len(check.measured_ms) == sum(bool(plan.device_shards(d)) for d in range(2))
+    error = np.median(np.abs(np.log(np.divide(check.predicted_ms, check.measured_ms))))
+    assert error < np.log(2.0) and check.worst >= 1.0, (check, record.factor)
+    assert CalibrationRecord.from_json(plan.to_json()["calibration"]) == record
+    line = calibration_line(record)
+    assert "devices of the searched plans" in line and f"on its own {len(check.measured_ms)} devices" in line
+    with pytest.raises(UserError, match="calibrate.on: got 'plans', expected one of tables, plan"):
+        CalibrateConfig(name="measured", on="plans")

@@ -73,8 +73,8 @@ from neuroshard_jax.costs.choice import (
     make_cost_model,
     neural_checkpoint,
 )
-from neuroshard_jax.costs.cost_model import expected_cost_model, plan_cost_ms
-from neuroshard_jax.costs.scoring import score_plan
+from neuroshard_jax.costs.cost_model import DeviceArrays, combine_costs, expected_cost_model, plan_cost_ms
+from neuroshard_jax.costs.scoring import fitted_ms, plan_dim_sums, score_plan
 from neuroshard_jax.kernels.executors import ExecutorConfig, map_requests, open_executor
 from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest
 from neuroshard_jax.learn.metrics import noise_floor, ranking_tau
@@ -677,6 +677,7 @@ def report(
             entry.update(predicted=predicted, measured=compute, noise=max(spread) if spread else None)
             if None not in compute:  # (b): the measured compute with the plan's collectives priced by the model
                 entry["step"] = float(np.asarray(plan_cost_ms(simulate(scorer, [plan], np.array([compute]))))[0])
+                entry["step_bound"] = balanced_step(scorer, plan, compute)
             if row["task"] in factors:  # the model calibrated on this task's own tables in this session
                 entry["calibrated"] = [p * factors[row["task"]] for p in predicted]
             if drift:  # the model at the machine's speed of this run
@@ -701,6 +702,18 @@ def report(
     result = {"model": label, "tie": tie, "hardware": kind, "session": session, "tasks": by_task, "summary": written}
     write_json(result, out / f"{name}.json")
     return summary
+
+
+def balanced_step(model, plan: Plan, compute: list[float]) -> float:
+    """(b)'s balance bound of ``plan``: its step were its measured compute and its all-to-all width spread evenly
+    over its devices (its row groups' and input distributions' collectives as they are), by the same formula as
+    ``step``. A task's least over its plans is what no placement of those kernels beats by balance alone (fusing
+    tables otherwise changes the kernels' sum a little, either way)."""
+    n = plan.task.num_devices
+    width = float(plan_dim_sums(plan, model).sum()) / n
+    even = DeviceArrays(np.full((1, n), width, np.float32), np.ones((1, n), bool), None, fitted_ms(model, [plan]))
+    costs = combine_costs(model.fns, model.params, np.full((1, n), sum(compute) / n, np.float32), even)
+    return float(np.asarray(plan_cost_ms(costs))[0])
 
 
 def label_speed(retimed: list[dict]) -> dict | None:
@@ -766,7 +779,7 @@ def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
             if all(e.get("measured") and None not in e["measured"] for e in by_task[t].values() if "measured" in e)
         ]
         per_searcher: dict[str, dict] = {}
-        bound_ratio, taus = [], []
+        bound_ratio, step_bound_logs, taus = [], [], []
         for t in complete:
             entries = by_task[t]
             slow = {s: max(e["measured"]) for s, e in entries.items() if "measured" in e}
@@ -780,6 +793,9 @@ def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
             greedy = min((v for s, v in slow.items() if s in GREEDY), default=None)
             bound = min(sum(e["measured"]) / devices for e in entries.values() if "measured" in e)
             bound_ratio.append(bound / slow["torchrec"])
+            step_bounds = [e["step_bound"] for e in entries.values() if "step_bound" in e]
+            if step_bounds and "torchrec" in steps:
+                step_bound_logs.append(np.log(min(step_bounds) / steps["torchrec"]))
             for s, e in entries.items():
                 stats = per_searcher.setdefault(
                     s,
@@ -844,6 +860,8 @@ def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
             "tasks": len(ids),
             "measured_tasks": len(bound_ratio),
             "balance_bound_vs_torchrec": _mean(bound_ratio),
+            # (b)'s balance bound (``balanced_step``, the least over the task's plans) over TW+CW's step, geometric
+            "step_bound_geo_vs_torchrec": _geo(step_bound_logs),
             # how the model orders a task's plans by their slowest device's compute (pairs apart by > tie measured)
             "plan_kendall_tau": _mean(taus),
             "plan_kendall_tau_tasks": len(taus),
@@ -946,6 +964,10 @@ def print_geometric(summary: dict) -> None:
                 f"{name:24s} {_ratio(v.geo_vs_torchrec):>11s} {_ratio(v.geo_vs_torchrec_default):>9s} "
                 f"{_ratio(v.worst_vs_better_torchrec):>10s} {_ratio(v.step_geo_vs_torchrec):>11s} "
                 f"{_ratio(v.step_geo_vs_torchrec_default):>9s} {_ratio(v.step_worst_vs_better_torchrec):>10s}"
+            )
+        if s.get("step_bound_geo_vs_torchrec") is not None:
+            print(
+                f"{'(b) balance bound':24s} {'':>11s} {'':>9s} {'':>10s} {_ratio(s['step_bound_geo_vs_torchrec']):>11s}"
             )
 
 

@@ -38,6 +38,7 @@ MIN_CPU_SHARE = 0.9
 
 # The synthetic pool generator's version: part of every synthetic pool's id and of its random streams.
 GENERATOR_VERSION = 1
+ZIPF_VERSION = 1  # the zipf pool's law (workloads.zipf_pool): in its pool id
 MIN_ROWS = 100  # the DLRM rule for a table read from its lookups: rows = max(100, largest index + 1)
 
 MAX_CAP_GB = float(2**20)  # a device of at most 1 PiB: past it, bytes outgrow int64 arithmetic

@@ -236,11 +236,22 @@ def calibration_line(record: CalibrationRecord) -> str:
     if record.given:
         return f"calibrated: predicted compute x{record.factor:.3f} (cost_model.calibration, given)"
     r = record.ratios
+    what = "of the searched plans (the plan's and its candidates')" if record.on == "plan" else "of the task's tables"
     line = (
         f"calibrated on this machine: predicted compute x{record.factor:.3f} (measured / predicted over "
-        f"{record.devices} devices of the task's tables: p10 {r.p10:.2f}, p90 {r.p90:.2f}; "
-        f"{record.seconds:.0f} s)"
+        f"{record.devices} devices {what}: p10 {r.p10:.2f}, p90 {r.p90:.2f}; {record.seconds:.0f} s)"
     )
+    check = record.plan_devices
+    if check is not None:
+        again = (
+            "searched again, " + ("a new plan" if check.changed else "the same plan")
+            if check.searched_again
+            else "as searched"
+        )
+        line += (
+            f"; the plan ({again}) on its own {len(check.measured_ms)} devices: calibrated error {check.mape:.1%} "
+            f"(median {check.bias:+.1%}, worst x{check.worst:.2f})"
+        )
     if record.busy:
         line += f"; {record.busy} of them read while the machine was busy (every try): rerun on a quiet machine"
     if record.far:

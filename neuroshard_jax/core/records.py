@@ -135,12 +135,29 @@ class CalibrationProtocol:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class PlanDevices:
+    """A calibration on the plan (``calibrate.on=plan``), checked on the plan returned: each of its devices'
+    measured compute and the calibrated model's prediction of it (ms), their mean absolute error, the median signed
+    error, the worst device's ratio either way (1.5: 50% over or a third under), and whether the search ran again
+    with the calibrated model and whether that changed the plan."""
+
+    measured_ms: tuple[float, ...]
+    predicted_ms: tuple[float, ...]
+    mape: float
+    bias: float
+    worst: float
+    searched_again: bool
+    changed: bool
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class CalibrationRecord:
     """The cost model's calibration factor (every device's predicted compute scaled by it), either ``given``
-    (``cost_model.calibration=F``: the factor alone) or measured (``measure.calibration.calibrate``: the median
-    measured / predicted compute over ``devices`` groups of the task's own tables, each measured and predicted ms,
-    its spread, the protocol, the seconds it took, whether it is ``far`` from 1, and how many devices were read
-    while the machine was ``busy``)."""
+    (``cost_model.calibration=F``: the factor alone) or measured (``measure.calibration``: the median measured /
+    predicted compute over ``devices`` devices, each measured and predicted ms, its spread, the protocol, the seconds
+    it took, whether it is ``far`` from 1, and how many devices were read while the machine was ``busy``). ``on``:
+    what was measured, groups of the task's own tables before the search (``tables``; None in older files) or the
+    devices of the search's plan and its candidates (``plan``), then checked on the plan returned (``plan_devices``)."""
 
     factor: float
     given: bool = False
@@ -153,10 +170,13 @@ class CalibrationRecord:
     seconds: float | None = None
     far: bool | None = None
     busy: int | None = None  # devices still read on a busy machine after every try (older files: None)
+    on: str | None = None
+    plan_devices: PlanDevices | None = None
 
     def __post_init__(self):
+        later = ("busy", "on", "plan_devices")  # None in files written before they were recorded, or not measured
         measured = [f.name for f in dataclasses.fields(self)][2:]
-        measured.remove("busy")  # None in files written before it was counted
+        measured = [name for name in measured if name not in later]
         if not self.given and any(getattr(self, name) is None for name in measured):
             missing = next(name for name in measured if getattr(self, name) is None)
             raise UserError(f"calibration.{missing}: missing, expected it in a measured calibration (or given: true)")
@@ -170,7 +190,7 @@ class CalibrationRecord:
         """The plan.json ``calibration`` object: {factor, given: true}, or the measured record (no ``given``)."""
         if self.given:
             return {"factor": self.factor, "given": True}
-        return {k: v for k, v in _json(self).items() if k != "given"}
+        return {k: v for k, v in _json(self).items() if k != "given" and not (k == "plan_devices" and v is None)}
 
     @classmethod
     def from_json(cls, obj: Any, where: str = "plan.calibration") -> CalibrationRecord:

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from neuroshard_jax.core.config import typed
-from neuroshard_jax.core.constants import GENERATOR_VERSION
+from neuroshard_jax.core.constants import GENERATOR_VERSION, ZIPF_VERSION
 from neuroshard_jax.core.constraints import NONE, TableConstraints
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.paths import pool_file_digest
@@ -16,20 +16,24 @@ from neuroshard_jax.core.sharding import (
     row_blocks,
 )
 
+POOL_SOURCES = ("synthetic", "zipf", "dlrm")
+
 
 @dataclasses.dataclass(frozen=True)
 class PoolSpec:
     """How to obtain a pool; stored in task files so that streams can be regenerated."""
 
-    source: str = "synthetic"  # synthetic (from the seed) | dlrm (a DLRM benchmark file at pool.path)
+    # synthetic (from the seed) | zipf (from the seed, another law: ``workloads.zipf_pool``) | dlrm (a DLRM
+    # benchmark file at pool.path)
+    source: str = "synthetic"
     seed: int = 0
     num_tables: int = 856
     path: str | None = None
 
     def __post_init__(self):
-        if self.source not in ("synthetic", "dlrm"):
-            raise UserError(f"pool.source: got {self.source!r}, expected 'synthetic' or 'dlrm'")
-        if self.source == "synthetic" and self.num_tables < 1:
+        if self.source not in POOL_SOURCES:
+            raise UserError(f"pool.source: got {self.source!r}, expected one of {', '.join(POOL_SOURCES)}")
+        if self.source != "dlrm" and self.num_tables < 1:
             raise UserError(f"pool.num_tables: got {self.num_tables}, expected a positive integer")
         if self.source == "dlrm" and not self.path:
             raise UserError("pool.path: missing, expected the path of a DLRM benchmark file for source 'dlrm'")
@@ -38,6 +42,8 @@ class PoolSpec:
     def pool_id(self) -> str:
         if self.source == "synthetic":
             return f"synthetic-v{GENERATOR_VERSION}-s{self.seed}-n{self.num_tables}"
+        if self.source == "zipf":
+            return f"zipf-v{ZIPF_VERSION}-s{self.seed}-n{self.num_tables}"
         return f"dlrm-{pool_file_digest(Path(self.path))}"
 
     def to_json(self) -> dict:

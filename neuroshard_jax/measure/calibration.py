@@ -23,14 +23,17 @@ import numpy as np
 
 from neuroshard_jax.core.config import bounded
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.records import CalibrationProtocol, CalibrationRatios, CalibrationRecord
+from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.core.records import CalibrationProtocol, CalibrationRatios, CalibrationRecord, PlanDevices
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import CostModel, device_compute_ms, expected_cost_model, with_compute_scale
+from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import Executor, ExecutorConfig
-from neuroshard_jax.measure.evaluator import Measuring, quiet_devices
+from neuroshard_jax.measure.evaluator import Measuring, plan_kernels, quiet_devices, quiet_kernels
 
 MODES = ("off", "measured")
+ON = ("tables", "plan")  # what is measured: groups of the task's own tables, or the devices of the search's plans
 FAR = 0.5  # |log factor| past this (x0.61 .. x1.65): the model measures another machine; the plan says so
 
 
@@ -39,7 +42,10 @@ class CalibrateConfig(Measuring):
     """conf/calibrate/*.yaml (``name``: off | measured)."""
 
     name: str = "off"
-    samples: int = bounded(at_least=1, default=8)  # devices' worth of the task's tables measured
+    # tables: ``samples`` groups of the task's own tables, before the search; plan: the devices of the plan the search
+    # returns and of its candidates (a portfolio's), after it, then the search again with the calibrated model
+    on: str = "tables"
+    samples: int = bounded(at_least=1, default=8)  # devices' worth of the task's tables measured (on=tables)
     warmup: int = bounded(at_least=0, default=5)  # the label protocol, which the models predict
     iters: int = bounded(at_least=1, default=10)
     # readings of a device at most: one read while the machine was busy is measured again
@@ -51,6 +57,8 @@ class CalibrateConfig(Measuring):
     def __post_init__(self):
         if self.name not in MODES:
             raise UserError(f"calibrate: got {self.name!r}, expected one of {', '.join(MODES)}")
+        if self.on not in ON:
+            raise UserError(f"calibrate.on: got {self.on!r}, expected one of {', '.join(ON)}")
         self.check_measuring("calibrate")  # its device and every bounded field
 
 
@@ -129,6 +137,7 @@ def calibrate(
         seconds=round(time.perf_counter() - started, 1),
         far=bool(abs(np.log(factor)) > FAR),
         busy=busy,
+        on="tables",
     )
 
 
@@ -140,3 +149,84 @@ def calibrated(
     plan.json keeps."""
     record = calibrate(task, with_compute_scale(model, 1.0, task.comm_scale()), config, seed)
     return with_compute_scale(model, record.factor, task.comm_scale()), record
+
+
+class PlanReadings:
+    """Plans' devices measured on the kernels (``plan_kernels``: a device's kernels summed, divided by its speed),
+    every distinct kernel read once (``quiet_kernels``: a reading on a busy machine taken again) and kept, so a later
+    plan of the same task measures only the kernels it adds."""
+
+    def __init__(self, config: CalibrateConfig, executor: Executor):
+        self.config, self.executor = config, executor
+        self.ms: dict[str, float] = {}
+        self.busy = 0
+
+    def devices(self, plan: Plan) -> np.ndarray:
+        """f64[N]: each device's measured compute (0 for an empty device)."""
+        kernels = plan_kernels(plan)
+        jobs = {key: (task, tables) for device in kernels for key, task, tables in device if key not in self.ms}
+        if jobs:
+            ms, busy = quiet_kernels(jobs, self.config.evaluator(), self.executor, self.config.tries)
+            self.ms.update(ms)
+            self.busy += busy
+        speeds = plan.task.speeds()
+        return np.array([sum(self.ms[key] for key, _, _ in device) / speeds[d] for d, device in enumerate(kernels)])
+
+
+def calibrate_on_plans(plans: list[Plan], model: CostModel, readings: PlanReadings) -> CalibrationRecord:
+    """``calibrate`` on the devices of ``plans`` (the search's plan first, then its candidates; one task): each
+    distinct non-empty device measured (``readings``) and predicted by ``model`` (uncalibrated), the factor their
+    median measured / predicted."""
+    started = time.perf_counter()
+    expected = expected_cost_model(model)
+    seen, measured, predicted, sizes = set(), [], [], []
+    for plan in plans:
+        got = readings.devices(plan)
+        guess = np.asarray(score_plan(expected, plan).compute_ms, np.float64)
+        for d, kernels in enumerate(plan_kernels(plan)):  # a device two plans share counts once
+            key = tuple(k for k, _, _ in kernels)
+            if key and key not in seen and got[d] > 0:
+                seen.add(key)
+                measured.append(got[d])
+                predicted.append(guess[d])
+                sizes.append(len(plan.device_shards(d)) + len(plan.data_parallel))
+    if not measured:
+        raise UserError("calibrate.on=plan: the plan has no device with tables to measure")
+    ratios = np.asarray(measured) / np.maximum(predicted, 1e-9)
+    factor = float(f"{np.median(ratios):.4g}")
+    config = readings.config
+    return CalibrationRecord(
+        factor=factor,
+        ratios=CalibrationRatios(
+            **{q: float(f"{np.quantile(ratios, p):.4g}") for q, p in (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))}
+        ),
+        devices=len(measured),
+        tables_per_device=round(float(np.mean(sizes)), 1),
+        measured_ms=tuple(round(float(m), 3) for m in measured),
+        predicted_ms=tuple(round(float(p), 3) for p in predicted),
+        protocol=CalibrationProtocol(
+            device=config.device, warmup=config.warmup, iters=config.iters, tries=config.tries
+        ),
+        seconds=round(time.perf_counter() - started, 1),
+        far=bool(abs(np.log(factor)) > FAR),
+        busy=readings.busy,
+        on="plan",
+    )
+
+
+def checked_on_plan(plan: Plan, model: CostModel, readings: PlanReadings, searched_again: bool, changed: bool):
+    """``PlanDevices``: the returned ``plan``'s non-empty devices measured (``readings``: only the kernels not read
+    yet) against the calibrated ``model``'s predictions."""
+    got = readings.devices(plan)
+    guess = np.asarray(score_plan(expected_cost_model(model), plan).compute_ms, np.float64)
+    used = got > 0
+    ratio = guess[used] / got[used]
+    return PlanDevices(
+        measured_ms=tuple(round(float(m), 3) for m in got[used]),
+        predicted_ms=tuple(round(float(p), 3) for p in guess[used]),
+        mape=round(float(np.mean(np.abs(ratio - 1))), 4),
+        bias=round(float(np.median(ratio - 1)), 4),
+        worst=round(float(np.max(np.maximum(ratio, 1 / ratio))), 4),
+        searched_again=searched_again,
+        changed=changed,
+    )

@@ -292,18 +292,27 @@ def quiet_devices(
     if tries < 1:
         raise UserError(f"quiet_devices: tries {tries}, expected at least 1")
     jobs = {str(i): (task, device_tables(task, shards)) for i, shards in enumerate(devices)}
-    ms, share = np.zeros(len(devices), np.float64), np.full(len(devices), -1.0)
+    ms, busy = quiet_kernels(jobs, config, executor, tries)
+    return Readings(np.array([ms[str(i)] for i in range(len(devices))], np.float64), busy)
+
+
+def quiet_kernels(
+    jobs: dict[str, tuple[Task, list]], config: EvaluateConfig, executor: Executor | None = None, tries: int = 3
+) -> tuple[dict[str, float], int]:
+    """``quiet_devices`` of kernels given as jobs (key -> (task, its ``device_tables``), ``plan_kernels``' form):
+    key -> its quiet (or least disturbed) reading in ms, and how many had no quiet one."""
+    ms, share = dict.fromkeys(jobs, 0.0), dict.fromkeys(jobs, -1.0)
     with opened(executor, config.executor, config.device, config.timeout_s, config.pin) as pool:
         for _ in range(tries):
-            busy = [k for k in jobs if share[int(k)] < MIN_CPU_SHARE]
+            busy = [k for k in jobs if share[k] < MIN_CPU_SHARE]
             if not busy:
                 break
             answers = measure_tables({k: jobs[k] for k in busy}, config, pool)
             for key in busy:
-                answer, i = answers[key][0], int(key)
-                if answer.core_share > share[i]:
-                    ms[i], share[i] = answer.total_ms, answer.core_share
-    return Readings(ms, int(np.sum(share < MIN_CPU_SHARE)))
+                answer = answers[key][0]
+                if answer.core_share > share[key]:
+                    ms[key], share[key] = answer.total_ms, answer.core_share
+    return ms, sum(s < MIN_CPU_SHARE for s in share.values())
 
 
 def device_key(task: Task, tables: list[TableRef]) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,13 +27,21 @@ from neuroshard_jax.core.cli import check_jax_environment
 from neuroshard_jax.core.config import check_seed, nearest, typed
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.core.records import CalibrationRecord
 from neuroshard_jax.core.sharding import check_row_split
 from neuroshard_jax.core.task import Task, check_feasible
 from neuroshard_jax.costs.choice import CostModelSpec, ModelChoice, build_cost_model, spec_of
-from neuroshard_jax.costs.cost_model import CostModel
+from neuroshard_jax.costs.cost_model import CostModel, with_compute_scale
 from neuroshard_jax.costs.coverage import out_of_depth_warning
+from neuroshard_jax.kernels.executors import open_executor
 from neuroshard_jax.measure.autotune import AutotuneConfig, Entrant, autotune_kernels, autotune_steps, first_line
-from neuroshard_jax.measure.calibration import CalibrateConfig, calibrated
+from neuroshard_jax.measure.calibration import (
+    CalibrateConfig,
+    PlanReadings,
+    calibrate_on_plans,
+    calibrated,
+    checked_on_plan,
+)
 from neuroshard_jax.measure.polish import PolishConfig, polish_plan
 from neuroshard_jax.search.pipeline import keep_compiled_kernels, search_candidates
 from searchers import Searcher, make_searcher, searcher_names, searcher_options
@@ -134,9 +143,11 @@ class Planner(Settings):
         keep_compiled_kernels()
         model, choice = build_cost_model(self.cost_model, task, self.device, self.fallback)  # choice.instead: why
         record = None
-        if self.calibrate.name == "measured":
+        if self.calibrate.name == "measured" and self.calibrate.on == "tables":
             model, record = calibrated(task, model, self.calibrate, self.seed)
         plan, candidates = search_candidates(task, self.searcher, model, self.seed, self.row_split)
+        if self.calibrate.name == "measured" and self.calibrate.on == "plan":
+            plan, candidates, model, record = self.calibrated_on_plan(model, plan, candidates)
         if self.autotune.name != "off":
             plan = autotune_plan(plan, candidates, model, self.autotune, self.seed)
         if self.polish.name == "measured":
@@ -148,6 +159,38 @@ class Planner(Settings):
     def plan(self, task: Task) -> Plan:
         """``run(task).plan``."""
         return self.run(task).plan
+
+    def calibrated_on_plan(
+        self, model: CostModel, plan: Plan, candidates: dict[str, Plan]
+    ) -> tuple[Plan, dict[str, Plan], CostModel, CalibrationRecord]:
+        """``calibrate.on=plan``: ``model`` as trained calibrated on the devices of the search's ``plan`` and of its
+        ``candidates`` (a portfolio's members'), the search run again with the calibrated model wherever the factor
+        is not 1 (one factor keeps the compute's ranking but reweighs it against the collectives, so the choice may
+        move), and the plan returned checked on its own devices (only kernels not yet read are measured). Returns
+        the plan, its candidates, the calibrated model and the record."""
+        task, config = plan.task, self.calibrate
+        started = time.perf_counter()
+        plans = list({(frozenset(p.shards), p.data_parallel): p for p in [plan, *candidates.values()]}.values())
+        with open_executor(config.executor, config.device, config.timeout_s) as pool:
+            readings = PlanReadings(config, pool)
+            record = calibrate_on_plans(plans, with_compute_scale(model, 1.0, task.comm_scale()), readings)
+            model = with_compute_scale(model, record.factor, task.comm_scale())
+            again = record.factor != 1.0
+            if again:
+                searched, candidates = search_candidates(task, self.searcher, model, self.seed, self.row_split)
+                changed = (frozenset(searched.shards), searched.data_parallel) != (
+                    frozenset(plan.shards),
+                    plan.data_parallel,
+                )
+                plan = searched
+            check = checked_on_plan(plan, model, readings, again, again and changed)
+        seconds = round(time.perf_counter() - started, 1)
+        return (
+            plan,
+            candidates,
+            model,
+            dataclasses.replace(record, plan_devices=check, busy=readings.busy, seconds=seconds),
+        )
 
 
 def autotune_plan(plan: Plan, candidates: dict[str, Plan], model: CostModel, config: AutotuneConfig, seed: int) -> Plan:

@@ -1,12 +1,14 @@
 """Table pools: where tables, their features and their index streams come from.
 
-Two sources, one interface (``TablePool``):
+Three sources, one interface (``TablePool``):
 
 * ``synthetic``: a DLRM-like pool generated from a seed. Each table has a row count, a mean
   pooling factor and a power-law access skew; its index stream for a batch (indices + offsets,
   the layout FBGEMM consumes) is regenerated on demand from ``(seed, table id, batch size)``,
   so nothing but the seed is stored. Calibrated against the published 2021 DLRM statistics
   (``tools/calibrate_pool.py`` prints the distances, ``tests/test_tables.py`` checks them).
+* ``zipf``: another law from a seed (Zipf ranks hashed into the rows; ``zipf_pool.py``), an independent
+  reader's, for checking that what a table's histogram keeps is what its kernel feels.
 * ``dlrm``: the public DLRM benchmark file format (``torch.load`` gives indices, offsets,
   lengths). torch is never imported here: the file is converted to ``.npz`` once by the
   torch worker subprocess (``neuroshard_jax.kernels.worker``).
@@ -39,6 +41,7 @@ from neuroshard_jax.core.features import NUM_BINS, access_histogram, bin_shares,
 from neuroshard_jax.core.hardware import MEMORY_SHARE, available_bytes
 from neuroshard_jax.core.paths import CACHE_HINT, cache_dir, cache_folder, pool_file_digest
 from neuroshard_jax.core.table import PoolSpec
+from neuroshard_jax.workloads.zipf_pool import ZipfStreams, zipf_table_params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,6 +342,9 @@ def pool_streams(spec: PoolSpec) -> tuple[np.ndarray, StreamSource]:
     if spec.source == "synthetic":
         params = synthetic_table_params(spec.seed, spec.num_tables)
         return params.rows, SyntheticStreams(spec.seed, params)
+    if spec.source == "zipf":
+        params = zipf_table_params(spec.seed, spec.num_tables)
+        return params.rows, ZipfStreams(spec.seed, params)
     streams = load_dlrm_arrays(Path(spec.path))
     return np.maximum(MIN_ROWS, _max_index_per_table(streams) + 1), streams
 
