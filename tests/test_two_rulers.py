@@ -95,11 +95,12 @@ def test_the_report_sums_the_rulers_up_by_kind_and_shape(tmp_path, capsys):
         row("table", 0, [1.0, 1.0, 1.2], [1.1, 1.1, 1.1], 0.9),
         row("table", 1, [2.0, 2.0, 2.0], [1.8, 1.8, 1.9], 2.2),
         row("table", 2, [4.0, 4.0, 4.0], [40.0, 40.0, 40.0], 4.0, busy=3),  # busy in every repeat: left out
-        row("device", 3, [5.0, 5.0, 5.0], [5.0, 5.0, 5.0], 4.0, source="portfolio/1"),
+        row("device", 3, [5.0, 5.0, 50.0], [5.0, 5.0, 5.0], 4.0, source="portfolio/1"),
         row("group", 3, [2.0, 2.0, 2.0], [2.0, 2.0, 2.0], 1.0, source="0"),
     ]
     retimed = [{"drift": "a", "label_ms": 2.0, "total_ms": 2.2, "cpu_share": 1.0}]
     record = {"id": "zipf-d4-0", "task": task.to_json(), "model": "m", "hardware": {"cpu_id": "x"}, "plans": {}}
+    items[3]["histogram_share"] = [1.0, 0.95, 0.4]  # its third reading was taken on a busy machine: left out
     (tmp_path / "readings.jsonl").write_text(json.dumps(record | {"items": items, "retimed": retimed}) + "\n")
     result = two_rulers.report(type("Args", (), {"out": str(tmp_path)}))
     tables = result["kinds"]["zipf/table"]
@@ -107,7 +108,7 @@ def test_the_report_sums_the_rulers_up_by_kind_and_shape(tmp_path, capsys):
     assert tables["median_off"] == pytest.approx(0.1) and tables["model_vs_histogram"]["mape"] == pytest.approx(0.1)
     assert result["kinds"]["all/device"]["median_off"] == 0 and result["kinds"]["all/device"]["n"] == 1
     assert result["drift"]["speed_median"] == pytest.approx(1.1)
-    # the plan's device read 5 ms in every round: as trained 4 ms (-20%), calibrated on the group (x2) 8 ms, on the
+    # the plan's device read 5 ms in every quiet round: as trained 4 ms (-20%), calibrated on the group (x2) 8 ms, on the
     # plan's own device (x1.25) 5 ms
     calibration = result["calibration"]
     assert calibration["all/trained"] == {"devices": 1, "mape": 0.2, "bias": -0.2, "worst": 1.25}

@@ -154,6 +154,7 @@ def measure(args) -> None:
                     got = answers[f"{i}/{ruler}"]
                     row[ruler] = [round(a.total_ms, 4) for a in got]
                     row[f"{ruler}_busy"] = sum(a.core_share < MIN_CPU_SHARE for a in got)
+                    row[f"{ruler}_share"] = [round(a.core_share, 3) for a in got]
                 rows.append(row)
             retimed = [
                 {"drift": key, "label_ms": labels.recorded_ms[key.removeprefix("drift/")], "total_ms": a.total_ms}
@@ -165,6 +166,19 @@ def measure(args) -> None:
             record = {"id": tid, "task": task.to_json(), "model": label, "hardware": hardware()}
             log.write_record(record | {"plans": made, "items": rows, "retimed": retimed})
             print(f"{tid}: {len(items)} devices", file=sys.stderr)
+
+
+def _quiet(row: dict, ruler: str) -> list[float]:
+    """A reading's repeats taken while the worker held its core (all of them in rows that did not record shares)."""
+    shares = row.get(f"{ruler}_share")
+    kept = [x for x, share in zip(row[ruler], shares) if share >= MIN_CPU_SHARE] if shares else []
+    return kept or row[ruler]
+
+
+def _first_quiet(row: dict) -> bool:
+    """Whether round 1's histogram reading was taken while the worker held its core (True where not recorded)."""
+    shares = row.get("histogram_share")
+    return not shares or shares[0] >= MIN_CPU_SHARE
 
 
 def _median(xs) -> float:
@@ -218,7 +232,7 @@ def report(args) -> dict:
     if not records:
         raise UserError(f"{out / 'readings.jsonl'}: no readings, expected a measure stage first")
     cells: dict[str, dict] = {}
-    shapes: dict[str, dict[str, list[float]]] = {}
+    shapes: dict[str, dict[str, list[float]]] = {}  # key -> ratio, predicted, histogram
     spreads, retimed = [], []
     for record in records:
         retimed += record.get("retimed", [])
@@ -227,10 +241,10 @@ def report(args) -> dict:
         for row in record["items"]:
             if row["histogram_busy"] == len(row["histogram"]) or row["stream_busy"] == len(row["stream"]):
                 continue
-            h, s = _median(row["histogram"]), _median(row["stream"])
+            h, s = _median(_quiet(row, "histogram")), _median(_quiet(row, "stream"))
             if h <= 0 or s <= 0:
                 continue
-            spreads += [_spread(row["histogram"]), _spread(row["stream"])]
+            spreads += [_spread(_quiet(row, "histogram")), _spread(_quiet(row, "stream"))]
             for key in (f"{source}/{row['kind']}", f"all/{row['kind']}"):
                 cell = cells.setdefault(key, {"ratio": [], "predicted": [], "histogram": [], "stream": []})
                 cell["ratio"].append(s / h)
@@ -242,7 +256,10 @@ def report(args) -> dict:
                 values = {"rows": table.rows, "pooling": table.pooling_factor, "dim": table.dim, "reuse": _reuse(table)}
                 for shape, value in values.items():
                     for key in (f"{source}/{shape} {_bucket(value, shape)}", f"all/{shape} {_bucket(value, shape)}"):
-                        shapes.setdefault(key, []).append(s / h)
+                        cell = shapes.setdefault(key, {"ratio": [], "predicted": [], "histogram": []})
+                        cell["ratio"].append(s / h)
+                        cell["predicted"].append(row["predicted"])
+                        cell["histogram"].append(h)
     result = {
         "hardware": records[0]["hardware"],
         "model": records[0]["model"],
@@ -257,7 +274,10 @@ def report(args) -> dict:
             }
             for key, c in sorted(cells.items())
         },
-        "shapes": {key: _summary(v) for key, v in sorted(shapes.items())},
+        "shapes": {
+            key: {**_summary(c["ratio"]), "model_vs_histogram": _model_error(c["predicted"], c["histogram"])}
+            for key, c in sorted(shapes.items())
+        },
         "calibration": calibration_study(records),
     }
     write_json(result, out / "rulers.json")
@@ -276,7 +296,7 @@ def calibration_study(records: list[dict]) -> dict:
     and over all: devices, mean absolute error, median signed error, the worst device either way."""
     pairs: dict[str, list[tuple[float, float]]] = {}
     for record in records:
-        rows = [r for r in record["items"] if len(r["histogram"]) >= 2 and r["predicted"] > 0]
+        rows = [r for r in record["items"] if len(r["histogram"]) >= 2 and r["predicted"] > 0 and _first_quiet(r)]
         groups = [r for r in rows if r["kind"] == "group"]
         devices = [r for r in rows if r["kind"] == "device" and r["source"].startswith("portfolio/")]
         if not groups or not devices:
@@ -288,7 +308,8 @@ def calibration_study(records: list[dict]) -> dict:
         }
         source = record["id"].split("-")[0]
         for r in devices:
-            measured = _median(r["histogram"][1:])
+            later = {**r, "histogram": r["histogram"][1:], "histogram_share": (r.get("histogram_share") or [])[1:]}
+            measured = _median(_quiet(later, "histogram"))
             for name, factor in factors.items():
                 for key in (f"{source}/{name}", f"all/{name}"):
                     pairs.setdefault(key, []).append((r["predicted"] * factor, measured))
@@ -310,6 +331,12 @@ def print_report(result: dict) -> None:
         f"{result['tasks']} tasks; {hw.get('cpu_id') or hw.get('cpu')}; model {result['model']}; "
         f"one repeat's spread from its median (median): {result['repeat_spread_median']:.1%}"
     )
+    drift = result["drift"]
+    if drift:
+        print(
+            f"the model's labels re-timed among the readings ({drift['retimings']} quiet of {drift['labels']} labels): "
+            f"x{drift['speed_median']:.3f} their recorded times (p10 x{drift['p10']:.3f}, p90 x{drift['p90']:.3f})"
+        )
     print(
         f"{'pool/kind':24s} {'n':>5s} {'stream/hist':>11s} {'|off| med':>9s} {'p90':>7s} "
         f"{'model MAPE hist':>15s} {'bias':>7s} {'MAPE stream':>11s} {'bias':>7s}"
@@ -324,9 +351,16 @@ def print_report(result: dict) -> None:
     print(f"{'pool/calibrated on':24s} {'n':>5s} {'MAPE':>7s} {'bias':>7s} {'worst':>7s}")
     for key, v in result["calibration"].items():
         print(f"{key:24s} {v['devices']:5d} {v['mape']:7.1%} {v['bias']:+7.1%} {v['worst']:6.2f}x")
-    print(f"\n{'tables alone, by shape':30s} {'n':>5s} {'stream/hist':>11s} {'|off| med':>9s} {'p90':>7s}")
+    print(
+        f"\n{'tables alone, by shape':30s} {'n':>5s} {'stream/hist':>11s} {'|off| med':>9s} {'p90':>7s} "
+        f"{'model MAPE hist':>15s} {'bias':>7s}"
+    )
     for key, v in result["shapes"].items():
-        print(f"{key:30s} {v['n']:5d} {v['median_ratio']:11.3f} {v['median_off']:9.1%} {v['p90_off']:7.1%}")
+        m = v["model_vs_histogram"]
+        print(
+            f"{key:30s} {v['n']:5d} {v['median_ratio']:11.3f} {v['median_off']:9.1%} {v['p90_off']:7.1%} "
+            f"{m['mape']:15.1%} {m['bias']:+7.1%}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -161,14 +161,19 @@ class PlanReadings:
         self.ms: dict[str, float] = {}
         self.busy = 0
 
-    def devices(self, plan: Plan) -> np.ndarray:
-        """f64[N]: each device's measured compute (0 for an empty device)."""
-        kernels = plan_kernels(plan)
+    def read(self, plans: list[Plan]) -> None:
+        """Measure the kernels of ``plans`` not read yet, together (the workers share them out)."""
+        kernels = [device for plan in plans for device in plan_kernels(plan)]
         jobs = {key: (task, tables) for device in kernels for key, task, tables in device if key not in self.ms}
         if jobs:
             ms, busy = quiet_kernels(jobs, self.config.evaluator(), self.executor, self.config.tries)
             self.ms.update(ms)
             self.busy += busy
+
+    def devices(self, plan: Plan) -> np.ndarray:
+        """f64[N]: each device's measured compute (0 for an empty device), its kernels read first where not yet."""
+        self.read([plan])
+        kernels = plan_kernels(plan)
         speeds = plan.task.speeds()
         return np.array([sum(self.ms[key] for key, _, _ in device) / speeds[d] for d, device in enumerate(kernels)])
 
@@ -179,6 +184,7 @@ def calibrate_on_plans(plans: list[Plan], model: CostModel, readings: PlanReadin
     median measured / predicted."""
     started = time.perf_counter()
     expected = expected_cost_model(model)
+    readings.read(plans)
     seen, measured, predicted, sizes = set(), [], [], []
     for plan in plans:
         got = readings.devices(plan)

@@ -175,7 +175,7 @@ class Planner(Settings):
             readings = PlanReadings(config, pool)
             record = calibrate_on_plans(plans, with_compute_scale(model, 1.0, task.comm_scale()), readings)
             model = with_compute_scale(model, record.factor, task.comm_scale())
-            again = record.factor != 1.0
+            again, changed = record.factor != 1.0, False
             if again:
                 searched, candidates = search_candidates(task, self.searcher, model, self.seed, self.row_split)
                 changed = (frozenset(searched.shards), searched.data_parallel) != (
@@ -183,7 +183,7 @@ class Planner(Settings):
                     plan.data_parallel,
                 )
                 plan = searched
-            check = checked_on_plan(plan, model, readings, again, again and changed)
+            check = checked_on_plan(plan, model, readings, again, changed)
         seconds = round(time.perf_counter() - started, 1)
         return (
             plan,
