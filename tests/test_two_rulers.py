@@ -108,13 +108,16 @@ def test_the_report_sums_the_rulers_up_by_kind_and_shape(tmp_path, capsys):
     assert tables["median_off"] == pytest.approx(0.1) and tables["model_vs_histogram"]["mape"] == pytest.approx(0.1)
     assert result["kinds"]["all/device"]["median_off"] == 0 and result["kinds"]["all/device"]["n"] == 1
     assert result["drift"]["speed_median"] == pytest.approx(1.1)
-    # the plan's device read 5 ms in every quiet round: as trained 4 ms (-20%), calibrated on the group (x2) 8 ms, on the
-    # plan's own device (x1.25) 5 ms
+    # the plan's device read 5 ms in every quiet round: as trained 4 ms (-20%), calibrated on the group (x2) 8 ms,
+    # on the plan's own device (x1.25) 5 ms
     calibration = result["calibration"]
     assert calibration["all/trained"] == {"devices": 1, "mape": 0.2, "bias": -0.2, "worst": 1.25}
     assert calibration["zipf/tables"]["mape"] == pytest.approx(0.6) and calibration["zipf/plan"]["mape"] == 0
     assert sum(v["n"] for k, v in result["shapes"].items() if k.startswith("zipf/rows")) == 2
     assert json.loads((tmp_path / "rulers.json").read_text()) == result
     assert "zipf/table" in capsys.readouterr().out
+    once, hot = [1.0] + [0.0] * 16, [0.0, 0.0, 1.0] + [0.0] * 14  # every row read once; every row 3-4 times
+    assert two_rulers._reuse(dataclasses.replace(task.tables[0], bins=tuple(once))) == 1.0
+    assert two_rulers._reuse(dataclasses.replace(task.tables[0], bins=tuple(hot))) == 3.5
     with pytest.raises(UserError, match="no readings, expected a measure stage first"):
         two_rulers.report(type("Args", (), {"out": str(tmp_path / "none")}))

@@ -74,7 +74,7 @@ def report(out: Path, session: str) -> dict:
             walls.append(r["wall_s"])
             rounds.append(record.rounds)
             busy += record.busy
-            by_name = {c.name: c for c in record.candidates}
+            by_name, faster = {c.name: c for c in record.candidates}, False
             for name in BASELINES:
                 c = by_name.get(name)
                 while c is not None and not c.kept and (c.why or "").startswith(SAME):  # measured as that plan
@@ -82,9 +82,10 @@ def report(out: Path, session: str) -> dict:
                 if c is not None and c.kept:
                     logs[name].append(math.log(pick.measured_ms / c.measured_ms))
                     # a baseline faster beyond the spread: its slowest round under the choice's fastest
-                    beaten += c.name != pick.name and c.high_ms < pick.low_ms
+                    faster |= c.name != pick.name and c.high_ms < pick.low_ms
                 else:
                     unplanned[name] += 1
+            beaten += faster  # tasks
         result["sizes"][devices] = {
             "tasks": len(mine),
             "chosen": chosen_by,

@@ -45,6 +45,7 @@ from neuroshard_jax.measure.evaluator import EvaluateConfig, device_key, device_
 from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.workloads.builders import TaskConfig, generate_task
 from neuroshard_jax.workloads.pool import load_pool
+from neuroshard_jax.workloads.streams import bin_bounds
 from searchers import make_searcher
 from tools.foreign_benchmark import drift_labels, label_speed, model_datasets
 
@@ -221,9 +222,11 @@ def _bucket(value: float, shape: str) -> str:
 
 
 def _reuse(table) -> float:
-    """Lookups per row touched in one batch (the histogram's mean access count, from its share of rows touched)."""
-    touched = table.rows * (1.0 - table.bins[0]) if table.bins[0] < 1.0 else 0.0
-    return table.pooling_factor * BATCH_SIZE / max(touched, 1.0)
+    """Lookups per row touched in one batch: the histogram's mean access count (each bin's share of the touched rows
+    at its middle count; the last bin at its lower bound)."""
+    lo, hi = bin_bounds()
+    middle = np.where(np.arange(len(lo)) < len(lo) - 1, (lo + hi) / 2, lo).astype(np.float64)
+    return float(np.dot(table.bins, middle)) if sum(table.bins) > 0 else 0.0
 
 
 def report(args) -> dict:
@@ -264,7 +267,7 @@ def report(args) -> dict:
         "hardware": records[0]["hardware"],
         "model": records[0]["model"],
         "tasks": len(records),
-        "repeat_spread_median": round(float(np.median(spreads)), 4),
+        "repeat_spread_median": round(float(np.median(spreads)), 4) if spreads else None,
         "drift": label_speed(retimed),
         "kinds": {
             key: {
@@ -310,6 +313,8 @@ def calibration_study(records: list[dict]) -> dict:
         for r in devices:
             later = {**r, "histogram": r["histogram"][1:], "histogram_share": (r.get("histogram_share") or [])[1:]}
             measured = _median(_quiet(later, "histogram"))
+            if measured <= 0:
+                continue
             for name, factor in factors.items():
                 for key in (f"{source}/{name}", f"all/{name}"):
                     pairs.setdefault(key, []).append((r["predicted"] * factor, measured))
@@ -329,7 +334,7 @@ def print_report(result: dict) -> None:
     hw = result["hardware"]
     print(
         f"{result['tasks']} tasks; {hw.get('cpu_id') or hw.get('cpu')}; model {result['model']}; "
-        f"one repeat's spread from its median (median): {result['repeat_spread_median']:.1%}"
+        f"one repeat's spread from its median (median): {result['repeat_spread_median'] or 0:.1%}"
     )
     drift = result["drift"]
     if drift:
@@ -376,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.tasks < 1 or args.repeats < 1 or args.workers < 1 or args.drift < 0:
             raise UserError(
-                f"--tasks/--repeats/--workers: got {args.tasks}/{args.repeats}/{args.workers}, expected >= 1"
+                f"--tasks/--repeats/--workers/--drift: got {args.tasks}/{args.repeats}/{args.workers}/{args.drift}, "
+                "expected >= 1 (--drift >= 0)"
             )
         measure(args) if args.stage == "measure" else report(args)
     except UserError as err:

@@ -252,6 +252,8 @@ def calibration_line(record: CalibrationRecord) -> str:
             f"; the plan ({again}) on its own {len(check.measured_ms)} devices: calibrated error {check.mape:.1%} "
             f"(median {check.bias:+.1%}, worst x{check.worst:.2f})"
         )
+        if check.busy:
+            line += f" ({check.busy} read while the machine was busy)"
     if record.busy:
         line += f"; {record.busy} of them read while the machine was busy (every try): rerun on a quiet machine"
     if record.far:

@@ -22,6 +22,7 @@ __all__ = [
     "Candidate",
     "MeasuredCandidate",
     "MeasuredDevice",
+    "PlanDevices",
     "PolishProtocol",
     "PolishRecord",
     "PolishStep",
@@ -148,6 +149,10 @@ class PlanDevices:
     worst: float
     searched_again: bool
     changed: bool
+    busy: int = 0  # of these devices, read while the machine was busy (every try)
+
+
+CALIBRATED_ON = (None, "tables", "plan")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -180,6 +185,10 @@ class CalibrationRecord:
         if not self.given and any(getattr(self, name) is None for name in measured):
             missing = next(name for name in measured if getattr(self, name) is None)
             raise UserError(f"calibration.{missing}: missing, expected it in a measured calibration (or given: true)")
+        if self.on not in CALIBRATED_ON:
+            raise UserError(f"calibration.on: got {self.on!r}, expected tables or plan")
+        if self.plan_devices is not None and self.on != "plan":
+            raise UserError(f"calibration.plan_devices: given with on {self.on!r}, expected only with on: plan")
 
     @classmethod
     def of_factor(cls, factor: float) -> CalibrationRecord:

@@ -159,7 +159,7 @@ class PlanReadings:
     def __init__(self, config: CalibrateConfig, executor: Executor):
         self.config, self.executor = config, executor
         self.ms: dict[str, float] = {}
-        self.busy = 0
+        self.busy: set[str] = set()  # kernels with no quiet reading after every try
 
     def read(self, plans: list[Plan]) -> None:
         """Measure the kernels of ``plans`` not read yet, together (the workers share them out)."""
@@ -168,7 +168,7 @@ class PlanReadings:
         if jobs:
             ms, busy = quiet_kernels(jobs, self.config.evaluator(), self.executor, self.config.tries)
             self.ms.update(ms)
-            self.busy += busy
+            self.busy |= busy
 
     def devices(self, plan: Plan) -> np.ndarray:
         """f64[N]: each device's measured compute (0 for an empty device), its kernels read first where not yet."""
@@ -185,7 +185,7 @@ def calibrate_on_plans(plans: list[Plan], model: CostModel, readings: PlanReadin
     started = time.perf_counter()
     expected = expected_cost_model(model)
     readings.read(plans)
-    seen, measured, predicted, sizes = set(), [], [], []
+    seen, measured, predicted, sizes, busy = set(), [], [], [], 0
     for plan in plans:
         got = readings.devices(plan)
         guess = np.asarray(score_plan(expected, plan).compute_ms, np.float64)
@@ -195,7 +195,8 @@ def calibrate_on_plans(plans: list[Plan], model: CostModel, readings: PlanReadin
                 seen.add(key)
                 measured.append(got[d])
                 predicted.append(guess[d])
-                sizes.append(len(plan.device_shards(d)) + len(plan.data_parallel))
+                sizes.append(len({s.table for s in plan.device_shards(d)}) + len(plan.data_parallel))
+                busy += any(k in readings.busy for k in key)
     if not measured:
         raise UserError("calibrate.on=plan: the plan has no device with tables to measure")
     ratios = np.asarray(measured) / np.maximum(predicted, 1e-9)
@@ -215,7 +216,7 @@ def calibrate_on_plans(plans: list[Plan], model: CostModel, readings: PlanReadin
         ),
         seconds=round(time.perf_counter() - started, 1),
         far=bool(abs(np.log(factor)) > FAR),
-        busy=readings.busy,
+        busy=busy,
         on="plan",
     )
 
@@ -226,7 +227,8 @@ def checked_on_plan(plan: Plan, model: CostModel, readings: PlanReadings, search
     got = readings.devices(plan)
     guess = np.asarray(score_plan(expected_cost_model(model), plan).compute_ms, np.float64)
     used = got > 0
-    ratio = guess[used] / got[used]
+    ratio = np.maximum(guess[used], 1e-9) / got[used]
+    kernels = plan_kernels(plan)
     return PlanDevices(
         measured_ms=tuple(round(float(m), 3) for m in got[used]),
         predicted_ms=tuple(round(float(p), 3) for p in guess[used]),
@@ -235,4 +237,5 @@ def checked_on_plan(plan: Plan, model: CostModel, readings: PlanReadings, search
         worst=round(float(np.max(np.maximum(ratio, 1 / ratio))), 4),
         searched_again=searched_again,
         changed=changed,
+        busy=sum(any(k in readings.busy for k, _, _ in kernels[d]) for d in np.flatnonzero(used)),
     )

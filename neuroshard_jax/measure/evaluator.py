@@ -293,14 +293,16 @@ def quiet_devices(
         raise UserError(f"quiet_devices: tries {tries}, expected at least 1")
     jobs = {str(i): (task, device_tables(task, shards)) for i, shards in enumerate(devices)}
     ms, busy = quiet_kernels(jobs, config, executor, tries)
-    return Readings(np.array([ms[str(i)] for i in range(len(devices))], np.float64), busy)
+    return Readings(np.array([ms[str(i)] for i in range(len(devices))], np.float64), len(busy))
 
 
 def quiet_kernels(
     jobs: dict[str, tuple[Task, list]], config: EvaluateConfig, executor: Executor | None = None, tries: int = 3
-) -> tuple[dict[str, float], int]:
+) -> tuple[dict[str, float], set[str]]:
     """``quiet_devices`` of kernels given as jobs (key -> (task, its ``device_tables``), ``plan_kernels``' form):
-    key -> its quiet (or least disturbed) reading in ms, and how many had no quiet one."""
+    key -> its quiet (or least disturbed) reading in ms, and the keys that had no quiet one."""
+    if tries < 1:
+        raise UserError(f"quiet_kernels: tries {tries}, expected at least 1")
     ms, share = dict.fromkeys(jobs, 0.0), dict.fromkeys(jobs, -1.0)
     with opened(executor, config.executor, config.device, config.timeout_s, config.pin) as pool:
         for _ in range(tries):
@@ -312,7 +314,7 @@ def quiet_kernels(
                 answer = answers[key][0]
                 if answer.core_share > share[key]:
                     ms[key], share[key] = answer.total_ms, answer.core_share
-    return ms, sum(s < MIN_CPU_SHARE for s in share.values())
+    return ms, {key for key, s in share.items() if s < MIN_CPU_SHARE}
 
 
 def device_key(task: Task, tables: list[TableRef]) -> str:

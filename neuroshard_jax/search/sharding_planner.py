@@ -135,23 +135,27 @@ class Planner(Settings):
 
     def run(self, task: Task) -> Planned:
         """Plan ``task``: build its cost model once (``build_cost_model``), calibrate it on the task's tables (if
-        asked), search (row splits tried first where they may pay), polish on the real kernels (if asked)."""
+        asked), search (row splits tried first where they may pay), or calibrate on the searched plans' devices and
+        search again (``calibrate.on=plan``), autotune and polish on the real kernels (if asked), and read the plan
+        returned on its own devices (``calibrate.on=plan``)."""
         if not isinstance(task, Task):
             raise UserError(f"planner.run: got {type(task).__name__}, expected a Task (workloads.builders.make_task)")
         check_jax_environment()  # a library's caller too: JAX_PLATFORMS=cuda without a GPU is one line, not XLA's
         check_feasible(task)  # an infeasible task is refused before any model is built or kernel measured
         keep_compiled_kernels()
         model, choice = build_cost_model(self.cost_model, task, self.device, self.fallback)  # choice.instead: why
-        record = None
+        record, on_plan = None, None
         if self.calibrate.name == "measured" and self.calibrate.on == "tables":
             model, record = calibrated(task, model, self.calibrate, self.seed)
         plan, candidates = search_candidates(task, self.searcher, model, self.seed, self.row_split)
         if self.calibrate.name == "measured" and self.calibrate.on == "plan":
-            plan, candidates, model, record = self.calibrated_on_plan(model, plan, candidates)
+            plan, candidates, model, record, on_plan = self.calibrated_on_plan(model, plan, candidates)
         if self.autotune.name != "off":
             plan = autotune_plan(plan, candidates, model, self.autotune, self.seed)
         if self.polish.name == "measured":
             plan = polish_plan(plan, model, self.polish, self.seed)
+        if on_plan is not None:  # the plan returned, after autotune and polish, read on its own devices
+            record = on_plan.checked(plan, model, record)
         if record is not None:
             plan = dataclasses.replace(plan, calibration=record)
         return Planned(plan, model, choice, candidates)
@@ -162,35 +166,48 @@ class Planner(Settings):
 
     def calibrated_on_plan(
         self, model: CostModel, plan: Plan, candidates: dict[str, Plan]
-    ) -> tuple[Plan, dict[str, Plan], CostModel, CalibrationRecord]:
+    ) -> tuple[Plan, dict[str, Plan], CostModel, CalibrationRecord, OnPlan]:
         """``calibrate.on=plan``: ``model`` as trained calibrated on the devices of the search's ``plan`` and of its
-        ``candidates`` (a portfolio's members'), the search run again with the calibrated model wherever the factor
-        is not 1 (one factor keeps the compute's ranking but reweighs it against the collectives, so the choice may
-        move), and the plan returned checked on its own devices (only kernels not yet read are measured). Returns
-        the plan, its candidates, the calibrated model and the record."""
+        ``candidates`` (a portfolio's members'), and the search run again with the calibrated model wherever the
+        factor differs from the scale the search had (one factor keeps the compute's ranking but reweighs it against
+        the collectives, so the choice may move). Returns the plan, its candidates, the calibrated model, the record
+        and what checks the plan finally returned on its own devices (``OnPlan.checked``)."""
         task, config = plan.task, self.calibrate
         started = time.perf_counter()
         plans = list({(frozenset(p.shards), p.data_parallel): p for p in [plan, *candidates.values()]}.values())
         with open_executor(config.executor, config.device, config.timeout_s) as pool:
             readings = PlanReadings(config, pool)
             record = calibrate_on_plans(plans, with_compute_scale(model, 1.0, task.comm_scale()), readings)
-            model = with_compute_scale(model, record.factor, task.comm_scale())
-            again, changed = record.factor != 1.0, False
-            if again:
-                searched, candidates = search_candidates(task, self.searcher, model, self.seed, self.row_split)
-                changed = (frozenset(searched.shards), searched.data_parallel) != (
-                    frozenset(plan.shards),
-                    plan.data_parallel,
-                )
-                plan = searched
-            check = checked_on_plan(plan, model, readings, again, changed)
-        seconds = round(time.perf_counter() - started, 1)
-        return (
-            plan,
-            candidates,
-            model,
-            dataclasses.replace(record, plan_devices=check, busy=readings.busy, seconds=seconds),
-        )
+        again, searched = record.factor != model.calibration, plan
+        model = with_compute_scale(model, record.factor, task.comm_scale())
+        if again:
+            searched, candidates = search_candidates(task, self.searcher, model, self.seed, self.row_split)
+        changed = _placement(searched) != _placement(plan)
+        return searched, candidates, model, record, OnPlan(readings, again, changed, started)
+
+
+def _placement(plan: Plan):
+    return frozenset(plan.shards), plan.data_parallel
+
+
+@dataclasses.dataclass
+class OnPlan:
+    """What ``calibrate.on=plan`` measured (``readings``: its kernels, kept), whether it searched again and whether
+    that changed the plan, and when it started: ``checked`` reads the plan finally returned on its own devices."""
+
+    readings: PlanReadings
+    searched_again: bool
+    changed: bool
+    started: float
+
+    def checked(self, plan: Plan, model: CostModel, record: CalibrationRecord) -> CalibrationRecord:
+        """``record`` with ``plan_devices``: ``plan`` (after autotune and polish, if they ran) on its own devices,
+        only kernels not read yet measured, against the calibrated ``model``; the seconds of the whole stage."""
+        config = self.readings.config
+        with open_executor(config.executor, config.device, config.timeout_s) as pool:
+            self.readings.executor = pool
+            check = checked_on_plan(plan, model, self.readings, self.searched_again, self.changed)
+        return dataclasses.replace(record, plan_devices=check, seconds=round(time.perf_counter() - self.started, 1))
 
 
 def autotune_plan(plan: Plan, candidates: dict[str, Plan], model: CostModel, config: AutotuneConfig, seed: int) -> Plan:
