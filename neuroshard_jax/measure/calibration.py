@@ -120,15 +120,23 @@ def calibrate(
     groups = sample_devices(task, config.samples, seed)
     predicted = predicted_compute_ms(model, task, groups)
     measured, busy = quiet_devices(task, [whole(task, g) for g in groups], config.evaluator(), executor, config.tries)
-    ratios = measured / np.maximum(predicted, 1e-9)
-    factor = float(f"{np.median(ratios):.4g}")  # four significant digits: never rounded to 0
+    sizes = [len(g) for g in groups]
+    return measured_record(measured, predicted, sizes, config, started, busy, "tables")
+
+
+def measured_record(measured, predicted, sizes, config: CalibrateConfig, started: float, busy: int, on: str):
+    """The ``CalibrationRecord`` of devices measured (ms) and predicted by the uncalibrated model: the factor (their
+    median measured / predicted, four significant digits: never rounded to 0), its spread, the devices and their
+    tables (``sizes``: tables per device), the protocol, the seconds since ``started``, the busy devices."""
+    ratios = np.asarray(measured) / np.maximum(predicted, 1e-9)
+    factor = float(f"{np.median(ratios):.4g}")
     return CalibrationRecord(
         factor=factor,
         ratios=CalibrationRatios(
             **{q: float(f"{np.quantile(ratios, p):.4g}") for q, p in (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))}
         ),
-        devices=len(groups),
-        tables_per_device=round(float(np.mean([len(g) for g in groups])), 1),
+        devices=len(measured),
+        tables_per_device=round(float(np.mean(sizes)), 1),
         measured_ms=tuple(round(float(m), 3) for m in measured),
         predicted_ms=tuple(round(float(p), 3) for p in predicted),
         protocol=CalibrationProtocol(
@@ -137,7 +145,7 @@ def calibrate(
         seconds=round(time.perf_counter() - started, 1),
         far=bool(abs(np.log(factor)) > FAR),
         busy=busy,
-        on="tables",
+        on=on,
     )
 
 
@@ -199,26 +207,7 @@ def calibrate_on_plans(plans: list[Plan], model: CostModel, readings: PlanReadin
                 busy += any(k in readings.busy for k in key)
     if not measured:
         raise UserError("calibrate.on=plan: the plan has no device with tables to measure")
-    ratios = np.asarray(measured) / np.maximum(predicted, 1e-9)
-    factor = float(f"{np.median(ratios):.4g}")
-    config = readings.config
-    return CalibrationRecord(
-        factor=factor,
-        ratios=CalibrationRatios(
-            **{q: float(f"{np.quantile(ratios, p):.4g}") for q, p in (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))}
-        ),
-        devices=len(measured),
-        tables_per_device=round(float(np.mean(sizes)), 1),
-        measured_ms=tuple(round(float(m), 3) for m in measured),
-        predicted_ms=tuple(round(float(p), 3) for p in predicted),
-        protocol=CalibrationProtocol(
-            device=config.device, warmup=config.warmup, iters=config.iters, tries=config.tries
-        ),
-        seconds=round(time.perf_counter() - started, 1),
-        far=bool(abs(np.log(factor)) > FAR),
-        busy=busy,
-        on="plan",
-    )
+    return measured_record(measured, predicted, sizes, readings.config, started, busy, "plan")
 
 
 def checked_on_plan(plan: Plan, model: CostModel, readings: PlanReadings, searched_again: bool, changed: bool):
