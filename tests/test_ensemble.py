@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -215,6 +216,35 @@ def test_spec_sampler_extensions_reach_many_tables_and_the_heavy_corner_and_leav
     assert len(heavy) > 0.2 * sum(counts) and any(t["dim"] == 4 for _, tables in draws for t in tables)
     with pytest.raises(UserError, match=r"^specs.many_tables: got 10, expected more than specs.max_tables \(16\)"):
         SpecSamplerConfig(many_share=0.1, many_tables=10)
+    # the cold corner (1e6..1e7 rows read 0.1..2 times a sample) beside the heavy one
+    both = SpecSamplerConfig(heavy_share=0.3, cold_share=0.4)
+    samples = [sample_spec_shard(both, 0, i)[1] for i in range(30)]
+    tables = [t for ts in samples for t in ts]
+
+    def cold(t):
+        return t["rows"] >= 1e6 and t["pooling_factor"] <= 2
+
+    def heavy(t):
+        return t["rows"] >= 1e5 and t["pooling_factor"] >= 10
+
+    assert sum(map(cold, tables)) > 0.25 * len(tables) and sum(map(heavy, tables)) > 0.15 * len(tables)
+    assert min(t["pooling_factor"] for t in tables if cold(t)) < 0.3  # below the whole range's 0.3
+    assert sum(any(map(cold, ts)) and any(map(heavy, ts)) for ts in samples) > 5  # fused in one kernel
+    with pytest.raises(UserError, match=r"^specs.cold_share: got 0.6 with specs.heavy_share 0.5, expected the two"):
+        SpecSamplerConfig(heavy_share=0.5, cold_share=0.6)
+
+
+def test_the_shipped_cold_corner_labels_are_the_samplers_draws():
+    """xeon-cold's samples re-drawn from its manifest's settings are its records' shards: the cold corner's draws are
+    pinned by shipped data (a change to them would silently change what a resumed collection measures)."""
+    folder = Path(__file__).parents[1] / "neuroshard_jax" / "data" / "profiles" / "xeon-cold"
+    settings = json.loads((folder / "manifest-compute.json").read_text())["settings"]
+    assert settings["specs"]["cold_share"] > 0
+    config = SpecSamplerConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in settings["specs"].items()})
+    with (folder / "compute.jsonl").open() as lines:
+        records = [json.loads(line) for line, _ in zip(lines, range(12))]
+    for record in records:
+        assert sample_spec_shard(config, settings["seed"], record["id"]) == (record["batch_size"], record["tables"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,6 +262,32 @@ def test_training_reports_per_dataset_held_out_and_fitted(tiny_ensemble):
         assert all(np.isfinite(part["train"][m]["log_rmse"]) for m in ("ensemble", "roofline"))
     meta = json.loads((ckpt / "meta.json").read_text())
     assert meta["format"] == 4 and meta["family"] == "ensemble" and meta["batch_sizes"] == [128, 256]
+
+
+def test_models_compared_on_held_out_labels_use_the_training_split(tiny_ensemble, tiny_checkpoint):
+    """tools.heldout_models re-derives each dataset's test split as training drew it: the trained model's figures
+    there are the ones its training reported; a dataset given ``whole`` is scored on every record."""
+    from neuroshard_jax.costs.ensemble import EnsembleConfig
+    from neuroshard_jax.learn.trainer import TrainConfig
+    from tools.heldout_models import check_splits, compare
+
+    specs_dir, ckpt, report = tiny_ensemble
+    train = TrainConfig(epochs=30, batch_size=16, progress=False)
+    spread = EnsembleConfig().max_label_spread
+    result = compare([str(ckpt)], [str(tiny_checkpoint[0]), str(specs_dir)], spread, train)
+    for name in ("data", "specs"):
+        got, trained = result[name]["all"][str(ckpt)], report["compute"][name]["ensemble"]
+        assert got["count"] == trained["count"] and got["mape"] == pytest.approx(trained["mape"], rel=1e-4)
+        assert result[name]["alone"][str(ckpt)] is None or result[name]["alone"][str(ckpt)]["count"] <= got["count"]
+    whole = compare([str(ckpt)], [str(tiny_checkpoint[0])], spread, train, whole=[str(specs_dir)])
+    assert whole["specs"]["all"][str(ckpt)]["count"] > report["compute"]["specs"]["ensemble"]["count"]
+    # models trained on the datasets otherwise than the last: refused, the test part is not held out from both
+    meta = json.loads((ckpt / "meta.json").read_text())
+    order = [str(tiny_checkpoint[0]), str(specs_dir)]
+    assert check_splits({"a": meta}, order)[2] == [d["records"] for d in meta["datasets"]["compute"]]
+    swapped = {**meta, "datasets": {**meta["datasets"], "compute": meta["datasets"]["compute"][::-1]}}
+    with pytest.raises(UserError, match=r"^--models: 'old' was trained on data as dataset 1 of \d+ records"):
+        check_splits({"old": swapped, "new": meta}, order)
 
 
 def test_training_learns_what_its_roofline_cannot(tiny_checkpoint, tmp_path):

@@ -122,3 +122,36 @@ def test_the_drift_corrected_error_scales_predictions_by_the_speed():
     assert summary["model_signed_error"] == pytest.approx(-0.2) and summary["model_worst_device"] == pytest.approx(1.25)
     assert summary["drift_corrected_device_mape"] == pytest.approx(0.0125)
     assert summary["drift_corrected_signed_error"] == pytest.approx(0.0125)
+
+
+def test_calibration_is_judged_on_rounds_later_than_the_one_it_was_taken_from():
+    """Round 0 calibrates (on the task's tables, or on the model's own plan's devices), rounds 1.. judge every plan's
+    devices; a busy reading is left out; a device lacking a later reading is not judged."""
+    from tools import held_out_in_time as ht
+
+    rows = {
+        "a": [{"repeat": 0, "total_ms": 10.0}, {"repeat": 1, "total_ms": 12.0}, {"repeat": 2, "total_ms": 14.0}],
+        "b": [{"repeat": 0, "total_ms": 5.0}, {"repeat": 1, "total_ms": 9.0, "cpu_share": 0.5}],  # round 1 busy
+        "c": [{"repeat": 0, "total_ms": 20.0}, {"repeat": 1, "total_ms": 18.0}],
+    }
+    rounds = ht.rounds_of(rows, 0.9)
+    assert rounds["b"] == {0: 5.0}
+    assert ht.first_and_later(rounds, ["a", "c"]) == (30.0, 31.0)  # 10 + 20; median(12, 14) + 18
+    assert ht.first_and_later(rounds, ["a", "b"]) == (15.0, None)
+    by_task = {
+        "d4-00": {
+            # the model's plan: round 0 read 2x its predictions, so on plan's factor is 2
+            "beam": {"predicted": [5.0, 10.0], "first": [10.0, 20.0], "later": [12.0, 22.0], "own": True},
+            "torchrec": {"predicted": [8.0, 4.0], "first": [16.0, None], "later": [16.0, None], "own": False},
+        }
+    }
+    judged = ht.judged(by_task, {"d4-00": 4}, {"d4-00": 1.5}, {"speed_median": 1.1})[4]
+    assert judged["plan_factors"] == {"d4-00": 2.0}
+    assert judged["on plan"]["devices"] == 3  # the torchrec device without a later reading is left out
+    assert judged["on plan"]["mape"] == pytest.approx(np.mean([2 / 12, 2 / 22, 0.0]))
+    assert judged["on plan"]["worst"] == pytest.approx(12 / 10)
+    assert judged["on tables"]["signed"] == pytest.approx(np.mean([7.5 / 12 - 1, 15 / 22 - 1, 12 / 16 - 1]))
+    assert judged["as trained"]["worst"] == pytest.approx(12 / 5)
+    assert judged["x drift"]["mape"] == pytest.approx(np.mean([1 - 5.5 / 12, 1 - 11 / 22, 1 - 8.8 / 16]))
+    no_drift = ht.judged(by_task, {"d4-00": 4}, {}, None)[4]
+    assert no_drift["x drift"] is None and no_drift["on tables"] is None and no_drift["on plan"]["devices"] == 3

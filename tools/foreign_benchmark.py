@@ -85,6 +85,7 @@ from neuroshard_jax.measure.evaluator import EvaluateConfig, device_key, device_
 from neuroshard_jax.measure.polish import POLISHED, PolishConfig, polish_plan, simulate
 from neuroshard_jax.search.pipeline import search_plan
 from searchers import make_searcher
+from tools.held_out_in_time import first_and_later, judged, print_judged, rounds_of
 
 SEARCHERS = (
     "beam",
@@ -618,7 +619,9 @@ def report(
     from the measurements taken outside any session, or (``session``) only from that session's. The model is also
     calibrated per task: with ``calibration`` > 0 from the calibration devices measured among the plans' (``measure
     --calibration``), else from the session's ``calibrate`` stage. Labels re-timed among the measurements (``measure
-    --drift``) give the machine's speed against them (``drift``), and the model's error with its predictions x it."""
+    --drift``) give the machine's speed against them (``drift``), and the model's error with its predictions x it.
+    With interleaved repeats, ``in_time``: the model judged on rounds later than the one its factors came from
+    (``held_out_in_time``)."""
     every = suite.tasks(out / TASKS_FILE)
     tasks = {t: (family, task) for t, family, task in every if t in only}
     label = model_label(model, model_options)
@@ -637,9 +640,12 @@ def report(
     for key, ms in rows.items():
         quiet = [m for m in ms if m.get("cpu_share", 1.0) >= MIN_CPU_SHARE]
         measured[key] = [m["total_ms"] for m in (quiet or ms)]
-    factors = {}
+    rounds = rounds_of(rows, MIN_CPU_SHARE)  # for the judgement on later rounds (``held_out_in_time``)
+    factors, first_factors = {}, {}
     if calibration:
         factors = interleaved_factors(tasks, measured, model, model_options, calibration, suite.base_seed)
+        round_0 = {key: [r[0]] for key, r in rounds.items() if 0 in r}
+        first_factors = interleaved_factors(tasks, round_0, model, model_options, calibration, suite.base_seed)
     elif session and (out / f"calibrations-{session}.jsonl").exists():
         factors = {
             r["task"]: r["factor"]
@@ -668,14 +674,18 @@ def report(
             # every plan (model-free searchers' too) re-scored by the model under test
             scorer = models.setdefault(row["task"], expected_cost_model(make_cost_model(model, task, model_options)))
             predicted = [float(x) for x in score_plan(scorer, plan).compute_ms]
-            compute, spread = [], []
+            compute, spread, first, later = [], [], [], []
             for device in plan_kernels(plan):
                 kernels = [measured.get(key, []) for key, _, _ in device]  # none: an empty device
                 compute.append(sum(statistics.median(runs) for runs in kernels) if all(kernels) else None)
                 for runs in kernels:
                     if len(runs) > 1 and statistics.median(runs) > 0:
                         spread.append((max(runs) - min(runs)) / 2 / statistics.median(runs))
+                at_first, at_later = first_and_later(rounds, [key for key, _, _ in device])
+                first.append(at_first)
+                later.append(at_later)
             entry.update(predicted=predicted, measured=compute, noise=max(spread) if spread else None)
+            entry.update(first=first, later=later, own=row["model"] == label)  # own: the model under test's plan
             if None not in compute:  # (b): the measured compute with the plan's collectives priced by the model
                 entry["step"] = float(np.asarray(plan_cost_ms(simulate(scorer, [plan], np.array([compute]))))[0])
                 entry["step_bound"] = balanced_step(scorer, plan, compute)
@@ -686,6 +696,9 @@ def report(
         by_task.setdefault(row["task"], {})[row["searcher"]] = entry
     summary = summarise(by_task, tasks, tie)
     summary["noise"] = noise_floor(measured)
+    if any(x is not None for entries in by_task.values() for e in entries.values() for x in e.get("later", ())):
+        drift_0 = label_speed([m for m in retimed if m.get("repeat") == 0])  # the later rounds are judged
+        summary["in_time"] = judged(by_task, {t: tasks[t][1].num_devices for t in by_task}, first_factors, drift_0)
     summary["calibration"] = {
         "how": "interleaved" if calibration else "calibrate stage" if factors else None,
         "samples": calibration or None,
@@ -902,6 +915,9 @@ def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
     return out
 
 
+NOT_SIZES = ("noise", "calibration", "drift", "in_time")  # a summary's keys that are not a device count
+
+
 def print_summary(summary: dict) -> None:
     noise = summary.get("noise") or {}
     if noise.get("devices"):
@@ -915,7 +931,7 @@ def print_summary(summary: dict) -> None:
             f"drift: {drift['retimings']} re-timings of {drift['labels']} of the model's labels read "
             f"x{drift['speed_median']:.3f} their recorded times (p10 x{drift['p10']:.3f}, p90 x{drift['p90']:.3f})"
         )
-    for devices, s in ((k, v) for k, v in summary.items() if k not in ("noise", "calibration", "drift")):
+    for devices, s in ((k, v) for k, v in summary.items() if k not in NOT_SIZES):
         print(
             f"\n{devices} devices: {s['measured_tasks']}/{s['tasks']} tasks measured; balance bound "
             f"{_pct(s['balance_bound_vs_torchrec'])} of TorchRec's slowest device; the model's device compute MAPE "
@@ -958,7 +974,7 @@ def print_summary(summary: dict) -> None:
 def print_geometric(summary: dict) -> None:
     """Per device count, each searcher's geometric means against TorchRec TW+CW and default, and its worst task
     against the better of the two: (a) the slowest device's compute, (b) with the collectives priced alike."""
-    for devices, s in ((k, v) for k, v in summary.items() if k not in ("noise", "calibration", "drift")):
+    for devices, s in ((k, v) for k, v in summary.items() if k not in NOT_SIZES):
         print(f"\n{devices} devices, geometric means over the tasks with both TorchRec plans measured:")
         print(
             f"{'searcher':24s} {'(a) /tw+cw':>11s} {'/default':>9s} {'worst/best':>10s} "
@@ -1103,6 +1119,7 @@ def main(suite: Suite = FOREIGN, description: str = __doc__) -> None:
             )
             print_summary(summary)
             print_geometric(summary)
+            print_judged(summary.get("in_time"))
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

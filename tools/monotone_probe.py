@@ -48,7 +48,7 @@ def probe_tables(num_tables: int, seed: int = SEED, batch_size: int = 4096) -> l
     config = SpecSamplerConfig()
     tables = []
     for i in range(num_tables):
-        spec = draw_table_spec(rng, config, batch_size, heavy if heavy.random() < 1 / 3 else None)
+        spec = draw_table_spec(rng, config, batch_size, (heavy, "heavy") if heavy.random() < 1 / 3 else None)
         tables.append({"name": f"t{i}", **spec, "rows": min(spec["rows"], 2_000_000), "dim": int(rng.choice(WIDTHS))})
     return tables
 

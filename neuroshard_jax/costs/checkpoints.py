@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import sys
 import threading
 from pathlib import Path
@@ -82,7 +83,7 @@ def restore_tree(path: Path, template, key: str = "cost_model.checkpoint", diges
         with ocp.StandardCheckpointer() as checkpointer:
             tree = checkpointer.restore(path, abstract)
     except Exception as err:  # orbax, tensorstore and JSON errors of every kind: the files are not what we wrote
-        tree, reason = None, _first_line(err)
+        tree, reason = None, restore_failure(err)
     else:
         reason = None if digest is None or tree_digest(tree) == digest else "its arrays differ from those saved"
     if reason is not None:
@@ -182,6 +183,26 @@ def _orbax_read(report) -> bool:
 
 def _first_line(err: Exception) -> str:
     return first_line(err)[:200].rstrip(".")
+
+
+SHAPES = re.compile(r"Requested shape: (\([\d, ]*\)) is not compatible with the stored shape: (\([\d, ]*\))")
+
+
+def restore_failure(err: Exception) -> str:
+    """Why orbax could not restore a state, in a few words: TensorStore's and orbax's own messages run on into
+    object reprs and advice about their options (the first sentence of the first line, else these)."""
+    text = first_line(err)
+    if shapes := SHAPES.search(text):
+        return f"an array saved {shapes.group(2)} where its meta.json's net_config makes {shapes.group(1)}"
+    if isinstance(err, json.JSONDecodeError):
+        return f"its _METADATA is not valid JSON ({err.msg}, character {err.pos})"
+    if isinstance(err, FileNotFoundError) or text.endswith("not found") or "NOT_FOUND" in text:
+        return "it or one of its files is missing"
+    if "PERMISSION_DENIED" in text or isinstance(err, PermissionError):
+        return "a file of it may not be read (permission denied)"
+    if "TensorStore" in text or "reading array" in text:
+        return "a tensor file could not be read: torn or garbled"
+    return text.split(". ")[0][:160].rstrip(".")
 
 
 def save_checkpoint(path: str | Path, config: NetConfig, params: NeuralParams, meta: dict) -> Path:

@@ -56,6 +56,7 @@ from neuroshard_jax.learn.plan_labels import PlanLabelConfig, collect_plans
 from neuroshard_jax.measure.evaluator import EvaluateConfig
 from neuroshard_jax.workloads.pool import PoolSpec, pool_streams
 from neuroshard_jax.workloads.samplers import (
+    SPEC_EXTENSIONS,
     CommSamplerConfig,
     ComputeSamplerConfig,
     SpecSamplerConfig,
@@ -178,9 +179,9 @@ def _settings(config: CollectConfig) -> dict:
 
 def spec_settings(specs: SpecSamplerConfig) -> dict:
     """The spec sampler's settings as a dataset records them: the extensions a dataset from before them lacks
-    (``row_share``, ``many_share``, ``heavy_share``, ``alone_share``) only where they are on, ``many_tables`` only
-    with ``many_share``, so that older datasets resume."""
-    settings = _without_unset(dataclasses.asdict(specs), "row_share", "many_share", "heavy_share", "alone_share")
+    (``SPEC_EXTENSIONS``) only where they are on, ``many_tables`` only with ``many_share``, so that older datasets
+    resume."""
+    settings = _without_unset(dataclasses.asdict(specs), *SPEC_EXTENSIONS)
     if not specs.many_share:
         settings.pop("many_tables")
     return settings
@@ -216,7 +217,11 @@ def _collect(config: CollectConfig, ids: Iterable[int] | None, until: float | No
         + (" source=specs" if config.kind == "compute" and config.source == "specs" else "")
         + (f" comm.row_share={config.comm.row_share}" if config.kind == "comm" and config.comm.row_share else "")
         + (f" comm.input_share={config.comm.input_share}" if config.kind == "comm" and config.comm.input_share else "")
-        + (f" specs.row_share={config.specs.row_share}" if config.source == "specs" and config.specs.row_share else "")
+        + "".join(
+            f" specs.{key}={getattr(config.specs, key)}"
+            for key in SPEC_EXTENSIONS
+            if config.kind == "compute" and config.source == "specs" and getattr(config.specs, key)
+        )
         + " (conf/collect.yaml)",
     }
     write_manifest(out / f"manifest-{config.kind}.json", _settings(config), manifest_extra)

@@ -74,6 +74,9 @@ class SpecSamplerConfig:
     many_tables: int = 48
     # tables drawn from the heavy corner instead of the whole range
     heavy_share: float = bounded(at_least=0, at_most=1, default=0.0)
+    # tables drawn from the cold corner (rows 1e6..1e7 looked up 0.1..2 times per sample: users' hashed id tables,
+    # the sealed benchmark's worst family, docs/results/two-rulers.md), fused with the rest of their sample
+    cold_share: float = bounded(at_least=0, at_most=1, default=0.0)
     # one table alone, as a search places a heavy table on a device of its own (1 in max_tables samples otherwise)
     alone_share: float = bounded(at_least=0, at_most=1, default=0.0)
 
@@ -83,23 +86,36 @@ class SpecSamplerConfig:
             raise UserError(
                 f"specs.many_tables: got {self.many_tables}, expected more than specs.max_tables ({self.max_tables})"
             )
+        if self.heavy_share + self.cold_share > 1:
+            raise UserError(
+                f"specs.cold_share: got {self.cold_share} with specs.heavy_share {self.heavy_share}, expected the two"
+                " to sum to at most 1 (a table is drawn from one corner)"
+            )
 
 
+# the knobs a spec dataset records only where they are on (older datasets resume: ``cost_labels.spec_settings``)
+SPEC_EXTENSIONS = ("row_share", "many_share", "heavy_share", "cold_share", "alone_share")
 HEAVY_LOG10_ROWS = (5.0, 7.0)
 HEAVY_LOG10_POOLING = (1.0, 2.3)
+CORNERS = {"heavy": (HEAVY_LOG10_ROWS, HEAVY_LOG10_POOLING), "cold": ((6.0, 7.0), (-1.0, 0.3))}
 
 
 def draw_table_spec(
-    rng: np.random.Generator, config: SpecSamplerConfig, batch_size: int, heavy: np.random.Generator | None = None
+    rng: np.random.Generator,
+    config: SpecSamplerConfig,
+    batch_size: int,
+    corner: tuple[np.random.Generator, str] | None = None,
 ) -> dict:
     """A table spec {rows, pooling_factor, bins} whose histogram is that of one batch drawn from an access law;
-    with ``heavy`` (the extensions' stream), its rows and pooling factor come from the heavy corner (drawn there;
-    ``rng`` draws its own as always, so the rest of the sample stays as it was)."""
+    with ``corner`` (the extensions' stream and a name of ``CORNERS``), its rows and pooling factor come from that
+    corner (drawn there; ``rng`` draws its own as always, so the rest of the sample stays as it was)."""
     rows = int(round(10 ** rng.uniform(*config.log10_rows)))
     pooling = float(np.round(10 ** rng.uniform(*config.log10_pooling), 3))
-    if heavy is not None:
-        rows = int(round(10 ** heavy.uniform(*HEAVY_LOG10_ROWS)))
-        pooling = float(np.round(10 ** heavy.uniform(*HEAVY_LOG10_POOLING), 3))
+    if corner is not None:
+        stream, name = corner
+        log10_rows, log10_pooling = CORNERS[name]
+        rows = int(round(10 ** stream.uniform(*log10_rows)))
+        pooling = float(np.round(10 ** stream.uniform(*log10_pooling), 3))
     lookups = max(1, int(round(pooling * batch_size)))
     if rng.random() < config.hot_share:  # a hot set of rows takes most of the lookups
         hot_rows = max(1, int(rows * 10 ** rng.uniform(-4, -1)))
@@ -124,7 +140,7 @@ def sample_spec_shard(config: SpecSamplerConfig, seed: int, index: int) -> tuple
     """Sample ``index``: (batch size, table specs {rows, pooling_factor, bins, dim, seed}) within the memory cap.
     A column-split sample holds every slice of one to three tables (their slices share the table's stream seed)."""
     rng = np.random.default_rng([seed, 60013, index])
-    extension = np.random.default_rng([seed, 60013, index, 2])  # many_, heavy_ and alone_share draw here only
+    extension = np.random.default_rng([seed, 60013, index, 2])  # many_, heavy_, cold_ and alone_share draw here only
     batch_size = int(rng.choice(config.batch_sizes))
     cap = config.mem_cap_gb * GIB_BYTES
     count = int(rng.integers(config.min_tables, config.max_tables + 1))
@@ -136,8 +152,7 @@ def sample_spec_shard(config: SpecSamplerConfig, seed: int, index: int) -> tuple
     tables, used, attempts = [], 0.0, 0
     while len(tables) < count and attempts < 4 * max(count, config.max_tables):
         attempts += 1
-        heavy = extension if config.heavy_share and extension.random() < config.heavy_share else None
-        spec = draw_table_spec(rng, config, batch_size, heavy)
+        spec = draw_table_spec(rng, config, batch_size, _corner(config, extension))
         dims = [d for d in config.dims if used + mem_bytes(spec["rows"], d, config.precision) <= cap]
         if not dims:
             continue
@@ -158,6 +173,19 @@ def sample_spec_shard(config: SpecSamplerConfig, seed: int, index: int) -> tuple
             if num_rows:
                 tables[i] = {**tables[i], "row_offset": offset, "num_rows": num_rows}
     return batch_size, tables
+
+
+def _corner(config: SpecSamplerConfig, extension: np.random.Generator) -> tuple[np.random.Generator, str] | None:
+    """Which corner (if any) the next table is drawn from: one draw of the extensions' stream per table where a
+    corner is on (none where both are off: the samples drawn before corners existed)."""
+    if not (config.heavy_share or config.cold_share):
+        return None
+    u = extension.random()
+    if u < config.heavy_share:
+        return extension, "heavy"
+    if u < config.heavy_share + config.cold_share:
+        return extension, "cold"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,115 @@
+"""The model judged on readings later than the ones that calibrated it: a benchmark's devices read in several
+interleaved rounds (``foreign_benchmark measure --repeats R``), the calibration factors taken from round 0 only, and
+every plan's devices judged against the median of rounds 1..R-1. That is what a user gets from ``calibrate=measured``:
+a factor measured when the plan is made, trusted for the steps that follow.
+
+Four readings of one model, each over the devices of the tasks it has a factor for (the counts are printed: a task
+without calibration groups or without a plan of the model's has no ``on tables`` or ``on plan`` factor); a device
+several plans share is counted once per plan:
+* ``as trained``: the model's predictions as they are;
+* ``x drift``: x the machine's speed against the model's own labels, re-timed in round 0 (``measure --drift``);
+* ``on tables``: x the median measured / predicted of the task's calibration groups (``calibrate=measured``, the
+  task's whole tables dealt into groups by memory; ``measure --calibration N``), round 0;
+* ``on plan``: x the median measured / predicted over the devices of the plans the model under test made for the
+  task (every plan of a searcher that used the model: ``calibrate.on=plan`` reads the plan the search returns and
+  its candidates), round 0; TorchRec's plans are judged with the same factor (a user's autotune prices them with
+  the calibrated model).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+
+WAYS = ("as trained", "x drift", "on tables", "on plan")
+
+
+def rounds_of(rows: dict[str, list[dict]], quiet_share: float) -> dict[str, dict[int, float]]:
+    """Per kernel key, its quiet readings by round (``repeat``): a reading whose worker got less than
+    ``quiet_share`` of its core is left out."""
+    return {
+        key: {m["repeat"]: m["total_ms"] for m in ms if m.get("cpu_share", 1.0) >= quiet_share and "repeat" in m}
+        for key, ms in rows.items()
+    }
+
+
+def first_and_later(rounds: dict[str, dict[int, float]], keys: list[str]) -> tuple[float | None, float | None]:
+    """A device's compute (the sum of its kernels) in round 0, and from the median of each kernel's later rounds;
+    None where a kernel lacks that reading."""
+    first = [rounds.get(k, {}).get(0) for k in keys]
+    later = [[v for r, v in rounds.get(k, {}).items() if r > 0] for k in keys]
+    return (
+        float(sum(first)) if None not in first else None,
+        float(sum(statistics.median(v) for v in later)) if all(later) else None,
+    )
+
+
+def plan_factor(entries: dict[str, dict]) -> float | None:
+    """``on plan``'s factor of a task: the median of round-0 measured / predicted over the devices of the plans the
+    model under test made (entries marked ``own``)."""
+    ratios = [
+        f / p
+        for e in entries.values()
+        if e.get("own") and "first" in e
+        for p, f in zip(e["predicted"], e["first"])
+        if f and p > 0
+    ]
+    return float(np.median(ratios)) if ratios else None
+
+
+def judged(by_task: dict, num_devices: dict[str, int], table_factors: dict[str, float], drift: dict | None) -> dict:
+    """Per device count and way (``WAYS``): MAPE, mean signed error and the worst device (predicted / measured,
+    either way) over every plan's devices with a later reading, and the devices counted; the ``on plan`` factors."""
+    out = {}
+    for devices in sorted(set(num_devices.values())):
+        pairs: dict[str, list[tuple[float, float]]] = {w: [] for w in WAYS}
+        factors = {}
+        for task_id, entries in by_task.items():
+            if num_devices[task_id] != devices:
+                continue
+            scale = {
+                "as trained": 1.0,
+                "x drift": drift["speed_median"] if drift else None,
+                "on tables": table_factors.get(task_id),
+                "on plan": plan_factor(entries),
+            }
+            factors[task_id] = scale["on plan"]
+            for e in entries.values():
+                for p, m in zip(e.get("predicted", ()), e.get("later", ())):
+                    if m and m > 0 and p > 0:
+                        for way, f in scale.items():
+                            if f is not None:
+                                pairs[way].append((p * f, m))
+        out[devices] = {way: _stats(ps) for way, ps in pairs.items()} | {
+            "plan_factors": {t: round(f, 4) for t, f in sorted(factors.items()) if f is not None}
+        }
+    return out
+
+
+def _stats(pairs: list[tuple[float, float]]) -> dict | None:
+    """MAPE, mean signed error and worst ratio (either way) of (predicted, measured) pairs; None without any."""
+    if not pairs:
+        return None
+    p, m = np.array(pairs).T
+    return {
+        "mape": float(np.mean(np.abs(p - m) / m)),
+        "signed": float(np.mean((p - m) / m)),
+        "worst": float(np.max(np.maximum(p / m, m / p))),
+        "devices": len(pairs),
+    }
+
+
+def print_judged(summary: dict) -> None:
+    """The ``judged`` figures, one line per device count and way."""
+    if not summary:
+        return
+    print("\nthe model judged on later rounds (calibration factors from round 0):")
+    for devices, ways in summary.items():
+        for way in WAYS:
+            s = ways.get(way)
+            if s:
+                print(
+                    f"  {devices} devices, {way:10s}: MAPE {100 * s['mape']:5.1f}%, signed {100 * s['signed']:+5.1f}%,"
+                    f" worst {s['worst']:.2f}x over {s['devices']} devices"
+                )

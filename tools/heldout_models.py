@@ -1,0 +1,187 @@
+r"""Cost models compared on the same held-out labels: each dataset's test split as training drew it, scored by
+every model, whole and by table shape.
+
+    python -m tools.heldout_models --models outputs/s35/xeon-union-before,xeon-union \
+        --datasets neuroshard_jax/data/profiles/cpu-b4096,neuroshard_jax/data/profiles/xeon-specs,\
+neuroshard_jax/data/profiles/xeon-plans,neuroshard_jax/data/profiles/xeon-rowblocks,\
+neuroshard_jax/data/profiles/xeon-cold \
+        [--whole neuroshard_jax/data/profiles/xeon-rowblocks-test] [--out outputs/bench/heldout]
+
+The split is ``ensemble_fit.ensemble_splits``' (80/10/10 within each dataset, seeded by the training seed plus the
+dataset's place in the list, after the label filter), taken over the records each dataset had when the last model
+was trained (a dataset's file only grows; a model's meta.json records how many it saw). Every model that was trained
+on a dataset must list it at the same place with as many records, the same seed, split and label filter: then the
+test part is its own held-out part (else one line says why not). A dataset a model was not trained on is unseen by
+it whole. ``--whole``: datasets no model was trained on, scored on every record. Slices by the shards' tables:
+``cold`` (a table of >= 1e6 rows read <= 2 times a sample), ``heavy`` (>= 1e5 rows read >= 10 times), ``alone``
+(one table), ``fused`` (the rest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.features import FEATURE_NAMES
+from neuroshard_jax.core.files import write_json
+from neuroshard_jax.costs.checkpoints import load_ensemble
+from neuroshard_jax.costs.choice import checkpoint_path
+from neuroshard_jax.learn.datasets import ensemble_arrays
+from neuroshard_jax.learn.ensemble_fit import ensemble_ms, ensemble_splits
+from neuroshard_jax.learn.metrics import kendall_tau
+from neuroshard_jax.learn.trainer import TrainConfig
+
+ROWS, POOLING = FEATURE_NAMES.index("rows"), FEATURE_NAMES.index("pooling_factor")
+
+
+def shape_slices(feats: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+    """bool[S] per slice of shard sets by their tables (``cold``, ``heavy``, ``alone``, ``fused``)."""
+    rows, pooling = feats[..., ROWS], feats[..., POOLING]
+    cold = ((rows >= 1e6) & (pooling <= 2) & mask).any(-1)
+    heavy = ((rows >= 1e5) & (pooling >= 10) & mask).any(-1)
+    alone = mask.sum(-1) == 1
+    return {"cold": cold, "heavy": heavy, "alone": alone, "fused": ~alone}
+
+
+def scores(pred: np.ndarray, true: np.ndarray) -> dict | None:
+    """MAPE, mean signed error, worst ratio (either way), Kendall tau and count; None without labels."""
+    if not len(true):
+        return None
+    ratio = pred / true
+    return {
+        "mape": float(np.mean(np.abs(ratio - 1))),
+        "signed": float(np.mean(ratio - 1)),
+        "worst": float(np.max(np.maximum(ratio, 1 / ratio))),
+        "kendall_tau": float(kendall_tau(pred, true)) if len(true) > 2 else None,
+        "count": int(len(true)),
+    }
+
+
+def training_of(meta: dict) -> tuple[TrainConfig, float, dict[str, tuple[int, int]]]:
+    """A model's split (its TrainConfig), label filter and datasets: folder name -> (place, records)."""
+    try:
+        train = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in meta["train_config"].items()})
+        spread = float(meta["net_config"]["max_label_spread"])
+        listed = {Path(d["dir"]).name: (i, int(d["records"])) for i, d in enumerate(meta["datasets"]["compute"])}
+    except (KeyError, TypeError, ValueError) as err:
+        raise UserError(
+            f"--models: {meta.get('name')!r} has no physics ensemble's training record ({err}); expected a model"
+            " trained by python -m neuroshard_jax.train"
+        ) from None
+    return train, spread, listed
+
+
+def check_splits(metas: dict[str, dict], datasets: list[str]) -> tuple[TrainConfig, float, list[int | None]]:
+    """The split and filter of the last model, and how many records of each dataset its training saw (None: not
+    trained on it), after checking that every model trained on a dataset saw it at the same place, as many records,
+    with the same split and filter (else its test part would hold its training records)."""
+    names = [Path(d).name for d in datasets]
+    if len(set(names)) < len(names):
+        raise UserError(f"--datasets: got {', '.join(names)}, expected folders of different names")
+    last = list(metas)[-1]
+    train, spread, listed = training_of(metas[last])
+    counts = []
+    for place, name in enumerate(names):
+        seen = {m: training_of(meta)[2].get(name) for m, meta in metas.items()}
+        counts.append(next((s[1] for s in seen.values() if s), None))
+        for model, meta in metas.items():
+            m_train, m_spread, m_listed = training_of(meta)
+            if name not in m_listed:
+                continue  # unseen by this model: its test part is held out from it too
+            if m_listed[name] != (place, counts[-1]) or (m_train.seed, tuple(m_train.split), m_spread) != (
+                train.seed,
+                tuple(train.split),
+                spread,
+            ):
+                raise UserError(
+                    f"--models: {model!r} was trained on {name} as dataset {m_listed[name][0]} of "
+                    f"{m_listed[name][1]} records (seed {m_train.seed}, split {list(m_train.split)}, filter "
+                    f"{m_spread}), not as {last!r}: the same test split is not held out from both; expected models "
+                    "trained on the same datasets in the same order"
+                )
+    return train, spread, counts
+
+
+def compare(
+    models: list[str],
+    datasets: list[str],
+    max_spread: float,
+    train: TrainConfig,
+    whole: list[str] = (),
+    counts: list[int | None] | None = None,
+) -> dict:
+    """Per dataset, slice and model: ``scores`` on the dataset's test split (``whole``'s: on all its records);
+    ``counts``: the records of each dataset training saw (the rest, added since, are left out; None: all)."""
+    datasets = [*datasets, *whole]
+    feats, mask, batch, target, source, _ = ensemble_arrays([Path(d) for d in datasets], max_spread)
+    keep = np.ones(len(source), bool)
+    for i, count in enumerate(counts or ()):
+        if count is not None:
+            keep[np.flatnonzero(source == i)[count:]] = False
+    split = (source < len(datasets) - len(whole)) & keep
+    _, _, test = ensemble_splits(source[split], train)
+    test = np.concatenate([np.flatnonzero(split)[test], np.flatnonzero(source >= len(datasets) - len(whole))])
+    predicted = {}
+    for name in models:
+        _, nets, params, _ = load_ensemble(checkpoint_path(name))
+        predicted[name] = ensemble_ms(nets, params, feats[test], mask[test], batch[test])[0]
+    true = target[test].astype(np.float64)
+    slices = shape_slices(feats[test], mask[test])
+    out = {}
+    for i, dataset in enumerate(datasets):
+        mine = source[test] == i
+        parts = {"all": mine} | {k: mine & v for k, v in slices.items()}
+        out[Path(dataset).name] = {
+            part: {name: scores(predicted[name][keep], true[keep]) for name in models} for part, keep in parts.items()
+        }
+    return out
+
+
+def print_table(result: dict, models: list[str]) -> None:
+    print(f"{'dataset':16s} {'slice':6s} {'count':>5s} " + " ".join(f"{Path(m).name[:26]:>27s}" for m in models))
+    for dataset, parts in result.items():
+        for part, by_model in parts.items():
+            first = next((s for s in by_model.values() if s), None)
+            if first is None:
+                continue
+            cells = [
+                f"{100 * s['mape']:5.1f}% {100 * s['signed']:+6.1f}% {s['worst']:5.2f}x" if s else "-"
+                for s in by_model.values()
+            ]
+            print(f"{dataset:16s} {part:6s} {first['count']:5d} " + " ".join(f"{c:>27s}" for c in cells))
+    print("cells: MAPE, mean signed error, worst (predicted / measured either way)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", required=True, help="comma-separated shipped names or checkpoint directories")
+    parser.add_argument("--datasets", required=True, help="comma-separated compute datasets, in training order")
+    parser.add_argument("--whole", default="", help="comma-separated compute datasets no model saw, scored whole")
+    parser.add_argument("--out", default="outputs/bench/heldout")
+    args = parser.parse_args()
+    models = [m for m in args.models.split(",") if m]
+    datasets = [d for d in args.datasets.split(",") if d]
+    whole = [d for d in args.whole.split(",") if d]
+    try:
+        if not models or not datasets:
+            raise UserError("--models/--datasets: got none, expected comma-separated names or directories")
+        for d in datasets + whole:
+            if not (Path(d) / "compute.jsonl").is_file():
+                raise UserError(f"--datasets/--whole: {d!r} holds no compute.jsonl, expected a collect out_dir")
+        metas = {m: load_ensemble(checkpoint_path(m))[3] for m in models}
+        train, spread, counts = check_splits(metas, datasets)
+        result = compare(models, datasets, spread, train, whole, counts)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    print_table(result, models)
+    summary = {"models": models, "datasets": datasets, "whole": whole, "result": result}
+    write_json(summary, Path(args.out) / "heldout.json")
+
+
+if __name__ == "__main__":
+    main()
