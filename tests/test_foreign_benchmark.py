@@ -155,3 +155,14 @@ def test_calibration_is_judged_on_rounds_later_than_the_one_it_was_taken_from():
     assert judged["x drift"]["mape"] == pytest.approx(np.mean([1 - 5.5 / 12, 1 - 11 / 22, 1 - 8.8 / 16]))
     no_drift = ht.judged(by_task, {"d4-00": 4}, {}, None)[4]
     assert no_drift["x drift"] is None and no_drift["on tables"] is None and no_drift["on plan"]["devices"] == 3
+    assert no_drift["labels"] is None  # no label re-timed: no floor
+    # the floor: labels re-timed, x round 0's median ratio (1.2), judged on the later rounds' re-timings
+    retimed = [
+        {"task": "d4-00", "repeat": 0, "label_ms": 10.0, "total_ms": 12.0},
+        {"task": "d4-00", "repeat": 0, "label_ms": 5.0, "total_ms": 6.0},
+        {"task": "d4-00", "repeat": 1, "label_ms": 10.0, "total_ms": 15.0},
+        {"task": "d4-00", "repeat": 2, "label_ms": 5.0, "total_ms": 6.0},
+        {"task": "d8-00", "repeat": 1, "label_ms": 5.0, "total_ms": 50.0},  # another size's
+    ]
+    floor = ht.judged(by_task, {"d4-00": 4, "d8-00": 8}, {}, None, retimed)[4]["labels"]
+    assert floor["devices"] == 2 and floor["mape"] == pytest.approx(np.mean([3 / 15, 0.0]))

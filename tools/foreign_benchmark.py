@@ -698,7 +698,9 @@ def report(
     summary["noise"] = noise_floor(measured)
     if any(x is not None for entries in by_task.values() for e in entries.values() for x in e.get("later", ())):
         drift_0 = label_speed([m for m in retimed if m.get("repeat") == 0])  # the later rounds are judged
-        summary["in_time"] = judged(by_task, {t: tasks[t][1].num_devices for t in by_task}, first_factors, drift_0)
+        quiet = [m for m in retimed if m.get("cpu_share", 1.0) >= MIN_CPU_SHARE and m.get("label_ms")]
+        sizes = {t: tasks[t][1].num_devices for t in tasks}
+        summary["in_time"] = judged(by_task, sizes, first_factors, drift_0, quiet)
     summary["calibration"] = {
         "how": "interleaved" if calibration else "calibrate stage" if factors else None,
         "samples": calibration or None,

@@ -14,6 +14,10 @@ several plans share is counted once per plan:
   task (every plan of a searcher that used the model: ``calibrate.on=plan`` reads the plan the search returns and
   its candidates), round 0; TorchRec's plans are judged with the same factor (a user's autotune prices them with
   the calibrated model).
+
+And the floor (``labels``): the model's own labels re-timed among the devices (``measure --drift``), predicted by
+their recorded times x the median ratio of round 0's re-timings, judged on the later rounds' re-timings: what a model
+that knew every label exactly would read on this machine in this run, after the same one-factor calibration.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import statistics
 
 import numpy as np
 
-WAYS = ("as trained", "x drift", "on tables", "on plan")
+WAYS = ("as trained", "x drift", "on tables", "on plan", "labels")
 
 
 def rounds_of(rows: dict[str, list[dict]], quiet_share: float) -> dict[str, dict[int, float]]:
@@ -58,9 +62,17 @@ def plan_factor(entries: dict[str, dict]) -> float | None:
     return float(np.median(ratios)) if ratios else None
 
 
-def judged(by_task: dict, num_devices: dict[str, int], table_factors: dict[str, float], drift: dict | None) -> dict:
+def judged(
+    by_task: dict,
+    num_devices: dict[str, int],
+    table_factors: dict[str, float],
+    drift: dict | None,
+    retimed: list[dict] = (),
+) -> dict:
     """Per device count and way (``WAYS``): MAPE, mean signed error and the worst device (predicted / measured,
-    either way) over every plan's devices with a later reading, and the devices counted; the ``on plan`` factors."""
+    either way) over every plan's devices with a later reading, and the devices counted; the ``on plan`` factors.
+    ``labels``: the floor, from ``retimed`` (quiet re-timings of the model's labels: ``label_ms``, ``total_ms``,
+    ``repeat``, ``task``)."""
     out = {}
     for devices in sorted(set(num_devices.values())):
         pairs: dict[str, list[tuple[float, float]]] = {w: [] for w in WAYS}
@@ -81,10 +93,21 @@ def judged(by_task: dict, num_devices: dict[str, int], table_factors: dict[str, 
                         for way, f in scale.items():
                             if f is not None:
                                 pairs[way].append((p * f, m))
+        pairs["labels"] = label_floor([m for m in retimed if num_devices.get(m["task"]) == devices])
         out[devices] = {way: _stats(ps) for way, ps in pairs.items()} | {
             "plan_factors": {t: round(f, 4) for t, f in sorted(factors.items()) if f is not None}
         }
     return out
+
+
+def label_floor(retimed: list[dict]) -> list[tuple[float, float]]:
+    """(predicted, measured) of the later rounds' label re-timings, each label's recorded time x the median
+    measured / recorded of round 0's."""
+    first = [m["total_ms"] / m["label_ms"] for m in retimed if m["repeat"] == 0]
+    if not first:
+        return []
+    factor = float(np.median(first))
+    return [(m["label_ms"] * factor, m["total_ms"]) for m in retimed if m["repeat"] > 0]
 
 
 def _stats(pairs: list[tuple[float, float]]) -> dict | None:

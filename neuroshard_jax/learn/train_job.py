@@ -27,6 +27,8 @@ class TrainAppConfig:
         "neuroshard_jax/data/profiles/cpu-b4096",
         "neuroshard_jax/data/profiles/xeon-specs",
         "neuroshard_jax/data/profiles/xeon-plans",
+        "neuroshard_jax/data/profiles/xeon-rowblocks",
+        "neuroshard_jax/data/profiles/xeon-cold",
     )
     # the orbax checkpoint directory (replaced); family=row_comm or input_dist: the fit's folder, this user's fits
     # (paths.user_fits_dir) when left at this default
