@@ -82,14 +82,13 @@ def check_splits(metas: dict[str, dict], datasets: list[str]) -> tuple[TrainConf
     names = [Path(d).name for d in datasets]
     if len(set(names)) < len(names):
         raise UserError(f"--datasets: got {', '.join(names)}, expected folders of different names")
+    trainings = {m: training_of(meta) for m, meta in metas.items()}
     last = list(metas)[-1]
-    train, spread, listed = training_of(metas[last])
+    train, spread, _ = trainings[last]
     counts = []
     for place, name in enumerate(names):
-        seen = {m: training_of(meta)[2].get(name) for m, meta in metas.items()}
-        counts.append(next((s[1] for s in seen.values() if s), None))
-        for model, meta in metas.items():
-            m_train, m_spread, m_listed = training_of(meta)
+        counts.append(next((t[2][name][1] for t in trainings.values() if name in t[2]), None))
+        for model, (m_train, m_spread, m_listed) in trainings.items():
             if name not in m_listed:
                 continue  # unseen by this model: its test part is held out from it too
             if m_listed[name] != (place, counts[-1]) or (m_train.seed, tuple(m_train.split), m_spread) != (
