@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.features import FEATURE_INDEX, NUM_FEATURES, feature_matrix
+from neuroshard_jax.core.features import FEATURE_INDEX, FEATURE_NAMES, NUM_FEATURES, feature_matrix
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware_kind
 from neuroshard_jax.core.manifests import manifest_kinds, write_manifest
@@ -230,16 +230,25 @@ def test_spec_sampler_extensions_reach_many_tables_and_the_heavy_corner_and_leav
     assert sum(map(cold, tables)) > 0.25 * len(tables) and sum(map(heavy, tables)) > 0.15 * len(tables)
     assert min(t["pooling_factor"] for t in tables if cold(t)) < 0.3  # below the whole range's 0.3
     assert sum(any(map(cold, ts)) and any(map(heavy, ts)) for ts in samples) > 5  # fused in one kernel
-    with pytest.raises(UserError, match=r"^specs.cold_share: got 0.6 with specs.heavy_share 0.5, expected the two"):
+    with pytest.raises(UserError, match=r"^specs corner shares: got specs.heavy_share 0.5, specs.cold_share 0.6, exp"):
         SpecSamplerConfig(heavy_share=0.5, cold_share=0.6)
+    # the tiny corner (2..100 rows read 0.3..300 times a sample), and row blocks of its tables a row or two each
+    tiny = SpecSamplerConfig(tiny_share=0.5, cold_share=0.2, row_share=0.6)
+    samples = [sample_spec_shard(tiny, 0, i)[1] for i in range(40)]
+    tables = [t for ts in samples for t in ts]
+    small = [t for t in tables if t["rows"] <= 100]
+    assert len(small) > 0.35 * len(tables) and sum(map(cold, tables)) > 0.1 * len(tables)
+    assert min(t["rows"] for t in small) < 10 and max(t["pooling_factor"] for t in small) > 100
+    assert any(t.get("num_rows", 99) <= 2 for t in small)
 
 
-def test_the_shipped_cold_corner_labels_are_the_samplers_draws():
-    """xeon-cold's samples re-drawn from its manifest's settings are its records' shards: the cold corner's draws are
-    pinned by shipped data (a change to them would silently change what a resumed collection measures)."""
-    folder = Path(__file__).parents[1] / "neuroshard_jax" / "data" / "profiles" / "xeon-cold"
+@pytest.mark.parametrize("name, corner", [("xeon-cold", "cold_share"), ("xeon-tiny", "tiny_share")])
+def test_the_shipped_corner_labels_are_the_samplers_draws(name, corner):
+    """A corner's shipped samples re-drawn from their manifest's settings are their records' shards: the corners'
+    draws are pinned by shipped data (a change to them would silently change what a resumed collection measures)."""
+    folder = Path(__file__).parents[1] / "neuroshard_jax" / "data" / "profiles" / name
     settings = json.loads((folder / "manifest-compute.json").read_text())["settings"]
-    assert settings["specs"]["cold_share"] > 0
+    assert settings["specs"][corner] > 0
     config = SpecSamplerConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in settings["specs"].items()})
     with (folder / "compute.jsonl").open() as lines:
         records = [json.loads(line) for line, _ in zip(lines, range(12))]
@@ -288,6 +297,26 @@ def test_models_compared_on_held_out_labels_use_the_training_split(tiny_ensemble
     swapped = {**meta, "datasets": {**meta["datasets"], "compute": meta["datasets"]["compute"][::-1]}}
     with pytest.raises(UserError, match=r"^--models: 'old' was trained on data as dataset 1 of \d+ records"):
         check_splits({"old": swapped, "new": meta}, order)
+
+
+def test_held_out_slices_name_shard_sets_by_their_tables():
+    """The slices of tools.heldout_models: a shard set is cold, heavy or tiny when one of its (unmasked) tables is."""
+    from tools.heldout_models import POOLING, ROWS, shape_slices
+
+    feats = np.zeros((4, 2, len(FEATURE_NAMES)))
+    rows_pooling = [[(3e6, 0.5), (20, 300)], [(2e5, 40), (1e4, 1)], [(50, 2), (0, 0)], [(1e4, 3), (60, 9)]]
+    for s, tables in enumerate(rows_pooling):
+        for t, (rows, pooling) in enumerate(tables):
+            feats[s, t, ROWS], feats[s, t, POOLING] = rows, pooling
+    mask = np.array([[True, True], [True, True], [True, False], [True, False]])  # set 3's tiny table is masked
+    got = {name: picked.tolist() for name, picked in shape_slices(feats, mask).items()}
+    assert got == {
+        "cold": [True, False, False, False],
+        "heavy": [False, True, False, False],
+        "tiny": [True, False, True, False],
+        "alone": [False, False, True, True],
+        "fused": [True, True, False, False],
+    }
 
 
 def test_training_learns_what_its_roofline_cannot(tiny_checkpoint, tmp_path):

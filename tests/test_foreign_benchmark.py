@@ -153,6 +153,13 @@ def test_calibration_is_judged_on_rounds_later_than_the_one_it_was_taken_from():
     assert judged["on tables"]["signed"] == pytest.approx(np.mean([7.5 / 12 - 1, 15 / 22 - 1, 12 / 16 - 1]))
     assert judged["as trained"]["worst"] == pytest.approx(12 / 5)
     assert judged["x drift"]["mape"] == pytest.approx(np.mean([1 - 5.5 / 12, 1 - 11 / 22, 1 - 8.8 / 16]))
+    # the devices' floor: each device's own round-0 reading against its later ones (10 vs 12, 20 vs 22, 16 vs 16)
+    assert judged["devices"]["devices"] == 3
+    assert judged["devices"]["mape"] == pytest.approx(np.mean([2 / 12, 2 / 22, 0.0]))
+    assert judged["devices"]["signed"] == pytest.approx(np.mean([-2 / 12, -2 / 22, 0.0]))
+    unread = {"d4-00": {"beam": {"predicted": [5.0], "later": [12.0], "own": True}}}  # no round 0: no floor
+    assert ht.judged(unread, {"d4-00": 4}, {}, None)[4]["devices"] is None
+    assert ht.judged(unread, {"d4-00": 4}, {}, None)[4]["as trained"]["devices"] == 1
     no_drift = ht.judged(by_task, {"d4-00": 4}, {}, None)[4]
     assert no_drift["x drift"] is None and no_drift["on tables"] is None and no_drift["on plan"]["devices"] == 3
     assert no_drift["labels"] is None  # no label re-timed: no floor
@@ -166,3 +173,36 @@ def test_calibration_is_judged_on_rounds_later_than_the_one_it_was_taken_from():
     ]
     floor = ht.judged(by_task, {"d4-00": 4, "d8-00": 8}, {}, None, retimed)[4]["labels"]
     assert floor["devices"] == 2 and floor["mape"] == pytest.approx(np.mean([3 / 15, 0.0]))
+
+
+def test_the_report_reads_the_model_by_the_tables_a_device_holds():
+    """``device_shapes``: a row block of a tiny table, a tiny table, a row block, a cold table, or none, the first
+    that applies; ``by_shape``: the model as trained over the measured devices of each shape."""
+    from neuroshard_jax.core.plan import Plan
+    from neuroshard_jax.core.sharding import Shard
+    from tests.conftest import make_table, make_task
+    from tools import held_out_in_time as ht
+
+    tables = [make_table(0, 10, 16, 50.0), make_table(1, 2_000_000, 16, 0.5), make_table(2, 5000, 16, 3.0)]
+    task = make_task(tables, num_devices=5, mem_cap_gb=4.0)
+    shards = (
+        Shard(0, 0, 16, 0, 0, 5),  # device 0: a tiny table's row block, beside half of table 2
+        Shard(0, 0, 16, 1, 5, 5),  # device 1: the other block, beside the cold table
+        Shard(1, 0, 16, 1),
+        Shard(2, 0, 16, 0, 0, 2500),
+        Shard(2, 0, 16, 2, 2500, 2500),  # device 2: a row block alone
+    )
+    plan = Plan(task, shards)
+    assert ht.device_shapes(plan) == ["tiny block", "tiny block", "row block", "other", "other"]
+    whole = Plan(task, (Shard(0, 0, 16, 0), Shard(1, 0, 16, 1), Shard(2, 0, 16, 2)))
+    assert ht.device_shapes(whole) == ["tiny", "cold", "other", "other", "other"]
+    by_task = {
+        "d5-00": {
+            "a": {"shapes": ["tiny", "cold", "other"], "predicted": [2.0, 3.0, 1.0], "measured": [1.0, 4.0, None]},
+            "b": {"shapes": ["tiny", "other"], "predicted": [3.0, 2.0], "measured": [2.0, 2.0]},
+        }
+    }
+    shapes = ht.by_shape(by_task)
+    assert set(shapes) == {"tiny", "cold", "other"}  # shapes without a measured device are left out
+    assert shapes["tiny"]["devices"] == 2 and shapes["tiny"]["mape"] == pytest.approx((1.0 + 0.5) / 2)
+    assert shapes["cold"]["signed"] == pytest.approx(-0.25) and shapes["other"]["devices"] == 1

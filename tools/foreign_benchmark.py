@@ -85,7 +85,15 @@ from neuroshard_jax.measure.evaluator import EvaluateConfig, device_key, device_
 from neuroshard_jax.measure.polish import POLISHED, PolishConfig, polish_plan, simulate
 from neuroshard_jax.search.pipeline import search_plan
 from searchers import make_searcher
-from tools.held_out_in_time import first_and_later, judged, print_judged, rounds_of
+from tools.held_out_in_time import (
+    by_shape,
+    device_shapes,
+    first_and_later,
+    judged,
+    print_judged,
+    print_shapes,
+    rounds_of,
+)
 
 SEARCHERS = (
     "beam",
@@ -686,6 +694,7 @@ def report(
                 later.append(at_later)
             entry.update(predicted=predicted, measured=compute, noise=max(spread) if spread else None)
             entry.update(first=first, later=later, own=row["model"] == label)  # own: the model under test's plan
+            entry["shapes"] = device_shapes(plan)
             if None not in compute:  # (b): the measured compute with the plan's collectives priced by the model
                 entry["step"] = float(np.asarray(plan_cost_ms(simulate(scorer, [plan], np.array([compute]))))[0])
                 entry["step_bound"] = balanced_step(scorer, plan, compute)
@@ -701,6 +710,7 @@ def report(
         quiet = [m for m in retimed if m.get("cpu_share", 1.0) >= MIN_CPU_SHARE and m.get("label_ms")]
         sizes = {t: tasks[t][1].num_devices for t in tasks}
         summary["in_time"] = judged(by_task, sizes, first_factors, drift_0, quiet)
+    summary["shapes"] = by_shape(by_task)
     summary["calibration"] = {
         "how": "interleaved" if calibration else "calibrate stage" if factors else None,
         "samples": calibration or None,
@@ -917,7 +927,7 @@ def summarise(by_task: dict, tasks: dict, tie: float) -> dict:
     return out
 
 
-NOT_SIZES = ("noise", "calibration", "drift", "in_time")  # a summary's keys that are not a device count
+NOT_SIZES = ("noise", "calibration", "drift", "in_time", "shapes")  # a summary's keys that are not a device count
 
 
 def print_summary(summary: dict) -> None:
@@ -1121,6 +1131,7 @@ def main(suite: Suite = FOREIGN, description: str = __doc__) -> None:
             )
             print_summary(summary)
             print_geometric(summary)
+            print_shapes(summary.get("shapes"))
             print_judged(summary.get("in_time"))
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -15,9 +15,16 @@ several plans share is counted once per plan:
   its candidates), round 0; TorchRec's plans are judged with the same factor (a user's autotune prices them with
   the calibrated model).
 
-And the floor (``labels``): the model's own labels re-timed among the devices (``measure --drift``), predicted by
-their recorded times x the median ratio of round 0's re-timings, judged on the later rounds' re-timings: what a model
-that knew every label exactly would read on this machine in this run, after the same one-factor calibration.
+And two floors:
+* ``labels``: the model's own labels re-timed among the devices (``measure --drift``), predicted by their recorded
+  times x the median ratio of round 0's re-timings, judged on the later rounds' re-timings: what a model that knew
+  every label exactly would read on this machine in this run, after the same one-factor calibration;
+* ``devices``: every plan device predicted by its own round-0 reading, judged on its later rounds: what a model that
+  read each device exactly as it ran when the plan was made (one reading, as a calibration takes) would read later;
+  no factor of round 0 can bring a model closer than this on this machine in this run.
+
+And where the model is off (``by_shape``): its error as trained over every plan's devices, by the tables a device
+holds (a row block of a tiny table, a tiny table, a row block, a cold table, none of these).
 """
 
 from __future__ import annotations
@@ -26,7 +33,11 @@ import statistics
 
 import numpy as np
 
-WAYS = ("as trained", "x drift", "on tables", "on plan", "labels")
+WAYS = ("as trained", "x drift", "on tables", "on plan", "labels", "devices")
+# a device's shape by the tables it holds, the first that applies (``device_shapes``)
+SHAPES = ("tiny block", "tiny", "row block", "cold", "other")
+TINY_ROWS = 100  # a table (or a row block) of at most this many rows: the spec labels' tiny corner
+COLD = (1e6, 2.0)  # a table of at least this many rows read at most this often a sample
 
 
 def rounds_of(rows: dict[str, list[dict]], quiet_share: float) -> dict[str, dict[int, float]]:
@@ -71,8 +82,8 @@ def judged(
 ) -> dict:
     """Per device count and way (``WAYS``): MAPE, mean signed error and the worst device (predicted / measured,
     either way) over every plan's devices with a later reading, and the devices counted; the ``on plan`` factors.
-    ``labels``: the floor, from ``retimed`` (quiet re-timings of the model's labels: ``label_ms``, ``total_ms``,
-    ``repeat``, ``task``)."""
+    ``devices``: the floor of the devices' own round-0 readings; ``labels``: the floor from ``retimed`` (quiet
+    re-timings of the model's labels: ``label_ms``, ``total_ms``, ``repeat``, ``task``)."""
     out = {}
     for devices in sorted(set(num_devices.values())):
         pairs: dict[str, list[tuple[float, float]]] = {w: [] for w in WAYS}
@@ -88,11 +99,14 @@ def judged(
             }
             factors[task_id] = scale["on plan"]
             for e in entries.values():
-                for p, m in zip(e.get("predicted", ()), e.get("later", ())):
+                predicted = e.get("predicted", ())
+                for p, first, m in zip(predicted, e.get("first") or [None] * len(predicted), e.get("later", ())):
                     if m and m > 0 and p > 0:
                         for way, f in scale.items():
                             if f is not None:
                                 pairs[way].append((p * f, m))
+                        if first and first > 0:
+                            pairs["devices"].append((first, m))
         pairs["labels"] = label_floor([m for m in retimed if num_devices.get(m["task"]) == devices])
         out[devices] = {way: _stats(ps) for way, ps in pairs.items()} | {
             "plan_factors": {t: round(f, 4) for t, f in sorted(factors.items()) if f is not None}
@@ -110,6 +124,36 @@ def label_floor(retimed: list[dict]) -> list[tuple[float, float]]:
     return [(m["label_ms"] * factor, m["total_ms"]) for m in retimed if m["repeat"] > 0]
 
 
+def device_shapes(plan) -> list[str]:
+    """Per device of ``plan`` (a ``core.plan.Plan``), its shape (``SHAPES``): a row block of a tiny table, a tiny
+    table, a row block, a cold table, or none of these; an empty device is ``other``."""
+    tags: list[set[str]] = [set() for _ in range(plan.task.num_devices)]
+    for shard in plan.shards:
+        table = plan.task.tables[shard.table]
+        rows, block = shard.rows(table.rows), not shard.whole_rows(table.rows)
+        if rows == 0:
+            continue
+        tiny = rows <= TINY_ROWS
+        tags[shard.device] |= (
+            {"tiny block"} if tiny and block else {"tiny"} if tiny else {"row block"} if block else set()
+        )
+        if table.rows >= COLD[0] and table.pooling_factor <= COLD[1]:
+            tags[shard.device].add("cold")
+    return [next((shape for shape in SHAPES if shape in t), "other") for t in tags]
+
+
+def by_shape(by_task: dict) -> dict:
+    """Per device shape (``SHAPES``), the model as trained over every plan's measured devices of that shape: MAPE,
+    mean signed error, worst, count (``shapes``, ``predicted`` and ``measured`` of the report's entries)."""
+    pairs: dict[str, list[tuple[float, float]]] = {shape: [] for shape in SHAPES}
+    for entries in by_task.values():
+        for e in entries.values():
+            for shape, p, m in zip(e.get("shapes", ()), e.get("predicted", ()), e.get("measured", ())):
+                if m and m > 0 and p > 0:
+                    pairs[shape].append((p, m))
+    return {shape: _stats(ps) for shape, ps in pairs.items() if ps}
+
+
 def _stats(pairs: list[tuple[float, float]]) -> dict | None:
     """MAPE, mean signed error and worst ratio (either way) of (predicted, measured) pairs; None without any."""
     if not pairs:
@@ -121,6 +165,20 @@ def _stats(pairs: list[tuple[float, float]]) -> dict | None:
         "worst": float(np.max(np.maximum(p / m, m / p))),
         "devices": len(pairs),
     }
+
+
+def print_shapes(shapes: dict | None) -> None:
+    """The ``by_shape`` figures, one line per device shape."""
+    if not shapes:
+        return
+    print(
+        "\nthe model as trained, by the tables a device holds (tiny: <= 100 rows; cold: >= 1e6 rows read <= 2 times):"
+    )
+    for shape, s in shapes.items():
+        print(
+            f"  {shape:10s}: MAPE {100 * s['mape']:5.1f}%, signed {100 * s['signed']:+5.1f}%, worst {s['worst']:.2f}x"
+            f" over {s['devices']} devices"
+        )
 
 
 def print_judged(summary: dict) -> None:

@@ -13,8 +13,8 @@ was trained (a dataset's file only grows; a model's meta.json records how many i
 on a dataset must list it at the same place with as many records, the same seed, split and label filter: then the
 test part is its own held-out part (else one line says why not). A dataset a model was not trained on is unseen by
 it whole. ``--whole``: datasets no model was trained on, scored on every record. Slices by the shards' tables:
-``cold`` (a table of >= 1e6 rows read <= 2 times a sample), ``heavy`` (>= 1e5 rows read >= 10 times), ``alone``
-(one table), ``fused`` (the rest).
+``cold`` (a table of >= 1e6 rows read <= 2 times a sample), ``heavy`` (>= 1e5 rows read >= 10 times), ``tiny`` (a
+table, or a row block, of <= 100 rows), ``alone`` (one table), ``fused`` (the rest).
 """
 
 from __future__ import annotations
@@ -39,12 +39,13 @@ ROWS, POOLING = FEATURE_NAMES.index("rows"), FEATURE_NAMES.index("pooling_factor
 
 
 def shape_slices(feats: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
-    """bool[S] per slice of shard sets by their tables (``cold``, ``heavy``, ``alone``, ``fused``)."""
+    """bool[S] per slice of shard sets by their tables (``cold``, ``heavy``, ``tiny``, ``alone``, ``fused``)."""
     rows, pooling = feats[..., ROWS], feats[..., POOLING]
     cold = ((rows >= 1e6) & (pooling <= 2) & mask).any(-1)
     heavy = ((rows >= 1e5) & (pooling >= 10) & mask).any(-1)
+    tiny = ((rows <= 100) & mask).any(-1)
     alone = mask.sum(-1) == 1
-    return {"cold": cold, "heavy": heavy, "alone": alone, "fused": ~alone}
+    return {"cold": cold, "heavy": heavy, "tiny": tiny, "alone": alone, "fused": ~alone}
 
 
 def scores(pred: np.ndarray, true: np.ndarray) -> dict | None:

@@ -11,7 +11,8 @@ issue 51's work, never used to choose features, models or settings. Its stages a
 A sealed set is spent once its figures are read. ``--seal N`` (N >= 1) draws a fresh set from the same families with
 seeds of its own, into ``outputs/bench/sealed-N``: seal 1 is issue 63's (the portfolio and autotune against
 TorchRec's planners), measured once at the end of that work; seal 2 is issue 65's (the model as trained and
-calibrated, two runs an hour apart, session 35); seal 0 (no flag) is issue 51's, spent.
+calibrated, two runs an hour apart, session 35; spent: its errors by family chose the next labels); seal 3 is issue
+65's second (the model retrained with the tiny corner's labels, session 36); seal 0 (no flag) is issue 51's, spent.
 
 The generators share no code and no seed with the training sampler, the table pool or the foreign benchmark (a test
 checks): their own laws, written here. Families, each at 4 and at 8 devices (12 tasks at each size, 12-120 tables):

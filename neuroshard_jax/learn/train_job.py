@@ -29,6 +29,7 @@ class TrainAppConfig:
         "neuroshard_jax/data/profiles/xeon-plans",
         "neuroshard_jax/data/profiles/xeon-rowblocks",
         "neuroshard_jax/data/profiles/xeon-cold",
+        "neuroshard_jax/data/profiles/xeon-tiny",
     )
     # the orbax checkpoint directory (replaced); family=row_comm or input_dist: the fit's folder, this user's fits
     # (paths.user_fits_dir) when left at this default

@@ -77,6 +77,10 @@ class SpecSamplerConfig:
     # tables drawn from the cold corner (rows 1e6..1e7 looked up 0.1..2 times per sample: users' hashed id tables,
     # the sealed benchmark's worst family, docs/results/two-rulers.md), fused with the rest of their sample
     cold_share: float = bounded(at_least=0, at_most=1, default=0.0)
+    # tables drawn from the tiny corner (2..100 rows read 0.3..300 times a sample: the categorical fields of public
+    # datasets, hours, genres, ratings, and TorchRec's row blocks of them, a row or two each), below the whole
+    # range's 100 rows
+    tiny_share: float = bounded(at_least=0, at_most=1, default=0.0)
     # one table alone, as a search places a heavy table on a device of its own (1 in max_tables samples otherwise)
     alone_share: float = bounded(at_least=0, at_most=1, default=0.0)
 
@@ -86,18 +90,25 @@ class SpecSamplerConfig:
             raise UserError(
                 f"specs.many_tables: got {self.many_tables}, expected more than specs.max_tables ({self.max_tables})"
             )
-        if self.heavy_share + self.cold_share > 1:
+        shares = {name: getattr(self, f"{name}_share") for name in CORNERS}
+        if sum(shares.values()) > 1:
+            given = ", ".join(f"specs.{name}_share {share:g}" for name, share in shares.items() if share)
             raise UserError(
-                f"specs.cold_share: got {self.cold_share} with specs.heavy_share {self.heavy_share}, expected the two"
-                " to sum to at most 1 (a table is drawn from one corner)"
+                f"specs corner shares: got {given}, expected them to sum to at most 1 (a table is drawn "
+                "from one corner)"
             )
 
 
 # the knobs a spec dataset records only where they are on (older datasets resume: ``cost_labels.spec_settings``)
-SPEC_EXTENSIONS = ("row_share", "many_share", "heavy_share", "cold_share", "alone_share")
+SPEC_EXTENSIONS = ("row_share", "many_share", "heavy_share", "cold_share", "tiny_share", "alone_share")
 HEAVY_LOG10_ROWS = (5.0, 7.0)
 HEAVY_LOG10_POOLING = (1.0, 2.3)
-CORNERS = {"heavy": (HEAVY_LOG10_ROWS, HEAVY_LOG10_POOLING), "cold": ((6.0, 7.0), (-1.0, 0.3))}
+# (log10 rows, log10 pooling factor) ranges of the corners, drawn in this order (``_corner``)
+CORNERS = {
+    "heavy": (HEAVY_LOG10_ROWS, HEAVY_LOG10_POOLING),
+    "cold": ((6.0, 7.0), (-1.0, 0.3)),
+    "tiny": ((0.3, 2.0), (-0.5, 2.5)),
+}
 
 
 def draw_table_spec(
@@ -140,7 +151,7 @@ def sample_spec_shard(config: SpecSamplerConfig, seed: int, index: int) -> tuple
     """Sample ``index``: (batch size, table specs {rows, pooling_factor, bins, dim, seed}) within the memory cap.
     A column-split sample holds every slice of one to three tables (their slices share the table's stream seed)."""
     rng = np.random.default_rng([seed, 60013, index])
-    extension = np.random.default_rng([seed, 60013, index, 2])  # many_, heavy_, cold_ and alone_share draw here only
+    extension = np.random.default_rng([seed, 60013, index, 2])  # the extensions' shares draw here only
     batch_size = int(rng.choice(config.batch_sizes))
     cap = config.mem_cap_gb * GIB_BYTES
     count = int(rng.integers(config.min_tables, config.max_tables + 1))
@@ -177,14 +188,16 @@ def sample_spec_shard(config: SpecSamplerConfig, seed: int, index: int) -> tuple
 
 def _corner(config: SpecSamplerConfig, extension: np.random.Generator) -> tuple[np.random.Generator, str] | None:
     """Which corner (if any) the next table is drawn from: one draw of the extensions' stream per table where a
-    corner is on (none where both are off: the samples drawn before corners existed)."""
-    if not (config.heavy_share or config.cold_share):
+    corner is on (none where all are off: the samples drawn before corners existed), the corners in ``CORNERS``'
+    order over [0, 1)."""
+    shares = [(name, getattr(config, f"{name}_share")) for name in CORNERS]
+    if not any(share for _, share in shares):
         return None
-    u = extension.random()
-    if u < config.heavy_share:
-        return extension, "heavy"
-    if u < config.heavy_share + config.cold_share:
-        return extension, "cold"
+    u, bound = extension.random(), 0.0
+    for name, share in shares:
+        bound += share
+        if u < bound:
+            return extension, name
     return None
 
 
