@@ -17,7 +17,7 @@ from neuroshard_jax.costs.choice import CostModelSpec, NeuralConfig, make_cost_m
 from neuroshard_jax.costs.cost_model import device_compute_ms, device_costs, plan_cost_ms
 from neuroshard_jax.costs.neural import NetConfig, init_nets, neural_fns
 from neuroshard_jax.costs.scoring import plan_arrays
-from neuroshard_jax.learn.metrics import kendall_tau, mape
+from neuroshard_jax.learn.metrics import kendall_tau, mape, relative_errors
 from neuroshard_jax.search.job import main_config
 from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.workloads.builders import load_task
@@ -112,6 +112,8 @@ def test_metrics_against_plain_python():
     assert mape(pred, true) == pytest.approx((0 + 1 / 3 + 1 / 2 + 0) / 4)
     # 6 pairs, one discordant (2,3): tau = (5 - 1) / 6
     assert kendall_tau(pred, true) == pytest.approx(4 / 6)
+    # MAPE, mean signed error and the worst ratio either way: 2/3 is 1.5x off, 3/2 1.5x
+    assert relative_errors(pred, true) == pytest.approx(((1 / 3 + 1 / 2) / 4, (-1 / 3 + 1 / 2) / 4, 1.5))
 
 
 def test_untrained_nets_have_the_paper_shapes():

@@ -99,3 +99,20 @@ def test_a_histogram_of_exact_counts_takes_the_nearest_lookups():
     _check(spec, 8)
     with pytest.raises(UserError, match="cannot hold"):
         spec_stream(TableSpec(5, 10.0, _one_bin(0), 4096), 0)
+
+
+def test_a_bin_of_one_row_rounded_below_it_keeps_one_row():
+    """A small table's histogram as the spec sampler rounds it (5 decimals): 120 rows read 33..64 times, one 65..128
+    times, two 4097..8192 times; 0.00813 x 123 is 0.99999 of a row. That bin keeps its one row and the hot bin its
+    two (a remainder taken twice once moved a hot row to the cold bin, and the lookups no longer fitted: the one
+    failed label of the cold corner's 1,500)."""
+    from neuroshard_jax.workloads.streams import _rows_per_bin
+
+    bins = [0.0] * 6 + [0.97561, 0.00813] + [0.0] * 5 + [0.01626] + [0.0] * 3
+    per_bin = _rows_per_bin(np.asarray(bins), 123)
+    assert per_bin[6] == 120 and per_bin[7] == 1 and per_bin[13] == 2 and per_bin.sum() == 123
+    spec = TableSpec(123, 9.812, tuple(bins), 2048)
+    indices, _ = spec_stream(spec, 2146759862)
+    counts = np.bincount(indices)
+    assert len(indices) == 20204 and (counts > 4096).sum() == 2 and (counts >= 65).sum() == 3
+    _check(spec, 2146759862)

@@ -33,6 +33,8 @@ import statistics
 
 import numpy as np
 
+from neuroshard_jax.learn.metrics import relative_errors
+
 WAYS = ("as trained", "x drift", "on tables", "on plan", "labels", "devices")
 # a device's shape by the tables it holds, the first that applies (``device_shapes``)
 SHAPES = ("tiny block", "tiny", "row block", "cold", "other")
@@ -158,13 +160,8 @@ def _stats(pairs: list[tuple[float, float]]) -> dict | None:
     """MAPE, mean signed error and worst ratio (either way) of (predicted, measured) pairs; None without any."""
     if not pairs:
         return None
-    p, m = np.array(pairs).T
-    return {
-        "mape": float(np.mean(np.abs(p - m) / m)),
-        "signed": float(np.mean((p - m) / m)),
-        "worst": float(np.max(np.maximum(p / m, m / p))),
-        "devices": len(pairs),
-    }
+    mape, signed, worst = relative_errors(*np.array(pairs).T)
+    return {"mape": mape, "signed": signed, "worst": worst, "devices": len(pairs)}
 
 
 def print_shapes(shapes: dict | None) -> None:

@@ -32,7 +32,7 @@ from neuroshard_jax.costs.checkpoints import load_ensemble
 from neuroshard_jax.costs.choice import checkpoint_path
 from neuroshard_jax.learn.datasets import ensemble_arrays
 from neuroshard_jax.learn.ensemble_fit import ensemble_ms, ensemble_splits
-from neuroshard_jax.learn.metrics import kendall_tau
+from neuroshard_jax.learn.metrics import kendall_tau, relative_errors
 from neuroshard_jax.learn.trainer import TrainConfig
 
 ROWS, POOLING = FEATURE_NAMES.index("rows"), FEATURE_NAMES.index("pooling_factor")
@@ -52,11 +52,11 @@ def scores(pred: np.ndarray, true: np.ndarray) -> dict | None:
     """MAPE, mean signed error, worst ratio (either way), Kendall tau and count; None without labels."""
     if not len(true):
         return None
-    ratio = pred / true
+    mape, signed, worst = relative_errors(pred, true)
     return {
-        "mape": float(np.mean(np.abs(ratio - 1))),
-        "signed": float(np.mean(ratio - 1)),
-        "worst": float(np.max(np.maximum(ratio, 1 / ratio))),
+        "mape": mape,
+        "signed": signed,
+        "worst": worst,
         "kendall_tau": float(kendall_tau(pred, true)) if len(true) > 2 else None,
         "count": int(len(true)),
     }

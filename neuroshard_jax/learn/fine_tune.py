@@ -66,7 +66,7 @@ from neuroshard_jax.learn.adapt_budget import FIRST_GUESS_S, REPORT_S, Ledger, R
 from neuroshard_jax.learn.cost_labels import CollectConfig, collect
 from neuroshard_jax.learn.datasets import compute_batches, padded_shards, steady
 from neuroshard_jax.learn.ensemble_fit import ensemble_ms, train_ensemble
-from neuroshard_jax.learn.metrics import kendall_tau, mape
+from neuroshard_jax.learn.metrics import kendall_tau, relative_errors
 from neuroshard_jax.learn.plan_labels import PlanLabelConfig
 from neuroshard_jax.learn.row_comm_fit import fit_row_comm
 from neuroshard_jax.learn.trainer import TrainConfig
@@ -256,9 +256,10 @@ def predicted(checkpoint: str | Path, dataset: Path) -> tuple[np.ndarray, np.nda
 
 def scores(pred: np.ndarray, target: np.ndarray) -> dict:
     """MAPE, bias (mean signed relative error) and Kendall tau of predictions against measurements."""
+    error, bias, _ = relative_errors(pred, target)
     return {
-        "mape": round(mape(pred, target), 4),
-        "bias": round(float(np.mean((pred - target) / target)), 4),
+        "mape": round(error, 4),
+        "bias": round(bias, 4),
         "kendall_tau": round(kendall_tau(pred, target), 4),
         "count": int(len(target)),
     }

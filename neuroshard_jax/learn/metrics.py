@@ -13,6 +13,13 @@ def mape(pred, true) -> float:
     return float(np.mean(np.abs(pred - true) / np.maximum(true, 1e-9)))
 
 
+def relative_errors(pred, true) -> tuple[float, float, float]:
+    """(MAPE, mean signed relative error, worst ratio either way) of predictions against positive measurements:
+    what every held-out and benchmark judgement reports (each in its own record)."""
+    ratio = np.asarray(pred, float) / np.asarray(true, float)
+    return float(np.mean(np.abs(ratio - 1))), float(np.mean(ratio - 1)), float(np.max(np.maximum(ratio, 1 / ratio)))
+
+
 def rmse(pred, true) -> float:
     return float(np.sqrt(np.mean((np.asarray(pred, float) - np.asarray(true, float)) ** 2)))
 

@@ -45,13 +45,15 @@ def bin_bounds() -> tuple[np.ndarray, np.ndarray]:
 
 def _rows_per_bin(shares: np.ndarray, total: int) -> np.ndarray:
     """i64[17] rows per bin for ``total`` accessed rows: largest-remainder rounding of shares x total, every bin
-    with a positive share holding at least one row."""
+    with a positive share holding at least one row. A bin raised to its one row has no remainder left (a share
+    rounded just below one row, 0.99999, took a second row from the bin that needed it: a 123-row table's two
+    hottest rows became one, and its lookups no longer fitted)."""
     exact = shares * total
     counts = np.floor(exact).astype(np.int64)
     positive = shares > 0
     counts[positive & (counts == 0)] = 1
     left = total - counts.sum()
-    order = np.argsort(-(exact - np.floor(exact)), kind="stable")
+    order = np.argsort(-(exact - counts), kind="stable")
     for k in order:
         if left <= 0:
             break
