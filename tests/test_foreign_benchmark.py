@@ -142,7 +142,7 @@ def test_calibration_is_judged_on_rounds_later_than_the_one_it_was_taken_from():
         "d4-00": {
             # the model's plan: round 0 read 2x its predictions, so on plan's factor is 2
             "beam": {"predicted": [5.0, 10.0], "first": [10.0, 20.0], "later": [12.0, 22.0], "own": True},
-            "torchrec": {"predicted": [8.0, 4.0], "first": [16.0, None], "later": [16.0, None], "own": False},
+            "torchrec": {"predicted": [8.0, 4.0], "first": [14.0, None], "later": [16.0, None], "own": False},
         }
     }
     judged = ht.judged(by_task, {"d4-00": 4}, {"d4-00": 1.5}, {"speed_median": 1.1})[4]
@@ -153,10 +153,10 @@ def test_calibration_is_judged_on_rounds_later_than_the_one_it_was_taken_from():
     assert judged["on tables"]["signed"] == pytest.approx(np.mean([7.5 / 12 - 1, 15 / 22 - 1, 12 / 16 - 1]))
     assert judged["as trained"]["worst"] == pytest.approx(12 / 5)
     assert judged["x drift"]["mape"] == pytest.approx(np.mean([1 - 5.5 / 12, 1 - 11 / 22, 1 - 8.8 / 16]))
-    # the devices' floor: each device's own round-0 reading against its later ones (10 vs 12, 20 vs 22, 16 vs 16)
+    # the devices' own readings: each device's round-0 reading against its later ones (10 vs 12, 20 vs 22, 14 vs 16)
     assert judged["devices"]["devices"] == 3
-    assert judged["devices"]["mape"] == pytest.approx(np.mean([2 / 12, 2 / 22, 0.0]))
-    assert judged["devices"]["signed"] == pytest.approx(np.mean([-2 / 12, -2 / 22, 0.0]))
+    assert judged["devices"]["mape"] == pytest.approx(np.mean([2 / 12, 2 / 22, 2 / 16]))
+    assert judged["devices"]["signed"] == pytest.approx(np.mean([-2 / 12, -2 / 22, -2 / 16]))
     unread = {"d4-00": {"beam": {"predicted": [5.0], "later": [12.0], "own": True}}}  # no round 0: no floor
     assert ht.judged(unread, {"d4-00": 4}, {}, None)[4]["devices"] is None
     assert ht.judged(unread, {"d4-00": 4}, {}, None)[4]["as trained"]["devices"] == 1
@@ -196,6 +196,8 @@ def test_the_report_reads_the_model_by_the_tables_a_device_holds():
     assert ht.device_shapes(plan) == ["tiny block", "tiny block", "row block", "other", "other"]
     whole = Plan(task, (Shard(0, 0, 16, 0), Shard(1, 0, 16, 1), Shard(2, 0, 16, 2)))
     assert ht.device_shapes(whole) == ["tiny", "cold", "other", "other", "other"]
+    replicated = Plan(task, (Shard(1, 0, 16, 1), Shard(2, 0, 16, 2)), data_parallel=(0,))  # the tiny table everywhere
+    assert ht.device_shapes(replicated) == ["tiny"] * 5
     by_task = {
         "d5-00": {
             "a": {"shapes": ["tiny", "cold", "other"], "predicted": [2.0, 3.0, 1.0], "measured": [1.0, 4.0, None]},

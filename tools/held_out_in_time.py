@@ -15,13 +15,14 @@ several plans share is counted once per plan:
   its candidates), round 0; TorchRec's plans are judged with the same factor (a user's autotune prices them with
   the calibrated model).
 
-And two floors:
+And two references for the floor under the model's error:
 * ``labels``: the model's own labels re-timed among the devices (``measure --drift``), predicted by their recorded
   times x the median ratio of round 0's re-timings, judged on the later rounds' re-timings: what a model that knew
   every label exactly would read on this machine in this run, after the same one-factor calibration;
 * ``devices``: every plan device predicted by its own round-0 reading, judged on its later rounds: what a model that
-  read each device exactly as it ran when the plan was made (one reading, as a calibration takes) would read later;
-  no factor of round 0 can bring a model closer than this on this machine in this run.
+  read each device exactly as it ran when the plan was made, once (as a calibration reads), would read later. It
+  holds that one reading's noise as well as the machine's drift between rounds; a factor over many devices averages
+  the noise, so a calibrated model can come under it by up to the noise of one reading (``noise`` in the report).
 
 And where the model is off (``by_shape``): its error as trained over every plan's devices, by the tables a device
 holds (a row block of a tiny table, a tiny table, a row block, a cold table, none of these).
@@ -33,6 +34,7 @@ import statistics
 
 import numpy as np
 
+from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.learn.metrics import relative_errors
 
 WAYS = ("as trained", "x drift", "on tables", "on plan", "labels", "devices")
@@ -127,20 +129,21 @@ def label_floor(retimed: list[dict]) -> list[tuple[float, float]]:
 
 
 def device_shapes(plan) -> list[str]:
-    """Per device of ``plan`` (a ``core.plan.Plan``), its shape (``SHAPES``): a row block of a tiny table, a tiny
-    table, a row block, a cold table, or none of these; an empty device is ``other``."""
+    """Per device of ``plan`` (a ``core.plan.Plan``), its shape (``SHAPES``): a row block of <= ``TINY_ROWS`` rows, a
+    table of so few, a row block, a cold table, or none of these, the first that applies; a data-parallel table is on
+    every device (each runs its replica); a device holding nothing is ``other``."""
     tags: list[set[str]] = [set() for _ in range(plan.task.num_devices)]
-    for shard in plan.shards:
+    held = [(s.device, s) for s in plan.shards]
+    held += [(d, Shard(t, 0, plan.task.tables[t].dim, d)) for t in plan.data_parallel for d in range(len(tags))]
+    for device, shard in held:
         table = plan.task.tables[shard.table]
         rows, block = shard.rows(table.rows), not shard.whole_rows(table.rows)
         if rows == 0:
             continue
         tiny = rows <= TINY_ROWS
-        tags[shard.device] |= (
-            {"tiny block"} if tiny and block else {"tiny"} if tiny else {"row block"} if block else set()
-        )
+        tags[device] |= {"tiny block"} if tiny and block else {"tiny"} if tiny else {"row block"} if block else set()
         if table.rows >= COLD[0] and table.pooling_factor <= COLD[1]:
-            tags[shard.device].add("cold")
+            tags[device].add("cold")
     return [next((shape for shape in SHAPES if shape in t), "other") for t in tags]
 
 
@@ -169,7 +172,8 @@ def print_shapes(shapes: dict | None) -> None:
     if not shapes:
         return
     print(
-        "\nthe model as trained, by the tables a device holds (tiny: <= 100 rows; cold: >= 1e6 rows read <= 2 times):"
+        f"\nthe model as trained, by the tables a device holds (tiny: <= {TINY_ROWS} rows; cold: >= {COLD[0]:.0e} rows"
+        f" read <= {COLD[1]:g} times a sample):"
     )
     for shape, s in shapes.items():
         print(

@@ -43,17 +43,18 @@ def bin_bounds() -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
-def _rows_per_bin(shares: np.ndarray, total: int) -> np.ndarray:
+def _rows_per_bin(shares: np.ndarray, total: int, settled: bool = False) -> np.ndarray:
     """i64[17] rows per bin for ``total`` accessed rows: largest-remainder rounding of shares x total, every bin
-    with a positive share holding at least one row. A bin raised to its one row has no remainder left (a share
-    rounded just below one row, 0.99999, took a second row from the bin that needed it: a 123-row table's two
-    hottest rows became one, and its lookups no longer fitted)."""
+    with a positive share holding at least one row. ``settled``: a bin raised to its one row has no remainder left;
+    without it (the rounding every dataset so far was drawn with) a share rounded just below one row (0.99999) takes
+    a second row, from the bin that needed it (a 123-row table's two hottest rows became one, and its lookups no
+    longer fitted)."""
     exact = shares * total
     counts = np.floor(exact).astype(np.int64)
     positive = shares > 0
     counts[positive & (counts == 0)] = 1
     left = total - counts.sum()
-    order = np.argsort(-(exact - counts), kind="stable")
+    order = np.argsort(-(exact - (counts if settled else np.floor(exact))), kind="stable")
     for k in order:
         if left <= 0:
             break
@@ -64,44 +65,52 @@ def _rows_per_bin(shares: np.ndarray, total: int) -> np.ndarray:
 
 
 def accessed_rows(spec: TableSpec, lookups: int, where: str = "table") -> np.ndarray:
-    """Rows per bin i64[17] whose counts can add up to ``lookups``; raises UserError if the spec allows none."""
+    """Rows per bin i64[17] whose counts can add up to ``lookups``; raises UserError if the spec allows none. The
+    rounding every dataset was drawn with first, then (only where it finds none) the settled one: a stream that
+    existed stays as it was; a spec it refused gets one (``_rows_per_bin``)."""
+    for settled in (False, True):
+        per_bin = _accessed_rows(spec, lookups, settled)
+        if per_bin is not None:
+            return per_bin
+    raise UserError(
+        f"{where}: its histogram cannot hold {lookups} lookups (pooling factor {spec.pooling_factor} x batch "
+        f"{spec.batch_size}) in at most {spec.rows} rows; expected bins consistent with rows, pooling and batch size"
+    )
+
+
+def _accessed_rows(spec: TableSpec, lookups: int, settled: bool) -> np.ndarray | None:
+    """``accessed_rows`` with one rounding; None where it finds no rows per bin."""
     shares = np.asarray(spec.bins, dtype=np.float64)
     lo, hi = bin_bounds()
     mid = np.sqrt(lo * np.minimum(hi, 4 * lo))  # a typical count of each bin (the open bin: up to 4x its floor)
     guess = max(1, int(round(lookups / float(shares @ mid))))
     positive = int((shares > 0).sum())
-    best, near = None, (math.inf, None)
+    near = (math.inf, None)
     # The feasible range of U is an interval (min and max totals grow with U); search outward from the guess.
     for step in range(0, 64):
         for total in sorted({max(positive, guess - step), max(positive, guess + step)}):
             if total > spec.rows:
                 continue
-            per_bin = _rows_per_bin(shares, total)
+            per_bin = _rows_per_bin(shares, total, settled)
             if per_bin @ lo <= lookups <= per_bin @ hi:
-                best = per_bin
-                break
+                return per_bin
             near = min(near, (max(per_bin @ lo - lookups, lookups - per_bin @ hi), total), key=lambda x: x[0])
-        if best is not None:
-            return best
     # Not near the guess: bisect on U for the smallest total whose maximum reaches the lookups.
     low, high = positive, spec.rows
     while low < high:
         middle = (low + high) // 2
-        if _rows_per_bin(shares, middle) @ hi >= lookups:
+        if _rows_per_bin(shares, middle, settled) @ hi >= lookups:
             high = middle
         else:
             low = middle + 1
-    per_bin = _rows_per_bin(shares, low)
+    per_bin = _rows_per_bin(shares, low, settled)
     if low <= spec.rows and per_bin @ lo <= lookups <= per_bin @ hi:
         return per_bin
     # Histograms of exact counts (bins 0 and 1 hold rows hit once and twice) whose rounded row counts miss the
     # lookups by a few: the nearest, the stream then moves those few lookups between bags (``spec_stream``).
     if near[1] is not None and near[0] <= max(2, NEAR_LOOKUPS * lookups):
-        return _rows_per_bin(shares, near[1])
-    raise UserError(
-        f"{where}: its histogram cannot hold {lookups} lookups (pooling factor {spec.pooling_factor} x batch "
-        f"{spec.batch_size}) in at most {spec.rows} rows; expected bins consistent with rows, pooling and batch size"
-    )
+        return _rows_per_bin(shares, near[1], settled)
+    return None
 
 
 def check_spec(spec: TableSpec, where: str = "table") -> None:
