@@ -141,8 +141,20 @@ def test_calibration_is_judged_on_rounds_later_than_the_one_it_was_taken_from():
     by_task = {
         "d4-00": {
             # the model's plan: round 0 read 2x its predictions, so on plan's factor is 2
-            "beam": {"predicted": [5.0, 10.0], "first": [10.0, 20.0], "later": [12.0, 22.0], "own": True},
-            "torchrec": {"predicted": [8.0, 4.0], "first": [14.0, None], "later": [16.0, None], "own": False},
+            "beam": {
+                "predicted": [5.0, 10.0],
+                "first": [10.0, 20.0],
+                "later": [12.0, 22.0],
+                "measured": [11.0, 21.0],
+                "own": True,
+            },
+            "torchrec": {
+                "predicted": [8.0, 4.0],
+                "first": [14.0, None],
+                "later": [16.0, None],
+                "measured": [15.0, None],
+                "own": False,
+            },
         }
     }
     judged = ht.judged(by_task, {"d4-00": 4}, {"d4-00": 1.5}, {"speed_median": 1.1})[4]
@@ -157,8 +169,13 @@ def test_calibration_is_judged_on_rounds_later_than_the_one_it_was_taken_from():
     assert judged["devices"]["devices"] == 3
     assert judged["devices"]["mape"] == pytest.approx(np.mean([2 / 12, 2 / 22, 2 / 16]))
     assert judged["devices"]["signed"] == pytest.approx(np.mean([-2 / 12, -2 / 22, -2 / 16]))
+    # the exact model: each device's run median x round 0's speed (the median first / measured: 14 / 15)
+    k = 14 / 15
+    assert judged["exact"]["devices"] == 3
+    assert judged["exact"]["signed"] == pytest.approx(np.mean([11 * k / 12 - 1, 21 * k / 22 - 1, 15 * k / 16 - 1]))
     unread = {"d4-00": {"beam": {"predicted": [5.0], "later": [12.0], "own": True}}}  # no round 0: no floor
     assert ht.judged(unread, {"d4-00": 4}, {}, None)[4]["devices"] is None
+    assert ht.judged(unread, {"d4-00": 4}, {}, None)[4]["exact"] is None
     assert ht.judged(unread, {"d4-00": 4}, {}, None)[4]["as trained"]["devices"] == 1
     no_drift = ht.judged(by_task, {"d4-00": 4}, {}, None)[4]
     assert no_drift["x drift"] is None and no_drift["on tables"] is None and no_drift["on plan"]["devices"] == 3

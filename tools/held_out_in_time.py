@@ -15,14 +15,17 @@ several plans share is counted once per plan:
   its candidates), round 0; TorchRec's plans are judged with the same factor (a user's autotune prices them with
   the calibrated model).
 
-And two references for the floor under the model's error:
+And three references for the floor under the model's error:
 * ``labels``: the model's own labels re-timed among the devices (``measure --drift``), predicted by their recorded
   times x the median ratio of round 0's re-timings, judged on the later rounds' re-timings: what a model that knew
   every label exactly would read on this machine in this run, after the same one-factor calibration;
 * ``devices``: every plan device predicted by its own round-0 reading, judged on its later rounds: what a model that
   read each device exactly as it ran when the plan was made, once (as a calibration reads), would read later. It
   holds that one reading's noise as well as the machine's drift between rounds; a factor over many devices averages
-  the noise, so a calibrated model can come under it by up to the noise of one reading (``noise`` in the report).
+  the noise, so a calibrated model can come under it by up to the noise of one reading (``noise`` in the report);
+* ``exact``: a model that knew each device's time over the whole run (the median of its rounds), calibrated by round
+  0's speed on the task's devices, judged on the later rounds: the drift between rounds and the later readings' noise
+  without the model's error or round 0's noise; optimistic (the median holds the rounds it is judged on).
 
 And where the model is off (``by_shape``): its error as trained over every plan's devices, by the tables a device
 holds (a row block of a tiny table, a tiny table, a row block, a cold table, none of these).
@@ -37,7 +40,7 @@ import numpy as np
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.learn.metrics import relative_errors
 
-WAYS = ("as trained", "x drift", "on tables", "on plan", "labels", "devices")
+WAYS = ("as trained", "x drift", "on tables", "on plan", "labels", "devices", "exact")
 # a device's shape by the tables it holds, the first that applies (``device_shapes``)
 SHAPES = ("tiny block", "tiny", "row block", "cold", "other")
 TINY_ROWS = 100  # a table (or a row block) of at most this many rows: the spec labels' tiny corner
@@ -86,8 +89,8 @@ def judged(
 ) -> dict:
     """Per device count and way (``WAYS``): MAPE, mean signed error and the worst device (predicted / measured,
     either way) over every plan's devices with a later reading, and the devices counted; the ``on plan`` factors.
-    ``devices``: the floor of the devices' own round-0 readings; ``labels``: the floor from ``retimed`` (quiet
-    re-timings of the model's labels: ``label_ms``, ``total_ms``, ``repeat``, ``task``)."""
+    ``devices``: the devices' own round-0 readings; ``exact``: ``exact_model``; ``labels``: the floor from
+    ``retimed`` (quiet re-timings of the model's labels: ``label_ms``, ``total_ms``, ``repeat``, ``task``)."""
     out = {}
     for devices in sorted(set(num_devices.values())):
         pairs: dict[str, list[tuple[float, float]]] = {w: [] for w in WAYS}
@@ -111,11 +114,28 @@ def judged(
                                 pairs[way].append((p * f, m))
                         if first and first > 0:
                             pairs["devices"].append((first, m))
+            pairs["exact"] += exact_model(entries)
         pairs["labels"] = label_floor([m for m in retimed if num_devices.get(m["task"]) == devices])
         out[devices] = {way: _stats(ps) for way, ps in pairs.items()} | {
             "plan_factors": {t: round(f, 4) for t, f in sorted(factors.items()) if f is not None}
         }
     return out
+
+
+def exact_model(entries: dict[str, dict]) -> list[tuple[float, float]]:
+    """(predicted, measured) of a task's plan devices by a model that knew each device's time over the whole run (the
+    median of its rounds, ``measured``), calibrated by round 0 (x the median first / measured over the task's
+    devices), judged on the later rounds. Optimistic: the median it knows holds the rounds it is judged on."""
+    triples = [
+        (f, m, later)
+        for e in entries.values()
+        for f, m, later in zip(e.get("first") or (), e.get("measured") or (), e.get("later") or ())
+        if f and m and later and f > 0 and m > 0 and later > 0
+    ]
+    if not triples:
+        return []
+    factor = float(np.median([f / m for f, m, _ in triples]))
+    return [(m * factor, later) for _, m, later in triples]
 
 
 def label_floor(retimed: list[dict]) -> list[tuple[float, float]]:
