@@ -37,7 +37,6 @@ import statistics
 
 import numpy as np
 
-from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.learn.metrics import relative_errors
 
 WAYS = ("as trained", "x drift", "on tables", "on plan", "labels", "devices", "exact")
@@ -152,12 +151,13 @@ def device_shapes(plan) -> list[str]:
     """Per device of ``plan`` (a ``core.plan.Plan``), its shape (``SHAPES``): a row block of <= ``TINY_ROWS`` rows, a
     table of so few, a row block, a cold table, or none of these, the first that applies; a data-parallel table is on
     every device (each runs its replica); a device holding nothing is ``other``."""
+    tables = plan.task.tables
     tags: list[set[str]] = [set() for _ in range(plan.task.num_devices)]
-    held = [(s.device, s) for s in plan.shards]
-    held += [(d, Shard(t, 0, plan.task.tables[t].dim, d)) for t in plan.data_parallel for d in range(len(tags))]
-    for device, shard in held:
-        table = plan.task.tables[shard.table]
-        rows, block = shard.rows(table.rows), not shard.whole_rows(table.rows)
+    held = [(s.device, s.table, s.rows(tables[s.table].rows)) for s in plan.shards]
+    held += [(d, t, tables[t].rows) for t in plan.data_parallel for d in range(len(tags))]
+    for device, index, rows in held:
+        table = tables[index]
+        block = rows < table.rows
         if rows == 0:
             continue
         tiny = rows <= TINY_ROWS

@@ -34,6 +34,7 @@ from neuroshard_jax.learn.datasets import ensemble_arrays
 from neuroshard_jax.learn.ensemble_fit import ensemble_ms, ensemble_splits
 from neuroshard_jax.learn.metrics import kendall_tau, relative_errors
 from neuroshard_jax.learn.trainer import TrainConfig
+from tools.held_out_in_time import COLD, TINY_ROWS
 
 ROWS, POOLING = FEATURE_NAMES.index("rows"), FEATURE_NAMES.index("pooling_factor")
 
@@ -41,9 +42,9 @@ ROWS, POOLING = FEATURE_NAMES.index("rows"), FEATURE_NAMES.index("pooling_factor
 def shape_slices(feats: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
     """bool[S] per slice of shard sets by their tables (``cold``, ``heavy``, ``tiny``, ``alone``, ``fused``)."""
     rows, pooling = feats[..., ROWS], feats[..., POOLING]
-    cold = ((rows >= 1e6) & (pooling <= 2) & mask).any(-1)
+    cold = ((rows >= COLD[0]) & (pooling <= COLD[1]) & mask).any(-1)
     heavy = ((rows >= 1e5) & (pooling >= 10) & mask).any(-1)
-    tiny = ((rows <= 100) & mask).any(-1)
+    tiny = ((rows <= TINY_ROWS) & mask).any(-1)
     alone = mask.sum(-1) == 1
     return {"cold": cold, "heavy": heavy, "tiny": tiny, "alone": alone, "fused": ~alone}
 
