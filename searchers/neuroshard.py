@@ -47,6 +47,8 @@ class SplitSpace:
         levels = int(self.max_level.max()) + 1
         task_feats = task.features()
         self.shard_dim = np.array([[max(t.dim >> k, 1) for k in range(levels)] for t in task.tables])
+        # each slice's all-to-all width (``Table.width``: its dim, or a row per id of a sequence table)
+        self.shard_width = np.array([[t.width(int(d)) for d in row] for t, row in zip(task.tables, self.shard_dim)])
         # each level's shards: the table's features with its width and size (``shard_features``, all tables at once)
         feats = np.repeat(np.asarray(task_feats, dtype=np.float64)[:, None, :], levels, axis=1)
         feats[:, :, FEATURE_INDEX["dim"]] = self.shard_dim
@@ -79,7 +81,7 @@ class SplitSpace:
             s = len(tables)
             feats[c, :s] = self.feats[tables, ks]
             mem[c, :s] = self.mem[tables, ks]
-            dims[c, :s] = self.shard_dim[tables, ks]
+            dims[c, :s] = self.shard_width[tables, ks]
             valid[c, :s] = True
             column_table[c, :s] = np.where(ks > 0, tables, -1)  # cut in columns: TorchRec's column_wise
             ids[c, :s] = self.pooling[tables]
@@ -123,7 +125,7 @@ class Scorer:
     def __init__(self, space: SplitSpace, model: CostModel, config: GridConfig):
         task = space.task
         self.space, self.model = space, model
-        total_dim = sum(t.dim for t in task.tables)
+        total_dim = sum(t.width(t.dim) for t in task.tables)
         self.bounds = dim_bounds(config.alphas, total_dim, task.num_devices, config.memory_only_fallback)
         self.memory_fallback = config.memory_only_fallback
         self.cap = cap_units(task.cap_bytes(), space.unit).astype(np.int32)

@@ -100,6 +100,36 @@ def test_worker_runs_each_optimizer_of_fbgemms_cpu_kernels_and_keeps_the_state_t
     assert worker.request(request, timeout_s=120).ok
 
 
+def test_worker_times_every_kernel_kind_torchrec_runs_and_counts_a_sequence_kernels_rows(worker):
+    """The kernels of each table kind (mean pooling, per-id weights, unpooled sequence lookups) timed on the same
+    tables; a sequence kernel's outputs are a row per id (the memory it reports), and its refusals are one line."""
+    specs = tuple(
+        {"rows": rows, "pooling_factor": 2.0, "bins": [1.0] + [0.0] * 16, "dim": 16, "seed": 2} for rows in (8000, 3000)
+    )
+    base = ComputeRequest(0, specs, memory=True, **TINY)
+    answers = {}
+    for pooling, weighted in (("sum", False), ("mean", False), ("sum", True), ("mean", True), ("none", False)):
+        request = dataclasses.replace(base, pooling=pooling, weighted=weighted)
+        assert ComputeRequest.from_json(request.to_json()) == request
+        answer = worker.request(request, timeout_s=120)
+        assert answer.ok and answer.total_ms > 0, answer
+        answers[pooling, weighted] = answer
+    ids = answers["sum", False].num_indices
+    assert all(a.num_indices == ids for a in answers.values())
+    pooled_outputs = answers["sum", False].memory["held_bytes"] - answers["sum", False].memory["module_bytes"]
+    sequence_outputs = answers["none", False].memory["held_bytes"] - answers["none", False].memory["module_bytes"]
+    # the same ids and offsets; outputs and their gradients: 256 bags x 2 tables x 16 (pooled), ids x 16 (sequence)
+    assert sequence_outputs - pooled_outputs == 2 * 4 * 16 * (ids - 2 * 256)
+    assert "pooling" not in base.to_json() and "weighted" not in base.to_json()  # the labels' lines as they were
+    mixed = dataclasses.replace(base, tables=(specs[0], {**specs[1], "dim": 8}), pooling="none")
+    refused = worker.request(mixed, timeout_s=120)
+    assert not refused.ok and "tables of dims [8, 16], expected one dim" in refused.error
+    refused = worker.request(dataclasses.replace(base, pooling="max"), timeout_s=120)
+    assert not refused.ok and "pooling 'max', expected one of sum, mean, none" in refused.error
+    with pytest.raises(MessageError, match="request.weighted: got 'yes', expected true or false"):
+        ComputeRequest.from_json({**base.to_json(), "weighted": "yes"})
+
+
 def test_the_timed_protocol_fills_a_kernel_time_and_keeps_a_sample_of_its_runs(worker):
     """``protocol=timed``: warm-up and timed iterations by kernel time, at least ``iters``, at most ``max_iters``; a
     row keeps at most 64 evenly spaced runs, its medians are over all of them."""

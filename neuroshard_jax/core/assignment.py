@@ -50,7 +50,7 @@ def row_groups(plan: Plan) -> list[tuple[int, list[int]]]:
     ranges: dict[tuple[int, int, int], set[int]] = {}
     for s in plan.shards:
         if not s.whole_rows(rows[s.table]):
-            ranges.setdefault((s.table, s.col_offset, s.dim), set()).add(s.device)
+            ranges.setdefault((s.table, s.col_offset, plan.task.tables[s.table].width(s.dim)), set()).add(s.device)
     widths: dict[tuple[int, ...], int] = {}
     for (_, _, dim), devices in ranges.items():
         key = tuple(sorted(devices))
@@ -77,7 +77,7 @@ def whole_row_dims(plan: Plan) -> list[int]:
     dims = [0] * plan.task.num_devices
     for s in plan.shards:
         if s.whole_rows(rows[s.table]):
-            dims[s.device] += s.dim
+            dims[s.device] += plan.task.shard_width(s)
     return dims
 
 
@@ -92,7 +92,7 @@ def column_wise_dims(plan: Plan) -> list[int]:
     dims = [0] * plan.task.num_devices
     for s in plan.shards:
         if s.table in spread and s.whole_rows(rows[s.table]):
-            dims[s.device] += s.dim
+            dims[s.device] += plan.task.shard_width(s)
     return dims
 
 

@@ -120,8 +120,9 @@ class Plan:
         return [t.name if t.name is not None else f"t{i}" for i, t in enumerate(self.task.tables)]
 
     def dim_sums(self) -> np.ndarray:
-        """i64[N]: pooled output width of each device."""
-        return device_dim_sums(self.shards, self.task.num_devices)
+        """i64[N]: each device's all-to-all width (``Task.shard_width``: pooled output, a row per id of a sequence
+        table)."""
+        return device_dim_sums(self.shards, self.task.num_devices, self.task.shard_width)
 
     def mem_bytes(self) -> np.ndarray:
         """i64[N]: memory of each device's tables while they train (``Task.device_memory``; a data-parallel table

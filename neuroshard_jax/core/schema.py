@@ -28,7 +28,7 @@ from neuroshard_jax.core.memory import Training
 from neuroshard_jax.core.sharding import (
     is_legal_dim,
 )
-from neuroshard_jax.core.table import PoolSpec, RowBlockStats, Table
+from neuroshard_jax.core.table import PoolSpec, RowBlockStats, Table, kernel_kind
 
 # The file schema, in one place: task, table, row-block and shard objects are the dataclasses below (and
 # ``Device``, ``Links``, ``PoolSpec``), parsed by ``core.config.typed`` like every config: types and bounds from the
@@ -77,6 +77,8 @@ class TableFile:
     max_shards: int | None = bounded(at_least=1, default=None)
     colocate: str | None = None
     sharding_types: tuple[str, ...] | None = None
+    pooling: str = "sum"  # ``table.POOLINGS``: none for sequence embeddings
+    weighted: bool = False  # per-id weights on its lookups
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,8 +203,20 @@ def table_from_json(obj: dict, where: str, index: int = 0) -> Table:
     bins = _checked_bins(raw.bins, raw.pooling_factor, f"{where}.bins")
     if raw.name == "":
         raise UserError(f"{where}.name: got '', expected a non-empty string")
+    try:
+        kernel_kind(raw.pooling, raw.weighted)
+    except ValueError as err:
+        raise UserError(f"{where}.{err}") from None
     table = Table(
-        index if raw.id is None else raw.id, raw.rows, raw.dim, raw.pooling_factor, bins, raw.name, raw.estimated
+        index if raw.id is None else raw.id,
+        raw.rows,
+        raw.dim,
+        raw.pooling_factor,
+        bins,
+        raw.name,
+        raw.estimated,
+        pooling=raw.pooling,
+        weighted=raw.weighted,
     )
     blocks = row_blocks_of(raw.row_blocks, raw.rows, raw.pooling_factor, f"{where}.row_blocks")
     return dataclasses.replace(table, row_blocks=blocks, constraints=_constraints_of(raw, where))
@@ -341,6 +355,8 @@ def table_json(t: Table) -> dict[str, Any]:
         "size": t.size,
         "bins": list(t.bins),
         **({"estimated": True} if t.estimated else {}),
+        **({"pooling": t.pooling} if t.pooling != "sum" else {}),
+        **({"weighted": True} if t.weighted else {}),
         **_constraints_json(t),
         **({"row_blocks": row_blocks_json(t.row_blocks)} if t.row_blocks else {}),
     }

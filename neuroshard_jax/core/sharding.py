@@ -145,11 +145,12 @@ def mem_bytes(rows, dim, precision: str):
     return rows * dim * BYTES_PER_ELEMENT[precision]
 
 
-def device_dim_sums(shards: Iterable[Shard], num_devices: int):
-    """i64[N]: pooled output width (sum of shard dims) of each device."""
+def device_dim_sums(shards: Iterable[Shard], num_devices: int, widths=None):
+    """i64[N]: the all-to-all width of each device: the sum of its shards' dims, or of ``widths(shard)`` (a
+    sequence table's shard puts a row per id in it: ``Table.width``)."""
     out = np.zeros(num_devices, dtype=np.int64)
     for s in shards:
-        out[s.device] += s.dim
+        out[s.device] += s.dim if widths is None else widths(s)
     return out
 
 

@@ -5,6 +5,7 @@ their file schema is ``core.schema``'s."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 from neuroshard_jax.core.config import typed
@@ -17,6 +18,29 @@ from neuroshard_jax.core.sharding import (
 )
 
 POOL_SOURCES = ("synthetic", "zipf", "dlrm")
+# How a table's lookups are reduced, FBGEMM's ``PoolingMode`` as TorchRec's modules run it: ``sum`` and ``mean`` pool
+# each bag to one row (EmbeddingBagCollection), ``none`` returns one row per id (EmbeddingCollection: sequence
+# embeddings, whose output and all-to-all carry ids x dim)
+POOLINGS = ("sum", "mean", "none")
+# The kernels a device runs: TorchRec fuses a device's tables into one table-batched kernel per (pooling, weighted)
+# group, so a device holding tables of several kinds runs one kernel of each (``kernel_kind``)
+KERNEL_KINDS = ("sum", "mean", "sum_weighted", "mean_weighted", "sequence")
+
+
+def kernel_kind(pooling: str, weighted: bool) -> str:
+    """The kernel a table runs in (``KERNEL_KINDS``): its pooling, and whether its lookups carry per-id weights
+    (``is_weighted`` features, TorchRec's feature processors). ValueError for a pooling not in ``POOLINGS`` or a
+    weighted sequence table (TorchRec's EmbeddingCollection takes no weights)."""
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling: got {pooling!r}, expected one of {', '.join(POOLINGS)}")
+    if pooling == "none":
+        if weighted:
+            raise ValueError(
+                "pooling: 'none' (sequence) with weighted lookups, expected unweighted (TorchRec's "
+                "EmbeddingCollection takes no weights)"
+            )
+        return "sequence"
+    return f"{pooling}_weighted" if weighted else pooling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +115,36 @@ class Table:
     # measured statistics of its row blocks, per block count (``stats``: from the user's data); a block of a count
     # not given is assumed to do its rows' share of the lookups with the table's histogram
     row_blocks: tuple[RowBlockStats, ...] = ()
+    # the kernel it runs in (``kernel_kind``): its pooling (``POOLINGS``) and per-id weights
+    pooling: str = "sum"
+    weighted: bool = False
+
+    def __post_init__(self):
+        kernel_kind(self.pooling, self.weighted)
+
+    @property
+    def kernel(self) -> str:
+        """The kernel it runs in (``KERNEL_KINDS``)."""
+        return kernel_kind(self.pooling, self.weighted)
+
+    @property
+    def sequence(self) -> bool:
+        """Whether its lookups are unpooled (sequence embeddings): one output row per id, not per bag."""
+        return self.pooling == "none"
+
+    def width(self, dim: int, row_offset: int = 0, num_rows: int | None = None) -> int:
+        """Elements per sample that a shard of ``dim`` columns (of the row block [row_offset, row_offset + num_rows),
+        default all rows) puts in the all-to-all: its pooled output, ``dim``; a sequence table's is one row per id,
+        ``dim`` x the lookups per sample landing in the shard (the block's measured ones, else its rows' share),
+        rounded up; the lengths that travel with them are not counted. The one width rule of every comm price and
+        search bound."""
+        if not self.sequence:
+            return int(dim)
+        lookups = self.pooling_factor
+        if num_rows is not None and num_rows != self.rows:
+            measured = self.block_stats(row_offset, num_rows)
+            lookups = measured[0] if measured is not None else lookups * num_rows / max(self.rows, 1)
+        return int(math.ceil(dim * lookups - 1e-9))
 
     def constrained(self, **changes) -> Table:
         """This table with ``changes`` to its constraints (``pin=0``, ``exclude=(1,)``, ...)."""

@@ -51,7 +51,7 @@ from neuroshard_jax.core.schema import (
     table_json,
     table_where,
 )
-from neuroshard_jax.core.sharding import mem_bytes, narrowest_dim, row_block_size
+from neuroshard_jax.core.sharding import Shard, mem_bytes, narrowest_dim, row_block_size
 from neuroshard_jax.core.table import PoolSpec, Table
 
 ID_BYTES = 8  # int64 ids and offsets, as TorchRec's KeyedJaggedTensor carries them
@@ -60,14 +60,22 @@ STATE_BYTES = 4  # FBGEMM keeps optimizer state in fp32 unless told otherwise (o
 
 
 def shard_memory(
-    rows: int, dim: int, ids_per_sample: float, batch_size: int, precision: str, optimizer: Optimizer
+    rows: int,
+    dim: int,
+    ids_per_sample: float,
+    batch_size: int,
+    precision: str,
+    optimizer: Optimizer,
+    sequence: bool = False,
 ) -> MemoryParts:
     """The bytes a shard of ``rows`` x ``dim`` holds while it trains at ``batch_size`` samples, looking up
-    ``ids_per_sample`` ids per sample (its table's pooling factor; a row block's share of it)."""
+    ``ids_per_sample`` ids per sample (its table's pooling factor; a row block's share of it); a ``sequence`` table's
+    outputs are a row per id, not per sample."""
     weights = mem_bytes(rows, dim, precision)
     state = rows * (optimizer.per_row + optimizer.per_weight * dim) * STATE_BYTES
     ids = int(round(ids_per_sample * batch_size)) + batch_size + 1  # the ids and the offsets
-    buffers = ids * ID_BYTES + 2 * batch_size * dim * OUTPUT_BYTES  # pooled outputs and their gradients
+    outputs = ids - batch_size - 1 if sequence else batch_size
+    buffers = ids * ID_BYTES + 2 * outputs * dim * OUTPUT_BYTES  # the outputs and their gradients
     return MemoryParts(int(weights), int(state), int(buffers))
 
 
@@ -171,7 +179,7 @@ class Task:
         return step_memory(
             self.batch_size,
             self.num_devices,
-            sum(t.dim for t in self.tables),
+            sum(t.width(t.dim) for t in self.tables),
             sum(t.pooling_factor for t in self.tables),
             self.num_tables,
         )
@@ -242,7 +250,7 @@ class Task:
         of the table's ids, taken as even)."""
         table = self.tables[index]
         ids = table.pooling_factor * rows / table.rows
-        return shard_memory(rows, dim, ids, self.batch_size, self.precision, self.training.state)
+        return shard_memory(rows, dim, ids, self.batch_size, self.precision, self.training.state, table.sequence)
 
     def row_block_bytes(self, index: int, count: int, dim: int | None = None) -> np.ndarray:
         """i64[count]: the bytes of each of the ``count`` row blocks of table ``index`` (``sharding.row_blocks``:
@@ -287,6 +295,12 @@ class Task:
 
     def table_rows(self) -> list[int]:
         return [t.rows for t in self.tables]
+
+    def shard_width(self, shard: Shard) -> int:
+        """Elements per sample ``shard`` puts in the all-to-all (``Table.width``: its dim, or a row per id of a
+        sequence table)."""
+        table = self.tables[shard.table]
+        return table.width(shard.dim, shard.row_offset, shard.rows(table.rows))
 
     def features(self) -> np.ndarray:
         """Raw features f64[T, 21] in FEATURE_NAMES order."""

@@ -46,6 +46,10 @@ class ComputeRequest:
     measure_ms: float | None = None
     max_iters: int | None = None
     memory: bool = False
+    # the kernel's kind (``core.table.kernel_kind``): FBGEMM's pooling (sum, mean; none: sequence lookups, one output
+    # row per id, every table of one dim) and per-id weights in the forward
+    pooling: str = "sum"
+    weighted: bool = False
     tags: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
     def to_json(self) -> dict:
@@ -66,6 +70,10 @@ class ComputeRequest:
             out.update(protocol=self.protocol, **{k: getattr(self, k) for k in TIMED_FIELDS})
         if self.memory:
             out["memory"] = True
+        if self.pooling != "sum":  # a sum-pooled unweighted request's line is as it always was (labels keep it)
+            out["pooling"] = self.pooling
+        if self.weighted:
+            out["weighted"] = True
         return out
 
     @classmethod
@@ -101,6 +109,8 @@ class ComputeRequest:
             iters=_number(obj, "iters", int, 10),
             protocol=protocol,
             memory=bool(obj.get("memory", False)),
+            pooling=str(obj.get("pooling", "sum")),
+            weighted=_flag(obj, "weighted"),
             **timed,
         )
 
@@ -112,6 +122,13 @@ class ComputeRequest:
     def tag(self, name: str) -> Any:
         """The caller's tag ``name`` (KeyError where it was not given)."""
         return self.tags[name]
+
+
+def _flag(obj: Mapping, key: str) -> bool:
+    value = obj.get(key, False)
+    if not isinstance(value, bool):
+        raise MessageError(f"request.{key}: got {value!r:.40}, expected true or false")
+    return value
 
 
 def _number(obj: Mapping, key: str, kind: type, default: Any = None) -> Any:

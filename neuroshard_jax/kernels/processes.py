@@ -245,10 +245,13 @@ def compute_request(
     warmup: int = 5,
     iters: int = 10,
     timing: dict | None = None,
+    pooling: str = "sum",
+    weighted: bool = False,
 ) -> ComputeRequest:
     """A worker request: time one fused TBE over ``tables`` (``PoolTableRef``s with the ``pool``, or
     ``SpecTableRef``s with pool None; or either already in the worker's form, ``worker_tables``). ``timing``: the
-    fields of another protocol than warm-up + ``iters`` (``timing_fields``)."""
+    fields of another protocol than warm-up + ``iters`` (``timing_fields``); ``pooling``, ``weighted``: the kernel's
+    kind (``core.table.kernel_kind``; a sequence kernel's tables share one dim)."""
     return ComputeRequest(
         request_id,
         tuple(worker_tables(tables)),
@@ -260,6 +263,8 @@ def compute_request(
         warmup,
         iters,
         **(timing or {}),
+        pooling=pooling,
+        weighted=weighted,
     )
 
 

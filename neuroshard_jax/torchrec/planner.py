@@ -40,12 +40,15 @@ import torch.distributed as dist
 from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
 from torchrec.distributed.planner.constants import BATCH_SIZE, POOLING_FACTOR
 from torchrec.distributed.planner.types import KernelConfig, Topology, TopologyFactory, TrainerConfig
+from torchrec.distributed.sharding_plan import get_default_sharders, get_module_to_default_sharders
 from torchrec.distributed.types import ShardingPlan, ShardingPlanner
 from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
 from torchrec.modules.embedding_configs import DataType
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 
 from neuroshard_jax.core.constants import GIB_BYTES
+from neuroshard_jax.core.constraints import SHARDING_TYPES
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import format_plan
@@ -72,6 +75,16 @@ from neuroshard_jax.workloads.statistics import (
     read_stats_file,
 )
 
+try:  # the managed-collision wrappers, where the installed TorchRec has them
+    from torchrec.modules.mc_embedding_modules import (
+        ManagedCollisionEmbeddingBagCollection,
+        ManagedCollisionEmbeddingCollection,
+    )
+
+    _MANAGED: tuple[type, ...] = (ManagedCollisionEmbeddingBagCollection, ManagedCollisionEmbeddingCollection)
+except ImportError:  # pragma: no cover - every TorchRec this package supports has them
+    _MANAGED = ()
+
 logger = logging.getLogger(__name__)
 # TorchRec's planner holds back this share of every device's memory (HeuristicalStorageReservation's default): dense
 # parameters, activations and the allocator's slack, which its estimator does not count; ours neither
@@ -81,47 +94,126 @@ PRECISIONS = {DataType.FP32: "fp32", DataType.FP16: "fp16", DataType.BF16: "bf16
 
 def declared_optimizer(module: torch.nn.Module, sharders: list | None = None) -> str | None:
     """The fused optimizer the model trains its tables with, as TorchRec finds it: the one
-    ``apply_optimizer_in_backward`` put on the tables' weights (``_optimizer_classes``), else an
-    ``EmbeddingBagCollection`` sharder's ``fused_params["optimizer"]``; None where neither says. UserError where
+    ``apply_optimizer_in_backward`` put on the tables' weights (``_optimizer_classes``), else a sharder's
+    ``fused_params["optimizer"]`` (of a module kind the model holds); None where neither says. UserError where
     tables declare different ones, or an optimizer class no fused kernel runs."""
     found = set()
-    for path, ebc in collections(module):
-        for name, param in ebc.named_parameters():
+    held = set()
+    for found_collection in collections(module):
+        held.add(type(found_collection.module))
+        for name, param in found_collection.module.named_parameters():
             for cls in getattr(param, "_optimizer_classes", None) or ():
                 try:
                     found.add(optimizer_type_to_emb_opt_type(cls).value)
                 except ValueError:
                     raise UserError(
-                        f"module: {path}.{name} trains with {cls.__name__}, which no fused embedding kernel runs; "
-                        "expected an optimizer of torchrec.optim or SGD, Adagrad, Adam"
+                        f"module: {found_collection.path}.{name} trains with {cls.__name__}, which no fused embedding "
+                        "kernel runs; expected an optimizer of torchrec.optim or SGD, Adagrad, Adam"
                     ) from None
     if not found:
         for sharder in sharders or ():
             fused = getattr(sharder, "fused_params", None) or {}
-            if getattr(sharder, "module_type", None) is EmbeddingBagCollection and "optimizer" in fused:
+            if getattr(sharder, "module_type", None) in held and "optimizer" in fused:
                 found.add(str(fused["optimizer"]))
     if len(found) > 1:
         raise UserError(f"module: tables train with {sorted(found)}, expected one fused optimizer for all")
     return found.pop() if found else None
 
 
-def collections(module: torch.nn.Module) -> list[tuple[str, EmbeddingBagCollection]]:
-    """Every EmbeddingBagCollection of ``module`` with its path (``""`` for the module itself)."""
-    found = [(path, m) for path, m in module.named_modules() if isinstance(m, EmbeddingBagCollection)]
+@dataclasses.dataclass(frozen=True)
+class Collection:
+    """A module of the model that TorchRec shards, as its planner keys it: ``path`` (``""`` for the model itself),
+    ``module`` (what the sharder takes: an EmbeddingBagCollection, EmbeddingCollection, feature-processed or
+    managed-collision collection), ``tables`` (the collection of configs inside it: the module, or the one it wraps),
+    whether its lookups are ``sequence`` (unpooled: an EmbeddingCollection's) and ``weighted`` (per-id weights)."""
+
+    path: str
+    module: torch.nn.Module
+    tables: torch.nn.Module
+    sequence: bool
+    weighted: bool
+
+    def configs(self) -> list:
+        """Its tables' configs (``EmbeddingBagConfig``s, or an EmbeddingCollection's ``EmbeddingConfig``s)."""
+        return list(self.tables.embedding_configs() if self.sequence else self.tables.embedding_bag_configs())
+
+    def pooling(self, config) -> str:
+        """A table's pooling (``core.table.POOLINGS``): none for sequence lookups, else its config's."""
+        if self.sequence:
+            return "none"
+        name = getattr(config.pooling, "name", str(config.pooling)).lower()
+        if name not in ("sum", "mean"):
+            raise UserError(
+                f"module: table {config.name!r} of {self.path or 'the model'} pools with {name!r}, expected sum or mean"
+            )
+        return name
+
+
+def _collection(path: str, module: torch.nn.Module) -> Collection | None:
+    """The module at ``path`` as a ``Collection`` where it is a kind TorchRec shards and this planner plans."""
+    if isinstance(module, FeatureProcessedEmbeddingBagCollection):  # keyed at the FP module, its inner EBC weighted
+        return Collection(path, module, module._embedding_bag_collection, False, True)
+    if _MANAGED and isinstance(module, _MANAGED):  # keyed at the wrapper, its tables in the wrapped collection
+        inner = module._embedding_module
+        sequence = isinstance(inner, EmbeddingCollection)
+        return Collection(path, module, inner, sequence, (not sequence) and inner.is_weighted())
+    if isinstance(module, EmbeddingBagCollection):
+        return Collection(path, module, module, False, module.is_weighted())
+    if isinstance(module, EmbeddingCollection):
+        return Collection(path, module, module, True, False)
+    return None
+
+
+def collections(module: torch.nn.Module, sharders: list | None = None) -> list[Collection]:
+    """Every module of ``module`` that TorchRec's planner would shard, outermost first, as it keys them (a collection
+    inside another, as an FP module's EBC, is the outer one's). A module TorchRec shards (by its default sharders, or
+    by one of ``sharders``) that this planner cannot plan is refused by name, never skipped; UserError where there is
+    none at all."""
+    found: list[Collection] = []
+    shardable = tuple(_shardable_types(sharders))
+    for path, child in module.named_modules():
+        if any(c.path == "" or path.startswith(f"{c.path}.") for c in found):
+            continue  # inside a collection already found: TorchRec shards the outer one
+        collection = _collection(path, child)
+        if collection is not None:
+            found.append(collection)
+        elif shardable and isinstance(child, shardable):
+            raise UserError(
+                f"module: {path or 'the model'} is a {type(child).__name__}, which TorchRec shards and this planner "
+                "cannot plan; expected EmbeddingBagCollection, EmbeddingCollection, FeatureProcessedEmbeddingBag"
+                "Collection or a managed-collision collection (or plan it with TorchRec's planner)"
+            )
     if not found:
-        raise UserError(f"module: no EmbeddingBagCollection in {type(module).__name__}, expected at least one")
+        raise UserError(
+            f"module: no embedding collection in {type(module).__name__}, expected at least one "
+            "EmbeddingBagCollection, EmbeddingCollection or FeatureProcessedEmbeddingBagCollection"
+        )
     return found
 
 
+def _shardable_types(sharders: list | None) -> list[type]:
+    """The module types TorchRec shards: its default sharders' and ``sharders``'."""
+    types = [s.module_type for s in get_default_sharders()]
+    return types + [getattr(s, "module_type", None) for s in sharders or () if getattr(s, "module_type", None)]
+
+
 def table_configs(module: torch.nn.Module) -> list[tuple[str, str, object]]:
-    """(collection path, our table name, EmbeddingBagConfig) of every table; a name shared by two collections is
-    qualified by its collection's path (path/name)."""
-    rows = [(path, config) for path, ebc in collections(module) for config in ebc.embedding_bag_configs()]
+    """(collection path, our table name, config) of every table; a name shared by two collections is qualified by
+    its collection's path (path/name)."""
+    return [(path, name, config) for path, name, config, _ in tables_of(module)]
+
+
+def tables_of(module: torch.nn.Module, sharders: list | None = None) -> list[tuple[str, str, object, Collection]]:
+    """(collection path, our table name, config, its ``Collection``) of every table of every collection
+    (``collections``: refused where the model holds a module TorchRec or ``sharders`` shard and this planner cannot
+    plan)."""
+    rows = [(c, config) for c in collections(module, sharders) for config in c.configs()]
     counts: dict[str, int] = {}
     for _, config in rows:
         counts[config.name] = counts.get(config.name, 0) + 1
     return [
-        (path, config.name if counts[config.name] == 1 else f"{path}/{config.name}", config) for path, config in rows
+        (c.path, config.name if counts[config.name] == 1 else f"{c.path}/{config.name}", config, c)
+        for c, config in rows
     ]
 
 
@@ -237,6 +329,7 @@ class NeuroShardPlanner(ShardingPlanner):
         self.mem_reserve = mem_reserve
         self.verbose = verbose
         self.last_plan: Plan | None = None
+        self._sharders: list | None = None
 
     def reserve(self) -> float:
         """The share of every device held back: ``mem_reserve``, else TorchRec's default (``TORCHREC_RESERVE``) of a
@@ -262,10 +355,11 @@ class NeuroShardPlanner(ShardingPlanner):
         """Our table specs of the module's tables and their precision; a table without statistics has its pooling
         factor only, and ``task_from_tables`` estimates its histogram (as ``neuroshard_jax.plan`` does)."""
         specs, precisions = [], set()
-        configs = table_configs(module)
+        found = tables_of(module, self._sharders)
+        configs = [(path, name, config) for path, name, config, _ in found]
         self._check_stats_names(configs)
         self._check_pooling_names(configs)
-        for _, name, config in configs:
+        for _, name, config, collection in found:
             precisions.add(PRECISIONS.get(config.data_type, str(config.data_type)))
             # statistics of a table: by its name, or by its feature's name (a file of the stats CLI names features)
             single = config.feature_names[0] if len(config.feature_names) == 1 else None
@@ -276,6 +370,11 @@ class NeuroShardPlanner(ShardingPlanner):
                     f"{self.planning_batch} (batch_size {self.batch_size} x world size {self.topology.world_size})"
                 )
             spec = {"name": name, "rows": int(config.num_embeddings), "dim": int(config.embedding_dim)}
+            pooling = collection.pooling(config)
+            spec.update({"pooling": pooling} if pooling != "sum" else {})
+            spec.update({"weighted": True} if collection.weighted else {})
+            allowed = self._sharding_types(collection)
+            spec.update({"sharding_types": list(allowed)} if allowed is not None else {})
             if stats is None:
                 spec["pooling_factor"] = self._pooling(name, config)
             else:
@@ -294,6 +393,33 @@ class NeuroShardPlanner(ShardingPlanner):
         if len(precisions) != 1:
             raise UserError(f"module: tables of data types {sorted(precisions)}, expected one data type for all")
         return specs, precisions.pop()
+
+    def _sharding_types(self, collection: Collection) -> tuple[str, ...] | None:
+        """The sharding types the collection's sharder offers on the topology's device that our plans use (a
+        sequence collection's sharder offers no table-row-wise), or None where it offers all of them. An
+        EmbeddingBagCollection is planned as before (its sharder's list on cpu lacks the row-wise types TorchRec
+        runs there all the same)."""
+        if isinstance(collection.module, EmbeddingBagCollection):
+            return None
+        sharder = self._sharder_for(collection.module)
+        offered = set(sharder.sharding_types(self.topology.compute_device))
+        allowed = tuple(t for t in SHARDING_TYPES if t in offered)
+        if len(allowed) == len(SHARDING_TYPES):
+            return None
+        if not allowed:
+            raise UserError(
+                f"module: {collection.path or 'the model'} ({type(collection.module).__name__}): its sharder offers "
+                f"{sorted(offered)}, expected one of {', '.join(SHARDING_TYPES)}"
+            )
+        return allowed
+
+    def _sharder_for(self, module: torch.nn.Module):
+        """The sharder of ``module``'s type: the user's (``sharders`` of the last call), else TorchRec's default."""
+        for sharder in self._sharders or ():
+            if getattr(sharder, "module_type", None) is type(module):
+                return sharder
+        defaults = get_module_to_default_sharders()
+        return defaults.get(type(module)) or next(v for k, v in defaults.items() if isinstance(module, k))
 
     def _check_pooling_names(self, configs) -> None:
         """``pooling_factors`` must name a table or a feature of the module (a typo would plan with the default)."""
@@ -328,6 +454,7 @@ class NeuroShardPlanner(ShardingPlanner):
     def task(self, module: torch.nn.Module, sharders: list | None = None) -> Task:
         """Our task of the module's tables: their specs and statistics, the topology's devices, the planning batch,
         the tables' optimizer and the memory held back."""
+        self._sharders = sharders
         specs, precision = self.tables(module)
         caps = self.device_mem_gb()
         devices = None if len(set(caps)) == 1 else [{"mem_cap_gb": c} for c in caps]
@@ -372,21 +499,24 @@ class NeuroShardPlanner(ShardingPlanner):
         return self.to_sharding_plan(module, ours, sharders)
 
     def to_sharding_plan(self, module: torch.nn.Module, ours: Plan, sharders: list | None = None) -> ShardingPlan:
-        """Our plan of the module's tables as TorchRec ``ParameterSharding``s, per collection."""
+        """Our plan of the module's tables as TorchRec ``ParameterSharding``s, per collection (keyed at its path, as
+        TorchRec's planner keys it: a feature-processed or managed-collision collection at the wrapper's), each built
+        by its type's sharder (``sharders``', else TorchRec's default)."""
         index = {spec_name: i for i, spec_name in enumerate(t.name for t in ours.task.tables)}
         # column shards, row blocks (with their rows) and data-parallel tables, as torchrec_format takes them
         per_table = dict(enumerate(ours.torchrec_shards()))
-        sharder = next((s for s in sharders or [] if getattr(s, "module_type", None) is EmbeddingBagCollection), None)
+        self._sharders = sharders
+        found = tables_of(module, sharders)
         modules = {}
-        for path, ebc in collections(module):
-            shards = {config.name: per_table[index[name]] for p, name, config in table_configs(module) if p == path}
-            modules[path] = module_plan(
-                ebc,
+        for collection in {c.path: c for *_, c in found}.values():
+            shards = {config.name: per_table[index[name]] for path, name, config, _ in found if path == collection.path}
+            modules[collection.path] = module_plan(
+                collection.module,
                 shards,
                 ours.task.num_devices,
                 self.topology.compute_device,
                 self.compute_kernel,
-                sharder,
+                self._sharder_for(collection.module),
                 local_size=self.topology.local_world_size,
             )
         return ShardingPlan(modules)

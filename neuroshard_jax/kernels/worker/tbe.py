@@ -19,6 +19,8 @@ from neuroshard_jax.workloads.pool import PoolSpec, pool_streams
 from neuroshard_jax.workloads.streams import request_spec, restrict_rows, spec_stream
 
 PRECISIONS = ("fp32", "fp16", "bf16")
+POOLING_MODES = {"sum": "SUM", "mean": "MEAN", "none": "NONE"}  # core.table.POOLINGS -> FBGEMM's PoolingMode
+WEIGHT_SEED = 7  # per-id weights of a weighted request: uniform in [0.5, 1.5), the same on every run
 LEARNING_RATE = 0.01
 INIT_SCALE = 0.01  # weights start at zero on CPU; zeros would make the SGD updates denormal-heavy
 
@@ -124,6 +126,7 @@ def profile_compute(request: ComputeRequest) -> ComputeAnswer:
     if precision not in PRECISIONS:
         raise RequestError(f"precision {precision!r}, expected one of {', '.join(PRECISIONS)}")
     specs, indices, offsets = shard_inputs(request)
+    pooling = _pooling_mode(request, specs, PoolingMode)
     on_gpu = device == "cuda"
     location, compute = (EmbeddingLocation.DEVICE, devices.CUDA) if on_gpu else (EmbeddingLocation.HOST, devices.CPU)
     timer = _CudaTimer(torch) if on_gpu else _CpuTimer()  # before the count starts: its flush buffer is the timer's
@@ -133,7 +136,7 @@ def profile_compute(request: ComputeRequest) -> ComputeAnswer:
         optimizer=EmbOptimType(optimizer),
         learning_rate=LEARNING_RATE,
         weights_precision=SparseType(precision),
-        pooling_mode=PoolingMode.SUM,
+        pooling_mode=pooling,
         device=torch.device("cuda" if on_gpu else "cpu"),
     )
     with torch.no_grad():
@@ -142,6 +145,9 @@ def profile_compute(request: ComputeRequest) -> ComputeAnswer:
     target = torch.device("cuda" if on_gpu else "cpu")
     indices_t = torch.from_numpy(indices).to(target)
     offsets_t = torch.from_numpy(offsets).to(target)
+    if request.weighted:  # per-id weights, as a weighted feature's KeyedJaggedTensor carries them (no gradient)
+        weights = np.random.default_rng(WEIGHT_SEED).uniform(0.5, 1.5, len(indices)).astype(np.float32)
+        tbe = _Weighted(tbe, torch.from_numpy(weights).to(target))
     grad = []
 
     def step() -> tuple[float, float]:
@@ -167,7 +173,8 @@ def profile_compute(request: ComputeRequest) -> ComputeAnswer:
         runs, cpu_share = timed_runs(step, request)
     fwd_runs, bwd_runs = [f for f, _ in runs], [b for _, b in runs]
     totals = [f + b for f, b in runs]
-    outputs = request.batch_size * sum(dim for _, dim in specs)
+    # pooled: a row per bag of each table; sequence: a row per id
+    outputs = len(indices) * specs[0][1] if request.pooling == "none" else request.batch_size * sum(d for _, d in specs)
     memory = _memory(torch, tbe, (indices_t, offsets_t), outputs, base) if request.memory else None
     kept = np.unique(np.linspace(0, len(runs) - 1, min(len(runs), MAX_KEPT_RUNS)).round().astype(int))
     return ComputeAnswer(
@@ -187,6 +194,34 @@ def profile_compute(request: ComputeRequest) -> ComputeAnswer:
         ahead=round(ahead, 3) if ahead is not None else None,
         memory=memory,
     )
+
+
+def _pooling_mode(request: ComputeRequest, specs: list[tuple[int, int]], modes):
+    """FBGEMM's ``PoolingMode`` of the request; RequestError for an unknown pooling, a weighted sequence request or
+    sequence tables of several dims (FBGEMM's unpooled kernel takes one dim: TorchRec runs one kernel per dim)."""
+    if request.pooling not in POOLING_MODES:
+        raise RequestError(f"pooling {request.pooling!r}, expected one of {', '.join(POOLING_MODES)}")
+    if request.pooling == "none":
+        if request.weighted:
+            raise RequestError("pooling 'none' (sequence) with weighted lookups, expected unweighted")
+        dims = sorted({dim for _, dim in specs})
+        if len(dims) > 1:
+            raise RequestError(f"pooling 'none': tables of dims {dims}, expected one dim (one kernel per dim)")
+    return getattr(modes, POOLING_MODES[request.pooling])
+
+
+class _Weighted:
+    """A TBE called with the request's per-id weights, as a weighted feature's lookups run; the module's other
+    attributes (its weights and optimizer state) read through."""
+
+    def __init__(self, tbe, weights):
+        self.tbe, self.weights = tbe, weights
+
+    def __call__(self, indices, offsets):
+        return self.tbe(indices, offsets, per_sample_weights=self.weights)
+
+    def __getattr__(self, name):
+        return getattr(self.tbe, name)
 
 
 def _allocated(torch) -> int:
