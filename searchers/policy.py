@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 
 from neuroshard_jax.core.constraints import allowed_devices, groups
-from neuroshard_jax.core.features import NUM_FEATURES
+from neuroshard_jax.core.features import NUM_BASE_FEATURES
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import CostFns, CostModel, DeviceArrays, bucket, combine_costs, plan_cost_ms
@@ -49,7 +49,7 @@ class PolicyConfig:
 
 class Policy(nnx.Module):
     def __init__(self, config: PolicyConfig, rngs: nnx.Rngs):
-        self.table_mlp = MLP((NUM_FEATURES, *config.table_hidden, config.latent), rngs)
+        self.table_mlp = MLP((NUM_BASE_FEATURES, *config.table_hidden, config.latent), rngs)
         self.score_mlp = MLP((4 * config.latent + COST_FEATURES, *config.score_hidden, 1), rngs)
 
     def embed(self, normalized):

@@ -20,7 +20,7 @@ from flax import nnx
 
 from neuroshard_jax.core.constants import SHIPPED_POLICY
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.features import NUM_FEATURES
+from neuroshard_jax.core.features import NUM_BASE_FEATURES
 from neuroshard_jax.core.paths import package_path
 from neuroshard_jax.costs.checkpoints import load_checkpoint, read_meta, restore_tree, save_tree
 from neuroshard_jax.costs.cost_model import CostModel
@@ -55,7 +55,7 @@ def load_policy(path: str | Path, tx: optax.GradientTransformation | None = None
         raise UserError(f"searcher.policy: {str(path)!r} is not a policy checkpoint (no policy_config in meta.json)")
     config = PolicyConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in meta["policy_config"].items()})
     graph, state = nnx.split(Policy(config, nnx.Rngs(0)))
-    stats = FeatureStats(jnp.zeros(NUM_FEATURES), jnp.ones(NUM_FEATURES))
+    stats = FeatureStats(jnp.zeros(NUM_BASE_FEATURES), jnp.ones(NUM_BASE_FEATURES))
     digests = meta.get("digests") if isinstance(meta.get("digests"), dict) else {}
     net = {"net": nnx.to_pure_dict(state), "stats": stats._asdict()}
     tree = restore_tree(path / "policy", net, "searcher.policy", digests.get("policy"))

@@ -351,7 +351,9 @@ def _task_json(**changes):
     "obj, fragment",
     [
         (_task_json(num_device=3), "task.num_device: unknown key, did you mean 'num_devices'?"),
-        (_task_json(table_pooling=3.0), "tables[0].pooling: unknown key, did you mean 'pooling_factor'?"),
+        (_task_json(table_pooling_factr=3.0), "tables[0].pooling_factr: unknown key, did you mean 'pooling_factor'?"),
+        (_task_json(table_pooling="max"), "tables[0].pooling: got 'max', expected one of sum, mean, none"),
+        (_task_json(table_pooling="none", table_weighted=True), "tables[0].pooling: 'none' (sequence) with weighted"),
         (_task_json(table_bins=[1.0] * 5 + [0.0] * 12), "tables[0].bins: the shares sum to 5"),
         (_task_json(table_bins=[0.0] * 17), "tables[0].bins: the shares sum to 0, expected 1"),
         (_task_json(table_bins=[0.0] * 17, table_pooling_factor=0.0, num_devices="2"), "task.num_devices: got '2'"),

@@ -121,9 +121,17 @@ def test_worker_times_every_kernel_kind_torchrec_runs_and_counts_a_sequence_kern
     # the same ids and offsets; outputs and their gradients: 256 bags x 2 tables x 16 (pooled), ids x 16 (sequence)
     assert sequence_outputs - pooled_outputs == 2 * 4 * 16 * (ids - 2 * 256)
     assert "pooling" not in base.to_json() and "weighted" not in base.to_json()  # the labels' lines as they were
-    mixed = dataclasses.replace(base, tables=(specs[0], {**specs[1], "dim": 8}), pooling="none")
-    refused = worker.request(mixed, timeout_s=120)
-    assert not refused.ok and "tables of dims [8, 16], expected one dim" in refused.error
+    # a device's tables of several kinds run one kernel each (a sequence kernel per dim), as TorchRec runs them
+    device = (specs[0], {**specs[1], "kernel": "sequence"}, {**specs[1], "dim": 8, "kernel": "sequence"})
+    mixed = worker.request(dataclasses.replace(base, tables=device), timeout_s=120)
+    apart = [worker.request(dataclasses.replace(base, tables=(t,)), timeout_s=120) for t in device]
+    assert mixed.ok and all(a.ok for a in apart) and mixed.total_ms > 0, mixed
+    assert mixed.num_indices == sum(a.num_indices for a in apart)
+    held = lambda a: a.memory["held_bytes"] - a.memory["module_bytes"]  # noqa: E731  ids, offsets, outputs, grads
+    assert held(mixed) == sum(held(a) for a in apart)
+    assert mixed.memory["module_bytes"] == sum(a.memory["module_bytes"] for a in apart)
+    refused = worker.request(dataclasses.replace(base, tables=({**specs[0], "kernel": "max"},)), timeout_s=120)
+    assert not refused.ok and "table 0: kernel 'max', expected one of sum, mean" in refused.error
     refused = worker.request(dataclasses.replace(base, pooling="max"), timeout_s=120)
     assert not refused.ok and "pooling 'max', expected one of sum, mean, none" in refused.error
     with pytest.raises(MessageError, match="request.weighted: got 'yes', expected true or false"):

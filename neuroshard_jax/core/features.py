@@ -1,9 +1,11 @@
 """Table features: the one source of truth for their names and order.
 
-A table is described to every cost model by 21 numbers, in this order:
-``rows, dim, pooling_factor, bin_0 .. bin_16, size`` where ``bin_k`` is the share of the
-rows accessed in one batch whose access count falls in bin k (see ``BIN_EDGES``) and
-``size = rows * dim`` (elements, not bytes). NumPy only: the profiling worker imports it.
+A table is described to every cost model by 24 numbers, in this order:
+``rows, dim, pooling_factor, bin_0 .. bin_16, size, mean_pooling, weighted, sequence`` where ``bin_k`` is the share
+of the rows accessed in one batch whose access count falls in bin k (see ``BIN_EDGES``), ``size = rows * dim``
+(elements, not bytes) and the last three say which kernel the table runs in (0/1: mean pooling, per-id weights,
+unpooled sequence lookups; all 0 for a sum-pooled bag). Models trained before kernel kinds read the first 21.
+NumPy only: the profiling worker imports it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,12 @@ from __future__ import annotations
 import numpy as np
 
 NUM_BINS = 17
-FEATURE_NAMES = ("rows", "dim", "pooling_factor") + tuple(f"bin_{k}" for k in range(NUM_BINS)) + ("size",)
+# the 21 features every model reads; models trained before kernel kinds read these alone
+BASE_FEATURE_NAMES = ("rows", "dim", "pooling_factor") + tuple(f"bin_{k}" for k in range(NUM_BINS)) + ("size",)
+NUM_BASE_FEATURES = len(BASE_FEATURE_NAMES)
+# the kernel a table runs in (``core.table.kernel_kind``), as 0/1: mean pooling, per-id weights, sequence lookups
+KIND_FEATURE_NAMES = ("mean_pooling", "weighted", "sequence")
+FEATURE_NAMES = BASE_FEATURE_NAMES + KIND_FEATURE_NAMES
 NUM_FEATURES = len(FEATURE_NAMES)
 FEATURE_INDEX = {name: i for i, name in enumerate(FEATURE_NAMES)}
 
@@ -54,13 +61,20 @@ def bin_shares(unique_rows: np.ndarray) -> np.ndarray:
     return unique_rows / total if total > 0 else np.zeros(NUM_BINS)
 
 
-def feature_matrix(rows, dims, pooling_factors, bins) -> np.ndarray:
+def feature_matrix(rows, dims, pooling_factors, bins, poolings=None, weighted=None) -> np.ndarray:
     """Stack raw table features in ``FEATURE_NAMES`` order.
 
-    rows, dims, pooling_factors: [T]; bins: [T, 17]. Returns f64[T, 21].
+    rows, dims, pooling_factors: [T]; bins: [T, 17]; poolings: [T] of ``core.table.POOLINGS`` (default all sum),
+    weighted: [T] bool (default none). Returns f64[T, 24].
     """
     rows = np.asarray(rows, dtype=np.float64)
     dims = np.asarray(dims, dtype=np.float64)
     pooling = np.asarray(pooling_factors, dtype=np.float64)
     bins = np.asarray(bins, dtype=np.float64).reshape(len(rows), NUM_BINS)
-    return np.concatenate([rows[:, None], dims[:, None], pooling[:, None], bins, (rows * dims)[:, None]], axis=1)
+    kinds = np.zeros((len(rows), len(KIND_FEATURE_NAMES)))
+    if poolings is not None:
+        kinds[:, 0] = [p == "mean" for p in poolings]
+        kinds[:, 2] = [p == "none" for p in poolings]
+    if weighted is not None:
+        kinds[:, 1] = np.asarray(weighted, dtype=bool)
+    return np.concatenate([rows[:, None], dims[:, None], pooling[:, None], bins, (rows * dims)[:, None], kinds], axis=1)

@@ -27,6 +27,16 @@ POOLINGS = ("sum", "mean", "none")
 KERNEL_KINDS = ("sum", "mean", "sum_weighted", "mean_weighted", "sequence")
 
 
+def kernel_parts(kind: str) -> tuple[str, bool]:
+    """(pooling, weighted) of a kernel kind (``KERNEL_KINDS``); ValueError for another name."""
+    if kind not in KERNEL_KINDS:
+        raise ValueError(f"kernel: got {kind!r}, expected one of {', '.join(KERNEL_KINDS)}")
+    if kind == "sequence":
+        return "none", False
+    pooling, _, weighted = kind.partition("_")
+    return pooling, bool(weighted)
+
+
 def kernel_kind(pooling: str, weighted: bool) -> str:
     """The kernel a table runs in (``KERNEL_KINDS``): its pooling, and whether its lookups carry per-id weights
     (``is_weighted`` features, TorchRec's feature processors). ValueError for a pooling not in ``POOLINGS`` or a

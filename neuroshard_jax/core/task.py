@@ -303,12 +303,14 @@ class Task:
         return table.width(shard.dim, shard.row_offset, shard.rows(table.rows))
 
     def features(self) -> np.ndarray:
-        """Raw features f64[T, 21] in FEATURE_NAMES order."""
+        """Raw features f64[T, F] in FEATURE_NAMES order (each table's kernel kind among them)."""
         return feature_matrix(
             [t.rows for t in self.tables],
             [t.dim for t in self.tables],
             [t.pooling_factor for t in self.tables],
             [t.bins for t in self.tables],
+            [t.pooling for t in self.tables],
+            [t.weighted for t in self.tables],
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -27,17 +27,17 @@ import numpy as np
 from flax import nnx
 
 from neuroshard_jax.core.errors import DamagedModel, UserError, first_line
-from neuroshard_jax.core.features import FEATURE_NAMES
+from neuroshard_jax.core.features import BASE_FEATURE_NAMES, FEATURE_NAMES
 from neuroshard_jax.core.folders import recover_dir, replace_dir
 from neuroshard_jax.core.paths import cache_folder
 from neuroshard_jax.costs.ensemble import (
-    INPUT_NAMES,
     NUM_COEFS,
     EnsembleConfig,
     EnsembleNets,
     EnsembleParams,
     InputStats,
     abstract_ensemble,
+    input_names,
 )
 from neuroshard_jax.costs.neural import FeatureStats, NetConfig, NeuralNets, NeuralParams, init_nets
 
@@ -213,7 +213,11 @@ def save_checkpoint(path: str | Path, config: NetConfig, params: NeuralParams, m
         "bwd": nnx.to_pure_dict(params.bwd),
         "stats": {"mean": params.stats.mean, "std": params.stats.std},
     }
-    head = {"format": FORMAT_VERSION, "net_config": dataclasses.asdict(config), "feature_names": list(FEATURE_NAMES)}
+    head = {
+        "format": FORMAT_VERSION,
+        "net_config": dataclasses.asdict(config),
+        "feature_names": list(BASE_FEATURE_NAMES),
+    }
     return _save(path, tree, {**head, **meta})
 
 
@@ -262,10 +266,10 @@ def load_checkpoint(
             f"cost_model.checkpoint: {str(path)!r} has checkpoint format {meta.get('format')}, expected "
             f"{FORMAT_VERSION}; retrain it with python -m neuroshard_jax.train"
         )
-    if meta.get("feature_names") != list(FEATURE_NAMES):
+    if meta.get("feature_names") != list(BASE_FEATURE_NAMES):  # this family reads the base features alone
         raise UserError(
             f"cost_model.checkpoint: {str(path)!r} scores features {meta.get('feature_names')}, expected the schema "
-            f"{list(FEATURE_NAMES)}"
+            f"{list(BASE_FEATURE_NAMES)}"
         )
     saved = _parsed(path, lambda: _net_config(meta["net_config"]))
     if config is not None and config != saved:
@@ -323,6 +327,7 @@ def ensemble_config_of(meta: dict) -> EnsembleConfig:
         comm=_net_config(obj["comm"]),
         cache=bool(obj.get("cache", False)),  # checkpoints trained before the cache term have none
         fusion=obj.get("fusion", "pairwise"),  # and the pairwise fusion term
+        kinds=bool(obj.get("kinds", False)),  # and before kernel kinds, sum-pooled bags alone
     )
 
 
@@ -342,8 +347,8 @@ def save_ensemble(path: str | Path, config: EnsembleConfig, params: EnsemblePara
         "format": ENSEMBLE_FORMAT,
         "family": "ensemble",
         "net_config": dataclasses.asdict(config),
-        "feature_names": list(FEATURE_NAMES),
-        "inputs": list(INPUT_NAMES),
+        "feature_names": list(FEATURE_NAMES if config.kinds else BASE_FEATURE_NAMES),
+        "inputs": list(input_names(config.kinds)),
     }
     return _save(path, _ensemble_tree(params._replace(risk=jnp.float32(0.0))), {**head, **meta})
 
@@ -357,13 +362,14 @@ def load_ensemble(path: str | Path) -> tuple[EnsembleConfig, EnsembleNets, Ensem
             f"cost_model.checkpoint: {str(path)!r} has checkpoint format {meta.get('format')}, expected "
             f"{ENSEMBLE_FORMAT} (a physics ensemble)"
         )
-    for key, expected in (("feature_names", list(FEATURE_NAMES)), ("inputs", list(INPUT_NAMES))):
+    config = _parsed(path, lambda: ensemble_config_of(meta))
+    features = FEATURE_NAMES if config.kinds else BASE_FEATURE_NAMES  # a model from before kinds reads the base
+    for key, expected in (("feature_names", list(features)), ("inputs", list(input_names(config.kinds)))):
         if meta.get(key) != expected:
             raise UserError(
                 f"cost_model.checkpoint: {str(path)!r} was trained on {key} {meta.get(key)}, expected {expected}; "
                 "retrain it with python -m neuroshard_jax.train"
             )
-    config = _parsed(path, lambda: ensemble_config_of(meta))
     nets, template = abstract_ensemble(config, np.zeros(NUM_COEFS, np.float32))
     tree = restore_tree(path / "state", _ensemble_tree(template), digest=_digest_of(meta, "state"))
     states = []

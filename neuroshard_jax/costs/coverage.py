@@ -18,6 +18,7 @@ from neuroshard_jax.core.files import read_json, read_records
 from neuroshard_jax.core.manifests import load_manifest
 from neuroshard_jax.core.paths import package_path, resolve_dataset
 from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.core.table import KERNEL_KINDS, kernel_kind
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.analytic import AnalyticConfig
 from neuroshard_jax.costs.choice import adapt_here, checkpoint_path
@@ -114,6 +115,8 @@ class LabelCoverage:
     tables: tuple[int, int]
     batch_size: tuple[int, int]
     labels: int = bounded(at_least=1)  # how many labels (successful records) span it
+    # the kernel kinds its labels ran (``core.table.KERNEL_KINDS``; labels from before kinds: sum-pooled bags alone)
+    kernels: tuple[str, ...] = ("sum",)
 
     def __post_init__(self):
         for field in RANGES:
@@ -128,10 +131,12 @@ class LabelCoverage:
             f: (min(getattr(self, f)[0], getattr(other, f)[0]), max(getattr(self, f)[1], getattr(other, f)[1]))
             for f in RANGES
         }
-        return LabelCoverage(**ranges, labels=self.labels + other.labels)
+        kernels = tuple(k for k in KERNEL_KINDS if k in self.kernels or k in other.kernels)
+        return LabelCoverage(**ranges, labels=self.labels + other.labels, kernels=kernels)
 
     def to_json(self) -> dict:
-        return {**{f: list(getattr(self, f)) for f in RANGES}, "labels": self.labels}
+        kinds = {"kernels": list(self.kernels)} if tuple(self.kernels) != ("sum",) else {}
+        return {**{f: list(getattr(self, f)) for f in RANGES}, "labels": self.labels, **kinds}
 
     @classmethod
     def from_json(cls, obj, where: str = "coverage") -> LabelCoverage:
@@ -145,7 +150,7 @@ def label_coverage(dataset_dirs: Sequence[str | Path]) -> LabelCoverage:
     """The range the compute labels (``compute.jsonl``'s successful records) of ``dataset_dirs`` span; a pool
     dataset's tables are read from its pool (generated once, then cached as every pool is). UserError where a
     folder holds no compute dataset or no successful record."""
-    rows, pooling, dims, tables, batches = [], [], [], [], []
+    rows, pooling, dims, tables, batches, kernels = [], [], [], [], [], set()
     for folder in map(Path, dataset_dirs):
         settings = load_manifest(folder, "compute")["settings"]
         records = read_records(folder / "compute.jsonl")
@@ -155,6 +160,7 @@ def label_coverage(dataset_dirs: Sequence[str | Path]) -> LabelCoverage:
         for record, shard in zip(records, shard_sets):
             tables.append(len(shard))
             batches.append(record.get("batch_size", settings["batch_size"]))
+            kernels.add(kernel_kind(record.get("pooling", "sum"), bool(record.get("weighted", False))))
             for t in shard:
                 pool_table = isinstance(t, PoolTableRef)
                 whole = pool.rows[t.table_id] if pool_table else t.rows
@@ -165,7 +171,13 @@ def label_coverage(dataset_dirs: Sequence[str | Path]) -> LabelCoverage:
         raise UserError(f"dataset: no successful records in {', '.join(str(d) for d in dataset_dirs)}")
     span = lambda values, cast: (cast(min(values)), cast(max(values)))  # noqa: E731
     return LabelCoverage(
-        span(rows, int), span(pooling, float), span(dims, int), span(tables, int), span(batches, int), len(tables)
+        span(rows, int),
+        span(pooling, float),
+        span(dims, int),
+        span(tables, int),
+        span(batches, int),
+        len(tables),
+        tuple(k for k in KERNEL_KINDS if k in kernels),
     )
 
 
@@ -264,6 +276,7 @@ def past_labels(task: Task, plan: Plan | None, coverage: LabelCoverage) -> list[
     else:  # a data-parallel table is whole in every device's kernel
         held = [(s.table, s.rows(tables[s.table].rows), s.dim) for s in plan.shards]
         held += [(i, tables[i].rows, tables[i].dim) for i in plan.data_parallel]
+    unlabelled = collections.Counter(t.kernel for t in tables if t.kernel not in coverage.kernels)
     largest = {"rows": coverage.rows[1], "pooling": coverage.pooling_factor[1], "dim": coverage.dim[1]}
     over, past = {}, set()
     for i, rows, dim in held:
@@ -272,6 +285,13 @@ def past_labels(task: Task, plan: Plan | None, coverage: LabelCoverage) -> list[
                 over[key] = max(over.get(key, value), value)
                 past.add(i)
     out = []
+    if unlabelled:
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(unlabelled.items()))
+        known = "sum-pooled bags" if tuple(coverage.kernels) == ("sum",) else ", ".join(coverage.kernels)
+        out.append(
+            f"{sum(unlabelled.values())} of {task.num_tables} tables run kernels its labels never held ({kinds}; "
+            f"it learned {known})"
+        )
     if past:
         what = ", ".join(
             f"{key} up to {_number(over[key])} > {_number(limit)} labelled"

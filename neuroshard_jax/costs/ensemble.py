@@ -41,7 +41,7 @@ import numpy as np
 from flax import nnx
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.features import FEATURE_INDEX, NUM_BINS
+from neuroshard_jax.core.features import FEATURE_INDEX, KIND_FEATURE_NAMES, NUM_BINS
 from neuroshard_jax.costs.cost_model import CostFns, CostModel
 from neuroshard_jax.costs.neural import MAX_LOG_MS, MLP, CommNet, NetConfig, comm_time
 from neuroshard_jax.workloads.streams import bin_bounds
@@ -66,6 +66,19 @@ INPUT_NAMES = (
     "touched_share",
 ) + tuple(f"bin_{k}" for k in range(NUM_BINS))
 NUM_INPUTS = len(INPUT_NAMES)
+# With ``EnsembleConfig.kinds``, the kernel a shard runs in (``core.features.KIND_FEATURE_NAMES``) is an input of the
+# correction net and adds two roofline terms: a sequence kernel's rows out (one per id: its output and the gradient
+# it scatters, lookups x dim, which FBGEMM's unpooled kernels spend far more on than a pooled one's bags) and a
+# weighted kernel's scaled gathers (lookups x dim). Their log coefficients are the last two of a member's roofline.
+KIND_INPUTS = KIND_FEATURE_NAMES
+KIND_TERMS = ("sequence_rows", "weighted_gathers")
+
+
+def input_names(kinds: bool) -> tuple[str, ...]:
+    """The correction net's inputs: INPUT_NAMES, and the kernel kinds where the model knows them."""
+    return INPUT_NAMES + (KIND_INPUTS if kinds else ())
+
+
 _lo, _hi = bin_bounds()
 BIN_MID = np.sqrt(_lo * np.minimum(_hi, 4 * _lo)).astype(np.float32)  # a typical access count of each bin
 
@@ -90,6 +103,9 @@ class EnsembleConfig:
     # most c per lookup however many are fused | "pairwise", c * lookups * tables (what checkpoints trained before
     # 2026-11-27 hold; it grows past any kernel the labels held: docs/results/fusion.md)
     fusion: str = "saturating"
+    # the kernel kinds (mean pooling, per-id weights, sequence lookups) as inputs and roofline terms (``KIND_TERMS``);
+    # checkpoints trained before them read sum-pooled bags alone
+    kinds: bool = False
 
     def __post_init__(self):
         if self.fusion not in FUSION_TERMS:
@@ -129,8 +145,8 @@ _LOG_MAP = np.array(
 )
 
 
-def net_inputs(feats, batch_size):
-    """The correction net's inputs f32[..., NUM_INPUTS] (INPUT_NAMES order), before normalisation; logs are
+def net_inputs(feats, batch_size, kinds: bool = False):
+    """The correction net's inputs f32[..., I] (``input_names(kinds)`` order), before normalisation; logs are
     log(max(x, 1))."""
     lookups, distinct, dim, rows = physics(feats, batch_size)
     batch = jnp.broadcast_to(jnp.asarray(batch_size, jnp.float32), lookups.shape)
@@ -138,16 +154,31 @@ def net_inputs(feats, batch_size):
     # stacked on a leading axis, then moved: XLA on CPU compiles a log over a last-axis stack ~10x slower
     logs = jnp.log(jnp.maximum(jnp.stack([lookups, distinct, dim, rows, batch]), 1.0))
     logs = jnp.moveaxis(logs, 0, -1) @ jnp.asarray(_LOG_MAP)
-    return jnp.concatenate([logs, (distinct / rows)[..., None], shares], -1)
+    kind = [_kinds(feats)] if kinds else []
+    return jnp.concatenate([logs, (distinct / rows)[..., None], shares, *kind], -1)
 
 
-def roof_terms(feats, batch_size):
+def _kinds(feats):
+    """f32[..., 3]: a shard's kernel kind columns (mean pooling, weighted, sequence)."""
+    first = FEATURE_INDEX[KIND_FEATURE_NAMES[0]]
+    return feats[..., first : first + len(KIND_FEATURE_NAMES)]
+
+
+def roof_terms(feats, batch_size, kinds: bool = False):
     """The roofline's terms f32[..., 5] (ROOF_TERMS order; elements, not bytes: the coefficients absorb the
-    element size). An unused table (no lookups) still pays its per-table cost."""
+    element size), and with ``kinds`` f32[..., 7] (KIND_TERMS after them). An unused table (no lookups) still pays
+    its per-table cost. A sequence shard's output is a row per id: its ``output`` term is lookups x dim."""
     lookups, distinct, dim, _ = physics(feats, batch_size)
     batch = jnp.broadcast_to(jnp.asarray(batch_size, jnp.float32), lookups.shape)
-    terms = jnp.stack([jnp.ones_like(lookups), lookups, lookups * dim, distinct * dim, batch * dim]) * 1e-6
-    return jnp.moveaxis(terms, 0, -1)
+    if not kinds:
+        terms = jnp.stack([jnp.ones_like(lookups), lookups, lookups * dim, distinct * dim, batch * dim]) * 1e-6
+        return jnp.moveaxis(terms, 0, -1)
+    kind = _kinds(feats)
+    sequence, weighted = kind[..., 2], kind[..., 1]
+    outputs = jnp.where(sequence > 0, lookups, batch) * dim
+    gathers = lookups * dim
+    terms = [jnp.ones_like(lookups), lookups, gathers, distinct * dim, outputs, gathers * sequence, gathers * weighted]
+    return jnp.moveaxis(jnp.stack(terms) * 1e-6, 0, -1)
 
 
 def _head_map(width: int, z: int) -> np.ndarray:
@@ -173,7 +204,7 @@ class MemberNet(nnx.Module):
     latent) and the device head (a bounded correction of the device's sum from its shards' mean latent)."""
 
     def __init__(self, config: EnsembleConfig, log_coef: np.ndarray, rngs: nnx.Rngs):
-        self.mlp = MLP((NUM_INPUTS, *config.hidden, 1 + config.latent), rngs)
+        self.mlp = MLP((len(input_names(config.kinds)), *config.hidden, 1 + config.latent), rngs)
         self.head_mlp = MLP((config.latent + 2, *config.head_hidden, 1), rngs)
         self.log_coef = nnx.Param(jnp.asarray(log_coef[: len(ROOF_TERMS)], jnp.float32))
         self.log_kernel = nnx.Param(jnp.asarray(log_coef[len(ROOF_TERMS)], jnp.float32))
@@ -185,11 +216,16 @@ class MemberNet(nnx.Module):
             coef = log_coef[NUM_COEFS:NUM_CACHE_COEFS] if len(log_coef) >= NUM_CACHE_COEFS else CACHE_PRIOR
             self.log_cache_coef = nnx.Param(jnp.asarray(coef[0], jnp.float32))
             self.log_cache_size = nnx.Param(jnp.asarray(coef[1], jnp.float32))
+        self.kinds = config.kinds
+        if config.kinds:  # the kind terms' coefficients: the last two of ``log_coef``
+            self.log_kind_coef = nnx.Param(jnp.asarray(log_coef[-len(KIND_TERMS) :], jnp.float32))
 
     def table_latent(self, normalized, terms, max_correction: float):
         """f32[..., W]: corrected ms, roofline ms, lookups (1e6), latent of each shard (and with the cache term its
         gathered and touched elements, 1e6: the device sums them)."""
-        roof = terms @ jnp.exp(self.log_coef[...])
+        roof = terms[..., : len(ROOF_TERMS)] @ jnp.exp(self.log_coef[...])
+        if self.kinds:
+            roof = roof + terms[..., len(ROOF_TERMS) :] @ jnp.exp(self.log_kind_coef[...])
         out = self.mlp(normalized)
         corrected = roof * jnp.exp(max_correction * jnp.tanh(out[..., 0] / max_correction))
         width = out.shape[-1] + 2 + 2 * self.cache
@@ -267,6 +303,7 @@ class EnsembleNets:
     max_correction: float
     max_device_correction: float
     width: int  # each member's per-shard latent (EnsembleConfig.width)
+    kinds: bool = False  # the kernel kinds are inputs and roofline terms (EnsembleConfig.kinds)
 
 
 def init_ensemble(config: EnsembleConfig, log_coef: np.ndarray, seed: int = 0) -> tuple[EnsembleNets, EnsembleParams]:
@@ -280,10 +317,13 @@ def init_ensemble(config: EnsembleConfig, log_coef: np.ndarray, seed: int = 0) -
     rngs = nnx.Rngs(seed + 77)
     fwd_graph, fwd = nnx.split(CommNet(config.comm, rngs))
     bwd_graph, bwd = nnx.split(CommNet(config.comm, rngs))
-    stats = InputStats(jnp.zeros(NUM_INPUTS), jnp.ones(NUM_INPUTS))
+    inputs = len(input_names(config.kinds))
+    stats = InputStats(jnp.zeros(inputs), jnp.ones(inputs))
     scalar = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     params = EnsembleParams(members, fwd, bwd, stats, scalar(4096), scalar(4096), scalar(0.2), scalar(0.4), scalar(0.0))
-    nets = EnsembleNets(graph, fwd_graph, bwd_graph, config.max_correction, config.max_device_correction, config.width)
+    nets = EnsembleNets(
+        graph, fwd_graph, bwd_graph, config.max_correction, config.max_device_correction, config.width, config.kinds
+    )
     return nets, params
 
 
@@ -304,8 +344,8 @@ def abstract_ensemble(config: EnsembleConfig, log_coef: np.ndarray) -> tuple[Ens
 
 def member_latents(nets: EnsembleNets, members, stats: InputStats, feats, batch_size):
     """Per-shard latents f32[K, ..., W] of every member (``MemberNet.table_latent``)."""
-    normalized = (net_inputs(feats, batch_size) - stats.mean) / stats.std
-    terms = roof_terms(feats, batch_size)
+    normalized = (net_inputs(feats, batch_size, nets.kinds) - stats.mean) / stats.std
+    terms = roof_terms(feats, batch_size, nets.kinds)
     return jax.vmap(lambda s: nnx.merge(nets.member, s).table_latent(normalized, terms, nets.max_correction))(members)
 
 

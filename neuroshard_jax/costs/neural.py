@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from neuroshard_jax.core.features import FEATURE_INDEX, NUM_FEATURES
+from neuroshard_jax.core.features import FEATURE_INDEX, NUM_BASE_FEATURES
 from neuroshard_jax.costs.cost_model import CostFns, CostModel, straggler_wait
 
 LOG_FEATURES = tuple(FEATURE_INDEX[name] for name in ("rows", "dim", "pooling_factor", "size"))
@@ -61,7 +61,7 @@ class MLP(nnx.Module):
 
 class ComputeNet(nnx.Module):
     def __init__(self, config: NetConfig, rngs: nnx.Rngs):
-        self.table_mlp = MLP((NUM_FEATURES, *config.table_hidden, config.latent), rngs)
+        self.table_mlp = MLP((NUM_BASE_FEATURES, *config.table_hidden, config.latent), rngs)
         self.head_mlp = MLP((config.latent + 1, *config.head_hidden, 1), rngs)
 
     def embed(self, normalized):
@@ -112,11 +112,13 @@ class FeatureStats(NamedTuple):
     std: jax.Array
 
 
-LOG_MASK = tuple(i in LOG_FEATURES for i in range(NUM_FEATURES))
+LOG_MASK = tuple(i in LOG_FEATURES for i in range(NUM_BASE_FEATURES))
 
 
 def transform_features(feats):
-    """log1p of the size-like features (rows, dim, pooling, size); shares unchanged. f32[..., F]."""
+    """log1p of the size-like features (rows, dim, pooling, size); shares unchanged. f32[..., F] -> f32[..., 21]:
+    this family reads the base features alone (kernel kinds are the ensemble's: ``ensemble.py``)."""
+    feats = feats[..., :NUM_BASE_FEATURES]
     return jnp.where(jnp.asarray(LOG_MASK), jnp.log1p(jnp.maximum(feats, 0.0)), feats)  # elementwise, no scatter
 
 
@@ -176,7 +178,7 @@ def init_nets(config: NetConfig, seed: int = 0) -> tuple[NeuralNets, NeuralParam
     graphs, states = zip(
         *(nnx.split(net) for net in (ComputeNet(config, rngs), CommNet(config, rngs), CommNet(config, rngs)))
     )
-    stats = FeatureStats(jnp.zeros(NUM_FEATURES), jnp.ones(NUM_FEATURES))
+    stats = FeatureStats(jnp.zeros(NUM_BASE_FEATURES), jnp.ones(NUM_BASE_FEATURES))
     return NeuralNets(*graphs), NeuralParams(*states, stats)
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from neuroshard_jax.core.constants import MIN_CPU_SHARE
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.manifests import TIMED_KEYS
+from neuroshard_jax.core.table import KERNEL_KINDS
 from neuroshard_jax.kernels.messages import CommAnswer, CommRequest, ComputeAnswer, ComputeRequest
 from neuroshard_jax.workloads.pool import PoolSpec
 
@@ -142,17 +143,23 @@ class ComputeWorker:
 @dataclasses.dataclass(frozen=True)
 class PoolTableRef:
     """A table of a pool task as the worker measures it: pool table ``table_id`` (its real stream) at width ``dim``,
-    whole or the row block [row_offset, row_offset + num_rows). The worker's form: [table_id, dim(, row_offset,
-    num_rows)]."""
+    whole or the row block [row_offset, row_offset + num_rows), in the kernel ``kernel`` (``core.table.KERNEL_KINDS``:
+    a device runs one per kind). The worker's form: [table_id, dim(, row_offset, num_rows)(, kernel)], the kernel
+    named where it is not sum."""
 
     table_id: int
     dim: int
     row_offset: int | None = None
     num_rows: int | None = None
+    kernel: str = "sum"
 
-    def to_json(self) -> list[int]:
+    def to_json(self) -> list:
         block = [] if self.num_rows is None else [self.row_offset, self.num_rows]
-        return [self.table_id, self.dim, *block]
+        return [self.table_id, self.dim, *block, *([self.kernel] if self.kernel != "sum" else [])]
+
+    def order(self) -> tuple:
+        """A canonical sort key (a device's tables are measured in this order)."""
+        return self.table_id, self.dim, self.row_offset or 0, self.num_rows or 0, self.kernel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +178,7 @@ class SpecTableRef:
     row_offset: int | None = None
     num_rows: int | None = None
     stream_batch: int | None = None
+    kernel: str = "sum"  # the kernel it runs in (``core.table.KERNEL_KINDS``)
 
     def to_json(self) -> dict:
         out = {
@@ -184,6 +192,8 @@ class SpecTableRef:
             out.update(row_offset=self.row_offset, num_rows=self.num_rows)
         if self.stream_batch is not None:
             out["stream_batch"] = self.stream_batch
+        if self.kernel != "sum":
+            out["kernel"] = self.kernel
         return out
 
 
@@ -205,16 +215,25 @@ def table_ref(obj, where: str = "table") -> TableRef:
                 None if num_rows is None else int(obj["row_offset"]),
                 None if num_rows is None else int(num_rows),
                 None if obj.get("stream_batch") is None else int(obj["stream_batch"]),
+                _kernel(obj.get("kernel", "sum")),
             )
+        obj = list(obj)
+        kernel = _kernel(obj.pop()) if obj and isinstance(obj[-1], str) else "sum"
         table_id, dim, *block = (int(x) for x in obj)
         if len(block) not in (0, 2):
             raise ValueError
-        return PoolTableRef(table_id, dim, *block)
+        return PoolTableRef(table_id, dim, *block, kernel=kernel)
     except (KeyError, TypeError, ValueError):
         raise UserError(
             f"{where}: got {obj!r:.80}, expected [pool table id, dim(, row_offset, num_rows)] or a table spec "
             "{rows, pooling_factor, bins, dim(, seed, row_offset, num_rows)}"
         ) from None
+
+
+def _kernel(name) -> str:
+    if name not in KERNEL_KINDS:
+        raise ValueError(name)
+    return name
 
 
 def record_tables(record: dict) -> list[TableRef]:

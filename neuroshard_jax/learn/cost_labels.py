@@ -41,6 +41,7 @@ from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.manifests import git_commit, write_manifest
 from neuroshard_jax.core.memory import Training, kernel_optimizer
 from neuroshard_jax.core.progress import progress_bar
+from neuroshard_jax.core.table import kernel_parts
 from neuroshard_jax.kernels.executors import (
     Executor,
     ExecutorConfig,
@@ -57,10 +58,12 @@ from neuroshard_jax.measure.evaluator import EvaluateConfig
 from neuroshard_jax.workloads.pool import PoolSpec, pool_streams
 from neuroshard_jax.workloads.samplers import (
     SPEC_EXTENSIONS,
+    SUM_ONLY,
     CommSamplerConfig,
     ComputeSamplerConfig,
     SpecSamplerConfig,
     sample_comm,
+    sample_kernel,
     sample_shard,
     sample_spec_shard,
 )
@@ -184,6 +187,12 @@ def spec_settings(specs: SpecSamplerConfig) -> dict:
     settings = _without_unset(dataclasses.asdict(specs), *SPEC_EXTENSIONS)
     if not specs.many_share:
         settings.pop("many_tables")
+    if tuple(specs.kernels) == SUM_ONLY:  # the datasets from before kernel kinds
+        settings.pop("kernels")
+    else:
+        settings["kernels"] = list(specs.kernels)
+    if "sequence" not in specs.kernels:
+        settings.pop("max_sequence_elems")
     return settings
 
 
@@ -221,6 +230,11 @@ def _collect(config: CollectConfig, ids: Iterable[int] | None, until: float | No
             f" specs.{key}={getattr(config.specs, key)}"
             for key in SPEC_EXTENSIONS
             if config.kind == "compute" and config.source == "specs" and getattr(config.specs, key)
+        )
+        + (
+            f" 'specs.kernels=[{','.join(config.specs.kernels)}]'"
+            if config.kind == "compute" and config.source == "specs" and tuple(config.specs.kernels) != SUM_ONLY
+            else ""
         )
         + " (conf/collect.yaml)",
     }
@@ -316,8 +330,10 @@ def _collect_compute(config: CollectConfig, log: JsonlLog, todo: Iterable[int], 
     pool_rows = pool_streams(config.pool)[0] if config.source == "pool" else None
 
     def request(i: int) -> ComputeRequest:
+        pooling, weighted = "sum", False
         if config.source == "specs":
             batch_size, tables = sample_spec_shard(config.specs, config.seed, i)
+            pooling, weighted = kernel_parts(sample_kernel(config.specs, config.seed, i))
             pool = None
         else:
             batch_size, pool = config.batch_size, config.pool
@@ -333,12 +349,16 @@ def _collect_compute(config: CollectConfig, log: JsonlLog, todo: Iterable[int], 
             config.warmup,
             config.iters,
             config.timing(),
+            pooling,
+            weighted,
         )
 
     def record(request: ComputeRequest, answer: ComputeAnswer) -> None:
         row = {"id": request.id, "tables": list(request.tables)}
         if config.source == "specs":
             row["batch_size"] = request.batch_size
+        row.update({"pooling": request.pooling} if request.pooling != "sum" else {})
+        row.update({"weighted": True} if request.weighted else {})
         # when the label came in (unix seconds): how fast labels flow here (adapt's budget), drift over a run
         log.write_record({**row, **answer.to_json(with_id=False), "at": round(time.time(), 3)})
         bar.update(1)

@@ -13,6 +13,7 @@ from neuroshard_jax.core.features import NUM_FEATURES, feature_matrix
 from neuroshard_jax.core.files import read_records
 from neuroshard_jax.core.manifests import load_manifest
 from neuroshard_jax.core.sharding import shard_features
+from neuroshard_jax.core.table import kernel_kind, kernel_parts
 from neuroshard_jax.costs.cost_model import bucket
 from neuroshard_jax.kernels.processes import PoolTableRef, SpecTableRef, TableRef, quiet, record_tables
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool
@@ -74,7 +75,8 @@ def compute_batches(
     uses_pool = any(isinstance(t, PoolTableRef) for tables in shard_sets for t in tables)
     pool = load_pool(PoolSpec.from_json(settings["pool"]), settings["batch_size"]) if uses_pool else None
     batch = np.array([r.get("batch_size", settings["batch_size"]) for r in records], dtype=np.float32)
-    feats, mask = padded_shards(shard_sets, batch, pool, block_stats, width)
+    kinds = [(r.get("pooling", "sum"), bool(r.get("weighted", False))) for r in records]  # the kernel each ran
+    feats, mask = padded_shards(shard_sets, batch, pool, block_stats, width, kinds)
     # a label measured with references is taken at the reference dataset's speed (drift.py): the machine's drift
     # between the hours of a collection does not become label noise
     target = np.array([r["total_ms"] / r.get("speed", 1.0) for r in records], dtype=np.float32)
@@ -82,21 +84,33 @@ def compute_batches(
 
 
 def padded_shards(
-    shards: list[list[TableRef]], batch: np.ndarray, pool, block_stats: bool = True, width: int | None = None
+    shards: list[list[TableRef]],
+    batch: np.ndarray,
+    pool,
+    block_stats: bool = True,
+    width: int | None = None,
+    kinds: list[tuple[str, bool]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Features f32[S, W, F] and mask bool[S, W] of shard sets (each a list of tables as ``shard_feature_matrix``
-    takes them, at its batch size ``batch[s]``), padded to ``width`` (default: the power of two above the largest)."""
+    takes them, at its batch size ``batch[s]``, in the kernel ``kinds[s]``: (pooling, weighted), default sum-pooled
+    bags), padded to ``width`` (default: the power of two above the largest)."""
     width = width or bucket(max(len(tables) for tables in shards))
     feats = np.zeros((len(shards), width, NUM_FEATURES), dtype=np.float32)
     mask = np.zeros((len(shards), width), dtype=bool)
     for i, tables in enumerate(shards):
-        feats[i, : len(tables)] = shard_feature_matrix(tables, pool, int(batch[i]), block_stats)
+        pooling, weighted = kinds[i] if kinds is not None else ("sum", False)
+        feats[i, : len(tables)] = shard_feature_matrix(tables, pool, int(batch[i]), block_stats, pooling, weighted)
         mask[i, : len(tables)] = True
     return feats, mask
 
 
 def shard_feature_matrix(
-    tables: list[TableRef], pool, batch_size: int | None = None, block_stats: bool = False
+    tables: list[TableRef],
+    pool,
+    batch_size: int | None = None,
+    block_stats: bool = False,
+    pooling: str = "sum",
+    weighted: bool = False,
 ) -> np.ndarray:
     """Features f64[T, F] of a measured shard's tables: a ``PoolTableRef`` reads the pool's features, a
     ``SpecTableRef`` carries its own; a row block's are the block's (``sharding.shard_features``: its rows, its share
@@ -104,11 +118,11 @@ def shard_feature_matrix(
     ``batch_size``): a spec table's block has the pooling factor and histogram of the lookups that landed in it
     (``streams.block_statistics``), which is what the worker measured: a block missing the table's hottest rows does
     a fraction of its share."""
-    rows, dims, pooling, bins, blocks, stats = [], [], [], [], [], []
+    rows, dims, lookups, bins, blocks, stats = [], [], [], [], [], []
     for table in tables:
         if isinstance(table, SpecTableRef):
             rows.append(table.rows)
-            pooling.append(table.pooling_factor)
+            lookups.append(table.pooling_factor)
             bins.append(table.bins)
             dims.append(table.dim)
             blocks.append(table.num_rows)
@@ -119,12 +133,15 @@ def shard_feature_matrix(
                 stats.append(None)
         else:
             rows.append(pool.rows[table.table_id])
-            pooling.append(pool.pooling_factor[table.table_id])
+            lookups.append(pool.pooling_factor[table.table_id])
             bins.append(pool.bins[table.table_id])
             dims.append(table.dim)
             blocks.append(table.num_rows)
             stats.append(None)
-    out = feature_matrix(rows, dims, pooling, bins)
+    # each table's kernel: its own (a device of several kernels), else the record's
+    record_kind = kernel_kind(pooling, weighted)
+    kinds = [kernel_parts(t.kernel if t.kernel != "sum" else record_kind) for t in tables]
+    out = feature_matrix(rows, dims, lookups, bins, [p for p, _ in kinds], [w for _, w in kinds])
     for i, block in enumerate(blocks):
         if block is not None:
             out[i] = shard_features(out[i], dims[i], block, stats[i])

@@ -53,19 +53,23 @@ def ensemble_splits(source: np.ndarray, config: TrainConfig) -> tuple[np.ndarray
     return tuple(np.concatenate(p) for p in out)
 
 
-def roofline_design(feats, mask, batch, cache_size: float | None = None, fusion: str = "pairwise") -> np.ndarray:
+def roofline_design(
+    feats, mask, batch, cache_size: float | None = None, fusion: str = "pairwise", kinds: bool = False
+) -> np.ndarray:
     """Per-shard-set columns f64[S, 7] of the roofline: the summed ROOF_TERMS, the kernel (1 per non-empty set)
     and the interaction, lookups (1e6) x ``MemberNet.fused`` of the shard count; with ``cache_size`` (1e6 elements)
-    an eighth, the cache term's gathered elements x the share of the touched ones past that cache
-    (``MemberNet.cache_ms``)."""
-    terms = roof_terms(jnp.asarray(feats), jnp.asarray(batch)[:, None])
+    one more, the cache term's gathered elements x the share of the touched ones past that cache
+    (``MemberNet.cache_ms``); with ``kinds`` the summed KIND_TERMS last."""
+    terms = roof_terms(jnp.asarray(feats), jnp.asarray(batch)[:, None], kinds)
     sums = np.asarray(jnp.where(jnp.asarray(mask)[..., None], terms, 0.0).sum(1), np.float64)
     count = mask.sum(1).astype(np.float64)
     fused = 1.0 - 1.0 / np.maximum(count, 1.0) if fusion == "saturating" else count
-    columns = [sums, (count > 0)[:, None], (sums[:, 1] * fused)[:, None]]
+    base = len(ROOF_TERMS)
+    columns = [sums[:, :base], (count > 0)[:, None], (sums[:, 1] * fused)[:, None]]
     if cache_size is not None:
         gathered, touched = sums[:, 2], sums[:, 3]
         columns.append((gathered * touched / (touched + cache_size))[:, None])
+    columns.append(sums[:, base:])
     return np.concatenate(columns, 1)
 
 
@@ -80,23 +84,27 @@ def dataset_weights(source: np.ndarray, max_weight: float) -> np.ndarray:
     return np.minimum(counts.max() / counts[source], max_weight).astype(np.float32)
 
 
-def fit_roofline(feats, mask, batch, target, weights=None, cache: bool = False, fusion: str = "pairwise") -> np.ndarray:
+def fit_roofline(
+    feats, mask, batch, target, weights=None, cache: bool = False, fusion: str = "pairwise", kinds: bool = False
+) -> np.ndarray:
     """Log coefficients f32[7] (ROOF_TERMS, the kernel overhead, the interaction) of the roofline that
     minimises the (weighted) squared relative error over shard sets (non-negative least squares); a coefficient
-    the data does not need gets a tiny floor, so every term stays positive. With ``cache``: f32[9], the cache
-    term's coefficient and its cache size (log of 1e6 elements) added, the size the best fit of CACHE_GRID_MIB."""
+    the data does not need gets a tiny floor, so every term stays positive. With ``cache``: the cache term's
+    coefficient and its cache size (log of 1e6 elements) added, the size the best fit of CACHE_GRID_MIB; with
+    ``kinds``: the KIND_TERMS' coefficients last."""
     from scipy.optimize import nnls  # a fit's alone: every command's start imports this module (conf)
 
     root = np.sqrt(np.ones(len(target)) if weights is None else np.asarray(weights, np.float64))
     best = None
     for size in [elements_of_mib(m) for m in CACHE_GRID_MIB] if cache else [None]:
-        design = roofline_design(feats, mask, batch, size, fusion) / target[:, None] * root[:, None]
+        design = roofline_design(feats, mask, batch, size, fusion, kinds) / target[:, None] * root[:, None]
         coef, residual = nnls(design, root)
         if best is None or residual < best[1]:
             best = (coef, residual, size)
     coef, _, size = best
     logs = np.log(np.maximum(coef, 1e-6 * max(coef.max(), 1e-9)))
-    return np.concatenate([logs, [np.log(size)] if cache else []]).astype(np.float32)
+    head = NUM_COEFS + int(cache)  # the cache size follows the cache coefficient; the kinds' come last
+    return np.concatenate([logs[:head], [np.log(size)] if cache else [], logs[head:]]).astype(np.float32)
 
 
 def elements_of_mib(mib: float) -> float:
@@ -177,7 +185,7 @@ def check_one_training(dataset_dirs: list[Path], manifests: list[dict]) -> None:
 
 
 # the roofline's fitted parameters of a member, in ``fit_roofline``'s order (the last two with the cache term only)
-MEMBER_COEFS = ("log_coef", "log_kernel", "log_interaction", "log_cache_coef", "log_cache_size")
+MEMBER_COEFS = ("log_coef", "log_kernel", "log_interaction", "log_cache_coef", "log_cache_size", "log_kind_coef")
 
 
 def member_coefs(members) -> tuple[str, ...]:
@@ -197,8 +205,10 @@ def reanchored(members, log_coef: np.ndarray):
     the roofline's constants (a GPU's fixed launch cost against a CPU's per-lookup cost); the corrections are
     the shape the prior carries over."""
     members = jax.tree.map(lambda x: x, members)
-    parts = np.split(np.asarray(log_coef, np.float32), np.cumsum([len(ROOF_TERMS), 1, 1, 1]))
-    for key, value in zip(member_coefs(members), parts):
+    keys = member_coefs(members)
+    sizes = [int(np.prod(np.asarray(members[k].get_value()).shape[1:])) for k in keys]
+    parts = np.split(np.asarray(log_coef, np.float32), np.cumsum(sizes)[:-1])
+    for key, value in zip(keys, parts):
         old = np.asarray(members[key].get_value())
         members[key].set_value(jnp.asarray(old - old.mean(0) + value.reshape(old.shape[1:]), jnp.float32))
     return members
@@ -209,6 +219,11 @@ def upgraded(prior: EnsembleConfig, asked: EnsembleConfig) -> EnsembleConfig:
     ``asked`` adds (the cache term, the saturating fusion term); a fine-tune never takes physics away."""
     saturating = "saturating" in (prior.fusion, asked.fusion)
     fusion = "saturating" if saturating else "pairwise"
+    if asked.kinds and not prior.kinds:  # its net takes more inputs: the prior's weights do not carry over
+        raise UserError(
+            "ensemble.kinds: the checkpoint to fine-tune reads sum-pooled bags alone; expected a model that knows "
+            "kernel kinds, or training from scratch (no init)"
+        )
     return dataclasses.replace(prior, cache=prior.cache or asked.cache, fusion=fusion)
 
 
@@ -266,13 +281,21 @@ def train_ensemble(
 
     def roofline(physics: EnsembleConfig) -> np.ndarray:  # fitted to the training split
         return fit_roofline(
-            feats[train], mask[train], batch[train], target[train], balance[train], physics.cache, physics.fusion
+            feats[train],
+            mask[train],
+            batch[train],
+            target[train],
+            balance[train],
+            physics.cache,
+            physics.fusion,
+            physics.kinds,
         )
 
     if init is None:
         log_coef = roofline(ens_config)
         nets, params = init_ensemble(ens_config, log_coef, config.seed)
-        inputs = np.asarray(net_inputs(jnp.asarray(feats[train]), jnp.asarray(batch[train])[:, None]))[mask[train]]
+        at = jnp.asarray(batch[train])[:, None]
+        inputs = np.asarray(net_inputs(jnp.asarray(feats[train]), at, ens_config.kinds))[mask[train]]
         stats = InputStats(jnp.asarray(inputs.mean(0)), jnp.asarray(np.maximum(inputs.std(0), 1e-3)))
     else:
         prior_config, nets, params, _ = load_ensemble(init)

@@ -223,7 +223,8 @@ def device_request(request_id, task: Task, tables: list, config: EvaluateConfig)
 
 def device_tables(task: Task, shards: list[Shard]) -> list[TableRef]:
     """A device's tables as the worker measures them, in a canonical order: ``PoolTableRef``s when the task has a
-    pool (its real streams), else ``SpecTableRef``s whose streams are synthesised (seeded by the table id). A row
+    pool (its real streams), else ``SpecTableRef``s whose streams are synthesised (seeded by the table id); each
+    names the kernel it runs in (the worker runs one per kind, as TorchRec does). A row
     block has its row_offset and num_rows (the worker restricts the table's stream to it); a block whose own
     statistics the table carries (``Table.block_stats``) is the spec of those, as the cost model scores it; an
     empty block (the tail of TorchRec's row layout) holds nothing to measure."""
@@ -234,13 +235,13 @@ def device_tables(task: Task, shards: list[Shard]) -> list[TableRef]:
         if block and block[1] == 0:
             continue
         if task.pool is not None:
-            out.append(PoolTableRef(t.id, s.dim, *block))
+            out.append(PoolTableRef(t.id, s.dim, *block, kernel=t.kernel))
         elif block and (stats := t.block_stats(*block)) is not None:
-            out.append(SpecTableRef(block[1], stats[0], tuple(stats[1]), s.dim, t.id))
+            out.append(SpecTableRef(block[1], stats[0], tuple(stats[1]), s.dim, t.id, kernel=t.kernel))
         else:
-            out.append(SpecTableRef(t.rows, t.pooling_factor, tuple(t.bins), s.dim, t.id, *block))
+            out.append(SpecTableRef(t.rows, t.pooling_factor, tuple(t.bins), s.dim, t.id, *block, kernel=t.kernel))
     if task.pool is not None:
-        return sorted(out, key=PoolTableRef.to_json)
+        return sorted(out, key=PoolTableRef.order)
     return sorted(out, key=lambda x: (x.seed, x.dim, x.row_offset or 0, x.rows))
 
 

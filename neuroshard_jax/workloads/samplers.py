@@ -13,6 +13,7 @@ from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import bin_shares, count_histogram
 from neuroshard_jax.core.sharding import mem_bytes, row_blocks
+from neuroshard_jax.core.table import KERNEL_KINDS
 from neuroshard_jax.workloads.streams import zipf_ids
 
 
@@ -83,9 +84,20 @@ class SpecSamplerConfig:
     tiny_share: float = bounded(at_least=0, at_most=1, default=0.0)
     # one table alone, as a search places a heavy table on a device of its own (1 in max_tables samples otherwise)
     alone_share: float = bounded(at_least=0, at_most=1, default=0.0)
+    # the kernels a sample runs in (``core.table.KERNEL_KINDS``), one drawn per sample from a stream of its own
+    # (``sample_kernel``; only sum: the samples drawn before kinds existed): mean pooling, per-id weights, or
+    # sequence lookups (every table of one dim, no column slices, their outputs, a row per id and its gradient, at
+    # most ``max_sequence_elems`` elements)
+    kernels: tuple[str, ...] = ("sum",)
+    max_sequence_elems: int = bounded(at_least=1, default=16_000_000)
 
     def __post_init__(self):
         check_bounds(self, "specs.")
+        for kind in self.kernels:
+            if kind not in KERNEL_KINDS:
+                raise UserError(f"specs.kernels: got {kind!r}, expected kinds of {', '.join(KERNEL_KINDS)}")
+        if not self.kernels:
+            raise UserError("specs.kernels: got [], expected at least one of " + ", ".join(KERNEL_KINDS))
         if self.many_share and self.many_tables <= self.max_tables:
             raise UserError(
                 f"specs.many_tables: got {self.many_tables}, expected more than specs.max_tables ({self.max_tables})"
@@ -101,6 +113,16 @@ class SpecSamplerConfig:
 
 # the knobs a spec dataset records only where they are on (older datasets resume: ``cost_labels.spec_settings``)
 SPEC_EXTENSIONS = ("row_share", "many_share", "heavy_share", "cold_share", "tiny_share", "alone_share")
+SUM_ONLY = ("sum",)  # ``kernels`` of the datasets from before kernel kinds
+
+
+def sample_kernel(config: SpecSamplerConfig, seed: int, index: int) -> str:
+    """The kernel kind sample ``index`` runs in: one of ``config.kernels``, drawn from a stream of its own."""
+    if tuple(config.kernels) == SUM_ONLY:
+        return "sum"
+    return str(np.random.default_rng([seed, 60013, index, 3]).choice(list(config.kernels)))
+
+
 HEAVY_LOG10_ROWS = (5.0, 7.0)
 HEAVY_LOG10_POOLING = (1.0, 2.3)
 # (log10 rows, log10 pooling factor) ranges of the corners, drawn in this order (``_corner``)
@@ -160,11 +182,18 @@ def sample_spec_shard(config: SpecSamplerConfig, seed: int, index: int) -> tuple
     elif config.alone_share and extension.random() < config.alone_share:
         count = 1
     split_tables = int(rng.integers(1, 4)) if rng.random() < config.split_share else 0
+    sequence = sample_kernel(config, seed, index) == "sequence"
+    # a sequence kernel's tables share one dim (drawn from the kernel's stream) and are never cut in columns
+    sequence_dim = int(np.random.default_rng([seed, 60013, index, 4]).choice(config.dims)) if sequence else 0
+    outputs = 0
     tables, used, attempts = [], 0.0, 0
     while len(tables) < count and attempts < 4 * max(count, config.max_tables):
         attempts += 1
         spec = draw_table_spec(rng, config, batch_size, _corner(config, extension))
         dims = [d for d in config.dims if used + mem_bytes(spec["rows"], d, config.precision) <= cap]
+        if sequence:
+            elems = spec["pooling_factor"] * batch_size * sequence_dim
+            dims = [sequence_dim] if sequence_dim in dims and outputs + elems <= config.max_sequence_elems else []
         if not dims:
             continue
         dim = int(rng.choice(dims))
@@ -173,6 +202,8 @@ def sample_spec_shard(config: SpecSamplerConfig, seed: int, index: int) -> tuple
         if split_tables:
             split_tables -= 1
             slices = int(rng.choice([k for k in (2, 4, 8) if dim // k >= 4] or [1]))
+        if sequence:
+            slices, outputs = 1, outputs + spec["pooling_factor"] * batch_size * dim
         for _ in range(slices):
             tables.append({**spec, "dim": dim // slices, "seed": stream_seed})
         used += mem_bytes(spec["rows"], dim, config.precision)

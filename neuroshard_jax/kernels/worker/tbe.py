@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import numpy as np
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.memory import kernel_optimizer
 from neuroshard_jax.core.sharding import is_legal_dim
+from neuroshard_jax.core.table import KERNEL_KINDS, kernel_kind, kernel_parts
 from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest, MessageError
 from neuroshard_jax.workloads.pool import PoolSpec, pool_streams
 from neuroshard_jax.workloads.streams import request_spec, restrict_rows, spec_stream
@@ -49,20 +51,65 @@ def _pool_streams(pool: dict):
     return _STREAMS[key]
 
 
-def shard_inputs(request: ComputeRequest) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
-    """The shard's (rows, dim) specs and its tables' index streams (a pool's real ones, or synthesised from
-    a table spec), concatenated table-major."""
+def shard_inputs(request: ComputeRequest) -> list[KernelInputs]:
+    """The request's kernels, as TorchRec runs a device's tables: one fused TBE per kernel kind (its tables' own
+    ``kernel``, else the request's pooling and weights), a sequence kernel per dim; each with its tables' (rows, dim)
+    specs and index streams (a pool's real ones, or synthesised from a table spec), concatenated table-major, in the
+    order the kinds first appear."""
     batch = request.batch_size
-    specs, all_indices, all_offsets, base = [], [], [np.zeros(1, dtype=np.int64)], 0
+    default = _request_kind(request)
+    groups: dict[tuple[str, int], KernelInputs] = {}
     for i, table in enumerate(request.tables):
+        kind, table = _table_kind(table, default, f"table {i}")
         num_rows, dim, (indices, offsets) = table_stream(table, request.pool, batch, f"table {i}")
         if not is_legal_dim(dim):
             raise RequestError(f"table {i}: dim {dim} is not a legal width (a positive multiple of 4)")
-        specs.append((num_rows, int(dim)))
-        all_indices.append(indices)
-        all_offsets.append(offsets[1:] + base)
-        base += len(indices)
-    return specs, np.concatenate(all_indices), np.concatenate(all_offsets)
+        key = (kind, int(dim) if kind == "sequence" else 0)
+        group = groups.setdefault(key, KernelInputs(kind, [], [], [np.zeros(1, dtype=np.int64)]))
+        base = int(group.offsets[-1][-1])
+        group.specs.append((num_rows, int(dim)))
+        group.indices.append(indices)
+        group.offsets.append(offsets[1:] + base)
+    return list(groups.values())
+
+
+@dataclasses.dataclass
+class KernelInputs:
+    """One kernel of a request: its kind (``core.table.KERNEL_KINDS``), its tables' (rows, dim) and their index
+    streams, table-major (``offsets`` as FBGEMM takes them once concatenated)."""
+
+    kind: str
+    specs: list
+    indices: list
+    offsets: list
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.concatenate(self.indices), np.concatenate(self.offsets)
+
+
+def _request_kind(request: ComputeRequest) -> str:
+    """The kernel kind of the request's tables that name none (RequestError for an unknown pooling or a weighted
+    sequence request)."""
+    if request.pooling not in POOLING_MODES:
+        raise RequestError(f"pooling {request.pooling!r}, expected one of {', '.join(POOLING_MODES)}")
+    try:
+        return kernel_kind(request.pooling, request.weighted)
+    except ValueError as err:
+        raise RequestError(f"request {err}") from None
+
+
+def _table_kind(table, default: str, where: str):
+    """(kind, the table without it) of a request's table: a spec's ``kernel`` key, a pool reference's trailing name
+    (``processes.PoolTableRef``), else ``default``."""
+    kind = default
+    if isinstance(table, dict) and "kernel" in table:
+        table = dict(table)
+        kind = table.pop("kernel")
+    elif isinstance(table, list) and table and isinstance(table[-1], str):
+        table, kind = table[:-1], table[-1]
+    if kind not in KERNEL_KINDS:
+        raise RequestError(f"{where}: kernel {kind!r}, expected one of {', '.join(KERNEL_KINDS)}")
+    return kind, table
 
 
 def table_stream(table, pool: dict | None, batch: int, where: str):
@@ -125,39 +172,45 @@ def profile_compute(request: ComputeRequest) -> ComputeAnswer:
         raise RequestError(str(err)) from None
     if precision not in PRECISIONS:
         raise RequestError(f"precision {precision!r}, expected one of {', '.join(PRECISIONS)}")
-    specs, indices, offsets = shard_inputs(request)
-    pooling = _pooling_mode(request, specs, PoolingMode)
+    groups = shard_inputs(request)
     on_gpu = device == "cuda"
     location, compute = (EmbeddingLocation.DEVICE, devices.CUDA) if on_gpu else (EmbeddingLocation.HOST, devices.CPU)
     timer = _CudaTimer(torch) if on_gpu else _CpuTimer()  # before the count starts: its flush buffer is the timer's
     base = _allocated(torch) if on_gpu and request.memory else None
-    tbe = SplitTableBatchedEmbeddingBagsCodegen(
-        embedding_specs=[(rows, dim, location, compute) for rows, dim in specs],
-        optimizer=EmbOptimType(optimizer),
-        learning_rate=LEARNING_RATE,
-        weights_precision=SparseType(precision),
-        pooling_mode=pooling,
-        device=torch.device("cuda" if on_gpu else "cpu"),
-    )
-    with torch.no_grad():
-        for weights in tbe.split_embedding_weights():
-            weights.uniform_(-INIT_SCALE, INIT_SCALE)
     target = torch.device("cuda" if on_gpu else "cpu")
-    indices_t = torch.from_numpy(indices).to(target)
-    offsets_t = torch.from_numpy(offsets).to(target)
-    if request.weighted:  # per-id weights, as a weighted feature's KeyedJaggedTensor carries them (no gradient)
-        weights = np.random.default_rng(WEIGHT_SEED).uniform(0.5, 1.5, len(indices)).astype(np.float32)
-        tbe = _Weighted(tbe, torch.from_numpy(weights).to(target))
+    kernels = []
+    for group in groups:
+        pooling, weighted = kernel_parts(group.kind)
+        tbe = SplitTableBatchedEmbeddingBagsCodegen(
+            embedding_specs=[(rows, dim, location, compute) for rows, dim in group.specs],
+            optimizer=EmbOptimType(optimizer),
+            learning_rate=LEARNING_RATE,
+            weights_precision=SparseType(precision),
+            pooling_mode=getattr(PoolingMode, POOLING_MODES[pooling]),
+            device=target,
+        )
+        with torch.no_grad():
+            for weights in tbe.split_embedding_weights():
+                weights.uniform_(-INIT_SCALE, INIT_SCALE)
+        indices, offsets = group.arrays()
+        per_id = None
+        if weighted:  # per-id weights, as a weighted feature's KeyedJaggedTensor carries them (no gradient)
+            per_id = np.random.default_rng(WEIGHT_SEED).uniform(0.5, 1.5, len(indices)).astype(np.float32)
+            per_id = torch.from_numpy(per_id).to(target)
+        inputs = (torch.from_numpy(indices).to(target), torch.from_numpy(offsets).to(target))
+        dims = tuple(dim for _, dim in group.specs)
+        kernels.append(_Kernel(tbe, *inputs, per_id, dims, pooling == "none"))
+    tbe = _Kernels(torch, kernels)
     grad = []
 
     def step() -> tuple[float, float]:
         timer.flush()
         timer.start()
-        out = tbe(indices_t, offsets_t)
+        out = tbe.forward()
         timer.mark()
         if not grad:
-            grad.append(torch.full_like(out, 1e-3))
-        out.backward(grad[0])
+            grad.append(tbe.grads(out))
+        tbe.backward(out, grad[0])
         return timer.stop()
 
     protocol = request.protocol
@@ -165,17 +218,15 @@ def profile_compute(request: ComputeRequest) -> ComputeAnswer:
         raise RequestError(f"protocol {protocol!r} ({GPU_PROTOCOLS[protocol]}) needs device 'cuda'")
     ahead = None
     if protocol == "graph":
-        step = _graphed_step(torch, tbe, indices_t, offsets_t, timer)
+        step = _graphed_step(torch, tbe, timer)
     if protocol == "queued":
-        runs, ahead = _queued_runs(torch, tbe, indices_t, offsets_t, timer, request)
+        runs, ahead = _queued_runs(torch, tbe, timer, request)
         cpu_share = 1.0
     else:
         runs, cpu_share = timed_runs(step, request)
     fwd_runs, bwd_runs = [f for f, _ in runs], [b for _, b in runs]
     totals = [f + b for f, b in runs]
-    # pooled: a row per bag of each table; sequence: a row per id
-    outputs = len(indices) * specs[0][1] if request.pooling == "none" else request.batch_size * sum(d for _, d in specs)
-    memory = _memory(torch, tbe, (indices_t, offsets_t), outputs, base) if request.memory else None
+    memory = _memory(torch, tbe, tbe.inputs(), tbe.outputs(request.batch_size), base) if request.memory else None
     kept = np.unique(np.linspace(0, len(runs) - 1, min(len(runs), MAX_KEPT_RUNS)).round().astype(int))
     return ComputeAnswer(
         request.id,
@@ -185,7 +236,7 @@ def profile_compute(request: ComputeRequest) -> ComputeAnswer:
         total_ms=statistics.median(totals),
         fwd_runs_ms=tuple(round(fwd_runs[i], 4) for i in kept),
         bwd_runs_ms=tuple(round(bwd_runs[i], 4) for i in kept),
-        num_indices=int(len(indices)),
+        num_indices=int(sum(len(k.indices) for k in kernels)),
         optimizer=optimizer,  # with the bytes of the state its kernels keep (the allocator's count)
         state_bytes=sum(t.numel() * t.element_size() for state in tbe.split_optimizer_states() for t in state),
         cpu_share=None if on_gpu else round(cpu_share, 3),
@@ -196,32 +247,54 @@ def profile_compute(request: ComputeRequest) -> ComputeAnswer:
     )
 
 
-def _pooling_mode(request: ComputeRequest, specs: list[tuple[int, int]], modes):
-    """FBGEMM's ``PoolingMode`` of the request; RequestError for an unknown pooling, a weighted sequence request or
-    sequence tables of several dims (FBGEMM's unpooled kernel takes one dim: TorchRec runs one kernel per dim)."""
-    if request.pooling not in POOLING_MODES:
-        raise RequestError(f"pooling {request.pooling!r}, expected one of {', '.join(POOLING_MODES)}")
-    if request.pooling == "none":
-        if request.weighted:
-            raise RequestError("pooling 'none' (sequence) with weighted lookups, expected unweighted")
-        dims = sorted({dim for _, dim in specs})
-        if len(dims) > 1:
-            raise RequestError(f"pooling 'none': tables of dims {dims}, expected one dim (one kernel per dim)")
-    return getattr(modes, POOLING_MODES[request.pooling])
+@dataclasses.dataclass
+class _Kernel:
+    """One fused TBE of a request and its inputs (``per_id``: a weighted kernel's per-id weights)."""
+
+    tbe: object
+    indices: object
+    offsets: object
+    per_id: object = None
+    dims: tuple[int, ...] = ()
+    sequence: bool = False  # unpooled: a row per id
+
+    def __call__(self):
+        if self.per_id is None:
+            return self.tbe(self.indices, self.offsets)
+        return self.tbe(self.indices, self.offsets, per_sample_weights=self.per_id)
 
 
-class _Weighted:
-    """A TBE called with the request's per-id weights, as a weighted feature's lookups run; the module's other
-    attributes (its weights and optimizer state) read through."""
+class _Kernels:
+    """A request's kernels run as a device runs them: every forward, then every backward (one autograd call); what
+    the module holds, summed over them. A request of one kind is one kernel, as labels always were."""
 
-    def __init__(self, tbe, weights):
-        self.tbe, self.weights = tbe, weights
+    def __init__(self, torch, kernels: list[_Kernel]):
+        self.torch, self.kernels = torch, kernels
 
-    def __call__(self, indices, offsets):
-        return self.tbe(indices, offsets, per_sample_weights=self.weights)
+    def forward(self) -> tuple:
+        return tuple(k() for k in self.kernels)
 
-    def __getattr__(self, name):
-        return getattr(self.tbe, name)
+    def grads(self, outs) -> tuple:
+        return tuple(self.torch.full_like(out, 1e-3) for out in outs)
+
+    def backward(self, outs, grads) -> None:
+        self.torch.autograd.backward(outs, grads)
+
+    def parameters(self):
+        return [t for k in self.kernels for t in k.tbe.parameters()]
+
+    def buffers(self):
+        return [t for k in self.kernels for t in k.tbe.buffers()]
+
+    def split_optimizer_states(self):
+        return [state for k in self.kernels for state in k.tbe.split_optimizer_states()]
+
+    def inputs(self) -> list:
+        return [t for k in self.kernels for t in (k.indices, k.offsets) + ((k.per_id,) if k.per_id is not None else ())]
+
+    def outputs(self, batch_size: int) -> int:
+        """Output elements: a row per bag of each pooled table, a row per id of a sequence kernel."""
+        return sum(len(k.indices) * k.dims[0] if k.sequence else batch_size * sum(k.dims) for k in self.kernels)
 
 
 def _allocated(torch) -> int:
@@ -248,7 +321,7 @@ def _memory(torch, tbe, inputs, outputs: int, base: int | None) -> dict:
 GPU_PROTOCOLS = {"graph": "CUDA graph replay", "queued": "the host enqueues ahead of the GPU"}
 
 
-def _graphed_step(torch, tbe, indices, offsets, timer):
+def _graphed_step(torch, tbe, timer):
     """The ``graph`` protocol's step: forward and backward (with its fused optimizer update) each captured once as a
     CUDA graph, then replayed between the timer's events; the L2 flush runs outside the graphs. A replay is one
     launch, so the label is the kernels' GPU time without the host's per-kernel launch gaps, as in a training step
@@ -257,18 +330,18 @@ def _graphed_step(torch, tbe, indices, offsets, timer):
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up on a side stream before capture, as torch.cuda.graphs asks
         for _ in range(3):
-            out = tbe(indices, offsets)
-            grad = torch.full_like(out, 1e-3)
-            out.backward(grad)
+            out = tbe.forward()
+            grad = tbe.grads(out)
+            tbe.backward(out, grad)
     torch.cuda.current_stream().wait_stream(side)
     forward, backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
     phase = "forward"
     try:  # relaxed: calls that are unsafe only for other threads' captures do not end this one
         with torch.cuda.graph(forward, capture_error_mode="relaxed"):
-            out = tbe(indices, offsets)
+            out = tbe.forward()
         phase = "backward"
         with torch.cuda.graph(backward, pool=forward.pool(), capture_error_mode="relaxed"):
-            out.backward(grad)
+            tbe.backward(out, grad)
     except RuntimeError as err:
         raise RequestError(f"protocol 'graph': FBGEMM's {phase} cannot be captured as a CUDA graph: {err}") from None
 
@@ -340,23 +413,21 @@ def _fill(batch, request: ComputeRequest, size: int) -> list[tuple[float, float]
     return runs
 
 
-def _queued_runs(
-    torch, tbe, indices, offsets, timer, request: ComputeRequest
-) -> tuple[list[tuple[float, float]], float]:
+def _queued_runs(torch, tbe, timer, request: ComputeRequest) -> tuple[list[tuple[float, float]], float]:
     """The ``queued`` protocol (CUDA only): ``timed``'s warm-up and measuring time, but the GPU's own time. Each
     batch of iterations starts behind a GPU sleep long enough for the host to enqueue the whole batch (flush, events,
     fwd, bwd) before the GPU reaches it; one synchronisation per batch. The kernels then run back to back, as in a
     training step whose host runs ahead of the GPU, and the host's launch jitter is out of the label. Also returns
     the share of batches the host stayed ahead in (below 1: something in the step waited for the GPU)."""
-    grad = torch.full_like(tbe(indices, offsets), 1e-3)
+    grad = tbe.grads(tbe.forward())
     cycles_per_ms = 2.0e6  # at the H100/H200's top SM clock (1.98 GHz); a slower clock only sleeps longer
 
     def enqueue(events) -> None:
         timer.flush()
         events[0].record()
-        out = tbe(indices, offsets)
+        out = tbe.forward()
         events[1].record()
-        out.backward(grad)
+        tbe.backward(out, grad)
         events[2].record()
 
     torch.cuda.synchronize()
