@@ -215,3 +215,98 @@ def test_torchs_is_fx_tracing_notice_is_dropped_and_nothing_else(caplog):
     trace.is_fx_tracing_warning.__wrapped__()  # the notice as torch logs it, past its once-only cache
     trace.log.warning("another notice of that logger")
     assert caplog.messages == ["another notice of that logger"]
+
+
+def test_every_module_kind_torchrec_shards_is_planned_as_its_planner_keys_it_and_trains_in_dmp(tmp_path):
+    """Bags (sum and mean), sequence embeddings nested two levels down, a weighted bag collection and a
+    feature-processed one: ours and TorchRec's ``EmbeddingShardingPlanner`` plan the same module paths and tables,
+    each table priced in its own kernel (sequence tables' all-to-all a row per id) with the sharding types its
+    sharder offers; then DistributedModelParallel runs two training steps with our plan on 2 gloo ranks, every
+    collection sharded."""
+    import json
+    import math
+
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
+    from torchrec.distributed.sharding_plan import get_default_sharders
+
+    from tests.torchrec_models import MixedModel
+
+    topology = TopologyFactory.create_topology(TrainerConfig(world_size=2), kernel_config=KernelConfig("cpu"))
+    theirs = EmbeddingShardingPlanner(topology=topology).plan(MixedModel(), get_default_sharders())
+    planner = NeuroShardPlanner(
+        topology, mem_cap_gb=1.0, batch_size=64, cost_model="analytic", verbose=False, pooling_factors={"history": 12.0}
+    )
+    ours = planner.plan(MixedModel(), get_default_sharders())
+    keyed = lambda plan: {path: sorted(tables) for path, tables in plan.plan.items()}  # noqa: E731
+    assert (
+        keyed(ours)
+        == keyed(theirs)
+        == {
+            "bags": ["tags", "user"],
+            "towers.seq": ["clicks", "history"],
+            "scored": ["scored"],
+            "weighted": ["pos"],
+        }
+    )
+    tables = {t.name: t for t in planner.last_plan.task.tables}
+    kinds = {name: t.kernel for name, t in tables.items()}
+    assert kinds == {
+        "user": "sum",
+        "tags": "mean",
+        "history": "sequence",
+        "clicks": "sequence",
+        "scored": "sum_weighted",
+        "pos": "sum_weighted",
+    }
+    assert "table_row_wise" not in tables["history"].constraints.sharding_types  # EmbeddingCollection's sharder
+    assert tables["history"].width(16) == math.ceil(16 * 12.0)  # a row per id in the all-to-all
+
+    script = REPO / "tests" / "torchrec_mixed_rank.py"
+    init = f"file://{tmp_path / 'init'}"
+    outs = [tmp_path / f"rank{r}.json" for r in range(2)]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), "2", init, str(out)], cwd=REPO, env=env, stderr=subprocess.PIPE
+        )
+        for r, out in enumerate(outs)
+    ]
+    try:
+        said = [rank.communicate(timeout=600)[1].decode()[-3000:] for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    assert [rank.returncode for rank in ranks] == [0, 0], said
+    rank0, rank1 = (json.loads(out.read_text()) for out in outs)
+    assert rank0["plan"] == rank1["plan"] and set(rank0["plan"]) == set(keyed(theirs))
+    assert all(math.isfinite(x) for x in rank0["losses"] + rank1["losses"])
+    assert rank0["sharded"] == {
+        "module.bags": "ShardedEmbeddingBagCollection",
+        "module.towers.seq": "ShardedEmbeddingCollection",
+        "module.scored": "ShardedEmbeddingBagCollection",
+        "module.weighted": "ShardedFeatureProcessedEmbeddingBagCollection",
+        "module.weighted._embedding_bag_collection": "ShardedEmbeddingBagCollection",
+    }
+
+
+def test_a_module_the_planner_cannot_plan_is_refused_by_name_never_skipped():
+    """A collection TorchRec shards that this planner does not (the inference one here) is refused in one line
+    naming its path and type; a model with no collection at all says so."""
+    from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEmbeddingBagCollection
+
+    from neuroshard_jax.core.errors import UserError
+
+    quant = QuantEmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name="q", embedding_dim=16, num_embeddings=100, feature_names=["q"])],
+        is_weighted=False,
+        device=torch.device("cpu"),
+    )
+    model = torch.nn.ModuleDict({"bags": TwoCollections().users, "served": quant})
+    planner = NeuroShardPlanner(world_size=2, mem_cap_gb=1.0, cost_model="analytic", verbose=False)
+    with pytest.raises(
+        UserError, match=r"module: served is a torchrec\.quant\.embedding_modules\.EmbeddingBagCollection"
+    ):
+        planner.plan(model)
+    with pytest.raises(UserError, match="module: no embedding collection in Linear"):
+        planner.plan(torch.nn.Linear(2, 2))

@@ -150,11 +150,13 @@ class Collection:
 
 
 def _collection(path: str, module: torch.nn.Module) -> Collection | None:
-    """The module at ``path`` as a ``Collection`` where it is a kind TorchRec shards and this planner plans."""
-    if isinstance(module, FeatureProcessedEmbeddingBagCollection):  # keyed at the FP module, its inner EBC weighted
-        return Collection(path, module, module._embedding_bag_collection, False, True)
-    if _MANAGED and isinstance(module, _MANAGED):  # keyed at the wrapper, its tables in the wrapped collection
-        inner = module._embedding_module
+    """The module at ``path`` as a ``Collection`` where it is a kind TorchRec shards and this planner plans. A
+    feature-processed or managed-collision collection is keyed at the wrapper (as TorchRec's planner keys it), its
+    tables those of the collection it wraps (its child module of that type)."""
+    if isinstance(module, FeatureProcessedEmbeddingBagCollection):  # its inner EBC's lookups carry the FP's weights
+        return Collection(path, module, _wrapped(module, EmbeddingBagCollection), False, True)
+    if _MANAGED and isinstance(module, _MANAGED):
+        inner = _wrapped(module, (EmbeddingBagCollection, EmbeddingCollection))
         sequence = isinstance(inner, EmbeddingCollection)
         return Collection(path, module, inner, sequence, (not sequence) and inner.is_weighted())
     if isinstance(module, EmbeddingBagCollection):
@@ -162,6 +164,14 @@ def _collection(path: str, module: torch.nn.Module) -> Collection | None:
     if isinstance(module, EmbeddingCollection):
         return Collection(path, module, module, True, False)
     return None
+
+
+def _wrapped(module: torch.nn.Module, kinds) -> torch.nn.Module:
+    """The collection a wrapper holds: its child module of type ``kinds``."""
+    found = next((child for child in module.children() if isinstance(child, kinds)), None)
+    if found is None:
+        raise UserError(f"module: {type(module).__name__} holds no embedding collection, expected one it wraps")
+    return found
 
 
 def collections(module: torch.nn.Module, sharders: list | None = None) -> list[Collection]:
@@ -179,7 +189,8 @@ def collections(module: torch.nn.Module, sharders: list | None = None) -> list[C
             found.append(collection)
         elif shardable and isinstance(child, shardable):
             raise UserError(
-                f"module: {path or 'the model'} is a {type(child).__name__}, which TorchRec shards and this planner "
+                f"module: {path or 'the model'} is a {type(child).__module__}.{type(child).__name__}, which TorchRec "
+                "shards and this planner "
                 "cannot plan; expected EmbeddingBagCollection, EmbeddingCollection, FeatureProcessedEmbeddingBag"
                 "Collection or a managed-collision collection (or plan it with TorchRec's planner)"
             )
