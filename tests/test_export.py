@@ -82,12 +82,28 @@ def test_export_cli_checks_in_dmp_and_refuses_bad_options(split_plan):
         (["table_names=same"], "table_names: got 'same', expected a pattern"),
         ([f"output={path}/x.pt"], f"output: {str(path / 'x.pt')!r} lies under {str(path)!r}, which is a file"),
         ([f"output={path.parent}"], "is a folder, expected a file's path"),
+        ([f"output={path}"], "is the plan being exported, expected another file"),
+        ([f"output={path}", "overwrite=true"], "is the plan being exported, expected another file"),
+        ([], "plan.torchrec.pt' exists, expected a new file (overwrite=true replaces it)"),
     ):
         bad = run_cli(f"plan={path}", *args, module="neuroshard_jax.export")
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
         assert bad.stderr.startswith("error: ") and message in bad.stderr
     missing = run_cli(module="neuroshard_jax.export")
     assert missing.returncode == 2 and "plan: missing" in missing.stderr
+    assert path.read_text().startswith("{")  # the plan itself untouched
+    again = run_cli(f"plan={path}", "overwrite=true", module="neuroshard_jax.export")
+    assert again.returncode == 0, again.stderr
+
+
+def test_rank_processes_this_machine_cannot_hold_are_refused_before_any_starts(monkeypatch):
+    """A rank's torch and TorchRec (RANK_PROCESS_BYTES) and the modules are counted against the available memory."""
+    from neuroshard_jax.core import hardware
+
+    monkeypatch.setattr(hardware, "available_bytes", lambda: 8 * 2**30)
+    hardware.check_rank_room(8, 2**30, "check")  # 8 x 0.35 GiB + 1 GiB fits 80% of 8 GiB
+    with pytest.raises(UserError, match=r"check: 64 rank processes need about 22\.5 GiB \(64 x 0\.35 GiB for torch"):
+        hardware.check_rank_room(64, 0, "check")
 
 
 def test_default_export_places_shards_on_cuda(split_plan, tmp_path):
@@ -102,3 +118,35 @@ def test_table_names_must_be_a_pattern():
     with pytest.raises(UserError, match="table_names"):
         ExportConfig(table_names="{nope}")
     assert json.loads(json.dumps(ExportConfig().__dict__))["device"] == "cuda"
+
+
+def test_a_plan_of_every_kernel_kind_exports_a_collection_per_kind_and_trains_in_dmp(tmp_path):
+    """Sum, mean, weighted and sequence tables (two dims of them), split in columns and rows: the export keys a
+    collection per kernel kind under the module path (bags, weighted, an EmbeddingCollection per dim), and check=true
+    runs it in DistributedModelParallel on 2 gloo ranks, every output as its kernel reduces the lookups (mean, weighted,
+    a row per id) exact."""
+    kinds = [("sum", False, 16), ("mean", False, 8), ("sum", True, 8), ("none", False, 16), ("none", False, 8)]
+    tables = [
+        dataclasses.replace(make_table(20 + i, rows=60 + 10 * i, dim=d), pooling=p, weighted=w)
+        for i, (p, w, d) in enumerate(kinds)
+    ]
+    task = make_task(tables, num_devices=2)
+    shards = (
+        Shard(0, 0, 8, 0),
+        Shard(0, 8, 8, 1),
+        Shard(1, 0, 8, 1),
+        Shard(2, 0, 8, 0),
+        *row_shards(3, 90, 16, [0, 1]),
+        Shard(4, 0, 8, 1),
+    )
+    plan = dataclasses.replace(with_costs(analytic_model(task), Plan(task, shards)), searcher="test", seed=0)
+    path = write_json(plan.to_json(), tmp_path / "plan.json")
+    done = run_cli(
+        f"plan={path}", "check=true", "check_batch_size=4", "module_path=sparse", module="neuroshard_jax.export"
+    )
+    assert done.returncode == 0, done.stderr
+    # each rank held the plan's shards and every output matched the weight pattern (else exit 2)
+    assert done.stdout.count("backward ok") == 2 and "rank 1:" in done.stdout, done.stdout
+    written = export_torchrec(plan, tmp_path / "again.pt", ExportConfig(device="cpu"))[1]
+    for module in ("module: bags", "module: weighted", "module: sequence_d16", "module: sequence_d8"):
+        assert module in written, written

@@ -10,6 +10,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from neuroshard_jax.core.constants import GIB_BYTES
+from neuroshard_jax.core.errors import UserError
+
 ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_tile")
 
 
@@ -75,6 +78,23 @@ def cache_bytes() -> dict[str, int]:
 
 
 MEMORY_SHARE = 0.8  # of the available memory, what one job's processes (ranks, a stream being drawn) may take
+# what one DistributedModelParallel rank process holds before its modules: torch, TorchRec and a gloo group (344 MB
+# resident, read on an AMD EPYC family 25 model 17, torch 2.13.0 / torchrec 1.8.0, 2026-11-29)
+RANK_PROCESS_BYTES = 360 * 2**20
+
+
+def check_rank_room(ranks: int, modules_bytes: int = 0, what: str = "ranks") -> None:
+    """UserError where ``ranks`` rank processes (``RANK_PROCESS_BYTES`` each) and the modules they build
+    (``modules_bytes`` in all) would not fit ``MEMORY_SHARE`` of this machine's available memory."""
+    room = available_bytes()
+    need = ranks * RANK_PROCESS_BYTES + modules_bytes
+    if room is not None and need > MEMORY_SHARE * room:
+        each = RANK_PROCESS_BYTES / GIB_BYTES
+        raise UserError(
+            f"{what}: {ranks} rank processes need about {need / GIB_BYTES:.1f} GiB ({ranks} x {each:.2f} GiB for torch "
+            f"and TorchRec, {modules_bytes / GIB_BYTES:.1f} GiB of modules), this machine has "
+            f"{room / GIB_BYTES:.1f} GiB available; expected fewer ranks or smaller tables"
+        )
 
 
 def available_bytes() -> int | None:

@@ -354,7 +354,9 @@ class _Job:
 class TorchRecTable:
     """A table as TorchRec's jobs take it: ``rows`` x ``dim``, its ``name`` in the ShardingPlan (the planner's job
     names its own); for the planner its ``pooling_factor`` and constraints (``sharding_types``, ``min_partition``); for
-    training steps the ``stream`` its ids come from (a table in the compute worker's form: a spec or a pool id)."""
+    training steps the ``stream`` its ids come from (a table in the compute worker's form: a spec or a pool id); the
+    ``kernel`` it runs in (``core.table.KERNEL_KINDS``: which collection of the task's model holds it,
+    ``torchrec_format.task_collections``)."""
 
     rows: int
     dim: int
@@ -363,6 +365,7 @@ class TorchRecTable:
     sharding_types: tuple[str, ...] | None = None
     min_partition: int | None = None
     stream: list | dict | None = None
+    kernel: str = "sum"
 
     def to_json(self) -> dict:
         return _fields_json(self)

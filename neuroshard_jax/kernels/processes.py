@@ -28,6 +28,7 @@ from pathlib import Path
 
 from neuroshard_jax.core.constants import MIN_CPU_SHARE
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.hardware import check_rank_room
 from neuroshard_jax.core.manifests import TIMED_KEYS
 from neuroshard_jax.core.table import KERNEL_KINDS
 from neuroshard_jax.kernels.messages import CommAnswer, CommRequest, ComputeAnswer, ComputeRequest
@@ -451,10 +452,20 @@ def run_worker(args: list[str], timeout_s: float, what: str) -> subprocess.Compl
     return done
 
 
-def run_ranks(command: list[str], world: int, tmp: Path, timeout_s: float, cores: Sequence[int] | None = None) -> None:
+def run_ranks(
+    command: list[str],
+    world: int,
+    tmp: Path,
+    timeout_s: float,
+    cores: Sequence[int] | None = None,
+    modules_bytes: int = 0,
+) -> None:
     """Run ``python -m neuroshard_jax.kernels.worker COMMAND RANK WORLD INIT ...`` for every rank and wait for all;
     ``{rank}`` in an argument is replaced by the rank; rank r runs on core ``cores[r]`` alone where cores are given
-    (one per rank). Raises WorkerFailure if a rank crashes or the ranks run past ``timeout_s`` (all are killed)."""
+    (one per rank). Refused before any rank starts where the ranks and ``modules_bytes`` (what their modules hold in
+    all) would not fit this machine (``hardware.check_rank_room``). Raises WorkerFailure if a rank crashes or the
+    ranks run past ``timeout_s`` (all are killed)."""
+    check_rank_room(world, modules_bytes, command[0])
     if cores is not None and len(cores) < world:
         raise UserError(f"cores: got {len(cores)} ({list(cores)}), expected one for each of the {world} ranks")
     init = f"file://{tmp / 'rendezvous'}"

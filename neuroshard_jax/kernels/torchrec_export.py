@@ -38,6 +38,7 @@ class ExportConfig:
     # the tables' names in your collection: {index} = position in the task, {id} = pool id
     table_names: str = "t{index}"
     check: bool = False  # load the plan into DistributedModelParallel here (gloo, one process per rank): fwd + bwd
+    overwrite: bool = False  # replace ``output`` where it exists (never the plan itself)
     check_batch_size: int = 8  # bags per rank in the check's forward pass
     timeout_s: float = 600.0
 
@@ -74,7 +75,7 @@ def torchrec_request(plan: Plan, config: ExportConfig) -> ExportJob:
             except ValueError as err:
                 raise UserError(f"export: {err}") from None
     return ExportJob(
-        tables=tuple(TorchRecTable(t.rows, t.dim, n) for n, t in zip(names, task.tables)),
+        tables=tuple(TorchRecTable(t.rows, t.dim, n, kernel=t.kernel) for n, t in zip(names, task.tables)),
         shards=tuple(shards),
         world_size=task.num_devices,
         local_size=task.local_size() or task.num_devices,  # ranks per host (table_row_wise blocks stay in one)
@@ -102,16 +103,20 @@ def export_torchrec(plan: Plan, output: str | Path, config: ExportConfig) -> tup
     return request, result["plan"]
 
 
-def check_torchrec(exported: str | Path, request: ExportJob, batch_size: int, timeout_s: float) -> list[dict]:
+def check_torchrec(
+    exported: str | Path, request: ExportJob, batch_size: int, timeout_s: float, modules_bytes: int = 0
+) -> list[dict]:
     """Load an exported (device=cpu) plan into DistributedModelParallel, one gloo process per rank, and
-    run forward + backward; returns each rank's report (local shards, output shape, max abs error)."""
+    run forward + backward; returns each rank's report (local shards, output shape, max abs error). Refused in one
+    line before any rank starts where the ranks and their modules (``modules_bytes`` in all) would not fit here."""
     world = request.world_size
     job = RunJob(str(Path(exported).resolve()), request.tables, request.module_path, batch_size)
     with tempfile.TemporaryDirectory(prefix="neuroshard-dmp-") as tmp:
         tmp = Path(tmp)
         (tmp / "request.json").write_text(json.dumps(job.to_json()))
         try:
-            run_ranks(["torchrec-run", str(tmp / "request.json"), str(tmp / "out.{rank}")], world, tmp, timeout_s)
+            args = ["torchrec-run", str(tmp / "request.json"), str(tmp / "out.{rank}")]
+            run_ranks(args, world, tmp, timeout_s, modules_bytes=modules_bytes)
         except WorkerFailure as failure:
             raise UserError(f"check: DistributedModelParallel failed: {failure.reason}") from None
         return [json.loads((tmp / f"out.{rank}").read_text()) for rank in range(world)]

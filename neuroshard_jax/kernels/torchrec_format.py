@@ -13,6 +13,7 @@ this module costs nothing.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 from neuroshard_jax.kernels.messages import TorchRecTable
@@ -101,16 +102,138 @@ def sharding_plan(
     )
 
 
-def embedding_bag_collection(tables: Sequence[TorchRecTable], device: str = "meta"):
-    """An EmbeddingBagCollection of the (named) tables, one feature per table named like it."""
+def _data_type(precision: str):
+    from torchrec.modules.embedding_configs import DataType
+
+    return {"fp32": DataType.FP32, "fp16": DataType.FP16, "bf16": DataType.BF16, "int8": DataType.INT8}[precision]
+
+
+def embedding_bag_collection(
+    tables: Sequence[TorchRecTable], device: str = "meta", weighted: bool = False, precision: str = "fp32"
+):
+    """An EmbeddingBagCollection of the (named) tables, one feature per table named like it, each pooled as its
+    kernel says (sum or mean); ``weighted``: its features carry per-id weights."""
     import torch
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.modules.embedding_configs import PoolingType
 
     configs = [
-        EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[t.name])
+        EmbeddingBagConfig(
+            name=t.name,
+            embedding_dim=t.dim,
+            num_embeddings=t.rows,
+            feature_names=[t.name],
+            pooling=PoolingType.MEAN if t.kernel.startswith("mean") else PoolingType.SUM,
+            data_type=_data_type(precision),
+        )
         for t in tables
     ]
-    return EmbeddingBagCollection(tables=configs, device=torch.device(device))
+    return EmbeddingBagCollection(tables=configs, is_weighted=weighted, device=torch.device(device))
+
+
+def embedding_collection(tables: Sequence[TorchRecTable], device: str = "meta", precision: str = "fp32"):
+    """An EmbeddingCollection (sequence embeddings) of the (named) tables, one feature per table named like it."""
+    import torch
+    from torchrec import EmbeddingCollection, EmbeddingConfig
+
+    configs = [
+        EmbeddingConfig(
+            name=t.name,
+            embedding_dim=t.dim,
+            num_embeddings=t.rows,
+            feature_names=[t.name],
+            data_type=_data_type(precision),
+        )
+        for t in tables
+    ]
+    return EmbeddingCollection(tables=configs, device=torch.device(device))
+
+
+def collection_paths(tables: Sequence[TorchRecTable]) -> dict[str, list[int]]:
+    """Where a model of a task's tables holds each table (path -> the tables' indices), one collection per kernel
+    TorchRec groups apart: ``bags`` (sum and mean pooled), ``weighted`` (per-id weights), ``sequence_d{dim}`` (an
+    EmbeddingCollection per dim: its tables share one). A task of bags alone is one collection at "" (the model)."""
+    if all(t.kernel in ("sum", "mean") for t in tables):
+        return {"": list(range(len(tables)))}
+    paths: dict[str, list[int]] = {}
+    for i, t in enumerate(tables):
+        if t.kernel == "sequence":
+            path = f"sequence_d{t.dim}"
+        else:
+            path = "weighted" if t.kernel.endswith("_weighted") else "bags"
+        paths.setdefault(path, []).append(i)
+    return paths
+
+
+def task_collections(
+    tables: Sequence[TorchRecTable], device: str = "meta", precision: str = "fp32"
+) -> dict[str, object]:
+    """The collections of a model of the tables (path -> module, ``collection_paths``)."""
+    out = {}
+    for path, members in collection_paths(tables).items():
+        chosen = [tables[i] for i in members]
+        if path.startswith("sequence"):
+            out[path] = embedding_collection(chosen, device, precision)
+        else:
+            out[path] = embedding_bag_collection(chosen, device, path == "weighted", precision)
+    return out
+
+
+def collection_shards(
+    tables: Sequence[TorchRecTable], shards: Mapping[str, Sequence[Mapping]], module_path: str = ""
+) -> dict[str, tuple]:
+    """``sharding_plan``'s modules for a model of the (named) tables: per collection (``collection_paths``, under
+    ``module_path``), the collection on the meta device and its tables' ``shards`` (per table name)."""
+    collections, modules = task_collections(tables), {}
+    for path, members in collection_paths(tables).items():
+        where = ".".join(p for p in (module_path, path) if p)
+        modules[where] = (collections[path], {tables[i].name: shards[tables[i].name] for i in members})
+    return modules
+
+
+def task_model(tables: Sequence[TorchRecTable], device: str = "meta", precision: str = "fp32"):
+    """A model of the tables: the one collection of a task of bags (called on one KeyedJaggedTensor, it returns
+    TorchRec's KeyedTensor), else a ``TaskModel`` holding each collection at its path (``collection_paths``)."""
+    collections = task_collections(tables, device, precision)
+    if "" in collections:
+        return collections[""]
+    return _task_model_class()(collections)
+
+
+@functools.cache
+def _task_model_class():
+    """``TaskModel``, defined on first use (torch is imported by the caller's process only)."""
+    import torch
+
+    class TaskModel(torch.nn.Module):
+        """Collections of a task's tables, one per kernel kind, at their paths; called on one KeyedJaggedTensor per
+        path, it returns the sum of every output (pooled bags, and every row of its sequence lookups): a loss whose
+        backward reaches every table."""
+
+        def __init__(self, collections: dict):
+            super().__init__()
+            for path, module in collections.items():
+                self.add_module(path, module)
+
+        def forward(self, inputs: dict):
+            loss = None
+            for path, module in self.named_children():
+                out = module(inputs[path])
+                if path.startswith("sequence"):  # a JaggedTensor of rows per feature
+                    part = sum(jagged.values().sum() for jagged in out.values())
+                else:  # a KeyedTensor of pooled bags
+                    part = out.values().sum()
+                loss = part if loss is None else loss + part
+            return loss
+
+    return TaskModel
+
+
+def model_loss(model, inputs):
+    """The sum of every output of a task's model (``task_model``) on ``inputs`` (``rank_inputs``' form: one
+    KeyedJaggedTensor for a task of bags, else one per collection path)."""
+    out = model(inputs)
+    return out.values().sum() if not isinstance(inputs, dict) else out
 
 
 def plan_shards(plan) -> dict[str, list[dict]]:
@@ -167,8 +290,8 @@ def to_torchrec(
     else one host)."""
     local_size = local_size or plan.task.local_size()
     names = plan.torchrec_names()
-    tables = [TorchRecTable(t.rows, t.dim, n) for n, t in zip(names, plan.task.tables)]
+    tables = [TorchRecTable(t.rows, t.dim, n, kernel=t.kernel) for n, t in zip(names, plan.task.tables)]
     shards = dict(zip(names, plan.torchrec_shards()))
-    if module is None:
-        module = embedding_bag_collection(tables)
-    return sharding_plan({module_path: (module, shards)}, plan.task.num_devices, device, compute_kernel, local_size)
+    # your collection, or a collection per kernel kind (``collection_paths``) under ``module_path``
+    modules = {module_path: (module, shards)} if module is not None else collection_shards(tables, shards, module_path)
+    return sharding_plan(modules, plan.task.num_devices, device, compute_kernel, local_size)

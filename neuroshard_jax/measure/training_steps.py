@@ -24,6 +24,7 @@ count of its shards and optimizer state), beside ``Plan.memory``'s prediction.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -34,7 +35,7 @@ import numpy as np
 
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.hardware import MEMORY_SHARE, available_bytes
+from neuroshard_jax.core.hardware import MEMORY_SHARE, available_bytes, check_rank_room
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.kernels.messages import StepsJob, TorchRecTable
@@ -45,9 +46,11 @@ from neuroshard_jax.measure.evaluator import device_tables
 
 def check_room(plans: Sequence[Plan]) -> None:
     """UserError where the ranks' modules of ``plans``, built together, would not fit this machine's memory (every
-    rank's predicted ``Plan.memory``, every plan's; ``MEMORY_SHARE`` of what is available)."""
+    rank's predicted ``Plan.memory``, every plan's, and its process: ``hardware.check_rank_room``; ``MEMORY_SHARE`` of
+    what is available)."""
     room = available_bytes()
     need = sum(part.total for plan in plans for part in plan.memory())
+    check_rank_room(max(p.task.num_devices for p in plans), need, "plans")
     if room is not None and need > MEMORY_SHARE * room:
         raise UserError(
             f"plans: their ranks' modules need {need / GIB_BYTES:.1f} GiB together, this machine has "
@@ -61,9 +64,15 @@ def torchrec_tables(plan: Plan, names: list[str]) -> tuple[TorchRecTable, ...]:
     its id)."""
     task = plan.task
     return tuple(
-        TorchRecTable(t.rows, t.dim, name, stream=device_tables(task, [Shard(i, 0, t.dim, 0)])[0].to_json())
+        TorchRecTable(t.rows, t.dim, name, stream=_stream(task, i), kernel=t.kernel)
         for i, (name, t) in enumerate(zip(names, task.tables))
     )
+
+
+def _stream(task, index: int):
+    """Table ``index``'s stream in the worker's form (its kernel is the TorchRec table's, not the stream's)."""
+    ref = device_tables(task, [Shard(index, 0, task.tables[index].dim, 0)])[0]
+    return dataclasses.replace(ref, kernel="sum").to_json()
 
 
 def _check_runnable(task) -> None:

@@ -4,6 +4,7 @@ measuring the memory of its sharded modules while they train."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import time
@@ -15,10 +16,13 @@ import numpy as np
 from neuroshard_jax.kernels.messages import ExportJob, PlanJob, RunJob, StepsJob, TorchRecTable
 from neuroshard_jax.kernels.torchrec_format import (
     TORCHREC_MISSING,
-    embedding_bag_collection,
+    collection_paths,
+    collection_shards,
     mismatch,
+    model_loss,
     plan_shards,
     sharding_plan,
+    task_model,
 )
 from neuroshard_jax.kernels.worker.comm import leave_rank
 from neuroshard_jax.kernels.worker.tbe import setup_torch, table_stream
@@ -29,27 +33,14 @@ def torchrec_plan(request: PlanJob) -> dict:
     memory caps (per device), pooling factors as constraints, the allowed sharding types, the fused kernel.
     Returns per table its shards [{col_offset, dim, rank}] or {"error": ...}."""
     try:
-        import torch
-        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+        from torchrec.distributed.embedding import EmbeddingCollectionSharder
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
         from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
         from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
         from torchrec.distributed.planner.types import CustomTopologyData, PlannerError
-        from torchrec.modules.embedding_configs import DataType
     except ImportError as err:
         return {"error": f"{TORCHREC_MISSING} ({err})"}
-    data_type = {"fp32": DataType.FP32, "fp16": DataType.FP16, "bf16": DataType.BF16, "int8": DataType.INT8}
-    tables = request.tables
-    configs = [
-        EmbeddingBagConfig(
-            name=f"t{i}",
-            embedding_dim=t.dim,
-            num_embeddings=t.rows,
-            feature_names=[f"f{i}"],
-            data_type=data_type[request.precision],
-        )
-        for i, t in enumerate(tables)
-    ]
+    tables = [dataclasses.replace(t, name=f"t{i}") for i, t in enumerate(request.tables)]
     constraints = {
         f"t{i}": ParameterConstraints(
             sharding_types=list(t.sharding_types or request.sharding_types),
@@ -85,10 +76,11 @@ def torchrec_plan(request: PlanJob) -> dict:
     planner = EmbeddingShardingPlanner(
         topology=topology, constraints=constraints, batch_size=request.batch_size, storage_reservation=reservation
     )
-    model = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    # a collection per kernel TorchRec groups apart (sequence tables in EmbeddingCollections, each with its sharder)
+    model = task_model(tables, "meta", request.precision)
     start = time.perf_counter()
     try:
-        plan = planner.plan(model, [EmbeddingBagCollectionSharder()])
+        plan = planner.plan(model, [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()])
     except PlannerError as err:
         return {"error": f"torchrec planner: {str(err).splitlines()[0]}", "infeasible": True}
     planner_s = time.perf_counter() - start
@@ -105,10 +97,10 @@ def torchrec_export(request: ExportJob, out_path: str) -> dict:
     except ImportError as err:
         return {"error": f"{TORCHREC_MISSING} ({err})"}
     shards = {t.name: list(s) for t, s in zip(request.tables, request.shards)}
-    module = embedding_bag_collection(request.tables, "meta")
+    modules = collection_shards(request.tables, shards, request.module_path)  # a collection per kernel kind
     try:
         plan = sharding_plan(
-            {request.module_path: (module, shards)},
+            modules,
             request.world_size,
             request.device,
             request.compute_kernel,
@@ -141,24 +133,23 @@ def torchrec_run(rank: int, world: int, init: str, request_path: str, out_path: 
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     plan = torch.load(request.plan, weights_only=False)
-    model, collection = _distributed_model(plan, embedding_bag_collection(request.tables, "meta"), request.module_path)
+    model, collection = _distributed_model(plan, task_model(request.tables, "meta"), request.module_path)
     local = _write_pattern(model)
-    out, expected = _forward(collection, request.tables, request.batch_size, rank)
-    error = float(np.abs(out.detach().numpy() - expected).max())
-    out.sum().backward()
+    loss, error, shape = _checked_forward(collection, request.tables, request.batch_size, rank)
+    loss.backward()
     Path(out_path).write_text(
-        json.dumps(
-            {"rank": rank, "local_shards": sorted(local), "output_shape": list(out.shape), "max_abs_error": error}
-        )
+        json.dumps({"rank": rank, "local_shards": sorted(local), "output_shape": shape, "max_abs_error": error})
     )
     leave_rank()
 
 
 def _distributed_model(plan, root, module_path: str = ""):
-    """(DistributedModelParallel, its EmbeddingBagCollection) of the collection ``root``, placed at the plan's
-    ``module_path`` in a model (e.g. sparse_arch.embedding_bag_collection; empty: the collection is the model)."""
+    """(DistributedModelParallel, the sharded ``root``) of a task's model ``root`` (``task_model``: a collection, or a
+    collection per kernel kind), placed at the plan's ``module_path`` in a model (e.g.
+    sparse_arch.embedding_bag_collection; empty: ``root`` is the model)."""
     import torch
     import torch.distributed as dist
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv
@@ -173,7 +164,7 @@ def _distributed_model(plan, root, module_path: str = ""):
         env=ShardingEnv.from_process_group(dist.group.WORLD),
         device=torch.device("cpu"),
         plan=plan,
-        sharders=[EmbeddingBagCollectionSharder()],
+        sharders=[EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()],
     )
     collection = model.module
     for name in path:
@@ -204,28 +195,48 @@ def _write_pattern(model) -> list[list]:
     return local
 
 
-def _forward(collection, tables: Sequence[TorchRecTable], batch: int, rank: int):
-    """The pooled outputs f32[B, sum dims] of a random batch of bags (this rank's seed), in table order, and
-    the sums the pattern weights should give."""
+def _checked_forward(model, tables: Sequence[TorchRecTable], batch: int, rank: int):
+    """(loss, max abs error, output shape) of a forward pass of a task's sharded model (``task_model``) on a random
+    batch of this rank (ids, 0-3 a bag, per-id weights for weighted tables): every output checked against what the
+    pattern weights give, as each kernel reduces its lookups (a sum, a mean, weighted, or a row per id). The shape
+    is a task of bags' pooled outputs [batch, sum of dims], else the number of output values."""
     import torch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     rng = np.random.default_rng(1000 + rank)
-    lengths = rng.integers(0, 4, size=(len(tables), batch))
-    values = [rng.integers(0, t.rows, size=int(lengths[i].sum())) for i, t in enumerate(tables)]
-    features = KeyedJaggedTensor.from_lengths_sync(
-        keys=[t.name for t in tables],
-        values=torch.from_numpy(np.concatenate(values)).long(),
-        lengths=torch.from_numpy(lengths.reshape(-1)).int(),
-    )
-    pooled = collection(features)  # a KeyedTensor; its column order groups tables by sharding type
-    out = torch.cat([pooled[t.name] for t in tables], dim=1)
-    expected = []
-    for i, t in enumerate(tables):
-        bags = np.split(values[i], np.cumsum(lengths[i])[:-1])
-        cols = np.arange(t.dim)
-        expected.append(np.stack([_pattern(b, cols).sum(0) if len(b) else np.zeros(t.dim) for b in bags]))
-    return out, np.concatenate(expected, axis=1)
+    paths = collection_paths(tables)
+    loss, error, count = 0.0, 0.0, 0
+    for path, members in paths.items():
+        chosen = [tables[i] for i in members]
+        lengths = rng.integers(0, 4, size=(len(chosen), batch))
+        values = [rng.integers(0, t.rows, size=int(lengths[i].sum())) for i, t in enumerate(chosen)]
+        weights = [rng.uniform(0.5, 1.5, size=len(v)) for v in values]
+        weighted = path == "weighted"
+        features = KeyedJaggedTensor.from_lengths_sync(
+            keys=[t.name for t in chosen],
+            values=torch.from_numpy(np.concatenate(values)).long(),
+            lengths=torch.from_numpy(lengths.reshape(-1)).int(),
+            weights=torch.from_numpy(np.concatenate(weights).astype(np.float32)) if weighted else None,
+        )
+        module = getattr(model, path) if path else model
+        out = module(features)
+        for i, t in enumerate(chosen):
+            cols = np.arange(t.dim)
+            rows = _pattern(values[i], cols) * (weights[i][:, None] if weighted else 1.0)
+            if t.kernel == "sequence":  # a row per id
+                got, want = out[t.name].values(), rows
+            else:  # a pooled row per bag: summed, or averaged over the bag's ids
+                ends = np.cumsum(lengths[i])
+                running = np.concatenate([np.zeros((1, t.dim)), np.cumsum(rows, axis=0)])
+                want = running[ends] - running[ends - lengths[i]]
+                if t.kernel.startswith("mean"):
+                    want = want / np.maximum(lengths[i], 1)[:, None]
+                got = out[t.name]
+            error = max(error, float(np.abs(got.detach().numpy() - want).max(initial=0.0)))
+            count += int(np.prod(got.shape))
+            loss = loss + got.sum()
+    shape = [batch, sum(t.dim for t in tables)] if "" in paths else [count]
+    return loss, error, shape
 
 
 def torchrec_steps(rank: int, world: int, init: str, request_path: str, out_path: str) -> None:
@@ -245,10 +256,10 @@ def torchrec_steps(rank: int, world: int, init: str, request_path: str, out_path
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    features = rank_features(request.tables, request.pool, request.batch_size, rank, world)
+    features = rank_inputs(request.tables, request.pool, request.batch_size, rank, world)
     models, dense = [], []
     for path in request.plans:
-        root = embedding_bag_collection(request.tables, "meta")
+        root = task_model(request.tables, "meta")
         apply_optimizer_in_backward(torch.optim.SGD, root.parameters(), {"lr": 0.01})
         model, _ = _distributed_model(torch.load(path, weights_only=False), root)
         models.append(model)
@@ -262,7 +273,7 @@ def torchrec_steps(rank: int, world: int, init: str, request_path: str, out_path
         for p, (model, optimizer) in enumerate(zip(models, dense)):
             dist.barrier()
             start, start_cpu = time.perf_counter(), time.process_time()
-            model(features).values().sum().backward()
+            model_loss(model, features).backward()
             if optimizer is not None:
                 optimizer.step()
                 optimizer.zero_grad()
@@ -274,12 +285,33 @@ def torchrec_steps(rank: int, world: int, init: str, request_path: str, out_path
     leave_rank()
 
 
+def rank_inputs(tables: Sequence[TorchRecTable], pool: dict | None, batch: int, rank: int, world: int):
+    """This rank's inputs of a task's model (``task_model``): one KeyedJaggedTensor (``rank_features``) for a task of
+    bags, else one per collection path, a weighted collection's with per-id weights."""
+    paths = collection_paths(tables)
+    if "" in paths:
+        return rank_features(tables, pool, batch, rank, world)
+    return {
+        path: rank_features([tables[i] for i in members], pool, batch, rank, world, weighted=path == "weighted")
+        for path, members in paths.items()
+    }
+
+
+WEIGHTS_SEED = 11  # per-id weights of a weighted collection's steps: uniform in [0.5, 1.5)
+
+
 def rank_features(
-    tables: Sequence[TorchRecTable], pool: dict | None, batch: int, rank: int, world: int, keys: Sequence[str] = ()
+    tables: Sequence[TorchRecTable],
+    pool: dict | None,
+    batch: int,
+    rank: int,
+    world: int,
+    keys: Sequence[str] = (),
+    weighted: bool = False,
 ):
     """This rank's KeyedJaggedTensor: bags [rank * b, (rank + 1) * b) of every table's stream at the global batch
     (b = batch / world), the slice the evaluator's data-parallel kernel also measures for rank 0; keyed by ``keys``
-    (one per table; default the tables' names)."""
+    (one per table; default the tables' names); ``weighted``: with per-id weights (seeded by the rank)."""
     import torch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -290,10 +322,13 @@ def rank_features(
         lo, hi = offsets[rank * local], offsets[(rank + 1) * local]
         values.append(indices[lo:hi])
         lengths.append(np.diff(offsets[rank * local : (rank + 1) * local + 1]))
+    ids = np.concatenate(values).astype(np.int64)
+    weights = np.random.default_rng([WEIGHTS_SEED, rank]).uniform(0.5, 1.5, len(ids)).astype(np.float32)
     return KeyedJaggedTensor.from_lengths_sync(
         keys=list(keys) or [t.name for t in tables],
-        values=torch.from_numpy(np.concatenate(values).astype(np.int64)),
+        values=torch.from_numpy(ids),
         lengths=torch.from_numpy(np.concatenate(lengths).astype(np.int32)),
+        weights=torch.from_numpy(weights) if weighted else None,
     )
 
 
@@ -348,8 +383,8 @@ def torchrec_memory(rank: int, world: int, init: str, request_path: str, out_pat
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    features = rank_features(request.tables, request.pool, request.batch_size, rank, world)
-    root = embedding_bag_collection(request.tables, "meta")
+    features = rank_inputs(request.tables, request.pool, request.batch_size, rank, world)
+    root = task_model(request.tables, "meta")
     apply_optimizer_in_backward(optimizer_class(request.optimizer), root.parameters(), {"lr": 0.01})
     [plan_path] = request.plans
     plan = torch.load(plan_path, weights_only=False)
@@ -363,7 +398,7 @@ def torchrec_memory(rank: int, world: int, init: str, request_path: str, out_pat
     model, _ = _distributed_model(plan, root)
     built, _ = _resident_bytes()
     for _ in range(request.steps):
-        model(features).values().sum().backward()
+        model_loss(model, features).backward()
     _, peak = _resident_bytes()
     weights = sum(v.numel() * v.element_size() for v in _local_tensors(model))
     state = 0
