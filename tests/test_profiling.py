@@ -14,9 +14,9 @@ import pytest
 from neuroshard_jax.core.devices import Device
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_records, write_json
-from neuroshard_jax.core.memory import OPTIMIZERS
+from neuroshard_jax.core.memory import OPTIMIZERS, shard_memory
 from neuroshard_jax.core.table import Table
-from neuroshard_jax.core.task import Task, shard_memory
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.choice import CostModelSpec
 from neuroshard_jax.kernels.messages import CommRequest, ComputeAnswer, ComputeRequest, MessageError
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, WorkerFailure, run_comm

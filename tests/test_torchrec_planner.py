@@ -3,6 +3,7 @@
 import dataclasses
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -310,3 +311,39 @@ def test_a_module_the_planner_cannot_plan_is_refused_by_name_never_skipped():
         planner.plan(model)
     with pytest.raises(UserError, match="module: no embedding collection in Linear"):
         planner.plan(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"pooling_factors": {"u0": "abc"}}, "pooling_factors['u0']: got 'abc', expected a number of lookups"),
+        ({"pooling_factors": [1.0]}, "pooling_factors: got [1.0], expected a mapping"),
+        ({"stats": ["a", "b"]}, "stats: got 'a' (str), expected TableStats of batch_statistics"),
+        ({"batch_size": "512"}, "batch_size: got '512', expected an integer >= 1"),
+        ({"compute_kernel": "bogus"}, "compute_kernel: got 'bogus', expected one of fused, dense"),
+        ({"mem_cap_gb": -1}, "mem_cap_gb: got -1, expected a number > 0"),
+        ({"mem_reserve": 1.5}, "mem_reserve: got 1.5, expected a share of memory in [0, 1)"),
+        ({"zipf": float("nan")}, "zipf: got nan, expected a finite exponent >= 0"),
+    ],
+)
+def test_bad_adapter_arguments_are_one_line_errors(kwargs, message):
+    from neuroshard_jax.core.errors import UserError
+
+    with pytest.raises(UserError, match=re.escape(message)):
+        NeuroShardPlanner(**{"world_size": 2, "mem_cap_gb": 1.0, **kwargs})
+
+
+def test_batch_statistics_refuses_unknown_features_and_non_integer_ids():
+    from neuroshard_jax.core.errors import UserError
+
+    model = TwoCollections()
+    stray = KeyedJaggedTensor.from_lengths_sync(
+        keys=["u0", "nope"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 1, 1, 0])
+    )
+    with pytest.raises(UserError, match="batches: feature 'nope' is read by no table of the module"):
+        batch_statistics(model, [stray], batch_size=2, progress=False)
+    floats = KeyedJaggedTensor.from_lengths_sync(
+        keys=["u0"], values=torch.tensor([1.5, 2.0]), lengths=torch.tensor([1, 1])
+    )
+    with pytest.raises(UserError, match="batches: ids of dtype torch.float32, expected integer ids"):
+        batch_statistics(model, [floats], batch_size=2, progress=False)

@@ -7,6 +7,7 @@ import functools
 import os
 import platform
 import subprocess
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,25 @@ MEMORY_SHARE = 0.8  # of the available memory, what one job's processes (ranks, 
 # what one DistributedModelParallel rank process holds before its modules: torch, TorchRec and a gloo group (344 MB
 # resident, read on an AMD EPYC family 25 model 17, torch 2.13.0 / torchrec 1.8.0, 2026-11-29)
 RANK_PROCESS_BYTES = 360 * 2**20
+
+
+def installed_stack() -> dict[str, str]:
+    """The torch and FBGEMM this environment holds, by their installed packages' metadata (nothing imported): {torch,
+    fbgemm_gpu} where installed, as a label set's manifest records them (``kernels.processes.worker_versions``)."""
+    out = {}
+    for key, names in (("torch", ("torch",)), ("fbgemm_gpu", ("fbgemm-gpu-cpu", "fbgemm-gpu", "fbgemm_gpu"))):
+        for name in names:
+            try:
+                out[key] = version(name)
+                break
+            except PackageNotFoundError:
+                continue
+    return out
+
+
+def release(version: str) -> str:
+    """A version's release line, major.minor (2.13.0+cpu -> 2.13): kernels change between lines, not builds."""
+    return ".".join(version.split("+")[0].split(".")[:2])
 
 
 def check_rank_room(ranks: int, modules_bytes: int = 0, what: str = "ranks") -> None:

@@ -10,6 +10,7 @@ import dataclasses
 
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.sharding import mem_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,3 +124,40 @@ def gib(count: float) -> str:
     """Bytes as GiB in words: 3 significant digits (``0.000457``, ``0.45``, ``12.5``), 2 decimals from 100 on."""
     value = count / GIB_BYTES
     return f"{value:.2f}" if value >= 100 else f"{value:.3g}"
+
+
+ID_BYTES = 8  # int64 ids and offsets, as TorchRec's KeyedJaggedTensor carries them
+OUTPUT_BYTES = 4  # pooled outputs and their gradients are fp32
+STATE_BYTES = 4  # FBGEMM keeps optimizer state in fp32 unless told otherwise (optimizer_state_dtypes)
+
+
+def shard_memory(
+    rows: int,
+    dim: int,
+    ids_per_sample: float,
+    batch_size: int,
+    precision: str,
+    optimizer: Optimizer,
+    sequence: bool = False,
+) -> MemoryParts:
+    """The bytes a shard of ``rows`` x ``dim`` holds while it trains at ``batch_size`` samples, looking up
+    ``ids_per_sample`` ids per sample (its table's pooling factor; a row block's share of it); a ``sequence`` table's
+    outputs are a row per id, not per sample."""
+    weights = mem_bytes(rows, dim, precision)
+    state = rows * (optimizer.per_row + optimizer.per_weight * dim) * STATE_BYTES
+    ids = int(round(ids_per_sample * batch_size)) + batch_size + 1  # the ids and the offsets
+    outputs = ids - batch_size - 1 if sequence else batch_size
+    buffers = ids * ID_BYTES + 2 * outputs * dim * OUTPUT_BYTES  # the outputs and their gradients
+    return MemoryParts(int(weights), int(state), int(buffers))
+
+
+def step_memory(
+    batch_size: int, num_devices: int, dim_total: int, ids_per_sample: float, num_tables: int
+) -> MemoryParts:
+    """What every device holds for its own slice of the batch whatever its tables (``buffers``): the pooled outputs
+    of all ``num_tables`` tables (``dim_total`` wide together) it receives and their gradients, and its slice's ids
+    (``ids_per_sample`` over all tables) and offsets with the copy sent in the input all-to-all."""
+    local = -(-batch_size // num_devices)
+    outputs = 2 * local * dim_total * OUTPUT_BYTES
+    ids = 2 * (int(round(ids_per_sample * local)) + local * num_tables + num_tables) * ID_BYTES
+    return MemoryParts(buffers=int(outputs + ids))

@@ -40,7 +40,7 @@ from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, GIB_BYTES, MAX_CAP_
 from neuroshard_jax.core.devices import Device, Links
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import feature_matrix
-from neuroshard_jax.core.memory import PLAIN_SGD, MemoryParts, Optimizer, Training, gib
+from neuroshard_jax.core.memory import PLAIN_SGD, MemoryParts, Training, gib, shard_memory, step_memory
 from neuroshard_jax.core.schema import (
     TaskFile,
     checked_links,
@@ -51,44 +51,8 @@ from neuroshard_jax.core.schema import (
     table_json,
     table_where,
 )
-from neuroshard_jax.core.sharding import Shard, mem_bytes, narrowest_dim, row_block_size
+from neuroshard_jax.core.sharding import Shard, narrowest_dim, row_block_size
 from neuroshard_jax.core.table import PoolSpec, Table
-
-ID_BYTES = 8  # int64 ids and offsets, as TorchRec's KeyedJaggedTensor carries them
-OUTPUT_BYTES = 4  # pooled outputs and their gradients are fp32
-STATE_BYTES = 4  # FBGEMM keeps optimizer state in fp32 unless told otherwise (optimizer_state_dtypes)
-
-
-def shard_memory(
-    rows: int,
-    dim: int,
-    ids_per_sample: float,
-    batch_size: int,
-    precision: str,
-    optimizer: Optimizer,
-    sequence: bool = False,
-) -> MemoryParts:
-    """The bytes a shard of ``rows`` x ``dim`` holds while it trains at ``batch_size`` samples, looking up
-    ``ids_per_sample`` ids per sample (its table's pooling factor; a row block's share of it); a ``sequence`` table's
-    outputs are a row per id, not per sample."""
-    weights = mem_bytes(rows, dim, precision)
-    state = rows * (optimizer.per_row + optimizer.per_weight * dim) * STATE_BYTES
-    ids = int(round(ids_per_sample * batch_size)) + batch_size + 1  # the ids and the offsets
-    outputs = ids - batch_size - 1 if sequence else batch_size
-    buffers = ids * ID_BYTES + 2 * outputs * dim * OUTPUT_BYTES  # the outputs and their gradients
-    return MemoryParts(int(weights), int(state), int(buffers))
-
-
-def step_memory(
-    batch_size: int, num_devices: int, dim_total: int, ids_per_sample: float, num_tables: int
-) -> MemoryParts:
-    """What every device holds for its own slice of the batch whatever its tables (``buffers``): the pooled outputs
-    of all ``num_tables`` tables (``dim_total`` wide together) it receives and their gradients, and its slice's ids
-    (``ids_per_sample`` over all tables) and offsets with the copy sent in the input all-to-all."""
-    local = -(-batch_size // num_devices)
-    outputs = 2 * local * dim_total * OUTPUT_BYTES
-    ids = 2 * (int(round(ids_per_sample * local)) + local * num_tables + num_tables) * ID_BYTES
-    return MemoryParts(buffers=int(outputs + ids))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,8 +28,10 @@ from flax import nnx
 
 from neuroshard_jax.core.errors import DamagedModel, UserError, first_line
 from neuroshard_jax.core.features import BASE_FEATURE_NAMES, FEATURE_NAMES
+from neuroshard_jax.core.files import read_json
 from neuroshard_jax.core.folders import recover_dir, replace_dir
-from neuroshard_jax.core.paths import cache_folder
+from neuroshard_jax.core.hardware import release
+from neuroshard_jax.core.paths import cache_folder, resolve_dataset
 from neuroshard_jax.costs.ensemble import (
     NUM_COEFS,
     EnsembleConfig,
@@ -380,3 +382,34 @@ def load_ensemble(path: str | Path) -> tuple[EnsembleConfig, EnsembleNets, Ensem
     stats = InputStats(jnp.asarray(tree["stats"]["mean"]), jnp.asarray(tree["stats"]["std"]))
     scalars = {name: jnp.asarray(tree["scalars"][name], jnp.float32) for name in SCALARS}
     return config, nets, EnsembleParams(*states, stats, **scalars), meta
+
+
+def label_stacks(meta: dict) -> list[dict]:
+    """The torch and FBGEMM versions that timed a model's compute labels: each dataset's (recorded in the model since
+    kernel kinds), else read from the datasets' manifests where they are here; [] where none is known."""
+    out = []
+    for entry in (meta.get("datasets") or {}).get("compute") or []:
+        versions = entry.get("versions") if isinstance(entry, dict) else None
+        if versions is None and isinstance(entry, dict) and entry.get("dir"):
+            manifest = resolve_dataset(entry["dir"]) / "manifest-compute.json"
+            versions = read_json(manifest, "dataset", "a manifest").get("versions") if manifest.is_file() else None
+        if isinstance(versions, dict) and versions.get("fbgemm_gpu"):
+            out.append(versions)
+    return out
+
+
+def stack_change(meta: dict, installed: dict[str, str]) -> str | None:
+    """A phrase where the release lines of torch or FBGEMM that timed the model's labels (``label_stacks``) are not
+    this environment's (``installed``): kernels change between releases, so the model's milliseconds may too."""
+    stacks = label_stacks(meta)
+    if not stacks or not installed.get("fbgemm_gpu"):
+        return None
+    timed = {(release(s["fbgemm_gpu"]), release(str(s.get("torch", "?")))) for s in stacks}
+    here = (release(installed["fbgemm_gpu"]), release(installed.get("torch", "?")))
+    if here in timed:
+        return None
+    fbgemm, torch = sorted(timed)[0]
+    return (
+        f"its labels were timed with FBGEMM {fbgemm} and torch {torch}, this environment has FBGEMM {here[0]} and "
+        f"torch {here[1]}: its kernels may differ"
+    )

@@ -10,7 +10,7 @@ Two checkpoint formats load (``checkpoints.py``): the physics ensemble (4, the d
 batch size is an input, its spread makes searchers cautious: ``risk``) and the first per-table MLP (3,
 ``cpu-b4096``, batch 4096 only).
 
-Why one module of ~510 lines: choosing a model (names, the user's and the shipped checkpoints, this machine's kind,
+Why one module of ~530 lines: choosing a model (names, the user's and the shipped checkpoints, this machine's kind,
 the task's batch, precision and optimizer) and building it are one decision, made once per plan
 (``build_cost_model``); the rules it weighs sit together so that the choice can be read, and changed, in one place.
 """
@@ -30,12 +30,12 @@ from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.constants import SHIPPED_CHECKPOINT, SHIPPED_MODEL_NAME, SHIPPED_MODELS
 from neuroshard_jax.core.errors import DamagedModel, UntrainedFor, UserError, first_line
 from neuroshard_jax.core.folders import recover_dir
-from neuroshard_jax.core.hardware import hardware, hardware_kind
+from neuroshard_jax.core.hardware import hardware, hardware_kind, installed_stack
 from neuroshard_jax.core.memory import OPTIMIZERS
 from neuroshard_jax.core.paths import cache_folder, own_entries, package_path, user_models_dir
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.analytic import ANALYTIC_FNS, AnalyticConfig, analytic_model, analytic_params
-from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_checkpoint, load_ensemble, read_meta
+from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_checkpoint, load_ensemble, read_meta, stack_change
 from neuroshard_jax.costs.cost_model import CostModel, with_scales
 from neuroshard_jax.costs.ensemble import ensemble_cost_model
 from neuroshard_jax.costs.input_dist import for_kinds as input_dist_for
@@ -383,6 +383,8 @@ class ModelChoice:
     optimizer: str = "exact_sgd"  # the fused optimizer its labels ran
     skipped: tuple[SkippedModel, ...] = ()  # the user's models passed over to reach this one
     instead: str | None = None  # why this model plans in place of the one asked for (``build_cost_model``'s fallback)
+    # the torch and FBGEMM its labels were timed with, where they are not this environment's (``stack_change``)
+    stack: str | None = None
 
     @property
     def spec(self) -> CostModelSpec:
@@ -397,11 +399,12 @@ class ModelChoice:
         if not self.kinds:
             return f"cost model: {label} (the roofline, not trained on this machine's labels)"
         trained = " or ".join(self.kinds) + (f" with {self.optimizer}" if self.optimizer != "exact_sgd" else "")
+        stack = f"; {self.stack} ({adapt_here(self.device)} re-times them here)" if self.stack else ""
         if self.matches:
             how = "chosen for this machine" if self.chosen else "trained on"
-            return f"cost model: {label}, {how}: {trained}"
+            return f"cost model: {label}, {how}: {trained}{stack}"
         return (
-            f"cost model: {label}, trained on {trained}; this machine is {self.here}: no model of its kind, so "
+            f"cost model: {label}, trained on {trained}{stack}; this machine is {self.here}: no model of its kind, so "
             f"predictions may be far off; make one in minutes: {adapt_here(self.device)}"
         )
 
@@ -489,8 +492,10 @@ def model_choice(spec: CostModelSpec, device: str = "cpu") -> ModelChoice:
     path = checkpoint_path(checkpoint or (SHIPPED_MODEL_NAME if spec.name == "neural" else spec.name))
     found = (Path(path) / "meta.json").exists()
     kinds = model_kinds(path) if found else ()
-    optimizer = trained_optimizer(read_meta(path)) if found else "exact_sgd"
-    return ModelChoice(spec.name, spec.options, kinds, here, of_kind(here, kinds), spec.chosen, device, optimizer)
+    meta = read_meta(path) if found else {}
+    optimizer = trained_optimizer(meta) if found else "exact_sgd"
+    choice = ModelChoice(spec.name, spec.options, kinds, here, of_kind(here, kinds), spec.chosen, device, optimizer)
+    return dataclasses.replace(choice, stack=stack_change(meta, installed_stack()))
 
 
 def of_kind(here: str, kinds: tuple[str, ...]) -> bool:

@@ -360,6 +360,7 @@ def train_ensemble(
                 "records": int((source == i).sum()),
                 "hardware": m.get("hardware"),
                 "protocol": label_protocol(m["settings"]),
+                "versions": m.get("versions"),  # the torch and FBGEMM that timed them
             }
             for i, (d, m) in enumerate(zip(dataset_dirs, manifests))
         ]

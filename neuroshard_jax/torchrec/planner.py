@@ -40,12 +40,10 @@ import torch.distributed as dist
 from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
 from torchrec.distributed.planner.constants import BATCH_SIZE, POOLING_FACTOR
 from torchrec.distributed.planner.types import KernelConfig, Topology, TopologyFactory, TrainerConfig
-from torchrec.distributed.sharding_plan import get_default_sharders, get_module_to_default_sharders
+from torchrec.distributed.sharding_plan import get_module_to_default_sharders
 from torchrec.distributed.types import ShardingPlan, ShardingPlanner
-from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
 from torchrec.modules.embedding_configs import DataType
-from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
-from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.constraints import SHARDING_TYPES
@@ -65,6 +63,13 @@ from neuroshard_jax.search.sharding_planner import (
     planner_from,
     searched_records,
 )
+from neuroshard_jax.torchrec.collections import (
+    Collection,
+    declared_optimizer,
+    feature_tables,
+    table_configs,
+    tables_of,
+)
 from neuroshard_jax.torchrec.group_steps import GroupSteps
 from neuroshard_jax.workloads.builders import task_from_tables
 from neuroshard_jax.workloads.statistics import (
@@ -75,168 +80,11 @@ from neuroshard_jax.workloads.statistics import (
     read_stats_file,
 )
 
-try:  # the managed-collision wrappers, where the installed TorchRec has them
-    from torchrec.modules.mc_embedding_modules import (
-        ManagedCollisionEmbeddingBagCollection,
-        ManagedCollisionEmbeddingCollection,
-    )
-
-    _MANAGED: tuple[type, ...] = (ManagedCollisionEmbeddingBagCollection, ManagedCollisionEmbeddingCollection)
-except ImportError:  # pragma: no cover - every TorchRec this package supports has them
-    _MANAGED = ()
-
 logger = logging.getLogger(__name__)
 # TorchRec's planner holds back this share of every device's memory (HeuristicalStorageReservation's default): dense
 # parameters, activations and the allocator's slack, which its estimator does not count; ours neither
 TORCHREC_RESERVE = 0.15
 PRECISIONS = {DataType.FP32: "fp32", DataType.FP16: "fp16", DataType.BF16: "bf16", DataType.INT8: "int8"}
-
-
-def declared_optimizer(module: torch.nn.Module, sharders: list | None = None) -> str | None:
-    """The fused optimizer the model trains its tables with, as TorchRec finds it: the one
-    ``apply_optimizer_in_backward`` put on the tables' weights (``_optimizer_classes``), else a sharder's
-    ``fused_params["optimizer"]`` (of a module kind the model holds); None where neither says. UserError where
-    tables declare different ones, or an optimizer class no fused kernel runs."""
-    found = set()
-    held = set()
-    for found_collection in collections(module):
-        held.add(type(found_collection.module))
-        for name, param in found_collection.module.named_parameters():
-            for cls in getattr(param, "_optimizer_classes", None) or ():
-                try:
-                    found.add(optimizer_type_to_emb_opt_type(cls).value)
-                except ValueError:
-                    raise UserError(
-                        f"module: {found_collection.path}.{name} trains with {cls.__name__}, which no fused embedding "
-                        "kernel runs; expected an optimizer of torchrec.optim or SGD, Adagrad, Adam"
-                    ) from None
-    if not found:
-        for sharder in sharders or ():
-            fused = getattr(sharder, "fused_params", None) or {}
-            if getattr(sharder, "module_type", None) in held and "optimizer" in fused:
-                found.add(str(fused["optimizer"]))
-    if len(found) > 1:
-        raise UserError(f"module: tables train with {sorted(found)}, expected one fused optimizer for all")
-    return found.pop() if found else None
-
-
-@dataclasses.dataclass(frozen=True)
-class Collection:
-    """A module of the model that TorchRec shards, as its planner keys it: ``path`` (``""`` for the model itself),
-    ``module`` (what the sharder takes: an EmbeddingBagCollection, EmbeddingCollection, feature-processed or
-    managed-collision collection), ``tables`` (the collection of configs inside it: the module, or the one it wraps),
-    whether its lookups are ``sequence`` (unpooled: an EmbeddingCollection's) and ``weighted`` (per-id weights)."""
-
-    path: str
-    module: torch.nn.Module
-    tables: torch.nn.Module
-    sequence: bool
-    weighted: bool
-
-    def configs(self) -> list:
-        """Its tables' configs (``EmbeddingBagConfig``s, or an EmbeddingCollection's ``EmbeddingConfig``s)."""
-        return list(self.tables.embedding_configs() if self.sequence else self.tables.embedding_bag_configs())
-
-    def pooling(self, config) -> str:
-        """A table's pooling (``core.table.POOLINGS``): none for sequence lookups, else its config's."""
-        if self.sequence:
-            return "none"
-        name = getattr(config.pooling, "name", str(config.pooling)).lower()
-        if name not in ("sum", "mean"):
-            raise UserError(
-                f"module: table {config.name!r} of {self.path or 'the model'} pools with {name!r}, expected sum or mean"
-            )
-        return name
-
-
-def _collection(path: str, module: torch.nn.Module) -> Collection | None:
-    """The module at ``path`` as a ``Collection`` where it is a kind TorchRec shards and this planner plans. A
-    feature-processed or managed-collision collection is keyed at the wrapper (as TorchRec's planner keys it), its
-    tables those of the collection it wraps (its child module of that type)."""
-    if isinstance(module, FeatureProcessedEmbeddingBagCollection):  # its inner EBC's lookups carry the FP's weights
-        return Collection(path, module, _wrapped(module, EmbeddingBagCollection), False, True)
-    if _MANAGED and isinstance(module, _MANAGED):
-        inner = _wrapped(module, (EmbeddingBagCollection, EmbeddingCollection))
-        sequence = isinstance(inner, EmbeddingCollection)
-        return Collection(path, module, inner, sequence, (not sequence) and inner.is_weighted())
-    if isinstance(module, EmbeddingBagCollection):
-        return Collection(path, module, module, False, module.is_weighted())
-    if isinstance(module, EmbeddingCollection):
-        return Collection(path, module, module, True, False)
-    return None
-
-
-def _wrapped(module: torch.nn.Module, kinds) -> torch.nn.Module:
-    """The collection a wrapper holds: its child module of type ``kinds``."""
-    found = next((child for child in module.children() if isinstance(child, kinds)), None)
-    if found is None:
-        raise UserError(f"module: {type(module).__name__} holds no embedding collection, expected one it wraps")
-    return found
-
-
-def collections(module: torch.nn.Module, sharders: list | None = None) -> list[Collection]:
-    """Every module of ``module`` that TorchRec's planner would shard, outermost first, as it keys them (a collection
-    inside another, as an FP module's EBC, is the outer one's). A module TorchRec shards (by its default sharders, or
-    by one of ``sharders``) that this planner cannot plan is refused by name, never skipped; UserError where there is
-    none at all."""
-    found: list[Collection] = []
-    shardable = tuple(_shardable_types(sharders))
-    for path, child in module.named_modules():
-        if any(c.path == "" or path.startswith(f"{c.path}.") for c in found):
-            continue  # inside a collection already found: TorchRec shards the outer one
-        collection = _collection(path, child)
-        if collection is not None:
-            found.append(collection)
-        elif shardable and isinstance(child, shardable):
-            raise UserError(
-                f"module: {path or 'the model'} is a {type(child).__module__}.{type(child).__name__}, which TorchRec "
-                "shards and this planner "
-                "cannot plan; expected EmbeddingBagCollection, EmbeddingCollection, FeatureProcessedEmbeddingBag"
-                "Collection or a managed-collision collection (or plan it with TorchRec's planner)"
-            )
-    if not found:
-        raise UserError(
-            f"module: no embedding collection in {type(module).__name__}, expected at least one "
-            "EmbeddingBagCollection, EmbeddingCollection or FeatureProcessedEmbeddingBagCollection"
-        )
-    return found
-
-
-def _shardable_types(sharders: list | None) -> list[type]:
-    """The module types TorchRec shards: its default sharders' and ``sharders``'."""
-    types = [s.module_type for s in get_default_sharders()]
-    return types + [getattr(s, "module_type", None) for s in sharders or () if getattr(s, "module_type", None)]
-
-
-def table_configs(module: torch.nn.Module) -> list[tuple[str, str, object]]:
-    """(collection path, our table name, config) of every table; a name shared by two collections is qualified by
-    its collection's path (path/name)."""
-    return [(path, name, config) for path, name, config, _ in tables_of(module)]
-
-
-def tables_of(module: torch.nn.Module, sharders: list | None = None) -> list[tuple[str, str, object, Collection]]:
-    """(collection path, our table name, config, its ``Collection``) of every table of every collection
-    (``collections``: refused where the model holds a module TorchRec or ``sharders`` shard and this planner cannot
-    plan)."""
-    rows = [(c, config) for c in collections(module, sharders) for config in c.configs()]
-    counts: dict[str, int] = {}
-    for _, config in rows:
-        counts[config.name] = counts.get(config.name, 0) + 1
-    return [
-        (c.path, config.name if counts[config.name] == 1 else f"{c.path}/{config.name}", config, c)
-        for c, config in rows
-    ]
-
-
-def feature_tables(module: torch.nn.Module) -> dict[str, str]:
-    """Feature name -> our table name (a feature read by tables of two collections is refused)."""
-    out: dict[str, str] = {}
-    for _, name, config in table_configs(module):
-        for feature in config.feature_names:
-            if feature in out:
-                raise UserError(f"feature {feature!r}: read by tables {out[feature]!r} and {name!r}, expected one")
-            out[feature] = name
-    return out
 
 
 def batch_statistics(
@@ -253,18 +101,75 @@ def batch_statistics(
     ``progress``. Rows are the tables'. ``row_blocks``: the row-block counts whose statistics are measured too (a
     row-wise table is cut into world-size blocks: give yours where it is not 2, 4 or 8)."""
     rows = {name: int(config.num_embeddings) for _, name, config in table_configs(module)}
-    accumulator = StatsAccumulator(batch_size, feature_tables(module), rows, row_blocks)
+    features = feature_tables(module)
+    accumulator = StatsAccumulator(_positive_int(batch_size, "batch_size"), features, rows, row_blocks)
     with progress_bar(desc="statistics", unit=" batches", enabled=progress) as bar:
         for i, batch in enumerate(batches):
             if max_batches and i >= max_batches:
                 break
             kjt = getattr(batch, "sparse_features", batch)
+            unknown = [key for key in kjt.keys() if key not in features]
+            if unknown:
+                raise UserError(
+                    f"batches: feature {unknown[0]!r} is read by no table of the module, expected features of "
+                    f"{', '.join(sorted(features)[:6])}{', ...' if len(features) > 6 else ''}"
+                )
+            if kjt.values().is_floating_point() or kjt.values().is_complex():
+                raise UserError(f"batches: ids of dtype {kjt.values().dtype}, expected integer ids")
             lengths = kjt.lengths().detach().cpu().numpy().reshape(len(kjt.keys()), -1)
             values = kjt.values().detach().cpu().numpy()
             starts = np.concatenate([[0], np.cumsum(lengths.sum(axis=1))])
             accumulator.add({key: (values[starts[k] : starts[k + 1]], lengths[k]) for k, key in enumerate(kjt.keys())})
             bar.update(1)
     return accumulator.result()
+
+
+# TorchRec's training compute kernels this planner's plans use (its quant and key-value kernels are not planned here)
+COMPUTE_KERNELS = ("fused", "dense", "fused_uvm", "fused_uvm_caching")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def _positive_int(value, key: str) -> int:
+    if not (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1):
+        raise UserError(f"{key}: got {value!r}, expected an integer >= 1")
+    return int(value)
+
+
+def _positive_number(value, key: str) -> float:
+    if not (_is_number(value) and np.isfinite(value) and value > 0):
+        raise UserError(f"{key}: got {value!r}, expected a number > 0")
+    return float(value)
+
+
+def _pooling_factors(given) -> dict[str, float]:
+    """``pooling_factors`` checked: a mapping of table or feature names to lookups per sample (>= 0)."""
+    if given is None:
+        return {}
+    if not isinstance(given, Mapping):
+        raise UserError(f"pooling_factors: got {given!r:.60}, expected a mapping of table or feature names to numbers")
+    for name, value in given.items():
+        if not (_is_number(value) and np.isfinite(value) and value >= 0):
+            raise UserError(f"pooling_factors[{name!r}]: got {value!r}, expected a number of lookups per sample >= 0")
+    return {str(k): float(v) for k, v in given.items()}
+
+
+def _table_stats(stats) -> list[TableStats]:
+    """``stats`` checked: a statistics file's path, or TableStats (``batch_statistics``'), or None."""
+    if stats is None:
+        return []
+    if isinstance(stats, (str, Path)):
+        return read_stats_file(stats)
+    items = list(stats) if isinstance(stats, Iterable) else [stats]
+    wrong = next((s for s in items if not isinstance(s, TableStats)), None)
+    if wrong is not None:
+        raise UserError(
+            f"stats: got {wrong!r:.40} ({type(wrong).__name__}), expected TableStats of batch_statistics or a "
+            "statistics file's path"
+        )
+    return items
 
 
 class NeuroShardPlanner(ShardingPlanner):
@@ -317,11 +222,20 @@ class NeuroShardPlanner(ShardingPlanner):
                 f"topology: world_size {self.topology.world_size} with {len(self.topology.devices)} devices, "
                 "expected at least one rank"
             )
-        self.batch_size = BATCH_SIZE if batch_size is None else batch_size
-        self.mem_cap_gb = mem_cap_gb
-        self.stats = {t.name: t for t in (read_stats_file(stats) if isinstance(stats, (str, Path)) else stats or [])}
-        self.pooling_factors = dict(pooling_factors or {})
-        self.zipf = zipf
+        self.batch_size = BATCH_SIZE if batch_size is None else _positive_int(batch_size, "batch_size")
+        self.mem_cap_gb = None if mem_cap_gb is None else _positive_number(mem_cap_gb, "mem_cap_gb")
+        self.stats = {t.name: t for t in _table_stats(stats)}
+        self.pooling_factors = _pooling_factors(pooling_factors)
+        if not (_is_number(zipf) and np.isfinite(zipf) and zipf >= 0):
+            raise UserError(f"zipf: got {zipf!r:.60}, expected a finite exponent >= 0")
+        self.zipf = float(zipf)
+        if compute_kernel not in COMPUTE_KERNELS:
+            raise UserError(
+                f"compute_kernel: got {compute_kernel!r}, expected one of {', '.join(COMPUTE_KERNELS)} (TorchRec's "
+                "training kernels)"
+            )
+        if mem_reserve is not None and not (_is_number(mem_reserve) and 0 <= mem_reserve < 1):
+            raise UserError(f"mem_reserve: got {mem_reserve!r}, expected a share of memory in [0, 1)")
         device = "cuda" if self.topology.compute_device == "cuda" else "cpu"
         if "device" in options:
             raise UserError(
