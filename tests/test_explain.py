@@ -148,3 +148,24 @@ def test_a_plan_names_its_model_and_explain_uses_it(plan_and_model, tmp_path):
     path.write_text(json.dumps(elsewhere))
     text = explain_file(ExplainConfig(plan=str(path), chart=False))
     assert text.startswith("warning: the plan's cost model 'a-model-of-another-machine' is not on this machine")
+
+
+def test_explain_says_which_kernels_each_device_runs():
+    """A device of sequence and weighted tables runs a kernel of each kind; the printout names them where any device
+    runs another kernel than sum-pooled bags."""
+    from neuroshard_jax.measure.breakdown import format_explanation
+
+    tables = [
+        make_table(0, rows=3000, dim=16),
+        dataclasses.replace(make_table(1, rows=5000, dim=16, pooling=20.0), pooling="none"),
+        dataclasses.replace(make_table(2, rows=800, dim=16), weighted=True),
+    ]
+    task = make_task(tables, num_devices=2, mem_cap_gb=1.0, batch_size=512)
+    plan = Plan(task, (Shard(0, 0, 16, 0), Shard(1, 0, 16, 1), Shard(2, 0, 16, 1))).validate()
+    expl = explanation(plan, analytic_model(task))
+    assert [d.kernels for d in expl.devices] == [("sum",), ("sequence", "sum_weighted")]
+    text = format_explanation(expl)
+    assert "kernels" in text.splitlines()[0] or any(line.rstrip().endswith("kernels") for line in text.splitlines())
+    assert "sequence+sum_weighted" in text
+    # the sequence table's all-to-all is a row per id: 20 lookups x 16 columns a sample
+    assert plan.dim_sums().tolist() == [16, 20 * 16 + 16]

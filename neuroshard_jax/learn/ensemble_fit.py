@@ -22,6 +22,7 @@ from neuroshard_jax.costs.checkpoints import load_ensemble, read_meta, save_ense
 from neuroshard_jax.costs.coverage import coverage_block
 from neuroshard_jax.costs.ensemble import (
     CACHE_PRIOR,
+    KIND_TERMS,
     NUM_COEFS,
     ROOF_TERMS,
     EnsembleConfig,
@@ -30,6 +31,7 @@ from neuroshard_jax.costs.ensemble import (
     InputStats,
     ensemble_fns,
     init_ensemble,
+    input_names,
     member_devices,
     member_latents,
     net_inputs,
@@ -219,22 +221,27 @@ def upgraded(prior: EnsembleConfig, asked: EnsembleConfig) -> EnsembleConfig:
     ``asked`` adds (the cache term, the saturating fusion term); a fine-tune never takes physics away."""
     saturating = "saturating" in (prior.fusion, asked.fusion)
     fusion = "saturating" if saturating else "pairwise"
-    if asked.kinds and not prior.kinds:  # its net takes more inputs: the prior's weights do not carry over
-        raise UserError(
-            "ensemble.kinds: the checkpoint to fine-tune reads sum-pooled bags alone; expected a model that knows "
-            "kernel kinds, or training from scratch (no init)"
-        )
-    return dataclasses.replace(prior, cache=prior.cache or asked.cache, fusion=fusion)
+    return dataclasses.replace(prior, cache=prior.cache or asked.cache, fusion=fusion, kinds=prior.kinds or asked.kinds)
 
 
 def with_physics(config: EnsembleConfig, params: EnsembleParams, seed: int) -> tuple[EnsembleNets, EnsembleParams]:
     """A checkpoint's ensemble moved onto ``config`` (``upgraded``): every member keeps its nets and roofline; one
     that gains the cache term starts it at CACHE_PRIOR (a fit moves it: ``reanchored``)."""
     prior = np.asarray(member_roofline(params.members), np.float32)
-    log_coef = np.concatenate([prior, CACHE_PRIOR]) if config.cache and len(prior) == NUM_COEFS else prior
+    had_kinds = "log_kind_coef" in params.members
+    base = prior[: -len(KIND_TERMS)] if had_kinds else prior
+    log_coef = np.concatenate([base, CACHE_PRIOR]) if config.cache and len(base) == NUM_COEFS else base
+    if config.kinds:  # the kind terms' start: the prior's, else a per-lookup gather's (a fit moves them)
+        kinds = prior[-len(KIND_TERMS) :] if had_kinds else np.full(len(KIND_TERMS), prior[2], np.float32)
+        log_coef = np.concatenate([log_coef, kinds])
     nets, template = init_ensemble(config, log_coef, seed)
     values = nnx.to_pure_dict(template.members)
-    values.update(nnx.to_pure_dict(params.members))
+    known = nnx.to_pure_dict(params.members)
+    first = np.asarray(known["mlp"]["layers"][0]["kernel"])  # [K, inputs, hidden]
+    want = values["mlp"]["layers"][0]["kernel"].shape
+    if first.shape != want:  # inputs the prior lacked (the kinds): their weights start at zero, the prior unchanged
+        known["mlp"]["layers"][0]["kernel"] = np.pad(first, ((0, 0), (0, want[1] - first.shape[1]), (0, 0)))
+    values.update(known)
     members = template.members
     nnx.replace_by_pure_dict(members, values)
     return nets, params._replace(members=members)
@@ -304,6 +311,13 @@ def train_ensemble(
         if added:
             nets, params = with_physics(ens_config, params, config.seed)
         stats = params.stats
+        if len(stats.mean) < len(input_names(ens_config.kinds)):  # the kinds' inputs: their statistics from the data
+            at = jnp.asarray(batch[train])[:, None]
+            inputs = np.asarray(net_inputs(jnp.asarray(feats[train]), at, ens_config.kinds))[mask[train]]
+            extra = slice(len(stats.mean), None)
+            mean = np.concatenate([np.asarray(stats.mean), inputs[:, extra].mean(0)])
+            std = np.concatenate([np.asarray(stats.std), np.maximum(inputs[:, extra].std(0), 1e-3)])
+            stats = InputStats(jnp.asarray(mean, jnp.float32), jnp.asarray(std, jnp.float32))
         if reanchor or added:  # a term the prior did not have (or read otherwise) is fitted before fine-tuning
             log_coef = roofline(ens_config)
             params = params._replace(members=reanchored(params.members, log_coef))

@@ -133,6 +133,7 @@ class ExplainedDevice(NamedTuple):
     speed: float
     measured_ms: float | None = None
     measured_compute_ms: float | None = None
+    kernels: tuple[str, ...] = ()  # the kernels it runs, one per kind of its tables (``core.table.KERNEL_KINDS``)
 
 
 class TopTable(NamedTuple):
@@ -394,9 +395,10 @@ def explanation(plan: Plan, model: CostModel, measured: Measured | None = None, 
     ]
     if measured is not None:
         columns += [np.asarray(measured.total_ms, np.float64).tolist(), np.asarray(measured.compute_ms).tolist()]
+    kinds = [tuple(sorted({plan.task.tables[s.table].kernel for s in plan.device_shards(d)})) for d in range(n)]
     return Explanation(
         cost_model=model.name,
-        devices=[ExplainedDevice(*row) for row in zip(*columns)],
+        devices=[ExplainedDevice(*row)._replace(kernels=k) for row, k in zip(zip(*columns), kinds)],
         speeds_differ=plan.task.has_speeds,
         critical_device=critical,
         max_over_mean=float(total.max() / max(total.mean(), 1e-12)),
@@ -449,6 +451,7 @@ def format_explanation(expl: Explanation, measured_from: str | None = None) -> s
     and a summary), what binds, and the split tables' gains."""
     has_measured = expl.measured
     speeds = expl.speeds_differ
+    kinds = any(k != ("sum",) and k for d in expl.devices for k in (d.kernels,))  # a column where any is not sum
     head = (
         (
             f"{'device':>6} {'shards':>6} {'compute':>9} {'fwd_comm':>9} {'bwd_comm':>9} {'total_ms':>9} "
@@ -456,6 +459,7 @@ def format_explanation(expl: Explanation, measured_from: str | None = None) -> s
         )
         + (f" {'speed':>6}" if speeds else "")
         + (f" {'measured':>9}" if has_measured else "")
+        + ("  kernels" if kinds else "")
     )
     lines = [
         f"predicted by cost_model={expl.cost_model}"
@@ -477,6 +481,7 @@ def format_explanation(expl: Explanation, measured_from: str | None = None) -> s
             f"{d.bwd_comm_ms:>9.3f} {d.total_ms:>9.3f} {d.mem_gb:>7.3f} {d.headroom_gb:>7.3f}"
             + (f" {d.speed:>6.2f}" if speeds else "")
             + (f" {d.measured_ms:>9.3f}" if has_measured else "")
+            + (f"  {'+'.join(d.kernels) or '-'}" if kinds else "")
             + mark
         )
     lines.extend(devices_summary(total_ms, shown, "not shown (plan.json holds every device's predicted cost)"))

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +50,6 @@ from neuroshard_jax.core.constraints import SHARDING_TYPES
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import format_plan
-from neuroshard_jax.core.progress import progress_bar
 from neuroshard_jax.core.schema import row_blocks_json
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.scoring import with_costs
@@ -63,113 +62,35 @@ from neuroshard_jax.search.sharding_planner import (
     planner_from,
     searched_records,
 )
-from neuroshard_jax.torchrec.collections import (
+from neuroshard_jax.torchrec.group_steps import GroupSteps
+from neuroshard_jax.torchrec.inputs import (
+    COMPUTE_KERNELS,
+    batch_statistics,
+    is_number,
+    positive_int,
+    positive_number,
+    table_stats,
+)
+from neuroshard_jax.torchrec.inputs import pooling_factors as pooling_factors_of
+from neuroshard_jax.torchrec.shardable import (
     Collection,
     declared_optimizer,
-    feature_tables,
     table_configs,
     tables_of,
 )
-from neuroshard_jax.torchrec.group_steps import GroupSteps
 from neuroshard_jax.workloads.builders import task_from_tables
 from neuroshard_jax.workloads.statistics import (
     DEFAULT_ZIPF,
-    ROW_BLOCK_COUNTS,
-    StatsAccumulator,
     TableStats,
-    read_stats_file,
 )
+
+__all__ = ["NeuroShardPlanner", "batch_statistics", "declared_optimizer", "table_configs"]  # the adapter's names
 
 logger = logging.getLogger(__name__)
 # TorchRec's planner holds back this share of every device's memory (HeuristicalStorageReservation's default): dense
 # parameters, activations and the allocator's slack, which its estimator does not count; ours neither
 TORCHREC_RESERVE = 0.15
 PRECISIONS = {DataType.FP32: "fp32", DataType.FP16: "fp16", DataType.BF16: "bf16", DataType.INT8: "int8"}
-
-
-def batch_statistics(
-    module: torch.nn.Module,
-    batches: Iterable,
-    batch_size: int,
-    max_batches: int = 0,
-    progress: bool = True,
-    row_blocks: Sequence[int] = ROW_BLOCK_COUNTS,
-) -> list[TableStats]:
-    """Each table's pooling factor and access histogram at ``batch_size`` (the planning batch: per-rank batch x
-    world size) from an iterable of ``KeyedJaggedTensor``s (or of objects with a ``sparse_features`` KJT, as
-    TorchRec's DLRM ``Batch``); reads at most ``max_batches`` of them (0: all), with a bar on stderr while
-    ``progress``. Rows are the tables'. ``row_blocks``: the row-block counts whose statistics are measured too (a
-    row-wise table is cut into world-size blocks: give yours where it is not 2, 4 or 8)."""
-    rows = {name: int(config.num_embeddings) for _, name, config in table_configs(module)}
-    features = feature_tables(module)
-    accumulator = StatsAccumulator(_positive_int(batch_size, "batch_size"), features, rows, row_blocks)
-    with progress_bar(desc="statistics", unit=" batches", enabled=progress) as bar:
-        for i, batch in enumerate(batches):
-            if max_batches and i >= max_batches:
-                break
-            kjt = getattr(batch, "sparse_features", batch)
-            unknown = [key for key in kjt.keys() if key not in features]
-            if unknown:
-                raise UserError(
-                    f"batches: feature {unknown[0]!r} is read by no table of the module, expected features of "
-                    f"{', '.join(sorted(features)[:6])}{', ...' if len(features) > 6 else ''}"
-                )
-            if kjt.values().is_floating_point() or kjt.values().is_complex():
-                raise UserError(f"batches: ids of dtype {kjt.values().dtype}, expected integer ids")
-            lengths = kjt.lengths().detach().cpu().numpy().reshape(len(kjt.keys()), -1)
-            values = kjt.values().detach().cpu().numpy()
-            starts = np.concatenate([[0], np.cumsum(lengths.sum(axis=1))])
-            accumulator.add({key: (values[starts[k] : starts[k + 1]], lengths[k]) for k, key in enumerate(kjt.keys())})
-            bar.update(1)
-    return accumulator.result()
-
-
-# TorchRec's training compute kernels this planner's plans use (its quant and key-value kernels are not planned here)
-COMPUTE_KERNELS = ("fused", "dense", "fused_uvm", "fused_uvm_caching")
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-
-
-def _positive_int(value, key: str) -> int:
-    if not (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1):
-        raise UserError(f"{key}: got {value!r}, expected an integer >= 1")
-    return int(value)
-
-
-def _positive_number(value, key: str) -> float:
-    if not (_is_number(value) and np.isfinite(value) and value > 0):
-        raise UserError(f"{key}: got {value!r}, expected a number > 0")
-    return float(value)
-
-
-def _pooling_factors(given) -> dict[str, float]:
-    """``pooling_factors`` checked: a mapping of table or feature names to lookups per sample (>= 0)."""
-    if given is None:
-        return {}
-    if not isinstance(given, Mapping):
-        raise UserError(f"pooling_factors: got {given!r:.60}, expected a mapping of table or feature names to numbers")
-    for name, value in given.items():
-        if not (_is_number(value) and np.isfinite(value) and value >= 0):
-            raise UserError(f"pooling_factors[{name!r}]: got {value!r}, expected a number of lookups per sample >= 0")
-    return {str(k): float(v) for k, v in given.items()}
-
-
-def _table_stats(stats) -> list[TableStats]:
-    """``stats`` checked: a statistics file's path, or TableStats (``batch_statistics``'), or None."""
-    if stats is None:
-        return []
-    if isinstance(stats, (str, Path)):
-        return read_stats_file(stats)
-    items = list(stats) if isinstance(stats, Iterable) else [stats]
-    wrong = next((s for s in items if not isinstance(s, TableStats)), None)
-    if wrong is not None:
-        raise UserError(
-            f"stats: got {wrong!r:.40} ({type(wrong).__name__}), expected TableStats of batch_statistics or a "
-            "statistics file's path"
-        )
-    return items
 
 
 class NeuroShardPlanner(ShardingPlanner):
@@ -222,11 +143,11 @@ class NeuroShardPlanner(ShardingPlanner):
                 f"topology: world_size {self.topology.world_size} with {len(self.topology.devices)} devices, "
                 "expected at least one rank"
             )
-        self.batch_size = BATCH_SIZE if batch_size is None else _positive_int(batch_size, "batch_size")
-        self.mem_cap_gb = None if mem_cap_gb is None else _positive_number(mem_cap_gb, "mem_cap_gb")
-        self.stats = {t.name: t for t in _table_stats(stats)}
-        self.pooling_factors = _pooling_factors(pooling_factors)
-        if not (_is_number(zipf) and np.isfinite(zipf) and zipf >= 0):
+        self.batch_size = BATCH_SIZE if batch_size is None else positive_int(batch_size, "batch_size")
+        self.mem_cap_gb = None if mem_cap_gb is None else positive_number(mem_cap_gb, "mem_cap_gb")
+        self.stats = {t.name: t for t in table_stats(stats)}
+        self.pooling_factors = pooling_factors_of(pooling_factors)
+        if not (is_number(zipf) and np.isfinite(zipf) and zipf >= 0):
             raise UserError(f"zipf: got {zipf!r:.60}, expected a finite exponent >= 0")
         self.zipf = float(zipf)
         if compute_kernel not in COMPUTE_KERNELS:
@@ -234,7 +155,7 @@ class NeuroShardPlanner(ShardingPlanner):
                 f"compute_kernel: got {compute_kernel!r}, expected one of {', '.join(COMPUTE_KERNELS)} (TorchRec's "
                 "training kernels)"
             )
-        if mem_reserve is not None and not (_is_number(mem_reserve) and 0 <= mem_reserve < 1):
+        if mem_reserve is not None and not (is_number(mem_reserve) and 0 <= mem_reserve < 1):
             raise UserError(f"mem_reserve: got {mem_reserve!r}, expected a share of memory in [0, 1)")
         device = "cuda" if self.topology.compute_device == "cuda" else "cpu"
         if "device" in options:
