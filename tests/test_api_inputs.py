@@ -139,11 +139,15 @@ def test_tables_keyed_by_name_take_the_key_as_name():
     [
         (_tables(rows=-1), "plan.tables['user_id'].rows: got -1, expected an integer >= 1"),
         (
-            [{"name": "user_id", **_tables(dim=10)["user_id"]}],
-            "plan.tables['user_id'].dim: got 10, expected a multiple of 4",
+            [{"name": "user_id", **_tables(dim=0)["user_id"]}],
+            "plan.tables['user_id'].dim: got 0, expected an integer >= 1",
         ),
         ([{**_tables()["user_id"], "rows": -1}], "plan.tables[0].rows: got -1, expected an integer >= 1"),
-        (_tables(pooling=1.0), "plan.tables['user_id'].pooling: unknown key, did you mean 'pooling_factor'?"),
+        (
+            _tables(pooling_factr=1.0),
+            "plan.tables['user_id'].pooling_factr: unknown key, did you mean 'pooling_factor'?",
+        ),
+        (_tables(pooling="max"), "plan.tables['user_id'].pooling: got 'max', expected one of sum, mean, none"),
         (_tables(pin=5), "plan.tables['user_id'].pin: got device 5, expected 0..1"),
         (_tables(name="other"), "plan.tables['user_id'].name: got 'other', expected its key 'user_id' or no name"),
         (

@@ -55,7 +55,7 @@ def _task_json():
         (lambda o: o.pop("num_devices"), "num_devices: missing"),
         (lambda o: o["tables"][1].pop("rows"), r"tables\[1\].rows: missing"),
         (lambda o: o["tables"][0].update(rows=-5), r"tables\[0\].rows: got -5, expected an integer >= 1"),
-        (lambda o: o["tables"][0].update(dim=10), r"tables\[0\].dim: got 10, expected a multiple of 4"),
+        (lambda o: o["tables"][0].update(dim=0), r"tables\[0\].dim: got 0, expected an integer >= 1"),
         (lambda o: o["tables"][0].update(pooling_factor=float("nan")), r"pooling_factor: got nan"),
         (lambda o: o["tables"][1].update(id=0), "ids unique"),
         (lambda o: o.update(mem_cap_gb=0), "mem_cap_gb: got 0"),
@@ -108,3 +108,16 @@ def test_precision_changes_memory():
     assert w32.weights == 2 * w16.weights == 64000 and w32.buffers == w16.buffers  # fp32 outputs either way
     assert t32.table_mem_bytes(0) - t16.table_mem_bytes(0) == 32000
     assert np.isclose(t32.largest_cap_bytes, GIB_BYTES)
+
+
+def test_a_table_of_any_width_is_planned_whole_and_only_multiples_of_four_are_cut():
+    """TorchRec and FBGEMM's CPU kernels take any width: a 6-wide table is planned (never cut in columns: a slice is
+    a multiple of 4), a 24-wide one may be cut in two (of 12)."""
+    from neuroshard_jax.core.plan import Plan
+    from neuroshard_jax.core.sharding import Shard, split_counts
+
+    task = make_task([make_table(0, rows=500, dim=6), make_table(1, rows=800, dim=24)], num_devices=2)
+    assert split_counts(6) == (1,) and split_counts(24) == (1, 2)
+    Plan(task, (Shard(0, 0, 6, 0), Shard(1, 0, 12, 0), Shard(1, 12, 12, 1))).validate()
+    with pytest.raises(Exception, match="2\\^k column slices"):
+        Plan(task, (Shard(0, 0, 3, 0), Shard(0, 3, 3, 1), Shard(1, 0, 24, 1))).validate()

@@ -347,3 +347,22 @@ def test_batch_statistics_refuses_unknown_features_and_non_integer_ids():
     )
     with pytest.raises(UserError, match="batches: ids of dtype torch.float32, expected integer ids"):
         batch_statistics(model, [floats], batch_size=2, progress=False)
+
+
+def test_the_sequence_example_trains_with_both_planners(tmp_path):
+    """examples/torchrec_sequence.py, small: an attention over an EmbeddingCollection history beside pooled, mean and
+    weighted bags, planned by ours and by TorchRec's planner and trained in DMP on 2 gloo processes; one line each."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "torchrec_sequence.py"), "--items", "3000", "--users", "2000"]
+        + ["--categories", "300", "--history", "8", "--max-history", "16", "--batch-size", "32", "--steps", "2"]
+        + ["--warmup", "1", "--stats-batches", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if "median step" in line]
+    assert [line.split(":")[0].strip() for line in lines] == ["neuroshard", "torchrec"], done.stdout
+    assert all("nan" not in line for line in lines)

@@ -14,7 +14,8 @@ on a dataset must list it at the same place with as many records, the same seed,
 test part is its own held-out part (else one line says why not). A dataset a model was not trained on is unseen by
 it whole. ``--whole``: datasets no model was trained on, scored on every record. Slices by the shards' tables:
 ``cold`` (a table of >= 1e6 rows read <= 2 times a sample), ``heavy`` (>= 1e5 rows read >= 10 times), ``tiny`` (a
-table, or a row block, of <= 100 rows), ``alone`` (one table), ``fused`` (the rest).
+table, or a row block, of <= 100 rows), ``alone`` (one table), ``fused`` (the rest); and by the kernel their tables
+run in (``sum``, ``mean``, ``sum_weighted``, ``mean_weighted``, ``sequence``: ``core.table.KERNEL_KINDS``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from neuroshard_jax.learn.trainer import TrainConfig
 from tools.held_out_in_time import COLD, TINY_ROWS
 
 ROWS, POOLING = FEATURE_NAMES.index("rows"), FEATURE_NAMES.index("pooling_factor")
+MEAN, WEIGHTED, SEQUENCE = (FEATURE_NAMES.index(k) for k in ("mean_pooling", "weighted", "sequence"))
 
 
 def shape_slices(feats: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
@@ -46,7 +48,20 @@ def shape_slices(feats: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
     heavy = ((rows >= 1e5) & (pooling >= 10) & mask).any(-1)
     tiny = ((rows <= TINY_ROWS) & mask).any(-1)
     alone = mask.sum(-1) == 1
-    return {"cold": cold, "heavy": heavy, "tiny": tiny, "alone": alone, "fused": ~alone}
+    return {"cold": cold, "heavy": heavy, "tiny": tiny, "alone": alone, "fused": ~alone, **kind_slices(feats, mask)}
+
+
+def kind_slices(feats: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+    """bool[S] per kernel kind: shard sets whose tables all run in that kernel (a label's kernels are one kind)."""
+    mean, weighted, sequence = (feats[..., i] > 0 for i in (MEAN, WEIGHTED, SEQUENCE))
+    kinds = {
+        "sum": ~mean & ~weighted & ~sequence,
+        "mean": mean & ~weighted,
+        "sum_weighted": weighted & ~mean,
+        "mean_weighted": weighted & mean,
+        "sequence": sequence,
+    }
+    return {name: (kind | ~mask).all(-1) & mask.any(-1) for name, kind in kinds.items()}
 
 
 def scores(pred: np.ndarray, true: np.ndarray) -> dict | None:

@@ -12,7 +12,6 @@ from typing import Any
 
 from neuroshard_jax.core.config import bounded, typed, typed_value
 from neuroshard_jax.core.constants import (
-    DIM_ALIGNMENT,
     MAX_BATCH,
     MAX_CAP_GB,
     MAX_DEVICES,
@@ -25,9 +24,6 @@ from neuroshard_jax.core.devices import Device, Links
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_BINS
 from neuroshard_jax.core.memory import Training
-from neuroshard_jax.core.sharding import (
-    is_legal_dim,
-)
 from neuroshard_jax.core.table import PoolSpec, RowBlockStats, Table, kernel_kind
 
 # The file schema, in one place: task, table, row-block and shard objects are the dataclasses below (and
@@ -63,7 +59,8 @@ class TableFile:
     """A table object of a task file (constraints: ``core.constraints``)."""
 
     rows: int = bounded(at_least=1, at_most=MAX_ROWS)
-    dim: int = bounded(at_least=DIM_ALIGNMENT, at_most=MAX_DIM)
+    # any width FBGEMM's CPU kernels and TorchRec take; only a multiple of DIM_ALIGNMENT is cut into column slices
+    dim: int = bounded(at_least=1, at_most=MAX_DIM)
     pooling_factor: float = bounded(at_least=0, at_most=MAX_POOLING)
     id: int | None = bounded(at_least=0, default=None)  # absent: the table's place in the task's list
     # 17 shares (``_checked_bins``), given as ``bins`` or as bin_0 .. bin_16 (``_bins_field``)
@@ -198,8 +195,6 @@ def table_from_json(obj: dict, where: str, index: int = 0) -> Table:
     checked; without an ``id``, its id is ``index``."""
     fields = {k: v for k, v in obj.items() if k not in BIN_KEYS}
     raw = typed(TableFile, {**fields, "bins": _bins_field(obj, where)}, where, ignore=IGNORED)
-    if not is_legal_dim(raw.dim):
-        raise UserError(f"{where}.dim: got {raw.dim}, expected a multiple of {DIM_ALIGNMENT}")
     bins = _checked_bins(raw.bins, raw.pooling_factor, f"{where}.bins")
     if raw.name == "":
         raise UserError(f"{where}.name: got '', expected a non-empty string")

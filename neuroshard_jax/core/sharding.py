@@ -86,7 +86,8 @@ def row_shards(table: int, rows: int, dim: int, devices: Sequence[int], col_offs
 
 
 def is_legal_dim(dim: int) -> bool:
-    """Whether ``dim`` is a legal table or shard width: a positive multiple of DIM_ALIGNMENT."""
+    """Whether ``dim`` is a legal column slice's width: a positive multiple of DIM_ALIGNMENT (a table of another
+    width, which FBGEMM's CPU kernels and TorchRec take, is placed whole: ``max_halvings`` 0)."""
     return dim >= DIM_ALIGNMENT and dim % DIM_ALIGNMENT == 0
 
 

@@ -69,8 +69,9 @@ def shard_inputs(request: ComputeRequest) -> list[KernelInputs]:
     for i, table in enumerate(request.tables):
         kind, table = _table_kind(table, default, f"table {i}")
         num_rows, dim, (indices, offsets) = table_stream(table, request.pool, batch, f"table {i}")
-        if not is_legal_dim(dim):
-            raise RequestError(f"table {i}: dim {dim} is not a legal width (a positive multiple of 4)")
+        if int(dim) < 1 or (request.device == "cuda" and not is_legal_dim(dim)):
+            want = "a positive multiple of 4 on CUDA" if request.device == "cuda" else "a positive width"
+            raise RequestError(f"table {i}: dim {dim}, expected {want}")
         key = (kind, int(dim) if kind == "sequence" else 0)
         group = groups.setdefault(key, KernelInputs(kind, [], [], [np.zeros(1, dtype=np.int64)]))
         base = int(group.offsets[-1][-1])
