@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from neuroshard_jax.core.cli import one_line_errors, run_app
 from neuroshard_jax.core.paths import own_fits_dir
 from neuroshard_jax.costs.choice import checkpoint_path
+from neuroshard_jax.costs.ensemble import EnsembleConfig
 from neuroshard_jax.costs.input_dist import InputDist
 from neuroshard_jax.learn.analytic_fit import fit_analytic
 from neuroshard_jax.learn.ensemble_fit import train_ensemble
@@ -36,6 +37,13 @@ def main(cfg: DictConfig) -> None:
         how = f"python -m neuroshard_jax.train datasets=[{','.join(config.datasets)}] name={config.name}"
         if config.init:
             how += f" init={config.init} train.epochs={config.train.epochs}" + (" reanchor=true" * config.reanchor)
+        # the physics settings that differ from the defaults
+        defaults = EnsembleConfig()
+        how += "".join(
+            f" ensemble.{key}={str(getattr(config.ensemble, key)).lower()}"
+            for key in ("kinds", "cache", "fusion")
+            if getattr(config.ensemble, key) != getattr(defaults, key)
+        )
         report = train_ensemble(
             list(config.datasets),
             config.ensemble,

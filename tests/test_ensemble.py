@@ -687,3 +687,24 @@ def test_no_shipped_model_names_a_path_of_the_machine_that_wrote_it():
 
     for marker in package_path("data").rglob("commit_success.txt"):
         assert "successful to /" not in marker.read_text(), marker
+
+
+def test_a_task_of_sequence_or_weighted_tables_gets_the_model_that_learned_their_kernels(monkeypatch):
+    """On the AMD EPYC family 25 model 17 kind, a task of sum-pooled bags keeps ``epyc-f25m17``; one with a sequence
+    or weighted table gets ``epyc-f25m17-kinds``, whose labels hold those kernels; the kind-blind model says, when
+    named for such a task, that its labels never held them."""
+    from neuroshard_jax.costs import choice
+    from neuroshard_jax.costs.coverage import out_of_depth_warning
+
+    monkeypatch.setattr(choice, "hardware", lambda: {"cpu": "AMD EPYC", "cpu_id": "AuthenticAMD family 25 model 17"})
+    bags = make_task([make_table(0), make_table(1)], batch_size=4096)  # a batch the models were trained at
+    sequence = make_task(
+        [make_table(0), dataclasses.replace(make_table(1, pooling=20.0), pooling="none")], batch_size=4096
+    )
+    weighted = make_task([dataclasses.replace(make_table(0), weighted=True)], batch_size=4096)
+    assert choice.choose_cost_model("neural", task=bags).name == "epyc-f25m17"
+    assert choice.choose_cost_model("neural", task=sequence).name == "epyc-f25m17-kinds"
+    assert choice.choose_cost_model("neural", task=weighted).name == "epyc-f25m17-kinds"
+    line = out_of_depth_warning(sequence, None, "epyc-f25m17", {})
+    assert "1 of 2 tables run kernels its labels never held (1 sequence; it learned sum-pooled bags)" in line
+    assert out_of_depth_warning(sequence, None, "epyc-f25m17-kinds", {}) is None

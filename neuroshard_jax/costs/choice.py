@@ -498,6 +498,13 @@ def model_choice(spec: CostModelSpec, device: str = "cpu") -> ModelChoice:
     return dataclasses.replace(choice, stack=stack_change(meta, installed_stack()))
 
 
+def kernels_missing(meta: dict, task: Task) -> int:
+    """How many of the kernel kinds ``task``'s tables run a model's labels never held (its meta's coverage; a model
+    from before kinds learned sum-pooled bags alone)."""
+    learned = set(((meta.get("coverage") or {}).get("kernels")) or ("sum",))
+    return len({t.kernel for t in task.tables} - learned)
+
+
 def of_kind(here: str, kinds: tuple[str, ...]) -> bool:
     """Whether a model of ``kinds`` is of this machine's kind ``here``. A GPU kind ("CPU [id] + GPU") matches by
     its GPU: a GPU's kernels are the GPU's, whichever host CPU launched them."""
@@ -512,19 +519,21 @@ def _model_of_kind(
     is the default (None: keep ``neural``), and the user's models left out as unreadable; with ``task``, a model
     trained at its batch size and precision before one that is not (an H200's ``h200-union`` plans 2k-8k batches,
     ``h200-queued`` 16k-64k), and of those, the one whose labels ran the task's optimizer (``epyc-f25m17-rowwise`` for
-    row-wise Adagrad) before the others."""
+    row-wise Adagrad) before the others; before both, one whose labels hold every kernel the task's tables run
+    (``epyc-f25m17-kinds`` for sequence, weighted or mean-pooled tables; a task of sum-pooled bags keeps the first)."""
 
     def best(names: list[str], metas: dict[str, dict]) -> str:
-        """Of ``names`` (in order of preference), the first trained at the task's batch size and precision with
-        labels nearest its optimizer (``optimizer_distance``); else the first. ``metas``: those already read."""
+        """Of ``names`` (in order of preference), the first trained at the task's batch size and precision whose
+        labels miss the fewest of the task's kernels (``kernels_missing``), then nearest its optimizer
+        (``optimizer_distance``); else the first. ``metas``: those already read."""
         if task is None:
             return names[0]
         fits = [
-            (optimizer_distance(meta, task.training.optimizer), i)
+            (kernels_missing(meta, task), optimizer_distance(meta, task.training.optimizer), i)
             for i, meta in enumerate(metas.get(n) or read_meta(checkpoint_path(n)) for n in names)
             if _trains(meta, task.batch_size, task.precision)
         ]
-        return names[min(fits)[1]] if fits else names[0]
+        return names[min(fits)[-1]] if fits else names[0]
 
     usable, skipped = _usable_user_models(exclude)
     mine = {n: m for n, m in usable.items() if of_kind(here, model_kinds(checkpoint_path(n)))}
