@@ -312,11 +312,21 @@ def hot_tables(single_ms: Sequence[float], num_devices: int) -> list[int]:
     return [i for i, ms in enumerate(single_ms) if num_devices > 1 and ms > share]
 
 
+def wide_tables(task: Task) -> list[int]:
+    """Sequence tables (task indices) whose all-to-all width, a row per id (``Table.width``), is more than a device's
+    fair share of the task's: whole, they cannot be balanced, and a column slice still sends a row of every id, so
+    their row blocks (TorchRec's row_wise, which an EmbeddingCollection's sharder offers) are worth a search."""
+    widths = [t.width(t.dim) for t in task.tables]
+    share = sum(widths) / task.num_devices
+    return [i for i, t in enumerate(task.tables) if t.sequence and task.num_devices > 1 and widths[i] > share]
+
+
 def row_split_choices(task: Task, mode: str, hot: Sequence[int] = ()) -> list[tuple[int, ...]]:
     """The sets of tables to cut row-wise that the stage tries, the plain search (no row split) first when it is
     one of them: the tables only rows fit; and those plus the tables larger than every device; and those plus the
-    ``hot`` tables (``hot_tables``). A constrained table is never cut into rows by choice (its constraints name
-    devices or shard counts of column splits); one that only rows can fit is refused with its constraint."""
+    wide sequence tables (``wide_tables``); and those plus the ``hot`` tables (``hot_tables``). A constrained table is
+    never cut into rows by choice (its constraints name devices or shard counts of column splits); one that only rows
+    can fit is refused with its constraint."""
     check_row_split(mode)
     must, may = oversized(task)
     for i in must:
@@ -336,7 +346,8 @@ def row_split_choices(task: Task, mode: str, hot: Sequence[int] = ()) -> list[tu
     if mode == "off":
         return [tuple(must)]
     choices = [tuple(must)]
-    for more in (may, [*may, *hot]) if mode == "hot" else (may,):
+    wide = wide_tables(task)
+    for more in (may, [*may, *wide], [*may, *wide, *hot]) if mode == "hot" else (may, [*may, *wide]):
         choice = tuple(sorted(set(must) | {i for i in more if _row_splittable(task, i)}))
         if choice not in choices:
             choices.append(choice)
