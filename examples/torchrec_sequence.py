@@ -5,7 +5,8 @@ TorchRec's own.
     python examples/torchrec_sequence.py --history 100 --world-size 4 --steps 10
 
 The model (DIN-style): a user's history of items and of their categories (sequence embeddings: an
-``EmbeddingCollection`` whose ``items`` table is read by the target item and by the history, ``categories`` likewise)
+``EmbeddingCollection`` whose ``item`` table is read by the target item and by the history, ``category`` by the
+history's categories)
 feeds an attention over the history keyed by the target item; beside it, pooled bags (the user, a multi-hot tag field
 pooled by its mean) and a weighted feature (scored ids: per-id weights from the data); an MLP over all of them gives a
 click logit. Every collection is sharded by each planner (ours plans each table's kernel: a sequence table's
@@ -68,10 +69,10 @@ class SequenceModel(torch.nn.Module):
         self.sequence = EmbeddingCollection(
             tables=[
                 EmbeddingConfig(
-                    name="items", embedding_dim=d, num_embeddings=args.items, feature_names=["target", "history"]
+                    name="item", embedding_dim=d, num_embeddings=args.items, feature_names=["target", "history"]
                 ),
                 EmbeddingConfig(
-                    name="categories", embedding_dim=d, num_embeddings=args.categories, feature_names=["history_cat"]
+                    name="category", embedding_dim=d, num_embeddings=args.categories, feature_names=["history_cat"]
                 ),
             ],
             device=device,
@@ -90,7 +91,7 @@ class SequenceModel(torch.nn.Module):
             is_weighted=True,
             device=device,
         )
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(4 * d + 32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(3 * d + 32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
 
     def forward(self, sequence: KeyedJaggedTensor, bags: KeyedJaggedTensor, scored: KeyedJaggedTensor, clicks):
         rows = self.sequence(sequence)

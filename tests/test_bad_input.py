@@ -364,7 +364,7 @@ def _task_json(**changes):
         # what sizes arrays and byte counts: bounded before anything is sampled (these ended in OverflowError)
         (_task_json(table_rows=10**30), "tables[0].rows: got 1" + "0" * 30 + ", expected an int"),
         (_task_json(table_pooling_factor=1e300), "tables[0].pooling_factor: got 1e+300, expected a finite number >= 0"),
-        (_task_json(table_dim=2**40), "tables[0].dim: got 1099511627776, expected an integer >= 4 and <= 65536"),
+        (_task_json(table_dim=2**40), "tables[0].dim: got 1099511627776, expected an integer >= 1 and <= 65536"),
         (_task_json(batch_size=2**62), "task.batch_size: got 4611686018427387904, expected an int"),
     ],
 )

@@ -123,11 +123,9 @@ def test_unknown_searcher(tmp_path):
 
 def test_malformed_task_file(tmp_path):
     obj = make_task([make_table(0), make_table(1)]).to_json()
-    obj["tables"][1]["dim"] = 10
+    obj["tables"][1]["dim"] = 0
     (tmp_path / "task.json").write_text(json.dumps(obj))
-    _one_line_error(
-        run_cli(f"task.path={tmp_path / 'task.json'}", f"hydra.run.dir={tmp_path}"), "tables[1].dim: got 10"
-    )
+    _one_line_error(run_cli(f"task.path={tmp_path / 'task.json'}", f"hydra.run.dir={tmp_path}"), "tables[1].dim: got 0")
 
 
 @pytest.mark.parametrize(

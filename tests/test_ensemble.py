@@ -316,7 +316,17 @@ def test_held_out_slices_name_shard_sets_by_their_tables():
         "tiny": [True, False, True, False],
         "alone": [False, False, True, True],
         "fused": [True, True, False, False],
+        # every table a sum-pooled bag; a set is of a kind where all its unmasked tables run that kernel
+        "sum": [True, True, True, True],
+        "mean": [False] * 4,
+        "sum_weighted": [False] * 4,
+        "mean_weighted": [False] * 4,
+        "sequence": [False] * 4,
     }
+    feats[1, :, FEATURE_NAMES.index("sequence")] = 1.0  # set 1: both tables sequence
+    feats[3, 1, FEATURE_NAMES.index("weighted")] = 1.0  # set 3: its masked table weighted (the set stays sum)
+    kinds = {name: picked.tolist() for name, picked in shape_slices(feats, mask).items()}
+    assert kinds["sequence"] == [False, True, False, False] and kinds["sum"] == [True, False, True, True]
 
 
 def test_training_learns_what_its_roofline_cannot(tiny_checkpoint, tmp_path):

@@ -131,7 +131,7 @@ def test_worker_times_every_kernel_kind_torchrec_runs_and_counts_a_sequence_kern
     assert held(mixed) == sum(held(a) for a in apart)
     assert mixed.memory["module_bytes"] == sum(a.memory["module_bytes"] for a in apart)
     odd = worker.request(dataclasses.replace(base, tables=({**specs[0], "dim": 6},)), timeout_s=120)
-    assert odd.ok and odd.total_ms > 0, odd  # FBGEMM's CPU kernels take any width (CUDA's: multiples of 4)
+    assert odd.ok and odd.total_ms > 0, odd  # a 6-wide table (TorchRec takes it) is timed at FBGEMM's 8
     refused = worker.request(dataclasses.replace(base, tables=({**specs[0], "kernel": "max"},)), timeout_s=120)
     assert not refused.ok and "table 0: kernel 'max', expected one of sum, mean" in refused.error
     refused = worker.request(dataclasses.replace(base, pooling="max"), timeout_s=120)

@@ -50,12 +50,12 @@ def check_room(plans: Sequence[Plan]) -> None:
     what is available)."""
     room = available_bytes()
     need = sum(part.total for plan in plans for part in plan.memory())
-    check_rank_room(max(p.task.num_devices for p in plans), need, "plans")
     if room is not None and need > MEMORY_SHARE * room:
         raise UserError(
             f"plans: their ranks' modules need {need / GIB_BYTES:.1f} GiB together, this machine has "
             f"{room / GIB_BYTES:.1f} GiB available; expected fewer plans at a time (tools.dmp_steps --apart)"
         )
+    check_rank_room(max(p.task.num_devices for p in plans), need, "plans")  # and the rank processes themselves
 
 
 def torchrec_tables(plan: Plan, names: list[str]) -> tuple[TorchRecTable, ...]:

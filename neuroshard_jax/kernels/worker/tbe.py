@@ -72,6 +72,9 @@ def shard_inputs(request: ComputeRequest) -> list[KernelInputs]:
         if int(dim) < 1 or (request.device == "cuda" and not is_legal_dim(dim)):
             want = "a positive multiple of 4 on CUDA" if request.device == "cuda" else "a positive width"
             raise RequestError(f"table {i}: dim {dim}, expected {want}")
+        # FBGEMM's kernels take widths that are multiples of 4 (its rows are 4-aligned): a table of another width,
+        # which TorchRec takes, is timed at the next multiple of 4
+        dim = -(-int(dim) // 4) * 4
         key = (kind, int(dim) if kind == "sequence" else 0)
         group = groups.setdefault(key, KernelInputs(kind, [], [], [np.zeros(1, dtype=np.int64)]))
         base = int(group.offsets[-1][-1])
