@@ -108,28 +108,11 @@ def test_a_batch_size_outside_the_model_falls_back_with_a_warning(caplog):
     assert planner.last_plan.costs.cost_model == "analytic" and planner.last_plan.task.tables[0].pooling_factor == 3.0
 
 
-def test_the_dlrm_example_trains_with_both_planners(tmp_path):
-    """examples/torchrec_dlrm.py, small: statistics, our plan and TorchRec's, DistributedModelParallel on 2 gloo
-    processes each, a few SGD steps; one line per planner."""
+def _example_lines(tmp_path, script: str, *args: str) -> list[str]:
+    """Run examples/``script`` with ``args`` in ``tmp_path``: its exit status 0 and one "median step" line per planner,
+    ours then TorchRec's (returned)."""
     done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "examples" / "torchrec_dlrm.py"),
-            "--tables",
-            "3",
-            "--rows",
-            "1000",
-            "--batch-size",
-            "32",
-            "--steps",
-            "2",
-            "--warmup",
-            "1",
-            "--stats-batches",
-            "2",
-            "--hot-pooling",  # the smallest table looked up 200 times a sample: a candidate to be data-parallel
-            "200",
-        ],
+        [sys.executable, str(REPO / "examples" / script), *args],
         capture_output=True,
         text=True,
         timeout=600,
@@ -139,7 +122,31 @@ def test_the_dlrm_example_trains_with_both_planners(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if "median step" in line]
     assert [line.split(":")[0].strip() for line in lines] == ["neuroshard", "torchrec"], done.stdout
-    assert all("quartiles" in line and "tables: " in line for line in lines), done.stdout
+    return lines
+
+
+def test_the_dlrm_example_trains_with_both_planners(tmp_path):
+    """examples/torchrec_dlrm.py, small: statistics, our plan and TorchRec's, DistributedModelParallel on 2 gloo
+    processes each, a few SGD steps; one line per planner."""
+    lines = _example_lines(
+        tmp_path,
+        "torchrec_dlrm.py",
+        "--tables",
+        "3",
+        "--rows",
+        "1000",
+        "--batch-size",
+        "32",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--stats-batches",
+        "2",
+        "--hot-pooling",  # the smallest table looked up 200 times a sample: a candidate to be data-parallel
+        "200",
+    )
+    assert all("quartiles" in line and "tables: " in line for line in lines), lines
 
 
 def test_readme_torchrec_example_runs(capsys, caplog):
@@ -352,17 +359,10 @@ def test_batch_statistics_refuses_unknown_features_and_non_integer_ids():
 def test_the_sequence_example_trains_with_both_planners(tmp_path):
     """examples/torchrec_sequence.py, small: an attention over an EmbeddingCollection history beside pooled, mean and
     weighted bags, planned by ours and by TorchRec's planner and trained in DMP on 2 gloo processes; one line each."""
-    done = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "torchrec_sequence.py"), "--items", "3000", "--users", "2000"]
-        + ["--categories", "300", "--history", "8", "--max-history", "16", "--batch-size", "32", "--steps", "2"]
-        + ["--warmup", "1", "--stats-batches", "2"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    lines = _example_lines(
+        tmp_path,
+        "torchrec_sequence.py",
+        *("--items", "3000", "--users", "2000", "--categories", "300", "--history", "8", "--max-history", "16"),
+        *("--batch-size", "32", "--steps", "2", "--warmup", "1", "--stats-batches", "2"),
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = [line for line in done.stdout.splitlines() if "median step" in line]
-    assert [line.split(":")[0].strip() for line in lines] == ["neuroshard", "torchrec"], done.stdout
     assert all("nan" not in line for line in lines)
