@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import fail, one_line_errors, run_app
+from neuroshard_jax.core.cli import fail, one_line_errors, resumable, run_app
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.plan_file import format_plan
@@ -65,6 +65,11 @@ def main(cfg: DictConfig) -> None:
         if options.autotune.name != "off" and options.autotune.readings is None:  # kept in the run folder: resumable
             readings = str(Path(out_dir) / "autotune-readings.jsonl")
             options = dataclasses.replace(options, autotune=dataclasses.replace(options.autotune, readings=readings))
+            resumable(
+                f"autotune's readings are kept in {out_dir}: the same command with hydra.run.dir={out_dir} resumes"
+            )
+        elif options.autotune.name != "off":
+            resumable(f"autotune's readings are kept in {options.autotune.readings}: the same command resumes")
         planned = options.planner().run(task)
         choice = planned.choice
         if choice.instead:

@@ -226,3 +226,47 @@ def test_column_wise_tables_run_an_all_to_all_of_their_own():
     ]
     answers = run_comm(requests, 2, 120)
     assert all(r.fwd_ms > 0 and r.bwd_ms > 0 for i in (0, 1) for r in answers[i])
+
+
+def test_a_sequence_table_s_row_blocks_are_an_all_to_all_of_their_own():
+    """A sequence table cut into row blocks reduces nothing: each block sends the rows its ids looked up (TorchRec's
+    sequence row_wise), so the blocks are no row group but an all-to-all of their own whose widths add up to the
+    table's whole width (ids x dim); the model prices it apart, the comm benchmark runs it on real gloo ranks, and
+    the row-split stage tries every sequence table in blocks."""
+    from neuroshard_jax.core.assignment import APART, apart_arrays, row_groups, sequence_row_dims
+    from neuroshard_jax.kernels.messages import CommRequest
+    from neuroshard_jax.kernels.processes import run_comm
+    from neuroshard_jax.kernels.worker.comm import all_to_alls
+    from neuroshard_jax.search.ways import row_split_choices
+
+    tables = [
+        dataclasses.replace(Table(0, 4000, 16, 8.0, (1.0,) + (0.0,) * 16), pooling="none"),
+        *(Table(1 + i, 3000, 16, 2.0, (1.0,) + (0.0,) * 16) for i in range(3)),
+    ]
+    task = Task.uniform(4, 1.0, 4096, tuple(tables))
+    blocks = row_shards(0, 4000, 16, range(4))
+    plan = Plan(task, tuple(blocks) + tuple(Shard(t, 0, 16, t) for t in (1, 2, 3))).validate()
+    whole = Plan(task, tuple(Shard(t, 0, 16, t) for t in range(4))).validate()
+    assert row_groups(plan) == []  # no reduce-scatter of partial sums
+    rows_dims = sequence_row_dims(plan)
+    assert rows_dims == [32] * 4 and sum(rows_dims) == whole.dim_sums()[0] == 128  # 16 x 8 ids, spread over 4
+    layout = comm_layout(plan)
+    assert layout["row_wise"] == rows_dims and layout["dim_sums"] == [32, 48, 48, 48]
+    assert "row_wise" not in comm_layout(whole) and "row_groups" not in layout
+    assert all_to_alls(layout["dim_sums"], (), layout["row_wise"]) == [[0, 16, 16, 16], [32, 32, 32, 32]]
+    apart = apart_arrays(plan, rows_apart=True)
+    assert apart.shape == (APART, 4) and apart[3].tolist() == rows_dims and not apart[:3].any()
+    # priced: the two all-to-alls' times add up (analytic comm)
+    model = make_cost_model("analytic", task)
+    costs = score_plan(model, plan)
+    mask = np.ones(4, bool)
+    parts = [np.asarray(p, np.float32) for p in all_to_alls(layout["dim_sums"], (), layout["row_wise"])]
+    expected = sum(np.asarray(model.fns.bwd_comm(model.params, p, mask)) for p in parts)
+    np.testing.assert_allclose(costs.bwd_comm_ms, expected, rtol=1e-5)
+    # measured: the comm benchmark runs the row-wise all-to-all after the table-wise one
+    request = CommRequest.of(layout, "seq", 256, [0.0] * 4, 1, 2)
+    assert CommRequest.from_json(request.to_json()).row_wise == tuple(rows_dims)
+    answers = run_comm([request], 4, 120)
+    assert all(r.fwd_ms > 0 and r.bwd_ms > 0 for r in answers["seq"])
+    # searched: every sequence table in row blocks is one of the row-split stage's ways
+    assert row_split_choices(task, "fit") == [(), (0,)]

@@ -45,11 +45,12 @@ def plan_of(task: Task, devices, row_blocks: tuple[Shard, ...] = (), data_parall
 def row_groups(plan: Plan) -> list[tuple[int, list[int]]]:
     """The plan's row-split groups: (width, sorted devices) per set of devices holding row blocks, the widths of
     every column range cut into row blocks over that set added up (TorchRec fuses a sharding group's outputs). The
-    data-parallel tables' gradient all-reduce is a group over every device (``replica_width``)."""
+    data-parallel tables' gradient all-reduce is a group over every device (``replica_width``). A sequence table's
+    row blocks are no group: they reduce nothing, each sends the rows its ids looked up (``sequence_row_dims``)."""
     rows = plan.task.table_rows()
     ranges: dict[tuple[int, int, int], set[int]] = {}
     for s in plan.shards:
-        if not s.whole_rows(rows[s.table]):
+        if not s.whole_rows(rows[s.table]) and not plan.task.tables[s.table].sequence:
             ranges.setdefault((s.table, s.col_offset, plan.task.tables[s.table].width(s.dim)), set()).add(s.device)
     widths: dict[tuple[int, ...], int] = {}
     for (_, _, dim), devices in ranges.items():
@@ -70,13 +71,26 @@ def replica_width(plan: Plan) -> int:
     return -(-elements // plan.task.batch_size)
 
 
-def whole_row_dims(plan: Plan) -> list[int]:
-    """Each device's all-to-all width: the widths of its whole-row shards (table-wise and column-wise; row blocks are
-    row groups, ``row_groups``)."""
+def all_to_all_widths(plan: Plan) -> list[int]:
+    """Each device's all-to-all width: the widths of its whole-row shards (table-wise and column-wise) and of its
+    sequence tables' row blocks (``sequence_row_dims``); a bag table's row blocks are row groups (``row_groups``)."""
     rows = plan.task.table_rows()
     dims = [0] * plan.task.num_devices
     for s in plan.shards:
-        if s.whole_rows(rows[s.table]):
+        if s.whole_rows(rows[s.table]) or plan.task.tables[s.table].sequence:
+            dims[s.device] += plan.task.shard_width(s)
+    return dims
+
+
+def sequence_row_dims(plan: Plan) -> list[int]:
+    """Each device's width in the sequence row-wise all-to-all: its sequence tables' row blocks, a row per id that
+    landed in the block (``Task.shard_width``). TorchRec's sequence row_wise sharding reduces nothing: each block
+    sends the rows its ids looked up back to the samples' ranks, an all-to-all of its own (one per sharding type), so
+    a sequence table cut into row blocks moves what it moves whole (ids x dim), spread over the blocks' devices."""
+    rows = plan.task.table_rows()
+    dims = [0] * plan.task.num_devices
+    for s in plan.shards:
+        if plan.task.tables[s.table].sequence and not s.whole_rows(rows[s.table]):
             dims[s.device] += plan.task.shard_width(s)
     return dims
 
@@ -97,10 +111,11 @@ def column_wise_dims(plan: Plan) -> list[int]:
 
 
 def all_to_all_dims(plan: Plan, rows_apart: bool) -> np.ndarray:
-    """f32[N]: each device's all-to-all width: its whole-row shards' (``rows_apart``: the row blocks and the
-    data-parallel all-reduce are row groups of their own), else every shard's and the replicas' all-reduce as width."""
+    """f32[N]: each device's all-to-all width: its whole-row shards' and sequence row blocks' (``rows_apart``: the bag
+    tables' row blocks and the data-parallel all-reduce are row groups of their own), else every shard's and the
+    replicas' all-reduce as width."""
     if rows_apart:
-        return np.asarray(whole_row_dims(plan), dtype=np.float32)
+        return np.asarray(all_to_all_widths(plan), dtype=np.float32)
     # without a row-comm fit, row blocks and the data-parallel all-reduce are priced as all-to-all width
     return (plan.dim_sums() + replicated_width(plan)).astype(np.float32)
 
@@ -110,19 +125,23 @@ def replicated_width(plan: Plan) -> int:
     return replica_width(plan) if plan.data_parallel and plan.task.num_devices > 1 else 0
 
 
-APART = 3  # all-to-alls apart from the table-wise one: the column-wise tables', and as width the replicas', rows'
+# all-to-alls apart from the table-wise one: the column-wise tables', as width the replicas' and the bag row blocks',
+# and the sequence row blocks'
+APART = 4
 
 
 def apart_arrays(plan: Plan, rows_apart: bool = False) -> np.ndarray:
     """f32[APART, N]: the parts of ``plan_arrays``' all-to-all widths that are collectives of their own (TorchRec runs
     one per sharding type), priced as all-to-alls (``combine_costs``' ``apart``): the column-wise tables' widths
-    (``column_wise_dims``) and, for a model without a row-comm fit (with one, they are row groups: ``fitted_ms``),
-    the data-parallel tables' all-reduce and the row-split tables' widths."""
+    (``column_wise_dims``); for a model without a row-comm fit (with one, they are row groups: ``fitted_ms``), the
+    data-parallel tables' all-reduce and the bag tables' row blocks' widths; the sequence row-wise all-to-all
+    (``sequence_row_dims``)."""
     out = np.zeros((APART, plan.task.num_devices), np.float32)
     out[0] = column_wise_dims(plan)
     if not rows_apart:
         out[1] = replicated_width(plan)
-        out[2] = plan.dim_sums() - np.asarray(whole_row_dims(plan))  # row blocks' widths
+        out[2] = plan.dim_sums() - np.asarray(all_to_all_widths(plan))  # bag row blocks' widths
+    out[3] = sequence_row_dims(plan)
     return out
 
 
@@ -170,18 +189,21 @@ def column_wise_tables(plan: Plan) -> set[int]:
 
 def comm_layout(plan: Plan) -> dict:
     """What the comm benchmark exchanges for ``plan``: each device's all-to-all width (``dim_sums``: its whole-row
-    shards), of which ``column_wise`` (present where the plan has column-wise tables: ``column_wise_dims``) is an
-    all-to-all of its own after the table-wise one, and the row-split tables' groups (``row_groups``: [width, sorted
+    shards and sequence row blocks), of which ``column_wise`` (present where the plan has column-wise tables:
+    ``column_wise_dims``) and ``row_wise`` (sequence row blocks: ``sequence_row_dims``) are all-to-alls of their own
+    after the table-wise one, and the bag tables' row-split groups (``row_groups``: [width, sorted
     devices], one per set of devices, the widths of every column range cut into row blocks over them added up:
     TorchRec fuses a sharding group's outputs into one reduce-scatter of partial sums forward and one all-gather
     backward, row_wise and table_row_wise), and the input distributions before them (``inputs``: per sharding type,
     each device's features' ids per sample, ``input_features``)."""
     column_wise = column_wise_dims(plan)
+    row_wise = sequence_row_dims(plan)
     groups = [[width, devices] for width, devices in row_groups(plan)]
     inputs = list(input_features(plan).values())
     return {
-        "dim_sums": whole_row_dims(plan),
+        "dim_sums": all_to_all_widths(plan),
         **({"column_wise": column_wise} if any(column_wise) else {}),
+        **({"row_wise": row_wise} if any(row_wise) else {}),
         **({"row_groups": groups} if groups else {}),
         **({"inputs": inputs} if inputs else {}),
     }

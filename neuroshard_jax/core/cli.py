@@ -224,13 +224,22 @@ TRUE_WORDS = ("y", "yes", "t", "true", "on", "1")
 INTERRUPTED = 130  # the shell's code for a process ended by SIGINT (128 + 2)
 
 
+RESUME: list[str] = []  # what a command stopped now could be resumed by (``resumable``), said by ``interrupted``
+
+
+def resumable(hint: str) -> None:
+    """Say, if this command is stopped, how to resume it (``interrupted``'s line: the folder, the command)."""
+    RESUME[:] = [hint]
+
+
 def interrupted() -> NoReturn:
     """Ctrl-C: one line, exit 130, no traceback. Files are written whole or not at all (``files.write_json``), so a
     result interrupted before it was written is absent, not half-written; a run folder holds a finished run only when
-    its result is there."""
+    its result is there. Where the command kept what it measured (``resumable``), the line says how to resume."""
     sys.unraisablehook = lambda _: None
     threading.excepthook = lambda _: None
-    print("interrupted: stopped before it finished (nothing half-written was kept)", file=sys.stderr, flush=True)
+    kept = f"; {RESUME[0]}" if RESUME else ""
+    print(f"interrupted: stopped before it finished (nothing half-written was kept){kept}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(INTERRUPTED)
 

@@ -194,7 +194,12 @@ def portfolio_lines(record: PortfolioRecord) -> list[str]:
 def autotune_lines(record: AutotuneRecord) -> list[str]:
     """``autotune``'s candidates, one line each: predicted and measured step (median, and the fastest and slowest
     round), or why it was not measured; the chosen one and its step against TorchRec default's."""
-    stops = {"leader": "one led beyond the noise", "rounds": "every round taken", "budget": "the time budget spent"}
+    stops = {
+        "leader": "one led beyond the noise",
+        "rounds": "every round taken",
+        "budget": "the time budget spent",
+        "busy": "the machine stayed busy past the time budget",
+    }
     if record.mode == "steps":
         ranks = "a core each" if record.pinned else "sharing the cores: time-sliced, balance cannot show"
         what = f"{record.devices} gloo ranks ({ranks}), {record.iters} timed steps"
@@ -210,11 +215,15 @@ def autotune_lines(record: AutotuneRecord) -> list[str]:
         if not c.kept:
             lines.append(f"  {c.name:<20} not measured: {c.why}")
             continue
-        mark = "  <- chosen: the measured fastest" if c.name == record.chosen else ""
+        mark = ""
+        if c.name == record.chosen:
+            mark = "  <- chosen: the model's pick" if record.kept_pick else "  <- chosen: the measured fastest"
         lines.append(
             f"  {c.name:<20} predicted {c.predicted_ms:.3f} ms, measured {c.measured_ms:.3f} ms "
             f"({c.low_ms:.3f}-{c.high_ms:.3f}){mark}"
         )
+    if record.kept_pick:
+        lines.append(f"  {record.kept_pick}")
     if record.vs_torchrec_default is not None:
         share = 100 * record.vs_torchrec_default
         lines.append(f"  the chosen plan's measured step: {share:.1f}% of TorchRec default's")

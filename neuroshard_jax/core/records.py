@@ -280,7 +280,8 @@ class AutotuneRecord:
     stopped (``leader``: one led beyond the noise; ``rounds``; ``budget``; ``alone``: one candidate, read once),
     ``devices``: the distinct device kernels measured (``kernels``) or the gloo ranks of a step (``steps``), the
     readings resumed from an earlier run, the kernels read on a busy machine, the seconds, the protocol (``warmup``
-    and ``iters``: a kernel's iterations, or a candidate's warm-up and timed steps)."""
+    and ``iters``: a kernel's iterations, or a candidate's warm-up and timed steps); the model's pick and, where a
+    candidate measured faster did not replace it (noise never overrules the model), why (``kept_pick``)."""
 
     mode: str
     candidates: tuple[MeasuredCandidate, ...]
@@ -296,6 +297,8 @@ class AutotuneRecord:
     iters: int
     device: str
     pinned: bool | None = None  # steps: each rank on a core of its own (False: the ranks time-sliced the cores)
+    model_pick: str | None = None  # the candidate the model scored cheapest
+    kept_pick: str | None = None  # why the model's pick was kept over a candidate measured faster (None: it was not)
 
     def chosen_candidate(self) -> MeasuredCandidate:
         return next(c for c in self.candidates if c.name == self.chosen)

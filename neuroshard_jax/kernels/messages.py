@@ -211,10 +211,11 @@ class ComputeAnswer:
 @dataclasses.dataclass(frozen=True)
 class CommRequest:
     """One training step's collectives on every rank of a world (the rank processes' ``worker.comm.run_rank``): each
-    rank's all-to-all width ``dim_sums`` (of which ``column_wise`` is an all-to-all of its own after the table-wise
-    one), the row-split tables' ``row_groups`` ((width, ranks): a reduce-scatter forward, an all-gather backward), the
-    input distributions before them (``inputs``: per sharding type, each rank's features' ids per sample), each rank's
-    straggler delay before the forward (``delays_ms``), at ``batch_size``; ``warmup`` steps, then ``iters`` timed."""
+    rank's all-to-all width ``dim_sums`` (of which ``column_wise`` and ``row_wise``, sequence tables' row blocks, are
+    all-to-alls of their own after the table-wise one), the bag tables' row-split ``row_groups`` ((width, ranks): a
+    reduce-scatter forward, an all-gather backward), the input distributions before them (``inputs``: per sharding
+    type, each rank's features' ids per sample), each rank's straggler delay before the forward (``delays_ms``), at
+    ``batch_size``; ``warmup`` steps, then ``iters`` timed."""
 
     id: int | str
     batch_size: int
@@ -226,13 +227,14 @@ class CommRequest:
     warmup: int = 3
     iters: int = 10
     device: str = "cpu"
+    row_wise: tuple[int, ...] = ()
 
     @classmethod
     def of(
         cls, layout: Mapping, request_id: int | str, batch_size: int, delays_ms, warmup: int = 3, iters: int = 10
     ) -> CommRequest:
         """The request of a comm layout (``core.assignment.comm_layout``, or a comm sample: ``dim_sums`` and, where
-        the plan has them, ``column_wise``, ``row_groups``, ``inputs``)."""
+        the plan has them, ``column_wise``, ``row_wise``, ``row_groups``, ``inputs``)."""
         return cls(
             request_id,
             int(batch_size),
@@ -243,6 +245,7 @@ class CommRequest:
             tuple(layout.get("inputs", ())),
             int(warmup),
             int(iters),
+            row_wise=tuple(int(c) for c in layout.get("row_wise", ())),
         )
 
     def to_json(self) -> dict:
@@ -250,6 +253,8 @@ class CommRequest:
         out: dict[str, Any] = {"id": self.id, "dim_sums": list(self.dim_sums), "delays_ms": list(self.delays_ms)}
         if self.column_wise:
             out["column_wise"] = list(self.column_wise)
+        if self.row_wise:
+            out["row_wise"] = list(self.row_wise)
         if self.row_groups:
             out["row_groups"] = [[w, list(ranks)] for w, ranks in self.row_groups]
         if self.inputs:

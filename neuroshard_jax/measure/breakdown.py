@@ -533,6 +533,8 @@ def why_chosen(plan: Plan) -> list[str]:
         won = tuned.chosen_candidate()
         if len(kept) < 2:
             lines.append(f"measured: {won.name}'s plan alone ({won.measured_ms:.3f} ms), nothing to choose between")
+        elif tuned.kept_pick:  # a candidate measured faster, but not beyond the noise: the model's pick stands
+            lines.append(f"measured ({tuned.mode}, {tuned.rounds} rounds): {won.name}'s plan kept: {tuned.kept_pick}")
         else:
             runner = kept[1]
             lead = 1 - won.measured_ms / runner.measured_ms

@@ -327,7 +327,7 @@ def device_key(task: Task, tables: list[TableRef]) -> str:
     return hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()[:20]
 
 
-BY_TYPE = ("column_wise", "inputs")  # what ``comm_layout`` adds to one all-to-all of every width
+BY_TYPE = ("column_wise", "row_wise", "inputs")  # what ``comm_layout`` adds to one all-to-all of every width
 
 
 def measure_comm(

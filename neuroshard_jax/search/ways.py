@@ -28,6 +28,9 @@ the plans are scored with the search's own cost model and the cheapest is kept. 
 slice fits nowhere can only be cut into rows. ``row_split=off``: column splits only, as before row splits
 existed. ``hot`` is not the default: it changes plans of tasks whose tables all fit, and has not been measured yet.
 
+Sequence tables are also tried in row blocks, the wide ones first, then all (``wide_tables``, ``sequence_tables``):
+their blocks reduce nothing and move what the table moves whole, spread over the devices.
+
 On several hosts of equal size each cut is also tried with its blocks within one host (``table_row_wise``); tables
 that no device holds once the blocks are placed are cut too (``settle``).
 
@@ -321,10 +324,19 @@ def wide_tables(task: Task) -> list[int]:
     return [i for i, t in enumerate(task.tables) if t.sequence and task.num_devices > 1 and widths[i] > share]
 
 
+def sequence_tables(task: Task) -> list[int]:
+    """Every sequence table (task indices) of a task on several devices. Cut into row blocks over every device, a
+    sequence table moves no more than whole (its blocks send the rows their ids looked up: ``sequence_row_dims``) and
+    its lookups, a sequence kernel's costliest work, spread over the devices; a bag table's row blocks add a
+    reduce-scatter of the whole batch's partial sums on every device. So all of them cut is a way of its own."""
+    return [i for i, t in enumerate(task.tables) if t.sequence and task.num_devices > 1]
+
+
 def row_split_choices(task: Task, mode: str, hot: Sequence[int] = ()) -> list[tuple[int, ...]]:
     """The sets of tables to cut row-wise that the stage tries, the plain search (no row split) first when it is
     one of them: the tables only rows fit; and those plus the tables larger than every device; and those plus the
-    wide sequence tables (``wide_tables``); and those plus the ``hot`` tables (``hot_tables``). A constrained table is
+    wide sequence tables (``wide_tables``); and those plus every sequence table (``sequence_tables``); and those plus
+    the ``hot`` tables (``hot_tables``). A constrained table is
     never cut into rows by choice (its constraints name devices or shard counts of column splits); one that only rows
     can fit is refused with its constraint."""
     check_row_split(mode)
@@ -346,8 +358,9 @@ def row_split_choices(task: Task, mode: str, hot: Sequence[int] = ()) -> list[tu
     if mode == "off":
         return [tuple(must)]
     choices = [tuple(must)]
-    wide = wide_tables(task)
-    for more in (may, [*may, *wide], [*may, *wide, *hot]) if mode == "hot" else (may, [*may, *wide]):
+    wide, sequence = wide_tables(task), sequence_tables(task)
+    ways = [may, [*may, *wide], [*may, *sequence]]
+    for more in [*ways, [*may, *sequence, *hot]] if mode == "hot" else ways:
         choice = tuple(sorted(set(must) | {i for i in more if _row_splittable(task, i)}))
         if choice not in choices:
             choices.append(choice)

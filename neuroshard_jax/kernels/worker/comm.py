@@ -25,7 +25,8 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
     [B, dim_sum_rank] split along the batch; the time includes waiting for the slowest peer.
     Backward: the gradients go the other way, no delay. Raw collectives on preallocated buffers. A request's
     ``column_wise`` (per rank, the part of ``dim_sums`` that is column-wise tables) makes that part an all-to-all of its
-    own after the table-wise one, as TorchRec runs one per sharding type (``all_to_alls``).
+    own after the table-wise one, as TorchRec runs one per sharding type (``all_to_alls``), and ``row_wise`` (the part
+    that is sequence tables' row blocks: the rows their ids looked up) another after it.
     A request's ``row_groups`` ([[width, [ranks]], ...]: the row-split tables, TorchRec's row_wise and
     table_row_wise) add, for each group this rank is in, a reduce-scatter of its partial pooled sums [B, width]
     over the group to the forward (each rank keeps its batch slice) and the mirror all-gather of the gradients to
@@ -66,7 +67,7 @@ def run_rank(rank: int, world: int, init: str, requests_path: str, out_path: str
             # my pooled outputs, one batch slice per peer; my batch slice of every peer's outputs: per all-to-all
             splits = [
                 ([rows[j] * dims[rank] for j in range(world)], [rows[rank] * dims[j] for j in range(world)])
-                for dims in all_to_alls(request.dim_sums, request.column_wise)
+                for dims in all_to_alls(request.dim_sums, request.column_wise, request.row_wise)
             ]
             reduced = _row_group_buffers(torch, request, rank, world, subgroups, target)
             dists = inputs.prepare(request.inputs, rows[rank]) if request.inputs else []
@@ -134,16 +135,19 @@ def leave_rank() -> None:
     os._exit(0)
 
 
-def all_to_alls(dim_sums: Sequence[int], column_wise: Sequence[int] = ()) -> list[list[int]]:
-    """The widths of each all-to-all a request runs, in order: the table-wise one (``dim_sums`` less
-    ``column_wise``), then the column-wise one (TorchRec runs one per sharding type); one that would move nothing is
-    left out, and a request without ``column_wise`` runs its one all-to-all as it always did."""
+def all_to_alls(
+    dim_sums: Sequence[int], column_wise: Sequence[int] = (), row_wise: Sequence[int] = ()
+) -> list[list[int]]:
+    """The widths of each all-to-all a request runs, in order: the table-wise one (``dim_sums`` less the others),
+    then the column-wise one, then the sequence row-wise one (TorchRec runs one per sharding type); one that would
+    move nothing is left out, and a request without ``column_wise`` or ``row_wise`` runs its one all-to-all as it
+    always did."""
     dims = [int(d) for d in dim_sums]
-    column_wise = [int(d) for d in column_wise]
-    if not any(column_wise):
+    apart = [[int(d) for d in part] for part in (column_wise, row_wise) if any(part)]
+    if not apart:
         return [dims]
-    table_wise = [d - c for d, c in zip(dims, column_wise)]
-    return [part for part in (table_wise, column_wise) if any(part)]
+    table_wise = [d - sum(p[i] for p in apart) for i, d in enumerate(dims)]
+    return [part for part in (table_wise, *apart) if any(part)]
 
 
 def _row_group_buffers(torch, request: CommRequest, rank: int, world: int, subgroups: dict, target) -> list[tuple]:
