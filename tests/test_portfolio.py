@@ -216,7 +216,8 @@ def test_autotune_steps_times_each_candidate_in_distributed_model_parallel_and_d
     from neuroshard_jax.core.plan import Plan
     from neuroshard_jax.costs.choice import spec_of
     from neuroshard_jax.costs.scoring import with_costs
-    from neuroshard_jax.measure.autotune import AutotuneConfig, Entrant, autotune_steps
+    from neuroshard_jax.measure.autotune import AutotuneConfig, Entrant
+    from neuroshard_jax.measure.autotune_steps import autotune_steps
     from neuroshard_jax.search.pipeline import search_plan
     from searchers import make_searcher
 
@@ -383,7 +384,8 @@ def test_autotune_steps_counts_its_rank_processes_and_keeps_its_budget(model):
     """64 gloo ranks are not started where the machine cannot hold their processes (0.35 GiB each), one line;
     the planner's own memory figures alone would have let them start."""
     from neuroshard_jax.core.constants import GIB_BYTES
-    from neuroshard_jax.measure.autotune import AutotuneConfig, LocalRanks
+    from neuroshard_jax.measure.autotune import AutotuneConfig
+    from neuroshard_jax.measure.autotune_steps import LocalRanks
 
     task = make_task([make_table(i, 20_000, 16, 2.0) for i in range(64)], num_devices=64, batch_size=1024)
     plan = Plan_from_assignment(task)
@@ -408,3 +410,43 @@ def test_the_planner_runs_autotune_steps_when_asked():
     steps = dataclasses.replace(options.autotune, k=1, baselines=(), rounds=1, steps=1, step_warmup=0)
     plan = dataclasses.replace(options, autotune=steps).planner().plan(task)
     assert plan.autotune.mode == "steps" and plan.autotune.rounds == 1 and plan.autotune.candidates[0].kept
+
+
+def test_autotune_loop_learns_from_the_measured_devices_and_searches_again(task, model, tmp_path):
+    """autotune=loop on the real kernels: the only first candidate is the plan of every table on one device; the
+    model tuned on its measured devices searches again, the new plan is measured, leads beyond the spread and is
+    returned; the record says how many searches, why they stopped, the tuning's MAPE and the task's balance bound."""
+    from neuroshard_jax.core.plan import Plan
+    from neuroshard_jax.costs.scoring import with_costs
+    from neuroshard_jax.measure.autotune import AutotuneConfig, Entrant, autotune_kernels
+    from neuroshard_jax.search.pipeline import search_plan
+    from searchers import make_searcher
+
+    planted = with_costs(model, Plan.from_assignment(task, [1] * task.num_tables, [[0]] * task.num_tables))
+    tuned_models = []
+
+    def search(tuned):
+        tuned_models.append(tuned)
+        return [Entrant("grid", search_plan(task, make_searcher("grid"), tuned, 0))]
+
+    config = AutotuneConfig(name="loop", rounds=2, warmup=1, iters=3, baselines=(), readings=str(tmp_path / "r"))
+    chosen, record = autotune_kernels([Entrant("planted", planted)], model, config, search)
+    assert record.mode == "loop" and record.loop.searches >= 1 and tuned_models
+    assert record.loop.stopped in ("bound", "converged", "no better", "searches")
+    assert record.chosen == "loop1:grid" and record.model_pick == "planted" and record.kept_pick is None
+    by_name = {c.name: c for c in record.candidates}
+    assert by_name["loop1:grid"].high_ms < by_name["planted"].low_ms
+    assert record.bound_ms is not None and record.bound_ms <= by_name["loop1:grid"].measured_ms * 1.1
+    assert record.loop.devices >= 1 and record.loop.mape_before is not None
+    printed = "\n".join(autotune_lines_of(chosen))
+    assert "loop: " in printed and "the task's balance bound from the measured candidates" in printed
+    # the readings of every plan measured are kept: a rerun measures nothing again
+    lines = len((tmp_path / "r").read_text().splitlines())
+    _, again = autotune_kernels([Entrant("planted", planted)], model, config, search)
+    assert again.resumed == lines and again.chosen == record.chosen
+
+
+def autotune_lines_of(plan):
+    from neuroshard_jax.core.plan_file import autotune_lines
+
+    return autotune_lines(plan.autotune)

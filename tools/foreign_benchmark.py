@@ -57,7 +57,6 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.core.assignment import apart_arrays
 from neuroshard_jax.core.constants import MIN_CPU_SHARE
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import bin_shares, count_histogram
@@ -74,8 +73,8 @@ from neuroshard_jax.costs.choice import (
     make_cost_model,
     neural_checkpoint,
 )
-from neuroshard_jax.costs.cost_model import DeviceArrays, combine_costs, expected_cost_model, plan_cost_ms
-from neuroshard_jax.costs.scoring import fitted_ms, plan_dim_sums, score_plan
+from neuroshard_jax.costs.cost_model import expected_cost_model, plan_cost_ms
+from neuroshard_jax.costs.scoring import balanced_step, score_plan
 from neuroshard_jax.kernels.executors import ExecutorConfig, map_requests, open_executor
 from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest
 from neuroshard_jax.learn.metrics import noise_floor, ranking_tau
@@ -728,22 +727,6 @@ def report(
     result = {"model": label, "tie": tie, "hardware": kind, "session": session, "tasks": by_task, "summary": written}
     write_json(result, out / f"{name}.json")
     return summary
-
-
-def balanced_step(model, plan: Plan, compute: list[float]) -> float:
-    """(b)'s balance bound of ``plan``: its step were its measured compute and its all-to-all widths (each sharding
-    type's all-to-all's apart) spread evenly over its devices (its row groups' and input distributions' collectives
-    as they are), by the same formula as ``step``. A task's least over its plans is what no placement of those
-    kernels beats by balance alone (fusing tables otherwise changes the kernels' sum a little, either way)."""
-    n = plan.task.num_devices
-    width = float(plan_dim_sums(plan, model).sum()) / n
-    apart = apart_arrays(plan, model.prices_rows)  # each sharding type's all-to-all apart, as ``step`` prices them
-    apart = np.repeat(apart.mean(-1, keepdims=True), n, -1)[None]
-    even = DeviceArrays(
-        np.full((1, n), width, np.float32), np.ones((1, n), bool), None, fitted_ms(model, [plan]), apart
-    )
-    costs = combine_costs(model.fns, model.params, np.full((1, n), sum(compute) / n, np.float32), even)
-    return float(np.asarray(plan_cost_ms(costs))[0])
 
 
 def label_speed(retimed: list[dict]) -> dict | None:

@@ -199,6 +199,10 @@ def autotune_lines(record: AutotuneRecord) -> list[str]:
         "rounds": "every round taken",
         "budget": "the time budget spent",
         "busy": "the machine stayed busy past the time budget",
+        "bound": "within the noise of the task's balance bound",
+        "converged": "the tuned model's search found no new plan",
+        "no better": "the new plans measured no faster beyond the noise",
+        "searches": "every search taken",
     }
     if record.mode == "steps":
         ranks = "a core each" if record.pinned else "sharing the cores: time-sliced, balance cannot show"
@@ -224,6 +228,21 @@ def autotune_lines(record: AutotuneRecord) -> list[str]:
         )
     if record.kept_pick:
         lines.append(f"  {record.kept_pick}")
+    if record.loop is not None:
+        loop = record.loop
+        tuned = ""
+        if loop.mape_before is not None:
+            tuned = (
+                f"; the model tuned on {loop.devices} measured devices: MAPE {100 * loop.mape_before:.1f}% -> "
+                f"{100 * loop.mape_after:.1f}%"
+            )
+        lines.append(f"  loop: {loop.searches} searches ({stops.get(loop.stopped, loop.stopped)}){tuned}")
+    if record.bound_ms is not None:
+        chosen = record.chosen_candidate().measured_ms
+        lines.append(
+            f"  the task's balance bound from the measured candidates: {record.bound_ms:.3f} ms; the chosen plan "
+            f"{chosen / record.bound_ms:.3f}x it"
+        )
     if record.vs_torchrec_default is not None:
         share = 100 * record.vs_torchrec_default
         lines.append(f"  the chosen plan's measured step: {share:.1f}% of TorchRec default's")

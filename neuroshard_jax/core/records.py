@@ -255,6 +255,21 @@ class PortfolioRecord:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class LoopRecord:
+    """What ``autotune=loop`` did after its first rounds: the searches with the model tuned on the measured devices,
+    why it stopped (``bound``: the measured fastest within the rounds' noise of the task's balance bound;
+    ``converged``: the tuned model's search found no new plan; ``no better``: the new plans measured no faster beyond
+    the noise; ``searches``; ``budget``; ``busy``), and the last tuning's devices and the model's MAPE on them before
+    and after it."""
+
+    searches: int
+    stopped: str
+    devices: int = 0
+    mape_before: float | None = None
+    mape_after: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class MeasuredCandidate:
     """A candidate of ``autotune`` (kernels or steps): its name (a portfolio member, a baseline searcher), the
     searcher that made it, its predicted step (ms), its measured step (the median over rounds, and the fastest and
@@ -299,6 +314,8 @@ class AutotuneRecord:
     pinned: bool | None = None  # steps: each rank on a core of its own (False: the ranks time-sliced the cores)
     model_pick: str | None = None  # the candidate the model scored cheapest
     kept_pick: str | None = None  # why the model's pick was kept over a candidate measured faster (None: it was not)
+    bound_ms: float | None = None  # kernels, loop: the task's balance bound from the measured candidates
+    loop: LoopRecord | None = None  # loop: the searches after the first rounds
 
     def chosen_candidate(self) -> MeasuredCandidate:
         return next(c for c in self.candidates if c.name == self.chosen)

@@ -347,3 +347,19 @@ def device_row_ms(model: RowComm, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
         fwd[devices] += f * s
         bwd[devices] += b * s
     return fwd, bwd
+
+
+def balanced_step(model, plan: Plan, compute: list[float]) -> float:
+    """(b)'s balance bound of ``plan``: its step were its measured compute and its all-to-all widths (each sharding
+    type's all-to-all's apart) spread evenly over its devices (its row groups' and input distributions' collectives
+    as they are), by the same formula as ``step``. A task's least over its plans is what no placement of those
+    kernels beats by balance alone (fusing tables otherwise changes the kernels' sum a little, either way)."""
+    n = plan.task.num_devices
+    width = float(plan_dim_sums(plan, model).sum()) / n
+    apart = apart_arrays(plan, model.prices_rows)  # each sharding type's all-to-all apart, as ``step`` prices them
+    apart = np.repeat(apart.mean(-1, keepdims=True), n, -1)[None]
+    even = DeviceArrays(
+        np.full((1, n), width, np.float32), np.ones((1, n), bool), None, fitted_ms(model, [plan]), apart
+    )
+    costs = combine_costs(model.fns, model.params, np.full((1, n), sum(compute) / n, np.float32), even)
+    return float(np.asarray(plan_cost_ms(costs))[0])

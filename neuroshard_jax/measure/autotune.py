@@ -15,7 +15,12 @@ step replaces the model's pick (the candidate it scores cheapest) only where it 
 quiet; else the pick is returned and the record says why (``kept_pick``).
 Readings are appended to ``readings`` (a JSONL file; the main job keeps it in its run folder), so a run stopped and
 started again measures only what it lacks. Cost: ``rounds`` x the candidates' distinct devices, each a short fwd+bwd
-(``warmup`` + ``iters`` iterations): docs/autotune.md.
+(``warmup`` + ``iters`` iterations): docs/autotune.md. ``autotune=loop`` goes on from there (``_loop``): the model
+tuned on the measured devices (``costs.task_tune``) searches again and its new plans are measured the same way.
+``autotune=steps``: ``measure.autotune_steps``.
+
+Why one module of ~530 lines: kernels and loop are one measuring (the same rounds, readings, retakes and rule of
+choice, ``KernelRounds`` and ``decide``); the loop only adds plans to what is measured.
 """
 
 from __future__ import annotations
@@ -24,37 +29,33 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
 from neuroshard_jax.core.config import bounded, nearest
-from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.hardware import (
-    MEMORY_SHARE,
-    RANK_PROCESS_BYTES,
-    available_bytes,
     hardware,
     hardware_kind,
 )
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.progress import progress_bar, progress_lines
-from neuroshard_jax.core.records import AutotuneRecord, MeasuredCandidate
+from neuroshard_jax.core.records import AutotuneRecord, LoopRecord, MeasuredCandidate
 from neuroshard_jax.costs.cost_model import CostModel, expected_cost_model, plan_cost_ms
+from neuroshard_jax.costs.scoring import balanced_step, device_width, plan_arrays, with_costs
+from neuroshard_jax.costs.task_tune import tuned_on_devices
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor, pinned
 from neuroshard_jax.measure.evaluator import Measuring, measure_tables, plan_kernels
 from neuroshard_jax.measure.polish import simulate
-from neuroshard_jax.measure.training_steps import dmp_steps
 from searchers import searcher_names
 
 logger = logging.getLogger(__name__)
 
-MODES = ("off", "kernels", "steps")
+MODES = ("off", "kernels", "steps", "loop")
 MIN_ROUNDS = 2
 BASELINES = ("torchrec_default", "torchrec")  # TorchRec's planner as its users get it, and table-wise + column-wise
 
@@ -78,6 +79,7 @@ class AutotuneConfig(Measuring):
     device: str = "cpu"  # cpu (FBGEMM CPU) | cuda (FBGEMM GPU)
     timeout_s: float = bounded(above=0, default=600.0)
     readings: str | None = None  # a JSONL file the readings are kept in (and resumed from); None: not kept
+    searches: int = bounded(at_least=1, default=3)  # loop: searches with the model tuned on the measured devices
     # steps: each round times every candidate in DistributedModelParallel (gloo ranks started here), warm-ups apart
     steps: int = bounded(at_least=1, default=10)
     step_warmup: int = bounded(at_least=0, default=2)
@@ -187,57 +189,42 @@ def _reading(line: bytes) -> dict | None:
     return row if np.isfinite(ms) and ms >= 0 else None
 
 
+Search = Callable[[CostModel], list[Entrant]]  # autotune=loop's search: a model -> its best plans of the task
+
+
 def autotune_kernels(
-    task_plans: list[Entrant], model: CostModel, config: AutotuneConfig
+    task_plans: list[Entrant], model: CostModel, config: AutotuneConfig, search: Search | None = None
 ) -> tuple[Plan, AutotuneRecord]:
     """The measured fastest of ``task_plans`` (plans of one task, the model's costs on them; entrants without a plan
     are recorded as dropped) and the record of what was measured. Plans that repeat an earlier entrant's are
-    measured once (the first name kept)."""
+    measured once (the first name kept). ``autotune=loop`` with ``search``: then measure, learn, search again
+    (``_loop``)."""
     started = time.perf_counter()
     expected = expected_cost_model(model)
-    entrants, dropped, alias = _distinct(task_plans)
-    plans = [e.plan for e in entrants]
-    kernels = [plan_kernels(p) for p in plans]  # per plan, per device: (key, task, tables) of each kernel
-    jobs = {key: (at, tables) for per_plan in kernels for device in per_plan for key, at, tables in device}
+    entrants, dropped, alias = distinct(task_plans)
     task = entrants[0].plan.task
     protocol = f"warmup {config.warmup} iters {config.iters} {task.training.optimizer}"
-    readings = Readings(config.readings, config.device, protocol)
-    evaluator = config.evaluator()
-    stopped, rounds = "rounds", 0
+    bench = KernelRounds(config, Readings(config.readings, config.device, protocol), started)
+    pick = model_pick(entrants)
+    loop = None
     pin = pinned(config.pin, config.executor)
-    # a bar on a terminal (the kernels of every round at most; a leader may end the rounds early)
-    bar = progress_bar(total=config.rounds * len(jobs), desc="autotune", unit=" kernels", enabled=sys.stderr.isatty())
-    with bar, open_executor(config.executor, config.device, config.timeout_s, pin=pin) as pool:
+    with bench.bar(entrants), open_executor(config.executor, config.device, config.timeout_s, pin=pin) as pool:
+        rounds, stopped = 0, "rounds"
         for r in range(config.rounds):
-            todo = {key: job for key, job in jobs.items() if readings.quiet_count(key) <= r}
-            bar.update(len(jobs) - len(todo))  # read before, kept in the readings
-            waited = 0
-            while todo:
-                what = "autotune: a device measurement failed"
-                answers = measure_tables(todo, evaluator, pool, what=what, done=lambda: bar.update(1))
-                for key, (answer,) in answers.items():
-                    readings.add(key, float(answer.total_ms), not answer.quiet)
-                todo = {key: job for key, job in todo.items() if readings.quiet_count(key) <= r}
-                wait = retake_wait(waited, time.perf_counter() - started, config.budget_s)
-                if todo and wait is None:  # the machine stayed busy past the budget: this round's busy ones stand
-                    break
-                if todo:
-                    progress_lines(logger)(
-                        f"autotune: {len(todo)} kernels read on a busy machine; read again in {wait:.0f} s"
-                    )
-                    time.sleep(wait)
-                    waited += 1
+            busy_left = bench.read_round(entrants, r, pool)
             rounds = r + 1
-            steps, _ = _round_steps(plans, kernels, readings, expected, rounds)
+            steps, _ = bench.steps(entrants, expected, rounds)
             progress(rounds, config.rounds, entrants, steps)
-            stopped = "busy" if todo else _stop(steps, rounds, config, time.perf_counter() - started) or stopped
+            stopped = "busy" if busy_left else stop_reason(steps, rounds, config, bench.elapsed_s()) or stopped
             if stopped != "rounds":
                 break
-    steps, busy_rounds = _round_steps(plans, kernels, readings, expected, rounds)
+        if config.name == "loop" and search is not None and stopped != "busy":
+            entrants, loop = _loop(entrants, model, expected, config, search, bench, pool, rounds)
+            stopped = loop.stopped
+    steps, busy_rounds = bench.steps(entrants, expected, rounds)
     medians = np.median(steps, axis=1)
-    pick = model_pick(entrants)
     best, kept = decide(steps, busy_rounds, pick, [e.name for e in entrants])
-    compute = _compute(plans, kernels, readings, rounds)[0]
+    compute = bench.compute(entrants, rounds)[0]
     measured = [
         MeasuredCandidate(
             name=e.name,
@@ -253,16 +240,17 @@ def autotune_kernels(
     ]
     default_name = alias.get("torchrec_default", "torchrec_default")
     default = next((m for m in measured if m.name == default_name), None)
-    busy = sum(any(readings.taken(key, rounds)[1]) for key in jobs)
+    jobs = bench.jobs(entrants)
+    busy = sum(any(bench.readings.taken(key, rounds)[1]) for key in jobs)
     record = AutotuneRecord(
-        mode="kernels",
+        mode=config.name if config.name == "loop" else "kernels",
         candidates=(*measured, *dropped),
         chosen=entrants[best].name,
         vs_torchrec_default=None if default is None else float(medians[best] / default.measured_ms),
         rounds=rounds,
         stopped=stopped,
         devices=len(jobs),
-        resumed=readings.resumed,
+        resumed=bench.readings.resumed,
         busy=busy,
         seconds=time.perf_counter() - started,
         warmup=config.warmup,
@@ -270,8 +258,169 @@ def autotune_kernels(
         device=config.device,
         model_pick=entrants[pick].name,
         kept_pick=kept,
+        bound_ms=bench.bound(entrants, expected, rounds),
+        loop=loop,
     )
-    return dataclasses.replace(plans[best], autotune=record), record
+    return dataclasses.replace(entrants[best].plan, autotune=record), record
+
+
+class KernelRounds:
+    """The kernels of candidate plans measured in interleaved rounds (round r + 1 of every kernel after round r of
+    all), each reading kept in ``readings``; a kernel read on a busy machine read again while the budget lasts."""
+
+    def __init__(self, config: AutotuneConfig, readings: Readings, started: float):
+        self.config, self.readings, self.started = config, readings, started
+        self.evaluator = config.evaluator()
+        self._kernels: dict[int, list] = {}  # per plan (by id), per device: (key, task, tables) of each kernel
+        self._bar = None
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.started
+
+    def kernels(self, entrant: Entrant) -> list:
+        if id(entrant.plan) not in self._kernels:
+            self._kernels[id(entrant.plan)] = plan_kernels(entrant.plan)
+        return self._kernels[id(entrant.plan)]
+
+    def jobs(self, entrants: list[Entrant]) -> dict:
+        return {key: (at, t) for e in entrants for device in self.kernels(e) for key, at, t in device}
+
+    def bar(self, entrants: list[Entrant]):
+        """A bar on a terminal (the kernels of every round at most; a leader may end the rounds early)."""
+        total = self.config.rounds * len(self.jobs(entrants))
+        self._bar = progress_bar(total=total, desc="autotune", unit=" kernels", enabled=sys.stderr.isatty())
+        return self._bar
+
+    def read_round(self, entrants: list[Entrant], r: int, pool) -> int:
+        """Round ``r`` of every kernel of ``entrants`` that lacks a quiet reading of it; the kernels still busy when
+        the budget ran out (0: the round is quiet)."""
+        jobs = self.jobs(entrants)
+        todo = {key: job for key, job in jobs.items() if self.readings.quiet_count(key) <= r}
+        if self._bar is not None:
+            self._bar.update(len(jobs) - len(todo))  # read before, kept in the readings
+        waited = 0
+        while todo:
+            what = "autotune: a device measurement failed"
+            done = (lambda: self._bar.update(1)) if self._bar is not None else None
+            answers = measure_tables(todo, self.evaluator, pool, what=what, done=done)
+            for key, (answer,) in answers.items():
+                self.readings.add(key, float(answer.total_ms), not answer.quiet)
+            todo = {key: job for key, job in todo.items() if self.readings.quiet_count(key) <= r}
+            wait = retake_wait(waited, self.elapsed_s(), self.config.budget_s)
+            if todo and wait is None:  # the machine stayed busy past the budget: this round's busy ones stand
+                break
+            if todo:
+                progress_lines(logger)(
+                    f"autotune: {len(todo)} kernels read on a busy machine; read again in {wait:.0f} s"
+                )
+                time.sleep(wait)
+                waited += 1
+        return len(todo)
+
+    def compute(self, entrants: list[Entrant], rounds: int) -> tuple[list[np.ndarray], np.ndarray]:
+        return _compute([e.plan for e in entrants], [self.kernels(e) for e in entrants], self.readings, rounds)
+
+    def steps(self, entrants: list[Entrant], expected: CostModel, rounds: int) -> tuple[np.ndarray, np.ndarray]:
+        return _round_steps(
+            [e.plan for e in entrants], [self.kernels(e) for e in entrants], self.readings, expected, rounds
+        )
+
+    def bound(self, entrants: list[Entrant], expected: CostModel, rounds: int) -> float:
+        """The task's balance bound from what was measured: the least over the candidates of their median measured
+        compute and all-to-all widths spread evenly over the devices (``scoring.balanced_step``)."""
+        compute = self.compute(entrants, rounds)[0]
+        return min(balanced_step(expected, e.plan, np.median(c, axis=0).tolist()) for e, c in zip(entrants, compute))
+
+
+def _loop(
+    entrants: list[Entrant],
+    model: CostModel,
+    expected: CostModel,
+    config: AutotuneConfig,
+    search: Search,
+    bench: KernelRounds,
+    pool,
+    rounds: int,
+) -> tuple[list[Entrant], LoopRecord]:
+    """``autotune=loop`` after the first rounds: learn from every device measured (the model tuned on them,
+    ``task_tune``), search again with it, measure the new plans' new kernels only (as many rounds as the others), and
+    repeat until the search finds nothing new, the measured fastest stops improving beyond the rounds' noise, it is
+    within the noise of the task's balance bound, ``searches`` are done or the budget is spent."""
+    fits, stopped, searches = [], "searches", 0
+    for it in range(1, config.searches + 1):
+        steps, _ = bench.steps(entrants, expected, rounds)
+        medians = np.median(steps, axis=1)
+        noise = float(np.median((steps.max(axis=1) - steps.min(axis=1)) / medians))
+        bound = bench.bound(entrants, expected, rounds)
+        if medians.min() <= bound * (1 + noise):
+            stopped = "bound"
+            break
+        if bench.elapsed_s() > config.budget_s:
+            stopped = "budget"
+            break
+        feats, mask, measured = _measured_devices(entrants, bench, rounds)
+        tuned, fit = tuned_on_devices(model, feats, mask, measured, it)
+        fits.append(fit)
+        searches = it
+        seen = {_placement(e.plan) for e in entrants}
+        new = [
+            Entrant(f"loop{it}:{e.name}", e.plan)
+            for e in search(tuned)
+            if e.plan is not None and _placement(e.plan) not in seen
+        ]
+        new = list({_placement(e.plan): e for e in new}.values())
+        if not new:
+            stopped = "converged"
+            break
+        # priced by the model as given (the record's predicted ms compare alike), measured like the first candidates
+        new = [dataclasses.replace(e, plan=with_costs(expected, e.plan)) for e in new]
+        for r in range(rounds):
+            if bench.read_round(new, r, pool):
+                stopped = "busy"
+                break
+        entrants = entrants + new
+        if stopped == "busy":
+            break
+        after = np.median(bench.steps(entrants, expected, rounds)[0], axis=1)
+        progress_lines(logger)(
+            f"autotune: search {it}: {len(new)} new plan(s), the fastest {after[-len(new) :].min():.3f} ms against "
+            f"{medians.min():.3f} ms before (bound {bound:.3f} ms, tuned model's MAPE on the measured devices "
+            f"{100 * fit.mape_before:.1f}% -> {100 * fit.mape_after:.1f}%)"
+        )
+        if after[-len(new) :].min() >= medians.min() * (1 - noise):
+            stopped = "no better"
+            break
+    loop = LoopRecord(
+        searches=searches,
+        stopped=stopped,
+        devices=fits[-1].devices if fits else 0,
+        mape_before=fits[-1].mape_before if fits else None,
+        mape_after=fits[-1].mape_after if fits else None,
+    )
+    return entrants, loop
+
+
+def _placement(plan: Plan):
+    return frozenset(plan.shards), plan.data_parallel
+
+
+def _measured_devices(entrants: list[Entrant], bench: KernelRounds, rounds: int):
+    """Every distinct measured device of the candidates (by its kernels): features f32[D, T, F], mask, and its median
+    measured compute, ms."""
+    compute = bench.compute(entrants, rounds)[0]
+    width = max(device_width(e.plan) for e in entrants)
+    seen, feats, mask, measured = set(), [], [], []
+    for e, c in zip(entrants, compute):
+        arrays = plan_arrays(e.plan, None, width)
+        for d, device in enumerate(bench.kernels(e)):
+            key = tuple(k for k, _, _ in device)
+            ms = float(np.median(c[:, d])) * e.plan.task.speeds()[d]
+            if key and key not in seen and ms > 0:
+                seen.add(key)
+                feats.append(arrays.feats[d])
+                mask.append(arrays.table_mask[d])
+                measured.append(ms)
+    return np.stack(feats), np.stack(mask), np.asarray(measured)
 
 
 def _compute(plans: list[Plan], kernels: list, readings: Readings, rounds: int) -> tuple[list[np.ndarray], np.ndarray]:
@@ -333,11 +482,11 @@ def decide(steps: np.ndarray, busy: np.ndarray | None, pick: int, names: list[st
     return fastest, None
 
 
-def _stop(steps: np.ndarray, rounds: int, config: AutotuneConfig, elapsed_s: float) -> str | None:
+def stop_reason(steps: np.ndarray, rounds: int, config: AutotuneConfig, elapsed_s: float) -> str | None:
     """Why measuring ends after this round (``steps`` f64[K, R]: each candidate's step in each round so far), or None:
     ``alone`` (one candidate: nothing to choose between, one reading for the record), ``leader`` (from round
     ``min_rounds``, one leads beyond the noise), ``budget`` (``budget_s`` spent)."""
-    if len(steps) == 1:
+    if len(steps) == 1 and config.name != "loop":  # a loop searches on from one plan: its rounds give the noise
         return "alone"
     if rounds >= min(config.min_rounds, config.rounds) and _leads(steps, int(np.argmin(np.median(steps, axis=1)))):
         return "leader"
@@ -349,6 +498,8 @@ def _stop(steps: np.ndarray, rounds: int, config: AutotuneConfig, elapsed_s: flo
 def _leads(steps: np.ndarray, leader: int) -> bool:
     """The leader's slowest round is faster than every other candidate's fastest: it leads beyond the noise."""
     others = np.delete(steps, leader, axis=0)
+    if not len(others):  # alone (a loop's first plan): it leads once its rounds show the noise
+        return True
     return bool(steps[leader].max() < others.min(axis=1).min())
 
 
@@ -364,7 +515,7 @@ def first_line(err: Exception) -> str:
     return (str(err).splitlines() or [type(err).__name__])[0]
 
 
-def _distinct(task_plans: list[Entrant]) -> tuple[list[Entrant], list[MeasuredCandidate], dict[str, str]]:
+def distinct(task_plans: list[Entrant]) -> tuple[list[Entrant], list[MeasuredCandidate], dict[str, str]]:
     """The entrants with a plan, each plan once (the first name kept); the others as dropped candidates; and each
     repeat's name -> the name its plan is measured under."""
     entrants, dropped, seen, alias = [], [], {}, {}
@@ -382,171 +533,3 @@ def _distinct(task_plans: list[Entrant]) -> tuple[list[Entrant], list[MeasuredCa
     if not entrants:
         raise InfeasibleError(f"autotune: no candidate made a plan ({'; '.join(str(d.why) for d in dropped)})")
     return entrants, dropped, alias
-
-
-def rank_cores(world: int) -> list[int] | None:
-    """A core of its own for each of ``world`` ranks where this process may use that many, else None (the ranks
-    share the cores: a step's time is then the ranks' work time-sliced, which cannot show balance)."""
-    cores = sorted(os.sched_getaffinity(0))
-    return cores[:world] if len(cores) >= world else None
-
-
-class StepRunner(Protocol):
-    """Where ``autotune_steps`` runs its candidates' training steps: gloo ranks started on this machine
-    (``LocalRanks``), or every rank of a live process group (``torchrec.group_steps.GroupSteps``: each rank runs
-    ``autotune_steps`` with the same candidates, so every answer must be the same on every rank)."""
-
-    device: str  # the ranks' compute device
-    pinned: bool  # each rank has a core (or a GPU) of its own: balance shows in the step
-
-    def admits(self, plan: Plan) -> str | None:
-        """Why ``plan``'s ranks would not fit the memory they have, or None."""
-
-    def step_ms(self, plan: Plan, warmup: int, steps: int) -> float:
-        """The median over ``steps`` timed steps (after ``warmup``) of the slowest rank's step; UserError (one line)
-        where the candidate fails."""
-
-    def elapsed_s(self) -> float:
-        """Wall seconds since the measuring started."""
-
-    def says(self) -> bool:
-        """Whether this process reports progress (one process of the ranks)."""
-
-
-class LocalRanks:
-    """``StepRunner`` of gloo ranks started on this machine for each candidate (``training_steps.dmp_steps``), a
-    core per rank where the machine has them (``pin``: None or True pins where it can, False never)."""
-
-    device = "cpu"
-
-    def __init__(self, world: int, config: AutotuneConfig):
-        self.cores = rank_cores(world) if config.pin is not False else None
-        self.pinned = self.cores is not None
-        self.room = available_bytes()
-        self.timeout_s = config.timeout_s
-        self.started = time.perf_counter()
-
-    def admits(self, plan: Plan) -> str | None:
-        """Why ``plan``'s ranks would not fit this machine: their modules (``Plan.memory``) and the rank processes
-        themselves (``RANK_PROCESS_BYTES`` each), against ``MEMORY_SHARE`` of the available memory; or None."""
-        ranks = plan.task.num_devices
-        need = sum(part.total for part in plan.memory()) + ranks * RANK_PROCESS_BYTES
-        if self.room is not None and need > MEMORY_SHARE * self.room:
-            room = self.room / GIB_BYTES
-            return (
-                f"its {ranks} ranks need about {need / GIB_BYTES:.1f} GiB (modules and {ranks} rank processes), this "
-                f"machine has {room:.1f} GiB available"
-            )
-        return None
-
-    def step_ms(self, plan: Plan, warmup: int, steps: int) -> float:
-        [result] = dmp_steps([plan], warmup, steps, self.timeout_s, self.cores)
-        return float(result["step_ms"])
-
-    def elapsed_s(self) -> float:
-        return time.perf_counter() - self.started
-
-    def says(self) -> bool:
-        return True
-
-
-def autotune_steps(
-    task_plans: list[Entrant], config: AutotuneConfig, runner: StepRunner | None = None
-) -> tuple[Plan, AutotuneRecord]:
-    """The fastest of ``task_plans`` in full training steps: each round runs every candidate in
-    DistributedModelParallel on ``runner``'s ranks (default ``LocalRanks``: gloo ranks started here, one candidate's
-    modules at a time, built, timed for ``steps`` steps after ``step_warmup``, freed), the candidates' order rotated
-    per round. A candidate whose ranks would not fit their memory is not started; one that fails (out of memory, a
-    collective error) is dropped with one line and the others go on. Rounds stop as ``autotune_kernels``' do; the
-    least median step replaces the model's pick only where it leads beyond the spread of both (``decide``)."""
-    entrants, dropped, alias = _distinct(task_plans)
-    pick = entrants[model_pick(entrants)]
-    entrants = [pick, *(e for e in entrants if e is not pick)]  # the model's pick is measured first, whatever else
-    runner = runner or LocalRanks(entrants[0].plan.task.num_devices, config)
-    warn = logger.warning if runner.says() else logger.debug
-    protocol = f"steps warmup {config.step_warmup} steps {config.steps} pinned {runner.pinned}"
-    readings = Readings(config.readings, runner.device, protocol)
-    keys = {e.name: plan_digest(e.plan) for e in entrants}
-    runs: dict[str, list[float]] = {}
-    for entrant in entrants:
-        why = runner.admits(entrant.plan)
-        if why is not None:
-            warn(f"autotune: {entrant.name} not started: {why}")
-            dropped.append(MeasuredCandidate(name=entrant.name, kept=False, why=why))
-        else:
-            runs[entrant.name] = list(readings.ms.get(keys[entrant.name], []))
-    by_name = {e.name: e for e in entrants}
-    stopped, rounds = "rounds", 0
-    for r in range(config.rounds):
-        names = list(runs)
-        for name in names[r % len(names) :] + names[: r % len(names)] if names else []:
-            if len(runs[name]) > r:  # read before this run: kept in the readings
-                continue
-            if runner.elapsed_s() > config.budget_s and (r > 0 or name != names[0]):
-                stopped = "budget"
-                break
-            try:
-                ms = runner.step_ms(by_name[name].plan, config.step_warmup, config.steps)
-            except UserError as err:  # this candidate fails here: dropped, the others go on
-                why = first_line(err)
-                warn(f"autotune: {name} dropped: {why}")
-                dropped.append(MeasuredCandidate(name=name, kept=False, why=why))
-                del runs[name]
-                continue
-            runs[name].append(ms)
-            readings.add(keys[name], ms, False)
-        if not runs:
-            raise UserError(f"autotune=steps: no candidate ran ({'; '.join(str(d.why) for d in dropped)})")
-        if stopped == "budget":  # past the budget mid-round: the round is left out, or in round 0 the unread
-            if r == 0:
-                for name in [n for n in runs if not runs[n]]:
-                    why = f"not started within autotune.budget_s ({config.budget_s:g} s)"
-                    dropped.append(MeasuredCandidate(name=name, kept=False, why=why))
-                    del runs[name]
-                rounds = 1
-            runs = {name: ms[:rounds] for name, ms in runs.items()}
-            break
-        rounds = r + 1
-        steps = np.array([runs[name][:rounds] for name in runs])  # resumed readings of later rounds wait their turn
-        if runner.says():
-            progress(rounds, config.rounds, [by_name[n] for n in runs], steps)
-        stopped = _stop(steps, rounds, config, runner.elapsed_s()) or stopped
-        if stopped != "rounds":
-            break
-    runs = {name: ms[:rounds] for name, ms in runs.items()}
-    names = list(runs)
-    steps = np.array([runs[n] for n in names])
-    medians = np.median(steps, axis=1)
-    index, kept = decide(steps, None, names.index(pick.name) if pick.name in runs else 0, names)
-    best = names[index]
-    measured = [
-        MeasuredCandidate(
-            name=n,
-            searcher=by_name[n].plan.searcher,
-            predicted_ms=float(by_name[n].plan.costs.cost_ms),
-            measured_ms=float(m),
-            low_ms=float(min(runs[n])),
-            high_ms=float(max(runs[n])),
-            kept=True,
-        )
-        for n, m in zip(names, medians)
-    ]
-    default = dict(zip(names, medians)).get(alias.get("torchrec_default", "torchrec_default"))
-    record = AutotuneRecord(
-        mode="steps",
-        candidates=(*measured, *dropped),
-        chosen=best,
-        vs_torchrec_default=None if default is None else float(medians[index] / default),
-        model_pick=pick.name,
-        kept_pick=kept,
-        rounds=rounds,
-        stopped=stopped,
-        devices=entrants[0].plan.task.num_devices,
-        seconds=runner.elapsed_s(),
-        resumed=readings.resumed,
-        warmup=config.step_warmup,
-        iters=config.steps,
-        device=runner.device,
-        pinned=runner.pinned,
-    )
-    return dataclasses.replace(by_name[best].plan, autotune=record), record

@@ -18,6 +18,7 @@ cost model is built once per ``run``, at the edge, and handed to every stage as 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -34,7 +35,14 @@ from neuroshard_jax.costs.choice import CostModelSpec, ModelChoice, build_cost_m
 from neuroshard_jax.costs.cost_model import CostModel, with_compute_scale
 from neuroshard_jax.costs.coverage import out_of_depth_warning
 from neuroshard_jax.kernels.executors import open_executor
-from neuroshard_jax.measure.autotune import AutotuneConfig, Entrant, autotune_kernels, autotune_steps, first_line
+from neuroshard_jax.measure.autotune import (
+    AutotuneConfig,
+    Entrant,
+    Search,
+    autotune_kernels,
+    first_line,
+)
+from neuroshard_jax.measure.autotune_steps import autotune_steps
 from neuroshard_jax.measure.calibration import (
     CalibrateConfig,
     PlanReadings,
@@ -151,7 +159,8 @@ class Planner(Settings):
         if self.calibrate.name == "measured" and self.calibrate.on == "plan":
             plan, candidates, model, record, on_plan = self.calibrated_on_plan(model, plan, candidates)
         if self.autotune.name != "off":
-            plan = autotune_plan(plan, candidates, model, self.autotune, self.seed)
+            again = functools.partial(self.best_plans, task) if self.autotune.name == "loop" else None
+            plan = autotune_plan(plan, candidates, model, self.autotune, self.seed, again)
         if self.polish.name == "measured":
             plan = polish_plan(plan, model, self.polish, self.seed)
         if on_plan is not None:  # the plan returned, after autotune and polish, read on its own devices
@@ -163,6 +172,16 @@ class Planner(Settings):
     def plan(self, task: Task) -> Plan:
         """``run(task).plan``."""
         return self.run(task).plan
+
+    def best_plans(self, task: Task, model: CostModel) -> list[Entrant]:
+        """``autotune=loop``'s search: the searcher's ``autotune.k`` best distinct plans of ``task`` by ``model``
+        (a portfolio's members'; a plain searcher's own plan), each named by its member."""
+        plan, candidates = search_candidates(task, self.searcher, model, self.seed, self.row_split)
+        if plan.portfolio is None:
+            return [Entrant(plan.searcher or "plan", plan)]
+        distinct = [c for c in plan.portfolio.candidates if c.error is None and c.same_as is None]
+        best = sorted(distinct, key=lambda c: c.score_ms)[: self.autotune.k]
+        return [Entrant(c.member, candidates[c.member]) for c in best]
 
     def calibrated_on_plan(
         self, model: CostModel, plan: Plan, candidates: dict[str, Plan]
@@ -210,15 +229,23 @@ class OnPlan:
         return dataclasses.replace(record, plan_devices=check, seconds=round(time.perf_counter() - self.started, 1))
 
 
-def autotune_plan(plan: Plan, candidates: dict[str, Plan], model: CostModel, config: AutotuneConfig, seed: int) -> Plan:
+def autotune_plan(
+    plan: Plan,
+    candidates: dict[str, Plan],
+    model: CostModel,
+    config: AutotuneConfig,
+    seed: int,
+    search: Search | None = None,
+) -> Plan:
     """``plan`` (what the search kept) replaced by the measured fastest of its candidates (``entrants``): on the
-    kernels (``autotune_kernels``) or in training steps (``autotune_steps``). The returned plan keeps the search's
-    records (portfolio, calibration) and adds the autotune record."""
+    kernels (``autotune_kernels``; ``loop``: and the plans ``search`` finds with the model tuned on them) or in
+    training steps (``autotune_steps``). The returned plan keeps the search's records (portfolio, calibration) and
+    adds the autotune record."""
     entrants = candidate_plans(plan, candidates, model, config, seed)
     if config.name == "steps":
         chosen, _ = autotune_steps(entrants, config)
     else:
-        chosen, _ = autotune_kernels(entrants, model, config)
+        chosen, _ = autotune_kernels(entrants, model, config, search)
     return searched_records(chosen, plan, seed)
 
 

@@ -54,7 +54,8 @@ from neuroshard_jax.core.schema import row_blocks_json
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.scoring import with_costs
 from neuroshard_jax.kernels.torchrec_format import module_plan
-from neuroshard_jax.measure.autotune import AutotuneConfig, Entrant, autotune_steps, first_line
+from neuroshard_jax.measure.autotune import AutotuneConfig, Entrant, first_line
+from neuroshard_jax.measure.autotune_steps import autotune_steps
 from neuroshard_jax.search.sharding_planner import (
     Planned,
     Planner,
