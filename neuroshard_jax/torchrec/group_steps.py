@@ -3,7 +3,7 @@ DistributedModelParallel and times a few training steps of it, together.
 
 ``NeuroShardPlanner.collective_plan`` with ``autotune="steps"``: rank 0 searches and names the candidates (the
 portfolio's ``k`` best, TorchRec's default and table-wise + column-wise plans, the caller's own ``candidates``), every
-rank gets them, and every rank runs ``measure.autotune_steps.autotune_steps`` with a ``GroupSteps``: the same candidates in
+rank gets them, and every rank runs ``autotune_steps.autotune_steps`` with a ``GroupSteps``: the same candidates in
 the same order, each built (the module's embedding collections alone, rebuilt from their configs on the meta device:
 the caller's module is never touched, and its dense layers are the same under every plan), stepped ``warmup`` +
 ``steps`` times (a barrier before each step; forward, the sum of the pooled outputs, backward with the tables'
