@@ -3,7 +3,7 @@
 the measured fastest returned), one row a task, resumable; the report: what was chosen, its measured step against
 TorchRec's two plans in the same rounds, whether either was faster beyond the rounds' spread, and the wall time.
 
-    python -m tools.autotune_benchmark run [--suite foreign|sealed-N] [--tasks 24] [--session s34]
+    python -m tools.autotune_benchmark run [--suite foreign|sealed-N] [--tasks 24] [--session s34] [--mode loop]
     python -m tools.autotune_benchmark report [--suite ...] [--session s34]
 
 The suites are the foreign benchmark's and the sealed sets' (``tools.foreign_benchmark``, ``tools.sealed_benchmark``);
@@ -42,9 +42,9 @@ def suite_of(name: str) -> Suite:
     raise UserError(f"--suite: got {name!r}, expected foreign or sealed-N")
 
 
-def run(suite: Suite, out: Path, only: set[str], session: str, model: str) -> None:
+def run(suite: Suite, out: Path, only: set[str], session: str, model: str, mode: str = "kernels") -> None:
     log = JsonlLog(out / f"autotune-{session}.jsonl")
-    planner = PlannerOptions(cost_model=model, autotune=AutotuneConfig(name="kernels")).planner()
+    planner = PlannerOptions(cost_model=model, autotune=AutotuneConfig(name=mode)).planner()
     for task_id, family, task in suite.tasks(out / TASKS_FILE):
         if task_id not in only or task_id in log.ids:
             continue
@@ -65,6 +65,7 @@ def report(out: Path, session: str) -> dict:
     for devices in sorted({int(r["id"].split("-")[0][1:]) for r in rows}):
         mine = [r for r in rows if r["id"].startswith(f"d{devices}-")]
         logs = {b: [] for b in BASELINES}
+        bound_logs = []  # the chosen plan's measured step over the task's balance bound (records that have one)
         beaten, chosen_by, walls, rounds, busy = 0, {}, [], [], 0
         unplanned = dict.fromkeys(BASELINES, 0)  # TorchRec's planner made no plan (its own storage rules)
         for r in mine:
@@ -74,6 +75,8 @@ def report(out: Path, session: str) -> dict:
             walls.append(r["wall_s"])
             rounds.append(record.rounds)
             busy += record.busy
+            if record.bound_ms:
+                bound_logs.append(math.log(pick.measured_ms / record.bound_ms))
             by_name, faster = {c.name: c for c in record.candidates}, False
             for name in BASELINES:
                 c = by_name.get(name)
@@ -96,6 +99,7 @@ def report(out: Path, session: str) -> dict:
             "wall_s": {"median": float(np.median(walls)), "max": float(max(walls))},
             "rounds_median": float(np.median(rounds)),
             "busy_kernels": busy,
+            "geo_vs_bound": round(math.exp(np.mean(bound_logs)), 4) if bound_logs else None,
         }
     write_json(result, out / f"autotune-report-{session}.json")
     for devices, s in result["sizes"].items():
@@ -105,7 +109,8 @@ def report(out: Path, session: str) -> dict:
             f"{s['geo_vs']['torchrec']} (worst {s['worst_vs']['torchrec']}); a TorchRec plan faster beyond the "
             f"rounds' spread: {s['baseline_faster_beyond_spread']}; no TorchRec plan: {s['baseline_without_plan']}; "
             f"wall {s['wall_s']['median']:.0f} s median, "
-            f"{s['wall_s']['max']:.0f} s max; rounds {s['rounds_median']:.0f}; busy kernels {s['busy_kernels']}"
+            f"{s['wall_s']['max']:.0f} s max; rounds {s['rounds_median']:.0f}; busy kernels {s['busy_kernels']}; "
+            f"measured step / the task's balance bound {s['geo_vs_bound']}"
         )
     return result
 
@@ -118,13 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=24, help="the first N/2 tasks at 4 and at 8 devices (0: all)")
     parser.add_argument("--session", default="s34")
     parser.add_argument("--model", default="neural", help="the cost model (default: this machine's)")
+    parser.add_argument("--mode", default="kernels", choices=("kernels", "loop"), help="autotune's mode")
     args = parser.parse_args(argv)
     try:
         suite = suite_of(args.suite)
         out = Path(args.out or suite.out)
         out.mkdir(parents=True, exist_ok=True)
         if args.stage == "run":
-            run(suite, out, chosen(suite, out, args.tasks), args.session, args.model)
+            run(suite, out, chosen(suite, out, args.tasks), args.session, args.model, args.mode)
         else:
             report(out, args.session)
     except UserError as err:

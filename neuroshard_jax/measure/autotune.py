@@ -62,7 +62,7 @@ BASELINES = ("torchrec_default", "torchrec")  # TorchRec's planner as its users 
 
 @dataclasses.dataclass(frozen=True)
 class AutotuneConfig(Measuring):
-    """conf/autotune/*.yaml (``name``: off | kernels | steps). ``device``: where the kernels run, the plan's own
+    """conf/autotune/*.yaml (``name``: off | kernels | steps | loop). ``device``: where the kernels run, the plan's own
     (the planner refuses another); ``steps`` always runs its gloo ranks on this machine's CPU."""
 
     name: str = "off"
