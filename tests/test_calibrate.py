@@ -232,3 +232,38 @@ def test_calibration_on_the_plan_measures_its_devices_searches_again_and_checks_
     assert "devices of the searched plans" in line and f"on its own {len(check.measured_ms)} devices" in line
     with pytest.raises(UserError, match="calibrate.on: got 'plans', expected one of tables, plan"):
         CalibrateConfig(name="measured", on="plans")
+
+
+def test_first_contact_scales_another_kinds_model_once_and_later_runs_reuse_it(tmp_path, monkeypatch):
+    """A machine kind no model was trained on, simulated honestly: this kind's models left out of the choice, so the
+    run plans with another kind's; first contact measures its fixed spec kernels on the real worker (seconds), scales
+    the model, says so in the model line and plan.json, and keeps the factor; the next run reads it back and measures
+    nothing; first_contact=false plans unscaled; a model the user named is never scaled."""
+    import time
+
+    from neuroshard_jax.core.hardware import hardware, hardware_kind
+    from neuroshard_jax.costs.choice import checkpoint_path, model_kinds, of_kind, shipped_names
+    from neuroshard_jax.search.sharding_planner import PlannerOptions
+
+    monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path / "cache"))  # this machine met for the first time
+    here = hardware_kind(hardware())
+    own = [n for n in shipped_names() if of_kind(here, model_kinds(checkpoint_path(n)))]
+    task = make_task([make_table(i, 20_000 + 5_000 * i, 16, 2.0) for i in range(8)], num_devices=2, batch_size=4096)
+    options = PlannerOptions(searcher="grid", cost_model_options={"exclude": own})
+    started = time.perf_counter()
+    first = options.planner().run(task)
+    first_s = time.perf_counter() - started
+    record = first.plan.calibration
+    assert record.on == "first_contact" and record.devices == 12 and not first.choice.matches
+    assert record.seconds < 60 and first.cost_model.calibration == record.factor  # the target: 30 s on 2 cores
+    assert "scaled to this machine by first contact" in first.choice.line() and "measured now" in first.choice.line()
+    assert first.choice.name not in own
+    started = time.perf_counter()
+    again = options.planner().run(task)
+    assert "kept from an earlier run" in again.choice.line() and again.plan.calibration == record
+    assert time.perf_counter() - started < first_s - 0.5 * record.seconds  # nothing measured again
+    assert again.plan.shards == first.plan.shards  # the same seed, the same scale: the same plan
+    off = PlannerOptions(searcher="grid", cost_model_options={"exclude": own}, first_contact=False)
+    assert off.planner().run(task).plan.calibration is None
+    named = PlannerOptions(searcher="grid", cost_model=first.choice.name).planner().run(task)
+    assert named.plan.calibration is None  # a model the user named is theirs as it is

@@ -264,7 +264,10 @@ def calibration_line(record: CalibrationRecord) -> str:
     if record.given:
         return f"calibrated: predicted compute x{record.factor:.3f} (cost_model.calibration, given)"
     r = record.ratios
-    what = "of the searched plans (the plan's and its candidates')" if record.on == "plan" else "of the task's tables"
+    what = {
+        "plan": "of the searched plans (the plan's and its candidates')",
+        "first_contact": "of first contact's spec kernels, this machine's kind being new to the models",
+    }.get(record.on, "of the task's tables")
     line = (
         f"calibrated on this machine: predicted compute x{record.factor:.3f} (measured / predicted over "
         f"{record.devices} devices {what}: p10 {r.p10:.2f}, p90 {r.p90:.2f}; {record.seconds:.0f} s)"

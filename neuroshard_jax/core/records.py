@@ -152,7 +152,7 @@ class PlanDevices:
     busy: int = 0  # of these devices, read while the machine was busy (every try)
 
 
-CALIBRATED_ON = (None, "tables", "plan")
+CALIBRATED_ON = (None, "tables", "plan", "first_contact")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -161,8 +161,9 @@ class CalibrationRecord:
     (``cost_model.calibration=F``: the factor alone) or measured (``measure.calibration``: the median measured /
     predicted compute over ``devices`` devices, each measured and predicted ms, its spread, the protocol, the seconds
     it took, whether it is ``far`` from 1, and how many devices were read while the machine was ``busy``). ``on``:
-    what was measured, groups of the task's own tables before the search (``tables``; None in older files) or the
-    devices of the search's plan and its candidates (``plan``), then checked on the plan returned (``plan_devices``)."""
+    what was measured, groups of the task's own tables before the search (``tables``; None in older files), the
+    devices of the search's plan and its candidates (``plan``), then checked on the plan returned (``plan_devices``),
+    or first contact's spec kernels, on a machine kind no model was trained on (``first_contact``)."""
 
     factor: float
     given: bool = False
@@ -186,7 +187,7 @@ class CalibrationRecord:
             missing = next(name for name in measured if getattr(self, name) is None)
             raise UserError(f"calibration.{missing}: missing, expected it in a measured calibration (or given: true)")
         if self.on not in CALIBRATED_ON:
-            raise UserError(f"calibration.on: got {self.on!r}, expected tables or plan")
+            raise UserError(f"calibration.on: got {self.on!r}, expected tables, plan or first_contact")
         if self.plan_devices is not None and self.on != "plan":
             raise UserError(f"calibration.plan_devices: given with on {self.on!r}, expected only with on: plan")
 

@@ -49,6 +49,9 @@ logger = logging.getLogger(__name__)
 class NeuralConfig:
     checkpoint: str | None = None  # None: the model named by cost_model.name (``neural``: the shipped default)
     risk: float = 1.0  # an ensemble's score = its prediction + risk x the members' spread (0: trust the mean)
+    # models not to choose for this machine (the user's or shipped): with every model of its kind left out, a run plans
+    # as on a kind no model was trained on (first contact), honestly simulated
+    exclude: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not (isinstance(self.risk, (int, float)) and 0 <= self.risk < float("inf")):
@@ -385,6 +388,7 @@ class ModelChoice:
     instead: str | None = None  # why this model plans in place of the one asked for (``build_cost_model``'s fallback)
     # the torch and FBGEMM its labels were timed with, where they are not this environment's (``stack_change``)
     stack: str | None = None
+    contact: str | None = None  # how first contact scaled it to this machine (``measure.first_contact``), if it did
 
     @property
     def spec(self) -> CostModelSpec:
@@ -403,6 +407,11 @@ class ModelChoice:
         if self.matches:
             how = "chosen for this machine" if self.chosen else "trained on"
             return f"cost model: {label}, {how}: {trained}{stack}"
+        if self.contact:
+            return (
+                f"cost model: {label}, trained on {trained}{stack}; this machine is {self.here}: no model of its kind; "
+                f"{self.contact}; a model of this kind in minutes: {adapt_here(self.device)}"
+            )
         return (
             f"cost model: {label}, trained on {trained}{stack}; this machine is {self.here}: no model of its kind, so "
             f"predictions may be far off; make one in minutes: {adapt_here(self.device)}"
@@ -425,8 +434,9 @@ def choose_cost_model(
     chosen = name == "neural" and not options.get("checkpoint")
     skipped: tuple[SkippedModel, ...] = ()
     if chosen:  # the default stays "neural" unless another model, not the default, is of this kind
+        exclude = exclude | frozenset(options.get("exclude") or ())
         of_kind, skipped = _model_of_kind(hardware_kind(hardware(), device), task, exclude)
-        name = of_kind or name
+        name = of_kind or (_default_besides(exclude) if SHIPPED_MODEL_NAME in exclude else name)
     for skip in skipped:
         logger.warning("%s", skip.line())
     return dataclasses.replace(model_choice(CostModelSpec(name, options, chosen), device), skipped=skipped)
@@ -512,6 +522,16 @@ def of_kind(here: str, kinds: tuple[str, ...]) -> bool:
     return here in kinds or (bool(gpu) and gpu != "GPU not recorded" and any(k.endswith(f" + {gpu}") for k in kinds))
 
 
+def _default_besides(exclude: frozenset[str]) -> str:
+    """The shipped CPU model that plans where the default is left out (``NeuralConfig.exclude``): the first by name
+    not left out, else the roofline."""
+    for name in shipped_names():
+        kinds = model_kinds(checkpoint_path(name))
+        if name not in exclude and kinds and not any(" + " in k for k in kinds):
+            return name
+    return "analytic"
+
+
 def _model_of_kind(
     here: str, task: Task | None = None, exclude: frozenset[str] = frozenset()
 ) -> tuple[str | None, tuple[SkippedModel, ...]]:
@@ -539,7 +559,7 @@ def _model_of_kind(
     mine = {n: m for n, m in usable.items() if of_kind(here, model_kinds(checkpoint_path(n)))}
     if mine:
         return best(sorted(mine, key=lambda n: mine[n].get("trained", ""), reverse=True), mine), skipped
-    shipped = [n for n in shipped_names() if of_kind(here, model_kinds(checkpoint_path(n)))]
+    shipped = [n for n in shipped_names() if n not in exclude and of_kind(here, model_kinds(checkpoint_path(n)))]
     if not shipped or SHIPPED_MODEL_NAME in shipped:
         return None, skipped
     return best(shipped, {}), skipped

@@ -50,6 +50,7 @@ from neuroshard_jax.measure.calibration import (
     calibrated,
     checked_on_plan,
 )
+from neuroshard_jax.measure.first_contact import contact_line, first_contact
 from neuroshard_jax.measure.polish import PolishConfig, polish_plan
 from neuroshard_jax.search.pipeline import keep_compiled_kernels, search_candidates
 from searchers import Searcher, make_searcher, searcher_names, searcher_options
@@ -88,7 +89,9 @@ class Settings:
     ``False`` or a mode's name such as ``"kernels"`` are taken too; an ``autotune`` left on its default device measures
     on the plan's); ``device``: the compute device the plan is for (cpu | cuda); ``fallback``: a cost model not trained
     at the task's batch size or precision gives way to one that is (or the roofline), with a warning, instead of
-    refusing. Keyword-only, so that a subclass's parts come first."""
+    refusing; ``first_contact``: on a machine kind no model was trained on, the model chosen for it is scaled to this
+    machine from a few spec kernels measured once and kept (``measure.first_contact``). Keyword-only, so that a
+    subclass's parts come first."""
 
     seed: int = 0
     row_split: str = "fit"
@@ -97,6 +100,7 @@ class Settings:
     autotune: AutotuneConfig = AutotuneConfig()
     device: str = "cpu"
     fallback: bool = False
+    first_contact: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "seed", check_seed(self.seed))
@@ -153,6 +157,9 @@ class Planner(Settings):
         keep_compiled_kernels()
         model, choice = build_cost_model(self.cost_model, task, self.device, self.fallback)  # choice.instead: why
         record, on_plan = None, None
+        if self.meets_first(choice, model):  # a machine kind no model was trained on: the closest one scaled to it
+            model, record, cached = first_contact(model, choice.spec.label, task, self.calibrate)
+            choice = dataclasses.replace(choice, contact=contact_line(record, cached))
         if self.calibrate.name == "measured" and self.calibrate.on == "tables":
             model, record = calibrated(task, model, self.calibrate, self.seed)
         plan, candidates = search_candidates(task, self.searcher, model, self.seed, self.row_split)
@@ -168,6 +175,19 @@ class Planner(Settings):
         if record is not None:
             plan = dataclasses.replace(plan, calibration=record)
         return Planned(plan, model, choice, candidates)
+
+    def meets_first(self, choice: ModelChoice, model: CostModel) -> bool:
+        """Whether first contact scales ``model`` (``measure.first_contact``): on, the model chosen for this machine
+        (nobody named one) but of another kind, the plan for this machine's CPU, and no calibration asked for."""
+        return (
+            self.first_contact
+            and choice.chosen
+            and not choice.matches
+            and bool(choice.kinds)
+            and self.device == "cpu"
+            and self.calibrate.name == "off"
+            and model.calibration == 1.0
+        )
 
     def plan(self, task: Task) -> Plan:
         """``run(task).plan``."""

@@ -1,0 +1,130 @@
+"""First contact judged on a machine kind the models were not trained on, honestly simulated: this machine's own
+models left out of the choice (``cost_model.exclude``), so the run plans with another kind's shipped model, scaled by
+first contact (``measure.first_contact``); every device of every plan then measured on the real kernels and compared
+with the model's predicted compute as trained and as first contact scaled it.
+
+    python -m tools.first_contact_benchmark [--tasks 8] [--exclude epyc-f25m17,...] [--out outputs/bench/first-contact]
+
+The tasks are the foreign benchmark's (``tools.foreign_benchmark``: generators nobody trained on), the first N/2 at 4
+and at 8 devices; the first run measures first contact into a fresh cache (its seconds reported), every later task
+reads it back. Prints and writes ``first-contact-<date>.json``: per size, the plan devices' MAPE and median signed
+error as trained and as scaled, the factor, the measuring seconds, and the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.hardware import hardware, hardware_kind
+from neuroshard_jax.costs.cost_model import expected_cost_model, with_compute_scale
+from neuroshard_jax.costs.scoring import score_plan
+from neuroshard_jax.kernels.executors import open_executor
+from neuroshard_jax.measure.calibration import CalibrateConfig, PlanReadings
+from neuroshard_jax.search.sharding_planner import PlannerOptions
+from tools.foreign_benchmark import FOREIGN, TASKS_FILE, chosen
+
+OWN = "epyc-f25m17,epyc-f25m17-kinds,epyc-f25m17-rowwise"  # this machine kind's shipped models (AMD EPYC f25m17)
+
+
+def errors(predicted: np.ndarray, measured: np.ndarray) -> dict:
+    ratio = predicted / measured
+    return {
+        "mape": round(float(np.mean(np.abs(ratio - 1))), 4),
+        "bias": round(float(np.median(ratio - 1)), 4),
+        "worst": round(float(np.max(np.maximum(ratio, 1 / ratio))), 3),
+    }
+
+
+def run(count: int, exclude: list[str], out: Path) -> dict:
+    os.environ["NEUROSHARD_CACHE_DIR"] = tempfile.mkdtemp(prefix="first-contact-")  # a machine met for the first time
+    options = PlannerOptions(searcher="beam", cost_model_options={"exclude": exclude})
+    planner = options.planner()
+    rows, contact_s = [], None
+    config = CalibrateConfig(name="measured")
+    for task_id, _, task in FOREIGN.tasks(Path(FOREIGN.out) / TASKS_FILE):
+        if task_id not in chosen(FOREIGN, Path(FOREIGN.out), count):
+            continue
+        started = time.perf_counter()
+        planned = planner.run(task)
+        wall = time.perf_counter() - started
+        record = planned.plan.calibration
+        if record is None or record.on != "first_contact":
+            raise UserError(f"{task_id}: first contact did not run ({planned.choice.line()})")
+        if contact_s is None:
+            contact_s = record.seconds
+        with open_executor(config.executor, "cpu", config.timeout_s) as pool:
+            measured = PlanReadings(config, pool).devices(planned.plan)
+        scaled = np.asarray(score_plan(expected_cost_model(planned.cost_model), planned.plan).compute_ms)
+        trained_model = with_compute_scale(planned.cost_model, 1.0, task.comm_scale())
+        trained = np.asarray(score_plan(expected_cost_model(trained_model), planned.plan).compute_ms)
+        used = measured > 0
+        rows.append(
+            {
+                "task": task_id,
+                "devices": task.num_devices,
+                "factor": record.factor,
+                "wall_s": round(wall, 1),
+                "measured": measured[used].tolist(),
+                "trained": trained[used].tolist(),
+                "scaled": scaled[used].tolist(),
+            }
+        )
+        print(f"{task_id}: {errors(scaled[used], measured[used])} (as trained {errors(trained[used], measured[used])})")
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "hardware": hardware_kind(hardware()),
+        "model": planned.choice.name,
+        "excluded": exclude,
+        "first_contact_s": contact_s,
+        "factor": rows[0]["factor"] if rows else None,
+        "sizes": {},
+        "tasks": rows,
+    }
+    for devices in sorted({r["devices"] for r in rows}):
+        mine = [r for r in rows if r["devices"] == devices]
+        cat = {k: np.concatenate([r[k] for r in mine]) for k in ("measured", "trained", "scaled")}
+        result["sizes"][devices] = {
+            "tasks": len(mine),
+            "plan_devices": int(len(cat["measured"])),
+            "as_trained": errors(cat["trained"], cat["measured"]),
+            "first_contact": errors(cat["scaled"], cat["measured"]),
+        }
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(result, out / f"first-contact-{result['date']}.json")
+    for devices, s in result["sizes"].items():
+        print(
+            f"{devices} devices, {s['tasks']} tasks, {s['plan_devices']} plan devices: first contact "
+            f"{s['first_contact']}; as trained {s['as_trained']}"
+        )
+    print(f"first contact measured in {contact_s} s (factor {result['factor']}), read back by the later runs")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.first_contact_benchmark", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--tasks", type=int, default=8, help="the first N/2 foreign tasks at 4 and at 8 devices")
+    parser.add_argument("--exclude", default=OWN, help="this machine kind's models, left out of the choice")
+    parser.add_argument("--out", default="outputs/bench/first-contact")
+    args = parser.parse_args(argv)
+    try:
+        run(args.tasks, [n for n in args.exclude.split(",") if n], Path(args.out))
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
