@@ -210,6 +210,7 @@ def test_the_planner_autotunes_the_portfolio_against_torchrecs_plans(task, tmp_p
     said = explain_file(ExplainConfig(plan=str(path), chart=False, model="analytic"))
     assert "why this plan:" in said and f"measured (kernels, {record.rounds} rounds): {record.chosen}'s plan" in said
     assert record.kept_pick is None or record.kept_pick in said
+    assert f"the task's balance bound from the measured candidates: {record.bound_ms:.3f} ms" in said
 
 
 def test_autotune_steps_times_each_candidate_in_distributed_model_parallel_and_drops_one_that_fails(model, tmp_path):

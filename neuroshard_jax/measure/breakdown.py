@@ -545,6 +545,11 @@ def why_chosen(plan: Plan) -> list[str]:
                 f"{runner.measured_ms:.3f} ms ({runner.low_ms:.3f}-{runner.high_ms:.3f}): "
                 + ("beyond the rounds' spread" if beyond else "within the rounds' spread, a near tie")
             )
+        if tuned.bound_ms:
+            lines.append(
+                f"the task's balance bound from the measured candidates: {tuned.bound_ms:.3f} ms; this plan "
+                f"{won.measured_ms / tuned.bound_ms:.3f}x it"
+            )
     return lines
 
 
