@@ -51,8 +51,9 @@ def run(count: int, exclude: list[str], out: Path) -> dict:
     planner = options.planner()
     rows, contact_s = [], None
     config = CalibrateConfig(name="measured")
+    only = chosen(FOREIGN, Path(FOREIGN.out), count)  # the tasks file read once
     for task_id, _, task in FOREIGN.tasks(Path(FOREIGN.out) / TASKS_FILE):
-        if task_id not in chosen(FOREIGN, Path(FOREIGN.out), count):
+        if task_id not in only:
             continue
         started = time.perf_counter()
         planned = planner.run(task)
