@@ -18,6 +18,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection  # noqa: E
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor  # noqa: E402
 
 from neuroshard_jax.core.errors import UserError  # noqa: E402
+from neuroshard_jax.kernels.worker.comm import leave_rank  # noqa: E402
 from neuroshard_jax.core.plan import Plan  # noqa: E402
 from neuroshard_jax.measure.autotune import AutotuneConfig  # noqa: E402
 from neuroshard_jax.torchrec.group_steps import GroupSteps  # noqa: E402
@@ -56,4 +57,4 @@ except UserError as err:
 record = planner.last_plan.autotune
 with open(out, "w") as f:
     json.dump({"shards": shards, "autotune": record.to_json(), "refused": refused}, f)
-dist.destroy_process_group()
+leave_rank()  # the results written: leave as every rank of the project's distributed jobs does

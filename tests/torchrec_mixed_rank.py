@@ -18,6 +18,7 @@ from torchrec.distributed.sharding_plan import get_default_sharders  # noqa: E40
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from neuroshard_jax.torchrec.planner import NeuroShardPlanner  # noqa: E402
+from neuroshard_jax.kernels.worker.comm import leave_rank  # noqa: E402
 from tests.torchrec_models import MixedModel, mixed_batches  # noqa: E402
 
 dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
@@ -43,4 +44,4 @@ for path, module in dmp.named_modules():
 with open(out, "w") as f:
     plan_json = {p: {t: [s.sharding_type, s.ranks] for t, s in m.items()} for p, m in plan.plan.items()}
     json.dump({"plan": plan_json, "losses": losses, "sharded": held}, f)
-dist.destroy_process_group()
+leave_rank()  # the results written: leave as every rank of the project's distributed jobs does
