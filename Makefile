@@ -1,5 +1,6 @@
 # make run  : create .venv (CPU stack), then shard the default task (prints a plan, writes plan.json)
 # make test : create .venv, then run the test suite
+# make test-fast : the tests marked fast (pytest -m fast), minutes: what to run before a commit
 # make compare : every searcher over the suite (experiment=compare), every plan measured, compare.md + plots
 # make test-newest : the newest supported torch / FBGEMM / TorchRec (requirements/newest.txt) installed first, as a
 #                    user's environment holds them, this package into it, and the tests of the worker, the adapter,
@@ -17,7 +18,7 @@ SEARCHER ?= beam
 ARGS ?=
 SWEEP ?= multirun/compare/default
 
-.PHONY: run test test-newest compare lint clean
+.PHONY: run test test-fast test-newest compare lint clean
 
 # pip's output goes to $(VENV)/install.log, shown only if a step fails (then make stops with pip's exit status)
 $(VENV)/.installed: pyproject.toml requirements/default.txt
@@ -34,6 +35,10 @@ run: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest $(ARGS)
+
+# before a commit: the tests marked fast (pure Python, one real worker smoke), about 3 minutes on 2 cores
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -m fast $(ARGS)
 
 # the user's stack first (torch, FBGEMM, TorchRec of requirements/newest.txt), then this package without constraints:
 # pip keeps what the ranges allow; versions.txt shows what the environment ended with

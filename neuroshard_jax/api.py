@@ -17,8 +17,7 @@ from collections.abc import Mapping, Sequence
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import estimated_line
 from neuroshard_jax.search.sharding_planner import Planner, planner_from
-from neuroshard_jax.workloads.builders import TableSpecs, task_from_tables
-from neuroshard_jax.workloads.statistics import DEFAULT_ZIPF
+from neuroshard_jax.workloads.builders import TableSpecs, TaskOptions, task_from_tables
 
 logger = logging.getLogger(__name__)
 
@@ -30,12 +29,12 @@ def plan(
     searcher: str | None = None,
     cost_model: str | None = None,
     *,
-    batch_size: int = 4096,
-    precision: str = "fp32",
-    optimizer: str = "exact_sgd",
-    mem_reserve: float = 0.0,
+    batch_size: int = TaskOptions.batch_size,
+    precision: str = TaskOptions.precision,
+    optimizer: str = TaskOptions.optimizer,
+    mem_reserve: float = TaskOptions.mem_reserve,
     devices: Sequence[Mapping[str, float]] | None = None,
-    zipf: float = DEFAULT_ZIPF,
+    zipf: float = TaskOptions.zipf,
     planner: Planner | None = None,
     **options,
 ) -> Plan:
@@ -69,9 +68,10 @@ def plan(
     """
     given = {k: v for k, v in (("searcher", searcher), ("cost_model", cost_model)) if v is not None}
     planner = planner_from({**given, **options}, planner)
-    task = task_from_tables(
-        tables, num_devices, mem_cap_gb, batch_size, precision, devices, zipf, planner.seed, optimizer, mem_reserve
+    trains = TaskOptions(
+        batch_size=batch_size, precision=precision, optimizer=optimizer, mem_reserve=mem_reserve, zipf=zipf
     )
+    task = task_from_tables(tables, num_devices, mem_cap_gb, options=trains, devices=devices, seed=planner.seed)
     estimated = [t.name or t.id for t in task.tables if t.estimated]
     if estimated:
         warnings.warn(estimated_line(estimated, task.num_tables), UserWarning, stacklevel=2)

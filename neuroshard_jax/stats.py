@@ -7,10 +7,15 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import one_line_errors, run_app, writable_folder
+from neuroshard_jax.core.cli import one_line_errors, resolved, run_app, writable_folder
+from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
-from neuroshard_jax.workloads.statistics import app_config, file_stats, stats_file
+from neuroshard_jax.workloads.statistics import StatsConfig, file_stats, stats_file
+
+
+def app_config(cfg: DictConfig) -> StatsConfig:
+    return typed(StatsConfig, resolved(cfg))
 
 
 @hydra.main(version_base="1.3", config_path="pkg://neuroshard_jax.conf", config_name="stats")

@@ -18,8 +18,8 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection  # noqa: E
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor  # noqa: E402
 
 from neuroshard_jax.core.errors import UserError  # noqa: E402
-from neuroshard_jax.kernels.worker.comm import leave_rank  # noqa: E402
 from neuroshard_jax.core.plan import Plan  # noqa: E402
+from neuroshard_jax.kernels.worker.comm import leave_rank  # noqa: E402
 from neuroshard_jax.measure.autotune import AutotuneConfig  # noqa: E402
 from neuroshard_jax.torchrec.group_steps import GroupSteps  # noqa: E402
 from neuroshard_jax.torchrec.planner import NeuroShardPlanner, table_configs  # noqa: E402
@@ -56,5 +56,6 @@ except UserError as err:
     refused = str(err)
 record = planner.last_plan.autotune
 with open(out, "w") as f:
-    json.dump({"shards": shards, "autotune": record.to_json(), "refused": refused}, f)
+    stages = list(planner.last_plan.stages)
+    json.dump({"shards": shards, "autotune": record.to_json(), "refused": refused, "stages": stages}, f)
 leave_rank()  # the results written: leave as every rank of the project's distributed jobs does

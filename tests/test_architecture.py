@@ -176,21 +176,6 @@ def test_readme_python_api_example_runs():
     exec(compile(code, "README.md (Python API)", "exec"), {})
 
 
-def test_a_long_module_says_why_true_to_its_size():
-    """A module over 500 lines states at its top why it is one module, with its size within 10% of the truth."""
-    files = {**_modules(), **{f"tools.{f.stem}": f for f in (REPO / "tools").glob("*.py")}}
-    wrong = []
-    for name, path in files.items():
-        text = path.read_text()
-        lines = text.count("\n")
-        if lines <= 500:
-            continue
-        said = re.search(r"Why one module of ~([\d,]+) lines", ast.get_docstring(ast.parse(text)) or "")
-        if said is None or abs(int(said.group(1).replace(",", "")) - lines) > 0.1 * lines:
-            wrong.append(f"{name} ({lines} lines): {said.group(0) if said else 'no reason at its top'}")
-    assert not wrong, wrong
-
-
 def test_file_schemas_type_every_field():
     """The task and plan files' schema: every field typed with what its checks need, none ``Any``."""
     import dataclasses
@@ -206,3 +191,14 @@ def test_file_schemas_type_every_field():
         if hint is typing.Any
     ]
     assert not loose, loose
+
+
+def test_the_library_never_imports_hydra():
+    """``nsj.plan``, the ``Planner`` and the TorchRec adapter run inside a user's program: Hydra and OmegaConf are the
+    commands' (``core.cli``), never the library's."""
+    code = (
+        "import sys, neuroshard_jax as nsj, neuroshard_jax.search.sharding_planner, neuroshard_jax.torchrec.planner; "
+        "nsj.plan; print(sorted(m for m in sys.modules if m.split('.')[0] in ('hydra', 'omegaconf')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -15,9 +15,9 @@ from neuroshard_jax.learn.cost_labels import config_from as collect_config
 from neuroshard_jax.learn.policy_training import app_config as policy_config
 from neuroshard_jax.search.job import main_config
 from neuroshard_jax.search.pipeline import search_plan
+from neuroshard_jax.stats import app_config as stats_config
 from neuroshard_jax.torchrec.plan_export import app_config as export_config
 from neuroshard_jax.train import app_config as train_config
-from neuroshard_jax.workloads.statistics import app_config as stats_config
 from searchers import make_searcher
 
 from .conftest import make_table, make_task, run_cli

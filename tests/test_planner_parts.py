@@ -16,6 +16,7 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.table import PoolSpec
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.choice import CostModelSpec
+from neuroshard_jax.measure.calibration import CalibrateConfig
 from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.search.sharding_planner import Planner, PlannerOptions
 from searchers import Searcher, make_searcher
@@ -205,5 +206,29 @@ def test_options_none_a_misspelt_searcher_and_a_given_calibration_read_as_before
     assert plan.calibration.factor == 1.1 and plan.calibration.given
     with pytest.raises(UserError, match=r"^searcher: got 'bem', expected one of"):
         nsj.plan(TABLES, num_devices=2, searcher="bem", k=5)
-    adapter = NeuroShardPlanner(world_size=2, mem_cap_gb=1.0, planner=Planner(make_searcher("grid")))
-    assert adapter.planner.fallback and adapter.planner.searcher.name == "grid"
+    # a user's own planner plans as built (no fallback slipped in); one for another device than the topology's is
+    # refused (world_size alone: TorchRec's GPU trainer topology)
+    own = Planner(make_searcher("grid"), device="cuda")
+    adapter = NeuroShardPlanner(world_size=2, mem_cap_gb=1.0, planner=own)
+    assert adapter.planner is own and not adapter.planner.fallback
+    with pytest.raises(UserError, match=r"^planner: plans for device 'cpu', the topology's compute device is 'cuda'"):
+        NeuroShardPlanner(world_size=2, mem_cap_gb=1.0, planner=Planner(make_searcher("grid")))
+
+
+def test_one_stage_sequence_built_once_and_run_in_its_order_by_every_entry_point():
+    """``Planner.stages`` is the one place the sequence is built: measured stages where asked, in one order; the plan
+    names the stages that ran; ``nsj.plan`` runs the planner's own sequence (the TorchRec adapter's ``plan`` and
+    ``collective_plan`` are checked in test_torchrec_planner and test_portfolio)."""
+    names = lambda planner: tuple(s.name for s in planner.stages())  # noqa: E731
+    assert names(PlannerOptions().planner()) == ("first_contact", "search")  # the model chosen for this machine
+    assert names(PlannerOptions(cost_model="analytic").planner()) == ("search",)  # a named model is used as given
+    on_plan = CalibrateConfig(name="measured", on="plan")
+    every = PlannerOptions(cost_model="analytic", calibrate=on_plan, autotune="kernels", polish=True).planner()
+    assert names(every) == ("search", "calibrate_on_plan", "autotune", "polish", "check_on_plan")
+    on_tables = PlannerOptions(calibrate=True, autotune="loop", polish=True).planner()
+    assert names(on_tables) == ("calibrate", "search", "autotune", "polish")
+    plan = nsj.plan(TABLES, num_devices=2, mem_cap_gb=1.0, searcher="grid", cost_model="analytic")
+    assert plan.stages == ("search",) and Plan.from_json(plan.to_json()).stages == ("search",)
+    old = plan.to_json()
+    del old["stages"]
+    assert Plan.from_json(old) == plan and Plan.from_json(old).stages == ()  # a plan.json from before stages loads

@@ -281,6 +281,7 @@ def test_collective_plan_autotunes_in_steps_on_the_live_gloo_group_and_every_ran
     record = rank0["autotune"]
     by_name = {c["name"]: c for c in record["candidates"]}
     assert record["mode"] == "steps" and record["pinned"] and record["chosen"] == "grid"
+    assert rank0["stages"] == rank1["stages"] == ["search", "autotune"]  # the planner's own sequence, in its order
     assert by_name["planted"]["kept"] and by_name["planted"]["measured_ms"] > by_name["grid"]["measured_ms"]
     assert not by_name["stale"]["kept"] and "not a plan of the module's tables" in by_name["stale"]["why"]
     assert {tuple(on) for _, on in rank0["shards"].values()} != {(0,)}  # not the planted plan

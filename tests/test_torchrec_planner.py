@@ -73,6 +73,7 @@ def test_a_module_gets_a_sharding_plan_equal_to_ours():
     plan = planner.plan(model, None)
     ours = planner.last_plan
     assert ours.task.batch_size == 2048 and ours.costs.cost_model == "analytic"
+    assert ours.stages == tuple(s.name for s in planner.planner.stages()) == ("search",)  # the planner's sequence
     assert ours.task.caps_gb() == [2.0, 1.0]
     assert [t.estimated for t in ours.task.tables] == [False, False, True]  # items/t0 had no statistics
     assert set(plan.plan) == {"users", "items"}

@@ -17,8 +17,8 @@ from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, Tr
 from torchrec.distributed.sharding_plan import get_default_sharders  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from neuroshard_jax.torchrec.planner import NeuroShardPlanner  # noqa: E402
 from neuroshard_jax.kernels.worker.comm import leave_rank  # noqa: E402
+from neuroshard_jax.torchrec.planner import NeuroShardPlanner  # noqa: E402
 from tests.torchrec_models import MixedModel, mixed_batches  # noqa: E402
 
 dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)

@@ -3,11 +3,11 @@
 the measured fastest returned), one row a task, resumable; the report: what was chosen, its measured step against
 TorchRec's two plans in the same rounds, whether either was faster beyond the rounds' spread, and the wall time.
 
-    python -m tools.autotune_benchmark run [--suite foreign|sealed-N] [--tasks 24] [--session s34] [--mode loop]
-    python -m tools.autotune_benchmark report [--suite ...] [--session s34]
+    python -m tools.autotune_benchmark run [--suite foreign|sealed-N] [--tasks 24] [--run s34] [--mode loop]
+    python -m tools.autotune_benchmark report [--suite ...] [--run s34]
 
 The suites are the foreign benchmark's and the sealed sets' (``tools.foreign_benchmark``, ``tools.sealed_benchmark``);
-the rows go to the suite's folder, ``autotune-<session>.jsonl``. A candidate's step in a round is its devices'
+the rows go to the suite's folder, ``autotune-<run>.jsonl``. A candidate's step in a round is its devices'
 measured compute with the model's comm (``measure/autotune.py``), so TorchRec's plans and ours are priced alike.
 """
 
@@ -42,8 +42,8 @@ def suite_of(name: str) -> Suite:
     raise UserError(f"--suite: got {name!r}, expected foreign or sealed-N")
 
 
-def run(suite: Suite, out: Path, only: set[str], session: str, model: str, mode: str = "kernels") -> None:
-    log = JsonlLog(out / f"autotune-{session}.jsonl")
+def run(suite: Suite, out: Path, only: set[str], tag: str, model: str, mode: str = "kernels") -> None:
+    log = JsonlLog(out / f"autotune-{tag}.jsonl")
     planner = PlannerOptions(cost_model=model, autotune=AutotuneConfig(name=mode)).planner()
     for task_id, family, task in suite.tasks(out / TASKS_FILE):
         if task_id not in only or task_id in log.ids:
@@ -57,11 +57,11 @@ def run(suite: Suite, out: Path, only: set[str], session: str, model: str, mode:
         print(f"{task_id}: {a.chosen} ({a.rounds} rounds, {a.stopped}; {wall:.0f} s)", flush=True)
 
 
-def report(out: Path, session: str) -> dict:
-    rows = list(JsonlLog(out / f"autotune-{session}.jsonl").records())
+def report(out: Path, tag: str) -> dict:
+    rows = list(JsonlLog(out / f"autotune-{tag}.jsonl").records())
     if not rows:
-        raise UserError(f"{out}/autotune-{session}.jsonl: no rows, expected the run stage first")
-    result = {"session": session, "hardware": rows[0]["hardware"], "sizes": {}}
+        raise UserError(f"{out}/autotune-{tag}.jsonl: no rows, expected the run stage first")
+    result = {"session": tag, "hardware": rows[0]["hardware"], "sizes": {}}
     for devices in sorted({int(r["id"].split("-")[0][1:]) for r in rows}):
         mine = [r for r in rows if r["id"].startswith(f"d{devices}-")]
         logs = {b: [] for b in BASELINES}
@@ -101,7 +101,7 @@ def report(out: Path, session: str) -> dict:
             "busy_kernels": busy,
             "geo_vs_bound": round(math.exp(np.mean(bound_logs)), 4) if bound_logs else None,
         }
-    write_json(result, out / f"autotune-report-{session}.json")
+    write_json(result, out / f"autotune-report-{tag}.json")
     for devices, s in result["sizes"].items():
         print(
             f"{devices} devices, {s['tasks']} tasks: chosen {s['chosen']}; measured step / TorchRec default "
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", default="foreign")
     parser.add_argument("--out", default=None, help="the suite's folder (default: its own)")
     parser.add_argument("--tasks", type=int, default=24, help="the first N/2 tasks at 4 and at 8 devices (0: all)")
-    parser.add_argument("--session", default="s34")
+    parser.add_argument("--run", "--session", default="s34")
     parser.add_argument("--model", default="neural", help="the cost model (default: this machine's)")
     parser.add_argument("--mode", default="kernels", choices=("kernels", "loop"), help="autotune's mode")
     args = parser.parse_args(argv)
@@ -130,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out or suite.out)
         out.mkdir(parents=True, exist_ok=True)
         if args.stage == "run":
-            run(suite, out, chosen(suite, out, args.tasks), args.session, args.model, args.mode)
+            run(suite, out, chosen(suite, out, args.tasks), args.run, args.model, args.mode)
         else:
-            report(out, args.session)
+            report(out, args.run)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

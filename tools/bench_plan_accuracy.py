@@ -63,7 +63,9 @@ from neuroshard_jax.workloads.builders import TaskConfig, generate_task
 from neuroshard_jax.workloads.pool import load_pool
 
 FIRST_SEED = 20000  # conf/experiment/compare.yaml: the suite's held-out tasks
-S14_PLANS = Path(__file__).resolve().parent / "data" / "s14-plans.jsonl"  # session 14's 20 suite tasks' plans
+S14_PLANS = (
+    Path(__file__).resolve().parent / "data" / "s14-plans.jsonl"
+)  # the 2026-11-25 (commit 5a0c178) 20 suite tasks' plans
 BEST = "(best measured plan)"  # plan_quality's row for each task's measured plan with the lowest slowest device
 
 

@@ -4,15 +4,16 @@ issue 51's work, never used to choose features, models or settings. Its stages a
 
     python -m tools.sealed_benchmark tasks                                   # the tasks, their tables and caps
     python -m tools.sealed_benchmark plan --checkpoint NAME                  # every searcher's plans (resumable)
-    python -m tools.sealed_benchmark measure --checkpoint NAME --session S --repeats 3 --workers 2 --pin --drift 40
-    python -m tools.sealed_benchmark report --checkpoint NAME --session S    # docs/results/sealed-benchmark.md
+    python -m tools.sealed_benchmark measure --checkpoint NAME --run R --repeats 3 --workers 2 --pin --drift 40
+    python -m tools.sealed_benchmark report --checkpoint NAME --run R    # docs/results/sealed-benchmark.md
     python -m tools.sealed_benchmark --seal 1 plan ...                       # a fresh set of the same families
 
 A sealed set is spent once its figures are read. ``--seal N`` (N >= 1) draws a fresh set from the same families with
 seeds of its own, into ``outputs/bench/sealed-N``: seal 1 is issue 63's (the portfolio and autotune against
 TorchRec's planners), measured once at the end of that work; seal 2 is issue 65's (the model as trained and
-calibrated, two runs an hour apart, session 35; spent: its errors by family chose the next labels); seal 3 is issue
-65's second (the model retrained with the tiny corner's labels, session 36); seal 0 (no flag) is issue 51's, spent.
+calibrated, two runs an hour apart, 2026-11-28, commit e9f7371; spent: its errors by family chose the next labels);
+seal 3 is issue 65's second (the model retrained with the tiny corner's labels, 2026-11-28, commit 2cfcd43); seal 0
+(no flag) is issue 51's, spent.
 
 The generators share no code and no seed with the training sampler, the table pool or the foreign benchmark (a test
 checks): their own laws, written here. Families, each at 4 and at 8 devices (12 tasks at each size, 12-120 tables):

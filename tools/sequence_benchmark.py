@@ -6,8 +6,8 @@ all-to-alls of their real width: a sequence table sends a row per id). Its stage
 
     python -m tools.sequence_benchmark tasks
     python -m tools.sequence_benchmark plan --searchers beam,grid,size_lookup_greedy,torchrec,torchrec_default
-    python -m tools.sequence_benchmark measure --session S --repeats 3 --workers 2 --pin
-    python -m tools.sequence_benchmark report --session S
+    python -m tools.sequence_benchmark measure --run R --repeats 3 --workers 2 --pin
+    python -m tools.sequence_benchmark report --run R
 
 Generators written for this suite alone (their own seed; no generator of the project uses it, and the training
 sampler's kind labels are drawn from ``collect``'s streams): 6 tasks, 3 at 4 devices and 3 at 8, one of each family:

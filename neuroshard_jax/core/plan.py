@@ -67,6 +67,8 @@ class Plan:
     portfolio: PortfolioRecord | None = dataclasses.field(default=None, compare=False)
     # autotune's measurements (``autotune=kernels``): every candidate measured, and which was chosen
     autotune: AutotuneRecord | None = dataclasses.field(default=None, compare=False)
+    # the planning run's stages, in the order they ran (``search.stages``; empty for a plan made by hand)
+    stages: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
     @classmethod
     def from_assignment(cls, task: Task, num_splits: list[int], devices: list[list[int]]) -> Plan:
@@ -236,6 +238,8 @@ class Plan:
             out["portfolio"] = self.portfolio.to_json()
         if self.autotune is not None:
             out["autotune"] = self.autotune.to_json()
+        if self.stages:
+            out["stages"] = list(self.stages)
         return out
 
     @classmethod
@@ -271,6 +275,7 @@ class Plan:
             tuple(sorted({index[t] for t in replicated})),
             None if raw.portfolio is None else PortfolioRecord.from_json(raw.portfolio, f"{where}.portfolio"),
             None if raw.autotune is None else AutotuneRecord.from_json(raw.autotune, f"{where}.autotune"),
+            tuple(raw.stages),
         ).validate()
 
 

@@ -105,6 +105,7 @@ class PlanFile:
     calibration: dict | None = None  # ``CalibrationRecord``'s own schema
     portfolio: dict | None = None  # ``PortfolioRecord``'s own schema
     autotune: dict | None = None  # ``AutotuneRecord``'s own schema
+    stages: tuple[str, ...] = ()  # the planning run's stages in order (older files: none)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,6 +33,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -64,6 +65,8 @@ BASELINES = ("torchrec_default", "torchrec")  # TorchRec's planner as its users 
 class AutotuneConfig(Measuring):
     """conf/autotune/*.yaml (``name``: off | kernels | steps | loop). ``device``: where the kernels run, the plan's own
     (the planner refuses another); ``steps`` always runs its gloo ranks on this machine's CPU."""
+
+    modes: ClassVar[tuple[str, ...]] = MODES  # what ``name`` may be
 
     name: str = "off"
     k: int = bounded(at_least=1, default=3)  # the portfolio's best distinct candidates by the model, measured

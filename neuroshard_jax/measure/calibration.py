@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import ClassVar
 
 import numpy as np
 
@@ -40,6 +41,8 @@ FAR = 0.5  # |log factor| past this (x0.61 .. x1.65): the model measures another
 @dataclasses.dataclass(frozen=True)
 class CalibrateConfig(Measuring):
     """conf/calibrate/*.yaml (``name``: off | measured)."""
+
+    modes: ClassVar[tuple[str, ...]] = MODES  # what ``name`` may be
 
     name: str = "off"
     # tables: ``samples`` groups of the task's own tables, before the search; plan: the devices of the plan the search

@@ -34,7 +34,7 @@ from neuroshard_jax.kernels.executors import ExecutorConfig, map_requests
 from neuroshard_jax.kernels.messages import ComputeAnswer
 from neuroshard_jax.measure.drift import references
 
-SAME = 0.12  # |log ratio| of the median within this: the same kind (noise between sessions 2-15% per label)
+SAME = 0.12  # |log ratio| of the median within this: the same kind (noise between runs 2-15% per label)
 
 
 @dataclasses.dataclass(frozen=True)

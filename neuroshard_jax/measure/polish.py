@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -69,6 +70,8 @@ ANCHOR_WINDOW = 3  # a step's figures are divided by the median of the last this
 @dataclasses.dataclass(frozen=True)
 class PolishConfig(Measuring):
     """conf/polish/*.yaml (``name``: off | measured)."""
+
+    modes: ClassVar[tuple[str, ...]] = MODES  # what ``name`` may be
 
     name: str = "off"
     # device measurements, every repeat counted, the final re-measurement included

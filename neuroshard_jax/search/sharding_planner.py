@@ -1,5 +1,6 @@
-"""One planner: calibrate -> row split -> search -> autotune -> polish, the pipeline the main job,
-``neuroshard_jax.plan`` and the TorchRec adapter all run (TorchRec's ``EmbeddingShardingPlanner``, built once from its
+"""One planner: a sequence of stages (``search.stages``: first contact, calibrate, search, autotune, polish, the
+plan's check), built once in ``Planner.stages``, the pipeline the main job, ``neuroshard_jax.plan`` and the TorchRec
+adapter all run (TorchRec's ``EmbeddingShardingPlanner``, built once from its
 parts and asked to plan many times, is the model).
 
     planner = Planner(make_searcher("beam"), CostModelSpec("analytic"), polish=PolishConfig(name="measured"))
@@ -18,41 +19,35 @@ cost model is built once per ``run``, at the edge, and handed to every stage as 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
-from neuroshard_jax.core.cli import check_jax_environment
 from neuroshard_jax.core.config import check_seed, nearest, typed
-from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.environment import check_jax_environment
+from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.plan import Plan
-from neuroshard_jax.core.records import CalibrationRecord
 from neuroshard_jax.core.sharding import check_row_split
 from neuroshard_jax.core.task import Task, check_feasible
 from neuroshard_jax.costs.choice import CostModelSpec, ModelChoice, build_cost_model, spec_of
-from neuroshard_jax.costs.cost_model import CostModel, with_compute_scale
+from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.coverage import out_of_depth_warning
-from neuroshard_jax.kernels.executors import open_executor
-from neuroshard_jax.measure.autotune import (
-    AutotuneConfig,
-    Entrant,
-    Search,
-    autotune_kernels,
-    first_line,
+from neuroshard_jax.measure.autotune import AutotuneConfig
+from neuroshard_jax.measure.calibration import CalibrateConfig
+from neuroshard_jax.measure.polish import PolishConfig
+from neuroshard_jax.search.pipeline import keep_compiled_kernels
+from neuroshard_jax.search.stages import (
+    Autotune,
+    CalibratePlan,
+    CalibrateTables,
+    CheckOnPlan,
+    FirstContact,
+    PlanningState,
+    Polish,
+    SearchStage,
+    Stage,
+    run_stages,
 )
-from neuroshard_jax.measure.autotune_steps import autotune_steps
-from neuroshard_jax.measure.calibration import (
-    CalibrateConfig,
-    PlanReadings,
-    calibrate_on_plans,
-    calibrated,
-    checked_on_plan,
-)
-from neuroshard_jax.measure.first_contact import contact_line, first_contact
-from neuroshard_jax.measure.polish import PolishConfig, polish_plan
-from neuroshard_jax.search.pipeline import keep_compiled_kernels, search_candidates
 from searchers import Searcher, make_searcher, searcher_names, searcher_options
 
 logger = logging.getLogger(__name__)
@@ -145,165 +140,52 @@ class Planner(Settings):
                 "autotune measures the plan's own kernels"
             )
 
-    def run(self, task: Task) -> Planned:
-        """Plan ``task``: build its cost model once (``build_cost_model``), calibrate it on the task's tables (if
-        asked), search (row splits tried first where they may pay), or calibrate on the searched plans' devices and
-        search again (``calibrate.on=plan``), autotune and polish on the real kernels (if asked), and read the plan
-        returned on its own devices (``calibrate.on=plan``)."""
+    def stages(self) -> tuple[Stage, ...]:
+        """The stages this planner runs, in order (``search.stages``): the one place the sequence is built. Every
+        entry point runs it: ``run`` here (the main job, ``nsj.plan``, the TorchRec adapter's ``plan``), and the
+        adapter's ``collective_plan``, which runs the stages before ``autotune`` and after it on rank 0 and
+        ``autotune`` itself on every rank."""
+        search = SearchStage(self.searcher, self.row_split)
+        calibrating = self.calibrate.name == "measured"
+        stages: list[Stage] = []
+        if self.first_contact and self.cost_model.chosen and self.device == "cpu" and not calibrating:
+            stages.append(FirstContact(self.calibrate))
+        if calibrating and self.calibrate.on == "tables":
+            stages.append(CalibrateTables(self.calibrate))
+        stages.append(search)
+        if calibrating and self.calibrate.on == "plan":
+            stages.append(CalibratePlan(self.calibrate, search))
+        if self.autotune.name != "off":
+            stages.append(Autotune(self.autotune, search))
+        if self.polish.name == "measured":
+            stages.append(Polish(self.polish))
+        if calibrating and self.calibrate.on == "plan":
+            stages.append(CheckOnPlan())
+        return tuple(stages)
+
+    def start(self, task: Task) -> PlanningState:
+        """The state a run of ``task`` starts from: the task checked and its cost model built once
+        (``build_cost_model``)."""
         if not isinstance(task, Task):
             raise UserError(f"planner.run: got {type(task).__name__}, expected a Task (workloads.builders.make_task)")
         check_jax_environment()  # a library's caller too: JAX_PLATFORMS=cuda without a GPU is one line, not XLA's
         check_feasible(task)  # an infeasible task is refused before any model is built or kernel measured
         keep_compiled_kernels()
         model, choice = build_cost_model(self.cost_model, task, self.device, self.fallback)  # choice.instead: why
-        record, on_plan = None, None
-        if self.meets_first(choice, model):  # a machine kind no model was trained on: the closest one scaled to it
-            model, record, cached = first_contact(model, choice.spec.label, task, self.calibrate)
-            choice = dataclasses.replace(choice, contact=contact_line(record, cached))
-        if self.calibrate.name == "measured" and self.calibrate.on == "tables":
-            model, record = calibrated(task, model, self.calibrate, self.seed)
-        plan, candidates = search_candidates(task, self.searcher, model, self.seed, self.row_split)
-        if self.calibrate.name == "measured" and self.calibrate.on == "plan":
-            plan, candidates, model, record, on_plan = self.calibrated_on_plan(model, plan, candidates)
-        if self.autotune.name != "off":
-            again = functools.partial(self.best_plans, task) if self.autotune.name == "loop" else None
-            plan = autotune_plan(plan, candidates, model, self.autotune, self.seed, again)
-        if self.polish.name == "measured":
-            plan = polish_plan(plan, model, self.polish, self.seed)
-        if on_plan is not None:  # the plan returned, after autotune and polish, read on its own devices
-            record = on_plan.checked(plan, model, record)
-        if record is not None:
-            plan = dataclasses.replace(plan, calibration=record)
-        return Planned(plan, model, choice, candidates)
+        return PlanningState(task, model, choice, self.seed)
 
-    def meets_first(self, choice: ModelChoice, model: CostModel) -> bool:
-        """Whether first contact scales ``model`` (``measure.first_contact``): on, the model chosen for this machine
-        (nobody named one) but of another kind, the plan for this machine's CPU, and no calibration asked for."""
-        return (
-            self.first_contact
-            and choice.chosen
-            and not choice.matches
-            and bool(choice.kinds)
-            and self.device == "cpu"
-            and self.calibrate.name == "off"
-            and model.calibration == 1.0
-        )
+    def run(self, task: Task) -> Planned:
+        """Plan ``task``: its state (``start``) through every stage (``stages``)."""
+        return planned(run_stages(self.stages(), self.start(task)))
 
     def plan(self, task: Task) -> Plan:
         """``run(task).plan``."""
         return self.run(task).plan
 
-    def best_plans(self, task: Task, model: CostModel) -> list[Entrant]:
-        """``autotune=loop``'s search: the searcher's ``autotune.k`` best distinct plans of ``task`` by ``model``
-        (a portfolio's members'; a plain searcher's own plan), each named by its member."""
-        plan, candidates = search_candidates(task, self.searcher, model, self.seed, self.row_split)
-        if plan.portfolio is None:
-            return [Entrant(plan.searcher or "plan", plan)]
-        distinct = [c for c in plan.portfolio.candidates if c.error is None and c.same_as is None]
-        best = sorted(distinct, key=lambda c: c.score_ms)[: self.autotune.k]
-        return [Entrant(c.member, candidates[c.member]) for c in best]
 
-    def calibrated_on_plan(
-        self, model: CostModel, plan: Plan, candidates: dict[str, Plan]
-    ) -> tuple[Plan, dict[str, Plan], CostModel, CalibrationRecord, OnPlan]:
-        """``calibrate.on=plan``: ``model`` as trained calibrated on the devices of the search's ``plan`` and of its
-        ``candidates`` (a portfolio's members'), and the search run again with the calibrated model wherever the
-        factor differs from the scale the search had (one factor keeps the compute's ranking but reweighs it against
-        the collectives, so the choice may move). Returns the plan, its candidates, the calibrated model, the record
-        and what checks the plan finally returned on its own devices (``OnPlan.checked``)."""
-        task, config = plan.task, self.calibrate
-        started = time.perf_counter()
-        plans = list({(frozenset(p.shards), p.data_parallel): p for p in [plan, *candidates.values()]}.values())
-        with open_executor(config.executor, config.device, config.timeout_s) as pool:
-            readings = PlanReadings(config, pool)
-            record = calibrate_on_plans(plans, with_compute_scale(model, 1.0, task.comm_scale()), readings)
-        again, searched = record.factor != model.calibration, plan
-        model = with_compute_scale(model, record.factor, task.comm_scale())
-        if again:
-            searched, candidates = search_candidates(task, self.searcher, model, self.seed, self.row_split)
-        changed = _placement(searched) != _placement(plan)
-        return searched, candidates, model, record, OnPlan(readings, again, changed, started)
-
-
-def _placement(plan: Plan):
-    return frozenset(plan.shards), plan.data_parallel
-
-
-@dataclasses.dataclass
-class OnPlan:
-    """What ``calibrate.on=plan`` measured (``readings``: its kernels, kept), whether it searched again and whether
-    that changed the plan, and when it started: ``checked`` reads the plan finally returned on its own devices."""
-
-    readings: PlanReadings
-    searched_again: bool
-    changed: bool
-    started: float
-
-    def checked(self, plan: Plan, model: CostModel, record: CalibrationRecord) -> CalibrationRecord:
-        """``record`` with ``plan_devices``: ``plan`` (after autotune and polish, if they ran) on its own devices,
-        only kernels not read yet measured, against the calibrated ``model``; the seconds of the whole stage."""
-        config = self.readings.config
-        with open_executor(config.executor, config.device, config.timeout_s) as pool:
-            self.readings.executor = pool
-            check = checked_on_plan(plan, model, self.readings, self.searched_again, self.changed)
-        return dataclasses.replace(record, plan_devices=check, seconds=round(time.perf_counter() - self.started, 1))
-
-
-def autotune_plan(
-    plan: Plan,
-    candidates: dict[str, Plan],
-    model: CostModel,
-    config: AutotuneConfig,
-    seed: int,
-    search: Search | None = None,
-) -> Plan:
-    """``plan`` (what the search kept) replaced by the measured fastest of its candidates (``entrants``): on the
-    kernels (``autotune_kernels``; ``loop``: and the plans ``search`` finds with the model tuned on them) or in
-    training steps (``autotune_steps``). The returned plan keeps the search's records (portfolio, calibration) and
-    adds the autotune record."""
-    entrants = candidate_plans(plan, candidates, model, config, seed)
-    if config.name == "steps":
-        chosen, _ = autotune_steps(entrants, config)
-    else:
-        chosen, _ = autotune_kernels(entrants, model, config, search)
-    return searched_records(chosen, plan, seed)
-
-
-def searched_records(chosen: Plan, searched: Plan, seed: int) -> Plan:
-    """The measured choice ``chosen`` with the search's records (portfolio, calibration, seed, search time) of
-    ``searched``, the plan the search kept."""
-    return dataclasses.replace(
-        chosen,
-        portfolio=searched.portfolio,
-        calibration=searched.calibration,
-        seed=seed,
-        search_time_s=searched.search_time_s,
-    )
-
-
-def candidate_plans(
-    plan: Plan, candidates: dict[str, Plan], model: CostModel, config: AutotuneConfig, seed: int
-) -> list[Entrant]:
-    """What autotune measures: a portfolio's ``k`` best distinct plans by the model's score (``candidates``: each
-    member's plan), else ``plan`` itself, then the ``baselines``' plans of the same task, costed by the same
-    ``model`` (one that cannot be planned: an entrant without a plan, and why)."""
-    entrants = []
-    if plan.portfolio is not None:
-        distinct = [c for c in plan.portfolio.candidates if c.error is None and c.same_as is None]
-        best = sorted(distinct, key=lambda c: c.score_ms)[: config.k]
-        entrants += [Entrant(c.member, candidates[c.member]) for c in best]
-    else:
-        entrants.append(Entrant(plan.searcher or "plan", plan))
-    for name in config.baselines:
-        if any(e.name == name for e in entrants):  # a member of that name: the same searcher's plan already there
-            continue
-        try:
-            entrants.append(Entrant(name, search_candidates(plan.task, make_searcher(name), model, seed)[0]))
-        except (UserError, InfeasibleError) as err:  # TorchRec not installed, or no plan of this task: dropped
-            why = first_line(err)
-            logger.warning(f"autotune: {name} is not a candidate: {why}")
-            entrants.append(Entrant(name, None, why))
-    return entrants
+def planned(state: PlanningState) -> Planned:
+    """What a run returns from its last state."""
+    return Planned(state.finished(), state.model, state.choice, state.candidates)
 
 
 def check_device(device: str) -> str:
@@ -413,11 +295,10 @@ def stage_config(cls, value, key: str):
     if isinstance(value, bool):
         return cls(name=ON[key] if value else "off")
     if isinstance(value, str):
-        try:
-            return cls(name=value)
-        except UserError as err:  # its modes, as the config names them
-            modes = str(err).rpartition("expected ")[2]
+        if value not in cls.modes:
             raise UserError(
-                f"{key}: got {value!r:.60}, expected True, False, a {cls.__name__} or a mode's name ({modes})"
-            ) from None
+                f"{key}: got {value!r:.60}, expected True, False, a {cls.__name__} or a mode's name "
+                f"({', '.join(cls.modes)})"
+            )
+        return cls(name=value)
     raise UserError(f"{key}: got {value!r:.60}, expected True, False, a {cls.__name__} or a mode's name")

@@ -54,13 +54,15 @@ from neuroshard_jax.core.schema import row_blocks_json
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.scoring import with_costs
 from neuroshard_jax.kernels.torchrec_format import module_plan
-from neuroshard_jax.measure.autotune import AutotuneConfig, Entrant, first_line
+from neuroshard_jax.measure.autotune import Entrant, first_line
 from neuroshard_jax.measure.autotune_steps import autotune_steps
-from neuroshard_jax.search.sharding_planner import (
-    Planned,
-    Planner,
+from neuroshard_jax.search.sharding_planner import Planned, Planner, planned, planner_from
+from neuroshard_jax.search.stages import (
+    Autotune,
+    PlanningState,
+    Stage,
     candidate_plans,
-    planner_from,
+    run_stages,
     searched_records,
 )
 from neuroshard_jax.torchrec.group_steps import GroupSteps
@@ -79,9 +81,8 @@ from neuroshard_jax.torchrec.shardable import (
     table_configs,
     tables_of,
 )
-from neuroshard_jax.workloads.builders import task_from_tables
+from neuroshard_jax.workloads.builders import TaskOptions, task_from_tables
 from neuroshard_jax.workloads.statistics import (
-    DEFAULT_ZIPF,
     TableStats,
 )
 
@@ -122,7 +123,7 @@ class NeuroShardPlanner(ShardingPlanner):
         world_size: int | None = None,
         mem_cap_gb: float | None = None,
         pooling_factors: Mapping[str, float] | None = None,
-        zipf: float = DEFAULT_ZIPF,
+        zipf: float = TaskOptions.zipf,
         compute_kernel: str = "fused",
         optimizer: str | None = None,
         mem_reserve: float | None = None,
@@ -164,11 +165,15 @@ class NeuroShardPlanner(ShardingPlanner):
                 f"device: got {options['device']!r}, expected none (the topology's compute device, {device}, is the "
                 "plan's)"
             )
-        if planner is None:  # the topology says which device the plan is for
-            options = {"fallback": True, **options, "device": device}
-        planner = planner_from(options, planner)
-        if planner.fallback is False and "fallback" not in options:  # TorchRec plans any batch: so does its planner
-            planner = dataclasses.replace(planner, fallback=True)
+        if planner is None:  # the topology says which device the plan is for; TorchRec plans any batch: so do we
+            planner = planner_from({"fallback": True, **options, "device": device})
+        else:  # a user's own planner plans as it was built (keywords beside it are refused)
+            planner = planner_from(options, planner)
+            if planner.device != device:
+                raise UserError(
+                    f"planner: plans for device {planner.device!r}, the topology's compute device is {device!r}; "
+                    "expected a Planner built for the topology's device"
+                )
         self.planner = planner
         self.seed = planner.seed
         self.compute_kernel = compute_kernel
@@ -176,6 +181,7 @@ class NeuroShardPlanner(ShardingPlanner):
         self.mem_reserve = mem_reserve
         self.verbose = verbose
         self.last_plan: Plan | None = None
+        self._state: PlanningState | None = None  # rank 0's state between collective_plan's stages
         self._sharders: list | None = None
 
     def reserve(self) -> float:
@@ -306,18 +312,14 @@ class NeuroShardPlanner(ShardingPlanner):
         caps = self.device_mem_gb()
         devices = None if len(set(caps)) == 1 else [{"mem_cap_gb": c} for c in caps]
         optimizer = self.optimizer or declared_optimizer(module, sharders) or "exact_sgd"
-        return task_from_tables(
-            specs,
-            len(caps),
-            max(caps),
-            self.planning_batch,
-            precision,
-            devices,
-            self.zipf,
-            self.seed,
-            optimizer,
-            self.reserve(),
+        trains = TaskOptions(
+            batch_size=self.planning_batch,
+            precision=precision,
+            optimizer=optimizer,
+            mem_reserve=self.reserve(),
+            zipf=self.zipf,
         )
+        return task_from_tables(specs, len(caps), max(caps), options=trains, devices=devices, seed=self.seed)
 
     def plan(self, module: torch.nn.Module, sharders: list | None = None) -> ShardingPlan:
         """Plan every EmbeddingBagCollection of ``module``; ``sharders``: TorchRec's (their EBC sharder, if any,
@@ -397,6 +399,8 @@ class NeuroShardPlanner(ShardingPlanner):
             if isinstance(result, Exception):  # rank 0 failed: every rank raises it, none waits forever
                 raise result
             return result
+        # the planner's own stage sequence: those before autotune on rank 0, autotune on every rank of ``pg``, those
+        # after it on rank 0 again (``Planner.stages``: the order ``plan`` and the main job run)
         found = invoke_on_rank_and_broadcast_result(pg, 0, self._candidates_or_error, module, sharders, candidates)
         if isinstance(found, Exception):
             raise found
@@ -413,8 +417,12 @@ class NeuroShardPlanner(ShardingPlanner):
             batches,
         )
         chosen, _ = autotune_steps(entrants, self.planner.autotune, runner)
+        chosen = searched_records(chosen, searched, self.seed)
+        final = invoke_on_rank_and_broadcast_result(pg, 0, self._after_autotune_or_error, chosen.to_json())
+        if isinstance(final, Exception):
+            raise final
         # rank 0 logs the plan and the candidates' table, as ``plan`` does
-        return self._chosen(module, searched_records(chosen, searched, self.seed), sharders, runner.says())
+        return self._chosen(module, Plan.from_json(final), sharders, runner.says())
 
     def _plan_or_error(self, module: torch.nn.Module, sharders: list | None):
         try:
@@ -422,21 +430,42 @@ class NeuroShardPlanner(ShardingPlanner):
         except (UserError, InfeasibleError) as err:
             return err
 
+    def _split_stages(self) -> tuple[tuple[Stage, ...], tuple[Stage, ...]]:
+        """The planner's stages before its autotune stage and after it."""
+        stages = self.planner.stages()
+        at = next(i for i, stage in enumerate(stages) if isinstance(stage, Autotune))
+        return stages[:at], stages[at + 1 :]
+
     def _candidates_or_error(
         self, module: torch.nn.Module, sharders: list | None, candidates: Mapping[str, Plan] | None
     ) -> tuple[dict, list[tuple[str, dict | None, str | None]]] | Exception:
-        """Rank 0's search and the candidates autotune measures (the search's, then ``candidates``, each priced
-        by the search's model), as plan.json objects every rank reads back."""
+        """Rank 0's stages before autotune (the search among them) and the candidates autotune measures (the
+        search's, then ``candidates``, each priced by the search's model), as plan.json objects every rank reads
+        back; the state is kept for the stages after autotune."""
         try:
-            planned = dataclasses.replace(self.planner, autotune=AutotuneConfig()).run(self.task(module, sharders))
-            self._said(planned)
-            config, model = self.planner.autotune, planned.cost_model
-            found = candidate_plans(planned.plan, planned.candidates, model, config, self.seed)
+            before, _ = self._split_stages()
+            state = run_stages(before, self.planner.start(self.task(module, sharders)))
+            planned_so_far = planned(state)
+            self._said(planned_so_far)
+            config, model = self.planner.autotune, state.model
+            found = candidate_plans(state.searched(), state.candidates, model, config, self.seed)
             for name, plan in (candidates or {}).items():
-                found.append(self._own_candidate(name, plan, planned))
+                found.append(self._own_candidate(name, plan, planned_so_far))
         except (UserError, InfeasibleError) as err:
             return err
-        return planned.plan.to_json(), [(e.name, None if e.plan is None else e.plan.to_json(), e.why) for e in found]
+        self._state = state
+        return state.searched().to_json(), [
+            (e.name, None if e.plan is None else e.plan.to_json(), e.why) for e in found
+        ]
+
+    def _after_autotune_or_error(self, chosen: dict) -> dict | Exception:
+        """Rank 0's stages after autotune, on the plan every rank chose (``chosen``), as plan.json."""
+        _, after = self._split_stages()
+        state = dataclasses.replace(self._state, plan=Plan.from_json(chosen), ran=(*self._state.ran, Autotune.name))
+        try:
+            return planned(run_stages(after, state)).plan.to_json()
+        except (UserError, InfeasibleError) as err:
+            return err
 
     @staticmethod
     def _own_candidate(name: str, plan, planned: Planned) -> Entrant:

@@ -169,25 +169,36 @@ STAND_IN_BINS = [1.0] + [0.0] * (NUM_BINS - 1)  # a histogram to be estimated, w
 DEFAULT_DEVICES = 4  # nsj.plan's devices where neither a count nor a list is given
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TaskOptions:
+    """What a task of the user's tables trains with, declared once for ``nsj.plan``, the TorchRec adapter and
+    ``task_from_tables``: ``batch_size`` (samples a device looks up per step), ``precision`` (the weights'),
+    ``optimizer`` (the fused optimizer, FBGEMM's or TorchRec's name), ``mem_reserve`` (the share of every cap held
+    back) and ``zipf`` (the exponent of the access law a table without statistics is estimated with)."""
+
+    batch_size: int = 4096
+    precision: str = "fp32"
+    optimizer: str = "exact_sgd"
+    mem_reserve: float = 0.0
+    zipf: float = DEFAULT_ZIPF
+
+
 def task_from_tables(
     tables: TableSpecs,
-    num_devices: int | None,
-    mem_cap_gb: float,
-    batch_size: int = 4096,
-    precision: str = "fp32",
+    num_devices: int | None = None,
+    mem_cap_gb: float = 4.0,
+    *,
+    options: TaskOptions = TaskOptions(),
     devices: Sequence[Mapping[str, float]] | None = None,
-    zipf: float = DEFAULT_ZIPF,
     seed: int = 0,
-    optimizer: str = "exact_sgd",
-    mem_reserve: float = 0.0,
 ) -> Task:
     """A task of the user's tables: ``{name: {rows, dim, pooling_factor, bins}}`` or a list of such objects
     each with a ``name``. ``bins``: 17 shares of the rows accessed in a batch by access count (docs/plans.md,
     "Tables and features"); a table without them gets an estimate from its rows and pooling factor, a Zipf law of
-    exponent ``zipf`` drawn with ``seed`` (``statistics.estimated_stats``, as the TorchRec adapter's), and is
+    exponent ``options.zipf`` drawn with ``seed`` (``statistics.estimated_stats``, as the TorchRec adapter's), and is
     marked estimated. Table ids are the positions in the given order. ``devices``: heterogeneous devices,
     ``[{"mem_cap_gb": 16, "speed": 1.0}, ...]``, in place of ``num_devices`` x ``mem_cap_gb`` (a count given beside
-    them must be theirs; None: theirs, else ``DEFAULT_DEVICES``)."""
+    them must be theirs; None: theirs, else ``DEFAULT_DEVICES``). ``options``: what the tables train with."""
     specs = _table_specs(tables)
     unmeasured = {i for i, spec in enumerate(specs) if isinstance(spec, dict) and not _has_histogram(spec)}
     if devices is not None and num_devices is not None and num_devices != len(list(devices)):
@@ -199,10 +210,10 @@ def task_from_tables(
     shape = {"num_devices": count, "mem_cap_gb": mem_cap_gb} if devices is None else {"devices": list(devices)}
     obj = {
         **shape,
-        "batch_size": batch_size,
-        "precision": precision,
-        "optimizer": optimizer,
-        "mem_reserve": mem_reserve,
+        "batch_size": options.batch_size,
+        "precision": options.precision,
+        "optimizer": options.optimizer,
+        "mem_reserve": options.mem_reserve,
         "tables": [
             {**spec, "id": i, **({"bins": STAND_IN_BINS, "estimated": True} if i in unmeasured else {})}
             if isinstance(spec, dict)
@@ -215,7 +226,10 @@ def task_from_tables(
         return task
     estimated = [
         dataclasses.replace(
-            t, bins=estimated_stats(t.name or str(t.id), t.rows, t.pooling_factor, task.batch_size, zipf, seed).bins
+            t,
+            bins=estimated_stats(
+                t.name or str(t.id), t.rows, t.pooling_factor, task.batch_size, options.zipf, seed
+            ).bins,
         )
         if i in unmeasured
         else t

@@ -28,10 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-from omegaconf import DictConfig
 
-from neuroshard_jax.core.cli import resolved
-from neuroshard_jax.core.config import bounded, check_bounds, plain, typed
+from neuroshard_jax.core.config import bounded, check_bounds, plain
 from neuroshard_jax.core.constants import MIN_ROWS
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_BINS, bin_shares, count_bins, count_histogram
@@ -467,7 +465,3 @@ def stats_file(tables: list[TableStats], batch_size: int, source: str) -> dict:
     """The statistics file: what ``plan``/the TorchRec planner read (give each table a ``dim`` to make it a
     task's table list)."""
     return {"batch_size": batch_size, "source": source, "tables": [t.to_json() for t in tables]}
-
-
-def app_config(cfg: DictConfig) -> StatsConfig:
-    return typed(StatsConfig, resolved(cfg))
