@@ -40,7 +40,7 @@ from neuroshard_jax.search.pipeline import search_plan
 from neuroshard_jax.workloads.samplers import SpecSamplerConfig, sample_spec_shard
 from neuroshard_jax.workloads.streams import TableSpec, block_statistics
 from searchers import make_searcher
-from tests.conftest import make_table, make_task
+from tests.conftest import REPO, make_table, make_task
 from tools.monotone_probe import monotone_report
 
 SMALL = EnsembleConfig(
@@ -584,6 +584,10 @@ def test_hardware_probe_remeasures_a_dataset_with_its_own_protocol(tiny_checkpoi
     answers = {k: ComputeAnswer(k, True, total_ms=2 * ms) for k, ms in recorded.items()}
     assert refs.speed(answers) == pytest.approx(2.0)  # the machine's speed: now / recorded
     assert refs.speed({k: ComputeAnswer.failed(k, "crashed") for k in recorded}) is None
+    # a record of another kernel kind is re-timed as that kernel (before, every record was re-timed as a sum-pooled bag:
+    # a probe of sequence labels read the machine 8x fast)
+    kinds = references(REPO / "neuroshard_jax" / "data" / "profiles" / "epyc-f25m17-kinds", 16, 0).requests
+    assert {("none", False), ("mean", True)} <= {(r.pooling, r.weighted) for r in kinds}
     for name, dataset in (("pool", tiny_checkpoint[0]), ("specs", spec_dir)):
         _, out = probe(ProbeConfig(str(dataset), samples=3, workers=1, out=str(tmp_path / f"{name}.json")))
         result = json.loads(out.read_text())

@@ -76,6 +76,8 @@ def references(dataset: str | Path, samples: int, seed: int = 0) -> References:
                 int(settings.get("warmup", 5)),
                 int(settings.get("iters", 10)),
                 timing,
+                record.get("pooling", "sum"),  # the record's kernel kind: re-timed as the kernel it timed
+                bool(record.get("weighted", False)),
             )
         )
         recorded[request_id] = float(record["total_ms"])
