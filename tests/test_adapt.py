@@ -192,6 +192,7 @@ def test_the_time_spent_is_on_disk_as_it_passes_so_a_kill_9_loses_at_most_a_tick
     assert not path.with_suffix(".json.tmp").exists()
 
 
+@pytest.mark.fast
 def test_the_measuring_order_is_fixed_by_the_seed_and_mixes_covering_and_uncertain_picks(tmp_path):
     from neuroshard_jax.costs.choice import checkpoint_path
     from neuroshard_jax.learn.fine_tune import UNCERTAIN_IDS, spec_order

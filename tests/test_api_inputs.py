@@ -45,6 +45,7 @@ def _refused(message, tables, **kwargs):
 # --- numpy numbers and arrays ----------------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_numpy_numbers_and_arrays_plan_as_python_ones():
     python = _plan(_tables(), batch_size=512)
     numpy = _plan(
@@ -182,6 +183,7 @@ def test_a_task_file_names_its_named_tables():
 # --- tables without statistics --------------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_tables_without_bins_are_estimated_as_the_torchrec_adapter_does():
     tables = _tables()
     del tables["item_id"]["bins"]
@@ -254,6 +256,7 @@ def test_stats_command_says_which_features_have_no_samples(tmp_path):
     ]
 
 
+@pytest.mark.fast
 def test_the_printed_plan_names_each_devices_tables_summarised_past_a_width():
     tables = {
         f"feature_with_a_long_name_{i}": {"rows": 1000, "dim": 8, "pooling_factor": 1.0, "bins": BINS}
@@ -270,6 +273,7 @@ def test_the_printed_plan_names_each_devices_tables_summarised_past_a_width():
     assert "user_id" in text and "item_id" in text
 
 
+@pytest.mark.fast
 def test_load_cost_model_without_a_name_is_the_model_the_planner_chooses_here():
     import jax
 
@@ -281,6 +285,7 @@ def test_load_cost_model_without_a_name_is_the_model_the_planner_chooses_here():
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in leaves)
 
 
+@pytest.mark.fast
 def test_a_platform_the_machine_lacks_is_one_line_through_the_library_too(monkeypatch):
     """``JAX_PLATFORMS=cuda`` on a machine without a GPU: ``nsj.plan`` raises one UserError naming the variable (it
     raised JAX's bare AssertionError), as the commands say it."""

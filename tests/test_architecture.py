@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import neuroshard_jax as nsj
 
 from .conftest import REPO
@@ -39,6 +41,7 @@ def _targets(node, mods) -> set[str]:
     return out
 
 
+@pytest.mark.fast
 def test_no_import_cycles_and_no_project_imports_inside_functions():
     mods = _modules()
     edges = {m: set() for m in mods}
@@ -77,6 +80,7 @@ def _sources() -> dict[str, str]:
     return {str(f.relative_to(REPO)): f.read_text() for f in _modules().values()}
 
 
+@pytest.mark.fast
 def test_each_rule_lives_in_one_function():
     sources = _sources()
 
@@ -105,6 +109,7 @@ def _stage(module: str) -> str:
     return parts[1] if len(parts) > 2 or parts[1:] and parts[1] in STAGES else "entry"
 
 
+@pytest.mark.fast
 def test_every_module_sits_in_a_stage():
     for m in _modules():
         parts = m.split(".")
@@ -118,6 +123,7 @@ def test_every_module_sits_in_a_stage():
     assert not pairs, f"module names that differ only by a suffix: {pairs}"
 
 
+@pytest.mark.fast
 def test_imports_flow_down_the_stages():
     mods = _modules()
     upward = []
@@ -130,6 +136,7 @@ def test_imports_flow_down_the_stages():
     assert not upward, "imports against the stage order: " + "; ".join(upward)
 
 
+@pytest.mark.fast
 def test_torch_stays_behind_its_walls():
     """torch, torchrec and fbgemm_gpu are imported only in the worker package (a subprocess), in the ShardingPlan
     conversion (inside its functions: it runs in a torch process) and in the TorchRec adapter (for users already in
@@ -156,6 +163,7 @@ def test_the_foreign_benchmark_shares_no_table_drawing_with_training():
     assert "60013" not in text  # the spec sampler's seed constant
 
 
+@pytest.mark.fast
 def test_public_api_resolves_and_importing_it_is_cheap():
     for name in nsj.__all__:
         assert getattr(nsj, name) is not None, name

@@ -82,6 +82,7 @@ def test_thousands_of_tiny_tables_take_their_bytes_not_a_unit_each():
 # --- 2. overrides: every one type-checked before any work (the rest are in test_cli) ---------------------------
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "argv, fragment",
     [
@@ -104,6 +105,7 @@ def test_overrides_are_checked_before_any_work(capsys, argv, fragment):
     _exit_2(capsys, lambda: check_command_line("config", argv, main_config), fragment)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "app, argv, fragment",
     [
@@ -174,6 +176,7 @@ def _state_removed(path):
     shutil.rmtree(path / "state")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "damage, fragment",
     [
@@ -309,6 +312,7 @@ def test_a_torn_plan_file_is_one_line(tmp_path, content, fragment):
     _one_line(str(err.value), "plan.json", fragment)
 
 
+@pytest.mark.fast
 def test_compare_reports_a_torn_plan_and_counts_a_bare_infeasible_record(tmp_path):
     from neuroshard_jax.measure.searcher_comparison import CompareConfig, compare_sweep
     from neuroshard_jax.search.pipeline import search_plan
@@ -347,6 +351,7 @@ def _task_json(**changes):
     return obj
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "obj, fragment",
     [
@@ -393,6 +398,7 @@ def test_accepted_task_files():
 # --- 7. one device sends nothing --------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_a_single_device_has_no_all_to_all():
     from neuroshard_jax.costs.choice import make_cost_model
     from neuroshard_jax.costs.scoring import score_plan
@@ -445,6 +451,7 @@ def test_json_nested_past_the_readers_depth_and_a_meta_that_is_a_fifo_are_one_li
         read_meta(model)
 
 
+@pytest.mark.fast
 def test_a_pool_batch_whose_busiest_stream_would_not_fit_this_machine_is_refused_before_it_is_drawn():
     from neuroshard_jax.core.hardware import available_bytes
     from neuroshard_jax.core.table import PoolSpec
@@ -466,6 +473,7 @@ def test_an_empty_cache_variable_is_the_default_folder_not_the_current_one(monke
     assert cache_dir() == Path.home() / ".cache" / "neuroshard_jax"
 
 
+@pytest.mark.fast
 def test_a_torn_or_malformed_model_of_the_user_is_skipped_with_a_warning(tmp_path, monkeypatch, caplog):
     """A user model nobody names must not block the default run: a torn meta.json, or hardware_kinds that are no
     list, are left out of the choice with one warning line each."""
@@ -488,6 +496,7 @@ def test_a_torn_or_malformed_model_of_the_user_is_skipped_with_a_warning(tmp_pat
         assert any(m.startswith(f"skipping your model {name} (") and why in m for m in caplog.messages), caplog.messages
 
 
+@pytest.mark.fast
 def test_a_chosen_user_model_whose_state_is_damaged_is_skipped_for_the_next_choice(tmp_path, monkeypatch, caplog):
     """A user model of this machine's kind with a good meta.json but a garbled state: the planner, which chose it
     (nobody named it), warns once and plans with the next choice; named, it is an error naming it."""
@@ -514,6 +523,7 @@ def test_a_chosen_user_model_whose_state_is_damaged_is_skipped_for_the_next_choi
         nsj.plan(tables, num_devices=2, mem_cap_gb=1.0, batch_size=4096, searcher="size_greedy", cost_model="mine")
 
 
+@pytest.mark.fast
 def test_a_damaged_pool_cache_is_rebuilt_and_an_unwritable_cache_only_warns(tmp_path, monkeypatch, caplog):
     """A truncated cache file (a write cut short, a full disk) is rebuilt with one warning line, not a traceback on
     every run; a cache folder that cannot be written (here: under a file) costs the cache, not the run."""
@@ -566,6 +576,7 @@ def test_a_cache_that_cannot_be_made_keeps_no_compiled_kernels_and_says_so_in_on
     ]
 
 
+@pytest.mark.fast
 def test_a_restored_models_kept_weights_are_used_again_and_a_damaged_copy_is_read_afresh(tmp_path, monkeypatch):
     """A restored checkpoint's weights are kept in the cache (no orbax on the next start); a kept file that is
     damaged, or a state folder changed since, is read from the checkpoint again, never trusted."""

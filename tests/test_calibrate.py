@@ -54,6 +54,7 @@ def _alike_task():
     return task
 
 
+@pytest.mark.fast
 def test_a_model_off_by_a_factor_is_calibrated_on_the_kernels():
     """The roofline made 10x too slow, on tables alike, is a model off by one steady factor (on mixed groups the
     roofline is also off in shape, 0.3x-1.1x from group to group here: that spread is the model's, which no single

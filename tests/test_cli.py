@@ -117,10 +117,12 @@ def _one_line_error(done, *fragments):
         assert f in lines[0], lines[0]
 
 
+@pytest.mark.fast
 def test_unknown_searcher(tmp_path):
     _one_line_error(run_cli("searcher=nope", f"hydra.run.dir={tmp_path}"), "searcher: got 'nope'", "size_lookup_greedy")
 
 
+@pytest.mark.fast
 def test_malformed_task_file(tmp_path):
     obj = make_task([make_table(0), make_table(1)]).to_json()
     obj["tables"][1]["dim"] = 0
@@ -176,12 +178,14 @@ def test_bad_override_value(tmp_path):
     assert not (tmp_path / "sweep").exists()
 
 
+@pytest.mark.fast
 def test_hydras_own_overrides_are_checked_in_one_line(tmp_path):
     done = run_cli("hydra.job.chdir=abc", *SMALL, f"hydra.run.dir={tmp_path / 'run'}")
     _one_line_error(done, "hydra.job.chdir=abc", "not a valid bool")
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.fast
 def test_the_commands_use_no_private_hydra_api():
     """Hydra's public entry points only (``hydra.main``, the Compose API): private ones break silently on upgrade."""
     root = Path(__file__).resolve().parent.parent
@@ -263,6 +267,7 @@ def test_an_output_folder_that_cannot_be_made_is_one_line(capsys):
     ), err
 
 
+@pytest.mark.fast
 def test_a_good_command_line_passes_the_check():
     check_command_line("config", ["-m", "searcher=grid,beam", "seed=0,1", "task.num_tables=12"], main_config)
 

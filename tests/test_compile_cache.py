@@ -13,6 +13,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.conftest import REPO
 
 # A child process: plan a small task with the analytic model (beam: the grid and scoring kernels), counting JAX's
@@ -96,6 +98,7 @@ def test_a_cache_folder_the_user_set_for_jax_is_kept(tmp_path):
     assert _files(own) and not (tmp_path / "cache" / "jax").exists()
 
 
+@pytest.mark.fast
 def test_no_private_jax_api_and_no_unpickling_in_the_packages():
     pattern = re.compile(r"jax\._src|serialize_executable|\bpickle\.loads?\(|^\s*(import|from) (cloud)?pickle\b", re.M)
     found = [

@@ -31,6 +31,7 @@ def test_registry_matches_config_files():
     assert group_options("searcher") == searcher_names()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("name", group_options("searcher"))
 def test_every_searcher_config_builds_its_searcher(name):
     cfg = OmegaConf.to_container(_compose(f"searcher={name}"), resolve=True)
@@ -38,6 +39,7 @@ def test_every_searcher_config_builds_its_searcher(name):
     make_searcher(name, {k: v for k, v in cfg["searcher"].items() if k != "name"})
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("name", group_options("task"))
 def test_every_task_config_composes(name):
     cfg = OmegaConf.to_container(_compose(f"task={name}"), resolve=True)
@@ -54,6 +56,7 @@ def test_every_cost_model_config_builds(name, tiny_checkpoint):
     make_cost_model(name, make_task([make_table()], batch_size=256), options)
 
 
+@pytest.mark.fast
 def test_analytic_defaults_are_the_constants():
     cfg = OmegaConf.to_container(_compose("cost_model=analytic"))["cost_model"]
     # calibration: every cost model's option (registry.split_calibration), not the roofline's
@@ -89,6 +92,7 @@ def test_no_yaml_file_repeats_a_default(path):
         assert default != value, f"{path}: {'.'.join(key)}: {value!r} repeats its dataclass default"
 
 
+@pytest.mark.fast
 def test_every_key_of_a_dataclass_can_be_set_on_the_command_line():
     """The schemas make every field a key of the composed config, so ``polish.anchors=1`` needs no ``+``."""
     cfg = _compose("polish=measured", "polish.anchors=1", "searcher=beam", "searcher.k=5", "executor=ray")
@@ -100,6 +104,7 @@ def test_every_key_of_a_dataclass_can_be_set_on_the_command_line():
     assert suite.tasks == 3 and list(suite.devices) == [4, 8]
 
 
+@pytest.mark.fast
 def test_dreamshard_task_overlay():
     task = _compose("task=dreamshard").task
     assert task.split == "train" and task.precision == "fp32" and task.num_devices == 4

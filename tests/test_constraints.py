@@ -111,6 +111,7 @@ def heterogeneous_task(speeds=(1.0, 1.0, 0.5)) -> Task:
     return Task(devices, base.batch_size, base.tables)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("searcher", CONSTRAINED_SEARCHERS)
 def test_heterogeneous_devices_every_searcher_keeps_each_cap_and_scales_by_speed(searcher):
     task = heterogeneous_task()
@@ -125,6 +126,7 @@ def test_heterogeneous_devices_every_searcher_keeps_each_cap_and_scales_by_speed
     np.testing.assert_allclose(plan.costs.compute_ms, raw / task.speeds(), rtol=1e-5)
 
 
+@pytest.mark.fast
 def test_faster_devices_get_more_work_and_the_schema_checks_devices():
     task = Task([Device(1.0, 0.5), Device(1.0, 3.0)], 4096, heterogeneous_task().tables[2:])
     for searcher in ("grid", "size_lookup_greedy"):  # the slow device first: empty devices are not all alike

@@ -19,6 +19,8 @@ from neuroshard_jax.costs.scoring import plan_arrays, score_plan, score_plans
 
 from .conftest import make_table, make_task
 
+pytestmark = pytest.mark.fast  # the before-commit tier (make test-fast)
+
 
 def numpy_oracle(plan: Plan, p) -> np.ndarray:
     """Plain-Python analytic plan cost, straight from the formulas in the docs."""

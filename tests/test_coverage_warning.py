@@ -37,6 +37,7 @@ def past_task(num_devices=2, mem_cap_gb=1.0):
     return task_of(tables, num_devices=num_devices, mem_cap_gb=mem_cap_gb, batch_size=4096)
 
 
+@pytest.mark.fast
 def test_the_pool_task_stays_inside_every_shipped_models_labels():
     task = make_task(TaskGroupConfig(), 0)  # the main job's default task: 50 of the project's pool tables
     models = fitting_models(task.batch_size, task.precision)
@@ -48,6 +49,7 @@ def test_the_pool_task_stays_inside_every_shipped_models_labels():
         assert out_of_depth_warning(task, planned.plan, name, {}, trust=()) is None, name
 
 
+@pytest.mark.fast
 def test_a_task_past_the_labels_warns_naming_what_and_the_remedy():
     coverage = checkpoint_coverage(str(trained_checkpoint(MODEL, {})[1].resolve()))
     assert coverage.rows[1] < 3e7 and coverage.pooling_factor[1] < 2000 and coverage.tables[1] < 80
@@ -98,6 +100,7 @@ def test_the_main_job_prints_the_warning_beside_the_plan(tmp_path):
     assert REMEDY in line
 
 
+@pytest.mark.fast
 @pytest.mark.filterwarnings("ignore:cost model. ")  # the model of another kind than a test machine
 def test_the_python_api_logs_it_and_explain_prints_it(tmp_path, caplog):
     tables = {
@@ -113,6 +116,7 @@ def test_the_python_api_logs_it_and_explain_prints_it(tmp_path, caplog):
     assert text.startswith(f"warning: cost model {MODEL} is out of its depth here: 2 of 6 tables lie past")
 
 
+@pytest.mark.fast
 def test_a_checkpoint_without_its_datasets_warns_of_nothing(tmp_path):
     shipped = trained_checkpoint(MODEL, {})[1]
     meta = json.loads((shipped / "meta.json").read_text())

@@ -45,6 +45,7 @@ def hot_task() -> Task:
     return make_task(tables, num_devices=4, batch_size=4096)  # within the shipped models' batch sizes
 
 
+@pytest.mark.fast
 def test_a_data_parallel_table_is_whole_on_every_device_and_round_trips(hot_task):
     shards = tuple(Shard(t, 0, hot_task.tables[t].dim, t % 4) for t in range(1, 12))
     plan = Plan(hot_task, shards, data_parallel=(0,)).validate()
@@ -86,6 +87,7 @@ def test_sharding_types_say_what_a_table_may_be(hot_task):
             Task.from_json(raw)
 
 
+@pytest.mark.fast
 def test_a_replica_costs_its_lookups_on_every_device_and_an_all_reduce(hot_task):
     shards = tuple(Shard(t, 0, hot_task.tables[t].dim, t % 4) for t in range(1, 12))
     model = analytic_model(hot_task)

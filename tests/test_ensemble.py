@@ -116,6 +116,7 @@ def test_the_saturating_fusion_term_stays_bounded_where_the_pairwise_one_grows_w
     assert levels[2] < 1.05 * levels[1]
 
 
+@pytest.mark.fast
 def test_each_member_stays_within_its_bounds_of_the_roofline():
     rng = np.random.default_rng(1)
     nets, params = _untrained(seed=4)
@@ -175,6 +176,7 @@ def test_the_shipped_model_of_this_kind_grows_as_the_kernels_do():
     assert reports["width 4 -> 8"].worst_fall <= 0.10
 
 
+@pytest.mark.fast
 def test_spec_sampler_is_deterministic_within_memory_and_keeps_slices_together():
     config = SpecSamplerConfig(mem_cap_gb=0.5)
     draws = [sample_spec_shard(config, 0, i) for i in range(30)]
@@ -242,6 +244,7 @@ def test_spec_sampler_extensions_reach_many_tables_and_the_heavy_corner_and_leav
     assert any(t.get("num_rows", 99) <= 2 for t in small)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("name, corner", [("xeon-cold", "cold_share"), ("xeon-tiny", "tiny_share")])
 def test_the_shipped_corner_labels_are_the_samplers_draws(name, corner):
     """A corner's shipped samples re-drawn from their manifest's settings are their records' shards: the corners'
@@ -477,6 +480,7 @@ def test_risk_makes_the_search_cautious_but_reported_costs_are_expectations(tiny
         make_cost_model("neural", task, {"checkpoint": str(ckpt), "risk": -1})
 
 
+@pytest.mark.fast
 def test_shipped_models_by_name():
     names = shipped_names()
     assert "cpu-b4096" in names  # the first model stays loadable for the ablation
@@ -610,6 +614,7 @@ XEON = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_id": "GenuineIntel family 6 mo
 EPYC = {"cpu": "AMD EPYC", "cpu_id": "AuthenticAMD family 25 model 1"}  # a Zen 3: no shipped model of its kind
 
 
+@pytest.mark.fast
 def test_the_model_of_this_machines_hardware_is_chosen_and_named_in_one_line(monkeypatch):
     """``neural`` is the shipped model of this machine's kind: on the Xeon kind of the labels the default, named
     as matching; on another kind (an AMD EPYC, a GPU) the default with a line saying it does not match and how to
@@ -655,6 +660,7 @@ def test_the_model_of_this_machines_hardware_is_chosen_and_named_in_one_line(mon
     assert choice.choose_cost_model("analytic").line().startswith("cost model: analytic (the roofline")
 
 
+@pytest.mark.fast
 def test_a_shipped_name_is_taken_under_the_checkpoint_key_too():
     from neuroshard_jax.costs.choice import make_cost_model
 
@@ -703,6 +709,7 @@ def test_no_shipped_model_names_a_path_of_the_machine_that_wrote_it():
         assert "successful to /" not in marker.read_text(), marker
 
 
+@pytest.mark.fast
 def test_a_task_of_sequence_or_weighted_tables_gets_the_model_that_learned_their_kernels(monkeypatch):
     """On the AMD EPYC family 25 model 17 kind, a task of sum-pooled bags keeps ``epyc-f25m17``; one with a sequence
     or weighted table gets ``epyc-f25m17-kinds``, whose labels hold those kernels; the kind-blind model says, when

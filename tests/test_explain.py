@@ -33,6 +33,7 @@ def plan_and_model():
     return Plan(task, shards).validate(), analytic_model(task)
 
 
+@pytest.mark.fast
 def test_table_shares_add_up_and_split_gains_are_score_differences(plan_and_model):
     plan, model = plan_and_model
     expl = explanation(plan, model, top=3)
@@ -47,6 +48,7 @@ def test_table_shares_add_up_and_split_gains_are_score_differences(plan_and_mode
     assert gains[0].gain_ms == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.fast
 def test_explain_file_prints_measured_costs_and_writes_a_chart(plan_and_model, tmp_path):
     plan, model = plan_and_model
     path = tmp_path / "plan.json"
@@ -119,6 +121,7 @@ def test_constraints_that_bind_are_named(plan_and_model):
     )
 
 
+@pytest.mark.fast
 def test_a_device_never_binds_against_itself():
     """On one device the slowest is the least loaded: no table "cannot move from device 0 to device 0"."""
     big = make_task([make_table(0, rows=10_000, dim=16), make_table(1, rows=20_000, dim=16)], num_devices=1)

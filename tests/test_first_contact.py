@@ -71,6 +71,7 @@ def test_torchrec_example_plans_with_the_users_topology_and_no_warning(tmp_path)
     assert re.search(r"\bcap=4\.0 GiB\b", done.stderr), done.stderr
 
 
+@pytest.mark.fast
 def test_make_hides_pip_unless_it_fails(tmp_path):
     """The set-up recipe: pip's chatter goes to the log; a failing step prints its end and stops make."""
     if shutil.which("make") is None:
@@ -108,6 +109,7 @@ def test_make_hides_pip_unless_it_fails(tmp_path):
     assert not (venv / ".installed").exists()
 
 
+@pytest.mark.fast
 def test_wheel_declares_its_subpackages_and_ships_configs_and_models(tmp_path):
     """A wheel built from a copy of the sources (as pip builds one, but without its isolated environment): setuptools
     warns of no undeclared folder, even with an earlier install's egg-info listing the training labels, and the wheel

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from tests.conftest import run_cli
 
@@ -76,6 +77,7 @@ def test_the_priced_all_to_all_follows_the_bytes():
     assert not all_to_all_ms([0, 0], 4096).any() and not all_to_all_ms([64], 4096).any()
 
 
+@pytest.mark.fast
 def test_a_rank_runs_alone_on_the_core_it_is_given_and_bad_cores_are_refused():
     import os
     import subprocess

@@ -4,11 +4,14 @@ its tables' features those of the streams the worker replays."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from neuroshard_jax.core.features import bin_shares
 from neuroshard_jax.core.sharding import mem_bytes
 from neuroshard_jax.workloads.gpu_tasks import GpuTaskConfig, gpu_task, table_params, table_stream
 from neuroshard_jax.workloads.pool import stream_histogram
+
+pytestmark = pytest.mark.fast  # the before-commit tier (make test-fast)
 
 SMALL = GpuTaskConfig(tables=(20, 30), batch_sizes=(16384, 32768, 65536), log10_rows_max=5.0, mean_pooling=2.0)
 

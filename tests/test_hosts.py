@@ -72,6 +72,7 @@ def test_bad_hosts_and_links_are_named(change, message):
         Task.from_json({**obj, **change})
 
 
+@pytest.mark.fast
 def test_the_model_scales_transfers_but_not_the_wait_for_a_late_peer():
     flat = Task.uniform(4, 1.0, 512, tuple(_tables()))
     hosts = Task([Device(1.0, host=d // 2) for d in range(4)], 512, _tables(), links=Links(200, 25))

@@ -43,6 +43,7 @@ def _features(rng):
     return list(rng.uniform(1, 300, size=int(rng.integers(0, 4))))
 
 
+@pytest.mark.fast
 def test_the_fit_recovers_known_terms_and_scales_with_the_batch():
     rng = np.random.default_rng(0)
     records = []
@@ -66,6 +67,7 @@ def test_the_fit_recovers_known_terms_and_scales_with_the_batch():
         fit([records[0], {**records[1], "batch_size": 256}], "test")
 
 
+@pytest.mark.fast
 def test_fits_are_read_back_checked_and_given_to_models_of_their_kind(tmp_path):
     path = tmp_path / "fit.json"
     write_json({"fit": {**FIT.to_json(), "kind": "some cpu"}, "manifest": {}}, path)
@@ -96,6 +98,7 @@ def test_input_distributions_are_labelled_on_gloo_apart_from_the_all_to_all(tiny
     assert set(fitted.sizes) <= {2, 3} and all(min(c) >= 0 for c in fitted.coefs)
 
 
+@pytest.mark.fast
 def test_more_ids_take_longer_to_distribute():
     from neuroshard_jax.kernels.messages import CommRequest
     from neuroshard_jax.kernels.processes import run_comm
@@ -125,6 +128,7 @@ def _plan(task):
     return Plan(task, (*row_shards(0, task.tables[0].rows, 8, [2, 3]), *cut, *rest), data_parallel=(6,)).validate()
 
 
+@pytest.mark.fast
 def test_a_plan_s_input_distributions_follow_its_sharding_types():
     task = _task()
     plan = _plan(task)
@@ -138,6 +142,7 @@ def test_a_plan_s_input_distributions_follow_its_sharding_types():
     np.testing.assert_allclose(input_taken(plan), received(list(features.values())))
 
 
+@pytest.mark.fast
 def test_a_model_prices_the_input_distributions_forward_only():
     task = _task()
     plan = _plan(task)
@@ -153,6 +158,7 @@ def test_a_model_prices_the_input_distributions_forward_only():
     assert np.array_equal(input_terms(FIT, task), np.tile(FIT.terms(4, 4096)[:, None], (1, 4)).astype(np.float32))
 
 
+@pytest.mark.fast
 def test_the_grid_prices_each_placement_s_input_distributions_as_the_host_does():
     """Random placements of column splits (slices of one table spread, or sharing a device): what the jitted grid
     takes per device equals the host's count on the plan those placements make."""
@@ -172,6 +178,7 @@ def test_the_grid_prices_each_placement_s_input_distributions_as_the_host_does()
             np.testing.assert_allclose(np.asarray(taken), input_taken(plan)[:2], rtol=1e-6)
 
 
+@pytest.mark.fast
 def test_grid_and_beam_match_the_oracle_with_the_input_distributions_priced(small_pool):
     from neuroshard_jax.workloads.builders import TaskConfig, generate_task
 
@@ -186,6 +193,7 @@ def test_grid_and_beam_match_the_oracle_with_the_input_distributions_priced(smal
     assert score_plans(model, [beam])[0] > score_plans(analytic_model(task), [beam])[0]
 
 
+@pytest.mark.fast
 def test_the_shipped_fit_is_the_one_its_labels_make(tmp_path):
     from neuroshard_jax.core.files import read_json
     from neuroshard_jax.core.paths import package_path

@@ -96,6 +96,7 @@ def _rescored_gains(model, plan):
     return out
 
 
+@pytest.mark.fast
 def test_split_gains_equal_rescoring_every_variant(split_plan):
     plan, model = split_plan
     gains = split_gains(model, plan)

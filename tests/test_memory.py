@@ -49,6 +49,7 @@ def test_each_part_follows_the_optimizer_the_precision_and_the_slice():
     assert fp16.device_memory([Shard(0, 0, 16, 0)])[0].state == 1000 * 4  # fp32 state beside fp16 weights
 
 
+@pytest.mark.fast
 def test_every_device_holds_its_slice_of_the_batch_whatever_its_tables():
     """The step's pooled outputs of every table for a device's local batch (batch / devices) and their gradients,
     and its slice's ids and offsets with the all-to-all's copy: on every device, in ``Plan.memory`` and out of the
@@ -124,6 +125,7 @@ def test_a_table_larger_than_all_the_devices_together_gets_advice_that_would_fit
         nsj.plan(table, 24, 0.2, "size_greedy", "analytic")  # one device fewer than advised: 0.001 GiB short
 
 
+@pytest.mark.fast
 def test_the_advice_for_one_table_counts_every_other_table_and_a_table_kept_whole_is_named():
     """The probe's case: with Adam, a 2e7 x 128 table (28.6 GiB with its state) beside a 2e7 x 64 one on 4 x 4 GiB:
     the advice for the first must leave room for the second (it said 7.16 GiB or 8 devices, which the total
@@ -142,6 +144,7 @@ def test_the_advice_for_one_table_counts_every_other_table_and_a_table_kept_whol
         nsj.plan(whole, 4, 2.0, cost_model="analytic")
 
 
+@pytest.mark.fast
 def test_a_plan_that_fits_under_sgd_is_refused_with_row_wise_state_and_the_message_says_what_would_fit():
     plan = _two_big_tables("exact_sgd")
     assert sorted(s.device for s in plan.shards) == [0, 1] and (plan.mem_bytes() <= plan.task.cap_bytes()).all()
@@ -159,6 +162,7 @@ def test_a_plan_that_fits_under_sgd_is_refused_with_row_wise_state_and_the_messa
         _two_big_tables("exact_sgd", mem_reserve=0.15)
 
 
+@pytest.mark.fast
 def test_row_wise_state_changes_the_plan_and_every_device_fits_it():
     """Three tables of 0.45 GiB (8 wide) on 2 devices of 1 GiB: under SGD two share a device whole; with row-wise
     Adagrad (+12.5% at width 8) no two fit together, so the plan cuts one into column slices (each keeps its rows'
@@ -187,6 +191,7 @@ def _collection(rows: int, dim: int, count: int, device: str = "meta") -> Embedd
     )
 
 
+@pytest.mark.fast
 def test_the_torchrec_adapter_reads_the_optimizer_the_model_declares():
     """From apply_optimizer_in_backward on the tables' weights, or from the sharder's fused_params, as TorchRec's
     storage estimator does; the issue's two 0.9 GiB tables with row-wise Adagrad are refused, not planned."""
@@ -229,6 +234,7 @@ def test_distributed_model_parallel_holds_what_the_plan_counts():
         assert r["peak"] <= 1.5 * predicted["total"] + 64 * 2**20, r
 
 
+@pytest.mark.fast
 def test_the_model_chosen_for_a_task_is_the_one_whose_labels_ran_its_optimizer(tmp_path, monkeypatch):
     """Two models of this machine's kind, one from exact-SGD labels and one from row-wise Adagrad labels (the shipped
     pair of one machine, registered here as this user's): a task picks the one its optimizer ran, exact Adagrad

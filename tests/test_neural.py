@@ -116,6 +116,7 @@ def test_metrics_against_plain_python():
     assert relative_errors(pred, true) == pytest.approx(((1 / 3 + 1 / 2) / 4, (-1 / 3 + 1 / 2) / 4, 1.5))
 
 
+@pytest.mark.fast
 def test_untrained_nets_have_the_paper_shapes():
     nets, params = init_nets(NetConfig())
     shapes = jax.tree_util.tree_map(jnp.shape, params.compute)
@@ -125,6 +126,7 @@ def test_untrained_nets_have_the_paper_shapes():
     assert NeuralConfig().checkpoint is None
 
 
+@pytest.mark.fast
 def test_summing_before_the_last_layer_equals_summing_latents():
     nets, params = init_nets(NetConfig(), seed=3)
     fns = neural_fns(nets)
@@ -136,6 +138,7 @@ def test_summing_before_the_last_layer_equals_summing_latents():
     np.testing.assert_allclose(np.asarray(fast), np.asarray(slow), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.fast
 def test_chunked_scoring_equals_one_pass():
     from neuroshard_jax.costs import scoring
 

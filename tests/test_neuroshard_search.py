@@ -54,6 +54,7 @@ def test_grid_and_beam_match_the_oracle(small_pool, tiny_checkpoint, model_name)
         assert _cost(model, beam) <= _cost(model, grid) + 1e-6  # the unsplit plan is a beam candidate
 
 
+@pytest.mark.fast
 def test_beam_splits_when_splitting_pays():
     # One wide, hot table and 2 devices: table-wise, one device gets all of it; halving it balances, for the price of
     # a second all-to-all (the column-wise tables'), which it pays many times over.
@@ -105,6 +106,7 @@ def test_bad_options_are_clear_errors(name, options, fragment):
         make_searcher(name, options)
 
 
+@pytest.mark.fast
 def test_beam_scales_to_a_large_pool_quickly(_cache_dir):
     """856 tables on 64 devices (the benchmark case, shortened): a valid plan, no table left out."""
     from neuroshard_jax.workloads.pool import load_pool
@@ -117,6 +119,7 @@ def test_beam_scales_to_a_large_pool_quickly(_cache_dir):
     assert (plan.mem_bytes() <= task.largest_cap_bytes).all()
 
 
+@pytest.mark.fast
 def test_grid_and_a_beam_level_do_not_retrace_within_a_bucket(small_pool):
     """Candidate batches and shard lists are padded to power-of-two buckets: a second task, or a second beam
     level, of the same buckets reuses the compiled grid search."""
@@ -136,6 +139,7 @@ def test_grid_and_a_beam_level_do_not_retrace_within_a_bucket(small_pool):
     assert grid_search._cache_size() == compiled  # both levels in the 4-candidate, 16-slot bucket
 
 
+@pytest.mark.fast
 def test_a_tight_cap_that_the_cost_order_cannot_pack_is_packed_by_memory():
     """Two devices at 96% fill, the small tables the hottest: the cost-ordered greedy fills a device with them and
     finds no room for the last big table under any bound; the memory-ordered fallback packs it, as the oracle does."""
@@ -173,6 +177,7 @@ def test_beam_within_a_budget_returns_its_best_plan_so_far(small_pool, caplog):
     assert bounded[0] == bounded[1]
 
 
+@pytest.mark.fast
 def test_packing_by_memory_puts_each_shard_where_most_memory_is_left():
     """Caps 13 and 17 (units of 1e6 rows x dim 16: the step's buffers, ~0.1 MB a table, stay within the caps' 0.1%
     slack), tables of 10, 7, 7, 4 units: the cost order (the hottest, small, first) finds no plan; packing by least

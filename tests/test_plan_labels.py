@@ -29,6 +29,7 @@ def _task(num_devices=3):
     return make_task(tables, num_devices=num_devices, mem_cap_gb=1.0)
 
 
+@pytest.mark.fast
 def test_variants_are_distinct_legal_plans_of_every_kind():
     task = _task()
     parent = plan_of(task, [(i % 3,) if i != 2 else (0, 1) for i in range(7)]).validate()

@@ -26,6 +26,8 @@ from searchers.registry import register
 
 from .conftest import make_table, make_task
 
+pytestmark = pytest.mark.fast  # the before-commit tier (make test-fast)
+
 TABLES = {
     f"t{i}": {"rows": 2000 * (i + 1), "dim": 16, "pooling_factor": 1.0 + i, "bins": [1.0] + [0.0] * 16}
     for i in range(5)

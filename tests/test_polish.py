@@ -30,6 +30,7 @@ def _task():
     return make_task(tables, num_devices=3, mem_cap_gb=0.2, batch_size=1024)
 
 
+@pytest.mark.fast
 def test_proposals_take_work_off_the_slow_device_and_stay_legal():
     task = _task()
     plan = plan_of(task, [(0,)] * 5 + [(0, 1)]).validate()  # device 0 holds nearly everything

@@ -29,6 +29,7 @@ def model(task):
     return spec_of("analytic").for_task(task)
 
 
+@pytest.mark.fast
 def test_the_portfolio_is_its_members_cheapest_plan_with_every_candidate_recorded(task, model):
     from neuroshard_jax.core.plan import Plan
     from neuroshard_jax.costs.scoring import score_plans

@@ -44,6 +44,7 @@ def worker():
     w.close()
 
 
+@pytest.mark.fast
 def test_worker_times_a_two_table_shard(worker):
     answer = worker.request(_request([[3, 16], [7, 8]]), timeout_s=120)
     assert answer.ok and answer.id == 0
@@ -80,6 +81,7 @@ def test_a_request_and_its_answer_cross_the_pipe_as_json_and_back():
         CommRequest.from_json({"id": 4, "dim_sums": [8, 4], "delays_ms": [0.0, 0.0]})
 
 
+@pytest.mark.fast
 def test_worker_runs_each_optimizer_of_fbgemms_cpu_kernels_and_keeps_the_state_the_memory_model_counts(worker):
     """One spec shard, trained with each optimizer FBGEMM's CPU TBE runs: a label, and the optimizer's state as the
     kernel's allocator holds it, byte for byte what ``core.memory`` counts; a deprecated one is refused in one line
@@ -101,6 +103,7 @@ def test_worker_runs_each_optimizer_of_fbgemms_cpu_kernels_and_keeps_the_state_t
     assert worker.request(request, timeout_s=120).ok
 
 
+@pytest.mark.fast
 def test_worker_times_every_kernel_kind_torchrec_runs_and_counts_a_sequence_kernels_rows(worker):
     """The kernels of each table kind (mean pooling, per-id weights, unpooled sequence lookups) timed on the same
     tables; a sequence kernel's outputs are a row per id (the memory it reports), and its refusals are one line."""
@@ -141,6 +144,7 @@ def test_worker_times_every_kernel_kind_torchrec_runs_and_counts_a_sequence_kern
         ComputeRequest.from_json({**base.to_json(), "weighted": "yes"})
 
 
+@pytest.mark.fast
 def test_the_timed_protocol_fills_a_kernel_time_and_keeps_a_sample_of_its_runs(worker):
     """``protocol=timed``: warm-up and timed iterations by kernel time, at least ``iters``, at most ``max_iters``; a
     row keeps at most 64 evenly spaced runs, its medians are over all of them."""
@@ -159,6 +163,7 @@ def test_the_timed_protocol_fills_a_kernel_time_and_keeps_a_sample_of_its_runs(w
         assert not answer.ok and f"protocol {gpu_only!r}" in answer.error and "needs device 'cuda'" in answer.error
 
 
+@pytest.mark.fast
 def test_a_dataset_keeps_one_protocol(tmp_path):
     """The timed protocol is recorded in the manifest (the fixed one is not: older datasets resume), and a rerun
     with another protocol is refused; timed is for compute labels only."""
@@ -177,6 +182,7 @@ def test_a_dataset_keeps_one_protocol(tmp_path):
         CollectConfig(protocol="graph")
 
 
+@pytest.mark.fast
 def test_a_pinned_pool_puts_each_worker_on_a_core_of_its_own():
     """KernelPool(pin=True): each worker process runs on one distinct allowed core (none pinned with too few)."""
     count = 2
@@ -191,6 +197,7 @@ def test_a_pinned_pool_puts_each_worker_on_a_core_of_its_own():
         assert all(c == os.sched_getaffinity(0) for c in cores)
 
 
+@pytest.mark.fast
 def test_worker_refuses_bad_shards_and_keeps_serving(worker):
     bad_id = worker.request(_request([[999, 16]]), timeout_s=60)
     assert not bad_id.ok and "table id 999" in bad_id.error
@@ -316,12 +323,14 @@ def test_kill_9_then_resume_loses_and_duplicates_nothing(tmp_path):
     assert all(r["ok"] for r in records)
 
 
+@pytest.mark.fast
 def test_resume_with_other_settings_is_refused(tmp_path):
     collect(_collect_config(tmp_path, 1))
     with pytest.raises(UserError, match="batch_size: got 512"):
         collect(dataclasses.replace(_collect_config(tmp_path, 2), batch_size=512))
 
 
+@pytest.mark.fast
 def test_samplers_are_deterministic_and_within_memory():
     rows, _ = pool_streams(POOL)
     config = ComputeSamplerConfig(mem_cap_gb=0.05)
@@ -334,6 +343,7 @@ def test_samplers_are_deterministic_and_within_memory():
         assert min(comm["delays_ms"]) == 0 and len(comm["dim_sums"]) == comm["world"]
 
 
+@pytest.mark.fast
 def test_gloo_all_to_all_waits_for_the_straggler():
     requests = [CommRequest.of({"dim_sums": [64, 128]}, 0, 256, [0.0, 30.0], 1, 3)]
     # a batch that does not split evenly: rank 0 receives 129 rows x 1024 columns, more than 257 x 512 (a buffer sized

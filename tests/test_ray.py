@@ -132,6 +132,7 @@ def test_ray_driver_killed_with_kill_9_resumes(cluster, tmp_path):
     assert sorted(r["id"] for r in rows) == list(range(24)) and all(r["ok"] for r in rows)
 
 
+@pytest.mark.fast
 def test_bad_executor_options_are_one_line_errors():
     from neuroshard_jax.core.config import typed
 

@@ -132,6 +132,7 @@ def test_the_mask_is_in_the_loss(tiny_policy):
     assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree_util.tree_leaves(grads))
 
 
+@pytest.mark.fast
 def test_bad_policy_path_is_a_clear_error(tmp_path):
     task = _unseen_task(0)
     with pytest.raises(UserError, match="searcher.policy: no policy"):

@@ -110,6 +110,7 @@ def test_row_groups_are_labelled_on_gloo_apart_from_the_all_to_all(tiny_checkpoi
             np.testing.assert_allclose(label[i, :w], np.asarray(r[f"{k}_ms"]) - apart, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.fast
 def test_the_shipped_fit_predicts_held_out_gloo_labels(tmp_path):
     """The shipped labels (150 samples, 2-8 gloo ranks): fitted on four fifths, the fifth held out is predicted within
     a median 25% per rank forward (this machine measured 18%); the shipped fit is the one ``train family=row_comm``
@@ -143,6 +144,7 @@ def _task():
     return Task.uniform(4, (3 * 2**20 + step) / 2**30, 4096, tuple(tables))
 
 
+@pytest.mark.fast
 def test_a_model_prices_row_groups_apart_from_the_all_to_all():
     plan = search_plan(_task(), make_searcher("size_lookup_greedy"), CostModelSpec("analytic").for_task(_task()), 0)
     layout = comm_layout(plan)
@@ -191,6 +193,7 @@ def _whole_rest(task):
     return [Shard(t, 0, task.tables[t].dim, t % task.num_devices) for t in range(1, task.num_tables)]
 
 
+@pytest.mark.fast
 def test_column_wise_tables_run_an_all_to_all_of_their_own():
     """TorchRec runs one all-to-all per sharding type: a plan with a table cut in columns prices and measures the
     column-wise slices' all-to-all apart from the table-wise one; a plan without keeps its one all-to-all."""

@@ -56,6 +56,7 @@ def test_a_row_block_gets_exactly_the_lookups_in_its_rows():
     assert [sorted(g) for g in got] == bags
 
 
+@pytest.mark.fast
 def test_the_worker_measures_a_row_block_on_its_own_lookups():
     _, streams = pool_streams(POOL)
     whole = len(streams.stream(3, 256)[0])
@@ -95,6 +96,7 @@ def _big_task(num_devices=4):
     return Task.uniform(num_devices, 2.25 / 1024, 128, tuple(tables))
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("searcher", ["beam", "grid", "size_lookup_greedy", "random"])
 def test_searchers_cut_a_table_larger_than_every_device_into_rows(searcher):
     task = _big_task()
@@ -128,6 +130,7 @@ def test_choices_add_large_then_hot_tables_to_those_only_rows_fit():
     assert row_split_choices(capped, "hot", hot=[5]) == [(0,), (0, 1)]  # a constrained table is not cut by choice
 
 
+@pytest.mark.fast
 def test_row_split_off_or_a_constraint_refuses_what_only_rows_fit():
     task = _big_task()
     with pytest.raises(InfeasibleError, match="table 0 .* narrowest column slices; expected row_split=fit"):
@@ -158,6 +161,7 @@ def test_a_row_split_plan_is_measured_block_by_block():
     assert all(d["compute"] > 0 and d["fwd_comm"] > 0 for d in result["devices"])
 
 
+@pytest.mark.fast
 def test_the_comm_benchmark_reduce_scatters_row_groups_on_gloo():
     """Real gloo ranks: the same all-to-all with a wide row-split table over 2 of 3 ranks (a subgroup) takes
     longer on those two, forward (reduce-scatter) and backward (all-gather); the third rank, outside the group, is
@@ -218,6 +222,7 @@ def test_measured_block_statistics_price_and_measure_each_block_as_its_own():
     assert device_tables(task, four.device_shards(0))[0].row_offset is not None
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("speeds", [(1.0, 1.0, 1.0, 1.0), (2.0, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 2.0)])
 def test_the_searcher_plans_around_a_hot_row_block_it_knows_of(speeds):
     """Block 0 of a table holds its hot rows (its own statistics): the other tables are planned on the room the

@@ -89,6 +89,7 @@ def test_access_law_counts_every_lookup_and_spans_uniform_to_steep():
     assert missing.max() >= 0.79 * 100_000  # the missing value's row
 
 
+@pytest.mark.fast
 def test_the_cache_gives_back_the_generated_tasks(tmp_path, tasks):
     suite = fb.Suite("cached", lambda: tasks, sb.BASE_SEED, str(tmp_path))  # the stages' cache of a suite's tasks
     written = suite.tasks(tmp_path / "tasks.json")
@@ -97,6 +98,7 @@ def test_the_cache_gives_back_the_generated_tasks(tmp_path, tasks):
     assert sb.SEALED.out == "outputs/bench/sealed" and sb.SEALED.base_seed == sb.BASE_SEED
 
 
+@pytest.mark.fast
 def test_a_fresh_sealed_set_draws_the_same_families_with_seeds_of_its_own():
     first = sb.sealed_task("avazu", 4, 0)
     fresh = sb.sealed_task("avazu", 4, 0, seal=1)
@@ -113,6 +115,7 @@ def _int_literals(path) -> set[int]:
     return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and type(n.value) is int}
 
 
+@pytest.mark.fast
 def test_its_seeds_are_its_own():
     others = set().union(*(_int_literals(p) for p in DRAWING))
     assert sb.BASE_SEED not in others
@@ -124,6 +127,7 @@ def test_its_seeds_are_its_own():
     assert seeded and all(ast.unparse(n.args[0]).startswith("[BASE_SEED") for n in seeded)
 
 
+@pytest.mark.fast
 def test_it_imports_no_table_drawing_code():
     tree = ast.parse(SEALED_SOURCE.read_text())
     imported = {

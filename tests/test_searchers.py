@@ -81,6 +81,7 @@ def check_valid_plans(name, tables, num_devices, fill, seed, devices, heterogene
     plan.validate()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("name", SEARCHERS)
 def test_same_seed_same_plan(name, small_pool):
     from neuroshard_jax.workloads.builders import TaskConfig, generate_task
@@ -124,6 +125,7 @@ def test_greedy_raises_instead_of_overfilling():
         make_searcher("size_greedy").search(task, analytic_model(task), 0)
 
 
+@pytest.mark.fast
 def test_random_respects_memory_and_splits_columns():
     tables = [make_table(i, rows=1000, dim=64) for i in range(4)]
     task = make_task(tables, num_devices=4, mem_cap_gb=cap_gb(tables, 4, whole_bytes(tables[0])))

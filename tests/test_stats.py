@@ -180,6 +180,7 @@ def test_stats_command_on_an_npz(tmp_path):
     assert bad.returncode == 2 and bad.stderr.startswith("error: data:") and "Traceback" not in bad.stderr
 
 
+@pytest.mark.fast
 def test_row_blocks_get_the_statistics_of_their_own_lookups(tmp_path):
     """Oracle: ids sorted by frequency (the hottest first), cut by hand into TorchRec's row layout."""
     rng = np.random.default_rng(3)

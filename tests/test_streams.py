@@ -8,6 +8,8 @@ from neuroshard_jax.core.features import NUM_BINS, bin_shares
 from neuroshard_jax.workloads.pool import stream_histogram
 from neuroshard_jax.workloads.streams import TableSpec, block_statistics, spec_stream
 
+pytestmark = pytest.mark.fast  # the before-commit tier (make test-fast)
+
 
 def _one_bin(k):
     bins = [0.0] * NUM_BINS

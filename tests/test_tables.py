@@ -53,6 +53,7 @@ def test_pools_nest_and_depend_on_the_seed():
     assert not np.array_equal(small.rows, other.rows)
 
 
+@pytest.mark.fast
 def test_skew_makes_hot_rows():
     params = synthetic_table_params(0, 120)
     streams = SyntheticStreams(0, params)
@@ -73,6 +74,7 @@ def test_unknown_table_id_is_a_clear_error(small_pool):
         small_pool.index_stream(999)
 
 
+@pytest.mark.fast
 def test_dlrm_file_loader(tmp_path):
     """A file in the public DLRM format (torch.save of indices, offsets, lengths) loads as a pool."""
     lengths = np.array([[2, 0, 1, 3], [1, 1, 1, 1]])  # T=2, B=4
@@ -103,6 +105,7 @@ def test_dlrm_file_loader(tmp_path):
     assert [t.pooling_factor for t in stats] == pool.pooling_factor.tolist()
 
 
+@pytest.mark.fast
 def test_bad_dlrm_file_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a torch file")
@@ -112,6 +115,7 @@ def test_bad_dlrm_file_is_a_clear_error(tmp_path):
         load_pool(PoolSpec(source="dlrm", path=str(tmp_path / "missing.pt")), batch_size=4)
 
 
+@pytest.mark.fast
 def test_a_recalibrated_generator_never_reuses_cached_features(small_pool):
     """The cache key holds the generator's parameters: other settings, other streams, other features."""
     from neuroshard_jax.workloads.pool import SyntheticPoolConfig

@@ -12,6 +12,8 @@ from neuroshard_jax.workloads.builders import TaskConfig, generate_task, load_ta
 
 from .conftest import make_table, make_task
 
+pytestmark = pytest.mark.fast  # the before-commit tier (make test-fast)
+
 
 @pytest.mark.parametrize("seed", range(5))
 def test_neuroshard_style_tasks(small_pool, seed):

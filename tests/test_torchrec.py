@@ -41,6 +41,7 @@ def test_unequal_torchrec_splits_are_refused_clearly():
         plan_from_torchrec(task, [[{"col_offset": 0, "dim": 16, "rank": 0}, {"col_offset": 16, "dim": 48, "rank": 1}]])
 
 
+@pytest.mark.fast
 def test_missing_torchrec_is_a_clear_message(tmp_path):
     code = (
         "import sys, json; sys.modules['torchrec'] = None; "

@@ -52,6 +52,7 @@ def _batches(keys, rows, pooling, batch, count, seed=0):
         )
 
 
+@pytest.mark.fast
 def test_a_module_gets_a_sharding_plan_equal_to_ours():
     model = TwoCollections()
     keys, rows, pooling = ["u0", "u1", "u2", "i0"], [5000, 5000, 800, 20000], [2.0, 1.0, 30.0, 4.0]
@@ -94,6 +95,7 @@ def test_a_module_gets_a_sharding_plan_equal_to_ours():
     assert set(again) == {"users/t0", "t1", "items/t0"}
 
 
+@pytest.mark.fast
 def test_a_batch_size_outside_the_model_falls_back_with_a_warning(caplog):
     caplog.set_level(logging.INFO, logger="neuroshard_jax.torchrec.planner")  # the plan, which warns, at INFO
     model = EmbeddingBagCollection(
@@ -162,6 +164,7 @@ def test_readme_torchrec_example_runs(capsys, caplog):
     assert "predicted cost" in caplog.text and "estimated" not in caplog.text
 
 
+@pytest.mark.fast
 def test_statistics_by_feature_name_are_used_and_unknown_names_refused():
     """A statistics file of the stats CLI names features: a single-feature table takes its feature's entry."""
     from neuroshard_jax.core.errors import UserError
@@ -196,6 +199,7 @@ def test_statistics_by_feature_name_are_used_and_unknown_names_refused():
         NeuroShardPlanner(empty, verbose=False)
 
 
+@pytest.mark.fast
 def test_the_adapter_holds_back_torchrecs_share_of_a_topologys_memory():
     """TorchRec's planner holds back 15% of each device's memory: so does the adapter, unless mem_cap_gb gives the
     memory for tables or mem_reserve says otherwise."""

@@ -20,6 +20,8 @@ from neuroshard_jax.workloads.pool import load_pool, pool_streams
 from neuroshard_jax.workloads.zipf_pool import ZipfStreams, zipf_table_params
 from tools import two_rulers
 
+pytestmark = pytest.mark.fast  # the before-commit tier (make test-fast)
+
 
 def test_the_zipf_pool_keeps_streams_of_its_own_law(_cache_dir):
     small, large = zipf_table_params(3, 10), zipf_table_params(3, 200)

@@ -120,6 +120,7 @@ def _held_by_another(folder: Path) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.fast
 def test_one_writer_nests_in_one_process_and_frees_the_folder_for_others_after(tmp_path):
     folder = tmp_path / "nested"
     with one_writer(folder), one_writer(folder / "."):  # collect inside adapt, the same folder
@@ -135,6 +136,7 @@ def test_one_writer_nests_in_one_process_and_frees_the_folder_for_others_after(t
         pass
 
 
+@pytest.mark.fast
 def test_adapt_into_a_folder_being_written_is_refused_before_measuring(tmp_path):
 
     other = _held_by_another(tmp_path / "run")
@@ -146,6 +148,7 @@ def test_adapt_into_a_folder_being_written_is_refused_before_measuring(tmp_path)
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [folders.WRITER_FILE]
 
 
+@pytest.mark.fast
 def test_training_reads_a_doubled_dataset_as_the_single_one(tmp_path, caplog):
     """What ``train`` reads of a dataset whose every record is there twice equals what it reads of the dataset:
     the same arrays, so the seeded split puts each sample in one part."""
@@ -215,6 +218,7 @@ def _beside(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if "model" in p.name and not p.name.endswith(".lock"))
 
 
+@pytest.mark.fast
 def test_a_kill_9_between_the_fallback_renames_is_mended_on_load(tmp_path, shipped):
     """Where the file system cannot exchange two folders, the old one is renamed aside first: a save killed before
     the new one takes its name leaves ``.model.old``, which the next load, by path or by name, puts back."""
@@ -227,6 +231,7 @@ def test_a_kill_9_between_the_fallback_renames_is_mended_on_load(tmp_path, shipp
     assert load_ensemble(checkpoint_path(str(target)))[3]["name"] == "old"
 
 
+@pytest.mark.fast
 def test_a_second_save_into_a_folder_being_saved_is_refused(tmp_path, shipped):
     target = tmp_path / "model"
     _saved_old(shipped, target)
@@ -339,6 +344,7 @@ def test_a_collect_that_fills_the_disk_stops_in_one_line_and_resumes(small_disk,
     assert sorted(r["id"] for r in read_records(out / "compute.jsonl", ok_only=False)) == list(range(6))
 
 
+@pytest.mark.fast
 def test_a_plan_that_cannot_be_written_is_kept_elsewhere_in_one_line(small_disk):
     """The main job on a full disk: the finished search is not lost (written to the temporary folder, which the
     line names); exit 2, no traceback."""
@@ -364,6 +370,7 @@ def test_a_plan_that_cannot_be_written_is_kept_elsewhere_in_one_line(small_disk)
     spare.unlink()
 
 
+@pytest.mark.fast
 def test_a_checkpoint_save_on_a_full_disk_leaves_the_old_model(small_disk, shipped):
     if not small_disk.real:
         pytest.skip("no tmpfs can be mounted here (needs root)")
