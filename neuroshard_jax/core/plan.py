@@ -67,7 +67,7 @@ class Plan:
     portfolio: PortfolioRecord | None = dataclasses.field(default=None, compare=False)
     # autotune's measurements (``autotune=kernels``): every candidate measured, and which was chosen
     autotune: AutotuneRecord | None = dataclasses.field(default=None, compare=False)
-    # the planning run's stages, in the order they ran (``search.stages``; empty for a plan made by hand)
+    # the planning run's stages that acted, in order (``search.stages``; empty for a plan made by hand)
     stages: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
     @classmethod

@@ -3,7 +3,7 @@
 A ``Planner`` (``sharding_planner.py``) is a sequence of them, built in one place (``Planner.stages``) from its
 settings: first contact, calibrate on the tables, search, calibrate on the plan, autotune, polish, the plan's check
 on its own devices. The main job, ``nsj.plan`` and the TorchRec adapter (``plan`` and ``collective_plan``, on rank 0
-or on every rank) run that sequence in that order; the plan names the stages that ran (``Plan.stages``). A new stage
+or on every rank) run that sequence in that order; the plan names the stages that acted (``Plan.stages``). A new stage
 is a class here with a ``name`` and a ``run``, and one line in ``Planner.stages``::
 
     @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,7 @@ class PlanningState:
     """What a planning run holds between stages: the task, the one cost model every stage prices with (calibrated
     where a stage scaled it) and which model it is (``choice``), the plan kept so far and a portfolio's members' own
     plans (``candidates``), the calibration record so far, what ``calibrate.on=plan`` measured (``on_plan``) and the
-    names of the stages that ran, in order."""
+    names of the stages that acted, in order."""
 
     task: Task
     model: CostModel
@@ -69,7 +69,7 @@ class PlanningState:
         return self.plan
 
     def finished(self) -> Plan:
-        """The plan with the run's calibration record and the names of the stages that ran."""
+        """The plan with the run's calibration record and the names of the stages that acted."""
         plan = self.searched()
         if self.record is not None:
             plan = dataclasses.replace(plan, calibration=self.record)
@@ -85,10 +85,12 @@ class Stage(Protocol):
 
 
 def run_stages(stages: tuple[Stage, ...], state: PlanningState) -> PlanningState:
-    """``state`` through ``stages`` in order, each one's name added to ``state.ran``."""
+    """``state`` through ``stages`` in order, the name of each one that acted added to ``state.ran`` (a stage with
+    nothing to do returns the state it was given: first contact on a machine kind its model knows)."""
     for stage in stages:
-        state = stage.run(state)
-        state = dataclasses.replace(state, ran=(*state.ran, stage.name))
+        given, state = state, stage.run(state)
+        if state is not given:
+            state = dataclasses.replace(state, ran=(*state.ran, stage.name))
     return state
 
 
