@@ -179,22 +179,22 @@ class CalibratePlan:
 class Autotune:
     """The plan replaced by the measured fastest of its candidates (``candidate_plans``): on the kernels
     (``kernels``; ``loop``: and the plans the search finds with the model tuned on them) or in training steps
-    (``steps``; ``runner``: who times them, default local rank processes). The returned plan keeps the search's
-    records and adds the autotune record."""
+    (``steps``: local rank processes; the adapter's ``collective_plan`` times them on its live group instead). The
+    returned plan keeps the search's records and adds the autotune record."""
 
     name: ClassVar[str] = "autotune"
     config: AutotuneConfig
     search: SearchStage
 
-    def run(self, state: PlanningState, runner=None) -> PlanningState:
+    def run(self, state: PlanningState) -> PlanningState:
         plan = state.searched()
         entrants = candidate_plans(plan, state.candidates, state.model, self.config, state.seed)
-        return dataclasses.replace(state, plan=self.chosen(entrants, state, runner))
+        return dataclasses.replace(state, plan=self.chosen(entrants, state))
 
-    def chosen(self, entrants: list[Entrant], state: PlanningState, runner=None) -> Plan:
+    def chosen(self, entrants: list[Entrant], state: PlanningState) -> Plan:
         """The measured choice among ``entrants`` with the search's records of ``state.plan``."""
         if self.config.name == "steps":
-            chosen, _ = autotune_steps(entrants, self.config, runner)
+            chosen, _ = autotune_steps(entrants, self.config)
         else:
             again: Search | None = None
             if self.config.name == "loop":
