@@ -136,10 +136,7 @@ def run_suite_job(config: MainConfig, out_dir: str, multirun: bool) -> None:
     except UserError as err:
         fail(err)
     name = " ".join([settings["searcher"], *settings["overrides"]])
-    print(
-        f"{name}: {done['tasks']} tasks, {done['infeasible']} infeasible, {done['measured']} measured; "
-        f"results in {out_dir}"
-    )
+    print(f"{name}: {done.tasks} tasks, {done.infeasible} infeasible, {done.measured} measured; results in {out_dir}")
 
 
 def run() -> None:

@@ -36,14 +36,14 @@ def main(cfg: DictConfig) -> None:
     print(f"TorchRec ShardingPlan of {tables} tables on {ranks} ranks written to {output}")
     if config.check:
         for report in check_torchrec(output, request, config.check_batch_size, config.timeout_s, modules):
-            rank = report["rank"]
-            if report["local_shards"] != expected_local_shards(request, rank):
-                raise UserError(f"check: rank {rank} holds {report['local_shards']}, expected the plan's shards")
-            if report["max_abs_error"] > 1e-4:
-                raise UserError(f"check: rank {rank} outputs differ by {report['max_abs_error']:.2e}")
+            rank = report.rank
+            if report.local_shards != expected_local_shards(request, rank):
+                raise UserError(f"check: rank {rank} holds {report.local_shards}, expected the plan's shards")
+            if report.max_abs_error > 1e-4:
+                raise UserError(f"check: rank {rank} outputs differ by {report.max_abs_error:.2e}")
             print(
-                f"rank {rank}: {len(report['local_shards'])} shards, forward {report['output_shape']} "
-                f"(max abs error {report['max_abs_error']:.1e}), backward ok"
+                f"rank {rank}: {len(report.local_shards)} shards, forward {report.output_shape} "
+                f"(max abs error {report.max_abs_error:.1e}), backward ok"
             )
 
 

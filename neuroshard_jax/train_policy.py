@@ -17,8 +17,8 @@ from neuroshard_jax.learn.policy_training import app_config, train_policy
 def main(cfg: DictConfig) -> None:
     config = app_config(cfg)
     result = train_policy(config.out, config.policy, config.train, config.tasks, config.refine, config.cost_model)
-    print(json.dumps(result["history"][-1:], indent=1))
-    print(f"policy written to {config.out} (rounds done: {result['rounds_done']})")
+    print(json.dumps(result.history[-1:], indent=1))
+    print(f"policy written to {config.out} (rounds done: {result.rounds_done})")
 
 
 if __name__ == "__main__":

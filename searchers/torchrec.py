@@ -25,7 +25,7 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard, row_shards, tiling_error
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import CostModel
-from neuroshard_jax.kernels.messages import PlanJob, TorchRecTable
+from neuroshard_jax.kernels.messages import PlanAnswer, PlanJob, TorchRecTable
 from neuroshard_jax.kernels.processes import run_worker
 from searchers.registry import Searcher, register
 
@@ -143,12 +143,12 @@ class TorchRecSearch(Searcher):
             src, dst = Path(tmp) / "request.json", Path(tmp) / "plan.json"
             src.write_text(json.dumps(request.to_json()))
             run_worker(["torchrec-plan", str(src), str(dst)], self.timeout_s, "searcher=torchrec")
-            result = json.loads(dst.read_text())
-        if "error" in result:
-            if result.get("infeasible"):
-                raise InfeasibleError(result["error"])
-            raise UserError(f"searcher=torchrec: {result['error']}; install it with {TORCHREC_INSTALL}")
-        return plan_from_torchrec(task, result["shards"])
+            answer = PlanAnswer.from_json(json.loads(dst.read_text()))
+        if answer.error is not None:
+            if answer.infeasible:
+                raise InfeasibleError(answer.error)
+            raise UserError(f"searcher=torchrec: {answer.error}; install it with {TORCHREC_INSTALL}")
+        return plan_from_torchrec(task, list(answer.shards))
 
 
 @register("torchrec_default")

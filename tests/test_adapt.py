@@ -113,10 +113,11 @@ def test_adapt_measures_fine_tunes_reports_and_registers_a_model_later_runs_choo
 
 
 def test_a_model_no_better_than_the_start_model_is_not_registered():
-    from neuroshard_jax.learn.fine_tune import no_better
+    from neuroshard_jax.learn.fine_tune import Scores, no_better
 
     def rows(as_it_was, scaled, adapted):
-        return {"s as it was": {"mape": as_it_was}, "s x one factor": {"mape": scaled}, "a": {"mape": adapted}}
+        mape = {"s as it was": as_it_was, "s x one factor": scaled, "a": adapted}
+        return {row: Scores(value, 0.0, 0.0, 0) for row, value in mape.items()}
 
     assert no_better(rows(0.122, 0.094, 0.080), "a", "s") is None
     # the probe's case: 13.5% against 12.2% as it was and 9.4% scaled by one factor

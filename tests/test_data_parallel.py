@@ -100,7 +100,7 @@ def test_a_replica_costs_its_lookups_on_every_device_and_an_all_reduce(hot_task)
     # its gradients' all-reduce: a reduce-scatter and an all-gather over every device, priced by the row groups' fit
     plan = Plan(hot_task, shards, data_parallel=(0,))
     assert row_groups(plan) == [(1, [0, 1, 2, 3])]  # 300 x 8 elements: one column at batch 4,096
-    assert comm_layout(plan)["row_groups"] == [[1, [0, 1, 2, 3]]]  # what the comm benchmark measures
+    assert comm_layout(plan).row_groups == [[1, [0, 1, 2, 3]]]  # what the comm benchmark measures
     fitted = make_cost_model("xeon-union", hot_task)
     fwd, bwd = device_row_ms(fitted.row_comm, plan)
     assert np.all(fwd > 0) and np.all(bwd > 0)
@@ -160,9 +160,9 @@ def test_a_data_parallel_table_runs_in_distributed_model_parallel(tmp_path):
     request, printed = export_torchrec(plan.validate(), tmp_path / "plan.pt", ExportConfig(device="cpu"))
     assert "data_parallel" in printed
     for report in check_torchrec(tmp_path / "plan.pt", request, 4, 300):
-        assert sorted(report["local_shards"]) == expected_local_shards(request, report["rank"])
-        assert ["t1", 0, 8, 0, 40] in report["local_shards"]  # whole on every rank
-        assert report["max_abs_error"] < 1e-4 and report["output_shape"] == [4, 56]
+        assert sorted(report.local_shards) == expected_local_shards(request, report.rank)
+        assert ["t1", 0, 8, 0, 40] in report.local_shards  # whole on every rank
+        assert report.max_abs_error < 1e-4 and report.output_shape == [4, 56]
 
 
 def test_plans_of_one_task_are_timed_in_distributed_model_parallel_steps():

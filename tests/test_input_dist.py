@@ -138,7 +138,7 @@ def test_a_plan_s_input_distributions_follow_its_sharding_types():
         "column_wise": [[2.0], [], [], [2.0]],  # table 1's ids go whole to both its devices
         "row_wise": [[], [], [15.0], [15.0]],  # table 0's ids split by its blocks' rows
     }  # table 6, data-parallel: its ids stay where they were read
-    assert comm_layout(plan)["inputs"] == list(features.values())
+    assert comm_layout(plan).inputs == list(features.values())
     np.testing.assert_allclose(input_taken(plan), received(list(features.values())))
 
 

@@ -58,8 +58,8 @@ def _unseen_task(seed, num_devices=4, num_tables=10):
 
 def test_training_measures_plans_refines_the_cost_model_and_resumes(tiny_policy, tiny_checkpoint):
     out, result = tiny_policy
-    assert [h["round"] for h in result["history"]] == [1]
-    assert all(h["measured_plans"] >= 1 and np.isfinite(h["mean_cost_ms"]) for h in result["history"])
+    assert [h["round"] for h in result.history] == [1]
+    assert all(h["measured_plans"] >= 1 and np.isfinite(h["mean_cost_ms"]) for h in result.history)
     labels = out / "labels"  # the plan-label dataset of collect kind=plans
     refine = [json.loads(line) for line in (labels / "plans.jsonl").read_text().splitlines()]
     assert all(r["plans"][0]["searcher"] == "rl" and max(r["plans"][0]["compute"]) > 0 for r in refine)
@@ -70,7 +70,7 @@ def test_training_measures_plans_refines_the_cost_model_and_resumes(tiny_policy,
     assert (out / "LATEST").read_text().strip() == "round-0001"
     # the same command with more rounds continues after round 1: nothing measured twice
     resumed = _train(out, tiny_checkpoint[1], rounds=2)
-    assert [h["round"] for h in resumed["history"]] == [1, 2]
+    assert [h["round"] for h in resumed.history] == [1, 2]
     ids = [json.loads(line)["id"] for line in (labels / "plans.jsonl").read_text().splitlines()]
     assert len(ids) == len(set(ids)) and len(ids) > len(refine)
     assert sorted(p.name for p in out.glob("round-*")) == ["round-0002"]

@@ -148,14 +148,12 @@ def _task():
 def test_a_model_prices_row_groups_apart_from_the_all_to_all():
     plan = search_plan(_task(), make_searcher("size_lookup_greedy"), CostModelSpec("analytic").for_task(_task()), 0)
     layout = comm_layout(plan)
-    assert layout["row_groups"] == [[4, [0, 1, 2, 3]]]
+    assert layout.row_groups == [[4, [0, 1, 2, 3]]]
     model = make_cost_model("analytic", plan.task)
     none = dataclasses.replace(model, row_comm=RowComm("zero", (2,), ((0.0, 0.0),), ((0.0, 0.0),), 4096))
     priced = dataclasses.replace(model, row_comm=ROWS)
     dims = plan_arrays(plan, priced).devices.dim_sums
-    assert (
-        dims.tolist() == layout["dim_sums"] and plan_arrays(plan).devices.dim_sums.tolist() == plan.dim_sums().tolist()
-    )
+    assert dims.tolist() == layout.dim_sums and plan_arrays(plan).devices.dim_sums.tolist() == plan.dim_sums().tolist()
     fwd, bwd = device_row_ms(ROWS, plan)
     assert np.allclose(fwd, ROWS.group_ms(4, 4, 4096)[0]) and np.allclose(bwd, ROWS.group_ms(4, 4, 4096)[1])
     base, with_rows = score_plan(none, plan), score_plan(priced, plan)
@@ -206,19 +204,19 @@ def test_column_wise_tables_run_an_all_to_all_of_their_own():
     whole = tuple(Shard(t, 0, task.tables[t].dim, t % 4) for t in range(task.num_tables))
     cut = tuple(s for s in whole if s.table != 1) + (Shard(1, 0, 8, 0), Shard(1, 8, 8, 3))
     plain, split = Plan(task, whole).validate(), Plan(task, cut).validate()
-    assert "column_wise" not in comm_layout(plain)
+    assert not comm_layout(plain).column_wise
     layout = comm_layout(split)
-    assert layout["column_wise"] == [8, 0, 0, 8] and layout["dim_sums"] == split.dim_sums().tolist()
-    assert all_to_alls(layout["dim_sums"], layout["column_wise"]) == [
-        [d - c for d, c in zip(layout["dim_sums"], [8, 0, 0, 8])],
+    assert layout.column_wise == [8, 0, 0, 8] and layout.dim_sums == split.dim_sums().tolist()
+    assert all_to_alls(layout.dim_sums, layout.column_wise) == [
+        [d - c for d, c in zip(layout.dim_sums, [8, 0, 0, 8])],
         [8, 0, 0, 8],
     ]
-    assert all_to_alls(comm_layout(plain)["dim_sums"]) == [comm_layout(plain)["dim_sums"]]
+    assert all_to_alls(comm_layout(plain).dim_sums) == [comm_layout(plain).dim_sums]
     # the model: the two all-to-alls' times add up (analytic comm: latency + bytes, so the split pays a latency more)
     model = make_cost_model("analytic", task)
     costs = score_plan(model, split)
     mask = np.ones(4, bool)
-    parts = [np.asarray(p, np.float32) for p in all_to_alls(layout["dim_sums"], layout["column_wise"])]
+    parts = [np.asarray(p, np.float32) for p in all_to_alls(layout.dim_sums, layout.column_wise)]
     expected = sum(np.asarray(model.fns.bwd_comm(model.params, p, mask)) for p in parts)
     np.testing.assert_allclose(costs.bwd_comm_ms, expected, rtol=1e-5)
     assert np.all(apart_arrays(plain) == 0) and apart_arrays(split)[0].tolist() == [8, 0, 0, 8]
@@ -254,20 +252,20 @@ def test_a_sequence_table_s_row_blocks_are_an_all_to_all_of_their_own():
     rows_dims = sequence_row_dims(plan)
     assert rows_dims == [32] * 4 and sum(rows_dims) == whole.dim_sums()[0] == 128  # 16 x 8 ids, spread over 4
     layout = comm_layout(plan)
-    assert layout["row_wise"] == rows_dims and layout["dim_sums"] == [32, 48, 48, 48]
-    assert "row_wise" not in comm_layout(whole) and "row_groups" not in layout
-    assert all_to_alls(layout["dim_sums"], (), layout["row_wise"]) == [[0, 16, 16, 16], [32, 32, 32, 32]]
+    assert layout.row_wise == rows_dims and layout.dim_sums == [32, 48, 48, 48]
+    assert not comm_layout(whole).row_wise and not layout.row_groups
+    assert all_to_alls(layout.dim_sums, (), layout.row_wise) == [[0, 16, 16, 16], [32, 32, 32, 32]]
     apart = apart_arrays(plan, rows_apart=True)
     assert apart.shape == (APART, 4) and apart[3].tolist() == rows_dims and not apart[:3].any()
     # priced: the two all-to-alls' times add up (analytic comm)
     model = make_cost_model("analytic", task)
     costs = score_plan(model, plan)
     mask = np.ones(4, bool)
-    parts = [np.asarray(p, np.float32) for p in all_to_alls(layout["dim_sums"], (), layout["row_wise"])]
+    parts = [np.asarray(p, np.float32) for p in all_to_alls(layout.dim_sums, (), layout.row_wise)]
     expected = sum(np.asarray(model.fns.bwd_comm(model.params, p, mask)) for p in parts)
     np.testing.assert_allclose(costs.bwd_comm_ms, expected, rtol=1e-5)
     # measured: the comm benchmark runs the row-wise all-to-all after the table-wise one
-    request = CommRequest.of(layout, "seq", 256, [0.0] * 4, 1, 2)
+    request = CommRequest.of(layout.to_json(), "seq", 256, [0.0] * 4, 1, 2)
     assert CommRequest.from_json(request.to_json()).row_wise == tuple(rows_dims)
     answers = run_comm([request], 4, 120)
     assert all(r.fwd_ms > 0 and r.bwd_ms > 0 for r in answers["seq"])

@@ -155,8 +155,8 @@ def test_a_row_split_plan_is_measured_block_by_block():
     )
     layout = comm_layout(plan)
     # the huge table (dim 4) has a block on every device; row-split tables over one set of devices are fused
-    assert [d for _, d in layout["row_groups"]] == [[0, 1, 2, 3]] and layout["row_groups"][0][0] >= 4
-    assert sum(layout["dim_sums"]) + sum(w * len(d) for w, d in layout["row_groups"]) == sum(plan.dim_sums())
+    assert [d for _, d in layout.row_groups] == [[0, 1, 2, 3]] and layout.row_groups[0][0] >= 4
+    assert sum(layout.dim_sums) + sum(w * len(d) for w, d in layout.row_groups) == sum(plan.dim_sums())
     result = measure_plans([plan], EvaluateConfig(warmup=1, iters=2, comm_warmup=1, comm_iters=2))[0]
     assert all(d["compute"] > 0 and d["fwd_comm"] > 0 for d in result["devices"])
 

@@ -46,7 +46,7 @@ def test_missing_torchrec_is_a_clear_message(tmp_path):
     code = (
         "import sys, json; sys.modules['torchrec'] = None; "
         "from neuroshard_jax.kernels.worker.torchrec_jobs import torchrec_plan; "
-        "print(json.dumps(torchrec_plan({})))"
+        "print(json.dumps(torchrec_plan({}).to_json()))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "torchrec is not installed" in done.stdout

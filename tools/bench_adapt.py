@@ -54,13 +54,13 @@ def main() -> None:
     held = {r["id"] for r in records[-args.heldout :] if r.get("ok") and r.get("cpu_share", 1.0) >= MIN_CPU_SHARE}
     heldout = subset(source, lambda r: r["id"] in held, work / "heldout")
     init = checkpoint_path(args.init)
-    rows = [{"labels": 0, "shipped": heldout_scores(init, heldout)}]
+    rows = [{"labels": 0, "shipped": heldout_scores(init, heldout).to_json()}]
     print(json.dumps(rows[-1]), flush=True)
     for n in (int(s) for s in args.sizes.split(",")):
         ids = {r["id"] for r in records[: len(records) - args.heldout][:n]}
         labelled = subset(source, lambda r, ids=ids: r["id"] in ids, work / f"n{n}")
         row = {"labels": len(ids)}
-        row["calibrated"] = {**heldout_scores(init, heldout, median_factor(init, labelled))}
+        row["calibrated"] = heldout_scores(init, heldout, median_factor(init, labelled)).to_json()
         for how, base, reanchor in (
             ("finetuned", args.init, False),
             ("reanchored", args.init, True),
@@ -68,7 +68,7 @@ def main() -> None:
         ):
             ckpt = work / f"{how}-n{n}"
             seconds = train(labelled, ckpt, base, reanchor)
-            row[how] = {**heldout_scores(str(ckpt), heldout), "train_s": seconds}
+            row[how] = {**heldout_scores(str(ckpt), heldout).to_json(), "train_s": seconds}
         rows.append(row)
         print(json.dumps(row), flush=True)
     result = {

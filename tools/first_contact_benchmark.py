@@ -1,7 +1,9 @@
 """First contact judged on a machine kind the models were not trained on, honestly simulated: this machine's own
 models left out of the choice (``cost_model.exclude``), so the run plans with another kind's shipped model, scaled by
 first contact (``measure.first_contact``); every device of every plan then measured on the real kernels and compared
-with the model's predicted compute as trained and as first contact scaled it.
+with the model's predicted compute as trained and as first contact scaled it, and the plan's collectives (its
+all-to-alls, row groups and input distributions on gloo ranks, with no compute before them) with the model's as
+trained and as scaled.
 
     python -m tools.first_contact_benchmark [--tasks 8] [--exclude epyc-f25m17,...] [--out outputs/bench/first-contact]
 
@@ -26,10 +28,12 @@ import numpy as np
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware, hardware_kind
-from neuroshard_jax.costs.cost_model import expected_cost_model, with_compute_scale
+from neuroshard_jax.costs.cost_model import expected_cost_model, with_comm_factor, with_compute_scale
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import open_executor
 from neuroshard_jax.measure.calibration import CalibrateConfig, PlanReadings
+from neuroshard_jax.measure.evaluator import measure_comm
+from neuroshard_jax.measure.first_contact import predicted_comm
 from neuroshard_jax.search.sharding_planner import PlannerOptions
 from tools.foreign_benchmark import FOREIGN, TASKS_FILE, chosen
 
@@ -69,18 +73,32 @@ def run(count: int, exclude: list[str], out: Path) -> dict:
         trained_model = with_compute_scale(planned.cost_model, 1.0, task.comm_scale())
         trained = np.asarray(score_plan(expected_cost_model(trained_model), planned.plan).compute_ms)
         used = measured > 0
-        rows.append(
-            {
-                "task": task_id,
-                "devices": task.num_devices,
-                "factor": record.factor,
-                "wall_s": round(wall, 1),
-                "measured": measured[used].tolist(),
-                "trained": trained[used].tolist(),
-                "scaled": scaled[used].tolist(),
+        row = {
+            "task": task_id,
+            "devices": task.num_devices,
+            "factor": record.factor,
+            "wall_s": round(wall, 1),
+            "measured": measured[used].tolist(),
+            "trained": trained[used].tolist(),
+            "scaled": scaled[used].tolist(),
+        }
+        if record.comm is not None:  # the plan's collectives, measured with no compute before them, as predicted
+            f = record.comm.factor
+            as_trained = with_comm_factor(trained_model, 1.0 / f, task.comm_scale() * f)
+            zero = [[0.0] * task.num_devices]
+            fwd, bwd = measure_comm([planned.plan], zero, config.evaluator(), by_type=as_trained.input_dist is not None)
+            row["comm"] = {
+                "factor": f,
+                "measured": np.add(fwd[0], bwd[0]).tolist(),
+                "trained": predicted_comm(as_trained, planned.plan).tolist(),
+                "scaled": predicted_comm(planned.cost_model, planned.plan).tolist(),
             }
-        )
+        rows.append(row)
         print(f"{task_id}: {errors(scaled[used], measured[used])} (as trained {errors(trained[used], measured[used])})")
+        if "comm" in row:
+            c = {k: np.asarray(v) for k, v in row["comm"].items() if k != "factor"}
+            trained_err = errors(c["trained"], c["measured"])
+            print(f"  collectives: {errors(c['scaled'], c['measured'])} (as trained {trained_err})")
     result = {
         "date": datetime.date.today().isoformat(),
         "hardware": hardware_kind(hardware()),
@@ -100,6 +118,13 @@ def run(count: int, exclude: list[str], out: Path) -> dict:
             "as_trained": errors(cat["trained"], cat["measured"]),
             "first_contact": errors(cat["scaled"], cat["measured"]),
         }
+        comm = [r["comm"] for r in mine if "comm" in r]
+        if comm:
+            cat = {k: np.concatenate([c[k] for c in comm]) for k in ("measured", "trained", "scaled")}
+            result["sizes"][devices]["comm"] = {
+                "as_trained": errors(cat["trained"], cat["measured"]),
+                "first_contact": errors(cat["scaled"], cat["measured"]),
+            }
     out.mkdir(parents=True, exist_ok=True)
     write_json(result, out / f"first-contact-{result['date']}.json")
     for devices, s in result["sizes"].items():
@@ -107,6 +132,8 @@ def run(count: int, exclude: list[str], out: Path) -> dict:
             f"{devices} devices, {s['tasks']} tasks, {s['plan_devices']} plan devices: first contact "
             f"{s['first_contact']}; as trained {s['as_trained']}"
         )
+        if "comm" in s:
+            print(f"  collectives: first contact {s['comm']['first_contact']}; as trained {s['comm']['as_trained']}")
     print(f"first contact measured in {contact_s} s (factor {result['factor']}), read back by the later runs")
     return result
 

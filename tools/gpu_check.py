@@ -219,18 +219,18 @@ def nvlink_ms(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     fwd, bwd = np.zeros(n), np.zeros(n)
     if n < 2:
         return fwd, bwd
-    column_wise = np.asarray(layout.get("column_wise", [0] * n), np.float64)
-    for widths in (np.asarray(layout["dim_sums"], np.float64) - column_wise, column_wise):
+    column_wise = np.asarray(layout.column_wise or [0] * n, np.float64)
+    for widths in (np.asarray(layout.dim_sums, np.float64) - column_wise, column_wise):
         fwd += all_to_all_ms(widths, batch)
         bwd += all_to_all_ms(widths, batch)
-    for width, devices in layout.get("row_groups", []):
+    for width, devices in layout.row_groups:
         k = len(devices)
         moved = np.zeros(n)
         moved[devices] = batch * width * OUTPUT_BYTES * (k - 1) / k
         cost = np.where(moved > 0, exchange_ms(moved, moved), 0.0)
         fwd += cost
         bwd += cost
-    for per_device in layout.get("inputs", []):
+    for per_device in layout.inputs:
         ids = np.array([sum(p) for p in per_device], np.float64)  # ids per sample each device's features take
         recv = batch * ids * ID_BYTES * (n - 1) / n
         send = batch / n * (ids.sum() - ids) * ID_BYTES

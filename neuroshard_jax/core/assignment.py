@@ -5,8 +5,11 @@ them)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
+from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard, column_shards
 from neuroshard_jax.core.task import Task
@@ -187,7 +190,26 @@ def column_wise_tables(plan: Plan) -> set[int]:
     return {t for t, d in devices.items() if len(d) > 1}
 
 
-def comm_layout(plan: Plan) -> dict:
+@dataclasses.dataclass(frozen=True)
+class CommLayout:
+    """What the comm benchmark exchanges for a plan (``comm_layout``): each device's all-to-all width ``dim_sums``, of
+    which ``column_wise`` and ``row_wise`` (empty where the plan has none) are all-to-alls of their own, the bag tables'
+    ``row_groups`` ([width, sorted devices]) and the input distributions ``inputs`` (per sharding type, each device's
+    features' ids per sample)."""
+
+    dim_sums: list[int]
+    column_wise: list[int] = dataclasses.field(default_factory=list)
+    row_wise: list[int] = dataclasses.field(default_factory=list)
+    row_groups: list[list] = dataclasses.field(default_factory=list)
+    inputs: list[list[list[float]]] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> JSONDoc:
+        """As a comm request takes it (``CommRequest.of``): ``dim_sums`` and the parts the plan has."""
+        parts = ("column_wise", "row_wise", "row_groups", "inputs")
+        return {"dim_sums": self.dim_sums, **{k: getattr(self, k) for k in parts if getattr(self, k)}}
+
+
+def comm_layout(plan: Plan) -> CommLayout:
     """What the comm benchmark exchanges for ``plan``: each device's all-to-all width (``dim_sums``: its whole-row
     shards and sequence row blocks), of which ``column_wise`` (present where the plan has column-wise tables:
     ``column_wise_dims``) and ``row_wise`` (sequence row blocks: ``sequence_row_dims``) are all-to-alls of their own
@@ -198,15 +220,13 @@ def comm_layout(plan: Plan) -> dict:
     each device's features' ids per sample, ``input_features``)."""
     column_wise = column_wise_dims(plan)
     row_wise = sequence_row_dims(plan)
-    groups = [[width, devices] for width, devices in row_groups(plan)]
-    inputs = list(input_features(plan).values())
-    return {
-        "dim_sums": all_to_all_widths(plan),
-        **({"column_wise": column_wise} if any(column_wise) else {}),
-        **({"row_wise": row_wise} if any(row_wise) else {}),
-        **({"row_groups": groups} if groups else {}),
-        **({"inputs": inputs} if inputs else {}),
-    }
+    return CommLayout(
+        all_to_all_widths(plan),
+        column_wise if any(column_wise) else [],
+        row_wise if any(row_wise) else [],
+        [[width, devices] for width, devices in row_groups(plan)],
+        list(input_features(plan).values()),
+    )
 
 
 def crosses_hosts(plan: Plan, devices: list[int]) -> bool:

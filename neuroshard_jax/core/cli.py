@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from neuroshard_jax.core.config import nearest
 from neuroshard_jax.core.environment import check_jax_environment
 from neuroshard_jax.core.errors import UserError, first_line, os_error
+from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.folders import one_writer
 
 CONFIG_GROUPS = ("searcher", "task", "cost_model", "experiment")
@@ -215,7 +216,7 @@ def check_group_overrides(argv: list[str]) -> None:
                 fail(UserError(f"{key.lstrip('+~')}: got {name!r}, expected one of {', '.join(known)}"))
 
 
-def resolved(cfg: DictConfig) -> dict:
+def resolved(cfg: DictConfig) -> JSONDoc:
     """A composed config as plain, resolved containers (the input of ``typed``)."""
     return OmegaConf.to_container(cfg, resolve=True)
 

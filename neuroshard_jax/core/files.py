@@ -21,6 +21,10 @@ from neuroshard_jax.core.errors import UserError, os_error
 
 logger = logging.getLogger(__name__)
 
+# A JSON document: what a file, a plan.json, a manifest or the worker's pipe holds. A function returns one (or takes
+# one) only where the document is the point; everything else passes typed records.
+JSONDoc = dict[str, Any]
+
 
 class JsonlLog:
     """Append-only record log keyed by ``id`` (thread-safe appends)."""
@@ -48,14 +52,14 @@ class JsonlLog:
             with open(self.path, "r+b") as f:
                 f.truncate(keep)
 
-    def records(self) -> Iterator[dict]:
+    def records(self) -> Iterator[JSONDoc]:
         """The log's records, the first of each id (a log two writers of an older version doubled)."""
         if not self.path.exists():
             return
         with open(self.path) as f:
             yield from _first_of_each_id(_record(line, self.path, n) for n, line in enumerate(f, 1) if line.strip())
 
-    def write_record(self, record: dict) -> None:
+    def write_record(self, record: JSONDoc) -> None:
         """Append one record (skipped if its id is in the log). A write the OS refuses (a full disk) is cut back
         to the last whole record and raised as one UserError naming the file and the cause: the records before
         it stay, and a rerun once there is room makes this one again."""
@@ -79,7 +83,7 @@ class JsonlLog:
 MAX_JSON_BYTES = 1 << 30  # a task, plan or meta file past 1 GiB is not one of ours
 
 
-def read_json(path: str | Path, key: str, expected: str = "a JSON file") -> dict:
+def read_json(path: str | Path, key: str, expected: str = "a JSON file") -> JSONDoc:
     """The JSON object in ``path``; a missing, unreadable, torn or non-object file is one UserError naming
     ``key`` (the setting or file kind), the file, the line and what was expected."""
     path = Path(path)
@@ -108,7 +112,7 @@ def read_json(path: str | Path, key: str, expected: str = "a JSON file") -> dict
     return obj
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
+def read_jsonl(path: str | Path) -> list[JSONDoc]:
     """The whole records of a JSONL file, read without modifying it (a writer may still be appending): a torn
     last line is left out with a warning; a corrupt line before it is an error naming the file and line."""
     path = Path(path)
@@ -135,7 +139,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return records
 
 
-def _first_of_each_id(records: Iterable[dict]) -> Iterator[dict]:
+def _first_of_each_id(records: Iterable[JSONDoc]) -> Iterator[JSONDoc]:
     """The first record of each id (a dataset two writers of an older version doubled holds each twice)."""
     seen = set()
     for record in records:
@@ -144,7 +148,7 @@ def _first_of_each_id(records: Iterable[dict]) -> Iterator[dict]:
             yield record
 
 
-def _record(line: str | bytes, path: Path, number: int) -> dict:
+def _record(line: str | bytes, path: Path, number: int) -> JSONDoc:
     """One JSONL line as a record (a JSON object with an ``id``); else a UserError naming the file and line."""
     try:
         record = json.loads(line)
@@ -155,7 +159,7 @@ def _record(line: str | bytes, path: Path, number: int) -> dict:
     return record
 
 
-def read_records(path: str | Path, ok_only: bool = True) -> list[dict]:
+def read_records(path: str | Path, ok_only: bool = True) -> list[JSONDoc]:
     return [r for r in read_jsonl(path) if r.get("ok", True) or not ok_only]
 
 
@@ -164,7 +168,7 @@ def now_utc() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
-def write_json(obj: dict[str, Any], path: str | Path) -> Path:
+def write_json(obj: JSONDoc, path: str | Path) -> Path:
     """Write atomically (a reader never sees half a file)."""
     return write_text(path, json.dumps(obj, indent=1) + "\n")
 

@@ -9,21 +9,21 @@ import platform
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
 
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import JSONDoc
 
 ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_tile")
 
 
-def hardware() -> dict[str, Any]:
+def hardware() -> JSONDoc:
     """``_hardware()``, read once per process (a copy: /proc/cpuinfo and ``nvidia-smi`` do not change under it)."""
     return copy.deepcopy(_hardware())
 
 
 @functools.cache
-def _hardware() -> dict[str, Any]:
+def _hardware() -> JSONDoc:
     """This machine as a dataset's manifest records it. ``cpu`` (the model name) is not enough to tell kinds
     apart: this project's machines all print "AMD EPYC", from Zen 3 (family 25 model 1) to Zen 4 (model 17), and
     the same shard measures 1.75x faster on the latter. So ``cpu_id`` (vendor, family, model: the
@@ -128,7 +128,7 @@ def available_bytes() -> int | None:
     return None
 
 
-def hardware_kind(found: dict | None, device: str | None = "cpu") -> str:
+def hardware_kind(found: JSONDoc | None, device: str | None = "cpu") -> str:
     """One string per kind of hardware: the CPU's name and its microarchitecture where recorded, and on
     ``device="cuda"`` the GPU. Manifests written before 2026-11-24 lack ``cpu_id``; theirs reads
     "<name> [model not recorded]", a kind of its own."""

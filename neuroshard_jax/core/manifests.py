@@ -8,14 +8,14 @@ import subprocess
 from pathlib import Path
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import now_utc, read_json, write_text
+from neuroshard_jax.core.files import JSONDoc, now_utc, read_json, write_text
 from neuroshard_jax.core.hardware import hardware_kind
 
 PROTOCOL_KEYS = ("device", "optimizer", "precision", "protocol", "warmup", "iters", "pin")
 TIMED_KEYS = ("warmup_ms", "measure_ms", "max_iters")  # the ``timed`` and ``graph`` protocols' own
 
 
-def label_protocol(settings: dict) -> dict:
+def label_protocol(settings: JSONDoc) -> JSONDoc:
     """How a dataset's labels were timed, from its manifest's settings: the device, the step measured (optimizer,
     precision), the protocol (``fixed``: warm-up and timed iterations, the label their median; ``timed``: warm-up
     and timed iterations by kernel time; ``graph``: ``timed`` over CUDA-graph replays), and whether each worker had
@@ -25,7 +25,7 @@ def label_protocol(settings: dict) -> dict:
     return {**found, **{k: settings[k] for k in TIMED_KEYS if found["protocol"] != "fixed"}}
 
 
-def manifest_kinds(manifest: dict) -> list[str]:
+def manifest_kinds(manifest: JSONDoc) -> list[str]:
     """The kinds of hardware a dataset's labels hold for: the kind it was measured on, then every kind a
     ``python -m neuroshard_jax.probe record=true`` run found to measure like it (``probes`` in the manifest, each
     with its measured ratio): one CPU name spans several kinds, and one kind may be recorded under two names (a dataset
@@ -35,7 +35,7 @@ def manifest_kinds(manifest: dict) -> list[str]:
     return list(dict.fromkeys([hardware_kind(manifest.get("hardware"), device), *probed]))
 
 
-def common_kinds(manifests: list[dict]) -> list[str]:
+def common_kinds(manifests: list[JSONDoc]) -> list[str]:
     """The kinds of hardware every dataset's labels hold for (``manifest_kinds``), in the first one's order."""
     kinds = manifest_kinds(manifests[0])
     return [k for k in kinds if all(k in manifest_kinds(m) for m in manifests[1:])]
@@ -49,7 +49,7 @@ def git_commit() -> str | None:
         return None
 
 
-def write_manifest(path: Path, settings: dict, extra: dict) -> dict:
+def write_manifest(path: Path, settings: JSONDoc, extra: JSONDoc) -> JSONDoc:
     """Create the manifest, or check that a resumed run uses the same settings; then update it."""
     path = Path(path)
     settings = json.loads(json.dumps(settings))  # tuples -> lists, as they read back
@@ -86,6 +86,6 @@ def write_manifest(path: Path, settings: dict, extra: dict) -> dict:
     return manifest
 
 
-def load_manifest(dataset_dir: Path, kind: str) -> dict:
+def load_manifest(dataset_dir: Path, kind: str) -> JSONDoc:
     path = Path(dataset_dir) / f"manifest-{kind}.json"
     return read_json(path, "dataset", f"the manifest of a {kind} dataset collected by neuroshard_jax.collect")

@@ -13,6 +13,7 @@ from neuroshard_jax.core.config import plain, typed
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.constraints import violations
 from neuroshard_jax.core.errors import PlanError, UserError
+from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.memory import MemoryParts
 from neuroshard_jax.core.records import AutotuneRecord, CalibrationRecord, PolishRecord, PortfolioRecord
 from neuroshard_jax.core.schema import PlanFile
@@ -183,7 +184,7 @@ class Plan:
             raise PlanError(f"plan breaks {len(broken)} constraints: {broken[0]}")
         return self
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONDoc:
         """The plan.json object (docs/plans.md: the contract read by the evaluator and outside tools)."""
         task = self.task
         parts = self.memory()
@@ -283,7 +284,7 @@ def _shard_order(s: Shard) -> tuple[int, int, int]:
     return s.table, s.col_offset, s.row_offset
 
 
-def _shard_json(task: Task, s: Shard) -> dict[str, int]:
+def _shard_json(task: Task, s: Shard) -> JSONDoc:
     """A plan.json shard: the row range only for a row block, so a column-wise plan's file is unchanged."""
     out = {"table": task.tables[s.table].id, "col_offset": s.col_offset, "dim": s.dim, "device": s.device}
     rows = task.tables[s.table].rows

@@ -13,6 +13,7 @@ from typing import Any
 
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import JSONDoc
 
 __all__ = [
     "AutotuneRecord",
@@ -106,7 +107,7 @@ class PolishRecord:
     compute_improvement: float
     devices: tuple[MeasuredDevice, ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONDoc:
         """The plan.json ``polish`` object."""
         return _json(self)
 
@@ -152,6 +153,21 @@ class PlanDevices:
     busy: int = 0  # of these devices, read while the machine was busy (every try)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CommCalibration:
+    """First contact's collectives: every all-to-all, row-group collective and input distribution the model prices
+    scaled by ``factor``, the median measured / predicted (fwd + bwd) over the ``devices`` of a few fixed two-rank
+    exchanges measured on this machine (gloo rank processes), their ms each, the ratios'
+    quantiles and the seconds it took."""
+
+    factor: float
+    ratios: CalibrationRatios
+    devices: int
+    measured_ms: tuple[float, ...]
+    predicted_ms: tuple[float, ...]
+    seconds: float
+
+
 CALIBRATED_ON = (None, "tables", "plan", "first_contact")
 
 
@@ -178,9 +194,11 @@ class CalibrationRecord:
     busy: int | None = None  # devices still read on a busy machine after every try (older files: None)
     on: str | None = None
     plan_devices: PlanDevices | None = None
+    comm: CommCalibration | None = None  # first contact's collectives (None: their fits as trained)
 
     def __post_init__(self):
-        later = ("busy", "on", "plan_devices")  # None in files written before they were recorded, or not measured
+        # None in files written before they were recorded, or not measured
+        later = ("busy", "on", "plan_devices", "comm")
         measured = [f.name for f in dataclasses.fields(self)][2:]
         measured = [name for name in measured if name not in later]
         if not self.given and any(getattr(self, name) is None for name in measured):
@@ -190,17 +208,20 @@ class CalibrationRecord:
             raise UserError(f"calibration.on: got {self.on!r}, expected tables, plan or first_contact")
         if self.plan_devices is not None and self.on != "plan":
             raise UserError(f"calibration.plan_devices: given with on {self.on!r}, expected only with on: plan")
+        if self.comm is not None and self.on != "first_contact":
+            raise UserError(f"calibration.comm: given with on {self.on!r}, expected only with on: first_contact")
 
     @classmethod
     def of_factor(cls, factor: float) -> CalibrationRecord:
         """A factor given by the user (``cost_model.calibration``), not measured here."""
         return cls(factor=factor, given=True)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONDoc:
         """The plan.json ``calibration`` object: {factor, given: true}, or the measured record (no ``given``)."""
         if self.given:
             return {"factor": self.factor, "given": True}
-        return {k: v for k, v in _json(self).items() if k != "given" and not (k == "plan_devices" and v is None)}
+        optional = ("plan_devices", "comm")  # left out where not measured
+        return {k: v for k, v in _json(self).items() if k != "given" and not (k in optional and v is None)}
 
     @classmethod
     def from_json(cls, obj: Any, where: str = "plan.calibration") -> CalibrationRecord:
@@ -242,7 +263,7 @@ class PortfolioRecord:
     def chosen_candidate(self) -> Candidate:
         return next(c for c in self.candidates if c.member == self.chosen)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONDoc:
         """The plan.json ``portfolio`` object."""
         return _json(self)
 
@@ -321,7 +342,7 @@ class AutotuneRecord:
     def chosen_candidate(self) -> MeasuredCandidate:
         return next(c for c in self.candidates if c.name == self.chosen)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONDoc:
         """The plan.json ``autotune`` object."""
         return _json(self)
 

@@ -23,6 +23,7 @@ from neuroshard_jax.core.constraints import SHARDING_TYPES, TableConstraints
 from neuroshard_jax.core.devices import Device, Links
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_BINS
+from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.memory import Training
 from neuroshard_jax.core.table import PoolSpec, RowBlockStats, Table, kernel_kind
 
@@ -49,7 +50,7 @@ class TaskFile:
     precision: str = "fp32"
     optimizer: str = Training.optimizer  # the fused optimizer, FBGEMM's or TorchRec's name (core.memory)
     mem_reserve: float = bounded(at_least=0, default=0.0)  # share of every cap held back
-    tables: tuple[dict, ...] | None = None  # TableFile objects, each parsed where errors can name it by its name
+    tables: tuple[JSONDoc, ...] | None = None  # TableFile objects, each parsed where errors can name it by its name
     pool: PoolSpec | None = None
     links: Links | None = None
 
@@ -92,19 +93,19 @@ class PlanFile:
     """A plan.json object (``Plan.to_json``): the task, the shards and the replicated tables; the predicted costs
     (``devices``' ``cost_ms``, ``cost_ms``, ``cost_model``), provenance, the polishing and calibration records."""
 
-    task: dict
+    task: JSONDoc  # a TaskFile object, parsed by ``Task.from_json`` where errors can name it
     shards: tuple[ShardFile, ...]
     searcher: str | None = None
     cost_model: str | None = None
     seed: int | None = None
     data_parallel: tuple[int, ...] = ()  # table ids
-    devices: tuple[dict, ...] | None = None  # each device's predicted costs (``plan_costs``: read where complete)
+    devices: tuple[JSONDoc, ...] | None = None  # each device's predicted costs (``plan_costs``: read where complete)
     cost_ms: float | None = None
     search_time_s: float | None = None
-    polish: dict | None = None  # ``PolishRecord``'s own schema
-    calibration: dict | None = None  # ``CalibrationRecord``'s own schema
-    portfolio: dict | None = None  # ``PortfolioRecord``'s own schema
-    autotune: dict | None = None  # ``AutotuneRecord``'s own schema
+    polish: JSONDoc | None = None  # ``PolishRecord``'s own schema
+    calibration: JSONDoc | None = None  # ``CalibrationRecord``'s own schema
+    portfolio: JSONDoc | None = None  # ``PortfolioRecord``'s own schema
+    autotune: JSONDoc | None = None  # ``AutotuneRecord``'s own schema
     stages: tuple[str, ...] = ()  # the planning run's stages in order (older files: none)
 
 
@@ -147,13 +148,13 @@ def devices_of(raw: TaskFile, where: str) -> list[Device]:
     return devices
 
 
-def devices_json(devices: tuple[Device, ...]) -> list[dict[str, Any]]:
+def devices_json(devices: tuple[Device, ...]) -> list[JSONDoc]:
     """The devices as plan.json writes them: their hosts only where they sit in several."""
     several = len({d.host for d in devices}) > 1
     return [{"mem_cap_gb": d.mem_cap_gb, "speed": d.speed, **({"host": d.host} if several else {})} for d in devices]
 
 
-def links_json(links: Links) -> dict[str, Any]:
+def links_json(links: Links) -> JSONDoc:
     return {key: value for key, value in dataclasses.asdict(links).items() if value is not None}
 
 
@@ -270,7 +271,7 @@ def row_blocks_of(
     return tuple(sorted(out, key=lambda b: b.count))
 
 
-def row_blocks_json(blocks: tuple[RowBlockStats, ...]) -> list[dict]:
+def row_blocks_json(blocks: tuple[RowBlockStats, ...]) -> list[JSONDoc]:
     """``row_blocks`` as task-file objects."""
     return [
         {"count": b.count, "pooling_factors": list(b.pooling_factors), "bins": [list(x) for x in b.bins]}
@@ -307,7 +308,7 @@ def _constraints_of(raw: TableFile, where: str) -> TableConstraints:
     return TableConstraints(**out)
 
 
-def _constraints_json(table: Table) -> dict:
+def _constraints_json(table: Table) -> JSONDoc:
     """The table's constraints as task-file keys (only those set)."""
     out: dict[str, Any] = {}
     if table.constraints.pin is not None:
@@ -340,7 +341,7 @@ def _bins_field(obj: dict, where: str) -> Any:
     return [obj[k] for k in BIN_KEYS]
 
 
-def table_json(t: Table) -> dict[str, Any]:
+def table_json(t: Table) -> JSONDoc:
     """A task file's table object (plan.json's ``task.tables[i]``)."""
     return {
         "id": t.id,

@@ -12,6 +12,7 @@ from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.constants import GENERATOR_VERSION, ZIPF_VERSION
 from neuroshard_jax.core.constraints import NONE, TableConstraints
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.paths import pool_file_digest
 from neuroshard_jax.core.sharding import (
     row_blocks,
@@ -80,7 +81,7 @@ class PoolSpec:
             return f"zipf-v{ZIPF_VERSION}-s{self.seed}-n{self.num_tables}"
         return f"dlrm-{pool_file_digest(Path(self.path))}"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> JSONDoc:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
     @classmethod

@@ -28,7 +28,7 @@ from flax import nnx
 
 from neuroshard_jax.core.errors import DamagedModel, UserError, first_line
 from neuroshard_jax.core.features import BASE_FEATURE_NAMES, FEATURE_NAMES
-from neuroshard_jax.core.files import read_json
+from neuroshard_jax.core.files import JSONDoc, read_json
 from neuroshard_jax.core.folders import recover_dir, replace_dir
 from neuroshard_jax.core.hardware import release
 from neuroshard_jax.core.paths import cache_folder, resolve_dataset
@@ -234,7 +234,7 @@ def _save(path: str | Path, tree: dict, meta: dict) -> Path:
     return replace_dir(Path(path).resolve(), write)
 
 
-def read_meta(path: str | Path, key: str = "cost_model.checkpoint") -> dict:
+def read_meta(path: str | Path, key: str = "cost_model.checkpoint") -> JSONDoc:
     """The meta.json of a checkpoint as a dict (a missing or unreadable one is a UserError naming ``key``)."""
     recover_dir(path)  # a stop inside save_checkpoint's fallback swap
     meta_path = Path(path) / "meta.json"
@@ -333,7 +333,7 @@ def ensemble_config_of(meta: dict) -> EnsembleConfig:
     )
 
 
-def _ensemble_tree(params: EnsembleParams) -> dict:
+def _ensemble_tree(params: EnsembleParams) -> dict[str, dict]:
     return {
         "members": nnx.to_pure_dict(params.members),
         "fwd": nnx.to_pure_dict(params.fwd),

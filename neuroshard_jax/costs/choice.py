@@ -390,9 +390,9 @@ class ModelChoice:
     stack: str | None = None
     contact: str | None = None  # how first contact scaled it to this machine (``measure.first_contact``), if it did
 
-    @property
+    @functools.cached_property
     def spec(self) -> CostModelSpec:
-        """The chosen model, ready to build for a task."""
+        """The chosen model, ready to build for a task (checked once, built once per choice)."""
         return CostModelSpec(self.name, self.options, self.chosen)
 
     def line(self) -> str:

@@ -215,6 +215,23 @@ def with_compute_scale(model: CostModel, factor: float, comm_scale: np.ndarray) 
     return with_scales(model, comm_scale, factor)
 
 
+def with_comm_factor(model: CostModel, factor: float, comm_scale: np.ndarray) -> CostModel:
+    """``model`` with every collective it prices (the all-to-alls' transfers, the row groups' collectives, the input
+    distributions) ``factor`` times as long: first contact's reading of this machine's collectives. ``comm_scale``:
+    the task's (``Task.comm_scale``), multiplied by the factor; the compute scale kept."""
+    if factor == 1.0:
+        return model
+    row_comm = model.row_comm.scaled(factor) if model.row_comm is not None else None
+    input_dist = model.input_dist.scaled(factor) if model.input_dist is not None else None
+    scale = np.asarray(comm_scale, np.float64) * factor
+    if isinstance(model.params, Scaled):  # scaled already (its compute): its comm scale replaced
+        params = model.params._replace(comm_scale=jnp.asarray(scale, jnp.float32))
+        scaled = dataclasses.replace(model, params=params)
+    else:
+        scaled = with_scales(model, scale, compute_scale(model))
+    return dataclasses.replace(scaled, row_comm=row_comm, input_dist=input_dist)
+
+
 def map_inner_params(model: CostModel, change: Callable) -> CostModel:
     """``model`` with ``change`` applied to its own params (under a ``Scaled`` wrapper, if any)."""
     if isinstance(model.params, Scaled):

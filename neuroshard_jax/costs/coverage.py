@@ -14,7 +14,7 @@ from pathlib import Path
 from neuroshard_jax.core.config import bounded, check_bounds, typed
 from neuroshard_jax.core.constants import SHIPPED_MLP_CHECKPOINT, SHIPPED_MODEL_NAME
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import read_json, read_records
+from neuroshard_jax.core.files import JSONDoc, read_json, read_records
 from neuroshard_jax.core.manifests import load_manifest
 from neuroshard_jax.core.paths import package_path, resolve_dataset
 from neuroshard_jax.core.plan import Plan
@@ -134,7 +134,7 @@ class LabelCoverage:
         kernels = tuple(k for k in KERNEL_KINDS if k in self.kernels or k in other.kernels)
         return LabelCoverage(**ranges, labels=self.labels + other.labels, kernels=kernels)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> JSONDoc:
         kinds = {"kernels": list(self.kernels)} if tuple(self.kernels) != ("sum",) else {}
         return {**{f: list(getattr(self, f)) for f in RANGES}, "labels": self.labels, **kinds}
 
@@ -181,7 +181,7 @@ def label_coverage(dataset_dirs: Sequence[str | Path]) -> LabelCoverage:
     )
 
 
-def coverage_block(dataset_dirs: Sequence[str | Path], init: str | Path | None = None) -> dict | None:
+def coverage_block(dataset_dirs: Sequence[str | Path], init: str | Path | None = None) -> JSONDoc | None:
     """meta.json's ``coverage`` for a model trained on ``dataset_dirs``, fine-tuned from the checkpoint ``init``
     if given (its prior's coverage joined); None where the prior's is not known (then ``checkpoint_coverage``
     computes it when asked)."""

@@ -28,6 +28,7 @@ import functools
 import numpy as np
 
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.costs.row_comm import fit_records, interpolate, of_kinds, read_fit
 
 SHIPPED = "data/input_dist"
@@ -51,7 +52,11 @@ class InputDist:
         scale = np.array([1.0, batch_size / self.batch_size, batch_size / self.batch_size])
         return np.array([interpolate(self.sizes, [c[i] for c in self.coefs], world) for i in range(TERMS)]) * scale
 
-    def to_json(self) -> dict:
+    def scaled(self, factor: float) -> InputDist:
+        """The fit with every term multiplied by ``factor`` (first contact: this machine's collectives)."""
+        return dataclasses.replace(self, coefs=tuple(tuple(x * factor for x in c) for c in self.coefs))
+
+    def to_json(self) -> JSONDoc:
         fields = dataclasses.asdict(self)
         return {**fields, "sizes": list(self.sizes), "coefs": [list(c) for c in self.coefs]}
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import read_json
+from neuroshard_jax.core.files import JSONDoc, read_json
 from neuroshard_jax.core.paths import cache_folder, own_entries, package_path, user_fits_dir
 
 SHIPPED = "data/row_comm"
@@ -54,7 +54,12 @@ class RowComm:
             for coefs in (self.fwd, self.bwd)
         )
 
-    def to_json(self) -> dict:
+    def scaled(self, factor: float) -> RowComm:
+        """The fit with every coefficient multiplied by ``factor`` (first contact: this machine's collectives)."""
+        times = lambda pairs: tuple((a * factor, b * factor) for a, b in pairs)  # noqa: E731
+        return dataclasses.replace(self, fwd=times(self.fwd), bwd=times(self.bwd))
+
+    def to_json(self) -> JSONDoc:
         return {
             "name": self.name,
             "sizes": list(self.sizes),

@@ -28,6 +28,7 @@ from typing import Protocol
 
 from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.errors import UserError, first_line
+from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.kernels.messages import CommAnswer, CommRequest, ComputeAnswer, ComputeRequest
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, WorkerFailure, measure_on, run_comm
 
@@ -124,7 +125,7 @@ def pinned(pin: bool | None, executor: ExecutorConfig) -> bool:
     return executor.name == "local" if pin is None else pin
 
 
-def protocol(executor: ExecutorConfig, pin: bool, device: str) -> dict:
+def protocol(executor: ExecutorConfig, pin: bool, device: str) -> JSONDoc:
     """What a dataset records about where its labels were measured (pinning holds only for local CPU workers)."""
     return {"pin": True} if pin and device == "cpu" and executor.name == "local" else {}
 

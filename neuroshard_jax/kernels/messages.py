@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from neuroshard_jax.core.constants import MIN_CPU_SHARE
+from neuroshard_jax.core.files import JSONDoc
 
 TIMED_FIELDS = ("warmup_ms", "measure_ms", "max_iters")  # a protocol other than ``fixed``: how long it warms, measures
 
@@ -52,7 +53,7 @@ class ComputeRequest:
     weighted: bool = False
     tags: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> JSONDoc:
         """The line the worker reads: the protocol's fields only where it is not ``fixed``, ``memory`` only where
         asked; the tags stay here."""
         out = {
@@ -172,7 +173,7 @@ class ComputeAnswer:
     def failed(cls, request_id: int | str | None, error: str) -> ComputeAnswer:
         return cls(request_id, False, error)
 
-    def to_json(self, with_id: bool = True) -> dict:
+    def to_json(self, with_id: bool = True) -> JSONDoc:
         """The worker's line (and, ``with_id`` False, a label's answer fields): the fields it has, in this order."""
         out: dict[str, Any] = {"ok": self.ok}
         if self.error is not None:
@@ -248,7 +249,7 @@ class CommRequest:
             row_wise=tuple(int(c) for c in layout.get("row_wise", ())),
         )
 
-    def to_json(self) -> dict:
+    def to_json(self) -> JSONDoc:
         """The line the rank processes read (the parts a step does not run left out)."""
         out: dict[str, Any] = {"id": self.id, "dim_sums": list(self.dim_sums), "delays_ms": list(self.delays_ms)}
         if self.column_wise:
@@ -296,7 +297,7 @@ class CommAnswer:
     bwd_rows_ms: float = 0.0
     fwd_inputs_ms: float = 0.0
 
-    def to_json(self) -> dict:
+    def to_json(self) -> JSONDoc:
         return dataclasses.asdict(self)
 
     @classmethod
@@ -311,9 +312,9 @@ class CommAnswer:
 # ``job.to_json()``.
 
 
-def _fields_json(record) -> dict:
+def _fields_json(record) -> JSONDoc:
     """A record's fields as JSON: nested records by their own ``to_json``, tuples as lists, None left out."""
-    out = {}
+    out: JSONDoc = {}
     for field in dataclasses.fields(record):
         value = getattr(record, field.name)
         if value is None:
@@ -347,7 +348,7 @@ class _Job:
 
     WHERE: ClassVar[str] = "torchrec job"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> JSONDoc:
         return _fields_json(self)
 
     @classmethod
@@ -372,7 +373,7 @@ class TorchRecTable:
     stream: list | dict | None = None
     kernel: str = "sum"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> JSONDoc:
         return _fields_json(self)
 
     @classmethod
@@ -444,3 +445,114 @@ class StepsJob(_Job):
     optimizer: str | None = None
 
     WHERE: ClassVar[str] = "torchrec-steps request"
+
+
+# The jobs' results, read by the host: ``torchrec-plan`` and ``-export`` write one (``to_json``), each rank of
+# ``-run``, ``-steps`` and ``-memory`` one of its own; the host reads them with ``from_json``.
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanAnswer:
+    """``torchrec-plan``'s result: per table (in the request's order) its shards in TorchRec's terms
+    ({col_offset, dim, rank(, row_offset, num_rows)} or {data_parallel}) and the seconds TorchRec's planner took; or
+    ``error`` (``infeasible``: the planner found no plan that fits)."""
+
+    shards: tuple[list, ...] = ()
+    planner_s: float | None = None
+    error: str | None = None
+    infeasible: bool = False
+
+    def to_json(self) -> JSONDoc:
+        """{shards, planner_s}, or {error(, infeasible)}."""
+        if self.error is not None:
+            return {"error": self.error, **({"infeasible": True} if self.infeasible else {})}
+        return {"shards": list(self.shards), "planner_s": self.planner_s}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> PlanAnswer:
+        if not isinstance(obj, Mapping):
+            raise MessageError(f"torchrec-plan result: got {type(obj).__name__}, expected a JSON object")
+        if "error" in obj:
+            return cls(error=str(obj["error"]), infeasible=bool(obj.get("infeasible", False)))
+        if not isinstance(obj.get("shards"), list):
+            raise MessageError(f"torchrec-plan result: got {obj!r:.80}, expected shards or an error")
+        return cls(tuple(obj["shards"]), obj.get("planner_s"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportAnswer:
+    """``torchrec-export``'s result: the ShardingPlan written and checked (``plan``: TorchRec's printout of it), or
+    ``error``."""
+
+    plan: str | None = None
+    error: str | None = None
+
+    def to_json(self) -> JSONDoc:
+        """{ok: true, plan}, or {error}."""
+        return {"error": self.error} if self.error is not None else {"ok": True, "plan": self.plan}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ExportAnswer:
+        if not isinstance(obj, Mapping) or not ("error" in obj or "plan" in obj):
+            raise MessageError(f"torchrec-export result: got {obj!r:.80}, expected a plan or an error")
+        return cls(error=str(obj["error"])) if "error" in obj else cls(plan=str(obj["plan"]))
+
+
+class _Report:
+    """A rank's result record: its JSON both ways, field by field as JSON has them (``WHERE`` names it in errors)."""
+
+    WHERE: ClassVar[str] = "rank report"
+
+    def to_json(self) -> JSONDoc:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: Any):
+        if not isinstance(obj, Mapping):
+            raise MessageError(f"{cls.WHERE}: got {type(obj).__name__}, expected a JSON object")
+        names = {f.name for f in dataclasses.fields(cls)}
+        try:
+            return cls(**{k: v for k, v in obj.items() if k in names})
+        except TypeError as err:
+            raise MessageError(f"{cls.WHERE}: {err}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunReport(_Report):
+    """A ``torchrec-run`` rank's check: the shards it holds ([table name, col_offset, dim, row_offset, num_rows],
+    sorted), its forward's output shape and the largest difference from the expected outputs."""
+
+    rank: int
+    local_shards: list[list]
+    output_shape: list[int]
+    max_abs_error: float
+
+    WHERE: ClassVar[str] = "torchrec-run report"
+
+
+@dataclasses.dataclass(frozen=True)
+class StepsReport(_Report):
+    """A ``torchrec-steps`` rank's times: per plan the seconds of each timed step (``step_s``, wall; ``cpu_s``, this
+    process's CPU time) and the bytes of the embedding weights it holds (``local_bytes``)."""
+
+    rank: int
+    step_s: list[list[float]]
+    cpu_s: list[list[float]]
+    local_bytes: list[int]
+
+    WHERE: ClassVar[str] = "torchrec-steps report"
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryReport(_Report):
+    """A ``torchrec-memory`` rank's memory (bytes): resident ``before`` the model was built, once ``built``, the
+    ``peak`` over the training steps; the allocator's count of its shards' weights and optimizer state."""
+
+    rank: int
+    before: int
+    built: int
+    peak: int
+    weights_bytes: int
+    state_bytes: int
+
+    WHERE: ClassVar[str] = "torchrec-memory report"

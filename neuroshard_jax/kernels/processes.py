@@ -28,6 +28,7 @@ from pathlib import Path
 
 from neuroshard_jax.core.constants import MIN_CPU_SHARE
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.hardware import check_rank_room
 from neuroshard_jax.core.manifests import TIMED_KEYS
 from neuroshard_jax.core.table import KERNEL_KINDS
@@ -181,7 +182,7 @@ class SpecTableRef:
     stream_batch: int | None = None
     kernel: str = "sum"  # the kernel it runs in (``core.table.KERNEL_KINDS``)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> JSONDoc:
         out = {
             "rows": self.rows,
             "pooling_factor": self.pooling_factor,
@@ -264,7 +265,7 @@ def compute_request(
     precision: str = "fp32",
     warmup: int = 5,
     iters: int = 10,
-    timing: dict | None = None,
+    timing: Timing | None = None,
     pooling: str = "sum",
     weighted: bool = False,
 ) -> ComputeRequest:
@@ -282,7 +283,7 @@ def compute_request(
         precision,
         warmup,
         iters,
-        **(timing or {}),
+        **dataclasses.asdict(timing or Timing()),
         pooling=pooling,
         weighted=weighted,
     )
@@ -299,7 +300,30 @@ def default_protocol(device: str) -> str:
     return "queued" if device == "cuda" else "fixed"
 
 
-def timing_fields(protocol: str | None, warmup_ms: float, measure_ms: float, max_iters: int, device: str) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """A request's protocol beyond ``warmup`` and ``iters``: ``fixed`` (the CPU's default), or another with its warm-up
+    and measured kernel time and its most iterations (the worker's ``timed_runs`` says what each protocol does)."""
+
+    protocol: str = "fixed"
+    warmup_ms: float | None = None
+    measure_ms: float | None = None
+    max_iters: int | None = None
+
+    def to_json(self) -> JSONDoc:
+        """As a dataset's settings record it: nothing for ``fixed`` (older datasets resume)."""
+        if self.protocol == "fixed":
+            return {}
+        return {"protocol": self.protocol, **{k: getattr(self, k) for k in TIMED_KEYS}}
+
+    @classmethod
+    def from_json(cls, settings: Mapping) -> Timing:
+        """The protocol a dataset's settings record (absent: ``fixed``)."""
+        protocol = settings.get("protocol", "fixed")
+        return cls() if protocol == "fixed" else cls(protocol, *(settings[k] for k in TIMED_KEYS))
+
+
+def timing_fields(protocol: str | None, warmup_ms: float, measure_ms: float, max_iters: int, device: str) -> Timing:
     """A request's protocol fields beyond ``warmup`` and ``iters`` (none for ``fixed``, the CPU's default; None:
     the device's default); the worker's ``timed_runs`` says what each protocol does."""
     protocol = protocol or default_protocol(device)
@@ -308,8 +332,8 @@ def timing_fields(protocol: str | None, warmup_ms: float, measure_ms: float, max
     if protocol in ("queued", "graph") and device != "cuda":
         raise UserError(f"protocol: got {protocol!r} with device={device}, expected device=cuda (GPU time only)")
     if protocol == "fixed":
-        return {}
-    return {"protocol": protocol, **dict(zip(TIMED_KEYS, (warmup_ms, measure_ms, max_iters)))}
+        return Timing()
+    return Timing(protocol, warmup_ms, measure_ms, max_iters)
 
 
 def measure_on(worker: ComputeWorker, request: ComputeRequest, timeout_s: float, warm: bool = True) -> ComputeAnswer:
@@ -413,7 +437,7 @@ class KernelPool:
 
 
 @functools.cache
-def worker_versions() -> dict:
+def worker_versions() -> JSONDoc:
     """Library versions the worker sees (torch, fbgemm_gpu), asked of a subprocess once per process (a start of
     torch: seconds of a core, which a measuring worker beside it would lose)."""
     code = (

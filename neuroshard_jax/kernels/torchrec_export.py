@@ -14,7 +14,7 @@ from pathlib import Path
 from neuroshard_jax.core.constants import TORCHREC_INSTALL
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.plan import Plan
-from neuroshard_jax.kernels.messages import ExportJob, RunJob, TorchRecTable
+from neuroshard_jax.kernels.messages import ExportAnswer, ExportJob, RunJob, RunReport, TorchRecTable
 from neuroshard_jax.kernels.processes import WorkerFailure, run_ranks, run_worker
 from neuroshard_jax.kernels.torchrec_format import row_split_host
 
@@ -96,16 +96,16 @@ def export_torchrec(plan: Plan, output: str | Path, config: ExportConfig) -> tup
         src = Path(tmp) / "request.json"
         src.write_text(json.dumps(request.to_json()))
         done = run_worker(["torchrec-export", str(src), str(output)], config.timeout_s, "export")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    if "error" in result:
-        hint = f"; install it with {TORCHREC_INSTALL}" if "not installed" in result["error"] else ""
-        raise UserError(f"export: {result['error']}{hint}")
-    return request, result["plan"]
+    answer = ExportAnswer.from_json(json.loads(done.stdout.strip().splitlines()[-1]))
+    if answer.error is not None:
+        hint = f"; install it with {TORCHREC_INSTALL}" if "not installed" in answer.error else ""
+        raise UserError(f"export: {answer.error}{hint}")
+    return request, answer.plan
 
 
 def check_torchrec(
     exported: str | Path, request: ExportJob, batch_size: int, timeout_s: float, modules_bytes: int = 0
-) -> list[dict]:
+) -> list[RunReport]:
     """Load an exported (device=cpu) plan into DistributedModelParallel, one gloo process per rank, and
     run forward + backward; returns each rank's report (local shards, output shape, max abs error). Refused in one
     line before any rank starts where the ranks and their modules (``modules_bytes`` in all) would not fit here."""
@@ -119,7 +119,7 @@ def check_torchrec(
             run_ranks(args, world, tmp, timeout_s, modules_bytes=modules_bytes)
         except WorkerFailure as failure:
             raise UserError(f"check: DistributedModelParallel failed: {failure.reason}") from None
-        return [json.loads((tmp / f"out.{rank}").read_text()) for rank in range(world)]
+        return [RunReport.from_json(json.loads((tmp / f"out.{rank}").read_text())) for rank in range(world)]
 
 
 def expected_local_shards(request: ExportJob, rank: int) -> list[list]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 
+from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.kernels.messages import TorchRecTable
 
 TORCHREC_MISSING = "torchrec is not installed"
@@ -181,7 +182,7 @@ def task_collections(
 
 def collection_shards(
     tables: Sequence[TorchRecTable], shards: Mapping[str, Sequence[Mapping]], module_path: str = ""
-) -> dict[str, tuple]:
+) -> dict[str, tuple[object, dict[str, Sequence[Mapping]]]]:
     """``sharding_plan``'s modules for a model of the (named) tables: per collection (``collection_paths``, under
     ``module_path``), the collection on the meta device and its tables' ``shards`` (per table name)."""
     collections, modules = task_collections(tables), {}
@@ -236,11 +237,11 @@ def model_loss(model, inputs):
     return out.values().sum() if not isinstance(inputs, dict) else out
 
 
-def plan_shards(plan) -> dict[str, list[dict]]:
+def plan_shards(plan) -> dict[str, list[JSONDoc]]:
     """Per table name of a TorchRec ShardingPlan (every module): its shards [{col_offset, dim, rank}] by column
     offset; a row-split table's (row-wise, table-row-wise) also carry row_offset, num_rows, in row order; a
     data-parallel table's is [{data_parallel: 1}]."""
-    out: dict[str, list[dict]] = {}
+    out: dict[str, list[JSONDoc]] = {}
     for module_plan_ in plan.plan.values():
         for name, sharding in module_plan_.items():
             if sharding.sharding_type == "data_parallel":  # no shards: every rank holds the whole table

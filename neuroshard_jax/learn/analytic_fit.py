@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.paths import resolve_dataset
 from neuroshard_jax.costs.analytic import ANALYTIC_FNS, AnalyticConfig, AnalyticParams, analytic_params
 from neuroshard_jax.costs.cost_model import device_compute_ms
@@ -30,7 +31,7 @@ def params_of(log_values, base: AnalyticParams) -> AnalyticParams:
     return base._replace(**{name: jnp.exp(log_values[i]) for i, name in enumerate(FITTED)})
 
 
-def fit_analytic(dataset: str, steps: int, split: tuple[float, float, float] = TrainConfig().split) -> dict:
+def fit_analytic(dataset: str, steps: int, split: tuple[float, float, float] = TrainConfig().split) -> JSONDoc:
     """The fitted constants, the final training loss and the test split's metrics (compute, fwd and bwd comm)."""
     dataset = resolve_dataset(dataset)
     feats, mask, target, manifest = compute_arrays(dataset)

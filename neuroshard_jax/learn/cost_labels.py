@@ -35,7 +35,7 @@ from omegaconf import DictConfig
 from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import bounded, check_bounds, typed
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import JsonlLog
+from neuroshard_jax.core.files import JSONDoc, JsonlLog
 from neuroshard_jax.core.folders import one_writer
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.manifests import git_commit, write_manifest
@@ -52,7 +52,7 @@ from neuroshard_jax.kernels.executors import (
     protocol,
 )
 from neuroshard_jax.kernels.messages import CommRequest, ComputeAnswer, ComputeRequest
-from neuroshard_jax.kernels.processes import WorkerFailure, compute_request, timing_fields, worker_versions
+from neuroshard_jax.kernels.processes import Timing, WorkerFailure, compute_request, timing_fields, worker_versions
 from neuroshard_jax.learn.plan_labels import PlanLabelConfig, collect_plans
 from neuroshard_jax.measure.evaluator import EvaluateConfig
 from neuroshard_jax.workloads.pool import PoolSpec, pool_streams
@@ -134,13 +134,13 @@ class CollectConfig:
     def pinned(self) -> bool:
         return pinned(self.pin, self.executor)
 
-    def timing(self) -> dict:
-        """The compute requests' protocol fields beyond warmup and iters (none for ``fixed`` and for comm)."""
+    def timing(self) -> Timing:
+        """The compute requests' protocol beyond warmup and iters (``fixed`` for comm)."""
         fields = timing_fields(self.protocol, self.warmup_ms, self.measure_ms, self.max_iters, self.device)
-        return {} if self.kind == "comm" else fields
+        return Timing() if self.kind == "comm" else fields
 
 
-def _settings(config: CollectConfig) -> dict:
+def _settings(config: CollectConfig) -> JSONDoc:
     """What must not change within one dataset (checked on resume)."""
     common = {
         "kind": config.kind,
@@ -152,7 +152,7 @@ def _settings(config: CollectConfig) -> dict:
         "warmup": config.warmup,
         "iters": config.iters,
         **protocol(config.executor, config.pinned(), config.device),  # no "pin": the unpinned protocol
-        **config.timing(),  # none for the fixed protocol: older datasets resume
+        **config.timing().to_json(),  # none for the fixed protocol: older datasets resume
     }
     if config.kind == "plans":  # its devices are a compute dataset (any round, any model)
         return {
@@ -180,7 +180,7 @@ def _settings(config: CollectConfig) -> dict:
     return {**common, "comm": _without_unset(dataclasses.asdict(config.comm), "row_share", "input_share")}
 
 
-def spec_settings(specs: SpecSamplerConfig) -> dict:
+def spec_settings(specs: SpecSamplerConfig) -> JSONDoc:
     """The spec sampler's settings as a dataset records them: the extensions a dataset from before them lacks
     (``SPEC_EXTENSIONS``) only where they are on, ``many_tables`` only with ``many_share``, so that older datasets
     resume."""
@@ -196,13 +196,13 @@ def spec_settings(specs: SpecSamplerConfig) -> dict:
     return settings
 
 
-def _without_unset(settings: dict, *keys: str) -> dict:
+def _without_unset(settings: JSONDoc, *keys: str) -> JSONDoc:
     """``settings`` without those of ``keys`` that are 0 (off): the settings of datasets from before they existed,
     which resume as they were."""
     return {k: v for k, v in settings.items() if k not in keys or v}
 
 
-def collect(config: CollectConfig, ids: Iterable[int] | None = None, until: float | None = None) -> dict:
+def collect(config: CollectConfig, ids: Iterable[int] | None = None, until: float | None = None) -> JSONDoc:
     """Collect up to ``num_samples`` records of ``kind`` into ``out_dir``; returns a summary. ``ids`` (compute):
     the samples to measure instead, in this order (drawn lazily: an order may be long or chosen as it goes);
     ``until``: a ``time.monotonic()`` deadline after which no sample (comm: no chunk; plans: no task's search, no
@@ -214,7 +214,7 @@ def collect(config: CollectConfig, ids: Iterable[int] | None = None, until: floa
         return _collect_plans(config, until) if config.kind == "plans" else _collect(config, ids, until)
 
 
-def _collect(config: CollectConfig, ids: Iterable[int] | None, until: float | None) -> dict:
+def _collect(config: CollectConfig, ids: Iterable[int] | None, until: float | None) -> JSONDoc:
     out = Path(config.out_dir)
     versions = worker_versions()
     log = JsonlLog(out / f"{config.kind}.jsonl")
@@ -257,7 +257,7 @@ def _collect(config: CollectConfig, ids: Iterable[int] | None, until: float | No
         todo = itertools.takewhile(lambda _: time.monotonic() < until, todo)
     run = _collect_compute if config.kind == "compute" else functools.partial(_collect_comm, until=until)
 
-    def count() -> dict:
+    def count() -> JSONDoc:
         """The manifest counts what the file holds."""
         records = list(log.records())
         failed = sum(1 for r in records if not r.get("ok", True))
@@ -276,7 +276,7 @@ def _collect(config: CollectConfig, ids: Iterable[int] | None, until: float | No
     return count()
 
 
-def _collect_plans(config: CollectConfig, until: float | None = None) -> dict:
+def _collect_plans(config: CollectConfig, until: float | None = None) -> JSONDoc:
     out = Path(config.out_dir)
     path = out / "manifest-compute.json"
     extra = {

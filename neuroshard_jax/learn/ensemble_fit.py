@@ -15,7 +15,7 @@ import numpy as np
 from flax import nnx
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import now_utc
+from neuroshard_jax.core.files import JSONDoc, now_utc
 from neuroshard_jax.core.manifests import common_kinds, label_protocol, load_manifest, manifest_kinds
 from neuroshard_jax.core.paths import portable_path, resolve_dataset
 from neuroshard_jax.costs.checkpoints import load_ensemble, read_meta, save_ensemble
@@ -259,7 +259,7 @@ def train_ensemble(
     allow_mixed_hardware: bool = False,
     reanchor: bool = False,
     until: float | None = None,
-) -> dict:
+) -> JSONDoc:
     """Train the physics ensemble on every compute dataset (and the comm nets on the first dataset with comm
     samples); calibrate its trust thresholds on the validation split; save a checkpoint. Returns the report.
 

@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import bounded, check_bounds, typed
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.files import JSONDoc, write_json
 from neuroshard_jax.core.folders import one_writer
 from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.core.manifests import load_manifest, manifest_kinds
@@ -64,7 +64,7 @@ def model_dir(out: Path, round_: int) -> Path:
     return out / "models" / f"round-{round_}"
 
 
-def run_loop(config: LoopConfig) -> dict:
+def run_loop(config: LoopConfig) -> JSONDoc:
     """Every round (resumable; a line each, logged at INFO); returns the per-round table also written to
     ``out/loop.json``. The executor is reached before anything is written, and ``out`` is held for this run alone
     (``one_writer``)."""
@@ -74,7 +74,7 @@ def run_loop(config: LoopConfig) -> dict:
         return _rounds(config)
 
 
-def _rounds(config: LoopConfig) -> dict:
+def _rounds(config: LoopConfig) -> JSONDoc:
     out = Path(config.out)
     labels = out / "labels"
     datasets = [*config.base_datasets, str(labels)]
@@ -147,7 +147,7 @@ def check_base_hardware(base_datasets: tuple[str, ...], device: str) -> None:
             )
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path) -> JSONDoc:
     return json.loads(path.read_text()) if path.exists() else {}
 
 

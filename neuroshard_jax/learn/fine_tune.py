@@ -52,7 +52,7 @@ from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import bounded, check_bounds, typed
 from neuroshard_jax.core.constants import MIN_CPU_SHARE, SHIPPED_MODEL_NAME
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import read_records, write_json
+from neuroshard_jax.core.files import JSONDoc, read_records, write_json
 from neuroshard_jax.core.folders import one_writer, replace_dir
 from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.core.memory import kernel_optimizer
@@ -254,18 +254,27 @@ def predicted(checkpoint: str | Path, dataset: Path) -> tuple[np.ndarray, np.nda
     return ensemble_ms(nets, params, feats, mask, batch)[0], target.astype(np.float64)
 
 
-def scores(pred: np.ndarray, target: np.ndarray) -> dict:
-    """MAPE, bias (mean signed relative error) and Kendall tau of predictions against measurements."""
+@dataclasses.dataclass(frozen=True)
+class Scores:
+    """MAPE, bias (mean signed relative error) and Kendall tau of predictions against ``count`` measurements."""
+
+    mape: float
+    bias: float
+    kendall_tau: float
+    count: int
+
+    def to_json(self) -> JSONDoc:
+        """A row of adapt.json's ``heldout`` table."""
+        return dataclasses.asdict(self)
+
+
+def scores(pred: np.ndarray, target: np.ndarray) -> Scores:
+    """``Scores`` of predictions against measurements (each figure rounded to 4 places)."""
     error, bias, _ = relative_errors(pred, target)
-    return {
-        "mape": round(error, 4),
-        "bias": round(bias, 4),
-        "kendall_tau": round(kendall_tau(pred, target), 4),
-        "count": int(len(target)),
-    }
+    return Scores(round(error, 4), round(bias, 4), round(kendall_tau(pred, target), 4), int(len(target)))
 
 
-def heldout_scores(checkpoint: str | Path, heldout: Path, factor: float = 1.0) -> dict:
+def heldout_scores(checkpoint: str | Path, heldout: Path, factor: float = 1.0) -> Scores:
     """``scores`` of a checkpoint (x ``factor``) on ``heldout``."""
     pred, target = predicted(checkpoint, heldout)
     return scores(pred * factor, target)
@@ -308,7 +317,7 @@ def check_device(device: str, found: dict) -> None:
         raise UserError("device: got 'cuda', but nvidia-smi finds no GPU on this machine; expected device=cpu")
 
 
-def adapt(config: AdaptConfig) -> dict:
+def adapt(config: AdaptConfig) -> JSONDoc:
     """Measure, fine-tune, report and register (see the module); returns the report written to adapt.json. What it
     does and the held-out table are INFO lines of this module's logger. The executor is reached before anything is
     written, and ``out`` is held for this run alone (``one_writer``)."""
@@ -336,7 +345,7 @@ def out_dir(config: AdaptConfig) -> Path:
     return runs / model_name(config)
 
 
-def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict) -> dict:
+def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict[str, str]) -> JSONDoc:
     """The stages in order of need, each in its slice of the budget (``adapt_budget``): spec labels until a
     fine-tune has enough (``picks_short``), TorchRec's input distribution (``input_share``), plan devices
     (``plan_share``), more spec labels, then the fine-tune and the report in the time left."""
@@ -369,7 +378,7 @@ def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict) -> dic
     measure_until = began + min(budget_s * config.label_share, budget_s - rates.fit) - spent_before
     fit_until = began + budget_s - spent_before
     common = _collect_settings(config)
-    spec_config = CollectConfig(kind="compute", source="specs", out_dir=str(labels.specs), **common)
+    spec_config = dataclasses.replace(common, kind="compute", source="specs", out_dir=str(labels.specs))
     rates = _measure_floor(config, start, spec_config, labels, ledger, rates, measure_until)
     measure_s = measure_until - began + spent_before  # this budget's measuring time, earlier runs' included
     if config.input_labels and config.device == "cpu":
@@ -378,7 +387,7 @@ def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict) -> dic
     if plan_left >= rates.plan_task:
         logger.info(f"measuring the devices of plans searched with {label} for {plan_left / 60:.1f} min")
         with ledger.stage("plans"):
-            plan_config = CollectConfig(kind="plans", out_dir=str(labels.plans), **common)
+            plan_config = dataclasses.replace(common, kind="plans", out_dir=str(labels.plans))
             _measure_plans(config, plan_config, start, plan_left, rates)
     elif config.plan_share:
         logger.info(
@@ -414,10 +423,12 @@ def _adapt(config: AdaptConfig, start_of: tuple[str, str], compare: dict) -> dic
     return ledger.state
 
 
-def _collect_settings(config: AdaptConfig) -> dict:
-    """What every ``collect`` of the run shares with it (the kernels, their timing, the spec sampler)."""
+def _collect_settings(config: AdaptConfig) -> CollectConfig:
+    """What every ``collect`` of the run shares with it (the kernels, their timing, the spec sampler): a
+    ``CollectConfig`` each collect replaces its kind, folder and counts in."""
     keys = ("device", "optimizer", "seed", "executor", "pin", "warmup", "iters", "timeout_s", "specs", "progress")
-    return {key: getattr(config, key) for key in keys} | {"protocol": config.protocol}  # protocol null: the device's
+    shared = {key: getattr(config, key) for key in keys} | {"protocol": config.protocol}  # protocol null: the device's
+    return CollectConfig(**shared)
 
 
 def _measure_floor(
@@ -601,7 +612,9 @@ def _measure_inputs(config, common, labels, ledger, rates, measure_s, measure_un
         return
     logger.info(f"measuring TorchRec's input distribution for up to {left / 60:.1f} min: comm labels on gloo ranks")
     inputs = dataclasses.replace(
-        CollectConfig(kind="comm", out_dir=str(labels.inputs), **common),
+        common,
+        kind="comm",
+        out_dir=str(labels.inputs),
         comm=config.inputs,
         num_samples=config.input_labels,
         comm_chunk=INPUT_CHUNK,
@@ -630,7 +643,7 @@ def _fit_and_report(
     compare: dict[str, str],
     labels: LabelDirs,
     until: float | None = None,
-) -> dict:
+) -> JSONDoc:
     """Fine-tune (no epoch started after ``until``), score on the held-out labels, register; fit the input
     distribution where its labels are enough."""
     (label, start), specs_dir, plans_dir = start_at, labels.specs, labels.plans
@@ -690,8 +703,9 @@ def _fit_and_report(
     logger.info(f"held out: {counts['heldout']} spec labels of this machine, never trained on")
     logger.info(f"  {'model':<40} {'MAPE':>7} {'bias':>7} {'tau':>6}")
     for row, s in rows.items():
-        logger.info(f"  {row:<40} {s['mape']:>7.1%} {s['bias']:>+7.1%} {s['kendall_tau']:>6.3f}")
-    report = {"name": name, "start": label, "labels": counts, "heldout": rows, "train_s": round(train_s, 1)}
+        logger.info(f"  {row:<40} {s.mape:>7.1%} {s.bias:>+7.1%} {s.kendall_tau:>6.3f}")
+    heldout = {row: s.to_json() for row, s in rows.items()}
+    report = {"name": name, "start": label, "labels": counts, "heldout": heldout, "train_s": round(train_s, 1)}
     _annotate(model_dir, report)
     worse = no_better(rows, name, label)
     if worse:
@@ -713,16 +727,16 @@ def _fit_and_report(
     return report
 
 
-def no_better(rows: dict[str, dict], name: str, label: str) -> str | None:
+def no_better(rows: dict[str, Scores], name: str, label: str) -> str | None:
     """Why the adapted model ``name`` is no better than the start model ``label`` on the held-out labels (its MAPE not
     below the start model's as it was and scaled by one factor), or None where it is."""
-    start = min((f"{label} as it was", f"{label} x one factor"), key=lambda row: rows[row]["mape"])
-    if rows[name]["mape"] < rows[start]["mape"]:
+    start = min((f"{label} as it was", f"{label} x one factor"), key=lambda row: rows[row].mape)
+    if rows[name].mape < rows[start].mape:
         return None
-    return f"it reads the held-out labels at {rows[name]['mape']:.1%} MAPE, {start} at {rows[start]['mape']:.1%}"
+    return f"it reads the held-out labels at {rows[name].mape:.1%} MAPE, {start} at {rows[start].mape:.1%}"
 
 
-def _fit_inputs(config: AdaptConfig, name: str, labels: Path, out: Path) -> dict:
+def _fit_inputs(config: AdaptConfig, name: str, labels: Path, out: Path) -> JSONDoc:
     """The input distribution fit of this machine's labels, with its held-out figures; with ``register`` in this
     user's fits (models of this kind price with it), else beside the model."""
     where = own_fits_dir("input_dist") if config.register else out / "input_dist"
@@ -736,7 +750,7 @@ def _fit_inputs(config: AdaptConfig, name: str, labels: Path, out: Path) -> dict
     return {"path": str(path), "sizes": list(fit.sizes), "held_out": figures}
 
 
-def _annotate(model_dir: Path, report: dict) -> None:
+def _annotate(model_dir: Path, report: JSONDoc) -> None:
     """The checkpoint's meta gains what adapt measured (its held-out figures, the labels it saw)."""
     meta_path = model_dir / "meta.json"
     meta = json.loads(meta_path.read_text())

@@ -41,7 +41,7 @@ def kendall_tau(pred, true) -> float:
     return 0.0 if np.isnan(tau) else float(tau)
 
 
-def noise_floor(measured: dict[str, list[float]]) -> dict:
+def noise_floor(measured: dict[str, list[float]]) -> dict[str, float | None]:
     """The measurements' own noise, the floor under any model's error: the mean relative distance of one repeat
     from the median of its device's repeats (devices measured 3 times or more), and how many repeats a device had."""
     runs = [(np.asarray(r), statistics.median(r)) for r in measured.values() if len(r) >= 3 and statistics.median(r)]
@@ -68,7 +68,7 @@ def ranking_tau(pairs: list[tuple[float, float]], tie: float) -> float | None:
     return (agree - disagree) / (agree + disagree) if agree + disagree else None
 
 
-def metrics(pred, true) -> dict:
+def metrics(pred, true) -> dict[str, float]:
     return {
         "mape": mape(pred, true),
         "rmse_ms": rmse(pred, true),

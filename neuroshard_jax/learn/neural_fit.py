@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from neuroshard_jax.core.files import now_utc
+from neuroshard_jax.core.files import JSONDoc, now_utc
 from neuroshard_jax.core.manifests import load_manifest
 from neuroshard_jax.costs.analytic import ANALYTIC_FNS, analytic_params
 from neuroshard_jax.costs.checkpoints import load_checkpoint, save_checkpoint
@@ -82,7 +82,7 @@ def fit_nets(
     config: TrainConfig,
     extra_compute: list[dict] = (),
     extra_comm: list[dict] = (),
-) -> tuple[NeuralParams, dict, dict]:
+) -> tuple[NeuralParams, JSONDoc, JSONDoc]:
     """Fit the compute net (and the comm nets if the dataset has comm samples) from ``params`` with its
     feature statistics; extra records (measured plans) join the training split. Returns the best-validation
     params, the test-split report and the dataset provenance."""
@@ -138,7 +138,7 @@ def fit_comm(fwd_graph, fwd_state, bwd_graph, bwd_state, dataset_dir: Path, conf
     return states["fwd_comm"], states["bwd_comm"], report, provenance
 
 
-def checkpoint_meta(dataset_dir: Path, config: TrainConfig, report: dict, datasets: dict, how: str) -> dict:
+def checkpoint_meta(dataset_dir: Path, config: TrainConfig, report: JSONDoc, datasets: JSONDoc, how: str) -> JSONDoc:
     """Provenance written beside the weights (checkpoint meta.json)."""
     manifest = load_manifest(dataset_dir, "compute")
     settings = manifest["settings"]
@@ -158,7 +158,7 @@ def checkpoint_meta(dataset_dir: Path, config: TrainConfig, report: dict, datase
     }
 
 
-def train_models(dataset_dir: str | Path, net_config, config: TrainConfig, out: str | Path) -> dict:
+def train_models(dataset_dir: str | Path, net_config, config: TrainConfig, out: str | Path) -> JSONDoc:
     """Train the compute net (and the comm nets if the dataset has comm samples); save a checkpoint."""
     dataset_dir = Path(dataset_dir)
     feats, mask, target, _ = compute_arrays(dataset_dir)

@@ -42,7 +42,7 @@ from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.devices import Device
 from neuroshard_jax.core.errors import PlanError, UserError
-from neuroshard_jax.core.files import JsonlLog, read_jsonl, read_records
+from neuroshard_jax.core.files import JSONDoc, JsonlLog, read_jsonl, read_records
 from neuroshard_jax.core.memory import PLAIN_SGD, Training
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.progress import progress_lines
@@ -286,7 +286,7 @@ def plan_task(config: PlanLabelConfig, task: Task, seed: int, progress: bool = T
     return rows
 
 
-def plan_entry(name: str, searcher: str, variant: str, plan: Plan, costs: DeviceCosts, spread=None) -> dict:
+def plan_entry(name: str, searcher: str, variant: str, plan: Plan, costs: DeviceCosts, spread=None) -> JSONDoc:
     """A plan as plans.jsonl keeps it: who made it, its shards, its predicted per-device costs and spread."""
 
     def ms(values) -> list[float]:
@@ -325,7 +325,7 @@ def select_variants(config: PlanLabelConfig, plan_ms, spread, costs, offset: int
 # The collection
 
 
-def task_rows(log: JsonlLog) -> dict[str, dict]:
+def task_rows(log: JsonlLog) -> dict[str, JSONDoc]:
     return {r["id"]: r for r in log.records()}
 
 
@@ -354,7 +354,7 @@ def collect_plans(
     progress: bool = True,
     training: Training = PLAIN_SGD,
     until: float | None = None,
-) -> dict:
+) -> JSONDoc:
     """Stage one (search and select) then stage two (measure) for tasks 0..num_tasks-1 of ``config.round``.
     Returns counts and the wall time of each stage; ``progress``: a line per step (``core.progress.progress_lines``);
     ``until``: a ``time.monotonic()`` deadline after which no task is searched and no device measured.
@@ -410,7 +410,7 @@ def label_rows(
     progress: bool = True,
     drift: tuple[References | None, int] = (None, 64),
     until: float | None = None,
-) -> dict:
+) -> JSONDoc:
     """Measure the devices (and with ``comm``, the all-to-alls) of the plans of plans.jsonl ``rows`` not yet in
     ``out``'s compute.jsonl (comm.jsonl); returns the counts and the wall time of each part. ``drift``: reference
     records measured with every chunk of devices, and the chunk (``label_devices``); ``until``: a
@@ -466,7 +466,7 @@ def label_devices(
     order = np.random.default_rng([len(todo), 17]).permutation(len(todo))  # interleave tasks and plans
     requests = [list(todo.values())[i] for i in order]
 
-    def label(request: ComputeRequest, answer: ComputeAnswer) -> dict:
+    def label(request: ComputeRequest, answer: ComputeAnswer) -> JSONDoc:
         row = {"id": request.id, "tables": list(request.tables), "batch_size": request.batch_size}
         return {**row, **request.tag("meta"), **answer.to_json(with_id=False)}
 
@@ -559,7 +559,7 @@ def measure_plan_comm(
 # Figures
 
 
-def plan_label_report(out: Path, round_: int | None = None) -> dict:
+def plan_label_report(out: Path, round_: int | None = None) -> JSONDoc:
     """Per round: the searching model's predictions against the labels of that round (held out: the model never
     saw them; a label with a ``speed`` at the reference's speed, as training takes it). Device compute MAPE and
     mean signed error overall, per searcher, for variants and for devices holding split slices; the per-task

@@ -34,7 +34,7 @@ from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.constants import SHIPPED_MLP_CHECKPOINT
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import JsonlLog, read_jsonl, read_records
+from neuroshard_jax.core.files import JSONDoc, JsonlLog, read_jsonl, read_records
 from neuroshard_jax.core.folders import one_writer
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.paths import package_path, resolve_dataset
@@ -118,7 +118,7 @@ def training_tasks(config: TaskSetConfig):
     return tasks
 
 
-def _comparable(settings: dict) -> dict:
+def _comparable(settings: JSONDoc) -> JSONDoc:
     """Settings a resumed run must share (more rounds, or another progress display, are fine)."""
     out = json.loads(json.dumps(settings))
     for key in ("rounds", "progress"):
@@ -189,6 +189,14 @@ def save_round(out: Path, number: int, policy: tuple, cost_model: tuple) -> None
             shutil.rmtree(old)
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainedPolicy:
+    """A policy run's end: the rounds done and every round's entry of meta.json's ``history``."""
+
+    rounds_done: int
+    history: list[JSONDoc]
+
+
 def train_policy(
     out: str | Path,
     policy_config: PolicyConfig,
@@ -196,7 +204,7 @@ def train_policy(
     task_config: TaskSetConfig,
     refine: RefineConfig,
     cost_model_path: str | None = None,
-) -> dict:
+) -> TrainedPolicy:
     """Train the policy in rounds into ``out`` (resumable; held for this run alone, ``one_writer``)."""
     measures = refine.plans_per_round > 0  # the executor reached before anything is written
     with connected(refine.executor) if measures else contextlib.nullcontext(), one_writer(out, "out") as out:
@@ -210,7 +218,7 @@ def _train(
     task_config: TaskSetConfig,
     refine: RefineConfig,
     cost_model_path: str | None,
-) -> dict:
+) -> TrainedPolicy:
     settings = {
         "policy_config": dataclasses.asdict(policy_config),
         "train": dataclasses.asdict(config),
@@ -320,7 +328,7 @@ def _train(
         refined = len(read_jsonl(labels / "plans.jsonl")) if refine.plans_per_round else 0
         cost_meta_out["refined_on_measured_plans"] = refined
         save_round(out, round_ + 1, (policy_config, params, opt_state, meta), (net_config, cost_params, cost_meta_out))
-    return {"rounds_done": config.rounds, "history": history}
+    return TrainedPolicy(config.rounds, history)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ from neuroshard_jax.costs.input_dist import fit as fit_inputs
 from neuroshard_jax.costs.row_comm import RowComm, fit, rank_ms
 
 
-def held_out_error(model: RowComm, records: list[dict]) -> dict:
+def held_out_error(model: RowComm, records: list[dict]) -> dict[str, float]:
     """MAPE of each rank's fwd and bwd row-group ms in ``records`` by ``model``, and how many ranks."""
     errors: dict[str, list[float]] = {"fwd": [], "bwd": []}
     for r in records:
@@ -41,7 +41,7 @@ def held_out_error(model: RowComm, records: list[dict]) -> dict:
     return {f"{k}_mape": round(float(np.mean(v)), 4) for k, v in errors.items() if v} | {"ranks": len(errors["fwd"])}
 
 
-def input_held_out_error(model: InputDist, records: list[dict]) -> dict:
+def input_held_out_error(model: InputDist, records: list[dict]) -> dict[str, float]:
     """MAPE of each rank's ``fwd_inputs_ms`` in ``records`` by the input distribution fit ``model``, and how many
     ranks."""
     errors = []
@@ -60,7 +60,7 @@ FAMILIES = {  # family: (the records it fits, its fit, its held-out error)
 
 def fit_row_comm(
     dataset: str | Path, name: str, out: str | Path, how: str, family: str = "row_comm"
-) -> tuple[RowComm | InputDist, dict, Path]:
+) -> tuple[RowComm | InputDist, dict[str, float], Path]:
     """Fit ``dataset``'s comm labels of ``family`` (row groups, or input distributions); write ``out/NAME.json``; the
     model, its held-out figures, the path."""
     key, fit_family, error = FAMILIES[family]

@@ -39,6 +39,7 @@ import numpy as np
 
 from neuroshard_jax.core.config import bounded, nearest
 from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.hardware import (
     hardware,
     hardware_kind,
@@ -46,6 +47,7 @@ from neuroshard_jax.core.hardware import (
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.progress import progress_bar, progress_lines
 from neuroshard_jax.core.records import AutotuneRecord, LoopRecord, MeasuredCandidate
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import CostModel, expected_cost_model, plan_cost_ms
 from neuroshard_jax.costs.scoring import balanced_step, device_width, plan_arrays, with_costs
 from neuroshard_jax.costs.task_tune import tuned_on_devices
@@ -180,7 +182,7 @@ def plan_digest(plan: Plan) -> str:
     return hashlib.sha1(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def _reading(line: bytes) -> dict | None:
+def _reading(line: bytes) -> JSONDoc | None:
     """A readings file's line as a reading (key, ms: a finite time >= 0, busy, kind), or None."""
     try:
         row = json.loads(line.decode("utf-8"))
@@ -285,7 +287,7 @@ class KernelRounds:
             self._kernels[id(entrant.plan)] = plan_kernels(entrant.plan)
         return self._kernels[id(entrant.plan)]
 
-    def jobs(self, entrants: list[Entrant]) -> dict:
+    def jobs(self, entrants: list[Entrant]) -> dict[str, tuple[Task, list]]:
         return {key: (at, t) for e in entrants for device in self.kernels(e) for key, at, t in device}
 
     def bar(self, entrants: list[Entrant]):

@@ -20,10 +20,10 @@ import numpy as np
 
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_records
-from neuroshard_jax.core.manifests import TIMED_KEYS, load_manifest
+from neuroshard_jax.core.manifests import load_manifest
 from neuroshard_jax.core.paths import resolve_dataset
 from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest
-from neuroshard_jax.kernels.processes import compute_request, quiet
+from neuroshard_jax.kernels.processes import Timing, compute_request, quiet
 from neuroshard_jax.workloads.pool import PoolSpec
 
 
@@ -58,7 +58,7 @@ def references(dataset: str | Path, samples: int, seed: int = 0) -> References:
         raise UserError(f"dataset: {str(dataset)!r} has no measured records, expected a collected dataset")
     chosen = np.random.default_rng(seed).permutation(len(records))[:samples]
     pool = PoolSpec(**settings["pool"]) if settings.get("pool") else None
-    timing = {k: settings[k] for k in ("protocol", *TIMED_KEYS) if settings.get("protocol", "fixed") != "fixed"}
+    timing = Timing.from_json(settings)
     requests, recorded = [], {}
     for i in sorted(int(i) for i in chosen):
         record = records[i]

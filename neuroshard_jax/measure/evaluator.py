@@ -17,11 +17,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from neuroshard_jax.core.assignment import comm_layout, crosses_hosts
+from neuroshard_jax.core.assignment import CommLayout, comm_layout, crosses_hosts
 from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.constants import MIN_CPU_SHARE
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.files import JSONDoc, write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.memory import kernel_optimizer
 from neuroshard_jax.core.plan import Plan
@@ -35,6 +35,7 @@ from neuroshard_jax.kernels.processes import (
     PoolTableRef,
     SpecTableRef,
     TableRef,
+    Timing,
     WorkerFailure,
     compute_request,
     timing_fields,
@@ -72,8 +73,8 @@ class EvaluateConfig:
         check_bounds(self)
         self.timing()
 
-    def timing(self) -> dict:
-        """The device requests' protocol fields beyond warmup and iters (none for ``fixed``)."""
+    def timing(self) -> Timing:
+        """The device requests' protocol beyond warmup and iters."""
         return timing_fields(self.protocol, self.warmup_ms, self.measure_ms, self.max_iters, self.device)
 
 
@@ -103,7 +104,7 @@ SPEED_NOTE = (
 )
 
 
-def measure_plans(plans: list[Plan], config: EvaluateConfig) -> list[dict]:
+def measure_plans(plans: list[Plan], config: EvaluateConfig) -> list[JSONDoc]:
     """Measured per-device costs (ms) of many plans: compute, fwd_comm, bwd_comm, total; and their max.
 
     Every device's compute of every plan goes through one executor of ``config.executor.workers`` kernel
@@ -330,6 +331,11 @@ def device_key(task: Task, tables: list[TableRef]) -> str:
 BY_TYPE = ("column_wise", "row_wise", "inputs")  # what ``comm_layout`` adds to one all-to-all of every width
 
 
+def _by_type(layout: CommLayout, by_type: bool) -> CommLayout:
+    """``layout``, or without ``BY_TYPE`` (one all-to-all of every width, no input distribution)."""
+    return layout if by_type else dataclasses.replace(layout, **{k: [] for k in BY_TYPE})
+
+
 def measure_comm(
     plans: list[Plan],
     compute: list[list[float]],
@@ -362,7 +368,7 @@ def _measure_comm_group(
     scales = {i: plans[i].task.comm_scale() for i in group}
     base = {
         i: CommRequest.of(
-            {k: v for k, v in comm_layout(plans[i]).items() if by_type or k not in BY_TYPE},
+            _by_type(comm_layout(plans[i]), by_type).to_json(),
             i,
             plans[i].task.batch_size,
             [0.0] * n,
@@ -417,12 +423,12 @@ def measured_steps(plans: list[Plan], config: EvaluateConfig, repeats: int) -> l
     return runs
 
 
-def measure_plan(plan: Plan, config: EvaluateConfig) -> dict:
+def measure_plan(plan: Plan, config: EvaluateConfig) -> JSONDoc:
     """``measure_plans`` of one plan."""
     return measure_plans([plan], config)[0]
 
 
-def evaluate_file(path: str | Path, config: EvaluateConfig) -> dict:
+def evaluate_file(path: str | Path, config: EvaluateConfig) -> JSONDoc:
     """Measure the plan at ``path`` and write evaluation.json beside it."""
     path = Path(path)
     plan = load_plan(path)

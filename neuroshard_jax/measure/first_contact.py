@@ -8,8 +8,12 @@ and makes every printed millisecond wrong. ``calibrate=measured`` scales the mod
 run; first contact measures a fixed set of spec kernels instead, drawn once from the spec sampler that made the
 models' labels (so they spread over the model's feature space: few to many tables, narrow to wide, cold to hot), the
 cheap ones by the model's own prediction, so that it takes seconds: its factor is the median measured / predicted
-over them. The record is kept in the user's cache (``cache_dir()/first-contact``), keyed by the machine's kind, the
-torch and FBGEMM release lines, the model and the protocol; a later run of any task reads it back. It runs only
+over them. The collectives are priced by the model's own fits, of its labels' machine, too: first contact also
+measures a few fixed two-rank exchanges (narrow to wide all-to-alls, TorchRec's input distributions where the model
+prices them) on gloo ranks, and scales every collective the model prices by their median measured / predicted
+(``with_comm_factor``), so that compute and collectives are weighed as this machine runs them. The record is kept
+in the user's cache (``cache_dir()/first-contact``), keyed by the machine's kind, the torch and FBGEMM release lines,
+the model and the protocol; a later run of any task reads it back. It runs only
 where the model was chosen for this machine (nobody named one), the chosen model is of another kind, the plan is for
 this machine's CPU (planning for ``device=cuda`` never measures the host) and no calibration was asked for;
 ``first_contact=false`` turns it off.
@@ -17,26 +21,34 @@ this machine's CPU (planning for ``device=cuda`` never measures the host) and no
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import time
 
+import jax.numpy as jnp
 import numpy as np
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.files import JSONDoc, write_json
 from neuroshard_jax.core.hardware import hardware, hardware_kind, installed_stack, release
 from neuroshard_jax.core.paths import cache_folder
 from neuroshard_jax.core.plan import Plan
-from neuroshard_jax.core.records import CalibrationRecord
+from neuroshard_jax.core.records import CalibrationRatios, CalibrationRecord, CommCalibration
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.core.table import Table
 from neuroshard_jax.core.task import Task
-from neuroshard_jax.costs.cost_model import CostModel, expected_cost_model, with_compute_scale
-from neuroshard_jax.costs.scoring import score_plan
+from neuroshard_jax.costs.cost_model import (
+    CostModel,
+    combine_costs,
+    expected_cost_model,
+    with_comm_factor,
+    with_compute_scale,
+)
+from neuroshard_jax.costs.scoring import plan_arrays, score_plan
 from neuroshard_jax.measure.calibration import CalibrateConfig, measured_record
-from neuroshard_jax.measure.evaluator import plan_kernels, quiet_kernels
+from neuroshard_jax.measure.evaluator import measure_comm, plan_kernels, quiet_kernels
 from neuroshard_jax.workloads.samplers import SpecSamplerConfig, sample_spec_shard
 
 logger = logging.getLogger(__name__)
@@ -46,7 +58,8 @@ DRAWN = 64  # spec devices drawn; of them, the SAMPLES spread over the cheap one
 SAMPLES = 12
 MAX_PREDICTED_MS = 40.0  # a kernel the model prices above this is not measured (the time budget)
 BATCH = 4096
-VERSION = 2  # what a cached record holds (2: devices of 4-16 tables); another version is measured again
+COMM_SAMPLES = 4  # two-device exchanges measured for the collectives' factor
+VERSION = 3  # what a cached record holds (2: devices of 4-16 tables; 3: the collectives too); another is measured again
 
 
 def contact_tasks(batch_size: int = BATCH) -> list[Task]:
@@ -87,7 +100,55 @@ def chosen_specs(model: CostModel) -> tuple[list[Plan], np.ndarray]:
     return [plans[i] for i in picks], predicted[picks]
 
 
-def cache_key(model_label: str, config: CalibrateConfig) -> dict:
+def comm_plans() -> list[Plan]:
+    """The two-device exchanges first contact measures: ``COMM_SAMPLES`` of the drawn spec devices' tables dealt
+    table-wise over two devices, the ones at evenly spaced ranks of their all-to-all width (narrow to wide), the same
+    for every machine and run."""
+    tasks = contact_tasks()
+    widths = np.array([sum(t.dim for t in task.tables) for task in tasks])
+    order = np.argsort(widths, kind="stable")
+    picks = order[np.unique(np.round(np.linspace(0, len(order) - 1, COMM_SAMPLES)).astype(int))]
+    plans = []
+    for i in picks:
+        task = Task.uniform(2, 64.0, tasks[i].batch_size, tasks[i].tables)
+        plans.append(Plan(task, tuple(Shard(t, 0, table.dim, t % 2) for t, table in enumerate(task.tables))))
+    return plans
+
+
+def predicted_comm(model: CostModel, plan: Plan) -> np.ndarray:
+    """f64[N]: each device's fwd + bwd collectives of ``plan`` by ``model`` (as trained, its risk term off), with no
+    compute before them: as ``measure_comm`` times them with none."""
+    expected = expected_cost_model(model)
+    arrays = plan_arrays(plan, expected)
+    zero = jnp.zeros(plan.task.num_devices, jnp.float32)
+    costs = combine_costs(expected.fns, expected.params, zero, arrays.devices)
+    return np.asarray(costs.fwd_comm_ms, np.float64) + np.asarray(costs.bwd_comm_ms, np.float64)
+
+
+def contact_comm(model: CostModel, config: CalibrateConfig) -> CommCalibration:
+    """This machine's collectives against ``model``'s: the ``comm_plans`` measured on two gloo ranks (as the
+    evaluator measures a plan's collectives, TorchRec's input distributions among them where the model prices
+    them) and predicted; the factor is the median measured / predicted over their devices."""
+    started = time.perf_counter()
+    plans = comm_plans()
+    zero = [[0.0] * p.task.num_devices for p in plans]
+    fwd, bwd = measure_comm(plans, zero, config.evaluator(), by_type=model.input_dist is not None)
+    measured = np.concatenate([np.add(f, b) for f, b in zip(fwd, bwd)])
+    predicted = np.concatenate([predicted_comm(model, p) for p in plans])
+    ratios = measured / np.maximum(predicted, 1e-9)
+    return CommCalibration(
+        factor=float(f"{np.median(ratios):.4g}"),
+        ratios=CalibrationRatios(
+            **{q: float(f"{np.quantile(ratios, p):.4g}") for q, p in (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))}
+        ),
+        devices=len(measured),
+        measured_ms=tuple(round(float(m), 3) for m in measured),
+        predicted_ms=tuple(round(float(p), 3) for p in predicted),
+        seconds=round(time.perf_counter() - started, 1),
+    )
+
+
+def cache_key(model_label: str, config: CalibrateConfig) -> JSONDoc:
     """What a first-contact record is valid for: this machine's kind, its torch and FBGEMM release lines, the model
     and the protocol."""
     stack = installed_stack()
@@ -142,10 +203,19 @@ def first_contact(
         busy_devices = sum(any(k in busy for k, _, _ in device) for device in kernels)
         sizes = [p.task.num_tables for p in plans]
         record = measured_record(measured, predicted, sizes, config, started, busy_devices, "first_contact")
+        record = dataclasses.replace(record, comm=contact_comm(model, config))
+        record = dataclasses.replace(record, seconds=round(time.perf_counter() - started, 1))
         path = _path(key)
         if path is not None and not busy_devices:  # a busy reading is not kept: the next run measures again
             write_json({"key": key, "record": record.to_json()}, path)
-    return with_compute_scale(model, record.factor, task.comm_scale()), record, cached
+    return scaled_by(model, record, task), record, cached
+
+
+def scaled_by(model: CostModel, record: CalibrationRecord, task: Task) -> CostModel:
+    """``model`` scaled by a first-contact record: its compute by the record's factor, its collectives by the comm
+    factor (a record of version 2 has none: they stay as trained), the task's links kept."""
+    scaled = with_compute_scale(model, record.factor, task.comm_scale())
+    return with_comm_factor(scaled, record.comm.factor, task.comm_scale()) if record.comm else scaled
 
 
 def contact_line(record: CalibrationRecord, cached: bool) -> str:
@@ -155,7 +225,10 @@ def contact_line(record: CalibrationRecord, cached: bool) -> str:
     if record.busy:  # not kept: the next run measures again
         how = f"measured now in {record.seconds:.0f} s"
         busy = f", {record.busy} read on a busy machine: not kept, the next run measures again"
+    comm = ""
+    if record.comm is not None:
+        comm = f", collectives x{record.comm.factor:.3g} (of {record.comm.devices} devices' exchanges)"
     return (
         f"scaled to this machine by first contact: compute x{record.factor:.3g} (the median of {record.devices} spec "
-        f"kernels measured / predicted{busy}; {how}; first_contact=false turns it off)"
+        f"kernels measured / predicted{busy}){comm}; {how}; first_contact=false turns it off"
     )

@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import read_json, read_jsonl
+from neuroshard_jax.core.files import JSONDoc, read_json, read_jsonl
 
 GREEDY = ("dim_greedy", "size_greedy", "lookup_greedy", "size_lookup_greedy")
 TASK_OVERRIDES = ("task.", "task=", "seed=", "output=")  # these choose tasks, not searchers
@@ -40,7 +40,7 @@ def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _jsonl(path: Path) -> dict[str, dict]:
+def _jsonl(path: Path) -> dict[str, JSONDoc]:
     """The records of a run's JSONL file by id (a torn last line, a run still being written, is left out)."""
     return {r["id"]: r for r in read_jsonl(path)} if path.exists() else {}
 
@@ -80,7 +80,7 @@ def suite_entries(run_dir: Path) -> list[dict]:
     return out
 
 
-def plan_entry(path: Path) -> dict:
+def plan_entry(path: Path) -> JSONDoc:
     plan = read_json(path, "plan", "a plan.json written by python -m neuroshard_jax")
     overrides = _hydra_overrides(path.parent)
     named = [o.partition("=")[2] for o in _raw_overrides(path.parent) if o.startswith("searcher=")]
@@ -123,7 +123,7 @@ def load_runs(root: Path) -> list[dict]:
     return entries
 
 
-def summarize(entries: list[dict]) -> dict:
+def summarize(entries: list[JSONDoc]) -> JSONDoc:
     """Rows per label; predicted costs over the tasks every label solved, measured costs over those of
     them where every label's plan was measured (all of them once a sweep is fully measured). The ranking
     (vs best greedy, wins) uses measured costs when any task has them all, else predicted."""

@@ -35,10 +35,11 @@ import numpy as np
 
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.hardware import MEMORY_SHARE, available_bytes, check_rank_room
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
-from neuroshard_jax.kernels.messages import StepsJob, TorchRecTable
+from neuroshard_jax.kernels.messages import MemoryReport, StepsJob, StepsReport, TorchRecTable
 from neuroshard_jax.kernels.processes import WorkerFailure, run_ranks
 from neuroshard_jax.kernels.torchrec_export import ExportConfig, export_torchrec
 from neuroshard_jax.measure.evaluator import device_tables
@@ -94,7 +95,7 @@ def _run_ranks(
     timeout_s: float,
     what: str,
     cores: Sequence[int] | None = None,
-) -> list[dict]:
+) -> list[JSONDoc]:
     """Write ``request`` into ``tmp``, run the worker's ``command`` on ``world`` gloo ranks (rank r on core
     ``cores[r]`` alone, where given), and read each rank's output; UserError naming ``what`` if a rank fails."""
     (tmp / "request.json").write_text(json.dumps(request.to_json()))
@@ -132,9 +133,11 @@ def dmp_steps(
         pool = task.pool.to_json() if task.pool is not None else None
         request = StepsJob(torchrec_tables(plans[0], names), task.batch_size, tuple(paths), steps, pool, warmup)
         ranks = _run_ranks("torchrec-steps", request, world, tmp, timeout_s, "steps", cores)
+    reports = [StepsReport.from_json(r) for r in ranks]
     out = []
     for p in range(len(plans)):
-        wall, cpu = (np.array([r[key][p] for r in ranks]) * 1e3 for key in ("step_s", "cpu_s"))  # [ranks, steps] ms
+        wall = np.array([r.step_s[p] for r in reports]) * 1e3  # [ranks, steps] ms
+        cpu = np.array([r.cpu_s[p] for r in reports]) * 1e3
         slowest = wall.max(axis=0)
         out.append(
             {
@@ -143,7 +146,7 @@ def dmp_steps(
                 "rank_ms": [float(np.median(r)) for r in wall],
                 "busiest_cpu_ms": float(statistics.median(cpu.max(axis=0))),
                 "rank_cpu_ms": [float(np.median(r)) for r in cpu],
-                "local_gb": [r["local_bytes"][p] / GIB_BYTES for r in ranks],
+                "local_gb": [r.local_bytes[p] / GIB_BYTES for r in reports],
             }
         )
     return out
@@ -169,6 +172,7 @@ def dmp_memory(plan: Plan, steps: int = 3, timeout_s: float = 1800.0) -> list[di
         request = StepsJob(tables, task.batch_size, (str(tmp / "plan.pt"),), steps, pool, optimizer=optimizer.name)
         ranks = _run_ranks("torchrec-memory", request, world, tmp, timeout_s, "memory run")
     predicted = plan.memory()
+    reports = [MemoryReport.from_json(r) for r in ranks]
     return [
         {
             "predicted": {
@@ -177,10 +181,10 @@ def dmp_memory(plan: Plan, steps: int = 3, timeout_s: float = 1800.0) -> list[di
                 "buffers": p.buffers,
                 "total": p.total,
             },
-            "built": r["built"] - r["before"],
-            "peak": r["peak"] - r["before"],
-            "weights_bytes": r["weights_bytes"],
-            "state_bytes": r["state_bytes"],
+            "built": r.built - r.before,
+            "peak": r.peak - r.before,
+            "weights_bytes": r.weights_bytes,
+            "state_bytes": r.state_bytes,
         }
-        for p, r in zip(predicted, ranks)
+        for p, r in zip(predicted, reports)
     ]

@@ -24,6 +24,7 @@ import numpy as np
 from neuroshard_jax.core.cli import resolved
 from neuroshard_jax.core.config import bounded, check_bounds, typed
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.costs.choice import CostModelSpec
 from neuroshard_jax.kernels.executors import ExecutorConfig
@@ -63,7 +64,7 @@ def app_config(cfg) -> ModelComparisonConfig:
     return typed(ModelComparisonConfig, resolved(cfg))
 
 
-def compare_models(config: ModelComparisonConfig) -> dict:
+def compare_models(config: ModelComparisonConfig) -> JSONDoc:
     """Plan the suite's held-out tasks under each model, measure every plan interleaved; the report."""
     models = list(config.models)
     searcher = make_searcher(config.searcher)

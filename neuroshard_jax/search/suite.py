@@ -31,7 +31,7 @@ from pathlib import Path
 
 from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.errors import InfeasibleError, UserError
-from neuroshard_jax.core.files import JsonlLog, write_json
+from neuroshard_jax.core.files import JSONDoc, JsonlLog, write_json
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.costs.choice import CostModelSpec
 from neuroshard_jax.measure.evaluator import EvaluateConfig, measure_plans
@@ -106,14 +106,14 @@ def write_settings(run_dir: Path, settings: dict) -> None:
 def run_suite(
     run_dir: str | Path,
     suite: SuiteConfig,
-    settings: dict,
+    settings: JSONDoc,
     evaluate: EvaluateConfig | None = None,
     sweep_dir: str | Path | None = None,
-) -> dict:
+) -> SuiteCounts:
     """Search every task of ``suite`` with the run's searcher; measure the plans when ``evaluate`` (an
     EvaluateConfig) is given. ``settings`` (what suite.json records, read where the run resumes): searcher,
     searcher_options, cost_model, cost_model_options, task (options), overrides; the searcher and the cost model are
-    made from them once. Returns counts: {"tasks", "infeasible", "measured"}."""
+    made from them once. Returns its counts (``SuiteCounts``)."""
     searcher = make_searcher(settings["searcher"], settings["searcher_options"])
     cost_model = CostModelSpec(settings["cost_model"], settings["cost_model_options"])
     run_dir = Path(run_dir)
@@ -144,13 +144,22 @@ def run_suite(
     return counts(run_dir)
 
 
-def counts(run_dir: Path) -> dict:
+@dataclasses.dataclass(frozen=True)
+class SuiteCounts:
+    """A suite run's tasks searched, those of them infeasible, and its plans measured."""
+
+    tasks: int
+    infeasible: int
+    measured: int
+
+
+def counts(run_dir: Path) -> SuiteCounts:
     records = list(JsonlLog(run_dir / RESULTS).records())
-    return {
-        "tasks": len(records),
-        "infeasible": sum("infeasible" in r for r in records),
-        "measured": len(JsonlLog(run_dir / MEASURED).ids),
-    }
+    return SuiteCounts(
+        tasks=len(records),
+        infeasible=sum("infeasible" in r for r in records),
+        measured=len(JsonlLog(run_dir / MEASURED).ids),
+    )
 
 
 def find_runs(root: str | Path) -> list[Path]:

@@ -48,6 +48,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.constraints import SHARDING_TYPES
 from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import format_plan
 from neuroshard_jax.core.schema import row_blocks_json
@@ -438,7 +439,7 @@ class NeuroShardPlanner(ShardingPlanner):
 
     def _candidates_or_error(
         self, module: torch.nn.Module, sharders: list | None, candidates: Mapping[str, Plan] | None
-    ) -> tuple[dict, list[tuple[str, dict | None, str | None]]] | Exception:
+    ) -> tuple[JSONDoc, list[tuple[str, JSONDoc | None, str | None]]] | Exception:
         """Rank 0's stages before autotune (the search among them) and the candidates autotune measures (the
         search's, then ``candidates``, each priced by the search's model), as plan.json objects every rank reads
         back; the state is kept for the stages after autotune."""
@@ -458,7 +459,7 @@ class NeuroShardPlanner(ShardingPlanner):
             (e.name, None if e.plan is None else e.plan.to_json(), e.why) for e in found
         ]
 
-    def _after_autotune_or_error(self, chosen: dict) -> dict | Exception:
+    def _after_autotune_or_error(self, chosen: JSONDoc) -> JSONDoc | Exception:
         """Rank 0's stages after autotune, on the plan every rank chose (``chosen``), as plan.json."""
         _, after = self._split_stages()
         state = dataclasses.replace(self._state, plan=Plan.from_json(chosen), ran=(*self._state.ran, Autotune.name))

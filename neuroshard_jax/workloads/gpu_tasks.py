@@ -30,6 +30,7 @@ from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.constants import GIB_BYTES, MIN_ROWS
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import bin_shares
+from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.paths import CACHE_HINT, cache_folder, pool_file_digest
 from neuroshard_jax.core.sharding import mem_bytes
 from neuroshard_jax.core.table import PoolSpec, Table
@@ -115,7 +116,7 @@ def gpu_task(config: GpuTaskConfig, seed: int, index: int) -> Task:
     return Task.uniform(devices, cap_gb, batch_size, tuple(tables), config.precision)
 
 
-def task_summary(task: Task) -> dict:
+def task_summary(task: Task) -> JSONDoc:
     """What a report says of a task: devices, tables, batch, memory and lookups per device."""
     total_bytes = sum(mem_bytes(t.rows, t.dim, task.precision) for t in task.tables)
     lookups = sum(t.pooling_factor for t in task.tables) * task.batch_size
@@ -162,5 +163,5 @@ def with_stream_pool(task: Task, path: Path) -> Task:
     return dataclasses.replace(task, pool=PoolSpec(source="dlrm", path=str(path)))
 
 
-def asdict(config: GpuTaskConfig) -> dict:
+def asdict(config: GpuTaskConfig) -> JSONDoc:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}

@@ -38,6 +38,7 @@ import numpy as np
 from neuroshard_jax.core.constants import GENERATOR_VERSION, GIB_BYTES, MIN_ROWS
 from neuroshard_jax.core.errors import UserError, first_line
 from neuroshard_jax.core.features import NUM_BINS, access_histogram, bin_shares, count_histogram
+from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.hardware import MEMORY_SHARE, available_bytes
 from neuroshard_jax.core.paths import CACHE_HINT, cache_dir, cache_folder, pool_file_digest
 from neuroshard_jax.core.table import PoolSpec
@@ -403,7 +404,19 @@ def _max_index_per_table(streams: ArrayStreams) -> np.ndarray:
 # Calibration statistics (pooled over tables, as published)
 
 
-def pooled_statistics(streams: StreamSource, rows: np.ndarray, batch_size: int, table_ids=None) -> dict:
+@dataclasses.dataclass(frozen=True)
+class PooledStatistics:
+    """Statistics pooled over tables: unique_row_share f64[17], access_share f64[17], the mean pooling factor, the
+    unique rows looked up and the indices drawn."""
+
+    unique_row_share: np.ndarray
+    access_share: np.ndarray
+    mean_pooling_factor: float
+    unique_table_rows: int
+    total_indices: int
+
+
+def pooled_statistics(streams: StreamSource, rows: np.ndarray, batch_size: int, table_ids=None) -> PooledStatistics:
     """Pooled unique_row_share[17], access_share[17] and mean pooling factor over tables."""
     table_ids = range(len(rows)) if table_ids is None else table_ids
     unique = np.zeros(NUM_BINS)
@@ -415,25 +428,25 @@ def pooled_statistics(streams: StreamSource, rows: np.ndarray, batch_size: int, 
         unique += u
         accesses += a
         total_indices += len(indices)
-    return {
-        "unique_row_share": unique / unique.sum(),
-        "access_share": accesses / accesses.sum(),
-        "mean_pooling_factor": total_indices / (len(table_ids) * batch_size),
-        "unique_table_rows": int(unique.sum()),
-        "total_indices": total_indices,
-    }
+    return PooledStatistics(
+        unique_row_share=unique / unique.sum(),
+        access_share=accesses / accesses.sum(),
+        mean_pooling_factor=total_indices / (len(table_ids) * batch_size),
+        unique_table_rows=int(unique.sum()),
+        total_indices=total_indices,
+    )
 
 
 PUBLISHED_FILE = "2021/fbgemm_t856_bs65536"
 
 
-def published_statistics(name: str = PUBLISHED_FILE) -> dict:
+def published_statistics(name: str = PUBLISHED_FILE) -> JSONDoc:
     """Published pooled statistics of a DLRM benchmark file (neuroshard_jax/data/dlrm_datasets_stats.json)."""
     data = json.loads((resources.files("neuroshard_jax") / "data" / "dlrm_datasets_stats.json").read_text())
     return data["files"][name]
 
 
-def calibration_report(spec: PoolSpec | None = None, name: str = PUBLISHED_FILE, every: int = 1) -> dict:
+def calibration_report(spec: PoolSpec | None = None, name: str = PUBLISHED_FILE, every: int = 1) -> JSONDoc:
     """Generate the synthetic pool at the published batch size and compare it with the published statistics.
 
     Returns L1 distances of the pooled unique_row_share and access_share vectors, the mean pooling
@@ -446,16 +459,16 @@ def calibration_report(spec: PoolSpec | None = None, name: str = PUBLISHED_FILE,
     ids = range(0, spec.num_tables, every)
     stats = pooled_statistics(SyntheticStreams(spec.seed, params), params.rows, ref["batch_size"], ids)
     return {
-        "unique_row_share_l1": float(np.abs(stats["unique_row_share"] - ref["unique_row_share"]).sum()),
-        "access_share_l1": float(np.abs(stats["access_share"] - ref["access_share"]).sum()),
-        "mean_pooling_factor": stats["mean_pooling_factor"],
+        "unique_row_share_l1": float(np.abs(stats.unique_row_share - ref["unique_row_share"]).sum()),
+        "access_share_l1": float(np.abs(stats.access_share - ref["access_share"]).sum()),
+        "mean_pooling_factor": stats.mean_pooling_factor,
         "published_mean_pooling_factor": ref["mean_pooling_factor"],
-        "unique_row_share": stats["unique_row_share"].round(4).tolist(),
-        "access_share": stats["access_share"].round(4).tolist(),
+        "unique_row_share": stats.unique_row_share.round(4).tolist(),
+        "access_share": stats.access_share.round(4).tolist(),
         "rows_min": int(params.rows.min()),
         "rows_max": int(params.rows.max()),
         "rows_decades": np.histogram(np.log10(params.rows), bins=np.arange(2, 8.5))[0].tolist(),
         "pooling_p50_p90_p99_max": np.percentile(params.pooling, [50, 90, 99, 100]).round(2).tolist(),
-        "total_indices": stats["total_indices"],
-        "unique_table_rows": stats["unique_table_rows"],
+        "total_indices": stats.total_indices,
+        "unique_table_rows": stats.unique_table_rows,
     }

@@ -12,6 +12,7 @@ from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import bin_shares, count_histogram
+from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.sharding import mem_bytes, row_blocks
 from neuroshard_jax.core.table import KERNEL_KINDS
 from neuroshard_jax.workloads.streams import zipf_ids
@@ -138,7 +139,7 @@ def draw_table_spec(
     config: SpecSamplerConfig,
     batch_size: int,
     corner: tuple[np.random.Generator, str] | None = None,
-) -> dict:
+) -> JSONDoc:
     """A table spec {rows, pooling_factor, bins} whose histogram is that of one batch drawn from an access law;
     with ``corner`` (the extensions' stream and a name of ``CORNERS``), its rows and pooling factor come from that
     corner (drawn there; ``rng`` draws its own as always, so the rest of the sample stays as it was)."""
@@ -254,7 +255,7 @@ class CommSamplerConfig:
             raise UserError("comm.world_sizes: got [], expected a non-empty list of integers >= 2 (an exchange)")
 
 
-def sample_comm(config: CommSamplerConfig, seed: int, index: int) -> dict:
+def sample_comm(config: CommSamplerConfig, seed: int, index: int) -> JSONDoc:
     """Sample ``index``: world size, per-device dim sums and delays (min delay 0)."""
     rng = np.random.default_rng([seed, 4099, index])
     world = int(config.world_sizes[index % len(config.world_sizes)])

@@ -33,7 +33,7 @@ from neuroshard_jax.core.config import bounded, check_bounds, plain
 from neuroshard_jax.core.constants import MIN_ROWS
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_BINS, bin_shares, count_bins, count_histogram
-from neuroshard_jax.core.files import read_json
+from neuroshard_jax.core.files import JSONDoc, read_json
 from neuroshard_jax.core.progress import progress_bar
 from neuroshard_jax.core.schema import row_blocks_from_json, row_blocks_json
 from neuroshard_jax.core.sharding import row_block_size
@@ -62,7 +62,7 @@ class TableStats:
     estimated: bool = False
     row_blocks: tuple[RowBlockStats, ...] = ()  # its row blocks' own statistics (rows known up front only)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> JSONDoc:
         out = {
             "name": self.name,
             "rows": self.rows,
@@ -461,7 +461,7 @@ class StatsConfig:
         check_bounds(self)
 
 
-def stats_file(tables: list[TableStats], batch_size: int, source: str) -> dict:
+def stats_file(tables: list[TableStats], batch_size: int, source: str) -> JSONDoc:
     """The statistics file: what ``plan``/the TorchRec planner read (give each table a ``dim`` to make it a
     task's table list)."""
     return {"batch_size": batch_size, "source": source, "tables": [t.to_json() for t in tables]}

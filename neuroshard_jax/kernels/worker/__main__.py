@@ -58,7 +58,7 @@ def main(argv: list[str]) -> None:
         return
     if len(argv) == 3 and argv[0] == "torchrec-export":
         result = torchrec_export(ExportJob.from_json(json.loads(Path(argv[1]).read_text())), argv[2])
-        print(json.dumps(result))
+        print(json.dumps(result.to_json()))
         return
     if len(argv) == 6 and argv[0] == "torchrec-run":
         torchrec_run(int(argv[1]), int(argv[2]), argv[3], argv[4], argv[5])
@@ -71,7 +71,7 @@ def main(argv: list[str]) -> None:
         return
     if len(argv) == 3 and argv[0] == "torchrec-plan":
         result = torchrec_plan(PlanJob.from_json(json.loads(Path(argv[1]).read_text())))
-        Path(argv[2]).write_text(json.dumps(result))
+        Path(argv[2]).write_text(json.dumps(result.to_json()))
         return
     raise SystemExit(
         "usage: python -m neuroshard_jax.kernels.worker serve | comm ... | dlrm-to-npz IN OUT | torchrec-plan IN OUT | "

@@ -14,6 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 import numpy as np
 
 from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.memory import kernel_optimizer
 from neuroshard_jax.core.sharding import is_legal_dim
 from neuroshard_jax.core.table import KERNEL_KINDS, kernel_kind, kernel_parts
@@ -341,7 +342,7 @@ def _allocated(torch) -> int:
     return torch.cuda.memory_allocated()
 
 
-def _memory(torch, tbe, inputs, outputs: int, base: int | None) -> dict:
+def _memory(torch, tbe, inputs, outputs: int, base: int | None) -> JSONDoc:
     """What the request's kernels held: ``held_bytes``, by the allocator's count of the module's tensors (weights,
     optimizer state, FBGEMM's bookkeeping), the ids and offsets, and the ``outputs`` pooled values (batch x the
     tables' dims) and their gradients, fp32; on CUDA also ``peak_bytes``, the allocator's high-water mark over the

@@ -13,7 +13,18 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.kernels.messages import ExportJob, PlanJob, RunJob, StepsJob, TorchRecTable
+from neuroshard_jax.kernels.messages import (
+    ExportAnswer,
+    ExportJob,
+    MemoryReport,
+    PlanAnswer,
+    PlanJob,
+    RunJob,
+    RunReport,
+    StepsJob,
+    StepsReport,
+    TorchRecTable,
+)
 from neuroshard_jax.kernels.torchrec_format import (
     TORCHREC_MISSING,
     collection_paths,
@@ -28,10 +39,10 @@ from neuroshard_jax.kernels.worker.comm import leave_rank
 from neuroshard_jax.kernels.worker.tbe import setup_torch, table_stream
 
 
-def torchrec_plan(request: PlanJob) -> dict:
+def torchrec_plan(request: PlanJob) -> PlanAnswer:
     """TorchRec's EmbeddingShardingPlanner on a task: tables on the meta device, N ranks with the task's
     memory caps (per device), pooling factors as constraints, the allowed sharding types, the fused kernel.
-    Returns per table its shards [{col_offset, dim, rank}] or {"error": ...}."""
+    Returns per table its shards [{col_offset, dim, rank}], or an error."""
     try:
         from torchrec.distributed.embedding import EmbeddingCollectionSharder
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -39,7 +50,7 @@ def torchrec_plan(request: PlanJob) -> dict:
         from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
         from torchrec.distributed.planner.types import CustomTopologyData, PlannerError
     except ImportError as err:
-        return {"error": f"{TORCHREC_MISSING} ({err})"}
+        return PlanAnswer(error=f"{TORCHREC_MISSING} ({err})")
     tables = [dataclasses.replace(t, name=f"t{i}") for i, t in enumerate(request.tables)]
     constraints = {
         f"t{i}": ParameterConstraints(
@@ -82,20 +93,20 @@ def torchrec_plan(request: PlanJob) -> dict:
     try:
         plan = planner.plan(model, [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()])
     except PlannerError as err:
-        return {"error": f"torchrec planner: {str(err).splitlines()[0]}", "infeasible": True}
+        return PlanAnswer(error=f"torchrec planner: {str(err).splitlines()[0]}", infeasible=True)
     planner_s = time.perf_counter() - start
     by_name = plan_shards(plan)
-    return {"shards": [by_name[f"t{i}"] for i in range(len(tables))], "planner_s": planner_s}
+    return PlanAnswer(tuple(by_name[f"t{i}"] for i in range(len(tables))), planner_s)
 
 
-def torchrec_export(request: ExportJob, out_path: str) -> dict:
+def torchrec_export(request: ExportJob, out_path: str) -> ExportAnswer:
     """Our plan as a TorchRec ShardingPlan, written with torch.save; the plan is read back and its shards
     checked against the request (``ExportJob``)."""
     try:
         import torch
         import torchrec  # noqa: F401 (a missing torchrec is reported, not raised)
     except ImportError as err:
-        return {"error": f"{TORCHREC_MISSING} ({err})"}
+        return ExportAnswer(error=f"{TORCHREC_MISSING} ({err})")
     shards = {t.name: list(s) for t, s in zip(request.tables, request.shards)}
     modules = collection_shards(request.tables, shards, request.module_path)  # a collection per kernel kind
     try:
@@ -107,10 +118,10 @@ def torchrec_export(request: ExportJob, out_path: str) -> dict:
             local_size=request.local_size,
         )
     except ValueError as err:  # a row split TorchRec does not run (``torchrec_plans.row_split_host``)
-        return {"error": str(err)}
+        return ExportAnswer(error=str(err))
     torch.save(plan, out_path)
     error = mismatch(torch.load(out_path, weights_only=False), shards)
-    return {"error": error} if error else {"ok": True, "plan": str(plan)}
+    return ExportAnswer(error=error) if error else ExportAnswer(plan=str(plan))
 
 
 def _pattern(rows, cols):
@@ -137,9 +148,7 @@ def torchrec_run(rank: int, world: int, init: str, request_path: str, out_path: 
     local = _write_pattern(model)
     loss, error, shape = _checked_forward(collection, request.tables, request.batch_size, rank)
     loss.backward()
-    Path(out_path).write_text(
-        json.dumps({"rank": rank, "local_shards": sorted(local), "output_shape": shape, "max_abs_error": error})
-    )
+    Path(out_path).write_text(json.dumps(RunReport(rank, sorted(local), shape, error).to_json()))
     leave_rank()
 
 
@@ -281,7 +290,7 @@ def torchrec_steps(rank: int, world: int, init: str, request_path: str, out_path
                 step_s[p].append(time.perf_counter() - start)
                 cpu_s[p].append(time.process_time() - start_cpu)
     local = [sum(v.numel() * v.element_size() for v in _local_tensors(m)) for m in models]
-    Path(out_path).write_text(json.dumps({"rank": rank, "step_s": step_s, "cpu_s": cpu_s, "local_bytes": local}))
+    Path(out_path).write_text(json.dumps(StepsReport(rank, step_s, cpu_s, local).to_json()))
     leave_rank()
 
 
@@ -407,16 +416,5 @@ def torchrec_memory(rank: int, world: int, init: str, request_path: str, out_pat
             shards = getattr(value, "local_shards", None)
             tensors = [s.tensor for s in shards()] if shards else [value] if torch.is_tensor(value) else []
             state += sum(t.numel() * t.element_size() for t in tensors)
-    Path(out_path).write_text(
-        json.dumps(
-            {
-                "rank": rank,
-                "before": before,
-                "built": built,
-                "peak": peak,
-                "weights_bytes": weights,
-                "state_bytes": state,
-            }
-        )
-    )
+    Path(out_path).write_text(json.dumps(MemoryReport(rank, before, built, peak, weights, state).to_json()))
     leave_rank()
