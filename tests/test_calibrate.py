@@ -245,7 +245,7 @@ def test_first_contact_scales_another_kinds_model_once_and_later_runs_reuse_it(t
     from neuroshard_jax.core.hardware import hardware, hardware_kind
     from neuroshard_jax.costs.choice import checkpoint_path, model_kinds, of_kind, shipped_names
     from neuroshard_jax.costs.cost_model import with_comm_factor, with_compute_scale
-    from neuroshard_jax.measure.first_contact import COMM_SAMPLES, comm_plans, predicted_comm
+    from neuroshard_jax.measure.first_contact import COMM_SAMPLES, COMM_WORLDS, comm_plans, predicted_comm
     from neuroshard_jax.search.sharding_planner import PlannerOptions
 
     monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path / "cache"))  # this machine met for the first time
@@ -260,18 +260,21 @@ def test_first_contact_scales_another_kinds_model_once_and_later_runs_reuse_it(t
     assert record.on == "first_contact" and record.devices == 12 and not first.choice.matches
     assert record.seconds < 60 and first.cost_model.calibration == record.factor  # the target: 30 s on 2 cores
     assert "scaled to this machine by first contact" in first.choice.line() and "measured now" in first.choice.line()
-    # the collectives too: two-rank exchanges measured on gloo, every collective the model prices scaled by their factor
-    comm = record.comm
-    assert comm is not None and comm.devices == 2 * COMM_SAMPLES and len(comm.measured_ms) == comm.devices
-    assert comm.factor == pytest.approx(float(np.median(np.divide(comm.measured_ms, comm.predicted_ms))), rel=1e-2)
-    assert f"collectives x{comm.factor:.3g}" in first.choice.line()
-    exchange = comm_plans()[-1]
-    trained = with_compute_scale(first.cost_model, 1.0, np.ones(2))
-    trained = with_comm_factor(trained, 1.0 / comm.factor, np.full(2, comm.factor))
-    assert np.allclose(predicted_comm(trained, exchange), comm.predicted_ms[-2:], rtol=1e-2)  # as it was measured
-    assert np.allclose(
-        predicted_comm(first.cost_model, exchange), comm.factor * np.array(comm.predicted_ms[-2:]), rtol=1e-2
-    )
+    # the collectives too: exchanges at 2 and 4 gloo ranks, every collective the model prices scaled by their factor
+    comm, pairs = record.comm, 2 * COMM_SAMPLES  # the two-rank exchanges' devices come first
+    assert comm is not None and comm.worlds == COMM_WORLDS == (2, 4) and len(comm.measured_ms) == comm.devices
+    assert comm.devices == sum(COMM_SAMPLES * w for w in COMM_WORLDS)
+    ratios = np.divide(comm.measured_ms, comm.predicted_ms)
+    assert comm.factors == pytest.approx([np.median(ratios[:pairs]), np.median(ratios[pairs:])], rel=1e-2)
+    assert comm.factor_at(2) == pytest.approx(comm.factors[0]) and comm.factor_at(4) == pytest.approx(comm.factors[1])
+    assert min(comm.factors) - 1e-6 <= comm.factor_at(3) <= max(comm.factors) + 1e-6
+    assert comm.factor_at(64) == pytest.approx(comm.factor_at(8))  # the trend extended by one doubling at most
+    assert f"collectives x{comm.factors[0]:.3g} at 2, x{comm.factors[1]:.3g} at 4 ranks" in first.choice.line()
+    exchange, factor = comm_plans(2)[-1], comm.factors[0]  # the task has 2 devices
+    trained = with_comm_factor(with_compute_scale(first.cost_model, 1.0, np.ones(2)), 1.0 / factor, np.full(2, factor))
+    as_measured = np.array(comm.predicted_ms[pairs - 2 : pairs])
+    assert np.allclose(predicted_comm(trained, exchange), as_measured, rtol=1e-2)  # the model as trained, as measured
+    assert np.allclose(predicted_comm(first.cost_model, exchange), factor * as_measured, rtol=1e-2)  # and as scaled
     assert CalibrationRecord.from_json(first.plan.to_json()["calibration"]) == record  # plan.json keeps it all
     assert first.choice.name not in own
     started = time.perf_counter()

@@ -81,7 +81,7 @@ def test_a_task_past_the_labels_warns_naming_what_and_the_remedy():
         seconds=4.0,
         far=False,
     )
-    line = out_of_depth_warning(crowded, dataclasses.replace(plan, calibration=record), MODEL, {})
+    line = out_of_depth_warning(crowded, plan.with_record(CalibrationRecord, record), MODEL, {})
     assert "calibrate=measured is correcting for it (x1.20" in line and REMEDY not in line
 
 

@@ -207,6 +207,13 @@ def test_the_planner_autotunes_the_portfolio_against_torchrecs_plans(task, tmp_p
     assert record.vs_torchrec_default is not None and (record.vs_torchrec_default <= 1.0 or record.kept_pick)
     assert plan.portfolio is not None  # the search's record kept beside the measurement's
     assert Plan.from_json(plan.to_json()).autotune == record
+    # one typed sequence of the stages' records, in the order they were made, each under its key in plan.json
+    assert [type(r).key for r in plan.records] == ["portfolio", "autotune"] and plan.stages == ("search", "autotune")
+    assert Plan.from_json(plan.to_json()).records == plan.records
+    assert (
+        plan.with_record(type(record), None).autotune is None
+        and "autotune" not in plan.with_record(type(record), None).to_json()
+    )
     printed = format_plan(plan.to_json())
     assert "autotune=kernels:" in printed and ("<- chosen: the measured fastest" in printed or record.kept_pick)
     # explain says why this plan won: the model's pick, and the measurement that chose

@@ -83,7 +83,7 @@ def run(count: int, exclude: list[str], out: Path) -> dict:
             "scaled": scaled[used].tolist(),
         }
         if record.comm is not None:  # the plan's collectives, measured with no compute before them, as predicted
-            f = record.comm.factor
+            f = record.comm.factor_at(task.num_devices)
             as_trained = with_comm_factor(trained_model, 1.0 / f, task.comm_scale() * f)
             zero = [[0.0] * task.num_devices]
             fwd, bwd = measure_comm([planned.plan], zero, config.evaluator(), by_type=as_trained.input_dist is not None)

@@ -5,7 +5,7 @@ too), its predicted costs and provenance; its file form is plan.json (``to_json`
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -15,7 +15,14 @@ from neuroshard_jax.core.constraints import violations
 from neuroshard_jax.core.errors import PlanError, UserError
 from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.memory import MemoryParts
-from neuroshard_jax.core.records import AutotuneRecord, CalibrationRecord, PolishRecord, PortfolioRecord
+from neuroshard_jax.core.records import (
+    RECORD_TYPES,
+    AutotuneRecord,
+    CalibrationRecord,
+    PolishRecord,
+    PortfolioRecord,
+    StageRecord,
+)
 from neuroshard_jax.core.schema import PlanFile
 from neuroshard_jax.core.sharding import (
     Shard,
@@ -43,6 +50,9 @@ class PlanCosts:
     trust: tuple[float, ...] | None = None
 
 
+R = TypeVar("R")
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """A sharding plan: every column of every table of ``task`` on exactly one device, but the ``data_parallel``
@@ -59,17 +69,42 @@ class Plan:
     searcher: str | None = dataclasses.field(default=None, compare=False)
     seed: int | None = dataclasses.field(default=None, compare=False)
     search_time_s: float | None = dataclasses.field(default=None, compare=False)
-    # measured polishing's record (``polish.py``): measured per-device costs, measurements, time, improvement
-    polish: PolishRecord | None = dataclasses.field(default=None, compare=False)
-    # the cost model's calibration to the measuring machine (``calibrate.py``): factor, its spread, what was measured
-    calibration: CalibrationRecord | None = dataclasses.field(default=None, compare=False)
     data_parallel: tuple[int, ...] = ()
-    # a portfolio's candidates (``searcher=portfolio``): each member's predicted cost, and which was chosen
-    portfolio: PortfolioRecord | None = dataclasses.field(default=None, compare=False)
-    # autotune's measurements (``autotune=kernels``): every candidate measured, and which was chosen
-    autotune: AutotuneRecord | None = dataclasses.field(default=None, compare=False)
+    # what the planning run's stages recorded, in the order they made it, one record of a kind (``StageRecord``): a
+    # portfolio's candidates, the cost model's calibration, autotune's measurements, measured polishing's
+    records: tuple[StageRecord, ...] = dataclasses.field(default=(), compare=False)
     # the planning run's stages that acted, in order (``search.stages``; empty for a plan made by hand)
     stages: tuple[str, ...] = dataclasses.field(default=(), compare=False)
+
+    def record_of(self, kind: type[R]) -> R | None:
+        """The plan's record of ``kind`` (a ``StageRecord`` class), or None."""
+        return next((r for r in self.records if isinstance(r, kind)), None)
+
+    def with_record(self, kind: type[StageRecord], record: StageRecord | None) -> Plan:
+        """The plan with ``record`` as its record of ``kind`` (after the others: the latest made), or without one
+        (None)."""
+        kept = tuple(r for r in self.records if not isinstance(r, kind))
+        return dataclasses.replace(self, records=kept if record is None else (*kept, record))
+
+    @property
+    def polish(self) -> PolishRecord | None:
+        """Measured polishing's record (``measure.polish``): measured per-device costs, measurements, improvement."""
+        return self.record_of(PolishRecord)
+
+    @property
+    def calibration(self) -> CalibrationRecord | None:
+        """The cost model's calibration to the measuring machine: factor, its spread, what was measured."""
+        return self.record_of(CalibrationRecord)
+
+    @property
+    def portfolio(self) -> PortfolioRecord | None:
+        """A portfolio's candidates (``searcher=portfolio``): each member's predicted cost, and which was chosen."""
+        return self.record_of(PortfolioRecord)
+
+    @property
+    def autotune(self) -> AutotuneRecord | None:
+        """Autotune's measurements: every candidate measured, and which was chosen."""
+        return self.record_of(AutotuneRecord)
 
     @classmethod
     def from_assignment(cls, task: Task, num_splits: list[int], devices: list[list[int]]) -> Plan:
@@ -231,14 +266,10 @@ class Plan:
             out["cost_ms"] = self.costs.cost_ms
         if self.search_time_s is not None:
             out["search_time_s"] = float(self.search_time_s)
-        if self.polish is not None:
-            out["polish"] = self.polish.to_json()
-        if self.calibration is not None:
-            out["calibration"] = self.calibration.to_json()
-        if self.portfolio is not None:
-            out["portfolio"] = self.portfolio.to_json()
-        if self.autotune is not None:
-            out["autotune"] = self.autotune.to_json()
+        for kind in RECORD_TYPES:  # each stage's record under its own key, in one order whatever made them
+            record = self.record_of(kind)
+            if record is not None:
+                out[kind.key] = record.to_json()
         if self.stages:
             out["stages"] = list(self.stages)
         return out
@@ -264,6 +295,11 @@ class Plan:
                 f"{where}.data_parallel: got {list(replicated)!r:.80}, expected a list of distinct table ids of the "
                 "task"
             )
+        records = tuple(
+            kind.from_json(getattr(raw, kind.key), f"{where}.{kind.key}")
+            for kind in RECORD_TYPES
+            if getattr(raw, kind.key) is not None
+        )
         return cls(
             task,
             tuple(shards),
@@ -271,11 +307,8 @@ class Plan:
             raw.searcher,
             raw.seed,
             raw.search_time_s,
-            None if raw.polish is None else PolishRecord.from_json(raw.polish, f"{where}.polish"),
-            None if raw.calibration is None else CalibrationRecord.from_json(raw.calibration, f"{where}.calibration"),
             tuple(sorted({index[t] for t in replicated})),
-            None if raw.portfolio is None else PortfolioRecord.from_json(raw.portfolio, f"{where}.portfolio"),
-            None if raw.autotune is None else AutotuneRecord.from_json(raw.autotune, f"{where}.autotune"),
+            records,
             tuple(raw.stages),
         ).validate()
 

@@ -9,13 +9,17 @@ milliseconds (``*_ms``, a measured device's ``compute``, ``fwd_comm``, ``bwd_com
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
+
+import numpy as np
 
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JSONDoc
 
 __all__ = [
+    "RECORD_TYPES",
+    "StageRecord",
     "AutotuneRecord",
     "CalibrationProtocol",
     "CalibrationRatios",
@@ -90,6 +94,8 @@ class PolishRecord:
     slowest device at ``rejected_measured_compute_ms`` (None: not reverted); ``drift``: per measured step, its
     anchors' median fresh / first median (1: no drift)."""
 
+    key: ClassVar[str] = "polish"  # its plan.json key
+
     mode: str
     measurements: int
     time_s: float
@@ -155,17 +161,41 @@ class PlanDevices:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CommCalibration:
-    """First contact's collectives: every all-to-all, row-group collective and input distribution the model prices
-    scaled by ``factor``, the median measured / predicted (fwd + bwd) over the ``devices`` of a few fixed two-rank
-    exchanges measured on this machine (gloo rank processes), their ms each, the ratios'
-    quantiles and the seconds it took."""
+    """First contact's collectives: a few fixed exchanges measured on this machine's gloo ranks at each of ``worlds``
+    ranks, and ``factors``, the median measured / predicted (fwd + bwd) of each world's devices; every all-to-all,
+    row-group collective and input distribution the model prices for N devices is scaled by ``factor_at(N)``. With
+    the measured and predicted ms of the ``devices``, the ratios' quantiles and the seconds it took."""
 
-    factor: float
+    worlds: tuple[int, ...]
+    factors: tuple[float, ...]
     ratios: CalibrationRatios
     devices: int
     measured_ms: tuple[float, ...]
     predicted_ms: tuple[float, ...]
     seconds: float
+
+    def __post_init__(self):
+        if not self.worlds or list(self.worlds) != sorted(set(self.worlds)) or len(self.factors) != len(self.worlds):
+            raise UserError(
+                f"calibration.comm: got worlds {list(self.worlds)} and {len(self.factors)} factors, expected ascending "
+                "worlds and a factor each"
+            )
+        if min(self.worlds) < 2 or min(self.factors) <= 0:
+            raise UserError(
+                f"calibration.comm: got worlds {list(self.worlds)}, factors {list(self.factors)}, expected "
+                "worlds >= 2 and factors > 0"
+            )
+
+    def factor_at(self, devices: int) -> float:
+        """The factor of ``devices`` ranks: interpolated in log(ranks) between the measured worlds (log factors);
+        past the largest, its trend extended by one doubling at most (a machine's ranks share its cores: the
+        exchanges slow as they grow, but a trend of two points is not extended further); below the least, its own."""
+        logs, worlds = np.log(self.factors), np.log2(self.worlds)
+        at = np.log2(max(devices, 2))
+        if len(worlds) > 1 and at > worlds[-1]:
+            slope = (logs[-1] - logs[-2]) / (worlds[-1] - worlds[-2])
+            return float(np.exp(logs[-1] + slope * min(at - worlds[-1], 1.0)))
+        return float(np.exp(np.interp(at, worlds, logs)))
 
 
 CALIBRATED_ON = (None, "tables", "plan", "first_contact")
@@ -180,6 +210,8 @@ class CalibrationRecord:
     what was measured, groups of the task's own tables before the search (``tables``; None in older files), the
     devices of the search's plan and its candidates (``plan``), then checked on the plan returned (``plan_devices``),
     or first contact's spec kernels, on a machine kind no model was trained on (``first_contact``)."""
+
+    key: ClassVar[str] = "calibration"  # its plan.json key
 
     factor: float
     given: bool = False
@@ -256,6 +288,8 @@ class PortfolioRecord:
     every member made the same plan). The model's own error is larger than a few per cent, so a small margin is a
     guess: ``autotune`` measures."""
 
+    key: ClassVar[str] = "portfolio"  # its plan.json key
+
     candidates: tuple[Candidate, ...]
     chosen: str
     margin: float | None
@@ -320,6 +354,8 @@ class AutotuneRecord:
     and ``iters``: a kernel's iterations, or a candidate's warm-up and timed steps); the model's pick and, where a
     candidate measured faster did not replace it (noise never overrules the model), why (``kept_pick``)."""
 
+    key: ClassVar[str] = "autotune"  # its plan.json key
+
     mode: str
     candidates: tuple[MeasuredCandidate, ...]
     chosen: str
@@ -353,3 +389,9 @@ class AutotuneRecord:
         if record.chosen not in {c.name for c in record.candidates if c.kept}:
             raise UserError(f"{where}.chosen: got {record.chosen!r}, expected one of its measured candidates")
         return record
+
+
+# A stage's record, as a plan carries them (``Plan.records``, in the order the stages made them); plan.json writes each
+# under its ``key`` in this order, and reads them back from there.
+StageRecord = PolishRecord | CalibrationRecord | PortfolioRecord | AutotuneRecord
+RECORD_TYPES: tuple[type, ...] = (PolishRecord, CalibrationRecord, PortfolioRecord, AutotuneRecord)

@@ -266,7 +266,7 @@ def autotune_kernels(
         bound_ms=bench.bound(entrants, expected, rounds),
         loop=loop,
     )
-    return dataclasses.replace(entrants[best].plan, autotune=record), record
+    return entrants[best].plan.with_record(AutotuneRecord, record), record
 
 
 class KernelRounds:

@@ -7,7 +7,6 @@ modules).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -202,4 +201,4 @@ def autotune_steps(
         device=runner.device,
         pinned=runner.pinned,
     )
-    return dataclasses.replace(by_name[best].plan, autotune=record), record
+    return by_name[best].plan.with_record(AutotuneRecord, record), record

@@ -58,8 +58,9 @@ DRAWN = 64  # spec devices drawn; of them, the SAMPLES spread over the cheap one
 SAMPLES = 12
 MAX_PREDICTED_MS = 40.0  # a kernel the model prices above this is not measured (the time budget)
 BATCH = 4096
-COMM_SAMPLES = 4  # two-device exchanges measured for the collectives' factor
-VERSION = 3  # what a cached record holds (2: devices of 4-16 tables; 3: the collectives too); another is measured again
+COMM_WORLDS = (2, 4)  # the ranks of the exchanges measured for the collectives' factors
+COMM_SAMPLES = 4  # exchanges measured at each
+VERSION = 4  # what a cached record holds (2: devices of 4-16 tables; 4: collectives at 2 and 4 ranks); else measured
 
 
 def contact_tasks(batch_size: int = BATCH) -> list[Task]:
@@ -100,44 +101,53 @@ def chosen_specs(model: CostModel) -> tuple[list[Plan], np.ndarray]:
     return [plans[i] for i in picks], predicted[picks]
 
 
-def comm_plans() -> list[Plan]:
-    """The two-device exchanges first contact measures: ``COMM_SAMPLES`` of the drawn spec devices' tables dealt
-    table-wise over two devices, the ones at evenly spaced ranks of their all-to-all width (narrow to wide), the same
-    for every machine and run."""
+def comm_plans(world: int) -> list[Plan]:
+    """The exchanges first contact measures at ``world`` ranks: ``COMM_SAMPLES`` of the drawn spec devices' tables
+    dealt table-wise over ``world`` devices, the ones at evenly spaced ranks of their all-to-all width (narrow to
+    wide), the same for every machine and run."""
     tasks = contact_tasks()
     widths = np.array([sum(t.dim for t in task.tables) for task in tasks])
     order = np.argsort(widths, kind="stable")
     picks = order[np.unique(np.round(np.linspace(0, len(order) - 1, COMM_SAMPLES)).astype(int))]
     plans = []
     for i in picks:
-        task = Task.uniform(2, 64.0, tasks[i].batch_size, tasks[i].tables)
-        plans.append(Plan(task, tuple(Shard(t, 0, table.dim, t % 2) for t, table in enumerate(task.tables))))
+        task = Task.uniform(world, 64.0, tasks[i].batch_size, tasks[i].tables)
+        plans.append(Plan(task, tuple(Shard(t, 0, table.dim, t % world) for t, table in enumerate(task.tables))))
     return plans
 
 
 def predicted_comm(model: CostModel, plan: Plan) -> np.ndarray:
-    """f64[N]: each device's fwd + bwd collectives of ``plan`` by ``model`` (as trained, its risk term off), with no
-    compute before them: as ``measure_comm`` times them with none."""
+    """f64[N]: each device's fwd + bwd collectives of ``plan`` by ``model`` (its risk term off), with no compute
+    before them: as ``measure_comm`` times them with none (the forward waits on the backward's stragglers)."""
     expected = expected_cost_model(model)
-    arrays = plan_arrays(plan, expected)
     zero = jnp.zeros(plan.task.num_devices, jnp.float32)
-    costs = combine_costs(expected.fns, expected.params, zero, arrays.devices)
+    costs = combine_costs(expected.fns, expected.params, zero, plan_arrays(plan, expected).devices)
     return np.asarray(costs.fwd_comm_ms, np.float64) + np.asarray(costs.bwd_comm_ms, np.float64)
 
 
 def contact_comm(model: CostModel, config: CalibrateConfig) -> CommCalibration:
-    """This machine's collectives against ``model``'s: the ``comm_plans`` measured on two gloo ranks (as the
-    evaluator measures a plan's collectives, TorchRec's input distributions among them where the model prices
-    them) and predicted; the factor is the median measured / predicted over their devices."""
+    """This machine's collectives against ``model``'s: the ``comm_plans`` of each of ``COMM_WORLDS`` measured on gloo
+    ranks (as the evaluator measures a plan's collectives, TorchRec's input distributions among them where the model
+    prices them; no compute before them) and predicted; a world's factor is the median measured / predicted over its
+    devices."""
     started = time.perf_counter()
-    plans = comm_plans()
-    zero = [[0.0] * p.task.num_devices for p in plans]
+    plans = [plan for world in COMM_WORLDS for plan in comm_plans(world)]
+    zero = [[0.0] * p.task.num_devices for p in plans]  # no compute before them: the delays are the backward's own
     fwd, bwd = measure_comm(plans, zero, config.evaluator(), by_type=model.input_dist is not None)
-    measured = np.concatenate([np.add(f, b) for f, b in zip(fwd, bwd)])
-    predicted = np.concatenate([predicted_comm(model, p) for p in plans])
+    measured = [np.add(f, b) for f, b in zip(fwd, bwd)]
+    predicted = [predicted_comm(model, p) for p in plans]
+    factors = []
+    for world in COMM_WORLDS:
+        mine = [i for i, p in enumerate(plans) if p.task.num_devices == world]
+        ratios = np.concatenate([measured[i] for i in mine]) / np.maximum(
+            np.concatenate([predicted[i] for i in mine]), 1e-9
+        )
+        factors.append(float(f"{np.median(ratios):.4g}"))
+    measured, predicted = np.concatenate(measured), np.concatenate(predicted)
     ratios = measured / np.maximum(predicted, 1e-9)
     return CommCalibration(
-        factor=float(f"{np.median(ratios):.4g}"),
+        worlds=COMM_WORLDS,
+        factors=tuple(factors),
         ratios=CalibrationRatios(
             **{q: float(f"{np.quantile(ratios, p):.4g}") for q, p in (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))}
         ),
@@ -215,7 +225,9 @@ def scaled_by(model: CostModel, record: CalibrationRecord, task: Task) -> CostMo
     """``model`` scaled by a first-contact record: its compute by the record's factor, its collectives by the comm
     factor (a record of version 2 has none: they stay as trained), the task's links kept."""
     scaled = with_compute_scale(model, record.factor, task.comm_scale())
-    return with_comm_factor(scaled, record.comm.factor, task.comm_scale()) if record.comm else scaled
+    if record.comm is None:
+        return scaled
+    return with_comm_factor(scaled, record.comm.factor_at(task.num_devices), task.comm_scale())
 
 
 def contact_line(record: CalibrationRecord, cached: bool) -> str:
@@ -227,7 +239,8 @@ def contact_line(record: CalibrationRecord, cached: bool) -> str:
         busy = f", {record.busy} read on a busy machine: not kept, the next run measures again"
     comm = ""
     if record.comm is not None:
-        comm = f", collectives x{record.comm.factor:.3g} (of {record.comm.devices} devices' exchanges)"
+        worlds = ", ".join(f"x{f:.3g} at {w}" for w, f in zip(record.comm.worlds, record.comm.factors))
+        comm = f", collectives {worlds} ranks (of {record.comm.devices} devices' exchanges)"
     return (
         f"scaled to this machine by first contact: compute x{record.factor:.3g} (the median of {record.devices} spec "
         f"kernels measured / predicted{busy}){comm}; {how}; first_contact=false turns it off"

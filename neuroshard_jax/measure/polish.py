@@ -418,6 +418,5 @@ def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 
         ),
     )
     scored = with_costs(model, current)
-    return dataclasses.replace(
-        scored, searcher=plan.searcher, seed=plan.seed, search_time_s=plan.search_time_s, polish=record
-    )
+    scored = dataclasses.replace(scored, searcher=plan.searcher, seed=plan.seed, search_time_s=plan.search_time_s)
+    return scored.with_record(PolishRecord, record)

@@ -108,17 +108,12 @@ def search_candidates(
     factor = compute_scale(model)
     given = CalibrationRecord.of_factor(factor) if factor != 1.0 else None  # calibrate=measured replaces it
     record = _portfolio_record(outcomes, picks, best, plans, scores, expected) if portfolio else None
-    chosen = dataclasses.replace(
-        scored, searcher=searcher.name, seed=seed, search_time_s=elapsed_s, calibration=given, portfolio=record
-    )
+    chosen = dataclasses.replace(scored, searcher=searcher.name, seed=seed, search_time_s=elapsed_s)
+    chosen = chosen.with_record(CalibrationRecord, given).with_record(PortfolioRecord, record)
     members = {
         member.name: dataclasses.replace(
-            with_costs(expected, plans[pick]),
-            searcher=member.searcher.name,
-            seed=seed,
-            search_time_s=took,
-            calibration=given,
-        )
+            with_costs(expected, plans[pick]), searcher=member.searcher.name, seed=seed, search_time_s=took
+        ).with_record(CalibrationRecord, given)
         for (member, _, _, _, took), pick in zip(outcomes, picks)
         if portfolio and pick is not None
     }

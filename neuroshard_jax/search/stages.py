@@ -24,7 +24,7 @@ from typing import ClassVar, Protocol
 
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.plan import Plan
-from neuroshard_jax.core.records import CalibrationRecord
+from neuroshard_jax.core.records import CalibrationRecord, PortfolioRecord
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.choice import ModelChoice
 from neuroshard_jax.costs.cost_model import CostModel, with_compute_scale
@@ -72,7 +72,7 @@ class PlanningState:
         """The plan with the run's calibration record and the names of the stages that acted."""
         plan = self.searched()
         if self.record is not None:
-            plan = dataclasses.replace(plan, calibration=self.record)
+            plan = plan.with_record(CalibrationRecord, self.record)
         return dataclasses.replace(plan, stages=self.ran)
 
 
@@ -255,13 +255,9 @@ class OnPlan:
 def searched_records(chosen: Plan, searched: Plan, seed: int) -> Plan:
     """The measured choice ``chosen`` with the search's records (portfolio, calibration, seed, search time) of
     ``searched``, the plan the search kept."""
-    return dataclasses.replace(
-        chosen,
-        portfolio=searched.portfolio,
-        calibration=searched.calibration,
-        seed=seed,
-        search_time_s=searched.search_time_s,
-    )
+    chosen = chosen.with_record(PortfolioRecord, searched.portfolio)
+    chosen = chosen.with_record(CalibrationRecord, searched.calibration)
+    return dataclasses.replace(chosen, seed=seed, search_time_s=searched.search_time_s)
 
 
 def candidate_plans(
