@@ -218,7 +218,8 @@ def test_calibration_on_the_plan_measures_its_devices_searches_again_and_checks_
         tables, num_devices=2, cost_model="analytic", cost_model_options={"calibration": 10.0}, calibrate=config
     )
     record = plan.calibration
-    assert record.on == "plan" and 0 < record.factor < 1.0 and record.devices >= 2
+    # the model as trained is what is calibrated: its factor is this machine's (about 1), far from the 10x given
+    assert record.on == "plan" and 0 < record.factor < 3.0 and record.devices >= 2
     assert record.factor == pytest.approx(np.median(np.divide(record.measured_ms, record.predicted_ms)), 1e-2)
     check = record.plan_devices
     assert check.searched_again and len(check.measured_ms) == sum(bool(plan.device_shards(d)) for d in range(2))

@@ -81,10 +81,13 @@ class Plan:
         return next((r for r in self.records if isinstance(r, kind)), None)
 
     def with_record(self, kind: type[StageRecord], record: StageRecord | None) -> Plan:
-        """The plan with ``record`` as its record of ``kind`` (after the others: the latest made), or without one
-        (None)."""
-        kept = tuple(r for r in self.records if not isinstance(r, kind))
-        return dataclasses.replace(self, records=kept if record is None else (*kept, record))
+        """The plan with ``record`` as its record of ``kind``: in the place of the one it had, else after the others
+        (the latest made); None: without one."""
+        if record is None:
+            return dataclasses.replace(self, records=tuple(r for r in self.records if not isinstance(r, kind)))
+        if self.record_of(kind) is None:
+            return dataclasses.replace(self, records=(*self.records, record))
+        return dataclasses.replace(self, records=tuple(record if isinstance(r, kind) else r for r in self.records))
 
     @property
     def polish(self) -> PolishRecord | None:

@@ -255,9 +255,12 @@ class OnPlan:
 def searched_records(chosen: Plan, searched: Plan, seed: int) -> Plan:
     """The measured choice ``chosen`` with the search's records (portfolio, calibration, seed, search time) of
     ``searched``, the plan the search kept."""
-    chosen = chosen.with_record(PortfolioRecord, searched.portfolio)
-    chosen = chosen.with_record(CalibrationRecord, searched.calibration)
-    return dataclasses.replace(chosen, seed=seed, search_time_s=searched.search_time_s)
+    kinds = (PortfolioRecord, CalibrationRecord)  # the search's own, made before the measured choice's
+    records = (
+        *(r for r in searched.records if isinstance(r, kinds)),
+        *(r for r in chosen.records if not isinstance(r, kinds)),
+    )
+    return dataclasses.replace(chosen, records=records, seed=seed, search_time_s=searched.search_time_s)
 
 
 def candidate_plans(
