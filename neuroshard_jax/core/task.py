@@ -40,6 +40,7 @@ from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, GIB_BYTES, MAX_CAP_
 from neuroshard_jax.core.devices import Device, Links
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import feature_matrix
+from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.memory import PLAIN_SGD, MemoryParts, Training, gib, shard_memory, step_memory
 from neuroshard_jax.core.schema import (
     TaskFile,
@@ -277,7 +278,7 @@ class Task:
             [t.weighted for t in self.tables],
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONDoc:
         out: dict[str, Any] = {
             "num_devices": self.num_devices,
             "mem_cap_gb": self.largest_cap_gb,
