@@ -277,6 +277,13 @@ def test_first_contact_scales_another_kinds_model_once_and_later_runs_reuse_it(t
     assert np.allclose(predicted_comm(trained, exchange), as_measured, rtol=1e-2)  # the model as trained, as measured
     assert np.allclose(predicted_comm(first.cost_model, exchange), factor * as_measured, rtol=1e-2)  # and as scaled
     assert CalibrationRecord.from_json(first.plan.to_json()["calibration"]) == record  # plan.json keeps it all
+    # explain prices the plan with the factors it was searched with: its collectives as the plan has them
+    from neuroshard_jax.core.files import write_json
+    from neuroshard_jax.measure.breakdown import ExplainConfig, explain_file
+
+    saved = write_json(first.plan.to_json(), tmp_path / "plan.json")
+    said = explain_file(ExplainConfig(plan=str(saved), chart=False))
+    assert all(f"{ms:>9.3f}" in said for ms in first.plan.costs.bwd_comm_ms if ms > 0)
     assert first.choice.name not in own
     started = time.perf_counter()
     again = options.planner().run(task)

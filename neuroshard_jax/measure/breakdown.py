@@ -58,6 +58,7 @@ from neuroshard_jax.costs.cost_model import (
     combine_costs,
     expected_cost_model,
     plan_cost_ms,
+    with_comm_factor,
     with_compute_scale,
 )
 from neuroshard_jax.costs.coverage import far_devices_warning, out_of_depth_warning
@@ -565,8 +566,11 @@ def explain_file(config: ExplainConfig, model: CostModel | None = None) -> str:
         spec, missing = explaining_spec(config.model, plan)
         model, choice = build_cost_model(spec, plan.task, fallback=True)
         far = far_devices_warning(plan.task.num_devices, choice.name, choice.options)
-        if plan.calibration is not None and choice.instead is None:  # the factor the plan was searched with
+        if plan.calibration is not None and choice.instead is None:  # the factors the plan was searched with
             model = with_compute_scale(model, plan.calibration.factor, plan.task.comm_scale())
+            if plan.calibration.comm is not None:  # first contact's collectives
+                factor = plan.calibration.comm.factor_at(plan.task.num_devices)
+                model = with_comm_factor(model, factor, plan.task.comm_scale())
         unsure = device_uncertainty(model, plan)  # this model's members, not those of the model that searched
         trust = () if unsure is None else tuple(unsure[1])
         depth = out_of_depth_warning(plan.task, plan, choice.name, choice.options, trust=trust)
