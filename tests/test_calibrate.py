@@ -245,7 +245,6 @@ def test_first_contact_scales_another_kinds_model_once_and_later_runs_reuse_it(t
 
     from neuroshard_jax.core.hardware import hardware, hardware_kind
     from neuroshard_jax.costs.choice import checkpoint_path, model_kinds, of_kind, shipped_names
-    from neuroshard_jax.costs.cost_model import with_comm_factor, with_compute_scale
     from neuroshard_jax.measure.first_contact import COMM_SAMPLES, COMM_WORLDS, comm_plans, predicted_comm
     from neuroshard_jax.search.sharding_planner import PlannerOptions
 
@@ -272,7 +271,7 @@ def test_first_contact_scales_another_kinds_model_once_and_later_runs_reuse_it(t
     assert comm.factor_at(64) == pytest.approx(comm.factor_at(8))  # the trend extended by one doubling at most
     assert f"collectives x{comm.factors[0]:.3g} at 2, x{comm.factors[1]:.3g} at 4 ranks" in first.choice.line()
     exchange, factor = comm_plans(2)[-1], comm.factors[0]  # the task has 2 devices
-    trained = with_comm_factor(with_compute_scale(first.cost_model, 1.0, np.ones(2)), 1.0 / factor, np.full(2, factor))
+    trained = first.cost_model.with_compute_scale(1.0, np.ones(2)).with_comm_factor(1.0 / factor, np.full(2, factor))
     as_measured = np.array(comm.predicted_ms[pairs - 2 : pairs])
     assert np.allclose(predicted_comm(trained, exchange), as_measured, rtol=1e-2)  # the model as trained, as measured
     assert np.allclose(predicted_comm(first.cost_model, exchange), factor * as_measured, rtol=1e-2)  # and as scaled

@@ -15,14 +15,14 @@ import pytest
 
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import FEATURE_INDEX, FEATURE_NAMES, NUM_FEATURES, feature_matrix
-from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.files import read_records, write_json
 from neuroshard_jax.core.hardware import hardware_kind
 from neuroshard_jax.core.manifests import manifest_kinds, write_manifest
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import format_plan
 from neuroshard_jax.costs.checkpoints import load_checkpoint, load_ensemble
 from neuroshard_jax.costs.choice import CostModelSpec, make_cost_model, shipped_names
-from neuroshard_jax.costs.cost_model import DeviceArrays, PlanArrays, device_costs, expected_cost_model
+from neuroshard_jax.costs.cost_model import DeviceArrays, PlanArrays, device_costs
 from neuroshard_jax.costs.ensemble import (
     EnsembleConfig,
     ensemble_fns,
@@ -302,6 +302,29 @@ def test_models_compared_on_held_out_labels_use_the_training_split(tiny_ensemble
         check_splits({"old": swapped, "new": meta}, order)
 
 
+def test_the_label_floor_retimes_the_held_out_labels_with_the_real_worker(tiny_ensemble, tiny_checkpoint):
+    """tools.label_floor re-measures exactly a dataset's held-out records (the real worker, 2 rounds): the model's
+    reading of the old labels is the one heldout_models reports, each record's label is its own, and every figure
+    is read over the records re-timed."""
+    from neuroshard_jax.costs.ensemble import EnsembleConfig
+    from neuroshard_jax.learn.trainer import TrainConfig
+    from tools.heldout_models import compare
+    from tools.label_floor import retime
+
+    specs_dir, ckpt, _ = tiny_ensemble
+    datasets = [str(tiny_checkpoint[0]), str(specs_dir)]
+    got = retime(str(ckpt), datasets, [str(specs_dir)], repeats=2, workers=1, pin=False)["specs"]
+    held = compare([str(ckpt)], datasets, EnsembleConfig().max_label_spread, TrainConfig(epochs=30, batch_size=16))
+    assert got["records"] == held["specs"]["all"][str(ckpt)]["count"] == len(got["readings"]) > 0
+    cells = got["slices"]["all"]
+    assert cells["label_vs_now"]["count"] == got["quiet"] and cells["rounds"]["count"] == 2 * got["quiet"]
+    if got["quiet"] == got["records"]:  # every record re-timed: the model's reading of the labels is the same
+        assert cells["model_vs_label"]["mape"] == pytest.approx(held["specs"]["all"][str(ckpt)]["mape"], rel=1e-4)
+    labels = {json.dumps(r["tables"]): r["total_ms"] for r in read_records(specs_dir / "compute.jsonl")}
+    assert all(len(r["rounds_ms"]) == 2 for r in got["readings"])
+    assert {round(r["label_ms"], 3) for r in got["readings"]} <= {round(v, 3) for v in labels.values()}
+
+
 def test_held_out_slices_name_shard_sets_by_their_tables():
     """The slices of tools.heldout_models: a shard set is cold, heavy or tiny when one of its (unmasked) tables is."""
     from tools.heldout_models import POOLING, ROWS, shape_slices
@@ -466,13 +489,11 @@ def test_risk_makes_the_search_cautious_but_reported_costs_are_expectations(tiny
     task = make_task(tables, num_devices=2, batch_size=256)
     cautious = make_cost_model("neural", task, {"checkpoint": str(ckpt), "risk": 2.0})
     plan = Plan.from_assignment(task, [1] * 6, [[0], [1], [0], [1], [0], [1]])
-    assert (
-        score_plan(cautious, plan).compute_ms.max() >= score_plan(expected_cost_model(cautious), plan).compute_ms.max()
-    )
+    assert score_plan(cautious, plan).compute_ms.max() >= score_plan(cautious.expected, plan).compute_ms.max()
     found = search_plan(
         task, make_searcher("beam"), CostModelSpec("neural", {"checkpoint": str(ckpt), "risk": 2.0}).for_task(task), 0
     )
-    rescored = score_plan(expected_cost_model(cautious), found)
+    rescored = score_plan(cautious.expected, found)
     np.testing.assert_allclose(found.costs.compute_ms, rescored.compute_ms, rtol=1e-5)
     assert found.costs.trust is not None and all(0 <= t <= 1 for t in found.costs.trust)
     assert "model_trust" in found.to_json()["devices"][0]
@@ -729,3 +750,40 @@ def test_a_task_of_sequence_or_weighted_tables_gets_the_model_that_learned_their
     line = out_of_depth_warning(sequence, None, "epyc-f25m17", {})
     assert "1 of 2 tables run kernels its labels never held (1 sequence; it learned sum-pooled bags)" in line
     assert out_of_depth_warning(sequence, None, "epyc-f25m17-kinds", {}) is None
+
+
+def test_the_sequence_kernels_distinct_rows_term_is_added_by_a_fine_tune_and_older_kinds_models_load(tmp_path):
+    """The roofline's third kind term (a sequence kernel's distinct rows, not x dim): a kinds model trained with the
+    two terms of before (real training on the shipped sequence labels) loads with two; a fine-tune of it gains the
+    third (fitted, saved, loaded back with three); the shipped kinds model keeps its own; the term is a sequence
+    shard's distinct rows and nothing for a bag."""
+    from neuroshard_jax.learn.ensemble_fit import train_ensemble
+    from neuroshard_jax.learn.trainer import TrainConfig
+
+    labels = REPO / "neuroshard_jax" / "data" / "profiles" / "epyc-f25m17-sequence"
+    small = dataclasses.replace(SMALL, members=2, kinds=True, kind_terms=2)
+    train = TrainConfig(epochs=2, batch_size=64, progress=False)
+    train_ensemble([labels], small, train, tmp_path / "two", "two", "test")
+    two, _, params, _ = load_ensemble(tmp_path / "two")
+    assert two.kind_terms == 2 and np.asarray(params.members["log_kind_coef"].get_value()).shape == (2, 2)
+    train_ensemble(
+        [labels], dataclasses.replace(small, kind_terms=3), train, tmp_path / "three", "3", "t", tmp_path / "two"
+    )
+    three, nets, params, meta = load_ensemble(tmp_path / "three")
+    assert three.kind_terms == nets.kind_terms == meta["net_config"]["kind_terms"] == 3
+    assert np.asarray(params.members["log_kind_coef"].get_value()).shape == (2, 3)
+    assert "/" not in (tmp_path / "three" / "state" / "commit_success.txt").read_text()  # no path of this machine
+    meta = json.loads((tmp_path / "two" / "meta.json").read_text())  # as a checkpoint from before the term was
+    del meta["net_config"]["kind_terms"]
+    (tmp_path / "two" / "meta.json").write_text(json.dumps(meta))
+    assert load_ensemble(tmp_path / "two")[0].kind_terms == 2
+    assert load_ensemble(REPO / "neuroshard_jax" / "data" / "models" / "epyc-f25m17-kinds")[0].kind_terms == 3
+    feats, mask, batch, target, _, _ = ensemble_arrays([labels])
+    pred, _ = ensemble_ms(nets, params, feats[:32], mask[:32], batch[:32])
+    assert np.all(np.isfinite(pred)) and np.all(np.asarray(pred) > 0)
+    sequence = feats[:1, :1].copy()
+    bag = sequence.copy()
+    bag[..., FEATURE_INDEX["sequence"]] = 0.0
+    terms = np.asarray(roof_terms(jnp.asarray(np.concatenate([sequence, bag])), 4096.0, True, 3))[:, 0]
+    lookups = feats[0, 0, FEATURE_INDEX["pooling_factor"]] * 4096.0
+    assert terms.shape[-1] == 8 and terms[1, 7] == 0.0 and 0.0 < terms[0, 7] <= lookups * 1e-6 * (1 + 1e-6)

@@ -15,7 +15,7 @@ from neuroshard_jax.core.sharding import Shard, row_shards
 from neuroshard_jax.core.table import Table
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.choice import CostModelSpec, make_cost_model
-from neuroshard_jax.costs.cost_model import Scaled, with_scales
+from neuroshard_jax.costs.cost_model import Scaled
 from neuroshard_jax.costs.row_comm import (
     RowComm,
     disjoint,
@@ -183,7 +183,7 @@ def test_a_group_across_hosts_is_scaled_to_the_links_and_one_within_a_host_is_no
     assert fwd[:2].tolist() == [0.0, 0.0] and np.allclose(fwd[2:], ROWS.group_ms(2, 4, 4096)[0])
     # the model keeps the fit under the hosts' comm scale: the row term is added once, scaled per group
     model = dataclasses.replace(make_cost_model("analytic", task), row_comm=ROWS)
-    scaled = with_scales(model, task.comm_scale())
+    scaled = model.with_scales(task.comm_scale())
     assert scaled.row_comm is ROWS and isinstance(scaled.params, Scaled)
 
 

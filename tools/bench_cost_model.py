@@ -27,7 +27,7 @@ from neuroshard_jax.core.paths import resolve_dataset
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, read_meta
 from neuroshard_jax.costs.choice import make_cost_model
-from neuroshard_jax.costs.cost_model import expected_cost_model, plan_cost_ms
+from neuroshard_jax.costs.cost_model import plan_cost_ms
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.learn.datasets import compute_arrays, split_indices
 from neuroshard_jax.learn.metrics import kendall_tau, metrics
@@ -79,7 +79,7 @@ def plan_metrics(sweep: str, checkpoint: str) -> dict:
             plan = Plan.from_json({"task": task.to_json(), "shards": record["shards"]})
             row = {"task": record["id"], "measured": measured[record["id"]]}
             for name, options in (("neural", {"checkpoint": checkpoint}), ("analytic", None)):
-                model = expected_cost_model(make_cost_model(name, task, options))  # no risk term: expectations
+                model = make_cost_model(name, task, options).expected  # no risk term: expectations
                 row[name] = float(plan_cost_ms(score_plan(model, plan)))
             rows.append(row)
     if not rows:

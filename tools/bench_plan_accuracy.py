@@ -43,7 +43,7 @@ from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.core.task import Task
-from neuroshard_jax.costs.cost_model import DeviceCosts, expected_cost_model
+from neuroshard_jax.costs.cost_model import DeviceCosts
 from neuroshard_jax.costs.scoring import score_plans_devices
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
 from neuroshard_jax.learn.metrics import noise_floor, ranking_tau
@@ -193,7 +193,7 @@ def predictions(model: str, parsed: list[tuple[Task, list[Plan]]]) -> list[np.nd
     spec = PlanLabelConfig(model=model).cost_model()
     out = []
     for task, plans in parsed:
-        scored = expected_cost_model(spec.for_task(task))
+        scored = spec.for_task(task).expected
         out.append(np.asarray(score_plans_devices(scored, plans)[0].compute_ms))
     return out
 

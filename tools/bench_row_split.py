@@ -28,7 +28,6 @@ from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.costs.choice import CostModelSpec, make_cost_model
-from neuroshard_jax.costs.cost_model import expected_cost_model
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.measure.evaluator import EvaluateConfig, measured_steps
 from neuroshard_jax.search.pipeline import search_plan
@@ -72,13 +71,13 @@ def run(args) -> None:
                     f"--model {args.model}: prices row groups as all-to-all width (no row comm fit of its hardware "
                     "kind is shipped), expected a model with one (python -m neuroshard_jax.train family=row_comm)"
                 )
-            if not hot_tables(whole_table_ms(expected_cost_model(model), task), n):
+            if not hot_tables(whole_table_ms(model.expected, task), n):
                 continue
             hot_count += 1
             chosen = search_plan(
                 task, make_searcher(args.searcher), CostModelSpec(args.model).for_task(task), 0, row_split="hot"
             )
-            hot = tuple(hot_tables(whole_table_ms(expected_cost_model(model), task), n))
+            hot = tuple(hot_tables(whole_table_ms(model.expected, task), n))
             try:
                 cut = search_with_rows(
                     task, make_searcher(args.searcher), CostModelSpec(args.model).for_task(task), 0, hot

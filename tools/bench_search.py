@@ -24,7 +24,7 @@ import numpy as np
 
 from neuroshard_jax.core.files import write_json  # noqa: E402
 from neuroshard_jax.costs.choice import make_cost_model  # noqa: E402
-from neuroshard_jax.costs.cost_model import expected_cost_model, plan_cost_ms  # noqa: E402
+from neuroshard_jax.costs.cost_model import plan_cost_ms  # noqa: E402
 from neuroshard_jax.costs.scoring import score_plan  # noqa: E402
 from neuroshard_jax.measure.breakdown import explanation  # noqa: E402
 from neuroshard_jax.workloads.builders import TaskConfig, make_task  # noqa: E402
@@ -92,7 +92,7 @@ def explain(args) -> dict:
     """Time ``breakdown.explanation`` of beam's 856-table plan: the first call (compiling) and a second one."""
     n = args.devices[0]
     task = make_task(TaskConfig(num_tables=856, num_devices=n), args.seed)
-    model = expected_cost_model(make_cost_model(args.cost_model, task))
+    model = make_cost_model(args.cost_model, task).expected
     plan = make_searcher("beam").search(task, model, 0)
     _, first_s = timed(explanation, plan, model)
     expl, second_s = timed(explanation, plan, model)

@@ -28,7 +28,6 @@ import numpy as np
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware, hardware_kind
-from neuroshard_jax.costs.cost_model import expected_cost_model, with_comm_factor, with_compute_scale
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import open_executor
 from neuroshard_jax.measure.calibration import CalibrateConfig, PlanReadings
@@ -69,9 +68,9 @@ def run(count: int, exclude: list[str], out: Path) -> dict:
             contact_s = record.seconds
         with open_executor(config.executor, "cpu", config.timeout_s) as pool:
             measured = PlanReadings(config, pool).devices(planned.plan)
-        scaled = np.asarray(score_plan(expected_cost_model(planned.cost_model), planned.plan).compute_ms)
-        trained_model = with_compute_scale(planned.cost_model, 1.0, task.comm_scale())
-        trained = np.asarray(score_plan(expected_cost_model(trained_model), planned.plan).compute_ms)
+        scaled = np.asarray(score_plan(planned.cost_model.expected, planned.plan).compute_ms)
+        trained_model = planned.cost_model.with_compute_scale(1.0, task.comm_scale())
+        trained = np.asarray(score_plan(trained_model.expected, planned.plan).compute_ms)
         used = measured > 0
         row = {
             "task": task_id,
@@ -84,7 +83,7 @@ def run(count: int, exclude: list[str], out: Path) -> dict:
         }
         if record.comm is not None:  # the plan's collectives, measured with no compute before them, as predicted
             f = record.comm.factor_at(task.num_devices)
-            as_trained = with_comm_factor(trained_model, 1.0 / f, task.comm_scale() * f)
+            as_trained = trained_model.with_comm_factor(1.0 / f, task.comm_scale() * f)
             zero = [[0.0] * task.num_devices]
             fwd, bwd = measure_comm([planned.plan], zero, config.evaluator(), by_type=as_trained.input_dist is not None)
             row["comm"] = {

@@ -73,7 +73,7 @@ from neuroshard_jax.costs.choice import (
     make_cost_model,
     neural_checkpoint,
 )
-from neuroshard_jax.costs.cost_model import expected_cost_model, plan_cost_ms
+from neuroshard_jax.costs.cost_model import plan_cost_ms
 from neuroshard_jax.costs.scoring import balanced_step, score_plan
 from neuroshard_jax.kernels.executors import ExecutorConfig, map_requests, open_executor
 from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest
@@ -677,7 +677,7 @@ def report(
         else:
             plan = Plan.from_json(row["plan"])
             # every plan (model-free searchers' too) re-scored by the model under test
-            scorer = models.setdefault(row["task"], expected_cost_model(make_cost_model(model, task, model_options)))
+            scorer = models.setdefault(row["task"], make_cost_model(model, task, model_options).expected)
             predicted = [float(x) for x in score_plan(scorer, plan).compute_ms]
             compute, spread, first, later = [], [], [], []
             for device in plan_kernels(plan):

@@ -122,6 +122,21 @@ def check_splits(metas: dict[str, dict], datasets: list[str]) -> tuple[TrainConf
     return train, spread, counts
 
 
+def held_out(datasets: list[str], max_spread: float, train: TrainConfig, whole: int = 0, counts=None):
+    """The datasets' records as training reads them (``ensemble_arrays``: feats, mask, batch, target, source) and
+    the rows held out: each dataset's test split (of the first ``counts[i]`` records, those training saw), and every
+    row of the last ``whole`` datasets. Row j of dataset i is its j-th steady record (``datasets.steady``)."""
+    feats, mask, batch, target, source, _ = ensemble_arrays([Path(d) for d in datasets], max_spread)
+    keep = np.ones(len(source), bool)
+    for i, count in enumerate(counts or ()):
+        if count is not None:
+            keep[np.flatnonzero(source == i)[count:]] = False
+    split = (source < len(datasets) - whole) & keep
+    _, _, test = ensemble_splits(source[split], train)
+    test = np.concatenate([np.flatnonzero(split)[test], np.flatnonzero(source >= len(datasets) - whole)])
+    return feats, mask, batch, target, source, test
+
+
 def compare(
     models: list[str],
     datasets: list[str],
@@ -133,14 +148,7 @@ def compare(
     """Per dataset, slice and model: ``scores`` on the dataset's test split (``whole``'s: on all its records);
     ``counts``: the records of each dataset training saw (the rest, added since, are left out; None: all)."""
     datasets = [*datasets, *whole]
-    feats, mask, batch, target, source, _ = ensemble_arrays([Path(d) for d in datasets], max_spread)
-    keep = np.ones(len(source), bool)
-    for i, count in enumerate(counts or ()):
-        if count is not None:
-            keep[np.flatnonzero(source == i)[count:]] = False
-    split = (source < len(datasets) - len(whole)) & keep
-    _, _, test = ensemble_splits(source[split], train)
-    test = np.concatenate([np.flatnonzero(split)[test], np.flatnonzero(source >= len(datasets) - len(whole))])
+    feats, mask, batch, target, source, test = held_out(datasets, max_spread, train, len(whole), counts)
     predicted = {}
     for name in models:
         _, nets, params, _ = load_ensemble(checkpoint_path(name))

@@ -37,7 +37,6 @@ from neuroshard_jax.core.progress import progress_bar
 from neuroshard_jax.core.table import PoolSpec
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.choice import CostModelSpec, build_cost_model
-from neuroshard_jax.costs.cost_model import expected_cost_model
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
 from neuroshard_jax.measure.calibration import predicted_compute_ms, sample_devices, whole
@@ -105,7 +104,7 @@ def task_items(task: Task, model) -> tuple[list[Item], dict]:
         if plan.data_parallel:  # its devices' predictions include the replicas' kernel, which these items leave out
             made[name]["skipped"] = "data-parallel tables"
             continue
-        predicted = np.asarray(score_plan(expected_cost_model(model), plan).compute_ms, np.float64)
+        predicted = np.asarray(score_plan(model.expected, plan).compute_ms, np.float64)
         for d in range(task.num_devices):
             shards = plan.device_shards(d)
             key = device_key(task, device_tables(task, shards)) if shards else None

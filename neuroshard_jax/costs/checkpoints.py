@@ -66,6 +66,9 @@ def save_tree(path: Path, tree) -> str:
 
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(Path(path).resolve(), tree)
+    marker = Path(path) / "commit_success.txt"  # orbax names the absolute folder it wrote: a path of this machine
+    if marker.is_file():
+        marker.write_text("Checkpoint commit was successful\n")
     return tree_digest(tree)
 
 
@@ -330,6 +333,7 @@ def ensemble_config_of(meta: dict) -> EnsembleConfig:
         cache=bool(obj.get("cache", False)),  # checkpoints trained before the cache term have none
         fusion=obj.get("fusion", "pairwise"),  # and the pairwise fusion term
         kinds=bool(obj.get("kinds", False)),  # and before kernel kinds, sum-pooled bags alone
+        kind_terms=int(obj.get("kind_terms", 2)),  # and before the sequence kernel's distinct rows, two kind terms
     )
 
 

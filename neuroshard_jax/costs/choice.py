@@ -36,7 +36,7 @@ from neuroshard_jax.core.paths import cache_folder, own_entries, package_path, u
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.analytic import ANALYTIC_FNS, AnalyticConfig, analytic_model, analytic_params
 from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, load_checkpoint, load_ensemble, read_meta, stack_change
-from neuroshard_jax.costs.cost_model import CostModel, with_scales
+from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.ensemble import ensemble_cost_model
 from neuroshard_jax.costs.input_dist import for_kinds as input_dist_for
 from neuroshard_jax.costs.neural import neural_cost_model
@@ -277,7 +277,7 @@ class CostModelSpec:
         factor, own = split_calibration(self.options)
         family, _ = _resolve(self.name, own)
         model = COST_MODELS[family][0](task, cost_model_config(self.name, own))
-        return dataclasses.replace(with_scales(model, task.comm_scale(), factor), name=self.label)
+        return dataclasses.replace(model.with_scales(task.comm_scale(), factor), name=self.label)
 
 
 def spec_of(name: str, options: Mapping[str, Any] | None = None) -> CostModelSpec:
@@ -309,7 +309,7 @@ def load_cost_model(
     if name_or_path == "analytic":
         config = typed(AnalyticConfig, options, "load_cost_model")
         model = CostModel("analytic", ANALYTIC_FNS, analytic_params(batch_size, precision, config))
-        return with_scales(model, np.ones(1), factor)
+        return model.with_scales(np.ones(1), factor)
     if name_or_path in (None, "neural"):
         probe = Task.uniform(1, 1.0, batch_size, (), precision)
         name_or_path = choose_cost_model("neural", {}, device, probe).name
@@ -323,7 +323,7 @@ def load_cost_model(
     config = typed(NeuralConfig, {**(resolved or {}), **options}, "load_cost_model")
     task = Task.uniform(1, 1.0, batch_size, (), precision)
     named = CostModelSpec("neural", {"checkpoint": name_or_path}) if name_or_path != "neural" else CostModelSpec()
-    return dataclasses.replace(with_scales(neural_model(task, config), np.ones(1), factor), name=named.label)
+    return dataclasses.replace(neural_model(task, config).with_scales(np.ones(1), factor), name=named.label)
 
 
 def adapt_here(device: str = "cpu") -> str:

@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from neuroshard_jax.core.records import CalibrationRecord
+from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.input_dist import InputDist
 from neuroshard_jax.costs.row_comm import RowComm
 
@@ -50,7 +52,10 @@ class CostFns(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class CostModel:
-    """A named cost model: static functions plus their parameters (a pytree)."""
+    """A named cost model: static functions plus their parameters (a pytree), and what a plan's model is made of
+    beside them: its collectives' fits and this machine's scales. It owns its variants: ``expected`` (no risk
+    term, built once per model), ``with_scales``, ``with_compute_scale``, ``with_comm_factor``; every caller asks
+    the model for them instead of re-deriving them (``costs/scoring.py`` encodes and scores plans with it)."""
 
     name: str
     fns: CostFns
@@ -63,6 +68,69 @@ class CostModel:
     def prices_rows(self) -> bool:
         """Whether row blocks leave the all-to-all width, their groups' collectives priced by ``row_comm``."""
         return self.row_comm is not None
+
+    @property
+    def own_params(self):
+        """The model's own params, under a ``Scaled`` wrapper or not."""
+        return self.params.inner if isinstance(self.params, Scaled) else self.params
+
+    @functools.cached_property
+    def expected(self) -> CostModel:
+        """This model without its risk term (an ensemble's spread): the costs a plan reports are expectations, not
+        the search's score. Built once per model and kept with it; the model itself where it has no risk term."""
+        if hasattr(self.own_params, "risk"):
+            return self.map_params(lambda params: params._replace(risk=0.0))
+        return self
+
+    def map_params(self, change: Callable) -> CostModel:
+        """This model with ``change`` applied to its own params (under a ``Scaled`` wrapper, if any)."""
+        if isinstance(self.params, Scaled):
+            return dataclasses.replace(self, params=self.params._replace(inner=change(self.params.inner)))
+        return dataclasses.replace(self, params=change(self.params))
+
+    def with_scales(self, comm_scale: np.ndarray, compute_scale: float = 1.0) -> CostModel:
+        """This model with each device's transfer time (bwd comm, and fwd comm less the straggler wait) multiplied
+        by ``comm_scale`` f64[N] (``Task.comm_scale``: devices in several hosts) and every device's compute by
+        ``compute_scale`` (this machine's measured / predicted compute, ``calibrate.py``); the model itself where
+        every scale is 1. The scales are parameters, not constants: one compilation serves every task."""
+        if np.allclose(comm_scale, 1.0) and compute_scale == 1.0:
+            return self
+        params = Scaled(self.params, jnp.asarray(comm_scale, jnp.float32), jnp.asarray(compute_scale, jnp.float32))
+        return dataclasses.replace(self, fns=_scaled(self.fns), params=params, calibration=float(compute_scale))
+
+    def with_compute_scale(self, factor: float, comm_scale: np.ndarray) -> CostModel:
+        """This model with every device's compute scaled by ``factor`` in place of its own scale (1: as trained);
+        ``comm_scale``: the task's (``Task.comm_scale``), kept where the model is scaled already."""
+        if isinstance(self.params, Scaled):
+            scale = jnp.asarray(factor, jnp.float32)
+            return dataclasses.replace(
+                self, params=self.params._replace(compute_scale=scale), calibration=float(factor)
+            )
+        return self.with_scales(comm_scale, factor)
+
+    def calibrated(self, record: CalibrationRecord, task: Task) -> CostModel:
+        """This model as a plan's calibration record scales it: its compute by the record's factor, its collectives
+        by first contact's comm factor at the task's devices (a record without one: as trained), the task's links
+        kept. What ``first_contact`` plans with and ``explain`` prices a plan with."""
+        scaled = self.with_compute_scale(record.factor, task.comm_scale())
+        if record.comm is None:
+            return scaled
+        return scaled.with_comm_factor(record.comm.factor_at(task.num_devices), task.comm_scale())
+
+    def with_comm_factor(self, factor: float, comm_scale: np.ndarray) -> CostModel:
+        """This model with every collective it prices (the all-to-alls' transfers, the row groups' collectives, the
+        input distributions) ``factor`` times as long: first contact's reading of this machine's collectives.
+        ``comm_scale``: the task's (``Task.comm_scale``), multiplied by the factor; the compute scale kept."""
+        if factor == 1.0:
+            return self
+        row_comm = self.row_comm.scaled(factor) if self.row_comm is not None else None
+        input_dist = self.input_dist.scaled(factor) if self.input_dist is not None else None
+        scale = np.asarray(comm_scale, np.float64) * factor
+        if isinstance(self.params, Scaled):  # scaled already (its compute): its comm scale replaced
+            scaled = dataclasses.replace(self, params=self.params._replace(comm_scale=jnp.asarray(scale, jnp.float32)))
+        else:
+            scaled = self.with_scales(scale, self.calibration)
+        return dataclasses.replace(scaled, row_comm=row_comm, input_dist=input_dist)
 
 
 class DeviceCosts(NamedTuple):
@@ -181,67 +249,6 @@ class Scaled(NamedTuple):
     inner: Any
     comm_scale: jax.Array  # f32[N]: device d's comm time is comm_scale[d] x the model's one-host time
     compute_scale: jax.Array  # f32[]: every device's compute is compute_scale x the model's (a measured calibration)
-
-
-def with_scales(model: CostModel, comm_scale: np.ndarray, compute_scale: float = 1.0) -> CostModel:
-    """``model`` with each device's transfer time (bwd comm, and fwd comm less the straggler wait) multiplied by
-    ``comm_scale`` f64[N] (``Task.comm_scale``: devices in several hosts) and every device's compute by
-    ``compute_scale`` (this machine's measured / predicted compute, ``calibrate.py``); ``model`` itself where
-    every scale is 1. The scales are parameters, not constants: one compilation serves every task."""
-    if np.allclose(comm_scale, 1.0) and compute_scale == 1.0:
-        return model
-    params = Scaled(model.params, jnp.asarray(comm_scale, jnp.float32), jnp.asarray(compute_scale, jnp.float32))
-    return dataclasses.replace(model, fns=_scaled(model.fns), params=params, calibration=float(compute_scale))
-
-
-def expected_cost_model(model: CostModel) -> CostModel:
-    """``model`` without its risk term: the costs a plan reports are expectations, not the search's score."""
-    if hasattr(inner_params(model.params), "risk"):
-        return map_inner_params(model, lambda params: params._replace(risk=0.0))
-    return model
-
-
-def compute_scale(model: CostModel) -> float:
-    """The factor every device's compute of ``model`` is scaled by (1: as trained; ``with_scales``), as it was given."""
-    return model.calibration
-
-
-def with_compute_scale(model: CostModel, factor: float, comm_scale: np.ndarray) -> CostModel:
-    """``model`` with every device's compute scaled by ``factor`` in place of its own scale (1: as trained);
-    ``comm_scale``: the task's (``Task.comm_scale``), kept where the model is scaled already."""
-    if isinstance(model.params, Scaled):
-        scale = jnp.asarray(factor, jnp.float32)
-        return dataclasses.replace(model, params=model.params._replace(compute_scale=scale), calibration=float(factor))
-    return with_scales(model, comm_scale, factor)
-
-
-def with_comm_factor(model: CostModel, factor: float, comm_scale: np.ndarray) -> CostModel:
-    """``model`` with every collective it prices (the all-to-alls' transfers, the row groups' collectives, the input
-    distributions) ``factor`` times as long: first contact's reading of this machine's collectives. ``comm_scale``:
-    the task's (``Task.comm_scale``), multiplied by the factor; the compute scale kept."""
-    if factor == 1.0:
-        return model
-    row_comm = model.row_comm.scaled(factor) if model.row_comm is not None else None
-    input_dist = model.input_dist.scaled(factor) if model.input_dist is not None else None
-    scale = np.asarray(comm_scale, np.float64) * factor
-    if isinstance(model.params, Scaled):  # scaled already (its compute): its comm scale replaced
-        params = model.params._replace(comm_scale=jnp.asarray(scale, jnp.float32))
-        scaled = dataclasses.replace(model, params=params)
-    else:
-        scaled = with_scales(model, scale, compute_scale(model))
-    return dataclasses.replace(scaled, row_comm=row_comm, input_dist=input_dist)
-
-
-def map_inner_params(model: CostModel, change: Callable) -> CostModel:
-    """``model`` with ``change`` applied to its own params (under a ``Scaled`` wrapper, if any)."""
-    if isinstance(model.params, Scaled):
-        return dataclasses.replace(model, params=model.params._replace(inner=change(model.params.inner)))
-    return dataclasses.replace(model, params=change(model.params))
-
-
-def inner_params(params):
-    """A model's own params, under a ``Scaled`` wrapper or not."""
-    return params.inner if isinstance(params, Scaled) else params
 
 
 @functools.cache

@@ -67,11 +67,13 @@ INPUT_NAMES = (
 ) + tuple(f"bin_{k}" for k in range(NUM_BINS))
 NUM_INPUTS = len(INPUT_NAMES)
 # With ``EnsembleConfig.kinds``, the kernel a shard runs in (``core.features.KIND_FEATURE_NAMES``) is an input of the
-# correction net and adds two roofline terms: a sequence kernel's rows out (one per id: its output and the gradient
-# it scatters, lookups x dim, which FBGEMM's unpooled kernels spend far more on than a pooled one's bags) and a
-# weighted kernel's scaled gathers (lookups x dim). Their log coefficients are the last two of a member's roofline.
+# correction net and adds roofline terms: a sequence kernel's rows out (one per id: its output and the gradient it
+# scatters, lookups x dim, which FBGEMM's unpooled kernels spend far more on than a pooled one's bags), a weighted
+# kernel's scaled gathers (lookups x dim) and, from 2026-11-29, a sequence kernel's distinct rows (its backward on
+# CPU goes with the rows a batch touches, 2-3 us each whatever their width: docs/results/kernel-kinds.md). Their log
+# coefficients are the last ``EnsembleConfig.kind_terms`` of a member's roofline (2 in checkpoints from before).
 KIND_INPUTS = KIND_FEATURE_NAMES
-KIND_TERMS = ("sequence_rows", "weighted_gathers")
+KIND_TERMS = ("sequence_rows", "weighted_gathers", "sequence_distinct")
 
 
 def input_names(kinds: bool) -> tuple[str, ...]:
@@ -106,10 +108,15 @@ class EnsembleConfig:
     # the kernel kinds (mean pooling, per-id weights, sequence lookups) as inputs and roofline terms (``KIND_TERMS``);
     # checkpoints trained before them read sum-pooled bags alone
     kinds: bool = False
+    # with ``kinds``, how many of KIND_TERMS the roofline has (checkpoints trained before the sequence kernel's
+    # distinct-row term have the first 2)
+    kind_terms: int = len(KIND_TERMS)
 
     def __post_init__(self):
         if self.fusion not in FUSION_TERMS:
             raise UserError(f"ensemble.fusion: got {self.fusion!r}, expected one of {', '.join(FUSION_TERMS)}")
+        if not 2 <= self.kind_terms <= len(KIND_TERMS):
+            raise UserError(f"ensemble.kind_terms: got {self.kind_terms!r}, expected 2 to {len(KIND_TERMS)}")
 
     @property
     def width(self) -> int:
@@ -164,10 +171,11 @@ def _kinds(feats):
     return feats[..., first : first + len(KIND_FEATURE_NAMES)]
 
 
-def roof_terms(feats, batch_size, kinds: bool = False):
+def roof_terms(feats, batch_size, kinds: bool = False, kind_terms: int = len(KIND_TERMS)):
     """The roofline's terms f32[..., 5] (ROOF_TERMS order; elements, not bytes: the coefficients absorb the
-    element size), and with ``kinds`` f32[..., 7] (KIND_TERMS after them). An unused table (no lookups) still pays
-    its per-table cost. A sequence shard's output is a row per id: its ``output`` term is lookups x dim."""
+    element size), and with ``kinds`` the first ``kind_terms`` of KIND_TERMS after them. An unused table (no
+    lookups) still pays its per-table cost. A sequence shard's output is a row per id: its ``output`` term is
+    lookups x dim."""
     lookups, distinct, dim, _ = physics(feats, batch_size)
     batch = jnp.broadcast_to(jnp.asarray(batch_size, jnp.float32), lookups.shape)
     if not kinds:
@@ -178,6 +186,7 @@ def roof_terms(feats, batch_size, kinds: bool = False):
     outputs = jnp.where(sequence > 0, lookups, batch) * dim
     gathers = lookups * dim
     terms = [jnp.ones_like(lookups), lookups, gathers, distinct * dim, outputs, gathers * sequence, gathers * weighted]
+    terms += [distinct * sequence][: kind_terms - 2]  # the sequence kernel's distinct rows (not x dim)
     return jnp.moveaxis(jnp.stack(terms) * 1e-6, 0, -1)
 
 
@@ -217,8 +226,8 @@ class MemberNet(nnx.Module):
             self.log_cache_coef = nnx.Param(jnp.asarray(coef[0], jnp.float32))
             self.log_cache_size = nnx.Param(jnp.asarray(coef[1], jnp.float32))
         self.kinds = config.kinds
-        if config.kinds:  # the kind terms' coefficients: the last two of ``log_coef``
-            self.log_kind_coef = nnx.Param(jnp.asarray(log_coef[-len(KIND_TERMS) :], jnp.float32))
+        if config.kinds:  # the kind terms' coefficients: the last ``kind_terms`` of ``log_coef``
+            self.log_kind_coef = nnx.Param(jnp.asarray(log_coef[-config.kind_terms :], jnp.float32))
 
     def table_latent(self, normalized, terms, max_correction: float):
         """f32[..., W]: corrected ms, roofline ms, lookups (1e6), latent of each shard (and with the cache term its
@@ -304,6 +313,7 @@ class EnsembleNets:
     max_device_correction: float
     width: int  # each member's per-shard latent (EnsembleConfig.width)
     kinds: bool = False  # the kernel kinds are inputs and roofline terms (EnsembleConfig.kinds)
+    kind_terms: int = 2  # how many of KIND_TERMS (EnsembleConfig.kind_terms)
 
 
 def init_ensemble(config: EnsembleConfig, log_coef: np.ndarray, seed: int = 0) -> tuple[EnsembleNets, EnsembleParams]:
@@ -322,7 +332,14 @@ def init_ensemble(config: EnsembleConfig, log_coef: np.ndarray, seed: int = 0) -
     scalar = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     params = EnsembleParams(members, fwd, bwd, stats, scalar(4096), scalar(4096), scalar(0.2), scalar(0.4), scalar(0.0))
     nets = EnsembleNets(
-        graph, fwd_graph, bwd_graph, config.max_correction, config.max_device_correction, config.width, config.kinds
+        graph,
+        fwd_graph,
+        bwd_graph,
+        config.max_correction,
+        config.max_device_correction,
+        config.width,
+        config.kinds,
+        config.kind_terms,
     )
     return nets, params
 
@@ -345,7 +362,7 @@ def abstract_ensemble(config: EnsembleConfig, log_coef: np.ndarray) -> tuple[Ens
 def member_latents(nets: EnsembleNets, members, stats: InputStats, feats, batch_size):
     """Per-shard latents f32[K, ..., W] of every member (``MemberNet.table_latent``)."""
     normalized = (net_inputs(feats, batch_size, nets.kinds) - stats.mean) / stats.std
-    terms = roof_terms(feats, batch_size, nets.kinds)
+    terms = roof_terms(feats, batch_size, nets.kinds, nets.kind_terms)
     return jax.vmap(lambda s: nnx.merge(nets.member, s).table_latent(normalized, terms, nets.max_correction))(members)
 
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from neuroshard_jax.costs.cost_model import CostModel, Scaled, device_compute_ms, expected_cost_model, inner_params
+from neuroshard_jax.costs.cost_model import CostModel, Scaled, device_compute_ms
 
 STEPS = 300  # Adam steps on the task's devices
 LEARNING_RATE = 3e-3
@@ -49,8 +49,8 @@ def tuned_on_devices(
 ) -> tuple[CostModel, TaskFit]:
     """``model`` fine-tuned so that its compute of the devices ``feats`` f32[D, T, F] (``mask`` bool[D, T]) reads
     ``measured_ms`` f64[D]; the fit's figures. The search's risk term and calibration scale stay as they were."""
-    expected = expected_cost_model(model)
-    start = inner_params(expected.params)
+    expected = model.expected
+    start = expected.own_params
     leaves, treedef = jax.tree_util.tree_flatten(start)
     where = [i for i, leaf in enumerate(leaves) if _trainable(leaf)]
     first = [jnp.asarray(leaves[i]) for i in where]
@@ -93,7 +93,7 @@ def tuned_on_devices(
     fit = TaskFit(int(len(measured_ms)), mape(first), mape(train))
     if not fit.kept:
         return model, fit
-    own = inner_params(model.params)  # the model's own (with its risk term): the tuned leaves put in place
+    own = model.own_params  # the model's own (with its risk term): the tuned leaves put in place
     own_leaves = jax.tree_util.tree_flatten(own)[0]
     tuned = rebuilt(own_leaves, train)
     params = model.params._replace(inner=tuned) if isinstance(model.params, Scaled) else tuned

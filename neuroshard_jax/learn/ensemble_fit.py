@@ -56,13 +56,19 @@ def ensemble_splits(source: np.ndarray, config: TrainConfig) -> tuple[np.ndarray
 
 
 def roofline_design(
-    feats, mask, batch, cache_size: float | None = None, fusion: str = "pairwise", kinds: bool = False
+    feats,
+    mask,
+    batch,
+    cache_size: float | None = None,
+    fusion: str = "pairwise",
+    kinds: bool = False,
+    kind_terms: int = len(KIND_TERMS),
 ) -> np.ndarray:
     """Per-shard-set columns f64[S, 7] of the roofline: the summed ROOF_TERMS, the kernel (1 per non-empty set)
     and the interaction, lookups (1e6) x ``MemberNet.fused`` of the shard count; with ``cache_size`` (1e6 elements)
     one more, the cache term's gathered elements x the share of the touched ones past that cache
-    (``MemberNet.cache_ms``); with ``kinds`` the summed KIND_TERMS last."""
-    terms = roof_terms(jnp.asarray(feats), jnp.asarray(batch)[:, None], kinds)
+    (``MemberNet.cache_ms``); with ``kinds`` the summed first ``kind_terms`` of KIND_TERMS last."""
+    terms = roof_terms(jnp.asarray(feats), jnp.asarray(batch)[:, None], kinds, kind_terms)
     sums = np.asarray(jnp.where(jnp.asarray(mask)[..., None], terms, 0.0).sum(1), np.float64)
     count = mask.sum(1).astype(np.float64)
     fused = 1.0 - 1.0 / np.maximum(count, 1.0) if fusion == "saturating" else count
@@ -87,19 +93,27 @@ def dataset_weights(source: np.ndarray, max_weight: float) -> np.ndarray:
 
 
 def fit_roofline(
-    feats, mask, batch, target, weights=None, cache: bool = False, fusion: str = "pairwise", kinds: bool = False
+    feats,
+    mask,
+    batch,
+    target,
+    weights=None,
+    cache: bool = False,
+    fusion: str = "pairwise",
+    kinds: bool = False,
+    kind_terms: int = len(KIND_TERMS),
 ) -> np.ndarray:
     """Log coefficients f32[7] (ROOF_TERMS, the kernel overhead, the interaction) of the roofline that
     minimises the (weighted) squared relative error over shard sets (non-negative least squares); a coefficient
     the data does not need gets a tiny floor, so every term stays positive. With ``cache``: the cache term's
     coefficient and its cache size (log of 1e6 elements) added, the size the best fit of CACHE_GRID_MIB; with
-    ``kinds``: the KIND_TERMS' coefficients last."""
+    ``kinds``: the coefficients of the first ``kind_terms`` of KIND_TERMS last."""
     from scipy.optimize import nnls  # a fit's alone: every command's start imports this module (conf)
 
     root = np.sqrt(np.ones(len(target)) if weights is None else np.asarray(weights, np.float64))
     best = None
     for size in [elements_of_mib(m) for m in CACHE_GRID_MIB] if cache else [None]:
-        design = roofline_design(feats, mask, batch, size, fusion, kinds) / target[:, None] * root[:, None]
+        design = roofline_design(feats, mask, batch, size, fusion, kinds, kind_terms) / target[:, None] * root[:, None]
         coef, residual = nnls(design, root)
         if best is None or residual < best[1]:
             best = (coef, residual, size)
@@ -221,18 +235,21 @@ def upgraded(prior: EnsembleConfig, asked: EnsembleConfig) -> EnsembleConfig:
     ``asked`` adds (the cache term, the saturating fusion term); a fine-tune never takes physics away."""
     saturating = "saturating" in (prior.fusion, asked.fusion)
     fusion = "saturating" if saturating else "pairwise"
-    return dataclasses.replace(prior, cache=prior.cache or asked.cache, fusion=fusion, kinds=prior.kinds or asked.kinds)
+    kinds = prior.kinds or asked.kinds
+    # the kind terms the prior has, and those ``asked`` adds where it asks for kinds
+    terms = max(prior.kind_terms if prior.kinds else 2, asked.kind_terms if asked.kinds else 2)
+    return dataclasses.replace(prior, cache=prior.cache or asked.cache, fusion=fusion, kinds=kinds, kind_terms=terms)
 
 
 def with_physics(config: EnsembleConfig, params: EnsembleParams, seed: int) -> tuple[EnsembleNets, EnsembleParams]:
     """A checkpoint's ensemble moved onto ``config`` (``upgraded``): every member keeps its nets and roofline; one
     that gains the cache term starts it at CACHE_PRIOR (a fit moves it: ``reanchored``)."""
     prior = np.asarray(member_roofline(params.members), np.float32)
-    had_kinds = "log_kind_coef" in params.members
-    base = prior[: -len(KIND_TERMS)] if had_kinds else prior
+    had = np.asarray(params.members["log_kind_coef"].get_value()).shape[-1] if "log_kind_coef" in params.members else 0
+    base = prior[:-had] if had else prior
     log_coef = np.concatenate([base, CACHE_PRIOR]) if config.cache and len(base) == NUM_COEFS else base
-    if config.kinds:  # the kind terms' start: the prior's, else a per-lookup gather's (a fit moves them)
-        kinds = prior[-len(KIND_TERMS) :] if had_kinds else np.full(len(KIND_TERMS), prior[2], np.float32)
+    if config.kinds:  # the kind terms' start: the prior's, the new ones a per-lookup gather's (a fit moves them)
+        kinds = np.concatenate([prior[len(prior) - had :], np.full(config.kind_terms - had, prior[2], np.float32)])
         log_coef = np.concatenate([log_coef, kinds])
     nets, template = init_ensemble(config, log_coef, seed)
     values = nnx.to_pure_dict(template.members)
@@ -241,6 +258,12 @@ def with_physics(config: EnsembleConfig, params: EnsembleParams, seed: int) -> t
     want = values["mlp"]["layers"][0]["kernel"].shape
     if first.shape != want:  # inputs the prior lacked (the kinds): their weights start at zero, the prior unchanged
         known["mlp"]["layers"][0]["kernel"] = np.pad(first, ((0, 0), (0, want[1] - first.shape[1]), (0, 0)))
+    if "log_kind_coef" in known and np.shape(known["log_kind_coef"])[-1] < config.kind_terms:  # kind terms added
+        kept = np.asarray(known["log_kind_coef"])  # each member's own; the new terms at their start (a fit moves them)
+        added = np.broadcast_to(
+            log_coef[len(log_coef) - config.kind_terms + had :], (len(kept), config.kind_terms - had)
+        )
+        known["log_kind_coef"] = np.concatenate([kept, added], -1)
     values.update(known)
     members = template.members
     nnx.replace_by_pure_dict(members, values)
@@ -296,6 +319,7 @@ def train_ensemble(
             physics.cache,
             physics.fusion,
             physics.kinds,
+            physics.kind_terms,
         )
 
     if init is None:

@@ -50,7 +50,7 @@ from neuroshard_jax.core.sharding import Shard, mem_bytes, split_counts
 from neuroshard_jax.core.table import Table
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.choice import CostModelSpec, shipped_names
-from neuroshard_jax.costs.cost_model import DeviceCosts, expected_cost_model, plan_cost_ms
+from neuroshard_jax.costs.cost_model import DeviceCosts, plan_cost_ms
 from neuroshard_jax.costs.scoring import score_plans_devices
 from neuroshard_jax.kernels.executors import Executor, open_executor
 from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest
@@ -273,7 +273,7 @@ def plan_task(config: PlanLabelConfig, task: Task, seed: int, progress: bool = T
     everything = searched + candidates
     if not everything:
         return []
-    model = expected_cost_model(built)
+    model = built.expected
     costs, spread = score_plans_devices(model, [p for *_, p in everything])
     plan_ms = np.asarray(plan_cost_ms(costs))
     chosen = select_variants(config, plan_ms[len(searched) :], spread, costs, len(searched), rng)

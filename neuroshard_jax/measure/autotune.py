@@ -48,7 +48,7 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.progress import progress_bar, progress_lines
 from neuroshard_jax.core.records import AutotuneRecord, LoopRecord, MeasuredCandidate
 from neuroshard_jax.core.task import Task
-from neuroshard_jax.costs.cost_model import CostModel, expected_cost_model, plan_cost_ms
+from neuroshard_jax.costs.cost_model import CostModel, plan_cost_ms
 from neuroshard_jax.costs.scoring import balanced_step, device_width, plan_arrays, with_costs
 from neuroshard_jax.costs.task_tune import tuned_on_devices
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor, pinned
@@ -205,7 +205,7 @@ def autotune_kernels(
     measured once (the first name kept). ``autotune=loop`` with ``search``: then measure, learn, search again
     (``_loop``)."""
     started = time.perf_counter()
-    expected = expected_cost_model(model)
+    expected = model.expected
     entrants, dropped, alias = distinct(task_plans)
     task = entrants[0].plan.task
     protocol = f"warmup {config.warmup} iters {config.iters} {task.training.optimizer}"

@@ -56,10 +56,7 @@ from neuroshard_jax.costs.cost_model import (
     DeviceCosts,
     bucket,
     combine_costs,
-    expected_cost_model,
     plan_cost_ms,
-    with_comm_factor,
-    with_compute_scale,
 )
 from neuroshard_jax.costs.coverage import far_devices_warning, out_of_depth_warning
 from neuroshard_jax.costs.scoring import (
@@ -567,15 +564,12 @@ def explain_file(config: ExplainConfig, model: CostModel | None = None) -> str:
         model, choice = build_cost_model(spec, plan.task, fallback=True)
         far = far_devices_warning(plan.task.num_devices, choice.name, choice.options)
         if plan.calibration is not None and choice.instead is None:  # the factors the plan was searched with
-            model = with_compute_scale(model, plan.calibration.factor, plan.task.comm_scale())
-            if plan.calibration.comm is not None:  # first contact's collectives
-                factor = plan.calibration.comm.factor_at(plan.task.num_devices)
-                model = with_comm_factor(model, factor, plan.task.comm_scale())
+            model = model.calibrated(plan.calibration, plan.task)
         unsure = device_uncertainty(model, plan)  # this model's members, not those of the model that searched
         trust = () if unsure is None else tuple(unsure[1])
         depth = out_of_depth_warning(plan.task, plan, choice.name, choice.options, trust=trust)
         warnings = [w for w in (missing, choice.instead, far, depth) if w]
-    model = expected_cost_model(model)
+    model = model.expected
     if config.base:
         text = format_diff(plan_diff(plan, load_plan(config.base, key="base"), model))
     else:

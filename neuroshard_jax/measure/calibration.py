@@ -28,7 +28,7 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.records import CalibrationProtocol, CalibrationRatios, CalibrationRecord, PlanDevices
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.core.task import Task
-from neuroshard_jax.costs.cost_model import CostModel, device_compute_ms, expected_cost_model, with_compute_scale
+from neuroshard_jax.costs.cost_model import CostModel, device_compute_ms
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import Executor, ExecutorConfig
 from neuroshard_jax.measure.evaluator import Measuring, plan_kernels, quiet_devices, quiet_kernels
@@ -103,7 +103,7 @@ def predicted_compute_ms(model: CostModel, task: Task, groups: list[list[int]]) 
     mask = np.zeros((len(groups), width), bool)
     for i, g in enumerate(groups):
         index[i, : len(g)], mask[i, : len(g)] = g, True
-    expected = expected_cost_model(model)
+    expected = model.expected
     return np.asarray(device_compute_ms(expected.fns, expected.params, feats[index], mask), np.float64)
 
 
@@ -158,8 +158,8 @@ def calibrated(
     """``model`` (built for ``task``, a feasible one: ``Planner.run`` checks it before building the model) with its
     compute scaled by the factor measured on ``task`` (the model as trained is what is calibrated), and the record
     plan.json keeps."""
-    record = calibrate(task, with_compute_scale(model, 1.0, task.comm_scale()), config, seed)
-    return with_compute_scale(model, record.factor, task.comm_scale()), record
+    record = calibrate(task, model.with_compute_scale(1.0, task.comm_scale()), config, seed)
+    return model.with_compute_scale(record.factor, task.comm_scale()), record
 
 
 class PlanReadings:
@@ -194,7 +194,7 @@ def calibrate_on_plans(plans: list[Plan], model: CostModel, readings: PlanReadin
     distinct non-empty device measured (``readings``) and predicted by ``model`` (uncalibrated), the factor their
     median measured / predicted."""
     started = time.perf_counter()
-    expected = expected_cost_model(model)
+    expected = model.expected
     readings.read(plans)
     seen, measured, predicted, sizes, busy = set(), [], [], [], 0
     for plan in plans:
@@ -217,7 +217,7 @@ def checked_on_plan(plan: Plan, model: CostModel, readings: PlanReadings, search
     """``PlanDevices``: the returned ``plan``'s non-empty devices measured (``readings``: only the kernels not read
     yet) against the calibrated ``model``'s predictions."""
     got = readings.devices(plan)
-    guess = np.asarray(score_plan(expected_cost_model(model), plan).compute_ms, np.float64)
+    guess = np.asarray(score_plan(model.expected, plan).compute_ms, np.float64)
     used = got > 0
     ratio = np.maximum(guess[used], 1e-9) / got[used]
     kernels = plan_kernels(plan)

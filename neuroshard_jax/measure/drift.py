@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import read_records
+from neuroshard_jax.core.files import JSONDoc, read_records
 from neuroshard_jax.core.manifests import load_manifest
 from neuroshard_jax.core.paths import resolve_dataset
 from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest
@@ -46,6 +46,27 @@ class References:
         return float(statistics.median(ratios.values())) if ratios else None
 
 
+def record_request(record: dict, settings: JSONDoc, request_id: str) -> ComputeRequest:
+    """A worker request re-measuring a collected ``record`` with its dataset's protocol (``settings``: its manifest's
+    pool, batch size, device, optimizer, precision, warm-ups, iterations) and its own kernel kind."""
+    specs = bool(record["tables"]) and isinstance(record["tables"][0], dict)
+    pool = PoolSpec(**settings["pool"]) if settings.get("pool") and not specs else None
+    return compute_request(
+        request_id,
+        record["tables"],
+        pool,
+        int(record.get("batch_size", settings["batch_size"])),
+        settings.get("device", "cpu"),
+        settings.get("optimizer", "exact_sgd"),
+        settings.get("precision", "fp32"),
+        int(settings.get("warmup", 5)),
+        int(settings.get("iters", 10)),
+        Timing.from_json(settings),
+        record.get("pooling", "sum"),  # the record's kernel kind: re-timed as the kernel it timed
+        bool(record.get("weighted", False)),
+    )
+
+
 def references(dataset: str | Path, samples: int, seed: int = 0) -> References:
     """``samples`` quiet records of ``dataset`` (``ok``, ``cpu_share`` >= MIN_CPU_SHARE where recorded; seeded) as
     requests with the dataset's protocol (its manifest's pool, batch size, optimizer, precision, warm-ups,
@@ -56,29 +77,7 @@ def references(dataset: str | Path, samples: int, seed: int = 0) -> References:
     records = [r for r in read_records(path / "compute.jsonl") if r.get("total_ms") and quiet(r)]
     if not records:
         raise UserError(f"dataset: {str(dataset)!r} has no measured records, expected a collected dataset")
-    chosen = np.random.default_rng(seed).permutation(len(records))[:samples]
-    pool = PoolSpec(**settings["pool"]) if settings.get("pool") else None
-    timing = Timing.from_json(settings)
-    requests, recorded = [], {}
-    for i in sorted(int(i) for i in chosen):
-        record = records[i]
-        request_id = f"probe-{i}"
-        specs = bool(record["tables"]) and isinstance(record["tables"][0], dict)
-        requests.append(
-            compute_request(
-                request_id,
-                record["tables"],
-                None if specs else pool,
-                int(record.get("batch_size", settings["batch_size"])),
-                settings.get("device", "cpu"),
-                settings.get("optimizer", "exact_sgd"),
-                settings.get("precision", "fp32"),
-                int(settings.get("warmup", 5)),
-                int(settings.get("iters", 10)),
-                timing,
-                record.get("pooling", "sum"),  # the record's kernel kind: re-timed as the kernel it timed
-                bool(record.get("weighted", False)),
-            )
-        )
-        recorded[request_id] = float(record["total_ms"])
-    return References(str(dataset), tuple(requests), recorded, manifest)
+    chosen = sorted(int(i) for i in np.random.default_rng(seed).permutation(len(records))[:samples])
+    requests = tuple(record_request(records[i], settings, f"probe-{i}") for i in chosen)
+    recorded = {f"probe-{i}": float(records[i]["total_ms"]) for i in chosen}
+    return References(str(dataset), requests, recorded, manifest)

@@ -22,6 +22,7 @@ this machine's CPU (planning for ``device=cuda`` never measures the host) and no
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -42,9 +43,6 @@ from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import (
     CostModel,
     combine_costs,
-    expected_cost_model,
-    with_comm_factor,
-    with_compute_scale,
 )
 from neuroshard_jax.costs.scoring import plan_arrays, score_plan
 from neuroshard_jax.measure.calibration import CalibrateConfig, measured_record
@@ -63,9 +61,11 @@ COMM_SAMPLES = 4  # exchanges measured at each
 VERSION = 4  # what a cached record holds (2: devices of 4-16 tables; 4: collectives at 2 and 4 ranks); else measured
 
 
-def contact_tasks(batch_size: int = BATCH) -> list[Task]:
+@functools.cache
+def contact_tasks(batch_size: int = BATCH) -> tuple[Task, ...]:
     """The spec devices first contact may measure: ``DRAWN`` one-device tasks of 4-16 whole tables (no slices, no row
-    blocks) drawn by the spec sampler from its own seed, the same for every machine and run."""
+    blocks) drawn by the spec sampler from its own seed, the same for every machine and run (drawn once a process:
+    the spec kernels and every world's exchanges are picked from them)."""
     # a plan's device fuses several tables: 4-16 a device, as plans of tens of tables on a few devices hold
     config = SpecSamplerConfig(
         min_tables=4, max_tables=16, batch_sizes=(batch_size,), split_share=0.0, row_share=0.0, mem_cap_gb=0.5
@@ -79,7 +79,7 @@ def contact_tasks(batch_size: int = BATCH) -> list[Task]:
         )
         if tables:
             tasks.append(Task.uniform(1, 64.0, batch, tables))
-    return tasks
+    return tuple(tasks)
 
 
 def _device_plan(task: Task) -> Plan:
@@ -90,7 +90,7 @@ def chosen_specs(model: CostModel) -> tuple[list[Plan], np.ndarray]:
     """The ``SAMPLES`` spec devices measured, and their predicted compute by ``model`` (as trained): of the drawn ones
     the model prices at most ``MAX_PREDICTED_MS``, the ones at evenly spaced ranks of their predicted times (cheap
     to dear, so the factor is not one corner's)."""
-    expected = expected_cost_model(with_compute_scale(model, 1.0, np.ones(1)))
+    expected = model.with_compute_scale(1.0, np.ones(1)).expected
     plans = [_device_plan(task) for task in contact_tasks()]
     predicted = np.array([float(score_plan(expected, p).compute_ms[0]) for p in plans])
     cheap = np.flatnonzero(predicted <= MAX_PREDICTED_MS)
@@ -119,7 +119,7 @@ def comm_plans(world: int) -> list[Plan]:
 def predicted_comm(model: CostModel, plan: Plan) -> np.ndarray:
     """f64[N]: each device's fwd + bwd collectives of ``plan`` by ``model`` (its risk term off), with no compute
     before them: as ``measure_comm`` times them with none (the forward waits on the backward's stragglers)."""
-    expected = expected_cost_model(model)
+    expected = model.expected
     zero = jnp.zeros(plan.task.num_devices, jnp.float32)
     costs = combine_costs(expected.fns, expected.params, zero, plan_arrays(plan, expected).devices)
     return np.asarray(costs.fwd_comm_ms, np.float64) + np.asarray(costs.bwd_comm_ms, np.float64)
@@ -218,16 +218,7 @@ def first_contact(
         path = _path(key)
         if path is not None and not busy_devices:  # a busy reading is not kept: the next run measures again
             write_json({"key": key, "record": record.to_json()}, path)
-    return scaled_by(model, record, task), record, cached
-
-
-def scaled_by(model: CostModel, record: CalibrationRecord, task: Task) -> CostModel:
-    """``model`` scaled by a first-contact record: its compute by the record's factor, its collectives by the comm
-    factor (a record of version 2 has none: they stay as trained), the task's links kept."""
-    scaled = with_compute_scale(model, record.factor, task.comm_scale())
-    if record.comm is None:
-        return scaled
-    return with_comm_factor(scaled, record.comm.factor_at(task.num_devices), task.comm_scale())
+    return model.calibrated(record, task), record, cached
 
 
 def contact_line(record: CalibrationRecord, cached: bool) -> str:

@@ -41,7 +41,6 @@ from neuroshard_jax.costs.cost_model import (
     DeviceArrays,
     DeviceCosts,
     combine_costs,
-    expected_cost_model,
     plan_cost_ms,
 )
 from neuroshard_jax.costs.scoring import (
@@ -319,7 +318,7 @@ _combine = jax.jit(combine_costs, static_argnums=0)
 def polish_plan(plan: Plan, model: CostModel, config: PolishConfig, seed: int = 0) -> Plan:
     """``plan`` polished on the real kernels (``config``), its costs re-predicted by ``model`` and its
     ``polish`` record set (measured per-device costs, measurements, time, the measured improvement)."""
-    model = expected_cost_model(model)
+    model = model.expected
     started = time.perf_counter()
     rng = np.random.default_rng([seed, 4441])
     n = plan.task.num_devices

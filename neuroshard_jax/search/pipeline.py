@@ -16,7 +16,7 @@ from neuroshard_jax.core.paths import cache_folder
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.records import CalibrationRecord, Candidate, PortfolioRecord
 from neuroshard_jax.core.task import Task, check_feasible
-from neuroshard_jax.costs.cost_model import CostModel, compute_scale, expected_cost_model
+from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.scoring import score_plans, with_costs
 from neuroshard_jax.search.ways import Run, Ways, search_runs
 from searchers import Searcher, registered
@@ -67,7 +67,7 @@ def search_candidates(
             f"cost_model: got {type(model).__name__}, expected a CostModel (CostModelSpec(name).for_task(task))"
         )
     start = time.perf_counter()
-    expected = expected_cost_model(model)  # the reported costs and the stages' estimates: no risk term
+    expected = model.expected  # the reported costs and the stages' estimates: no risk term
     portfolio = bool(searcher.members())
     ways = Ways(task, expected)
     tried = []
@@ -105,7 +105,7 @@ def search_candidates(
     elapsed_s = time.perf_counter() - start
     # the reported costs are expectations: the search's risk term (an ensemble's spread) is not part of them
     scored = with_costs(expected, plans[best])
-    factor = compute_scale(model)
+    factor = model.calibration
     given = CalibrationRecord.of_factor(factor) if factor != 1.0 else None  # calibrate=measured replaces it
     record = _portfolio_record(outcomes, picks, best, plans, scores, expected) if portfolio else None
     chosen = dataclasses.replace(scored, searcher=searcher.name, seed=seed, search_time_s=elapsed_s)

@@ -27,7 +27,7 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.records import CalibrationRecord, PortfolioRecord
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.choice import ModelChoice
-from neuroshard_jax.costs.cost_model import CostModel, with_compute_scale
+from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.kernels.executors import open_executor
 from neuroshard_jax.measure.autotune import AutotuneConfig, Entrant, Search, autotune_kernels, first_line
 from neuroshard_jax.measure.autotune_steps import autotune_steps
@@ -165,9 +165,9 @@ class CalibratePlan:
         plans = list({_placement(p): p for p in [plan, *state.candidates.values()]}.values())
         with open_executor(config.executor, config.device, config.timeout_s) as pool:
             readings = PlanReadings(config, pool)
-            record = calibrate_on_plans(plans, with_compute_scale(model, 1.0, task.comm_scale()), readings)
+            record = calibrate_on_plans(plans, model.with_compute_scale(1.0, task.comm_scale()), readings)
         again = record.factor != model.calibration
-        model = with_compute_scale(model, record.factor, task.comm_scale())
+        model = model.with_compute_scale(record.factor, task.comm_scale())
         state = dataclasses.replace(state, model=model, record=record)
         if again:
             state = self.search.run(state)

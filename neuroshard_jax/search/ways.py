@@ -61,7 +61,7 @@ from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard, check_row_split, merge_colocated, narrowest_dim, row_shards
 from neuroshard_jax.core.task import Task, check_feasible
-from neuroshard_jax.costs.cost_model import CostModel, expected_cost_model
+from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.scoring import score_plan, score_plans, shards_alone, with_costs
 from searchers import Searcher
 
@@ -174,14 +174,14 @@ def search_with_rows(task: Task, searcher: Searcher, model: CostModel, seed: int
     """The searcher's plan of ``task`` with exactly ``tables`` (task indices) cut into row blocks over every device,
     whatever the model thinks of it (what ``row_split`` would weigh against the other ways), with its costs."""
     check_feasible(task)
-    expected = expected_cost_model(model)
+    expected = model.expected
     plan = search_around(task, searcher, model, expected, seed, tables, False)
     return dataclasses.replace(with_costs(expected, plan), searcher=searcher.name, seed=seed)
 
 
 def whole_table_ms(expected: CostModel, task: Task) -> np.ndarray:
     """f64[T]: each table's predicted compute alone and whole by ``expected`` (a model's expectation,
-    ``expected_cost_model``)."""
+    ``CostModel.expected``)."""
     return shards_alone(expected, task.features().astype(np.float32))[1].astype(np.float64)
 
 
