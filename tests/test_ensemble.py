@@ -753,10 +753,10 @@ def test_a_task_of_sequence_or_weighted_tables_gets_the_model_that_learned_their
 
 
 def test_the_sequence_kernels_distinct_rows_term_is_added_by_a_fine_tune_and_older_kinds_models_load(tmp_path):
-    """The roofline's third kind term (a sequence kernel's distinct rows, not x dim): a kinds model trained with the
-    two terms of before (real training on the shipped sequence labels) loads with two; a fine-tune of it gains the
-    third (fitted, saved, loaded back with three); the shipped kinds model keeps its own; the term is a sequence
-    shard's distinct rows and nothing for a bag."""
+    """The roofline's third kind term (a sequence kernel's distinct rows, not x dim; ``kind_terms=3``): a kinds model
+    trained with two (real training on the shipped sequence labels) loads with two, its meta without the key too
+    (checkpoints from before it); a fine-tune of it asked for the third gains it (fitted, saved, loaded back with
+    three); the shipped kinds model has two; the term is a sequence shard's distinct rows and nothing for a bag."""
     from neuroshard_jax.learn.ensemble_fit import train_ensemble
     from neuroshard_jax.learn.trainer import TrainConfig
 
@@ -777,7 +777,7 @@ def test_the_sequence_kernels_distinct_rows_term_is_added_by_a_fine_tune_and_old
     del meta["net_config"]["kind_terms"]
     (tmp_path / "two" / "meta.json").write_text(json.dumps(meta))
     assert load_ensemble(tmp_path / "two")[0].kind_terms == 2
-    assert load_ensemble(REPO / "neuroshard_jax" / "data" / "models" / "epyc-f25m17-kinds")[0].kind_terms == 3
+    assert load_ensemble(REPO / "neuroshard_jax" / "data" / "models" / "epyc-f25m17-kinds")[0].kind_terms == 2
     feats, mask, batch, target, _, _ = ensemble_arrays([labels])
     pred, _ = ensemble_ms(nets, params, feats[:32], mask[:32], batch[:32])
     assert np.all(np.isfinite(pred)) and np.all(np.asarray(pred) > 0)

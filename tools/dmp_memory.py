@@ -3,6 +3,7 @@ optimizer near their devices' caps, run on gloo ranks on this machine's CPU with
 backward pass.
 
     python -m tools.dmp_memory --tasks 3 --devices 4,8 --optimizers exact_sgd,exact_row_wise_adagrad,exact_adagrad
+    python -m tools.dmp_memory --family din_history --tasks 2 --devices 4 --optimizers exact_row_wise_adagrad
 
 Per task (``--tables`` tables drawn from the shipped 856-table pool, its own seeds), device count and optimizer: the
 devices' cap is set so that the tables (weights, optimizer state, the step's buffers) and every device's slice of the
@@ -13,7 +14,9 @@ growth when its sharded module is built and its peak over 3 training steps, and 
 weights and optimizer state, beside ``Plan.memory``. Writes ``--out`` (JSON, after every plan) and prints, per
 optimizer, the error of the predicted total against the peak growth (MAPE, bias, worst rank), how exact weights and
 state are, the fullest rank's predicted total and peak as shares of its room (cap less reserve), and how many ranks
-passed it.
+passed it. ``--family``: tasks of one of the sequence benchmark's families (``tools/sequence_benchmark.py``: sequence
+histories, weighted and mean-pooled bags beside plain ones; task indices from 50 on, not the benchmark's own), so
+that the unpooled kernels' outputs (a row per id) and their all-to-all buffers are judged as the bags' are.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from neuroshard_jax.measure.training_steps import dmp_memory
 from neuroshard_jax.search.sharding_planner import Planner
 from neuroshard_jax.workloads.builders import TaskConfig, generate_task
 from neuroshard_jax.workloads.pool import PoolSpec, load_pool
+from tools.sequence_benchmark import FAMILIES, sequence_task
 
 SEED = 720_113  # the tool's own task draws
 OUT = Path("outputs/bench/dmp-memory/results.json")
@@ -46,6 +50,14 @@ def tasks(count: int, devices: int, tables: int, seed: int = 0) -> list:
     pool = load_pool(PoolSpec(), 4096)
     config = TaskConfig(num_tables=tables, num_devices=devices, mem_cap_gb=1.0, max_fill=0.5, pool=PoolSpec())
     return [generate_task(pool, config, SEED + 10_000 * seed + 100 * devices + i) for i in range(count)]
+
+
+def family_tasks(family: str, count: int, devices: int, seed: int = 0) -> list:
+    """``count`` tasks of the sequence benchmark's ``family`` at ``devices`` devices (indices 50 + 10 x seed on: draws
+    the benchmark never plans)."""
+    if family not in FAMILIES:
+        raise SystemExit(f"error: --family: got {family!r}, expected pool or one of {', '.join(FAMILIES)}")
+    return [sequence_task(family, devices, 50 + 10 * seed + i) for i in range(count)]
 
 
 def filled(task, optimizer: str, fill: float | None, reserve: float = 0.0):
@@ -101,12 +113,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--reserve", type=float, default=0.0, help="share of each cap held back (task.mem_reserve)")
     parser.add_argument("--seed", type=int, default=0, help="the tasks' set of draws (0: the first measured)")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--family", default="pool", help="pool, or a family of tools/sequence_benchmark.py")
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args(argv)
     optimizers = args.optimizers.split(",")
     rows = []
     for n in (int(d) for d in args.devices.split(",")):
-        for i, task in enumerate(tasks(args.tasks, n, args.tables, args.seed)):
+        drawn = (
+            tasks(args.tasks, n, args.tables, args.seed)
+            if args.family == "pool"
+            else family_tasks(args.family, args.tasks, n, args.seed)
+        )
+        for i, task in enumerate(drawn):
             for name in optimizers:
                 trained = filled(task, name, args.fill or None, args.reserve)
                 plan = Planner(cost_model=CostModelSpec("analytic")).run(trained).plan

@@ -52,7 +52,7 @@ def _hardware() -> JSONDoc:
 
 
 @functools.cache
-def cache_bytes() -> dict[str, int]:
+def cache_bytes() -> JSONDoc:
     """The first CPU's data and unified caches as Linux reports them (sysfs), in bytes: {"l1d", "l2", "l3"}
     (what this machine has of them; {} elsewhere). The L2 is per core on the CPUs here, the L3 shared by the
     cores (and by the kernel workers that run on them)."""

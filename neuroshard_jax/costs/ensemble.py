@@ -69,9 +69,10 @@ NUM_INPUTS = len(INPUT_NAMES)
 # With ``EnsembleConfig.kinds``, the kernel a shard runs in (``core.features.KIND_FEATURE_NAMES``) is an input of the
 # correction net and adds roofline terms: a sequence kernel's rows out (one per id: its output and the gradient it
 # scatters, lookups x dim, which FBGEMM's unpooled kernels spend far more on than a pooled one's bags), a weighted
-# kernel's scaled gathers (lookups x dim) and, from 2026-11-29, a sequence kernel's distinct rows (its backward on
-# CPU goes with the rows a batch touches, 2-3 us each whatever their width: docs/results/kernel-kinds.md). Their log
-# coefficients are the last ``EnsembleConfig.kind_terms`` of a member's roofline (2 in checkpoints from before).
+# kernel's scaled gathers (lookups x dim) and, with ``kind_terms=3``, a sequence kernel's distinct rows (its backward
+# on CPU goes with the rows a batch touches, 2-3 us each whatever their width: docs/results/kernel-kinds.md, where it
+# read held-out labels better and the sequence benchmark's plan devices worse, so it is not the default). Their log
+# coefficients are the last ``EnsembleConfig.kind_terms`` of a member's roofline.
 KIND_INPUTS = KIND_FEATURE_NAMES
 KIND_TERMS = ("sequence_rows", "weighted_gathers", "sequence_distinct")
 
@@ -108,9 +109,9 @@ class EnsembleConfig:
     # the kernel kinds (mean pooling, per-id weights, sequence lookups) as inputs and roofline terms (``KIND_TERMS``);
     # checkpoints trained before them read sum-pooled bags alone
     kinds: bool = False
-    # with ``kinds``, how many of KIND_TERMS the roofline has (checkpoints trained before the sequence kernel's
-    # distinct-row term have the first 2)
-    kind_terms: int = len(KIND_TERMS)
+    # with ``kinds``, how many of KIND_TERMS the roofline has: 2, or 3 with the sequence kernel's distinct rows
+    # (checkpoints trained before it have 2)
+    kind_terms: int = 2
 
     def __post_init__(self):
         if self.fusion not in FUSION_TERMS:
@@ -171,7 +172,7 @@ def _kinds(feats):
     return feats[..., first : first + len(KIND_FEATURE_NAMES)]
 
 
-def roof_terms(feats, batch_size, kinds: bool = False, kind_terms: int = len(KIND_TERMS)):
+def roof_terms(feats, batch_size, kinds: bool = False, kind_terms: int = 2):
     """The roofline's terms f32[..., 5] (ROOF_TERMS order; elements, not bytes: the coefficients absorb the
     element size), and with ``kinds`` the first ``kind_terms`` of KIND_TERMS after them. An unused table (no
     lookups) still pays its per-table cost. A sequence shard's output is a row per id: its ``output`` term is

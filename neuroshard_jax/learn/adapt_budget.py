@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import read_json, write_json
+from neuroshard_jax.core.files import JSONDoc, read_json, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class Ledger:
             self.spent[name] = seconds
             write_json({**self.state, "spent_s": self._rounded()}, self.path)
 
-    def _rounded(self) -> dict[str, float]:
+    def _rounded(self) -> JSONDoc:
         return {k: round(v, 2) for k, v in self.spent.items()}
 
 

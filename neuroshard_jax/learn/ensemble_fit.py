@@ -22,7 +22,6 @@ from neuroshard_jax.costs.checkpoints import load_ensemble, read_meta, save_ense
 from neuroshard_jax.costs.coverage import coverage_block
 from neuroshard_jax.costs.ensemble import (
     CACHE_PRIOR,
-    KIND_TERMS,
     NUM_COEFS,
     ROOF_TERMS,
     EnsembleConfig,
@@ -62,7 +61,7 @@ def roofline_design(
     cache_size: float | None = None,
     fusion: str = "pairwise",
     kinds: bool = False,
-    kind_terms: int = len(KIND_TERMS),
+    kind_terms: int = 2,
 ) -> np.ndarray:
     """Per-shard-set columns f64[S, 7] of the roofline: the summed ROOF_TERMS, the kernel (1 per non-empty set)
     and the interaction, lookups (1e6) x ``MemberNet.fused`` of the shard count; with ``cache_size`` (1e6 elements)
@@ -101,7 +100,7 @@ def fit_roofline(
     cache: bool = False,
     fusion: str = "pairwise",
     kinds: bool = False,
-    kind_terms: int = len(KIND_TERMS),
+    kind_terms: int = 2,
 ) -> np.ndarray:
     """Log coefficients f32[7] (ROOF_TERMS, the kernel overhead, the interaction) of the roofline that
     minimises the (weighted) squared relative error over shard sets (non-negative least squares); a coefficient

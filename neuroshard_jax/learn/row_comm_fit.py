@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.files import read_json, read_records, write_json
+from neuroshard_jax.core.files import JSONDoc, read_json, read_records, write_json
 from neuroshard_jax.core.hardware import hardware_kind
 from neuroshard_jax.core.manifests import git_commit
 from neuroshard_jax.core.paths import resolve_dataset
@@ -29,7 +29,7 @@ from neuroshard_jax.costs.input_dist import fit as fit_inputs
 from neuroshard_jax.costs.row_comm import RowComm, fit, rank_ms
 
 
-def held_out_error(model: RowComm, records: list[dict]) -> dict[str, float]:
+def held_out_error(model: RowComm, records: list[dict]) -> JSONDoc:
     """MAPE of each rank's fwd and bwd row-group ms in ``records`` by ``model``, and how many ranks."""
     errors: dict[str, list[float]] = {"fwd": [], "bwd": []}
     for r in records:
@@ -41,7 +41,7 @@ def held_out_error(model: RowComm, records: list[dict]) -> dict[str, float]:
     return {f"{k}_mape": round(float(np.mean(v)), 4) for k, v in errors.items() if v} | {"ranks": len(errors["fwd"])}
 
 
-def input_held_out_error(model: InputDist, records: list[dict]) -> dict[str, float]:
+def input_held_out_error(model: InputDist, records: list[dict]) -> JSONDoc:
     """MAPE of each rank's ``fwd_inputs_ms`` in ``records`` by the input distribution fit ``model``, and how many
     ranks."""
     errors = []
