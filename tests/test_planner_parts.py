@@ -234,3 +234,44 @@ def test_one_stage_sequence_built_once_and_run_in_its_order_by_every_entry_point
     old = plan.to_json()
     del old["stages"]
     assert Plan.from_json(old) == plan and Plan.from_json(old).stages == ()  # a plan.json from before stages loads
+
+
+@pytest.mark.fast
+def test_a_device_never_holds_sequence_slices_of_two_widths():
+    """TorchRec runs an EmbeddingCollection's column slices on a rank in one FBGEMM unpooled kernel, which takes one
+    width (DistributedModelParallel failed on a plan with slices 16 and 32 wide of 64-wide sequence tables on one
+    rank): such a plan is refused by ``validate``; the search's plans are evened (the wider table cut to the narrower
+    width where they meet, on the same devices: the same weights, a copy of the ids a slice); bags and whole tables
+    are left alone."""
+    from neuroshard_jax.core.errors import PlanError
+    from neuroshard_jax.core.sharding import Shard, even_sequence_slices, mixed_sequence_slices
+
+    history, actions, bag = (
+        dataclasses.replace(make_table(i, rows=1000, dim=64, pooling=20.0), pooling=kind)
+        for i, kind in enumerate(("none", "none", "sum"))
+    )
+    task = make_task([history, actions, bag], num_devices=4)
+    shards = (
+        *(Shard(0, 16 * k, 16, k) for k in range(4)),
+        Shard(1, 0, 32, 2),
+        Shard(1, 32, 32, 3),
+        Shard(2, 0, 32, 2),  # a bag's slices may differ: pooled kernels take mixed widths
+        Shard(2, 32, 32, 1),
+    )
+    assert mixed_sequence_slices(task.tables, shards) == {(2, 64): {16, 32}, (3, 64): {16, 32}}
+    with pytest.raises(PlanError, match=r"^plan: device 2 holds column slices \[16, 32\] wide of sequence tables 64"):
+        Plan(task, shards).validate()
+    even = even_sequence_slices(task.tables, shards)
+    assert [s for s in even if s.table == 1] == [
+        Shard(1, 0, 16, 2),
+        Shard(1, 16, 16, 2),
+        Shard(1, 32, 16, 3),
+        Shard(1, 48, 16, 3),
+    ]
+    assert [s for s in even if s.table != 1] == [s for s in shards if s.table != 1]
+    plan = Plan(task, even).validate()
+    before = Plan(task, shards).memory()  # the same weights; each slice holds its own copy of the ids
+    assert [m.weights for m in plan.memory()] == [m.weights for m in before]
+    assert all(m.buffers >= b.buffers for m, b in zip(plan.memory(), before))
+    beam = Planner(cost_model=CostModelSpec("analytic"), searcher=make_searcher("beam")).run(task).plan
+    assert not mixed_sequence_slices(task.tables, beam.shards)

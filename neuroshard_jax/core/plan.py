@@ -28,6 +28,7 @@ from neuroshard_jax.core.sharding import (
     Shard,
     column_shards,
     device_dim_sums,
+    mixed_sequence_slices,
     tiling_error,
 )
 from neuroshard_jax.core.task import Task, memory_words
@@ -220,6 +221,13 @@ class Plan:
         broken = violations(task.tables, self.shards, task.table_names(), self.data_parallel)
         if broken:
             raise PlanError(f"plan breaks {len(broken)} constraints: {broken[0]}")
+        mixed = mixed_sequence_slices(task.tables, self.shards)
+        if mixed:
+            (device, dim), widths = next(iter(mixed.items()))
+            raise PlanError(
+                f"plan: device {device} holds column slices {sorted(widths)} wide of sequence tables {dim} wide; "
+                "expected one width a device (TorchRec runs them in one FBGEMM unpooled kernel, which takes one)"
+            )
         return self
 
     def to_json(self) -> JSONDoc:

@@ -141,6 +141,47 @@ def merge_colocated(shards: Iterable[Shard]) -> tuple[Shard, ...]:
     return tuple(out)
 
 
+def mixed_sequence_slices(tables: Sequence, shards: Iterable[Shard]) -> dict[tuple[int, int], set[int]]:
+    """(device, table dim) -> the widths of the column slices of sequence tables of that dim on that device, where
+    there are several. TorchRec shards an EmbeddingCollection's tables (one dim: it requires it) column-wise into
+    one FBGEMM kernel a rank, and FBGEMM's unpooled kernel takes one width (``PoolingMode.NONE``: "Mixed dimension
+    tables only supported for pooling tables"): a device with column slices of 16 and of 32 of such tables fails in
+    DistributedModelParallel. Tables of one dim are taken as one collection's (what ``export`` makes of them)."""
+    widths: dict[tuple[int, int], set[int]] = {}
+    for s in shards:
+        table = tables[s.table]
+        if table.sequence and s.dim < table.dim and s.row_offset == 0 and s.num_rows is None:
+            widths.setdefault((s.device, table.dim), set()).add(s.dim)
+    return {key: found for key, found in widths.items() if len(found) > 1}
+
+
+def even_sequence_slices(tables: Sequence, shards: Iterable[Shard]) -> tuple[Shard, ...]:
+    """``shards`` with every device's column slices of sequence tables of one dim at one width
+    (``mixed_sequence_slices``): a table whose slices are wider than the narrowest such slice on a device it shares
+    is cut into slices of that width, each old slice's pieces on the old slice's device (the same weights and
+    all-to-all width; a copy of the ids a slice, more lookups a kernel). Repeated until no device mixes widths (widths
+    only narrow). Other shards unchanged; order: by table, then column."""
+    shards = tuple(shards)
+    mixed = mixed_sequence_slices(tables, shards)
+    while mixed:
+        narrowest = {key: min(found) for key, found in mixed.items()}
+        recut: dict[int, int] = {}  # table -> its new slice width
+        for s in shards:
+            width = narrowest.get((s.device, tables[s.table].dim))
+            if width is not None and tables[s.table].sequence and width < s.dim < tables[s.table].dim:
+                recut[s.table] = min(recut.get(s.table, s.dim), width)
+        out = []
+        for s in sorted(shards, key=lambda s: (s.table, s.col_offset, s.row_offset)):
+            width = recut.get(s.table)
+            if width is None or s.dim <= width:
+                out.append(s)
+                continue
+            out.extend(dataclasses.replace(s, col_offset=s.col_offset + k, dim=width) for k in range(0, s.dim, width))
+        shards = tuple(out)
+        mixed = mixed_sequence_slices(tables, shards)
+    return shards
+
+
 def mem_bytes(rows, dim, precision: str):
     """Weight memory in bytes of ``rows`` x ``dim`` elements at ``precision`` (ints or arrays): the memory rule."""
     return rows * dim * BYTES_PER_ELEMENT[precision]

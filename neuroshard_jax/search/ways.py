@@ -59,7 +59,14 @@ from neuroshard_jax.core.constraints import (
 from neuroshard_jax.core.devices import Device
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.plan import Plan
-from neuroshard_jax.core.sharding import Shard, check_row_split, merge_colocated, narrowest_dim, row_shards
+from neuroshard_jax.core.sharding import (
+    Shard,
+    check_row_split,
+    even_sequence_slices,
+    merge_colocated,
+    narrowest_dim,
+    row_shards,
+)
 from neuroshard_jax.core.task import Task, check_feasible
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.scoring import score_plan, score_plans, shards_alone, with_costs
@@ -204,12 +211,13 @@ def search_around(
         plans = []
         for around in arounds:
             rest_plan = searcher.search(around, model, seed)
-            rest_plan = Plan(rest, merge_colocated(rest_plan.shards))
+            rest_plan = Plan(rest, even_sequence_slices(rest.tables, merge_colocated(rest_plan.shards)))
             plans.append(join(task, rest_plan, index, blocks).validate())
         return plans[int(np.argmin(score_plans(model, plans)))] if len(plans) > 1 else plans[0]
     plan = searcher.search(task, model, seed)
     # slices of one table left on one device are one shard's work done in pieces: undo those halvings
-    return dataclasses.replace(plan, shards=merge_colocated(plan.shards)).validate()
+    shards = even_sequence_slices(plan.task.tables, merge_colocated(plan.shards))
+    return dataclasses.replace(plan, shards=shards).validate()
 
 
 UNEVEN_BLOCKS = 0.05  # blocks whose predicted compute spreads more than this (of the mean) are planned around
