@@ -165,6 +165,13 @@ def compare(
     return out
 
 
+def cell_text(scored: dict | None) -> str:
+    """A table cell: MAPE, mean signed error and worst ratio of ``scores``' figures; "-" without any."""
+    if not scored:
+        return "-"
+    return f"{100 * scored['mape']:5.1f}% {100 * scored['signed']:+6.1f}% {scored['worst']:5.2f}x"
+
+
 def print_table(result: dict, models: list[str]) -> None:
     print(f"{'dataset':16s} {'slice':6s} {'count':>5s} " + " ".join(f"{Path(m).name[:26]:>27s}" for m in models))
     for dataset, parts in result.items():
@@ -172,10 +179,7 @@ def print_table(result: dict, models: list[str]) -> None:
             first = next((s for s in by_model.values() if s), None)
             if first is None:
                 continue
-            cells = [
-                f"{100 * s['mape']:5.1f}% {100 * s['signed']:+6.1f}% {s['worst']:5.2f}x" if s else "-"
-                for s in by_model.values()
-            ]
+            cells = [cell_text(s) for s in by_model.values()]
             print(f"{dataset:16s} {part:6s} {first['count']:5d} " + " ".join(f"{c:>27s}" for c in cells))
     print("cells: MAPE, mean signed error, worst (predicted / measured either way)")
 

@@ -42,7 +42,7 @@ from neuroshard_jax.learn.datasets import steady
 from neuroshard_jax.learn.ensemble_fit import ensemble_ms
 from neuroshard_jax.learn.metrics import relative_errors
 from neuroshard_jax.measure.drift import record_request
-from tools.heldout_models import check_splits, held_out, kind_slices
+from tools.heldout_models import cell_text, check_splits, held_out, kind_slices
 
 
 def cell(pred: np.ndarray, true: np.ndarray) -> dict | None:
@@ -128,10 +128,7 @@ def print_table(result: dict) -> None:
     print(f"{'dataset':22s} {'slice':13s} {'count':>5s} " + " ".join(f"{n:>24s}" for n in names))
     for dataset, part in result.items():
         for name, cells in part["slices"].items():
-            shown = [
-                f"{100 * c['mape']:5.1f}% {100 * c['signed']:+6.1f}% {c['worst']:5.2f}x" if c else "-"
-                for c in (cells[n] for n in names)
-            ]
+            shown = [cell_text(cells[n]) for n in names]
             count = cells["label_vs_now"]["count"]
             print(f"{dataset:22s} {name:13s} {count:5d} " + " ".join(f"{c:>24s}" for c in shown))
     print("cells: MAPE, mean signed error, worst ratio; the first column against the old label is the floor")
