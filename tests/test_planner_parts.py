@@ -236,7 +236,6 @@ def test_one_stage_sequence_built_once_and_run_in_its_order_by_every_entry_point
     assert Plan.from_json(old) == plan and Plan.from_json(old).stages == ()  # a plan.json from before stages loads
 
 
-@pytest.mark.fast
 def test_a_device_never_holds_sequence_slices_of_two_widths():
     """TorchRec runs an EmbeddingCollection's column slices on a rank in one FBGEMM unpooled kernel, which takes one
     width (DistributedModelParallel failed on a plan with slices 16 and 32 wide of 64-wide sequence tables on one
