@@ -257,7 +257,7 @@ def test_a_device_never_holds_sequence_slices_of_two_widths():
         Shard(2, 0, 32, 2),  # a bag's slices may differ: pooled kernels take mixed widths
         Shard(2, 32, 32, 1),
     )
-    assert mixed_sequence_slices(task.tables, shards) == {(2, 64): {16, 32}, (3, 64): {16, 32}}
+    assert mixed_sequence_slices(task.tables, shards) == ((2, 64, (16, 32)), (3, 64, (16, 32)))
     with pytest.raises(PlanError, match=r"^plan: device 2 holds column slices \[16, 32\] wide of sequence tables 64"):
         Plan(task, shards).validate()
     even = even_sequence_slices(task.tables, shards)

@@ -223,9 +223,10 @@ class Plan:
             raise PlanError(f"plan breaks {len(broken)} constraints: {broken[0]}")
         mixed = mixed_sequence_slices(task.tables, self.shards)
         if mixed:
-            (device, dim), widths = next(iter(mixed.items()))
+            first = mixed[0]
             raise PlanError(
-                f"plan: device {device} holds column slices {sorted(widths)} wide of sequence tables {dim} wide; "
+                f"plan: device {first.device} holds column slices {list(first.widths)} wide of sequence tables "
+                f"{first.dim} wide; "
                 "expected one width a device (TorchRec runs them in one FBGEMM unpooled kernel, which takes one)"
             )
         return self

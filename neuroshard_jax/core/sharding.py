@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -141,18 +142,26 @@ def merge_colocated(shards: Iterable[Shard]) -> tuple[Shard, ...]:
     return tuple(out)
 
 
-def mixed_sequence_slices(tables: Sequence, shards: Iterable[Shard]) -> dict[tuple[int, int], set[int]]:
-    """(device, table dim) -> the widths of the column slices of sequence tables of that dim on that device, where
-    there are several. TorchRec shards an EmbeddingCollection's tables (one dim: it requires it) column-wise into
-    one FBGEMM kernel a rank, and FBGEMM's unpooled kernel takes one width (``PoolingMode.NONE``: "Mixed dimension
-    tables only supported for pooling tables"): a device with column slices of 16 and of 32 of such tables fails in
+class MixedSlices(NamedTuple):
+    """A device holding column slices of several widths of sequence tables ``dim`` wide."""
+
+    device: int
+    dim: int
+    widths: tuple[int, ...]  # ascending
+
+
+def mixed_sequence_slices(tables: Sequence, shards: Iterable[Shard]) -> tuple[MixedSlices, ...]:
+    """Each device with column slices of several widths of sequence tables of one dim, by device and dim. TorchRec
+    shards an EmbeddingCollection's tables (one dim: it requires it) column-wise into one FBGEMM kernel a rank,
+    and FBGEMM's unpooled kernel takes one width (``PoolingMode.NONE``: "Mixed dimension tables only supported
+    for pooling tables"): a device with column slices of 16 and of 32 of such tables fails in
     DistributedModelParallel. Tables of one dim are taken as one collection's (what ``export`` makes of them)."""
     widths: dict[tuple[int, int], set[int]] = {}
     for s in shards:
         table = tables[s.table]
         if table.sequence and s.dim < table.dim and s.row_offset == 0 and s.num_rows is None:
             widths.setdefault((s.device, table.dim), set()).add(s.dim)
-    return {key: found for key, found in widths.items() if len(found) > 1}
+    return tuple(MixedSlices(d, dim, tuple(sorted(w))) for (d, dim), w in sorted(widths.items()) if len(w) > 1)
 
 
 def even_sequence_slices(tables: Sequence, shards: Iterable[Shard]) -> tuple[Shard, ...]:
@@ -164,7 +173,7 @@ def even_sequence_slices(tables: Sequence, shards: Iterable[Shard]) -> tuple[Sha
     shards = tuple(shards)
     mixed = mixed_sequence_slices(tables, shards)
     while mixed:
-        narrowest = {key: min(found) for key, found in mixed.items()}
+        narrowest = {(m.device, m.dim): m.widths[0] for m in mixed}
         recut: dict[int, int] = {}  # table -> its new slice width
         for s in shards:
             width = narrowest.get((s.device, tables[s.table].dim))
