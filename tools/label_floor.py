@@ -55,10 +55,9 @@ def cell(pred: np.ndarray, true: np.ndarray) -> dict | None:
 
 def retime(model: str, datasets: list[str], chosen: list[str], repeats: int, workers: int, pin: bool) -> dict:
     """Per chosen dataset and kernel kind: the four comparisons of the module's docstring."""
-    meta = load_ensemble(checkpoint_path(model))[3]
+    _, nets, params, meta = load_ensemble(checkpoint_path(model))  # restored once: its split and its nets
     train, spread, counts = check_splits({model: meta}, datasets)
     feats, mask, batch, target, source, test = held_out(datasets, spread, train, 0, counts)
-    _, nets, params, _ = load_ensemble(checkpoint_path(model))
     predicted = np.asarray(ensemble_ms(nets, params, feats[test], mask[test], batch[test])[0], np.float64)
     kinds = kind_slices(feats[test], mask[test])
     out = {}
