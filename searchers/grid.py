@@ -97,13 +97,31 @@ class GridResult(NamedTuple):
     devices: jax.Array
 
 
-def _place(fns: CostFns, params, z, mem, dims, valid, allowed, single, bound, cap, device_mask, speed, by_memory=False):
+def comm_slope(fns: CostFns, params, width: float, device_mask) -> jax.Array:
+    """f32[]: the ms of a step's all-to-alls (forward and backward) one more element of width adds to a device, as the
+    model prices them where every device of ``device_mask`` carries ``width`` (a task's width spread evenly): the
+    slope of its comm nets between 3/4 and 5/4 of that width (0 on one device: it sends nothing). The one rule of
+    the greedy's comm-aware key (``_place``), shared with the oracle of the tests by definition."""
+    mask = jnp.asarray(device_mask, bool)
+    width = jnp.maximum(jnp.asarray(width, jnp.float32), 1.0)
+    parts = jnp.stack([jnp.where(mask, 0.75 * width, 0.0), jnp.where(mask, 1.25 * width, 0.0)])[:, None, :]
+    masks = jnp.broadcast_to(mask, parts.shape)
+    ms = fns.bwd_comm(params, parts, masks) + fns.fwd_comm(params, parts, jnp.zeros_like(parts), masks)
+    mean = jnp.where(masks, ms, 0.0).sum((-2, -1)) / jnp.maximum(mask.sum(), 1)
+    slope = jnp.maximum((mean[1] - mean[0]) / (0.5 * width), 0.0)
+    return jnp.where(mask.sum() > 1, slope, 0.0).astype(jnp.float32)
+
+
+def _place(
+    fns: CostFns, params, z, mem, dims, valid, allowed, single, bound, weight, cap, device_mask, speed, by_memory=False
+):
     """Greedy placement of shards already in placement order (one candidate, one alpha; ``by_memory``: each on the
     eligible device with the most memory left).
 
     z f32[S, D], mem/dims i32[S], valid bool[S], allowed bool[S, N], single f32[S] each shard's cost alone; cap
-    i32[N]; speed f32[N]; returns (compute f32[N] (divided by the devices' speeds), dim sums i32[N], ok,
-    devices i32[S]).
+    i32[N]; speed f32[N]; ``weight`` f32[] ms a device's load counts per element of its all-to-all width (0: the
+    paper's rule, compute alone; ``comm_slope`` x a comm weight: the device whose compute and all-to-all together
+    end first); returns (compute f32[N] (divided by the devices' speeds), dim sums i32[N], ok, devices i32[S]).
     """
     n = device_mask.shape[0]
 
@@ -116,7 +134,8 @@ def _place(fns: CostFns, params, z, mem, dims, valid, allowed, single, bound, ca
         found = eligible.any()
         # identical devices: the least loaded (the paper's rule); devices of unequal speed: where the shard would
         # finish first (its cost alone, divided by the device's speed, on top of the device's load)
-        key = used - cap if by_memory else jnp.where(uniform, compute, compute + alone / speed)
+        load = compute + weight * dim_sums.astype(jnp.float32)
+        key = used - cap if by_memory else jnp.where(uniform, load, load + alone / speed)
         choice = jnp.argmin(jnp.where(eligible, key, jnp.inf))
         take = v & found
         row = latents[choice] + z_s
@@ -175,10 +194,21 @@ def _input_taken(devices, ids, column_table, spread, n: int):
 
 @functools.partial(jax.jit, static_argnums=0, static_argnames="by_memory")
 def grid_search(
-    fns: CostFns, params, batch: ShardBatch, bounds, cap, device_mask, speed, by_memory: bool = False, inputs=None
+    fns: CostFns,
+    params,
+    batch: ShardBatch,
+    bounds,
+    cap,
+    device_mask,
+    speed,
+    by_memory: bool = False,
+    inputs=None,
+    weights=None,
 ) -> GridResult:
     """Run the greedy for every candidate of ``batch`` and every dim bound of ``bounds`` (i32[A]).
 
+    ``weights`` f32[A] (optional; 0 without): each bound's greedy counts a device's all-to-all width at that many
+    ms per element beside its compute (``_place``; ``comm_weights`` x ``comm_slope``).
     ``cap``: memory units of each device (i32[N]); ``device_mask`` bool[N]; ``speed`` f32[N] each device's relative
     compute speed (its predicted compute is divided by it). Costs by the cost model ``fns``. ``by_memory`` (the
     packing fallback, compiled apart): shards in descending order of memory, each on the eligible device with the
@@ -204,13 +234,15 @@ def grid_search(
     allowed_sorted = jnp.take_along_axis(batch.allowed, order[..., None], axis=1)
     sorted_ = (z_sorted, take(mem, order), take(dims, order), take(valid, order), allowed_sorted, take(single, order))
 
-    def one(z_c, mem_c, dims_c, valid_c, allowed_c, single_c, bound):
-        return _place(
-            fns, params, z_c, mem_c, dims_c, valid_c, allowed_c, single_c, bound, cap, device_mask, speed, by_memory
-        )
+    weights = jnp.zeros(bounds.shape, jnp.float32) if weights is None else jnp.asarray(weights, jnp.float32)
 
-    over_alphas = jax.vmap(one, in_axes=(None, None, None, None, None, None, 0))
-    compute, dim_sums, ok, placed = jax.vmap(over_alphas, in_axes=(0, 0, 0, 0, 0, 0, None))(*sorted_, bounds)
+    def one(z_c, mem_c, dims_c, valid_c, allowed_c, single_c, bound, weight):
+        args = (z_c, mem_c, dims_c, valid_c, allowed_c, single_c, bound, weight, cap, device_mask, speed, by_memory)
+        return _place(fns, params, *args)
+
+    over_alphas = jax.vmap(one, in_axes=(None, None, None, None, None, None, 0, 0))
+    over = jax.vmap(over_alphas, in_axes=(0, 0, 0, 0, 0, 0, None, None))
+    compute, dim_sums, ok, placed = over(*sorted_, bounds, weights)
     # back from placement order to slot order: devices[c, a, order[c, s]] = placed[c, a, s]
     inverse = jnp.argsort(order, axis=-1)
     devices = jnp.take_along_axis(placed, inverse[:, None, :], axis=-1)

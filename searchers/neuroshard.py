@@ -24,7 +24,16 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import CostModel, bucket, fine_bucket
 from neuroshard_jax.costs.scoring import input_terms, shards_alone
-from searchers.grid import MEMORY_ONLY, ShardBatch, cap_units, dim_bounds, grid_search, mem_units, unit_bytes
+from searchers.grid import (
+    MEMORY_ONLY,
+    ShardBatch,
+    cap_units,
+    comm_slope,
+    dim_bounds,
+    grid_search,
+    mem_units,
+    unit_bytes,
+)
 from searchers.registry import Searcher, register
 
 logger = logging.getLogger(__name__)
@@ -104,6 +113,10 @@ MIN_CANDIDATES = 8  # beam's smallest padded batch of candidate splits
 MAX_WORK = 2e9
 PAD_WORK = 1e8  # a call is padded to a level's full bucket (one compiled shape for all) where that costs less
 FULL_CANDIDATES = 64  # that bucket at most (k=3 plans x 2n=20 tables by default: 64)
+# the comm-aware placement of the cheapest candidates (``Scorer.refine``) runs where its calls weigh at most this many
+# placements: every task up to hundreds of tables on tens of devices (856 tables on 64 devices: ~6e6 a call); 5,000
+# tables on 512 devices (~4e8) would take 30% longer for it, so there it is skipped, with a log line
+REFINE_WORK = 2e7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +124,10 @@ class GridConfig:
     alphas: tuple[float, ...] = bounded(at_least=1, default=DEFAULT_ALPHAS)
     # also run the greedy with no dim bound, and where that fails too, pack by memory (largest first, least used device)
     memory_only_fallback: bool = True
+    # the comm-aware greedy, run again on the cheapest candidates once per weight (``Scorer.refine``): a device's load
+    # is its compute plus weight x the ms its all-to-all width costs (``grid.comm_slope``); 1 weighs the collectives
+    # as the model prices them; [] (or 0): off, the paper's rule alone (compute, the width held by the dim bound)
+    comm_weights: tuple[float, ...] = bounded(at_least=0, default=(1.0,))
 
     def check(self) -> None:
         """The bounds of every field (a beam's too) and a non-empty ``alphas``."""
@@ -126,7 +143,12 @@ class Scorer:
         task = space.task
         self.space, self.model = space, model
         total_dim = sum(t.width(t.dim) for t in task.tables)
-        self.bounds = dim_bounds(config.alphas, total_dim, task.num_devices, config.memory_only_fallback)
+        n = task.num_devices
+        self.slope = float(comm_slope(model.fns, model.params, total_dim / n, np.ones(n, bool)))
+        self.bounds = dim_bounds(config.alphas, total_dim, n, config.memory_only_fallback)
+        # the comm-aware greedy (``refine``): ms per element of a device's all-to-all width, one per positive weight
+        self.comm_weights = [w * self.slope for w in dict.fromkeys(config.comm_weights) if w > 0 and self.slope > 0]
+        self.scored: dict[tuple[int, ...], float] = {}  # every candidate's cost by the paper's rule, in scoring order
         self.memory_fallback = config.memory_only_fallback
         self.cap = cap_units(task.cap_bytes(), space.unit).astype(np.int32)
         self.device_mask = np.ones(task.num_devices, dtype=bool)
@@ -142,12 +164,16 @@ class Scorer:
         slots = fine_bucket(max(sum(1 << k for k in c) for c in candidates), 8)
         return bucket(len(candidates), min_candidates) * len(self.bounds) * slots * self.space.task.num_devices
 
-    def score(self, candidates: list[tuple[int, ...]], min_candidates: int = 1) -> np.ndarray:
+    def score(self, candidates: list[tuple[int, ...]], min_candidates: int = 1, weight: float = 0.0) -> np.ndarray:
         """Best plan cost f64[C] of each candidate over the alpha grid (+inf: infeasible); the batch is padded to at
-        least ``min_candidates`` (fewer shapes to compile where calls of several sizes follow)."""
+        least ``min_candidates`` (fewer shapes to compile where calls of several sizes follow). ``weight``: the
+        greedy's ms per element of a device's width (0: the paper's rule, compute alone; ``refine``)."""
         batch = self.space.batch(candidates, min_candidates)
         args = (self.model.fns, self.model.params, batch)
-        out = grid_search(*args, self.bounds, self.cap, self.device_mask, self.speed, inputs=self.inputs)
+        weights = np.full(len(self.bounds), weight, np.float32)  # traced: every weight runs the one compiled search
+        out = grid_search(
+            *args, self.bounds, self.cap, self.device_mask, self.speed, inputs=self.inputs, weights=weights
+        )
         cost, devices = np.asarray(out.cost_ms, dtype=np.float64), np.asarray(out.devices)
         unplaced = np.isinf(cost[: len(candidates)]).all(axis=1)
         if self.memory_fallback and unplaced.any():  # packed by memory, compiled and run only where needed
@@ -166,11 +192,28 @@ class Scorer:
         cost = cost[: len(candidates)]
         alpha = np.argmin(cost, axis=1)  # first minimum: the smallest alpha among equals
         best = cost[np.arange(len(candidates)), alpha]
+        if weight == 0.0:
+            for levels, c in zip(candidates, best):
+                self.scored.setdefault(levels, float(c))
         self.candidates_scored += len(candidates)
         c = int(np.argmin(best))
         if np.isfinite(best[c]) and (self.best is None or best[c] < self.best[0]):
             self.best = (float(best[c]), candidates[c], devices[c, alpha[c]])
         return best
+
+    def refine(self, k: int, min_candidates: int = 1) -> None:
+        """The ``k`` cheapest candidates scored so far (first scored first among equals) placed again by the
+        comm-aware greedy, once per comm weight: each device's load is its compute plus the ms its all-to-all width
+        costs, so a device already wide takes the next shard only where its compute leaves room for the collectives
+        (item 1 of the step the search balances). One call per weight, of the levels' shape: nothing recompiles. The
+        best plan changes only where one of these is cheaper."""
+        feasible = [(c, i, levels) for i, (levels, c) in enumerate(self.scored.items()) if np.isfinite(c)]
+        top = [levels for _, _, levels in sorted(feasible)[:k]]
+        if top and self.comm_weights and self.work(top, min_candidates) * len(self.comm_weights) > REFINE_WORK:
+            logger.info("comm-aware placement skipped: %.3g placements, over %.3g", self.work(top), REFINE_WORK)
+            return
+        for weight in self.comm_weights if top else ():
+            self.score(top, min_candidates, weight)
 
     def best_plan(self, searcher: str) -> Plan:
         if self.best is None:
@@ -199,6 +242,7 @@ class GridSearch(GridConfig, Searcher):
     def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan:
         scorer = Scorer(SplitSpace(task, cost_model), cost_model, self)
         scorer.score([(0,) * task.num_tables])
+        scorer.refine(1)
         return scorer.best_plan("grid")
 
 
@@ -295,6 +339,9 @@ class BeamSearch(GridConfig, Searcher):
             per_candidate = (time.perf_counter() - scored_at) / bucket(len(candidates), pad)
             keep = sorted(range(len(candidates)), key=lambda i: costs[i])[: self.k]  # stable: generation order
             beam = [candidates[i] for i in keep]
+        # the k + 1 cheapest candidates placed again comm-aware: a call per weight outside the budgets, as the root's
+        # is (the grid's plan, where the budgets leave no level, is the grid searcher's)
+        scorer.refine(self.k + 1, padding(beam))
         return scorer.best_plan("beam")
 
     def _affordable(self, candidates: list, room: int, level: int, bound: str) -> list:

@@ -11,17 +11,21 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import shard_features
 from neuroshard_jax.costs.cost_model import plan_cost_ms
 from neuroshard_jax.costs.scoring import score_plan
-from searchers.grid import cap_units, dim_bounds, mem_units, unit_bytes
+from searchers.grid import cap_units, comm_slope, dim_bounds, mem_units, unit_bytes
 
 
 class Oracle:
-    def __init__(self, task, model, alphas, memory_only_fallback=True):
+    def __init__(self, task, model, alphas, memory_only_fallback=True, comm_weights=(1.0,)):
         self.task, self.model = task, model
         self._embed = jax.jit(lambda f: model.fns.embed(model.params, f))
         self._head = jax.jit(lambda z: model.fns.head(model.params, z))
         self.feats = task.features()
         total_dim = sum(t.dim for t in task.tables)
-        self.bounds = [int(b) for b in dim_bounds(alphas, total_dim, task.num_devices, memory_only_fallback)]
+        n = task.num_devices
+        slope = float(comm_slope(model.fns, model.params, total_dim / n, np.ones(n, bool)))
+        # the comm-aware greedy's ms per element of a device's width, one per positive weight (``refine``)
+        self.weights = [w * slope for w in dict.fromkeys(comm_weights) if w > 0 and slope > 0]
+        self.bounds = [int(b) for b in dim_bounds(alphas, total_dim, n, memory_only_fallback)]
         self.memory_only_fallback = memory_only_fallback
         self.unit = unit_bytes(task)
         self.cap = cap_units(task.largest_cap_bytes, self.unit)
@@ -30,7 +34,7 @@ class Oracle:
         z = np.asarray(self._embed(shard_features(self.feats[t], dim).astype(np.float32)))
         return z, float(self._head(z))
 
-    def greedy(self, levels, bound, by_memory=False):
+    def greedy(self, levels, bound, by_memory=False, weight=0.0):
         """One table-wise greedy run; returns a Plan or None when a shard fits nowhere. ``by_memory``: largest
         memory first, each on the eligible device with the most memory left."""
         task, n = self.task, self.task.num_devices
@@ -46,7 +50,8 @@ class Oracle:
             eligible = [j for j in range(n) if used[j] + need[i] <= self.cap and dim_sums[j] + d <= bound]
             if not eligible:
                 return None
-            j = min(eligible, key=lambda j: used[j] - self.cap if by_memory else compute[j])  # first of equals: lowest
+            # first of equals: lowest; a device's load: its compute and ``weight`` ms per element of its width
+            j = min(eligible, key=lambda j: used[j] - self.cap if by_memory else compute[j] + weight * dim_sums[j])
             latents[j] = shards[i][0] if latents[j] is None else latents[j] + shards[i][0]
             used[j] += need[i]
             dim_sums[j] += d
@@ -59,12 +64,13 @@ class Oracle:
             start += count
         return Plan.from_assignment(task, splits, per_table)
 
-    def grid(self, levels=None):
-        """Best (cost, plan) over the alpha grid; (inf, None) if no alpha gives a plan."""
+    def grid(self, levels=None, weight=0.0):
+        """Best (cost, plan) over the alpha grid; (inf, None) if no alpha gives a plan. ``weight``: the greedy's ms
+        per element of a device's width (0: the paper's rule)."""
         levels = levels or (0,) * self.task.num_tables
         best = (float("inf"), None)
         for bound in self.bounds:
-            plan = self.greedy(levels, bound)
+            plan = self.greedy(levels, bound, weight=weight)
             if plan is not None:
                 cost = float(plan_cost_ms(score_plan(self.model, plan)))
                 if cost < best[0]:
@@ -83,6 +89,7 @@ class Oracle:
                 max_level[t] += 1
         root = (0,) * task.num_tables
         best = self.grid(root)
+        scored = {root: best[0]}
         beam = [root]
         for _ in range(max_length):
             candidates = []
@@ -99,10 +106,28 @@ class Oracle:
                         candidates.append(child)
             if not candidates:
                 break
-            scored = [(self.grid(c), c) for c in candidates]
-            for (cost, plan), _ in scored:
+            level = [(self.grid(c), c) for c in candidates]
+            for (cost, plan), c in level:
+                scored.setdefault(c, cost)
                 if cost < best[0]:
                     best = (cost, plan)
-            order = sorted(range(len(scored)), key=lambda i: scored[i][0][0])
-            beam = [scored[i][1] for i in order[:k]]
+            order = sorted(range(len(level)), key=lambda i: level[i][0][0])
+            beam = [level[i][1] for i in order[:k]]
+        return self.refine(scored, k + 1, best)
+
+    def grid_search(self):
+        """The grid searcher's plan: the table-wise greedy over the alpha grid, then placed again comm-aware."""
+        root = (0,) * self.task.num_tables
+        best = self.grid(root)
+        return self.refine({root: best[0]}, 1, best)
+
+    def refine(self, scored, k, best):
+        """The k cheapest candidates scored (first scored first among equals) placed again by the comm-aware greedy,
+        once per weight; the best (cost, plan) of all."""
+        top = sorted((c, i, levels) for i, (levels, c) in enumerate(scored.items()) if np.isfinite(c))[:k]
+        for weight in self.weights:
+            for _, _, levels in top:
+                cost, plan = self.grid(levels, weight)
+                if cost < best[0]:
+                    best = (cost, plan)
         return best

@@ -14,8 +14,11 @@ from neuroshard_jax.costs.cost_model import (
     device_compute_ms,
     device_costs,
     plan_cost_ms,
+    table_keys,
+    table_matches,
 )
 from neuroshard_jax.costs.scoring import plan_arrays, score_plan, score_plans
+from neuroshard_jax.costs.task_tune import tuned_on_devices
 
 from .conftest import make_table, make_task
 
@@ -157,3 +160,46 @@ def test_the_analytic_constants_refit_to_the_shipped_dataset():
         if name != "kernel_overhead_ms":  # 1 us on a 1 ms step: not identifiable, it may wander
             assert report["constants"][name] == pytest.approx(getattr(shipped, name), rel=0.1), name
     assert {"compute", "fwd_comm", "bwd_comm"} <= set(report["test"]) and report["train_loss"] > 0
+
+
+def test_a_table_scale_moves_every_device_holding_the_table_and_the_loop_fits_it_back():
+    """``with_table_scales``: scales 1 price as the model does; a table made 2x heavier raises every device holding
+    it (a column slice of it too) and no other. ``task_tune`` fits such scales back from measured devices, and the
+    fitted model prices devices of placements it never saw (the point of a per-table correction)."""
+    tables = [make_table(i, rows=1000 * (i + 1), dim=16 * (1 + i % 3), pooling=1.0 + i) for i in range(8)]
+    task = make_task(tables, num_devices=4)
+    model = analytic_model(task)
+    keys = table_keys(task.features())
+    rng = np.random.default_rng(0)
+    splits = [1, 1, 1, 2, 1, 1, 1, 1]  # table 3 cut in two column slices
+
+    def devices_of(count):
+        feats, mask = [], []
+        for _ in range(count):
+            plan = Plan.from_assignment(task, splits, [rng.choice(4, s, replace=False).tolist() for s in splits])
+            arrays = plan_arrays(plan, None, task.num_tables)
+            feats.append(np.asarray(arrays.feats))
+            mask.append(np.asarray(arrays.table_mask))
+        feats, mask = np.concatenate(feats), np.concatenate(mask)
+        return feats[mask.any(-1)], mask[mask.any(-1)]
+
+    feats, mask = devices_of(8)
+    plain = np.asarray(device_compute_ms(model.fns, model.params, feats, mask))
+    same = model.with_table_scales(keys, np.zeros(8, np.float32))
+    np.testing.assert_allclose(np.asarray(device_compute_ms(same.fns, same.params, feats, mask)), plain, rtol=1e-6)
+    planted = np.zeros(8, np.float32)
+    planted[3], planted[5] = np.log(2.0), np.log(0.7)
+    truth = model.with_table_scales(keys, planted)
+    measured = np.asarray(device_compute_ms(truth.fns, truth.params, feats, mask), np.float64)
+    holds = (np.asarray(table_matches(feats, keys)) * mask[..., None]).any(1)  # bool[D, T]: a device's tables
+    untouched = ~holds[:, 3] & ~holds[:, 5]
+    assert untouched.any() and np.allclose(measured[untouched], plain[untouched], rtol=1e-6)
+    heavier = holds[:, 3] & ~holds[:, 5]
+    assert heavier.any() and (measured[heavier] > plain[heavier] * 1.01).all()
+    tuned, fit = tuned_on_devices(model, feats, mask, measured, keys)
+    assert fit.kept and fit.mape_before > 0.05 and fit.mape_after < 0.03 and fit.mape_held_out < 0.05
+    unseen_feats, unseen_mask = devices_of(4)  # placements the fit never saw
+    want = np.asarray(device_compute_ms(truth.fns, truth.params, unseen_feats, unseen_mask))
+    got = np.asarray(device_compute_ms(tuned.fns, tuned.params, unseen_feats, unseen_mask))
+    before = np.asarray(device_compute_ms(model.fns, model.params, unseen_feats, unseen_mask))
+    assert np.mean(np.abs(got / want - 1)) < 0.5 * np.mean(np.abs(before / want - 1))

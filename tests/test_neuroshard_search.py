@@ -43,7 +43,7 @@ def test_grid_and_beam_match_the_oracle(small_pool, tiny_checkpoint, model_name)
         else:
             model = analytic_model(task)
         oracle = Oracle(task, model, DEFAULT_ALPHAS)
-        cost, plan = oracle.grid()
+        cost, plan = oracle.grid_search()
         grid = make_searcher("grid").search(task, model, 0)
         assert grid.shards == plan.shards
         assert _cost(model, grid) == pytest.approx(cost, rel=1e-5)
@@ -154,7 +154,7 @@ def test_a_tight_cap_that_the_cost_order_cannot_pack_is_packed_by_memory():
     with pytest.raises(InfeasibleError):
         make_searcher("grid", {"memory_only_fallback": False}).search(task, model, 0)
     plan = make_searcher("grid", {}).search(task, model, 0).validate()
-    cost, expected = Oracle(task, model, DEFAULT_ALPHAS).grid()
+    cost, expected = Oracle(task, model, DEFAULT_ALPHAS).grid_search()
     assert expected is not None and plan.shards == expected.shards
 
 

@@ -315,14 +315,15 @@ class LoopRecord:
     """What ``autotune=loop`` did after its first rounds: the searches with the model tuned on the measured devices,
     why it stopped (``bound``: the measured fastest within the rounds' noise of the task's balance bound;
     ``converged``: the tuned model's search found no new plan; ``no better``: the new plans measured no faster beyond
-    the noise; ``searches``; ``budget``; ``busy``), and the last tuning's devices and the model's MAPE on them before
-    and after it."""
+    the noise; ``searches``; ``budget``; ``busy``), and the last tuning's devices, the model's MAPE on them before and
+    after it, and the tuned model's on measured devices left out of its fit (``task_tune``)."""
 
     searches: int
     stopped: str
     devices: int = 0
     mape_before: float | None = None
     mape_after: float | None = None
+    mape_held_out: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

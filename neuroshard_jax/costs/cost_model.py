@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from neuroshard_jax.core.features import FEATURE_INDEX, NUM_FEATURES
 from neuroshard_jax.core.records import CalibrationRecord
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.input_dist import InputDist
@@ -71,8 +72,9 @@ class CostModel:
 
     @property
     def own_params(self):
-        """The model's own params, under a ``Scaled`` wrapper or not."""
-        return self.params.inner if isinstance(self.params, Scaled) else self.params
+        """The model's own params, under a ``Scaled`` wrapper or not (and a task's ``TableScaled`` one)."""
+        params = self.params.inner if isinstance(self.params, Scaled) else self.params
+        return params.inner if isinstance(params, TableScaled) else params
 
     @functools.cached_property
     def expected(self) -> CostModel:
@@ -83,10 +85,28 @@ class CostModel:
         return self
 
     def map_params(self, change: Callable) -> CostModel:
-        """This model with ``change`` applied to its own params (under a ``Scaled`` wrapper, if any)."""
-        if isinstance(self.params, Scaled):
-            return dataclasses.replace(self, params=self.params._replace(inner=change(self.params.inner)))
-        return dataclasses.replace(self, params=change(self.params))
+        """This model with ``change`` applied to its own params (under its ``Scaled`` and ``TableScaled`` wrappers)."""
+
+        def changed(params):
+            if isinstance(params, (Scaled, TableScaled)):
+                return params._replace(inner=changed(params.inner))
+            return change(params)
+
+        return dataclasses.replace(self, params=changed(self.params))
+
+    def with_table_scales(self, keys: np.ndarray, log_scale: np.ndarray) -> CostModel:
+        """This model with each of a task's tables ``exp(log_scale[t])`` times as heavy: the latent of every shard
+        whose features are table t's (``keys`` f32[T, F], ``table_keys``; its width and size aside) multiplied by it,
+        so what a device holding the table costs moves with it in every plan (``task_tune``). Under the model's
+        ``Scaled`` wrapper, if any: its calibration and links apply as before."""
+        scaled = isinstance(self.params, Scaled)
+        base = _UNSCALED[self.fns] if scaled else self.fns
+        inner = self.params.inner if scaled else self.params
+        tabled = TableScaled(inner, jnp.asarray(keys, jnp.float32), jnp.asarray(log_scale, jnp.float32))
+        if scaled:
+            params = self.params._replace(inner=tabled)
+            return dataclasses.replace(self, fns=_scaled(_table_scaled(base)), params=params)
+        return dataclasses.replace(self, fns=_table_scaled(base), params=tabled)
 
     def with_scales(self, comm_scale: np.ndarray, compute_scale: float = 1.0) -> CostModel:
         """This model with each device's transfer time (bwd comm, and fwd comm less the straggler wait) multiplied
@@ -251,6 +271,48 @@ class Scaled(NamedTuple):
     compute_scale: jax.Array  # f32[]: every device's compute is compute_scale x the model's (a measured calibration)
 
 
+class TableScaled(NamedTuple):
+    """Params of a model with a scale per table of one task (``with_table_scales``)."""
+
+    inner: Any
+    keys: jax.Array  # f32[T, F]: each table's features (width and size zeroed: ``table_keys``)
+    log_scale: jax.Array  # f32[T]: the log of each table's scale
+
+
+IDENTITY = np.ones(NUM_FEATURES, bool)
+IDENTITY[[FEATURE_INDEX["dim"], FEATURE_INDEX["size"]]] = False  # a slice of a table is the table
+
+
+def table_keys(feats: np.ndarray) -> np.ndarray:
+    """f32[T, F]: tables' features (``Task.features``) as ``TableScaled`` matches shards to them: width and size
+    zeroed (a column slice is its table; a row block, whose rows differ, is not)."""
+    return np.where(IDENTITY, np.asarray(feats, np.float32), 0.0).astype(np.float32)
+
+
+def table_matches(feats, keys) -> jax.Array:
+    """f32[..., T]: 1 where a shard's features f32[..., F] are table t's (``table_keys``), else 0."""
+    own = jnp.where(IDENTITY, feats, 0.0)[..., None, :]
+    same = jnp.abs(own - keys) <= 1e-6 * (1.0 + jnp.abs(keys))
+    return jnp.all(same, axis=-1).astype(jnp.float32)
+
+
+@functools.cache
+def _table_scaled(fns: CostFns) -> CostFns:
+    """``fns`` over ``TableScaled`` params: a shard's latent scaled by its table's scale (1 for a shard of no table
+    of the task); no summed fast path (the scale is per table)."""
+
+    def embed(p: TableScaled, feats):
+        return fns.embed(p.inner, feats) * jnp.exp(table_matches(feats, p.keys) @ p.log_scale)[..., None]
+
+    def inner(fn):
+        return None if fn is None else lambda p, *args: fn(p.inner, *args)
+
+    return CostFns(embed, inner(fns.head), inner(fns.bwd_comm), inner(fns.fwd_comm), None, inner(fns.uncertainty))
+
+
+_UNSCALED: dict[CostFns, CostFns] = {}  # ``_scaled``'s functions -> the functions they scale
+
+
 @functools.cache
 def _scaled(fns: CostFns) -> CostFns:
     """``fns`` over ``Scaled`` params (cached: the same functions, so jitted callers compile once)."""
@@ -272,7 +334,9 @@ def _scaled(fns: CostFns) -> CostFns:
     def inner(fn):
         return None if fn is None else lambda p, *args: fn(p.inner, *args)
 
-    return CostFns(inner(fns.embed), head, bwd_comm, fwd_comm, inner(fns.embed_sum), inner(fns.uncertainty))
+    out = CostFns(inner(fns.embed), head, bwd_comm, fwd_comm, inner(fns.embed_sum), inner(fns.uncertainty))
+    _UNSCALED[out] = fns
+    return out
 
 
 def bucket(n: int, minimum: int = 4) -> int:

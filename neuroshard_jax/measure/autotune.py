@@ -48,7 +48,7 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.progress import progress_bar, progress_lines
 from neuroshard_jax.core.records import AutotuneRecord, LoopRecord, MeasuredCandidate
 from neuroshard_jax.core.task import Task
-from neuroshard_jax.costs.cost_model import CostModel, plan_cost_ms
+from neuroshard_jax.costs.cost_model import CostModel, plan_cost_ms, table_keys
 from neuroshard_jax.costs.scoring import balanced_step, device_width, plan_arrays, with_costs
 from neuroshard_jax.costs.task_tune import tuned_on_devices
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor, pinned
@@ -364,7 +364,8 @@ def _loop(
             stopped = "budget"
             break
         feats, mask, measured = _measured_devices(entrants, bench, rounds)
-        tuned, fit = tuned_on_devices(model, feats, mask, measured, it)
+        keys = table_keys(entrants[0].plan.task.features())
+        tuned, fit = tuned_on_devices(model, feats, mask, measured, keys, it)
         fits.append(fit)
         searches = it
         seen = {_placement(e.plan) for e in entrants}
@@ -389,8 +390,8 @@ def _loop(
         after = np.median(bench.steps(entrants, expected, rounds)[0], axis=1)
         progress_lines(logger)(
             f"autotune: search {it}: {len(new)} new plan(s), the fastest {after[-len(new) :].min():.3f} ms against "
-            f"{medians.min():.3f} ms before (bound {bound:.3f} ms, tuned model's MAPE on the measured devices "
-            f"{100 * fit.mape_before:.1f}% -> {100 * fit.mape_after:.1f}%)"
+            f"{medians.min():.3f} ms before (bound {bound:.3f} ms, the tables' scales fitted: MAPE on the measured "
+            f"devices {100 * fit.mape_before:.1f}% -> {100 * fit.mape_after:.1f}%{held_out_words(fit.mape_held_out)})"
         )
         if after[-len(new) :].min() >= medians.min() * (1 - noise):
             stopped = "no better"
@@ -401,8 +402,13 @@ def _loop(
         devices=fits[-1].devices if fits else 0,
         mape_before=fits[-1].mape_before if fits else None,
         mape_after=fits[-1].mape_after if fits else None,
+        mape_held_out=fits[-1].mape_held_out if fits else None,
     )
     return entrants, loop
+
+
+def held_out_words(mape: float | None) -> str:
+    return "" if mape is None else f", on devices held out of the fit {100 * mape:.1f}%"
 
 
 def _placement(plan: Plan):
