@@ -3,6 +3,7 @@
     python -m tools.bench_search speed   [--cost-model neural]      # beam vs the plain-Python oracle
     python -m tools.bench_search scale   [--devices 64,128]          # 856 tables; time and peak memory
     python -m tools.bench_search explain [--devices 64]              # explaining the 856-table plan
+    python -m tools.bench_search balance [--tasks 8 --tables 40]     # comm_weights on and off: predicted step
 
 speed: for T = 10, 30, 60 tables and N = 4, 8 devices, beam search (defaults k=3, n=10,
   max_length=10) in JAX, after compilation (compile time reported separately), against the oracle of
@@ -25,8 +26,9 @@ import numpy as np
 from neuroshard_jax.core.files import write_json  # noqa: E402
 from neuroshard_jax.costs.choice import make_cost_model  # noqa: E402
 from neuroshard_jax.costs.cost_model import plan_cost_ms  # noqa: E402
-from neuroshard_jax.costs.scoring import score_plan  # noqa: E402
+from neuroshard_jax.costs.scoring import balanced_step, score_plan  # noqa: E402
 from neuroshard_jax.measure.breakdown import explanation  # noqa: E402
+from neuroshard_jax.search.pipeline import search_plan  # noqa: E402
 from neuroshard_jax.workloads.builders import TaskConfig, make_task  # noqa: E402
 from searchers import make_searcher  # noqa: E402
 
@@ -107,6 +109,44 @@ def explain(args) -> dict:
     return row
 
 
+MEMBERS = (("beam", "fit"), ("grid", "fit"), ("beam", "hot"))  # the portfolio's, searched apart
+
+
+def balance(args) -> dict:
+    """The portfolio's members with ``comm_weights`` on (the default) and off, on generated tasks (seeds 100.., not
+    the suite's held-out 20,000..), each member through the whole pipeline (``search_plan``); per task the cheapest
+    member's predicted step and the plan's own balance bound by the model (its predicted compute and widths spread
+    evenly, ``balanced_step``). Predicted only."""
+    rows = []
+    for n in args.devices:
+        for seed in range(100, 100 + args.tasks):
+            task = make_task(TaskConfig(num_tables=args.tables, num_devices=n), seed)
+            model = make_cost_model(args.cost_model, task)
+            row = {"devices": n, "seed": seed}
+            for label, options in (("on", {}), ("off", {"comm_weights": []})):
+                started = time.perf_counter()
+                plans = [search_plan(task, make_searcher(name, options), model, seed, mode) for name, mode in MEMBERS]
+                costs = [float(plan_cost_ms(score_plan(model, p))) for p in plans]
+                best = plans[int(np.argmin(costs))]
+                compute = np.asarray(score_plan(model, best).compute_ms).ravel().tolist()
+                row[label] = {
+                    "step_ms": round(min(costs), 4),
+                    "bound_ms": round(balanced_step(model, best, compute), 4),
+                    "search_s": round(time.perf_counter() - started, 2),
+                }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    ratio = [r["on"]["step_ms"] / r["off"]["step_ms"] for r in rows]
+    changed = [round(100 * (x - 1), 2) for x in ratio if x != 1.0]
+    return {
+        "cost_model": args.cost_model,
+        "tables": args.tables,
+        "rows": rows,
+        "geomean_on_over_off": round(float(np.exp(np.mean(np.log(ratio)))), 5),
+        "changed_pct": changed,
+    }
+
+
 def scale(args) -> dict:
     rows = []
     for n in args.devices:
@@ -119,7 +159,9 @@ def scale(args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["speed", "scale", "scale-one", "explain"])
+    parser.add_argument("what", choices=["speed", "scale", "scale-one", "explain", "balance"])
+    parser.add_argument("--tasks", type=int, default=8)
+    parser.add_argument("--tables", type=int, default=40)
     parser.add_argument("--cost-model", default="neural")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--devices", type=_ints, default=None)
@@ -129,7 +171,7 @@ def main() -> None:
         print(json.dumps(scale_one(args)))
         return
     args.devices = args.devices or {"scale": [64, 128], "explain": [64]}.get(args.what, [4, 8])
-    result = {"speed": speed, "scale": scale, "explain": explain}[args.what](args)
+    result = {"speed": speed, "scale": scale, "explain": explain, "balance": balance}[args.what](args)
     print(json.dumps(result, indent=1))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     write_json(result, Path(args.out) / f"{args.what}.json")

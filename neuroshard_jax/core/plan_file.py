@@ -232,11 +232,7 @@ def autotune_lines(record: AutotuneRecord) -> list[str]:
         loop = record.loop
         tuned = ""
         if loop.mape_before is not None:
-            held_out = "" if loop.mape_held_out is None else f" ({100 * loop.mape_held_out:.1f}% held out)"
-            tuned = (
-                f"; the tables' scales fitted on {loop.devices} measured devices: MAPE {100 * loop.mape_before:.1f}% "
-                f"-> {100 * loop.mape_after:.1f}%{held_out}"
-            )
+            tuned = f"; {loop.fit_words()}"
         lines.append(f"  loop: {loop.searches} searches ({stops.get(loop.stopped, loop.stopped)}){tuned}")
     if record.bound_ms is not None:
         chosen = record.chosen_candidate().measured_ms

@@ -316,7 +316,8 @@ class LoopRecord:
     why it stopped (``bound``: the measured fastest within the rounds' noise of the task's balance bound;
     ``converged``: the tuned model's search found no new plan; ``no better``: the new plans measured no faster beyond
     the noise; ``searches``; ``budget``; ``busy``), and the last tuning's devices, the model's MAPE on them before and
-    after it, and the tuned model's on measured devices left out of its fit (``task_tune``)."""
+    after it, the corrected model's on measured devices left out of its fit and the prior chosen for it (None: the model
+    kept as it was, the correction not carrying to devices it did not see; ``task_tune``)."""
 
     searches: int
     stopped: str
@@ -324,6 +325,22 @@ class LoopRecord:
     mape_before: float | None = None
     mape_after: float | None = None
     mape_held_out: float | None = None
+    prior: float | None = None
+
+    def fit_words(self) -> str:
+        return fit_words(self.devices, self.mape_before, self.mape_after, self.mape_held_out, self.prior)
+
+
+def fit_words(devices: int, before: float, after: float, held_out: float | None, prior: float | None) -> str:
+    """What ``autotune=loop``'s per-table correction did, in a clause: ``tables scaled (prior 0.02): MAPE on the 24
+    measured devices 15.4% -> 4.9%, on devices held out of the fit 12.0%``, or why the model stayed as it was."""
+    if held_out is None:
+        return f"the model as it is: {devices} measured devices, too few to check a correction on"
+    on = f"MAPE on the {devices} measured devices {100 * before:.1f}%"
+    held = f"on devices held out of the fit {100 * held_out:.1f}%"
+    if prior is None:
+        return f"the model as it is ({on}; scaled per table, {held})"
+    return f"tables scaled (prior {prior:g}): {on} -> {100 * after:.1f}%, {held}"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

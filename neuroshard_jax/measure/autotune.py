@@ -390,8 +390,7 @@ def _loop(
         after = np.median(bench.steps(entrants, expected, rounds)[0], axis=1)
         progress_lines(logger)(
             f"autotune: search {it}: {len(new)} new plan(s), the fastest {after[-len(new) :].min():.3f} ms against "
-            f"{medians.min():.3f} ms before (bound {bound:.3f} ms, the tables' scales fitted: MAPE on the measured "
-            f"devices {100 * fit.mape_before:.1f}% -> {100 * fit.mape_after:.1f}%{held_out_words(fit.mape_held_out)})"
+            f"{medians.min():.3f} ms before (bound {bound:.3f} ms; {fit.words()})"
         )
         if after[-len(new) :].min() >= medians.min() * (1 - noise):
             stopped = "no better"
@@ -403,12 +402,9 @@ def _loop(
         mape_before=fits[-1].mape_before if fits else None,
         mape_after=fits[-1].mape_after if fits else None,
         mape_held_out=fits[-1].mape_held_out if fits else None,
+        prior=fits[-1].prior if fits else None,
     )
     return entrants, loop
-
-
-def held_out_words(mape: float | None) -> str:
-    return "" if mape is None else f", on devices held out of the fit {100 * mape:.1f}%"
 
 
 def _placement(plan: Plan):
