@@ -144,7 +144,8 @@ class Scorer:
         self.space, self.model = space, model
         total_dim = sum(t.width(t.dim) for t in task.tables)
         n = task.num_devices
-        self.slope = float(comm_slope(model.fns, model.params, total_dim / n, np.ones(n, bool)))
+        weighs = any(w > 0 for w in config.comm_weights)
+        self.slope = float(comm_slope(model.fns, model.params, total_dim / n, np.ones(n, bool))) if weighs else 0.0
         self.bounds = dim_bounds(config.alphas, total_dim, n, config.memory_only_fallback)
         # the comm-aware greedy (``refine``): ms per element of a device's all-to-all width, one per positive weight
         self.comm_weights = [w * self.slope for w in dict.fromkeys(config.comm_weights) if w > 0 and self.slope > 0]
@@ -204,8 +205,8 @@ class Scorer:
     def refine(self, k: int, min_candidates: int = 1) -> None:
         """The ``k`` cheapest candidates scored so far (first scored first among equals) placed again by the
         comm-aware greedy, once per comm weight: each device's load is its compute plus the ms its all-to-all width
-        costs, so a device already wide takes the next shard only where its compute leaves room for the collectives
-        (item 1 of the step the search balances). One call per weight, of the levels' shape: nothing recompiles. The
+        costs, so a device already wide takes the next shard only where its compute leaves room for the collectives.
+        One call per weight, of the levels' shape: nothing recompiles. The
         best plan changes only where one of these is cheaper."""
         feasible = [(c, i, levels) for i, (levels, c) in enumerate(self.scored.items()) if np.isfinite(c)]
         top = [levels for _, _, levels in sorted(feasible)[:k]]

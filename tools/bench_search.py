@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from neuroshard_jax.core.files import write_json  # noqa: E402
+from neuroshard_jax.core.hardware import hardware, hardware_kind  # noqa: E402
 from neuroshard_jax.costs.choice import make_cost_model  # noqa: E402
 from neuroshard_jax.costs.cost_model import plan_cost_ms  # noqa: E402
 from neuroshard_jax.costs.scoring import balanced_step, score_plan  # noqa: E402
@@ -139,6 +140,7 @@ def balance(args) -> dict:
     ratio = [r["on"]["step_ms"] / r["off"]["step_ms"] for r in rows]
     changed = [round(100 * (x - 1), 2) for x in ratio if x != 1.0]
     return {
+        "hardware": hardware_kind(hardware()),
         "cost_model": args.cost_model,
         "tables": args.tables,
         "rows": rows,
