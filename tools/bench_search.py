@@ -4,6 +4,8 @@
     python -m tools.bench_search scale   [--devices 64,128]          # 856 tables; time and peak memory
     python -m tools.bench_search explain [--devices 64]              # explaining the 856-table plan
     python -m tools.bench_search balance [--tasks 8 --tables 40]     # comm_weights on and off: predicted step
+    python -m tools.bench_search balance --suite foreign --measure 3 --out outputs/bench/search/foreign
+                                                                     # the foreign tasks; changed plans measured
 
 speed: for T = 10, 30, 60 tables and N = 4, 8 devices, beam search (defaults k=3, n=10,
   max_length=10) in JAX, after compilation (compile time reported separately), against the oracle of
@@ -25,13 +27,16 @@ import numpy as np
 
 from neuroshard_jax.core.files import write_json  # noqa: E402
 from neuroshard_jax.core.hardware import hardware, hardware_kind  # noqa: E402
+from neuroshard_jax.core.task import Task  # noqa: E402
 from neuroshard_jax.costs.choice import make_cost_model  # noqa: E402
 from neuroshard_jax.costs.cost_model import plan_cost_ms  # noqa: E402
 from neuroshard_jax.costs.scoring import balanced_step, score_plan  # noqa: E402
 from neuroshard_jax.measure.breakdown import explanation  # noqa: E402
+from neuroshard_jax.measure.evaluator import EvaluateConfig, measure_plans  # noqa: E402
 from neuroshard_jax.search.pipeline import search_plan  # noqa: E402
 from neuroshard_jax.workloads.builders import TaskConfig, make_task  # noqa: E402
 from searchers import make_searcher  # noqa: E402
+from tools.foreign_benchmark import FOREIGN, TASKS_FILE, benchmark_tasks  # noqa: E402
 
 
 def _ints(text: str) -> list[int]:
@@ -113,39 +118,63 @@ def explain(args) -> dict:
 MEMBERS = (("beam", "fit"), ("grid", "fit"), ("beam", "hot"))  # the portfolio's, searched apart
 
 
+def _balance_tasks(args) -> list[tuple[str, Task]]:
+    if args.suite == "foreign":  # evaluation tasks: measured, never tuned on
+        return [(task_id, task) for task_id, _, task in benchmark_tasks(Path(FOREIGN.out) / TASKS_FILE)]
+    return [
+        (f"d{n}-s{seed}", make_task(TaskConfig(num_tables=args.tables, num_devices=n), seed))
+        for n in args.devices
+        for seed in range(100, 100 + args.tasks)
+    ]
+
+
 def balance(args) -> dict:
     """The portfolio's members with ``comm_weights`` on (the default) and off, on generated tasks (seeds 100.., not
-    the suite's held-out 20,000..), each member through the whole pipeline (``search_plan``); per task the cheapest
-    member's predicted step and the plan's own balance bound by the model (its predicted compute and widths spread
-    evenly, ``balanced_step``). Predicted only."""
-    rows = []
-    for n in args.devices:
-        for seed in range(100, 100 + args.tasks):
-            task = make_task(TaskConfig(num_tables=args.tables, num_devices=n), seed)
-            model = make_cost_model(args.cost_model, task)
-            row = {"devices": n, "seed": seed}
-            for label, options in (("on", {}), ("off", {"comm_weights": []})):
-                started = time.perf_counter()
-                plans = [search_plan(task, make_searcher(name, options), model, seed, mode) for name, mode in MEMBERS]
-                costs = [float(plan_cost_ms(score_plan(model, p))) for p in plans]
-                best = plans[int(np.argmin(costs))]
-                compute = np.asarray(score_plan(model, best).compute_ms).ravel().tolist()
-                row[label] = {
-                    "step_ms": round(min(costs), 4),
-                    "bound_ms": round(balanced_step(model, best, compute), 4),
-                    "search_s": round(time.perf_counter() - started, 2),
-                }
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+    the suite's held-out 20,000..) or the foreign benchmark's (``--suite foreign``), each member through the whole
+    pipeline (``search_plan``); per task the cheapest member's predicted step and the plan's own balance bound by the
+    model (its predicted compute and widths spread evenly, ``balanced_step``). ``--measure R``: the tasks whose plan
+    differs measured on the kernels, both plans R times interleaved (each device's fused fwd+bwd, the real
+    all-to-alls; the median of each plan's step)."""
+    rows, differ = [], []
+    for task_id, task in _balance_tasks(args):
+        model = make_cost_model(args.cost_model, task)
+        row = {"id": task_id, "devices": task.num_devices}
+        for label, options in (("on", {}), ("off", {"comm_weights": []})):
+            started = time.perf_counter()
+            plans = [search_plan(task, make_searcher(name, options), model, 0, mode) for name, mode in MEMBERS]
+            costs = [float(plan_cost_ms(score_plan(model, p))) for p in plans]
+            best = plans[int(np.argmin(costs))]
+            compute = np.asarray(score_plan(model, best).compute_ms).ravel().tolist()
+            row[label] = {
+                "step_ms": round(min(costs), 4),
+                "bound_ms": round(balanced_step(model, best, compute), 4),
+                "search_s": round(time.perf_counter() - started, 2),
+            }
+            row[f"{label}_plan"] = best
+        if row["on_plan"].shards != row["off_plan"].shards:
+            differ.append(row)
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if not k.endswith("_plan")}), flush=True)
+    config = EvaluateConfig(warmup=3, iters=10)
+    for r in range(args.measure):  # interleaved: round r of every differing plan before round r + 1
+        measured = measure_plans([p for row in differ for p in (row["on_plan"], row["off_plan"])], config)
+        for i, row in enumerate(differ):
+            row.setdefault("measured_on_ms", []).append(round(measured[2 * i]["cost_ms"], 4))
+            row.setdefault("measured_off_ms", []).append(round(measured[2 * i + 1]["cost_ms"], 4))
+        print(f"measured round {r + 1} of {args.measure}: {len(differ)} tasks", flush=True)
+    for row in rows:
+        del row["on_plan"], row["off_plan"]
     ratio = [r["on"]["step_ms"] / r["off"]["step_ms"] for r in rows]
-    changed = [round(100 * (x - 1), 2) for x in ratio if x != 1.0]
+    measured = [np.median(r["measured_on_ms"]) / np.median(r["measured_off_ms"]) for r in differ if args.measure]
     return {
         "hardware": hardware_kind(hardware()),
+        "suite": args.suite,
         "cost_model": args.cost_model,
         "tables": args.tables,
         "rows": rows,
         "geomean_on_over_off": round(float(np.exp(np.mean(np.log(ratio)))), 5),
-        "changed_pct": changed,
+        "changed_pct": [round(100 * (x - 1), 2) for x in ratio if x != 1.0],
+        "measured_on_over_off": [round(float(x), 4) for x in measured],
     }
 
 
@@ -164,6 +193,8 @@ def main() -> None:
     parser.add_argument("what", choices=["speed", "scale", "scale-one", "explain", "balance"])
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--tables", type=int, default=40)
+    parser.add_argument("--suite", choices=["generated", "foreign"], default="generated")
+    parser.add_argument("--measure", type=int, default=0)
     parser.add_argument("--cost-model", default="neural")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--devices", type=_ints, default=None)

@@ -8,8 +8,8 @@ shares, so what the measured devices teach about a hot table moves every placeme
 the model's own weights are not touched (tuning them all fits a task's few dozen devices exactly and teaches the
 search nothing about the placements it has not measured: 2026-11-29, docs/results/autotune-loop.md). How well the
 correction carries to unmeasured devices is measured, not assumed: ``TaskFit.mape_held_out`` is the corrected
-model's error on devices it was not fitted on (k-fold over the measured devices). Where the correction does not
-lower the error on the measured devices, the model is returned as it was. JAX and optax only.
+model's error on devices it was not fitted on (k-fold over the measured devices), and where that is no better than the
+model's own error on them, the model is returned as it was. JAX and optax only.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ FOLDS = 4  # the held-out figure: each quarter of the measured devices predicted
 class TaskFit:
     """What the correction did on the measured devices: their count, the model's MAPE on them before and after, the
     corrected model's MAPE on measured devices it was not fitted on (the best prior's; None: fewer than 2 x FOLDS
-    devices, too few to hold any out, so nothing is corrected), and that prior (None: the model kept as it was)."""
+    devices, too few to hold any out, so nothing is corrected), and that prior (None: the model kept as it was). Its
+    fields are ``LoopRecord``'s: autotune=loop records the last fit as it is."""
 
     devices: int
     mape_before: float

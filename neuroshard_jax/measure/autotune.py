@@ -352,6 +352,7 @@ def _loop(
     repeat until the search finds nothing new, the measured fastest stops improving beyond the rounds' noise, it is
     within the noise of the task's balance bound, ``searches`` are done or the budget is spent."""
     fits, stopped, searches = [], "searches", 0
+    keys = table_keys(entrants[0].plan.task.features())  # the task's tables, as the per-table correction knows them
     for it in range(1, config.searches + 1):
         steps, _ = bench.steps(entrants, expected, rounds)
         medians = np.median(steps, axis=1)
@@ -364,7 +365,6 @@ def _loop(
             stopped = "budget"
             break
         feats, mask, measured = _measured_devices(entrants, bench, rounds)
-        keys = table_keys(entrants[0].plan.task.features())
         tuned, fit = tuned_on_devices(model, feats, mask, measured, keys, it)
         fits.append(fit)
         searches = it
@@ -395,15 +395,8 @@ def _loop(
         if after[-len(new) :].min() >= medians.min() * (1 - noise):
             stopped = "no better"
             break
-    loop = LoopRecord(
-        searches=searches,
-        stopped=stopped,
-        devices=fits[-1].devices if fits else 0,
-        mape_before=fits[-1].mape_before if fits else None,
-        mape_after=fits[-1].mape_after if fits else None,
-        mape_held_out=fits[-1].mape_held_out if fits else None,
-        prior=fits[-1].prior if fits else None,
-    )
+    # the last fit's figures: ``TaskFit``'s fields are the record's
+    loop = LoopRecord(searches=searches, stopped=stopped, **(dataclasses.asdict(fits[-1]) if fits else {}))
     return entrants, loop
 
 
