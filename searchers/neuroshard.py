@@ -126,8 +126,9 @@ class GridConfig:
     memory_only_fallback: bool = True
     # the comm-aware greedy, run again on the cheapest candidates once per weight (``Scorer.refine``): a device's load
     # is its compute plus weight x the ms its all-to-all width costs (``grid.comm_slope``); 1 weighs the collectives
-    # as the model prices them; [] (or 0): off, the paper's rule alone (compute, the width held by the dim bound)
-    comm_weights: tuple[float, ...] = bounded(at_least=0, default=(1.0,))
+    # as the model prices them; [] (the default) or 0: off, the paper's rule alone (compute, the width held by the dim
+    # bound). Off by default: the plans it changed on the foreign tasks measured no faster (docs/searchers.md)
+    comm_weights: tuple[float, ...] = bounded(at_least=0, default=())
 
     def check(self) -> None:
         """The bounds of every field (a beam's too) and a non-empty ``alphas``."""

@@ -15,7 +15,7 @@ from searchers.grid import cap_units, comm_slope, dim_bounds, mem_units, unit_by
 
 
 class Oracle:
-    def __init__(self, task, model, alphas, memory_only_fallback=True, comm_weights=(1.0,)):
+    def __init__(self, task, model, alphas, memory_only_fallback=True, comm_weights=()):
         self.task, self.model = task, model
         self._embed = jax.jit(lambda f: model.fns.embed(model.params, f))
         self._head = jax.jit(lambda z: model.fns.head(model.params, z))

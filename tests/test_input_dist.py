@@ -185,9 +185,11 @@ def test_grid_and_beam_match_the_oracle_with_the_input_distributions_priced(smal
     config = TaskConfig(num_tables=12, num_devices=4, batch_size=512, mem_cap_gb=0.3, pool=small_pool.spec)
     task = generate_task(small_pool, config, 2)
     model = dataclasses.replace(analytic_model(task), input_dist=FIT)
-    oracle = Oracle(task, model, (1.0, 1.1, 1.3))
+    # the comm-aware placement of the cheapest candidates on (``comm_weights``, off by default), in both
+    oracle = Oracle(task, model, (1.0, 1.1, 1.3), comm_weights=(1.0,))
     cost, plan = oracle.beam(k=3, n=10, max_length=3)
-    beam = make_searcher("beam", {"max_length": 3, "alphas": [1.0, 1.1, 1.3]}).search(task, model, 0)
+    options = {"max_length": 3, "alphas": [1.0, 1.1, 1.3], "comm_weights": [1.0]}
+    beam = make_searcher("beam", options).search(task, model, 0)
     assert beam.shards == plan.shards
     assert float(plan_cost_ms(score_plan(model, beam))) == pytest.approx(cost, rel=1e-5)
     assert score_plans(model, [beam])[0] > score_plans(analytic_model(task), [beam])[0]
