@@ -115,7 +115,11 @@ class TorchRecSearch(Searcher):
                 constraint["sharding_types"] = ("table_wise",)
             elif t.constraints.max_shards is not None:  # column-wise shards no narrower than dim / 2^level: 2^level
                 constraint["min_partition"] = t.dim >> int(level)
-            tables.append(TorchRecTable(t.rows, t.dim, pooling_factor=t.pooling_factor, kernel=t.kernel, **constraint))
+            tables.append(
+                TorchRecTable(
+                    t.rows, t.dim, pooling_factor=t.pooling_factor, kernel=t.kernel, precision=t.precision, **constraint
+                )
+            )
         links = None
         if task.multi_host:
             if task.local_size() is None:

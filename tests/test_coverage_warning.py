@@ -40,7 +40,7 @@ def past_task(num_devices=2, mem_cap_gb=1.0):
 @pytest.mark.fast
 def test_the_pool_task_stays_inside_every_shipped_models_labels():
     task = make_task(TaskGroupConfig(), 0)  # the main job's default task: 50 of the project's pool tables
-    models = fitting_models(task.batch_size, task.precision)
+    models = fitting_models(task.batch_size, task.precisions)
     assert {MODEL, "xeon-union", "cpu-b4096"} <= set(models)
     planned = PlannerOptions("size_lookup_greedy", cost_model=MODEL).planner().run(task)
     assert out_of_depth_warning(task, planned.plan, MODEL, {}) is None  # its members agree on every device too

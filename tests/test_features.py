@@ -25,11 +25,14 @@ def test_histogram_counts_rows_and_accesses():
 
 
 def test_feature_order_is_the_documented_one():
-    assert NUM_FEATURES == 24  # the 21 every model reads, then the kernel kind (mean pooling, weighted, sequence)
+    # the 21 every model reads, the kernel kind (mean pooling, weighted, sequence), the weights' element bytes
+    assert NUM_FEATURES == 25
     assert FEATURE_NAMES[:3] == ("rows", "dim", "pooling_factor") and FEATURE_NAMES[20] == "size"
-    assert FEATURE_NAMES[21:] == ("mean_pooling", "weighted", "sequence")
+    assert FEATURE_NAMES[21:] == ("mean_pooling", "weighted", "sequence", "weight_bytes")
     row = feature_matrix([100], [8], [2.5], np.arange(17)[None] / 100)[0]
     assert row[0] == 100 and row[1] == 8 and row[2] == 2.5 and row[20] == 800 and row[3 + 16] == 0.16
-    assert row[21:].tolist() == [0, 0, 0]  # a sum-pooled bag
-    kinds = feature_matrix([100] * 3, [8] * 3, [2.5] * 3, np.zeros((3, 17)), ["mean", "none", "sum"], [1, 0, 1])
-    assert kinds[:, 21:].tolist() == [[1, 1, 0], [0, 0, 1], [0, 1, 0]]
+    assert row[21:].tolist() == [0, 0, 0, 0]  # a sum-pooled bag, its bytes not given
+    kinds = feature_matrix(
+        [100] * 3, [8] * 3, [2.5] * 3, np.zeros((3, 17)), ["mean", "none", "sum"], [1, 0, 1], [4, 2, 4]
+    )
+    assert kinds[:, 21:].tolist() == [[1, 1, 0, 4], [0, 0, 1, 2], [0, 1, 0, 4]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -47,6 +48,38 @@ def test_each_part_follows_the_optimizer_the_precision_and_the_slice():
     fp16 = dataclasses.replace(half, precision="fp16")
     assert fp16.device_memory([Shard(0, 0, 16, 0)])[0].weights == 1000 * 16 * 2
     assert fp16.device_memory([Shard(0, 0, 16, 0)])[0].state == 1000 * 4  # fp32 state beside fp16 weights
+
+
+@pytest.mark.fast
+def test_a_task_mixing_data_types_counts_prices_and_measures_each_table_at_its_own():
+    """A table of its own data type in a task of another (a TorchRec module mixing fp16 and fp32 tables): its own
+    bytes in memory, in the roofline's price and in the worker's request (a kernel per data type); kept through
+    the task file; a neural model trained at one precision says it cannot price it, naming both; a bad data type is
+    one line."""
+    tables = [make_table(i, rows=20_000, dim=16, pooling=2.0) for i in range(4)]
+    tables[1] = dataclasses.replace(tables[1], precision="fp16")
+    task = make_task(tables, num_devices=2, batch_size=512)
+    assert task.precisions == ("fp16", "fp32") and task.table_precision(1) == "fp16"
+    assert task.table_mem_bytes(0) - task.table_mem_bytes(1) == 20_000 * 16 * 2  # the weights alone differ
+    again = Task.from_json(task.to_json())
+    assert again == task and again.to_json()["tables"][1]["precision"] == "fp16"
+    model = nsj.load_cost_model("analytic", batch_size=512)
+    feats = np.asarray(task.features(), np.float32)[:, None, :]
+    priced = np.asarray(nsj.shard_costs(model.fns, model.params, feats, np.ones((4, 1), bool)))
+    assert priced[1] < priced[0] == pytest.approx(priced[2])  # half the bytes gathered
+    device = device_tables(task, [Shard(0, 0, 16, 0), Shard(1, 0, 16, 0)])
+    request = device_request(0, task, device, EvaluateConfig())
+    assert request.precision == "fp32" and [t.get("precision") for t in request.to_json()["tables"]] == [None, "fp16"]
+    specs = [{"name": f"t{i}", "rows": 20_000, "dim": 16, "pooling_factor": 2.0} for i in range(4)]
+    specs[1]["precision"] = "fp16"
+    planned = nsj.plan(specs, 2, 1.0, cost_model="analytic", batch_size=512)
+    assert planned.task.precisions == ("fp16", "fp32") and planned.task.table_mem_bytes(1) == task.table_mem_bytes(1)
+    with pytest.raises(UserError, match="got tables of fp16 and fp32, but the neural cost model .* precision 'fp32'"):
+        nsj.plan(specs, 2, 1.0, cost_model="epyc-f25m17", batch_size=4096)
+    bad = task.to_json()
+    bad["tables"][2]["precision"] = "fp8"
+    with pytest.raises(UserError, match=r"task.tables\[2\].precision: got 'fp8', expected one of fp32, fp16, bf16"):
+        Task.from_json(bad)
 
 
 @pytest.mark.fast

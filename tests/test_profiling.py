@@ -20,7 +20,14 @@ from neuroshard_jax.core.table import Table
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.choice import CostModelSpec
 from neuroshard_jax.kernels.messages import CommRequest, ComputeAnswer, ComputeRequest, MessageError
-from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, WorkerFailure, run_comm
+from neuroshard_jax.kernels.processes import (
+    ComputeWorker,
+    KernelPool,
+    PoolTableRef,
+    WorkerFailure,
+    run_comm,
+    table_ref,
+)
 from neuroshard_jax.learn.cost_labels import CollectConfig, collect
 from neuroshard_jax.measure.evaluator import EvaluateConfig, evaluate_file, measure_plans
 from neuroshard_jax.search.pipeline import search_plan
@@ -142,6 +149,26 @@ def test_worker_times_every_kernel_kind_torchrec_runs_and_counts_a_sequence_kern
     assert not refused.ok and "pooling 'max', expected one of sum, mean, none" in refused.error
     with pytest.raises(MessageError, match="request.weighted: got 'yes', expected true or false"):
         ComputeRequest.from_json({**base.to_json(), "weighted": "yes"})
+
+
+@pytest.mark.fast
+def test_a_devices_tables_of_two_data_types_run_a_kernel_each_at_their_own_bytes(worker):
+    """fp16 and fp32 tables on one device run a fused kernel per data type (TorchRec groups tables by data type):
+    the fp16 table's weights take half the bytes, the pair holds what each holds alone; a pool table names its data
+    type after its kernel, and an unknown one is refused in one line."""
+    spec = {"rows": 4000, "pooling_factor": 2.0, "bins": [1.0] + [0.0] * 16, "dim": 16, "seed": 3}
+    base = ComputeRequest(0, (spec,), memory=True, **TINY)
+    half = {**spec, "precision": "fp16"}
+    alone = [worker.request(dataclasses.replace(base, tables=(t,)), timeout_s=120) for t in (spec, half)]
+    both = worker.request(dataclasses.replace(base, tables=(spec, half)), timeout_s=120)
+    assert both.ok and all(a.ok for a in alone) and both.total_ms > 0, both
+    weights = [a.memory["module_bytes"] for a in alone]
+    assert weights[0] - weights[1] == 4000 * 16 * 2  # fp32 weights 4 bytes an element, fp16 2
+    assert both.memory["module_bytes"] == sum(weights)
+    assert table_ref([7, 16, "mean", "fp16"]) == PoolTableRef(7, 16, kernel="mean", precision="fp16")
+    assert table_ref(PoolTableRef(7, 16, precision="bf16").to_json()).precision == "bf16"
+    refused = worker.request(dataclasses.replace(base, tables=({**spec, "precision": "fp8"},)), timeout_s=120)
+    assert not refused.ok and "table 0: precision 'fp8', expected one of fp32, fp16, bf16" in refused.error
 
 
 @pytest.mark.fast

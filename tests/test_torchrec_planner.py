@@ -243,7 +243,7 @@ def test_every_module_kind_torchrec_shards_is_planned_as_its_planner_keys_it_and
     from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
     from torchrec.distributed.sharding_plan import get_default_sharders
 
-    from tests.torchrec_models import MixedModel
+    from tests.torchrec_models import BAGS, MixedModel
 
     topology = TopologyFactory.create_topology(TrainerConfig(world_size=2), kernel_config=KernelConfig("cpu"))
     theirs = EmbeddingShardingPlanner(topology=topology).plan(MixedModel(), get_default_sharders())
@@ -272,6 +272,12 @@ def test_every_module_kind_torchrec_shards_is_planned_as_its_planner_keys_it_and
         "scored": "sum_weighted",
         "pos": "sum_weighted",
     }
+    # one fp16 table among fp32 ones: its own bytes (and a kernel of its own where it shares a device)
+    task = planner.last_plan.task
+    assert task.precision == "fp32" and task.precisions == ("fp16", "fp32")
+    assert {name: t.precision for name, t in tables.items() if t.precision} == {"user": "fp16"}
+    user = list(tables).index("user")
+    assert task.rows_memory(user, BAGS["user"], 32).weights == BAGS["user"] * 32 * 2
     assert "table_row_wise" not in tables["history"].constraints.sharding_types  # EmbeddingCollection's sharder
     assert tables["history"].width(16) == math.ceil(16 * 12.0)  # a row per id in the all-to-all
 

@@ -4,7 +4,7 @@ mixed-model rank script share them (torch and torchrec imported: only tests that
 import numpy as np
 import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
-from torchrec.modules.embedding_configs import PoolingType
+from torchrec.modules.embedding_configs import DataType, PoolingType
 from torchrec.modules.feature_processor_ import PositionWeightedModuleCollection
 from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 
@@ -17,14 +17,21 @@ POSITIONS = {"pos": 500}  # weights from a feature processor (position-weighted)
 
 class MixedModel(torch.nn.Module):
     """Bags (sum, mean), sequence embeddings, a weighted bag collection and a feature-processed one, nested at
-    ``bags``, ``towers.seq``, ``scored``, ``weighted``; the loss a sum of all their outputs."""
+    ``bags``, ``towers.seq``, ``scored``, ``weighted``; the loss a sum of all their outputs. The ``user`` table's
+    weights are fp16, the others' fp32 (a model mixing data types)."""
 
     def __init__(self, device: torch.device | None = None):
         super().__init__()
         device = device or torch.device("meta")
         self.bags = EmbeddingBagCollection(
             tables=[
-                EmbeddingBagConfig(name="user", embedding_dim=32, num_embeddings=BAGS["user"], feature_names=["user"]),
+                EmbeddingBagConfig(
+                    name="user",
+                    embedding_dim=32,
+                    num_embeddings=BAGS["user"],
+                    feature_names=["user"],
+                    data_type=DataType.FP16,
+                ),
                 EmbeddingBagConfig(
                     name="tags",
                     embedding_dim=16,

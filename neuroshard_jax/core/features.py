@@ -1,10 +1,13 @@
 """Table features: the one source of truth for their names and order.
 
-A table is described to every cost model by 24 numbers, in this order:
-``rows, dim, pooling_factor, bin_0 .. bin_16, size, mean_pooling, weighted, sequence`` where ``bin_k`` is the share
-of the rows accessed in one batch whose access count falls in bin k (see ``BIN_EDGES``), ``size = rows * dim``
-(elements, not bytes) and the last three say which kernel the table runs in (0/1: mean pooling, per-id weights,
-unpooled sequence lookups; all 0 for a sum-pooled bag). Models trained before kernel kinds read the first 21.
+A table is described to every cost model by 25 numbers, in this order:
+``rows, dim, pooling_factor, bin_0 .. bin_16, size, mean_pooling, weighted, sequence, weight_bytes`` where
+``bin_k`` is the share of the rows accessed in one batch whose access count falls in bin k (see ``BIN_EDGES``),
+``size = rows * dim`` (elements, not bytes), the next three say which kernel the table runs in (0/1: mean pooling,
+per-id weights, unpooled sequence lookups; all 0 for a sum-pooled bag) and ``weight_bytes`` is the bytes of an
+element of its weights (0: not given, the model's own precision; a task's tables carry theirs, ``Task.features``).
+Models trained before kernel kinds read the first 21; the neural models read no ``weight_bytes`` (each is trained at
+one precision and priced tasks of that precision alone), the analytic roofline does.
 NumPy only: the profiling worker imports it.
 """
 
@@ -18,7 +21,9 @@ BASE_FEATURE_NAMES = ("rows", "dim", "pooling_factor") + tuple(f"bin_{k}" for k 
 NUM_BASE_FEATURES = len(BASE_FEATURE_NAMES)
 # the kernel a table runs in (``core.table.kernel_kind``), as 0/1: mean pooling, per-id weights, sequence lookups
 KIND_FEATURE_NAMES = ("mean_pooling", "weighted", "sequence")
-FEATURE_NAMES = BASE_FEATURE_NAMES + KIND_FEATURE_NAMES
+# what a neural model that knows the kernel kinds reads (each is trained at one precision: no ``weight_bytes``)
+KIND_MODEL_FEATURE_NAMES = BASE_FEATURE_NAMES + KIND_FEATURE_NAMES
+FEATURE_NAMES = KIND_MODEL_FEATURE_NAMES + ("weight_bytes",)
 NUM_FEATURES = len(FEATURE_NAMES)
 FEATURE_INDEX = {name: i for i, name in enumerate(FEATURE_NAMES)}
 
@@ -61,11 +66,11 @@ def bin_shares(unique_rows: np.ndarray) -> np.ndarray:
     return unique_rows / total if total > 0 else np.zeros(NUM_BINS)
 
 
-def feature_matrix(rows, dims, pooling_factors, bins, poolings=None, weighted=None) -> np.ndarray:
+def feature_matrix(rows, dims, pooling_factors, bins, poolings=None, weighted=None, weight_bytes=None) -> np.ndarray:
     """Stack raw table features in ``FEATURE_NAMES`` order.
 
     rows, dims, pooling_factors: [T]; bins: [T, 17]; poolings: [T] of ``core.table.POOLINGS`` (default all sum),
-    weighted: [T] bool (default none). Returns f64[T, 24].
+    weighted: [T] bool (default none); weight_bytes: [T] (default 0: not given). Returns f64[T, 25].
     """
     rows = np.asarray(rows, dtype=np.float64)
     dims = np.asarray(dims, dtype=np.float64)
@@ -77,4 +82,6 @@ def feature_matrix(rows, dims, pooling_factors, bins, poolings=None, weighted=No
         kinds[:, 2] = [p == "none" for p in poolings]
     if weighted is not None:
         kinds[:, 1] = np.asarray(weighted, dtype=bool)
-    return np.concatenate([rows[:, None], dims[:, None], pooling[:, None], bins, (rows * dims)[:, None], kinds], axis=1)
+    element = np.zeros(len(rows)) if weight_bytes is None else np.asarray(weight_bytes, dtype=np.float64)
+    columns = [rows[:, None], dims[:, None], pooling[:, None], bins, (rows * dims)[:, None], kinds, element[:, None]]
+    return np.concatenate(columns, axis=1)

@@ -12,6 +12,7 @@ from typing import Any
 
 from neuroshard_jax.core.config import bounded, typed, typed_value
 from neuroshard_jax.core.constants import (
+    BYTES_PER_ELEMENT,
     MAX_BATCH,
     MAX_CAP_GB,
     MAX_DEVICES,
@@ -77,6 +78,7 @@ class TableFile:
     sharding_types: tuple[str, ...] | None = None
     pooling: str = "sum"  # ``table.POOLINGS``: none for sequence embeddings
     weighted: bool = False  # per-id weights on its lookups
+    precision: str | None = None  # its weights' data type where it differs from the task's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,6 +206,11 @@ def table_from_json(obj: dict, where: str, index: int = 0) -> Table:
         kernel_kind(raw.pooling, raw.weighted)
     except ValueError as err:
         raise UserError(f"{where}.{err}") from None
+    if raw.precision is not None and raw.precision not in BYTES_PER_ELEMENT:
+        raise UserError(
+            f"{where}.precision: got {raw.precision!r}, expected one of {', '.join(BYTES_PER_ELEMENT)} (or none: the "
+            "task's)"
+        )
     table = Table(
         index if raw.id is None else raw.id,
         raw.rows,
@@ -214,6 +221,7 @@ def table_from_json(obj: dict, where: str, index: int = 0) -> Table:
         raw.estimated,
         pooling=raw.pooling,
         weighted=raw.weighted,
+        precision=raw.precision,
     )
     blocks = row_blocks_of(raw.row_blocks, raw.rows, raw.pooling_factor, f"{where}.row_blocks")
     return dataclasses.replace(table, row_blocks=blocks, constraints=_constraints_of(raw, where))
@@ -354,6 +362,7 @@ def table_json(t: Table) -> JSONDoc:
         **({"estimated": True} if t.estimated else {}),
         **({"pooling": t.pooling} if t.pooling != "sum" else {}),
         **({"weighted": True} if t.weighted else {}),
+        **({"precision": t.precision} if t.precision is not None else {}),
         **_constraints_json(t),
         **({"row_blocks": row_blocks_json(t.row_blocks)} if t.row_blocks else {}),
     }

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from neuroshard_jax.core.config import typed
-from neuroshard_jax.core.constants import GENERATOR_VERSION, ZIPF_VERSION
+from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, GENERATOR_VERSION, ZIPF_VERSION
 from neuroshard_jax.core.constraints import NONE, TableConstraints
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JSONDoc
@@ -129,9 +129,15 @@ class Table:
     # the kernel it runs in (``kernel_kind``): its pooling (``POOLINGS``) and per-id weights
     pooling: str = "sum"
     weighted: bool = False
+    # its weights' data type (``constants.BYTES_PER_ELEMENT``) where it differs from the task's (``Task.precision``;
+    # None: the task's): TorchRec plans and runs modules mixing fp16 and fp32 tables, each table at its own bytes,
+    # a device's tables of each data type in a kernel of their own
+    precision: str | None = None
 
     def __post_init__(self):
         kernel_kind(self.pooling, self.weighted)
+        if self.precision is not None and self.precision not in BYTES_PER_ELEMENT:
+            raise ValueError(f"precision: got {self.precision!r}, expected one of {', '.join(BYTES_PER_ELEMENT)}")
 
     @property
     def kernel(self) -> str:

@@ -52,7 +52,7 @@ from neuroshard_jax.core.schema import (
     table_json,
     table_where,
 )
-from neuroshard_jax.core.sharding import Shard, narrowest_dim, row_block_size
+from neuroshard_jax.core.sharding import Shard, mem_bytes, narrowest_dim, row_block_size
 from neuroshard_jax.core.table import PoolSpec, Table
 
 
@@ -215,7 +215,19 @@ class Task:
         of the table's ids, taken as even)."""
         table = self.tables[index]
         ids = table.pooling_factor * rows / table.rows
-        return shard_memory(rows, dim, ids, self.batch_size, self.precision, self.training.state, table.sequence)
+        precision = self.table_precision(index)
+        return shard_memory(rows, dim, ids, self.batch_size, precision, self.training.state, table.sequence)
+
+    def table_precision(self, index: int) -> str:
+        """The data type of table ``index``'s weights: its own (``Table.precision``), else the task's."""
+        return self.tables[index].precision or self.precision
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        """The data types of the tables' weights, sorted: one for most tasks, several for a module mixing them
+        (each table's bytes, and a kernel per data type on a device: ``Table.precision``); a task of no tables (a
+        probe), the task's."""
+        return tuple(sorted({t.precision or self.precision for t in self.tables} or {self.precision}))
 
     def row_block_bytes(self, index: int, count: int, dim: int | None = None) -> np.ndarray:
         """i64[count]: the bytes of each of the ``count`` row blocks of table ``index`` (``sharding.row_blocks``:
@@ -276,6 +288,7 @@ class Task:
             [t.bins for t in self.tables],
             [t.pooling for t in self.tables],
             [t.weighted for t in self.tables],
+            [mem_bytes(1, 1, self.table_precision(i)) for i in range(self.num_tables)],  # an element's bytes
         )
 
     def to_json(self) -> JSONDoc:

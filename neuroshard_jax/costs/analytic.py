@@ -33,10 +33,13 @@ class AnalyticParams(NamedTuple):
 
 
 def _analytic_embed(p: AnalyticParams, feats):
-    """Latent [bytes moved by fwd+bwd, 1 table]: gathers of B*pooling rows plus the pooled output."""
+    """Latent [bytes moved by fwd+bwd, 1 table]: gathers of B*pooling rows (of the table's own element bytes where
+    its features give them, else the params') plus the pooled output."""
     dim = feats[..., FEATURE_INDEX["dim"]]
     pooling = feats[..., FEATURE_INDEX["pooling_factor"]]
-    fwd_bytes = p.batch_size * dim * (pooling * p.bytes_per_element + C.OUTPUT_BYTES_PER_ELEMENT)
+    given = feats[..., FEATURE_INDEX["weight_bytes"]]
+    element = jnp.where(given > 0, given, p.bytes_per_element)
+    fwd_bytes = p.batch_size * dim * (pooling * element + C.OUTPUT_BYTES_PER_ELEMENT)
     return jnp.stack([fwd_bytes * (1.0 + p.bwd_fwd_ratio), jnp.ones_like(dim)], axis=-1)
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from flax import nnx
 
 from neuroshard_jax.core.errors import DamagedModel, UserError, first_line
-from neuroshard_jax.core.features import BASE_FEATURE_NAMES, FEATURE_NAMES
+from neuroshard_jax.core.features import BASE_FEATURE_NAMES, KIND_MODEL_FEATURE_NAMES
 from neuroshard_jax.core.files import JSONDoc, read_json
 from neuroshard_jax.core.folders import recover_dir, replace_dir
 from neuroshard_jax.core.hardware import release
@@ -353,7 +353,7 @@ def save_ensemble(path: str | Path, config: EnsembleConfig, params: EnsemblePara
         "format": ENSEMBLE_FORMAT,
         "family": "ensemble",
         "net_config": dataclasses.asdict(config),
-        "feature_names": list(FEATURE_NAMES if config.kinds else BASE_FEATURE_NAMES),
+        "feature_names": list(KIND_MODEL_FEATURE_NAMES if config.kinds else BASE_FEATURE_NAMES),
         "inputs": list(input_names(config.kinds)),
     }
     return _save(path, _ensemble_tree(params._replace(risk=jnp.float32(0.0))), {**head, **meta})
@@ -369,7 +369,7 @@ def load_ensemble(path: str | Path) -> tuple[EnsembleConfig, EnsembleNets, Ensem
             f"{ENSEMBLE_FORMAT} (a physics ensemble)"
         )
     config = _parsed(path, lambda: ensemble_config_of(meta))
-    features = FEATURE_NAMES if config.kinds else BASE_FEATURE_NAMES  # a model from before kinds reads the base
+    features = KIND_MODEL_FEATURE_NAMES if config.kinds else BASE_FEATURE_NAMES  # before kinds: the base
     for key, expected in (("feature_names", list(features)), ("inputs", list(input_names(config.kinds)))):
         if meta.get(key) != expected:
             raise UserError(

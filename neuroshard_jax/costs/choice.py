@@ -125,10 +125,11 @@ def neural_checkpoint(config: NeuralConfig = NeuralConfig()) -> tuple[CostModel,
     return model, meta, path
 
 
-def _trains(meta: dict, batch_size: int, precision: str) -> bool:
-    """Whether a checkpoint (its meta) was trained at this precision and a batch size range holding ``batch_size``."""
+def _trains(meta: dict, batch_size: int, precisions: tuple[str, ...]) -> bool:
+    """Whether a checkpoint (its meta) was trained at every one of ``precisions`` (a task's tables' data types: a
+    model is trained at one) and a batch size range holding ``batch_size``."""
     sizes = meta.get("batch_sizes") or [meta["batch_size"]]
-    return min(sizes) <= batch_size <= max(sizes) and meta.get("precision", "fp32") == precision
+    return min(sizes) <= batch_size <= max(sizes) and all(meta.get("precision", "fp32") == p for p in precisions)
 
 
 def trained_optimizer(meta: dict) -> str:
@@ -146,14 +147,14 @@ def optimizer_distance(meta: dict, optimizer: str) -> int:
     return 1 if keeps[0] == keeps[1] else 2
 
 
-def fitting_models(batch_size: int, precision: str) -> list[str]:
-    """The shipped checkpoints trained where a task at ``batch_size`` and ``precision`` is."""
+def fitting_models(batch_size: int, precisions: tuple[str, ...]) -> list[str]:
+    """The shipped checkpoints trained where a task at ``batch_size`` with tables of ``precisions`` is."""
     metas = {n: read_meta(package_path(f"{SHIPPED_MODELS}/{n}")) for n in shipped_names()}
-    return [n for n, meta in metas.items() if _trains(meta, batch_size, precision)]
+    return [n for n, meta in metas.items() if _trains(meta, batch_size, precisions)]
 
 
 def _way_forward(task: Task) -> str:
-    fits = fitting_models(task.batch_size, task.precision)
+    fits = fitting_models(task.batch_size, task.precisions)
     return f"cost_model={fits[0]} or cost_model=analytic" if fits else "cost_model=analytic"
 
 
@@ -171,9 +172,10 @@ def untrained(task: Task, meta: dict, path: str) -> str | None:
             f"sizes {sizes}; expected {expected} (or {_way_forward(task)})"
         )
     trained = meta.get("precision", "fp32")
-    if task.precision != trained:
+    if task.precisions != (trained,):
+        got = f"{task.precision!r}" if len(task.precisions) == 1 else f"tables of {' and '.join(task.precisions)}"
         return (
-            f"task.precision: got {task.precision!r}, but the neural cost model {shown} was trained at "
+            f"task.precision: got {got}, but the neural cost model {shown} was trained at "
             f"precision {trained!r}; expected the same (or {_way_forward(task)})"
         )
     return None
@@ -477,7 +479,7 @@ def task_choice(
     why = None if path is None or not fallback else untrained(task, read_meta(path), path)
     if why is None:
         return choice
-    fits = fitting_models(task.batch_size, task.precision)
+    fits = fitting_models(task.batch_size, task.precisions)
     named = CostModelSpec(fits[0] if fits else "analytic")
     instead = f"{why}; planning with cost_model={named.name} instead"
     return dataclasses.replace(model_choice(named, device), skipped=choice.skipped, instead=instead)
@@ -551,7 +553,7 @@ def _model_of_kind(
         fits = [
             (kernels_missing(meta, task), optimizer_distance(meta, task.training.optimizer), i)
             for i, meta in enumerate(metas.get(n) or read_meta(checkpoint_path(n)) for n in names)
-            if _trains(meta, task.batch_size, task.precision)
+            if _trains(meta, task.batch_size, task.precisions)
         ]
         return names[min(fits)[-1]] if fits else names[0]
 

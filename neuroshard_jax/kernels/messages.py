@@ -362,7 +362,7 @@ class TorchRecTable:
     names its own); for the planner its ``pooling_factor`` and constraints (``sharding_types``, ``min_partition``); for
     training steps the ``stream`` its ids come from (a table in the compute worker's form: a spec or a pool id); the
     ``kernel`` it runs in (``core.table.KERNEL_KINDS``: which collection of the task's model holds it,
-    ``torchrec_format.task_collections``)."""
+    ``torchrec_format.task_collections``); its weights' ``precision`` where not the job's."""
 
     rows: int
     dim: int
@@ -372,6 +372,7 @@ class TorchRecTable:
     min_partition: int | None = None
     stream: list | dict | None = None
     kernel: str = "sum"
+    precision: str | None = None
 
     def to_json(self) -> JSONDoc:
         return _fields_json(self)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from neuroshard_jax.core.constants import MIN_CPU_SHARE
+from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, MIN_CPU_SHARE
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.hardware import check_rank_room
@@ -146,22 +146,24 @@ class ComputeWorker:
 class PoolTableRef:
     """A table of a pool task as the worker measures it: pool table ``table_id`` (its real stream) at width ``dim``,
     whole or the row block [row_offset, row_offset + num_rows), in the kernel ``kernel`` (``core.table.KERNEL_KINDS``:
-    a device runs one per kind). The worker's form: [table_id, dim(, row_offset, num_rows)(, kernel)], the kernel
-    named where it is not sum."""
+    a device runs one per kind and data type), its weights of ``precision`` where not the request's. The worker's
+    form: [table_id, dim(, row_offset, num_rows)(, kernel)(, precision)], the kernel named where it is not sum."""
 
     table_id: int
     dim: int
     row_offset: int | None = None
     num_rows: int | None = None
     kernel: str = "sum"
+    precision: str | None = None  # ``constants.BYTES_PER_ELEMENT``; None: the request's
 
     def to_json(self) -> list:
         block = [] if self.num_rows is None else [self.row_offset, self.num_rows]
-        return [self.table_id, self.dim, *block, *([self.kernel] if self.kernel != "sum" else [])]
+        named = ([self.kernel] if self.kernel != "sum" else []) + ([self.precision] if self.precision else [])
+        return [self.table_id, self.dim, *block, *named]
 
     def order(self) -> tuple:
         """A canonical sort key (a device's tables are measured in this order)."""
-        return self.table_id, self.dim, self.row_offset or 0, self.num_rows or 0, self.kernel
+        return self.table_id, self.dim, self.row_offset or 0, self.num_rows or 0, self.kernel, self.precision or ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +183,7 @@ class SpecTableRef:
     num_rows: int | None = None
     stream_batch: int | None = None
     kernel: str = "sum"  # the kernel it runs in (``core.table.KERNEL_KINDS``)
+    precision: str | None = None  # its weights' data type where not the request's
 
     def to_json(self) -> JSONDoc:
         out = {
@@ -196,6 +199,8 @@ class SpecTableRef:
             out["stream_batch"] = self.stream_batch
         if self.kernel != "sum":
             out["kernel"] = self.kernel
+        if self.precision:
+            out["precision"] = self.precision
         return out
 
 
@@ -218,22 +223,32 @@ def table_ref(obj, where: str = "table") -> TableRef:
                 None if num_rows is None else int(num_rows),
                 None if obj.get("stream_batch") is None else int(obj["stream_batch"]),
                 _kernel(obj.get("kernel", "sum")),
+                _precision(obj.get("precision")),
             )
         obj = list(obj)
-        kernel = _kernel(obj.pop()) if obj and isinstance(obj[-1], str) else "sum"
+        named = {"kernel": "sum", "precision": None}
+        while obj and isinstance(obj[-1], str):  # a kernel and a data type, named by their own words
+            name = obj.pop()
+            named["precision" if name in BYTES_PER_ELEMENT else "kernel"] = name
         table_id, dim, *block = (int(x) for x in obj)
         if len(block) not in (0, 2):
             raise ValueError
-        return PoolTableRef(table_id, dim, *block, kernel=kernel)
+        return PoolTableRef(table_id, dim, *block, kernel=_kernel(named["kernel"]), precision=named["precision"])
     except (KeyError, TypeError, ValueError):
         raise UserError(
-            f"{where}: got {obj!r:.80}, expected [pool table id, dim(, row_offset, num_rows)] or a table spec "
-            "{rows, pooling_factor, bins, dim(, seed, row_offset, num_rows)}"
+            f"{where}: got {obj!r:.80}, expected [pool table id, dim(, row_offset, num_rows)(, kernel)(, precision)] "
+            "or a table spec {rows, pooling_factor, bins, dim(, seed, row_offset, num_rows)}"
         ) from None
 
 
 def _kernel(name) -> str:
     if name not in KERNEL_KINDS:
+        raise ValueError(name)
+    return name
+
+
+def _precision(name) -> str | None:
+    if name is not None and name not in BYTES_PER_ELEMENT:
         raise ValueError(name)
     return name
 

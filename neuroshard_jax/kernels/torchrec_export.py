@@ -75,7 +75,9 @@ def torchrec_request(plan: Plan, config: ExportConfig) -> ExportJob:
             except ValueError as err:
                 raise UserError(f"export: {err}") from None
     return ExportJob(
-        tables=tuple(TorchRecTable(t.rows, t.dim, n, kernel=t.kernel) for n, t in zip(names, task.tables)),
+        tables=tuple(
+            TorchRecTable(t.rows, t.dim, n, kernel=t.kernel, precision=t.precision) for n, t in zip(names, task.tables)
+        ),
         shards=tuple(shards),
         world_size=task.num_devices,
         local_size=task.local_size() or task.num_devices,  # ranks per host (table_row_wise blocks stay in one)

@@ -113,7 +113,8 @@ def embedding_bag_collection(
     tables: Sequence[TorchRecTable], device: str = "meta", weighted: bool = False, precision: str = "fp32"
 ):
     """An EmbeddingBagCollection of the (named) tables, one feature per table named like it, each pooled as its
-    kernel says (sum or mean); ``weighted``: its features carry per-id weights."""
+    kernel says (sum or mean), of its own data type where it has one (else ``precision``); ``weighted``: its features
+    carry per-id weights."""
     import torch
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
     from torchrec.modules.embedding_configs import PoolingType
@@ -125,7 +126,7 @@ def embedding_bag_collection(
             num_embeddings=t.rows,
             feature_names=[t.name],
             pooling=PoolingType.MEAN if t.kernel.startswith("mean") else PoolingType.SUM,
-            data_type=_data_type(precision),
+            data_type=_data_type(t.precision or precision),
         )
         for t in tables
     ]
@@ -143,7 +144,7 @@ def embedding_collection(tables: Sequence[TorchRecTable], device: str = "meta", 
             embedding_dim=t.dim,
             num_embeddings=t.rows,
             feature_names=[t.name],
-            data_type=_data_type(precision),
+            data_type=_data_type(t.precision or precision),
         )
         for t in tables
     ]
@@ -291,7 +292,9 @@ def to_torchrec(
     else one host)."""
     local_size = local_size or plan.task.local_size()
     names = plan.torchrec_names()
-    tables = [TorchRecTable(t.rows, t.dim, n, kernel=t.kernel) for n, t in zip(names, plan.task.tables)]
+    tables = [
+        TorchRecTable(t.rows, t.dim, n, kernel=t.kernel, precision=t.precision) for n, t in zip(names, plan.task.tables)
+    ]
     shards = dict(zip(names, plan.torchrec_shards()))
     # your collection, or a collection per kernel kind (``collection_paths``) under ``module_path``
     modules = {module_path: (module, shards)} if module is not None else collection_shards(tables, shards, module_path)

@@ -225,7 +225,8 @@ def device_request(request_id, task: Task, tables: list, config: EvaluateConfig)
 def device_tables(task: Task, shards: list[Shard]) -> list[TableRef]:
     """A device's tables as the worker measures them, in a canonical order: ``PoolTableRef``s when the task has a
     pool (its real streams), else ``SpecTableRef``s whose streams are synthesised (seeded by the table id); each
-    names the kernel it runs in (the worker runs one per kind, as TorchRec does). A row
+    names the kernel it runs in and its weights' data type where not the task's (the worker runs a kernel per kind
+    and data type, as TorchRec does). A row
     block has its row_offset and num_rows (the worker restricts the table's stream to it); a block whose own
     statistics the table carries (``Table.block_stats``) is the spec of those, as the cost model scores it; an
     empty block (the tail of TorchRec's row layout) holds nothing to measure."""
@@ -235,12 +236,13 @@ def device_tables(task: Task, shards: list[Shard]) -> list[TableRef]:
         block = () if s.whole_rows(t.rows) else (s.row_offset, s.rows(t.rows))
         if block and block[1] == 0:
             continue
+        own = {"kernel": t.kernel, "precision": t.precision if t.precision != task.precision else None}
         if task.pool is not None:
-            out.append(PoolTableRef(t.id, s.dim, *block, kernel=t.kernel))
+            out.append(PoolTableRef(t.id, s.dim, *block, **own))
         elif block and (stats := t.block_stats(*block)) is not None:
-            out.append(SpecTableRef(block[1], stats[0], tuple(stats[1]), s.dim, t.id, kernel=t.kernel))
+            out.append(SpecTableRef(block[1], stats[0], tuple(stats[1]), s.dim, t.id, **own))
         else:
-            out.append(SpecTableRef(t.rows, t.pooling_factor, tuple(t.bins), s.dim, t.id, *block, kernel=t.kernel))
+            out.append(SpecTableRef(t.rows, t.pooling_factor, tuple(t.bins), s.dim, t.id, *block, **own))
     if task.pool is not None:
         return sorted(out, key=PoolTableRef.order)
     return sorted(out, key=lambda x: (x.seed, x.dim, x.row_offset or 0, x.rows))

@@ -65,7 +65,7 @@ def torchrec_tables(plan: Plan, names: list[str]) -> tuple[TorchRecTable, ...]:
     its id)."""
     task = plan.task
     return tuple(
-        TorchRecTable(t.rows, t.dim, name, stream=_stream(task, i), kernel=t.kernel)
+        TorchRecTable(t.rows, t.dim, name, stream=_stream(task, i), kernel=t.kernel, precision=t.precision)
         for i, (name, t) in enumerate(zip(names, task.tables))
     )
 
@@ -78,8 +78,9 @@ def _stream(task, index: int):
 
 def _check_runnable(task) -> None:
     """UserError unless the ranks can build ``task``'s tables (fp32) and slice its batch evenly."""
-    if task.precision != "fp32":
-        raise UserError(f"task.precision: got {task.precision!r}, expected fp32 (the ranks build fp32 tables)")
+    if task.precisions != ("fp32",):
+        got = " and ".join(task.precisions)
+        raise UserError(f"task.precision: got tables of {got}, expected fp32 (the ranks build fp32 tables)")
     if task.batch_size % task.num_devices:
         raise UserError(
             f"task.batch_size: got {task.batch_size}, expected a multiple of the {task.num_devices} devices "

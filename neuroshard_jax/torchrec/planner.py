@@ -52,6 +52,7 @@ from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import format_plan
 from neuroshard_jax.core.schema import row_blocks_json
+from neuroshard_jax.core.sharding import mem_bytes
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.scoring import with_costs
 from neuroshard_jax.kernels.torchrec_format import module_plan
@@ -206,15 +207,22 @@ class NeuroShardPlanner(ShardingPlanner):
         return [getattr(d.storage, kind) / GIB_BYTES for d in self.topology.devices]
 
     def tables(self, module: torch.nn.Module) -> tuple[list[dict], str]:
-        """Our table specs of the module's tables and their precision; a table without statistics has its pooling
-        factor only, and ``task_from_tables`` estimates its histogram (as ``neuroshard_jax.plan`` does)."""
-        specs, precisions = [], set()
+        """Our table specs of the module's tables and the task's precision (a table of another data type names its
+        own); a table without statistics has its pooling factor only, and ``task_from_tables`` estimates its
+        histogram (as ``neuroshard_jax.plan`` does)."""
+        specs, precisions = [], []
         found = tables_of(module, self._sharders)
         configs = [(path, name, config) for path, name, config, _ in found]
         self._check_stats_names(configs)
         self._check_pooling_names(configs)
         for _, name, config, collection in found:
-            precisions.add(PRECISIONS.get(config.data_type, str(config.data_type)))
+            precision = PRECISIONS.get(config.data_type)
+            if precision is None:
+                raise UserError(
+                    f"module: table {name!r} has data type {config.data_type}, expected one of "
+                    f"{', '.join(str(t) for t in PRECISIONS)}"
+                )
+            precisions.append(precision)
             # statistics of a table: by its name, or by its feature's name (a file of the stats CLI names features)
             single = config.feature_names[0] if len(config.feature_names) == 1 else None
             stats = self.stats.get(name, self.stats.get(single))
@@ -244,9 +252,12 @@ class NeuroShardPlanner(ShardingPlanner):
                 len(multi),
                 ", ".join(multi[:3]),
             )
-        if len(precisions) != 1:
-            raise UserError(f"module: tables of data types {sorted(precisions)}, expected one data type for all")
-        return specs, precisions.pop()
+        # the task's precision is its tables' most common data type (the widest of a tie); a table of another keeps
+        # its own (its bytes, and a kernel of its own on a device, as TorchRec groups tables by data type)
+        common = max(sorted(set(precisions)), key=lambda p: (precisions.count(p), mem_bytes(1, 1, p)))
+        for spec, precision in zip(specs, precisions):
+            spec.update({"precision": precision} if precision != common else {})
+        return specs, common
 
     def _sharding_types(self, collection: Collection) -> tuple[str, ...] | None:
         """The sharding types the collection's sharder offers on the topology's device that our plans use (a

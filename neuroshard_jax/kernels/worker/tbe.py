@@ -61,14 +61,16 @@ def _pool_streams(pool: dict):
 
 def shard_inputs(request: ComputeRequest) -> list[KernelInputs]:
     """The request's kernels, as TorchRec runs a device's tables: one fused TBE per kernel kind (its tables' own
-    ``kernel``, else the request's pooling and weights), a sequence kernel per dim; each with its tables' (rows, dim)
-    specs and index streams (a pool's real ones, or synthesised from a table spec), concatenated table-major, in the
-    order the kinds first appear."""
+    ``kernel``, else the request's pooling and weights) and data type (their own ``precision``, else the request's),
+    a sequence kernel per dim; each with its tables' (rows, dim) specs and index streams (a pool's real ones, or
+    synthesised from a table spec), concatenated table-major, in the order the kernels first appear."""
     batch = request.batch_size
     default = _request_kind(request)
-    groups: dict[tuple[str, int], KernelInputs] = {}
+    if request.precision not in PRECISIONS:
+        raise RequestError(f"precision {request.precision!r}, expected one of {', '.join(PRECISIONS)}")
+    groups: dict[tuple[str, str, int], KernelInputs] = {}
     for i, table in enumerate(request.tables):
-        kind, table = _table_kind(table, default, f"table {i}")
+        kind, precision, table = _table_kind(table, default, request.precision, f"table {i}")
         num_rows, dim, (indices, offsets) = table_stream(table, request.pool, batch, f"table {i}")
         if int(dim) < 1 or (request.device == "cuda" and not is_legal_dim(dim)):
             want = "a positive multiple of 4 on CUDA" if request.device == "cuda" else "a positive width"
@@ -76,8 +78,8 @@ def shard_inputs(request: ComputeRequest) -> list[KernelInputs]:
         # FBGEMM's kernels take widths that are multiples of 4 (its rows are 4-aligned): a table of another width,
         # which TorchRec takes, is timed at the next multiple of 4
         dim = -(-int(dim) // 4) * 4
-        key = (kind, int(dim) if kind == "sequence" else 0)
-        group = groups.setdefault(key, KernelInputs(kind, [], [], [np.zeros(1, dtype=np.int64)]))
+        key = (kind, precision, int(dim) if kind == "sequence" else 0)
+        group = groups.setdefault(key, KernelInputs(kind, [], [], [np.zeros(1, dtype=np.int64)], precision))
         base = int(group.offsets[-1][-1])
         group.specs.append((num_rows, int(dim)))
         group.indices.append(indices)
@@ -87,13 +89,14 @@ def shard_inputs(request: ComputeRequest) -> list[KernelInputs]:
 
 @dataclasses.dataclass
 class KernelInputs:
-    """One kernel of a request: its kind (``core.table.KERNEL_KINDS``), its tables' (rows, dim) and their index
-    streams, table-major (``offsets`` as FBGEMM takes them once concatenated)."""
+    """One kernel of a request: its kind (``core.table.KERNEL_KINDS``) and data type, its tables' (rows, dim) and
+    their index streams, table-major (``offsets`` as FBGEMM takes them once concatenated)."""
 
     kind: str
     specs: list
     indices: list
     offsets: list
+    precision: str = "fp32"  # its weights' data type (``PRECISIONS``)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         return np.concatenate(self.indices), np.concatenate(self.offsets)
@@ -133,18 +136,25 @@ def _request_kind(request: ComputeRequest) -> str:
         raise RequestError(f"request {err}") from None
 
 
-def _table_kind(table, default: str, where: str):
-    """(kind, the table without it) of a request's table: a spec's ``kernel`` key, a pool reference's trailing name
-    (``processes.PoolTableRef``), else ``default``."""
+def _table_kind(table, default: str, precision: str, where: str):
+    """(kind, precision, the table without them) of a request's table: a spec's ``kernel`` and ``precision`` keys,
+    a pool reference's trailing names (``processes.PoolTableRef``), else ``default`` and the request's
+    ``precision``."""
     kind = default
-    if isinstance(table, dict) and "kernel" in table:
+    if isinstance(table, dict):
         table = dict(table)
-        kind = table.pop("kernel")
-    elif isinstance(table, list) and table and isinstance(table[-1], str):
-        table, kind = table[:-1], table[-1]
+        kind = table.pop("kernel", kind)
+        precision = table.pop("precision", precision)
+    elif isinstance(table, list):
+        table = list(table)
+        while table and isinstance(table[-1], str):
+            name = table.pop()
+            kind, precision = (kind, name) if name in PRECISIONS else (name, precision)
     if kind not in KERNEL_KINDS:
         raise RequestError(f"{where}: kernel {kind!r}, expected one of {', '.join(KERNEL_KINDS)}")
-    return kind, table
+    if precision not in PRECISIONS:
+        raise RequestError(f"{where}: precision {precision!r}, expected one of {', '.join(PRECISIONS)}")
+    return kind, precision, table
 
 
 def table_stream(table, pool: dict | None, batch: int, where: str):
@@ -203,13 +213,10 @@ def profile_compute(request: ComputeRequest) -> ComputeAnswer:
         raise RequestError(fbgemm_mismatch(torch, err)) from None
 
     devices = compute_device_enum()
-    precision = request.precision
     try:  # the optimizers FBGEMM 1.8's TBE runs on this device (core.memory.OPTIMIZERS)
         optimizer = kernel_optimizer(request.optimizer, device).name
     except UserError as err:
         raise RequestError(str(err)) from None
-    if precision not in PRECISIONS:
-        raise RequestError(f"precision {precision!r}, expected one of {', '.join(PRECISIONS)}")
     groups = shard_inputs(request)
     on_gpu = device == "cuda"
     location, compute = (EmbeddingLocation.DEVICE, devices.CUDA) if on_gpu else (EmbeddingLocation.HOST, devices.CPU)
@@ -223,7 +230,7 @@ def profile_compute(request: ComputeRequest) -> ComputeAnswer:
             embedding_specs=[(rows, dim, location, compute) for rows, dim in group.specs],
             optimizer=EmbOptimType(optimizer),
             learning_rate=LEARNING_RATE,
-            weights_precision=SparseType(precision),
+            weights_precision=SparseType(group.precision),
             pooling_mode=getattr(PoolingMode, POOLING_MODES[pooling]),
             device=target,
         )
