@@ -172,3 +172,7 @@ def test_explain_says_which_kernels_each_device_runs():
     assert "sequence+sum_weighted" in text
     # the sequence table's all-to-all is a row per id: 20 lookups x 16 columns a sample
     assert plan.dim_sums().tolist() == [16, 20 * 16 + 16]
+    # a table of another data type than the task's runs a kernel of its own, named with it
+    half = dataclasses.replace(task, tables=(*tables, dataclasses.replace(make_table(3, rows=900), precision="fp16")))
+    plan = Plan(half, (*plan.shards, Shard(3, 0, 16, 0))).validate()
+    assert [d.kernels for d in explanation(plan, analytic_model(half)).devices][0] == ("sum", "sum/fp16")

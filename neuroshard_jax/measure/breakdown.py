@@ -131,7 +131,8 @@ class ExplainedDevice(NamedTuple):
     speed: float
     measured_ms: float | None = None
     measured_compute_ms: float | None = None
-    kernels: tuple[str, ...] = ()  # the kernels it runs, one per kind of its tables (``core.table.KERNEL_KINDS``)
+    # the kernels it runs, one per kind of its tables (``core.table.KERNEL_KINDS``) and data type (``sum/fp16``)
+    kernels: tuple[str, ...] = ()
 
 
 class TopTable(NamedTuple):
@@ -393,7 +394,7 @@ def explanation(plan: Plan, model: CostModel, measured: Measured | None = None, 
     ]
     if measured is not None:
         columns += [np.asarray(measured.total_ms, np.float64).tolist(), np.asarray(measured.compute_ms).tolist()]
-    kinds = [tuple(sorted({plan.task.tables[s.table].kernel for s in plan.device_shards(d)})) for d in range(n)]
+    kinds = [tuple(sorted({_kernel_name(plan.task, s.table) for s in plan.device_shards(d)})) for d in range(n)]
     return Explanation(
         cost_model=model.name,
         devices=[ExplainedDevice(*row)._replace(kernels=k) for row, k in zip(zip(*columns), kinds)],
@@ -410,6 +411,14 @@ def explanation(plan: Plan, model: CostModel, measured: Measured | None = None, 
         memory=_memory_line(plan, mem),
         inputs=_input_line(model, plan),
     )
+
+
+def _kernel_name(task, index: int) -> str:
+    """The kernel table ``index`` runs in: its kind, and its data type where it is not the task's (``sum/fp16``: a
+    kernel apart, as TorchRec groups a device's tables by data type)."""
+    table = task.tables[index]
+    own = task.table_precision(index)
+    return table.kernel if own == task.precision else f"{table.kernel}/{own}"
 
 
 def _input_line(model: CostModel, plan: Plan) -> str | None:
