@@ -24,6 +24,9 @@ from neuroshard_jax.core.memory import OPTIMIZERS, Training, kernel_optimizer, o
 from neuroshard_jax.core.plan_file import format_plan  # noqa: E402
 from neuroshard_jax.core.sharding import Shard  # noqa: E402
 from neuroshard_jax.core.task import Task, check_feasible  # noqa: E402
+from neuroshard_jax.costs.checkpoints import read_meta  # noqa: E402
+from neuroshard_jax.costs.choice import CostModelSpec, checkpoint_path  # noqa: E402
+from neuroshard_jax.costs.precision import factors_for  # noqa: E402
 from neuroshard_jax.measure.evaluator import EvaluateConfig, device_request, device_tables  # noqa: E402
 from neuroshard_jax.torchrec.planner import NeuroShardPlanner, declared_optimizer  # noqa: E402
 from tests.conftest import make_table, make_task  # noqa: E402
@@ -74,8 +77,22 @@ def test_a_task_mixing_data_types_counts_prices_and_measures_each_table_at_its_o
     specs[1]["precision"] = "fp16"
     planned = nsj.plan(specs, 2, 1.0, cost_model="analytic", batch_size=512)
     assert planned.task.precisions == ("fp16", "fp32") and planned.task.table_mem_bytes(1) == task.table_mem_bytes(1)
+    # a neural model prices them where its hardware kind has a measured factor for the data type (this EPYC's fp16
+    # kernels: neuroshard_jax/data/precision/factors.json), each such shard priced that factor heavier ...
+    wide = dataclasses.replace(task, batch_size=4096)
+    narrow = dataclasses.replace(wide, tables=tuple(dataclasses.replace(t, precision=None) for t in wide.tables))
+    factor = factors_for(read_meta(checkpoint_path("epyc-f25m17"))["hardware_kinds"], "fp32")["fp16"].factor
+    costs = []
+    for each in (wide, narrow):
+        built = CostModelSpec("epyc-f25m17").for_task(each).expected
+        feats = np.asarray(each.features(), np.float32)[:, None, :]
+        costs.append(np.asarray(nsj.shard_costs(built.fns, built.params, feats, np.ones((4, 1), bool))))
+    # (the shard's latent is scaled; the ensemble's device head corrects the device's sum on top of it)
+    assert 1.05 < costs[0][1] / costs[1][1] <= factor * 1.01 and costs[0][0] == pytest.approx(costs[1][0])
+    assert nsj.plan(specs, 2, 1.0, cost_model="epyc-f25m17", batch_size=4096).task.precisions == ("fp16", "fp32")
+    # ... and refuses them, naming both, where it has none
     with pytest.raises(UserError, match="got tables of fp16 and fp32, but the neural cost model .* precision 'fp32'"):
-        nsj.plan(specs, 2, 1.0, cost_model="epyc-f25m17", batch_size=4096)
+        nsj.plan(specs, 2, 1.0, cost_model="xeon-union", batch_size=4096)
     bad = task.to_json()
     bad["tables"][2]["precision"] = "fp8"
     with pytest.raises(UserError, match=r"task.tables\[2\].precision: got 'fp8', expected one of fp32, fp16, bf16"):

@@ -40,6 +40,7 @@ from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.ensemble import ensemble_cost_model
 from neuroshard_jax.costs.input_dist import for_kinds as input_dist_for
 from neuroshard_jax.costs.neural import neural_cost_model
+from neuroshard_jax.costs.precision import factors_for, log_scales
 from neuroshard_jax.costs.row_comm import for_kinds as row_comm_for
 
 logger = logging.getLogger(__name__)
@@ -126,10 +127,17 @@ def neural_checkpoint(config: NeuralConfig = NeuralConfig()) -> tuple[CostModel,
 
 
 def _trains(meta: dict, batch_size: int, precisions: tuple[str, ...]) -> bool:
-    """Whether a checkpoint (its meta) was trained at every one of ``precisions`` (a task's tables' data types: a
-    model is trained at one) and a batch size range holding ``batch_size``."""
+    """Whether a checkpoint (its meta) prices every one of ``precisions`` (a task's tables' data types: a model is
+    trained at one, and prices others its hardware kind has measured factors for, ``precision.py``) and was trained
+    at a batch size range holding ``batch_size``."""
     sizes = meta.get("batch_sizes") or [meta["batch_size"]]
-    return min(sizes) <= batch_size <= max(sizes) and all(meta.get("precision", "fp32") == p for p in precisions)
+    return min(sizes) <= batch_size <= max(sizes) and set(precisions) <= _priced(meta)
+
+
+def _priced(meta: dict) -> set[str]:
+    """The precisions a checkpoint prices: its own, and those its hardware kind has a factor for over it."""
+    trained = meta.get("precision", "fp32")
+    return {trained} | set(factors_for(meta.get("hardware_kinds") or [], trained))
 
 
 def trained_optimizer(meta: dict) -> str:
@@ -172,11 +180,13 @@ def untrained(task: Task, meta: dict, path: str) -> str | None:
             f"sizes {sizes}; expected {expected} (or {_way_forward(task)})"
         )
     trained = meta.get("precision", "fp32")
-    if task.precisions != (trained,):
+    if not set(task.precisions) <= _priced(meta):
         got = f"{task.precision!r}" if len(task.precisions) == 1 else f"tables of {' and '.join(task.precisions)}"
+        others = sorted(_priced(meta) - {trained})
+        also = f" (and prices {', '.join(others)} by measured factors)" if others else ""
         return (
             f"task.precision: got {got}, but the neural cost model {shown} was trained at "
-            f"precision {trained!r}; expected the same (or {_way_forward(task)})"
+            f"precision {trained!r}{also}; expected the same (or {_way_forward(task)})"
         )
     return None
 
@@ -193,7 +203,13 @@ def neural_model(task: Task, config: NeuralConfig = NeuralConfig()) -> CostModel
     model = dataclasses.replace(model, row_comm=row_comm_for(kinds), input_dist=input_dist_for(kinds))
     if meta.get("format") == ENSEMBLE_FORMAT:
         params = model.params._replace(batch_size=float(task.batch_size), risk=float(config.risk))
-        return dataclasses.replace(model, params=params)
+        model = dataclasses.replace(model, params=params)
+    trained = meta.get("precision", "fp32")
+    if task.precisions != (trained,):  # tables of other data types: their kernels' measured factor on this kind
+        factors = factors_for(kinds, trained)
+        model = model.with_precision_scales(log_scales(factors, task.precisions, trained))
+        said = ", ".join(f"{p} {factors[p].factor:.2f}x" for p in task.precisions if p != trained)
+        logger.info("cost model: tables priced at their data type's measured factor over %s (%s)", trained, said)
     return model
 
 

@@ -72,9 +72,11 @@ class CostModel:
 
     @property
     def own_params(self):
-        """The model's own params, under a ``Scaled`` wrapper or not (and a task's ``TableScaled`` one)."""
-        params = self.params.inner if isinstance(self.params, Scaled) else self.params
-        return params.inner if isinstance(params, TableScaled) else params
+        """The model's own params, under its ``Scaled``, ``TableScaled`` and ``PrecisionScaled`` wrappers or not."""
+        params = self.params
+        while isinstance(params, WRAPPERS):
+            params = params.inner
+        return params
 
     @functools.cached_property
     def expected(self) -> CostModel:
@@ -85,10 +87,10 @@ class CostModel:
         return self
 
     def map_params(self, change: Callable) -> CostModel:
-        """This model with ``change`` applied to its own params (under its ``Scaled`` and ``TableScaled`` wrappers)."""
+        """This model with ``change`` applied to its own params (under its wrappers, ``WRAPPERS``)."""
 
         def changed(params):
-            if isinstance(params, (Scaled, TableScaled)):
+            if isinstance(params, WRAPPERS):
                 return params._replace(inner=changed(params.inner))
             return change(params)
 
@@ -107,6 +109,16 @@ class CostModel:
             params = self.params._replace(inner=tabled)
             return dataclasses.replace(self, fns=_scaled(_table_scaled(base)), params=params)
         return dataclasses.replace(self, fns=_table_scaled(base), params=tabled)
+
+    def with_precision_scales(self, log_scale_by_bytes: np.ndarray) -> CostModel:
+        """This model with every shard whose weights take ``b`` bytes an element (its ``weight_bytes`` feature: a
+        table of another data type than the model was trained at) ``exp(log_scale_by_bytes[b])`` times as heavy
+        (f32[MAX_ELEMENT_BYTES + 1]; index 0, not given, and the trained bytes at 0). Innermost: a model built for a
+        task gets it before any calibration or table scale (``choice.neural_model``)."""
+        if isinstance(self.params, (Scaled, TableScaled)):
+            raise ValueError("with_precision_scales: expected a model as built, before its scales")
+        params = PrecisionScaled(self.params, jnp.asarray(log_scale_by_bytes, jnp.float32))
+        return dataclasses.replace(self, fns=_precision_scaled(self.fns), params=params)
 
     def with_scales(self, comm_scale: np.ndarray, compute_scale: float = 1.0) -> CostModel:
         """This model with each device's transfer time (bwd comm, and fwd comm less the straggler wait) multiplied
@@ -277,6 +289,32 @@ class TableScaled(NamedTuple):
     inner: Any
     keys: jax.Array  # f32[T, F]: each table's features (width and size zeroed: ``table_keys``)
     log_scale: jax.Array  # f32[T]: the log of each table's scale
+
+
+class PrecisionScaled(NamedTuple):
+    """Params of a model with a scale per element size of a shard's weights (``with_precision_scales``)."""
+
+    inner: Any
+    log_scale: jax.Array  # f32[MAX_ELEMENT_BYTES + 1]: the log of the scale of a shard of b-byte weights
+
+
+WRAPPERS = (Scaled, TableScaled, PrecisionScaled)  # what a model's own params may sit under
+MAX_ELEMENT_BYTES = 4
+
+
+@functools.cache
+def _precision_scaled(fns: CostFns) -> CostFns:
+    """``fns`` over ``PrecisionScaled`` params: a shard's latent scaled by the scale of its weights' element size;
+    no summed fast path (the scale is per shard)."""
+
+    def embed(p: PrecisionScaled, feats):
+        size = jnp.clip(feats[..., FEATURE_INDEX["weight_bytes"]], 0, MAX_ELEMENT_BYTES).astype(jnp.int32)
+        return fns.embed(p.inner, feats) * jnp.exp(p.log_scale[size])[..., None]
+
+    def inner(fn):
+        return None if fn is None else lambda p, *args: fn(p.inner, *args)
+
+    return CostFns(embed, inner(fns.head), inner(fns.bwd_comm), inner(fns.fwd_comm), None, inner(fns.uncertainty))
 
 
 IDENTITY = np.ones(NUM_FEATURES, bool)
