@@ -100,6 +100,40 @@ def test_a_task_mixing_data_types_counts_prices_and_measures_each_table_at_its_o
 
 
 @pytest.mark.fast
+def test_the_precision_factor_is_the_paired_labels_geometric_mean_kept_per_hardware_kind(tmp_path):
+    """``tools/precision_factor.py`` over two label folders of the same samples: the geometric mean of the quiet
+    pairs' ratios under the labels' hardware kind, beside what the file held; folders differing in more than their
+    precision refused in one line."""
+    import json
+
+    from tools.precision_factor import add_factor
+
+    hardware = {"cpu": "Some CPU", "cpu_id": "vendor family 1 model 2"}
+    for precision, scale in (("fp32", 1.0), ("fp16", 1.2)):
+        folder = tmp_path / precision
+        folder.mkdir()
+        settings = {"seed": 5, "device": "cpu", "precision": precision}
+        manifest = {"settings": settings, "hardware": hardware, "versions": {}, "git_commit": "x", "updated": "now"}
+        (folder / "manifest-compute.json").write_text(json.dumps(manifest))
+        records = [{"id": i, "ok": True, "total_ms": (1.0 + i) * scale, "cpu_share": 1.0} for i in range(12)]
+        records.append({"id": 12, "ok": True, "total_ms": 50.0, "cpu_share": 0.3})  # busy: not counted
+        (folder / "compute.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "factors.json"
+    out.write_text(json.dumps({"kinds": {"another [kind]": {"trained": "fp32", "factors": {}, "manifest": {}}}}))
+    said = add_factor(tmp_path / "fp32", tmp_path / "fp16", out)
+    assert said.startswith("Some CPU [vendor family 1 model 2]: fp16 over fp32 1.200x (12 pairs")
+    kinds = json.loads(out.read_text())["kinds"]
+    assert set(kinds) == {"another [kind]", "Some CPU [vendor family 1 model 2]"}
+    fp16 = kinds["Some CPU [vendor family 1 model 2]"]["factors"]["fp16"]
+    assert fp16["factor"] == pytest.approx(1.2) and fp16["pairs"] == 12
+    manifest = json.loads((tmp_path / "fp16" / "manifest-compute.json").read_text())
+    manifest["settings"]["seed"] = 6
+    (tmp_path / "fp16" / "manifest-compute.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match="the two folders differ in more than their precision"):
+        add_factor(tmp_path / "fp32", tmp_path / "fp16", out)
+
+
+@pytest.mark.fast
 def test_every_device_holds_its_slice_of_the_batch_whatever_its_tables():
     """The step's pooled outputs of every table for a device's local batch (batch / devices) and their gradients,
     and its slice's ids and offsets with the all-to-all's copy: on every device, in ``Plan.memory`` and out of the

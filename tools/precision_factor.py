@@ -14,6 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
+from neuroshard_jax.core.cli import fail
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_json, read_records
 from neuroshard_jax.core.hardware import hardware_kind
@@ -34,7 +35,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("other", help="the same samples at another precision")
     parser.add_argument("--out", required=True, help="the factors file to add this kind's factor to")
     args = parser.parse_args(argv)
-    (base_manifest, base), (other_manifest, other) = labels(Path(args.base)), labels(Path(args.other))
+    try:
+        print(add_factor(Path(args.base), Path(args.other), Path(args.out)))
+    except UserError as err:
+        fail(err)
+
+
+def add_factor(base_dir: Path, other_dir: Path, out: Path) -> str:
+    """Add the factor of ``other_dir``'s labels over ``base_dir``'s to the factors file ``out`` (made if absent),
+    under their hardware kind, beside what it held; returns a line saying what it wrote."""
+    (base_manifest, base), (other_manifest, other) = labels(base_dir), labels(other_dir)
     settings = [m["settings"] for m in (base_manifest, other_manifest)]
     same = {k: v for k, v in settings[0].items() if k != "precision"} == {
         k: v for k, v in settings[1].items() if k != "precision"
@@ -44,7 +54,6 @@ def main(argv: list[str] | None = None) -> None:
     kind = hardware_kind(base_manifest["hardware"], settings[0]["device"])
     trained, precision = settings[0]["precision"], settings[1]["precision"]
     factor = fit(base, other)
-    out = Path(args.out)
     doc = json.loads(out.read_text()) if out.exists() else {"kinds": {}}
     entry = doc["kinds"].get(kind)
     kept = {} if entry is None or entry["trained"] != trained else entry["factors"]
@@ -60,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     factors[precision] = factor
     doc["kinds"][kind] = kind_json(KindFactors(kind, trained, factors, manifest))
     out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(
+    return (
         f"{kind}: {precision} over {trained} {factor.factor:.3f}x ({factor.pairs} pairs, p10-p90 {factor.p10:.3f}-"
         f"{factor.p90:.3f}) -> {out}"
     )
