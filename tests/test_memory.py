@@ -75,7 +75,7 @@ def test_a_task_mixing_data_types_counts_prices_and_measures_each_table_at_its_o
     assert request.precision == "fp32" and [t.get("precision") for t in request.to_json()["tables"]] == [None, "fp16"]
     specs = [{"name": f"t{i}", "rows": 20_000, "dim": 16, "pooling_factor": 2.0} for i in range(4)]
     specs[1]["precision"] = "fp16"
-    planned = nsj.plan(specs, 2, 1.0, cost_model="analytic", batch_size=512)
+    planned = nsj.plan(specs, 2, 1.0, "size_greedy", "analytic", batch_size=512)
     assert planned.task.precisions == ("fp16", "fp32") and planned.task.table_mem_bytes(1) == task.table_mem_bytes(1)
     # a neural model prices them where its hardware kind has a measured factor for the data type (this EPYC's fp16
     # kernels: neuroshard_jax/data/precision/factors.json), each such shard priced that factor heavier ...
@@ -89,10 +89,10 @@ def test_a_task_mixing_data_types_counts_prices_and_measures_each_table_at_its_o
         costs.append(np.asarray(nsj.shard_costs(built.fns, built.params, feats, np.ones((4, 1), bool))))
     # (the shard's latent is scaled; the ensemble's device head corrects the device's sum on top of it)
     assert 1.05 < costs[0][1] / costs[1][1] <= factor * 1.01 and costs[0][0] == pytest.approx(costs[1][0])
-    assert nsj.plan(specs, 2, 1.0, cost_model="epyc-f25m17", batch_size=4096).task.precisions == ("fp16", "fp32")
+    assert nsj.plan(specs, 2, 1.0, "size_greedy", "epyc-f25m17", batch_size=4096).task.precisions == ("fp16", "fp32")
     # ... and refuses them, naming both, where it has none
     with pytest.raises(UserError, match="got tables of fp16 and fp32, but the neural cost model .* precision 'fp32'"):
-        nsj.plan(specs, 2, 1.0, cost_model="xeon-union", batch_size=4096)
+        nsj.plan(specs, 2, 1.0, "size_greedy", "xeon-union", batch_size=4096)
     bad = task.to_json()
     bad["tables"][2]["precision"] = "fp8"
     with pytest.raises(UserError, match=r"task.tables\[2\].precision: got 'fp8', expected one of fp32, fp16, bf16"):
