@@ -196,6 +196,11 @@ def mem_bytes(rows, dim, precision: str):
     return rows * dim * BYTES_PER_ELEMENT[precision]
 
 
+def element_bytes(precision: str) -> int:
+    """The bytes of one weight at ``precision`` (``mem_bytes`` of one element)."""
+    return int(mem_bytes(1, 1, precision))
+
+
 def device_dim_sums(shards: Iterable[Shard], num_devices: int, widths=None):
     """i64[N]: the all-to-all width of each device: the sum of its shards' dims, or of ``widths(shard)`` (a
     sequence table's shard puts a row per id in it: ``Table.width``)."""

@@ -52,7 +52,7 @@ from neuroshard_jax.core.schema import (
     table_json,
     table_where,
 )
-from neuroshard_jax.core.sharding import Shard, mem_bytes, narrowest_dim, row_block_size
+from neuroshard_jax.core.sharding import Shard, element_bytes, narrowest_dim, row_block_size
 from neuroshard_jax.core.table import PoolSpec, Table
 
 
@@ -288,7 +288,7 @@ class Task:
             [t.bins for t in self.tables],
             [t.pooling for t in self.tables],
             [t.weighted for t in self.tables],
-            [mem_bytes(1, 1, self.table_precision(i)) for i in range(self.num_tables)],  # an element's bytes
+            [element_bytes(self.table_precision(i)) for i in range(self.num_tables)],
         )
 
     def to_json(self) -> JSONDoc:

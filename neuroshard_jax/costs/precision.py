@@ -21,7 +21,7 @@ from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JSONDoc, read_json
 from neuroshard_jax.core.paths import package_path
-from neuroshard_jax.core.sharding import mem_bytes
+from neuroshard_jax.core.sharding import element_bytes
 from neuroshard_jax.costs.cost_model import MAX_ELEMENT_BYTES
 
 SHIPPED = "data/precision/factors.json"
@@ -96,8 +96,8 @@ def log_scales(factors: dict[str, PrecisionFactor], precisions: tuple[str, ...],
     for p in precisions:
         if p == trained:
             continue
-        size = int(mem_bytes(1, 1, p))
-        if size in taken or size == mem_bytes(1, 1, trained):
+        size = element_bytes(p)
+        if size in taken or size == element_bytes(trained):
             raise UserError(
                 f"task.precision: tables of {p} beside {taken.get(size, trained)}, whose elements take as many bytes; "
                 "expected data types a model can tell apart by their size"

@@ -52,7 +52,7 @@ from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import format_plan
 from neuroshard_jax.core.schema import row_blocks_json
-from neuroshard_jax.core.sharding import mem_bytes
+from neuroshard_jax.core.sharding import element_bytes
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.scoring import with_costs
 from neuroshard_jax.kernels.torchrec_format import module_plan
@@ -254,7 +254,7 @@ class NeuroShardPlanner(ShardingPlanner):
             )
         # the task's precision is its tables' most common data type (the widest of a tie); a table of another keeps
         # its own (its bytes, and a kernel of its own on a device, as TorchRec groups tables by data type)
-        common = max(sorted(set(precisions)), key=lambda p: (precisions.count(p), mem_bytes(1, 1, p)))
+        common = max(sorted(set(precisions)), key=lambda p: (precisions.count(p), element_bytes(p)))
         for spec, precision in zip(specs, precisions):
             spec.update({"precision": precision} if precision != common else {})
         return specs, common
