@@ -200,12 +200,13 @@ def test_spec_sampler_extensions_reach_many_tables_and_the_heavy_corner_and_leav
     import hashlib
 
     def digest(config):
-        return hashlib.sha256(json.dumps([sample_spec_shard(config, 0, i) for i in range(40)]).encode()).hexdigest()
+        return hashlib.sha256(json.dumps([sample_spec_shard(config, 0, i) for i in range(16)]).encode()).hexdigest()
 
-    assert digest(SpecSamplerConfig())[:16] == "c379edbf595772f7"
-    assert digest(SpecSamplerConfig(row_share=0.3))[:16] == "06b931fdff050aa8"
+    # the first 16 samples of each (their 40 pinned before, c379edbf.., 06b931fd.., 71e88e55..: the same draws)
+    assert digest(SpecSamplerConfig())[:16] == "59ecbf39ad5c006f"
+    assert digest(SpecSamplerConfig(row_share=0.3))[:16] == "e4db17b10ef51f86"
     shipped = dict(many_share=0.25, heavy_share=0.25, dims=(4, 8, 16, 32, 64, 128))  # epyc-f25m17-specs' draws
-    assert digest(SpecSamplerConfig(**shipped))[:16] == "71e88e55c90a7dec"
+    assert digest(SpecSamplerConfig(**shipped))[:16] == "c3dbfc12528455b2"
     alone = [
         len(t) for _, t in (sample_spec_shard(SpecSamplerConfig(**shipped, alone_share=0.5), 0, i) for i in range(40))
     ]
@@ -706,7 +707,7 @@ def test_the_planner_says_which_model_planned(monkeypatch):
 
 
 def test_every_shipped_model_records_its_hardware_and_label_protocol():
-    from neuroshard_jax.core.manifests import PROTOCOL_KEYS
+    from neuroshard_jax.core.manifests import LATER_PROTOCOL_KEYS, PROTOCOL_KEYS
     from neuroshard_jax.costs.checkpoints import ENSEMBLE_FORMAT, read_meta
     from neuroshard_jax.costs.choice import checkpoint_path
 
@@ -716,7 +717,7 @@ def test_every_shipped_model_records_its_hardware_and_label_protocol():
             continue  # the first MLP (cpu-b4096) names its one machine only
         assert meta["hardware_kinds"], name
         for dataset in meta["datasets"]["compute"]:
-            assert set(PROTOCOL_KEYS) <= set(dataset["protocol"]), name
+            assert set(PROTOCOL_KEYS) - set(LATER_PROTOCOL_KEYS) <= set(dataset["protocol"]), name
             assert dataset["protocol"]["device"] == meta["device"] and (" + " in meta["hardware_kinds"][0]) == (
                 meta["device"] == "cuda"
             )

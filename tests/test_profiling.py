@@ -201,12 +201,44 @@ def test_a_dataset_keeps_one_protocol(tmp_path):
     assert all(r["protocol"] == "timed" for r in read_records(tmp_path / "compute.jsonl"))
     with pytest.raises(UserError, match="protocol: got None, but the dataset .* was collected with 'timed'"):
         collect(_collect_config(tmp_path, 3))
+    # the worker keeps freed memory for reuse (processes.MALLOC_ENV), and says so; a dataset of labels taken before
+    # (none recorded: glibc's default, outputs above 32 MB page-faulted afresh or not) is not resumed under it
+    from neuroshard_jax.kernels.processes import MALLOC_PROTOCOL
+
+    assert manifest["settings"].get("malloc") == (None if MALLOC_PROTOCOL == "os" else MALLOC_PROTOCOL)
+    if MALLOC_PROTOCOL != "os":
+        before = {**manifest, "settings": {k: v for k, v in manifest["settings"].items() if k != "malloc"}}
+        (tmp_path / "manifest-compute.json").write_text(json.dumps(before))
+        with pytest.raises(UserError, match="malloc: got 'reuse', but the dataset .* was collected with None"):
+            collect(_collect_config(tmp_path, 3, **timed))
     with pytest.raises(UserError, match="protocol: got 'timed' with kind=comm, expected fixed"):
         CollectConfig(kind="comm", **timed)
     with pytest.raises(UserError, match="protocol: got 'graphs', expected one of fixed, timed, queued, graph"):
         CollectConfig(protocol="graphs")
     with pytest.raises(UserError, match="protocol: got 'graph' with device=cpu, expected device=cuda"):
         CollectConfig(protocol="graph")
+
+
+@pytest.mark.fast
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator variables, read from /proc")
+def test_workers_keep_freed_memory_for_reuse_and_the_probe_can_start_one_without(worker):
+    """Every worker runs with glibc's thresholds fixed (``MALLOC_ENV``: a big output is not page-faulted afresh on
+    some calls only); ``tools/malloc_probe.py``'s other worker unsets them (``extra_env`` None), and both answer."""
+    from neuroshard_jax.kernels.processes import MALLOC_ENV
+    from tools.malloc_probe import SETTINGS
+
+    def environ(w):
+        text = open(f"/proc/{w.proc.pid}/environ", "rb").read().decode(errors="replace")
+        return dict(line.split("=", 1) for line in text.split("\0") if "=" in line)
+
+    assert worker.request(_request([[3, 8]]), timeout_s=120).ok
+    assert {k: environ(worker).get(k) for k in MALLOC_ENV} == MALLOC_ENV
+    glibc = ComputeWorker("cpu", extra_env=SETTINGS["os"])
+    try:
+        assert glibc.request(_request([[3, 8]]), timeout_s=120).ok
+        assert not set(MALLOC_ENV) & set(environ(glibc)) and environ(glibc)["OMP_NUM_THREADS"] == "1"
+    finally:
+        glibc.close()
 
 
 @pytest.mark.fast

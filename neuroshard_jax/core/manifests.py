@@ -11,7 +11,8 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JSONDoc, now_utc, read_json, write_text
 from neuroshard_jax.core.hardware import hardware_kind
 
-PROTOCOL_KEYS = ("device", "optimizer", "precision", "protocol", "warmup", "iters", "pin")
+PROTOCOL_KEYS = ("device", "optimizer", "precision", "protocol", "warmup", "iters", "pin", "malloc")
+LATER_PROTOCOL_KEYS = ("malloc",)  # recorded since 2026-11-30: the models of labels before it record none
 TIMED_KEYS = ("warmup_ms", "measure_ms", "max_iters")  # the ``timed`` and ``graph`` protocols' own
 
 
@@ -19,8 +20,10 @@ def label_protocol(settings: JSONDoc) -> JSONDoc:
     """How a dataset's labels were timed, from its manifest's settings: the device, the step measured (optimizer,
     precision), the protocol (``fixed``: warm-up and timed iterations, the label their median; ``timed``: warm-up
     and timed iterations by kernel time; ``graph``: ``timed`` over CUDA-graph replays), and whether each worker had
-    a core of its own (``pin``; absent: not pinned). Plan labels record no precision: theirs is collect's fp32."""
-    absent = {"pin": False, "precision": "fp32", "protocol": "fixed"}
+    a core of its own (``pin``; absent: not pinned), and whether the host allocator kept freed memory for reuse
+    (``malloc``: ``reuse``; absent: ``os``, glibc's default, where outputs above 32 MB were page-faulted afresh or not
+    by what the worker freed before). Plan labels record no precision: theirs is collect's fp32."""
+    absent = {"pin": False, "precision": "fp32", "protocol": "fixed", "malloc": "os"}
     found = {k: settings.get(k, absent.get(k)) for k in PROTOCOL_KEYS}
     return {**found, **{k: settings[k] for k in TIMED_KEYS if found["protocol"] != "fixed"}}
 
@@ -70,7 +73,7 @@ def write_manifest(path: Path, settings: JSONDoc, extra: JSONDoc) -> JSONDoc:
             extra = {**extra, "resumed_on": [*resumed, extra["hardware"]]}
             extra.pop("hardware")
         # the protocol's keys count when absent too: a dataset keeps one protocol (absent: fixed, unpinned)
-        keys = [*settings, *(k for k in ("protocol", *TIMED_KEYS, "pin") if k in manifest["settings"])]
+        keys = [*settings, *(k for k in ("protocol", *TIMED_KEYS, "pin", "malloc") if k in manifest["settings"])]
         for key in dict.fromkeys(keys):
             value = settings.get(key)
             if manifest["settings"].get(key) != value:

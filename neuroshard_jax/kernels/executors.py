@@ -30,7 +30,14 @@ from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.errors import UserError, first_line
 from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.kernels.messages import CommAnswer, CommRequest, ComputeAnswer, ComputeRequest
-from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, WorkerFailure, measure_on, run_comm
+from neuroshard_jax.kernels.processes import (
+    MALLOC_PROTOCOL,
+    ComputeWorker,
+    KernelPool,
+    WorkerFailure,
+    measure_on,
+    run_comm,
+)
 
 NAMES = ("local", "ray")
 LOCAL_CLUSTER_MIN_CPUS = 8  # a comm request asks for its N <= 8 ranks on one node (oversubscribed, as locally)
@@ -126,8 +133,10 @@ def pinned(pin: bool | None, executor: ExecutorConfig) -> bool:
 
 
 def protocol(executor: ExecutorConfig, pin: bool, device: str) -> JSONDoc:
-    """What a dataset records about where its labels were measured (pinning holds only for local CPU workers)."""
-    return {"pin": True} if pin and device == "cpu" and executor.name == "local" else {}
+    """What a dataset records about where its labels were measured: pinning (it holds only for local CPU workers) and
+    the host allocator's reuse of freed memory (``processes.MALLOC_ENV``; a CPU's kernels only, absent: ``os``)."""
+    pinned = {"pin": True} if pin and device == "cpu" and executor.name == "local" else {}
+    return {**pinned, **({"malloc": MALLOC_PROTOCOL} if device == "cpu" and MALLOC_PROTOCOL != "os" else {})}
 
 
 # ---------------------------------------------------------------------------------------------

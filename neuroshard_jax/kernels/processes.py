@@ -35,10 +35,22 @@ from neuroshard_jax.core.table import KERNEL_KINDS
 from neuroshard_jax.kernels.messages import CommAnswer, CommRequest, ComputeAnswer, ComputeRequest
 from neuroshard_jax.workloads.pool import PoolSpec
 
-# One thread per process everywhere below torch (FBGEMM, OpenMP, MKL).
+# glibc's allocator hands blocks above 32 MB back to the OS when they are freed, so a kernel whose output is larger (a
+# sequence kernel writes a row per id: 15.5e6 floats for 483k ids of dim 32) page-faults that output afresh on each
+# call, or reuses a free block of the heap, by what the process freed before: the same request's forward read 27 ms or
+# 4.5 ms (AMD EPYC family 25 model 17, 2026-11-30; docs/results/kernel-kinds.md). Fixed thresholds keep freed memory
+# for reuse, as a caching allocator does (CUDA's, jemalloc's): every worker and rank process times the warm kernel.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 32)}
+MALLOC_PROTOCOL = "reuse" if sys.platform.startswith("linux") else "os"  # glibc reads MALLOC_ENV; others ignore it
+# One thread per process everywhere below torch (FBGEMM, OpenMP, MKL); the allocator as above.
 CORE_ENV = "NEUROSHARD_CORE"  # a rank process runs on this core alone (worker.__main__.pin_to_core)
-WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **MALLOC_ENV}
 PARENT_ENV = "NEUROSHARD_PARENT_PID"  # a worker dies with the process that started it (worker.die_with_parent)
+
+
+def without_unset(env: Mapping[str, str | None]) -> dict[str, str]:
+    """``env`` without the keys set to None (``ComputeWorker``'s ``extra_env`` unsets a variable so)."""
+    return {k: v for k, v in env.items() if v is not None}
 
 
 class WorkerFailure(Exception):
@@ -84,7 +96,7 @@ class ComputeWorker:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
-            env={**os.environ, **WORKER_ENV, PARENT_ENV: str(os.getpid()), **self.extra_env},
+            env=without_unset({**os.environ, **WORKER_ENV, PARENT_ENV: str(os.getpid()), **self.extra_env}),
         )
         if log is not subprocess.DEVNULL:
             log.close()
