@@ -41,7 +41,7 @@ def main(cfg: DictConfig) -> None:
         defaults = EnsembleConfig()
         how += "".join(
             f" ensemble.{key}={str(getattr(config.ensemble, key)).lower()}"
-            for key in ("kinds", "kind_terms", "cache", "fusion")
+            for key in ("kinds", "kind_terms", "cache", "fusion", "drop_faulted")
             if getattr(config.ensemble, key) != getattr(defaults, key)
         )
         report = train_ensemble(

@@ -282,11 +282,11 @@ def test_models_compared_on_held_out_labels_use_the_training_split(tiny_ensemble
     there are the ones its training reported; a dataset given ``whole`` is scored on every record."""
     from neuroshard_jax.costs.ensemble import EnsembleConfig
     from neuroshard_jax.learn.trainer import TrainConfig
-    from tools.heldout_models import check_splits, compare
+    from tools.heldout_models import LabelFilter, check_splits, compare
 
     specs_dir, ckpt, report = tiny_ensemble
     train = TrainConfig(epochs=30, batch_size=16, progress=False)
-    spread = EnsembleConfig().max_label_spread
+    spread = LabelFilter(EnsembleConfig().max_label_spread)
     result = compare([str(ckpt)], [str(tiny_checkpoint[0]), str(specs_dir)], spread, train)
     for name in ("data", "specs"):
         got, trained = result[name]["all"][str(ckpt)], report["compute"][name]["ensemble"]
@@ -309,13 +309,14 @@ def test_the_label_floor_retimes_the_held_out_labels_with_the_real_worker(tiny_e
     is read over the records re-timed."""
     from neuroshard_jax.costs.ensemble import EnsembleConfig
     from neuroshard_jax.learn.trainer import TrainConfig
-    from tools.heldout_models import compare
+    from tools.heldout_models import LabelFilter, compare
     from tools.label_floor import retime
 
     specs_dir, ckpt, _ = tiny_ensemble
     datasets = [str(tiny_checkpoint[0]), str(specs_dir)]
     got = retime(str(ckpt), datasets, [str(specs_dir)], repeats=2, workers=1, pin=False)["specs"]
-    held = compare([str(ckpt)], datasets, EnsembleConfig().max_label_spread, TrainConfig(epochs=30, batch_size=16))
+    spread = LabelFilter(EnsembleConfig().max_label_spread)
+    held = compare([str(ckpt)], datasets, spread, TrainConfig(epochs=30, batch_size=16))
     assert got["records"] == held["specs"]["all"][str(ckpt)]["count"] == len(got["readings"]) > 0
     cells = got["slices"]["all"]
     assert cells["label_vs_now"]["count"] == got["quiet"] and cells["rounds"]["count"] == 2 * got["quiet"]
@@ -324,6 +325,29 @@ def test_the_label_floor_retimes_the_held_out_labels_with_the_real_worker(tiny_e
     labels = {json.dumps(r["tables"]): r["total_ms"] for r in read_records(specs_dir / "compute.jsonl")}
     assert all(len(r["rounds_ms"]) == 2 for r in got["readings"])
     assert {round(r["label_ms"], 3) for r in got["readings"]} <= {round(v, 3) for v in labels.values()}
+
+
+@pytest.mark.fast
+def test_labels_glibc_may_have_page_faulted_are_the_ones_training_drops_where_asked():
+    """A label of a dataset taken before the workers kept freed memory (no ``malloc`` in its settings) whose output
+    was above glibc's 32 MiB mmap ceiling read one of two times: ``ensemble.drop_faulted`` drops those, and only
+    those; the models' label filter says whether it did."""
+    from neuroshard_jax.learn.datasets import may_have_faulted, output_bytes
+    from tools.heldout_models import LabelFilter, training_of
+
+    spec = {"rows": 17, "pooling_factor": 117.9, "bins": [0.0] * 17, "dim": 32, "seed": 1}
+    sequence = {"tables": [spec], "pooling": "none", "num_indices": 482_860, "batch_size": 4096}
+    assert output_bytes(sequence) == 4 * 482_860 * 32  # a row per id
+    assert may_have_faulted(sequence, {}) and not may_have_faulted(sequence, {"malloc": "reuse"})
+    assert not may_have_faulted({**sequence, "num_indices": 100_000}, {})  # 12.8 MB: the heap's, reused
+    pooled = {"tables": [[i, 128] for i in range(32)], "batch_size": 4096}  # a row per bag and table: 67 MB
+    assert output_bytes(pooled) == 4 * 4096 * 32 * 128 and may_have_faulted(pooled, {"pin": True})
+    assert not may_have_faulted({**pooled, "tables": [[0, 128]]}, {})
+    meta = {"train_config": {}, "net_config": {"max_label_spread": 0.25}, "datasets": {"compute": []}}
+    assert training_of(meta)[1] == LabelFilter(0.25, False)  # a model of before: kept them all
+    meta["net_config"]["drop_faulted"] = True
+    assert training_of(meta)[1] == LabelFilter(0.25, True)
+    assert not LabelFilter(0.25, True).keeps({**sequence, "fwd_runs_ms": [1.0] * 4, "bwd_runs_ms": [1.0] * 4}, {})
 
 
 def test_held_out_slices_name_shard_sets_by_their_tables():
@@ -757,7 +781,7 @@ def test_the_sequence_kernels_distinct_rows_term_is_added_by_a_fine_tune_and_old
     """The roofline's third kind term (a sequence kernel's distinct rows, not x dim; ``kind_terms=3``): a kinds model
     trained with two (real training on the shipped sequence labels) loads with two, its meta without the key too
     (checkpoints from before it); a fine-tune of it asked for the third gains it (fitted, saved, loaded back with
-    three); the shipped kinds model has two; the term is a sequence shard's distinct rows and nothing for a bag."""
+    three); the shipped kinds model has three; the term is a sequence shard's distinct rows and nothing for a bag."""
     from neuroshard_jax.learn.ensemble_fit import train_ensemble
     from neuroshard_jax.learn.trainer import TrainConfig
 
@@ -767,18 +791,21 @@ def test_the_sequence_kernels_distinct_rows_term_is_added_by_a_fine_tune_and_old
     train_ensemble([labels], small, train, tmp_path / "two", "two", "test")
     two, _, params, _ = load_ensemble(tmp_path / "two")
     assert two.kind_terms == 2 and np.asarray(params.members["log_kind_coef"].get_value()).shape == (2, 2)
-    train_ensemble(
-        [labels], dataclasses.replace(small, kind_terms=3), train, tmp_path / "three", "3", "t", tmp_path / "two"
-    )
+    asked = dataclasses.replace(small, kind_terms=3, drop_faulted=True)  # and the labels glibc may have faulted out
+    train_ensemble([labels], asked, train, tmp_path / "three", "3", "t", tmp_path / "two")
     three, nets, params, meta = load_ensemble(tmp_path / "three")
     assert three.kind_terms == nets.kind_terms == meta["net_config"]["kind_terms"] == 3
+    # the fine-tune's meta says which labels it kept (its own filter, not the prior's): fewer than the prior's
+    records = [json.loads((tmp_path / m / "meta.json").read_text())["datasets"]["compute"][0]["records"] for m in
+               ("two", "three")]  # fmt: skip
+    assert three.drop_faulted and meta["net_config"]["drop_faulted"] and records[1] < records[0]
     assert np.asarray(params.members["log_kind_coef"].get_value()).shape == (2, 3)
     assert "/" not in (tmp_path / "three" / "state" / "commit_success.txt").read_text()  # no path of this machine
     meta = json.loads((tmp_path / "two" / "meta.json").read_text())  # as a checkpoint from before the term was
     del meta["net_config"]["kind_terms"]
     (tmp_path / "two" / "meta.json").write_text(json.dumps(meta))
     assert load_ensemble(tmp_path / "two")[0].kind_terms == 2
-    assert load_ensemble(REPO / "neuroshard_jax" / "data" / "models" / "epyc-f25m17-kinds")[0].kind_terms == 2
+    assert load_ensemble(REPO / "neuroshard_jax" / "data" / "models" / "epyc-f25m17-kinds")[0].kind_terms == 3
     feats, mask, batch, target, _, _ = ensemble_arrays([labels])
     pred, _ = ensemble_ms(nets, params, feats[:32], mask[:32], batch[:32])
     assert np.all(np.isfinite(pred)) and np.all(np.asarray(pred) > 0)

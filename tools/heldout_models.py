@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,7 +32,7 @@ from neuroshard_jax.core.features import FEATURE_NAMES
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.costs.checkpoints import load_ensemble
 from neuroshard_jax.costs.choice import checkpoint_path
-from neuroshard_jax.learn.datasets import ensemble_arrays
+from neuroshard_jax.learn.datasets import ensemble_arrays, may_have_faulted, steady
 from neuroshard_jax.learn.ensemble_fit import ensemble_ms, ensemble_splits
 from neuroshard_jax.learn.metrics import kendall_tau, relative_errors
 from neuroshard_jax.learn.trainer import TrainConfig
@@ -78,11 +79,23 @@ def scores(pred: np.ndarray, true: np.ndarray) -> dict | None:
     }
 
 
-def training_of(meta: dict) -> tuple[TrainConfig, float, dict[str, tuple[int, int]]]:
+class LabelFilter(NamedTuple):
+    """The labels a model's training kept (``datasets.compute_batches``' filters, from its meta)."""
+
+    max_spread: float
+    drop_faulted: bool = False
+
+    def keeps(self, record: dict, settings: dict) -> bool:
+        """Whether training kept ``record`` of a dataset of ``settings``."""
+        return steady(record, self.max_spread) and not (self.drop_faulted and may_have_faulted(record, settings))
+
+
+def training_of(meta: dict) -> tuple[TrainConfig, LabelFilter, dict[str, tuple[int, int]]]:
     """A model's split (its TrainConfig), label filter and datasets: folder name -> (place, records)."""
     try:
         train = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in meta["train_config"].items()})
-        spread = float(meta["net_config"]["max_label_spread"])
+        net = meta["net_config"]
+        spread = LabelFilter(float(net["max_label_spread"]), bool(net.get("drop_faulted", False)))
         listed = {Path(d["dir"]).name: (i, int(d["records"])) for i, d in enumerate(meta["datasets"]["compute"])}
     except (KeyError, TypeError, ValueError) as err:
         raise UserError(
@@ -92,7 +105,7 @@ def training_of(meta: dict) -> tuple[TrainConfig, float, dict[str, tuple[int, in
     return train, spread, listed
 
 
-def check_splits(metas: dict[str, dict], datasets: list[str]) -> tuple[TrainConfig, float, list[int | None]]:
+def check_splits(metas: dict[str, dict], datasets: list[str]) -> tuple[TrainConfig, LabelFilter, list[int | None]]:
     """The split and filter of the last model, and how many records of each dataset its training saw (None: not
     trained on it), after checking that every model trained on a dataset saw it at the same place, as many records,
     with the same split and filter (else its test part would hold its training records)."""
@@ -122,17 +135,18 @@ def check_splits(metas: dict[str, dict], datasets: list[str]) -> tuple[TrainConf
     return train, spread, counts
 
 
-def held_out(datasets: list[str], max_spread: float, train: TrainConfig, whole: int = 0, counts=None):
+def held_out(datasets: list[str], label_filter: LabelFilter, train: TrainConfig, whole: int = 0, counts=None):
     """The datasets' records as training reads them (``ensemble_arrays``: feats, mask, batch, target, source) and
     the rows held out: each dataset's test split (of the first ``counts[i]`` records, those training saw), and every
-    row of the last ``whole`` datasets. Row j of dataset i is its j-th steady record (``datasets.steady``)."""
-    feats, mask, batch, target, source, _ = ensemble_arrays([Path(d) for d in datasets], max_spread)
+    row of the last ``whole`` datasets. Row j of dataset i is its j-th record the filter keeps
+    (``LabelFilter.keeps``)."""
+    feats, mask, batch, target, source, _ = ensemble_arrays([Path(d) for d in datasets], *label_filter)
     keep = np.ones(len(source), bool)
     for i, count in enumerate(counts or ()):
         if count is not None:
             keep[np.flatnonzero(source == i)[count:]] = False
     split = (source < len(datasets) - whole) & keep
-    _, _, test = ensemble_splits(source[split], train)
+    _, _, test = ensemble_splits(source[split], train) if split.any() else (None, None, np.zeros(0, np.int64))
     test = np.concatenate([np.flatnonzero(split)[test], np.flatnonzero(source >= len(datasets) - whole)])
     return feats, mask, batch, target, source, test
 
@@ -140,7 +154,7 @@ def held_out(datasets: list[str], max_spread: float, train: TrainConfig, whole: 
 def compare(
     models: list[str],
     datasets: list[str],
-    max_spread: float,
+    label_filter: LabelFilter,
     train: TrainConfig,
     whole: list[str] = (),
     counts: list[int | None] | None = None,
@@ -148,7 +162,7 @@ def compare(
     """Per dataset, slice and model: ``scores`` on the dataset's test split (``whole``'s: on all its records);
     ``counts``: the records of each dataset training saw (the rest, added since, are left out; None: all)."""
     datasets = [*datasets, *whole]
-    feats, mask, batch, target, source, test = held_out(datasets, max_spread, train, len(whole), counts)
+    feats, mask, batch, target, source, test = held_out(datasets, label_filter, train, len(whole), counts)
     predicted = {}
     for name in models:
         _, nets, params, _ = load_ensemble(checkpoint_path(name))
@@ -187,7 +201,9 @@ def print_table(result: dict, models: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", required=True, help="comma-separated shipped names or checkpoint directories")
-    parser.add_argument("--datasets", required=True, help="comma-separated compute datasets, in training order")
+    parser.add_argument(
+        "--datasets", default="", help="comma-separated compute datasets, in training order (none: --whole alone)"
+    )
     parser.add_argument("--whole", default="", help="comma-separated compute datasets no model saw, scored whole")
     parser.add_argument("--out", default="outputs/bench/heldout")
     args = parser.parse_args()
@@ -195,7 +211,7 @@ def main() -> None:
     datasets = [d for d in args.datasets.split(",") if d]
     whole = [d for d in args.whole.split(",") if d]
     try:
-        if not models or not datasets:
+        if not models or not (datasets or whole):
             raise UserError("--models/--datasets: got none, expected comma-separated names or directories")
         for d in datasets + whole:
             if not (Path(d) / "compute.jsonl").is_file():

@@ -35,6 +35,9 @@ SHIPPED_POLICY = "data/policies/cpu-b4096"  # the rl searcher's policy (python -
 # A CPU label whose worker process got less of its core than this during the timed iterations was taken while
 # something else ran: sustained contention slows every run alike (a low spread) and inflated labels 2-4x here.
 MIN_CPU_SHARE = 0.9
+# glibc's largest mmap threshold on 64-bit (4 MiB x sizeof(long)): a block above it goes back to the OS when freed, so
+# a kernel's output this large was page-faulted afresh on some calls (kernels.processes.MALLOC_ENV)
+GLIBC_MMAP_MAX_BYTES = 32 * 2**20
 
 # The synthetic pool generator's version: part of every synthetic pool's id and of its random streams.
 GENERATOR_VERSION = 1

@@ -334,6 +334,8 @@ def ensemble_config_of(meta: dict) -> EnsembleConfig:
         fusion=obj.get("fusion", "pairwise"),  # and the pairwise fusion term
         kinds=bool(obj.get("kinds", False)),  # and before kernel kinds, sum-pooled bags alone
         kind_terms=int(obj.get("kind_terms", 2)),  # and before the sequence kernel's distinct rows, two kind terms
+        max_label_spread=float(obj.get("max_label_spread", defaults.max_label_spread)),
+        drop_faulted=bool(obj.get("drop_faulted", False)),  # the labels its training kept
     )
 
 

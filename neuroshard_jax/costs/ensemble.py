@@ -97,6 +97,9 @@ class EnsembleConfig:
     max_correction: float = 1.1  # C: the net moves a shard's cost by at most exp(+-C) (3x) from its roofline
     max_device_correction: float = 0.7  # the device head moves the device's sum by at most exp(+-0.7) (2x)
     max_label_spread: float = 0.25  # drop training records whose timed runs spread more (IQR / median)
+    # drop the labels of datasets taken before the workers kept freed memory (``malloc`` absent) whose output glibc
+    # may have page-faulted afresh (``learn.datasets.may_have_faulted``); checkpoints trained before it kept them
+    drop_faulted: bool = False
     max_dataset_weight: float = 1.0  # a smaller dataset may count up to this many times per record
     comm: NetConfig = NetConfig()  # the comm nets (as family=mlp)
     # the device's cache term (docs/results/fusion.md): its gathers slowed by the share of its working set past a

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
+from neuroshard_jax.core.constants import GLIBC_MMAP_MAX_BYTES
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_FEATURES, feature_matrix
 from neuroshard_jax.core.files import read_records
-from neuroshard_jax.core.manifests import load_manifest
+from neuroshard_jax.core.manifests import label_protocol, load_manifest
 from neuroshard_jax.core.sharding import shard_features
 from neuroshard_jax.core.table import kernel_kind, kernel_parts
 from neuroshard_jax.costs.cost_model import bucket
@@ -51,22 +52,42 @@ def steady(record: dict, max_spread: float) -> bool:
     return run_spread(record) <= max_spread and quiet(record)
 
 
+def output_bytes(record: dict) -> float:
+    """What a label's kernel wrote forward, in bytes (fp32): a row per id of a sequence kernel (``num_indices`` x its
+    one dim), a row per bag and table of a pooled one (batch x the dims)."""
+    dims = [t["dim"] if isinstance(t, dict) else t[1] for t in record["tables"]]
+    if record.get("pooling") == "none":
+        return 4.0 * record.get("num_indices", 0) * (dims[0] if dims else 0)
+    return 4.0 * record.get("batch_size", 0) * sum(dims)
+
+
+def may_have_faulted(record: dict, settings: dict) -> bool:
+    """A label whose output glibc may have page-faulted afresh (above ``GLIBC_MMAP_MAX_BYTES``) in a dataset taken
+    before the workers kept freed memory (``malloc`` absent: ``os``): it read one of two times by what the worker had
+    freed before (a 62 MB sequence output: 27 ms or 4.5 ms forward; docs/results/kernel-kinds.md)."""
+    return label_protocol(settings)["malloc"] == "os" and output_bytes(record) > GLIBC_MMAP_MAX_BYTES
+
+
 def compute_batches(
     dataset_dir: Path,
     extra_records: list[dict] = (),
     width: int | None = None,
     max_spread: float | None = None,
     block_stats: bool = True,
+    drop_faulted: bool = False,
 ):
     """``compute_arrays`` plus each record's batch size f32[S] (a spec dataset's rows carry their own):
     feats, mask, batch_size, total_ms, manifest. ``max_spread``: drop records whose runs spread more
     (``run_spread``), labels taken while the machine was busy. ``block_stats``: a spec table's row block has the
     statistics of its own lookups (``streams.block_statistics``, what the worker measured), else the table's
-    scaled to its rows (what a search knows of a block: ``shard_feature_matrix``)."""
+    scaled to its rows (what a search knows of a block: ``shard_feature_matrix``). ``drop_faulted``: drop the labels
+    glibc may have page-faulted (``may_have_faulted``)."""
     manifest = load_manifest(dataset_dir, "compute")
     records = read_records(Path(dataset_dir) / "compute.jsonl")
     if max_spread is not None:
         records = [r for r in records if steady(r, max_spread)]
+    if drop_faulted:
+        records = [r for r in records if not may_have_faulted(r, manifest["settings"])]
     records += list(extra_records)
     if not records:
         raise UserError(f"dataset: no successful records in {str(dataset_dir)!r}")
@@ -169,10 +190,10 @@ def comm_arrays(dataset_dir: Path, extra_records: list[dict] = ()):
     return out["dim_sums"], out["delays_ms"], mask, out["fwd_ms"], out["bwd_ms"], manifest
 
 
-def ensemble_arrays(dataset_dirs: list[Path], max_spread: float | None = None):
+def ensemble_arrays(dataset_dirs: list[Path], max_spread: float | None = None, drop_faulted: bool = False):
     """Every compute dataset's records at one padded width: feats f32[S, T, F], mask bool[S, T], batch f32[S],
-    target f32[S], source i32[S] (the dataset index of each record), manifests."""
-    loaded = [compute_batches(Path(d), max_spread=max_spread) for d in dataset_dirs]
+    target f32[S], source i32[S] (the dataset index of each record), manifests (``compute_batches``' filters)."""
+    loaded = [compute_batches(Path(d), max_spread=max_spread, drop_faulted=drop_faulted) for d in dataset_dirs]
     width = max(f.shape[1] for f, *_ in loaded)  # each part is already a power of two
     parts = [
         (np.pad(f, ((0, 0), (0, width - f.shape[1]), (0, 0))), np.pad(m, ((0, 0), (0, width - m.shape[1]))), b, t, man)

@@ -293,7 +293,9 @@ def train_ensemble(
     different processors are refused unless ``allow_mixed_hardware`` (``check_one_hardware``). ``until``: a
     ``time.monotonic()`` deadline after which no epoch is started (``trainer.fit``)."""
     dataset_dirs = [resolve_dataset(d) for d in dataset_dirs]
-    feats, mask, batch, target, source, manifests = ensemble_arrays(dataset_dirs, ens_config.max_label_spread)
+    feats, mask, batch, target, source, manifests = ensemble_arrays(
+        dataset_dirs, ens_config.max_label_spread, ens_config.drop_faulted
+    )
     check_one_training(dataset_dirs, manifests)
     if not allow_mixed_hardware:
         check_one_hardware(dataset_dirs, manifests)
@@ -329,10 +331,12 @@ def train_ensemble(
         stats = InputStats(jnp.asarray(inputs.mean(0)), jnp.asarray(np.maximum(inputs.std(0), 1e-3)))
     else:
         prior_config, nets, params, _ = load_ensemble(init)
+        labels = {"max_label_spread": ens_config.max_label_spread, "drop_faulted": ens_config.drop_faulted}
         ens_config = upgraded(prior_config, ens_config)
         added = ens_config != prior_config
         if added:
             nets, params = with_physics(ens_config, params, config.seed)
+        ens_config = dataclasses.replace(ens_config, **labels)  # the labels this training kept, as its meta says
         stats = params.stats
         if len(stats.mean) < len(input_names(ens_config.kinds)):  # the kinds' inputs: their statistics from the data
             at = jnp.asarray(batch[train])[:, None]
