@@ -190,7 +190,6 @@ def test_the_timed_protocol_fills_a_kernel_time_and_keeps_a_sample_of_its_runs(w
         assert not answer.ok and f"protocol {gpu_only!r}" in answer.error and "needs device 'cuda'" in answer.error
 
 
-@pytest.mark.fast
 def test_a_dataset_keeps_one_protocol(tmp_path):
     """The timed protocol is recorded in the manifest (the fixed one is not: older datasets resume), and a rerun
     with another protocol is refused; timed is for compute labels only."""
@@ -219,7 +218,6 @@ def test_a_dataset_keeps_one_protocol(tmp_path):
         CollectConfig(protocol="graph")
 
 
-@pytest.mark.fast
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator variables, read from /proc")
 def test_workers_keep_freed_memory_for_reuse_and_the_probe_can_start_one_without(worker):
     """Every worker runs with glibc's thresholds fixed (``MALLOC_ENV``: a big output is not page-faulted afresh on
