@@ -95,14 +95,14 @@ def training_of(meta: dict) -> tuple[TrainConfig, LabelFilter, dict[str, tuple[i
     try:
         train = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in meta["train_config"].items()})
         net = meta["net_config"]
-        spread = LabelFilter(float(net["max_label_spread"]), bool(net.get("drop_faulted", False)))
+        label_filter = LabelFilter(float(net["max_label_spread"]), bool(net.get("drop_faulted", False)))
         listed = {Path(d["dir"]).name: (i, int(d["records"])) for i, d in enumerate(meta["datasets"]["compute"])}
     except (KeyError, TypeError, ValueError) as err:
         raise UserError(
             f"--models: {meta.get('name')!r} has no physics ensemble's training record ({err}); expected a model"
             " trained by python -m neuroshard_jax.train"
         ) from None
-    return train, spread, listed
+    return train, label_filter, listed
 
 
 def check_splits(metas: dict[str, dict], datasets: list[str]) -> tuple[TrainConfig, LabelFilter, list[int | None]]:
@@ -114,7 +114,7 @@ def check_splits(metas: dict[str, dict], datasets: list[str]) -> tuple[TrainConf
         raise UserError(f"--datasets: got {', '.join(names)}, expected folders of different names")
     trainings = {m: training_of(meta) for m, meta in metas.items()}
     last = list(metas)[-1]
-    train, spread, _ = trainings[last]
+    train, label_filter, _ = trainings[last]
     counts = []
     for place, name in enumerate(names):
         counts.append(next((t[2][name][1] for t in trainings.values() if name in t[2]), None))
@@ -124,7 +124,7 @@ def check_splits(metas: dict[str, dict], datasets: list[str]) -> tuple[TrainConf
             if m_listed[name] != (place, counts[-1]) or (m_train.seed, tuple(m_train.split), m_spread) != (
                 train.seed,
                 tuple(train.split),
-                spread,
+                label_filter,
             ):
                 raise UserError(
                     f"--models: {model!r} was trained on {name} as dataset {m_listed[name][0]} of "
@@ -132,7 +132,7 @@ def check_splits(metas: dict[str, dict], datasets: list[str]) -> tuple[TrainConf
                     f"{m_spread}), not as {last!r}: the same test split is not held out from both; expected models "
                     "trained on the same datasets in the same order"
                 )
-    return train, spread, counts
+    return train, label_filter, counts
 
 
 def held_out(datasets: list[str], label_filter: LabelFilter, train: TrainConfig, whole: int = 0, counts=None):
@@ -217,8 +217,8 @@ def main() -> None:
             if not (Path(d) / "compute.jsonl").is_file():
                 raise UserError(f"--datasets/--whole: {d!r} holds no compute.jsonl, expected a collect out_dir")
         metas = {m: load_ensemble(checkpoint_path(m))[3] for m in models}
-        train, spread, counts = check_splits(metas, datasets)
-        result = compare(models, datasets, spread, train, whole, counts)
+        train, label_filter, counts = check_splits(metas, datasets)
+        result = compare(models, datasets, label_filter, train, whole, counts)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

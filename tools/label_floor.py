@@ -55,8 +55,8 @@ def cell(pred: np.ndarray, true: np.ndarray) -> dict | None:
 def retime(model: str, datasets: list[str], chosen: list[str], repeats: int, workers: int, pin: bool) -> dict:
     """Per chosen dataset and kernel kind: the four comparisons of the module's docstring."""
     _, nets, params, meta = load_ensemble(checkpoint_path(model))  # restored once: its split and its nets
-    train, spread, counts = check_splits({model: meta}, datasets)
-    feats, mask, batch, target, source, test = held_out(datasets, spread, train, 0, counts)
+    train, label_filter, counts = check_splits({model: meta}, datasets)
+    feats, mask, batch, target, source, test = held_out(datasets, label_filter, train, 0, counts)
     predicted = np.asarray(ensemble_ms(nets, params, feats[test], mask[test], batch[test])[0], np.float64)
     kinds = kind_slices(feats[test], mask[test])
     out = {}
@@ -64,7 +64,7 @@ def retime(model: str, datasets: list[str], chosen: list[str], repeats: int, wor
         i = [Path(d).name for d in datasets].index(Path(name).name)
         path = Path(datasets[i])
         settings = load_manifest(path, "compute")["settings"]
-        records = [r for r in read_records(path / "compute.jsonl") if spread.keeps(r, settings)]
+        records = [r for r in read_records(path / "compute.jsonl") if label_filter.keeps(r, settings)]
         rows = np.flatnonzero(source[test] == i)  # positions in ``test`` of this dataset's held-out rows
         first = np.flatnonzero(source == i)[0]
         requests = [record_request(records[test[j] - first], settings, f"floor-{j}") for j in rows]

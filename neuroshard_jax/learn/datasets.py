@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.core.constants import GLIBC_MMAP_MAX_BYTES
+from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, GLIBC_MMAP_MAX_BYTES
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_FEATURES, feature_matrix
 from neuroshard_jax.core.files import read_records
@@ -53,19 +53,24 @@ def steady(record: dict, max_spread: float) -> bool:
 
 
 def output_bytes(record: dict) -> float:
-    """What a label's kernel wrote forward, in bytes (fp32): a row per id of a sequence kernel (``num_indices`` x its
-    one dim), a row per bag and table of a pooled one (batch x the dims)."""
+    """What a label's kernel wrote forward, in bytes (FBGEMM's outputs are fp32 whatever the weights): a row per id of
+    a sequence kernel (``num_indices`` x its one dim), a row per bag and table of a pooled one (batch x the dims)."""
     dims = [t["dim"] if isinstance(t, dict) else t[1] for t in record["tables"]]
-    if record.get("pooling") == "none":
-        return 4.0 * record.get("num_indices", 0) * (dims[0] if dims else 0)
-    return 4.0 * record.get("batch_size", 0) * sum(dims)
+    rows = record.get("num_indices", 0) if record.get("pooling") == "none" else record.get("batch_size", 0)
+    width = (dims[0] if dims else 0) if record.get("pooling") == "none" else sum(dims)
+    return float(BYTES_PER_ELEMENT["fp32"] * rows * width)
 
 
 def may_have_faulted(record: dict, settings: dict) -> bool:
     """A label whose output glibc may have page-faulted afresh (above ``GLIBC_MMAP_MAX_BYTES``) in a dataset taken
     before the workers kept freed memory (``malloc`` absent: ``os``): it read one of two times by what the worker had
     freed before (a 62 MB sequence output: 27 ms or 4.5 ms forward; docs/results/kernel-kinds.md)."""
-    return label_protocol(settings)["malloc"] == "os" and output_bytes(record) > GLIBC_MMAP_MAX_BYTES
+    return before_reuse(settings) and output_bytes(record) > GLIBC_MMAP_MAX_BYTES
+
+
+def before_reuse(settings: dict) -> bool:
+    """Whether a dataset (its manifest's settings) was taken before the workers kept freed memory."""
+    return label_protocol(settings)["malloc"] == "os"
 
 
 def compute_batches(
@@ -86,8 +91,8 @@ def compute_batches(
     records = read_records(Path(dataset_dir) / "compute.jsonl")
     if max_spread is not None:
         records = [r for r in records if steady(r, max_spread)]
-    if drop_faulted:
-        records = [r for r in records if not may_have_faulted(r, manifest["settings"])]
+    if drop_faulted and before_reuse(manifest["settings"]):  # the dataset's protocol, read once
+        records = [r for r in records if output_bytes(r) <= GLIBC_MMAP_MAX_BYTES]
     records += list(extra_records)
     if not records:
         raise UserError(f"dataset: no successful records in {str(dataset_dir)!r}")
