@@ -20,6 +20,7 @@ import os
 import statistics
 from pathlib import Path
 
+from neuroshard_jax.core.constants import OUTPUT_BYTES_PER_ELEMENT
 from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.kernels.processes import MALLOC_ENV, ComputeWorker, SpecTableRef, compute_request
 
@@ -44,8 +45,8 @@ SETTINGS = {"os": {k: None for k in MALLOC_ENV}, "reuse": {}}  # glibc's default
 def output_mb(tables: list[SpecTableRef], kind: str) -> float:
     """The kernel's output in MB: a row per id of a sequence kernel, a row per bag and table of a pooled one."""
     if kind == "sequence":
-        return sum(t.pooling_factor * BATCH * t.dim for t in tables) * 4 / 1e6
-    return BATCH * sum(t.dim for t in tables) * 4 / 1e6
+        return sum(t.pooling_factor * BATCH * t.dim for t in tables) * OUTPUT_BYTES_PER_ELEMENT / 1e6
+    return BATCH * sum(t.dim for t in tables) * OUTPUT_BYTES_PER_ELEMENT / 1e6
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, GLIBC_MMAP_MAX_BYTES
+from neuroshard_jax.core.constants import GLIBC_MMAP_MAX_BYTES, OUTPUT_BYTES_PER_ELEMENT
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_FEATURES, feature_matrix
 from neuroshard_jax.core.files import read_records
@@ -58,7 +58,7 @@ def output_bytes(record: dict) -> float:
     dims = [t["dim"] if isinstance(t, dict) else t[1] for t in record["tables"]]
     rows = record.get("num_indices", 0) if record.get("pooling") == "none" else record.get("batch_size", 0)
     width = (dims[0] if dims else 0) if record.get("pooling") == "none" else sum(dims)
-    return float(BYTES_PER_ELEMENT["fp32"] * rows * width)
+    return float(OUTPUT_BYTES_PER_ELEMENT * rows * width)
 
 
 def may_have_faulted(record: dict, settings: dict) -> bool:
