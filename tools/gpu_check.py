@@ -749,7 +749,9 @@ def run(
     tasks = carried_tasks(pack, sizes)
     wants_dmp = not only or "dmp" in only
     # with cores of its own, the full step runs beside the others from the start; else after them, so that its 8
-    # ranks disturb none of their measurements (on a 2-core machine they made the labels too noisy to train on)
+    # ranks disturb none of their measurements (on a 2-core machine they made the labels too noisy to train on).
+    # A dry run's readings are no result (it checks the code path): its full step starts beside the model and the
+    # plans once the labels are taken (the labels it would disturb are trained on).
     dmp = start_dmp(out, pack, dry, budget_s) if wants_dmp and dmp_apart() else None
     try:
         pools = {}
@@ -786,6 +788,8 @@ def run(
                 detail = str(err) if isinstance(err, UserError) else traceback.format_exc()
                 log(out, f"{name} failed: {detail}")
             log(out, f"{name}: done at {time.monotonic() - start:.0f} s")
+            if dry and name == "labels" and wants_dmp and dmp is None:
+                dmp = start_dmp(out, pack, dry, max(start + budget_s - time.monotonic(), DMP_MIN_S))
         if model and not model[-1].done():
             log(out, "model: stopped at the deadline; the plans it made are in model-plans.jsonl")
             model[-1].stop()
