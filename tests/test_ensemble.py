@@ -759,25 +759,30 @@ def test_no_shipped_model_names_a_path_of_the_machine_that_wrote_it():
 
 
 @pytest.mark.fast
-def test_a_task_of_sequence_or_weighted_tables_gets_the_model_that_learned_their_kernels(monkeypatch):
-    """On the AMD EPYC family 25 model 17 kind, a task of sum-pooled bags keeps ``epyc-f25m17``; one with a sequence
-    or weighted table gets ``epyc-f25m17-kinds``, whose labels hold those kernels; the kind-blind model says, when
-    named for such a task, that its labels never held them."""
+@pytest.mark.parametrize(
+    "cpu_id, bags_model", [("family 25 model 17", "epyc-f25m17"), ("family 26 model 2", "epyc-f26m2")]
+)
+def test_a_task_of_sequence_or_weighted_tables_gets_the_model_that_learned_their_kernels(
+    monkeypatch, cpu_id, bags_model
+):
+    """On each AMD EPYC kind with kind labels, a task of sum-pooled bags keeps the kind's model (``epyc-f25m17``);
+    one with a sequence or weighted table gets its kinds model (``epyc-f25m17-kinds``), whose labels hold those
+    kernels; the kind-blind model says, when named for such a task, that its labels never held them."""
     from neuroshard_jax.costs import choice
     from neuroshard_jax.costs.coverage import out_of_depth_warning
 
-    monkeypatch.setattr(choice, "hardware", lambda: {"cpu": "AMD EPYC", "cpu_id": "AuthenticAMD family 25 model 17"})
+    monkeypatch.setattr(choice, "hardware", lambda: {"cpu": "AMD EPYC", "cpu_id": f"AuthenticAMD {cpu_id}"})
     bags = make_task([make_table(0), make_table(1)], batch_size=4096)  # a batch the models were trained at
     sequence = make_task(
         [make_table(0), dataclasses.replace(make_table(1, pooling=20.0), pooling="none")], batch_size=4096
     )
     weighted = make_task([dataclasses.replace(make_table(0), weighted=True)], batch_size=4096)
-    assert choice.choose_cost_model("neural", task=bags).name == "epyc-f25m17"
-    assert choice.choose_cost_model("neural", task=sequence).name == "epyc-f25m17-kinds"
-    assert choice.choose_cost_model("neural", task=weighted).name == "epyc-f25m17-kinds"
-    line = out_of_depth_warning(sequence, None, "epyc-f25m17", {})
+    assert choice.choose_cost_model("neural", task=bags).name == bags_model
+    assert choice.choose_cost_model("neural", task=sequence).name == f"{bags_model}-kinds"
+    assert choice.choose_cost_model("neural", task=weighted).name == f"{bags_model}-kinds"
+    line = out_of_depth_warning(sequence, None, bags_model, {})
     assert "1 of 2 tables run kernels its labels never held (1 sequence; it learned sum-pooled bags)" in line
-    assert out_of_depth_warning(sequence, None, "epyc-f25m17-kinds", {}) is None
+    assert out_of_depth_warning(sequence, None, f"{bags_model}-kinds", {}) is None
 
 
 def test_the_sequence_kernels_distinct_rows_term_is_added_by_a_fine_tune_and_older_kinds_models_load(tmp_path):

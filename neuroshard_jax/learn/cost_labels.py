@@ -224,6 +224,8 @@ def _collect(config: CollectConfig, ids: Iterable[int] | None, until: float | No
         "git_commit": git_commit(),
         "how": f"python -m neuroshard_jax.collect kind={config.kind}"
         + (" source=specs" if config.kind == "compute" and config.source == "specs" else "")
+        + (f" seed={config.seed}" if config.seed else "")
+        + f" num_samples={config.num_samples}"
         + (f" comm.row_share={config.comm.row_share}" if config.kind == "comm" and config.comm.row_share else "")
         + (f" comm.input_share={config.comm.input_share}" if config.kind == "comm" and config.comm.input_share else "")
         + "".join(
