@@ -470,3 +470,28 @@ def test_evaluator_measures_many_plans_in_one_batch():
             assert d["bwd_comm"] > 0 and d["fwd_comm"] > 0
             assert (d["compute"] > 0) == bool(plan.device_shards(d["device"]))
         assert result["cost_ms"] == max(d["total"] for d in result["devices"])
+
+
+def test_kernel_drift_times_a_plans_device_beside_its_tables_sum_pooled_in_fresh_workers(tmp_path):
+    """``tools/kernel_drift.py``: a sequence device of a plan in a plans.jsonl, one round (a fresh worker): the
+    device's readings and its tables' in a sum-pooled kernel, both real; a plan it cannot find, one line."""
+    from neuroshard_jax.core.plan import Plan
+    from neuroshard_jax.core.sharding import Shard
+    from tests.conftest import make_table, make_task
+    from tools.kernel_drift import main
+
+    sequence = dataclasses.replace(make_table(0, rows=5000, dim=8, pooling=3.0), pooling="none")
+    task = make_task([sequence, make_table(1, rows=300, dim=8)], num_devices=2, batch_size=256)
+    plan = Plan(task, (Shard(0, 0, 8, 0), Shard(1, 0, 8, 1))).validate()
+    plans = tmp_path / "plans.jsonl"
+    plans.write_text(json.dumps({"task": "t0", "searcher": "grid", "plan": plan.to_json()}) + "\n")
+    out = tmp_path / "drift.json"
+    main(["--plans", str(plans), "--task", "t0", "--searcher", "grid", "--device", "0", "--minutes", "0.001"]
+         + ["--repeats", "2", "--out", str(out)])  # fmt: skip
+    record = json.loads(out.read_text())
+    [reading] = record["rounds"]
+    assert len(reading["device"]) == len(reading["pooled"]) == 2
+    assert all(fwd > 0 and bwd > 0 for fwd, bwd in reading["device"] + reading["pooled"])
+    assert record["protocol"]["fresh_worker_each_round"] and record["device"] == 0
+    with pytest.raises(SystemExit, match="no plan of task 't9' by 'grid'"):
+        main(["--plans", str(plans), "--task", "t9", "--searcher", "grid", "--device", "0", "--out", str(out)])
