@@ -484,7 +484,7 @@ def test_kernel_drift_times_a_plans_device_beside_its_tables_sum_pooled_in_fresh
     task = make_task([sequence, make_table(1, rows=300, dim=8)], num_devices=2, batch_size=256)
     plan = Plan(task, (Shard(0, 0, 8, 0), Shard(1, 0, 8, 1))).validate()
     plans = tmp_path / "plans.jsonl"
-    plans.write_text(json.dumps({"task": "t0", "searcher": "grid", "plan": plan.to_json()}) + "\n")
+    plans.write_text(json.dumps({"id": "t0/grid", "task": "t0", "searcher": "grid", "plan": plan.to_json()}) + "\n")
     out = tmp_path / "drift.json"
     main(["--plans", str(plans), "--task", "t0", "--searcher", "grid", "--device", "0", "--minutes", "0.001"]
          + ["--repeats", "2", "--out", str(out)])  # fmt: skip

@@ -32,7 +32,7 @@ from neuroshard_jax.core.features import FEATURE_NAMES
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.costs.checkpoints import load_ensemble
 from neuroshard_jax.costs.choice import checkpoint_path
-from neuroshard_jax.learn.datasets import ensemble_arrays, may_have_faulted, steady
+from neuroshard_jax.learn.datasets import ensemble_arrays, label_keeper
 from neuroshard_jax.learn.ensemble_fit import ensemble_ms, ensemble_splits
 from neuroshard_jax.learn.metrics import kendall_tau, relative_errors
 from neuroshard_jax.learn.trainer import TrainConfig
@@ -87,7 +87,7 @@ class LabelFilter(NamedTuple):
 
     def keeps(self, record: dict, settings: dict) -> bool:
         """Whether training kept ``record`` of a dataset of ``settings``."""
-        return steady(record, self.max_spread) and not (self.drop_faulted and may_have_faulted(record, settings))
+        return label_keeper(settings, self.max_spread, self.drop_faulted)(record)
 
 
 def training_of(meta: dict) -> tuple[TrainConfig, LabelFilter, dict[str, tuple[int, int]]]:

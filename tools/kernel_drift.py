@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import os
 import statistics
 import time
 from pathlib import Path
 
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.files import now_utc, read_records
 from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.kernels.processes import ComputeWorker
@@ -38,8 +39,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="readings of each kernel a round")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    rows = [json.loads(line) for line in Path(args.plans).read_text().splitlines() if line.strip()]
-    found = [r for r in rows if r["task"] == args.task and r["searcher"] == args.searcher]
+    try:
+        rows = read_records(Path(args.plans))
+    except UserError as err:
+        raise SystemExit(f"kernel_drift: --plans: {err}") from None
+    found = [r for r in rows if r.get("task") == args.task and r.get("searcher") == args.searcher]
     if not found:
         raise SystemExit(f"kernel_drift: no plan of task {args.task!r} by {args.searcher!r} in {args.plans}")
     plan = Plan.from_json(found[-1]["plan"])
@@ -56,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         started = time.monotonic()
         worker = ComputeWorker("cpu", core=core)
         try:
-            reading = {"t": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+            reading = {"t": now_utc()}
             for name, kernel in (("device", tables), ("pooled", pooled)):
                 answers = [
                     worker.request(device_request(f"{len(rounds)}/{name}/{r}", at, kernel, config), timeout_s=300)

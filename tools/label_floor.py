@@ -38,6 +38,7 @@ from neuroshard_jax.core.manifests import load_manifest
 from neuroshard_jax.costs.checkpoints import load_ensemble
 from neuroshard_jax.costs.choice import checkpoint_path
 from neuroshard_jax.kernels.executors import ExecutorConfig, map_requests
+from neuroshard_jax.learn.datasets import label_keeper
 from neuroshard_jax.learn.ensemble_fit import ensemble_ms
 from neuroshard_jax.learn.metrics import relative_errors
 from neuroshard_jax.measure.drift import record_request
@@ -64,7 +65,7 @@ def retime(model: str, datasets: list[str], chosen: list[str], repeats: int, wor
         i = [Path(d).name for d in datasets].index(Path(name).name)
         path = Path(datasets[i])
         settings = load_manifest(path, "compute")["settings"]
-        records = [r for r in read_records(path / "compute.jsonl") if label_filter.keeps(r, settings)]
+        records = list(filter(label_keeper(settings, *label_filter), read_records(path / "compute.jsonl")))
         rows = np.flatnonzero(source[test] == i)  # positions in ``test`` of this dataset's held-out rows
         first = np.flatnonzero(source == i)[0]
         requests = [record_request(records[test[j] - first], settings, f"floor-{j}") for j in rows]

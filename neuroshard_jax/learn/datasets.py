@@ -4,6 +4,7 @@ splits."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -65,12 +66,25 @@ def may_have_faulted(record: dict, settings: dict) -> bool:
     """A label whose output glibc may have page-faulted afresh (above ``GLIBC_MMAP_MAX_BYTES``) in a dataset taken
     before the workers kept freed memory (``malloc`` absent: ``os``): it read one of two times by what the worker had
     freed before (a 62 MB sequence output: 27 ms or 4.5 ms forward; docs/results/kernel-kinds.md)."""
-    return before_reuse(settings) and output_bytes(record) > GLIBC_MMAP_MAX_BYTES
+    return before_reuse(settings) and above_mmap(record)
+
+
+def above_mmap(record: dict) -> bool:
+    """Whether a label's output is above glibc's largest mmap threshold (freed back to the OS by default)."""
+    return output_bytes(record) > GLIBC_MMAP_MAX_BYTES
 
 
 def before_reuse(settings: dict) -> bool:
     """Whether a dataset (its manifest's settings) was taken before the workers kept freed memory."""
     return label_protocol(settings)["malloc"] == "os"
+
+
+def label_keeper(settings: dict, max_spread: float | None = None, drop_faulted: bool = False) -> Callable[[dict], bool]:
+    """Which records of a dataset (its manifest's ``settings``) training keeps: those whose runs spread at most
+    ``max_spread`` (``steady``; None: all) and, with ``drop_faulted``, none glibc may have page-faulted
+    (``may_have_faulted``; the dataset's protocol read once)."""
+    faulted = drop_faulted and before_reuse(settings)
+    return lambda r: (max_spread is None or steady(r, max_spread)) and not (faulted and above_mmap(r))
 
 
 def compute_batches(
@@ -86,13 +100,10 @@ def compute_batches(
     (``run_spread``), labels taken while the machine was busy. ``block_stats``: a spec table's row block has the
     statistics of its own lookups (``streams.block_statistics``, what the worker measured), else the table's
     scaled to its rows (what a search knows of a block: ``shard_feature_matrix``). ``drop_faulted``: drop the labels
-    glibc may have page-faulted (``may_have_faulted``)."""
+    glibc may have page-faulted (``may_have_faulted``); both: ``label_keeper``."""
     manifest = load_manifest(dataset_dir, "compute")
     records = read_records(Path(dataset_dir) / "compute.jsonl")
-    if max_spread is not None:
-        records = [r for r in records if steady(r, max_spread)]
-    if drop_faulted and before_reuse(manifest["settings"]):  # the dataset's protocol, read once
-        records = [r for r in records if output_bytes(r) <= GLIBC_MMAP_MAX_BYTES]
+    records = list(filter(label_keeper(manifest["settings"], max_spread, drop_faulted), records))
     records += list(extra_records)
     if not records:
         raise UserError(f"dataset: no successful records in {str(dataset_dir)!r}")
