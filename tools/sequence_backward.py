@@ -17,6 +17,7 @@ request (max / min, median over the rounds) and across rounds (max / min of the 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         for r in range(args.rounds):
             for case, (table, _) in todo.items():
                 for kernel in ("sequence", "sum"):
-                    ref = SpecTableRef(table.rows, table.pooling_factor, table.bins, table.dim, table.seed, kernel=kernel)
+                    ref = dataclasses.replace(table, kernel=kernel)
                     answer = worker.request(compute_request(f"{r}/{case}/{kernel}", [ref], None, BATCH), timeout_s=600)
                     if not answer.ok:
                         raise SystemExit(f"sequence_backward: {case} ({kernel}) failed: {answer.error}")
