@@ -495,3 +495,20 @@ def test_kernel_drift_times_a_plans_device_beside_its_tables_sum_pooled_in_fresh
     assert record["protocol"]["fresh_worker_each_round"] and record["device"] == 0
     with pytest.raises(SystemExit, match="no plan of task 't9' by 'grid'"):
         main(["--plans", str(plans), "--task", "t9", "--searcher", "grid", "--device", "0", "--out", str(out)])
+
+
+def test_sequence_backward_times_sequence_and_sum_kernels_of_the_same_ids(tmp_path):
+    """``tools/sequence_backward.py`` on a tiny table: every read-count case the table's rows can hold, timed as a
+    sequence kernel and as a sum-pooled one by a real worker; distinct rows fall as rows are read more often; a bad
+    option refused in one line."""
+    from tools.sequence_backward import main
+
+    out = tmp_path / "seq.json"
+    main(["--rounds", "1", "--rows", "600", "--ids", "2", "--batch", "256", "--out", str(out)])
+    record = json.loads(out.read_text())
+    distinct = [case["distinct_rows"] for name, case in record["cases"].items() if name.startswith("dim 16")]
+    assert distinct == sorted(distinct, reverse=True) and len(distinct) >= 3 and distinct[0] <= 512
+    for case in record["cases"].values():
+        assert all(ms > 0 for kernel in ("sequence", "sum") for ms in case[kernel]["fwd_ms"] + case[kernel]["bwd_ms"])
+    with pytest.raises(SystemExit, match="--rows 0: expected at least 1"):
+        main(["--rows", "0", "--out", str(out)])

@@ -24,6 +24,7 @@ import os
 import statistics
 from pathlib import Path
 
+from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_BINS
 from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.kernels.processes import ComputeWorker, SpecTableRef, compute_request
@@ -41,13 +42,16 @@ def one_bin(k: int) -> tuple[float, ...]:
     return tuple(1.0 if i == k else 0.0 for i in range(NUM_BINS))
 
 
-def cases() -> dict[str, tuple[SpecTableRef, int]]:
-    """name -> (the sequence table, its distinct rows a batch)."""
+def cases(rows: int, ids: float, batch: int) -> dict[str, tuple[SpecTableRef, int]]:
+    """name -> (the sequence table, its distinct rows a batch): the read-count bins whose rows ``rows`` can hold."""
     out = {}
     for dim in DIMS:
         for k in READ_BINS if dim == DIMS[0] else READ_BINS[:1]:
-            table = SpecTableRef(ROWS, IDS, one_bin(k), dim, 7 + k, kernel="sequence")
-            distinct = int(accessed_rows(TableSpec(ROWS, IDS, table.bins, BATCH), int(IDS * BATCH)).sum())
+            table = SpecTableRef(rows, ids, one_bin(k), dim, 7 + k, kernel="sequence")
+            try:
+                distinct = int(accessed_rows(TableSpec(rows, ids, table.bins, batch), int(ids * batch)).sum())
+            except UserError:  # more distinct rows than the table has
+                continue
             out[f"dim {dim}, rows read in bin {k}"] = (table, distinct)
     return out
 
@@ -55,11 +59,15 @@ def cases() -> dict[str, tuple[SpecTableRef, int]]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rows", type=int, default=ROWS)
+    parser.add_argument("--ids", type=float, default=IDS, help="ids a sample")
+    parser.add_argument("--batch", type=int, default=BATCH)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    if args.rounds < 1:
-        raise SystemExit(f"sequence_backward: --rounds {args.rounds}: expected at least 1")
-    todo = cases()
+    for name in ("rounds", "rows", "ids", "batch"):
+        if not getattr(args, name) >= 1:
+            raise SystemExit(f"sequence_backward: --{name} {getattr(args, name)}: expected at least 1")
+    todo = cases(args.rows, args.ids, args.batch)
     worker = ComputeWorker("cpu", core=max(os.sched_getaffinity(0)))
     runs: dict = {case: {"sequence": [], "sum": []} for case in todo}
     try:
@@ -67,7 +75,9 @@ def main(argv: list[str] | None = None) -> None:
             for case, (table, _) in todo.items():
                 for kernel in ("sequence", "sum"):
                     ref = dataclasses.replace(table, kernel=kernel)
-                    answer = worker.request(compute_request(f"{r}/{case}/{kernel}", [ref], None, BATCH), timeout_s=600)
+                    answer = worker.request(
+                        compute_request(f"{r}/{case}/{kernel}", [ref], None, args.batch), timeout_s=600
+                    )
                     if not answer.ok:
                         raise SystemExit(f"sequence_backward: {case} ({kernel}) failed: {answer.error}")
                     spread = max(answer.bwd_runs_ms) / max(min(answer.bwd_runs_ms), 1e-9)
@@ -77,13 +87,16 @@ def main(argv: list[str] | None = None) -> None:
     out = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
         "machine": hardware_kind(hardware()),
-        "batch_size": BATCH,
-        "rows": ROWS,
-        "ids_per_sample": IDS,
+        "batch_size": args.batch,
+        "rows": args.rows,
+        "ids_per_sample": args.ids,
         "rounds": args.rounds,
         "cases": {},
     }
-    print(f"{out['machine']}, batch {BATCH}, {ROWS:,} rows, {IDS:g} ids a sample, {args.rounds} rounds (medians)")
+    print(
+        f"{out['machine']}, batch {args.batch}, {args.rows:,} rows, {args.ids:g} ids a sample, "
+        f"{args.rounds} rounds (medians)"
+    )
     print(
         "| case | distinct rows | seq fwd ms | seq bwd ms | us / distinct row | bwd spread in a request | "
         "bwd spread over rounds | sum fwd ms | sum bwd ms |"
