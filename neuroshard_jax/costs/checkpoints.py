@@ -20,6 +20,7 @@ import re
 import sys
 import threading
 from pathlib import Path
+from typing import TypedDict
 
 import jax
 import jax.numpy as jnp
@@ -339,7 +340,17 @@ def ensemble_config_of(meta: dict) -> EnsembleConfig:
     )
 
 
-def _ensemble_tree(params: EnsembleParams) -> dict[str, dict]:
+class EnsembleTree(TypedDict):
+    """A physics ensemble's saved state, as orbax writes it (a pytree of plain dicts and arrays)."""
+
+    members: dict
+    fwd: dict
+    bwd: dict
+    stats: dict
+    scalars: dict
+
+
+def _ensemble_tree(params: EnsembleParams) -> EnsembleTree:
     return {
         "members": nnx.to_pure_dict(params.members),
         "fwd": nnx.to_pure_dict(params.fwd),

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -91,6 +92,14 @@ class Ledger:
         return {k: round(v, 2) for k, v in self.spent.items()}
 
 
+class LabelCounts(NamedTuple):
+    """What an adapt run's folders hold (``fine_tune.LabelFolders.counts``): spec labels, input labels, plan tasks."""
+
+    specs: int
+    inputs: int
+    plans: int
+
+
 @dataclasses.dataclass(frozen=True)
 class Rates:
     """Wall seconds a stage's unit costs on this machine with the run's workers: measured where a run of this
@@ -110,7 +119,7 @@ class Rates:
     def of(
         cls,
         ledger: Ledger,
-        counts: dict[str, int],
+        counts: LabelCounts,
         spec_times: list[float],
         plan_guess: Callable[[float], float],
         steady: float = 1.0,
@@ -120,7 +129,7 @@ class Rates:
         seconds before one was done."""
 
         def rate(stage: str) -> float | None:
-            done, spent = counts.get(stage, 0), ledger.spent.get(stage, 0.0)
+            done, spent = getattr(counts, stage), ledger.spent.get(stage, 0.0)
             return spent / done if done and spent > 0 else None
 
         spec = flow(spec_times)

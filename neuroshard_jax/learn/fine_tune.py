@@ -62,7 +62,7 @@ from neuroshard_jax.costs.choice import COST_MODELS, checkpoint_path, choose_cos
 from neuroshard_jax.costs.ensemble import EnsembleConfig
 from neuroshard_jax.kernels.executors import ExecutorConfig, connected
 from neuroshard_jax.kernels.processes import table_ref, timing_fields
-from neuroshard_jax.learn.adapt_budget import FIRST_GUESS_S, REPORT_S, Ledger, Rates, minutes_up
+from neuroshard_jax.learn.adapt_budget import FIRST_GUESS_S, REPORT_S, LabelCounts, Ledger, Rates, minutes_up
 from neuroshard_jax.learn.cost_labels import CollectConfig, collect
 from neuroshard_jax.learn.datasets import compute_batches, padded_shards, steady
 from neuroshard_jax.learn.ensemble_fit import ensemble_ms, train_ensemble
@@ -464,7 +464,7 @@ def _measure_floor(
             logger.info(f"a fine-tune needs at least {_least_words(config, rates, short, ledger.total())}")
     if short:
         least = minutes_up(_least(rates, short, ledger.total()))
-        taken = labels.counts()["specs"]
+        taken = labels.counts().specs
         noisy = taken - round(taken * rates.steady)
         why = f", {noisy} of them too noisy to train on ({NOISY})" if noisy else ""
         raise UserError(
@@ -564,18 +564,18 @@ class LabelDirs:
     def spec_ids(self) -> set[int]:
         return {r["id"] for r in self.spec_records()}
 
-    def counts(self, specs: int | None = None) -> dict[str, int]:
+    def counts(self, specs: int | None = None) -> LabelCounts:
         """Spec labels, input labels and plan tasks on disk (what ``Rates`` divides the time spent by); ``specs``:
         the spec labels where the caller has just read them."""
 
         def lines(path: Path) -> int:
             return len(read_records(path, ok_only=False)) if path.exists() else 0
 
-        return {
-            "specs": lines(self.specs / "compute.jsonl") if specs is None else specs,
-            "inputs": lines(self.inputs / "comm.jsonl"),
-            "plans": lines(self.plans / "plans.jsonl"),
-        }
+        return LabelCounts(
+            specs=lines(self.specs / "compute.jsonl") if specs is None else specs,
+            inputs=lines(self.inputs / "comm.jsonl"),
+            plans=lines(self.plans / "plans.jsonl"),
+        )
 
 
 def picks_short(config: AdaptConfig, records: list[dict]) -> int:
@@ -597,7 +597,7 @@ def picks_short(config: AdaptConfig, records: list[dict]) -> int:
 def _measure_inputs(config, common, labels, ledger, rates, measure_s, measure_until) -> None:
     """TorchRec's input distribution on gloo ranks, in ``input_share`` of the measuring time: skipped (a line says
     so) where that cannot hold the ``MIN_INPUT_LABELS`` a fit needs."""
-    have = labels.counts()["inputs"]
+    have = labels.counts().inputs
     left = min(measure_s * config.input_share - ledger.spent.get("inputs", 0.0), measure_until - time.monotonic())
     if have >= config.input_labels:
         return

@@ -106,9 +106,13 @@ class Settings:
         if self.autotune.device == AutotuneConfig.device:  # left as it is: the plan's device (another is refused)
             object.__setattr__(self, "autotune", dataclasses.replace(self.autotune, device=self.device))
 
-    def settings(self) -> dict[str, Any]:
-        """The settings alone, by name (what a ``Planner`` is built with besides its parts)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Settings)}
+    def with_parts(self, searcher: Searcher, cost_model: CostModelSpec | None) -> Planner:
+        """A ``Planner`` of these settings (the ``Settings`` fields alone) and the given parts."""
+        return Planner(
+            searcher=searcher,
+            cost_model=cost_model,
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(Settings)},
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,7 +221,7 @@ class PlannerOptions(Settings):
         settings as they are."""
         searcher = make_searcher(self.searcher, dict(self.searcher_options))
         spec = spec_of(self.cost_model, self.cost_model_options)
-        return Planner(searcher=searcher, cost_model=spec, **self.settings())
+        return self.with_parts(searcher, spec)
 
 
 GROUPED = {"searcher": "searcher_options", "cost_model": "cost_model_options"}  # a name and its options
