@@ -243,6 +243,18 @@ def test_spec_sampler_extensions_reach_many_tables_and_the_heavy_corner_and_leav
     assert len(small) > 0.35 * len(tables) and sum(map(cold, tables)) > 0.1 * len(tables)
     assert min(t["rows"] for t in small) < 10 and max(t["pooling_factor"] for t in small) > 100
     assert any(t.get("num_rows", 99) <= 2 for t in small)
+    # the one-hot-row corner: one row read on 30-95% of a table's lookups, in the stream the worker draws
+    from neuroshard_jax.workloads.streams import TableSpec, spec_stream
+
+    onehot = SpecSamplerConfig(onehot_share=0.5)
+    drawn = [sample_spec_shard(onehot, 0, i) for i in range(12)]
+    top = []
+    for batch, ts in drawn:
+        for t in ts:
+            ids, _ = spec_stream(TableSpec(t["rows"], t["pooling_factor"], tuple(t["bins"]), batch), t["seed"])
+            if len(ids) >= 100 and t["rows"] >= 10:
+                top.append(np.bincount(ids).max() / len(ids))
+    assert sum(0.25 <= x <= 0.97 for x in top) > 0.35 * len(top) and sum(x < 0.2 for x in top) > 0.1 * len(top)
 
 
 @pytest.mark.fast

@@ -85,6 +85,9 @@ class SpecSamplerConfig:
     tiny_share: float = bounded(at_least=0, at_most=1, default=0.0)
     # one table alone, as a search places a heavy table on a device of its own (1 in max_tables samples otherwise)
     alone_share: float = bounded(at_least=0, at_most=1, default=0.0)
+    # tables drawn from the one-hot-row corner: one row read on 30-95% of the lookups (a missing value's id, a
+    # padding id; the sealed sets' avazu family), 10..1e7 rows read 0.3..100 times a sample
+    onehot_share: float = bounded(at_least=0, at_most=1, default=0.0)
     # the kernels a sample runs in (``core.table.KERNEL_KINDS``), one drawn per sample from a stream of its own
     # (``sample_kernel``; only sum: the samples drawn before kinds existed): mean pooling, per-id weights, or
     # sequence lookups (every table of one dim, no column slices, their outputs, a row per id and its gradient, at
@@ -113,7 +116,7 @@ class SpecSamplerConfig:
 
 
 # the knobs a spec dataset records only where they are on (older datasets resume: ``cost_labels.spec_settings``)
-SPEC_EXTENSIONS = ("row_share", "many_share", "heavy_share", "cold_share", "tiny_share", "alone_share")
+SPEC_EXTENSIONS = ("row_share", "many_share", "heavy_share", "cold_share", "tiny_share", "alone_share", "onehot_share")
 SUM_ONLY = ("sum",)  # ``kernels`` of the datasets from before kernel kinds
 
 
@@ -131,7 +134,10 @@ CORNERS = {
     "heavy": (HEAVY_LOG10_ROWS, HEAVY_LOG10_POOLING),
     "cold": ((6.0, 7.0), (-1.0, 0.3)),
     "tiny": ((0.3, 2.0), (-0.5, 2.5)),
+    # one row takes ONE_ROW_SHARE of the lookups (a missing value's or a padding id), the rest a Zipf law
+    "onehot": ((1.0, 7.0), (-0.5, 2.0)),
 }
+ONE_ROW_SHARE = (0.3, 0.95)
 
 
 def draw_table_spec(
@@ -157,6 +163,9 @@ def draw_table_spec(
         ranks = np.where(hot, rng.integers(0, hot_rows, lookups), rng.integers(0, rows, lookups))
     else:
         ranks = zipf_ids(rng, rows, rng.uniform(0.0, config.max_zipf), lookups)
+    if corner is not None and corner[1] == "onehot":  # drawn from the corner's stream: ``rng`` draws as always
+        share = corner[0].uniform(*ONE_ROW_SHARE)
+        ranks = np.where(corner[0].random(lookups) < share, 0, ranks)
     shares = bin_shares(count_histogram(row_counts(ranks, rows))[0])
     return {"rows": rows, "pooling_factor": pooling, "bins": [round(float(x), 5) for x in shares]}
 
