@@ -14,7 +14,8 @@ on a dataset must list it at the same place with as many records, the same seed,
 test part is its own held-out part (else one line says why not). A dataset a model was not trained on is unseen by
 it whole. ``--whole``: datasets no model was trained on, scored on every record. Slices by the shards' tables:
 ``cold`` (a table of >= 1e6 rows read <= 2 times a sample), ``heavy`` (>= 1e5 rows read >= 10 times), ``tiny`` (a
-table, or a row block, of <= 100 rows), ``alone`` (one table), ``fused`` (the rest); and by the kernel their tables
+table, or a row block, of <= 100 rows), ``alone`` (one table), ``fused`` (the rest), ``many`` (more than 16 tables
+fused), ``onehot`` (a table whose hottest row is read on >= 15% of its lookups); and by the kernel their tables
 run in (``sum``, ``mean``, ``sum_weighted``, ``mean_weighted``, ``sequence``: ``core.table.KERNEL_KINDS``).
 """
 
@@ -28,28 +29,49 @@ from typing import NamedTuple
 import numpy as np
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.features import FEATURE_NAMES
+from neuroshard_jax.core.features import FEATURE_NAMES, NUM_BINS
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.costs.checkpoints import load_ensemble
 from neuroshard_jax.costs.choice import checkpoint_path
+from neuroshard_jax.costs.ensemble import physics
 from neuroshard_jax.learn.datasets import ensemble_arrays, label_keeper
 from neuroshard_jax.learn.ensemble_fit import ensemble_ms, ensemble_splits
 from neuroshard_jax.learn.metrics import kendall_tau, relative_errors
 from neuroshard_jax.learn.trainer import TrainConfig
+from neuroshard_jax.workloads.streams import bin_bounds
 from tools.held_out_in_time import COLD, TINY_ROWS
 
 ROWS, POOLING = FEATURE_NAMES.index("rows"), FEATURE_NAMES.index("pooling_factor")
+BIN0 = FEATURE_NAMES.index("bin_0")
+MANY = 16  # tables fused past the spec sampler's usual 1..16
+ONE_ROW = 0.15  # the one-hot slice: a row read on at least this share of its table's lookups
 MEAN, WEIGHTED, SEQUENCE = (FEATURE_NAMES.index(k) for k in ("mean_pooling", "weighted", "sequence"))
 
 
-def shape_slices(feats: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
-    """bool[S] per slice of shard sets by their tables (``cold``, ``heavy``, ``tiny``, ``alone``, ``fused``)."""
+def shape_slices(feats: np.ndarray, mask: np.ndarray, batch: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """bool[S] per slice of shard sets by their tables (``cold``, ``heavy``, ``tiny``, ``alone``, ``fused``, ``many``:
+    more than MANY tables fused) and, with the sets' ``batch`` sizes f[S], ``onehot`` (a table whose hottest row is
+    read on at least ONE_ROW of its lookups: its histogram's top bin holds one row counted at least that often)."""
     rows, pooling = feats[..., ROWS], feats[..., POOLING]
     cold = ((rows >= COLD[0]) & (pooling <= COLD[1]) & mask).any(-1)
     heavy = ((rows >= 1e5) & (pooling >= 10) & mask).any(-1)
     tiny = ((rows <= TINY_ROWS) & mask).any(-1)
     alone = mask.sum(-1) == 1
-    return {"cold": cold, "heavy": heavy, "tiny": tiny, "alone": alone, "fused": ~alone, **kind_slices(feats, mask)}
+    out = {"cold": cold, "heavy": heavy, "tiny": tiny, "alone": alone, "fused": ~alone, "many": mask.sum(-1) > MANY}
+    if batch is not None:
+        out["onehot"] = (one_hot_tables(feats, np.asarray(batch, np.float64)[:, None]) & mask).any(-1)
+    return {**out, **kind_slices(feats, mask)}
+
+
+def one_hot_tables(feats: np.ndarray, batch: np.ndarray) -> np.ndarray:
+    """bool[...]: tables whose top non-empty histogram bin holds about one row, counted at least ONE_ROW x the
+    table's lookups (the bin's smallest count)."""
+    shares = feats[..., BIN0 : BIN0 + NUM_BINS]
+    lookups, distinct = (np.asarray(x, np.float64) for x in physics(feats, batch)[:2])
+    top = NUM_BINS - 1 - np.argmax(shares[..., ::-1] > 0, axis=-1)
+    lowest = bin_bounds()[0][top]
+    alone = np.take_along_axis(shares, top[..., None], -1)[..., 0] * distinct < 1.5
+    return (shares.sum(-1) > 0) & alone & (lowest >= ONE_ROW * np.maximum(lookups, 1.0))
 
 
 def kind_slices(feats: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
@@ -168,7 +190,7 @@ def compare(
         _, nets, params, _ = load_ensemble(checkpoint_path(name))
         predicted[name] = ensemble_ms(nets, params, feats[test], mask[test], batch[test])[0]
     true = target[test].astype(np.float64)
-    slices = shape_slices(feats[test], mask[test])
+    slices = shape_slices(feats[test], mask[test], batch[test])
     out = {}
     for i, dataset in enumerate(datasets):
         mine = source[test] == i
