@@ -20,9 +20,9 @@ import os
 import statistics
 from pathlib import Path
 
-from neuroshard_jax.core.constants import OUTPUT_BYTES_PER_ELEMENT
 from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.kernels.processes import MALLOC_ENV, ComputeWorker, SpecTableRef, compute_request
+from neuroshard_jax.learn.datasets import output_bytes
 
 BATCH = 4096
 HOT = (0.0,) * 14 + (0.4, 0.35, 0.25)  # every row read thousands of times a batch (a tiny table's histogram)
@@ -43,10 +43,15 @@ SETTINGS = {"os": {k: None for k in MALLOC_ENV}, "reuse": {}}  # glibc's default
 
 
 def output_mb(tables: list[SpecTableRef], kind: str) -> float:
-    """The kernel's output in MB: a row per id of a sequence kernel, a row per bag and table of a pooled one."""
-    if kind == "sequence":
-        return sum(t.pooling_factor * BATCH * t.dim for t in tables) * OUTPUT_BYTES_PER_ELEMENT / 1e6
-    return BATCH * sum(t.dim for t in tables) * OUTPUT_BYTES_PER_ELEMENT / 1e6
+    """The kernel's output in MB (``learn.datasets.output_bytes`` of the label it would make: a row per id of a
+    sequence kernel, a row per bag and table of a pooled one), its ids the tables' expected lookups."""
+    label = {
+        "tables": [{"dim": t.dim} for t in tables],
+        "pooling": "none" if kind == "sequence" else "sum",
+        "num_indices": sum(t.pooling_factor * BATCH for t in tables),
+        "batch_size": BATCH,
+    }
+    return output_bytes(label) / 1e6
 
 
 def main(argv: list[str] | None = None) -> None:
