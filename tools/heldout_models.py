@@ -38,13 +38,14 @@ from neuroshard_jax.learn.datasets import ensemble_arrays, label_keeper
 from neuroshard_jax.learn.ensemble_fit import ensemble_ms, ensemble_splits
 from neuroshard_jax.learn.metrics import kendall_tau, relative_errors
 from neuroshard_jax.learn.trainer import TrainConfig
+from neuroshard_jax.workloads.samplers import ONE_ROW_SHARE, SpecSamplerConfig
 from neuroshard_jax.workloads.streams import bin_bounds
 from tools.held_out_in_time import COLD, TINY_ROWS
 
 ROWS, POOLING = FEATURE_NAMES.index("rows"), FEATURE_NAMES.index("pooling_factor")
 BIN0 = FEATURE_NAMES.index("bin_0")
-MANY = 16  # tables fused past the spec sampler's usual 1..16
-ONE_ROW = 0.3  # the one-hot slice: a row read on at least this share of its table's lookups
+MANY = SpecSamplerConfig.max_tables  # tables fused past the spec sampler's usual 1..16
+ONE_ROW = ONE_ROW_SHARE[0]  # the one-hot slice: a row read on at least the corner's least share of the lookups
 MEAN, WEIGHTED, SEQUENCE = (FEATURE_NAMES.index(k) for k in ("mean_pooling", "weighted", "sequence"))
 
 
