@@ -77,7 +77,10 @@ class ShardBatch(NamedTuple):
     from the table-wise one (``combine_costs``' ``apart``); all on one device, ``merge_colocated`` makes the table
     whole again and it stays table-wise;
     ids f32[C, S] (optional): each slot's table's ids per sample (its pooling factor), what the slot's device takes in
-    TorchRec's input distribution (once per table and device: slices sharing a device are one shard).
+    TorchRec's input distribution (once per table and device: slices sharing a device are one shard);
+    column_ok bool[C, S] (optional, with ``column_table``): the slots of whole tables that join the column-wise group
+    where a placement cuts any table over devices (``Plan.column_wise_tables``, ``merge_column_wise``): one all-to-all
+    and one input distribution in place of two.
     """
 
     feats: np.ndarray
@@ -88,6 +91,7 @@ class ShardBatch(NamedTuple):
     leader: np.ndarray
     column_table: np.ndarray | None = None
     ids: np.ndarray | None = None
+    column_ok: np.ndarray | None = None
 
 
 class GridResult(NamedTuple):
@@ -168,6 +172,13 @@ def _spread(devices, column_table):
     highest = jax.ops.segment_max(devices, table, num_segments=slots)
     own = jnp.minimum(table, slots - 1)  # each slot's table (a whole table's slot: masked by ``sliced``)
     return sliced & (lowest[own] != highest[own])
+
+
+def _column_group(devices, column_table, column_ok):
+    """bool[S]: the slots in the column-wise group of one placement: ``_spread``'s and, where there are any, the
+    ``column_ok`` slots (None: none; ``Plan.column_wise_tables``)."""
+    spread = _spread(devices, column_table)
+    return spread if column_ok is None else spread | (spread.any() & column_ok)
 
 
 def _column_wise_sums(devices, dims, spread, n: int):
@@ -254,7 +265,7 @@ def grid_search(
         table, spread = jnp.full_like(batch.valid, -1, jnp.int32), jnp.zeros(devices.shape, bool)
     else:  # where each candidate's slices ended (once for both uses), and the column-wise tables' all-to-all
         table = batch.column_table
-        spread = jax.vmap(jax.vmap(_spread, in_axes=(0, None)))(devices, table)
+        spread = jax.vmap(jax.vmap(_column_group, in_axes=(0, None, None)))(devices, table, batch.column_ok)
         per_alpha = jax.vmap(_column_wise_sums, in_axes=(0, None, 0, None))
         sums = jax.vmap(per_alpha, in_axes=(0, 0, 0, None))(devices, batch.dims, spread, n)
         apart = sums.astype(jnp.float32)[..., None, :]

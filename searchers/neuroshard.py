@@ -17,7 +17,7 @@ import numpy as np
 
 from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.constraints import KEYS as CONSTRAINT_KEYS
-from neuroshard_jax.core.constraints import allowed_devices, groups, max_levels
+from neuroshard_jax.core.constraints import allowed_devices, groups, max_levels, may_be_column_wise
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import FEATURE_INDEX, NUM_FEATURES
 from neuroshard_jax.core.plan import Plan
@@ -43,11 +43,15 @@ DEFAULT_ALPHAS = tuple(round(1.0 + 0.05 * i, 2) for i in range(11))  # 1.0, 1.05
 class SplitSpace:
     """Column splits of a task: table t halved k_t times (0 <= k_t <= max_halvings(dim_t)).
 
-    Precomputes, per (table, level), the shard's features, memory units and predicted compute.
+    Precomputes, per (table, level), the shard's features, memory units and predicted compute. ``merge``: a plan that
+    cuts a table over devices declares its whole tables column-wise too where they may be (``Plan.merge_column_wise``).
     """
 
-    def __init__(self, task: Task, model: CostModel):
+    def __init__(self, task: Task, model: CostModel, merge: bool = True):
         self.task = task
+        self.merge = merge
+        # the tables that join the column-wise group of a placement that has one (``Plan.column_wise_tables``)
+        self.column_ok = np.array([merge and may_be_column_wise(t) and not t.sequence for t in task.tables], bool)
         self.max_level = max_levels(task.tables)  # legal halvings, within the tables' constraints
         self.allowed = allowed_devices(task.tables, task.num_devices)  # bool[T, N]
         self.group_of = np.arange(task.num_tables)  # a colocated table's group leader: the group's first table
@@ -82,6 +86,7 @@ class SplitSpace:
         allowed = np.ones((num_c, num_s, self.task.num_devices), dtype=bool)
         leader = np.tile(np.arange(num_s, dtype=np.int32), (num_c, 1))
         column_table = np.full((num_c, num_s), -1, dtype=np.int32)
+        column_ok = np.zeros((num_c, num_s), dtype=bool)
         ids = np.zeros((num_c, num_s), dtype=np.float32)
         for c, levels in enumerate(candidates):
             counts = [1 << k for k in levels]
@@ -94,16 +99,20 @@ class SplitSpace:
             valid[c, :s] = True
             column_table[c, :s] = np.where(ks > 0, tables, -1)  # cut in columns: TorchRec's column_wise
             ids[c, :s] = self.pooling[tables]
+            column_ok[c, :s] = self.column_ok[tables]
             allowed[c, :s] = self.allowed[tables]
             first_slot = np.cumsum([0, *counts])[:-1]  # colocated tables are whole: one slot each
             leader[c, :s] = np.where(self.group_of[tables] == tables, np.arange(s), first_slot[self.group_of[tables]])
-        return ShardBatch(feats, mem, dims, valid, allowed, leader, column_table, ids)
+        return ShardBatch(
+            feats, mem, dims, valid, allowed, leader, column_table, ids, column_ok if self.column_ok.any() else None
+        )
 
     def plan(self, levels: tuple[int, ...], slot_devices: np.ndarray) -> Plan:
         splits = [1 << k for k in levels]
         bounds = np.cumsum([0, *splits])
         devices = [[int(d) for d in slot_devices[bounds[t] : bounds[t + 1]]] for t in range(len(splits))]
-        return Plan.from_assignment(self.task, splits, devices)
+        plan = Plan.from_assignment(self.task, splits, devices)
+        return plan if self.merge else dataclasses.replace(plan, merge_column_wise=False)
 
 
 MIN_CANDIDATES = 8  # beam's smallest padded batch of candidate splits
@@ -129,12 +138,18 @@ class GridConfig:
     # as the model prices them; [] (the default) or 0: off, the paper's rule alone (compute, the width held by the dim
     # bound). Off by default: the plans it changed on the foreign tasks measured no faster (docs/searchers.md)
     comm_weights: tuple[float, ...] = bounded(at_least=0, default=())
+    # where a plan cuts a table in columns over devices, its whole tables are declared column-wise too (one shard
+    # each), so that TorchRec runs one all-to-all, one input distribution and one kernel a device in place of two
+    # (``Plan.merge_column_wise``); false: they stay table-wise, and a cut pays a second all-to-all
+    merge_column_wise: bool = True
 
     def check(self) -> None:
         """The bounds of every field (a beam's too) and a non-empty ``alphas``."""
         check_bounds(self, "searcher.")
         if not self.alphas:
             raise UserError("searcher.alphas: got [], expected a non-empty list of finite numbers >= 1")
+        if not isinstance(self.merge_column_wise, bool):
+            raise UserError(f"searcher.merge_column_wise: got {self.merge_column_wise!r}, expected true or false")
 
 
 class Scorer:
@@ -242,7 +257,7 @@ class GridSearch(GridConfig, Searcher):
         self.check()
 
     def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan:
-        scorer = Scorer(SplitSpace(task, cost_model), cost_model, self)
+        scorer = Scorer(SplitSpace(task, cost_model, self.merge_column_wise), cost_model, self)
         scorer.score([(0,) * task.num_tables])
         scorer.refine(1)
         return scorer.best_plan("grid")
@@ -298,7 +313,7 @@ class BeamSearch(GridConfig, Searcher):
 
     def search(self, task: Task, cost_model: CostModel, seed: int) -> Plan:
         started = time.perf_counter()
-        space = SplitSpace(task, cost_model)
+        space = SplitSpace(task, cost_model, self.merge_column_wise)
         scorer = Scorer(space, cost_model, self)
         root = (0,) * task.num_tables
         beam = [root]

@@ -57,7 +57,8 @@ def plan_from_torchrec(task: Task, shards: list[list[dict]]) -> Plan:
                 f"plan format of this project): {error}"
             )
         out.extend(sorted(ours, key=lambda s: (s.col_offset, s.row_offset)))
-    return Plan(task, tuple(out), data_parallel=tuple(replicated))
+    # TorchRec's plan says each table's type: its whole tables stay table-wise beside its column-wise ones
+    return Plan(task, tuple(out), data_parallel=tuple(replicated), merge_column_wise=False)
 
 
 def _recut_row_blocks(t: int, table, shards: list[dict]) -> list[Shard] | None:

@@ -1,3 +1,5 @@
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -44,11 +46,12 @@ def numpy_oracle(plan: Plan, p) -> np.ndarray:
                 total_bytes / (p.mem_bw_gbps * 1e9) * 1e3 + p.table_overhead_ms * len(shards) + p.kernel_overhead_ms
             )
     dims = plan.dim_sums().astype(float)
-    # one all-to-all per sharding type: the column-wise tables' (cut in more than one slice) apart
+    # one all-to-all per sharding type: the column-wise tables' (cut in more than one slice) apart; where the plan
+    # merges (its tables here all may be column-wise), every table joins them: one all-to-all
     slices = np.bincount([s.table for s in plan.shards], minlength=plan.task.num_tables)
     column_wise = np.zeros(n)
     for s in plan.shards:
-        column_wise[s.device] += s.dim * (slices[s.table] > 1)
+        column_wise[s.device] += s.dim * (slices[s.table] > 1 or (plan.merge_column_wise and slices.max() > 1))
     comm = np.zeros(n)
     for part in (dims - column_wise, column_wise):
         if part.any():
@@ -68,10 +71,12 @@ def _plan():
 
 
 def test_analytic_matches_numpy_oracle():
-    plan = _plan()
-    model = analytic_model(plan.task)
-    costs = score_plan(model, plan)
-    assert plan_cost_ms(costs) == pytest.approx(numpy_oracle(plan, model.params), rel=1e-5)
+    merged = _plan()
+    model = analytic_model(merged.task)
+    apart = dataclasses.replace(merged, merge_column_wise=False)
+    for plan in (merged, apart):
+        assert plan_cost_ms(score_plan(model, plan)) == pytest.approx(numpy_oracle(plan, model.params), rel=1e-5)
+    assert plan_cost_ms(score_plan(model, merged)) < plan_cost_ms(score_plan(model, apart))  # a latency less
 
 
 def test_eager_equals_jit_and_padding_is_inert():

@@ -21,7 +21,7 @@ from neuroshard_jax.costs.scoring import input_taken, input_terms, score_plan, s
 from neuroshard_jax.learn.datasets import comm_arrays
 from neuroshard_jax.learn.row_comm_fit import fit_row_comm
 from searchers import make_searcher
-from searchers.grid import _input_taken, _spread
+from searchers.grid import _column_group, _input_taken
 from searchers.neuroshard import SplitSpace
 
 from .oracle import Oracle
@@ -131,15 +131,20 @@ def _plan(task):
 @pytest.mark.fast
 def test_a_plan_s_input_distributions_follow_its_sharding_types():
     task = _task()
-    plan = _plan(task)
-    features = input_features(plan)
+    apart = dataclasses.replace(_plan(task), merge_column_wise=False)
+    features = input_features(apart)
     assert features == {
         "table_wise": [[32.0], [12.0, 42.0], [], [22.0]],  # tables 4; 2 (one shard of two slices) and 5; 3
         "column_wise": [[2.0], [], [], [2.0]],  # table 1's ids go whole to both its devices
         "row_wise": [[], [], [15.0], [15.0]],  # table 0's ids split by its blocks' rows
     }  # table 6, data-parallel: its ids stay where they were read
-    assert comm_layout(plan).inputs == list(features.values())
-    np.testing.assert_allclose(input_taken(plan), received(list(features.values())))
+    assert comm_layout(apart).inputs == list(features.values())
+    np.testing.assert_allclose(input_taken(apart), received(list(features.values())))
+    # as plans are made: the whole tables join table 1 in the column-wise group, one distribution in place of two
+    merged = input_features(_plan(task))
+    assert merged == {"column_wise": [[2.0, 32.0], [12.0, 42.0], [], [2.0, 22.0]], "row_wise": features["row_wise"]}
+    taken = input_taken(_plan(task))
+    assert not taken[0].any() and taken[1].tolist() == [34.0, 54.0, 0.0, 24.0]
 
 
 @pytest.mark.fast
@@ -172,7 +177,7 @@ def test_the_grid_prices_each_placement_s_input_distributions_as_the_host_does()
         for _ in range(10):
             devices = np.full(batch.valid.shape[1], -1, np.int32)
             devices[:count] = rng.integers(0, 3, size=count)
-            spread = _spread(devices, batch.column_table[c])
+            spread = _column_group(devices, batch.column_table[c], batch.column_ok[c])
             taken = jax.jit(_input_taken, static_argnums=4)(devices, batch.ids[c], batch.column_table[c], spread, 3)
             plan = space.plan(level, devices)
             np.testing.assert_allclose(np.asarray(taken), input_taken(plan)[:2], rtol=1e-6)

@@ -1,11 +1,13 @@
 """The vectorised NeuroShard searchers against the plain-Python oracle of the paper's algorithms."""
 
+import dataclasses
 import logging
 
 import numpy as np
 import pytest
 
 from neuroshard_jax.core.errors import InfeasibleError, UserError
+from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.costs.analytic import analytic_model
 from neuroshard_jax.costs.choice import make_cost_model
 from neuroshard_jax.costs.cost_model import plan_cost_ms
@@ -66,6 +68,54 @@ def test_beam_splits_when_splitting_pays():
     assert len(beam.shards) > len(grid.shards)
     assert _cost(model, beam) < 0.8 * _cost(model, grid)
     assert set(np.unique([s.device for s in beam.shards if s.table == 0])) == {0, 1}
+
+
+def test_a_cut_puts_the_whole_tables_in_the_column_wise_group_unless_told_not_to():
+    """Where beam cuts a table over devices, the whole tables that may be column-wise join its group (one shard
+    each): one all-to-all and one input distribution, priced, measured and exported alike; a table whose sharding
+    types exclude column_wise stays table-wise; ``merge_column_wise=false`` keeps every whole table table-wise and
+    the plan says so in plan.json; TorchRec's plans keep the types its planner chose."""
+    from neuroshard_jax.core.assignment import apart_arrays, comm_layout
+    from neuroshard_jax.core.constraints import TableConstraints
+    from searchers.torchrec import plan_from_torchrec
+
+    only_tw = TableConstraints(sharding_types=("table_wise",))
+    tables = [
+        make_table(0, rows=5000, dim=128, pooling=80.0),
+        make_table(1, rows=100, dim=4, pooling=1.0),
+        make_table(2, rows=300, dim=8, pooling=2.0),
+        dataclasses.replace(make_table(3, rows=200, dim=8, pooling=2.0), constraints=only_tw),
+    ]
+    task = make_task(tables, num_devices=2, mem_cap_gb=1.0, batch_size=4096)
+    model = analytic_model(task)
+    merged = make_searcher("beam").search(task, model, 0)
+    apart = make_searcher("beam", {"merge_column_wise": False}).search(task, model, 0)
+    assert merged.merge_column_wise and not apart.merge_column_wise
+    assert merged.column_wise_tables() == {0, 1, 2} and apart.column_wise_tables() == {0}
+    layout = comm_layout(merged)
+    on_3 = next(s.device for s in merged.shards if s.table == 3)
+    assert layout.column_wise == [w - 8 * (d == on_3) for d, w in enumerate(layout.dim_sums)]
+    assert len(layout.inputs) == 2 and len(comm_layout(apart).inputs) == 2  # table 3's own table-wise distribution
+    assert apart_arrays(merged)[0].sum() == merged.dim_sums().sum() - 8
+    shards = merged.torchrec_shards()
+    assert shards[1] == [{"col_offset": 0, "dim": 4, "rank": shards[1][0]["rank"], "column_wise": 1}]
+    assert "column_wise" not in shards[3][0] and all("column_wise" not in s for s in apart.torchrec_shards()[1])
+    # with every whole table free to join, the same shards run one all-to-all in place of two: a latency less
+    free = dataclasses.replace(task, tables=(*task.tables[:3], make_table(3, rows=200, dim=8, pooling=2.0)))
+    one, two = Plan(free, merged.shards), Plan(free, merged.shards, merge_column_wise=False)
+    assert len(comm_layout(one).inputs) == 1 and _cost(model, one) < _cost(model, two) - 1.0
+    for plan in (merged, apart):
+        back = Plan.from_json(plan.to_json())
+        assert (
+            back.merge_column_wise == plan.merge_column_wise and back.column_wise_tables() == plan.column_wise_tables()
+        )
+    assert "merge_column_wise" not in merged.to_json() and apart.to_json()["merge_column_wise"] is False
+    torchrec = plan_from_torchrec(
+        task, [[{k: v for k, v in s.items() if k != "column_wise"} for s in t] for t in shards]
+    )
+    assert not torchrec.merge_column_wise and torchrec.column_wise_tables() == {0}
+    old = {k: v for k, v in torchrec.to_json().items() if k != "merge_column_wise"}
+    assert not Plan.from_json({**old, "searcher": "torchrec"}).merge_column_wise  # a file from before the rule
 
 
 def test_tight_memory_uses_the_fallback_or_reports_infeasible(small_pool):

@@ -193,8 +193,9 @@ def _whole_rest(task):
 
 @pytest.mark.fast
 def test_column_wise_tables_run_an_all_to_all_of_their_own():
-    """TorchRec runs one all-to-all per sharding type: a plan with a table cut in columns prices and measures the
-    column-wise slices' all-to-all apart from the table-wise one; a plan without keeps its one all-to-all."""
+    """TorchRec runs one all-to-all per sharding type: a plan with a table cut in columns whose whole tables stay
+    table-wise prices and measures the column-wise slices' all-to-all apart from the table-wise one; a plan without
+    keeps its one all-to-all, and so does one whose whole tables join the column-wise group (the default)."""
     from neuroshard_jax.core.assignment import apart_arrays
     from neuroshard_jax.kernels.messages import CommRequest
     from neuroshard_jax.kernels.processes import run_comm
@@ -203,8 +204,11 @@ def test_column_wise_tables_run_an_all_to_all_of_their_own():
     task = dataclasses.replace(_task(), devices=[Device(1.0)] * 4)
     whole = tuple(Shard(t, 0, task.tables[t].dim, t % 4) for t in range(task.num_tables))
     cut = tuple(s for s in whole if s.table != 1) + (Shard(1, 0, 8, 0), Shard(1, 8, 8, 3))
-    plain, split = Plan(task, whole).validate(), Plan(task, cut).validate()
+    plain, split = Plan(task, whole).validate(), Plan(task, cut, merge_column_wise=False).validate()
     assert not comm_layout(plain).column_wise
+    merged = comm_layout(Plan(task, cut).validate())
+    assert merged.column_wise == merged.dim_sums and len(merged.inputs) == 1
+    assert all_to_alls(merged.dim_sums, merged.column_wise) == [merged.dim_sums]
     layout = comm_layout(split)
     assert layout.column_wise == [8, 0, 0, 8] and layout.dim_sums == split.dim_sums().tolist()
     assert all_to_alls(layout.dim_sums, layout.column_wise) == [

@@ -6,6 +6,8 @@
     python -m tools.bench_search balance [--tasks 8 --tables 40]     # comm_weights on and off: predicted step
     python -m tools.bench_search balance --suite foreign --measure 3 --out outputs/bench/search/foreign
                                                                      # the foreign tasks; changed plans measured
+    python -m tools.bench_search balance --option merge_column_wise --tables 20 --first-seed 300 --measure 3
+                                                                     # whole tables in the column-wise group or not
 
 speed: for T = 10, 30, 60 tables and N = 4, 8 devices, beam search (defaults k=3, n=10,
   max_length=10) in JAX, after compilation (compile time reported separately), against the oracle of
@@ -124,12 +126,20 @@ def _balance_tasks(args) -> list[tuple[str, Task]]:
     return [
         (f"d{n}-s{seed}", make_task(TaskConfig(num_tables=args.tables, num_devices=n), seed))
         for n in args.devices
-        for seed in range(100, 100 + args.tasks)
+        for seed in range(args.first_seed, args.first_seed + args.tasks)
     ]
 
 
+# ``balance --option``: the searcher options it compares, (on, off)
+OPTIONS = {
+    "comm_weights": ({"comm_weights": [1.0]}, {"comm_weights": []}),
+    "merge_column_wise": ({"merge_column_wise": True}, {"merge_column_wise": False}),
+}
+
+
 def balance(args) -> dict:
-    """The portfolio's members with ``comm_weights`` on (the default) and off, on generated tasks (seeds 100.., not
+    """The portfolio's members with a searcher option (``--option``: ``comm_weights`` [1.0] or [], or
+    ``merge_column_wise`` true or false) on and off, on generated tasks (seeds ``--first-seed``.., default 100, not
     the suite's held-out 20,000..) or the foreign benchmark's (``--suite foreign``), each member through the whole
     pipeline (``search_plan``); per task the cheapest member's predicted step and the plan's own balance bound by the
     model (its predicted compute and widths spread evenly, ``balanced_step``). ``--measure R``: the tasks whose plan
@@ -139,7 +149,7 @@ def balance(args) -> dict:
     for task_id, task in _balance_tasks(args):
         model = make_cost_model(args.cost_model, task)
         row = {"id": task_id, "devices": task.num_devices}
-        for label, options in (("on", {}), ("off", {"comm_weights": []})):
+        for label, options in zip(("on", "off"), OPTIONS[args.option]):
             started = time.perf_counter()
             plans = [search_plan(task, make_searcher(name, options), model, 0, mode) for name, mode in MEMBERS]
             costs = [float(plan_cost_ms(score_plan(model, p))) for p in plans]
@@ -159,8 +169,10 @@ def balance(args) -> dict:
     for r in range(args.measure):  # interleaved: round r of every differing plan before round r + 1
         measured = measure_plans([p for row in differ for p in (row["on_plan"], row["off_plan"])], config)
         for i, row in enumerate(differ):
-            row.setdefault("measured_on_ms", []).append(round(measured[2 * i]["cost_ms"], 4))
-            row.setdefault("measured_off_ms", []).append(round(measured[2 * i + 1]["cost_ms"], 4))
+            for label, m in (("on", measured[2 * i]), ("off", measured[2 * i + 1])):
+                row.setdefault(f"measured_{label}_ms", []).append(round(m["cost_ms"], 4))
+                compute = max(d["compute"] for d in m["devices"])  # (a): the slowest device's compute alone
+                row.setdefault(f"measured_{label}_compute_ms", []).append(round(compute, 4))
         print(f"measured round {r + 1} of {args.measure}: {len(differ)} tasks", flush=True)
     for row in rows:
         del row["on_plan"], row["off_plan"]
@@ -169,6 +181,7 @@ def balance(args) -> dict:
     return {
         "hardware": hardware_kind(hardware()),
         "suite": args.suite,
+        "option": args.option,
         "cost_model": args.cost_model,
         "tables": args.tables,
         "rows": rows,
@@ -197,6 +210,8 @@ def main() -> None:
     parser.add_argument("--measure", type=int, default=0)
     parser.add_argument("--cost-model", default="neural")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--option", choices=sorted(OPTIONS), default="comm_weights", help="balance: what it compares")
+    parser.add_argument("--first-seed", type=int, default=100, help="balance: the generated tasks' first seed")
     parser.add_argument("--devices", type=_ints, default=None)
     parser.add_argument("--out", default="outputs/bench/search")
     args = parser.parse_args()
@@ -207,7 +222,8 @@ def main() -> None:
     result = {"speed": speed, "scale": scale, "explain": explain, "balance": balance}[args.what](args)
     print(json.dumps(result, indent=1))
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    write_json(result, Path(args.out) / f"{args.what}.json")
+    name = f"{args.what}-{args.option}" if args.what == "balance" and args.option != "comm_weights" else args.what
+    write_json(result, Path(args.out) / f"{name}.json")
 
 
 if __name__ == "__main__":

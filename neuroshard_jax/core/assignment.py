@@ -38,11 +38,18 @@ def row_blocks_in(plan: Plan) -> tuple[Shard, ...]:
     return tuple(s for s in plan.shards if s.table in split)
 
 
-def plan_of(task: Task, devices, row_blocks: tuple[Shard, ...] = (), data_parallel: tuple[int, ...] = ()) -> Plan:
+def plan_of(
+    task: Task,
+    devices,
+    row_blocks: tuple[Shard, ...] = (),
+    data_parallel: tuple[int, ...] = (),
+    merge_column_wise: bool = True,
+) -> Plan:
     """The plan of the tables' column slice devices (``assignment``), the row-split tables' ``row_blocks`` and the
-    ``data_parallel`` tables (which have no slices: they stay on every device)."""
+    ``data_parallel`` tables (which have no slices: they stay on every device); ``merge_column_wise`` as
+    ``Plan``'s (the plan it perturbs)."""
     shards = [s for t, devs in enumerate(devices) if devs for s in column_shards(t, task.tables[t].dim, devs)]
-    return Plan(task, tuple(shards) + row_blocks, data_parallel=data_parallel)
+    return Plan(task, tuple(shards) + row_blocks, data_parallel=data_parallel, merge_column_wise=merge_column_wise)
 
 
 def row_groups(plan: Plan) -> list[tuple[int, list[int]]]:
@@ -99,13 +106,15 @@ def sequence_row_dims(plan: Plan) -> list[int]:
 
 
 def column_wise_dims(plan: Plan) -> list[int]:
-    """Each device's width in the column-wise all-to-all: its slices of tables cut in columns (whole rows) over more
-    than one device. TorchRec runs one input distribution and one output all-to-all per sharding type, so a plan with
-    column-wise tables beside table-wise ones runs two all-to-alls a step; all zero without column-wise tables. A
-    table whose slices all sit on one device is table-wise: the pipeline merges them back into one shard
-    (``sharding.merge_colocated``), and the searchers price it so."""
+    """Each device's width in the column-wise all-to-all: its shards of the column-wise group
+    (``Plan.column_wise_tables``: tables cut in columns over more than one device and, merged with them, the plan's
+    other whole tables that may be column-wise). TorchRec runs one input distribution and one output all-to-all per
+    sharding type, so a plan with column-wise tables beside table-wise ones runs two all-to-alls a step, and one where
+    the whole tables join the column-wise group; all zero without column-wise tables. A table whose slices all sit on
+    one device is one shard: the pipeline merges them back (``sharding.merge_colocated``), and the searchers price it
+    so."""
     rows = plan.task.table_rows()
-    spread = column_wise_tables(plan)
+    spread = plan.column_wise_tables()
     dims = [0] * plan.task.num_devices
     for s in plan.shards:
         if s.table in spread and s.whole_rows(rows[s.table]):
@@ -158,7 +167,7 @@ def input_features(plan: Plan) -> dict[str, list[list[float]]]:
     device holding a slice of it; a row-split table's ids go to the row blocks holding their rows (a block's
     measured pooling factor, else its rows' share); a data-parallel table's stay on the device that read them."""
     rows = plan.task.table_rows()
-    spread = column_wise_tables(plan)
+    spread = plan.column_wise_tables()
     taken: dict[str, dict[tuple, float]] = {kind: {} for kind in INPUT_TYPES}
     for s in plan.shards:
         table = plan.task.tables[s.table]
@@ -178,16 +187,6 @@ def input_features(plan: Plan) -> dict[str, list[list[float]]]:
                 per_device[key[-1]].append(round(pooling, 3))
             out[kind] = per_device
     return out
-
-
-def column_wise_tables(plan: Plan) -> set[int]:
-    """The tables cut in columns (whole rows) over more than one device: TorchRec's column_wise."""
-    rows = plan.task.table_rows()
-    devices: dict[int, set[int]] = {}
-    for s in plan.shards:
-        if s.whole_rows(rows[s.table]):
-            devices.setdefault(s.table, set()).add(s.device)
-    return {t for t, d in devices.items() if len(d) > 1}
 
 
 @dataclasses.dataclass(frozen=True)

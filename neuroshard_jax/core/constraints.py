@@ -106,6 +106,12 @@ def must_be_data_parallel(table: Constrained) -> bool:
     return table.constraints.sharding_types == ("data_parallel",)
 
 
+def may_be_column_wise(table: Constrained) -> bool:
+    """Whether the table's sharding types allow TorchRec's column_wise (a plan may declare it so whole, one shard)."""
+    types = table.constraints.sharding_types
+    return types is None or "column_wise" in types
+
+
 def may_split_rows(table: Constrained) -> bool:
     """Whether the table's sharding types allow row blocks (row_wise or table_row_wise)."""
     types = table.constraints.sharding_types

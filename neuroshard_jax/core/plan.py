@@ -11,7 +11,7 @@ import numpy as np
 
 from neuroshard_jax.core.config import plain, typed
 from neuroshard_jax.core.constants import GIB_BYTES
-from neuroshard_jax.core.constraints import violations
+from neuroshard_jax.core.constraints import may_be_column_wise, violations
 from neuroshard_jax.core.errors import PlanError, UserError
 from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.memory import MemoryParts
@@ -76,6 +76,11 @@ class Plan:
     records: tuple[StageRecord, ...] = dataclasses.field(default=(), compare=False)
     # the planning run's stages that acted, in order (``search.stages``; empty for a plan made by hand)
     stages: tuple[str, ...] = dataclasses.field(default=(), compare=False)
+    # where the plan cuts a table in columns over devices, its whole tables that may be column-wise are declared
+    # column-wise too (one shard each): TorchRec runs one input distribution, one all-to-all and one fused kernel a
+    # device per sharding type, so one group in place of two (``column_wise_tables``). False: whole tables
+    # stay table-wise (TorchRec's own plans, which say each table's type)
+    merge_column_wise: bool = dataclasses.field(default=True, compare=False)
 
     def record_of(self, kind: type[R]) -> R | None:
         """The plan's record of ``kind`` (a ``StageRecord`` class), or None."""
@@ -145,7 +150,9 @@ class Plan:
 
     def torchrec_shards(self) -> list[list[dict[str, int]]]:
         """Per task table: its shards as ``torchrec_format`` takes them, {col_offset, dim, rank} (and row_offset,
-        num_rows for a row block), in column then row order; a data-parallel table's is [{data_parallel: 1}]."""
+        num_rows for a row block), in column then row order; a data-parallel table's is [{data_parallel: 1}]; a whole
+        table declared column-wise (``merge_column_wise``) carries column_wise: 1 on its one shard."""
+        declared = self.column_wise_tables()
         out: list[list[dict[str, int]]] = [[] for _ in self.task.tables]
         for t in self.data_parallel:  # every rank holds it: TorchRec's data_parallel
             out[t].append({"data_parallel": 1})
@@ -155,7 +162,30 @@ class Plan:
             if not s.whole_rows(rows):
                 shard.update(row_offset=s.row_offset, num_rows=s.rows(rows))
             out[s.table].append(shard)
+        for t in declared:
+            if len(out[t]) == 1:
+                out[t][0]["column_wise"] = 1
         return out
+
+    def column_wise_tables(self) -> set[int]:
+        """The tables in TorchRec's column_wise group: those cut in columns (whole rows) over more than one device
+        and, where there are any and ``merge_column_wise``, every other whole table that may be column-wise (its
+        sharding types) but the sequence tables (an EmbeddingCollection runs a rank's column slices in one kernel of
+        one width) and the data-parallel ones."""
+        rows = self.task.table_rows()
+        devices: dict[int, set[int]] = {}
+        for s in self.shards:
+            if s.whole_rows(rows[s.table]):
+                devices.setdefault(s.table, set()).add(s.device)
+        spread = {t for t, d in devices.items() if len(d) > 1}
+        if not spread or not self.merge_column_wise:
+            return spread
+        cut_in_rows = {s.table for s in self.shards if not s.whole_rows(rows[s.table])}
+        return spread | {
+            t
+            for t in devices
+            if t not in cut_in_rows and not self.task.tables[t].sequence and may_be_column_wise(self.task.tables[t])
+        }
 
     def torchrec_names(self) -> list[str]:
         """The tables' names in TorchRec: their names, else ``t{index}``."""
@@ -247,6 +277,8 @@ class Plan:
         out["shards"] = [_shard_json(task, s) for s in sorted(self.shards, key=_shard_order)]
         if self.data_parallel:  # absent when none: a file without them reads as before
             out["data_parallel"] = [task.tables[t].id for t in self.data_parallel]
+        if not self.merge_column_wise:  # absent when true, the rule's default
+            out["merge_column_wise"] = False
         held = np.bincount([s.device for s in self.shards], minlength=task.num_devices)
         devices = []
         for d in range(task.num_devices):
@@ -322,6 +354,8 @@ class Plan:
             tuple(sorted({index[t] for t in replicated})),
             records,
             tuple(raw.stages),
+            # a file from before the rule: TorchRec's plans said each table's type, the rest read as they now run
+            not str(raw.searcher).startswith("torchrec") if raw.merge_column_wise is None else raw.merge_column_wise,
         ).validate()
 
 

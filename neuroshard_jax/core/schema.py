@@ -109,6 +109,9 @@ class PlanFile:
     portfolio: JSONDoc | None = None  # ``PortfolioRecord``'s own schema
     autotune: JSONDoc | None = None  # ``AutotuneRecord``'s own schema
     stages: tuple[str, ...] = ()  # the planning run's stages in order (older files: none)
+    # whole tables join the column-wise group where the plan has one (``Plan.merge_column_wise``); None: a file from
+    # before the rule, read as true but for TorchRec's plans
+    merge_column_wise: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)

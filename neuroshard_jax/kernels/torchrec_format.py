@@ -1,8 +1,9 @@
 """Our shards as a TorchRec ``ShardingPlan``, and a ``ShardingPlan``'s shards read back: the one conversion that
 ``to_torchrec``, the export worker and the TorchRec adapter (``neuroshard_jax.torchrec.planner``) share.
 
-A shard list per table is ``[{col_offset, dim, rank}]`` in column order: one shard is ``table_wise(rank)``,
-2^k equal column slices are ``column_wise(ranks)`` (TorchRec cuts equal slices in rank-list order, ours are
+A shard list per table is ``[{col_offset, dim, rank}]`` in column order: one shard is ``table_wise(rank)`` (or
+``column_wise([rank])`` where it carries ``column_wise: 1``: a whole table in a plan's column-wise group), 2^k equal
+column slices are ``column_wise(ranks)`` (TorchRec cuts equal slices in rank-list order, ours are
 equal by construction). A row-split table's shards also carry ``row_offset, num_rows`` (``sharding.row_blocks``,
 TorchRec's own layout): its blocks in rank order over every rank are ``row_wise()``, over the ranks of one host
 ``table_row_wise(host)``; row blocks of column slices (TorchRec's grid sharding) are not exported. A data-parallel
@@ -20,7 +21,7 @@ from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.kernels.messages import TorchRecTable
 
 TORCHREC_MISSING = "torchrec is not installed"
-SHARD_KEYS = ("col_offset", "dim", "rank", "row_offset", "num_rows", "data_parallel")
+SHARD_KEYS = ("col_offset", "dim", "rank", "row_offset", "num_rows", "data_parallel", "column_wise")
 
 
 def module_plan(
@@ -55,7 +56,7 @@ def module_plan(
         if "num_rows" in ordered[0]:
             host = row_split_host(name, ordered, world_size, local_size)
             per_table[name] = row_wise(compute_kernel=kernel) if host is None else table_row_wise(host_index=host)
-        elif len(ranks) == 1:
+        elif len(ranks) == 1 and not ordered[0].get("column_wise"):
             per_table[name] = table_wise(rank=ranks[0], compute_kernel=kernel)
         else:
             per_table[name] = column_wise(ranks=ranks, compute_kernel=kernel)
@@ -259,6 +260,8 @@ def plan_shards(plan) -> dict[str, list[JSONDoc]]:
                 if row_split:
                     one.update(row_offset=int(shard.shard_offsets[0]), num_rows=int(shard.shard_sizes[0]))
                 shards.append(one)
+            if sharding.sharding_type == "column_wise" and len(shards) == 1:  # a whole table declared column-wise
+                shards[0]["column_wise"] = 1
             out[name] = sorted(shards, key=_order)
     return out
 

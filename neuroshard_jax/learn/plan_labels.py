@@ -241,7 +241,14 @@ def variants_of(plan: Plan, count: int, rng: np.random.Generator) -> list[tuple[
             continue
         seen.add(changed)
         try:
-            out.append((kind, plan_of(plan.task, changed, row_blocks_in(plan), plan.data_parallel).validate()))
+            out.append(
+                (
+                    kind,
+                    plan_of(
+                        plan.task, changed, row_blocks_in(plan), plan.data_parallel, plan.merge_column_wise
+                    ).validate(),
+                )
+            )
         except PlanError:  # over a device's memory
             continue
     return out

@@ -221,7 +221,7 @@ def proposals(plan: Plan, slow: int, rng: np.random.Generator, count: int) -> li
         if key in seen:  # the same devices up to their order (and blocks where they were): the same measured plan
             continue
         try:
-            out.append((kind, plan_of(task, changed, laid, plan.data_parallel).validate()))
+            out.append((kind, plan_of(task, changed, laid, plan.data_parallel, plan.merge_column_wise).validate()))
         except PlanError:  # over a device's memory, or a constraint
             continue
         seen.add(key)

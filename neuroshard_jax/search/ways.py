@@ -211,7 +211,8 @@ def search_around(
         plans = []
         for around in arounds:
             rest_plan = searcher.search(around, model, seed)
-            rest_plan = Plan(rest, even_sequence_slices(rest.tables, merge_colocated(rest_plan.shards)))
+            shards = even_sequence_slices(rest.tables, merge_colocated(rest_plan.shards))
+            rest_plan = Plan(rest, shards, merge_column_wise=rest_plan.merge_column_wise)
             plans.append(join(task, rest_plan, index, blocks).validate())
         return plans[int(np.argmin(score_plans(model, plans)))] if len(plans) > 1 else plans[0]
     plan = searcher.search(task, model, seed)
@@ -489,7 +490,8 @@ def join(task: Task, rest_plan: Plan | None, rest: Sequence[int], blocks: Sequen
     """The whole task's plan: ``rest_plan``'s shards (of ``cut_rows``' rest task) renumbered to the task's, and the
     row blocks."""
     shards = () if rest_plan is None else tuple(_renumber(s, rest[s.table]) for s in rest_plan.shards)
-    return Plan(task, shards + tuple(blocks))
+    merge = rest_plan is None or rest_plan.merge_column_wise
+    return Plan(task, shards + tuple(blocks), merge_column_wise=merge)
 
 
 def _renumber(shard: Shard, table: int) -> Shard:
