@@ -32,7 +32,7 @@ from neuroshard_jax.core.hardware import hardware, hardware_kind  # noqa: E402
 from neuroshard_jax.core.task import Task  # noqa: E402
 from neuroshard_jax.costs.choice import make_cost_model  # noqa: E402
 from neuroshard_jax.costs.cost_model import plan_cost_ms  # noqa: E402
-from neuroshard_jax.costs.scoring import balanced_step, score_plan  # noqa: E402
+from neuroshard_jax.costs.scoring import balanced_step, score_plan, with_costs  # noqa: E402
 from neuroshard_jax.measure.breakdown import explanation  # noqa: E402
 from neuroshard_jax.measure.evaluator import EvaluateConfig, measure_plans  # noqa: E402
 from neuroshard_jax.search.pipeline import search_plan  # noqa: E402
@@ -163,6 +163,10 @@ def balance(args) -> dict:
             row[f"{label}_plan"] = best
         if row["on_plan"].shards != row["off_plan"].shards:
             differ.append(row)
+        if args.plans_out:  # each task's two plans as plan.json files (for tools.dmp_steps)
+            for label in ("on", "off"):
+                plan = with_costs(model, row[f"{label}_plan"])
+                write_json(plan.to_json(), Path(args.plans_out) / f"{task_id}-{label}.json")
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if not k.endswith("_plan")}), flush=True)
     config = EvaluateConfig(warmup=3, iters=10)
@@ -212,6 +216,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--option", choices=sorted(OPTIONS), default="comm_weights", help="balance: what it compares")
     parser.add_argument("--first-seed", type=int, default=100, help="balance: the generated tasks' first seed")
+    parser.add_argument("--plans-out", help="balance: write each task's two plans here (TASK-on.json, TASK-off.json)")
     parser.add_argument("--devices", type=_ints, default=None)
     parser.add_argument("--out", default="outputs/bench/search")
     args = parser.parse_args()
