@@ -77,6 +77,8 @@ def test_a_cut_puts_the_whole_tables_in_the_column_wise_group_unless_told_not_to
     the plan says so in plan.json; TorchRec's plans keep the types its planner chose."""
     from neuroshard_jax.core.assignment import apart_arrays, comm_layout
     from neuroshard_jax.core.constraints import TableConstraints
+    from neuroshard_jax.core.plan_file import format_plan
+    from neuroshard_jax.costs.scoring import with_costs
     from searchers.torchrec import plan_from_torchrec
 
     only_tw = TableConstraints(sharding_types=("table_wise",))
@@ -110,6 +112,13 @@ def test_a_cut_puts_the_whole_tables_in_the_column_wise_group_unless_told_not_to
             back.merge_column_wise == plan.merge_column_wise and back.column_wise_tables() == plan.column_wise_tables()
         )
     assert "merge_column_wise" not in merged.to_json() and apart.to_json()["merge_column_wise"] is False
+    assert merged.to_json()["column_wise"] == [0, 1, 2] and apart.to_json()["column_wise"] == [0]
+    printed = [
+        format_plan(dataclasses.replace(with_costs(model, p), searcher="beam", seed=0, search_time_s=0.1).to_json())
+        for p in (merged, apart)
+    ]
+    assert "1 table cut over devices, 2 tables whole with them" in printed[0]
+    assert "the whole tables table-wise" in printed[1]
     torchrec = plan_from_torchrec(
         task, [[{k: v for k, v in s.items() if k != "column_wise"} for s in t] for t in shards]
     )

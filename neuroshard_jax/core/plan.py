@@ -279,6 +279,9 @@ class Plan:
             out["data_parallel"] = [task.tables[t].id for t in self.data_parallel]
         if not self.merge_column_wise:  # absent when true, the rule's default
             out["merge_column_wise"] = False
+        group = self.column_wise_tables()
+        if group:  # for readers (the printout, outside tools); ignored on input: the rule above makes it
+            out["column_wise"] = sorted(task.tables[t].id for t in group)
         held = np.bincount([s.device for s in self.shards], minlength=task.num_devices)
         devices = []
         for d in range(task.num_devices):

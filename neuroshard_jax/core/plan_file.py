@@ -100,6 +100,25 @@ def device_tables_words(plan_json: dict[str, Any], width: int = 60) -> dict[int,
     return out
 
 
+def column_wise_lines(plan_json: dict[str, Any]) -> list[str]:
+    """One line on TorchRec's column-wise group where the plan has one (``column_wise``: its tables' ids, written by
+    ``Plan.to_json``): how many tables are cut over devices and how many whole tables run with them."""
+    group = plan_json.get("column_wise")
+    if not group:
+        return []
+    rows = {t["id"]: t["rows"] for t in plan_json["task"]["tables"]}
+    devices: dict[int, set[int]] = {}
+    for s in plan_json["shards"]:
+        if s.get("num_rows") is None or s["num_rows"] == rows[s["table"]]:
+            devices.setdefault(s["table"], set()).add(s["device"])
+    cut = sum(len(devices.get(t, ())) > 1 for t in group)
+    whole = len(group) - cut
+    plural = lambda k: f"{k} table{'s' if k != 1 else ''}"  # noqa: E731
+    joined = f", {plural(whole)} whole with them (one shard each: one all-to-all)" if whole else ""
+    apart = "" if plan_json.get("merge_column_wise", True) else "; the whole tables table-wise (a second all-to-all)"
+    return [f"column-wise group (TorchRec's column_wise): {plural(cut)} cut over devices{joined}{apart}"]
+
+
 def format_plan(plan_json: dict[str, Any], file_name: str = "plan.json") -> str:
     """A per-device summary table of a plan.json object (written as ``file_name``): every device, or beyond
     ``PRINTED_DEVICES`` the slowest few and the spread, the rest left to the file."""
@@ -138,6 +157,7 @@ def format_plan(plan_json: dict[str, Any], file_name: str = "plan.json") -> str:
         names = {t["id"]: t.get("name", t["id"]) for t in task["tables"]}
         listed = ", ".join(str(names[t]) for t in replicated[:8]) + (", ..." if len(replicated) > 8 else "")
         lines.append(f"data-parallel on every device (batch / {task['num_devices']} each): tables {listed}")
+    lines.extend(column_wise_lines(plan_json))
     lines.append(
         f"predicted cost: {plan_json['cost_ms']:.3f} ms (max over devices); search {plan_json['search_time_s']:.2f} s"
     )

@@ -112,6 +112,7 @@ class PlanFile:
     # whole tables join the column-wise group where the plan has one (``Plan.merge_column_wise``); None: a file from
     # before the rule, read as true but for TorchRec's plans
     merge_column_wise: bool | None = None
+    column_wise: tuple[int, ...] = ()  # the column-wise group's table ids, for readers; ignored on input
 
 
 @dataclasses.dataclass(frozen=True)
