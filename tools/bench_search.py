@@ -8,6 +8,9 @@
                                                                      # the foreign tasks; changed plans measured
     python -m tools.bench_search balance --option merge_column_wise --tables 20 --first-seed 300 --measure 3
                                                                      # whole tables in the column-wise group or not
+``--cost-model``: ``neural`` (default) is the model the planner chooses on this machine (its kind's, as the main job);
+a shipped model's name that model; ``analytic`` the roofline. (Before 2026-11-30, commit after cadc8ef, ``neural``
+here meant the shipped default checkpoint, ``xeon-union``, on every machine.)
 
 speed: for T = 10, 30, 60 tables and N = 4, 8 devices, beam search (defaults k=3, n=10,
   max_length=10) in JAX, after compilation (compile time reported separately), against the oracle of
@@ -30,7 +33,7 @@ import numpy as np
 from neuroshard_jax.core.files import write_json  # noqa: E402
 from neuroshard_jax.core.hardware import hardware, hardware_kind  # noqa: E402
 from neuroshard_jax.core.task import Task  # noqa: E402
-from neuroshard_jax.costs.choice import make_cost_model  # noqa: E402
+from neuroshard_jax.costs.choice import build_cost_model, spec_of  # noqa: E402
 from neuroshard_jax.costs.cost_model import plan_cost_ms  # noqa: E402
 from neuroshard_jax.costs.scoring import balanced_step, score_plan, with_costs  # noqa: E402
 from neuroshard_jax.measure.breakdown import explanation  # noqa: E402
@@ -43,6 +46,12 @@ from tools.foreign_benchmark import FOREIGN, TASKS_FILE, benchmark_tasks  # noqa
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
+
+
+def cost_model(args, task: Task):
+    """``--cost-model`` for ``task`` as the planner builds it: ``neural`` is the model chosen for this machine's kind
+    (the main job's), a checkpoint's name that model, ``analytic`` the roofline."""
+    return build_cost_model(spec_of(args.cost_model), task)[0]
 
 
 def timed(fn, *args):
@@ -59,7 +68,7 @@ def speed(args) -> dict:
     for num_tables in (10, 30, 60):
         for n in (4, 8):
             task = make_task(TaskConfig(num_tables=num_tables, num_devices=n), args.seed)
-            model = make_cost_model(args.cost_model, task)
+            model = cost_model(args, task)
             beam = make_searcher("beam")
             first, first_s = timed(beam.search, task, model, 0)
             runs = [timed(beam.search, task, model, 0)[1] for _ in range(3)]
@@ -86,7 +95,7 @@ def speed(args) -> dict:
 def scale_one(args) -> dict:
     n = args.devices[0]
     task = make_task(TaskConfig(num_tables=856, num_devices=n), args.seed)
-    model = make_cost_model(args.cost_model, task)
+    model = cost_model(args, task)
     plan, total_s = timed(make_searcher("beam").search, task, model, 0)
     return {
         "tables": 856,
@@ -102,7 +111,7 @@ def explain(args) -> dict:
     """Time ``breakdown.explanation`` of beam's 856-table plan: the first call (compiling) and a second one."""
     n = args.devices[0]
     task = make_task(TaskConfig(num_tables=856, num_devices=n), args.seed)
-    model = make_cost_model(args.cost_model, task).expected
+    model = cost_model(args, task).expected
     plan = make_searcher("beam").search(task, model, 0)
     _, first_s = timed(explanation, plan, model)
     expl, second_s = timed(explanation, plan, model)
@@ -147,8 +156,8 @@ def balance(args) -> dict:
     all-to-alls; the median of each plan's step)."""
     rows, differ = [], []
     for task_id, task in _balance_tasks(args):
-        model = make_cost_model(args.cost_model, task)
-        row = {"id": task_id, "devices": task.num_devices}
+        model = cost_model(args, task)
+        row = {"id": task_id, "devices": task.num_devices, "model": model.name}
         for label, options in zip(("on", "off"), OPTIONS[args.option]):
             started = time.perf_counter()
             plans = [search_plan(task, make_searcher(name, options), model, 0, mode) for name, mode in MEMBERS]
