@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import numpy as np
@@ -101,6 +102,7 @@ def test_a_reading_taken_on_a_busy_machine_is_taken_again_and_counted():
         counting = _Counting(pool)
         loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
         try:
+            time.sleep(1.0)  # the busy processes spinning before the first reading (an interpreter starts in ~0.1 s)
             readings = quiet_devices(task, [whole(task, [0]), whole(task, [1])], evaluator, counting, tries=2)
         finally:
             for loop in loops:
