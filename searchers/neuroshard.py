@@ -17,7 +17,7 @@ import numpy as np
 
 from neuroshard_jax.core.config import bounded, check_bounds
 from neuroshard_jax.core.constraints import KEYS as CONSTRAINT_KEYS
-from neuroshard_jax.core.constraints import allowed_devices, groups, max_levels, may_be_column_wise
+from neuroshard_jax.core.constraints import allowed_devices, groups, max_levels
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import FEATURE_INDEX, NUM_FEATURES
 from neuroshard_jax.core.plan import Plan
@@ -51,7 +51,7 @@ class SplitSpace:
         self.task = task
         self.merge = merge
         # the tables that join the column-wise group of a placement that has one (``Plan.column_wise_tables``)
-        self.column_ok = np.array([merge and may_be_column_wise(t) and not t.sequence for t in task.tables], bool)
+        self.column_ok = np.array([merge and t.joins_column_group for t in task.tables], bool)
         self.max_level = max_levels(task.tables)  # legal halvings, within the tables' constraints
         self.allowed = allowed_devices(task.tables, task.num_devices)  # bool[T, N]
         self.group_of = np.arange(task.num_tables)  # a colocated table's group leader: the group's first table

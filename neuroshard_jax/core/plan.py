@@ -11,7 +11,7 @@ import numpy as np
 
 from neuroshard_jax.core.config import plain, typed
 from neuroshard_jax.core.constants import GIB_BYTES
-from neuroshard_jax.core.constraints import may_be_column_wise, violations
+from neuroshard_jax.core.constraints import violations
 from neuroshard_jax.core.errors import PlanError, UserError
 from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.memory import MemoryParts
@@ -169,9 +169,8 @@ class Plan:
 
     def column_wise_tables(self) -> set[int]:
         """The tables in TorchRec's column_wise group: those cut in columns (whole rows) over more than one device
-        and, where there are any and ``merge_column_wise``, every other whole table that may be column-wise (its
-        sharding types) but the sequence tables (an EmbeddingCollection runs a rank's column slices in one kernel of
-        one width) and the data-parallel ones."""
+        and, where there are any and ``merge_column_wise``, every other whole table that joins them
+        (``Table.joins_column_group``; the data-parallel ones have no shards)."""
         rows = self.task.table_rows()
         devices: dict[int, set[int]] = {}
         for s in self.shards:
@@ -181,11 +180,7 @@ class Plan:
         if not spread or not self.merge_column_wise:
             return spread
         cut_in_rows = {s.table for s in self.shards if not s.whole_rows(rows[s.table])}
-        return spread | {
-            t
-            for t in devices
-            if t not in cut_in_rows and not self.task.tables[t].sequence and may_be_column_wise(self.task.tables[t])
-        }
+        return spread | {t for t in devices if t not in cut_in_rows and self.task.tables[t].joins_column_group}
 
     def torchrec_names(self) -> list[str]:
         """The tables' names in TorchRec: their names, else ``t{index}``."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from neuroshard_jax.core.config import typed
 from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, GENERATOR_VERSION, ZIPF_VERSION
-from neuroshard_jax.core.constraints import NONE, TableConstraints
+from neuroshard_jax.core.constraints import NONE, TableConstraints, may_be_column_wise
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.paths import pool_file_digest
@@ -148,6 +148,13 @@ class Table:
     def sequence(self) -> bool:
         """Whether its lookups are unpooled (sequence embeddings): one output row per id, not per bag."""
         return self.pooling == "none"
+
+    @property
+    def joins_column_group(self) -> bool:
+        """Whether, whole, it runs in a plan's column-wise group where the plan cuts a table over devices
+        (``Plan.merge_column_wise``): its sharding types allow column_wise, and it is no sequence table (an
+        EmbeddingCollection runs a rank's column slices in one kernel of one width)."""
+        return may_be_column_wise(self) and not self.sequence
 
     def width(self, dim: int, row_offset: int = 0, num_rows: int | None = None) -> int:
         """Elements per sample that a shard of ``dim`` columns (of the row block [row_offset, row_offset + num_rows),
