@@ -697,13 +697,21 @@ def test_the_model_of_this_machines_hardware_is_chosen_and_named_in_one_line(mon
     assert here.name == "neural" and here.matches and here.chosen
     assert here.line() == f"cost model: xeon-union, chosen for this machine: {XEON['cpu']} [{XEON['cpu_id']}]"
     monkeypatch.setattr(choice, "hardware", lambda: EPYC)
-    other = choice.choose_cost_model("neural")
-    assert other.name == "neural" and not other.matches
+    other = choice.choose_cost_model(
+        "neural"
+    )  # no model of its kind: the nearest kind's, another AMD EPYC of family 25
+    assert other.name == "epyc-f25m17" and other.chosen and not other.matches
     line = other.line()
+    assert line.startswith("cost model: epyc-f25m17 (the nearest kind's), trained on AMD EPYC [AuthenticAMD family 25")
     assert (
         "\n" not in line and "this machine is AMD EPYC [AuthenticAMD family 25 model 1]: no model of its kind" in line
     )
     assert line.endswith("make one in minutes: python -m neuroshard_jax.adapt budget_min=10")
+    # with every AMD model left out, the Intel one (another vendor, the default); an unknown vendor gets the default
+    amd = [n for n in choice.shipped_names() if n.startswith("epyc-")]
+    assert choice.choose_cost_model("neural", {"exclude": amd}).name == "neural"
+    monkeypatch.setattr(choice, "hardware", lambda: {"cpu": "ARM Neoverse-V2", "cpu_id": "ARM family 0 model 0"})
+    assert choice.choose_cost_model("neural").spec.label == "xeon-union"
     # a GPU request: the H200's model on an H200 (whichever host CPU), none for another GPU
     monkeypatch.setattr(choice, "hardware", lambda: {**XEON, "gpu": "NVIDIA H200"})
     h200 = choice.choose_cost_model("neural", device="cuda")
@@ -715,8 +723,9 @@ def test_the_model_of_this_machines_hardware_is_chosen_and_named_in_one_line(mon
     assert queued.name == "h200-queued" and "h200-queued, chosen for this machine" in queued.line()
     assert not choice.choose_cost_model("neural", device="cpu").name.startswith("h200")  # its CPU is a CPU
     monkeypatch.setattr(choice, "hardware", lambda: {**XEON, "gpu": "NVIDIA A100-SXM4-80GB"})
-    gpu = choice.choose_cost_model("neural", device="cuda")
-    assert not gpu.matches and gpu.here.endswith("+ NVIDIA A100-SXM4-80GB") and "no model of its kind" in gpu.line()
+    gpu = choice.choose_cost_model("neural", device="cuda")  # no A100 model: the nearest GPU's, never a CPU's
+    assert gpu.name.startswith("h200-") and not gpu.matches and gpu.here.endswith("+ NVIDIA A100-SXM4-80GB")
+    assert "no model of its kind" in gpu.line()
     assert gpu.line().endswith("python -m neuroshard_jax.adapt budget_min=10 device=cuda")
     # a shipped model of this machine's kind is chosen over a default of another kind
     monkeypatch.setattr(choice, "hardware", lambda: EPYC)
@@ -746,7 +755,7 @@ def test_the_planner_says_which_model_planned(monkeypatch):
     task = make_task([make_table(i, rows=1000 + i) for i in range(4)], num_devices=2, batch_size=4096)
     # first contact off: what is checked is the line, not the scaling (test_calibrate measures that)
     planned = PlannerOptions(searcher="size_greedy", first_contact=False).planner().run(task)
-    # not of this machine's kind, the default plans, and the plan names it (not the family's "neural")
+    # not of this machine's kind, the nearest kind's plans, and the plan names it (not the family's "neural")
     made_by = planned.plan.to_json()["cost_model"]
     assert not planned.choice.matches and made_by == planned.choice.spec.label and made_by in choice.model_names()
     with pytest.warns(UserWarning, match="no model of its kind"):

@@ -5,12 +5,16 @@ with the model's predicted compute as trained and as first contact scaled it, an
 all-to-alls, row groups and input distributions on gloo ranks, with no compute before them) with the model's as
 trained and as scaled.
 
-    python -m tools.first_contact_benchmark [--tasks 8] [--exclude epyc-f25m17,...] [--out outputs/bench/first-contact]
+    python -m tools.first_contact_benchmark [--tasks 8] [--exclude M1,M2] [--out outputs/bench/first-contact]
+
+``--exclude`` defaults to this machine kind's models (shipped and the user's), so that the run plans with the
+nearest kind's model as a user of a new kind would (``choice.nearest_models``); name more (another kind's) to plan
+with a farther one.
 
 The tasks are the foreign benchmark's (``tools.foreign_benchmark``: generators nobody trained on), the first N/2 at 4
 and at 8 devices; the first run measures first contact into a fresh cache (its seconds reported), every later task
-reads it back. Prints and writes ``first-contact-<date>.json``: per size, the plan devices' MAPE and median signed
-error as trained and as scaled, the factor, the measuring seconds, and the machine.
+reads it back. Prints and writes ``first-contact-<date>-<commit>-<machine>.json``: per size, the plan devices' MAPE
+and median signed error as trained and as scaled, the factor, the measuring seconds, and the machine.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import numpy as np
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware, hardware_kind
+from neuroshard_jax.core.manifests import git_commit
+from neuroshard_jax.costs.choice import checkpoint_path, model_kinds, model_names, of_kind
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import open_executor
 from neuroshard_jax.measure.calibration import CalibrateConfig, PlanReadings
@@ -36,7 +42,11 @@ from neuroshard_jax.measure.first_contact import predicted_comm
 from neuroshard_jax.search.sharding_planner import PlannerOptions
 from tools.foreign_benchmark import FOREIGN, TASKS_FILE, chosen
 
-OWN = "epyc-f25m17,epyc-f25m17-kinds,epyc-f25m17-rowwise"  # this machine kind's shipped models (AMD EPYC f25m17)
+
+def own_models() -> list[str]:
+    """This machine kind's models, shipped and the user's: what a machine of a new kind would not have."""
+    here = hardware_kind(hardware())
+    return [n for n in model_names() if of_kind(here, model_kinds(checkpoint_path(n)))]
 
 
 def errors(predicted: np.ndarray, measured: np.ndarray) -> dict:
@@ -100,6 +110,7 @@ def run(count: int, exclude: list[str], out: Path) -> dict:
             print(f"  collectives: {errors(c['scaled'], c['measured'])} (as trained {trained_err})")
     result = {
         "date": datetime.date.today().isoformat(),
+        "commit": (git_commit() or "unknown")[:7],
         "hardware": hardware_kind(hardware()),
         "model": planned.choice.name,
         "excluded": exclude,
@@ -125,7 +136,8 @@ def run(count: int, exclude: list[str], out: Path) -> dict:
                 "first_contact": errors(cat["scaled"], cat["measured"]),
             }
     out.mkdir(parents=True, exist_ok=True)
-    write_json(result, out / f"first-contact-{result['date']}.json")
+    machine = "".join(c if c.isalnum() else "-" for c in hardware().get("cpu_id", "unknown")).strip("-")
+    write_json(result, out / f"first-contact-{result['date']}-{result['commit']}-{machine}.json")
     for devices, s in result["sizes"].items():
         print(
             f"{devices} devices, {s['tasks']} tasks, {s['plan_devices']} plan devices: first contact "
@@ -142,11 +154,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m tools.first_contact_benchmark", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--tasks", type=int, default=8, help="the first N/2 foreign tasks at 4 and at 8 devices")
-    parser.add_argument("--exclude", default=OWN, help="this machine kind's models, left out of the choice")
+    parser.add_argument("--exclude", default=None, help="models left out of the choice (default: this kind's own)")
     parser.add_argument("--out", default="outputs/bench/first-contact")
     args = parser.parse_args(argv)
     try:
-        run(args.tasks, [n for n in args.exclude.split(",") if n], Path(args.out))
+        exclude = own_models() if args.exclude is None else [n for n in args.exclude.split(",") if n]
+        run(args.tasks, exclude, Path(args.out))
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

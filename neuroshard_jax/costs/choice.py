@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -425,6 +426,8 @@ class ModelChoice:
         if self.matches:
             how = "chosen for this machine" if self.chosen else "trained on"
             return f"cost model: {label}, {how}: {trained}{stack}"
+        if self.chosen:  # the rule that chose it (``nearest_models``), so that the choice can be read
+            label += " (the nearest kind's)"
         if self.contact:
             return (
                 f"cost model: {label}, trained on {trained}{stack}; this machine is {self.here}: no model of its kind; "
@@ -444,9 +447,10 @@ def choose_cost_model(
     exclude: frozenset[str] = frozenset(),
 ) -> ModelChoice:
     """The cost model for this machine: ``neural`` without a checkpoint is the user's latest model of this
-    machine's kind (made by ``adapt``), else the shipped model of its kind (the default ``xeon-union`` where none
-    is); of several, one trained at ``task``'s batch size and precision where given and one is; a named model or
-    checkpoint is kept as given. ``device``: the compute device the plan is for (``cuda``: the kind includes the
+    machine's kind (made by ``adapt``), else the shipped model of its kind, else the nearest kind's
+    (``nearest_models``: another AMD EPYC's on an AMD EPYC; the default ``xeon-union`` where no kind is nearer); of
+    several, one trained at ``task``'s batch size and precision where given and one is; a named model or checkpoint
+    is kept as given. ``device``: the compute device the plan is for (``cuda``: the kind includes the
     GPU); ``exclude``: user models not to choose. The user's models left out (``skipped``) are each logged once."""
     options = dict(options or {})
     chosen = name == "neural" and not options.get("checkpoint")
@@ -553,12 +557,13 @@ def _default_besides(exclude: frozenset[str]) -> str:
 def _model_of_kind(
     here: str, task: Task | None = None, exclude: frozenset[str] = frozenset()
 ) -> tuple[str | None, tuple[SkippedModel, ...]]:
-    """The user's most recently made model of kind ``here`` (less ``exclude``), else the first shipped one, unless that
-    is the default (None: keep ``neural``), and the user's models left out as unreadable; with ``task``, a model
-    trained at its batch size and precision before one that is not (an H200's ``h200-union`` plans 2k-8k batches,
-    ``h200-queued`` 16k-64k), and of those, the one whose labels ran the task's optimizer (``epyc-f25m17-rowwise`` for
-    row-wise Adagrad) before the others; before both, one whose labels hold every kernel the task's tables run
-    (``epyc-f25m17-kinds`` for sequence, weighted or mean-pooled tables; a task of sum-pooled bags keeps the first)."""
+    """The user's most recently made model of kind ``here`` (less ``exclude``), else the first shipped one, else of
+    the nearest kind's (``nearest_models``), unless that is the default (None: keep ``neural``), and the user's models
+    left out as unreadable; with ``task``, a model trained at its batch size and precision before one that is not (an
+    H200's ``h200-union`` plans 2k-8k batches, ``h200-queued`` 16k-64k), and of those, the one whose labels ran the
+    task's optimizer (``epyc-f25m17-rowwise`` for row-wise Adagrad) before the others; before both, one whose labels
+    hold every kernel the task's tables run (``epyc-f25m17-kinds`` for sequence, weighted or mean-pooled tables; a task
+    of sum-pooled bags keeps the first)."""
 
     def best(names: list[str], metas: dict[str, dict]) -> str:
         """Of ``names`` (in order of preference), the first trained at the task's batch size and precision whose
@@ -578,6 +583,50 @@ def _model_of_kind(
     if mine:
         return best(sorted(mine, key=lambda n: mine[n].get("trained", ""), reverse=True), mine), skipped
     shipped = [n for n in shipped_names() if n not in exclude and of_kind(here, model_kinds(checkpoint_path(n)))]
+    if not shipped:  # no model of this kind: the nearest kind's (the user's before the shipped ones at one distance)
+        newest = sorted(usable, key=lambda n: usable[n].get("trained", ""), reverse=True)
+        shipped = nearest_models(here, [*newest, *(n for n in shipped_names() if n not in exclude)])
+        usable = {n: usable[n] for n in shipped if n in usable}
     if not shipped or SHIPPED_MODEL_NAME in shipped:
         return None, skipped
-    return best(shipped, {}), skipped
+    return best(shipped, usable), skipped
+
+
+_CPU_ID = re.compile(r"\[(\w+) family (\d+) model (\d+)\]")
+_VENDORS = (("AMD", "AuthenticAMD"), ("Intel", "GenuineIntel"))  # a kind recorded without its cpu_id: by its name
+FAR = 1 << 16  # a family or model number not recorded
+
+
+def kind_distance(here: str, kind: str) -> tuple[int, int, int] | None:
+    """How far a model trained on ``kind`` stands from this machine's kind ``here`` (``hardware_kind``), for choosing
+    where no model is of this kind: (another vendor, families apart, models apart) for a CPU; for a GPU plan
+    (``here`` names a GPU) (another GPU maker, 0, 0); None where the model cannot price this device at all (a GPU's
+    model for a CPU plan, a CPU's for a GPU one). Why the vendor and the family first: a model's error moves with
+    the device's content from one kind to another unless the two kinds are one line of processors (2026-11-30, the
+    two AMD EPYC kinds' models against the Intel Xeon's on each other's labels: docs/results/first-contact.md)."""
+    gpu, there = here.partition(" + ")[2], kind.partition(" + ")[2]
+    if bool(gpu) != bool(there):
+        return None
+    if gpu:
+        return (int(gpu.split()[0] != there.split()[0]), 0, 0)
+
+    def cpu(k: str) -> tuple[str, int, int]:
+        found = _CPU_ID.search(k)
+        if found:
+            return found[1], int(found[2]), int(found[3])
+        vendor = next((v for word, v in _VENDORS if word in k), k)
+        return vendor, -FAR, -FAR
+
+    (v, f, m), (v2, f2, m2) = cpu(here), cpu(kind)
+    return (int(v != v2), abs(f - f2) if f != f2 else 0, abs(m - m2) if f == f2 else FAR)
+
+
+def nearest_models(here: str, names: list[str]) -> list[str]:
+    """Of ``names`` (in order of preference), those trained on the kind nearest this machine's (``kind_distance``),
+    in that order; none where none can price this device."""
+    far = {
+        n: [d for d in map(functools.partial(kind_distance, here), model_kinds(checkpoint_path(n))) if d] for n in names
+    }
+    ranked = {n: min(d) for n, d in far.items() if d}
+    least = min(ranked.values(), default=None)
+    return [n for n in names if ranked.get(n) == least]
