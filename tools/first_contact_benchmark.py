@@ -3,7 +3,8 @@ models left out of the choice (``cost_model.exclude``), so the run plans with an
 first contact (``measure.first_contact``); every device of every plan then measured on the real kernels and compared
 with the model's predicted compute as trained and as first contact scaled it, and the plan's collectives (its
 all-to-alls, row groups and input distributions on gloo ranks, with no compute before them) with the model's as
-trained and as scaled.
+trained and as scaled; and, where this machine's kind has a model of its own, what that model reads of the same
+devices (the reference: the error a model of this kind leaves, which no scaling of another kind's removes).
 
     python -m tools.first_contact_benchmark [--tasks 8] [--exclude M1,M2] [--out outputs/bench/first-contact]
 
@@ -33,7 +34,7 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.core.manifests import git_commit
-from neuroshard_jax.costs.choice import checkpoint_path, model_kinds, model_names, of_kind
+from neuroshard_jax.costs.choice import build_cost_model, checkpoint_path, model_kinds, model_names, of_kind, spec_of
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import open_executor
 from neuroshard_jax.measure.calibration import CalibrateConfig, PlanReadings
@@ -91,6 +92,10 @@ def run(count: int, exclude: list[str], out: Path) -> dict:
             "trained": trained[used].tolist(),
             "scaled": scaled[used].tolist(),
         }
+        own, choice = build_cost_model(spec_of("neural"), task)  # the reference: this kind's own model, if any
+        if choice.matches:  # what a model of this kind reads of the same devices: the part first contact cannot take
+            row["own_model"] = choice.name
+            row["own"] = np.asarray(score_plan(own.expected, planned.plan).compute_ms)[used].tolist()
         if record.comm is not None:  # the plan's collectives, measured with no compute before them, as predicted
             f = record.comm.factor_at(task.num_devices)
             as_trained = trained_model.with_comm_factor(1.0 / f, task.comm_scale() * f)
@@ -103,7 +108,13 @@ def run(count: int, exclude: list[str], out: Path) -> dict:
                 "scaled": predicted_comm(planned.cost_model, planned.plan).tolist(),
             }
         rows.append(row)
-        print(f"{task_id}: {errors(scaled[used], measured[used])} (as trained {errors(trained[used], measured[used])})")
+        own_text = (
+            f"; this kind's {row['own_model']} {errors(np.array(row['own']), measured[used])}" if "own" in row else ""
+        )
+        print(
+            f"{task_id}: {errors(scaled[used], measured[used])} (as trained {errors(trained[used], measured[used])}"
+            f"{own_text})"
+        )
         if "comm" in row:
             c = {k: np.asarray(v) for k, v in row["comm"].items() if k != "factor"}
             trained_err = errors(c["trained"], c["measured"])
@@ -128,6 +139,12 @@ def run(count: int, exclude: list[str], out: Path) -> dict:
             "as_trained": errors(cat["trained"], cat["measured"]),
             "first_contact": errors(cat["scaled"], cat["measured"]),
         }
+        if all("own" in r for r in mine):
+            own = np.concatenate([r["own"] for r in mine])
+            result["sizes"][devices]["this_kinds_model"] = {
+                "name": mine[0]["own_model"],
+                **errors(own, cat["measured"]),
+            }
         comm = [r["comm"] for r in mine if "comm" in r]
         if comm:
             cat = {k: np.concatenate([c[k] for c in comm]) for k in ("measured", "trained", "scaled")}
@@ -142,6 +159,7 @@ def run(count: int, exclude: list[str], out: Path) -> dict:
         print(
             f"{devices} devices, {s['tasks']} tasks, {s['plan_devices']} plan devices: first contact "
             f"{s['first_contact']}; as trained {s['as_trained']}"
+            + (f"; this kind's own model {s['this_kinds_model']}" if "this_kinds_model" in s else "")
         )
         if "comm" in s:
             print(f"  collectives: first contact {s['comm']['first_contact']}; as trained {s['comm']['as_trained']}")

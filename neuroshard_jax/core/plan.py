@@ -5,6 +5,7 @@ too), its predicted costs and provenance; its file form is plan.json (``to_json`
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, TypeVar
 
 import numpy as np
@@ -167,16 +168,21 @@ class Plan:
                 out[t][0]["column_wise"] = 1
         return out
 
-    def column_wise_tables(self) -> set[int]:
+    def column_wise_tables(self) -> frozenset[int]:
         """The tables in TorchRec's column_wise group: those cut in columns (whole rows) over more than one device
         and, where there are any and ``merge_column_wise``, every other whole table that joins them
-        (``Table.joins_column_group``; the data-parallel ones have no shards)."""
+        (``Table.joins_column_group``; the data-parallel ones have no shards). Worked out once a plan: pricing, the
+        input distributions, the export and plan.json each ask."""
+        return self._column_group
+
+    @functools.cached_property
+    def _column_group(self) -> frozenset[int]:
         rows = self.task.table_rows()
         devices: dict[int, set[int]] = {}
         for s in self.shards:
             if s.whole_rows(rows[s.table]):
                 devices.setdefault(s.table, set()).add(s.device)
-        spread = {t for t, d in devices.items() if len(d) > 1}
+        spread = frozenset(t for t, d in devices.items() if len(d) > 1)
         if not spread or not self.merge_column_wise:
             return spread
         cut_in_rows = {s.table for s in self.shards if not s.whole_rows(rows[s.table])}
