@@ -618,7 +618,7 @@ def kind_distance(here: str, kind: str) -> tuple[int, int, int] | None:
         return vendor, -FAR, -FAR
 
     (v, f, m), (v2, f2, m2) = cpu(here), cpu(kind)
-    return (int(v != v2), abs(f - f2) if f != f2 else 0, abs(m - m2) if f == f2 else FAR)
+    return (int(v != v2), abs(f - f2), abs(m - m2) if f == f2 else FAR)
 
 
 def nearest_models(here: str, names: list[str]) -> list[str]:
