@@ -246,13 +246,13 @@ def test_first_contact_scales_another_kinds_model_once_and_later_runs_reuse_it(t
     import time
 
     from neuroshard_jax.core.hardware import hardware, hardware_kind
-    from neuroshard_jax.costs.choice import checkpoint_path, model_kinds, of_kind, shipped_names
+    from neuroshard_jax.costs.choice import models_of_kind, shipped_names
     from neuroshard_jax.measure.first_contact import COMM_SAMPLES, COMM_WORLDS, comm_plans, predicted_comm
     from neuroshard_jax.search.sharding_planner import PlannerOptions
 
     monkeypatch.setenv("NEUROSHARD_CACHE_DIR", str(tmp_path / "cache"))  # this machine met for the first time
     here = hardware_kind(hardware())
-    own = [n for n in shipped_names() if of_kind(here, model_kinds(checkpoint_path(n)))]
+    own = models_of_kind(here, shipped_names())
     task = make_task([make_table(i, 20_000 + 5_000 * i, 16, 2.0) for i in range(8)], num_devices=2, batch_size=4096)
     options = PlannerOptions(searcher="grid", cost_model_options={"exclude": own})
     started = time.perf_counter()

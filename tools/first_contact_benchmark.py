@@ -34,7 +34,7 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.core.manifests import git_commit
-from neuroshard_jax.costs.choice import build_cost_model, checkpoint_path, model_kinds, model_names, of_kind, spec_of
+from neuroshard_jax.costs.choice import build_cost_model, model_names, models_of_kind, spec_of
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import open_executor
 from neuroshard_jax.measure.calibration import CalibrateConfig, PlanReadings
@@ -46,8 +46,7 @@ from tools.foreign_benchmark import FOREIGN, TASKS_FILE, chosen
 
 def own_models() -> list[str]:
     """This machine kind's models, shipped and the user's: what a machine of a new kind would not have."""
-    here = hardware_kind(hardware())
-    return [n for n in model_names() if of_kind(here, model_kinds(checkpoint_path(n)))]
+    return models_of_kind(hardware_kind(hardware()), model_names())
 
 
 def errors(predicted: np.ndarray, measured: np.ndarray) -> dict:

@@ -579,10 +579,10 @@ def _model_of_kind(
         return names[min(fits)[-1]] if fits else names[0]
 
     usable, skipped = _usable_user_models(exclude)
-    mine = {n: m for n, m in usable.items() if of_kind(here, model_kinds(checkpoint_path(n)))}
+    mine = {n: usable[n] for n in models_of_kind(here, list(usable))}
     if mine:
         return best(sorted(mine, key=lambda n: mine[n].get("trained", ""), reverse=True), mine), skipped
-    shipped = [n for n in shipped_names() if n not in exclude and of_kind(here, model_kinds(checkpoint_path(n)))]
+    shipped = models_of_kind(here, [n for n in shipped_names() if n not in exclude])
     if not shipped:  # no model of this kind: the nearest kind's (the user's before the shipped ones at one distance)
         newest = sorted(usable, key=lambda n: usable[n].get("trained", ""), reverse=True)
         shipped = nearest_models(here, [*newest, *(n for n in shipped_names() if n not in exclude)])
@@ -590,6 +590,11 @@ def _model_of_kind(
     if not shipped or SHIPPED_MODEL_NAME in shipped:
         return None, skipped
     return best(shipped, usable), skipped
+
+
+def models_of_kind(here: str, names: list[str]) -> list[str]:
+    """Of ``names`` (models by name, in order), those trained on this machine's kind ``here`` (``of_kind``)."""
+    return [n for n in names if of_kind(here, model_kinds(checkpoint_path(n)))]
 
 
 _CPU_ID = re.compile(r"\[(\w+) family (\d+) model (\d+)\]")
