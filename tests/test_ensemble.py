@@ -712,6 +712,10 @@ def test_the_model_of_this_machines_hardware_is_chosen_and_named_in_one_line(mon
     assert choice.choose_cost_model("neural", {"exclude": amd}).name == "neural"
     monkeypatch.setattr(choice, "hardware", lambda: {"cpu": "ARM Neoverse-V2", "cpu_id": "ARM family 0 model 0"})
     assert choice.choose_cost_model("neural").spec.label == "xeon-union"
+    # another vendor's family numbers say nothing: every model of another vendor stands as far
+    intel, amd = "Intel Xeon [GenuineIntel family 6 model 207]", "AMD EPYC [AuthenticAMD family {} model 2]"
+    assert choice.kind_distance(intel, amd.format(25)) == choice.kind_distance(intel, amd.format(26))
+    assert choice.kind_distance(amd.format(26), amd.format(25)) < choice.kind_distance(amd.format(26), intel)
     # a GPU request: the H200's model on an H200 (whichever host CPU), none for another GPU
     monkeypatch.setattr(choice, "hardware", lambda: {**XEON, "gpu": "NVIDIA H200"})
     h200 = choice.choose_cost_model("neural", device="cuda")

@@ -6,15 +6,16 @@ all-to-alls, row groups and input distributions on gloo ranks, with no compute b
 trained and as scaled; and, where this machine's kind has a model of its own, what that model reads of the same
 devices (the reference: the error a model of this kind leaves, which no scaling of another kind's removes).
 
-    python -m tools.first_contact_benchmark [--tasks 8] [--exclude M1,M2] [--out outputs/bench/first-contact]
+    python -m tools.first_contact_benchmark [--tasks 8] [--exclude M1,M2] [--seal N] [--out outputs/bench/first-contact]
 
 ``--exclude`` defaults to this machine kind's models (shipped and the user's), so that the run plans with the
 nearest kind's model as a user of a new kind would (``choice.nearest_models``); name more (another kind's) to plan
 with a farther one.
 
-The tasks are the foreign benchmark's (``tools.foreign_benchmark``: generators nobody trained on), the first N/2 at 4
-and at 8 devices; the first run measures first contact into a fresh cache (its seconds reported), every later task
-reads it back. Prints and writes ``first-contact-<date>-<commit>-<machine>.json``: per size, the plan devices' MAPE
+The tasks are the foreign benchmark's (``tools.foreign_benchmark``: generators nobody trained on), or with ``--seal N``
+sealed set N's (``tools.sealed_benchmark``: drawn for a judgement and read once), the first N/2 at 4 and at 8
+devices; the first run measures first contact into a fresh cache (its seconds reported), every later task reads it
+back. Prints and writes ``first-contact-<date>-<commit>-<machine>[-sealed-N].json``: per size, the plan devices' MAPE
 and median signed error as trained and as scaled, the factor, the measuring seconds, and the machine.
 """
 
@@ -41,7 +42,8 @@ from neuroshard_jax.measure.calibration import CalibrateConfig, PlanReadings
 from neuroshard_jax.measure.evaluator import measure_comm
 from neuroshard_jax.measure.first_contact import predicted_comm
 from neuroshard_jax.search.sharding_planner import PlannerOptions
-from tools.foreign_benchmark import FOREIGN, TASKS_FILE, chosen
+from tools.foreign_benchmark import FOREIGN, TASKS_FILE, Suite, chosen
+from tools.sealed_benchmark import sealed_suite
 
 
 def own_models() -> list[str]:
@@ -58,14 +60,14 @@ def errors(predicted: np.ndarray, measured: np.ndarray) -> dict:
     }
 
 
-def run(count: int, exclude: list[str], out: Path) -> dict:
+def run(count: int, exclude: list[str], out: Path, suite: Suite = FOREIGN) -> dict:
     os.environ["NEUROSHARD_CACHE_DIR"] = tempfile.mkdtemp(prefix="first-contact-")  # a machine met for the first time
     options = PlannerOptions(searcher="beam", cost_model_options={"exclude": exclude})
     planner = options.planner()
     rows, contact_s = [], None
     config = CalibrateConfig(name="measured")
-    only = chosen(FOREIGN, Path(FOREIGN.out), count)  # the tasks file read once
-    for task_id, _, task in FOREIGN.tasks(Path(FOREIGN.out) / TASKS_FILE):
+    only = chosen(suite, Path(suite.out), count)  # the tasks file read once
+    for task_id, _, task in suite.tasks(Path(suite.out) / TASKS_FILE):
         if task_id not in only:
             continue
         started = time.perf_counter()
@@ -122,6 +124,7 @@ def run(count: int, exclude: list[str], out: Path) -> dict:
         "date": datetime.date.today().isoformat(),
         "commit": (git_commit() or "unknown")[:7],
         "hardware": hardware_kind(hardware()),
+        "suite": suite.name,
         "model": planned.choice.name,
         "excluded": exclude,
         "first_contact_s": contact_s,
@@ -153,7 +156,8 @@ def run(count: int, exclude: list[str], out: Path) -> dict:
             }
     out.mkdir(parents=True, exist_ok=True)
     machine = "".join(c if c.isalnum() else "-" for c in hardware().get("cpu_id", "unknown")).strip("-")
-    write_json(result, out / f"first-contact-{result['date']}-{result['commit']}-{machine}.json")
+    suffix = "" if suite is FOREIGN else f"-{suite.name}"
+    write_json(result, out / f"first-contact-{result['date']}-{result['commit']}-{machine}{suffix}.json")
     for devices, s in result["sizes"].items():
         print(
             f"{devices} devices, {s['tasks']} tasks, {s['plan_devices']} plan devices: first contact "
@@ -170,13 +174,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.first_contact_benchmark", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--tasks", type=int, default=8, help="the first N/2 foreign tasks at 4 and at 8 devices")
+    parser.add_argument("--tasks", type=int, default=8, help="the first N/2 tasks at 4 and at 8 devices (0: all)")
+    parser.add_argument("--seal", type=int, default=None, help="sealed set N's tasks (default: the foreign ones)")
     parser.add_argument("--exclude", default=None, help="models left out of the choice (default: this kind's own)")
     parser.add_argument("--out", default="outputs/bench/first-contact")
     args = parser.parse_args(argv)
     try:
         exclude = own_models() if args.exclude is None else [n for n in args.exclude.split(",") if n]
-        run(args.tasks, exclude, Path(args.out))
+        if args.seal is not None and args.seal < 0:
+            raise UserError(f"--seal: got {args.seal}, expected a sealed set number >= 0")
+        suite = FOREIGN if args.seal is None else sealed_suite(args.seal)
+        run(args.tasks, exclude, Path(args.out), suite)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

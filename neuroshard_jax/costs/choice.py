@@ -623,7 +623,9 @@ def kind_distance(here: str, kind: str) -> tuple[int, int, int] | None:
         return vendor, -FAR, -FAR
 
     (v, f, m), (v2, f2, m2) = cpu(here), cpu(kind)
-    return (int(v != v2), abs(f - f2), abs(m - m2) if f == f2 else FAR)
+    if v != v2:  # another vendor's family numbers say nothing of this one's: every such model stands as far
+        return (1, FAR, FAR)
+    return (0, abs(f - f2), abs(m - m2) if f == f2 else FAR)
 
 
 def nearest_models(here: str, names: list[str]) -> list[str]:
