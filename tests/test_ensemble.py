@@ -860,3 +860,26 @@ def test_the_sequence_kernels_distinct_rows_term_is_added_by_a_fine_tune_and_old
     terms = np.asarray(roof_terms(jnp.asarray(np.concatenate([sequence, bag])), 4096.0, True, 3))[:, 0]
     lookups = feats[0, 0, FEATURE_INDEX["pooling_factor"]] * 4096.0
     assert terms.shape[-1] == 8 and terms[1, 7] == 0.0 and 0.0 < terms[0, 7] <= lookups * 1e-6 * (1 + 1e-6)
+
+
+def test_another_kinds_model_scaled_as_first_contact_scales_it_reads_this_kinds_labels():
+    """``tools.kind_transfer`` on shipped labels of one kind (AMD EPYC family 26 model 2): that kind's own model needs
+    a factor near 1, the other EPYC kind's model a factor far from it (it was trained on a faster machine); each
+    dataset's figures are those of predicted x factor / measured, and its own factor leaves no median bias."""
+    from tools.kind_transfer import errors, main, transfer
+
+    ratio = np.array([0.5, 1.0, 2.0, 1.0])
+    e = errors(ratio)
+    assert e == {"labels": 4, "mape": 0.375, "bias": 0.0, "own_factor_mape": 0.375}
+    profiles = REPO / "neuroshard_jax" / "data" / "profiles"
+    result = transfer(
+        ["epyc-f26m2", "epyc-f25m17"], str(profiles / "epyc26-specs"), [str(profiles / "epyc-f26m2-plans8")]
+    )
+    own, other = result["epyc-f26m2"], result["epyc-f25m17"]
+    assert 0.85 <= own["factor"] <= 1.15 and other["factor"] < 0.8  # family 25's model reads this kind slow
+    for row in (own, other):
+        low, high = row["factor_p10_p90"]
+        assert low <= row["factor"] <= high and row["spec_labels"] >= 12
+        figures = row["datasets"]["epyc-f26m2-plans8"]
+        assert figures["labels"] > 100 and 0 < figures["own_factor_mape"] <= figures["mape"] + 0.02
+    assert main(["--models", "epyc-f26m2", "--factor-from", str(profiles / "nowhere"), "--datasets", "x"]) == 2

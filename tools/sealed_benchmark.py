@@ -13,8 +13,9 @@ seeds of its own, into ``outputs/bench/sealed-N``: seal 1 is issue 63's (the por
 TorchRec's planners), measured once at the end of that work; seal 2 is issue 65's (the model as trained and
 calibrated, two runs an hour apart, 2026-11-28, commit e9f7371; spent: its errors by family chose the next labels);
 seal 3 is issue 65's second (the model retrained with the tiny corner's labels, 2026-11-28, commit 2cfcd43); seal 4
-is issue 75's (``autotune=loop`` against the balance bound and TorchRec's plans, 2026-11-30, commit 713fd41); seal 0
-(no flag) is issue 51's, spent.
+is issue 75's (``autotune=loop`` against the balance bound and TorchRec's plans, 2026-11-30, commit 713fd41); seal 5
+is issue 76's (the model of this kind as trained and calibrated, two runs an hour apart, and a new kind simulated
+with first contact, 2026-11-30, commit 6dd3cc9); seal 0 (no flag) is issue 51's, spent.
 
 The generators share no code and no seed with the training sampler, the table pool or the foreign benchmark (a test
 checks): their own laws, written here. Families, each at 4 and at 8 devices (12 tasks at each size, 12-120 tables):

@@ -125,19 +125,19 @@ def predicted_comm(model: CostModel, plan: Plan) -> np.ndarray:
     return np.asarray(costs.fwd_comm_ms, np.float64) + np.asarray(costs.bwd_comm_ms, np.float64)
 
 
-def contact_comm(model: CostModel, config: CalibrateConfig) -> CommCalibration:
-    """This machine's collectives against ``model``'s: the ``comm_plans`` of each of ``COMM_WORLDS`` measured on gloo
+def contact_comm(model: CostModel, config: CalibrateConfig, worlds: tuple[int, ...] = COMM_WORLDS) -> CommCalibration:
+    """This machine's collectives against ``model``'s: the ``comm_plans`` of each of ``worlds`` measured on gloo
     ranks (as the evaluator measures a plan's collectives, TorchRec's input distributions among them where the model
     prices them; no compute before them) and predicted; a world's factor is the median measured / predicted over its
     devices."""
     started = time.perf_counter()
-    plans = [plan for world in COMM_WORLDS for plan in comm_plans(world)]
+    plans = [plan for world in worlds for plan in comm_plans(world)]
     zero = [[0.0] * p.task.num_devices for p in plans]  # no compute before them: the delays are the backward's own
     fwd, bwd = measure_comm(plans, zero, config.evaluator(), by_type=model.input_dist is not None)
     measured = [np.add(f, b) for f, b in zip(fwd, bwd)]
     predicted = [predicted_comm(model, p) for p in plans]
     factors = []
-    for world in COMM_WORLDS:
+    for world in worlds:
         mine = [i for i, p in enumerate(plans) if p.task.num_devices == world]
         ratios = np.concatenate([measured[i] for i in mine]) / np.maximum(
             np.concatenate([predicted[i] for i in mine]), 1e-9
@@ -146,7 +146,7 @@ def contact_comm(model: CostModel, config: CalibrateConfig) -> CommCalibration:
     measured, predicted = np.concatenate(measured), np.concatenate(predicted)
     ratios = measured / np.maximum(predicted, 1e-9)
     return CommCalibration(
-        worlds=COMM_WORLDS,
+        worlds=worlds,
         factors=tuple(factors),
         ratios=CalibrationRatios(
             **{q: float(f"{np.quantile(ratios, p):.4g}") for q, p in (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))}
