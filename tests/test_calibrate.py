@@ -295,3 +295,15 @@ def test_first_contact_scales_another_kinds_model_once_and_later_runs_reuse_it(t
     assert off.planner().run(task).plan.calibration is None
     named = PlannerOptions(searcher="grid", cost_model=first.choice.name).planner().run(task)
     assert named.plan.calibration is None  # a model the user named is theirs as it is
+
+
+@pytest.mark.fast
+def test_the_comm_worlds_probe_refuses_bad_worlds_in_one_line(capsys):
+    """``tools.contact_comm_worlds`` (first contact's exchanges at more worlds): ranks below 2 or not numbers are one
+    line and exit 2, before any model is read or rank started."""
+    from tools.contact_comm_worlds import main
+
+    assert main(["--model", "epyc-f25m17", "--worlds", "1,4"]) == 2
+    assert main(["--model", "epyc-f25m17", "--worlds", "two"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and "got [1, 4], expected ranks >= 2" in lines[0] and "'two'" in lines[1]

@@ -50,10 +50,9 @@ def plans_of(path: Path, searcher: str, checkpoint: str, count: int) -> list[tup
     ]
     if not rows:
         raise UserError(f"--plans: {str(path)!r} holds no plan of searcher {searcher!r}, expected a benchmark's plans")
-    chosen = []
-    for n in (4, 8):
-        mine = [r for r in rows if r["task"].startswith(f"d{n}-")]
-        chosen += mine[: -(-count // 2)] if count > 0 else mine
+    chosen = rows
+    if count > 0:
+        chosen = [r for n in (4, 8) for r in [r for r in rows if r["task"].startswith(f"d{n}-")][: -(-count // 2)]]
     return [(r["task"], Plan.from_json(r["plan"])) for r in chosen]
 
 
