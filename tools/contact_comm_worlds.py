@@ -12,14 +12,12 @@ decided: ``CommCalibration.factor_at`` does not extend the trend of first contac
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 from pathlib import Path
 
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
-from neuroshard_jax.core.hardware import hardware, hardware_kind
-from neuroshard_jax.core.manifests import git_commit
+from neuroshard_jax.core.manifests import result_stamp
 from neuroshard_jax.costs.choice import CostModelSpec, build_cost_model, checkpoint_path
 from neuroshard_jax.measure import first_contact
 from neuroshard_jax.measure.calibration import CalibrateConfig
@@ -36,9 +34,7 @@ def probe(model_name: str, worlds: tuple[int, ...], probes: int) -> dict:
         rows.append({"factors": dict(zip(map(str, worlds), record.factors)), "seconds": record.seconds})
         print(f"probe {i}: factors {rows[-1]['factors']} in {record.seconds} s", flush=True)
     return {
-        "date": datetime.date.today().isoformat(),
-        "commit": (git_commit() or "unknown")[:7],
-        "hardware": hardware_kind(hardware()),
+        **result_stamp(),
         "model": model_name,
         "worlds": list(worlds),
         "probes": rows,

@@ -22,7 +22,6 @@ and median signed error as trained and as scaled, the factor, the measuring seco
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 import tempfile
@@ -34,7 +33,7 @@ import numpy as np
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware, hardware_kind
-from neuroshard_jax.core.manifests import git_commit
+from neuroshard_jax.core.manifests import result_stamp
 from neuroshard_jax.costs.choice import build_cost_model, model_names, models_of_kind, spec_of
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import open_executor
@@ -121,9 +120,7 @@ def run(count: int, exclude: list[str], out: Path, suite: Suite = FOREIGN) -> di
             trained_err = errors(c["trained"], c["measured"])
             print(f"  collectives: {errors(c['scaled'], c['measured'])} (as trained {trained_err})")
     result = {
-        "date": datetime.date.today().isoformat(),
-        "commit": (git_commit() or "unknown")[:7],
-        "hardware": hardware_kind(hardware()),
+        **result_stamp(),
         "suite": suite.name,
         "model": planned.choice.name,
         "excluded": exclude,

@@ -20,7 +20,6 @@ writes the JSON (the raw readings too) with the date, commit and machine.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
@@ -29,8 +28,7 @@ import numpy as np
 
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_records, write_json
-from neuroshard_jax.core.hardware import hardware, hardware_kind
-from neuroshard_jax.core.manifests import git_commit
+from neuroshard_jax.core.manifests import result_stamp
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.costs.choice import CostModelSpec, build_cost_model, checkpoint_path
 from neuroshard_jax.costs.scoring import score_plan
@@ -71,25 +69,25 @@ def spread(ratio: np.ndarray) -> dict:
 
 def run(plans: list[tuple[str, Plan]], checkpoint: str, labels: int, rounds: int) -> dict:
     jobs = {}
-    devices: list[tuple[str, int, list[str], float]] = []  # (task, device, its kernels, predicted ms)
+    devices: list[tuple[int, list[str], float]] = []  # (the plan's devices, a device's kernels, its predicted ms)
     spec = CostModelSpec("neural", {"checkpoint": checkpoint_path(checkpoint)})
-    for task_id, plan in plans:
+    for _, plan in plans:
         model, _ = build_cost_model(spec, plan.task)
         compute = np.asarray(score_plan(model.expected, plan).compute_ms, np.float64)
         for d, kernels in enumerate(plan_kernels(plan)):
             if kernels:
                 jobs.update({k: (task, tables) for k, task, tables in kernels})
-                devices.append((task_id, d, [k for k, _, _ in kernels], float(compute[d])))
+                devices.append((plan.task.num_devices, [k for k, _, _ in kernels], float(compute[d])))
     refs = drift_labels(model_datasets("neural", {"checkpoint": checkpoint_path(checkpoint)}), labels, 1, 0)
     others = {r.id: r for r in refs.requests}
     readings: dict[str, dict[str, list[float]]] = {p: {} for p in PROTOCOLS}
-    pools = {p: open_executor(ExecutorConfig(workers=w), "cpu", 600.0, pin=True) for p, w in PROTOCOLS.items()}
+    configs = {p: EvaluateConfig(executor=ExecutorConfig(workers=w), pin=True) for p, w in PROTOCOLS.items()}
+    pools = {p: open_executor(c.executor, "cpu", c.timeout_s, pin=True) for p, c in configs.items()}
     try:
         for r in range(rounds):
             order = list(PROTOCOLS) if r % 2 == 0 else list(reversed(PROTOCOLS))
             for name in order:
-                config = EvaluateConfig(executor=ExecutorConfig(workers=PROTOCOLS[name]), pin=True)
-                answers = measure_tables(jobs, config, pools[name], others=others, what="worker_contention")
+                answers = measure_tables(jobs, configs[name], pools[name], others=others, what="worker_contention")
                 for key, (answer,) in answers.items():
                     readings[name].setdefault(key, []).append(float(answer.total_ms))
                 print(f"round {r} {name}: {len(answers)} kernels", flush=True)
@@ -98,9 +96,7 @@ def run(plans: list[tuple[str, Plan]], checkpoint: str, labels: int, rounds: int
             pool.close()
     medians = {p: {k: float(np.median(v)) for k, v in readings[p].items()} for p in PROTOCOLS}
     result = {
-        "date": datetime.date.today().isoformat(),
-        "commit": (git_commit() or "unknown")[:7],
-        "hardware": hardware_kind(hardware()),
+        **result_stamp(),
         "checkpoint": checkpoint,
         "tasks": sorted({t for t, _ in plans}),
         "rounds": rounds,
@@ -108,11 +104,12 @@ def run(plans: list[tuple[str, Plan]], checkpoint: str, labels: int, rounds: int
         "readings": readings,
     }
     pred = np.array([p for *_, p in devices])
+    sizes = np.array([n for n, *_ in devices])
     for name in PROTOCOLS:
-        measured = np.array([sum(medians[name][k] for k in keys) for _, _, keys, _ in devices])
+        measured = np.array([sum(medians[name][k] for k in keys) for _, keys, _ in devices])
         label_speed = np.array([medians[name][k] / refs.recorded_ms[k] for k in others])
         result["protocols"][name] = {
-            **{f"{n}_devices": errors(pred[size], measured[size]) for n, size in _sizes(devices).items()},
+            **{f"{n}_devices": errors(pred[sizes == n], measured[sizes == n]) for n in np.unique(sizes).tolist()},
             "labels_now_over_recorded": spread(label_speed),
         }
     result["beside_over_alone"] = {
@@ -120,11 +117,6 @@ def run(plans: list[tuple[str, Plan]], checkpoint: str, labels: int, rounds: int
         "labels": spread(np.array([medians["beside"][k] / medians["alone"][k] for k in others])),
     }
     return result
-
-
-def _sizes(devices: list[tuple[str, int, list[str], float]]) -> dict[int, np.ndarray]:
-    sizes = np.array([int(task.split("-")[0][1:]) for task, *_ in devices])
-    return {int(n): sizes == n for n in np.unique(sizes)}
 
 
 def main(argv: list[str] | None = None) -> int:

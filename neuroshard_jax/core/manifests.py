@@ -3,13 +3,14 @@ it was measured on and the kinds a probe found alike, how its labels were timed,
 
 from __future__ import annotations
 
+import datetime
 import json
 import subprocess
 from pathlib import Path
 
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JSONDoc, now_utc, read_json, write_text
-from neuroshard_jax.core.hardware import hardware_kind
+from neuroshard_jax.core.hardware import hardware, hardware_kind
 
 PROTOCOL_KEYS = ("device", "optimizer", "precision", "protocol", "warmup", "iters", "pin", "malloc")
 LATER_PROTOCOL_KEYS = ("malloc",)  # recorded since 2026-11-30: the models of labels before it record none
@@ -50,6 +51,15 @@ def git_commit() -> str | None:
         return done.stdout.strip() or None
     except OSError:
         return None
+
+
+def result_stamp() -> JSONDoc:
+    """What names a measured result (STYLE 21): today's date, the code's short commit and this machine's kind."""
+    return {
+        "date": datetime.date.today().isoformat(),
+        "commit": (git_commit() or "unknown")[:7],
+        "hardware": hardware_kind(hardware()),
+    }
 
 
 def write_manifest(path: Path, settings: JSONDoc, extra: JSONDoc) -> JSONDoc:
