@@ -28,6 +28,7 @@ from neuroshard_jax.kernels.processes import (
     run_comm,
     table_ref,
 )
+from neuroshard_jax.kernels.worker.tbe import shard_inputs
 from neuroshard_jax.learn.cost_labels import CollectConfig, collect
 from neuroshard_jax.measure.evaluator import EvaluateConfig, evaluate_file, measure_plans
 from neuroshard_jax.search.pipeline import search_plan
@@ -59,6 +60,30 @@ def test_worker_times_a_two_table_shard(worker):
     assert answer.total_ms == pytest.approx(np.median(np.add(answer.fwd_runs_ms, answer.bwd_runs_ms)), rel=1e-3)
     _, streams = pool_streams(POOL)
     assert answer.num_indices == sum(len(streams.stream(t, 256)[0]) for t in (3, 7))
+
+
+@pytest.mark.fast
+def test_a_request_of_several_batches_times_a_training_steps_batches_one_after_another(worker):
+    """``batches``: the iterations take the table's batches in turn (another bag order, other cold rows), the column
+    slices of one table the same ids in each; the line carries it only where it is not 1 (labels keep their lines),
+    and a count below 1 is refused."""
+    spec = {"rows": 50_000, "pooling_factor": 1.0, "bins": [1.0] + [0.0] * 16, "dim": 8, "seed": 5}
+    tables = [spec, {**spec, "dim": 4}, {**spec, "seed": 6}]
+    request = ComputeRequest(1, tuple(tables), batch_size=512, warmup=1, iters=4, batches=3)
+    assert json.loads(json.dumps(request.to_json()))["batches"] == 3 and "batches" not in _request([[3, 8]]).to_json()
+    assert ComputeRequest.from_json(request.to_json()) == request
+    with pytest.raises(MessageError, match="batches: got 0, expected a count >= 1"):
+        ComputeRequest.from_json({**request.to_json(), "batches": 0})
+    (group,) = shard_inputs(request)
+    batches = group.batches(3)
+    assert len(batches) == 3 and np.array_equal(batches[0][0], group.arrays()[0])
+    for ids, offs in batches[1:]:
+        lengths = np.diff(offs)
+        slices = [ids[offs[512 * t] : offs[512 * (t + 1)]] for t in range(3)]
+        assert np.array_equal(slices[0], slices[1]) and not np.array_equal(slices[0], slices[2])
+        assert np.array_equal(np.sort(lengths), np.sort(np.diff(group.arrays()[1])))
+    answer = worker.request(request, timeout_s=120)
+    assert answer.ok and answer.total_ms > 0 and len(answer.fwd_runs_ms) == 4
 
 
 def test_a_request_and_its_answer_cross_the_pipe_as_json_and_back():

@@ -6,7 +6,7 @@ import pytest
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_BINS, bin_shares
 from neuroshard_jax.workloads.pool import stream_histogram
-from neuroshard_jax.workloads.streams import TableSpec, block_statistics, spec_stream
+from neuroshard_jax.workloads.streams import COLD_READS, TableSpec, block_statistics, next_batches, spec_stream
 
 pytestmark = pytest.mark.fast  # the before-commit tier (make test-fast)
 
@@ -127,3 +127,34 @@ def test_a_spec_the_old_rounding_refused_gets_a_stream_and_every_other_stream_st
     assert not np.array_equal(_rows_per_bin(np.asarray(shipped), 700), _rows_per_bin(np.asarray(shipped), 700, True))
     indices, offsets = spec_stream(TableSpec(997, 5.642, tuple(shipped), 4096), 728971223)  # xeon-specs sample 2
     assert hashlib.sha256(indices.tobytes() + offsets.tobytes()).hexdigest()[:16] == "557cb0d086ddfb8a"
+
+
+def test_next_batches_keep_a_batchs_statistics_and_change_its_order_and_cold_rows():
+    """A training step's next batch: the bags in another order, the cold rows (read at most twice) moved to rows the
+    batch does not hold hot; the bag lengths, the access histogram and the hot rows stay; a function of the seed."""
+    spec = TableSpec(5000, 3.0, (0.3, 0.2, 0.2, 0.1, 0.1, 0.05, 0.05) + (0.0,) * 10, 2048)
+    indices, offsets = spec_stream(spec, 3)
+    batches = next_batches(indices, offsets, spec.rows, 4, seed=11)
+    assert len(batches) == 4 and batches[0][0] is not None and np.array_equal(batches[0][0], indices)
+    counts = np.bincount(indices, minlength=spec.rows)
+    hot = set(np.flatnonzero(counts > COLD_READS))
+    for ids, offs in batches[1:]:
+        assert len(offs) == len(offsets) and offs[-1] == len(ids) == len(indices)
+        assert np.array_equal(np.sort(np.diff(offs)), np.sort(np.diff(offsets)))  # the same bag lengths
+        assert not np.array_equal(np.diff(offs), np.diff(offsets))  # in another order
+        now = np.bincount(ids, minlength=spec.rows)
+        assert np.array_equal(stream_histogram(ids, spec.rows)[0], stream_histogram(indices, spec.rows)[0])
+        assert set(np.flatnonzero(now > COLD_READS)) == hot and np.array_equal(now[list(hot)], counts[list(hot)])
+        assert set(np.flatnonzero(now == 1)) != set(np.flatnonzero(counts == 1))  # other cold rows
+    again = next_batches(indices, offsets, spec.rows, 4, seed=11)
+    assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(batches, again))
+    assert not np.array_equal(next_batches(indices, offsets, spec.rows, 2, seed=12)[1][0], batches[1][0])
+    # a table read everywhere (few rows, every row hot) keeps its rows; a huge cold one draws fresh ones
+    small = TableSpec(7, 1.0, (0.0,) * 8 + (0.14, 0.43, 0.29, 0.14) + (0.0,) * 5, 4096)
+    ids, offs = spec_stream(small, 0)
+    assert set(next_batches(ids, offs, small.rows, 2, seed=1)[1][0]) == set(ids)
+    huge = TableSpec(5_000_000, 0.5, (1.0,) + (0.0,) * 16, 4096)
+    ids, offs = spec_stream(huge, 0)
+    moved = next_batches(ids, offs, huge.rows, 2, seed=1)[1][0]
+    assert len(set(moved) & set(ids)) < 0.01 * len(ids) and len(set(moved)) == len(set(ids))
+    assert len(next_batches(ids, offs, huge.rows, 1, seed=1)) == 1  # one batch: the given one alone

@@ -3,9 +3,10 @@
 its tables' or their fusion's.
 
     python -m tools.fused_or_alone --plans outputs/bench/sealed-5/plans.jsonl --task d4-02 --device 1 \
-        [--searcher portfolio] [--checkpoint epyc-f26m2] [--repeats 3]
+        [--searcher portfolio] [--checkpoint epyc-f26m2] [--repeats 3] [--batches 16]
 
-One pinned worker (the other core idle), the label protocol, ``--repeats`` interleaved rounds, the median. Prints
+One pinned worker (the other core idle), the label protocol (``--batches``: a training step's batches in turn; 1:
+one batch every time, as labels before 2026-12-01), ``--repeats`` interleaved rounds, the median. Prints
 the fused kernel and the sum of its tables alone, measured and predicted, then each table.
 """
 
@@ -24,11 +25,14 @@ from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.choice import CostModelSpec, build_cost_model, checkpoint_path
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import ExecutorConfig
+from neuroshard_jax.kernels.processes import BATCHES
 from neuroshard_jax.measure.evaluator import EvaluateConfig, measure_tables, plan_kernels
 from tools.worker_contention import plans_of
 
 
-def fused_or_alone(plan: Plan, device: int, checkpoint: str, repeats: int) -> list[tuple[str, float, float]]:
+def fused_or_alone(
+    plan: Plan, device: int, checkpoint: str, repeats: int, batches: int = BATCHES
+) -> list[tuple[str, float, float]]:
     """(what, predicted ms, measured ms): the device's fused kernel, then each of its shards alone."""
     one = Task.uniform(1, 64.0, plan.task.batch_size, plan.task.tables)  # one device holding them, as measured
     shards = [dataclasses.replace(s, device=0) for s in plan.shards if s.device == device]
@@ -42,7 +46,9 @@ def fused_or_alone(plan: Plan, device: int, checkpoint: str, repeats: int) -> li
         ((key, task, tables),) = plan_kernels(p)[0]
         jobs[key] = (task, tables)
         keys.append(key)
-    answers = measure_tables(jobs, EvaluateConfig(executor=ExecutorConfig(workers=1), pin=True), repeats=repeats)
+    answers = measure_tables(
+        jobs, EvaluateConfig(executor=ExecutorConfig(workers=1), pin=True, batches=batches), repeats=repeats
+    )
     measured = [float(np.median([a.total_ms for a in answers[k]])) for k in keys]
     names = ["fused"] + [plan.task.tables[s.table].name or f"t{s.table}" for s in shards]
     return list(zip(names, predicted, measured))
@@ -56,14 +62,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--searcher", default="portfolio")
     parser.add_argument("--checkpoint", default="epyc-f26m2")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batches", type=int, default=BATCHES, help="batches in turn (1: one batch every time)")
     args = parser.parse_args(argv)
     try:
-        if args.repeats < 1:
-            raise UserError(f"--repeats: got {args.repeats}, expected >= 1")
+        for name in ("repeats", "batches"):
+            if getattr(args, name) < 1:
+                raise UserError(f"--{name}: got {getattr(args, name)}, expected >= 1")
         found = [p for t, p in plans_of(Path(args.plans), args.searcher, args.checkpoint, 0) if t == args.task]
         if not found:
             raise UserError(f"--task: no {args.searcher} plan of {args.task!r} in {args.plans!r}")
-        rows = fused_or_alone(found[0], args.device, args.checkpoint, args.repeats)
+        rows = fused_or_alone(found[0], args.device, args.checkpoint, args.repeats, args.batches)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -12,8 +12,8 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JSONDoc, now_utc, read_json, write_text
 from neuroshard_jax.core.hardware import hardware, hardware_kind
 
-PROTOCOL_KEYS = ("device", "optimizer", "precision", "protocol", "warmup", "iters", "pin", "malloc")
-LATER_PROTOCOL_KEYS = ("malloc",)  # recorded since 2026-11-30: the models of labels before it record none
+PROTOCOL_KEYS = ("device", "optimizer", "precision", "protocol", "warmup", "iters", "pin", "malloc", "batches")
+LATER_PROTOCOL_KEYS = ("malloc", "batches")  # recorded since 2026-11-30: the models of labels before it record none
 TIMED_KEYS = ("warmup_ms", "measure_ms", "max_iters")  # the ``timed`` and ``graph`` protocols' own
 
 
@@ -23,8 +23,9 @@ def label_protocol(settings: JSONDoc) -> JSONDoc:
     and timed iterations by kernel time; ``graph``: ``timed`` over CUDA-graph replays), and whether each worker had
     a core of its own (``pin``; absent: not pinned), and whether the host allocator kept freed memory for reuse
     (``malloc``: ``reuse``; absent: ``os``, glibc's default, where outputs above 32 MB were page-faulted afresh or not
-    by what the worker freed before). Plan labels record no precision: theirs is collect's fp32."""
-    absent = {"pin": False, "precision": "fp32", "protocol": "fixed", "malloc": "os"}
+    by what the worker freed before), and how many batches the iterations took in turn (``batches``; absent: 1, the
+    same batch every time). Plan labels record no precision: theirs is collect's fp32."""
+    absent = {"pin": False, "precision": "fp32", "protocol": "fixed", "malloc": "os", "batches": 1}
     found = {k: settings.get(k, absent.get(k)) for k in PROTOCOL_KEYS}
     return {**found, **{k: settings[k] for k in TIMED_KEYS if found["protocol"] != "fixed"}}
 
@@ -83,7 +84,10 @@ def write_manifest(path: Path, settings: JSONDoc, extra: JSONDoc) -> JSONDoc:
             extra = {**extra, "resumed_on": [*resumed, extra["hardware"]]}
             extra.pop("hardware")
         # the protocol's keys count when absent too: a dataset keeps one protocol (absent: fixed, unpinned)
-        keys = [*settings, *(k for k in ("protocol", *TIMED_KEYS, "pin", "malloc") if k in manifest["settings"])]
+        keys = [
+            *settings,
+            *(k for k in ("protocol", *TIMED_KEYS, "pin", "malloc", "batches") if k in manifest["settings"]),
+        ]
         for key in dict.fromkeys(keys):
             value = settings.get(key)
             if manifest["settings"].get(key) != value:

@@ -51,6 +51,9 @@ class ComputeRequest:
     # row per id, every table of one dim) and per-id weights in the forward
     pooling: str = "sum"
     weighted: bool = False
+    # the batches the iterations take in turn (the worker's ``streams.next_batches``: bags in another order, cold
+    # rows elsewhere, the statistics kept), as a training step takes one after another; 1: one batch every time
+    batches: int = 1
     tags: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
     def to_json(self) -> JSONDoc:
@@ -75,6 +78,8 @@ class ComputeRequest:
             out["pooling"] = self.pooling
         if self.weighted:
             out["weighted"] = True
+        if self.batches != 1:  # a request of one batch reads as requests always did
+            out["batches"] = self.batches
         return out
 
     @classmethod
@@ -112,6 +117,7 @@ class ComputeRequest:
             memory=bool(obj.get("memory", False)),
             pooling=str(obj.get("pooling", "sum")),
             weighted=_flag(obj, "weighted"),
+            batches=_batches(obj),
             **timed,
         )
 
@@ -123,6 +129,13 @@ class ComputeRequest:
     def tag(self, name: str) -> Any:
         """The caller's tag ``name`` (KeyError where it was not given)."""
         return self.tags[name]
+
+
+def _batches(obj: Mapping) -> int:
+    value = _number(obj, "batches", int, 1)
+    if value < 1:
+        raise MessageError(f"request.batches: got {value}, expected a count >= 1")
+    return value
 
 
 def _flag(obj: Mapping, key: str) -> bool:

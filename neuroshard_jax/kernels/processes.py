@@ -41,6 +41,9 @@ from neuroshard_jax.workloads.pool import PoolSpec
 # 4.5 ms (AMD EPYC family 25 model 17, 2026-11-30; docs/results/kernel-kinds.md). Fixed thresholds keep freed memory
 # for reuse, as a caching allocator does (CUDA's, jemalloc's): every worker and rank process times the warm kernel.
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 32)}
+# the batches a request's iterations take in turn (``ComputeRequest.batches``): the warm-up and the timed iterations
+# of the fixed protocol each another batch of the same statistics, as in training (docs/results/batches.md)
+BATCHES = 16
 MALLOC_PROTOCOL = "reuse" if sys.platform.startswith("linux") else "os"  # glibc reads MALLOC_ENV; others ignore it
 # One thread per process everywhere below torch (FBGEMM, OpenMP, MKL); the allocator as above.
 CORE_ENV = "NEUROSHARD_CORE"  # a rank process runs on this core alone (worker.__main__.pin_to_core)
@@ -295,11 +298,14 @@ def compute_request(
     timing: Timing | None = None,
     pooling: str = "sum",
     weighted: bool = False,
+    batches: int = BATCHES,
 ) -> ComputeRequest:
     """A worker request: time one fused TBE over ``tables`` (``PoolTableRef``s with the ``pool``, or
     ``SpecTableRef``s with pool None; or either already in the worker's form, ``worker_tables``). ``timing``: the
     fields of another protocol than warm-up + ``iters`` (``timing_fields``); ``pooling``, ``weighted``: the kernel's
-    kind (``core.table.kernel_kind``; a sequence kernel's tables share one dim)."""
+    kind (``core.table.kernel_kind``; a sequence kernel's tables share one dim); ``batches``: the batches its
+    iterations take in turn (``BATCHES``: a training step's, one after another; 1: the same batch every time, as
+    every label before 2026-12-01 was timed)."""
     return ComputeRequest(
         request_id,
         tuple(worker_tables(tables)),
@@ -313,6 +319,7 @@ def compute_request(
         **dataclasses.asdict(timing or Timing()),
         pooling=pooling,
         weighted=weighted,
+        batches=batches,
     )
 
 

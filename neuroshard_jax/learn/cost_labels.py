@@ -52,7 +52,14 @@ from neuroshard_jax.kernels.executors import (
     protocol,
 )
 from neuroshard_jax.kernels.messages import CommRequest, ComputeAnswer, ComputeRequest
-from neuroshard_jax.kernels.processes import Timing, WorkerFailure, compute_request, timing_fields, worker_versions
+from neuroshard_jax.kernels.processes import (
+    BATCHES,
+    Timing,
+    WorkerFailure,
+    compute_request,
+    timing_fields,
+    worker_versions,
+)
 from neuroshard_jax.learn.plan_labels import PlanLabelConfig, collect_plans
 from neuroshard_jax.measure.evaluator import EvaluateConfig
 from neuroshard_jax.workloads.pool import PoolSpec, pool_streams
@@ -99,6 +106,10 @@ class CollectConfig:
     warmup_ms: float = bounded(above=0, default=25.0)
     measure_ms: float = bounded(above=0, default=100.0)
     max_iters: int = bounded(at_least=1, default=1000)
+    # compute labels: the batches the iterations take in turn, as a training step takes them (another order of the
+    # bags, other cold rows); 1: the same batch every time, as the labels before 2026-12-01 were timed (datasets of
+    # those resume with batches=1)
+    batches: int = bounded(at_least=1, default=BATCHES)
     # compute shards: min..max table configs, dims augmented, total within memory
     sampler: ComputeSamplerConfig = ComputeSamplerConfig()
     # source=specs: table specs over the whole range, each sample at its own batch size
@@ -153,6 +164,7 @@ def _settings(config: CollectConfig) -> JSONDoc:
         "iters": config.iters,
         **protocol(config.executor, config.pinned(), config.device),  # no "pin": the unpinned protocol
         **config.timing().to_json(),  # none for the fixed protocol: older datasets resume
+        **({"batches": config.batches} if config.kind != "comm" and config.batches != 1 else {}),
     }
     if config.kind == "plans":  # its devices are a compute dataset (any round, any model)
         return {
@@ -300,6 +312,7 @@ def _collect_plans(config: CollectConfig, until: float | None = None) -> JSONDoc
         warmup_ms=config.warmup_ms,
         measure_ms=config.measure_ms,
         max_iters=config.max_iters,
+        batches=config.batches,
     )
 
     summary = collect_plans(
@@ -353,6 +366,7 @@ def _collect_compute(config: CollectConfig, log: JsonlLog, todo: Iterable[int], 
             config.timing(),
             pooling,
             weighted,
+            config.batches,
         )
 
     def record(request: ComputeRequest, answer: ComputeAnswer) -> None:

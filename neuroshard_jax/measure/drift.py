@@ -64,6 +64,7 @@ def record_request(record: dict, settings: JSONDoc, request_id: str) -> ComputeR
         Timing.from_json(settings),
         record.get("pooling", "sum"),  # the record's kernel kind: re-timed as the kernel it timed
         bool(record.get("weighted", False)),
+        int(settings.get("batches", 1)),  # the dataset's: absent, one batch every time
     )
 
 

@@ -32,6 +32,7 @@ from neuroshard_jax.costs.cost_model import DeviceCosts, plan_cost_ms
 from neuroshard_jax.kernels.executors import Executor, ExecutorConfig, opened
 from neuroshard_jax.kernels.messages import CommRequest, ComputeAnswer, ComputeRequest
 from neuroshard_jax.kernels.processes import (
+    BATCHES,
     PoolTableRef,
     SpecTableRef,
     TableRef,
@@ -66,6 +67,9 @@ class EvaluateConfig:
     warmup_ms: float = bounded(above=0, default=25.0)
     measure_ms: float = bounded(above=0, default=100.0)
     max_iters: int = bounded(at_least=1, default=1000)
+    # the batches a device's iterations take in turn, as a training step takes them (``ComputeRequest.batches``);
+    # 1: the same batch every time, as plans were measured before 2026-12-01
+    batches: int = bounded(at_least=1, default=BATCHES)
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -219,6 +223,7 @@ def device_request(request_id, task: Task, tables: list, config: EvaluateConfig)
         config.warmup,
         config.iters,
         config.timing(),
+        batches=config.batches,
     )
 
 

@@ -9,6 +9,7 @@ import signal
 import statistics
 import sys
 import time
+import zlib
 from importlib.metadata import PackageNotFoundError, version
 
 import numpy as np
@@ -30,13 +31,14 @@ from neuroshard_jax.kernels.worker.timing import (
     timed_runs,
 )
 from neuroshard_jax.workloads.pool import PoolSpec, pool_streams
-from neuroshard_jax.workloads.streams import request_spec, restrict_rows, spec_stream
+from neuroshard_jax.workloads.streams import next_batches, request_spec, restrict_rows, spec_stream
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 POOLING_MODES = {"sum": "SUM", "mean": "MEAN", "none": "NONE"}  # core.table.POOLINGS -> FBGEMM's PoolingMode
 WEIGHT_SEED = 7  # per-id weights of a weighted request: uniform in [0.5, 1.5), the same on every run
 LEARNING_RATE = 0.01
 INIT_SCALE = 0.01  # weights start at zero on CPU; zeros would make the SGD updates denormal-heavy
+MAX_BATCHES_BYTES = 512 << 20  # a request's further batches (``KernelInputs.batches``) hold at most this much
 
 
 def setup_torch(device: str):
@@ -72,6 +74,7 @@ def shard_inputs(request: ComputeRequest) -> list[KernelInputs]:
     for i, table in enumerate(request.tables):
         kind, precision, table = _table_kind(table, default, request.precision, f"table {i}")
         num_rows, dim, (indices, offsets) = table_stream(table, request.pool, batch, f"table {i}")
+        stream_key = _stream_key(table)
         if int(dim) < 1 or (request.device == "cuda" and not is_legal_dim(dim)):
             want = "a positive multiple of 4 on CUDA" if request.device == "cuda" else "a positive width"
             raise RequestError(f"table {i}: dim {dim}, expected {want}")
@@ -84,7 +87,18 @@ def shard_inputs(request: ComputeRequest) -> list[KernelInputs]:
         group.specs.append((num_rows, int(dim)))
         group.indices.append(indices)
         group.offsets.append(offsets[1:] + base)
+        group.streams.append((num_rows, indices, offsets, stream_key))
     return list(groups.values())
+
+
+def _stream_key(table) -> int:
+    """A number naming a table's stream: tables of one stream (the column slices of one table: the same spec and
+    seed, or the same pool table, and row block) get the same further batches (``streams.next_batches``)."""
+    if isinstance(table, dict):
+        key = json.dumps({k: v for k, v in table.items() if k not in ("dim", "kernel", "precision")}, sort_keys=True)
+    else:
+        key = json.dumps([x for j, x in enumerate(table) if j != 1 and not isinstance(x, str)])
+    return zlib.crc32(key.encode())
 
 
 @dataclasses.dataclass
@@ -97,9 +111,30 @@ class KernelInputs:
     indices: list
     offsets: list
     precision: str = "fp32"  # its weights' data type (``PRECISIONS``)
+    # each table's (rows, indices, its own offsets, stream key): what its further batches are drawn from
+    streams: list = dataclasses.field(default_factory=list)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         return np.concatenate(self.indices), np.concatenate(self.offsets)
+
+    def batches(self, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The kernel's first ``count`` batches (``streams.next_batches`` per table, concatenated as ``arrays``),
+        the first ``arrays()``; fewer where ``count`` of them would hold more than ``MAX_BATCHES_BYTES``."""
+        lookups = sum(len(ids) for ids in self.indices)
+        count = max(1, min(count, MAX_BATCHES_BYTES // (8 * (lookups + sum(len(o) for o in self.offsets)))))
+        if count <= 1:
+            return [self.arrays()]
+        per_table = [next_batches(ids, offs, rows, count, key) for rows, ids, offs, key in self.streams]
+        out = []
+        for k in range(count):
+            parts, offsets, base = [], [np.zeros(1, dtype=np.int64)], 0
+            for batches in per_table:
+                ids, offs = batches[k]
+                parts.append(ids)
+                offsets.append(offs[1:] + base)
+                base += int(offs[-1])
+            out.append((np.concatenate(parts), np.concatenate(offsets)))
+        return out
 
 
 # FBGEMM's releases and the torch each is built for (FBGEMM's compatibility table); a pair outside it does not load
@@ -237,6 +272,7 @@ def profile_compute(request: ComputeRequest) -> ComputeAnswer:
         with torch.no_grad():
             for weights in tbe.split_embedding_weights():
                 weights.uniform_(-INIT_SCALE, INIT_SCALE)
+        batches = [tuple(torch.from_numpy(a).to(target) for a in arrays) for arrays in group.batches(request.batches)]
         indices, offsets = group.arrays()
         per_id = None
         if weighted:  # per-id weights, as a weighted feature's KeyedJaggedTensor carries them (no gradient)
@@ -244,11 +280,12 @@ def profile_compute(request: ComputeRequest) -> ComputeAnswer:
             per_id = torch.from_numpy(per_id).to(target)
         inputs = (torch.from_numpy(indices).to(target), torch.from_numpy(offsets).to(target))
         dims = tuple(dim for _, dim in group.specs)
-        kernels.append(_Kernel(tbe, *inputs, per_id, dims, pooling == "none"))
+        kernels.append(_Kernel(tbe, *inputs, per_id, dims, pooling == "none", batches))
     tbe = _Kernels(torch, kernels)
     grad = []
 
     def step() -> tuple[float, float]:
+        tbe.advance()
         timer.flush()
         timer.start()
         out = tbe.forward()
@@ -302,6 +339,18 @@ class _Kernel:
     per_id: object = None
     dims: tuple[int, ...] = ()
     sequence: bool = False  # unpooled: a row per id
+    # the batches its iterations take in turn (``KernelInputs.batches``: the first is the inputs'), each copied into
+    # the inputs before an iteration (a CUDA graph replays the inputs it captured); one: the same batch every time
+    batches: list = dataclasses.field(default_factory=list)
+    turn: int = 0
+
+    def advance(self) -> None:
+        """The next batch into the inputs (their shapes stay: the batches have one length), outside the timing."""
+        if len(self.batches) > 1:
+            self.turn = (self.turn + 1) % len(self.batches)
+            indices, offsets = self.batches[self.turn]
+            self.indices.copy_(indices)
+            self.offsets.copy_(offsets)
 
     def __call__(self):
         if self.per_id is None:
@@ -318,6 +367,10 @@ class _Kernels:
 
     def forward(self) -> tuple:
         return tuple(k() for k in self.kernels)
+
+    def advance(self) -> None:
+        for k in self.kernels:
+            k.advance()
 
     def grads(self, outs) -> tuple:
         return tuple(self.torch.full_like(out, 1e-3) for out in outs)

@@ -40,6 +40,7 @@ def graphed_step(torch, tbe, timer):
         raise RequestError(f"protocol 'graph': FBGEMM's {phase} cannot be captured as a CUDA graph: {err}") from None
 
     def step() -> tuple[float, float]:
+        tbe.advance()  # the next batch into the inputs the graphs captured
         timer.flush()
         timer.start()
         forward.replay()
@@ -107,6 +108,7 @@ def queued_runs(torch, tbe, timer, request: ComputeRequest) -> tuple[list[tuple[
     cycles_per_ms = 2.0e6  # at the H100/H200's top SM clock (1.98 GHz); a slower clock only sleeps longer
 
     def enqueue(events) -> None:
+        tbe.advance()
         timer.flush()
         events[0].record()
         out = tbe.forward()
