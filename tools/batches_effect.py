@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    write_json(Path(args.out), result)
+    write_json(result, Path(args.out))
     print(f"{result['date']} {result['commit']} {result['hardware']}: {args.batches} batches / one batch")
     for name, cell in result["slices"].items():
         print(
