@@ -214,7 +214,10 @@ def next_batches(
     lengths = np.diff(offsets)
     unique, inverse, reads = np.unique(indices, return_inverse=True, return_counts=True)
     cold = reads <= COLD_READS
-    hot = unique[~cold]
+    hot = unique[~cold]  # sorted
+    free = None
+    if 2 * len(hot) > rows:  # hot rows everywhere: draw the cold ones' places from the free rows themselves
+        free = np.setdiff1d(np.arange(rows, dtype=np.int64), hot, assume_unique=True)
     for k in range(1, count):
         rng = np.random.default_rng([seed, k, 52711])
         order = rng.permutation(len(lengths))
@@ -224,20 +227,28 @@ def next_batches(
         gather = np.repeat(offsets[:-1][order] - starts[:-1], moved) + np.arange(starts[-1], dtype=np.int64)
         now = unique.copy()
         if cold.any():
-            now[cold] = _other_rows(rng, rows, hot, int(cold.sum()))
+            if free is not None:
+                now[cold] = free[rng.permutation(len(free))[: int(cold.sum())]]
+            else:
+                now[cold] = _walk(rng, rows, hot, unique[cold])
         out.append((now[inverse][gather], starts))
     return out
 
 
-def _other_rows(rng: np.random.Generator, rows: int, hot: np.ndarray, count: int) -> np.ndarray:
-    """``count`` distinct rows of [0, ``rows``) outside ``hot`` (sorted, distinct), in a random order."""
-    if rows - len(hot) < 4 * count:  # most of the free rows: draw from all of them
-        return rng.permutation(np.setdiff1d(np.arange(rows, dtype=np.int64), hot, assume_unique=True))[:count]
-    picked = np.zeros(0, dtype=np.int64)
-    while len(picked) < count:
-        drawn = rng.integers(0, rows, size=2 * (count - len(picked)) + 16, dtype=np.int64)
-        picked = np.unique(np.concatenate([picked, drawn[~np.isin(drawn, hot, assume_unique=False)]]))
-    return rng.permutation(picked)[:count]
+def _walk(rng: np.random.Generator, rows: int, hot: np.ndarray, cold: np.ndarray) -> np.ndarray:
+    """The rows ``cold`` (none of them in ``hot``, sorted) moved by a random affine permutation of [0, ``rows``),
+    walked on past the hot rows (cycle walking: a permutation of the rows that are not hot), so that they stay
+    distinct and none lands on a hot row; O(len(cold)) a batch."""
+    scale = int(rng.integers(1, rows)) if rows > 1 else 1
+    while math.gcd(scale, rows) != 1:
+        scale = int(rng.integers(1, rows))
+    shift = int(rng.integers(0, rows))
+    moved = (cold * scale + shift) % rows
+    landed = np.isin(moved, hot, assume_unique=False)
+    while landed.any():
+        moved[landed] = (moved[landed] * scale + shift) % rows
+        landed[landed] = np.isin(moved[landed], hot)
+    return moved
 
 
 def request_spec(table: dict, batch_size: int) -> tuple[TableSpec, int]:
