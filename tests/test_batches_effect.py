@@ -52,3 +52,19 @@ def test_bad_arguments_and_a_dataset_of_many_batches_are_refused_in_one_line(tmp
     data = _dataset(tmp_path / "m", batches=16)
     assert main(["--dataset", str(data)]) == 2
     assert "was timed on 16 batches, expected one of one" in capsys.readouterr().err
+
+
+@pytest.mark.fast
+def test_two_datasets_of_the_same_samples_are_read_against_each_other_by_sample(tmp_path):
+    from tools.batches_effect import main
+
+    one = _dataset(tmp_path / "one")
+    many = _dataset(tmp_path / "many", batches=16)
+    lines = [json.loads(x) for x in (many / "compute.jsonl").read_text().splitlines()]
+    (many / "compute.jsonl").write_text("".join(json.dumps({**r, "total_ms": 2 * r["total_ms"]}) + "\n" for r in lines))
+    out = tmp_path / "against.json"
+    assert main(["--dataset", str(one), "--against", str(many), "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["slices"]["all"] == {"records": 2, "geomean": 2.0, "median": 2.0, "p10": 2.0, "p90": 2.0}
+    assert result["slices"]["tables 1"]["records"] == 1 and result["batches"] == 16
+    assert main(["--dataset", str(many), "--against", str(one), "--out", str(out)]) == 2  # the wrong way round

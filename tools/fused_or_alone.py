@@ -6,7 +6,7 @@ its tables' or their fusion's.
         [--searcher portfolio] [--checkpoint epyc-f26m2] [--repeats 3] [--batches 16]
 
 One pinned worker (the other core idle), the label protocol (``--batches``: a training step's batches in turn; 1:
-one batch every time, as labels before 2026-12-01), ``--repeats`` interleaved rounds, the median. Prints
+one batch every time, as labels before 2026-11-30), ``--repeats`` interleaved rounds, the median. Prints
 the fused kernel and the sum of its tables alone, measured and predicted, then each table.
 """
 

@@ -305,7 +305,7 @@ def compute_request(
     fields of another protocol than warm-up + ``iters`` (``timing_fields``); ``pooling``, ``weighted``: the kernel's
     kind (``core.table.kernel_kind``; a sequence kernel's tables share one dim); ``batches``: the batches its
     iterations take in turn (``BATCHES``: a training step's, one after another; 1: the same batch every time, as
-    every label before 2026-12-01 was timed)."""
+    every label before commit 28c6a8b, 2026-11-30, was timed)."""
     return ComputeRequest(
         request_id,
         tuple(worker_tables(tables)),

@@ -107,8 +107,8 @@ class CollectConfig:
     measure_ms: float = bounded(above=0, default=100.0)
     max_iters: int = bounded(at_least=1, default=1000)
     # compute labels: the batches the iterations take in turn, as a training step takes them (another order of the
-    # bags, other cold rows); 1: the same batch every time, as the labels before 2026-12-01 were timed (datasets of
-    # those resume with batches=1)
+    # bags, other cold rows); 1: the same batch every time, as the labels before 2026-11-30 (28c6a8b) were timed
+    # (datasets of those resume with batches=1)
     batches: int = bounded(at_least=1, default=BATCHES)
     # compute shards: min..max table configs, dims augmented, total within memory
     sampler: ComputeSamplerConfig = ComputeSamplerConfig()

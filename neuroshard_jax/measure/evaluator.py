@@ -68,7 +68,7 @@ class EvaluateConfig:
     measure_ms: float = bounded(above=0, default=100.0)
     max_iters: int = bounded(at_least=1, default=1000)
     # the batches a device's iterations take in turn, as a training step takes them (``ComputeRequest.batches``);
-    # 1: the same batch every time, as plans were measured before 2026-12-01
+    # 1: the same batch every time, as plans were measured before 2026-11-30 (28c6a8b)
     batches: int = bounded(at_least=1, default=BATCHES)
 
     def __post_init__(self):
