@@ -233,8 +233,22 @@ def test_a_dataset_keeps_one_protocol(tmp_path):
     if MALLOC_PROTOCOL != "os":
         before = {**manifest, "settings": {k: v for k, v in manifest["settings"].items() if k != "malloc"}}
         (tmp_path / "manifest-compute.json").write_text(json.dumps(before))
-        with pytest.raises(UserError, match="malloc: got 'reuse', but the dataset .* was collected with None"):
+        with pytest.raises(
+            UserError, match="malloc: got 'reuse', but the dataset .* was collected with 'os' \\(not recorded\\)"
+        ):
             collect(_collect_config(tmp_path, 3, **timed))
+    # a training step's batches in turn (``BATCHES``), recorded; a dataset of one batch resumes only with batches=1
+    from neuroshard_jax.kernels.processes import BATCHES
+
+    assert manifest["settings"]["batches"] == BATCHES > 1
+    one = tmp_path / "one"
+    collect(_collect_config(one, 2, batches=1))
+    assert "batches" not in json.loads((one / "manifest-compute.json").read_text())["settings"]
+    says = f"batches: got {BATCHES}, .* with 1 \\(not recorded\\); expected the same settings \\(batches=1\\)"
+    with pytest.raises(UserError, match=says):
+        collect(_collect_config(one, 3))
+    collect(_collect_config(one, 3, batches=1))
+    assert len(read_records(one / "compute.jsonl")) == 3
     with pytest.raises(UserError, match="protocol: got 'timed' with kind=comm, expected fixed"):
         CollectConfig(kind="comm", **timed)
     with pytest.raises(UserError, match="protocol: got 'graphs', expected one of fixed, timed, queued, graph"):

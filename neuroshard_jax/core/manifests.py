@@ -15,6 +15,8 @@ from neuroshard_jax.core.hardware import hardware, hardware_kind
 PROTOCOL_KEYS = ("device", "optimizer", "precision", "protocol", "warmup", "iters", "pin", "malloc", "batches")
 LATER_PROTOCOL_KEYS = ("malloc", "batches")  # recorded since 2026-11-30: the models of labels before it record none
 TIMED_KEYS = ("warmup_ms", "measure_ms", "max_iters")  # the ``timed`` and ``graph`` protocols' own
+# what a protocol key absent from a dataset's settings means (the labels taken before it was recorded)
+ABSENT = {"pin": False, "precision": "fp32", "protocol": "fixed", "malloc": "os", "batches": 1}
 
 
 def label_protocol(settings: JSONDoc) -> JSONDoc:
@@ -25,8 +27,7 @@ def label_protocol(settings: JSONDoc) -> JSONDoc:
     (``malloc``: ``reuse``; absent: ``os``, glibc's default, where outputs above 32 MB were page-faulted afresh or not
     by what the worker freed before), and how many batches the iterations took in turn (``batches``; absent: 1, the
     same batch every time). Plan labels record no precision: theirs is collect's fp32."""
-    absent = {"pin": False, "precision": "fp32", "protocol": "fixed", "malloc": "os", "batches": 1}
-    found = {k: settings.get(k, absent.get(k)) for k in PROTOCOL_KEYS}
+    found = {k: settings.get(k, ABSENT.get(k)) for k in PROTOCOL_KEYS}
     return {**found, **{k: settings[k] for k in TIMED_KEYS if found["protocol"] != "fixed"}}
 
 
@@ -91,9 +92,14 @@ def write_manifest(path: Path, settings: JSONDoc, extra: JSONDoc) -> JSONDoc:
         for key in dict.fromkeys(keys):
             value = settings.get(key)
             if manifest["settings"].get(key) != value:
+                was = manifest["settings"].get(key)
+                shown, same = repr(was), ""
+                if was is None and key in ABSENT:  # a label of before the key: its meaning, and the option to ask it
+                    shown = f"{ABSENT[key]!r} (not recorded)"
+                    same = f" ({key}={ABSENT[key]})" if key != "malloc" else ""
                 raise UserError(
-                    f"{key}: got {value!r}, but the dataset in {str(path.parent)!r} was collected with "
-                    f"{manifest['settings'].get(key)!r}; expected the same settings or another out_dir"
+                    f"{key}: got {value!r}, but the dataset in {str(path.parent)!r} was collected with {shown}; "
+                    f"expected the same settings{same} or another out_dir"
                 )
     else:
         manifest = {"settings": settings, "created": now_utc()}
