@@ -76,7 +76,8 @@ def measure(dataset: Path, records: int, batches: int, rounds: int) -> dict:
             requests += pair if (j + round_) % 2 == 0 else pair[::-1]
         answers: dict = {}
         keep = answers.__setitem__
-        map_requests(requests, lambda q, a: keep(q.id, a), ExecutorConfig(workers=1), "cpu", 600, pin=True)  # noqa: B023
+        device = settings.get("device", "cpu")
+        map_requests(requests, lambda q, a: keep(q.id, a), ExecutorConfig(workers=1), device, 600, pin=device == "cpu")  # noqa: B023
         for key, answer in answers.items():
             j, k = key.split("/")
             times[(int(j), k)].append(answer.total_ms if answer.ok and answer.quiet else np.nan)
