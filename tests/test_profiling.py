@@ -84,6 +84,11 @@ def test_a_request_of_several_batches_times_a_training_steps_batches_one_after_a
         assert np.array_equal(np.sort(lengths), np.sort(np.diff(group.arrays()[1])))
     answer = worker.request(request, timeout_s=120)
     assert answer.ok and answer.total_ms > 0 and len(answer.fwd_runs_ms) == 4
+    # a table no sample of the batch reads (pooling 0, an empty row block) beside one that is read: its bags alone
+    unread = {"rows": 1000, "pooling_factor": 0.0, "bins": [0.0] * 17, "dim": 8, "seed": 9}
+    (group,) = shard_inputs(dataclasses.replace(request, tables=(unread, spec)))
+    assert [len(ids) for ids, _ in group.batches(3)] == [len(group.arrays()[0])] * 3
+    assert worker.request(dataclasses.replace(request, tables=(unread, spec)), timeout_s=120).ok
 
 
 def test_a_request_and_its_answer_cross_the_pipe_as_json_and_back():

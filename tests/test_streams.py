@@ -158,3 +158,5 @@ def test_next_batches_keep_a_batchs_statistics_and_change_its_order_and_cold_row
     moved = next_batches(ids, offs, huge.rows, 2, seed=1)[1][0]
     assert len(set(moved) & set(ids)) < 0.01 * len(ids) and len(set(moved)) == len(set(ids))
     assert len(next_batches(ids, offs, huge.rows, 1, seed=1)) == 1  # one batch: the given one alone
+    empty = next_batches(np.zeros(0, np.int64), np.zeros(9, np.int64), 10, 3, seed=1)  # no lookup: itself, 3 times
+    assert len(empty) == 3 and all(len(i) == 0 and len(o) == 9 for i, o in empty)

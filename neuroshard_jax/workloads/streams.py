@@ -197,11 +197,11 @@ COLD_READS = 2
 def next_batches(
     indices: np.ndarray, offsets: np.ndarray, rows: int, count: int, seed: int
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``count`` batches of one table (indices i64[L] into ``rows`` rows, offsets i64[B + 1]) with the statistics
-    of the given one, which comes first: each other has its bags in another order and its cold rows (read at most
-    ``COLD_READS`` times) moved to other rows, none of them hot; the hot rows, the bag lengths and the access
-    histogram stay exactly. A function of (the batch, ``count``, ``seed``): tables whose streams are one (the
-    column slices of a table) get the same batches.
+    """``count`` batches (at least one) of one table (indices i64[L] into ``rows`` rows, offsets i64[B + 1]) with
+    the statistics of the given one, which comes first (a batch of no lookup: itself ``count`` times): each other
+    has its bags in another order and its cold rows (read at most ``COLD_READS`` times) moved to other rows, none of
+    them hot; the hot rows, the bag lengths and the access histogram stay exactly. A function of (the batch,
+    ``count``, ``seed``): tables whose streams are one (the column slices of a table) get the same batches.
 
     Why (docs/results/batches.md): a CPU kernel timed on one batch over and over runs low-pooling tables up to
     1.5x faster than on the batches a training step sees one after another: the core's branch predictors learn the
@@ -209,7 +209,9 @@ def next_batches(
     indices = np.asarray(indices, dtype=np.int64)
     offsets = np.asarray(offsets, dtype=np.int64)
     out = [(indices, offsets)]
-    if count <= 1 or len(indices) == 0:
+    if len(indices) == 0:  # no lookup (an empty row block, a table read by no sample of the batch): bags alone
+        return out * max(count, 1)
+    if count <= 1:
         return out
     lengths = np.diff(offsets)
     unique, inverse, reads = np.unique(indices, return_inverse=True, return_counts=True)
