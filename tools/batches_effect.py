@@ -107,10 +107,8 @@ def measure(dataset: Path, records: int, batches: int, rounds: int) -> dict:
 def against(dataset: Path, other: Path) -> dict:
     """The quiet labels of ``other`` (several batches) over those of ``dataset`` (one), paired by sample."""
     settings = [load_manifest(d, "compute")["settings"] for d in (dataset, other)]
-    drop = ("batches", "malloc")
-    if [{k: v for k, v in s.items() if k not in drop} for s in settings][0] != {
-        k: v for k, v in settings[1].items() if k not in drop
-    }:
+    same = [{k: v for k, v in s.items() if k not in ("batches", "malloc")} for s in settings]
+    if same[0] != same[1]:
         raise UserError(f"--against: {str(other)!r} was collected with other settings than {str(dataset)!r}")
     if int(settings[0].get("batches", 1)) != 1 or int(settings[1].get("batches", 1)) == 1:
         raise UserError("--against: expected --dataset of one batch and --against of several")

@@ -272,8 +272,9 @@ def profile_compute(request: ComputeRequest) -> ComputeAnswer:
         with torch.no_grad():
             for weights in tbe.split_embedding_weights():
                 weights.uniform_(-INIT_SCALE, INIT_SCALE)
-        batches = [tuple(torch.from_numpy(a).to(target) for a in arrays) for arrays in group.batches(request.batches)]
-        indices, offsets = group.arrays()
+        drawn = group.batches(request.batches)
+        batches = [tuple(torch.from_numpy(a).to(target) for a in arrays) for arrays in drawn]
+        indices, offsets = (a.copy() for a in drawn[0])  # the inputs, which the later batches are copied into
         per_id = None
         if weighted:  # per-id weights, as a weighted feature's KeyedJaggedTensor carries them (no gradient)
             per_id = np.random.default_rng(WEIGHT_SEED).uniform(0.5, 1.5, len(indices)).astype(np.float32)
