@@ -37,6 +37,7 @@ from neuroshard_jax.core.manifests import result_stamp
 from neuroshard_jax.costs.choice import build_cost_model, model_names, models_of_kind, spec_of
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import open_executor
+from neuroshard_jax.learn.metrics import ratio_errors as errors
 from neuroshard_jax.measure.calibration import CalibrateConfig, PlanReadings
 from neuroshard_jax.measure.evaluator import measure_comm
 from neuroshard_jax.measure.first_contact import predicted_comm
@@ -48,15 +49,6 @@ from tools.sealed_benchmark import sealed_suite
 def own_models() -> list[str]:
     """This machine kind's models, shipped and the user's: what a machine of a new kind would not have."""
     return models_of_kind(hardware_kind(hardware()), model_names())
-
-
-def errors(predicted: np.ndarray, measured: np.ndarray) -> dict:
-    ratio = predicted / measured
-    return {
-        "mape": round(float(np.mean(np.abs(ratio - 1))), 4),
-        "bias": round(float(np.median(ratio - 1)), 4),
-        "worst": round(float(np.max(np.maximum(ratio, 1 / ratio))), 3),
-    }
 
 
 def run(count: int, exclude: list[str], out: Path, suite: Suite = FOREIGN) -> dict:

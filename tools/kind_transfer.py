@@ -27,6 +27,7 @@ from neuroshard_jax.costs.checkpoints import load_ensemble
 from neuroshard_jax.costs.choice import checkpoint_path
 from neuroshard_jax.learn.datasets import ensemble_arrays
 from neuroshard_jax.learn.ensemble_fit import ensemble_ms
+from neuroshard_jax.learn.metrics import ratio_errors
 from neuroshard_jax.measure.first_contact import MAX_PREDICTED_MS, SAMPLES
 
 MIN_TABLES, MAX_TABLES = 4, 16  # first contact's spec devices (``first_contact.contact_tasks``)
@@ -35,12 +36,10 @@ DRAWS = 200  # draws of SAMPLES labels for the spread of the factor
 
 def errors(ratio: np.ndarray) -> dict:
     """MAPE and median signed error of predicted / measured ``ratio``, and the MAPE after this set's own factor."""
-    own = ratio / np.median(ratio)
     return {
         "labels": int(len(ratio)),
-        "mape": round(float(np.mean(np.abs(ratio - 1))), 4),
-        "bias": round(float(np.median(ratio - 1)), 4),
-        "own_factor_mape": round(float(np.mean(np.abs(own - 1))), 4),
+        **ratio_errors(ratio, 1.0),
+        "own_factor_mape": ratio_errors(ratio / np.median(ratio), 1.0)["mape"],
     }
 
 

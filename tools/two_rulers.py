@@ -39,6 +39,7 @@ from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.choice import CostModelSpec, build_cost_model
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
+from neuroshard_jax.learn.metrics import ratio_errors
 from neuroshard_jax.measure.calibration import predicted_compute_ms, sample_devices, whole
 from neuroshard_jax.measure.evaluator import EvaluateConfig, device_key, device_tables, measure_tables
 from neuroshard_jax.search.pipeline import search_plan
@@ -203,11 +204,6 @@ def _summary(ratios: list[float]) -> dict:
     }
 
 
-def _model_error(predicted: list[float], measured: list[float]) -> dict:
-    p, m = np.asarray(predicted), np.asarray(measured)
-    return {"mape": round(float(np.mean(np.abs(p / m - 1))), 4), "bias": round(float(np.median(p / m - 1)), 4)}
-
-
 SHAPES = {
     "rows": ((1e4, "< 1e4"), (1e6, "1e4-1e6"), (float("inf"), ">= 1e6")),
     "pooling": ((1.0, "< 1"), (10.0, "1-10"), (float("inf"), ">= 10")),
@@ -271,13 +267,13 @@ def report(args) -> dict:
         "kinds": {
             key: {
                 **_summary(c["ratio"]),
-                "model_vs_histogram": _model_error(c["predicted"], c["histogram"]),
-                "model_vs_stream": _model_error(c["predicted"], c["stream"]),
+                "model_vs_histogram": ratio_errors(c["predicted"], c["histogram"]),
+                "model_vs_stream": ratio_errors(c["predicted"], c["stream"]),
             }
             for key, c in sorted(cells.items())
         },
         "shapes": {
-            key: {**_summary(c["ratio"]), "model_vs_histogram": _model_error(c["predicted"], c["histogram"])}
+            key: {**_summary(c["ratio"]), "model_vs_histogram": ratio_errors(c["predicted"], c["histogram"])}
             for key, c in sorted(shapes.items())
         },
         "calibration": calibration_study(records),
@@ -319,13 +315,8 @@ def calibration_study(records: list[dict]) -> dict:
                     pairs.setdefault(key, []).append((r["predicted"] * factor, measured))
     out = {}
     for key, got in sorted(pairs.items()):
-        ratio = np.array([p / m for p, m in got])
-        out[key] = {
-            "devices": len(got),
-            "mape": round(float(np.mean(np.abs(ratio - 1))), 4),
-            "bias": round(float(np.median(ratio - 1)), 4),
-            "worst": round(float(np.max(np.maximum(ratio, 1 / ratio))), 4),
-        }
+        predicted, measured = zip(*got)
+        out[key] = {"devices": len(got), **ratio_errors(predicted, measured)}
     return out
 
 

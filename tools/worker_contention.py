@@ -33,6 +33,7 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.costs.choice import CostModelSpec, build_cost_model, checkpoint_path
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
+from neuroshard_jax.learn.metrics import ratio_errors
 from neuroshard_jax.measure.evaluator import EvaluateConfig, measure_tables, plan_kernels
 from tools.foreign_benchmark import drift_labels, model_datasets
 
@@ -55,12 +56,7 @@ def plans_of(path: Path, searcher: str, checkpoint: str, count: int) -> list[tup
 
 
 def errors(predicted: np.ndarray, measured: np.ndarray) -> dict:
-    ratio = predicted / measured
-    return {
-        "devices": int(len(ratio)),
-        "mape": round(float(np.mean(np.abs(ratio - 1))), 4),
-        "bias": round(float(np.median(ratio - 1)), 4),
-    }
+    return {"devices": int(len(predicted)), **ratio_errors(predicted, measured)}
 
 
 def spread(ratio: np.ndarray) -> dict:

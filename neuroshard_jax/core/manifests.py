@@ -87,7 +87,7 @@ def write_manifest(path: Path, settings: JSONDoc, extra: JSONDoc) -> JSONDoc:
         # the protocol's keys count when absent too: a dataset keeps one protocol (absent: fixed, unpinned)
         keys = [
             *settings,
-            *(k for k in ("protocol", *TIMED_KEYS, "pin", "malloc", "batches") if k in manifest["settings"]),
+            *(k for k in (*PROTOCOL_KEYS, *TIMED_KEYS) if k in manifest["settings"]),
         ]
         for key in dict.fromkeys(keys):
             value = settings.get(key)

@@ -82,12 +82,9 @@ def shard_inputs(request: ComputeRequest) -> list[KernelInputs]:
         # which TorchRec takes, is timed at the next multiple of 4
         dim = -(-int(dim) // 4) * 4
         key = (kind, precision, int(dim) if kind == "sequence" else 0)
-        group = groups.setdefault(key, KernelInputs(kind, [], [], [np.zeros(1, dtype=np.int64)], precision))
-        base = int(group.offsets[-1][-1])
-        group.specs.append((num_rows, int(dim)))
-        group.indices.append(indices)
-        group.offsets.append(offsets[1:] + base)
-        group.streams.append((num_rows, indices, offsets, stream_key))
+        groups.setdefault(key, KernelInputs(kind, precision)).tables.append(
+            (num_rows, int(dim), indices, offsets, stream_key)
+        )
     return list(groups.values())
 
 
@@ -103,38 +100,39 @@ def _stream_key(table) -> int:
 
 @dataclasses.dataclass
 class KernelInputs:
-    """One kernel of a request: its kind (``core.table.KERNEL_KINDS``) and data type, its tables' (rows, dim) and
-    their index streams, table-major (``offsets`` as FBGEMM takes them once concatenated)."""
+    """One kernel of a request: its kind (``core.table.KERNEL_KINDS``) and data type, and its tables in order, each
+    (rows, dim, indices, its own offsets, stream key): its index stream and what its further batches are drawn from."""
 
     kind: str
-    specs: list
-    indices: list
-    offsets: list
     precision: str = "fp32"  # its weights' data type (``PRECISIONS``)
-    # each table's (rows, indices, its own offsets, stream key): what its further batches are drawn from
-    streams: list = dataclasses.field(default_factory=list)
+    tables: list = dataclasses.field(default_factory=list)
+
+    @property
+    def specs(self) -> list[tuple[int, int]]:
+        return [(rows, dim) for rows, dim, *_ in self.tables]
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.concatenate(self.indices), np.concatenate(self.offsets)
+        """The tables' index streams concatenated table-major (``offsets`` as FBGEMM takes them)."""
+        return _concatenated([(ids, offsets) for _, _, ids, offsets, _ in self.tables])
 
     def batches(self, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """The kernel's first ``count`` batches (``streams.next_batches`` per table, concatenated as ``arrays``),
         the first ``arrays()``; fewer where ``count`` of them would hold more than ``MAX_BATCHES_BYTES``."""
-        lookups = sum(len(ids) for ids in self.indices)
-        count = max(1, min(count, MAX_BATCHES_BYTES // (8 * (lookups + sum(len(o) for o in self.offsets)))))
+        size = sum(len(ids) + len(offsets) for _, _, ids, offsets, _ in self.tables)
+        count = max(1, min(count, MAX_BATCHES_BYTES // (8 * size)))
         if count <= 1:
             return [self.arrays()]
-        per_table = [next_batches(ids, offs, rows, count, key) for rows, ids, offs, key in self.streams]
-        out = []
-        for k in range(count):
-            parts, offsets, base = [], [np.zeros(1, dtype=np.int64)], 0
-            for batches in per_table:
-                ids, offs = batches[k]
-                parts.append(ids)
-                offsets.append(offs[1:] + base)
-                base += int(offs[-1])
-            out.append((np.concatenate(parts), np.concatenate(offsets)))
-        return out
+        per_table = [next_batches(ids, offsets, rows, count, key) for rows, _, ids, offsets, key in self.tables]
+        return [_concatenated([batches[k] for batches in per_table]) for k in range(count)]
+
+
+def _concatenated(streams: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Tables' (indices, offsets from 0) as one kernel's: the indices table-major, the offsets shifted to match."""
+    offsets, base = [np.zeros(1, dtype=np.int64)], 0
+    for _, offs in streams:
+        offsets.append(offs[1:] + base)
+        base += int(offs[-1])
+    return np.concatenate([ids for ids, _ in streams]), np.concatenate(offsets)
 
 
 # FBGEMM's releases and the torch each is built for (FBGEMM's compatibility table); a pair outside it does not load
