@@ -268,6 +268,54 @@ def test_autotune_steps_times_each_candidate_in_distributed_model_parallel_and_d
     assert dropped["planted"] == "not started within autotune.budget_s (0.001 s)"
 
 
+def test_a_busy_machine_never_overrules_the_model_s_pick_in_training_steps(tmp_path):
+    """``autotune=steps`` beside a busy loop on every core: a step read while other work loads the cores is read
+    busy (``hardware.OtherLoad``: the ranks' own CPU is not counted), read again after a wait while the budget
+    lasts, and never replaces the model's pick, even where the other candidate is truly faster."""
+    import os
+    import subprocess
+    import sys
+
+    from neuroshard_jax.core.hardware import OtherLoad
+    from neuroshard_jax.core.plan import Plan
+    from neuroshard_jax.costs.choice import spec_of
+    from neuroshard_jax.costs.scoring import with_costs
+    from neuroshard_jax.measure.autotune import AutotuneConfig, Entrant
+    from neuroshard_jax.measure.autotune_steps import autotune_steps
+    from neuroshard_jax.search.pipeline import search_plan
+    from searchers import make_searcher
+
+    spin = "import time\nt = time.time()\nwhile time.time() - t < 1.0: pass"
+    with OtherLoad() as own:  # a child's CPU is this run's own, not another user's
+        subprocess.run([sys.executable, "-c", spin], check=True)
+    assert own.cores is not None and own.cores < 0.5 and not own.busy
+    rng = np.random.default_rng(3)
+    tables = [make_table(i, int(rng.integers(100_000, 150_000)), 256, 10.0) for i in range(4)]
+    task = make_task(tables, num_devices=2, mem_cap_gb=2.0, batch_size=8192)
+    model = spec_of("analytic").for_task(task)
+    good = search_plan(task, make_searcher("grid"), model, 0)
+    slow = with_costs(model, Plan.from_assignment(task, [1] * task.num_tables, [[0]] * task.num_tables))
+    picked = dataclasses.replace(slow, costs=dataclasses.replace(slow.costs, cost_ms=good.costs.cost_ms / 2))
+    readings = tmp_path / "steps.jsonl"
+    config = AutotuneConfig(name="steps", rounds=2, steps=4, step_warmup=1, budget_s=25.0, readings=str(readings))
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        with OtherLoad() as load:
+            chosen, record = autotune_steps([Entrant("grid", good), Entrant("picked", picked)], config)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert load.busy and load.cores > 0.5  # the hogs, seen
+    assert record.model_pick == "picked" and record.chosen == "picked" and chosen == picked
+    assert record.busy >= 1 and record.stopped in ("busy", "budget")
+    lines = [json.loads(line) for line in readings.read_text().splitlines()]
+    assert lines and lines[0]["busy"]  # the pick, read first, read busy (and read again while the budget lasted)
+    measured = {c.name: c.measured_ms for c in record.candidates if c.kept}
+    if measured.get("grid") is not None and measured["grid"] < measured["picked"]:
+        assert "read on a busy machine" in record.kept_pick
+
+
 def test_collective_plan_autotunes_in_steps_on_the_live_gloo_group_and_every_rank_returns_the_same_plan(tmp_path):
     """Two gloo ranks (a core each) of one live group: rank 0 searches, both time every candidate in
     DistributedModelParallel on the group, the plan of every table on rank 0 is measured and never chosen, a plan of

@@ -6,11 +6,13 @@ import copy
 import functools
 import os
 import platform
+import resource
 import subprocess
+import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from neuroshard_jax.core.constants import GIB_BYTES
+from neuroshard_jax.core.constants import GIB_BYTES, MIN_CPU_SHARE
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import JSONDoc
 
@@ -162,3 +164,55 @@ def _gpu_name() -> str | None:
         return None
     names = sorted({line.strip() for line in done.stdout.splitlines() if line.strip()})
     return ", ".join(names) if done.returncode == 0 and names else None
+
+
+class OtherLoad:
+    """CPU time that processes other than this one and its children took on this process's cores while a block ran
+    (``with OtherLoad() as load: ...``; then ``load.cores``: that time over the block's wall time, in cores). Read
+    from the kernel's per-core counters (``/proc/stat``: busy time, the hypervisor's stolen time included) less this
+    process's and its waited-for children's CPU time, so it sees a job the worker's own CPU share cannot: another
+    user's work beside a run of several rank processes, each of which waits in its collectives. ``busy``: others took
+    more than ``1 - MIN_CPU_SHARE`` of a core (the kernel worker's rule, for a whole machine). Where ``/proc/stat``
+    cannot be read (not Linux), ``cores`` is None and ``busy`` False: nothing is judged."""
+
+    def __init__(self):
+        self.cores: float | None = None
+
+    def __enter__(self) -> OtherLoad:
+        self._mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self._start = (_busy_core_s(self._mine), _own_cpu_s(), time.perf_counter())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        busy, own, started = self._start
+        wall = time.perf_counter() - started
+        now = _busy_core_s(self._mine)
+        if busy is None or now is None or wall <= 0:
+            return
+        self.cores = max(0.0, (now - busy) - (_own_cpu_s() - own)) / wall
+
+    @property
+    def busy(self) -> bool:
+        return self.cores is not None and self.cores > 1.0 - MIN_CPU_SHARE
+
+
+def _busy_core_s(cores: list[int]) -> float | None:
+    """Seconds the given cores spent busy since boot (user, nice, system, irq, softirq, steal), or None."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    wanted = {f"cpu{c}" for c in cores}
+    ticks = 0
+    for line in lines:
+        fields = line.split()
+        if fields and fields[0] in wanted:
+            user, nice, system, _, _, irq, softirq, steal = (int(x) for x in fields[1:9])
+            ticks += user + nice + system + irq + softirq + steal
+    return ticks / os.sysconf("SC_CLK_TCK") if wanted else None
+
+
+def _own_cpu_s() -> float:
+    """This process's CPU seconds and its waited-for children's (and theirs)."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime

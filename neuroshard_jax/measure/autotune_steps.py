@@ -16,7 +16,7 @@ import numpy as np
 
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.hardware import MEMORY_SHARE, RANK_PROCESS_BYTES, available_bytes
+from neuroshard_jax.core.hardware import MEMORY_SHARE, RANK_PROCESS_BYTES, OtherLoad, available_bytes
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.records import AutotuneRecord, MeasuredCandidate
 from neuroshard_jax.measure.autotune import (
@@ -29,6 +29,7 @@ from neuroshard_jax.measure.autotune import (
     model_pick,
     plan_digest,
     progress,
+    retake_wait,
     stop_reason,
 )
 from neuroshard_jax.measure.training_steps import dmp_steps
@@ -50,6 +51,7 @@ class StepRunner(Protocol):
 
     device: str  # the ranks' compute device
     pinned: bool  # each rank has a core (or a GPU) of its own: balance shows in the step
+    busy: bool  # the last ``step_ms`` was read while other work loaded this machine's cores (it is read again)
 
     def admits(self, plan: Plan) -> str | None:
         """Why ``plan``'s ranks would not fit the memory they have, or None."""
@@ -67,9 +69,12 @@ class StepRunner(Protocol):
 
 class LocalRanks:
     """``StepRunner`` of gloo ranks started on this machine for each candidate (``training_steps.dmp_steps``), a
-    core per rank where the machine has them (``pin``: None or True pins where it can, False never)."""
+    core per rank where the machine has them (``pin``: None or True pins where it can, False never). A step is busy
+    where other processes took more than a tenth of a core of this process's cores while it was read
+    (``hardware.OtherLoad``: the ranks wait in their collectives, so their own CPU share cannot say it)."""
 
     device = "cpu"
+    busy = False
 
     def __init__(self, world: int, config: AutotuneConfig):
         self.cores = rank_cores(world) if config.pin is not False else None
@@ -92,7 +97,9 @@ class LocalRanks:
         return None
 
     def step_ms(self, plan: Plan, warmup: int, steps: int) -> float:
-        [result] = dmp_steps([plan], warmup, steps, self.timeout_s, self.cores)
+        with OtherLoad() as load:
+            [result] = dmp_steps([plan], warmup, steps, self.timeout_s, self.cores)
+        self.busy = load.busy
         return float(result["step_ms"])
 
     def elapsed_s(self) -> float:
@@ -109,8 +116,10 @@ def autotune_steps(
     DistributedModelParallel on ``runner``'s ranks (default ``LocalRanks``: gloo ranks started here, one candidate's
     modules at a time, built, timed for ``steps`` steps after ``step_warmup``, freed), the candidates' order rotated
     per round. A candidate whose ranks would not fit their memory is not started; one that fails (out of memory, a
-    collective error) is dropped with one line and the others go on. Rounds stop as ``autotune_kernels``' do; the
-    least median step replaces the model's pick only where it leads beyond the spread of both (``decide``)."""
+    collective error) is dropped with one line and the others go on. A step read while other work loaded the machine
+    (``runner.busy``) is read again after a wait while the budget lasts; where one stands, measuring stops (``busy``)
+    and it cannot replace the model's pick. Rounds stop as ``autotune_kernels``' do; the least median step replaces
+    the model's pick only where it leads beyond the spread of both, read quiet (``decide``)."""
     entrants, dropped, alias = distinct(task_plans)
     pick = entrants[model_pick(entrants)]
     entrants = [pick, *(e for e in entrants if e is not pick)]  # the model's pick is measured first, whatever else
@@ -119,57 +128,54 @@ def autotune_steps(
     protocol = f"steps warmup {config.step_warmup} steps {config.steps} pinned {runner.pinned}"
     readings = Readings(config.readings, runner.device, protocol)
     keys = {e.name: plan_digest(e.plan) for e in entrants}
-    runs: dict[str, list[float]] = {}
+    live: list[str] = []
     for entrant in entrants:
         why = runner.admits(entrant.plan)
         if why is not None:
             warn(f"autotune: {entrant.name} not started: {why}")
             dropped.append(MeasuredCandidate(name=entrant.name, kept=False, why=why))
         else:
-            runs[entrant.name] = list(readings.ms.get(keys[entrant.name], []))
+            live.append(entrant.name)
     by_name = {e.name: e for e in entrants}
     stopped, rounds = "rounds", 0
     for r in range(config.rounds):
-        names = list(runs)
+        names = list(live)
+        busy_left = False
         for name in names[r % len(names) :] + names[: r % len(names)] if names else []:
-            if len(runs[name]) > r:  # read before this run: kept in the readings
+            if readings.quiet_count(keys[name]) > r:  # read quiet before this run: kept in the readings
                 continue
             if runner.elapsed_s() > config.budget_s and (r > 0 or name != names[0]):
                 stopped = "budget"
                 break
             try:
-                ms = runner.step_ms(by_name[name].plan, config.step_warmup, config.steps)
+                busy_left |= _read_step(runner, by_name[name].plan, keys[name], readings, config, warn, name)
             except UserError as err:  # this candidate fails here: dropped, the others go on
                 why = first_line(err)
                 warn(f"autotune: {name} dropped: {why}")
                 dropped.append(MeasuredCandidate(name=name, kept=False, why=why))
-                del runs[name]
+                live.remove(name)
                 continue
-            runs[name].append(ms)
-            readings.add(keys[name], ms, False)
-        if not runs:
+        if not live:
             raise UserError(f"autotune=steps: no candidate ran ({'; '.join(str(d.why) for d in dropped)})")
         if stopped == "budget":  # past the budget mid-round: the round is left out, or in round 0 the unread
             if r == 0:
-                for name in [n for n in runs if not runs[n]]:
+                for name in [n for n in live if not readings.count(keys[n])]:
                     why = f"not started within autotune.budget_s ({config.budget_s:g} s)"
                     dropped.append(MeasuredCandidate(name=name, kept=False, why=why))
-                    del runs[name]
+                    live.remove(name)
                 rounds = 1
-            runs = {name: ms[:rounds] for name, ms in runs.items()}
             break
         rounds = r + 1
-        steps = np.array([runs[name][:rounds] for name in runs])  # resumed readings of later rounds wait their turn
+        steps, _ = _taken(live, keys, readings, rounds)  # resumed readings of later rounds wait their turn
         if runner.says():
-            progress(rounds, config.rounds, [by_name[n] for n in runs], steps)
-        stopped = stop_reason(steps, rounds, config, runner.elapsed_s()) or stopped
+            progress(rounds, config.rounds, [by_name[n] for n in live], steps)
+        stopped = "busy" if busy_left else stop_reason(steps, rounds, config, runner.elapsed_s()) or stopped
         if stopped != "rounds":
             break
-    runs = {name: ms[:rounds] for name, ms in runs.items()}
-    names = list(runs)
-    steps = np.array([runs[n] for n in names])
+    names = list(live)
+    steps, busy = _taken(names, keys, readings, rounds)
     medians = np.median(steps, axis=1)
-    index, kept = decide(steps, None, names.index(pick.name) if pick.name in runs else 0, names)
+    index, kept = decide(steps, busy, names.index(pick.name) if pick.name in live else 0, names)
     best = names[index]
     measured = [
         MeasuredCandidate(
@@ -177,11 +183,11 @@ def autotune_steps(
             searcher=by_name[n].plan.searcher,
             predicted_ms=float(by_name[n].plan.costs.cost_ms),
             measured_ms=float(m),
-            low_ms=float(min(runs[n])),
-            high_ms=float(max(runs[n])),
+            low_ms=float(steps[i].min()),
+            high_ms=float(steps[i].max()),
             kept=True,
         )
-        for n, m in zip(names, medians)
+        for i, (n, m) in enumerate(zip(names, medians))
     ]
     default = dict(zip(names, medians)).get(alias.get("torchrec_default", "torchrec_default"))
     record = AutotuneRecord(
@@ -196,9 +202,33 @@ def autotune_steps(
         devices=entrants[0].plan.task.num_devices,
         seconds=runner.elapsed_s(),
         resumed=readings.resumed,
+        busy=int(busy.any(axis=1).sum()),
         warmup=config.step_warmup,
         iters=config.steps,
         device=runner.device,
         pinned=runner.pinned,
     )
     return by_name[best].plan.with_record(AutotuneRecord, record), record
+
+
+def _read_step(runner: StepRunner, plan: Plan, key: str, readings: Readings, config, warn, name: str) -> bool:
+    """One round's step of a candidate, read again after a wait (``retake_wait``) while it reads busy and the budget
+    allows; whether the reading that stands is busy."""
+    waited = 0
+    while True:
+        ms = runner.step_ms(plan, config.step_warmup, config.steps)
+        readings.add(key, ms, runner.busy)
+        if not runner.busy:
+            return False
+        wait = retake_wait(waited, runner.elapsed_s(), config.budget_s)
+        if wait is None:  # the machine stayed busy past the budget: this reading stands, and says so
+            return True
+        warn(f"autotune: {name}'s step read on a busy machine; read again in {wait:.0f} s")
+        time.sleep(wait)
+        waited += 1
+
+
+def _taken(names: list[str], keys: dict[str, str], readings: Readings, rounds: int) -> tuple[np.ndarray, np.ndarray]:
+    """f64[K, R] and bool[K, R]: each candidate's ``rounds`` steps (its quiet readings first) and which are busy."""
+    taken = [readings.taken(keys[n], rounds) for n in names]
+    return np.array([ms for ms, _ in taken], np.float64), np.array([b for _, b in taken], bool)

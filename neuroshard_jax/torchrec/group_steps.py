@@ -71,7 +71,11 @@ class _Collections(torch.nn.Module):
 class GroupSteps:
     """``measure.autotune_steps.StepRunner`` on every rank of the live process group ``pg``. ``configs``: the module's
     tables as (collection path, table name, EmbeddingBagConfig) (``planner.table_configs``); ``sharding``: a plan of
-    them as TorchRec's ``ShardingPlan``; ``optimizer``: the tables' fused optimizer (FBGEMM's name)."""
+    them as TorchRec's ``ShardingPlan``; ``optimizer``: the tables' fused optimizer (FBGEMM's name). Its steps are
+    never judged busy: the group's ranks are the job's own processes, which on one machine load each other's cores
+    (``hardware.OtherLoad`` would count them as another user's work)."""
+
+    busy = False
 
     def __init__(
         self,
