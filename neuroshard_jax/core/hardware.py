@@ -167,19 +167,21 @@ def _gpu_name() -> str | None:
 
 
 class OtherLoad:
-    """CPU time that processes other than this one and its children took on this process's cores while a block ran
-    (``with OtherLoad() as load: ...``; then ``load.cores``: that time over the block's wall time, in cores). Read
-    from the kernel's per-core counters (``/proc/stat``: busy time, the hypervisor's stolen time included) less this
-    process's and its waited-for children's CPU time, so it sees a job the worker's own CPU share cannot: another
-    user's work beside a run of several rank processes, each of which waits in its collectives. ``busy``: others took
-    more than ``1 - MIN_CPU_SHARE`` of a core (the kernel worker's rule, for a whole machine). Where ``/proc/stat``
-    cannot be read (not Linux), ``cores`` is None and ``busy`` False: nothing is judged."""
+    """CPU time that processes other than this one and its children took on this process's cores (``on``: these
+    cores) while a block ran (``with OtherLoad() as load: ...``; then ``load.cores``: that time over the block's wall
+    time, in cores). Read from the kernel's per-core counters (``/proc/stat``: busy time, the hypervisor's stolen time
+    included) less this process's and its waited-for children's CPU time, so it sees a job the worker's own CPU share
+    cannot: another user's work beside a run of several rank processes, each of which waits in its collectives.
+    ``busy``: others took more than ``1 - MIN_CPU_SHARE`` of a core (the kernel worker's rule, for a whole machine).
+    Where ``/proc/stat`` cannot be read (not Linux), ``cores`` is None and ``busy`` False: nothing is judged."""
 
-    def __init__(self):
+    def __init__(self, on: list[int] | None = None):
+        self.on = on  # the cores to watch (None: every core this process may run on)
         self.cores: float | None = None
 
     def __enter__(self) -> OtherLoad:
-        self._mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self._mine = list(self.on) if self.on is not None else mine
         self._start = (_busy_core_s(self._mine), _own_cpu_s(), time.perf_counter())
         return self
 

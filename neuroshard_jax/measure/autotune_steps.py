@@ -97,7 +97,7 @@ class LocalRanks:
         return None
 
     def step_ms(self, plan: Plan, warmup: int, steps: int) -> float:
-        with OtherLoad() as load:
+        with OtherLoad(self.cores) as load:  # the ranks' cores: a job on another core does not slow them
             [result] = dmp_steps([plan], warmup, steps, self.timeout_s, self.cores)
         self.busy = load.busy
         return float(result["step_ms"])
