@@ -36,7 +36,8 @@ def test_a_plan_is_slower_than_the_pick_only_beyond_both_spreads():
 def test_quiet_steps_read_both_plans_on_the_real_worker_with_the_models_collectives():
     from tools.busy_benchmark import quiet_steps
 
-    task = make_task([make_table(t, rows=20_000, dim=16, pooling=8.0) for t in range(4)], num_devices=2)
+    tables = [make_table(t, rows=20_000, dim=16, pooling=8.0) for t in range(4)]
+    task = make_task(tables, num_devices=2, batch_size=2048)  # a batch the shipped models were trained at
     spread = Plan.from_assignment(task, [1] * 4, [[0], [1], [0], [1]])
     piled = Plan.from_assignment(task, [1] * 4, [[0]] * 4)
     steps = quiet_steps([spread, piled], 3, EvaluateConfig())

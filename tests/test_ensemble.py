@@ -870,7 +870,7 @@ def test_another_kinds_model_scaled_as_first_contact_scales_it_reads_this_kinds_
 
     ratio = np.array([0.5, 1.0, 2.0, 1.0])
     e = errors(ratio)
-    assert e == {"labels": 4, "mape": 0.375, "bias": 0.0, "own_factor_mape": 0.375}
+    assert e == {"labels": 4, "mape": 0.375, "bias": 0.0, "worst": 2.0, "own_factor_mape": 0.375}
     profiles = REPO / "neuroshard_jax" / "data" / "profiles"
     result = transfer(
         ["epyc-f26m2", "epyc-f25m17"], str(profiles / "epyc26-specs"), [str(profiles / "epyc-f26m2-plans8")]
