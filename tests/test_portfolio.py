@@ -227,23 +227,32 @@ def test_the_planner_autotunes_the_portfolio_against_torchrecs_plans(task, tmp_p
     assert f"the task's balance bound from the measured candidates: {record.bound_ms:.3f} ms" in said
 
 
-def test_autotune_steps_times_each_candidate_in_distributed_model_parallel_and_drops_one_that_fails(model, tmp_path):
+def _steps_plans():
+    """A task whose kernels dominate the step (8,192 bags of 10 lookups of 256 floats a table, 2 ranks), so that
+    balance shows: its tables, the analytic model, grid's plan and every table on rank 0 (with a core per rank its
+    step waits for one rank doing all the lookups)."""
     from neuroshard_jax.core.plan import Plan
     from neuroshard_jax.costs.choice import spec_of
     from neuroshard_jax.costs.scoring import with_costs
-    from neuroshard_jax.measure.autotune import AutotuneConfig, Entrant
-    from neuroshard_jax.measure.autotune_steps import autotune_steps
     from neuroshard_jax.search.pipeline import search_plan
     from searchers import make_searcher
 
     rng = np.random.default_rng(3)
-    # kernels that dominate the step (8,192 bags of 10 lookups of 256 floats a table), so that balance shows
     tables = [make_table(i, int(rng.integers(100_000, 150_000)), 256, 10.0) for i in range(4)]
     task = make_task(tables, num_devices=2, mem_cap_gb=2.0, batch_size=8192)
     model = spec_of("analytic").for_task(task)
     good = search_plan(task, make_searcher("grid"), model, 0)
-    # every table on rank 0: with a core per rank its step waits for one rank doing all the lookups
-    planted = with_costs(model, Plan.from_assignment(task, [1] * task.num_tables, [[0]] * task.num_tables))
+    piled = with_costs(model, Plan.from_assignment(task, [1] * task.num_tables, [[0]] * task.num_tables))
+    return tables, model, good, piled
+
+
+def test_autotune_steps_times_each_candidate_in_distributed_model_parallel_and_drops_one_that_fails(model, tmp_path):
+    from neuroshard_jax.core.plan import Plan
+    from neuroshard_jax.costs.scoring import with_costs
+    from neuroshard_jax.measure.autotune import AutotuneConfig, Entrant
+    from neuroshard_jax.measure.autotune_steps import autotune_steps
+
+    tables, model, good, planted = _steps_plans()
     odd = make_task(tables, num_devices=2, mem_cap_gb=2.0, batch_size=8191)  # its batch cannot be sliced evenly
     failing = with_costs(model, Plan.from_assignment(odd, [1] * odd.num_tables, [[1]] * odd.num_tables))
     readings = tmp_path / "steps.jsonl"
@@ -277,24 +286,14 @@ def test_a_busy_machine_never_overrules_the_model_s_pick_in_training_steps(tmp_p
     import sys
 
     from neuroshard_jax.core.hardware import OtherLoad
-    from neuroshard_jax.core.plan import Plan
-    from neuroshard_jax.costs.choice import spec_of
-    from neuroshard_jax.costs.scoring import with_costs
     from neuroshard_jax.measure.autotune import AutotuneConfig, Entrant
     from neuroshard_jax.measure.autotune_steps import autotune_steps
-    from neuroshard_jax.search.pipeline import search_plan
-    from searchers import make_searcher
 
     spin = "import time\nt = time.time()\nwhile time.time() - t < 1.0: pass"
     with OtherLoad() as own:  # a child's CPU is this run's own, not another user's
         subprocess.run([sys.executable, "-c", spin], check=True)
     assert own.cores is not None and own.cores < 0.5 and not own.busy
-    rng = np.random.default_rng(3)
-    tables = [make_table(i, int(rng.integers(100_000, 150_000)), 256, 10.0) for i in range(4)]
-    task = make_task(tables, num_devices=2, mem_cap_gb=2.0, batch_size=8192)
-    model = spec_of("analytic").for_task(task)
-    good = search_plan(task, make_searcher("grid"), model, 0)
-    slow = with_costs(model, Plan.from_assignment(task, [1] * task.num_tables, [[0]] * task.num_tables))
+    _, _, good, slow = _steps_plans()
     picked = dataclasses.replace(slow, costs=dataclasses.replace(slow.costs, cost_ms=good.costs.cost_ms / 2))
     readings = tmp_path / "steps.jsonl"
     config = AutotuneConfig(name="steps", rounds=2, steps=4, step_warmup=1, budget_s=25.0, readings=str(readings))
