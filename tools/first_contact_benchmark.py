@@ -34,10 +34,10 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
 from neuroshard_jax.core.hardware import hardware, hardware_kind
 from neuroshard_jax.core.manifests import result_stamp
+from neuroshard_jax.core.records import ratio_errors as errors
 from neuroshard_jax.costs.choice import build_cost_model, model_names, models_of_kind, spec_of
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import open_executor
-from neuroshard_jax.learn.metrics import ratio_errors as errors
 from neuroshard_jax.measure.calibration import CalibrateConfig, PlanReadings
 from neuroshard_jax.measure.evaluator import measure_comm
 from neuroshard_jax.measure.first_contact import predicted_comm

@@ -23,11 +23,11 @@ import numpy as np
 
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.records import ratio_errors
 from neuroshard_jax.costs.checkpoints import load_ensemble
 from neuroshard_jax.costs.choice import checkpoint_path
 from neuroshard_jax.learn.datasets import ensemble_arrays
 from neuroshard_jax.learn.ensemble_fit import ensemble_ms
-from neuroshard_jax.learn.metrics import ratio_errors
 from neuroshard_jax.measure.first_contact import MAX_PREDICTED_MS, SAMPLES
 
 MIN_TABLES, MAX_TABLES = 4, 16  # first contact's spec devices (``first_contact.contact_tasks``)

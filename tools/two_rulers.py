@@ -34,12 +34,12 @@ from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import JsonlLog, write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.progress import progress_bar
+from neuroshard_jax.core.records import ratio_errors
 from neuroshard_jax.core.table import PoolSpec
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.choice import CostModelSpec, build_cost_model
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
-from neuroshard_jax.learn.metrics import ratio_errors
 from neuroshard_jax.measure.calibration import predicted_compute_ms, sample_devices, whole
 from neuroshard_jax.measure.evaluator import EvaluateConfig, device_key, device_tables, measure_tables
 from neuroshard_jax.search.pipeline import search_plan

@@ -30,10 +30,10 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.files import read_records, write_json
 from neuroshard_jax.core.manifests import result_stamp
 from neuroshard_jax.core.plan import Plan
+from neuroshard_jax.core.records import ratio_errors
 from neuroshard_jax.costs.choice import CostModelSpec, build_cost_model, checkpoint_path
 from neuroshard_jax.costs.scoring import score_plan
 from neuroshard_jax.kernels.executors import ExecutorConfig, open_executor
-from neuroshard_jax.learn.metrics import ratio_errors
 from neuroshard_jax.measure.evaluator import EvaluateConfig, measure_tables, plan_kernels
 from tools.foreign_benchmark import drift_labels, model_datasets
 

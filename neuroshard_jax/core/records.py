@@ -32,7 +32,20 @@ __all__ = [
     "PolishRecord",
     "PolishStep",
     "PortfolioRecord",
+    "ratio_errors",
 ]
+
+
+def ratio_errors(pred, true) -> dict[str, float]:
+    """The error of predictions against positive measurements, as ``PlanDevices`` and the benchmarks record it: MAPE,
+    the median signed error (the bias, robust to one wild device) and the worst ratio either way, rounded to 4
+    places."""
+    ratio = np.asarray(pred, float) / np.asarray(true, float)
+    return {
+        "mape": round(float(np.mean(np.abs(ratio - 1))), 4),
+        "bias": round(float(np.median(ratio - 1)), 4),
+        "worst": round(float(np.max(np.maximum(ratio, 1 / ratio))), 4),
+    }
 
 
 def _json(value: Any) -> Any:

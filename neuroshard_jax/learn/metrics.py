@@ -22,17 +22,6 @@ def relative_errors(pred, true) -> tuple[float, float, float]:
     return float(np.mean(np.abs(ratio - 1))), float(np.mean(ratio - 1)), float(np.max(np.maximum(ratio, 1 / ratio)))
 
 
-def ratio_errors(pred, true) -> JSONDoc:
-    """A benchmark record's error of predictions against positive measurements: MAPE, the median signed error (the
-    bias, robust to one wild device) and the worst ratio either way, rounded to 4 places."""
-    ratio = np.asarray(pred, float) / np.asarray(true, float)
-    return {
-        "mape": round(float(np.mean(np.abs(ratio - 1))), 4),
-        "bias": round(float(np.median(ratio - 1)), 4),
-        "worst": round(float(np.max(np.maximum(ratio, 1 / ratio))), 4),
-    }
-
-
 def rmse(pred, true) -> float:
     return float(np.sqrt(np.mean((np.asarray(pred, float) - np.asarray(true, float)) ** 2)))
 

@@ -25,7 +25,13 @@ import numpy as np
 from neuroshard_jax.core.config import bounded
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.plan import Plan
-from neuroshard_jax.core.records import CalibrationProtocol, CalibrationRatios, CalibrationRecord, PlanDevices
+from neuroshard_jax.core.records import (
+    CalibrationProtocol,
+    CalibrationRatios,
+    CalibrationRecord,
+    PlanDevices,
+    ratio_errors,
+)
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.core.task import Task
 from neuroshard_jax.costs.cost_model import CostModel, device_compute_ms
@@ -219,14 +225,11 @@ def checked_on_plan(plan: Plan, model: CostModel, readings: PlanReadings, search
     got = readings.devices(plan)
     guess = np.asarray(score_plan(model.expected, plan).compute_ms, np.float64)
     used = got > 0
-    ratio = np.maximum(guess[used], 1e-9) / got[used]
     kernels = plan_kernels(plan)
     return PlanDevices(
         measured_ms=tuple(round(float(m), 3) for m in got[used]),
         predicted_ms=tuple(round(float(p), 3) for p in guess[used]),
-        mape=round(float(np.mean(np.abs(ratio - 1))), 4),
-        bias=round(float(np.median(ratio - 1)), 4),
-        worst=round(float(np.max(np.maximum(ratio, 1 / ratio))), 4),
+        **ratio_errors(np.maximum(guess[used], 1e-9), got[used]),
         searched_again=searched_again,
         changed=changed,
         busy=sum(any(k in readings.busy for k, _, _ in kernels[d]) for d in np.flatnonzero(used)),
