@@ -141,3 +141,43 @@ def test_it_imports_no_table_drawing_code():
     text = SEALED_SOURCE.read_text()
     for name in ("sample_spec_shard", "draw_table_spec", "SpecSamplerConfig", "zipf_ids", "synthetic_table_params"):
         assert name not in text
+
+
+def test_the_sequence_tradeoff_prices_row_blocks_of_the_heaviest_devices_sequence_tables(tmp_path, capsys):
+    """``tools.sequence_tradeoff``: a plan with a sequence table whole on its device, priced by the shipped kinds
+    model beside the same plan with that table in 2 and 4 row blocks; every variant holds every row of every table,
+    and a row-wise cut divides the distinct rows, so the slowest device's compute falls."""
+    import json
+
+    from neuroshard_jax.core.plan import Plan
+    from neuroshard_jax.core.sharding import Shard
+    from neuroshard_jax.core.table import Table
+    from neuroshard_jax.core.task import Task
+    from neuroshard_jax.costs.choice import build_cost_model, spec_of
+    from tools import sequence_tradeoff as st
+
+    bins = tuple([0.9, 0.1] + [0.0] * 15)
+    tables = (
+        Table(0, 900_000, 16, 12.0, bins, pooling="none", name="history"),
+        Table(1, 5_000, 16, 1.0, bins, name="user"),
+        Table(2, 20_000, 8, 4.0, bins, name="tags"),
+    )
+    task = Task.uniform(4, 1.0, 4096, tables)
+    plan = Plan(task, (Shard(0, 0, 16, 0), Shard(1, 0, 16, 1), Shard(2, 0, 8, 2)))
+    rows = tmp_path / "plans.jsonl"
+    row = {"id": "t/portfolio", "task": "t", "searcher": "portfolio", "plan": plan.to_json()}
+    rows.write_text(json.dumps(row) + "\n")
+    out = tmp_path / "tradeoff.json"
+    assert st.main(["--plans", str(rows), "--checkpoint", "epyc-f26m2-kinds", "--out", str(out)]) == 0
+    figures = json.loads(out.read_text())["tasks"]["t"]
+    assert set(figures) == {"portfolio", "history in 2 row blocks", "history in 4 row blocks"}
+    whole = figures["portfolio"]["compute_ms"]
+    assert all(figures[f"history in {k} row blocks"]["compute_ms"] < whole for k in (2, 4))
+    assert "history in 4 row blocks" in capsys.readouterr().out
+    model = build_cost_model(spec_of("epyc-f26m2-kinds"), task)[0]
+    for _, variant in st.row_variants(model, plan):
+        held = sorted((s.row_offset, s.rows(900_000)) for s in variant.shards if s.table == 0)
+        assert sum(n for _, n in held) == 900_000 and held[0][0] == 0
+        assert {s.table for s in variant.shards} == {0, 1, 2}
+    assert st.main(["--plans", str(rows), "--checkpoint", "epyc-f26m2-kinds", "--task", "nope"]) == 2
+    assert "no plan of task 'nope'" in capsys.readouterr().err
