@@ -306,6 +306,10 @@ def test_models_compared_on_held_out_labels_use_the_training_split(tiny_ensemble
         assert result[name]["alone"][str(ckpt)] is None or result[name]["alone"][str(ckpt)]["count"] <= got["count"]
     whole = compare([str(ckpt)], [str(tiny_checkpoint[0])], spread, train, whole=[str(specs_dir)])
     assert whole["specs"]["all"][str(ckpt)]["count"] > report["compute"]["specs"]["ensemble"]["count"]
+    # by the prediction: each kind's labels in 3 slices of (about) equal count that together are the kind's
+    cut = compare([str(ckpt)], [str(tiny_checkpoint[0])], spread, train, whole=[str(specs_dir)], by_predicted=3)
+    slices = [cut["specs"][f"sum:q{b}"][str(ckpt)]["count"] for b in (1, 2, 3)]
+    assert sum(slices) == cut["specs"]["sum"][str(ckpt)]["count"] and max(slices) - min(slices) <= 1
     # models trained on the datasets otherwise than the last: refused, the test part is not held out from both
     meta = json.loads((ckpt / "meta.json").read_text())
     order = [str(tiny_checkpoint[0]), str(specs_dir)]

@@ -16,7 +16,9 @@ it whole. ``--whole``: datasets no model was trained on, scored on every record.
 ``cold`` (a table of >= 1e6 rows read <= 2 times a sample), ``heavy`` (>= 1e5 rows read >= 10 times), ``tiny`` (a
 table, or a row block, of <= 100 rows), ``alone`` (one table), ``fused`` (the rest), ``many`` (more than 16 tables
 fused), ``onehot`` (a table whose hottest row is read on >= 30% of its lookups); and by the kernel their tables
-run in (``sum``, ``mean``, ``sum_weighted``, ``mean_weighted``, ``sequence``: ``core.table.KERNEL_KINDS``).
+run in (``sum``, ``mean``, ``sum_weighted``, ``mean_weighted``, ``sequence``: ``core.table.KERNEL_KINDS``);
+``--by-predicted N``: each kind also in N slices of equal count by the first model's predicted ms (``sequence:q1``
+the cheapest), binned by the prediction so that a label's own noise does not sort it into a bin.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import numpy as np
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import FEATURE_NAMES, NUM_BINS
 from neuroshard_jax.core.files import write_json
+from neuroshard_jax.core.table import KERNEL_KINDS
 from neuroshard_jax.costs.checkpoints import load_ensemble
 from neuroshard_jax.costs.choice import checkpoint_path
 from neuroshard_jax.costs.ensemble import physics
@@ -181,9 +184,12 @@ def compare(
     train: TrainConfig,
     whole: list[str] = (),
     counts: list[int | None] | None = None,
+    by_predicted: int = 0,
 ) -> dict:
     """Per dataset, slice and model: ``scores`` on the dataset's test split (``whole``'s: on all its records);
-    ``counts``: the records of each dataset training saw (the rest, added since, are left out; None: all)."""
+    ``counts``: the records of each dataset training saw (the rest, added since, are left out; None: all).
+    ``by_predicted``: each kernel kind's labels also in that many slices by the first model's predicted ms
+    (``<kind>:q1`` cheapest; binned by the prediction, not the label, so a label's own noise does not sort it)."""
     datasets = [*datasets, *whole]
     feats, mask, batch, target, source, test = held_out(datasets, label_filter, train, len(whole), counts)
     predicted = {}
@@ -196,9 +202,24 @@ def compare(
     for i, dataset in enumerate(datasets):
         mine = source[test] == i
         parts = {"all": mine} | {k: mine & v for k, v in slices.items()}
+        if by_predicted:
+            parts |= predicted_slices(predicted[models[0]], parts, by_predicted)
         out[Path(dataset).name] = {
             part: {name: scores(predicted[name][keep], true[keep]) for name in models} for part, keep in parts.items()
         }
+    return out
+
+
+def predicted_slices(predicted: np.ndarray, parts: dict[str, np.ndarray], bins: int) -> dict[str, np.ndarray]:
+    """bool[S] per kernel kind's slice of ``parts`` cut in ``bins`` by ``predicted`` ms (equal counts)."""
+    out = {}
+    for kind in KERNEL_KINDS:
+        mine = parts.get(kind)
+        if mine is None or mine.sum() < bins:
+            continue
+        edges = np.quantile(predicted[mine], np.linspace(0, 1, bins + 1)[1:-1])
+        which = np.digitize(predicted, edges)
+        out |= {f"{kind}:q{b + 1}": mine & (which == b) for b in range(bins)}
     return out
 
 
@@ -210,14 +231,14 @@ def cell_text(scored: dict | None) -> str:
 
 
 def print_table(result: dict, models: list[str]) -> None:
-    print(f"{'dataset':16s} {'slice':6s} {'count':>5s} " + " ".join(f"{Path(m).name[:26]:>27s}" for m in models))
+    print(f"{'dataset':16s} {'slice':13s} {'count':>5s} " + " ".join(f"{Path(m).name[:26]:>27s}" for m in models))
     for dataset, parts in result.items():
         for part, by_model in parts.items():
             first = next((s for s in by_model.values() if s), None)
             if first is None:
                 continue
             cells = [cell_text(s) for s in by_model.values()]
-            print(f"{dataset:16s} {part:6s} {first['count']:5d} " + " ".join(f"{c:>27s}" for c in cells))
+            print(f"{dataset:16s} {part:13s} {first['count']:5d} " + " ".join(f"{c:>27s}" for c in cells))
     print("cells: MAPE, mean signed error, worst (predicted / measured either way)")
 
 
@@ -228,6 +249,9 @@ def main() -> None:
         "--datasets", default="", help="comma-separated compute datasets, in training order (none: --whole alone)"
     )
     parser.add_argument("--whole", default="", help="comma-separated compute datasets no model saw, scored whole")
+    parser.add_argument(
+        "--by-predicted", type=int, default=0, help="also each kernel kind in N slices by the first model's prediction"
+    )
     parser.add_argument("--out", default="outputs/bench/heldout")
     args = parser.parse_args()
     models = [m for m in args.models.split(",") if m]
@@ -241,7 +265,9 @@ def main() -> None:
                 raise UserError(f"--datasets/--whole: {d!r} holds no compute.jsonl, expected a collect out_dir")
         metas = {m: load_ensemble(checkpoint_path(m))[3] for m in models}
         train, label_filter, counts = check_splits(metas, datasets)
-        result = compare(models, datasets, label_filter, train, whole, counts)
+        if args.by_predicted < 0:
+            raise UserError(f"--by-predicted: got {args.by_predicted}, expected a number of slices >= 0")
+        result = compare(models, datasets, label_filter, train, whole, counts, args.by_predicted)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
