@@ -58,6 +58,7 @@ def test_the_gpu_check_runs_dry_and_writes_its_files_and_table(tmp_path):
         for predicted, held in zip(memory["predicted_bytes"], memory["held_bytes"]):
             assert 0.5 < held / predicted < 2.0
         assert memory["peak_bytes"] == [None] * len(memory["held_bytes"])  # a GPU's allocator peak: none on a CPU
+        assert memory["workspace_bytes"] == [0] * len(memory["held_bytes"])  # a CPU's plan counts no workspace
     dmp = json.loads((out / "dmp.json").read_text())  # the full step in DMP, beside the other steps
     assert set(dmp["tasks"]["dry-0"]["plans"]) == {"beam", "torchrec", "torchrec_default"}
     assert all(p["step_ms"] > 0 for p in dmp["tasks"]["dry-0"]["plans"].values())

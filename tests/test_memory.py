@@ -183,6 +183,60 @@ def test_optimizers_by_fbgemm_or_torchrec_name_kept_in_the_task_file_and_refused
     assert request.optimizer == "exact_row_wise_adagrad"
 
 
+@pytest.mark.fast
+def test_a_plan_for_a_gpu_counts_fbgemms_backward_workspace_and_a_cpu_plan_does_not():
+    """FBGEMM's CUDA backward sorts every lookup (``transpose_embedding_input``): a plan for ``device=cuda`` counts
+    ``FBGEMM_GPU_WORKSPACE_BYTES`` a lookup among each device's buffers, its task file says so and reads back; a CPU
+    plan of the same task is as before; a task's own workspace (0 included) is kept on any device; bad values are
+    refused in one line."""
+    from neuroshard_jax.core.memory import FBGEMM_GPU_WORKSPACE_BYTES
+    from neuroshard_jax.core.task import memory_words, on_device
+
+    batch = 4096
+    task = make_task([make_table(0, rows=1000, dim=16, pooling=3.0)], batch_size=batch)
+    shards = [Shard(0, 0, 16, 0)]
+    cpu = on_device(task, "cpu")
+    assert cpu is task and "workspace" not in cpu.to_json()
+    gpu = on_device(task, "cuda")
+    extra = gpu.device_memory(shards)[0].buffers - task.device_memory(shards)[0].buffers
+    assert extra == round(3 * batch * FBGEMM_GPU_WORKSPACE_BYTES) and gpu.to_json()["workspace"] == 48.0
+    assert Task.from_json(gpu.to_json()).training == gpu.training
+    assert "backward's workspace, 48 B a lookup" in memory_words(gpu, gpu.device_memory(shards)[0])
+    mine = dataclasses.replace(task, training=Training(workspace=0.0))
+    assert on_device(mine, "cuda") is mine  # said by the task: kept
+    planned = nsj.plan(
+        {"t": {"rows": 1000, "dim": 16, "pooling_factor": 3.0, "bins": UNIFORM}},
+        1,
+        1.0,
+        "size_greedy",
+        "analytic",
+        device="cuda",
+        batch_size=batch,
+    )
+    assert planned.task.training.workspace == FBGEMM_GPU_WORKSPACE_BYTES
+    for bad in (-1.0, 1e6, "48"):
+        with pytest.raises(UserError, match=r"^task\.workspace: got "):
+            Task.from_json({**task.to_json(), "workspace": bad})
+
+
+def test_the_configured_workspace_replaces_a_task_files_and_keeps_its_other_training_fields(tmp_path):
+    """``task.workspace=0`` on a task file of row-wise Adagrad and a 15% reserve: the file's optimizer and reserve
+    stay, its workspace is the one configured (each configured field replaces the file's where set)."""
+    import json
+
+    from neuroshard_jax.workloads.builders import TaskConfig
+    from neuroshard_jax.workloads.builders import make_task as task_of
+
+    base = make_task([make_table(0, rows=1000, dim=16, pooling=3.0)])
+    file = tmp_path / "task.json"
+    file.write_text(json.dumps({**base.to_json(), "optimizer": "exact_row_wise_adagrad", "mem_reserve": 0.15}))
+    got = task_of(TaskConfig(workspace=0.0), 0, str(file))
+    assert got.training == Training("exact_row_wise_adagrad", 0.15, 0.0)
+    assert task_of(TaskConfig(), 0, str(file)).training == Training("exact_row_wise_adagrad", 0.15)
+    with pytest.raises(UserError, match=r"^task\.workspace: got -2"):
+        TaskConfig(workspace=-2.0)
+
+
 def _two_big_tables(optimizer: str, **options):
     """The issue's case: two tables of 0.9 GiB (fp32, 4 wide) on 2 devices of 1 GiB."""
     rows = int(0.9 * GIB_BYTES / 16)

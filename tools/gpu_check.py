@@ -66,7 +66,7 @@ from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.manifests import write_manifest
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
-from neuroshard_jax.core.task import Task
+from neuroshard_jax.core.task import Task, on_device
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, compute_request, default_protocol
@@ -559,9 +559,14 @@ class Measurements:
                 sums.append(sum(got) if got and None not in got else None)
             return sums
 
-        predicted = plan.task.device_memory(plan.shards, plan.data_parallel)
+        # as a plan for this device counts it: on a GPU with FBGEMM's backward workspace (``core.memory``)
+        task = on_device(plan.task, self.device)
+        predicted = task.device_memory(plan.shards, plan.data_parallel)
+        bare = dataclasses.replace(task, training=dataclasses.replace(task.training, workspace=0.0))
+        without = bare.device_memory(plan.shards, plan.data_parallel)
         return {
             "predicted_bytes": [p.total for p in predicted],
+            "workspace_bytes": [p.total - w.total for p, w in zip(predicted, without)],
             "held_bytes": measured("held_bytes"),
             "peak_bytes": measured("peak_bytes"),
         }
@@ -889,9 +894,11 @@ def table(out: Path) -> str:
 
 
 def memory_lines(rows: dict) -> list[str]:
-    """Per searcher, the devices' measured memory against ``Plan.memory``'s prediction (their shards' part): the
-    allocator's count of what the kernels held, and on a GPU its peak over the request. A ratio above 100% is memory
-    the planner did not see: the worst one is what a user's out-of-memory would come from."""
+    """Per searcher, the devices' measured memory against ``Plan.memory``'s prediction (their shards' part, with the
+    device's backward workspace: ``core.memory.FBGEMM_GPU_WORKSPACE_BYTES`` a lookup on a GPU): the allocator's count
+    of what the kernels held (below 100% by the workspace: freed when the backward ends), and on a GPU its peak over
+    the request. A peak above 100% is memory the planner did not see: the worst one is what a user's out-of-memory
+    would come from."""
     lines = [
         "",
         "| searcher | devices | held / predicted: median (worst) | peak / predicted: median (worst) | peak over |",

@@ -83,18 +83,49 @@ def kernel_optimizer(name: str, device: str, where: str = "optimizer") -> Optimi
     return optimizer
 
 
+# Bytes FBGEMM's CUDA backward holds per lookup while it runs (``transpose_embedding_input``, FBGEMM 1.6-1.9): the
+# lookups' linear indices and their sorted copy (int64: 8 + 8), their positions and the sorted copy (int32 for pooled
+# kernels, int64 for sequence ones: up to 8 + 8), the sorted runs (int64: 8), their lengths and cumulative lengths
+# (int32: 4 + 4) and, while it sorts, the radix sort's own buffers (about one more key and value each, freed before
+# the runs are made): 48 at the larger of the two layouts. Its CPU backward holds its own (not counted: a host's
+# memory is not what binds a CPU plan, and no CPU peak was measured).
+FBGEMM_GPU_WORKSPACE_BYTES = 48.0
+MAX_WORKSPACE_BYTES = 4096.0  # per lookup: far past any kernel's temporaries (a typo's guard)
+
+
+def device_workspace(device: str) -> float:
+    """Bytes per lookup a ``device``'s kernels hold in their backward beyond what ``shard_memory`` counts."""
+    return FBGEMM_GPU_WORKSPACE_BYTES if device == "cuda" else 0.0
+
+
 @dataclasses.dataclass(frozen=True)
 class Training:
-    """How the tables train, as far as memory goes: the fused optimizer (FBGEMM's name) and the share of every
-    device's cap held back for what the plan does not hold (``reserve``, 0 to below 1)."""
+    """How the tables train, as far as memory goes: the fused optimizer (FBGEMM's name), the share of every
+    device's cap held back for what the plan does not hold (``reserve``, 0 to below 1), and the bytes per lookup the
+    kernels' backward holds as its workspace (``workspace``; None: the plan's device's own, ``device_workspace``,
+    set by the planner)."""
 
     optimizer: str = "exact_sgd"
     reserve: float = 0.0
+    workspace: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "optimizer", optimizer_named(self.optimizer).name)
         if not (isinstance(self.reserve, (int, float)) and 0.0 <= self.reserve < 1.0):
             raise UserError(f"task.mem_reserve: got {self.reserve!r}, expected a share of the cap in [0, 1)")
+        w = self.workspace
+        if w is not None and not (
+            isinstance(w, (int, float)) and not isinstance(w, bool) and 0.0 <= w <= MAX_WORKSPACE_BYTES
+        ):
+            raise UserError(
+                f"task.workspace: got {w!r}, expected bytes per lookup in [0, {MAX_WORKSPACE_BYTES:g}] (or none: the "
+                "device's own)"
+            )
+
+    @property
+    def workspace_bytes(self) -> float:
+        """Bytes per lookup counted: ``workspace``, 0 where it is the device's own and no device has set it."""
+        return float(self.workspace or 0.0)
 
     @property
     def state(self) -> Optimizer:
@@ -139,15 +170,19 @@ def shard_memory(
     precision: str,
     optimizer: Optimizer,
     sequence: bool = False,
+    workspace: float = 0.0,
 ) -> MemoryParts:
     """The bytes a shard of ``rows`` x ``dim`` holds while it trains at ``batch_size`` samples, looking up
     ``ids_per_sample`` ids per sample (its table's pooling factor; a row block's share of it); a ``sequence`` table's
-    outputs are a row per id, not per sample."""
+    outputs are a row per id, not per sample; ``workspace``: bytes per lookup its kernel's backward holds while it
+    runs (``Training.workspace``), among the buffers."""
     weights = mem_bytes(rows, dim, precision)
     state = rows * (optimizer.per_row + optimizer.per_weight * dim) * STATE_BYTES
-    ids = int(round(ids_per_sample * batch_size)) + batch_size + 1  # the ids and the offsets
-    outputs = ids - batch_size - 1 if sequence else batch_size
+    lookups = int(round(ids_per_sample * batch_size))
+    ids = lookups + batch_size + 1  # the ids and the offsets
+    outputs = lookups if sequence else batch_size
     buffers = ids * ID_BYTES + 2 * outputs * dim * OUTPUT_BYTES  # the outputs and their gradients
+    buffers += int(round(lookups * workspace))
     return MemoryParts(int(weights), int(state), int(buffers))
 
 

@@ -64,10 +64,13 @@ def memory_lines(plan_json: dict[str, Any]) -> list[str]:
     parts = fullest["mem_parts_gb"]
     cap = (task.get("devices") or [{"mem_cap_gb": task["mem_cap_gb"]}] * task["num_devices"])[fullest["device"]]
     reserve = task.get("mem_reserve", 0.0)
+    workspace = task.get("workspace") or 0.0
     return [
         f"memory of the fullest device ({fullest['device']}): weights {parts['weights']:.3f} + "
         f"{task.get('optimizer', 'exact_sgd')} state {parts['optimizer_state']:.3f} + step buffers "
-        f"{parts['step_buffers']:.3f} = {fullest['mem_gb']:.3f} GiB of {cap['mem_cap_gb']:g} GiB"
+        f"{parts['step_buffers']:.3f}"
+        + (f" (with the backward's workspace, {workspace:g} B a lookup)" if workspace else "")
+        + f" = {fullest['mem_gb']:.3f} GiB of {cap['mem_cap_gb']:g} GiB"
         + (f" less {100 * reserve:g}% reserved" if reserve else "")
     ]
 

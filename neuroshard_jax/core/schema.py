@@ -51,6 +51,7 @@ class TaskFile:
     precision: str = "fp32"
     optimizer: str = Training.optimizer  # the fused optimizer, FBGEMM's or TorchRec's name (core.memory)
     mem_reserve: float = bounded(at_least=0, default=0.0)  # share of every cap held back
+    workspace: float | None = bounded(at_least=0, default=None)  # bytes per lookup the backward holds (core.memory)
     tables: tuple[JSONDoc, ...] | None = None  # TableFile objects, each parsed where errors can name it by its name
     pool: PoolSpec | None = None
     links: Links | None = None

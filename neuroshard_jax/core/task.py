@@ -41,7 +41,15 @@ from neuroshard_jax.core.devices import Device, Links
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.features import feature_matrix
 from neuroshard_jax.core.files import JSONDoc
-from neuroshard_jax.core.memory import PLAIN_SGD, MemoryParts, Training, gib, shard_memory, step_memory
+from neuroshard_jax.core.memory import (
+    PLAIN_SGD,
+    MemoryParts,
+    Training,
+    device_workspace,
+    gib,
+    shard_memory,
+    step_memory,
+)
 from neuroshard_jax.core.schema import (
     TaskFile,
     checked_links,
@@ -216,7 +224,10 @@ class Task:
         table = self.tables[index]
         ids = table.pooling_factor * rows / table.rows
         precision = self.table_precision(index)
-        return shard_memory(rows, dim, ids, self.batch_size, precision, self.training.state, table.sequence)
+        training = self.training
+        return shard_memory(
+            rows, dim, ids, self.batch_size, precision, training.state, table.sequence, training.workspace_bytes
+        )
 
     def table_precision(self, index: int) -> str:
         """The data type of table ``index``'s weights: its own (``Table.precision``), else the task's."""
@@ -301,6 +312,7 @@ class Task:
             "precision": self.precision,
             **({"optimizer": self.training.optimizer} if self.training.optimizer != Training.optimizer else {}),
             **({"mem_reserve": self.training.reserve} if self.training.reserve else {}),
+            **({"workspace": self.training.workspace} if self.training.workspace is not None else {}),
             "tables": [table_json(t) for t in self.tables],
         }
         if self.pool is not None:
@@ -346,7 +358,7 @@ class Task:
                     key = "pin" if d == t.constraints.pin else "exclude"
                     raise UserError(f"{at[i]}.{key}: got device {d}, expected 0..{len(devices) - 1}")
         links = checked_links(raw.links, devices, where)
-        training = training_of(raw.optimizer, raw.mem_reserve, where)
+        training = training_of(raw.optimizer, raw.mem_reserve, where, raw.workspace)
         return cls(tuple(devices), raw.batch_size, tables, raw.precision, raw.pool, links, training)
 
 
@@ -358,13 +370,15 @@ def memory_words(task: Task, parts: MemoryParts) -> str:
     if parts.state or state.per_row or state.per_weight:
         words += f" + {state.name} state {parts.state / gib:.3f}"
     words += f" + step buffers {parts.buffers / gib:.3f} GiB"
+    if task.training.workspace_bytes:
+        words += f" (with the backward's workspace, {task.training.workspace_bytes:g} B a lookup)"
     return words + (f"; {100 * task.training.reserve:g}% of the cap reserved" if task.training.reserve else "")
 
 
-def training_of(optimizer: str, reserve: float, where: str = "task") -> Training:
-    """The ``Training`` of a task's optimizer and reserve; UserError naming ``where``'s field otherwise."""
+def training_of(optimizer: str, reserve: float, where: str = "task", workspace: float | None = None) -> Training:
+    """The ``Training`` of a task's optimizer, reserve and workspace; UserError naming ``where``'s field otherwise."""
     try:
-        return Training(optimizer, reserve)
+        return Training(optimizer, reserve, workspace)
     except UserError as err:
         raise UserError(f"{where}.{str(err).removeprefix('task.')}") from None
 
@@ -439,6 +453,16 @@ def fit_advice(task: Task) -> str:
     largest = max(d.mem_cap_gb for d in task.devices)
     short = "" if least is None else f" short by {least - largest:.3g} GiB a device:"
     return f";{short} it would fit with {' or '.join(ideas)}"
+
+
+def on_device(task: Task, device: str) -> Task:
+    """``task`` as a plan for ``device`` counts it: where its workspace is the device's own (None), the bytes per
+    lookup that device's kernels hold in their backward (``device_workspace``: FBGEMM's CUDA temporaries on a GPU;
+    nothing more on a CPU, so a CPU task is unchanged)."""
+    workspace = device_workspace(device)
+    if task.training.workspace is not None or not workspace:
+        return task
+    return _with_training(task, workspace=workspace)
 
 
 def _with_training(task: Task, **changes) -> Task:

@@ -28,7 +28,7 @@ from neuroshard_jax.core.environment import check_jax_environment
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import check_row_split
-from neuroshard_jax.core.task import Task, check_feasible
+from neuroshard_jax.core.task import Task, check_feasible, on_device
 from neuroshard_jax.costs.choice import CostModelSpec, ModelChoice, build_cost_model, spec_of
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.coverage import out_of_depth_warning
@@ -173,6 +173,7 @@ class Planner(Settings):
         if not isinstance(task, Task):
             raise UserError(f"planner.run: got {type(task).__name__}, expected a Task (workloads.builders.make_task)")
         check_jax_environment()  # a library's caller too: JAX_PLATFORMS=cuda without a GPU is one line, not XLA's
+        task = on_device(task, self.device)  # its memory as this device's kernels hold it (a GPU's workspace)
         check_feasible(task)  # an infeasible task is refused before any model is built or kernel measured
         keep_compiled_kernels()
         model, choice = build_cost_model(self.cost_model, task, self.device, self.fallback)  # choice.instead: why

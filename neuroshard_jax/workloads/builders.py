@@ -47,6 +47,7 @@ class TaskConfig:
     precision: str = "fp32"
     optimizer: str = "exact_sgd"  # the fused optimizer the tables train with (FBGEMM's or TorchRec's name)
     mem_reserve: float = 0.0  # share of every device's cap held back for what the plan does not hold
+    workspace: float | None = None  # bytes a lookup the backward holds (core.memory); None: the plan's device's own
     max_fill: float = bounded(above=0, at_most=1, default=0.9)
     split: str = "all"
     pool: PoolSpec = PoolSpec()
@@ -64,11 +65,11 @@ class TaskConfig:
             raise UserError(f"task.split: got {self.split!r}, expected one of {', '.join(SPLITS)}")
         if self.precision not in BYTES_PER_ELEMENT:
             raise UserError(f"task.precision: got {self.precision!r}, expected one of {', '.join(BYTES_PER_ELEMENT)}")
-        Training(self.optimizer, self.mem_reserve)  # refuses an unknown optimizer or a reserve out of [0, 1)
+        Training(self.optimizer, self.mem_reserve, self.workspace)  # refuses a bad optimizer, reserve or workspace
 
     @property
     def training(self) -> Training:
-        return Training(self.optimizer, self.mem_reserve)
+        return Training(self.optimizer, self.mem_reserve, self.workspace)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,12 +139,17 @@ def generate_task(pool: TablePool, config: TaskConfig, seed: int, max_attempts: 
 
 
 def make_task(config: TaskConfig, seed: int, path: str | None = None) -> Task:
-    """The task of a run: loaded from ``path`` if given (the configured optimizer and reserve replace the file's
-    where set), else generated from the configured pool."""
+    """The task of a run: loaded from ``path`` if given (the configured optimizer, reserve and workspace replace the
+    file's, each where set), else generated from the configured pool."""
     if path:
         task = load_task(path)
-        if config.training != PLAIN_SGD:
-            task = dataclasses.replace(task, training=config.training)
+        given = {
+            field.name: getattr(config.training, field.name)
+            for field in dataclasses.fields(Training)
+            if getattr(config.training, field.name) != getattr(PLAIN_SGD, field.name)
+        }
+        if given:
+            task = dataclasses.replace(task, training=dataclasses.replace(task.training, **given))
         return task
     return generate_task(load_pool(config.pool, config.batch_size), config, seed)
 
