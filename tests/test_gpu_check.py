@@ -59,6 +59,11 @@ def test_the_gpu_check_runs_dry_and_writes_its_files_and_table(tmp_path):
             assert 0.5 < held / predicted < 2.0
         assert memory["peak_bytes"] == [None] * len(memory["held_bytes"])  # a GPU's allocator peak: none on a CPU
         assert memory["workspace_bytes"] == [0] * len(memory["held_bytes"])  # a CPU's plan counts no workspace
+    # the same plans counted for a GPU: FBGEMM's backward workspace adds its share to every device
+    from tools.gpu_check import workspace_share
+
+    shares = workspace_share(out, DRY)
+    assert set(shares) >= {"beam", "grid"} and all(1.0 < s["median"] <= s["worst"] for s in shares.values())
     dmp = json.loads((out / "dmp.json").read_text())  # the full step in DMP, beside the other steps
     assert set(dmp["tasks"]["dry-0"]["plans"]) == {"beam", "torchrec", "torchrec_default"}
     assert all(p["step_ms"] > 0 for p in dmp["tasks"]["dry-0"]["plans"].values())

@@ -7,6 +7,7 @@ steps dry on this CPU.
     OUT=$OUT bash tools/gpu_check.sh             # there (the device tool's command, carrying .gpu)
     python -m tools.gpu_check run OUT --dry      # here, on CPU, tiny: what the tests run
     python -m tools.gpu_check table OUT          # the README's GPU table from a run's files
+    python -m tools.gpu_check workspace OUT      # the share FBGEMM's backward workspace adds to its plans' devices
 
 ``run`` takes its steps in order, each within its share of ``--budget-s`` (a step stops at its deadline and keeps
 what it has), every file written as it goes:
@@ -950,6 +951,35 @@ def pack_plans(out: Path, tasks: dict[int, Task], searchers: tuple[str, ...] = P
         f.write("".join(json.dumps(r) + "\n" for r in records))
 
 
+def workspace_share(folder: Path, sizes: Sizes = GPU) -> dict[str, dict]:
+    """Per searcher, over the devices of a run's model plans (``model-plans.jsonl[.gz]`` of ``folder``): the plan's
+    memory count for a GPU (with FBGEMM's backward workspace) over the count without it, the share the workspace adds
+    to each device, median and worst (the ratio a run's measured peak / the count without it is read against)."""
+    path = next((folder / n for n in ("model-plans.jsonl", "model-plans.jsonl.gz") if (folder / n).exists()), None)
+    if path is None:
+        raise UserError(f"{folder}: holds no model-plans.jsonl[.gz], expected a GPU run's folder")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    tasks: dict[int, Task] = {}
+    ratios: dict[str, list[float]] = {}
+    for record in records:
+        if "shards" not in record:
+            continue
+        index = record["task"]
+        if index not in tasks:
+            tasks[index] = gpu_task(sizes.tasks, SEED, index)
+        plan = rebuilt(tasks[index], record)
+        bare = dataclasses.replace(plan.task, training=dataclasses.replace(plan.task.training, workspace=0.0))
+        counted = on_device(plan.task, "cuda").device_memory(plan.shards, plan.data_parallel)
+        without = bare.device_memory(plan.shards, plan.data_parallel)
+        ratios.setdefault(record["searcher"], []).extend(c.total / w.total for c, w in zip(counted, without) if w.total)
+    return {
+        s: {"devices": len(v), "median": round(statistics.median(v), 4), "worst": round(max(v), 4)}
+        for s, v in ratios.items()
+    }
+
+
 def pack_tasks(out: Path, sizes: Sizes) -> dict[int, Task]:
     tasks = {i: gpu_task(sizes.tasks, SEED, i) for i in range(sizes.num_tasks)}
     rows = [{"index": i, "summary": task_summary(t), "task": t.to_json()} for i, t in tasks.items()]
@@ -971,7 +1001,7 @@ def pack(out: Path, sizes: Sizes = GPU) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=("pack", "run", "table", "model"))
+    parser.add_argument("stage", choices=("pack", "run", "table", "model", "workspace"))
     parser.add_argument("out")
     parser.add_argument("--dry", action="store_true", help="run: every step on this CPU, tiny")
     parser.add_argument("--budget-s", type=float, default=450.0, help="run: wall seconds for every step together")
@@ -995,6 +1025,12 @@ def main() -> None:
             model_stage(
                 Path(args.out), Path(args.labels), Path(args.work), Path(args.pack) if args.pack else None, args.dry
             )
+        elif args.stage == "workspace":
+            for searcher, share in workspace_share(Path(args.out)).items():
+                print(
+                    f"{searcher}: {share['devices']} devices, the count with the backward's workspace / without: "
+                    f"median {share['median']:.1%}, worst {share['worst']:.1%}"
+                )
         else:
             print(table(Path(args.out)))
     except UserError as err:
