@@ -4,6 +4,7 @@ worker measures labels and plans, the real trainer fits a model on the tiny labe
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,3 +106,15 @@ def test_a_rank_runs_alone_on_the_core_it_is_given_and_bad_cores_are_refused():
     for bad, said in (("8-x", "core numbers and ranges"), ("0,0", "distinct cores"), ("999", "distinct cores")):
         with pytest.raises(UserError, match=said):
             parse_cores(bad)
+
+
+def test_the_gpu_model_trains_on_the_shipped_runs_of_its_own_kind_only():
+    """The model step adds the shipped label sets measured on the run's kind of hardware (GPU and host) and leaves
+    the others out, which training would refuse to mix; a labels folder without a manifest adds none."""
+    from tools.gpu_check import GPU, PROFILES, same_kind_sets
+
+    assert {Path(d).name for d in GPU.base_datasets} == {f"h200-queued-run{i}" for i in (1, 2, 3)}
+    base = (str(PROFILES / "h200-queued-run1"), str(PROFILES / "epyc-f26m2-fresh-specs"), str(PROFILES / "xeon-specs"))
+    assert same_kind_sets(base, PROFILES / "epyc-f26m2-fresh-kinds") == [str(PROFILES / "epyc-f26m2-fresh-specs")]
+    assert same_kind_sets(base, PROFILES / "h200-queued-run2") == [str(PROFILES / "h200-queued-run1")]
+    assert same_kind_sets(base, Path("no-such-folder")) == []

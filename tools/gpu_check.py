@@ -14,12 +14,16 @@ what it has), every file written as it goes:
 
 a. ``smoke.json``: one fused TBE fwd+bwd on the device through the project's worker;
 b. ``labels.tgz`` and ``labels.json``: spec labels over the GPU-sized range (``collect``, the device's protocol:
-   ``queued`` on a GPU), then the first 40 requests measured again (``labels-repeat``): the labels' own floor;
+   ``queued`` on a GPU), each in one of the kernels the shipped GPU runs lack (mean-pooled, weighted, sequence:
+   ``NEW_KINDS``; dry, every kind), then the first 40 requests measured again (``labels-repeat``): the labels' own
+   floor;
    the folder also holds ``comm.jsonl``, the all-to-alls of the comm sampler priced by ``nvlink_ms`` (a GPU's
    all-to-all cannot be measured on one GPU; the cost model's comm nets learn the price the table reports);
-c. ``model.tgz`` and ``model.json``: the ensemble trained here on those labels (``python -m neuroshard_jax.train``,
-   on the CPU beside the next step), its held-out MAPE and Kendall tau; then beam and grid plans of the GPU tasks with
-   it (``model-plans.jsonl``);
+c. ``model.tgz`` and ``model.json``: the ensemble trained here on those labels and the shipped GPU runs of the same
+   kind of machine (``same_kind_sets``: the sum-pooled labels; ``ensemble.kinds=true``, as the CPU kinds models;
+   ``python -m neuroshard_jax.train``, on the CPU beside the next step), its held-out MAPE and Kendall tau by label
+   set; then beam and grid plans of the GPU tasks with it (``model-plans.jsonl``), each device's memory counted with
+   FBGEMM's backward workspace (``core.memory``; ``workspace`` reads a run's plans against it);
 d. ``plans.json``: every device of every plan of the GPU tasks (``workloads/gpu_tasks.py``; TorchRec's default
    planner, TorchRec table-wise + column-wise and size_lookup_greedy from the pack, beam and grid from step c as they
    come) measured on the one GPU in turn, the devices least measured first, repeats for the devices that may be their
@@ -64,9 +68,10 @@ from neuroshard_jax.core.cli import fail
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import read_jsonl, write_json
 from neuroshard_jax.core.hardware import hardware
-from neuroshard_jax.core.manifests import write_manifest
+from neuroshard_jax.core.manifests import load_manifest, manifest_kinds, write_manifest
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
+from neuroshard_jax.core.table import KERNEL_KINDS
 from neuroshard_jax.core.task import Task, on_device
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest
@@ -106,6 +111,11 @@ DMP_MIN_S = 30.0  # the full step's least time where it runs after the others (o
 DMP_ENV = {"CUDA_VISIBLE_DEVICES": ""}  # the step runs on the CPU alone: its ranks never touch the GPU being measured
 REPEATS = 3  # measurements of every device at most (the run stops early when every plan has them)
 TRAIN_EPOCHS = 300  # the trainer's default; ~150 labels and 600 priced comm samples: estimated 40-90 s on 16 cores
+# the labels step's kernels on a GPU: the kinds the shipped GPU runs lack (mean-pooled, weighted, sequence; issue 78),
+# each label one kind; dry: every kind, sum-pooled among them
+NEW_KINDS = tuple(k for k in KERNEL_KINDS if k != "sum")
+KINDS = KERNEL_KINDS
+PROFILES = Path(__file__).resolve().parents[1] / "neuroshard_jax" / "data" / "profiles"  # the shipped label sets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +135,9 @@ class Sizes:
     epochs: int
     max_labels: int  # labels of the first run at most (the GPU's: time-bound)
     repeat: int  # of them measured again
+    # the model step trains on these shipped label sets beside the run's own (a GPU run's labels are the new kinds;
+    # the shipped runs hold the sum-pooled ones), with the kinds' inputs where any label set holds another kind
+    base_datasets: tuple[str, ...] = ()
 
 
 # The GPU run: 10 tasks (5 of 8 devices, 5 of 16; 400-512 tables, batch 16k-64k); labels at the same batches,
@@ -142,6 +155,7 @@ GPU = Sizes(
         dims=(16, 32, 64, 128),
         batch_sizes=(16384, 32768, 65536),
         mem_cap_gb=40.0,
+        kernels=NEW_KINDS,
     ),
     comm=CommSamplerConfig(world_sizes=(8, 16), min_tables=400, max_tables=1280, dims=(32, 64, 128)),
     comm_samples=600,
@@ -153,11 +167,12 @@ GPU = Sizes(
     epochs=TRAIN_EPOCHS,
     max_labels=100_000,
     repeat=40,
+    base_datasets=tuple(f"{PROFILES}/h200-queued-run{i}" for i in (1, 2, 3)),
 )
 DRY = Sizes(
     tasks=GpuTaskConfig(device_counts=(2,), tables=(6, 8), batch_sizes=(1024,), dims=(8, 16), log10_rows_max=4.0),
     num_tasks=1,
-    specs=SpecSamplerConfig(max_tables=3, log10_rows=(2.0, 4.0), dims=(8, 16), batch_sizes=(1024,)),
+    specs=SpecSamplerConfig(max_tables=3, log10_rows=(2.0, 4.0), dims=(8, 16), batch_sizes=(1024,), kernels=KINDS),
     comm=CommSamplerConfig(world_sizes=(2,), min_tables=4, max_tables=8, dims=(8, 16)),
     comm_samples=40,
     comm_batch_size=1024,
@@ -412,19 +427,37 @@ class ModelJob:
             self.proc.wait()
 
 
+def same_kind_sets(base: tuple[str, ...], labels_dir: Path) -> list[str]:
+    """The shipped label sets of ``base`` measured on the kind of hardware the run's labels were (a GPU and its host:
+    training refuses to mix kinds, ``ensemble_fit.check_one_hardware``); none where the run's labels have no
+    manifest."""
+    if not (labels_dir / "manifest-compute.json").exists():
+        return []
+    here = set(manifest_kinds(load_manifest(labels_dir, "compute")))
+    return [d for d in base if Path(d).is_dir() and here & set(manifest_kinds(load_manifest(Path(d), "compute")))]
+
+
 def train_model(out: Path, labels_dir: Path, checkpoint: Path, sizes: Sizes) -> None:
     """``python -m neuroshard_jax.train`` on the labels (compute.jsonl measured, comm.jsonl priced), on the CPU;
     ``model.tgz`` (the checkpoint) and ``model.json`` (held-out MAPE and tau, the seconds, the command)."""
     started = time.monotonic()
+    # the shipped sets as paths from where the run started (the repository's root): no machine's folders in records
+    shipped = [
+        os.path.relpath(d) if not os.path.relpath(d).startswith("..") else d
+        for d in same_kind_sets(sizes.base_datasets, labels_dir)
+    ]
+    datasets = [*shipped, str(labels_dir)]
+    kinds = tuple(sizes.specs.kernels) != ("sum",)  # the kinds' inputs, as the CPU kinds models are trained
     args = [
         sys.executable,
         "-m",
         "neuroshard_jax.train",
-        f"datasets=[{labels_dir}]",
+        f"datasets=[{','.join(datasets)}]",
         f"out={checkpoint}",
         "name=gpu-queued",
         f"train.epochs={sizes.epochs}",
         "train.progress=false",
+        *(["ensemble.kinds=true", "ensemble.kind_terms=3"] if kinds else []),
     ]
     done = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     seconds = round(time.monotonic() - started, 1)
@@ -435,7 +468,10 @@ def train_model(out: Path, labels_dir: Path, checkpoint: Path, sizes: Sizes) -> 
     summary = {
         "seconds": seconds,
         "command": " ".join(args[1:]),
+        "datasets": datasets,
+        "kernels": list(sizes.specs.kernels),
         "held_out": held_out,
+        "held_out_by_set": {Path(d).name: meta["metrics"]["compute"].get(Path(d).name) for d in datasets},
         "samples": meta["metrics"]["compute"].get("samples"),
         "batch_sizes": meta.get("batch_sizes"),
         "comm": {k: meta["metrics"].get(k) for k in ("fwd_comm", "bwd_comm")},
