@@ -32,6 +32,9 @@ def test_the_gpu_check_runs_dry_and_writes_its_files_and_table(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     names = {p.name for p in out.iterdir()}
     assert {"smoke.json", "labels.json", "labels.tgz", "model.json", "model.tgz", "plans.json", "log.txt"} <= names
+    # autotune=loop with the model trained in the run, on the task's own kernels (TorchRec's plans from the plans step)
+    loop = [json.loads(line) for line in (out / "loop.jsonl").read_text().splitlines()]
+    assert loop and loop[0]["autotune"]["mode"] == "loop" and loop[0]["autotune"]["bound_ms"] > 0
     assert json.loads((out / "smoke.json").read_text())["answer"]["ok"]
     labels = json.loads((out / "labels.json").read_text())
     assert labels["labels"] >= 20 and labels["failed"] == 0 and labels["repeated"] > 0  # the floor: two runs
@@ -72,6 +75,7 @@ def test_the_gpu_check_runs_dry_and_writes_its_files_and_table(tmp_path):
     assert table.returncode == 0 and "| 2 | beam |" in table.stdout and "| t00 | 2 |" in table.stdout
     assert "torchrec_default" in table.stdout and "held out" in table.stdout
     assert "| beam | 2 |" in table.stdout and "| dry-0 | 1 |" in table.stdout  # memory and DMP tables
+    assert "| t00 | " in table.stdout.split("`autotune=loop` chose")[1]  # the loop's row, against TorchRec's plans
 
 
 def test_the_priced_all_to_all_follows_the_bytes():

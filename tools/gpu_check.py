@@ -30,7 +30,11 @@ d. ``plans.json``: every device of every plan of the GPU tasks (``workloads/gpu_
    plan's slowest; rewritten after each plan's devices. Compute is measured; the all-to-alls are priced apart. Each
    device's memory too: what its kernels held (the allocator's count) and, on a GPU, peaked at
    (``torch.cuda.max_memory_allocated``), beside ``Plan.memory``'s prediction;
-e. ``dmp.json``: the full training step in TorchRec's DistributedModelParallel on the CPU, a core per rank
+e. ``loop.jsonl``: ``autotune=loop`` as a user runs it (``loop_step``), with the model trained in this run, on the GPU
+   tasks in turn while the step's time lasts: every candidate's measured step, the task's balance bound, why it
+   stopped; TorchRec's two plans priced alike from the plans step's measurements of their devices (no TorchRec
+   runs on the GPU machine, so they are not its candidates there);
+f. ``dmp.json``: the full training step in TorchRec's DistributedModelParallel on the CPU, a core per rank
    (``tools/dmp_cores.py``), foreign tasks' beam and TorchRec plans; in the background from the start, on cores of
    its own where the machine has 16 (the other steps' processes on the rest), until the budget.
 
@@ -61,6 +65,7 @@ import time
 import traceback
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 
 from neuroshard_jax.core.assignment import comm_layout
@@ -73,10 +78,13 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.core.table import KERNEL_KINDS
 from neuroshard_jax.core.task import Task, on_device
+from neuroshard_jax.costs.cost_model import CostModel, combine_costs, plan_cost_ms
+from neuroshard_jax.costs.scoring import plan_arrays
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, compute_request, default_protocol
 from neuroshard_jax.learn.cost_labels import CollectConfig, collect
+from neuroshard_jax.measure.autotune import AutotuneConfig
 from neuroshard_jax.measure.evaluator import EvaluateConfig, device_request, plan_kernels
 from neuroshard_jax.search.sharding_planner import Planned, PlannerOptions
 from neuroshard_jax.workloads.gpu_tasks import (
@@ -89,8 +97,10 @@ from neuroshard_jax.workloads.gpu_tasks import (
 from neuroshard_jax.workloads.samplers import CommSamplerConfig, SpecSamplerConfig, sample_comm
 from tools import dmp_cores
 
-SHARES = {"smoke": 0.02, "labels": 0.38, "model": 0.0, "plans": 0.60}  # of --budget-s; model runs inside plans'
-GPU_STEPS = ("labels", "plans")  # need the worker: skipped when the smoke request fails
+# of --budget-s; model runs inside plans'; loop after them, with the model trained there
+SHARES = {"smoke": 0.02, "labels": 0.33, "model": 0.0, "plans": 0.50, "loop": 0.15}
+GPU_STEPS = ("labels", "plans", "loop")  # need the worker: skipped when the smoke request fails
+LOOP_MIN_S = 20.0  # the least time left for the loop step to start another task
 SEED = 54  # the GPU tasks' seed (issue 54)
 PACK_SEARCHERS = ("torchrec_default", "torchrec", "size_lookup_greedy")  # planned at pack time (no model needed)
 PORTFOLIO = "portfolio"  # planned there with the model trained there: its plan and each member's (beam, grid, beam:hot)
@@ -668,9 +678,11 @@ def plans(
     deadline: float,
     model: ModelJob | None,
     dry: bool,
+    streams: dict[int, Task | None] | None = None,
 ) -> None:
     """Measure the devices of the pack's plans and, as they come, the model's, until the deadline; ``plans.json``
-    rewritten after each set of devices."""
+    rewritten after each set of devices. ``streams``: filled with each task as its streams are written (None: that
+    task's failed), for the loop step after it."""
     config = EvaluateConfig(
         device=device,
         executor=ExecutorConfig(workers=1),
@@ -683,7 +695,7 @@ def plans(
     )
     records = [json.loads(line) for line in gzip.open(pack / PACK_PLANS, "rt")] if pack else []
     measuring = Measurements(device, config)
-    streams: dict[int, Task] = {}
+    streams = {} if streams is None else streams
     taken = 0
     head = {
         "device": device,
@@ -727,6 +739,80 @@ def plans(
             measuring.measure(pool, batch)
             write_json({**head, **measuring.summary(tasks), "errors": errors}, out / "plans.json")
     write_json({**head, **measuring.summary(tasks), "errors": errors}, out / "plans.json")
+
+
+def baseline_steps(out: Path, pack: Path | None, index: int, task: Task, model: CostModel) -> dict[str, float]:
+    """TorchRec's two plans of task ``index`` priced as ``autotune`` prices its candidates: each device's compute as
+    the plans step measured it (``plans.json``), with ``model``'s collectives; only plans whose every device was
+    measured."""
+    if pack is None or not (out / "plans.json").exists():
+        return {}
+    measured = json.loads((out / "plans.json").read_text())["tasks"].get(f"t{index:02d}", {}).get("plans", {})
+    records = [json.loads(line) for line in gzip.open(pack / PACK_PLANS, "rt")]
+    steps = {}
+    for record in records:
+        row = measured.get(record["searcher"], {})
+        if record["task"] != index or "shards" not in record or not row.get("complete"):
+            continue
+        plan = rebuilt(task, record)
+        compute = jnp.asarray(row["compute_ms"], jnp.float32)
+        costs = combine_costs(model.fns, model.params, compute, plan_arrays(plan, model).devices)
+        steps[record["searcher"]] = round(float(plan_cost_ms(costs)), 4)
+    return steps
+
+
+def loop_step(
+    out: Path,
+    work: Path,
+    tasks: dict[int, Task],
+    pools: dict,
+    streams: dict[int, Task | None],
+    pack: Path | None,
+    device: str,
+    deadline: float,
+) -> None:
+    """``autotune=loop`` as a user runs it with the model trained in this run (issue 75's loop on GPU-sized tasks):
+    the portfolio's best candidates measured on this device's kernels, the model tuned on them, searched again,
+    the new devices measured, until the loop stops or the step's time is spent; one ``loop.jsonl`` line a task
+    (its record: every candidate's measured step, the task's balance bound, why it stopped). TorchRec's plans are
+    not among its candidates here (no TorchRec on the GPU machine): the table reads them from the plans step's
+    measurements of the same devices, on the same device and protocol."""
+    checkpoint = work / "gpu-model"
+    if not (out / "model.json").exists() or not (checkpoint / "meta.json").exists():
+        log(out, "loop: skipped (no model trained in this run)")
+        return
+    for index in sorted(tasks):
+        if index not in streams and index in pools:  # the plans step did not run: its streams, written for it
+            try:
+                streams[index] = with_stream_pool(tasks[index], pools[index].result())
+            except Exception as err:  # noqa: BLE001 - that task is left out, the others run
+                streams[index] = None
+                log(out, f"loop: task {index}'s streams failed: {err}")
+        task = streams.get(index)
+        left = deadline - time.monotonic()
+        if task is None or left < LOOP_MIN_S:
+            continue
+        autotune = AutotuneConfig(
+            name="loop", device=device, baselines=(), budget_s=0.8 * left, executor=ExecutorConfig(workers=1)
+        )
+        started = time.monotonic()
+        planned = (
+            PlannerOptions(
+                searcher=PORTFOLIO,
+                cost_model="neural",
+                cost_model_options={"checkpoint": str(checkpoint)},
+                device=device,
+                autotune=autotune,
+            )
+            .planner()
+            .run(task)
+        )
+        record = planned.plan.autotune
+        row = {"id": f"t{index:02d}", "task": index, "wall_s": round(time.monotonic() - started, 1)}
+        row["baselines_ms"] = baseline_steps(out, pack, index, task, planned.cost_model.expected)
+        with open(out / "loop.jsonl", "a") as f:
+            f.write(json.dumps({**row, "autotune": record.to_json()}) + "\n")
+        log(out, f"loop: task {index}: {record.chosen} ({record.rounds} rounds, {record.stopped}; {row['wall_s']} s)")
 
 
 def dmp_apart() -> bool:
@@ -796,8 +882,8 @@ def run(
     # plans once the labels are taken (the labels it would disturb are trained on).
     dmp = start_dmp(out, pack, dry, budget_s) if wants_dmp and dmp_apart() else None
     try:
-        pools = {}
-        if not only or "plans" in only:
+        pools, streams = {}, {}
+        if not only or "plans" in only or "loop" in only:
             workers = 1 if dry else max(1, min(8, len(os.sched_getaffinity(0)) - 2))
             pools = stream_pools(tasks, sizes, work / "streams", workers)
         labels_dir: list[Path] = []
@@ -811,8 +897,9 @@ def run(
                 else log(out, "model: skipped (no labels in this run)")
             ),
             "plans": lambda until: plans(
-                out, pack, tasks, pools, sizes, device, until, model[-1] if model else None, dry
+                out, pack, tasks, pools, sizes, device, until, model[-1] if model else None, dry, streams
             ),
+            "loop": lambda until: loop_step(out, work, tasks, pools, streams, pack, device, until),
         }
         failed = set()
         for name, step in steps.items():
@@ -925,9 +1012,37 @@ def table(out: Path) -> str:
             + " |"
         )
     lines += memory_lines(rows)
+    lines += loop_lines(out)
     if (out / "dmp.json").exists():
         lines += ["", dmp_cores.table(out)]
     return "\n".join(lines)
+
+
+def loop_lines(out: Path) -> list[str]:
+    """``autotune=loop``'s tasks (``loop.jsonl``): what it chose, its measured step against the task's balance bound
+    and against TorchRec's two plans priced alike (``baseline_steps``: their devices' compute as the plans step
+    measured it, the same device and protocol: a GPU's ``queued`` labels repeat within 0.1-0.4%)."""
+    path = out / "loop.jsonl"
+    if not path.exists():
+        return []
+    lines = [
+        "",
+        "| task | `autotune=loop` chose | measured step / bound (ms) | / TorchRec default | / TW+CW | stopped | wall |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        a = row["autotune"]
+        pick = next((c for c in a["candidates"] if c["name"] == a["chosen"]), None)
+        if pick is None or pick.get("measured_ms") is None:
+            continue
+        step, bound = pick["measured_ms"], a.get("bound_ms")
+        vs = [ratio(step, row.get("baselines_ms", {}).get(name)) for name in ("torchrec_default", "torchrec")]
+        cells = [f"{x:.3f}x" if x is not None else "-" for x in vs]
+        against = f"{step:.3f} / {bound:.3f} = {step / bound:.3f}" if bound else f"{step:.3f} / -"
+        tail = f"{a['stopped']} | {row['wall_s']} s"
+        lines.append(f"| {row['id']} | {a['chosen']} | {against} | {cells[0]} | {cells[1]} | {tail} |")
+    return lines
 
 
 def memory_lines(rows: dict) -> list[str]:
