@@ -1,8 +1,9 @@
 #!/bin/bash
 # The prepared GPU check on a lent GPU machine (tools/gpu_check.py): the device tool runs, from the repository root,
 #   OUT=$OUT bash tools/gpu_check.sh          (carry: .gpu, made here by python -m tools.gpu_check pack .gpu)
-# What travels (the tracked tree and .gpu) must stay under 64 MiB: move neuroshard_jax/data/profiles (35 MB of labels
-# the check does not read) aside for the call.
+# What travels (the tracked tree and .gpu) must stay under 64 MiB: move neuroshard_jax/data/profiles (55 MB of labels)
+# aside for the call, all but h200-queued-run1..3 (3.4 MB: the model step trains on them beside the run's labels;
+# without them it trains on the run's alone).
 # The machine has python3, torch, jax, flax, optax, orbax, numpy, scipy; it lacks FBGEMM GPU, hydra, TorchRec and the
 # project: they come unpacked from .gpu (TorchRec 1.6.1 and what it imports, for the DMP step), and the project is
 # copied with conf/ inside the package (as the wheel ships it).
