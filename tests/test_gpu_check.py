@@ -33,6 +33,12 @@ def test_the_gpu_check_runs_dry_and_writes_its_files_and_table(tmp_path):
     names = {p.name for p in out.iterdir()}
     assert {"smoke.json", "labels.json", "labels.tgz", "model.json", "model.tgz", "plans.json", "log.txt"} <= names
     # autotune=loop with the model trained in the run, on the task's own kernels (TorchRec's plans from the plans step)
+    # managed caching: the tables in the device's memory timed, the cached ones refused on a CPU in one line
+    tables = json.loads((out / "uvm.json").read_text())["tables"]
+    readings = [r for t in tables for r in t["readings"]]
+    assert tables and all(r["ok"] and r["total_ms"] > 0 for r in readings if r["cache_load_factor"] is None)
+    cached = [r for r in readings if r["cache_load_factor"] is not None]
+    assert cached and all(not r["ok"] and "expected device 'cuda'" in r["error"] for r in cached)
     loop = [json.loads(line) for line in (out / "loop.jsonl").read_text().splitlines()]
     assert loop and loop[0]["autotune"]["mode"] == "loop" and loop[0]["autotune"]["bound_ms"] > 0
     assert json.loads((out / "smoke.json").read_text())["answer"]["ok"]

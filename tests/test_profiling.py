@@ -63,6 +63,23 @@ def test_worker_times_a_two_table_shard(worker):
 
 
 @pytest.mark.fast
+def test_a_managed_caching_request_carries_its_load_factor_and_a_cpu_worker_refuses_it_in_one_line(worker):
+    """``cache_load_factor`` (FBGEMM's managed caching, a GPU's tiered memory): in the line only where given, read
+    back, refused outside (0, 1]; the real CPU worker answers a cached request with one line and then serves the next
+    request (its FBGEMM keeps no GPU cache of host rows)."""
+    spec = {"rows": 10_000, "pooling_factor": 2.0, "bins": [1.0] + [0.0] * 16, "dim": 8, "seed": 3}
+    request = ComputeRequest("c", (spec,), batch_size=256, warmup=1, iters=2, cache_load_factor=0.2)
+    assert request.to_json()["cache_load_factor"] == 0.2 and "cache_load_factor" not in _request([[3, 8]]).to_json()
+    assert ComputeRequest.from_json(request.to_json()) == request
+    for bad in (0.0, 1.5):
+        with pytest.raises(MessageError, match=rf"cache_load_factor: got {bad}, expected a share of the rows in"):
+            ComputeRequest.from_json({**request.to_json(), "cache_load_factor": bad})
+    answer = worker.request(request, 120)
+    assert not answer.ok and answer.error.startswith("cache_load_factor: got 0.2 on device 'cpu', expected device")
+    assert worker.request(dataclasses.replace(request, cache_load_factor=None), 120).ok
+
+
+@pytest.mark.fast
 def test_a_request_of_several_batches_times_a_training_steps_batches_one_after_another(worker):
     """``batches``: the iterations take the table's batches in turn (another bag order, other cold rows), the column
     slices of one table the same ids in each; the line carries it only where it is not 1 (labels keep their lines),

@@ -34,7 +34,10 @@ e. ``loop.jsonl``: ``autotune=loop`` as a user runs it (``loop_step``), with the
    tasks in turn while the step's time lasts: every candidate's measured step, the task's balance bound, why it
    stopped; TorchRec's two plans priced alike from the plans step's measurements of their devices (no TorchRec
    runs on the GPU machine, so they are not its candidates there);
-f. ``dmp.json``: the full training step in TorchRec's DistributedModelParallel on the CPU, a core per rank
+f. ``uvm.json``: FBGEMM's managed caching (TorchRec's ``fused_uvm_caching``: UVM rows with an HBM cache) timed on
+   three big tables of the first GPU task whose access differs, at cache load factors 0.5, 0.2 and 0.05 beside the
+   table in HBM, with the memory the kernels peaked at (``uvm``): the labels a tiered-memory cost needs;
+g. ``dmp.json``: the full training step in TorchRec's DistributedModelParallel on the CPU, a core per rank
    (``tools/dmp_cores.py``), foreign tasks' beam and TorchRec plans; in the background from the start, on cores of
    its own where the machine has 16 (the other steps' processes on the rest), until the budget.
 
@@ -82,7 +85,7 @@ from neuroshard_jax.costs.cost_model import CostModel, combine_costs, plan_cost_
 from neuroshard_jax.costs.scoring import plan_arrays
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest
-from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, compute_request, default_protocol
+from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, Timing, compute_request, default_protocol
 from neuroshard_jax.learn.cost_labels import CollectConfig, collect
 from neuroshard_jax.measure.autotune import AutotuneConfig
 from neuroshard_jax.measure.evaluator import EvaluateConfig, device_request, plan_kernels
@@ -98,8 +101,8 @@ from neuroshard_jax.workloads.samplers import CommSamplerConfig, SpecSamplerConf
 from tools import dmp_cores
 
 # of --budget-s; model runs inside plans'; loop after them, with the model trained there
-SHARES = {"smoke": 0.02, "labels": 0.33, "model": 0.0, "plans": 0.50, "loop": 0.15}
-GPU_STEPS = ("labels", "plans", "loop")  # need the worker: skipped when the smoke request fails
+SHARES = {"smoke": 0.02, "labels": 0.30, "model": 0.0, "plans": 0.47, "loop": 0.15, "uvm": 0.06}
+GPU_STEPS = ("labels", "plans", "loop", "uvm")  # need the worker: skipped when the smoke request fails
 LOOP_MIN_S = 20.0  # the least time left for the loop step to start another task
 SEED = 54  # the GPU tasks' seed (issue 54)
 PACK_SEARCHERS = ("torchrec_default", "torchrec", "size_lookup_greedy")  # planned at pack time (no model needed)
@@ -315,6 +318,72 @@ def smoke(out: Path, device: str) -> None:
     write_json({"device": device, "answer": answer.to_json(), "hardware": hardware()}, out / "smoke.json")
     if not answer.ok:
         raise UserError(f"smoke: the worker failed on {device}: {answer.error}")
+
+
+CACHE_LOAD_FACTORS = (None, 0.5, 0.2, 0.05)  # None: the table in the GPU's memory (the reference)
+UVM_TABLES = 3  # tables of the first GPU task, by how their lookups concentrate: steepest, middle, flattest
+UVM_MIN_ROWS = 1_000_000  # tables big enough that a GPU would hold them in UVM
+UVM_REPEATS = 2
+
+
+def uvm_tables(task: Task, count: int = UVM_TABLES) -> list[int]:
+    """``count`` of ``task``'s tables of at least ``UVM_MIN_ROWS`` rows (the largest where none has) whose access
+    histograms differ most: ordered by the share of their rows read in a batch (few hot rows to every row read), the
+    two ends and the middle."""
+    big = [i for i, t in enumerate(task.tables) if t.rows >= UVM_MIN_ROWS] or sorted(
+        range(task.num_tables), key=lambda i: -task.tables[i].rows
+    )[:count]
+    spread = sorted(big, key=lambda i: sum(task.tables[i].bins))  # the share of its rows a batch reads
+    picks = np.unique(np.round(np.linspace(0, len(spread) - 1, min(count, len(spread)))).astype(int))
+    return [spread[i] for i in picks]
+
+
+def uvm(out: Path, tasks: dict[int, Task], sizes: Sizes, device: str, deadline: float) -> None:
+    """FBGEMM's managed caching (TorchRec's ``fused_uvm_caching``: the rows in host memory through UVM, a share of
+    them cached in the GPU's) timed on tables of the first GPU task whose access differs (``uvm_tables``), at each
+    of ``CACHE_LOAD_FACTORS`` (None: in the GPU's memory, the reference), ``UVM_REPEATS`` times, with the memory the
+    kernels peaked at: ``uvm.json``, the labels a tiered-memory cost needs. On a CPU the cached requests are refused
+    by the worker (its answer is kept): the dry run checks the path."""
+    first = tasks[min(tasks)]
+    timing = Timing(default_protocol(device), sizes.warmup_ms, sizes.measure_ms, sizes.max_iters)
+    rows = []
+    worker = ComputeWorker(device)
+    try:
+        for index in uvm_tables(first):
+            table = first.tables[index]
+            spec = {"rows": table.rows, "pooling_factor": table.pooling_factor, "bins": list(table.bins)}
+            spec |= {"dim": table.dim, "seed": SEED * 1000 + index}
+            row = {"table": index, "rows": table.rows, "dim": table.dim, "pooling_factor": table.pooling_factor}
+            row |= {"rows_read_share": round(float(sum(table.bins)), 6), "readings": []}
+            for repeat in range(UVM_REPEATS):
+                for factor in CACHE_LOAD_FACTORS:
+                    if time.monotonic() > deadline:
+                        break
+                    request = compute_request(
+                        f"uvm/{index}/{factor}/{repeat}",
+                        [spec],
+                        None,
+                        first.batch_size,
+                        device,
+                        iters=sizes.iters,
+                        timing=timing,
+                        cache_load_factor=factor,
+                    )
+                    request = dataclasses.replace(request, memory=True)
+                    answer = worker.request(request, 300)
+                    reading = {"cache_load_factor": factor, "repeat": repeat, "ok": answer.ok}
+                    if answer.ok:
+                        reading |= {"fwd_ms": answer.fwd_ms, "bwd_ms": answer.bwd_ms, "total_ms": answer.total_ms}
+                        reading["memory"] = answer.memory
+                    else:
+                        reading["error"] = (answer.error or "")[:300]
+                    row["readings"].append(reading)
+            rows.append(row)
+            write_json({"device": device, "batch_size": first.batch_size, "tables": rows}, out / "uvm.json")
+    finally:
+        worker.close()
+    done = sum(r["ok"] for row in rows for r in row["readings"])
+    log(out, f"uvm: {done} of {sum(len(row['readings']) for row in rows)} requests answered")
 
 
 def label_config(sizes: Sizes, device: str, out_dir: Path, seed: int = 0) -> CollectConfig:
@@ -900,6 +969,7 @@ def run(
                 out, pack, tasks, pools, sizes, device, until, model[-1] if model else None, dry, streams
             ),
             "loop": lambda until: loop_step(out, work, tasks, pools, streams, pack, device, until),
+            "uvm": lambda until: uvm(out, tasks, sizes, device, until),
         }
         failed = set()
         for name, step in steps.items():

@@ -54,6 +54,9 @@ class ComputeRequest:
     # the batches the iterations take in turn (the worker's ``streams.next_batches``: bags in another order, cold
     # rows elsewhere, the statistics kept), as a training step takes one after another; 1: one batch every time
     batches: int = 1
+    # FBGEMM's managed caching (a GPU's tiered memory, TorchRec's ``fused_uvm_caching``): the tables in host memory
+    # reached through UVM, this share of their rows cached in the GPU's (``cache_load_factor``); None: in the GPU's
+    cache_load_factor: float | None = None
     tags: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
     def to_json(self) -> JSONDoc:
@@ -80,6 +83,8 @@ class ComputeRequest:
             out["weighted"] = True
         if self.batches != 1:  # a request of one batch reads as requests always did
             out["batches"] = self.batches
+        if self.cache_load_factor is not None:
+            out["cache_load_factor"] = self.cache_load_factor
         return out
 
     @classmethod
@@ -118,6 +123,7 @@ class ComputeRequest:
             pooling=str(obj.get("pooling", "sum")),
             weighted=_flag(obj, "weighted"),
             batches=_batches(obj),
+            cache_load_factor=_load_factor(obj),
             **timed,
         )
 
@@ -129,6 +135,15 @@ class ComputeRequest:
     def tag(self, name: str) -> Any:
         """The caller's tag ``name`` (KeyError where it was not given)."""
         return self.tags[name]
+
+
+def _load_factor(obj: Mapping) -> float | None:
+    if obj.get("cache_load_factor") is None:
+        return None
+    value = _number(obj, "cache_load_factor", float)
+    if not 0.0 < value <= 1.0:
+        raise MessageError(f"request.cache_load_factor: got {value}, expected a share of the rows in (0, 1]")
+    return value
 
 
 def _batches(obj: Mapping) -> int:

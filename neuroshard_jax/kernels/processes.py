@@ -299,13 +299,15 @@ def compute_request(
     pooling: str = "sum",
     weighted: bool = False,
     batches: int = BATCHES,
+    cache_load_factor: float | None = None,
 ) -> ComputeRequest:
     """A worker request: time one fused TBE over ``tables`` (``PoolTableRef``s with the ``pool``, or
     ``SpecTableRef``s with pool None; or either already in the worker's form, ``worker_tables``). ``timing``: the
     fields of another protocol than warm-up + ``iters`` (``timing_fields``); ``pooling``, ``weighted``: the kernel's
     kind (``core.table.kernel_kind``; a sequence kernel's tables share one dim); ``batches``: the batches its
     iterations take in turn (``BATCHES``: a training step's, one after another; 1: the same batch every time, as
-    every label before commit 28c6a8b, 2026-11-30, was timed)."""
+    every label before commit 28c6a8b, 2026-11-30, was timed); ``cache_load_factor``: FBGEMM's managed caching (a
+    GPU's tiered memory) with that share of the rows cached (None: the tables in the device's memory)."""
     return ComputeRequest(
         request_id,
         tuple(worker_tables(tables)),
@@ -320,6 +322,7 @@ def compute_request(
         pooling=pooling,
         weighted=weighted,
         batches=batches,
+        cache_load_factor=cache_load_factor,
     )
 
 

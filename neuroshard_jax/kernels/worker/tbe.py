@@ -253,6 +253,14 @@ def profile_compute(request: ComputeRequest) -> ComputeAnswer:
     groups = shard_inputs(request)
     on_gpu = device == "cuda"
     location, compute = (EmbeddingLocation.DEVICE, devices.CUDA) if on_gpu else (EmbeddingLocation.HOST, devices.CPU)
+    caching = {}
+    if request.cache_load_factor is not None:  # tiered memory: host rows through UVM, a share cached on the GPU
+        if not on_gpu:
+            raise RequestError(
+                f"cache_load_factor: got {request.cache_load_factor} on device {device!r}, expected device 'cuda' "
+                "(FBGEMM's managed caching keeps a GPU's cache of host rows; a CPU's tables are in host memory)"
+            )
+        location, caching = EmbeddingLocation.MANAGED_CACHING, {"cache_load_factor": request.cache_load_factor}
     timer = CudaTimer(torch) if on_gpu else CpuTimer()  # before the count starts: its flush buffer is the timer's
     base = _allocated(torch) if on_gpu and request.memory else None
     target = torch.device("cuda" if on_gpu else "cpu")
@@ -266,6 +274,7 @@ def profile_compute(request: ComputeRequest) -> ComputeAnswer:
             weights_precision=SparseType(group.precision),
             pooling_mode=getattr(PoolingMode, POOLING_MODES[pooling]),
             device=target,
+            **caching,
         )
         with torch.no_grad():
             for weights in tbe.split_embedding_weights():
