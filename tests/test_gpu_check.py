@@ -128,3 +128,16 @@ def test_the_gpu_model_trains_on_the_shipped_runs_of_its_own_kind_only():
     assert same_kind_sets(base, PROFILES / "epyc-f26m2-fresh-kinds") == [str(PROFILES / "epyc-f26m2-fresh-specs")]
     assert same_kind_sets(base, PROFILES / "h200-queued-run2") == [str(PROFILES / "h200-queued-run1")]
     assert same_kind_sets(base, Path("no-such-folder")) == []
+
+
+def test_managed_caching_is_timed_on_big_tables_of_differing_access():
+    """The uvm step's tables: three of the first GPU task within the row range, their first-bin shares (a batch's rows
+    read once) spanning hot to cold."""
+    from neuroshard_jax.workloads.gpu_tasks import gpu_task
+    from tools.gpu_check import GPU, SEED, UVM_MAX_ROWS, UVM_MIN_ROWS, uvm_tables
+
+    task = gpu_task(GPU.tasks, SEED, 0)
+    picks = uvm_tables(task)
+    shares = [task.tables[i].bins[0] for i in picks]
+    assert len(set(picks)) == 3 and all(UVM_MIN_ROWS <= task.tables[i].rows <= UVM_MAX_ROWS for i in picks)
+    assert shares == sorted(shares) and shares[-1] - shares[0] > 0.2

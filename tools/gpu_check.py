@@ -323,17 +323,19 @@ def smoke(out: Path, device: str) -> None:
 CACHE_LOAD_FACTORS = (None, 0.5, 0.2, 0.05)  # None: the table in the GPU's memory (the reference)
 UVM_TABLES = 3  # tables of the first GPU task, by how their lookups concentrate: steepest, middle, flattest
 UVM_MIN_ROWS = 1_000_000  # tables big enough that a GPU would hold them in UVM
+UVM_MAX_ROWS = 10_000_000  # and small enough that one request builds and fills it in seconds (UVM weights are host's)
 UVM_REPEATS = 2
 
 
 def uvm_tables(task: Task, count: int = UVM_TABLES) -> list[int]:
-    """``count`` of ``task``'s tables of at least ``UVM_MIN_ROWS`` rows (the largest where none has) whose access
-    histograms differ most: ordered by the share of their rows read in a batch (few hot rows to every row read), the
-    two ends and the middle."""
-    big = [i for i, t in enumerate(task.tables) if t.rows >= UVM_MIN_ROWS] or sorted(
+    """``count`` of ``task``'s tables of ``UVM_MIN_ROWS`` to ``UVM_MAX_ROWS`` rows (the largest where none has)
+    whose access differs most: ordered by the share of the rows a batch reads that it reads once (its histogram's
+    first bin: near 1 a cold, flat access a cache barely helps; low, a few hot rows a small cache holds), the two
+    ends and the middle."""
+    big = [i for i, t in enumerate(task.tables) if UVM_MIN_ROWS <= t.rows <= UVM_MAX_ROWS] or sorted(
         range(task.num_tables), key=lambda i: -task.tables[i].rows
     )[:count]
-    spread = sorted(big, key=lambda i: sum(task.tables[i].bins))  # the share of its rows a batch reads
+    spread = sorted(big, key=lambda i: task.tables[i].bins[0])
     picks = np.unique(np.round(np.linspace(0, len(spread) - 1, min(count, len(spread)))).astype(int))
     return [spread[i] for i in picks]
 
@@ -354,7 +356,7 @@ def uvm(out: Path, tasks: dict[int, Task], sizes: Sizes, device: str, deadline: 
             spec = {"rows": table.rows, "pooling_factor": table.pooling_factor, "bins": list(table.bins)}
             spec |= {"dim": table.dim, "seed": SEED * 1000 + index}
             row = {"table": index, "rows": table.rows, "dim": table.dim, "pooling_factor": table.pooling_factor}
-            row |= {"rows_read_share": round(float(sum(table.bins)), 6), "readings": []}
+            row |= {"read_once_share": round(float(table.bins[0]), 6), "readings": []}
             for repeat in range(UVM_REPEATS):
                 for factor in CACHE_LOAD_FACTORS:
                     if time.monotonic() > deadline:
