@@ -44,7 +44,7 @@ g. ``dmp.json``: the full training step in TorchRec's DistributedModelParallel o
 and ``log.txt``. A step that fails is logged and the next one runs (the GPU steps are skipped when the smoke request
 fails). ``--dry`` runs every step on the CPU, tiny (``DRY``).
 
-Why one module of ~960 lines: it is one prepared run for a machine lent minutes at a time, its steps sharing
+Why one module of ~1,260 lines: it is one prepared run for a machine lent minutes at a time, its steps sharing
 one budget, one work folder and the files that come back; reading it top to bottom is reading the run.
 """
 
