@@ -68,7 +68,6 @@ import time
 import traceback
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 
 from neuroshard_jax.core.assignment import comm_layout
@@ -77,18 +76,19 @@ from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import read_jsonl, write_json
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.manifests import load_manifest, manifest_kinds, write_manifest
+from neuroshard_jax.core.memory import MemoryParts
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.core.table import KERNEL_KINDS
 from neuroshard_jax.core.task import Task, on_device
-from neuroshard_jax.costs.cost_model import CostModel, combine_costs, plan_cost_ms
-from neuroshard_jax.costs.scoring import plan_arrays
+from neuroshard_jax.costs.cost_model import CostModel, plan_cost_ms
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest
 from neuroshard_jax.kernels.processes import ComputeWorker, KernelPool, Timing, compute_request, default_protocol
 from neuroshard_jax.learn.cost_labels import CollectConfig, collect
 from neuroshard_jax.measure.autotune import AutotuneConfig
 from neuroshard_jax.measure.evaluator import EvaluateConfig, device_request, plan_kernels
+from neuroshard_jax.measure.polish import simulate
 from neuroshard_jax.search.sharding_planner import Planned, PlannerOptions
 from neuroshard_jax.workloads.gpu_tasks import (
     GpuTaskConfig,
@@ -127,7 +127,6 @@ TRAIN_EPOCHS = 300  # the trainer's default; ~150 labels and 600 priced comm sam
 # the labels step's kernels on a GPU: the kinds the shipped GPU runs lack (mean-pooled, weighted, sequence; issue 78),
 # each label one kind; dry: every kind, sum-pooled among them
 NEW_KINDS = tuple(k for k in KERNEL_KINDS if k != "sum")
-KINDS = KERNEL_KINDS
 PROFILES = Path(__file__).resolve().parents[1] / "neuroshard_jax" / "data" / "profiles"  # the shipped label sets
 
 
@@ -185,7 +184,9 @@ GPU = Sizes(
 DRY = Sizes(
     tasks=GpuTaskConfig(device_counts=(2,), tables=(6, 8), batch_sizes=(1024,), dims=(8, 16), log10_rows_max=4.0),
     num_tasks=1,
-    specs=SpecSamplerConfig(max_tables=3, log10_rows=(2.0, 4.0), dims=(8, 16), batch_sizes=(1024,), kernels=KINDS),
+    specs=SpecSamplerConfig(
+        max_tables=3, log10_rows=(2.0, 4.0), dims=(8, 16), batch_sizes=(1024,), kernels=KERNEL_KINDS
+    ),
     comm=CommSamplerConfig(world_sizes=(2,), min_tables=4, max_tables=8, dims=(8, 16)),
     comm_samples=40,
     comm_batch_size=1024,
@@ -677,11 +678,7 @@ class Measurements:
                 sums.append(sum(got) if got and None not in got else None)
             return sums
 
-        # as a plan for this device counts it: on a GPU with FBGEMM's backward workspace (``core.memory``)
-        task = on_device(plan.task, self.device)
-        predicted = task.device_memory(plan.shards, plan.data_parallel)
-        bare = dataclasses.replace(task, training=dataclasses.replace(task.training, workspace=0.0))
-        without = bare.device_memory(plan.shards, plan.data_parallel)
+        predicted, without = workspace_counts(plan, self.device)
         return {
             "predicted_bytes": [p.total for p in predicted],
             "workspace_bytes": [p.total - w.total for p, w in zip(predicted, without)],
@@ -812,23 +809,19 @@ def plans(
     write_json({**head, **measuring.summary(tasks), "errors": errors}, out / "plans.json")
 
 
-def baseline_steps(out: Path, pack: Path | None, index: int, task: Task, model: CostModel) -> dict[str, float]:
-    """TorchRec's two plans of task ``index`` priced as ``autotune`` prices its candidates: each device's compute as
-    the plans step measured it (``plans.json``), with ``model``'s collectives; only plans whose every device was
-    measured."""
-    if pack is None or not (out / "plans.json").exists():
-        return {}
-    measured = json.loads((out / "plans.json").read_text())["tasks"].get(f"t{index:02d}", {}).get("plans", {})
-    records = [json.loads(line) for line in gzip.open(pack / PACK_PLANS, "rt")]
+def baseline_steps(measured: dict, records: list[dict], index: int, task: Task, model: CostModel) -> dict[str, float]:
+    """TorchRec's plans of task ``index`` (the pack's ``records``) priced as ``autotune`` prices its candidates
+    (``polish.simulate``: each device's compute as the plans step measured it, ``measured`` of ``plans.json``, with
+    ``model``'s collectives); only plans whose every device was measured."""
+    rows = measured.get(f"t{index:02d}", {}).get("plans", {})
     steps = {}
     for record in records:
-        row = measured.get(record["searcher"], {})
+        row = rows.get(record["searcher"], {})
         if record["task"] != index or "shards" not in record or not row.get("complete"):
             continue
         plan = rebuilt(task, record)
-        compute = jnp.asarray(row["compute_ms"], jnp.float32)
-        costs = combine_costs(model.fns, model.params, compute, plan_arrays(plan, model).devices)
-        steps[record["searcher"]] = round(float(plan_cost_ms(costs)), 4)
+        costs = simulate(model, [plan], np.asarray([row["compute_ms"]], np.float64))
+        steps[record["searcher"]] = round(float(plan_cost_ms(costs)[0]), 4)
     return steps
 
 
@@ -852,6 +845,9 @@ def loop_step(
     if not (out / "model.json").exists() or not (checkpoint / "meta.json").exists():
         log(out, "loop: skipped (no model trained in this run)")
         return
+    # TorchRec's plans and what the plans step measured of them, read once for every task's row
+    records = [json.loads(line) for line in gzip.open(pack / PACK_PLANS, "rt")] if pack else []
+    measured = json.loads((out / "plans.json").read_text())["tasks"] if (out / "plans.json").exists() else {}
     for index in sorted(tasks):
         if index not in streams and index in pools:  # the plans step did not run: its streams, written for it
             try:
@@ -880,7 +876,7 @@ def loop_step(
         )
         record = planned.plan.autotune
         row = {"id": f"t{index:02d}", "task": index, "wall_s": round(time.monotonic() - started, 1)}
-        row["baselines_ms"] = baseline_steps(out, pack, index, task, planned.cost_model.expected)
+        row["baselines_ms"] = baseline_steps(measured, records, index, task, planned.cost_model.expected)
         with open(out / "loop.jsonl", "a") as f:
             f.write(json.dumps({**row, "autotune": record.to_json()}) + "\n")
         log(out, f"loop: task {index}: {record.chosen} ({record.rounds} rounds, {record.stopped}; {row['wall_s']} s)")
@@ -1174,6 +1170,14 @@ def pack_plans(out: Path, tasks: dict[int, Task], searchers: tuple[str, ...] = P
         f.write("".join(json.dumps(r) + "\n" for r in records))
 
 
+def workspace_counts(plan: Plan, device: str) -> tuple[list[MemoryParts], list[MemoryParts]]:
+    """Each device's memory as a plan for ``device`` counts it (on a GPU with FBGEMM's backward workspace,
+    ``core.task.on_device``), and the same without any workspace."""
+    task = on_device(plan.task, device)
+    bare = dataclasses.replace(task, training=dataclasses.replace(task.training, workspace=0.0))
+    return task.device_memory(plan.shards, plan.data_parallel), bare.device_memory(plan.shards, plan.data_parallel)
+
+
 def workspace_share(folder: Path, sizes: Sizes = GPU) -> dict[str, dict]:
     """Per searcher, over the devices of a run's model plans (``model-plans.jsonl[.gz]`` of ``folder``): the plan's
     memory count for a GPU (with FBGEMM's backward workspace) over the count without it, the share the workspace adds
@@ -1192,10 +1196,7 @@ def workspace_share(folder: Path, sizes: Sizes = GPU) -> dict[str, dict]:
         index = record["task"]
         if index not in tasks:
             tasks[index] = gpu_task(sizes.tasks, SEED, index)
-        plan = rebuilt(tasks[index], record)
-        bare = dataclasses.replace(plan.task, training=dataclasses.replace(plan.task.training, workspace=0.0))
-        counted = on_device(plan.task, "cuda").device_memory(plan.shards, plan.data_parallel)
-        without = bare.device_memory(plan.shards, plan.data_parallel)
+        counted, without = workspace_counts(rebuilt(tasks[index], record), "cuda")
         ratios.setdefault(record["searcher"], []).extend(c.total / w.total for c, w in zip(counted, without) if w.total)
     return {
         s: {"devices": len(v), "median": round(statistics.median(v), 4), "worst": round(max(v), 4)}
