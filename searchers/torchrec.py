@@ -36,10 +36,15 @@ RESERVATIONS = ("heuristic", "percent")
 
 def plan_from_torchrec(task: Task, shards: list[list[dict]]) -> Plan:
     """Our plan from TorchRec's per-table shards; a table's shards must tile it by our split rule
-    (``sharding.tiling_error``: 2^k equal column slices; row-wise: TorchRec's row blocks over every rank)."""
+    (``sharding.tiling_error``: 2^k equal column slices; row-wise: TorchRec's row blocks over every rank); a table
+    TorchRec put in tiered memory (``fused_uvm_caching``) is so in the plan's task, at TorchRec's load factor."""
     out, replicated = [], []
+    tables = list(task.tables)
     for t, table_shards in enumerate(shards):
         table = task.tables[t]
+        cached = table_shards[0].get("cache_load_factor") if table_shards else None
+        if cached is not None and cached != table.cache_load_factor:  # TorchRec put it in tiered memory
+            tables[t] = dataclasses.replace(table, cache_load_factor=float(cached))
         if table_shards and table_shards[0].get("data_parallel"):
             replicated.append(t)
             continue
@@ -57,6 +62,8 @@ def plan_from_torchrec(task: Task, shards: list[list[dict]]) -> Plan:
                 f"plan format of this project): {error}"
             )
         out.extend(sorted(ours, key=lambda s: (s.col_offset, s.row_offset)))
+    if tables != list(task.tables):
+        task = dataclasses.replace(task, tables=tuple(tables))
     # TorchRec's plan says each table's type: its whole tables stay table-wise beside its column-wise ones
     return Plan(task, tuple(out), data_parallel=tuple(replicated), merge_column_wise=False)
 

@@ -7,6 +7,7 @@ at all, are ``core.task``'s (``shard_memory``, ``step_memory``, ``check_feasible
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import UserError
@@ -162,6 +163,22 @@ OUTPUT_BYTES = 4  # pooled outputs and their gradients are fp32
 STATE_BYTES = 4  # FBGEMM keeps optimizer state in fp32 unless told otherwise (optimizer_state_dtypes)
 
 
+# FBGEMM's managed caching (``EmbeddingLocation.MANAGED_CACHING``, FBGEMM 1.6-1.9, LRU as TorchRec runs it): a shard's
+# cache is ``cache_sets`` x ``CACHE_ASSOC`` slots (sets: ceil(load factor x rows / 32)); each slot holds a row of
+# weights (the cache's data type: the weights') and two int64s (``lxu_cache_state``, the row it holds; ``lxu_state``,
+# its LRU time); each lookup, while a step runs, its linear cache index (int64) and its cache location (int32), and
+# the prefetch's unique indices and their counts (int64 + int32) at most: 24 bytes. The table's weights and its
+# optimizer state stay in host memory (UVM, ``cacheable=False`` for the state), reached over the host link.
+CACHE_ASSOC = 32
+CACHE_SLOT_BYTES = 16
+CACHE_LOOKUP_BYTES = 24
+
+
+def cache_slots(rows: int, load_factor: float) -> int:
+    """Slots of FBGEMM's cache of ``rows`` rows at ``load_factor``: whole sets of ``CACHE_ASSOC``, at least one."""
+    return max(1, math.ceil(load_factor * rows / CACHE_ASSOC)) * CACHE_ASSOC
+
+
 def shard_memory(
     rows: int,
     dim: int,
@@ -171,19 +188,32 @@ def shard_memory(
     optimizer: Optimizer,
     sequence: bool = False,
     workspace: float = 0.0,
+    cache_load_factor: float | None = None,
 ) -> MemoryParts:
-    """The bytes a shard of ``rows`` x ``dim`` holds while it trains at ``batch_size`` samples, looking up
-    ``ids_per_sample`` ids per sample (its table's pooling factor; a row block's share of it); a ``sequence`` table's
-    outputs are a row per id, not per sample; ``workspace``: bytes per lookup its kernel's backward holds while it
-    runs (``Training.workspace``), among the buffers."""
-    weights = mem_bytes(rows, dim, precision)
-    state = rows * (optimizer.per_row + optimizer.per_weight * dim) * STATE_BYTES
+    """The bytes a shard of ``rows`` x ``dim`` holds on its device while it trains at ``batch_size`` samples, looking
+    up ``ids_per_sample`` ids per sample (its table's pooling factor; a row block's share of it); a ``sequence``
+    table's outputs are a row per id, not per sample; ``workspace``: bytes per lookup its kernel's backward holds
+    while it runs (``Training.workspace``), among the buffers. ``cache_load_factor``: the shard in tiered memory
+    (its weights and state in host memory, ``host_memory``): its device holds the cache's slots (``cache_slots``,
+    as weights) and their bookkeeping and the lookups' cache indices (as buffers), no optimizer state."""
     lookups = int(round(ids_per_sample * batch_size))
     ids = lookups + batch_size + 1  # the ids and the offsets
     outputs = lookups if sequence else batch_size
     buffers = ids * ID_BYTES + 2 * outputs * dim * OUTPUT_BYTES  # the outputs and their gradients
     buffers += int(round(lookups * workspace))
+    if cache_load_factor is not None:
+        slots = cache_slots(rows, cache_load_factor)
+        weights = mem_bytes(slots, dim, precision)
+        buffers += slots * CACHE_SLOT_BYTES + lookups * CACHE_LOOKUP_BYTES
+        return MemoryParts(int(weights), 0, int(buffers))
+    weights = mem_bytes(rows, dim, precision)
+    state = rows * (optimizer.per_row + optimizer.per_weight * dim) * STATE_BYTES
     return MemoryParts(int(weights), int(state), int(buffers))
+
+
+def host_memory(rows: int, dim: int, precision: str, optimizer: Optimizer) -> int:
+    """Bytes a shard in tiered memory keeps in host memory: its weights and its optimizer state (fp32)."""
+    return int(mem_bytes(rows, dim, precision) + rows * (optimizer.per_row + optimizer.per_weight * dim) * STATE_BYTES)
 
 
 def step_memory(

@@ -149,9 +149,10 @@ class Plan:
             out.setdefault(table.id if table.name is None else table.name, []).append(where)
         return out
 
-    def torchrec_shards(self) -> list[list[dict[str, int]]]:
+    def torchrec_shards(self) -> list[list[dict[str, float]]]:
         """Per task table: its shards as ``torchrec_format`` takes them, {col_offset, dim, rank} (and row_offset,
-        num_rows for a row block), in column then row order; a data-parallel table's is [{data_parallel: 1}]; a whole
+        num_rows for a row block; cache_load_factor for a table in tiered memory), in column then row order; a
+        data-parallel table's is [{data_parallel: 1}]; a whole
         table declared column-wise (``merge_column_wise``) carries column_wise: 1 on its one shard."""
         declared = self.column_wise_tables()
         out: list[list[dict[str, int]]] = [[] for _ in self.task.tables]
@@ -162,6 +163,8 @@ class Plan:
             rows = self.task.tables[s.table].rows
             if not s.whole_rows(rows):
                 shard.update(row_offset=s.row_offset, num_rows=s.rows(rows))
+            if self.task.tables[s.table].cached:  # tiered memory: TorchRec's fused_uvm_caching at this load factor
+                shard["cache_load_factor"] = self.task.tables[s.table].cache_load_factor
             out[s.table].append(shard)
         for t in declared:
             if len(out[t]) == 1:
@@ -283,6 +286,8 @@ class Plan:
         group = self.column_wise_tables()
         if group:  # for readers (the printout, outside tools); ignored on input: the rule above makes it
             out["column_wise"] = sorted(task.tables[t].id for t in group)
+        if any(t.cached for t in task.tables):  # for readers: the tables in tiered memory keep their rows on the host
+            out["host_mem_gb"] = task.host_mem_bytes() / GIB_BYTES
         held = np.bincount([s.device for s in self.shards], minlength=task.num_devices)
         devices = []
         for d in range(task.num_devices):

@@ -103,6 +103,21 @@ def device_tables_words(plan_json: dict[str, Any], width: int = 60) -> dict[int,
     return out
 
 
+def tiered_lines(plan_json: dict[str, Any]) -> list[str]:
+    """One line on the tables in tiered memory where the plan has any (``cache_load_factor``: host rows, a cache of
+    that share of them on the GPU, TorchRec's ``fused_uvm_caching``)."""
+    cached = [t for t in plan_json["task"]["tables"] if t.get("cache_load_factor") is not None]
+    if not cached:
+        return []
+    named = [f"{t.get('name', t['id'])} ({t['cache_load_factor']:g})" for t in cached[:6]]
+    more = f", +{len(cached) - 6} more" if len(cached) > 6 else ""
+    host = plan_json.get("host_mem_gb")
+    return [
+        f"tiered memory (TorchRec's fused_uvm_caching, the share of rows cached on the GPU): {', '.join(named)}{more}"
+        + (f"; {host:.3g} GiB in host memory" if host is not None else "")
+    ]
+
+
 def column_wise_lines(plan_json: dict[str, Any]) -> list[str]:
     """One line on TorchRec's column-wise group where the plan has one (``column_wise``: its tables' ids, written by
     ``Plan.to_json``): how many tables are cut over devices and how many whole tables run with them."""
@@ -161,6 +176,7 @@ def format_plan(plan_json: dict[str, Any], file_name: str = "plan.json") -> str:
         listed = ", ".join(str(names[t]) for t in replicated[:8]) + (", ..." if len(replicated) > 8 else "")
         lines.append(f"data-parallel on every device (batch / {task['num_devices']} each): tables {listed}")
     lines.extend(column_wise_lines(plan_json))
+    lines.extend(tiered_lines(plan_json))
     lines.append(
         f"predicted cost: {plan_json['cost_ms']:.3f} ms (max over devices); search {plan_json['search_time_s']:.2f} s"
     )

@@ -80,6 +80,8 @@ class TableFile:
     pooling: str = "sum"  # ``table.POOLINGS``: none for sequence embeddings
     weighted: bool = False  # per-id weights on its lookups
     precision: str | None = None  # its weights' data type where it differs from the task's
+    # tiered memory: host rows, this share of them cached on the GPU (``Table.cache_load_factor``)
+    cache_load_factor: float | None = bounded(above=0, at_most=1, default=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +116,7 @@ class PlanFile:
     # before the rule, read as true but for TorchRec's plans
     merge_column_wise: bool | None = None
     column_wise: tuple[int, ...] = ()  # the column-wise group's table ids, for readers; ignored on input
+    host_mem_gb: float | None = None  # what the tables in tiered memory keep in host memory, for readers; ignored
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +231,13 @@ def table_from_json(obj: dict, where: str, index: int = 0) -> Table:
         weighted=raw.weighted,
         precision=raw.precision,
     )
+    if raw.cache_load_factor is not None:
+        if raw.cache_load_factor >= 1:
+            raise UserError(
+                f"{where}.cache_load_factor: got {raw.cache_load_factor!r}, expected a share of the rows in (0, 1) "
+                "(or none: the table in the device's memory)"
+            )
+        table = dataclasses.replace(table, cache_load_factor=float(raw.cache_load_factor))
     blocks = row_blocks_of(raw.row_blocks, raw.rows, raw.pooling_factor, f"{where}.row_blocks")
     return dataclasses.replace(table, row_blocks=blocks, constraints=_constraints_of(raw, where))
 
@@ -368,6 +378,7 @@ def table_json(t: Table) -> JSONDoc:
         **({"pooling": t.pooling} if t.pooling != "sum" else {}),
         **({"weighted": True} if t.weighted else {}),
         **({"precision": t.precision} if t.precision is not None else {}),
+        **({"cache_load_factor": t.cache_load_factor} if t.cache_load_factor is not None else {}),
         **_constraints_json(t),
         **({"row_blocks": row_blocks_json(t.row_blocks)} if t.row_blocks else {}),
     }

@@ -133,11 +133,24 @@ class Table:
     # None: the task's): TorchRec plans and runs modules mixing fp16 and fp32 tables, each table at its own bytes,
     # a device's tables of each data type in a kernel of their own
     precision: str | None = None
+    # tiered memory (a GPU's): the table in host memory reached through UVM, this share of its rows cached in the
+    # device's memory (FBGEMM's managed caching, TorchRec's ``fused_uvm_caching`` with ``CacheParams(load_factor)``);
+    # None: the table in the device's memory. Set by the user, or by the planner where a GPU's memory is short
+    # (``costs.tiers.tiered``)
+    cache_load_factor: float | None = None
 
     def __post_init__(self):
         kernel_kind(self.pooling, self.weighted)
         if self.precision is not None and self.precision not in BYTES_PER_ELEMENT:
             raise ValueError(f"precision: got {self.precision!r}, expected one of {', '.join(BYTES_PER_ELEMENT)}")
+        lf = self.cache_load_factor
+        if lf is not None and not (isinstance(lf, (int, float)) and not isinstance(lf, bool) and 0 < lf < 1):
+            raise ValueError(f"cache_load_factor: got {lf!r}, expected a share of the rows in (0, 1) (or none)")
+
+    @property
+    def cached(self) -> bool:
+        """Whether it sits in tiered memory: host rows, a share of them cached on the device (``cache_load_factor``)."""
+        return self.cache_load_factor is not None
 
     @property
     def kernel(self) -> str:

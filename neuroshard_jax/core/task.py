@@ -47,6 +47,7 @@ from neuroshard_jax.core.memory import (
     Training,
     device_workspace,
     gib,
+    host_memory,
     shard_memory,
     step_memory,
 )
@@ -226,7 +227,24 @@ class Task:
         precision = self.table_precision(index)
         training = self.training
         return shard_memory(
-            rows, dim, ids, self.batch_size, precision, training.state, table.sequence, training.workspace_bytes
+            rows,
+            dim,
+            ids,
+            self.batch_size,
+            precision,
+            training.state,
+            table.sequence,
+            training.workspace_bytes,
+            table.cache_load_factor,
+        )
+
+    def host_mem_bytes(self) -> int:
+        """Bytes the tables in tiered memory (``Table.cached``) keep in host memory, all of them together: their
+        weights and optimizer state (``host_memory``); 0 where none is."""
+        return sum(
+            host_memory(t.rows, t.dim, self.table_precision(i), self.training.state)
+            for i, t in enumerate(self.tables)
+            if t.cached
         )
 
     def table_precision(self, index: int) -> str:
@@ -456,9 +474,19 @@ def fit_advice(task: Task) -> str:
 
 
 def on_device(task: Task, device: str) -> Task:
-    """``task`` as a plan for ``device`` counts it: where its workspace is the device's own (None), the bytes per
+    """``task`` as a plan for ``device`` counts it (UserError for a table in tiered memory on a CPU): where its
+    workspace is the device's own (None), the bytes per
     lookup that device's kernels hold in their backward (``device_workspace``: FBGEMM's CUDA temporaries on a GPU;
     nothing more on a CPU, so a CPU task is unchanged)."""
+    if device != "cuda":
+        for i, t in enumerate(task.tables):
+            if t.cached:
+                name = task.table_names()[i]
+                raise UserError(
+                    f"task.tables[{name!r}].cache_load_factor: got {t.cache_load_factor} for device {device!r}, "
+                    "expected none (tiered memory keeps a GPU's cache of host rows; a CPU's tables are in host memory) "
+                    "or device=cuda"
+                )
     workspace = device_workspace(device)
     if task.training.workspace is not None or not workspace:
         return task

@@ -7,7 +7,9 @@ column slices are ``column_wise(ranks)`` (TorchRec cuts equal slices in rank-lis
 equal by construction). A row-split table's shards also carry ``row_offset, num_rows`` (``sharding.row_blocks``,
 TorchRec's own layout): its blocks in rank order over every rank are ``row_wise()``, over the ranks of one host
 ``table_row_wise(host)``; row blocks of column slices (TorchRec's grid sharding) are not exported. A data-parallel
-table's list is ``[{data_parallel: 1}]`` (``data_parallel()``: every rank holds it, TorchRec's dense kernel). torch and
+table's list is ``[{data_parallel: 1}]`` (``data_parallel()``: every rank holds it, TorchRec's dense kernel). A table in
+tiered memory carries ``cache_load_factor`` on its shards: its kernel is ``fused_uvm_caching`` and its sharding's
+``cache_params`` ``CacheParams(load_factor=...)``, as TorchRec's planner writes them. torch and
 torchrec are imported inside the functions: they run in a torch process (the worker, or a user's), and importing
 this module costs nothing.
 """
@@ -22,6 +24,8 @@ from neuroshard_jax.kernels.messages import TorchRecTable
 
 TORCHREC_MISSING = "torchrec is not installed"
 SHARD_KEYS = ("col_offset", "dim", "rank", "row_offset", "num_rows", "data_parallel", "column_wise")
+UVM_CACHING = "fused_uvm_caching"  # TorchRec's kernel of a table in tiered memory (a shard's ``cache_load_factor``)
+TORCHREC_LOAD_FACTOR = 0.2  # TorchRec's planner's load factor where a plan's cache_params name none (UVM_CACHING_RATIO)
 
 
 def module_plan(
@@ -53,13 +57,17 @@ def module_plan(
             continue
         ordered = sorted(table_shards, key=lambda s: (s["col_offset"], s.get("row_offset", 0)))
         ranks = [int(s["rank"]) for s in ordered]
+        load_factor = ordered[0].get("cache_load_factor")
+        own = kernel if load_factor is None else UVM_CACHING
         if "num_rows" in ordered[0]:
             host = row_split_host(name, ordered, world_size, local_size)
-            per_table[name] = row_wise(compute_kernel=kernel) if host is None else table_row_wise(host_index=host)
+            per_table[name] = row_wise(compute_kernel=own) if host is None else table_row_wise(host_index=host)
         elif len(ranks) == 1 and not ordered[0].get("column_wise"):
-            per_table[name] = table_wise(rank=ranks[0], compute_kernel=kernel)
+            per_table[name] = table_wise(rank=ranks[0], compute_kernel=own)
         else:
-            per_table[name] = column_wise(ranks=ranks, compute_kernel=kernel)
+            per_table[name] = column_wise(ranks=ranks, compute_kernel=own)
+        if load_factor is not None:
+            per_table[name] = cached(per_table[name], float(load_factor))
     return construct_module_sharding_plan(
         module,
         per_param_sharding=per_table,
@@ -68,6 +76,19 @@ def module_plan(
         world_size=world_size,
         device_type=device_type,
     )
+
+
+def cached(generator, load_factor: float):
+    """A TorchRec ``ParameterShardingGenerator`` whose sharding carries ``CacheParams(load_factor=...)``: the table in
+    tiered memory (``fused_uvm_caching``: host rows, that share of them cached on the GPU)."""
+    import dataclasses
+
+    from torchrec.distributed.types import CacheParams
+
+    def made(*args, **kwargs):
+        return dataclasses.replace(generator(*args, **kwargs), cache_params=CacheParams(load_factor=load_factor))
+
+    return made
 
 
 def row_split_host(name: str, shards: Sequence[Mapping], world_size: int, local_size: int) -> int | None:
@@ -242,7 +263,7 @@ def model_loss(model, inputs):
 def plan_shards(plan) -> dict[str, list[JSONDoc]]:
     """Per table name of a TorchRec ShardingPlan (every module): its shards [{col_offset, dim, rank}] by column
     offset; a row-split table's (row-wise, table-row-wise) also carry row_offset, num_rows, in row order; a
-    data-parallel table's is [{data_parallel: 1}]."""
+    data-parallel table's is [{data_parallel: 1}]; a table in tiered memory's carry its ``cache_load_factor``."""
     out: dict[str, list[JSONDoc]] = {}
     for module_plan_ in plan.plan.values():
         for name, sharding in module_plan_.items():
@@ -262,6 +283,10 @@ def plan_shards(plan) -> dict[str, list[JSONDoc]]:
                 shards.append(one)
             if sharding.sharding_type == "column_wise" and len(shards) == 1:  # a whole table declared column-wise
                 shards[0]["column_wise"] = 1
+            load_factor = getattr(sharding.cache_params, "load_factor", None)
+            if sharding.compute_kernel == UVM_CACHING:  # tiered memory (TorchRec's default load factor where unset)
+                for one in shards:
+                    one["cache_load_factor"] = float(TORCHREC_LOAD_FACTOR if load_factor is None else load_factor)
             out[name] = sorted(shards, key=_order)
     return out
 
@@ -270,11 +295,19 @@ def _order(shard: Mapping) -> tuple[int, int]:
     return int(shard.get("col_offset", 0)), int(shard.get("row_offset", 0))
 
 
+def _shard_keys(shard: Mapping) -> JSONDoc:
+    """A shard's geometry (``SHARD_KEYS``, ints) and its cache's load factor where it has one."""
+    out: JSONDoc = {k: int(v) for k, v in shard.items() if k in SHARD_KEYS}
+    if shard.get("cache_load_factor") is not None:
+        out["cache_load_factor"] = float(shard["cache_load_factor"])
+    return out
+
+
 def mismatch(plan, shards: Mapping[str, Sequence[Mapping]]) -> str | None:
     """None if ``plan`` holds exactly ``shards`` (per table name), else a line naming the first table that differs."""
     written = plan_shards(plan)
     for name, table_shards in shards.items():
-        want = sorted(({k: int(v) for k, v in s.items() if k in SHARD_KEYS} for s in table_shards), key=_order)
+        want = sorted((_shard_keys(s) for s in table_shards), key=_order)
         if written.get(name) != want:
             return f"table {name}: TorchRec made shards {written.get(name)}, expected {want}"
     return None

@@ -32,6 +32,7 @@ from neuroshard_jax.core.task import Task, check_feasible, on_device
 from neuroshard_jax.costs.choice import CostModelSpec, ModelChoice, build_cost_model, spec_of
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.coverage import out_of_depth_warning
+from neuroshard_jax.costs.tiers import TIERING_MODES, cached_tables, describe, tier_price, tiered, tiered_model
 from neuroshard_jax.measure.autotune import AutotuneConfig
 from neuroshard_jax.measure.calibration import CalibrateConfig
 from neuroshard_jax.measure.polish import PolishConfig
@@ -85,8 +86,9 @@ class Settings:
     on the plan's); ``device``: the compute device the plan is for (cpu | cuda); ``fallback``: a cost model not trained
     at the task's batch size or precision gives way to one that is (or the roofline), with a warning, instead of
     refusing; ``first_contact``: on a machine kind no model was trained on, the model chosen for it is scaled to this
-    machine from a few spec kernels measured once and kept (``measure.first_contact``). Keyword-only, so that a
-    subclass's parts come first."""
+    machine from a few spec kernels measured once and kept (``measure.first_contact``); ``tiering``: where a GPU
+    task's tables do not fit its devices' memory, move tables to tiered memory (host rows, a cache of them on the
+    GPU: ``costs.tiers``; auto) or refuse the task (off). Keyword-only, so that a subclass's parts come first."""
 
     seed: int = 0
     row_split: str = "fit"
@@ -96,6 +98,7 @@ class Settings:
     device: str = "cpu"
     fallback: bool = False
     first_contact: bool = True
+    tiering: str = "auto"
 
     def __post_init__(self):
         object.__setattr__(self, "seed", check_seed(self.seed))
@@ -103,6 +106,8 @@ class Settings:
             object.__setattr__(self, stage, stage_config(cls, getattr(self, stage), stage))
         check_row_split(self.row_split)
         check_device(self.device)
+        if self.tiering not in TIERING_MODES:
+            raise UserError(f"tiering: got {self.tiering!r}, expected one of {', '.join(TIERING_MODES)}")
         if self.autotune.device == AutotuneConfig.device:  # left as it is: the plan's device (another is refused)
             object.__setattr__(self, "autotune", dataclasses.replace(self.autotune, device=self.device))
 
@@ -174,10 +179,17 @@ class Planner(Settings):
             raise UserError(f"planner.run: got {type(task).__name__}, expected a Task (workloads.builders.make_task)")
         check_jax_environment()  # a library's caller too: JAX_PLATFORMS=cuda without a GPU is one line, not XLA's
         task = on_device(task, self.device)  # its memory as this device's kernels hold it (a GPU's workspace)
+        given, price = task, tier_price(self.device)
+        if self.device == "cuda":  # where a GPU's memory is short, tables in host memory with a cache on it
+            task = tiered(task, self.tiering, price)
         check_feasible(task)  # an infeasible task is refused before any model is built or kernel measured
         keep_compiled_kernels()
         model, choice = build_cost_model(self.cost_model, task, self.device, self.fallback)  # choice.instead: why
-        return PlanningState(task, model, choice, self.seed)
+        if cached_tables(task):
+            model = tiered_model(model, task, price)  # every searcher prices the cached tables' misses
+            logger.info("tiering: %s", describe(task, price))
+        ran = ("tiering",) if cached_tables(task) != cached_tables(given) else ()
+        return PlanningState(task, model, choice, self.seed, ran=ran)
 
     def run(self, task: Task) -> Planned:
         """Plan ``task``: its state (``start``) through every stage (``stages``)."""

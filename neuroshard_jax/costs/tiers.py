@@ -1,0 +1,330 @@
+"""Tiered memory on a GPU: tables kept in host memory (UVM) with a cache of their rows in the device's memory
+(FBGEMM's managed caching, TorchRec's ``fused_uvm_caching``), what they cost and which tables go there.
+
+* **Which rows hit the cache** (``missed_rows``): from a table's access histogram (``core.features``: the share of a
+  batch's distinct rows read about 2^k times) and its lookups at the batch: the batch reads U distinct rows; those it
+  reads more than once are its hot rows, and an LRU cache of C slots that has run for a while holds the hottest of
+  them (the histogram's highest bins first); the rows read once are the cold tail, drawn from the table's other rows,
+  of which the slots the hot rows leave hold a share (C - H) / (rows - H). A uniform table's hit share is then the
+  load factor; a skewed table's hot rows all hit once C covers them.
+* **What a miss costs** (``TierPrice``): each missed row is fetched over the host link and, the cache's rows being
+  dirty in training, one is written back as it is evicted (2 x its bytes); the optimizer state stays in host memory,
+  read and written for every distinct row (2 x its state's bytes); plus a fixed time per missed row (the populate
+  kernel's). ``PRIOR``: TorchRec's planner's own host link (``HBM_TO_DDR_MEM_BW``, 32 GiB/s) and no per-row time,
+  until a GPU run's managed-caching labels (``tools/gpu_check.py``'s ``uvm.json``) fit both (``fit_price``).
+* **Priced in every searcher** (``tiered_model``): a cached table's shards weigh (HBM kernel + misses) / HBM kernel
+  times the model's own price of them (``CostModel.with_table_scales``: the scale that makes the model's price of the
+  table alone its kernel's plus its misses').
+* **Which tables** (``tiered``): where a GPU task's tables do not fit its devices' memory, the planner moves tables
+  to tiered memory one step at a time (load factor 0.5, then 0.2, 0.1, 0.05), each step the one that adds the least
+  miss time per byte it frees, until the tables take at most ``TIER_FILL`` of the devices' memory (room for the
+  search to pack). A task that fits is planned as before. A cached table keeps whole rows (table-wise or column-wise,
+  as TorchRec's ``fused_uvm_caching`` runs them): its row blocks are not priced here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import json
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.features import NUM_BINS
+from neuroshard_jax.core.hardware import hardware
+from neuroshard_jax.core.memory import STATE_BYTES, cache_slots
+from neuroshard_jax.core.sharding import element_bytes
+from neuroshard_jax.core.table import Table
+from neuroshard_jax.core.task import Task, infeasibility
+from neuroshard_jax.costs.cost_model import CostModel, table_keys
+from neuroshard_jax.costs.scoring import shards_alone
+
+LOAD_FACTORS = (0.5, 0.2, 0.1, 0.05)  # the steps a table takes into tiered memory, largest cache first
+TIER_FILL = 0.85  # tiering stops where the tables take at most this share of the devices' memory for tables
+TIERING_MODES = ("auto", "off")  # auto: where a GPU's memory is short; off: never (an infeasible task is refused)
+GIB = 1024**3
+# the mean access count of a row in each histogram bin: 1 in bin 0, (2^(k-1), 2^k] in bin k (its midpoint), and
+# past 2^15 (bin 16) taken as 2^16
+BIN_COUNTS = np.array([1.0] + [(2 ** (k - 1) + 1 + 2**k) / 2 for k in range(1, NUM_BINS - 1)] + [2.0**16])
+
+
+@dataclasses.dataclass(frozen=True)
+class TierPrice:
+    """What a cache miss costs: the host link's bandwidth (GiB/s, both ways) and a fixed time per missed row (us);
+    ``source``: where they come from (TorchRec's constant, or the labels they were fitted on)."""
+
+    link_gibps: float
+    miss_us: float = 0.0
+    source: str = "TorchRec's planner's host link (HBM_TO_DDR_MEM_BW, 32 GiB/s): no managed-caching labels"
+
+    def __post_init__(self):
+        if not (self.link_gibps > 0 and self.miss_us >= 0):
+            raise UserError(f"tier price: got {self.link_gibps} GiB/s and {self.miss_us} us a miss, expected > 0, >= 0")
+
+    def ms(self, traffic_bytes, missed_rows):
+        """ms of moving ``traffic_bytes`` over the link and handling ``missed_rows`` missed rows."""
+        return traffic_bytes / (self.link_gibps * GIB / 1e3) + missed_rows * self.miss_us / 1e3
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+PRIOR = TierPrice(32.0)
+
+
+def distinct_rows(table: Table, batch_size: int) -> np.ndarray:
+    """f64[17]: the distinct rows a batch of ``batch_size`` reads, by histogram bin (its lookups over the mean count
+    of a distinct row), at most the table's rows."""
+    bins = np.asarray(table.bins, np.float64)
+    mean_count = float(bins @ BIN_COUNTS)
+    if mean_count <= 0 or table.pooling_factor <= 0:
+        return np.zeros(NUM_BINS)
+    total = min(table.pooling_factor * batch_size / mean_count, float(table.rows))
+    return bins * total
+
+
+def missed_rows(table: Table, batch_size: int, load_factor: float, rows: int | None = None) -> tuple[float, float]:
+    """(missed, distinct): the distinct rows a batch reads that an LRU cache of ``load_factor`` of ``rows`` rows
+    (default the table's) does not hold, and all the distinct rows it reads (the module's words give the rule)."""
+    rows = table.rows if rows is None else rows
+    share = rows / max(table.rows, 1)
+    per_bin = distinct_rows(table, batch_size) * share
+    slots = float(min(cache_slots(rows, load_factor), rows))
+    hot = per_bin[1:][::-1]  # the hottest bins first
+    held = np.clip(slots - np.concatenate([[0.0], np.cumsum(hot)[:-1]]), 0.0, hot)
+    hot_rows = float(hot.sum())
+    missed_hot = hot_rows - float(held.sum())
+    cold = float(per_bin[0])
+    population = max(rows - hot_rows, cold, 1.0)
+    hit = min(1.0, max(slots - hot_rows, 0.0) / population)
+    return missed_hot + cold * (1.0 - hit), float(per_bin.sum())
+
+
+def miss_traffic(task: Task, index: int, load_factor: float, dim: int | None = None) -> tuple[float, float]:
+    """(bytes over the host link, missed rows) a step of table ``index`` (``dim`` of its columns, default all) at
+    ``load_factor``: each missed row fetched and one written back, the optimizer state of every distinct row read and
+    written in host memory."""
+    table = task.tables[index]
+    dim = table.dim if dim is None else dim
+    missed, distinct = missed_rows(table, task.batch_size, load_factor)
+    state = task.training.state
+    row_bytes = dim * element_bytes(task.table_precision(index))
+    state_bytes = (state.per_row + state.per_weight * dim) * STATE_BYTES
+    return 2 * missed * row_bytes + 2 * distinct * state_bytes, missed
+
+
+def miss_ms(task: Task, index: int, load_factor: float, price: TierPrice = PRIOR) -> float:
+    """ms a step of table ``index`` (whole) spends on its cache's misses at ``load_factor``."""
+    return float(price.ms(*miss_traffic(task, index, load_factor)))
+
+
+WHOLE_ROWS = ("table_wise", "column_wise")
+
+
+def whole_rows(table: Table, name: str) -> Table:
+    """``table`` sharded only in whole rows (table-wise or column-wise: a cached table's misses are priced for its
+    whole rows, not for row blocks); UserError naming table ``name`` where its sharding types allow neither."""
+    types = table.constraints.sharding_types
+    kept = WHOLE_ROWS if types is None else tuple(s for s in types if s in WHOLE_ROWS)
+    if not kept:
+        raise UserError(
+            f"task.tables[{name!r}].cache_load_factor: given with sharding_types {list(types)}, expected table_wise "
+            "or column_wise among them (a table in tiered memory is planned in whole rows)"
+        )
+    return table if kept == types else table.constrained(sharding_types=kept)
+
+
+def tierable(table: Table) -> bool:
+    """Whether the planner may move ``table`` to tiered memory: not data-parallel-only, and its sharding types
+    allow whole rows (table-wise or column-wise)."""
+    types = table.constraints.sharding_types
+    return types is None or bool({"table_wise", "column_wise"} & set(types))
+
+
+def tiered(task: Task, mode: str = "auto", price: TierPrice = PRIOR) -> Task:
+    """``task`` with tables moved to tiered memory where its devices' memory is short (``mode`` auto, a GPU task:
+    the module's words give the rule), else ``task`` itself. Tables the user cached keep their load factor; a table
+    the planner caches keeps whole rows (its sharding types lose the row-wise ones)."""
+    if mode not in TIERING_MODES:
+        raise UserError(f"tiering: got {mode!r}, expected one of {', '.join(TIERING_MODES)}")
+    tables = [whole_rows(t, task.table_names()[i]) if t.cached else t for i, t in enumerate(task.tables)]
+    if tables != list(task.tables):
+        task = dataclasses.replace(task, tables=tuple(tables))
+    if mode == "off" or infeasibility(task) is None:
+        return task
+    room = float(task.cap_bytes().sum()) * TIER_FILL
+    sizes = [task.table_mem_bytes(i) for i in range(task.num_tables)]
+    need = float(sum(sizes))
+    moves: list[tuple[float, int, int]] = []  # (ms per byte freed, table, step)
+
+    def push(i: int, step: int) -> None:
+        if step >= len(LOAD_FACTORS):
+            return
+        was = _cost(task, i, tables[i].cache_load_factor, price)
+        freed = sizes[i] - _bytes(task, tables[i], i, LOAD_FACTORS[step])
+        if freed > 0:
+            heapq.heappush(moves, ((_cost(task, i, LOAD_FACTORS[step], price) - was) / freed, i, step))
+
+    for i, t in enumerate(tables):
+        if not t.cached and tierable(t):
+            push(i, 0)
+    current = task
+    while (need > room or infeasibility(current) is not None) and moves:
+        _, i, step = heapq.heappop(moves)
+        lf = LOAD_FACTORS[step]
+        tables[i] = dataclasses.replace(whole_rows(tables[i], ""), cache_load_factor=lf)
+        after = _bytes(task, tables[i], i, lf)
+        need -= sizes[i] - after
+        sizes[i] = after
+        current = dataclasses.replace(task, tables=tuple(tables))
+        push(i, step + 1)
+    return current
+
+
+def _bytes(task: Task, table: Table, index: int, load_factor: float) -> int:
+    probe = dataclasses.replace(task, tables=(dataclasses.replace(table, cache_load_factor=load_factor),))
+    return probe.table_mem_bytes(0)
+
+
+def _cost(task: Task, index: int, load_factor: float | None, price: TierPrice) -> float:
+    return 0.0 if load_factor is None else miss_ms(task, index, load_factor, price)
+
+
+def cached_tables(task: Task) -> list[int]:
+    """The indices of ``task``'s tables in tiered memory."""
+    return [i for i, t in enumerate(task.tables) if t.cached]
+
+
+def describe(task: Task, price: TierPrice = PRIOR) -> str:
+    """``3 tables in tiered memory (load factors 0.2-0.5), their misses 1.2 ms a step by ...`` for messages."""
+    cached = cached_tables(task)
+    factors = sorted({task.tables[i].cache_load_factor for i in cached})
+    ms = sum(miss_ms(task, i, task.tables[i].cache_load_factor, price) for i in cached)
+    span = f"{factors[0]:g}" if len(factors) == 1 else f"{factors[0]:g}-{factors[-1]:g}"
+    return (
+        f"{len(cached)} table{'s' if len(cached) != 1 else ''} in tiered memory (host rows, a cache of "
+        f"{span} of them on the GPU: {gib_words(task.host_mem_bytes())} GiB in host memory), their misses "
+        f"{ms:.3g} ms a step by {price.source}"
+    )
+
+
+def gib_words(count: float) -> str:
+    return f"{count / GIB:.3g}"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# fitted on a GPU run's managed-caching labels
+
+
+def price_readings(doc: dict) -> list[dict]:
+    """Per (table, load factor) of a ``uvm.json``: the cached kernel's mean ms over the same table's in the GPU's
+    memory (the extra), and the bytes and missed rows ``miss_traffic`` predicts; readings that failed are left out."""
+    out = []
+    for row in doc.get("tables", []):
+        if "bins" not in row:
+            raise UserError(f"uvm labels: table {row.get('table')} has no bins, expected its access histogram")
+        table = Table(
+            int(row["table"]), int(row["rows"]), int(row["dim"]), float(row["pooling_factor"]), tuple(row["bins"])
+        )
+        task = Task.uniform(1, 1.0, int(doc["batch_size"]), (table,), doc.get("precision", "fp32"))
+        task = dataclasses.replace(
+            task, training=dataclasses.replace(task.training, optimizer=doc.get("optimizer", "exact_sgd"))
+        )
+        ok = [r for r in row["readings"] if r.get("ok")]
+        hbm = [r["total_ms"] for r in ok if r["cache_load_factor"] is None]
+        if not hbm:
+            continue
+        for lf in sorted({r["cache_load_factor"] for r in ok if r["cache_load_factor"] is not None}):
+            cached = [r["total_ms"] for r in ok if r["cache_load_factor"] == lf]
+            traffic, missed = miss_traffic(task, 0, lf)
+            extra = float(np.mean(cached) - np.mean(hbm))
+            out.append({"table": table.id, "load_factor": lf, "extra_ms": extra, "bytes": traffic, "missed": missed})
+    return out
+
+
+def fit_price(readings: Sequence[dict], source: str) -> TierPrice:
+    """The ``TierPrice`` whose ms fit the readings' extra ms best (least squares on relative error, both terms
+    >= 0): its link from the bytes, its per-row time from the missed rows. UserError with fewer than two readings."""
+    if len(readings) < 2:
+        raise UserError(f"uvm labels: {len(readings)} usable readings, expected at least 2 to fit the miss price")
+    extra = np.array([max(r["extra_ms"], 1e-6) for r in readings])
+    design = np.array([[r["bytes"] / (GIB / 1e3), r["missed"] / 1e3] for r in readings]) / extra[:, None]
+    best = None
+    for cols in ((0, 1), (0,), (1,)):  # non-negative least squares over two terms: each subset, the best kept
+        coef, *_ = np.linalg.lstsq(design[:, cols], np.ones(len(extra)), rcond=None)
+        if np.any(coef < 0):
+            continue
+        full = np.zeros(2)
+        full[list(cols)] = coef
+        err = float(np.sum((design @ full - 1.0) ** 2))
+        if best is None or err < best[0]:
+            best = (err, full)
+    if best is None or best[1][0] <= 0:
+        raise UserError("uvm labels: the cached kernels were not slower with more misses; no miss price to fit")
+    inv_bw, us = best[1]
+    return TierPrice(1.0 / inv_bw, float(us), source)
+
+
+def held_out(readings: Sequence[dict], source: str) -> dict:
+    """Each table's readings priced by the price fitted on the other tables': MAPE of the extra ms, per table and
+    in all (the figure a fitted price is judged by)."""
+    tables = sorted({r["table"] for r in readings})
+    errors: dict[str, float] = {}
+    every = []
+    for t in tables:
+        price = fit_price([r for r in readings if r["table"] != t], source)
+        mine = [r for r in readings if r["table"] == t]
+        errs = [abs(price.ms(r["bytes"], r["missed"]) - r["extra_ms"]) / max(abs(r["extra_ms"]), 1e-6) for r in mine]
+        errors[str(t)] = float(np.mean(errs))
+        every += errs
+    return {"per_table_mape": errors, "mape": float(np.mean(every)) if every else math.nan}
+
+
+PRICES = Path(__file__).resolve().parent.parent / "data" / "tiers"
+
+
+def price_file(gpu: str) -> Path:
+    """Where the miss price fitted on a GPU of this name is shipped: ``data/tiers/<its name, lower case, words
+    joined by ->.json``."""
+    return PRICES / ("-".join(re.findall(r"[a-z0-9]+", gpu.lower())) + ".json")
+
+
+def tier_price(device: str) -> TierPrice:
+    """The miss price a plan for ``device`` uses: on a GPU, the one fitted on this machine's GPU where shipped
+    (``price_file``), else ``PRIOR`` (a plan made on a machine without a GPU takes ``PRIOR``)."""
+    if device != "cuda":
+        return PRIOR
+    gpu = hardware().get("gpu")
+    path = price_file(str(gpu)) if gpu else None
+    if path is None or not path.is_file():
+        return PRIOR
+    doc = json.loads(path.read_text())
+    return TierPrice(float(doc["link_gibps"]), float(doc["miss_us"]), str(doc["source"]))
+
+
+def tiered_model(model: CostModel, task: Task, price: TierPrice = PRIOR, rounds: int = 6) -> CostModel:
+    """``model`` pricing ``task``'s cached tables' misses: each cached table's shards scaled
+    (``CostModel.with_table_scales``) so that the model's price of the table alone is its kernel's plus its misses'
+    (``miss_ms``; a few fixed-point rounds, the head not being linear in a latent's scale); ``model`` itself where
+    no table is cached."""
+    cached = cached_tables(task)
+    if not cached:
+        return model
+    feats = task.features()
+    alone = feats[cached].astype(np.float32)
+    _, base = shards_alone(model, alone)
+    target = base + np.array([miss_ms(task, i, task.tables[i].cache_load_factor, price) for i in cached])
+    keys = table_keys(feats)
+    log_scale = np.zeros(task.num_tables, np.float32)
+    scale = target / np.maximum(base, 1e-9)
+    for _ in range(rounds):
+        log_scale[cached] = np.log(np.maximum(scale, 1.0))
+        _, now = shards_alone(model.with_table_scales(keys, log_scale), alone)
+        scale = scale * target / np.maximum(now, 1e-9)
+    log_scale[cached] = np.log(np.maximum(scale, 1.0))
+    return model.with_table_scales(keys, log_scale)
