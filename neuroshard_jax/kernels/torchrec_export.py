@@ -68,6 +68,13 @@ def torchrec_request(plan: Plan, config: ExportConfig) -> ExportJob:
     task = plan.task
     names = [config.table_names.format(index=i, id=t.id) for i, t in enumerate(task.tables)]
     shards = plan.torchrec_shards()
+    cached = [(n, t) for n, t in zip(names, task.tables) if t.cached]
+    if cached and config.device != "cuda":
+        name, table = cached[0]
+        raise UserError(
+            f"export: table {name} is in tiered memory (cache_load_factor {table.cache_load_factor:g}) and device is "
+            f"{config.device!r}, expected device=cuda (TorchRec's fused_uvm_caching keeps a GPU's cache of host rows)"
+        )
     for name, table_shards in zip(names, shards):
         if "num_rows" in table_shards[0]:  # row blocks (a data-parallel table's [{data_parallel: 1}] has none)
             try:
