@@ -34,17 +34,18 @@ DEFAULT_SHARDING_TYPES = ("table_wise", "column_wise")
 RESERVATIONS = ("heuristic", "percent")
 
 
-def plan_from_torchrec(task: Task, shards: list[list[dict]]) -> Plan:
+def plan_from_torchrec(task: Task, shards: list[list[dict]], tiered: bool = False) -> Plan:
     """Our plan from TorchRec's per-table shards; a table's shards must tile it by our split rule
     (``sharding.tiling_error``: 2^k equal column slices; row-wise: TorchRec's row blocks over every rank); a table
-    TorchRec put in tiered memory (``fused_uvm_caching``) is so in the plan's task, at TorchRec's load factor."""
+    TorchRec put in tiered memory (``fused_uvm_caching``) is so in the plan's task, at TorchRec's load factor; where
+    TorchRec chose the tiered memory (``tiered``), a table it kept in the device's memory is so too."""
     out, replicated = [], []
     tables = list(task.tables)
     for t, table_shards in enumerate(shards):
         table = task.tables[t]
         cached = table_shards[0].get("cache_load_factor") if table_shards else None
-        if cached is not None and cached != table.cache_load_factor:  # TorchRec put it in tiered memory
-            tables[t] = dataclasses.replace(table, cache_load_factor=float(cached))
+        if (cached is not None or tiered) and cached != table.cache_load_factor:  # TorchRec's tiered memory
+            tables[t] = dataclasses.replace(table, cache_load_factor=None if cached is None else float(cached))
         if table_shards and table_shards[0].get("data_parallel"):
             replicated.append(t)
             continue
@@ -115,6 +116,8 @@ class TorchRecSearch(Searcher):
                 f"searcher=torchrec: TorchRec's planner takes no per-device compute speed (the task's devices have "
                 f"speeds {', '.join(f'{v:g}' for v in speeds)}); expected devices of speed 1, or a project searcher"
             )
+        # where our planner put tables in tiered memory (a GPU's memory short), TorchRec's planner may too, its own
+        tiered = any(t.cached for t in task.tables)
         levels = max_levels(task.tables)
         tables = []
         for t, level in zip(task.tables, levels):
@@ -150,6 +153,7 @@ class TorchRecSearch(Searcher):
             sharding_types=tuple(self.sharding_types),
             reservation=self.reservation,
             links=links,
+            uvm_caching=tiered,
         )
         with tempfile.TemporaryDirectory(prefix="neuroshard-torchrec-") as tmp:
             src, dst = Path(tmp) / "request.json", Path(tmp) / "plan.json"
@@ -160,7 +164,7 @@ class TorchRecSearch(Searcher):
             if answer.infeasible:
                 raise InfeasibleError(answer.error)
             raise UserError(f"searcher=torchrec: {answer.error}; install it with {TORCHREC_INSTALL}")
-        return plan_from_torchrec(task, list(answer.shards))
+        return plan_from_torchrec(task, list(answer.shards), tiered)
 
 
 @register("torchrec_default")

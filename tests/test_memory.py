@@ -332,7 +332,8 @@ def _collection(rows: int, dim: int, count: int, device: str = "meta") -> Embedd
 @pytest.mark.fast
 def test_the_torchrec_adapter_reads_the_optimizer_the_model_declares():
     """From apply_optimizer_in_backward on the tables' weights, or from the sharder's fused_params, as TorchRec's
-    storage estimator does; the issue's two 0.9 GiB tables with row-wise Adagrad are refused, not planned."""
+    storage estimator does; the issue's two 0.9 GiB tables with row-wise Adagrad are refused with ``tiering=off``, not
+    planned (by default, on a GPU topology, they go to tiered memory)."""
     small = _collection(100, 8, 2, "cpu")
     assert declared_optimizer(small) is None
     apply_optimizer_in_backward(RowWiseAdagrad, small.parameters(), {"lr": 0.01})
@@ -344,8 +345,13 @@ def test_the_torchrec_adapter_reads_the_optimizer_the_model_declares():
     planner = NeuroShardPlanner(world_size=2, mem_cap_gb=1.0, batch_size=32, cost_model="analytic", verbose=False)
     planner.plan(big)  # plain SGD: one table per rank
     adagrad = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD})
+    planner.plan(big, [adagrad])  # a GPU topology: tables in tiered memory (fused_uvm_caching), as TorchRec's would
+    assert planner.last_plan.stages[0] == "tiering" and planner.last_plan.task.host_mem_bytes() > 0
+    refusing = NeuroShardPlanner(
+        world_size=2, mem_cap_gb=1.0, batch_size=32, cost_model="analytic", verbose=False, tiering="off"
+    )
     with pytest.raises(InfeasibleError, match="exact_row_wise_adagrad state 0.450"):
-        planner.plan(big, [adagrad])
+        refusing.plan(big, [adagrad])
 
 
 def test_distributed_model_parallel_holds_what_the_plan_counts():

@@ -77,6 +77,20 @@ def test_a_managed_caching_request_carries_its_load_factor_and_a_cpu_worker_refu
     answer = worker.request(request, 120)
     assert not answer.ok and answer.error.startswith("cache_load_factor: got 0.2 on device 'cpu', expected device")
     assert worker.request(dataclasses.replace(request, cache_load_factor=None), 120).ok
+    # a table's own load factor (a plan's table in tiered memory: a TBE of its own), spec or pool reference
+    from neuroshard_jax.kernels.processes import PoolTableRef, SpecTableRef, table_ref
+    from neuroshard_jax.kernels.worker.tbe import shard_inputs
+
+    pooled = PoolTableRef(3, 8, cache_load_factor=0.05)
+    assert pooled.to_json() == [3, 8, "cache=0.05"] and table_ref(pooled.to_json()) == pooled
+    own = SpecTableRef(10_000, 2.0, tuple(spec["bins"]), 8, 3, cache_load_factor=0.5)
+    assert table_ref(own.to_json()) == own
+    mixed = ComputeRequest("m", (spec, own.to_json()), batch_size=256, warmup=1, iters=2)
+    assert [g.cache_load_factor for g in shard_inputs(mixed)] == [None, 0.5]  # two TBEs, as TorchRec runs them
+    answer = worker.request(mixed, 120)
+    assert not answer.ok and answer.error.startswith("cache_load_factor: got 0.5 on device 'cpu'")
+    bad = ComputeRequest("b", ({**spec, "cache_load_factor": 2},), batch_size=256, warmup=1, iters=2)
+    assert worker.request(bad, 120).error.startswith("table 0: cache_load_factor 2.0, expected a share")
 
 
 @pytest.mark.fast

@@ -1,4 +1,4 @@
-"""Tiered memory on a GPU (``costs.tiers``): host rows with a cache of them on the device (FBGEMM's managed caching,
+"""Tiered memory on a GPU (``core.tiers``): host rows with a cache of them on the device (FBGEMM's managed caching,
 TorchRec's ``fused_uvm_caching``): the cache's bytes, the misses a histogram implies, the planner's choice where a
 GPU's memory is short, its price in the search, the export, and a miss price fitted on labels."""
 
@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 import neuroshard_jax as nsj
+from neuroshard_jax.core import tiers
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.memory import CACHE_SLOT_BYTES, cache_slots
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.plan_file import format_plan
 from neuroshard_jax.core.table import Table
 from neuroshard_jax.core.task import Task, on_device
-from neuroshard_jax.costs import tiers
 from neuroshard_jax.costs.analytic import analytic_model
-from neuroshard_jax.costs.scoring import shards_alone
+from neuroshard_jax.costs.scoring import score_plan, shards_alone
 from neuroshard_jax.kernels.torchrec_export import ExportConfig, export_torchrec
 from neuroshard_jax.search.sharding_planner import PlannerOptions
 from searchers.torchrec import plan_from_torchrec
@@ -117,7 +117,6 @@ def test_where_a_gpus_memory_is_short_the_planner_caches_tables_prices_their_mis
     plan = run.plan
     cached = tiers.cached_tables(plan.task)
     assert plan.stages[0] == "tiering" and cached and set(cached) <= {0, 1}
-    assert all(plan.task.tables[i].constraints.sharding_types == ("table_wise", "column_wise") for i in cached)
     plan.validate()
     assert (plan.mem_bytes() <= plan.task.cap_bytes()).all()
     assert sum(plan.task.table_mem_bytes(i) for i in range(task.num_tables)) <= 0.85 * task.cap_bytes().sum()
@@ -140,20 +139,26 @@ def test_where_a_gpus_memory_is_short_the_planner_caches_tables_prices_their_mis
     assert {s["cache_load_factor"] for i in cached for s in shards[f"t{i}"]} <= set(tiers.LOAD_FACTORS)
     with pytest.raises(UserError, match=r"^export: table t\d is in tiered memory .* expected device=cuda"):
         export_torchrec(plan, tmp_path / "cpu.pt", ExportConfig(device="cpu"))
-    # TorchRec's own plan with a table in tiered memory reads back so
+    # TorchRec's own plan with a table in tiered memory reads back so, and is priced with its own tiering
     torchrec_shards = [[{"col_offset": 0, "dim": t.dim, "rank": i % 2}] for i, t in enumerate(task.tables)]
     torchrec_shards[0][0]["cache_load_factor"] = 0.2
-    theirs = plan_from_torchrec(task, torchrec_shards)
+    theirs = plan_from_torchrec(plan.task, torchrec_shards, tiered=True)
     assert tiers.cached_tables(theirs.task) == [0] and theirs.task.tables[0].cache_load_factor == 0.2
+    own = score_plan(run.cost_model, theirs).compute_ms
+    untiered = analytic_model(task).with_tiers(dataclasses.replace(theirs.task, tables=task.tables), tiers.PRIOR)
+    bare = score_plan(untiered, dataclasses.replace(theirs, task=task)).compute_ms
+    assert own[0] == pytest.approx(bare[0] + tiers.miss_ms(theirs.task, 0, 0.2), rel=0.05) and own[1] == bare[1]
+    # TorchRec's planner, offered fused_uvm_caching here, chooses its own tables (at its load factor, 0.2)
+    torchrec = PlannerOptions(**{**options, "searcher": "torchrec"}).planner().run(task).plan
+    assert tiers.cached_tables(torchrec.task) and {t.cache_load_factor for t in torchrec.task.tables} <= {None, 0.2}
 
 
 @pytest.mark.fast
-def test_a_table_the_user_caches_is_planned_in_whole_rows_and_one_only_row_wise_is_refused():
+def test_a_table_the_user_caches_is_kept_and_one_only_row_wise_is_refused():
     task = gpu_task(64.0)
     mine = dataclasses.replace(task.tables[0], cache_load_factor=0.1)
-    kept = tiers.tiered(dataclasses.replace(task, tables=(mine, *task.tables[1:])))
-    assert kept.tables[0].constraints.sharding_types == ("table_wise", "column_wise")
-    assert tiers.cached_tables(kept) == [0]  # it fits: nothing more cached
+    given = dataclasses.replace(task, tables=(mine, *task.tables[1:]))
+    assert tiers.tiered(given) is given  # it fits: nothing more cached, the user's kept
     row_only = mine.constrained(sharding_types=("row_wise",))
     with pytest.raises(UserError, match=r"^task\.tables\['flat'\]\.cache_load_factor: given with sharding_types"):
         tiers.tiered(dataclasses.replace(task, tables=(row_only, *task.tables[1:])))

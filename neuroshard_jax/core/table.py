@@ -136,7 +136,7 @@ class Table:
     # tiered memory (a GPU's): the table in host memory reached through UVM, this share of its rows cached in the
     # device's memory (FBGEMM's managed caching, TorchRec's ``fused_uvm_caching`` with ``CacheParams(load_factor)``);
     # None: the table in the device's memory. Set by the user, or by the planner where a GPU's memory is short
-    # (``costs.tiers.tiered``)
+    # (``core.tiers.tiered``)
     cache_load_factor: float | None = None
 
     def __post_init__(self):

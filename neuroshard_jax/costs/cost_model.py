@@ -33,6 +33,7 @@ import numpy as np
 from neuroshard_jax.core.features import FEATURE_INDEX, NUM_FEATURES
 from neuroshard_jax.core.records import CalibrationRecord
 from neuroshard_jax.core.task import Task
+from neuroshard_jax.core.tiers import PRIOR, TierPrice, miss_ms, tier_key
 from neuroshard_jax.costs.input_dist import InputDist
 from neuroshard_jax.costs.row_comm import RowComm
 
@@ -64,6 +65,10 @@ class CostModel:
     row_comm: RowComm | None = None  # row-split groups' collectives priced apart (None: as all-to-all width)
     input_dist: InputDist | None = None  # TorchRec's input distributions (ids' all-to-alls), priced (None: unpriced)
     calibration: float = 1.0  # every device's compute is scaled by this (``with_scales``), as given: plan.json's
+    # the miss price of tables in tiered memory (``with_tiers``: a GPU's; None: none priced) and which tables of
+    # which task it prices (``core.tiers.tier_key``)
+    tier_price: TierPrice | None = None
+    tier_key: tuple = ()
 
     @property
     def prices_rows(self) -> bool:
@@ -148,6 +153,72 @@ class CostModel:
         if record.comm is None:
             return scaled
         return scaled.with_comm_factor(record.comm.factor_at(task.num_devices), task.comm_scale())
+
+    def with_tiers(self, task: Task, price: TierPrice, rounds: int = 6) -> CostModel:
+        """This model pricing ``task``'s tables in tiered memory (``core.tiers``) at ``price``: each cached table's
+        shards scaled (a ``TierScaled`` node, under the model's ``Scaled`` if any) so that the model's price of the
+        table alone is its kernel's plus its misses' (``miss_ms``; a few fixed-point rounds, the head not being
+        linear in a latent's scale); a model that priced another task's tiering has its scales replaced."""
+        key = tier_key(task)
+        if key == self.tier_key and price == self.tier_price:
+            return self
+        cached = [i for i, t in enumerate(task.tables) if t.cached]
+        if not cached and not self._has_tiers:  # nothing to scale: no node (no new compilation)
+            return dataclasses.replace(self, tier_price=price, tier_key=key)
+        feats = task.features()
+        keys = table_keys(feats)
+        log_scale = np.zeros(task.num_tables, np.float32)
+        plain = self._tier_scales(keys, log_scale)
+        if cached:
+            alone = feats[cached].astype(np.float32)
+            base = _alone_ms(plain, alone)
+            target = base + np.array([miss_ms(task, i, task.tables[i].cache_load_factor, price) for i in cached])
+            scale = target / np.maximum(base, 1e-9)
+            for _ in range(rounds):
+                log_scale[cached] = np.log(np.maximum(scale, 1.0))
+                scale = scale * target / np.maximum(_alone_ms(plain._tier_scales(keys, log_scale), alone), 1e-9)
+            log_scale[cached] = np.log(np.maximum(scale, 1.0))
+        return dataclasses.replace(plain._tier_scales(keys, log_scale), tier_price=price, tier_key=key)
+
+    def for_task(self, task: Task) -> CostModel:
+        """This model as it prices a plan of ``task``: itself where it prices the task's tiering already (or neither
+        has any), else with the task's own (``with_tiers``; TorchRec's plans choose their own cached tables), at the
+        model's miss price or ``PRIOR``."""
+        if tier_key(task) == self.tier_key:
+            return self
+        return self.with_tiers(task, self.tier_price or PRIOR)
+
+    @property
+    def _has_tiers(self) -> bool:
+        params = self.params
+        while isinstance(params, WRAPPERS):
+            if isinstance(params, TierScaled):
+                return True
+            params = params.inner
+        return False
+
+    def _tier_scales(self, keys: np.ndarray, log_scale: np.ndarray) -> CostModel:
+        """This model with its ``TierScaled`` node's tables and scales these (the node added where it has none)."""
+        keys, log_scale = jnp.asarray(keys, jnp.float32), jnp.asarray(log_scale, jnp.float32)
+
+        def swapped(params):
+            if isinstance(params, TierScaled):
+                return params._replace(keys=keys, log_scale=log_scale)
+            if isinstance(params, WRAPPERS):
+                inner = swapped(params.inner)
+                return None if inner is None else params._replace(inner=inner)
+            return None
+
+        params = swapped(self.params)
+        if params is not None:
+            return dataclasses.replace(self, params=params)
+        scaled = isinstance(self.params, Scaled)
+        base = _UNSCALED[self.fns] if scaled else self.fns
+        inner = self.params.inner if scaled else self.params
+        node = TierScaled(inner, keys, log_scale)
+        if scaled:
+            return dataclasses.replace(self, fns=_scaled(_table_scaled(base)), params=self.params._replace(inner=node))
+        return dataclasses.replace(self, fns=_table_scaled(base), params=node)
 
     def with_comm_factor(self, factor: float, comm_scale: np.ndarray) -> CostModel:
         """This model with every collective it prices (the all-to-alls' transfers, the row groups' collectives, the
@@ -291,6 +362,15 @@ class TableScaled(NamedTuple):
     log_scale: jax.Array  # f32[T]: the log of each table's scale
 
 
+class TierScaled(NamedTuple):
+    """Params of a model pricing a task's tables in tiered memory (``CostModel.with_tiers``): ``TableScaled``'s
+    fields, a node of its own so that another task's tiering replaces its scales."""
+
+    inner: Any
+    keys: jax.Array  # f32[T, F]: each table's features (``table_keys``)
+    log_scale: jax.Array  # f32[T]: the log of each table's scale (0 where it is not cached)
+
+
 class PrecisionScaled(NamedTuple):
     """Params of a model with a scale per element size of a shard's weights (``with_precision_scales``)."""
 
@@ -298,7 +378,7 @@ class PrecisionScaled(NamedTuple):
     log_scale: jax.Array  # f32[MAX_ELEMENT_BYTES + 1]: the log of the scale of a shard of b-byte weights
 
 
-WRAPPERS = (Scaled, TableScaled, PrecisionScaled)  # what a model's own params may sit under
+WRAPPERS = (Scaled, TableScaled, TierScaled, PrecisionScaled)  # what a model's own params may sit under
 MAX_ELEMENT_BYTES = 4
 
 
@@ -375,6 +455,18 @@ def _scaled(fns: CostFns) -> CostFns:
     out = CostFns(inner(fns.embed), head, bwd_comm, fwd_comm, inner(fns.embed_sum), inner(fns.uncertainty))
     _UNSCALED[out] = fns
     return out
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _alone_jit(fns: CostFns, params, feats):
+    return fns.head(params, fns.embed(params, feats))
+
+
+def _alone_ms(model: CostModel, feats: np.ndarray) -> np.ndarray:
+    """f64[S]: the model's compute ms of each of ``feats`` f32[S, F] alone on a device (padded to a bucket)."""
+    count = feats.shape[0]
+    padded = np.concatenate([feats, np.repeat(feats[:1], bucket(count, 1) - count, axis=0)])
+    return np.asarray(_alone_jit(model.fns, model.params, padded), np.float64)[:count]
 
 
 def bucket(n: int, minimum: int = 4) -> int:

@@ -47,6 +47,7 @@ from neuroshard_jax.core.features import NUM_FEATURES
 from neuroshard_jax.core.plan import Plan, PlanCosts
 from neuroshard_jax.core.sharding import Shard, replica_features, shard_features
 from neuroshard_jax.core.task import Task
+from neuroshard_jax.core.tiers import tier_key
 from neuroshard_jax.costs.cost_model import (
     CostFns,
     CostModel,
@@ -282,6 +283,7 @@ def input_taken(plan: Plan) -> np.ndarray:
 
 def score_plan(model: CostModel, plan: Plan) -> DeviceCosts:
     """Predicted per-device costs of one plan, as numpy arrays f64[N] (compute divided by the devices' speeds)."""
+    model = model.for_task(plan.task)  # its own tables in tiered memory priced (TorchRec's may differ from ours)
     costs = _device_costs_jit(model.fns, model.params, plan_arrays(plan, model))
     return DeviceCosts(*(np.asarray(c, dtype=np.float64) for c in costs))
 
@@ -298,6 +300,13 @@ def score_plans_devices(
     """Predicted per-device costs of many plans of one task (DeviceCosts of f64[K, N]) and, for an ensemble
     (and ``uncertainty``), each device's relative spread f64[K, N] (else None); batched calls of one padded
     shape."""
+    if plans and any(tier_key(p.task) != tier_key(plans[0].task) for p in plans[1:]):  # each its own tiering
+        parts = [score_plans_devices(model, [p], uncertainty) for p in plans]
+        costs = DeviceCosts(*(np.concatenate(c) for c in zip(*(c for c, _ in parts))))
+        spreads = [s for _, s in parts]
+        return costs, None if spreads[0] is None else np.concatenate(spreads)
+    if plans:
+        model = model.for_task(plans[0].task)
     arrays = stacked_arrays(model, plans)
     costs = _device_costs_jit(model.fns, model.params, arrays)
     costs = DeviceCosts(*(np.asarray(c, dtype=np.float64)[: len(plans)] for c in costs))
@@ -328,6 +337,7 @@ def device_uncertainty(model: CostModel, plan: Plan) -> tuple[np.ndarray, np.nda
 def with_costs(model: CostModel, plan: Plan) -> Plan:
     """``plan`` with its predicted per-device costs (``Plan.costs``) by ``model``, and where the model is an
     ensemble, how sure it is of each device."""
+    model = model.for_task(plan.task)
     costs = score_plan(model, plan)
     columns = [tuple(float(x) for x in c) for c in costs]
     unsure = device_uncertainty(model, plan)

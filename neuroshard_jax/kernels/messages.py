@@ -24,6 +24,9 @@ class MessageError(ValueError):
     """A message that is not what its type says (the worker answers it with ``ok: False`` and this text)."""
 
 
+CACHE_WORD = "cache="  # a pool table reference's tiered memory, named as a word: "cache=0.2"
+
+
 @dataclasses.dataclass(frozen=True)
 class ComputeRequest:
     """Time one fused TBE (forward and backward, with its fused optimizer) over ``tables``, in the worker's form:
@@ -414,8 +417,9 @@ class TorchRecTable:
 class PlanJob(_Job):
     """``torchrec-plan``: TorchRec's EmbeddingShardingPlanner over ``tables`` on ``num_devices`` ranks of
     ``mem_caps_bytes`` each, at TorchRec's per-rank ``batch_size``, ``precision``, the allowed ``sharding_types``,
-    a storage ``reservation`` (heuristic: TorchRec's default; percent: a fixed 15%), and where the devices sit in
-    hosts their ``links`` (local_size, intra_host_gbps, inter_host_gbps)."""
+    a storage ``reservation`` (heuristic: TorchRec's default; percent: a fixed 15%), where the devices sit in hosts
+    their ``links`` (local_size, intra_host_gbps, inter_host_gbps), and whether tables may go to tiered memory
+    (``uvm_caching``: TorchRec's ``fused_uvm_caching`` among the kernels)."""
 
     tables: tuple[TorchRecTable, ...]
     num_devices: int
@@ -425,6 +429,7 @@ class PlanJob(_Job):
     sharding_types: tuple[str, ...]
     reservation: str = "heuristic"
     links: dict | None = None
+    uvm_caching: bool = False  # TorchRec's fused_uvm_caching offered beside the fused kernel (tiered memory)
 
     WHERE: ClassVar[str] = "torchrec-plan request"
 

@@ -32,7 +32,7 @@ from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.hardware import check_rank_room
 from neuroshard_jax.core.manifests import TIMED_KEYS
 from neuroshard_jax.core.table import KERNEL_KINDS
-from neuroshard_jax.kernels.messages import CommAnswer, CommRequest, ComputeAnswer, ComputeRequest
+from neuroshard_jax.kernels.messages import CACHE_WORD, CommAnswer, CommRequest, ComputeAnswer, ComputeRequest
 from neuroshard_jax.workloads.pool import PoolSpec
 
 # glibc's allocator hands blocks above 32 MB back to the OS when they are freed, so a kernel whose output is larger (a
@@ -162,7 +162,8 @@ class PoolTableRef:
     """A table of a pool task as the worker measures it: pool table ``table_id`` (its real stream) at width ``dim``,
     whole or the row block [row_offset, row_offset + num_rows), in the kernel ``kernel`` (``core.table.KERNEL_KINDS``:
     a device runs one per kind and data type), its weights of ``precision`` where not the request's. The worker's
-    form: [table_id, dim(, row_offset, num_rows)(, kernel)(, precision)], the kernel named where it is not sum."""
+    form: [table_id, dim(, row_offset, num_rows)(, kernel)(, precision)(, "cache=LF")], the kernel named where it is not
+    sum, the cache's load factor where it is in tiered memory."""
 
     table_id: int
     dim: int
@@ -170,15 +171,19 @@ class PoolTableRef:
     num_rows: int | None = None
     kernel: str = "sum"
     precision: str | None = None  # ``constants.BYTES_PER_ELEMENT``; None: the request's
+    cache_load_factor: float | None = None  # tiered memory (``Table.cache_load_factor``); None: the request's
 
     def to_json(self) -> list:
         block = [] if self.num_rows is None else [self.row_offset, self.num_rows]
         named = ([self.kernel] if self.kernel != "sum" else []) + ([self.precision] if self.precision else [])
+        if self.cache_load_factor is not None:
+            named.append(f"{CACHE_WORD}{self.cache_load_factor!r}")
         return [self.table_id, self.dim, *block, *named]
 
     def order(self) -> tuple:
         """A canonical sort key (a device's tables are measured in this order)."""
-        return self.table_id, self.dim, self.row_offset or 0, self.num_rows or 0, self.kernel, self.precision or ""
+        named = self.kernel, self.precision or "", self.cache_load_factor or 0.0
+        return self.table_id, self.dim, self.row_offset or 0, self.num_rows or 0, *named
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +204,7 @@ class SpecTableRef:
     stream_batch: int | None = None
     kernel: str = "sum"  # the kernel it runs in (``core.table.KERNEL_KINDS``)
     precision: str | None = None  # its weights' data type where not the request's
+    cache_load_factor: float | None = None  # tiered memory (``Table.cache_load_factor``); None: the request's
 
     def to_json(self) -> JSONDoc:
         out = {
@@ -216,6 +222,8 @@ class SpecTableRef:
             out["kernel"] = self.kernel
         if self.precision:
             out["precision"] = self.precision
+        if self.cache_load_factor is not None:
+            out["cache_load_factor"] = self.cache_load_factor
         return out
 
 
@@ -239,16 +247,22 @@ def table_ref(obj, where: str = "table") -> TableRef:
                 None if obj.get("stream_batch") is None else int(obj["stream_batch"]),
                 _kernel(obj.get("kernel", "sum")),
                 _precision(obj.get("precision")),
+                None if obj.get("cache_load_factor") is None else float(obj["cache_load_factor"]),
             )
         obj = list(obj)
         named = {"kernel": "sum", "precision": None}
-        while obj and isinstance(obj[-1], str):  # a kernel and a data type, named by their own words
+        cached = None
+        while obj and isinstance(obj[-1], str):  # a kernel, a data type and a cache, named by their own words
             name = obj.pop()
-            named["precision" if name in BYTES_PER_ELEMENT else "kernel"] = name
+            if name.startswith(CACHE_WORD):
+                cached = float(name.removeprefix(CACHE_WORD))
+            else:
+                named["precision" if name in BYTES_PER_ELEMENT else "kernel"] = name
         table_id, dim, *block = (int(x) for x in obj)
         if len(block) not in (0, 2):
             raise ValueError
-        return PoolTableRef(table_id, dim, *block, kernel=_kernel(named["kernel"]), precision=named["precision"])
+        kernel, precision = _kernel(named["kernel"]), named["precision"]
+        return PoolTableRef(table_id, dim, *block, kernel=kernel, precision=precision, cache_load_factor=cached)
     except (KeyError, TypeError, ValueError):
         raise UserError(
             f"{where}: got {obj!r:.80}, expected [pool table id, dim(, row_offset, num_rows)(, kernel)(, precision)] "

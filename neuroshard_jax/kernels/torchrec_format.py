@@ -16,6 +16,7 @@ this module costs nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 
@@ -81,8 +82,6 @@ def module_plan(
 def cached(generator, load_factor: float):
     """A TorchRec ``ParameterShardingGenerator`` whose sharding carries ``CacheParams(load_factor=...)``: the table in
     tiered memory (``fused_uvm_caching``: host rows, that share of them cached on the GPU)."""
-    import dataclasses
-
     from torchrec.distributed.types import CacheParams
 
     def made(*args, **kwargs):

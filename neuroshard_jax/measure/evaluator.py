@@ -242,6 +242,7 @@ def device_tables(task: Task, shards: list[Shard]) -> list[TableRef]:
         if block and block[1] == 0:
             continue
         own = {"kernel": t.kernel, "precision": t.precision if t.precision != task.precision else None}
+        own["cache_load_factor"] = t.cache_load_factor  # tiered memory: a TBE of managed caching on the GPU
         if task.pool is not None:
             out.append(PoolTableRef(t.id, s.dim, *block, **own))
         elif block and (stats := t.block_stats(*block)) is not None:

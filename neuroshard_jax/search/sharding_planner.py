@@ -29,10 +29,10 @@ from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import check_row_split
 from neuroshard_jax.core.task import Task, check_feasible, on_device
+from neuroshard_jax.core.tiers import TIERING_MODES, cached_tables, describe, tier_price, tiered
 from neuroshard_jax.costs.choice import CostModelSpec, ModelChoice, build_cost_model, spec_of
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.coverage import out_of_depth_warning
-from neuroshard_jax.costs.tiers import TIERING_MODES, cached_tables, describe, tier_price, tiered, tiered_model
 from neuroshard_jax.measure.autotune import AutotuneConfig
 from neuroshard_jax.measure.calibration import CalibrateConfig
 from neuroshard_jax.measure.polish import PolishConfig
@@ -88,7 +88,7 @@ class Settings:
     refusing; ``first_contact``: on a machine kind no model was trained on, the model chosen for it is scaled to this
     machine from a few spec kernels measured once and kept (``measure.first_contact``); ``tiering``: where a GPU
     task's tables do not fit its devices' memory, move tables to tiered memory (host rows, a cache of them on the
-    GPU: ``costs.tiers``; auto) or refuse the task (off). Keyword-only, so that a subclass's parts come first."""
+    GPU: ``core.tiers``; auto) or refuse the task (off). Keyword-only, so that a subclass's parts come first."""
 
     seed: int = 0
     row_split: str = "fit"
@@ -185,8 +185,9 @@ class Planner(Settings):
         check_feasible(task)  # an infeasible task is refused before any model is built or kernel measured
         keep_compiled_kernels()
         model, choice = build_cost_model(self.cost_model, task, self.device, self.fallback)  # choice.instead: why
+        if self.device == "cuda":  # every searcher prices the cached tables' misses, every plan its own
+            model = model.with_tiers(task, price)
         if cached_tables(task):
-            model = tiered_model(model, task, price)  # every searcher prices the cached tables' misses
             logger.info("tiering: %s", describe(task, price))
         ran = ("tiering",) if cached_tables(task) != cached_tables(given) else ()
         return PlanningState(task, model, choice, self.seed, ran=ran)

@@ -264,6 +264,7 @@ def replica_choices(task: Task, table_ms: np.ndarray | None, chooses: bool) -> l
         for i in np.argsort(-table_ms, kind="stable").tolist()
         if i not in forced
         and may_be_data_parallel(task.tables[i])
+        and not task.tables[i].cached  # tiered memory holds one copy of a table's rows
         and table_ms[i] > share
         and task.table_mem_bytes(i) <= room
     ]
@@ -377,8 +378,10 @@ def row_split_choices(task: Task, mode: str, hot: Sequence[int] = ()) -> list[tu
 
 
 def _row_splittable(task: Task, table: int) -> bool:
-    """A table that may be cut into rows by choice: unconstrained, with a row for every device."""
-    return not _constrained(task.tables[table]) and task.tables[table].rows >= task.num_devices
+    """A table that may be cut into rows by choice: unconstrained, with a row for every device, not in tiered memory
+    (a cached table's misses are priced for its whole rows, ``core.tiers``)."""
+    t = task.tables[table]
+    return not _constrained(t) and t.rows >= task.num_devices and not t.cached
 
 
 def _constrained(table) -> bool:

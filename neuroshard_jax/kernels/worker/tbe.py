@@ -19,7 +19,7 @@ from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.memory import kernel_optimizer
 from neuroshard_jax.core.sharding import is_legal_dim
 from neuroshard_jax.core.table import KERNEL_KINDS, kernel_kind, kernel_parts
-from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest, MessageError
+from neuroshard_jax.kernels.messages import CACHE_WORD, ComputeAnswer, ComputeRequest, MessageError
 from neuroshard_jax.kernels.worker.timing import (
     GPU_PROTOCOLS,
     MAX_KEPT_RUNS,
@@ -70,9 +70,10 @@ def shard_inputs(request: ComputeRequest) -> list[KernelInputs]:
     default = _request_kind(request)
     if request.precision not in PRECISIONS:
         raise RequestError(f"precision {request.precision!r}, expected one of {', '.join(PRECISIONS)}")
-    groups: dict[tuple[str, str, int], KernelInputs] = {}
+    groups: dict[tuple[str, str, int, float | None], KernelInputs] = {}
     for i, table in enumerate(request.tables):
-        kind, precision, table = _table_kind(table, default, request.precision, f"table {i}")
+        kind, precision, cached, table = _table_kind(table, default, request.precision, f"table {i}")
+        cached = request.cache_load_factor if cached is None else cached
         num_rows, dim, (indices, offsets) = table_stream(table, request.pool, batch, f"table {i}")
         stream_key = _stream_key(table)
         if int(dim) < 1 or (request.device == "cuda" and not is_legal_dim(dim)):
@@ -81,8 +82,8 @@ def shard_inputs(request: ComputeRequest) -> list[KernelInputs]:
         # FBGEMM's kernels take widths that are multiples of 4 (its rows are 4-aligned): a table of another width,
         # which TorchRec takes, is timed at the next multiple of 4
         dim = -(-int(dim) // 4) * 4
-        key = (kind, precision, int(dim) if kind == "sequence" else 0)
-        groups.setdefault(key, KernelInputs(kind, precision)).tables.append(
+        key = (kind, precision, int(dim) if kind == "sequence" else 0, cached)
+        groups.setdefault(key, KernelInputs(kind, precision, cached)).tables.append(
             (num_rows, int(dim), indices, offsets, stream_key)
         )
     return list(groups.values())
@@ -92,7 +93,8 @@ def _stream_key(table) -> int:
     """A number naming a table's stream: tables of one stream (the column slices of one table: the same spec and
     seed, or the same pool table, and row block) get the same further batches (``streams.next_batches``)."""
     if isinstance(table, dict):
-        key = json.dumps({k: v for k, v in table.items() if k not in ("dim", "kernel", "precision")}, sort_keys=True)
+        named = ("dim", "kernel", "precision", "cache_load_factor")
+        key = json.dumps({k: v for k, v in table.items() if k not in named}, sort_keys=True)
     else:
         key = json.dumps([x for j, x in enumerate(table) if j != 1 and not isinstance(x, str)])
     return zlib.crc32(key.encode())
@@ -105,6 +107,7 @@ class KernelInputs:
 
     kind: str
     precision: str = "fp32"  # its weights' data type (``PRECISIONS``)
+    cache_load_factor: float | None = None  # tiered memory: FBGEMM's managed caching at this load factor
     tables: list = dataclasses.field(default_factory=list)
 
     @property
@@ -170,24 +173,35 @@ def _request_kind(request: ComputeRequest) -> str:
 
 
 def _table_kind(table, default: str, precision: str, where: str):
-    """(kind, precision, the table without them) of a request's table: a spec's ``kernel`` and ``precision`` keys,
-    a pool reference's trailing names (``processes.PoolTableRef``), else ``default`` and the request's
-    ``precision``."""
-    kind = default
+    """(kind, precision, cache load factor, the table without them) of a request's table: a spec's ``kernel``,
+    ``precision`` and ``cache_load_factor`` keys, a pool reference's trailing names (``processes.PoolTableRef``), else
+    ``default``, the request's ``precision`` and None (the request's cache)."""
+    kind, cached = default, None
     if isinstance(table, dict):
         table = dict(table)
         kind = table.pop("kernel", kind)
         precision = table.pop("precision", precision)
+        cached = table.pop("cache_load_factor", None)
     elif isinstance(table, list):
         table = list(table)
         while table and isinstance(table[-1], str):
             name = table.pop()
-            kind, precision = (kind, name) if name in PRECISIONS else (name, precision)
+            if name.startswith(CACHE_WORD):
+                cached = name.removeprefix(CACHE_WORD)
+            else:
+                kind, precision = (kind, name) if name in PRECISIONS else (name, precision)
     if kind not in KERNEL_KINDS:
         raise RequestError(f"{where}: kernel {kind!r}, expected one of {', '.join(KERNEL_KINDS)}")
     if precision not in PRECISIONS:
         raise RequestError(f"{where}: precision {precision!r}, expected one of {', '.join(PRECISIONS)}")
-    return kind, precision, table
+    if cached is not None:
+        try:
+            cached = float(cached)
+        except (TypeError, ValueError):
+            cached = None
+        if cached is None or not 0 < cached <= 1:
+            raise RequestError(f"{where}: cache_load_factor {cached!r}, expected a share of the rows in (0, 1]")
+    return kind, precision, cached, table
 
 
 def table_stream(table, pool: dict | None, batch: int, where: str):
@@ -253,22 +267,23 @@ def profile_compute(request: ComputeRequest) -> ComputeAnswer:
     groups = shard_inputs(request)
     on_gpu = device == "cuda"
     location, compute = (EmbeddingLocation.DEVICE, devices.CUDA) if on_gpu else (EmbeddingLocation.HOST, devices.CPU)
-    caching = {}
-    if request.cache_load_factor is not None:  # tiered memory: host rows through UVM, a share cached on the GPU
-        if not on_gpu:
-            raise RequestError(
-                f"cache_load_factor: got {request.cache_load_factor} on device {device!r}, expected device 'cuda' "
-                "(FBGEMM's managed caching keeps a GPU's cache of host rows; a CPU's tables are in host memory)"
-            )
-        location, caching = EmbeddingLocation.MANAGED_CACHING, {"cache_load_factor": request.cache_load_factor}
+    cached = next((g.cache_load_factor for g in groups if g.cache_load_factor is not None), None)
+    if cached is not None and not on_gpu:  # tiered memory: host rows through UVM, a share cached on the GPU
+        raise RequestError(
+            f"cache_load_factor: got {cached} on device {device!r}, expected device 'cuda' "
+            "(FBGEMM's managed caching keeps a GPU's cache of host rows; a CPU's tables are in host memory)"
+        )
     timer = CudaTimer(torch) if on_gpu else CpuTimer()  # before the count starts: its flush buffer is the timer's
     base = _allocated(torch) if on_gpu and request.memory else None
     target = torch.device("cuda" if on_gpu else "cpu")
     kernels = []
     for group in groups:
         pooling, weighted = kernel_parts(group.kind)
+        where, caching = location, {}
+        if group.cache_load_factor is not None:  # TorchRec runs a rank's cached tables in a TBE of their own
+            where, caching = EmbeddingLocation.MANAGED_CACHING, {"cache_load_factor": group.cache_load_factor}
         tbe = SplitTableBatchedEmbeddingBagsCodegen(
-            embedding_specs=[(rows, dim, location, compute) for rows, dim in group.specs],
+            embedding_specs=[(rows, dim, where, compute) for rows, dim in group.specs],
             optimizer=EmbOptimType(optimizer),
             learning_rate=LEARNING_RATE,
             weights_precision=SparseType(group.precision),

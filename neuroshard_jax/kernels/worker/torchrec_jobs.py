@@ -55,8 +55,9 @@ def torchrec_plan(request: PlanJob) -> PlanAnswer:
     constraints = {
         f"t{i}": ParameterConstraints(
             sharding_types=list(t.sharding_types or request.sharding_types),
-            # the fused kernel; dense is the only one TorchRec's sharder offers data_parallel, and only it
-            compute_kernels=["fused", "dense"],
+            # the fused kernel; dense is the only one TorchRec's sharder offers data_parallel, and only it; where the
+            # devices' memory is short, tiered memory (its planner picks the tables, at its load factor, 0.2)
+            compute_kernels=["fused", "dense", *(["fused_uvm_caching"] if request.uvm_caching else [])],
             pooling_factors=[float(t.pooling_factor)],
             **({"min_partition": t.min_partition} if t.min_partition is not None else {}),
         )

@@ -12,14 +12,15 @@
   read and written for every distinct row (2 x its state's bytes); plus a fixed time per missed row (the populate
   kernel's). ``PRIOR``: TorchRec's planner's own host link (``HBM_TO_DDR_MEM_BW``, 32 GiB/s) and no per-row time,
   until a GPU run's managed-caching labels (``tools/gpu_check.py``'s ``uvm.json``) fit both (``fit_price``).
-* **Priced in every searcher** (``tiered_model``): a cached table's shards weigh (HBM kernel + misses) / HBM kernel
-  times the model's own price of them (``CostModel.with_table_scales``: the scale that makes the model's price of the
-  table alone its kernel's plus its misses').
+* **Priced in every searcher** (``CostModel.with_tiers``): a cached table's shards weigh (HBM kernel + misses) / HBM
+  kernel times the model's own price of them (the scale that makes the model's price of the table alone its kernel's
+  plus its misses'); a plan whose task caches other tables (TorchRec's own choice) is priced with its own
+  (``CostModel.for_task``, which every scoring entry point asks).
 * **Which tables** (``tiered``): where a GPU task's tables do not fit its devices' memory, the planner moves tables
   to tiered memory one step at a time (load factor 0.5, then 0.2, 0.1, 0.05), each step the one that adds the least
   miss time per byte it frees, until the tables take at most ``TIER_FILL`` of the devices' memory (room for the
-  search to pack). A task that fits is planned as before. A cached table keeps whole rows (table-wise or column-wise,
-  as TorchRec's ``fused_uvm_caching`` runs them): its row blocks are not priced here.
+  search to pack). A task that fits is planned as before. The search keeps a cached table's rows whole (table-wise or
+  column-wise: no row blocks or replicas by choice, ``search.ways``): its misses are priced for whole rows.
 """
 
 from __future__ import annotations
@@ -41,8 +42,6 @@ from neuroshard_jax.core.memory import STATE_BYTES, cache_slots
 from neuroshard_jax.core.sharding import element_bytes
 from neuroshard_jax.core.table import Table
 from neuroshard_jax.core.task import Task, infeasibility
-from neuroshard_jax.costs.cost_model import CostModel, table_keys
-from neuroshard_jax.costs.scoring import shards_alone
 
 LOAD_FACTORS = (0.5, 0.2, 0.1, 0.05)  # the steps a table takes into tiered memory, largest cache first
 TIER_FILL = 0.85  # tiering stops where the tables take at most this share of the devices' memory for tables
@@ -126,17 +125,16 @@ def miss_ms(task: Task, index: int, load_factor: float, price: TierPrice = PRIOR
 WHOLE_ROWS = ("table_wise", "column_wise")
 
 
-def whole_rows(table: Table, name: str) -> Table:
-    """``table`` sharded only in whole rows (table-wise or column-wise: a cached table's misses are priced for its
-    whole rows, not for row blocks); UserError naming table ``name`` where its sharding types allow neither."""
+def check_whole_rows(table: Table, name: str) -> None:
+    """UserError naming table ``name`` where it is in tiered memory and its sharding types allow no whole rows
+    (table-wise or column-wise): a cached table's misses are priced for its whole rows, and the search cuts no cached
+    table in row blocks nor replicates it by choice (``search.ways``)."""
     types = table.constraints.sharding_types
-    kept = WHOLE_ROWS if types is None else tuple(s for s in types if s in WHOLE_ROWS)
-    if not kept:
+    if table.cached and types is not None and not set(types) & set(WHOLE_ROWS):
         raise UserError(
             f"task.tables[{name!r}].cache_load_factor: given with sharding_types {list(types)}, expected table_wise "
             "or column_wise among them (a table in tiered memory is planned in whole rows)"
         )
-    return table if kept == types else table.constrained(sharding_types=kept)
 
 
 def tierable(table: Table) -> bool:
@@ -148,13 +146,13 @@ def tierable(table: Table) -> bool:
 
 def tiered(task: Task, mode: str = "auto", price: TierPrice = PRIOR) -> Task:
     """``task`` with tables moved to tiered memory where its devices' memory is short (``mode`` auto, a GPU task:
-    the module's words give the rule), else ``task`` itself. Tables the user cached keep their load factor; a table
-    the planner caches keeps whole rows (its sharding types lose the row-wise ones)."""
+    the module's words give the rule), else ``task`` itself. Tables the user cached keep their load factor
+    (``check_whole_rows``)."""
     if mode not in TIERING_MODES:
         raise UserError(f"tiering: got {mode!r}, expected one of {', '.join(TIERING_MODES)}")
-    tables = [whole_rows(t, task.table_names()[i]) if t.cached else t for i, t in enumerate(task.tables)]
-    if tables != list(task.tables):
-        task = dataclasses.replace(task, tables=tuple(tables))
+    for i, t in enumerate(task.tables):
+        check_whole_rows(t, task.table_names()[i])
+    tables = list(task.tables)
     if mode == "off" or infeasibility(task) is None:
         return task
     room = float(task.cap_bytes().sum()) * TIER_FILL
@@ -177,7 +175,7 @@ def tiered(task: Task, mode: str = "auto", price: TierPrice = PRIOR) -> Task:
     while (need > room or infeasibility(current) is not None) and moves:
         _, i, step = heapq.heappop(moves)
         lf = LOAD_FACTORS[step]
-        tables[i] = dataclasses.replace(whole_rows(tables[i], ""), cache_load_factor=lf)
+        tables[i] = dataclasses.replace(tables[i], cache_load_factor=lf)
         after = _bytes(task, tables[i], i, lf)
         need -= sizes[i] - after
         sizes[i] = after
@@ -193,6 +191,15 @@ def _bytes(task: Task, table: Table, index: int, load_factor: float) -> int:
 
 def _cost(task: Task, index: int, load_factor: float | None, price: TierPrice) -> float:
     return 0.0 if load_factor is None else miss_ms(task, index, load_factor, price)
+
+
+def tier_key(task: Task) -> tuple:
+    """Which tables of ``task`` are in tiered memory, at which load factor, and the tables' features: what a model
+    pricing tiered memory (``CostModel.with_tiers``) was priced for; () where none is."""
+    cached = tuple((i, t.cache_load_factor) for i, t in enumerate(task.tables) if t.cached)
+    if not cached:
+        return ()
+    return cached, hash(task.features().tobytes())
 
 
 def cached_tables(task: Task) -> list[int]:
@@ -305,26 +312,3 @@ def tier_price(device: str) -> TierPrice:
         return PRIOR
     doc = json.loads(path.read_text())
     return TierPrice(float(doc["link_gibps"]), float(doc["miss_us"]), str(doc["source"]))
-
-
-def tiered_model(model: CostModel, task: Task, price: TierPrice = PRIOR, rounds: int = 6) -> CostModel:
-    """``model`` pricing ``task``'s cached tables' misses: each cached table's shards scaled
-    (``CostModel.with_table_scales``) so that the model's price of the table alone is its kernel's plus its misses'
-    (``miss_ms``; a few fixed-point rounds, the head not being linear in a latent's scale); ``model`` itself where
-    no table is cached."""
-    cached = cached_tables(task)
-    if not cached:
-        return model
-    feats = task.features()
-    alone = feats[cached].astype(np.float32)
-    _, base = shards_alone(model, alone)
-    target = base + np.array([miss_ms(task, i, task.tables[i].cache_load_factor, price) for i in cached])
-    keys = table_keys(feats)
-    log_scale = np.zeros(task.num_tables, np.float32)
-    scale = target / np.maximum(base, 1e-9)
-    for _ in range(rounds):
-        log_scale[cached] = np.log(np.maximum(scale, 1.0))
-        _, now = shards_alone(model.with_table_scales(keys, log_scale), alone)
-        scale = scale * target / np.maximum(now, 1e-9)
-    log_scale[cached] = np.log(np.maximum(scale, 1.0))
-    return model.with_table_scales(keys, log_scale)
