@@ -69,6 +69,19 @@ def test_the_gpu_check_runs_dry_and_writes_its_files_and_table(tmp_path):
             assert 0.5 < held / predicted < 2.0
         assert memory["peak_bytes"] == [None] * len(memory["held_bytes"])  # a GPU's allocator peak: none on a CPU
         assert memory["workspace_bytes"] == [0] * len(memory["held_bytes"])  # a CPU's plan counts no workspace
+    # tiered memory: task 100 (task 0 on devices too small for its tables) planned for a GPU by TorchRec's planner
+    # and ours, each plan's cached tables measured with managed caching (refused on this CPU in one line)
+    import gzip
+
+    packed = [json.loads(line) for line in gzip.open(pack / "pack-plans.jsonl.gz", "rt") if '"task": 100' in line]
+    assert {r["searcher"] for r in packed} == set(PACK_SEARCHERS) and any(r.get("cached") for r in packed)
+    # TorchRec's storage count differs from ours: a plan of it that overflows our count is said so, not measured
+    assert all(r.get("cached") or "while it trains, expected at most" in r["error"] for r in packed)
+    tiered = plans["tasks"]["t100"]["plans"]
+    assert {r["searcher"] for r in packed if "shards" in r} <= set(tiered) and plans["failed_devices"] > 0
+    assert all("expected device 'cuda'" in why for why in plans["failures"].values())
+    model_plans = [json.loads(line) for line in (out / "model-plans.jsonl").read_text().splitlines()]
+    assert any(r["task"] == 100 and r.get("cached") for r in model_plans)
     # the same plans counted for a GPU: FBGEMM's backward workspace adds its share to every device
     from tools.gpu_check import workspace_share
 
@@ -141,3 +154,37 @@ def test_managed_caching_is_timed_on_big_tables_of_differing_access():
     shares = [task.tables[i].bins[0] for i in picks]
     assert len(set(picks)) == 3 and all(UVM_MIN_ROWS <= task.tables[i].rows <= UVM_MAX_ROWS for i in picks)
     assert shares == sorted(shares) and shares[-1] - shares[0] > 0.2
+
+
+@pytest.mark.fast
+def test_the_uvm_readings_fit_the_miss_price_a_plan_for_that_gpu_reads(tmp_path):
+    """``uvm.json``'s cached kernels, slower than the same tables in the GPU's memory by what a known price makes of
+    the misses their histograms imply, give that price back (``tiers.json``), judged table by table held out."""
+    import dataclasses
+
+    from neuroshard_jax.core import tiers
+    from neuroshard_jax.core.table import Table
+    from neuroshard_jax.core.task import Task
+    from tools.gpu_check import fit_tiers
+
+    truth = tiers.TierPrice(24.0, 0.3, "truth")
+    rows = []
+    shapes = ((2_000_000, 128, 8.0, 0.0), (4_000_000, 64, 30.0, 0.05), (9_000_000, 32, 3.0, 0.2))
+    for index, (n, dim, pooling, hot) in enumerate(shapes):  # widths apart: the bytes and the missed rows told apart
+        bins = [1.0 - hot] + [0.0] * 16
+        bins[6] = hot
+        table = Table(index, n, dim, pooling, tuple(bins))
+        task = Task.uniform(1, 1.0, 16384, (table,))
+        readings = [{"cache_load_factor": None, "ok": True, "total_ms": 2.0}]
+        for lf in (0.5, 0.2, 0.05):
+            extra = truth.ms(*tiers.miss_traffic(task, 0, lf))
+            readings.append({"cache_load_factor": lf, "ok": True, "total_ms": 2.0 + float(extra)})
+        readings.append({"cache_load_factor": 0.2, "ok": False, "error": "x"})  # a failed reading: left out
+        rows.append({**dataclasses.asdict(table), "table": index, "readings": readings})
+    doc = {"device": "cuda", "gpu": "NVIDIA H200", "batch_size": 16384, "precision": "fp32", "tables": rows}
+    (tmp_path / "uvm.json").write_text(json.dumps(doc))
+    fitted = fit_tiers(tmp_path)
+    assert fitted["link_gibps"] == pytest.approx(24.0, rel=1e-4) and fitted["miss_us"] == pytest.approx(0.3, rel=1e-3)
+    assert fitted["held_out"]["mape"] < 1e-3 and len(fitted["readings"]) == 9
+    assert json.loads((tmp_path / "tiers.json").read_text())["source"].startswith("fitted on 9 managed-caching")
+    assert tiers.price_file("NVIDIA H200").name == "nvidia-h200.json"

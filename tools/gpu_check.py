@@ -8,6 +8,7 @@ steps dry on this CPU.
     python -m tools.gpu_check run OUT --dry      # here, on CPU, tiny: what the tests run
     python -m tools.gpu_check table OUT          # the README's GPU table from a run's files
     python -m tools.gpu_check workspace OUT      # the share FBGEMM's backward workspace adds to its plans' devices
+    python -m tools.gpu_check tiers OUT          # ship the run's tiered-memory miss price (data/tiers/<gpu>.json)
 
 ``run`` takes its steps in order, each within its share of ``--budget-s`` (a step stops at its deadline and keeps
 what it has), every file written as it goes:
@@ -24,7 +25,9 @@ c. ``model.tgz`` and ``model.json``: the ensemble trained here on those labels a
    ``python -m neuroshard_jax.train``, on the CPU beside the next step), its held-out MAPE and Kendall tau by label
    set; then beam and grid plans of the GPU tasks with it (``model-plans.jsonl``), each device's memory counted with
    FBGEMM's backward workspace (``core.memory``; ``workspace`` reads a run's plans against it);
-d. ``plans.json``: every device of every plan of the GPU tasks (``workloads/gpu_tasks.py``; TorchRec's default
+d. ``plans.json``: every device of every plan of the GPU tasks (``workloads/gpu_tasks.py``, and task 100: task 0 on
+   devices too small for its tables, ``TIERED``, each plan's tables in tiered memory measured with managed caching;
+   TorchRec's default
    planner, TorchRec table-wise + column-wise and size_lookup_greedy from the pack, beam and grid from step c as they
    come) measured on the one GPU in turn, the devices least measured first, repeats for the devices that may be their
    plan's slowest; rewritten after each plan's devices. Compute is measured; the all-to-alls are priced apart. Each
@@ -36,7 +39,8 @@ e. ``loop.jsonl``: ``autotune=loop`` as a user runs it (``loop_step``), with the
    runs on the GPU machine, so they are not its candidates there);
 f. ``uvm.json``: FBGEMM's managed caching (TorchRec's ``fused_uvm_caching``: UVM rows with an HBM cache) timed on
    three big tables of the first GPU task whose access differs, at cache load factors 0.5, 0.2 and 0.05 beside the
-   table in HBM, with the memory the kernels peaked at (``uvm``): the labels a tiered-memory cost needs;
+   table in HBM, with the memory the kernels peaked at (``uvm``): the labels a tiered-memory cost needs, and the
+   miss price fitted on them (``tiers.json``: ``core.tiers.fit_price``, judged table by table held out);
 g. ``dmp.json``: the full training step in TorchRec's DistributedModelParallel on the CPU, a core per rank
    (``tools/dmp_cores.py``), foreign tasks' beam and TorchRec plans; in the background from the start, on cores of
    its own where the machine has 16 (the other steps' processes on the rest), until the budget.
@@ -72,6 +76,7 @@ import numpy as np
 
 from neuroshard_jax.core.assignment import comm_layout
 from neuroshard_jax.core.cli import fail
+from neuroshard_jax.core.constants import GIB_BYTES
 from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.files import read_jsonl, write_json
 from neuroshard_jax.core.hardware import hardware
@@ -81,6 +86,7 @@ from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import Shard
 from neuroshard_jax.core.table import KERNEL_KINDS
 from neuroshard_jax.core.task import Task, on_device
+from neuroshard_jax.core.tiers import fit_price, held_out, price_file, price_readings
 from neuroshard_jax.costs.cost_model import CostModel, plan_cost_ms
 from neuroshard_jax.kernels.executors import ExecutorConfig
 from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest
@@ -128,6 +134,11 @@ TRAIN_EPOCHS = 300  # the trainer's default; ~150 labels and 600 priced comm sam
 # each label one kind; dry: every kind, sum-pooled among them
 NEW_KINDS = tuple(k for k in KERNEL_KINDS if k != "sum")
 PROFILES = Path(__file__).resolve().parents[1] / "neuroshard_jax" / "data" / "profiles"  # the shipped label sets
+# tiered memory (issue 78): task 100 is task 0 on devices whose memory holds 1/1.5 of what its tables need on a GPU,
+# planned by us and by TorchRec for the GPU (each puts tables in tiered memory: ``core.tiers``, fused_uvm_caching)
+# and measured with managed caching where a plan caches a table; not in the loop step
+TIERED = {100: 0}
+TIERED_OVER = 1.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,7 +193,7 @@ GPU = Sizes(
     base_datasets=tuple(f"{PROFILES}/h200-queued-run{i}" for i in (1, 2, 3)),
 )
 DRY = Sizes(
-    tasks=GpuTaskConfig(device_counts=(2,), tables=(6, 8), batch_sizes=(1024,), dims=(8, 16), log10_rows_max=4.0),
+    tasks=GpuTaskConfig(device_counts=(2,), tables=(6, 8), batch_sizes=(1024,), dims=(8, 16), log10_rows_max=5.0),
     num_tasks=1,
     specs=SpecSamplerConfig(
         max_tables=3, log10_rows=(2.0, 4.0), dims=(8, 16), batch_sizes=(1024,), kernels=KERNEL_KINDS
@@ -357,7 +368,7 @@ def uvm(out: Path, tasks: dict[int, Task], sizes: Sizes, device: str, deadline: 
             spec = {"rows": table.rows, "pooling_factor": table.pooling_factor, "bins": list(table.bins)}
             spec |= {"dim": table.dim, "seed": SEED * 1000 + index}
             row = {"table": index, "rows": table.rows, "dim": table.dim, "pooling_factor": table.pooling_factor}
-            row |= {"read_once_share": round(float(table.bins[0]), 6), "readings": []}
+            row |= {"read_once_share": round(float(table.bins[0]), 6), "bins": list(table.bins), "readings": []}
             for repeat in range(UVM_REPEATS):
                 for factor in CACHE_LOAD_FACTORS:
                     if time.monotonic() > deadline:
@@ -382,11 +393,51 @@ def uvm(out: Path, tasks: dict[int, Task], sizes: Sizes, device: str, deadline: 
                         reading["error"] = (answer.error or "")[:300]
                     row["readings"].append(reading)
             rows.append(row)
-            write_json({"device": device, "batch_size": first.batch_size, "tables": rows}, out / "uvm.json")
+            doc = {"device": device, "gpu": hardware().get("gpu"), "batch_size": first.batch_size}
+            doc |= {"precision": first.precision, "optimizer": "exact_sgd", "tables": rows}
+            write_json(doc, out / "uvm.json")
     finally:
         worker.close()
     done = sum(r["ok"] for row in rows for r in row["readings"])
     log(out, f"uvm: {done} of {sum(len(row['readings']) for row in rows)} requests answered")
+    try:
+        fitted = fit_tiers(out)
+        log(
+            out,
+            f"uvm: miss price {fitted['link_gibps']:.3g} GiB/s + {fitted['miss_us']:.3g} us a missed row, "
+            f"held out by table {fitted['held_out']['mape']:.1%}",
+        )
+    except UserError as err:  # a CPU refuses every cached reading: no price to fit
+        log(out, f"uvm: no miss price fitted ({err})")
+
+
+def fit_tiers(out: Path) -> dict:
+    """The miss price of tiered memory fitted on a run's ``uvm.json`` (``core.tiers.fit_price``: the cached kernels'
+    extra ms over the same tables in the GPU's memory against the traffic and missed rows the access histograms
+    imply), judged table by table held out; written as ``tiers.json``. UserError where the readings fit none."""
+    doc = json.loads((out / "uvm.json").read_text())
+    readings = price_readings(doc)
+    source = f"fitted on {len(readings)} managed-caching readings of {doc.get('gpu') or doc['device']} (uvm.json)"
+    price = fit_price(readings, source)
+    fitted = {**price.to_json(), "readings": readings}
+    fitted["held_out"] = held_out(readings, source) if len({r["table"] for r in readings}) > 1 else None
+    write_json(fitted, out / "tiers.json")
+    return fitted
+
+
+def ship_tiers(out: Path) -> Path:
+    """A run's fitted miss price (``tiers.json``, fitted again from its ``uvm.json``) shipped for its GPU:
+    ``neuroshard_jax/data/tiers/<gpu>.json`` (``core.tiers.price_file``, which a plan for a GPU of that name reads)
+    with how, where and when it was made."""
+    fitted = fit_tiers(out)
+    doc = json.loads((out / "uvm.json").read_text())
+    if not doc.get("gpu"):
+        raise UserError(f"{out / 'uvm.json'}: names no GPU, expected a GPU run's readings")
+    made = {"run": out.name, "command": f"python -m tools.gpu_check tiers {out.name}", "gpu": doc["gpu"]}
+    made["made"] = time.strftime("%Y-%m-%d", time.gmtime((out / "uvm.json").stat().st_mtime))
+    path = price_file(doc["gpu"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_json({**{k: fitted[k] for k in ("link_gibps", "miss_us", "source", "held_out")}, **made}, path)
 
 
 def label_config(sizes: Sizes, device: str, out_dir: Path, seed: int = 0) -> CollectConfig:
@@ -465,7 +516,8 @@ def plan_task(task: Task, searcher: str, cost_model: str, options: dict | None, 
 
 
 def plan_record(index: int, searcher: str, plan: Plan | None, error: str | None = None) -> dict:
-    """A plan as the pack and the model step carry it: the task's index, shards, data-parallel tables."""
+    """A plan as the pack and the model step carry it: the task's index, shards, data-parallel tables, the tables
+    it put in tiered memory (``cached``: [table, load factor])."""
     if plan is None:
         return {"id": f"{index}/{searcher}", "task": index, "searcher": searcher, "error": error}
     shards = [[s.table, s.col_offset, s.dim, s.device, s.row_offset, s.num_rows] for s in plan.shards]
@@ -476,6 +528,7 @@ def plan_record(index: int, searcher: str, plan: Plan | None, error: str | None 
         "searcher": searcher,
         "shards": shards,
         "data_parallel": list(plan.data_parallel),
+        "cached": [[i, t.cache_load_factor] for i, t in enumerate(plan.task.tables) if t.cached],
         "search_s": None if plan.search_time_s is None else round(plan.search_time_s, 2),
         "predicted_compute_ms": None if costs is None else [round(float(x), 4) for x in costs.compute_ms],
         "portfolio": None if plan.portfolio is None else plan.portfolio.to_json(),
@@ -483,8 +536,30 @@ def plan_record(index: int, searcher: str, plan: Plan | None, error: str | None 
 
 
 def rebuilt(task: Task, record: dict) -> Plan:
+    """The plan of ``record`` on ``task``, its tables in tiered memory as it put them (on a GPU's count)."""
     shards = tuple(Shard(*s) for s in record["shards"])
+    cached = dict(record.get("cached") or [])
+    if cached:
+        tables = tuple(dataclasses.replace(t, cache_load_factor=cached.get(i)) for i, t in enumerate(task.tables))
+        task = on_device(dataclasses.replace(task, tables=tables), "cuda")
     return Plan(task, shards, data_parallel=tuple(record["data_parallel"])).validate()
+
+
+def tiered_variant(task: Task, over: float = TIERED_OVER) -> Task:
+    """``task`` on devices (as many, alike) whose memory holds 1/``over`` of its tables' rows (weights and optimizer
+    state), beside their step buffers on a GPU (``core.task``'s count, FBGEMM's backward workspace in it) and each
+    device's slice of the batch: a GPU task whose tables do not fit its devices' memory."""
+    gpu = on_device(task, "cuda")
+    parts = [gpu.rows_memory(i, t.rows, t.dim) for i, t in enumerate(gpu.tables)]
+    need = sum(p.buffers for p in parts) + sum(p.weights + p.state for p in parts) / over
+    cap = (need / task.num_devices + gpu.step_memory().total) / GIB_BYTES
+    return Task.uniform(task.num_devices, round(cap, 4), task.batch_size, task.tables, task.precision)
+
+
+def plan_device(index: int, device: str) -> str:
+    """The device a task is planned for: the tiered task's is a GPU's wherever it is planned (its plans put tables
+    in tiered memory; a dry run's CPU measures the others and refuses the cached tables in one line)."""
+    return "cuda" if index in TIERED else device
 
 
 class ModelJob:
@@ -579,7 +654,7 @@ def model_stage(out: Path, labels_dir: Path, work: Path, pack: Path | None, dry:
     options = {"checkpoint": str(checkpoint)}
     for index, task in carried_tasks(pack, sizes).items():
         try:  # the portfolio's plan and its members' own (one search: the runs they share are searched once)
-            planned = plan_task(task, PORTFOLIO, "neural", options, device)
+            planned = plan_task(task, PORTFOLIO, "neural", options, plan_device(index, device))
             made = {PORTFOLIO: planned.plan, **planned.candidates}
             records = [plan_record(index, s, made.get(s), None if s in made else "no plan") for s in MODEL_SEARCHERS]
         except (UserError, InfeasibleError) as err:
@@ -595,7 +670,9 @@ def stream_pools(tasks: dict[int, Task], sizes: Sizes, folder: Path, workers: in
     futures = {
         i: pool.submit(write_stream_pool, sizes.tasks, SEED, i, task, folder / f"gpu-task-{i}.json")
         for i, task in tasks.items()
+        if i not in TIERED
     }
+    futures |= {i: futures[base] for i, base in TIERED.items() if i in tasks and base in futures}  # its base's
     pool.shutdown(wait=False)
     return futures
 
@@ -848,7 +925,7 @@ def loop_step(
     # TorchRec's plans and what the plans step measured of them, read once for every task's row
     records = [json.loads(line) for line in gzip.open(pack / PACK_PLANS, "rt")] if pack else []
     measured = json.loads((out / "plans.json").read_text())["tasks"] if (out / "plans.json").exists() else {}
-    for index in sorted(tasks):
+    for index in sorted(i for i in tasks if i not in TIERED):
         if index not in streams and index in pools:  # the plans step did not run: its streams, written for it
             try:
                 streams[index] = with_stream_pool(tasks[index], pools[index].result())
@@ -928,7 +1005,20 @@ def carried_tasks(pack: Path | None, sizes: Sizes) -> dict[int, Task]:
     if pack is not None and (pack / TASKS_FILE).exists():
         rows = json.loads(gzip.open(pack / TASKS_FILE, "rt").read())
         return {r["index"]: Task.from_json(r["task"]) for r in rows}
-    return {i: gpu_task(sizes.tasks, SEED, i) for i in range(sizes.num_tasks)}
+    return made_tasks(sizes)
+
+
+def made_tasks(sizes: Sizes) -> dict[int, Task]:
+    """The GPU tasks, and the tiered one (``TIERED``: a task on devices too small for its tables)."""
+    tasks = {i: gpu_task(sizes.tasks, SEED, i) for i in range(sizes.num_tasks)}
+    return tasks | {i: tiered_variant(tasks[base]) for i, base in TIERED.items() if base in tasks}
+
+
+def task_at(sizes: Sizes, index: int) -> Task:
+    """GPU task ``index`` (``made_tasks``'), made alone."""
+    if index in TIERED:
+        return tiered_variant(gpu_task(sizes.tasks, SEED, TIERED[index]))
+    return gpu_task(sizes.tasks, SEED, index)
 
 
 def run(
@@ -1161,7 +1251,8 @@ def pack_plans(out: Path, tasks: dict[int, Task], searchers: tuple[str, ...] = P
         for searcher in searchers:
             started = time.monotonic()
             try:
-                plan = plan_task(task, searcher, "analytic", None, "cpu").plan  # TorchRec's: at the per-rank batch
+                # TorchRec's: at the per-rank batch; the tiered task's for a GPU (its tiered memory offered)
+                plan = plan_task(task, searcher, "analytic", None, plan_device(index, "cpu")).plan
                 records.append(plan_record(index, searcher, plan))
             except (UserError, InfeasibleError) as err:
                 records.append(plan_record(index, searcher, None, str(err)[:300]))
@@ -1173,7 +1264,7 @@ def pack_plans(out: Path, tasks: dict[int, Task], searchers: tuple[str, ...] = P
 def workspace_counts(plan: Plan, device: str) -> tuple[list[MemoryParts], list[MemoryParts]]:
     """Each device's memory as a plan for ``device`` counts it (on a GPU with FBGEMM's backward workspace,
     ``core.task.on_device``), and the same without any workspace."""
-    task = on_device(plan.task, device)
+    task = on_device(plan.task, "cuda" if any(t.cached for t in plan.task.tables) else device)
     bare = dataclasses.replace(task, training=dataclasses.replace(task.training, workspace=0.0))
     return task.device_memory(plan.shards, plan.data_parallel), bare.device_memory(plan.shards, plan.data_parallel)
 
@@ -1195,7 +1286,7 @@ def workspace_share(folder: Path, sizes: Sizes = GPU) -> dict[str, dict]:
             continue
         index = record["task"]
         if index not in tasks:
-            tasks[index] = gpu_task(sizes.tasks, SEED, index)
+            tasks[index] = task_at(sizes, index)
         counted, without = workspace_counts(rebuilt(tasks[index], record), "cuda")
         ratios.setdefault(record["searcher"], []).extend(c.total / w.total for c, w in zip(counted, without) if w.total)
     return {
@@ -1205,7 +1296,7 @@ def workspace_share(folder: Path, sizes: Sizes = GPU) -> dict[str, dict]:
 
 
 def pack_tasks(out: Path, sizes: Sizes) -> dict[int, Task]:
-    tasks = {i: gpu_task(sizes.tasks, SEED, i) for i in range(sizes.num_tasks)}
+    tasks = made_tasks(sizes)
     rows = [{"index": i, "summary": task_summary(t), "task": t.to_json()} for i, t in tasks.items()]
     with gzip.open(out / TASKS_FILE, "wt") as f:
         f.write(json.dumps(rows))
@@ -1225,7 +1316,7 @@ def pack(out: Path, sizes: Sizes = GPU) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=("pack", "run", "table", "model", "workspace"))
+    parser.add_argument("stage", choices=("pack", "run", "table", "model", "workspace", "tiers"))
     parser.add_argument("out")
     parser.add_argument("--dry", action="store_true", help="run: every step on this CPU, tiny")
     parser.add_argument("--budget-s", type=float, default=450.0, help="run: wall seconds for every step together")
@@ -1249,6 +1340,8 @@ def main() -> None:
             model_stage(
                 Path(args.out), Path(args.labels), Path(args.work), Path(args.pack) if args.pack else None, args.dry
             )
+        elif args.stage == "tiers":
+            print(f"miss price written to {ship_tiers(Path(args.out))}")
         elif args.stage == "workspace":
             for searcher, share in workspace_share(Path(args.out)).items():
                 print(

@@ -256,13 +256,17 @@ def price_readings(doc: dict) -> list[dict]:
 
 def fit_price(readings: Sequence[dict], source: str) -> TierPrice:
     """The ``TierPrice`` whose ms fit the readings' extra ms best (least squares on relative error, both terms
-    >= 0): its link from the bytes, its per-row time from the missed rows. UserError with fewer than two readings."""
+    >= 0): its link from the bytes, its per-row time from the missed rows (none where the two cannot be told apart:
+    every table of one row width). UserError with fewer than two readings."""
     if len(readings) < 2:
         raise UserError(f"uvm labels: {len(readings)} usable readings, expected at least 2 to fit the miss price")
     extra = np.array([max(r["extra_ms"], 1e-6) for r in readings])
     design = np.array([[r["bytes"] / (GIB / 1e3), r["missed"] / 1e3] for r in readings]) / extra[:, None]
     best = None
-    for cols in ((0, 1), (0,), (1,)):  # non-negative least squares over two terms: each subset, the best kept
+    # non-negative least squares over two terms: each subset, the best kept; where the bytes and the missed rows
+    # move together (tables of one row width and no optimizer state), the link alone
+    subsets = ((0, 1), (0,), (1,)) if np.linalg.matrix_rank(design, tol=1e-6) == 2 else ((0,),)
+    for cols in subsets:
         coef, *_ = np.linalg.lstsq(design[:, cols], np.ones(len(extra)), rcond=None)
         if np.any(coef < 0):
             continue
