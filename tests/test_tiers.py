@@ -172,3 +172,30 @@ def test_a_table_the_user_caches_is_kept_and_one_only_row_wise_is_refused():
             "size_greedy",
             "analytic",
         )
+
+
+@pytest.mark.fast
+def test_the_miss_model_agrees_with_a_simulated_lru_cache_on_a_training_steps_batches():
+    """``tools.cache_misses``: FBGEMM's set-associative LRU cache simulated on the batches a training step reads of a
+    skewed table (hot rows kept, the rows read once or twice moved each batch); filled, its missed rows a batch are
+    the model's within 5% at each load factor, and fewer the larger the cache."""
+    from neuroshard_jax.core.features import access_histogram, bin_shares
+    from tools.cache_misses import LruCache, simulate
+
+    rng = np.random.default_rng(0)
+    rows, batch = 200_000, 2048
+    hot = rng.choice(rows, 300, replace=False)
+    ids = np.concatenate([np.repeat(hot, 6), rng.choice(np.setdiff1d(np.arange(rows), hot), 12_000, replace=False)])
+    ids = rng.permutation(ids)
+    offsets = np.linspace(0, len(ids), batch + 1).astype(np.int64)
+    table = Table(0, rows, 32, len(ids) / batch, tuple(bin_shares(access_histogram(ids, rows)[0])))
+    seen = []
+    for lf in (0.5, 0.2, 0.05):
+        simulated, filled = simulate(ids, offsets, rows, lf, 4)
+        model, distinct = tiers.missed_rows(table, batch, lf)
+        assert distinct == pytest.approx(12_300, rel=0.02) and filled >= 2  # a bin read at its mid count
+        assert model == pytest.approx(simulated, rel=0.05), lf
+        seen.append(simulated)
+    assert seen == sorted(seen)
+    cache = LruCache(1000, 0.1)  # 4 sets of 32: a batch larger than the cache leaves the rest uncached
+    assert cache.batch(np.arange(500)) == 500 and cache.batch(np.arange(500)) == 500 - 128

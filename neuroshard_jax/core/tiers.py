@@ -43,6 +43,10 @@ from neuroshard_jax.core.sharding import element_bytes
 from neuroshard_jax.core.table import Table
 from neuroshard_jax.core.task import Task, infeasibility
 
+# a batch's rows read at most twice (histogram bins 0 and 1) are its cold rows: the next batch reads others in their
+# place, as the project's streams of a training step's batches take it (``workloads.streams.COLD_READS``,
+# docs/results/batches.md); rows read more often stay hot
+COLD_BINS = 2
 LOAD_FACTORS = (0.5, 0.2, 0.1, 0.05)  # the steps a table takes into tiered memory, largest cache first
 TIER_FILL = 0.85  # tiering stops where the tables take at most this share of the devices' memory for tables
 TIERING_MODES = ("auto", "off")  # auto: where a GPU's memory is short; off: never (an infeasible task is refused)
@@ -94,11 +98,11 @@ def missed_rows(table: Table, batch_size: int, load_factor: float, rows: int | N
     share = rows / max(table.rows, 1)
     per_bin = distinct_rows(table, batch_size) * share
     slots = float(min(cache_slots(rows, load_factor), rows))
-    hot = per_bin[1:][::-1]  # the hottest bins first
+    hot = per_bin[COLD_BINS:][::-1]  # the hottest bins first
     held = np.clip(slots - np.concatenate([[0.0], np.cumsum(hot)[:-1]]), 0.0, hot)
     hot_rows = float(hot.sum())
     missed_hot = hot_rows - float(held.sum())
-    cold = float(per_bin[0])
+    cold = float(per_bin[:COLD_BINS].sum())
     population = max(rows - hot_rows, cold, 1.0)
     hit = min(1.0, max(slots - hot_rows, 0.0) / population)
     return missed_hot + cold * (1.0 - hit), float(per_bin.sum())
