@@ -3,10 +3,12 @@
 
 * **Which rows hit the cache** (``missed_rows``): from a table's access histogram (``core.features``: the share of a
   batch's distinct rows read about 2^k times) and its lookups at the batch: the batch reads U distinct rows; those it
-  reads more than once are its hot rows, and an LRU cache of C slots that has run for a while holds the hottest of
-  them (the histogram's highest bins first); the rows read once are the cold tail, drawn from the table's other rows,
-  of which the slots the hot rows leave hold a share (C - H) / (rows - H). A uniform table's hit share is then the
-  load factor; a skewed table's hot rows all hit once C covers them.
+  reads more than twice are its hot rows, which an LRU cache that has run for a while keeps once it holds them (each
+  batch reads them again), as many as its sets hold (FBGEMM's cache is sets of 32 slots, a row's set named by its
+  hash: where hot rows crowd a set past 32, the rest miss, ``set_held``); the rows read once or twice are the cold
+  tail (``COLD_BINS``), drawn from the table's other rows, of which the slots the H' held hot rows leave of C hold a
+  share (C - H') / (rows - H). A uniform table's hit share is then the load factor; a skewed table's hot rows all hit while
+  they are few against the sets.
 * **What a miss costs** (``TierPrice``): each missed row is fetched over the host link and, the cache's rows being
   dirty in training, one is written back as it is evicted (2 x its bytes); the optimizer state stays in host memory,
   read and written for every distinct row (2 x its state's bytes); plus a fixed time per missed row (the populate
@@ -38,7 +40,7 @@ import numpy as np
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_BINS
 from neuroshard_jax.core.hardware import hardware
-from neuroshard_jax.core.memory import STATE_BYTES, cache_slots
+from neuroshard_jax.core.memory import CACHE_ASSOC, STATE_BYTES, cache_slots
 from neuroshard_jax.core.sharding import element_bytes
 from neuroshard_jax.core.table import Table
 from neuroshard_jax.core.task import Task, infeasibility
@@ -97,15 +99,28 @@ def missed_rows(table: Table, batch_size: int, load_factor: float, rows: int | N
     rows = table.rows if rows is None else rows
     share = rows / max(table.rows, 1)
     per_bin = distinct_rows(table, batch_size) * share
-    slots = float(min(cache_slots(rows, load_factor), rows))
-    hot = per_bin[COLD_BINS:][::-1]  # the hottest bins first
-    held = np.clip(slots - np.concatenate([[0.0], np.cumsum(hot)[:-1]]), 0.0, hot)
-    hot_rows = float(hot.sum())
-    missed_hot = hot_rows - float(held.sum())
+    slots = cache_slots(rows, load_factor)
+    hot_rows = float(per_bin[COLD_BINS:].sum())
+    held = min(set_held(hot_rows, slots // CACHE_ASSOC, CACHE_ASSOC), float(rows))
     cold = float(per_bin[:COLD_BINS].sum())
     population = max(rows - hot_rows, cold, 1.0)
-    hit = min(1.0, max(slots - hot_rows, 0.0) / population)
-    return missed_hot + cold * (1.0 - hit), float(per_bin.sum())
+    hit = min(1.0, max(min(slots, rows) - held, 0.0) / population)
+    return hot_rows - held + cold * (1.0 - hit), float(per_bin.sum())
+
+
+def set_held(rows: float, sets: int, ways: int) -> float:
+    """The rows a cache of ``sets`` sets of ``ways`` slots holds of ``rows`` rows that each batch reads (its hot
+    rows: once held, an LRU cache keeps them), each in the set its hash names: ``sets`` x E[min(X, ways)], X the rows
+    hashed to one set (Poisson of mean rows / sets); where they crowd a set past its ways, the rest miss."""
+    if rows <= 0 or sets <= 0:
+        return 0.0
+    mean = rows / sets
+    pmf, below, held = math.exp(-mean), 0.0, 0.0
+    for k in range(ways):  # E[min(X, ways)] = sum over k < ways of P(X > k)
+        below += pmf
+        held += max(0.0, 1.0 - below)
+        pmf *= mean / (k + 1)
+    return min(rows, sets * held)
 
 
 def miss_traffic(task: Task, index: int, load_factor: float, dim: int | None = None) -> tuple[float, float]:
