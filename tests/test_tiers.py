@@ -52,7 +52,7 @@ def test_a_cached_table_holds_its_cache_on_the_device_and_its_rows_and_state_on_
     slots = cache_slots(2_000_000, 0.2)
     assert slots % 32 == 0 and 400_000 <= slots < 400_032  # whole sets of 32
     assert parts.weights == slots * 64 * 4 and parts.state == 0  # the state stays in host memory
-    assert parts.buffers - whole.buffers == slots * CACHE_SLOT_BYTES + round(4.0 * 4096) * 24
+    assert parts.buffers - whole.buffers == slots * CACHE_SLOT_BYTES + 2_000_000 * 4 + round(4.0 * 4096) * 24
     assert cached.host_mem_bytes() == whole.weights + whole.state == 2_000_000 * (64 + 1) * 4
     back = Task.from_json(json.loads(json.dumps(cached.to_json())))
     assert back.tables[0].cache_load_factor == 0.2 and back == cached
@@ -152,6 +152,16 @@ def test_where_a_gpus_memory_is_short_the_planner_caches_tables_prices_their_mis
     untiered = analytic_model(task).with_tiers(dataclasses.replace(theirs.task, tables=task.tables), tiers.PRIOR)
     bare = score_plan(untiered, dataclasses.replace(theirs, task=task)).compute_ms
     assert own[0] == pytest.approx(bare[0] + tiers.miss_ms(theirs.task, 0, 0.2), rel=0.05) and own[1] == bare[1]
+    # a cached table in TorchRec's row blocks (row_wise over both devices): each block's own misses priced
+    from neuroshard_jax.core.sharding import Shard, row_shards
+
+    rest = [Shard(i, 0, t.dim, i % 2) for i, t in enumerate(task.tables) if i != 0]
+    blocks = Plan(theirs.task, (*row_shards(0, task.tables[0].rows, 64, [0, 1]), *rest), merge_column_wise=False)
+    bare_blocks = dataclasses.replace(blocks, task=task)
+    got = score_plan(run.cost_model, blocks).compute_ms - score_plan(untiered, bare_blocks).compute_ms
+    one = tiers.missed_rows(task.tables[0], task.batch_size, 0.2, 1_000_000)[0] * 2 * 64 * 4 / (32 * 2**30 / 1e3)
+    one += tiers.missed_rows(task.tables[0], task.batch_size, 0.2, 1_000_000)[1] * 2 * 4 / (32 * 2**30 / 1e3)
+    assert got == pytest.approx([one, one], rel=0.02)  # row-wise Adagrad: each block's rows and their state
     # TorchRec's planner, offered fused_uvm_caching here, chooses its own tables (at its load factor, 0.2)
     torchrec = PlannerOptions(**{**options, "searcher": "torchrec"}).planner().run(task).plan
     assert tiers.cached_tables(torchrec.task) and {t.cache_load_factor for t in torchrec.task.tables} <= {None, 0.2}

@@ -85,3 +85,15 @@ def feature_matrix(rows, dims, pooling_factors, bins, poolings=None, weighted=No
     element = np.zeros(len(rows)) if weight_bytes is None else np.asarray(weight_bytes, dtype=np.float64)
     columns = [rows[:, None], dims[:, None], pooling[:, None], bins, (rows * dims)[:, None], kinds, element[:, None]]
     return np.concatenate(columns, axis=1)
+
+
+# which features name a table, as a shard of it carries them: all but its width and size (a column slice is its
+# table; a row block, whose rows differ, is not)
+IDENTITY = np.ones(NUM_FEATURES, bool)
+IDENTITY[[FEATURE_INDEX["dim"], FEATURE_INDEX["size"]]] = False
+
+
+def table_keys(feats: np.ndarray) -> np.ndarray:
+    """f32[T, F]: tables' features (``Task.features``) as a per-table correction matches shards to them
+    (``costs.cost_model.table_matches``): width and size zeroed."""
+    return np.where(IDENTITY, np.asarray(feats, np.float32), 0.0).astype(np.float32)

@@ -165,12 +165,15 @@ STATE_BYTES = 4  # FBGEMM keeps optimizer state in fp32 unless told otherwise (o
 
 # FBGEMM's managed caching (``EmbeddingLocation.MANAGED_CACHING``, FBGEMM 1.6-1.9, LRU as TorchRec runs it): a shard's
 # cache is ``cache_sets`` x ``CACHE_ASSOC`` slots (sets: ceil(load factor x rows / 32)); each slot holds a row of
-# weights (the cache's data type: the weights') and two int64s (``lxu_cache_state``, the row it holds; ``lxu_state``,
-# its LRU time); each lookup, while a step runs, its linear cache index (int64) and its cache location (int32), and
-# the prefetch's unique indices and their counts (int64 + int32) at most: 24 bytes. The table's weights and its
-# optimizer state stay in host memory (UVM, ``cacheable=False`` for the state), reached over the host link.
+# weights (the cache's data type: the weights'; as wide as the widest cached table of its kernel, counted here at each
+# table's own width) and two int64s (``lxu_cache_state``, the row it holds; ``lxu_state``, its LRU time); every row of
+# the table an int32 on the device (``cache_index_table_map``); each lookup, while a step runs, its linear cache index
+# (int64) and its cache location (int32), and the prefetch's unique indices and their counts (int64 + int32) at most:
+# 24 bytes. The table's weights and its optimizer state stay in host memory (UVM, ``cacheable=False`` for the state),
+# reached over the host link.
 CACHE_ASSOC = 32
 CACHE_SLOT_BYTES = 16
+CACHE_ROW_BYTES = 4
 CACHE_LOOKUP_BYTES = 24
 
 
@@ -195,7 +198,8 @@ def shard_memory(
     table's outputs are a row per id, not per sample; ``workspace``: bytes per lookup its kernel's backward holds
     while it runs (``Training.workspace``), among the buffers. ``cache_load_factor``: the shard in tiered memory
     (its weights and state in host memory, ``host_memory``): its device holds the cache's slots (``cache_slots``,
-    as weights) and their bookkeeping and the lookups' cache indices (as buffers), no optimizer state."""
+    as weights) and their bookkeeping, a table index a row and the lookups' cache indices (as buffers), no optimizer
+    state."""
     lookups = int(round(ids_per_sample * batch_size))
     ids = lookups + batch_size + 1  # the ids and the offsets
     outputs = lookups if sequence else batch_size
@@ -204,7 +208,7 @@ def shard_memory(
     if cache_load_factor is not None:
         slots = cache_slots(rows, cache_load_factor)
         weights = mem_bytes(slots, dim, precision)
-        buffers += slots * CACHE_SLOT_BYTES + lookups * CACHE_LOOKUP_BYTES
+        buffers += slots * CACHE_SLOT_BYTES + rows * CACHE_ROW_BYTES + lookups * CACHE_LOOKUP_BYTES
         return MemoryParts(int(weights), 0, int(buffers))
     weights = mem_bytes(rows, dim, precision)
     state = rows * (optimizer.per_row + optimizer.per_weight * dim) * STATE_BYTES

@@ -7,22 +7,22 @@
   batch reads them again), as many as its sets hold (FBGEMM's cache is sets of 32 slots, a row's set named by its
   hash: where hot rows crowd a set past 32, the rest miss, ``set_held``); the rows read once or twice are the cold
   tail (``COLD_BINS``), drawn from the table's other rows, of which the slots the H' held hot rows leave of C hold a
-  share (C - H') / (rows - H). A uniform table's hit share is then the load factor; a skewed table's hot rows all hit while
-  they are few against the sets.
+  share (C - H') / (rows - H). A uniform table's hit share is then the load factor; a skewed table's hot rows all
+  hit while they are few against the sets.
 * **What a miss costs** (``TierPrice``): each missed row is fetched over the host link and, the cache's rows being
   dirty in training, one is written back as it is evicted (2 x its bytes); the optimizer state stays in host memory,
   read and written for every distinct row (2 x its state's bytes); plus a fixed time per missed row (the populate
   kernel's). ``PRIOR``: TorchRec's planner's own host link (``HBM_TO_DDR_MEM_BW``, 32 GiB/s) and no per-row time,
   until a GPU run's managed-caching labels (``tools/gpu_check.py``'s ``uvm.json``) fit both (``fit_price``).
-* **Priced in every searcher** (``CostModel.with_tiers``): a cached table's shards weigh (HBM kernel + misses) / HBM
-  kernel times the model's own price of them (the scale that makes the model's price of the table alone its kernel's
-  plus its misses'); a plan whose task caches other tables (TorchRec's own choice) is priced with its own
+* **Priced in every searcher** (``CostModel.with_tiers``, ``miss_terms``): a cached table's shard adds its misses'
+  ms (so much a column, so much a shard; a row block its own) to its device's compute, a latent channel the searches
+  sum and the head adds; a plan whose task caches other tables (TorchRec's own choice) is priced with its own
   (``CostModel.for_task``, which every scoring entry point asks).
 * **Which tables** (``tiered``): where a GPU task's tables do not fit its devices' memory, the planner moves tables
   to tiered memory one step at a time (load factor 0.5, then 0.2, 0.1, 0.05), each step the one that adds the least
   miss time per byte it frees, until the tables take at most ``TIER_FILL`` of the devices' memory (room for the
-  search to pack). A task that fits is planned as before. The search keeps a cached table's rows whole (table-wise or
-  column-wise: no row blocks or replicas by choice, ``search.ways``): its misses are priced for whole rows.
+  search to pack). A task that fits is planned as before. The search cuts no cached table in row blocks nor
+  replicates it by choice (``search.ways``); TorchRec's plans may, and their blocks' misses are priced too.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from pathlib import Path
 import numpy as np
 
 from neuroshard_jax.core.errors import UserError
-from neuroshard_jax.core.features import NUM_BINS
+from neuroshard_jax.core.features import NUM_BINS, table_keys
 from neuroshard_jax.core.hardware import hardware
 from neuroshard_jax.core.memory import CACHE_ASSOC, STATE_BYTES, cache_slots
-from neuroshard_jax.core.sharding import element_bytes
+from neuroshard_jax.core.sharding import element_bytes, row_blocks, shard_features
 from neuroshard_jax.core.table import Table
 from neuroshard_jax.core.task import Task, infeasibility
 
@@ -166,44 +166,55 @@ def tierable(table: Table) -> bool:
 def tiered(task: Task, mode: str = "auto", price: TierPrice = PRIOR) -> Task:
     """``task`` with tables moved to tiered memory where its devices' memory is short (``mode`` auto, a GPU task:
     the module's words give the rule), else ``task`` itself. Tables the user cached keep their load factor
-    (``check_whole_rows``)."""
+    (``check_whole_rows``). Tables alike in every feature but width (which a model prices alike) move together, so
+    that one price is right for all of them."""
     if mode not in TIERING_MODES:
         raise UserError(f"tiering: got {mode!r}, expected one of {', '.join(TIERING_MODES)}")
     for i, t in enumerate(task.tables):
         check_whole_rows(t, task.table_names()[i])
-    tables = list(task.tables)
     if mode == "off" or infeasibility(task) is None:
         return task
+    if task.step_memory().total >= int(task.room_bytes().max()):  # the batch's slice alone fills a device
+        return task
+    tables = list(task.tables)
     room = float(task.cap_bytes().sum()) * TIER_FILL
     sizes = [task.table_mem_bytes(i) for i in range(task.num_tables)]
     need = float(sum(sizes))
-    moves: list[tuple[float, int, int]] = []  # (ms per byte freed, table, step)
-
-    def push(i: int, step: int) -> None:
-        if step >= len(LOAD_FACTORS):
-            return
-        was = _cost(task, i, tables[i].cache_load_factor, price)
-        freed = sizes[i] - _bytes(task, tables[i], i, LOAD_FACTORS[step])
-        if freed > 0:
-            heapq.heappush(moves, ((_cost(task, i, LOAD_FACTORS[step], price) - was) / freed, i, step))
-
+    keys = table_keys(task.features())
+    groups: dict[bytes, list[int]] = {}
     for i, t in enumerate(tables):
         if not t.cached and tierable(t):
-            push(i, 0)
+            groups.setdefault(keys[i].tobytes(), []).append(i)
+    moves: list[tuple[float, int, int]] = []  # (ms per byte freed, the group's first table, step)
+    members = {g[0]: g for g in groups.values()}
+
+    def push(first: int, step: int) -> None:
+        if step >= len(LOAD_FACTORS):
+            return
+        group = members[first]
+        was = sum(_cost(task, i, tables[i].cache_load_factor, price) for i in group)
+        freed = sum(sizes[i] - _bytes(task, tables[i], LOAD_FACTORS[step]) for i in group)
+        if freed > 0:
+            added = sum(_cost(task, i, LOAD_FACTORS[step], price) for i in group) - was
+            heapq.heappush(moves, (added / freed, first, step))
+
+    for first in members:
+        push(first, 0)
     current = task
     while (need > room or infeasibility(current) is not None) and moves:
-        _, i, step = heapq.heappop(moves)
+        _, first, step = heapq.heappop(moves)
         lf = LOAD_FACTORS[step]
-        tables[i] = dataclasses.replace(tables[i], cache_load_factor=lf)
-        after = _bytes(task, tables[i], i, lf)
-        need -= sizes[i] - after
-        sizes[i] = after
+        for i in members[first]:
+            tables[i] = dataclasses.replace(tables[i], cache_load_factor=lf)
+            after = _bytes(task, tables[i], lf)
+            need -= sizes[i] - after
+            sizes[i] = after
         current = dataclasses.replace(task, tables=tuple(tables))
-        push(i, step + 1)
+        push(first, step + 1)
     return current
 
 
-def _bytes(task: Task, table: Table, index: int, load_factor: float) -> int:
+def _bytes(task: Task, table: Table, load_factor: float) -> int:
     probe = dataclasses.replace(task, tables=(dataclasses.replace(table, cache_load_factor=load_factor),))
     return probe.table_mem_bytes(0)
 
@@ -213,12 +224,57 @@ def _cost(task: Task, index: int, load_factor: float | None, price: TierPrice) -
 
 
 def tier_key(task: Task) -> tuple:
-    """Which tables of ``task`` are in tiered memory, at which load factor, and the tables' features: what a model
-    pricing tiered memory (``CostModel.with_tiers``) was priced for; () where none is."""
+    """Which tables of ``task`` are in tiered memory, at which load factor, the tables' features, the batch, the
+    optimizer and the devices: what a model pricing tiered memory (``CostModel.with_tiers``) was priced for; ()
+    where none is."""
     cached = tuple((i, t.cache_load_factor) for i, t in enumerate(task.tables) if t.cached)
     if not cached:
         return ()
-    return cached, hash(task.features().tobytes())
+    layout = (task.batch_size, task.training.optimizer, task.num_devices, task.local_size())
+    return cached, layout, hash(task.features().tobytes())
+
+
+def miss_terms(task: Task, price: TierPrice) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(keys f32[K, F], ms a column f64[K], ms a shard f64[K]) of ``task``'s cached tables, whole and in the row
+    blocks the search and TorchRec cut (over every device, over one host's): a shard whose features are key k's adds
+    ``per_dim[k]`` x its width + ``fixed[k]`` ms of misses (``miss_traffic``'s rule: its rows fetched and written
+    back, its optimizer state read and written for every row it reads, the time per missed row). Tables of the
+    task alike in every feature but width share a key: where not all of them are cached the same, each is priced at
+    their mean (the planner caches such tables together, ``tiered``)."""
+    feats = task.features()
+    keys = table_keys(feats)
+    per_link = price.link_gibps * GIB / 1e3  # bytes a ms
+    state = task.training.state
+    counts = [c for c in {task.num_devices, task.local_size() or 0} if c >= 2]
+    terms: dict[bytes, list] = {}  # key -> [key, per_dim, fixed, how many tables]
+    alike: dict[bytes, int] = {}
+    for k in keys:
+        alike[k.tobytes()] = alike.get(k.tobytes(), 0) + 1
+    for i, t in enumerate(task.tables):
+        if not t.cached:
+            continue
+        shapes = {(None, None)} | {
+            (n, t.block_stats(offset, n)) if t.row_blocks else (n, None)
+            for c in counts
+            for offset, n in row_blocks(t.rows, c)
+            if 0 < n < t.rows
+        }
+        element = element_bytes(task.table_precision(i))
+        for n, stats in shapes:
+            key = keys[i] if n is None else table_keys(shard_features(feats[i], t.dim, n, stats)[None])[0]
+            missed, distinct = missed_rows(t, task.batch_size, t.cache_load_factor, n)
+            per_dim = (2 * missed * element + 2 * distinct * state.per_weight * STATE_BYTES) / per_link
+            fixed = 2 * distinct * state.per_row * STATE_BYTES / per_link + missed * price.miss_us / 1e3
+            entry = terms.setdefault(key.tobytes(), [key, 0.0, 0.0, alike.get(key.tobytes(), 1) if n is None else 1])
+            entry[1], entry[2] = entry[1] + per_dim, entry[2] + fixed
+    if not terms:
+        return np.zeros((0, feats.shape[1]), np.float32), np.zeros(0), np.zeros(0)
+    rows = list(terms.values())
+    return (
+        np.stack([r[0] for r in rows]).astype(np.float32),
+        np.array([r[1] / r[3] for r in rows]),
+        np.array([r[2] / r[3] for r in rows]),
+    )
 
 
 def cached_tables(task: Task) -> list[int]:
@@ -279,12 +335,13 @@ def fit_price(readings: Sequence[dict], source: str) -> TierPrice:
     every table of one row width). UserError with fewer than two readings."""
     if len(readings) < 2:
         raise UserError(f"uvm labels: {len(readings)} usable readings, expected at least 2 to fit the miss price")
-    extra = np.array([max(r["extra_ms"], 1e-6) for r in readings])
+    floor = 0.05 * float(np.median([abs(r["extra_ms"]) for r in readings]))  # readings near 0 weigh as at it
+    extra = np.array([max(r["extra_ms"], floor, 1e-9) for r in readings])
     design = np.array([[r["bytes"] / (GIB / 1e3), r["missed"] / 1e3] for r in readings]) / extra[:, None]
     best = None
     # non-negative least squares over two terms: each subset, the best kept; where the bytes and the missed rows
     # move together (tables of one row width and no optimizer state), the link alone
-    subsets = ((0, 1), (0,), (1,)) if np.linalg.matrix_rank(design, tol=1e-6) == 2 else ((0,),)
+    subsets = ((0, 1), (0,)) if np.linalg.matrix_rank(design, tol=1e-6) == 2 else ((0,),)  # a link, always
     for cols in subsets:
         coef, *_ = np.linalg.lstsq(design[:, cols], np.ones(len(extra)), rcond=None)
         if np.any(coef < 0):
@@ -307,7 +364,10 @@ def held_out(readings: Sequence[dict], source: str) -> dict:
     errors: dict[str, float] = {}
     every = []
     for t in tables:
-        price = fit_price([r for r in readings if r["table"] != t], source)
+        try:
+            price = fit_price([r for r in readings if r["table"] != t], source)
+        except UserError:  # the other tables fit no price: this one is not judged
+            continue
         mine = [r for r in readings if r["table"] == t]
         errs = [abs(price.ms(r["bytes"], r["missed"]) - r["extra_ms"]) / max(abs(r["extra_ms"]), 1e-6) for r in mine]
         errors[str(t)] = float(np.mean(errs))

@@ -30,10 +30,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from neuroshard_jax.core.features import FEATURE_INDEX, NUM_FEATURES
+from neuroshard_jax.core.features import FEATURE_INDEX, IDENTITY, NUM_FEATURES, table_keys  # noqa: F401 (theirs)
 from neuroshard_jax.core.records import CalibrationRecord
 from neuroshard_jax.core.task import Task
-from neuroshard_jax.core.tiers import PRIOR, TierPrice, miss_ms, tier_key
+from neuroshard_jax.core.tiers import PRIOR, TierPrice, miss_terms, tier_key
 from neuroshard_jax.costs.input_dist import InputDist
 from neuroshard_jax.costs.row_comm import RowComm
 
@@ -154,31 +154,40 @@ class CostModel:
             return scaled
         return scaled.with_comm_factor(record.comm.factor_at(task.num_devices), task.comm_scale())
 
-    def with_tiers(self, task: Task, price: TierPrice, rounds: int = 6) -> CostModel:
-        """This model pricing ``task``'s tables in tiered memory (``core.tiers``) at ``price``: each cached table's
-        shards scaled (a ``TierScaled`` node, under the model's ``Scaled`` if any) so that the model's price of the
-        table alone is its kernel's plus its misses' (``miss_ms``; a few fixed-point rounds, the head not being
-        linear in a latent's scale); a model that priced another task's tiering has its scales replaced."""
+    def with_tiers(self, task: Task, price: TierPrice) -> CostModel:
+        """This model pricing ``task``'s tables in tiered memory (``core.tiers``) at ``price``: every shard of a
+        cached table adds its cache's misses to its device's compute (``core.tiers.miss_terms``: ms a column and ms a
+        shard, per table and per row-block shape), carried as one more latent channel that the searches sum with the
+        others and the head adds (a ``Tiered`` node, under the model's ``Scaled`` if any); a model that priced
+        another task's tiering has its terms replaced. No node where no table is cached (nothing recompiles)."""
         key = tier_key(task)
         if key == self.tier_key and price == self.tier_price:
             return self
-        cached = [i for i, t in enumerate(task.tables) if t.cached]
-        if not cached and not self._has_tiers:  # nothing to scale: no node (no new compilation)
+        keys, per_dim, fixed = miss_terms(task, price)
+        if not len(keys) and not self._has_tiers:
             return dataclasses.replace(self, tier_price=price, tier_key=key)
-        feats = task.features()
-        keys = table_keys(feats)
-        log_scale = np.zeros(task.num_tables, np.float32)
-        plain = self._tier_scales(keys, log_scale)
-        if cached:
-            alone = feats[cached].astype(np.float32)
-            base = _alone_ms(plain, alone)
-            target = base + np.array([miss_ms(task, i, task.tables[i].cache_load_factor, price) for i in cached])
-            scale = target / np.maximum(base, 1e-9)
-            for _ in range(rounds):
-                log_scale[cached] = np.log(np.maximum(scale, 1.0))
-                scale = scale * target / np.maximum(_alone_ms(plain._tier_scales(keys, log_scale), alone), 1e-9)
-            log_scale[cached] = np.log(np.maximum(scale, 1.0))
-        return dataclasses.replace(plain._tier_scales(keys, log_scale), tier_price=price, tier_key=key)
+        if not len(keys):  # a node kept, matching nothing
+            keys, per_dim, fixed = np.zeros((1, NUM_FEATURES), np.float32), np.zeros(1), np.zeros(1)
+        node = (jnp.asarray(keys, jnp.float32), jnp.asarray(per_dim, jnp.float32), jnp.asarray(fixed, jnp.float32))
+
+        def swapped(params):
+            if isinstance(params, Tiered):
+                return params._replace(keys=node[0], per_dim=node[1], fixed=node[2])
+            if isinstance(params, WRAPPERS):
+                inner = swapped(params.inner)
+                return None if inner is None else params._replace(inner=inner)
+            return None
+
+        params = swapped(self.params)
+        if params is not None:
+            model = dataclasses.replace(self, params=params)
+        elif isinstance(self.params, Scaled):
+            inner = Tiered(self.params.inner, *node)
+            fns = _scaled(_tiered(_UNSCALED[self.fns]))
+            model = dataclasses.replace(self, fns=fns, params=self.params._replace(inner=inner))
+        else:
+            model = dataclasses.replace(self, fns=_tiered(self.fns), params=Tiered(self.params, *node))
+        return dataclasses.replace(model, tier_price=price, tier_key=key)
 
     def for_task(self, task: Task) -> CostModel:
         """This model as it prices a plan of ``task``: itself where it prices the task's tiering already (or neither
@@ -192,33 +201,10 @@ class CostModel:
     def _has_tiers(self) -> bool:
         params = self.params
         while isinstance(params, WRAPPERS):
-            if isinstance(params, TierScaled):
+            if isinstance(params, Tiered):
                 return True
             params = params.inner
         return False
-
-    def _tier_scales(self, keys: np.ndarray, log_scale: np.ndarray) -> CostModel:
-        """This model with its ``TierScaled`` node's tables and scales these (the node added where it has none)."""
-        keys, log_scale = jnp.asarray(keys, jnp.float32), jnp.asarray(log_scale, jnp.float32)
-
-        def swapped(params):
-            if isinstance(params, TierScaled):
-                return params._replace(keys=keys, log_scale=log_scale)
-            if isinstance(params, WRAPPERS):
-                inner = swapped(params.inner)
-                return None if inner is None else params._replace(inner=inner)
-            return None
-
-        params = swapped(self.params)
-        if params is not None:
-            return dataclasses.replace(self, params=params)
-        scaled = isinstance(self.params, Scaled)
-        base = _UNSCALED[self.fns] if scaled else self.fns
-        inner = self.params.inner if scaled else self.params
-        node = TierScaled(inner, keys, log_scale)
-        if scaled:
-            return dataclasses.replace(self, fns=_scaled(_table_scaled(base)), params=self.params._replace(inner=node))
-        return dataclasses.replace(self, fns=_table_scaled(base), params=node)
 
     def with_comm_factor(self, factor: float, comm_scale: np.ndarray) -> CostModel:
         """This model with every collective it prices (the all-to-alls' transfers, the row groups' collectives, the
@@ -362,13 +348,14 @@ class TableScaled(NamedTuple):
     log_scale: jax.Array  # f32[T]: the log of each table's scale
 
 
-class TierScaled(NamedTuple):
-    """Params of a model pricing a task's tables in tiered memory (``CostModel.with_tiers``): ``TableScaled``'s
-    fields, a node of its own so that another task's tiering replaces its scales."""
+class Tiered(NamedTuple):
+    """Params of a model pricing a task's tables in tiered memory (``CostModel.with_tiers``): a shard whose features
+    are key k's (a cached table, or one block shape of it) adds ``per_dim[k]`` x its width + ``fixed[k]`` ms."""
 
     inner: Any
-    keys: jax.Array  # f32[T, F]: each table's features (``table_keys``)
-    log_scale: jax.Array  # f32[T]: the log of each table's scale (0 where it is not cached)
+    keys: jax.Array  # f32[K, F]: the cached tables' (and their blocks') features (``table_keys``)
+    per_dim: jax.Array  # f32[K]: ms a column of a shard's misses (its rows fetched and written back)
+    fixed: jax.Array  # f32[K]: ms a shard's misses cost whatever its width (per-row state, the time per missed row)
 
 
 class PrecisionScaled(NamedTuple):
@@ -378,7 +365,7 @@ class PrecisionScaled(NamedTuple):
     log_scale: jax.Array  # f32[MAX_ELEMENT_BYTES + 1]: the log of the scale of a shard of b-byte weights
 
 
-WRAPPERS = (Scaled, TableScaled, TierScaled, PrecisionScaled)  # what a model's own params may sit under
+WRAPPERS = (Scaled, TableScaled, Tiered, PrecisionScaled)  # what a model's own params may sit under
 MAX_ELEMENT_BYTES = 4
 
 
@@ -397,21 +384,37 @@ def _precision_scaled(fns: CostFns) -> CostFns:
     return CostFns(embed, inner(fns.head), inner(fns.bwd_comm), inner(fns.fwd_comm), None, inner(fns.uncertainty))
 
 
-IDENTITY = np.ones(NUM_FEATURES, bool)
-IDENTITY[[FEATURE_INDEX["dim"], FEATURE_INDEX["size"]]] = False  # a slice of a table is the table
-
-
-def table_keys(feats: np.ndarray) -> np.ndarray:
-    """f32[T, F]: tables' features (``Task.features``) as ``TableScaled`` matches shards to them: width and size
-    zeroed (a column slice is its table; a row block, whose rows differ, is not)."""
-    return np.where(IDENTITY, np.asarray(feats, np.float32), 0.0).astype(np.float32)
-
-
 def table_matches(feats, keys) -> jax.Array:
     """f32[..., T]: 1 where a shard's features f32[..., F] are table t's (``table_keys``), else 0."""
     own = jnp.where(IDENTITY, feats, 0.0)[..., None, :]
     same = jnp.abs(own - keys) <= 1e-6 * (1.0 + jnp.abs(keys))
     return jnp.all(same, axis=-1).astype(jnp.float32)
+
+
+@functools.cache
+def _tiered(fns: CostFns) -> CostFns:
+    """``fns`` over ``Tiered`` params: a shard's latent gains a last channel, its cache's misses in ms (0 for a
+    shard of no cached table), which the searches sum with the rest and the head adds to the device's compute; no
+    summed fast path."""
+
+    def embed(p: Tiered, feats):
+        matches = table_matches(feats, p.keys)
+        miss = matches @ p.per_dim * feats[..., FEATURE_INDEX["dim"]] + matches @ p.fixed
+        return jnp.concatenate([fns.embed(p.inner, feats), miss[..., None]], -1)
+
+    def head(p: Tiered, latent_sums):
+        return fns.head(p.inner, latent_sums[..., :-1]) + latent_sums[..., -1]
+
+    uncertainty = None
+    if fns.uncertainty is not None:
+
+        def uncertainty(p: Tiered, latent_sums):
+            return fns.uncertainty(p.inner, latent_sums[..., :-1])
+
+    def inner(fn):
+        return None if fn is None else lambda p, *args: fn(p.inner, *args)
+
+    return CostFns(embed, head, inner(fns.bwd_comm), inner(fns.fwd_comm), None, uncertainty)
 
 
 @functools.cache
@@ -455,18 +458,6 @@ def _scaled(fns: CostFns) -> CostFns:
     out = CostFns(inner(fns.embed), head, bwd_comm, fwd_comm, inner(fns.embed_sum), inner(fns.uncertainty))
     _UNSCALED[out] = fns
     return out
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _alone_jit(fns: CostFns, params, feats):
-    return fns.head(params, fns.embed(params, feats))
-
-
-def _alone_ms(model: CostModel, feats: np.ndarray) -> np.ndarray:
-    """f64[S]: the model's compute ms of each of ``feats`` f32[S, F] alone on a device (padded to a bucket)."""
-    count = feats.shape[0]
-    padded = np.concatenate([feats, np.repeat(feats[:1], bucket(count, 1) - count, axis=0)])
-    return np.asarray(_alone_jit(model.fns, model.params, padded), np.float64)[:count]
 
 
 def bucket(n: int, minimum: int = 4) -> int:

@@ -379,7 +379,7 @@ def row_split_choices(task: Task, mode: str, hot: Sequence[int] = ()) -> list[tu
 
 def _row_splittable(task: Task, table: int) -> bool:
     """A table that may be cut into rows by choice: unconstrained, with a row for every device, not in tiered memory
-    (a cached table's misses are priced for its whole rows, ``core.tiers``)."""
+    (tiered memory holds the rows of a table too large for the devices: the planner keeps them whole, core.tiers)."""
     t = task.tables[table]
     return not _constrained(t) and t.rows >= task.num_devices and not t.cached
 
