@@ -132,6 +132,14 @@ def test_where_a_gpus_memory_is_short_the_planner_caches_tables_prices_their_mis
     _, priced = shards_alone(run.cost_model, feats)
     misses = [tiers.miss_ms(plan.task, i, plan.task.tables[i].cache_load_factor) for i in cached]
     assert priced == pytest.approx(alone + np.array(misses), rel=0.02)
+    from neuroshard_jax.core.errors import PlanError
+    from neuroshard_jax.measure.breakdown import explanation
+
+    said = explanation(plan, base)  # explain prices the plan's own tiered memory, whatever model it is given
+    priced_devices = score_plan(run.cost_model, plan).compute_ms
+    assert [d.compute_ms for d in said.devices] == pytest.approx(list(priced_devices), rel=1e-5)
+    with pytest.raises(PlanError, match=r"is data-parallel and in tiered memory"):
+        Plan(plan.task, tuple(s for s in plan.shards if s.table != cached[0]), data_parallel=(cached[0],)).validate()
     again = PlannerOptions(**options).planner().run(task).plan
     assert again == plan and again.task == plan.task
     doc = json.loads(json.dumps(plan.to_json()))

@@ -241,6 +241,11 @@ class Plan:
             if t in self.data_parallel:
                 if shards:
                     raise PlanError(f"plan: table {table.id} is data-parallel (on every device) and also has shards")
+                if table.cached:
+                    raise PlanError(
+                        f"plan: table {table.id} is data-parallel and in tiered memory (cache_load_factor "
+                        f"{table.cache_load_factor:g}); expected one: a replica is a whole copy on every device"
+                    )
                 continue
             error = tiling_error(table.dim, table.rows, shards)
             if error:

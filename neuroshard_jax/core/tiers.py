@@ -189,14 +189,15 @@ def tiered(task: Task, mode: str = "auto", price: TierPrice = PRIOR) -> Task:
     members = {g[0]: g for g in groups.values()}
 
     def push(first: int, step: int) -> None:
-        if step >= len(LOAD_FACTORS):
-            return
+        """The group's next step that frees bytes (a narrow table's cache slots may take more than its rows)."""
         group = members[first]
         was = sum(_cost(task, i, tables[i].cache_load_factor, price) for i in group)
-        freed = sum(sizes[i] - _bytes(task, tables[i], LOAD_FACTORS[step]) for i in group)
-        if freed > 0:
-            added = sum(_cost(task, i, LOAD_FACTORS[step], price) for i in group) - was
-            heapq.heappush(moves, (added / freed, first, step))
+        for at in range(step, len(LOAD_FACTORS)):
+            freed = sum(sizes[i] - _bytes(task, tables[i], LOAD_FACTORS[at]) for i in group)
+            if freed > 0:
+                added = sum(_cost(task, i, LOAD_FACTORS[at], price) for i in group) - was
+                heapq.heappush(moves, (added / freed, first, at))
+                return
 
     for first in members:
         push(first, 0)
@@ -330,25 +331,28 @@ def price_readings(doc: dict) -> list[dict]:
 
 
 def fit_price(readings: Sequence[dict], source: str) -> TierPrice:
-    """The ``TierPrice`` whose ms fit the readings' extra ms best (least squares on relative error, both terms
-    >= 0): its link from the bytes, its per-row time from the missed rows (none where the two cannot be told apart:
-    every table of one row width). UserError with fewer than two readings."""
+    """The ``TierPrice`` whose ms fit the readings' extra ms best (least squares on relative error, a reading within
+    5% of the median's of 0 weighed as at that floor; both terms >= 0, the link always): its link from the bytes, its
+    per-row time from the missed rows (none where the two cannot be told apart: every table of one row width).
+    UserError with fewer than two readings."""
     if len(readings) < 2:
         raise UserError(f"uvm labels: {len(readings)} usable readings, expected at least 2 to fit the miss price")
-    floor = 0.05 * float(np.median([abs(r["extra_ms"]) for r in readings]))  # readings near 0 weigh as at it
-    extra = np.array([max(r["extra_ms"], floor, 1e-9) for r in readings])
-    design = np.array([[r["bytes"] / (GIB / 1e3), r["missed"] / 1e3] for r in readings]) / extra[:, None]
+    floor = 0.05 * float(np.median([abs(r["extra_ms"]) for r in readings]))  # a reading near 0 weighs as at it
+    extra = np.array([r["extra_ms"] for r in readings])
+    weight = 1.0 / np.maximum(np.abs(extra), max(floor, 1e-9))
+    design = np.array([[r["bytes"] / (GIB / 1e3), r["missed"] / 1e3] for r in readings]) * weight[:, None]
+    target = extra * weight
     best = None
     # non-negative least squares over two terms: each subset, the best kept; where the bytes and the missed rows
     # move together (tables of one row width and no optimizer state), the link alone
     subsets = ((0, 1), (0,)) if np.linalg.matrix_rank(design, tol=1e-6) == 2 else ((0,),)  # a link, always
     for cols in subsets:
-        coef, *_ = np.linalg.lstsq(design[:, cols], np.ones(len(extra)), rcond=None)
+        coef, *_ = np.linalg.lstsq(design[:, cols], target, rcond=None)
         if np.any(coef < 0):
             continue
         full = np.zeros(2)
         full[list(cols)] = coef
-        err = float(np.sum((design @ full - 1.0) ** 2))
+        err = float(np.sum((design @ full - target) ** 2))
         if best is None or err < best[0]:
             best = (err, full)
     if best is None or best[1][0] <= 0:

@@ -84,8 +84,11 @@ def cached(generator, load_factor: float):
     tiered memory (``fused_uvm_caching``: host rows, that share of them cached on the GPU)."""
     from torchrec.distributed.types import CacheParams
 
-    def made(*args, **kwargs):
-        return dataclasses.replace(generator(*args, **kwargs), cache_params=CacheParams(load_factor=load_factor))
+    def made(*args, **kwargs):  # the kernel too: TorchRec's table_row_wise takes none
+        sharding = generator(*args, **kwargs)
+        return dataclasses.replace(
+            sharding, compute_kernel=UVM_CACHING, cache_params=CacheParams(load_factor=load_factor)
+        )
 
     return made
 

@@ -195,6 +195,7 @@ def _compute_ms(model: CostModel, rows: list[list[tuple[np.ndarray, bool]]]) -> 
 def table_compute_ms(model: CostModel, plan: Plan, compute_ms: np.ndarray) -> np.ndarray:
     """f64[N, T]: each table's share of each device's predicted compute (its shards' cost alone, scaled to add up
     to the device's compute). Each shard is priced once, a data-parallel table's part once for every device."""
+    model = model.for_task(plan.task)  # a cached table's misses are its own
     task = plan.task
     task_feats = task.features()
     alone_rows = [[shard_row(task, task_feats, s)] for s in plan.shards]
@@ -231,6 +232,7 @@ def split_gains(model: CostModel, plan: Plan, costs: DeviceCosts | None = None) 
     A variant changes the compute of the devices that held the table's slices only: those are rescored, the rest
     keep the plan's (``costs``: the plan's ``score_plan``, if the caller has it); every device's comm is priced
     again (the widths change), variants in chunks."""
+    model = model.for_task(plan.task)
     task, n = plan.task, plan.task.num_devices
     by_table: dict[int, list[Shard]] = {}
     for s in plan.shards:
@@ -353,6 +355,7 @@ def constraint_binds(plan: Plan, critical: int, fastest: int) -> list[str]:
 def explanation(plan: Plan, model: CostModel, measured: Measured | None = None, top: int = 5) -> Explanation:
     """Everything the printout and the chart say of ``plan`` under ``model`` (and ``measured``, its devices'
     measured costs, if any)."""
+    model = model.for_task(plan.task)  # the plan's tables in tiered memory priced as it caches them
     costs = score_plan(model, plan)
     compute, total = np.asarray(costs.compute_ms), np.asarray(costs.total_ms)
     per_table = table_compute_ms(model, plan, compute)
