@@ -6,12 +6,14 @@ For tables of the GPU tasks (``workloads/gpu_tasks.py``: rows 1e5-1e7, their syn
 training step reads one after another (``streams.next_batches``: the hot rows kept, the cold ones moved), run through
 a simulation of FBGEMM's managed cache as TorchRec runs it (``lxu_cache``, LRU): ``ceil(load factor x rows / 32)``
 sets of 32 slots, a row's set its hash modulo the sets; each batch's distinct rows looked up, the ones held touched,
-the others inserted into the set's slots not touched in this batch, least recently used first (a row that finds
-none is read from host memory, uncached); a batch's missed rows are its distinct rows not held when it starts. The
-cache first takes in twice its slots (a training run's steady state; at most ``MAX_FILL`` batches), then the mean
-over ``--batches`` more is read. Printed per table and load factor:
-the simulated missed rows a batch, the model's, and their ratio; ``--out`` writes them as JSON. Nothing is timed: a
-CPU measures no GPU cache, but the rule that prices the misses is checked where the streams are known.
+the others inserted into the set's slots not touched in this batch, least recently used first, a set's misses in row
+index order (FBGEMM sorts a batch's missed rows by set and index before it inserts them; ``--order random``: in any
+order); a row that finds no slot is read from host memory, uncached. A batch's missed rows are its distinct rows not
+held when it starts. The cache first takes in twice its slots and runs ``MIN_FILL`` batches (a training run's steady
+state: the hot rows a batch misses settle only in the slots its cold rows leave; at most ``MAX_FILL`` batches), then
+the mean over ``--batches`` more is read. Printed per table and load factor: the simulated missed rows a batch, the
+model's, and their ratio; ``--out`` writes them as JSON. Nothing is timed: a CPU measures no GPU cache, but the rule
+that prices the misses is checked where the streams are known.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from neuroshard_jax.workloads.streams import next_batches
 
 SEED = 54  # the GPU tasks' (tools/gpu_check.py)
 CHUNK = 16  # batches drawn at a time (each draw's first is the table's own batch, left out)
+MIN_FILL = 200  # batches at least (the hot rows a batch misses settle in the slots its cold rows leave, slowly)
 MAX_FILL = 2000  # batches at most to fill the cache before it is read
 MIN_ROWS, MAX_ROWS = 100_000, 10_000_000  # tables whose cache matters, small enough to simulate in seconds
 HASH = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: a row's set (FBGEMM hashes the row index too)
@@ -41,7 +44,9 @@ HASH = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: a row's set (FBGEMM h
 class LruCache:
     """FBGEMM's set-associative LRU cache of ``rows`` rows at ``load_factor``, simulated (rows only, no weights)."""
 
-    def __init__(self, rows: int, load_factor: float):
+    def __init__(self, rows: int, load_factor: float, order: str = "index"):
+        self.order = order  # which of a set's misses take its free slots first: lowest row index, or any
+        self.rng = np.random.default_rng(0)
         self.sets = max(1, int(np.ceil(load_factor * rows / CACHE_ASSOC)))
         self.row = np.full((self.sets, CACHE_ASSOC), -1, np.int64)  # the row a slot holds, -1 empty
         self.time = np.full((self.sets, CACHE_ASSOC), -1, np.int64)  # when it was last used
@@ -61,6 +66,8 @@ class LruCache:
         self.time.reshape(-1)[hit] = self.step
         missed = unique[~held]
         if len(missed):
+            if self.order == "random":
+                missed = self.rng.permutation(missed)
             sets = self.set_of(missed)
             order = np.argsort(sets, kind="stable")
             missed, sets = missed[order], sets[order]
@@ -80,16 +87,18 @@ class LruCache:
         return len(missed)
 
 
-def simulate(indices: np.ndarray, offsets: np.ndarray, rows: int, load_factor: float, measured: int) -> tuple:
+def simulate(
+    indices: np.ndarray, offsets: np.ndarray, rows: int, load_factor: float, measured: int, order: str = "index"
+) -> tuple:
     """(mean missed rows a batch, batches run to fill): the cache run on a training step's batches of the table
-    (``next_batches``, drawn ``CHUNK`` at a time) until it has taken in twice its slots (or ``MAX_FILL`` batches),
-    then ``measured`` batches more, whose mean is its steady state."""
-    cache = LruCache(rows, load_factor)
+    (``next_batches``, drawn ``CHUNK`` at a time) until it has taken in twice its slots and run ``MIN_FILL`` batches
+    (or ``MAX_FILL``), then ``measured`` batches more, whose mean is its steady state."""
+    cache = LruCache(rows, load_factor, order)
     slots, taken, run, misses, chunk = cache.sets * CACHE_ASSOC, 0, 0, [], 0
     while len(misses) < measured:
         for ids, _ in next_batches(indices, offsets, rows, CHUNK, SEED + chunk)[1:]:
             missed = cache.batch(ids)
-            if taken < 2 * slots and run < MAX_FILL:
+            if (taken < 2 * slots or run < MIN_FILL) and run < MAX_FILL:
                 taken, run = taken + missed, run + 1
             elif len(misses) < measured:
                 misses.append(missed)
@@ -103,6 +112,12 @@ def main() -> None:
     parser.add_argument("--tables", type=int, default=6, help="tables a task, spread over their rows")
     parser.add_argument("--batches", type=int, default=8, help="batches read after the cache is filled")
     parser.add_argument("--load-factors", default="0.5,0.2,0.05")
+    parser.add_argument(
+        "--order",
+        default="index",
+        choices=("index", "random"),
+        help="which misses of a set take its free slots first: the lowest row index (FBGEMM's sorted insert) or any",
+    )
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args()
     try:
@@ -123,7 +138,7 @@ def main() -> None:
                 table = task.tables[t]
                 indices, offsets = table_stream(params, stream_seed, t, task.batch_size)
                 for lf in factors:
-                    simulated, filled = simulate(indices, offsets, table.rows, lf, args.batches)
+                    simulated, filled = simulate(indices, offsets, table.rows, lf, args.batches, args.order)
                     model, distinct = missed_rows(table, task.batch_size, lf)
                     row = {
                         "task": index,
