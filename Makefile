@@ -11,7 +11,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 NEWEST ?= .venv-newest
 NEWEST_PY := $(NEWEST)/bin/python
-NEWEST_TESTS ?= tests/test_profiling.py tests/test_torchrec_planner.py tests/test_torchrec.py tests/test_export.py tests/test_data_parallel.py
+NEWEST_TESTS ?= tests/test_profiling.py tests/test_torchrec_planner.py tests/test_torchrec.py tests/test_export.py tests/test_data_parallel.py tests/test_tiers.py
 # TorchRec's other dependencies (it goes in with --no-deps: its metadata wants the CUDA fbgemm-gpu)
 TORCHREC_DEPS := tensordict torchmetrics==1.0.3 pyre-extensions iopath
 SEARCHER ?= beam
