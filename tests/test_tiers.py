@@ -221,3 +221,18 @@ def test_the_miss_model_agrees_with_a_simulated_lru_cache_on_a_training_steps_ba
     assert seen == sorted(seen)
     cache = LruCache(1000, 0.1)  # 4 sets of 32: a batch larger than the cache leaves the rest uncached
     assert cache.batch(np.arange(500)) == 500 and cache.batch(np.arange(500)) == 500 - 128
+
+
+def test_where_the_search_packs_no_plan_a_gpu_run_caches_more_tables_and_plans():
+    """Three tables of 0.6 of a device, each kept whole (``no_split``), on two devices: they fit in total (so nothing
+    is cached at first) but no placement packs them; the run tries again with more of them in tiered memory and
+    plans; ``tiering=off`` keeps the search's refusal."""
+    rows = int(0.6 * 2**30 / (64 * 4))
+    tables = [Table(i, rows, 64, 2.0, UNIFORM, name=f"t{i}").constrained(no_split=True) for i in range(3)]
+    task = Task.uniform(2, 1.0, 512, tables)
+    options = dict(searcher="size_greedy", device="cuda", cost_model="analytic")
+    with pytest.raises(InfeasibleError):
+        PlannerOptions(**options, tiering="off").planner().run(task)
+    plan = PlannerOptions(**options).planner().run(task).plan
+    assert tiers.cached_tables(plan.task) and plan.stages[0] == "tiering"
+    plan.validate()

@@ -51,6 +51,7 @@ from neuroshard_jax.core.task import Task, infeasibility
 COLD_BINS = 2
 LOAD_FACTORS = (0.5, 0.2, 0.1, 0.05)  # the steps a table takes into tiered memory, largest cache first
 TIER_FILL = 0.85  # tiering stops where the tables take at most this share of the devices' memory for tables
+TIER_RETRIES = (0.75, 0.65, 0.5)  # and where the search packs no plan at that, at these (``Planner.run``)
 TIERING_MODES = ("auto", "off")  # auto: where a GPU's memory is short; off: never (an infeasible task is refused)
 GIB = 1024**3
 # the mean access count of a row in each histogram bin: 1 in bin 0, (2^(k-1), 2^k] in bin k (its midpoint), and
@@ -163,21 +164,23 @@ def tierable(table: Table) -> bool:
     return types is None or bool({"table_wise", "column_wise"} & set(types))
 
 
-def tiered(task: Task, mode: str = "auto", price: TierPrice = PRIOR) -> Task:
+def tiered(task: Task, mode: str = "auto", price: TierPrice = PRIOR, fill: float | None = None) -> Task:
     """``task`` with tables moved to tiered memory where its devices' memory is short (``mode`` auto, a GPU task:
-    the module's words give the rule), else ``task`` itself. Tables the user cached keep their load factor
-    (``check_whole_rows``). Tables alike in every feature but width (which a model prices alike) move together, so
-    that one price is right for all of them."""
+    the module's words give the rule), else ``task`` itself; ``fill``: until the tables take at most that share of
+    the devices' memory for tables whether or not they fit (a planning run's retry, ``TIER_RETRIES``; None: where
+    they do not fit, ``TIER_FILL``). Tables the user cached keep their load factor (``check_whole_rows``). Tables
+    alike in every feature but width (which a model prices alike) move together, so that one price is right for all
+    of them."""
     if mode not in TIERING_MODES:
         raise UserError(f"tiering: got {mode!r}, expected one of {', '.join(TIERING_MODES)}")
     for i, t in enumerate(task.tables):
         check_whole_rows(t, task.table_names()[i])
-    if mode == "off" or infeasibility(task) is None:
+    if mode == "off" or (fill is None and infeasibility(task) is None):
         return task
     if task.step_memory().total >= int(task.room_bytes().max()):  # the batch's slice alone fills a device
         return task
     tables = list(task.tables)
-    room = float(task.cap_bytes().sum()) * TIER_FILL
+    room = float(task.cap_bytes().sum()) * (TIER_FILL if fill is None else fill)
     sizes = [task.table_mem_bytes(i) for i in range(task.num_tables)]
     need = float(sum(sizes))
     keys = table_keys(task.features())

@@ -25,11 +25,11 @@ from typing import Any
 
 from neuroshard_jax.core.config import check_seed, nearest, typed
 from neuroshard_jax.core.environment import check_jax_environment
-from neuroshard_jax.core.errors import UserError
+from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import check_row_split
 from neuroshard_jax.core.task import Task, check_feasible, on_device
-from neuroshard_jax.core.tiers import TIERING_MODES, cached_tables, describe, tier_price, tiered
+from neuroshard_jax.core.tiers import TIER_RETRIES, TIERING_MODES, cached_tables, describe, tier_price, tiered
 from neuroshard_jax.costs.choice import CostModelSpec, ModelChoice, build_cost_model, spec_of
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.coverage import out_of_depth_warning
@@ -172,16 +172,18 @@ class Planner(Settings):
             stages.append(CheckOnPlan())
         return tuple(stages)
 
-    def start(self, task: Task) -> PlanningState:
+    def start(self, task: Task, fill: float | None = None) -> PlanningState:
         """The state a run of ``task`` starts from: the task checked and its cost model built once
-        (``build_cost_model``)."""
+        (``build_cost_model``); on a GPU, tables in tiered memory where its memory is short (``core.tiers.tiered``;
+        ``fill``: until the tables take at most that share of the devices, a run's retry where the search packed
+        none at the first)."""
         if not isinstance(task, Task):
             raise UserError(f"planner.run: got {type(task).__name__}, expected a Task (workloads.builders.make_task)")
         check_jax_environment()  # a library's caller too: JAX_PLATFORMS=cuda without a GPU is one line, not XLA's
         task = on_device(task, self.device)  # its memory as this device's kernels hold it (a GPU's workspace)
         given, price = task, tier_price(self.device)
         if self.device == "cuda":  # where a GPU's memory is short, tables in host memory with a cache on it
-            task = tiered(task, self.tiering, price)
+            task = tiered(task, self.tiering, price, fill)
         check_feasible(task)  # an infeasible task is refused before any model is built or kernel measured
         keep_compiled_kernels()
         model, choice = build_cost_model(self.cost_model, task, self.device, self.fallback)  # choice.instead: why
@@ -193,8 +195,18 @@ class Planner(Settings):
         return PlanningState(task, model, choice, self.seed, ran=ran)
 
     def run(self, task: Task) -> Planned:
-        """Plan ``task``: its state (``start``) through every stage (``stages``)."""
-        return planned(run_stages(self.stages(), self.start(task)))
+        """Plan ``task``: its state (``start``) through every stage (``stages``). On a GPU with ``tiering=auto``,
+        where the search finds no plan within the devices' memory, again with more of the tables in tiered memory
+        (``TIER_RETRIES``: until they take at most 75%, then 65%, 50% of the devices), the last refusal raised."""
+        fills = (None, *TIER_RETRIES) if self.device == "cuda" and self.tiering == "auto" else (None,)
+        for k, fill in enumerate(fills):
+            try:
+                return planned(run_stages(self.stages(), self.start(task, fill)))
+            except InfeasibleError as err:
+                if k + 1 == len(fills):
+                    raise
+                logger.info("tiering: the search packed no plan (%s); more tables in tiered memory", err)
+        raise AssertionError("unreachable")
 
     def plan(self, task: Task) -> Plan:
         """``run(task).plan``."""
