@@ -147,8 +147,8 @@ WHOLE_ROWS = ("table_wise", "column_wise")
 
 def check_whole_rows(table: Table, name: str) -> None:
     """UserError naming table ``name`` where it is in tiered memory and its sharding types allow no whole rows
-    (table-wise or column-wise): a cached table's misses are priced for its whole rows, and the search cuts no cached
-    table in row blocks nor replicates it by choice (``search.ways``)."""
+    (table-wise or column-wise): tiered memory is for tables whose rows the devices cannot hold, and the search cuts
+    no cached table in row blocks nor replicates it by choice (``search.ways``)."""
     types = table.constraints.sharding_types
     if table.cached and types is not None and not set(types) & set(WHOLE_ROWS):
         raise UserError(
@@ -161,7 +161,7 @@ def tierable(table: Table) -> bool:
     """Whether the planner may move ``table`` to tiered memory: not data-parallel-only, and its sharding types
     allow whole rows (table-wise or column-wise)."""
     types = table.constraints.sharding_types
-    return types is None or bool({"table_wise", "column_wise"} & set(types))
+    return types is None or bool(set(WHOLE_ROWS) & set(types))
 
 
 def tiered(task: Task, mode: str = "auto", price: TierPrice = PRIOR, fill: float | None = None) -> Task:
