@@ -40,7 +40,7 @@ import numpy as np
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_BINS, table_keys
 from neuroshard_jax.core.hardware import hardware
-from neuroshard_jax.core.memory import CACHE_ASSOC, STATE_BYTES, cache_slots
+from neuroshard_jax.core.memory import CACHE_ASSOC, STATE_BYTES, Training, cache_slots, gib
 from neuroshard_jax.core.sharding import element_bytes, row_blocks, shard_features
 from neuroshard_jax.core.table import Table
 from neuroshard_jax.core.task import Task, infeasibility
@@ -235,7 +235,7 @@ def tier_key(task: Task) -> tuple:
     if not cached:
         return ()
     layout = (task.batch_size, task.training.optimizer, task.num_devices, task.local_size())
-    return cached, layout, hash(task.features().tobytes())
+    return cached, layout, hash(task.tables)  # the tables themselves (frozen): no feature matrix on a scoring path
 
 
 def miss_terms(task: Task, price: TierPrice) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -294,13 +294,9 @@ def describe(task: Task, price: TierPrice = PRIOR) -> str:
     span = f"{factors[0]:g}" if len(factors) == 1 else f"{factors[0]:g}-{factors[-1]:g}"
     return (
         f"{len(cached)} table{'s' if len(cached) != 1 else ''} in tiered memory (host rows, a cache of "
-        f"{span} of them on the GPU: {gib_words(task.host_mem_bytes())} GiB in host memory), their misses "
+        f"{span} of them on the GPU: {gib(task.host_mem_bytes())} GiB in host memory), their misses "
         f"{ms:.3g} ms a step by {price.source}"
     )
-
-
-def gib_words(count: float) -> str:
-    return f"{count / GIB:.3g}"
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -317,10 +313,8 @@ def price_readings(doc: dict) -> list[dict]:
         table = Table(
             int(row["table"]), int(row["rows"]), int(row["dim"]), float(row["pooling_factor"]), tuple(row["bins"])
         )
-        task = Task.uniform(1, 1.0, int(doc["batch_size"]), (table,), doc.get("precision", "fp32"))
-        task = dataclasses.replace(
-            task, training=dataclasses.replace(task.training, optimizer=doc.get("optimizer", "exact_sgd"))
-        )
+        training = Training(optimizer=doc.get("optimizer", "exact_sgd"))
+        task = Task.uniform(1, 1.0, int(doc["batch_size"]), (table,), doc.get("precision", "fp32"), training=training)
         ok = [r for r in row["readings"] if r.get("ok")]
         hbm = [r["total_ms"] for r in ok if r["cache_load_factor"] is None]
         if not hbm:

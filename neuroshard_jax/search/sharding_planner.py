@@ -198,15 +198,13 @@ class Planner(Settings):
         """Plan ``task``: its state (``start``) through every stage (``stages``). On a GPU with ``tiering=auto``,
         where the search finds no plan within the devices' memory, again with more of the tables in tiered memory
         (``TIER_RETRIES``: until they take at most 75%, then 65%, 50% of the devices), the last refusal raised."""
-        fills = (None, *TIER_RETRIES) if self.device == "cuda" and self.tiering == "auto" else (None,)
-        for k, fill in enumerate(fills):
+        retries = TIER_RETRIES if self.device == "cuda" and self.tiering == "auto" else ()
+        for fill in (None, *retries[:-1]) if retries else ():
             try:
                 return planned(run_stages(self.stages(), self.start(task, fill)))
             except InfeasibleError as err:
-                if k + 1 == len(fills):
-                    raise
                 logger.info("tiering: the search packed no plan (%s); more tables in tiered memory", err)
-        raise AssertionError("unreachable")
+        return planned(run_stages(self.stages(), self.start(task, retries[-1] if retries else None)))
 
     def plan(self, task: Task) -> Plan:
         """``run(task).plan``."""
