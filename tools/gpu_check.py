@@ -419,7 +419,7 @@ def fit_tiers(out: Path) -> dict:
     readings = price_readings(doc)
     source = f"fitted on {len(readings)} managed-caching readings of {doc.get('gpu') or doc['device']} (uvm.json)"
     price = fit_price(readings, source)
-    fitted = {**price.to_json(), "readings": readings}
+    fitted = {**price.to_json(), "gpu": doc.get("gpu"), "readings": readings}
     fitted["held_out"] = held_out(readings, source) if len({r["table"] for r in readings}) > 1 else None
     write_json(fitted, out / "tiers.json")
     return fitted
@@ -430,12 +430,11 @@ def ship_tiers(out: Path) -> Path:
     ``neuroshard_jax/data/tiers/<gpu>.json`` (``core.tiers.price_file``, which a plan for a GPU of that name reads)
     with how, where and when it was made."""
     fitted = fit_tiers(out)
-    doc = json.loads((out / "uvm.json").read_text())
-    if not doc.get("gpu"):
+    if not fitted["gpu"]:
         raise UserError(f"{out / 'uvm.json'}: names no GPU, expected a GPU run's readings")
-    made = {"run": out.name, "command": f"python -m tools.gpu_check tiers {out.name}", "gpu": doc["gpu"]}
+    made = {"run": out.name, "command": f"python -m tools.gpu_check tiers {out.name}", "gpu": fitted["gpu"]}
     made["made"] = time.strftime("%Y-%m-%d", time.gmtime((out / "uvm.json").stat().st_mtime))
-    path = price_file(doc["gpu"])
+    path = price_file(fitted["gpu"])
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_json({**{k: fitted[k] for k in ("link_gibps", "miss_us", "source", "held_out")}, **made}, path)
 

@@ -31,17 +31,26 @@ def _hints(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def bounded(at_least: float | None = None, above: float | None = None, at_most: float | None = None, **field_options):
+def bounded(
+    at_least: float | None = None,
+    above: float | None = None,
+    at_most: float | None = None,
+    below: float | None = None,
+    **field_options,
+):
     """A dataclass field whose number ``typed`` checks against its bounds (``at_least``: >=, ``above``: >,
-    ``at_most``: <=) and describes with them (``an integer >= 1``, ``a finite number > 0 and <= 1048576``);
-    ``field_options``: ``dataclasses.field``'s."""
-    return dataclasses.field(metadata={"at_least": at_least, "above": above, "at_most": at_most}, **field_options)
+    ``at_most``: <=, ``below``: <) and describes with them (``an integer >= 1``, ``a finite number > 0 and <=
+    1048576``); ``field_options``: ``dataclasses.field``'s."""
+    bounds = {"at_least": at_least, "above": above, "at_most": at_most, "below": below}
+    return dataclasses.field(metadata=bounds, **field_options)
 
 
 def _bounds_text(bounds: dict | None) -> str:
     if not bounds:
         return ""
     upper = f" and <= {_number(bounds['at_most'])}" if bounds.get("at_most") is not None else ""
+    if bounds.get("below") is not None:
+        upper = f" and < {_number(bounds['below'])}"
     if bounds.get("above") is not None:
         return f" > {_number(bounds['above'])}{upper}"
     return (f" >= {_number(bounds['at_least'])}" if bounds.get("at_least") is not None else "") + upper
@@ -55,8 +64,9 @@ def _number(x: float) -> str:
 def _within(value, bounds: dict | None) -> bool:
     if not bounds:
         return True
-    low, above, high = bounds.get("at_least"), bounds.get("above"), bounds.get("at_most")
-    return (low is None or value >= low) and (above is None or value > above) and (high is None or value <= high)
+    low, above, high, below = (bounds.get(k) for k in ("at_least", "above", "at_most", "below"))
+    within = (low is None or value >= low) and (above is None or value > above)
+    return within and (high is None or value <= high) and (below is None or value < below)
 
 
 def _plural(description: str) -> str:

@@ -210,14 +210,17 @@ def shard_memory(
         weights = mem_bytes(slots, dim, precision)
         buffers += slots * CACHE_SLOT_BYTES + rows * CACHE_ROW_BYTES + lookups * CACHE_LOOKUP_BYTES
         return MemoryParts(int(weights), 0, int(buffers))
-    weights = mem_bytes(rows, dim, precision)
-    state = rows * (optimizer.per_row + optimizer.per_weight * dim) * STATE_BYTES
-    return MemoryParts(int(weights), int(state), int(buffers))
+    return MemoryParts(int(mem_bytes(rows, dim, precision)), int(state_bytes(rows, dim, optimizer)), int(buffers))
+
+
+def state_bytes(rows: float, dim: int, optimizer: Optimizer) -> float:
+    """Bytes of ``optimizer``'s state for ``rows`` rows of width ``dim`` (fp32: ``STATE_BYTES``)."""
+    return rows * (optimizer.per_row + optimizer.per_weight * dim) * STATE_BYTES
 
 
 def host_memory(rows: int, dim: int, precision: str, optimizer: Optimizer) -> int:
     """Bytes a shard in tiered memory keeps in host memory: its weights and its optimizer state (fp32)."""
-    return int(mem_bytes(rows, dim, precision) + rows * (optimizer.per_row + optimizer.per_weight * dim) * STATE_BYTES)
+    return int(mem_bytes(rows, dim, precision) + state_bytes(rows, dim, optimizer))
 
 
 def step_memory(

@@ -152,8 +152,8 @@ class Plan:
     def torchrec_shards(self) -> list[list[dict[str, float]]]:
         """Per task table: its shards as ``torchrec_format`` takes them, {col_offset, dim, rank} (and row_offset,
         num_rows for a row block; cache_load_factor for a table in tiered memory), in column then row order; a
-        data-parallel table's is [{data_parallel: 1}]; a whole
-        table declared column-wise (``merge_column_wise``) carries column_wise: 1 on its one shard."""
+        data-parallel table's is [{data_parallel: 1}]; a whole table declared column-wise (``merge_column_wise``)
+        carries column_wise: 1 on its one shard."""
         declared = self.column_wise_tables()
         out: list[list[dict[str, int]]] = [[] for _ in self.task.tables]
         for t in self.data_parallel:  # every rank holds it: TorchRec's data_parallel

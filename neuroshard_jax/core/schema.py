@@ -81,7 +81,7 @@ class TableFile:
     weighted: bool = False  # per-id weights on its lookups
     precision: str | None = None  # its weights' data type where it differs from the task's
     # tiered memory: host rows, this share of them cached on the GPU (``Table.cache_load_factor``)
-    cache_load_factor: float | None = bounded(above=0, at_most=1, default=None)
+    cache_load_factor: float | None = bounded(above=0, below=1, default=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,11 +232,6 @@ def table_from_json(obj: dict, where: str, index: int = 0) -> Table:
         precision=raw.precision,
     )
     if raw.cache_load_factor is not None:
-        if raw.cache_load_factor >= 1:
-            raise UserError(
-                f"{where}.cache_load_factor: got {raw.cache_load_factor!r}, expected a share of the rows in (0, 1) "
-                "(or none: the table in the device's memory)"
-            )
         table = dataclasses.replace(table, cache_load_factor=float(raw.cache_load_factor))
     blocks = row_blocks_of(raw.row_blocks, raw.rows, raw.pooling_factor, f"{where}.row_blocks")
     return dataclasses.replace(table, row_blocks=blocks, constraints=_constraints_of(raw, where))

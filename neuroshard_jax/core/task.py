@@ -475,9 +475,8 @@ def fit_advice(task: Task) -> str:
 
 def on_device(task: Task, device: str) -> Task:
     """``task`` as a plan for ``device`` counts it (UserError for a table in tiered memory on a CPU): where its
-    workspace is the device's own (None), the bytes per
-    lookup that device's kernels hold in their backward (``device_workspace``: FBGEMM's CUDA temporaries on a GPU;
-    nothing more on a CPU, so a CPU task is unchanged)."""
+    workspace is the device's own (None), the bytes per lookup that device's kernels hold in their backward
+    (``device_workspace``: FBGEMM's CUDA temporaries on a GPU; nothing more on a CPU, so a CPU task is unchanged)."""
     if device != "cuda":
         for i, t in enumerate(task.tables):
             if t.cached:

@@ -40,7 +40,7 @@ import numpy as np
 from neuroshard_jax.core.errors import UserError
 from neuroshard_jax.core.features import NUM_BINS, table_keys
 from neuroshard_jax.core.hardware import hardware
-from neuroshard_jax.core.memory import CACHE_ASSOC, STATE_BYTES, Training, cache_slots, gib
+from neuroshard_jax.core.memory import CACHE_ASSOC, STATE_BYTES, Optimizer, Training, cache_slots, gib
 from neuroshard_jax.core.sharding import element_bytes, row_blocks, shard_features
 from neuroshard_jax.core.table import Table
 from neuroshard_jax.core.task import Task, infeasibility
@@ -131,10 +131,15 @@ def miss_traffic(task: Task, index: int, load_factor: float, dim: int | None = N
     table = task.tables[index]
     dim = table.dim if dim is None else dim
     missed, distinct = missed_rows(table, task.batch_size, load_factor)
-    state = task.training.state
-    row_bytes = dim * element_bytes(task.table_precision(index))
-    state_bytes = (state.per_row + state.per_weight * dim) * STATE_BYTES
-    return 2 * missed * row_bytes + 2 * distinct * state_bytes, missed
+    per_dim, fixed = traffic_terms(missed, distinct, element_bytes(task.table_precision(index)), task.training.state)
+    return per_dim * dim + fixed, missed
+
+
+def traffic_terms(missed: float, distinct: float, element: int, state: Optimizer) -> tuple[float, float]:
+    """(bytes a column, bytes whatever the width) a shard moves over the host link a step: each of its ``missed``
+    rows fetched and one written back, the optimizer state of each of its ``distinct`` rows read and written."""
+    per_dim = 2 * missed * element + 2 * distinct * state.per_weight * STATE_BYTES
+    return per_dim, 2 * distinct * state.per_row * STATE_BYTES
 
 
 def miss_ms(task: Task, index: int, load_factor: float, price: TierPrice = PRIOR) -> float:
@@ -149,10 +154,10 @@ def check_whole_rows(table: Table, name: str) -> None:
     """UserError naming table ``name`` where it is in tiered memory and its sharding types allow no whole rows
     (table-wise or column-wise): tiered memory is for tables whose rows the devices cannot hold, and the search cuts
     no cached table in row blocks nor replicates it by choice (``search.ways``)."""
-    types = table.constraints.sharding_types
-    if table.cached and types is not None and not set(types) & set(WHOLE_ROWS):
+    if table.cached and not tierable(table):
         raise UserError(
-            f"task.tables[{name!r}].cache_load_factor: given with sharding_types {list(types)}, expected table_wise "
+            f"task.tables[{name!r}].cache_load_factor: given with sharding_types "
+            f"{list(table.constraints.sharding_types)}, expected table_wise "
             "or column_wise among them (a table in tiered memory is planned in whole rows)"
         )
 
@@ -164,6 +169,13 @@ def tierable(table: Table) -> bool:
     return types is None or bool(set(WHOLE_ROWS) & set(types))
 
 
+def check_tiering(mode: str) -> str:
+    """``mode`` if it is one of ``TIERING_MODES``, else a one-line UserError."""
+    if mode not in TIERING_MODES:
+        raise UserError(f"tiering: got {mode!r}, expected one of {', '.join(TIERING_MODES)}")
+    return mode
+
+
 def tiered(task: Task, mode: str = "auto", price: TierPrice = PRIOR, fill: float | None = None) -> Task:
     """``task`` with tables moved to tiered memory where its devices' memory is short (``mode`` auto, a GPU task:
     the module's words give the rule), else ``task`` itself; ``fill``: until the tables take at most that share of
@@ -171,8 +183,7 @@ def tiered(task: Task, mode: str = "auto", price: TierPrice = PRIOR, fill: float
     they do not fit, ``TIER_FILL``). Tables the user cached keep their load factor (``check_whole_rows``). Tables
     alike in every feature but width (which a model prices alike) move together, so that one price is right for all
     of them."""
-    if mode not in TIERING_MODES:
-        raise UserError(f"tiering: got {mode!r}, expected one of {', '.join(TIERING_MODES)}")
+    check_tiering(mode)
     for i, t in enumerate(task.tables):
         check_whole_rows(t, task.table_names()[i])
     if mode == "off" or (fill is None and infeasibility(task) is None):
@@ -267,8 +278,8 @@ def miss_terms(task: Task, price: TierPrice) -> tuple[np.ndarray, np.ndarray, np
         for n, stats in shapes:
             key = keys[i] if n is None else table_keys(shard_features(feats[i], t.dim, n, stats)[None])[0]
             missed, distinct = missed_rows(t, task.batch_size, t.cache_load_factor, n)
-            per_dim = (2 * missed * element + 2 * distinct * state.per_weight * STATE_BYTES) / per_link
-            fixed = 2 * distinct * state.per_row * STATE_BYTES / per_link + missed * price.miss_us / 1e3
+            per_dim, fixed = (b / per_link for b in traffic_terms(missed, distinct, element, state))
+            fixed += missed * price.miss_us / 1e3
             entry = terms.setdefault(key.tobytes(), [key, 0.0, 0.0, alike.get(key.tobytes(), 1) if n is None else 1])
             entry[1], entry[2] = entry[1] + per_dim, entry[2] + fixed
     if not terms:
@@ -307,13 +318,13 @@ def price_readings(doc: dict) -> list[dict]:
     """Per (table, load factor) of a ``uvm.json``: the cached kernel's mean ms over the same table's in the GPU's
     memory (the extra), and the bytes and missed rows ``miss_traffic`` predicts; readings that failed are left out."""
     out = []
+    training = Training(optimizer=doc.get("optimizer", "exact_sgd"))
     for row in doc.get("tables", []):
         if "bins" not in row:
             raise UserError(f"uvm labels: table {row.get('table')} has no bins, expected its access histogram")
         table = Table(
             int(row["table"]), int(row["rows"]), int(row["dim"]), float(row["pooling_factor"]), tuple(row["bins"])
         )
-        training = Training(optimizer=doc.get("optimizer", "exact_sgd"))
         task = Task.uniform(1, 1.0, int(doc["batch_size"]), (table,), doc.get("precision", "fp32"), training=training)
         ok = [r for r in row["readings"] if r.get("ok")]
         hbm = [r["total_ms"] for r in ok if r["cache_load_factor"] is None]

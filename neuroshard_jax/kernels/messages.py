@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from neuroshard_jax.core.constants import MIN_CPU_SHARE
+from neuroshard_jax.core.constants import BYTES_PER_ELEMENT, MIN_CPU_SHARE
 from neuroshard_jax.core.files import JSONDoc
 
 TIMED_FIELDS = ("warmup_ms", "measure_ms", "max_iters")  # a protocol other than ``fixed``: how long it warms, measures
@@ -25,6 +25,20 @@ class MessageError(ValueError):
 
 
 CACHE_WORD = "cache="  # a pool table reference's tiered memory, named as a word: "cache=0.2"
+
+
+def ref_words(ref: list) -> tuple[list, dict[str, str]]:
+    """A pool table reference (``processes.PoolTableRef``'s worker form) split: its leading numbers, and its trailing
+    words by what they name (``kernel``, ``precision``: a data type's name, ``cache_load_factor``: ``CACHE_WORD``
+    and the number, as text), the first of a kind kept."""
+    ref, named = list(ref), {}
+    while ref and isinstance(ref[-1], str):
+        word = ref.pop()
+        if word.startswith(CACHE_WORD):
+            named["cache_load_factor"] = word.removeprefix(CACHE_WORD)
+        else:
+            named["precision" if word in BYTES_PER_ELEMENT else "kernel"] = word
+    return ref, named
 
 
 @dataclasses.dataclass(frozen=True)

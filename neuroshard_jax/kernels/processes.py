@@ -32,7 +32,14 @@ from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.hardware import check_rank_room
 from neuroshard_jax.core.manifests import TIMED_KEYS
 from neuroshard_jax.core.table import KERNEL_KINDS
-from neuroshard_jax.kernels.messages import CACHE_WORD, CommAnswer, CommRequest, ComputeAnswer, ComputeRequest
+from neuroshard_jax.kernels.messages import (
+    CACHE_WORD,
+    CommAnswer,
+    CommRequest,
+    ComputeAnswer,
+    ComputeRequest,
+    ref_words,
+)
 from neuroshard_jax.workloads.pool import PoolSpec
 
 # glibc's allocator hands blocks above 32 MB back to the OS when they are freed, so a kernel whose output is larger (a
@@ -249,19 +256,12 @@ def table_ref(obj, where: str = "table") -> TableRef:
                 _precision(obj.get("precision")),
                 None if obj.get("cache_load_factor") is None else float(obj["cache_load_factor"]),
             )
-        obj = list(obj)
-        named = {"kernel": "sum", "precision": None}
-        cached = None
-        while obj and isinstance(obj[-1], str):  # a kernel, a data type and a cache, named by their own words
-            name = obj.pop()
-            if name.startswith(CACHE_WORD):
-                cached = float(name.removeprefix(CACHE_WORD))
-            else:
-                named["precision" if name in BYTES_PER_ELEMENT else "kernel"] = name
-        table_id, dim, *block = (int(x) for x in obj)
+        numbers, named = ref_words(obj)  # a kernel, a data type and a cache, named by their own words
+        table_id, dim, *block = (int(x) for x in numbers)
         if len(block) not in (0, 2):
             raise ValueError
-        kernel, precision = _kernel(named["kernel"]), named["precision"]
+        cached = None if "cache_load_factor" not in named else float(named["cache_load_factor"])
+        kernel, precision = _kernel(named.get("kernel", "sum")), named.get("precision")
         return PoolTableRef(table_id, dim, *block, kernel=kernel, precision=precision, cache_load_factor=cached)
     except (KeyError, TypeError, ValueError):
         raise UserError(

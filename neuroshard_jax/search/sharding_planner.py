@@ -29,7 +29,7 @@ from neuroshard_jax.core.errors import InfeasibleError, UserError
 from neuroshard_jax.core.plan import Plan
 from neuroshard_jax.core.sharding import check_row_split
 from neuroshard_jax.core.task import Task, check_feasible, on_device
-from neuroshard_jax.core.tiers import TIER_RETRIES, TIERING_MODES, cached_tables, describe, tier_price, tiered
+from neuroshard_jax.core.tiers import TIER_RETRIES, cached_tables, check_tiering, describe, tier_price, tiered
 from neuroshard_jax.costs.choice import CostModelSpec, ModelChoice, build_cost_model, spec_of
 from neuroshard_jax.costs.cost_model import CostModel
 from neuroshard_jax.costs.coverage import out_of_depth_warning
@@ -106,8 +106,7 @@ class Settings:
             object.__setattr__(self, stage, stage_config(cls, getattr(self, stage), stage))
         check_row_split(self.row_split)
         check_device(self.device)
-        if self.tiering not in TIERING_MODES:
-            raise UserError(f"tiering: got {self.tiering!r}, expected one of {', '.join(TIERING_MODES)}")
+        check_tiering(self.tiering)
         if self.autotune.device == AutotuneConfig.device:  # left as it is: the plan's device (another is refused)
             object.__setattr__(self, "autotune", dataclasses.replace(self.autotune, device=self.device))
 
@@ -189,22 +188,23 @@ class Planner(Settings):
         model, choice = build_cost_model(self.cost_model, task, self.device, self.fallback)  # choice.instead: why
         if self.device == "cuda":  # every searcher prices the cached tables' misses, every plan its own
             model = model.with_tiers(task, price)
-        if cached_tables(task):
+        cached = cached_tables(task)
+        if cached:
             logger.info("tiering: %s", describe(task, price))
-        ran = ("tiering",) if cached_tables(task) != cached_tables(given) else ()
+        ran = ("tiering",) if cached != cached_tables(given) else ()
         return PlanningState(task, model, choice, self.seed, ran=ran)
 
     def run(self, task: Task) -> Planned:
         """Plan ``task``: its state (``start``) through every stage (``stages``). On a GPU with ``tiering=auto``,
         where the search finds no plan within the devices' memory, again with more of the tables in tiered memory
         (``TIER_RETRIES``: until they take at most 75%, then 65%, 50% of the devices), the last refusal raised."""
-        retries = TIER_RETRIES if self.device == "cuda" and self.tiering == "auto" else ()
-        for fill in (None, *retries[:-1]) if retries else ():
+        fills = (None, *TIER_RETRIES) if self.device == "cuda" and self.tiering == "auto" else (None,)
+        for fill in fills[:-1]:
             try:
                 return planned(run_stages(self.stages(), self.start(task, fill)))
             except InfeasibleError as err:
                 logger.info("tiering: the search packed no plan (%s); more tables in tiered memory", err)
-        return planned(run_stages(self.stages(), self.start(task, retries[-1] if retries else None)))
+        return planned(run_stages(self.stages(), self.start(task, fills[-1])))
 
     def plan(self, task: Task) -> Plan:
         """``run(task).plan``."""

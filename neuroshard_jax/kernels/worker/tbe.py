@@ -19,7 +19,7 @@ from neuroshard_jax.core.files import JSONDoc
 from neuroshard_jax.core.memory import kernel_optimizer
 from neuroshard_jax.core.sharding import is_legal_dim
 from neuroshard_jax.core.table import KERNEL_KINDS, kernel_kind, kernel_parts
-from neuroshard_jax.kernels.messages import CACHE_WORD, ComputeAnswer, ComputeRequest, MessageError
+from neuroshard_jax.kernels.messages import ComputeAnswer, ComputeRequest, MessageError, ref_words
 from neuroshard_jax.kernels.worker.timing import (
     GPU_PROTOCOLS,
     MAX_KEPT_RUNS,
@@ -183,13 +183,9 @@ def _table_kind(table, default: str, precision: str, where: str):
         precision = table.pop("precision", precision)
         cached = table.pop("cache_load_factor", None)
     elif isinstance(table, list):
-        table = list(table)
-        while table and isinstance(table[-1], str):
-            name = table.pop()
-            if name.startswith(CACHE_WORD):
-                cached = name.removeprefix(CACHE_WORD)
-            else:
-                kind, precision = (kind, name) if name in PRECISIONS else (name, precision)
+        table, named = ref_words(table)
+        kind, precision = named.get("kernel", kind), named.get("precision", precision)
+        cached = named.get("cache_load_factor")
     if kind not in KERNEL_KINDS:
         raise RequestError(f"{where}: kernel {kind!r}, expected one of {', '.join(KERNEL_KINDS)}")
     if precision not in PRECISIONS:
